@@ -1,0 +1,141 @@
+# hotkern build. `make` builds the library, the CLI and the tests; `make test`
+# runs every suite (GPU suites SKIP without a device); `make demo` runs the demo.
+# Both top-level commands install missing Debian packages first (scripts/deps.sh).
+
+CUDA     ?= /usr/local/cuda
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+BUILD    ?= build
+CC       ?= cc
+PKGS     := libcurl libmicrohttpd libsodium libcjson
+SONAME   := libhotkern.so.0
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+            -Wpointer-arith -Wformat=2 -Wno-unused-parameter
+OPT      ?= -O2 -g
+SAN      ?=
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. -I$(CUDA)/include \
+            $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
+CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
+LIBS     := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
+            -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c net/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_SRC  := $(sort $(wildcard cli/*.c))
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
+TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+DEMO_SRC := $(sort $(wildcard demo/*.c))
+DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
+
+STATIC   := $(BUILD)/lib/libhotkern.a
+SHARED   := $(BUILD)/lib/$(SONAME)
+CLI      := $(BUILD)/bin/hotkern
+
+.PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
+        bench bench-prebuilt install lint format clean fuzz
+
+all: build
+
+# Internal targets assume the dependencies exist; the public ones install them.
+build: $(STATIC) $(SHARED) $(CLI) $(TEST_BIN) $(BENCH_BIN) $(DEMO_BIN)
+
+deps:
+	@sh scripts/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory build
+	@sh tests/run.sh $(BUILD)
+
+test-cpu: deps
+	@$(MAKE) --no-print-directory build
+	@sh tests/run.sh $(BUILD) cpu
+
+# For the GPU machine: runs what is already built, never recompiles.
+test-gpu-prebuilt:
+	@sh tests/run.sh $(BUILD) gpu
+
+sanitize: deps
+	@$(MAKE) --no-print-directory BUILD=build-san OPT="-O1 -g -fno-omit-frame-pointer" \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" build
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh build-san cpu
+
+tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g" SAN="-fsanitize=thread" build
+	@TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh build-tsan cpu
+
+demo: deps
+	@$(MAKE) --no-print-directory build
+	@sh demo/run.sh $(BUILD)
+
+demo-tour: deps
+	@$(MAKE) --no-print-directory build
+	@sh demo/run.sh $(BUILD) --tour
+
+bench: deps
+	@$(MAKE) --no-print-directory build
+	@sh bench/run.sh $(BUILD)
+
+bench-prebuilt:
+	@sh bench/run.sh $(BUILD)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ) hotkern.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=hotkern.map $(SAN) \
+	  -o $@ $(LIB_OBJ) $(LIBS)
+	ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
+
+$(CLI): $(CLI_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(LIBS)
+
+$(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(LIBS)
+
+install: $(STATIC) $(SHARED) $(CLI)
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/hotkern \
+	  $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libhotkern.so
+	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' \
+	  -e 's|@VERSION@|0.1.0|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
+
+FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] net/*.[ch] cli/*.[ch] \
+               tests/*.[ch] bench/*.[ch] demo/*.[ch])
+lint:
+	clang-format --dry-run --Werror $(FORMAT_SRC)
+	sh -n scripts/deps.sh tests/run.sh
+
+format:
+	clang-format -i $(FORMAT_SRC)
+
+clean:
+	rm -rf build build-san build-tsan
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TSUP_OBJ:.o=.d)

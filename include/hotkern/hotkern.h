@@ -1,0 +1,346 @@
+/*
+ * hotkern: replace CUDA kernels inside a running program.
+ *
+ * An application that uses the CUDA runtime API (cudaMalloc, cudaStream_t ...)
+ * creates one hk_runtime, loads named modules into it and takes kernel handles.
+ * A handle stays valid for the life of the runtime; every launch through it runs
+ * the newest committed version of its module. New versions arrive as CUDA C,
+ * PTX, cubin or fatbin, from an API call, a watched directory or the network;
+ * each is built, staged, validated and committed as one transaction, and a
+ * refused version leaves the running one untouched. All modules live in the
+ * runtime's primary context, so the application's buffers stay valid.
+ *
+ * Conventions
+ * - Every function that can fail returns 0 or a negative HK_ERR_* code;
+ *   hk_strerror() names it. Codes are only ever added, never renumbered.
+ * - Where a call takes an hk_report *, it may be NULL; when given, it receives
+ *   the detail of a failure (compiler or JIT log, CUresult name, which kernel
+ *   and what differed). Release it with hk_report_clear().
+ * - Not thread-safe unless stated. The launch path (hk_launch and friends) and
+ *   hk_swap/hk_submit are safe from any thread.
+ * - Structures passed in by the caller are read during the call only.
+ */
+#ifndef HOTKERN_H
+#define HOTKERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(HK_BUILDING) && defined(__GNUC__)
+#define HK_API __attribute__((visibility("default")))
+#else
+#define HK_API
+#endif
+
+#define HK_VERSION_MAJOR 0
+#define HK_VERSION_MINOR 1
+#define HK_VERSION_PATCH 0
+
+/* ---- errors ------------------------------------------------------------ */
+
+enum hk_error {
+    HK_OK = 0,
+    HK_ERR_INVALID = -1,        /* bad argument */
+    HK_ERR_NOMEM = -2,          /* out of memory */
+    HK_ERR_NO_DRIVER = -3,      /* libcuda could not be loaded or initialised */
+    HK_ERR_NO_DEVICE = -4,      /* no such CUDA device */
+    HK_ERR_CUDA = -5,           /* a driver call failed: see report cu_name */
+    HK_ERR_FORMAT = -6,         /* input is not CUDA C, PTX, cubin or fatbin */
+    HK_ERR_COMPILE = -7,        /* NVRTC, nvJitLink or driver JIT refused it */
+    HK_ERR_ARCH = -8,           /* image has no code for the device's arch */
+    HK_ERR_MISSING_KERNEL = -9, /* a kernel with a handle is absent */
+    HK_ERR_LAYOUT = -10,        /* a kernel's parameter layout changed */
+    HK_ERR_GLOBAL_SIZE = -11,   /* a carried-over global changed size */
+    HK_ERR_REJECTED = -12,      /* the caller's check callback said no */
+    HK_ERR_NOT_FOUND = -13,     /* no such module or kernel */
+    HK_ERR_BUSY = -14,          /* resource still in use */
+    HK_ERR_IO = -15,            /* file or directory error (errno in report) */
+    HK_ERR_NO_HISTORY = -16,    /* nothing to roll back to */
+    HK_ERR_CLOSED = -17,        /* the runtime is shutting down */
+    HK_ERR_UNSUPPORTED = -18,   /* not possible in this configuration */
+    HK_ERR_SIGNATURE = -19,     /* missing, bad or unknown signature */
+    HK_ERR_REPLAY = -20,        /* release version not newer than current */
+    HK_ERR_EXPIRED = -21,       /* release manifest expired */
+    HK_ERR_HASH = -22,          /* artifact hash or size mismatch */
+    HK_ERR_TOO_LARGE = -23,     /* input over the configured size cap */
+    HK_ERR_NETWORK = -24,       /* transfer failed */
+    HK_ERR_TIMEOUT = -25,       /* operation timed out */
+    HK_ERR_CONTEXT_RESET = -26, /* the context was reset under hotkern */
+};
+
+/* Static, never NULL; "unknown error" for codes this build does not know. */
+HK_API const char *hk_strerror(int err);
+
+/* ---- kernel image formats ---------------------------------------------- */
+
+typedef enum hk_format {
+    HK_FORMAT_AUTO = 0, /* detect from content */
+    HK_FORMAT_CUDA_C = 1,
+    HK_FORMAT_PTX = 2,
+    HK_FORMAT_CUBIN = 3,
+    HK_FORMAT_FATBIN = 4,
+} hk_format;
+
+HK_API const char *hk_format_name(hk_format fmt);
+
+/* ---- reports ----------------------------------------------------------- */
+
+/* What happened in one call. Zero-initialise before the first use; the
+ * callee overwrites it. Fields are only ever added at the end. */
+typedef struct hk_report {
+    int error;           /* HK_OK or the HK_ERR_* returned */
+    int cu_result;       /* CUresult of the failing driver call, else 0 */
+    char cu_name[48];    /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
+    char module[64];     /* module concerned */
+    char kernel[128];    /* kernel concerned, when one is */
+    char message[512];   /* one line, e.g. "kernel 'step': parameter 1 ..." */
+    char *log;           /* compiler/JIT log or NULL; owned, see clear */
+    uint64_t version;    /* version committed, or attempted */
+    double build_ms;     /* source -> loadable image (NVRTC, nvJitLink) */
+    double stage_ms;     /* driver load, resolve, validate */
+    double commit_ms;    /* globals carried over and version published */
+    int cache_hit;       /* 1 when the build came from the compile cache */
+} hk_report;
+
+/* Frees r->log and zeroes the report. r may be NULL. */
+HK_API void hk_report_clear(hk_report *r);
+
+/* ---- runtime ----------------------------------------------------------- */
+
+typedef struct hk_runtime hk_runtime;
+typedef struct hk_kernel hk_kernel;
+typedef struct hk_pin hk_pin;
+
+/* How a new version reaches the driver. */
+typedef enum hk_loader {
+    HK_LOADER_LIBRARY = 0, /* cuLibraryLoadData (default): context-independent,
+                            * survives cudaDeviceReset, unload never waits */
+    HK_LOADER_MODULE = 1,  /* cuModuleLoadDataEx in the primary context; one
+                            * device only */
+} hk_loader;
+
+/* What PTX becomes before it reaches the driver. */
+typedef enum hk_ptx_mode {
+    HK_PTX_NVJITLINK = 0,  /* compile to cubin off the driver (default): the
+                            * driver JIT stalls every launching thread */
+    HK_PTX_DRIVER_JIT = 1, /* hand PTX to the driver with JIT options */
+} hk_ptx_mode;
+
+/* When the driver work of a swap (load + upload of code) happens. */
+typedef enum hk_stage_mode {
+    HK_STAGE_NOW = 0,           /* inside hk_swap / on the worker thread */
+    HK_STAGE_AT_SAFE_POINT = 1, /* in the next hk_safe_point() call */
+} hk_stage_mode;
+
+/* Swap outcomes and other events, for hk_event_cb. */
+typedef enum hk_event_kind {
+    HK_EVENT_COMMITTED = 1,     /* a new version runs */
+    HK_EVENT_REFUSED = 2,       /* a version was refused; old one runs */
+    HK_EVENT_ROLLED_BACK = 3,   /* a rollback committed */
+    HK_EVENT_RECLAIMED = 4,     /* an old version's code was unloaded */
+    HK_EVENT_CONTEXT_RESET = 5, /* context reset detected; versions reloaded;
+                                 * the application's buffers are gone */
+} hk_event_kind;
+
+typedef struct hk_event {
+    hk_event_kind kind;
+    const char *module;
+    uint64_t old_version; /* 0 when none */
+    uint64_t new_version; /* 0 when none */
+    const char *origin;   /* "api", "watch:PATH", "push", "pull:URL" ... */
+    const hk_report *report;
+} hk_event;
+
+/* Called on the thread that performed the swap (the caller of hk_swap, the
+ * worker, or the caller of hk_safe_point), with no hotkern lock held: it may
+ * call hotkern, but not hk_runtime_destroy. */
+typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
+
+/* Caller-supplied validation, run after staging and before commit. Return
+ * 0 to accept; anything else refuses the version with HK_ERR_REJECTED, and
+ * the text written to msg (NUL-terminated, up to msg_size) goes to the report. */
+typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata,
+                           char *msg, size_t msg_size);
+
+typedef struct hk_options {
+    const int *devices;   /* CUDA device ordinals; NULL means {0} */
+    int ndevices;         /* entries in devices; 0 means 1 */
+    hk_loader loader;     /* default HK_LOADER_LIBRARY */
+    hk_ptx_mode ptx_mode; /* default HK_PTX_NVJITLINK */
+    int jit_opt_level;    /* 0..4, default 4 (driver JIT and nvJitLink) */
+    int arch;             /* target SM, e.g. 90; 0 = from device 0 */
+    int history;          /* images kept per module for rollback, default 4 */
+    const char *cache_dir; /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
+                            * "" disables the cache */
+    uint64_t cache_max_bytes; /* default 256 MiB */
+    hk_event_cb on_event;
+    void *userdata;       /* passed to on_event and check callbacks */
+} hk_options;
+
+/* Fills o with the defaults above. */
+HK_API void hk_options_init(hk_options *o);
+
+/* Attaches to the primary context of each device and starts the background
+ * reclaim thread. Works whether or not the application used the CUDA runtime
+ * first: when a context is current on the calling thread for the device (the
+ * runtime's, or one the application made current), that context is used;
+ * otherwise the device's primary context is retained and is the one the runtime
+ * will use. Never creates a non-primary context, never destroys one.
+ * Returns HK_ERR_NO_DRIVER when libcuda is missing or cuInit fails (the report
+ * says which), HK_ERR_NO_DEVICE for a bad ordinal.
+ * On success *out is owned by the caller: hk_runtime_destroy(). */
+HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
+
+/* Waits for workers, unloads every version, releases retained contexts. All
+ * kernel handles and pins become invalid. No other thread may be inside a
+ * hotkern call on rt. rt may be NULL. */
+HK_API void hk_runtime_destroy(hk_runtime *rt);
+
+/* The CUcontext used for device slot i (cast from void *), or NULL. */
+HK_API void *hk_runtime_context(hk_runtime *rt, int device_slot);
+
+/* Target SM (e.g. 90) that builds aim at. */
+HK_API int hk_runtime_arch(hk_runtime *rt);
+
+/* ---- swapping in new versions ----------------------------------------- */
+
+typedef struct hk_swap_options {
+    hk_format format;             /* default AUTO */
+    const char *const *nvrtc_options; /* extra NVRTC options (-D, -I, -std...) */
+    int nnvrtc_options;
+    const char *const *name_expressions; /* e.g. "scale<float>": handles may
+                                          * then use these names */
+    int nname_expressions;
+    const char *source_name;      /* for compiler messages, e.g. the path */
+    int accept_layout_change;     /* 1: a changed parameter layout is allowed */
+    int carry_globals;            /* default 1: copy same-named globals */
+    hk_stage_mode stage;          /* default HK_STAGE_NOW */
+    hk_check_cb check;            /* optional */
+    const char *origin;           /* for events; default "api" */
+} hk_swap_options;
+
+HK_API void hk_swap_options_init(hk_swap_options *o);
+
+/* Builds, stages, validates and commits a new version of module `name` from
+ * `size` bytes at `image` (copied; the caller keeps ownership). The first
+ * version of a name creates the module. Synchronous; safe from any thread;
+ * swaps of one runtime are serialised. With opt->stage ==
+ * HK_STAGE_AT_SAFE_POINT it returns HK_ERR_INVALID: use hk_submit.
+ * On failure the running version is untouched and rep says why.
+ * On success rep->version is the new version number (monotonic per module). */
+HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
+                   const hk_swap_options *opt, hk_report *rep);
+
+/* As hk_swap, but returns at once: a worker thread builds the version, then
+ * stages and commits it (HK_STAGE_NOW) or leaves it for hk_safe_point().
+ * The outcome arrives through on_event. Safe from any thread. */
+HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
+                     const hk_swap_options *opt);
+
+/* Performs the driver work of every built, pending version and commits it.
+ * Call it where the application's GPU work is idle (e.g. right after the
+ * per-frame synchronize): code uploaded then costs running threads nothing.
+ * Returns the number of versions committed (refusals are reported through
+ * on_event). Safe from any thread. */
+HK_API int hk_safe_point(hk_runtime *rt);
+
+/* Waits until every submitted version has been committed or refused (pending
+ * safe-point versions excepted) and returns 0, or HK_ERR_TIMEOUT. */
+HK_API int hk_wait_idle(hk_runtime *rt, int timeout_ms);
+
+/* Commits the previous kept image of `name` again, as a new version number.
+ * Safe from any thread. */
+HK_API int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep);
+
+/* Current version number of a module (0 when it has none). */
+HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
+
+/* ---- kernels and launches ---------------------------------------------- */
+
+/* Takes the handle of kernel `kernel` in module `module`. The name is the
+ * kernel's entry name, or a name expression given at build time. The module's
+ * current version must contain it. From then on every version of the module
+ * must contain it with the same parameter layout (unless accept_layout_change).
+ * Handles are owned by the runtime and valid until hk_runtime_destroy; taking
+ * the same name twice returns the same handle. Safe from any thread. */
+HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel,
+                         hk_kernel **out);
+
+typedef struct hk_dim3 {
+    unsigned x, y, z;
+} hk_dim3;
+
+/* Launches the current version of k, exactly like cuLaunchKernel with
+ * kernelParams = args. stream is a cudaStream_t / CUstream (NULL = default
+ * stream); with the library loader the context is the stream's (or, for NULL,
+ * the calling thread's current context). Safe from any thread; no lock, no
+ * allocation. Returns 0, or HK_ERR_CUDA with the CUresult in *cu_result when
+ * cu_result is not NULL. */
+HK_API int hk_launch(hk_kernel *k, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes,
+                     void *stream, void **args, int *cu_result);
+
+/* Pins the current version of module `module`: launches through the pin all
+ * run that version, even if newer ones are committed meanwhile; its code is not
+ * unloaded before hk_unpin. Safe from any thread. */
+HK_API int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out);
+HK_API int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 grid, hk_dim3 block,
+                            unsigned shared_bytes, void *stream, void **args,
+                            int *cu_result);
+HK_API uint64_t hk_pin_version(const hk_pin *p);
+/* Releases the pin; p is invalid afterwards. p may be NULL. */
+HK_API void hk_unpin(hk_pin *p);
+
+/* The CUfunction of k's current version in the calling thread's current
+ * context, for code that launches by itself (valid until the next commit of
+ * its module plus one reclaim cycle: prefer hk_launch or a pin). */
+HK_API int hk_kernel_function(hk_kernel *k, void **cufunction);
+
+/* ---- CUDA graphs ------------------------------------------------------- */
+
+/* Registers kernel node `node` (CUgraphNode) of the instantiated graph `exec`
+ * (CUgraphExec) as launching k: on every commit of k's module the node is
+ * pointed at the new version before the old one is unloaded. Launch the graph
+ * with hk_graph_launch so no commit updates it mid-launch. */
+HK_API int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k);
+HK_API int hk_graph_unregister(hk_runtime *rt, void *exec);
+HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_result);
+
+/* ---- counters ---------------------------------------------------------- */
+
+typedef struct hk_stats {
+    uint64_t swaps;        /* versions committed (rollbacks included) */
+    uint64_t rollbacks;
+    uint64_t refused;
+    uint64_t reclaimed;    /* old versions unloaded */
+    uint64_t live_versions; /* versions whose code is loaded now */
+    uint64_t context_resets;
+    uint64_t cache_hits, cache_misses;
+    double build_ms_total, stage_ms_total, commit_ms_total;
+    double last_swap_ms;
+} hk_stats;
+
+/* Snapshot of the counters. Safe from any thread. */
+HK_API void hk_stats_get(hk_runtime *rt, hk_stats *out);
+
+/* Waits until every retired version is unloaded, or timeout_ms passes.
+ * Returns 0 or HK_ERR_TIMEOUT. */
+HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
+
+/* ---- sources: watched directories ------------------------------------- */
+
+/* Watches dir (not recursive) with inotify on a thread of its own. A file
+ * NAME.cu, NAME.ptx, NAME.cubin or NAME.fatbin becomes module NAME (file name
+ * up to its first '.'); headers (.h, .cuh) are tracked as dependencies of the
+ * sources that include them. Every change is built and submitted like
+ * hk_submit with `opt` (copied). Safe from any thread. */
+HK_API int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
+                        hk_report *rep);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HOTKERN_H */

@@ -1,0 +1,78 @@
+/*
+ * The CUDA driver as a table of entry points.
+ *
+ * hotkern never links against libcuda: the real table is filled at run time by
+ * dlopen("libcuda.so.1") and cuGetProcAddress for the CUDA version these headers
+ * describe (the exported symbols are versioned, so a plain dlsym of a base name
+ * can bind an old ABI). Tests install a fake table instead, to drive the engine
+ * and inject faults on machines without a GPU. The table is immutable once
+ * filled and may be read from any thread.
+ */
+#ifndef HK_DRIVER_H
+#define HK_DRIVER_H
+
+#include <cuda.h>
+
+/* X(field, driver symbol): every entry point hotkern uses. */
+#define HKL_DRIVER_ENTRIES(X)                                                                      \
+    X(Init, cuInit)                                                                                \
+    X(DriverGetVersion, cuDriverGetVersion)                                                        \
+    X(GetErrorName, cuGetErrorName)                                                                \
+    X(GetErrorString, cuGetErrorString)                                                            \
+    X(DeviceGet, cuDeviceGet)                                                                      \
+    X(DeviceGetCount, cuDeviceGetCount)                                                            \
+    X(DeviceGetAttribute, cuDeviceGetAttribute)                                                    \
+    X(DeviceGetName, cuDeviceGetName)                                                              \
+    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                            \
+    X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease)                                          \
+    X(DevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)                                        \
+    X(CtxGetCurrent, cuCtxGetCurrent)                                                              \
+    X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
+    X(CtxPushCurrent, cuCtxPushCurrent)                                                            \
+    X(CtxPopCurrent, cuCtxPopCurrent)                                                              \
+    X(CtxGetDevice, cuCtxGetDevice)                                                                \
+    X(CtxGetId, cuCtxGetId)                                                                        \
+    X(CtxSynchronize, cuCtxSynchronize)                                                            \
+    X(ModuleLoadDataEx, cuModuleLoadDataEx)                                                        \
+    X(ModuleUnload, cuModuleUnload)                                                                \
+    X(ModuleGetFunction, cuModuleGetFunction)                                                      \
+    X(ModuleGetGlobal, cuModuleGetGlobal)                                                          \
+    X(ModuleGetFunctionCount, cuModuleGetFunctionCount)                                            \
+    X(ModuleEnumerateFunctions, cuModuleEnumerateFunctions)                                        \
+    X(LibraryLoadData, cuLibraryLoadData)                                                          \
+    X(LibraryUnload, cuLibraryUnload)                                                              \
+    X(LibraryGetKernel, cuLibraryGetKernel)                                                        \
+    X(LibraryGetKernelCount, cuLibraryGetKernelCount)                                              \
+    X(LibraryEnumerateKernels, cuLibraryEnumerateKernels)                                          \
+    X(LibraryGetGlobal, cuLibraryGetGlobal)                                                        \
+    X(KernelGetFunction, cuKernelGetFunction)                                                      \
+    X(KernelGetName, cuKernelGetName)                                                              \
+    X(KernelGetParamInfo, cuKernelGetParamInfo)                                                    \
+    X(FuncGetName, cuFuncGetName)                                                                  \
+    X(FuncGetParamInfo, cuFuncGetParamInfo)                                                        \
+    X(FuncLoad, cuFuncLoad)                                                                        \
+    X(LaunchKernel, cuLaunchKernel)                                                                \
+    X(MemcpyDtoD, cuMemcpyDtoD)                                                                    \
+    X(MemGetInfo, cuMemGetInfo)                                                                    \
+    X(StreamSynchronize, cuStreamSynchronize)                                                      \
+    X(GraphKernelNodeGetParams, cuGraphKernelNodeGetParams)                                        \
+    X(GraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams)                                \
+    X(GraphLaunch, cuGraphLaunch)
+
+#define HKL_DRIVER_FIELD(field, sym) __typeof__(sym) *field;
+
+typedef struct hkl_driver {
+    HKL_DRIVER_ENTRIES(HKL_DRIVER_FIELD)
+    void *dl;   /* dlopen handle of the real driver, NULL for a fake */
+    int version; /* cuDriverGetVersion */
+} hkl_driver;
+
+/* Fills d from libcuda. Returns 0, or HK_ERR_NO_DRIVER with the reason in why
+ * (library missing, entry point missing, cuInit's error name). */
+int hkl_driver_open(hkl_driver *d, char *why, size_t why_size);
+void hkl_driver_close(hkl_driver *d);
+
+/* Name of a CUresult ("CUDA_ERROR_INVALID_PTX"), also without a driver. */
+const char *hkl_cu_name(const hkl_driver *d, CUresult r);
+
+#endif /* HK_DRIVER_H */

@@ -1,0 +1,35 @@
+#!/bin/sh
+# Installs the Debian packages hotkern builds and tests with, when they are missing.
+# Safe to run again: it only calls apt-get when pkg-config or PATH lacks something.
+# The CUDA 13 toolkit itself is not a Debian package: it is expected at $CUDA
+# (default /usr/local/cuda), and its absence is reported, not installed.
+set -eu
+CUDA=${CUDA:-/usr/local/cuda}
+missing=""
+need_pc() { pkg-config --exists "$1" 2>/dev/null || missing="$missing $2"; }
+command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+need_pc check check
+need_pc libcurl libcurl4-openssl-dev
+need_pc libmicrohttpd libmicrohttpd-dev
+need_pc libsodium libsodium-dev
+need_pc libcjson libcjson-dev
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"
+command -v curl >/dev/null 2>&1 || missing="$missing curl"
+command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
+if [ -n "$missing" ]; then
+  echo "deps: installing:$missing"
+  if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    echo "deps: need root (or sudo) to apt-get install:$missing" >&2
+    exit 1
+  fi
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq || { echo "deps: apt-get update failed; install by hand:$missing" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null ||
+    { echo "deps: apt-get install failed; install by hand:$missing" >&2; exit 1; }
+fi
+if [ ! -f "$CUDA/include/cuda.h" ] || [ ! -f "$CUDA/include/nvrtc.h" ]; then
+  echo "deps: the CUDA toolkit (13.x) was not found at $CUDA; set CUDA=/path/to/cuda" >&2
+  exit 1
+fi
