@@ -43,6 +43,9 @@ CLI      := $(BUILD)/bin/hotkern
 
 all: build
 
+# Keep the objects of test and bench programs (pattern-rule intermediates).
+.SECONDARY:
+
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(CLI) $(TEST_BIN) $(BENCH_BIN) $(DEMO_BIN)
 

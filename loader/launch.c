@@ -1,0 +1,338 @@
+/*
+ * Kernel handles, the launch path, pins and CUDA graphs.
+ *
+ * The launch path is the hot one: it announces the thread's epoch in a slot
+ * only this thread writes, loads the module's `current` version once, reads
+ * the slot's function from it and calls cuLaunchKernel. No lock, no
+ * allocation (after the thread's first launch), no system call besides the
+ * driver's own. The epoch announcement is what lets the reclaim thread know
+ * when no launch can still be using an old version (reclaim.c).
+ *
+ * A launch error takes the slow path: a context reset may be the cause
+ * (modules die with their context), so the runtime checks for one, reloads,
+ * and retries the launch once.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/loader.h"
+
+int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out) {
+    if (!rt || !module || !kernel || !out)
+        return HK_ERR_INVALID;
+    *out = NULL;
+    pthread_mutex_lock(&rt->swap_lock);
+    int err = 0;
+    hk_kernel *k = NULL;
+    hkl_module *m = hkl_module_find(rt, module);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    if (!v) {
+        err = HK_ERR_NOT_FOUND;
+        goto out;
+    }
+    const char *entry = hkl_entry_name(v, kernel);
+    for (int i = 0; i < m->nkernels; i++)
+        if (!strcmp(m->kernels[i]->name, kernel) ||
+            !strcmp(hkl_entry_name(v, m->kernels[i]->name), entry)) {
+            *out = m->kernels[i];
+            goto out;
+        }
+    if (m->nkernels == m->capkernels) {
+        int cap = m->capkernels ? 2 * m->capkernels : 8;
+        hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
+        if (!ks) {
+            err = HK_ERR_NOMEM;
+            goto out;
+        }
+        m->kernels = ks;
+        m->capkernels = cap;
+    }
+    k = calloc(1, sizeof *k);
+    if (!k || !(k->name = strdup(kernel))) {
+        err = HK_ERR_NOMEM;
+        goto out;
+    }
+    k->rt = rt;
+    k->mod = m;
+    k->slot = m->nkernels;
+    if ((err = hkl_resolve_slot(rt, v, k, NULL)) < 0) {
+        err = err == HK_ERR_MISSING_KERNEL ? HK_ERR_NOT_FOUND : err;
+        goto out;
+    }
+    /* The layout this handle is taken with is the one later versions keep. */
+    {
+        const hkl_driver *d = rt->drv;
+        void *fn = atomic_load(&v->fn)[k->slot];
+        uint32_t off[256], sz[256];
+        int n = 0;
+        for (; n < 256; n++) {
+            size_t o, s;
+            CUresult r = rt->opt.loader == HK_LOADER_LIBRARY
+                             ? d->KernelGetParamInfo((CUkernel)fn, (size_t)n, &o, &s)
+                             : d->FuncGetParamInfo((CUfunction)fn, (size_t)n, &o, &s);
+            if (r != CUDA_SUCCESS)
+                break;
+            off[n] = (uint32_t)o;
+            sz[n] = (uint32_t)s;
+        }
+        k->layout.n = n;
+        k->layout.offset = malloc(((size_t)n + 1) * sizeof *off);
+        k->layout.size = malloc(((size_t)n + 1) * sizeof *sz);
+        if (!k->layout.offset || !k->layout.size) {
+            err = HK_ERR_NOMEM;
+            goto out;
+        }
+        memcpy(k->layout.offset, off, (size_t)n * sizeof *off);
+        memcpy(k->layout.size, sz, (size_t)n * sizeof *sz);
+    }
+    m->kernels[m->nkernels++] = k;
+    *out = k;
+    k = NULL;
+out:
+    pthread_mutex_unlock(&rt->swap_lock);
+    if (k) {
+        free(k->name);
+        free(k->layout.offset);
+        free(k->layout.size);
+        free(k);
+    }
+    return err;
+}
+
+/* A failed launch: if a context reset explains it, recover and retry once. */
+static int launch_failed(hk_kernel *k, CUresult r, hk_dim3 g, hk_dim3 b, unsigned shm,
+                         void *stream, void **args, int *cu) {
+    hk_runtime *rt = k->rt;
+    if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+        r == CUDA_ERROR_INVALID_CONTEXT) {
+        pthread_mutex_lock(&rt->swap_lock);
+        int reset = hkl_check_reset(rt);
+        pthread_mutex_unlock(&rt->swap_lock);
+        if (reset) {
+            hkl_emit_reset(rt);
+            hkl_tslot *s = hkl_enter(rt);
+            if (s) {
+                hkl_version *v = atomic_load(&k->mod->current);
+                void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
+                r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm,
+                                          (CUstream)stream, args, NULL);
+                hkl_exit(s);
+            }
+        }
+    }
+    if (cu)
+        *cu = (int)r;
+    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+}
+
+int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, void **args,
+              int *cu) {
+    hk_runtime *rt = k->rt;
+    hkl_tslot *s = hkl_enter(rt);
+    if (__builtin_expect(!s, 0))
+        return HK_ERR_NOMEM;
+    hkl_version *v = atomic_load(&k->mod->current);
+    void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
+    CUresult r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm,
+                                       (CUstream)stream, args, NULL);
+    hkl_exit(s);
+    if (__builtin_expect(r == CUDA_SUCCESS, 1)) {
+        if (cu)
+            *cu = 0;
+        return 0;
+    }
+    return launch_failed(k, r, g, b, shm, stream, args, cu);
+}
+
+int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out) {
+    if (!rt || !module || !out)
+        return HK_ERR_INVALID;
+    *out = NULL;
+    hk_pin *p = malloc(sizeof *p);
+    if (!p)
+        return HK_ERR_NOMEM;
+    pthread_mutex_lock(&rt->swap_lock);
+    hkl_module *m = hkl_module_find(rt, module);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    /* Under swap_lock no commit can retire v before the count is taken. */
+    if (v)
+        atomic_fetch_add(&v->pins, 1);
+    pthread_mutex_unlock(&rt->swap_lock);
+    if (!v) {
+        free(p);
+        return HK_ERR_NOT_FOUND;
+    }
+    p->rt = rt;
+    p->v = v;
+    *out = p;
+    return 0;
+}
+
+uint64_t hk_pin_version(const hk_pin *p) {
+    return p ? p->v->number : 0;
+}
+
+void hk_unpin(hk_pin *p) {
+    if (!p)
+        return;
+    hk_runtime *rt = p->rt;
+    atomic_fetch_sub(&p->v->pins, 1);
+    /* The version may be waiting for this pin to go. */
+    pthread_mutex_lock(&rt->rec_lock);
+    pthread_cond_signal(&rt->rec_cond);
+    pthread_mutex_unlock(&rt->rec_lock);
+    free(p);
+}
+
+int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream,
+                     void **args, int *cu) {
+    if (!p || !k || k->mod != p->v->mod)
+        return HK_ERR_INVALID;
+    hkl_version *v = p->v;
+    /* cap before fn: an array at least cap long is published first. */
+    int cap = atomic_load(&v->cap);
+    void **fn = atomic_load(&v->fn);
+    if (k->slot >= cap || !fn[k->slot])
+        return HK_ERR_NOT_FOUND; /* handle taken after this version retired */
+    CUresult r = p->rt->drv->LaunchKernel((CUfunction)fn[k->slot], g.x, g.y, g.z, b.x, b.y,
+                                          b.z, shm, (CUstream)stream, args, NULL);
+    if (cu)
+        *cu = (int)r;
+    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+}
+
+/* The CUfunction of version v's slot in the context current on this thread. */
+static CUresult function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f) {
+    void *fn = atomic_load(&v->fn)[slot];
+    if (rt->opt.loader == HK_LOADER_MODULE) {
+        *f = (CUfunction)fn;
+        return CUDA_SUCCESS;
+    }
+    return rt->drv->KernelGetFunction(f, (CUkernel)fn);
+}
+
+int hk_kernel_function(hk_kernel *k, void **cufunction) {
+    if (!k || !cufunction)
+        return HK_ERR_INVALID;
+    hk_runtime *rt = k->rt;
+    hkl_tslot *s = hkl_enter(rt);
+    if (!s)
+        return HK_ERR_NOMEM;
+    CUfunction f = NULL;
+    CUresult r = function_of(rt, atomic_load(&k->mod->current), k->slot, &f);
+    hkl_exit(s);
+    *cufunction = f;
+    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+}
+
+/* ---- graphs ------------------------------------------------------------- */
+
+static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report *rep) {
+    CUresult r = (CUresult)hkl_ctx_push(rt, g->dev_slot);
+    if (r != CUDA_SUCCESS)
+        return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
+    CUfunction f;
+    if ((r = function_of(rt, v, g->k->slot, &f)) == CUDA_SUCCESS) {
+        CUDA_KERNEL_NODE_PARAMS p = g->params;
+        p.func = f;
+        p.kern = NULL;
+        p.ctx = NULL;
+        if ((r = rt->drv->GraphExecKernelNodeSetParams(g->exec, g->node, &p)) == CUDA_SUCCESS)
+            g->params.func = f;
+    }
+    hkl_ctx_pop(rt);
+    return r == CUDA_SUCCESS ? 0 : hkl_report_cu(rep, rt, r, "cuGraphExecKernelNodeSetParams");
+}
+
+/* Points every registered node of module m at version v. swap_lock held. A
+ * node that cannot be retargeted is reported; the commit stands (the graph
+ * keeps the old code, which stays loaded only until reclaim: the report says
+ * so, and the application should rebuild that graph). */
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hk_report *rep) {
+    int err = 0;
+    pthread_rwlock_wrlock(&rt->graph_lock);
+    for (hkl_graph *g = rt->graphs; g; g = g->next)
+        if (g->k->mod == m) {
+            hk_report local = {0};
+            int e = retarget_one(rt, g, v, &local);
+            if (e < 0 && !err) {
+                err = e;
+                hkl_report_set(rep, 0, "graph node not retargeted: %s", local.message);
+            }
+        }
+    pthread_rwlock_unlock(&rt->graph_lock);
+    return err;
+}
+
+int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
+    if (!rt || !exec || !node || !k || k->rt != rt)
+        return HK_ERR_INVALID;
+    hkl_graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return HK_ERR_NOMEM;
+    g->exec = (CUgraphExec)exec;
+    g->node = (CUgraphNode)node;
+    g->k = k;
+    CUresult r = rt->drv->GraphKernelNodeGetParams(g->node, &g->params);
+    if (r != CUDA_SUCCESS) {
+        free(g);
+        return HK_ERR_CUDA;
+    }
+    CUcontext cur = NULL;
+    rt->drv->CtxGetCurrent(&cur);
+    for (int i = 0; i < rt->ndev; i++)
+        if (rt->dev[i].ctx == cur)
+            g->dev_slot = i;
+    pthread_mutex_lock(&rt->swap_lock);
+    hk_report rep = {0};
+    int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
+    if (err == 0) {
+        pthread_rwlock_wrlock(&rt->graph_lock);
+        g->next = rt->graphs;
+        rt->graphs = g;
+        pthread_rwlock_unlock(&rt->graph_lock);
+    }
+    pthread_mutex_unlock(&rt->swap_lock);
+    if (err < 0)
+        free(g);
+    return err;
+}
+
+int hk_graph_unregister(hk_runtime *rt, void *exec) {
+    if (!rt || !exec)
+        return HK_ERR_INVALID;
+    int found = 0;
+    pthread_rwlock_wrlock(&rt->graph_lock);
+    for (hkl_graph **pp = &rt->graphs; *pp;) {
+        if ((*pp)->exec == (CUgraphExec)exec) {
+            hkl_graph *g = *pp;
+            *pp = g->next;
+            free(g);
+            found = 1;
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+    pthread_rwlock_unlock(&rt->graph_lock);
+    return found ? 0 : HK_ERR_NOT_FOUND;
+}
+
+int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
+    if (!rt || !exec)
+        return HK_ERR_INVALID;
+    pthread_rwlock_rdlock(&rt->graph_lock);
+    CUresult r = rt->drv->GraphLaunch((CUgraphExec)exec, (CUstream)stream);
+    pthread_rwlock_unlock(&rt->graph_lock);
+    if (cu)
+        *cu = (int)r;
+    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+}
+
+void hkl_graphs_free(hk_runtime *rt) {
+    while (rt->graphs) {
+        hkl_graph *g = rt->graphs;
+        rt->graphs = g->next;
+        free(g);
+    }
+}

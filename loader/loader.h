@@ -1,0 +1,264 @@
+/*
+ * loader/: the CUDA side of hotkern. Private header shared by its files.
+ *
+ * Objects
+ *   hk_runtime   one per attached set of devices; owns everything below.
+ *   hkl_module   a name; its `current` pointer is the one thing launches read.
+ *   hkl_version  one loaded image of a module (CUlibrary or CUmodule), with the
+ *                resolved entry of every kernel handle ("slots").
+ *   hk_kernel    a stable handle: module + slot. Never freed before the runtime.
+ *
+ * Locks, in the order they may be taken (never the other way round):
+ *   swap_lock (runtime)  serialises swaps, rollbacks, handle creation, graph
+ *                        registration, reset recovery; protects module lists,
+ *                        histories and handles' layouts.
+ *   graph_lock (runtime) rwlock: hk_graph_launch (read) vs retargeting and
+ *                        (un)registration (write).
+ *   work_lock (runtime)  the worker's job queue and the safe-point queue.
+ *   rec_lock (runtime)   the retired list and the reclaim thread's wake-ups.
+ *   stats_lock (runtime) counters.
+ * The launch path takes none of them: it announces itself in a per-thread
+ * epoch slot, loads `current` once and calls the driver (see launch.c).
+ */
+#ifndef HK_LOADER_H
+#define HK_LOADER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "hotkern/hotkern.h"
+#include "loader/driver.h"
+#include "ptx/ptx.h"
+
+#define HKL_MAX_DEVICES 16
+#define HKL_NAME_MAX 64
+
+typedef struct hkl_module hkl_module;
+typedef struct hkl_version hkl_version;
+typedef struct hkl_job hkl_job;
+typedef struct hkl_graph hkl_graph;
+
+typedef struct hkl_device {
+    /* immutable after create, except ctx/ctx_id which reset recovery
+     * rewrites under swap_lock while no swap or reclaim uses them */
+    int ordinal;
+    CUdevice dev;
+    CUcontext ctx;
+    unsigned long long ctx_id;
+    int retains; /* primary-context retains we owe a release for */
+    int arch;    /* e.g. 90 */
+} hkl_device;
+
+/* Per-thread epoch slot for launches. Owned by one thread while `owner` is
+ * set; the reclaim thread only reads `active`. */
+typedef struct hkl_tslot {
+    _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
+    _Atomic int in_use;      /* 1 while a thread owns the slot */
+    struct hkl_tslot *next;  /* immutable once published on rt->slots */
+    hk_runtime *rt;
+} hkl_tslot;
+
+typedef struct hkl_param_layout {
+    int n;
+    uint32_t *offset; /* n entries each */
+    uint32_t *size;
+} hkl_param_layout;
+
+struct hkl_version {
+    /* immutable once committed */
+    uint64_t number;
+    hkl_module *mod;
+    void *image; /* the loaded image (after build); owned */
+    size_t size;
+    hk_format format;
+    CUlibrary lib;                   /* HK_LOADER_LIBRARY */
+    CUmodule cumod[HKL_MAX_DEVICES]; /* HK_LOADER_MODULE (one device) */
+    int nglobals;                    /* globals from the image's metadata */
+    hkp_global *globals;
+    int nexpr;           /* name expressions and their lowered names */
+    char **expr, **lowered;
+    int staged_on_all;   /* code uploaded to every context (cuFuncLoad) */
+
+    /* fn[slot]: the CUkernel (library) or CUfunction (module) of each kernel
+     * handle. Grown under swap_lock by publishing a new array; old arrays are
+     * freed with the version, after the grace period. */
+    _Atomic(void **) fn;
+    _Atomic int cap;        /* written under swap_lock, after fn */
+    void **old_fn;          /* swap_lock: chain of replaced arrays */
+
+    _Atomic int pins;       /* hk_pin references */
+    uint64_t retire_epoch;  /* rec_lock */
+    hkl_version *next;      /* rec_lock: retired list */
+};
+
+/* A kept image, for rollback and reset recovery. */
+typedef struct hkl_image {
+    void *data;
+    size_t size;
+    hk_format format; /* after build: PTX, CUBIN or FATBIN */
+    uint64_t version;
+    int nexpr;
+    char **expr, **lowered;
+} hkl_image;
+
+struct hkl_module {
+    char name[HKL_NAME_MAX];            /* immutable */
+    _Atomic(hkl_version *) current;     /* written under swap_lock */
+    /* swap_lock: */
+    uint64_t last_version;
+    hkl_image *hist; /* ring of kept images, newest last */
+    int nhist;
+    hk_kernel **kernels;
+    int nkernels, capkernels;
+    int last_error;          /* outcome of the last attempt */
+    char last_message[512];
+    hkl_module *next;
+};
+
+struct hk_kernel {
+    /* immutable */
+    hk_runtime *rt;
+    hkl_module *mod;
+    int slot;
+    char *name;
+    /* swap_lock: the layout every new version must match */
+    hkl_param_layout layout;
+};
+
+struct hk_pin {
+    hk_runtime *rt;      /* immutable */
+    hkl_version *v;      /* immutable; holds one count of v->pins */
+};
+
+struct hkl_graph {
+    /* immutable after registration */
+    CUgraphExec exec;
+    CUgraphNode node;
+    hk_kernel *k;
+    int dev_slot;
+    CUDA_KERNEL_NODE_PARAMS params; /* as read at registration */
+    hkl_graph *next;                /* graph_lock (write) */
+};
+
+/* A unit of work for the worker thread. */
+struct hkl_job {
+    char name[HKL_NAME_MAX];
+    void *data;
+    size_t size;
+    hk_swap_options opt;
+    char *origin;           /* owned copy of opt.origin */
+    char **nvrtc_options;   /* owned copies */
+    char **name_expressions;
+    char *source_name;
+    hkp_artifact art;       /* after build */
+    int built;
+    hkl_job *next;
+};
+
+struct hk_runtime {
+    /* immutable after create */
+    hkl_driver drv_own;
+    const hkl_driver *drv;
+    hk_options opt;
+    char *cache_dir;
+    hkp_cache *cache;
+    int ndev;
+    hkl_device dev[HKL_MAX_DEVICES];
+    int arch;
+
+    pthread_mutex_t swap_lock;
+    hkl_module *modules; /* swap_lock */
+    pthread_rwlock_t graph_lock; /* graph launches (read) vs retargeting and
+                                  * registration (write) */
+    hkl_graph *graphs;           /* graph_lock */
+    uint64_t id;                 /* immutable: unique per runtime in the process */
+
+    /* launch-side epochs */
+    _Atomic uint64_t epoch;
+    _Atomic(hkl_tslot *) slots; /* push-only list */
+
+    pthread_mutex_t rec_lock;
+    pthread_cond_t rec_cond;  /* wakes the reclaim thread */
+    pthread_cond_t rec_done;  /* signalled after each reclaim pass */
+    hkl_version *retired;     /* rec_lock */
+    int nretired;             /* rec_lock: retired and not yet unloaded */
+    int rec_stop;             /* rec_lock */
+    pthread_t rec_thread;
+    int rec_started;
+
+    pthread_mutex_t work_lock;
+    pthread_cond_t work_cond;
+    pthread_cond_t idle_cond;
+    hkl_job *jobs, *jobs_tail;  /* work_lock: to build */
+    hkl_job *pending;           /* work_lock: built, waiting for a safe point */
+    int busy;                   /* work_lock: jobs taken but not finished */
+    int work_stop;              /* work_lock */
+    pthread_t worker;
+    int worker_started;
+
+    pthread_mutex_t stats_lock;
+    hk_stats stats; /* stats_lock */
+};
+
+/* runtime.c */
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+                            hk_report *rep);
+void hkl_report_set(hk_report *rep, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
+double hkl_now_ms(void);
+int hkl_ctx_push(hk_runtime *rt, int slot);
+void hkl_ctx_pop(hk_runtime *rt);
+int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
+void hkl_emit_reset(hk_runtime *rt); /* no lock held */
+
+/* swap.c */
+hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */
+int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep);
+void hkl_job_free(hkl_job *job);
+int hkl_worker_start(hk_runtime *rt);
+void hkl_worker_stop(hk_runtime *rt);
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+              uint64_t newv, const char *origin, const hk_report *rep);
+int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
+int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
+void hkl_unload_version(hk_runtime *rt, hkl_version *v);
+void hkl_version_free(hkl_version *v);
+const char *hkl_entry_name(const hkl_version *v, const char *name);
+
+/* launch.c */
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hk_report *rep);
+void hkl_graphs_free(hk_runtime *rt);
+
+/* reclaim.c: the launch side's epoch announcement */
+hkl_tslot *hkl_slot_acquire(hk_runtime *rt);
+typedef struct hkl_tls_entry {
+    uint64_t rt_id;
+    hkl_tslot *slot;
+} hkl_tls_entry;
+extern __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
+
+/* Enters a launch: announces the epoch this thread read `current` in. The
+ * seq_cst store orders it before the following load of `current` (on x86 an
+ * xchg on a line only this thread writes). */
+static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
+    hkl_tslot *s = hkl_tls.slot;
+    if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))
+        if (!(s = hkl_slot_acquire(rt)))
+            return NULL;
+    atomic_store(&s->active, atomic_load_explicit(&rt->epoch, memory_order_relaxed));
+    return s;
+}
+
+static inline void hkl_exit(hkl_tslot *s) {
+    atomic_store_explicit(&s->active, 0, memory_order_release);
+}
+
+/* reclaim.c */
+int hkl_reclaim_start(hk_runtime *rt);
+void hkl_reclaim_stop(hk_runtime *rt);
+void hkl_retire(hk_runtime *rt, hkl_version *v);
+void hkl_slots_free(hk_runtime *rt);
+
+#endif /* HK_LOADER_H */

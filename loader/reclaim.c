@@ -1,0 +1,254 @@
+/*
+ * Reclamation: an old version's code is unloaded only when no host thread can
+ * still launch it and the GPU has finished the work that used it.
+ *
+ * Host side, epoch-based. Each launching thread owns a slot; on entering a
+ * launch it stores the global epoch into it (seq_cst, so the store is ordered
+ * before its load of `current`), and zero on leaving. A commit publishes the
+ * new version and then retires the old one with retire_epoch = ++epoch. Any
+ * thread that could have read the old pointer announced an epoch below
+ * retire_epoch before reading it; any later thread reads the new pointer. So
+ * once no slot holds a non-zero epoch below retire_epoch, and no pin holds the
+ * version, no host thread can reach it.
+ *
+ * GPU side. Launches already queued may still run the old code, so each
+ * context is synchronised (on this thread, which is nobody's launching thread)
+ * before anything is unloaded. cuModuleUnload waits for the whole context and
+ * cuLibraryUnload may too: both happen here, never on a launching thread.
+ *
+ * The thread also polls for a context reset now and then, so applications
+ * that do not swap still hear of it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "loader/loader.h"
+
+__thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
+
+static pthread_key_t slot_key;
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+
+/* Thread exit: give the cached slot back for another thread to reuse. */
+static void slot_release(void *arg) {
+    (void)arg;
+    if (hkl_tls.slot)
+        atomic_store(&hkl_tls.slot->in_use, 0);
+    hkl_tls.slot = NULL;
+    hkl_tls.rt_id = 0;
+}
+
+static void slot_key_create(void) {
+    pthread_key_create(&slot_key, slot_release);
+}
+
+hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
+    pthread_once(&slot_key_once, slot_key_create);
+    /* This thread switches runtimes: its slot in the other one is free now
+     * (it is not inside a launch while it is here). Runtimes are looked up by
+     * id, so a destroyed runtime's slot is never touched again. */
+    hkl_tls.slot = NULL;
+    hkl_tslot *s;
+    for (s = atomic_load(&rt->slots); s; s = s->next) {
+        int expect = 0;
+        if (atomic_load(&s->in_use) == 0 && atomic_compare_exchange_strong(&s->in_use, &expect, 1))
+            break;
+    }
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s)))
+            return NULL;
+        atomic_init(&s->active, 0);
+        atomic_init(&s->in_use, 1);
+        s->rt = rt;
+        hkl_tslot *head = atomic_load(&rt->slots);
+        do
+            s->next = head;
+        while (!atomic_compare_exchange_weak(&rt->slots, &head, s));
+    }
+    hkl_tls.slot = s;
+    hkl_tls.rt_id = rt->id;
+    pthread_setspecific(slot_key, (void *)1);
+    return s;
+}
+
+void hkl_slots_free(hk_runtime *rt) {
+    hkl_tslot *s = atomic_load(&rt->slots);
+    while (s) {
+        hkl_tslot *n = s->next;
+        free(s);
+        s = n;
+    }
+    atomic_store(&rt->slots, NULL);
+    if (hkl_tls.rt_id == rt->id) {
+        hkl_tls.slot = NULL;
+        hkl_tls.rt_id = 0;
+    }
+}
+
+void hkl_retire(hk_runtime *rt, hkl_version *v) {
+    v->retire_epoch = atomic_fetch_add(&rt->epoch, 1) + 1;
+    pthread_mutex_lock(&rt->rec_lock);
+    v->next = rt->retired;
+    rt->retired = v;
+    rt->nretired++;
+    pthread_cond_signal(&rt->rec_cond);
+    pthread_mutex_unlock(&rt->rec_lock);
+}
+
+/* 1 when no host thread can still reach v. */
+static int grace_over(hk_runtime *rt, const hkl_version *v) {
+    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next) {
+        uint64_t a = atomic_load(&s->active);
+        if (a && a < v->retire_epoch)
+            return 0;
+    }
+    return atomic_load(&v->pins) == 0;
+}
+
+static void count_reclaimed(hk_runtime *rt, int n) {
+    pthread_mutex_lock(&rt->stats_lock);
+    rt->stats.reclaimed += (uint64_t)n;
+    rt->stats.live_versions -= (uint64_t)n;
+    pthread_mutex_unlock(&rt->stats_lock);
+}
+
+/* One pass: unloads what is ready, puts the rest back. rec_lock not held. */
+static int reclaim_pass(hk_runtime *rt, int final) {
+    pthread_mutex_lock(&rt->rec_lock);
+    hkl_version *list = rt->retired;
+    rt->retired = NULL;
+    pthread_mutex_unlock(&rt->rec_lock);
+    if (!list)
+        return 0;
+    hkl_version *ready = NULL, *keep = NULL;
+    while (list) {
+        hkl_version *v = list;
+        list = v->next;
+        if (final || grace_over(rt, v)) {
+            v->next = ready;
+            ready = v;
+        } else {
+            v->next = keep;
+            keep = v;
+        }
+    }
+    if (ready) {
+        /* Finish the GPU work queued before now, which includes every launch
+         * of the ready versions. The contexts are read under swap_lock since
+         * reset recovery may replace them; a context that has gone meanwhile
+         * fails to push and is skipped. */
+        CUcontext ctx[HKL_MAX_DEVICES];
+        pthread_mutex_lock(&rt->swap_lock);
+        for (int i = 0; i < rt->ndev; i++)
+            ctx[i] = rt->dev[i].ctx;
+        pthread_mutex_unlock(&rt->swap_lock);
+        for (int i = 0; i < rt->ndev; i++)
+            if (rt->drv->CtxPushCurrent(ctx[i]) == CUDA_SUCCESS) {
+                rt->drv->CtxSynchronize();
+                CUcontext dummy;
+                rt->drv->CtxPopCurrent(&dummy);
+            }
+    }
+    int n = 0;
+    while (ready) {
+        hkl_version *v = ready;
+        ready = v->next;
+        char name[HKL_NAME_MAX];
+        snprintf(name, sizeof name, "%s", v->mod->name);
+        uint64_t num = v->number;
+        hkl_unload_version(rt, v);
+        hkl_version_free(v);
+        n++;
+        if (!final)
+            hkl_emit(rt, HK_EVENT_RECLAIMED, name, num, 0, "reclaim", NULL);
+    }
+    if (n)
+        count_reclaimed(rt, n);
+    pthread_mutex_lock(&rt->rec_lock);
+    rt->nretired -= n;
+    while (keep) {
+        hkl_version *v = keep;
+        keep = v->next;
+        v->next = rt->retired;
+        rt->retired = v;
+    }
+    int left = rt->retired != NULL;
+    pthread_cond_broadcast(&rt->rec_done);
+    pthread_mutex_unlock(&rt->rec_lock);
+    return left;
+}
+
+static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(c, m, &ts);
+}
+
+static void *reclaim_main(void *arg) {
+    hk_runtime *rt = arg;
+    double next_reset_check = hkl_now_ms() + 200;
+    int left = 0;
+    for (;;) {
+        pthread_mutex_lock(&rt->rec_lock);
+        if (!rt->rec_stop && !rt->retired)
+            timed_wait(&rt->rec_cond, &rt->rec_lock, 100);
+        else if (!rt->rec_stop && left)
+            /* Versions wait for a launch or a pin to finish: poll briefly. */
+            timed_wait(&rt->rec_cond, &rt->rec_lock, 1);
+        int stop = rt->rec_stop;
+        pthread_mutex_unlock(&rt->rec_lock);
+        if (stop)
+            break;
+        left = reclaim_pass(rt, 0);
+        if (hkl_now_ms() >= next_reset_check) {
+            next_reset_check = hkl_now_ms() + 200;
+            pthread_mutex_lock(&rt->swap_lock);
+            int reset = hkl_check_reset(rt);
+            pthread_mutex_unlock(&rt->swap_lock);
+            if (reset)
+                hkl_emit_reset(rt);
+        }
+    }
+    return NULL;
+}
+
+int hkl_reclaim_start(hk_runtime *rt) {
+    if (pthread_create(&rt->rec_thread, NULL, reclaim_main, rt))
+        return HK_ERR_NOMEM;
+    rt->rec_started = 1;
+    return 0;
+}
+
+void hkl_reclaim_stop(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->rec_lock);
+    rt->rec_stop = 1;
+    pthread_cond_broadcast(&rt->rec_cond);
+    pthread_mutex_unlock(&rt->rec_lock);
+    if (rt->rec_started)
+        pthread_join(rt->rec_thread, NULL);
+    rt->rec_started = 0;
+    /* Destroy's contract: no thread launches any more. */
+    reclaim_pass(rt, 1);
+}
+
+int hk_reclaim_wait(hk_runtime *rt, int timeout_ms) {
+    if (!rt)
+        return HK_ERR_INVALID;
+    double end = hkl_now_ms() + timeout_ms;
+    pthread_mutex_lock(&rt->rec_lock);
+    while (rt->nretired > 0) {
+        if (hkl_now_ms() >= end) {
+            pthread_mutex_unlock(&rt->rec_lock);
+            return HK_ERR_TIMEOUT;
+        }
+        pthread_cond_signal(&rt->rec_cond);
+        timed_wait(&rt->rec_done, &rt->rec_lock, 10);
+    }
+    pthread_mutex_unlock(&rt->rec_lock);
+    return 0;
+}

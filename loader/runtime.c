@@ -1,0 +1,485 @@
+/*
+ * The runtime object: driver binding, attaching to each device's context,
+ * error strings and reports, and recovery from a context reset.
+ *
+ * Attaching. The CUDA runtime API runs every call in the device's primary
+ * context, unless the application made another context current on the thread.
+ * cuDevicePrimaryCtxRetain returns that very primary context whether the
+ * runtime created it already (cudaSetDevice / cudaFree(0) came first) or not
+ * (then the runtime will adopt the one we retained), so retaining is right in
+ * both orders; a non-primary context current on the creating thread wins, as
+ * it would for the runtime. We never create or destroy a context, and release
+ * exactly the retains we took.
+ *
+ * Reset. A third-party cudaDeviceReset destroys the primary context under
+ * us. Libraries (cuLibraryLoadData) survive it and launch in the new context;
+ * modules do not. hkl_check_reset notices the change of context identity and
+ * reloads what must be reloaded; it runs at every swap, from the reclaim
+ * thread's periodic pass, and on a launch error.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loader/loader.h"
+#include "net/watch.h"
+
+const char *hk_strerror(int err) {
+    switch (err) {
+    case HK_OK: return "success";
+    case HK_ERR_INVALID: return "invalid argument";
+    case HK_ERR_NOMEM: return "out of memory";
+    case HK_ERR_NO_DRIVER: return "CUDA driver not available";
+    case HK_ERR_NO_DEVICE: return "no such CUDA device";
+    case HK_ERR_CUDA: return "CUDA driver call failed";
+    case HK_ERR_FORMAT: return "not a kernel image or source";
+    case HK_ERR_COMPILE: return "compilation failed";
+    case HK_ERR_ARCH: return "no code for the device architecture";
+    case HK_ERR_MISSING_KERNEL: return "a kernel in use is missing from the new version";
+    case HK_ERR_LAYOUT: return "a kernel's parameter layout changed";
+    case HK_ERR_GLOBAL_SIZE: return "a global variable changed size";
+    case HK_ERR_REJECTED: return "rejected by the check callback";
+    case HK_ERR_NOT_FOUND: return "no such module or kernel";
+    case HK_ERR_BUSY: return "resource busy";
+    case HK_ERR_IO: return "input/output error";
+    case HK_ERR_NO_HISTORY: return "no earlier version to roll back to";
+    case HK_ERR_CLOSED: return "runtime is shutting down";
+    case HK_ERR_UNSUPPORTED: return "not supported in this configuration";
+    case HK_ERR_SIGNATURE: return "missing, bad or unknown signature";
+    case HK_ERR_REPLAY: return "version not newer than the current one";
+    case HK_ERR_EXPIRED: return "release expired";
+    case HK_ERR_HASH: return "artifact hash or size mismatch";
+    case HK_ERR_TOO_LARGE: return "input too large";
+    case HK_ERR_NETWORK: return "network transfer failed";
+    case HK_ERR_TIMEOUT: return "timed out";
+    case HK_ERR_CONTEXT_RESET: return "CUDA context was reset";
+    default: return "unknown error";
+    }
+}
+
+const char *hk_format_name(hk_format fmt) {
+    switch (fmt) {
+    case HK_FORMAT_AUTO: return "auto";
+    case HK_FORMAT_CUDA_C: return "cuda";
+    case HK_FORMAT_PTX: return "ptx";
+    case HK_FORMAT_CUBIN: return "cubin";
+    case HK_FORMAT_FATBIN: return "fatbin";
+    }
+    return "unknown";
+}
+
+void hk_report_clear(hk_report *r) {
+    if (!r)
+        return;
+    free(r->log);
+    memset(r, 0, sizeof *r);
+}
+
+void hkl_report_set(hk_report *rep, int err, const char *fmt, ...) {
+    if (!rep)
+        return;
+    rep->error = err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
+int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
+    const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);
+    if (rep) {
+        rep->cu_result = (int)r;
+        snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
+    }
+    hkl_report_set(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
+    return HK_ERR_CUDA;
+}
+
+double hkl_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void hk_options_init(hk_options *o) {
+    memset(o, 0, sizeof *o);
+    o->loader = HK_LOADER_LIBRARY;
+    o->ptx_mode = HK_PTX_NVJITLINK;
+    o->jit_opt_level = 4;
+    o->history = 4;
+    o->cache_max_bytes = 256ull << 20;
+}
+
+int hkl_ctx_push(hk_runtime *rt, int slot) {
+    CUresult r = rt->drv->CtxPushCurrent(rt->dev[slot].ctx);
+    return r == CUDA_SUCCESS ? 0 : (int)r;
+}
+
+void hkl_ctx_pop(hk_runtime *rt) {
+    CUcontext dummy;
+    rt->drv->CtxPopCurrent(&dummy);
+}
+
+static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) {
+    const hkl_driver *d = rt->drv;
+    hkl_device *dv = &rt->dev[slot];
+    CUresult r;
+    dv->ordinal = ordinal;
+    if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
+        hkl_report_cu(rep, rt, r, "cuDeviceGet");
+        hkl_report_set(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal,
+                       hkl_cu_name(d, r));
+        return HK_ERR_NO_DEVICE;
+    }
+    int major = 0, minor = 0;
+    d->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dv->dev);
+    d->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dv->dev);
+    dv->arch = major * 10 + minor;
+
+    CUcontext cur = NULL, prim = NULL;
+    d->CtxGetCurrent(&cur);
+    if ((r = d->DevicePrimaryCtxRetain(&prim, dv->dev)) != CUDA_SUCCESS)
+        return hkl_report_cu(rep, rt, r, "cuDevicePrimaryCtxRetain");
+    dv->retains = 1;
+    dv->ctx = prim;
+    if (cur && cur != prim) {
+        /* The application made its own context current: the runtime API
+         * would use that one on this thread, so we do too. */
+        CUdevice cd;
+        if (d->CtxGetDevice(&cd) == CUDA_SUCCESS && cd == dv->dev) {
+            d->DevicePrimaryCtxRelease(dv->dev);
+            dv->retains = 0;
+            dv->ctx = cur;
+        }
+    }
+    if ((r = d->CtxGetId(dv->ctx, &dv->ctx_id)) != CUDA_SUCCESS)
+        return hkl_report_cu(rep, rt, r, "cuCtxGetId");
+    return 0;
+}
+
+static void default_cache_dir(char *buf, size_t n) {
+    const char *x = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (x && *x)
+        snprintf(buf, n, "%s/hotkern", x);
+    else if (home && *home)
+        snprintf(buf, n, "%s/.cache/hotkern", home);
+    else
+        snprintf(buf, n, "/tmp/hotkern-cache-%d", (int)getuid());
+}
+
+/* Creates dir and its parents (mode 0700 for the leaf), like mkdir -p. */
+static int mkdirs(const char *dir) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
+        return -1;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+                            hk_report *rep) {
+    static const int dev0 = 0;
+    if (!out)
+        return HK_ERR_INVALID;
+    *out = NULL;
+    hk_options o;
+    if (opt)
+        o = *opt;
+    else
+        hk_options_init(&o);
+    const int *devs = o.devices ? o.devices : &dev0;
+    int ndev = o.ndevices > 0 ? o.ndevices : 1;
+    if (ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 || o.history < 0) {
+        hkl_report_set(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
+                       HKL_MAX_DEVICES);
+        return HK_ERR_INVALID;
+    }
+    if (o.loader == HK_LOADER_MODULE && ndev != 1) {
+        hkl_report_set(rep, HK_ERR_UNSUPPORTED,
+                       "the module loader attaches one device; use the library loader");
+        return HK_ERR_UNSUPPORTED;
+    }
+    if (o.history == 0)
+        o.history = 1;
+    hk_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return HK_ERR_NOMEM;
+    int err = 0;
+    rt->drv = drv;
+    rt->opt = o;
+    rt->opt.devices = NULL;
+    rt->ndev = ndev;
+    atomic_init(&rt->epoch, 1);
+    atomic_init(&rt->slots, NULL);
+    static _Atomic uint64_t next_id = 1;
+    rt->id = atomic_fetch_add(&next_id, 1);
+    pthread_mutex_init(&rt->swap_lock, NULL);
+    pthread_rwlock_init(&rt->graph_lock, NULL);
+    pthread_mutex_init(&rt->rec_lock, NULL);
+    pthread_cond_init(&rt->rec_cond, NULL);
+    pthread_cond_init(&rt->rec_done, NULL);
+    pthread_mutex_init(&rt->work_lock, NULL);
+    pthread_cond_init(&rt->work_cond, NULL);
+    pthread_cond_init(&rt->idle_cond, NULL);
+    pthread_mutex_init(&rt->stats_lock, NULL);
+
+    for (int i = 0; i < ndev; i++) {
+        for (int j = 0; j < i; j++)
+            if (devs[j] == devs[i]) {
+                hkl_report_set(rep, HK_ERR_INVALID, "device %d listed twice", devs[i]);
+                err = HK_ERR_INVALID;
+                goto fail;
+            }
+        if ((err = attach_device(rt, i, devs[i], rep)) < 0)
+            goto fail;
+        if (i > 0 && rt->dev[i].arch != rt->dev[0].arch && !o.arch) {
+            hkl_report_set(rep, HK_ERR_UNSUPPORTED,
+                           "devices of different architectures (sm_%d, sm_%d): set "
+                           "options.arch and give fatbins, or attach them separately",
+                           rt->dev[0].arch, rt->dev[i].arch);
+            err = HK_ERR_UNSUPPORTED;
+            goto fail;
+        }
+    }
+    rt->arch = o.arch ? o.arch : rt->dev[0].arch;
+
+    if (!o.cache_dir || *o.cache_dir) {
+        char buf[4096];
+        if (o.cache_dir)
+            snprintf(buf, sizeof buf, "%s", o.cache_dir);
+        else
+            default_cache_dir(buf, sizeof buf);
+        /* A cache that cannot be opened costs speed, not correctness. */
+        if (mkdirs(buf) == 0 && hkp_cache_open(&rt->cache, buf, o.cache_max_bytes) == 0)
+            rt->cache_dir = strdup(buf);
+        else
+            rt->cache = NULL;
+    }
+    rt->opt.cache_dir = rt->cache_dir;
+
+    if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
+        hkl_report_set(rep, err, "cannot start hotkern threads");
+        goto fail;
+    }
+    *out = rt;
+    return 0;
+fail:
+    if (rep && !rep->error)
+        rep->error = err;
+    hk_runtime_destroy(rt);
+    return err;
+}
+
+int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
+    if (!out)
+        return HK_ERR_INVALID;
+    *out = NULL;
+    hkl_driver d;
+    char why[512];
+    int err = hkl_driver_open(&d, why, sizeof why);
+    if (err < 0) {
+        hkl_report_set(rep, err, "%s", why);
+        return err;
+    }
+    /* The runtime keeps its own copy of the table. */
+    hkl_driver *tmp = malloc(sizeof *tmp);
+    if (!tmp) {
+        hkl_driver_close(&d);
+        return HK_ERR_NOMEM;
+    }
+    *tmp = d;
+    err = hkl_runtime_create_with(out, opt, tmp, rep);
+    if (err < 0) {
+        hkl_driver_close(tmp);
+        free(tmp);
+        return err;
+    }
+    (*out)->drv_own = d;
+    (*out)->drv = &(*out)->drv_own;
+    free(tmp);
+    return 0;
+}
+
+static void module_free(hk_runtime *rt, hkl_module *m) {
+    hkl_version *v = atomic_load(&m->current);
+    if (v) {
+        hkl_unload_version(rt, v);
+        hkl_version_free(v);
+    }
+    for (int i = 0; i < m->nhist; i++) {
+        free(m->hist[i].data);
+        for (int j = 0; j < m->hist[i].nexpr; j++) {
+            free(m->hist[i].expr[j]);
+            free(m->hist[i].lowered[j]);
+        }
+        free(m->hist[i].expr);
+        free(m->hist[i].lowered);
+    }
+    free(m->hist);
+    for (int i = 0; i < m->nkernels; i++) {
+        hk_kernel *k = m->kernels[i];
+        free(k->name);
+        free(k->layout.offset);
+        free(k->layout.size);
+        free(k);
+    }
+    free(m->kernels);
+    free(m);
+}
+
+void hk_runtime_destroy(hk_runtime *rt) {
+    if (!rt)
+        return;
+    hkn_watch_release(rt);
+    hkl_worker_stop(rt);
+    hkl_reclaim_stop(rt); /* unloads everything retired */
+    hkl_graphs_free(rt);
+    hkl_module *m = rt->modules;
+    while (m) {
+        hkl_module *next = m->next;
+        module_free(rt, m);
+        m = next;
+    }
+    hkl_slots_free(rt);
+    if (rt->drv)
+        for (int i = 0; i < rt->ndev; i++)
+            for (; rt->dev[i].retains > 0; rt->dev[i].retains--)
+                rt->drv->DevicePrimaryCtxRelease(rt->dev[i].dev);
+    hkp_cache_close(rt->cache);
+    free(rt->cache_dir);
+    if (rt->drv == &rt->drv_own)
+        hkl_driver_close(&rt->drv_own);
+    pthread_mutex_destroy(&rt->swap_lock);
+    pthread_rwlock_destroy(&rt->graph_lock);
+    pthread_mutex_destroy(&rt->rec_lock);
+    pthread_cond_destroy(&rt->rec_cond);
+    pthread_cond_destroy(&rt->rec_done);
+    pthread_mutex_destroy(&rt->work_lock);
+    pthread_cond_destroy(&rt->work_cond);
+    pthread_cond_destroy(&rt->idle_cond);
+    pthread_mutex_destroy(&rt->stats_lock);
+    free(rt);
+}
+
+void *hk_runtime_context(hk_runtime *rt, int slot) {
+    if (!rt || slot < 0 || slot >= rt->ndev)
+        return NULL;
+    return rt->dev[slot].ctx;
+}
+
+int hk_runtime_arch(hk_runtime *rt) {
+    return rt ? rt->arch : 0;
+}
+
+void hk_stats_get(hk_runtime *rt, hk_stats *out) {
+    if (!rt || !out)
+        return;
+    pthread_mutex_lock(&rt->stats_lock);
+    *out = rt->stats;
+    pthread_mutex_unlock(&rt->stats_lock);
+    if (rt->cache) {
+        uint64_t h, m, b;
+        hkp_cache_stats(rt->cache, &h, &m, &b);
+        out->cache_hits = h;
+        out->cache_misses = m;
+    }
+}
+
+/* 1 when device slot i's context is no longer the one we attached to. */
+static int context_was_reset(hk_runtime *rt, int i) {
+    const hkl_driver *d = rt->drv;
+    unsigned flags = 0;
+    int active = 0;
+    unsigned long long id = 0;
+    if (d->DevicePrimaryCtxGetState(rt->dev[i].dev, &flags, &active) != CUDA_SUCCESS)
+        return 0;
+    if (!active)
+        return 1;
+    return d->CtxGetId(rt->dev[i].ctx, &id) != CUDA_SUCCESS || id != rt->dev[i].ctx_id;
+}
+
+int hkl_check_reset(hk_runtime *rt) {
+    int reset = 0;
+    for (int i = 0; i < rt->ndev; i++) {
+        if (!context_was_reset(rt, i))
+            continue;
+        CUcontext ctx;
+        if (rt->drv->DevicePrimaryCtxRetain(&ctx, rt->dev[i].dev) != CUDA_SUCCESS)
+            continue;
+        rt->dev[i].retains++;
+        rt->dev[i].ctx = ctx;
+        rt->drv->CtxGetId(ctx, &rt->dev[i].ctx_id);
+        reset = 1;
+    }
+    if (!reset)
+        return 0;
+    /* Modules died with the context: load the current image of each module
+     * again and publish it in place of the dead version. Libraries live on
+     * and reload into the new context by themselves. */
+    for (hkl_module *m = rt->modules; m; m = m->next) {
+        hkl_version *old = atomic_load(&m->current);
+        hk_report rep = {0};
+        if (old && rt->opt.loader == HK_LOADER_MODULE) {
+            hkl_version *nv = calloc(1, sizeof *nv);
+            if (!nv)
+                continue;
+            *nv = (hkl_version){.number = old->number, .mod = m, .format = old->format};
+            nv->image = malloc(old->size);
+            if (!nv->image) {
+                free(nv);
+                continue;
+            }
+            memcpy(nv->image, old->image, old->size);
+            nv->size = old->size;
+            atomic_init(&nv->fn, NULL);
+            atomic_init(&nv->cap, 0);
+            if (hkl_load_version(rt, nv, &rep) < 0) {
+                hkl_version_free(nv);
+                hk_report_clear(&rep);
+                continue;
+            }
+            int ok = 1;
+            for (int k = 0; k < m->nkernels && ok; k++)
+                ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
+            if (!ok) {
+                hkl_unload_version(rt, nv);
+                hkl_version_free(nv);
+                hk_report_clear(&rep);
+                continue;
+            }
+            atomic_store(&m->current, nv);
+            memset(old->cumod, 0, sizeof old->cumod); /* dead: nothing to unload */
+            hkl_retire(rt, old);
+        }
+        hk_report_clear(&rep);
+    }
+    pthread_mutex_lock(&rt->stats_lock);
+    rt->stats.context_resets++;
+    pthread_mutex_unlock(&rt->stats_lock);
+    return 1;
+}
+
+/* Tells the application about a reset that hkl_check_reset handled. Called
+ * with no lock held, so the callback may call hotkern. */
+void hkl_emit_reset(hk_runtime *rt) {
+    hk_report rep = {0};
+    hkl_report_set(&rep, HK_ERR_CONTEXT_RESET,
+                   "CUDA context reset detected (cudaDeviceReset?): current versions are "
+                   "loaded in the new context; buffers and __device__ state from before the "
+                   "reset are gone");
+    hkl_emit(rt, HK_EVENT_CONTEXT_RESET, NULL, 0, 0, "reset", &rep);
+}

@@ -1,0 +1,974 @@
+/*
+ * The swap transaction: build -> stage -> validate -> commit, or roll back.
+ *
+ * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
+ *          compile cache). No driver call and no lock: it runs on the caller's
+ *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
+ * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
+ *          with JIT options and log buffers) and uploads every function into
+ *          every context (cuFuncLoad). Uploading waits for the context's
+ *          in-flight work and stalls launching threads meanwhile, so
+ *          HK_STAGE_AT_SAFE_POINT defers this step to hk_safe_point(), which
+ *          the application calls when its GPU work is idle.
+ * validate every kernel that has a handle exists and keeps its parameter
+ *          layout; the caller's check callback agrees.
+ * commit   same-named globals are copied old -> new, the module's `current`
+ *          pointer is replaced in one atomic store (all devices at once: a
+ *          version holds the code of every device), registered graphs are
+ *          retargeted, and the old version is handed to the reclaim thread.
+ * Any failure before commit unloads the new version; the old one never
+ * stopped running. Swaps of one runtime are serialised by swap_lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "loader/loader.h"
+#include "net/watch.h"
+
+#define JIT_LOG_SIZE 16384
+
+void hk_swap_options_init(hk_swap_options *o) {
+    memset(o, 0, sizeof *o);
+    o->carry_globals = 1;
+    o->stage = HK_STAGE_NOW;
+}
+
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+              uint64_t newv, const char *origin, const hk_report *rep) {
+    if (!rt->opt.on_event)
+        return;
+    hk_event ev = {kind, module, oldv, newv, origin ? origin : "api", rep};
+    rt->opt.on_event(&ev, rt->opt.userdata);
+}
+
+hkl_module *hkl_module_find(hk_runtime *rt, const char *name) {
+    for (hkl_module *m = rt->modules; m; m = m->next)
+        if (!strcmp(m->name, name))
+            return m;
+    return NULL;
+}
+
+static void free_strv(char **v, int n) {
+    if (!v)
+        return;
+    for (int i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static char **dup_strv(const char *const *v, int n) {
+    if (n <= 0 || !v)
+        return NULL;
+    char **out = calloc((size_t)n, sizeof *out);
+    if (!out)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        if (!(out[i] = strdup(v[i] ? v[i] : ""))) {
+            free_strv(out, n);
+            return NULL;
+        }
+    return out;
+}
+
+void hkl_version_free(hkl_version *v) {
+    if (!v)
+        return;
+    free(v->image);
+    for (int i = 0; i < v->nglobals; i++)
+        free(v->globals[i].name);
+    free(v->globals);
+    free_strv(v->expr, v->nexpr);
+    free_strv(v->lowered, v->nexpr);
+    void **fn = atomic_load(&v->fn);
+    free(fn ? fn - 1 : NULL);
+    void **o = v->old_fn;
+    while (o) {
+        void **next = (void **)o[0];
+        free(o);
+        o = next;
+    }
+    free(v);
+}
+
+/* The entry name a handle's name stands for in v: the lowered name of a name
+ * expression, or the name itself. */
+const char *hkl_entry_name(const hkl_version *v, const char *name) {
+    for (int i = 0; i < v->nexpr; i++)
+        if (!strcmp(v->expr[i], name))
+            return v->lowered[i];
+    return name;
+}
+
+/* ---- driver side of a version ------------------------------------------ */
+
+int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep) {
+    const hkl_driver *d = rt->drv;
+    char *info = calloc(1, JIT_LOG_SIZE), *errlog = calloc(1, JIT_LOG_SIZE);
+    int err = 0;
+    if (!info || !errlog) {
+        err = HK_ERR_NOMEM;
+        goto out;
+    }
+    CUjit_option jo[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                         CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                         CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_WALL_TIME};
+    void *jv[] = {info,
+                  (void *)(uintptr_t)JIT_LOG_SIZE,
+                  errlog,
+                  (void *)(uintptr_t)JIT_LOG_SIZE,
+                  (void *)(uintptr_t)rt->opt.jit_opt_level,
+                  NULL};
+    unsigned njo = sizeof jo / sizeof jo[0];
+    CUresult r;
+    const char *what;
+    if (rt->opt.loader == HK_LOADER_LIBRARY) {
+        what = "cuLibraryLoadData";
+        r = d->LibraryLoadData(&v->lib, v->image, jo, jv, njo, NULL, NULL, 0);
+    } else {
+        what = "cuModuleLoadDataEx";
+        if ((r = (CUresult)hkl_ctx_push(rt, 0)) == CUDA_SUCCESS) {
+            r = d->ModuleLoadDataEx(&v->cumod[0], v->image, njo, jo, jv);
+            hkl_ctx_pop(rt);
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        err = hkl_report_cu(rep, rt, r, what);
+        if (r == CUDA_ERROR_INVALID_PTX || r == CUDA_ERROR_INVALID_IMAGE ||
+            r == CUDA_ERROR_JIT_COMPILER_NOT_FOUND || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
+            err = rep ? (rep->error = HK_ERR_COMPILE) : HK_ERR_COMPILE;
+        if (r == CUDA_ERROR_NO_BINARY_FOR_GPU)
+            err = rep ? (rep->error = HK_ERR_ARCH) : HK_ERR_ARCH;
+        if (rep && errlog[0]) {
+            free(rep->log);
+            rep->log = strdup(errlog);
+            size_t n = strlen(rep->message);
+            char first[200];
+            snprintf(first, sizeof first, "%.*s", (int)strcspn(errlog, "\n"), errlog);
+            snprintf(rep->message + n, sizeof rep->message - n, ": %s", first);
+        }
+    }
+out:
+    free(info);
+    free(errlog);
+    return err;
+}
+
+void hkl_unload_version(hk_runtime *rt, hkl_version *v) {
+    if (v->lib) {
+        rt->drv->LibraryUnload(v->lib);
+        v->lib = NULL;
+    }
+    if (v->cumod[0] && hkl_ctx_push(rt, 0) == 0) {
+        rt->drv->ModuleUnload(v->cumod[0]);
+        hkl_ctx_pop(rt);
+    }
+    v->cumod[0] = NULL;
+}
+
+/* Uploads every function of v into every context now (cuFuncLoad), so the
+ * first launches of the new version find their code resident. */
+static int upload_all(hk_runtime *rt, hkl_version *v, hk_report *rep) {
+    const hkl_driver *d = rt->drv;
+    int err = 0;
+    for (int i = 0; i < rt->ndev && !err; i++) {
+        CUresult r = (CUresult)hkl_ctx_push(rt, i);
+        if (r != CUDA_SUCCESS)
+            return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
+        unsigned n = 0;
+        if (v->lib) {
+            if ((r = d->LibraryGetKernelCount(&n, v->lib)) == CUDA_SUCCESS && n) {
+                CUkernel *ks = calloc(n, sizeof *ks);
+                if (!ks)
+                    err = HK_ERR_NOMEM;
+                else if ((r = d->LibraryEnumerateKernels(ks, n, v->lib)) == CUDA_SUCCESS)
+                    for (unsigned j = 0; j < n && r == CUDA_SUCCESS; j++) {
+                        CUfunction f;
+                        if ((r = d->KernelGetFunction(&f, ks[j])) == CUDA_SUCCESS)
+                            r = d->FuncLoad(f);
+                    }
+                free(ks);
+            }
+        } else if ((r = d->ModuleGetFunctionCount(&n, v->cumod[0])) == CUDA_SUCCESS && n) {
+            CUfunction *fs = calloc(n, sizeof *fs);
+            if (!fs)
+                err = HK_ERR_NOMEM;
+            else if ((r = d->ModuleEnumerateFunctions(fs, n, v->cumod[0])) == CUDA_SUCCESS)
+                for (unsigned j = 0; j < n && r == CUDA_SUCCESS; j++)
+                    r = d->FuncLoad(fs[j]);
+            free(fs);
+        }
+        hkl_ctx_pop(rt);
+        if (!err && r != CUDA_SUCCESS) {
+            err = hkl_report_cu(rep, rt, r, "loading code into the context");
+            if (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE)
+                err = rep ? (rep->error = HK_ERR_ARCH) : HK_ERR_ARCH;
+        }
+    }
+    if (!err)
+        v->staged_on_all = 1;
+    return err;
+}
+
+/* Reads a function's parameter layout by probing indices until the driver
+ * says there are no more (there is no parameter-count call). */
+static int read_layout(hk_runtime *rt, void *fn, hkl_param_layout *out) {
+    const hkl_driver *d = rt->drv;
+    int cap = 8;
+    memset(out, 0, sizeof *out);
+    out->offset = malloc((size_t)cap * sizeof *out->offset);
+    out->size = malloc((size_t)cap * sizeof *out->size);
+    if (!out->offset || !out->size)
+        return HK_ERR_NOMEM;
+    for (size_t i = 0; i < 4096; i++) {
+        size_t off = 0, sz = 0;
+        CUresult r = rt->opt.loader == HK_LOADER_LIBRARY
+                         ? d->KernelGetParamInfo((CUkernel)fn, i, &off, &sz)
+                         : d->FuncGetParamInfo((CUfunction)fn, i, &off, &sz);
+        if (r != CUDA_SUCCESS)
+            break;
+        if (out->n == cap) {
+            cap *= 2;
+            uint32_t *o = realloc(out->offset, (size_t)cap * sizeof *o);
+            if (o)
+                out->offset = o;
+            uint32_t *s = realloc(out->size, (size_t)cap * sizeof *s);
+            if (s)
+                out->size = s;
+            if (!o || !s)
+                return HK_ERR_NOMEM;
+        }
+        out->offset[out->n] = (uint32_t)off;
+        out->size[out->n] = (uint32_t)sz;
+        out->n++;
+    }
+    return 0;
+}
+
+static void layout_free(hkl_param_layout *l) {
+    free(l->offset);
+    free(l->size);
+    memset(l, 0, sizeof *l);
+}
+
+/* Describes how two layouts differ, or returns 0 when they are equal. */
+static int layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf,
+                       size_t n) {
+    if (a->n != b->n) {
+        snprintf(buf, n, "had %d parameters, now %d", a->n, b->n);
+        return 1;
+    }
+    for (int i = 0; i < a->n; i++)
+        if (a->offset[i] != b->offset[i] || a->size[i] != b->size[i]) {
+            snprintf(buf, n,
+                     "parameter %d was %u bytes at offset %u, now %u bytes at offset %u", i,
+                     a->size[i], a->offset[i], b->size[i], b->offset[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* Makes room for slot k->slot in v's function table. */
+static int fn_reserve(hkl_version *v, int slot) {
+    int have = atomic_load(&v->cap);
+    if (slot < have)
+        return 0;
+    int cap = have ? have : 8;
+    while (cap <= slot)
+        cap *= 2;
+    /* One extra leading word chains replaced arrays for freeing later. */
+    void **raw = calloc((size_t)cap + 1, sizeof *raw);
+    if (!raw)
+        return HK_ERR_NOMEM;
+    void **old = atomic_load(&v->fn);
+    if (old) {
+        memcpy(raw + 1, old, (size_t)have * sizeof *old);
+        /* Readers may still hold `old`: keep it until the version dies. The
+         * array we free at the end is the published one, so chain the old
+         * block by its own base. */
+        void **old_base = old - 1;
+        old_base[0] = v->old_fn;
+        v->old_fn = old_base;
+    }
+    atomic_store(&v->fn, raw + 1);
+    atomic_store(&v->cap, cap); /* after fn: readers load cap, then fn */
+    return 0;
+}
+
+/* Finds k's kernel in v, checks its layout against k's and fills its slot.
+ * Also used when a handle is first taken (k->layout.n < 0 then: adopt). */
+int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep) {
+    const hkl_driver *d = rt->drv;
+    const char *entry = hkl_entry_name(v, k->name);
+    void *fn = NULL;
+    CUresult r;
+    if (v->lib) {
+        CUkernel kern;
+        r = d->LibraryGetKernel(&kern, v->lib, entry);
+        fn = kern;
+    } else {
+        CUfunction f;
+        r = d->ModuleGetFunction(&f, v->cumod[0], entry);
+        fn = f;
+    }
+    if (r != CUDA_SUCCESS) {
+        if (rep) {
+            snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
+            rep->cu_result = (int)r;
+            snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
+        }
+        hkl_report_set(rep, HK_ERR_MISSING_KERNEL,
+                       "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
+                       k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
+        return HK_ERR_MISSING_KERNEL;
+    }
+    int err = fn_reserve(v, k->slot);
+    if (err < 0)
+        return err;
+    atomic_load(&v->fn)[k->slot] = fn;
+    return 0;
+}
+
+static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept,
+                        hk_report *rep) {
+    hkl_param_layout now;
+    int err = read_layout(rt, atomic_load(&v->fn)[k->slot], &now);
+    if (err < 0) {
+        layout_free(&now);
+        return err;
+    }
+    char diff[200];
+    if (layout_diff(&k->layout, &now, diff, sizeof diff)) {
+        if (!accept) {
+            if (rep)
+                snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
+            hkl_report_set(rep, HK_ERR_LAYOUT,
+                           "kernel '%s': %s (pass accept_layout_change to allow it)", k->name,
+                           diff);
+            layout_free(&now);
+            return HK_ERR_LAYOUT;
+        }
+    }
+    layout_free(&now);
+    return 0;
+}
+
+/* Copies every global present in both versions with the same size. A size
+ * change is not an error (the new code wants the new shape), but reported. */
+static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep) {
+    const hkl_driver *d = rt->drv;
+    char skipped[256] = "";
+    for (int g = 0; g < nv->nglobals; g++) {
+        const char *name = nv->globals[g].name;
+        int in_old = 0;
+        for (int j = 0; j < old->nglobals && !in_old; j++)
+            in_old = !strcmp(old->globals[j].name, name);
+        if (!in_old)
+            continue;
+        for (int i = 0; i < rt->ndev; i++) {
+            CUresult r = (CUresult)hkl_ctx_push(rt, i);
+            if (r != CUDA_SUCCESS)
+                return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
+            CUdeviceptr po = 0, pn = 0;
+            size_t so = 0, sn = 0;
+            if (nv->lib) {
+                r = d->LibraryGetGlobal(&po, &so, old->lib, name);
+                if (r == CUDA_SUCCESS)
+                    r = d->LibraryGetGlobal(&pn, &sn, nv->lib, name);
+            } else {
+                r = d->ModuleGetGlobal(&po, &so, old->cumod[0], name);
+                if (r == CUDA_SUCCESS)
+                    r = d->ModuleGetGlobal(&pn, &sn, nv->cumod[0], name);
+            }
+            if (r == CUDA_SUCCESS && so != sn) {
+                size_t n = strlen(skipped);
+                if (i == 0 && n < sizeof skipped - 1)
+                    snprintf(skipped + n, sizeof skipped - n, "%s%s (%zu -> %zu bytes)",
+                             n ? ", " : "", name, so, sn);
+            } else if (r == CUDA_SUCCESS && so) {
+                r = d->MemcpyDtoD(pn, po, so);
+                /* Launches of the new version run on the application's
+                 * streams: finish the copy before the version is visible. */
+                if (r == CUDA_SUCCESS)
+                    r = d->StreamSynchronize(NULL);
+            }
+            hkl_ctx_pop(rt);
+            if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_FOUND) {
+                hkl_report_cu(rep, rt, r, "copying a global to the new version");
+                size_t n = strlen(rep ? rep->message : "");
+                if (rep)
+                    snprintf(rep->message + n, sizeof rep->message - n, " ('%s')", name);
+                return HK_ERR_CUDA;
+            }
+        }
+    }
+    if (skipped[0])
+        hkl_report_set(rep, 0, "globals not carried over (size changed): %s", skipped);
+    return 0;
+}
+
+/* Adds image to the module's history ring (rollback pops instead). */
+static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
+    if (m->nhist == rt->opt.history) {
+        free(m->hist[0].data);
+        free_strv(m->hist[0].expr, m->hist[0].nexpr);
+        free_strv(m->hist[0].lowered, m->hist[0].nexpr);
+        memmove(m->hist, m->hist + 1, (size_t)(m->nhist - 1) * sizeof *m->hist);
+        m->nhist--;
+    } else {
+        hkl_image *h = realloc(m->hist, (size_t)(m->nhist + 1) * sizeof *h);
+        if (!h)
+            return HK_ERR_NOMEM;
+        m->hist = h;
+    }
+    hkl_image *im = &m->hist[m->nhist];
+    memset(im, 0, sizeof *im);
+    im->data = malloc(v->size);
+    if (!im->data)
+        return HK_ERR_NOMEM;
+    memcpy(im->data, v->image, v->size);
+    im->size = v->size;
+    im->format = v->format;
+    im->version = v->number;
+    im->nexpr = v->nexpr;
+    im->expr = dup_strv((const char *const *)v->expr, v->nexpr);
+    im->lowered = dup_strv((const char *const *)v->lowered, v->nexpr);
+    m->nhist++;
+    return 0;
+}
+
+static hkl_module *module_get_or_create(hk_runtime *rt, const char *name) {
+    hkl_module *m = hkl_module_find(rt, name);
+    if (m)
+        return m;
+    m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    atomic_init(&m->current, NULL);
+    m->next = rt->modules;
+    rt->modules = m;
+    return m;
+}
+
+static void count(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
+    pthread_mutex_lock(&rt->stats_lock);
+    if (committed) {
+        rt->stats.swaps++;
+        rt->stats.rollbacks += rollback != 0;
+        rt->stats.live_versions++;
+        rt->stats.last_swap_ms = rep->build_ms + rep->stage_ms + rep->commit_ms;
+    } else {
+        rt->stats.refused++;
+    }
+    rt->stats.build_ms_total += rep->build_ms;
+    rt->stats.stage_ms_total += rep->stage_ms;
+    rt->stats.commit_ms_total += rep->commit_ms;
+    pthread_mutex_unlock(&rt->stats_lock);
+}
+
+/* Stage, validate and commit a built job. swap_lock held. On return the job's
+ * artifact image has been moved into the version (or freed with the job). */
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep,
+                       uint64_t *oldv) {
+    hkl_module *m = module_get_or_create(rt, job->name);
+    if (!m)
+        return HK_ERR_NOMEM;
+    hkl_version *old = atomic_load(&m->current);
+    *oldv = old ? old->number : 0;
+    double t0 = hkl_now_ms();
+    int err = 0;
+    hkl_param_layout *newlay = NULL;
+    hkl_version *v = calloc(1, sizeof *v);
+    if (!v)
+        return HK_ERR_NOMEM;
+    atomic_init(&v->fn, NULL);
+    atomic_init(&v->cap, 0);
+    atomic_init(&v->pins, 0);
+    v->number = m->last_version + 1;
+    v->mod = m;
+    v->image = job->art.image;
+    v->size = job->art.size;
+    v->format = job->art.format;
+    job->art.image = NULL;
+    v->nglobals = job->art.meta.nglobals;
+    v->globals = job->art.meta.globals;
+    job->art.meta.globals = NULL;
+    job->art.meta.nglobals = 0;
+    v->nexpr = job->art.nlowered;
+    v->expr = dup_strv((const char *const *)job->name_expressions, job->opt.nname_expressions);
+    v->lowered = job->art.lowered_names;
+    job->art.lowered_names = NULL;
+    job->art.nlowered = 0;
+    if (v->nexpr != job->opt.nname_expressions) {
+        free_strv(v->expr, job->opt.nname_expressions);
+        free_strv(v->lowered, v->nexpr);
+        v->expr = v->lowered = NULL;
+        v->nexpr = 0;
+    }
+    if (rep) {
+        rep->version = v->number;
+        snprintf(rep->module, sizeof rep->module, "%s", m->name);
+    }
+
+    if ((err = hkl_load_version(rt, v, rep)) < 0)
+        goto refuse;
+    if ((err = upload_all(rt, v, rep)) < 0)
+        goto refuse;
+    if (m->nkernels && job->opt.accept_layout_change) {
+        newlay = calloc((size_t)m->nkernels, sizeof *newlay);
+        if (!newlay) {
+            err = HK_ERR_NOMEM;
+            goto refuse;
+        }
+    }
+    for (int i = 0; i < m->nkernels; i++) {
+        hk_kernel *k = m->kernels[i];
+        if ((err = hkl_resolve_slot(rt, v, k, rep)) < 0)
+            goto refuse;
+        if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
+            goto refuse;
+        if (job->opt.accept_layout_change &&
+            (err = read_layout(rt, atomic_load(&v->fn)[k->slot], &newlay[i])) < 0)
+            goto refuse;
+    }
+    if (job->opt.check) {
+        char msg[256] = "";
+        if (job->opt.check(m->name, v->number, rt->opt.userdata, msg, sizeof msg) != 0) {
+            hkl_report_set(rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
+                           (unsigned long long)v->number, msg[0] ? msg : "(no reason given)");
+            err = HK_ERR_REJECTED;
+            goto refuse;
+        }
+    }
+    double t1 = hkl_now_ms();
+    if (old && job->opt.carry_globals && (err = carry_globals(rt, old, v, rep)) < 0)
+        goto refuse;
+    if ((err = history_push(rt, m, v)) < 0)
+        goto refuse;
+
+    /* Commit. seq_cst pairs with the launch path's epoch announcement (see
+     * reclaim.c): a launcher that read the old pointer is visible to the
+     * grace period that frees it. */
+    atomic_store(&m->current, v);
+    m->last_version = v->number;
+    if (newlay)
+        for (int i = 0; i < m->nkernels; i++) {
+            layout_free(&m->kernels[i]->layout);
+            m->kernels[i]->layout = newlay[i];
+        }
+    free(newlay);
+    newlay = NULL;
+    hkl_graphs_retarget(rt, m, v, rep);
+    if (old)
+        hkl_retire(rt, old);
+    m->last_error = 0;
+    snprintf(m->last_message, sizeof m->last_message, "version %llu committed",
+             (unsigned long long)v->number);
+    if (rep) {
+        rep->stage_ms = t1 - t0;
+        rep->commit_ms = hkl_now_ms() - t1;
+        rep->version = v->number;
+    }
+    return 0;
+
+refuse:
+    if (newlay) {
+        for (int i = 0; i < m->nkernels; i++)
+            layout_free(&newlay[i]);
+        free(newlay);
+    }
+    hkl_unload_version(rt, v);
+    hkl_version_free(v);
+    m->last_error = err;
+    snprintf(m->last_message, sizeof m->last_message, "%s",
+             rep && rep->message[0] ? rep->message : hk_strerror(err));
+    if (rep) {
+        rep->error = err;
+        rep->stage_ms = hkl_now_ms() - t0;
+    }
+    if (!old && !m->nkernels && !m->nhist) {
+        /* A module whose first version failed does not exist. */
+        hkl_module **pp = &rt->modules;
+        while (*pp != m)
+            pp = &(*pp)->next;
+        *pp = m->next;
+        free(m->hist);
+        free(m->kernels);
+        free(m);
+    }
+    return err;
+}
+
+int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
+    uint64_t oldv = 0;
+    pthread_mutex_lock(&rt->swap_lock);
+    int reset = hkl_check_reset(rt);
+    int err = swap_locked(rt, job, rollback, rep, &oldv);
+    pthread_mutex_unlock(&rt->swap_lock);
+    if (reset)
+        hkl_emit_reset(rt);
+    count(rt, err == 0, rollback, rep);
+    hkl_emit(rt, err ? HK_EVENT_REFUSED : rollback ? HK_EVENT_ROLLED_BACK : HK_EVENT_COMMITTED,
+             job->name, oldv, err ? 0 : rep->version, job->origin, rep);
+    return err;
+}
+
+/* ---- jobs ------------------------------------------------------------- */
+
+void hkl_job_free(hkl_job *job) {
+    if (!job)
+        return;
+    free(job->data);
+    free(job->origin);
+    free(job->source_name);
+    free_strv(job->nvrtc_options, job->opt.nnvrtc_options);
+    free_strv(job->name_expressions, job->opt.nname_expressions);
+    hkp_artifact_free(&job->art);
+    free(job);
+}
+
+static int job_new(hkl_job **out, const char *name, const void *data, size_t size,
+                   const hk_swap_options *opt) {
+    if (!name || !*name || strlen(name) >= HKL_NAME_MAX || !data || !size)
+        return HK_ERR_INVALID;
+    hkl_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return HK_ERR_NOMEM;
+    snprintf(j->name, sizeof j->name, "%s", name);
+    if (opt)
+        j->opt = *opt;
+    else
+        hk_swap_options_init(&j->opt);
+    j->data = malloc(size);
+    j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
+    j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
+    j->nvrtc_options = dup_strv(j->opt.nvrtc_options, j->opt.nnvrtc_options);
+    j->name_expressions = dup_strv(j->opt.name_expressions, j->opt.nname_expressions);
+    if (!j->data || !j->origin || (j->opt.source_name && !j->source_name) ||
+        (j->opt.nnvrtc_options > 0 && !j->nvrtc_options) ||
+        (j->opt.nname_expressions > 0 && !j->name_expressions)) {
+        if (!j->nvrtc_options)
+            j->opt.nnvrtc_options = 0;
+        if (!j->name_expressions)
+            j->opt.nname_expressions = 0;
+        hkl_job_free(j);
+        return HK_ERR_NOMEM;
+    }
+    memcpy(j->data, data, size);
+    j->size = size;
+    /* The copies replace the caller's pointers, which die with the call. */
+    j->opt.nvrtc_options = (const char *const *)j->nvrtc_options;
+    j->opt.name_expressions = (const char *const *)j->name_expressions;
+    j->opt.source_name = j->source_name;
+    j->opt.origin = j->origin;
+    *out = j;
+    return 0;
+}
+
+/* Runs the build step of a job. No lock held. */
+static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
+    hkp_build_opts bo = {
+        .arch = rt->arch,
+        .ptx_to_cubin = rt->opt.ptx_mode == HK_PTX_NVJITLINK,
+        .opt_level = rt->opt.jit_opt_level,
+        .nvrtc_options = j->opt.nvrtc_options,
+        .nnvrtc_options = j->opt.nnvrtc_options,
+        .name_expressions = j->opt.name_expressions,
+        .nname_expressions = j->opt.nname_expressions,
+        .source_name = j->source_name ? j->source_name : j->name,
+        .cache = rt->cache,
+    };
+    char why[512] = "";
+    int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
+    if (rep) {
+        snprintf(rep->module, sizeof rep->module, "%s", j->name);
+        rep->build_ms = j->art.ms;
+        rep->cache_hit = j->art.cache_hit;
+    }
+    if (j->art.ndeps && j->source_name)
+        hkn_watch_deps_built(rt, j->source_name, (const char *const *)j->art.deps,
+                             j->art.ndeps);
+    if (err < 0) {
+        hkl_report_set(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
+                       why[0] ? why : hk_strerror(err));
+        if (rep && j->art.log) {
+            free(rep->log);
+            rep->log = strdup(j->art.log);
+        }
+        return err;
+    }
+    j->built = 1;
+    return 0;
+}
+
+int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
+            const hk_swap_options *opt, hk_report *rep) {
+    if (rep)
+        hk_report_clear(rep);
+    if (!rt || (opt && opt->stage != HK_STAGE_NOW)) {
+        hkl_report_set(rep, HK_ERR_INVALID, "hk_swap stages now; use hk_submit for safe points");
+        return HK_ERR_INVALID;
+    }
+    hkl_job *j;
+    int err = job_new(&j, name, image, size, opt);
+    if (err < 0) {
+        hkl_report_set(rep, err, "bad arguments (module name 1..%d bytes, non-empty image)",
+                       HKL_NAME_MAX - 1);
+        return err;
+    }
+    hk_report local = {0};
+    hk_report *r = rep ? rep : &local;
+    err = job_build(rt, j, r);
+    if (err < 0) {
+        count(rt, 0, 0, r);
+        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
+                 r);
+    } else {
+        err = hkl_swap_built(rt, j, 0, r);
+    }
+    hkl_job_free(j);
+    hk_report_clear(&local);
+    return err;
+}
+
+uint64_t hk_module_version(hk_runtime *rt, const char *name) {
+    if (!rt || !name)
+        return 0;
+    pthread_mutex_lock(&rt->swap_lock);
+    hkl_module *m = hkl_module_find(rt, name);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    uint64_t n = v ? v->number : 0;
+    pthread_mutex_unlock(&rt->swap_lock);
+    return n;
+}
+
+int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
+    if (rep)
+        hk_report_clear(rep);
+    if (!rt || !name)
+        return HK_ERR_INVALID;
+    hk_report local = {0};
+    hk_report *r = rep ? rep : &local;
+    uint64_t oldv = 0;
+    pthread_mutex_lock(&rt->swap_lock);
+    int reset = hkl_check_reset(rt);
+    hkl_module *m = hkl_module_find(rt, name);
+    int err = 0;
+    hkl_job *j = NULL;
+    if (!m || m->nhist < 2) {
+        err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
+        hkl_report_set(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'",
+                       name);
+        goto out;
+    }
+    hkl_image *prev = &m->hist[m->nhist - 2];
+    j = calloc(1, sizeof *j);
+    if (!j) {
+        err = HK_ERR_NOMEM;
+        goto out;
+    }
+    snprintf(j->name, sizeof j->name, "%s", name);
+    hk_swap_options_init(&j->opt);
+    j->origin = strdup("rollback");
+    j->art.image = malloc(prev->size);
+    j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
+    j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
+    if (!j->origin || !j->art.image || (prev->nexpr && (!j->name_expressions ||
+                                                        !j->art.lowered_names))) {
+        err = HK_ERR_NOMEM;
+        goto out;
+    }
+    j->opt.nname_expressions = j->art.nlowered = prev->nexpr;
+    memcpy(j->art.image, prev->data, prev->size);
+    j->art.size = prev->size;
+    j->art.format = prev->format;
+    /* Globals are read again from the image: rollback carries state too. */
+    char why[256];
+    if (hkp_meta_read(prev->data, prev->size, prev->format, &j->art.meta, why, sizeof why) < 0)
+        memset(&j->art.meta, 0, sizeof j->art.meta);
+    /* The version rolled away from leaves the history, so successive
+     * rollbacks walk further back; the image rolled to is pushed anew. */
+    hkl_image top = m->hist[m->nhist - 1];
+    hkl_image prev_copy = *prev;
+    m->nhist -= 2;
+    err = swap_locked(rt, j, 1, r, &oldv);
+    if (err < 0) {
+        /* Put the history back as it was. */
+        m->hist[m->nhist++] = prev_copy;
+        m->hist[m->nhist++] = top;
+    } else {
+        free(top.data);
+        free_strv(top.expr, top.nexpr);
+        free_strv(top.lowered, top.nexpr);
+        free(prev_copy.data);
+        free_strv(prev_copy.expr, prev_copy.nexpr);
+        free_strv(prev_copy.lowered, prev_copy.nexpr);
+    }
+out:
+    pthread_mutex_unlock(&rt->swap_lock);
+    if (reset)
+        hkl_emit_reset(rt);
+    if (j) {
+        count(rt, err == 0, 1, r);
+        hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_ROLLED_BACK, name, oldv,
+                 err ? 0 : r->version, "rollback", r);
+    }
+    hkl_job_free(j);
+    hk_report_clear(&local);
+    return err;
+}
+
+/* ---- the worker and safe points ---------------------------------------- */
+
+static void *worker_main(void *arg) {
+    hk_runtime *rt = arg;
+    pthread_mutex_lock(&rt->work_lock);
+    for (;;) {
+        while (!rt->jobs && !rt->work_stop)
+            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+        if (rt->work_stop)
+            break;
+        hkl_job *j = rt->jobs;
+        rt->jobs = j->next;
+        if (!rt->jobs)
+            rt->jobs_tail = NULL;
+        rt->busy++;
+        pthread_mutex_unlock(&rt->work_lock);
+
+        hk_report rep = {0};
+        int err = job_build(rt, j, &rep);
+        int deferred = 0;
+        if (err < 0) {
+            count(rt, 0, 0, &rep);
+            hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0,
+                     j->origin, &rep);
+        } else if (j->opt.stage == HK_STAGE_AT_SAFE_POINT) {
+            deferred = 1;
+        } else {
+            hkl_swap_built(rt, j, 0, &rep);
+        }
+        hk_report_clear(&rep);
+
+        pthread_mutex_lock(&rt->work_lock);
+        if (deferred) {
+            /* A newer build of the same module replaces a pending one. */
+            hkl_job **pp = &rt->pending;
+            while (*pp && strcmp((*pp)->name, j->name))
+                pp = &(*pp)->next;
+            if (*pp) {
+                hkl_job *stale = *pp;
+                j->next = stale->next;
+                *pp = j;
+                stale->next = NULL;
+                pthread_mutex_unlock(&rt->work_lock);
+                hkl_job_free(stale);
+                pthread_mutex_lock(&rt->work_lock);
+            } else {
+                j->next = NULL;
+                *pp = j;
+            }
+        } else {
+            pthread_mutex_unlock(&rt->work_lock);
+            hkl_job_free(j);
+            pthread_mutex_lock(&rt->work_lock);
+        }
+        rt->busy--;
+        pthread_cond_broadcast(&rt->idle_cond);
+    }
+    pthread_mutex_unlock(&rt->work_lock);
+    return NULL;
+}
+
+int hkl_worker_start(hk_runtime *rt) {
+    if (pthread_create(&rt->worker, NULL, worker_main, rt))
+        return HK_ERR_NOMEM;
+    rt->worker_started = 1;
+    return 0;
+}
+
+void hkl_worker_stop(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->work_lock);
+    rt->work_stop = 1;
+    pthread_cond_broadcast(&rt->work_cond);
+    pthread_mutex_unlock(&rt->work_lock);
+    if (rt->worker_started)
+        pthread_join(rt->worker, NULL);
+    rt->worker_started = 0;
+    hkl_job *lists[2] = {rt->jobs, rt->pending};
+    for (int i = 0; i < 2; i++)
+        while (lists[i]) {
+            hkl_job *n = lists[i]->next;
+            hkl_job_free(lists[i]);
+            lists[i] = n;
+        }
+    rt->jobs = rt->jobs_tail = rt->pending = NULL;
+}
+
+int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
+              const hk_swap_options *opt) {
+    if (!rt)
+        return HK_ERR_INVALID;
+    hkl_job *j;
+    int err = job_new(&j, name, image, size, opt);
+    if (err < 0)
+        return err;
+    pthread_mutex_lock(&rt->work_lock);
+    if (rt->work_stop) {
+        pthread_mutex_unlock(&rt->work_lock);
+        hkl_job_free(j);
+        return HK_ERR_CLOSED;
+    }
+    if (rt->jobs_tail)
+        rt->jobs_tail->next = j;
+    else
+        rt->jobs = j;
+    rt->jobs_tail = j;
+    pthread_cond_signal(&rt->work_cond);
+    pthread_mutex_unlock(&rt->work_lock);
+    return 0;
+}
+
+int hk_safe_point(hk_runtime *rt) {
+    if (!rt)
+        return HK_ERR_INVALID;
+    pthread_mutex_lock(&rt->work_lock);
+    hkl_job *list = rt->pending;
+    rt->pending = NULL;
+    pthread_mutex_unlock(&rt->work_lock);
+    int committed = 0;
+    while (list) {
+        hkl_job *j = list;
+        list = j->next;
+        hk_report rep = {0};
+        if (hkl_swap_built(rt, j, 0, &rep) == 0)
+            committed++;
+        hk_report_clear(&rep);
+        hkl_job_free(j);
+    }
+    return committed;
+}
+
+int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
+    if (!rt)
+        return HK_ERR_INVALID;
+    double end = hkl_now_ms() + timeout_ms;
+    pthread_mutex_lock(&rt->work_lock);
+    while (rt->jobs || rt->busy) {
+        double left = end - hkl_now_ms();
+        if (left <= 0) {
+            pthread_mutex_unlock(&rt->work_lock);
+            return HK_ERR_TIMEOUT;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ms = left > 50 ? 50 : (long)left + 1;
+        ts.tv_nsec += ms * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
+    }
+    pthread_mutex_unlock(&rt->work_lock);
+    return 0;
+}

@@ -1,0 +1,718 @@
+/*
+ * The swap engine's logic on the fake driver: versions, validation and
+ * refusals, globals, rollback, grace periods, pins, fault injection, resets,
+ * graphs, several devices, and a concurrent launch/swap stress. None of this
+ * is GPU evidence (the GPU suites are); it pins down the engine's decisions.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loader/loader.h"
+#include "tests/fakecuda.h"
+#include "tests/harness.h"
+
+/* PTX for the fake: kernels "step(u64 out, u32 n)" and "aux(u64)", a tag,
+ * optionally a 4-byte "counter" global, optionally a changed layout. */
+static char *ptx(int tag, int with_aux, int with_counter, int step_layout) {
+    static char buf[8][2048];
+    static int next;
+    char *b = buf[next++ % 8];
+    const char *params = step_layout == 0   ? ".param .u64 out, .param .u32 n"
+                         : step_layout == 1 ? ".param .u64 out, .param .u64 n"
+                                            : ".param .u64 out";
+    snprintf(b, 2048,
+             "// tag: %d\n"
+             ".version 8.0\n.target sm_90\n.address_size 64\n"
+             "%s"
+             ".visible .entry step(%s)\n{\n ret;\n}\n"
+             "%s",
+             tag, with_counter ? ".visible .global .align 4 .u32 counter;\n" : "", params,
+             with_aux ? ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n" : "");
+    return b;
+}
+
+static hk_runtime *rt;
+static int events[8];
+static char last_event_msg[512];
+
+static void on_event(const hk_event *ev, void *ud) {
+    (void)ud;
+    events[ev->kind]++;
+    if (ev->report)
+        snprintf(last_event_msg, sizeof last_event_msg, "%s", ev->report->message);
+}
+
+static hk_runtime *make_rt(int ndev, hk_loader loader) {
+    fake_init(ndev, 90);
+    memset(events, 0, sizeof events);
+    hk_options o;
+    hk_options_init(&o);
+    int devs[4] = {0, 1, 2, 3};
+    o.devices = devs;
+    o.ndevices = ndev;
+    o.loader = loader;
+    o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
+    o.cache_dir = "";
+    o.on_event = on_event;
+    hk_runtime *r = NULL;
+    hk_report rep = {0};
+    int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
+    ck_assert_msg(err == 0, "create: %s", rep.message);
+    return r;
+}
+
+static void setup(void) {
+    rt = make_rt(1, HK_LOADER_LIBRARY);
+}
+
+static void teardown(void) {
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    ck_assert_int_eq(fake_live_images(), 0); /* nothing leaked at destroy */
+    ck_assert_int_eq(fake_violations(), 0);
+}
+
+static int swap_src(const char *mod, const char *src, hk_report *rep) {
+    return hk_swap(rt, mod, src, strlen(src), NULL, rep);
+}
+
+static void swap_ok(const char *mod, const char *src, hk_report *rep) {
+    int err = swap_src(mod, src, rep);
+    ck_assert_msg(err == 0, "swap refused: %s: %s", hk_strerror(err), rep->message);
+}
+
+static int launch_tag(hk_kernel *k) {
+    int out = -1, *dptr = &out;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    int cu = 0;
+    int err = hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu);
+    ck_assert_msg(err == 0, "launch failed: %d cu %d", err, cu);
+    return out;
+}
+
+/* ---- basics ------------------------------------------------------------- */
+
+START_TEST(no_driver_is_reported) {
+    setenv("HK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    hk_runtime *r = (hk_runtime *)1;
+    hk_report rep = {0};
+    ck_assert_int_eq(hk_runtime_create(&r, NULL, &rep), HK_ERR_NO_DRIVER);
+    ck_assert_ptr_null(r);
+    ck_assert_int_eq(rep.error, HK_ERR_NO_DRIVER);
+    ck_assert_msg(strstr(rep.message, "no CUDA driver"), "message: %s", rep.message);
+    /* The toolkit's stub library loads but cannot initialise: cuInit's error
+     * is named. */
+    if (access("/usr/local/cuda/lib64/stubs/libcuda.so", R_OK) == 0) {
+        setenv("HK_LIBCUDA", "/usr/local/cuda/lib64/stubs/libcuda.so", 1);
+        hk_report_clear(&rep);
+        ck_assert_int_eq(hk_runtime_create(&r, NULL, &rep), HK_ERR_NO_DRIVER);
+        ck_assert_msg(strstr(rep.message, "CUDA_ERROR") || strstr(rep.message, "lacks"),
+                      "message: %s", rep.message);
+    }
+    unsetenv("HK_LIBCUDA");
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(error_strings_are_distinct) {
+    for (int a = 0; a >= HK_ERR_CONTEXT_RESET; a--) {
+        ck_assert_str_ne(hk_strerror(a), "unknown error");
+        for (int b = a - 1; b >= HK_ERR_CONTEXT_RESET; b--)
+            ck_assert_str_ne(hk_strerror(a), hk_strerror(b));
+    }
+    ck_assert_str_eq(hk_strerror(-9999), "unknown error");
+    ck_assert_str_eq(hk_format_name(HK_FORMAT_PTX), "ptx");
+}
+END_TEST
+
+START_TEST(argument_checks) {
+    hk_kernel *k;
+    ck_assert_int_eq(hk_swap(rt, NULL, "x", 1, NULL, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_swap(rt, "m", NULL, 1, NULL, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_swap(rt, "m", "x", 0, NULL, NULL), HK_ERR_INVALID);
+    char longname[100];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[99] = 0;
+    ck_assert_int_eq(hk_swap(rt, longname, "x", 1, NULL, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_kernel_get(rt, "nomodule", "step", &k), HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(hk_kernel_get(NULL, "m", "step", &k), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_rollback(rt, "nomodule", NULL), HK_ERR_NOT_FOUND);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_AT_SAFE_POINT;
+    ck_assert_int_eq(hk_swap(rt, "m", "x", 1, &so, NULL), HK_ERR_INVALID);
+    hk_runtime_destroy(NULL);
+    hk_report_clear(NULL);
+    hk_unpin(NULL);
+    /* Bad options. */
+    hk_options o;
+    hk_options_init(&o);
+    o.jit_opt_level = 9;
+    hk_runtime *r2;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), NULL), HK_ERR_INVALID);
+    hk_options_init(&o);
+    int devs[2] = {0, 0};
+    o.devices = devs;
+    o.ndevices = 2;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), NULL), HK_ERR_INVALID);
+    devs[1] = 7;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), NULL), HK_ERR_NO_DEVICE);
+}
+END_TEST
+
+START_TEST(load_launch_swap_reclaim) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 1, 0, 0), &rep);
+    ck_assert_int_eq(rep.version, 1);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    hk_kernel *k, *k2;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k2), 0);
+    ck_assert_ptr_eq(k, k2);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "nosuch", &k2), HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(launch_tag(k), 1);
+    /* The code was uploaded to the context at staging (cuFuncLoad). */
+    ck_assert_int_ge(fake_calls("cuFuncLoad"), 2);
+    for (int i = 2; i <= 5; i++) {
+        swap_ok("sim", ptx(i, 1, 0, 0), &rep);
+        ck_assert_uint_eq(rep.version, (uint64_t)i);
+        ck_assert_int_eq(launch_tag(k), i);
+    }
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.swaps, 5);
+    ck_assert_uint_eq(st.reclaimed, 4);
+    ck_assert_uint_eq(st.live_versions, 1);
+    ck_assert_int_eq(events[HK_EVENT_COMMITTED], 5);
+    ck_assert_int_eq(events[HK_EVENT_RECLAIMED], 4);
+    /* Reclaim synchronised the context before unloading. */
+    ck_assert_int_ge(fake_calls("cuCtxSynchronize"), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- refusals ------------------------------------------------------------ */
+
+static void assert_still(hk_kernel *k, int tag, uint64_t version) {
+    ck_assert_int_eq(launch_tag(k), tag);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), version);
+}
+
+START_TEST(refusals_keep_old_version) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 1, 0, 0), &rep);
+    hk_kernel *k, *aux;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "aux", &aux), 0);
+
+    /* A kernel in use removed. */
+    ck_assert_int_eq(swap_src("sim", ptx(2, 0, 0, 0), &rep), HK_ERR_MISSING_KERNEL);
+    ck_assert_str_eq(rep.kernel, "aux");
+    ck_assert_msg(strstr(rep.message, "aux") && strstr(rep.message, "missing"), "%s",
+                  rep.message);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_NOT_FOUND");
+    assert_still(k, 1, 1);
+
+    /* A parameter's size changed. */
+    ck_assert_int_eq(swap_src("sim", ptx(3, 1, 0, 1), &rep), HK_ERR_LAYOUT);
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_msg(strstr(rep.message, "parameter 1 was 4 bytes at offset 8, now 8 bytes"), "%s",
+                  rep.message);
+    assert_still(k, 1, 1);
+
+    /* A parameter removed. */
+    ck_assert_int_eq(swap_src("sim", ptx(4, 1, 0, 2), &rep), HK_ERR_LAYOUT);
+    ck_assert_msg(strstr(rep.message, "had 2 parameters, now 1"), "%s", rep.message);
+    assert_still(k, 1, 1);
+
+    /* JIT error: the log names the line; the CUresult is named. */
+    char bad[2048];
+    snprintf(bad, sizeof bad, "%s\nSYNTAX ERROR\n", ptx(5, 1, 0, 0));
+    ck_assert_int_eq(swap_src("sim", bad, &rep), HK_ERR_COMPILE);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_INVALID_PTX");
+    ck_assert_ptr_nonnull(rep.log);
+    ck_assert_msg(strstr(rep.log, "line 14"), "log: %s", rep.log);
+    assert_still(k, 1, 1);
+
+    /* Not a kernel at all. */
+    ck_assert_int_eq(swap_src("sim", "\x7f\x45\x4c\x46garbage", &rep), HK_ERR_FORMAT);
+    assert_still(k, 1, 1);
+
+    /* Version numbers are not consumed by refusals. */
+    swap_ok("sim", ptx(6, 1, 0, 0), &rep);
+    ck_assert_uint_eq(rep.version, 2);
+    ck_assert_int_eq(launch_tag(k), 6);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.refused, 5);
+    ck_assert_int_eq(events[HK_EVENT_REFUSED], 5);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1); /* refused versions were unloaded */
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(layout_change_when_accepted) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 1, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.accept_layout_change = 1;
+    const char *src = ptx(2, 1, 0, 1);
+    ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), &so, &rep), 0);
+    ck_assert_int_eq(launch_tag(k), 2);
+    /* The accepted layout is the new reference. */
+    ck_assert_int_eq(swap_src("sim", ptx(3, 1, 0, 0), &rep), HK_ERR_LAYOUT);
+    swap_ok("sim", ptx(4, 1, 0, 1), &rep);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+static int refuse_odd(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
+    (void)module;
+    (void)ud;
+    if (version % 2)
+        return 0;
+    snprintf(msg, n, "even versions are not allowed");
+    return 1;
+}
+
+START_TEST(check_callback_refuses) {
+    hk_report rep = {0};
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.check = refuse_odd;
+    const char *a = ptx(1, 0, 0, 0), *b = ptx(2, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "sim", a, strlen(a), &so, &rep), 0);
+    ck_assert_int_eq(hk_swap(rt, "sim", b, strlen(b), &so, &rep), HK_ERR_REJECTED);
+    ck_assert_msg(strstr(rep.message, "even versions are not allowed"), "%s", rep.message);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- state -------------------------------------------------------------- */
+
+START_TEST(globals_carried_over) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 1, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    int launches = 0;
+    for (int v = 2; v <= 101; v++) {
+        launch_tag(k);
+        launch_tag(k);
+        launches += 2;
+        swap_ok("sim", ptx(v, 0, 1, 0), &rep);
+    }
+    /* Read the counter through the driver, as the GPU suite does. */
+    pthread_mutex_lock(&rt->swap_lock);
+    hkl_version *cur = atomic_load(&hkl_module_find(rt, "sim")->current);
+    CUdeviceptr p;
+    size_t sz;
+    ck_assert_int_eq(fake_driver()->LibraryGetGlobal(&p, &sz, cur->lib, "counter"), 0);
+    pthread_mutex_unlock(&rt->swap_lock);
+    ck_assert_int_eq(*(int *)(uintptr_t)p, launches);
+
+    /* Opting out starts the new version from its own initial value. */
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.carry_globals = 0;
+    const char *src = ptx(200, 0, 1, 0);
+    ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), &so, &rep), 0);
+    pthread_mutex_lock(&rt->swap_lock);
+    cur = atomic_load(&hkl_module_find(rt, "sim")->current);
+    ck_assert_int_eq(fake_driver()->LibraryGetGlobal(&p, &sz, cur->lib, "counter"), 0);
+    pthread_mutex_unlock(&rt->swap_lock);
+    ck_assert_int_eq(*(int *)(uintptr_t)p, 0);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(rollback_walks_back) {
+    hk_report rep = {0};
+    for (int i = 1; i <= 3; i++)
+        swap_ok("sim", ptx(i * 10, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(launch_tag(k), 30);
+    ck_assert_int_eq(hk_rollback(rt, "sim", &rep), 0);
+    ck_assert_uint_eq(rep.version, 4); /* a new, monotonic number */
+    ck_assert_int_eq(launch_tag(k), 20);
+    ck_assert_int_eq(hk_rollback(rt, "sim", &rep), 0);
+    ck_assert_uint_eq(rep.version, 5);
+    ck_assert_int_eq(launch_tag(k), 10);
+    ck_assert_int_eq(hk_rollback(rt, "sim", &rep), HK_ERR_NO_HISTORY);
+    ck_assert_int_eq(launch_tag(k), 10);
+    /* A failed rollback leaves the history intact. */
+    swap_ok("sim", ptx(40, 0, 0, 0), &rep);
+    fake_fail("cuLibraryLoadData", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    ck_assert_int_eq(hk_rollback(rt, "sim", &rep), HK_ERR_CUDA);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_OUT_OF_MEMORY");
+    ck_assert_int_eq(launch_tag(k), 40);
+    ck_assert_int_eq(hk_rollback(rt, "sim", &rep), 0);
+    ck_assert_int_eq(launch_tag(k), 10);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.rollbacks, 3);
+    ck_assert_int_eq(events[HK_EVENT_ROLLED_BACK], 3);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(history_is_bounded) {
+    hk_report rep = {0};
+    for (int i = 1; i <= 10; i++)
+        swap_ok("sim", ptx(i, 0, 0, 0), &rep);
+    int n = 0;
+    while (hk_rollback(rt, "sim", &rep) == 0)
+        n++;
+    ck_assert_int_eq(n, 3); /* history 4: current + 3 earlier */
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- grace periods and pins --------------------------------------------- */
+
+static hk_kernel *held_kernel;
+static void *launch_thread(void *arg) {
+    (void)arg;
+    int *tag = malloc(sizeof *tag);
+    *tag = launch_tag(held_kernel);
+    return tag;
+}
+
+START_TEST(old_version_outlives_launch_in_flight) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &held_kernel), 0);
+    fake_hold_next_launch();
+    pthread_t t;
+    pthread_create(&t, NULL, launch_thread, NULL);
+    fake_wait_held(); /* the thread is inside cuLaunchKernel of version 1 */
+    swap_ok("sim", ptx(2, 0, 0, 0), &rep);
+    /* Version 1 must survive while the launch is in flight. */
+    ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT);
+    ck_assert_int_eq(fake_live_images(), 2);
+    fake_release_launch();
+    int *tag;
+    pthread_join(t, (void **)&tag);
+    ck_assert_int_eq(*tag, 1);
+    free(tag);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    ck_assert_int_eq(launch_tag(held_kernel), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(pin_keeps_version) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 1, 0, 0), &rep);
+    hk_kernel *k, *aux;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    hk_pin *p;
+    ck_assert_int_eq(hk_pin_module(rt, "sim", &p), 0);
+    ck_assert_uint_eq(hk_pin_version(p), 1);
+    swap_ok("sim", ptx(2, 1, 0, 0), &rep);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 100), HK_ERR_TIMEOUT);
+    int out = 0, *dp = &out;
+    unsigned n = 1;
+    void *args[] = {&dp, &n};
+    ck_assert_int_eq(hk_launch_pinned(p, k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL,
+                                      args, NULL),
+                     0);
+    ck_assert_int_eq(out, 1);
+    ck_assert_int_eq(launch_tag(k), 2);
+    /* A handle taken after the pinned version retired has no code there. */
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "aux", &aux), 0);
+    ck_assert_int_eq(hk_launch_pinned(p, aux, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL,
+                                      args, NULL),
+                     HK_ERR_NOT_FOUND);
+    hk_unpin(p);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- fault injection ---------------------------------------------------- */
+
+START_TEST(each_driver_failure_is_clean) {
+    static const char *entries[] = {"cuLibraryLoadData",  "cuLibraryGetKernel",
+                                    "cuKernelGetFunction", "cuFuncLoad",
+                                    "cuKernelGetParamInfo", "cuLibraryGetGlobal",
+                                    "cuMemcpyDtoD",        "cuStreamSynchronize",
+                                    "cuCtxPushCurrent"};
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 1, 1, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    int tag = 1;
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+        for (int nth = 1; nth <= 3; nth++) {
+            fake_clear_faults();
+            fake_fail(entries[e], nth, CUDA_ERROR_OUT_OF_MEMORY);
+            int err = swap_src("sim", ptx(100 + (int)e * 10 + nth, 1, 1, 0), &rep);
+            fake_clear_faults();
+            if (err == 0) {
+                tag = 100 + (int)e * 10 + nth; /* the fault hit a call the swap did not need */
+            } else {
+                ck_assert_msg(err == HK_ERR_CUDA || err == HK_ERR_MISSING_KERNEL ||
+                                  err == HK_ERR_LAYOUT,
+                              "%s #%d: %s", entries[e], nth, hk_strerror(err));
+                ck_assert_msg(rep.cu_name[0] || err == HK_ERR_LAYOUT, "%s #%d: no CUresult name",
+                              entries[e], nth);
+            }
+            ck_assert_int_eq(launch_tag(k), tag);
+            ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+            ck_assert_msg(fake_live_images() == 1, "%s #%d leaked: %d live", entries[e], nth,
+                          fake_live_images());
+        }
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(launch_error_is_returned) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    fake_fail("cuLaunchKernel", 1, CUDA_ERROR_LAUNCH_FAILED);
+    int cu = 0;
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, NULL, &cu),
+                     HK_ERR_CUDA);
+    ck_assert_int_eq(cu, CUDA_ERROR_LAUNCH_FAILED);
+    ck_assert_int_eq(launch_tag(k), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- context reset ------------------------------------------------------ */
+
+START_TEST(reset_with_library_loader) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    void *ctx_before = hk_runtime_context(rt, 0);
+    unsigned long long id_before = rt->dev[0].ctx_id;
+    fake_reset_device(0);
+    ck_assert_int_eq(launch_tag(k), 1); /* libraries survive a reset */
+    /* The next swap notices the reset and reattaches. */
+    swap_ok("sim", ptx(2, 0, 0, 0), &rep);
+    ck_assert_int_eq(launch_tag(k), 2);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.context_resets, 1);
+    ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
+    ck_assert_ptr_eq(hk_runtime_context(rt, 0), ctx_before); /* same primary context object */
+    ck_assert_uint_ne(rt->dev[0].ctx_id, id_before);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(reset_with_module_loader) {
+    hk_runtime_destroy(rt);
+    rt = make_rt(1, HK_LOADER_MODULE);
+    hk_report rep = {0};
+    swap_ok("sim", ptx(7, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(launch_tag(k), 7);
+    fake_reset_device(0);
+    /* The module died; the launch's slow path reloads it and retries. */
+    ck_assert_int_eq(launch_tag(k), 7);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
+    swap_ok("sim", ptx(8, 0, 0, 0), &rep);
+    ck_assert_int_eq(launch_tag(k), 8);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(module_loader_single_device) {
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    fake_init(2, 90);
+    hk_options o;
+    hk_options_init(&o);
+    int devs[2] = {0, 1};
+    o.devices = devs;
+    o.ndevices = 2;
+    o.loader = HK_LOADER_MODULE;
+    hk_runtime *r;
+    ck_assert_int_eq(hkl_runtime_create_with(&r, &o, fake_driver(), NULL), HK_ERR_UNSUPPORTED);
+    rt = make_rt(1, HK_LOADER_LIBRARY);
+}
+END_TEST
+
+/* ---- graphs, devices, async -------------------------------------------- */
+
+START_TEST(graph_retargeted_on_commit) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    void *f;
+    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
+    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
+    ck_assert_int_eq(fake_tag_of(f), 1);
+    int out = 0, *dp = &out;
+    unsigned n = 1;
+    void *args[] = {&dp, &n};
+    CUgraphExec exec;
+    CUgraphNode node;
+    fake_graph_create((CUfunction)f, args, &exec, &node);
+    ck_assert_int_eq(hk_graph_register(rt, exec, node, k), 0);
+    ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
+    ck_assert_int_eq(out, 1);
+    swap_ok("sim", ptx(2, 0, 0, 0), &rep);
+    ck_assert_int_eq(fake_tag_of(fake_graph_func(exec)), 2);
+    ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
+    ck_assert_int_eq(out, 2);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0); /* no dead code reached */
+    ck_assert_int_eq(hk_graph_unregister(rt, exec), 0);
+    ck_assert_int_eq(hk_graph_unregister(rt, exec), HK_ERR_NOT_FOUND);
+    swap_ok("sim", ptx(3, 0, 0, 0), &rep);
+    ck_assert_int_eq(fake_tag_of(fake_graph_func(exec)), 2);
+    fake_driver()->CtxSetCurrent(NULL);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(two_devices_all_or_nothing) {
+    hk_runtime_destroy(rt);
+    rt = make_rt(2, HK_LOADER_LIBRARY);
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    int loads_before = fake_calls("cuFuncLoad");
+    /* Uploading to the second device fails: the swap is refused for both. */
+    fake_fail_on_device("cuFuncLoad", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    ck_assert_int_eq(swap_src("sim", ptx(2, 0, 0, 0), &rep), HK_ERR_CUDA);
+    ck_assert_int_gt(fake_calls("cuFuncLoad"), loads_before);
+    fake_clear_faults();
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    ck_assert_int_eq(launch_tag(k), 1);
+    swap_ok("sim", ptx(3, 0, 0, 0), &rep);
+    ck_assert_int_eq(launch_tag(k), 3);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(submit_and_safe_point) {
+    const char *a = ptx(1, 0, 0, 0), *b = ptx(2, 0, 0, 0), *c = ptx(3, 0, 0, 0);
+    ck_assert_int_eq(hk_submit(rt, "sim", a, strlen(a), NULL), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 5000), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_AT_SAFE_POINT;
+    ck_assert_int_eq(hk_submit(rt, "sim", b, strlen(b), &so), 0);
+    ck_assert_int_eq(hk_submit(rt, "sim", c, strlen(c), &so), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 5000), 0);
+    int loads = fake_calls("cuLibraryLoadData");
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1); /* nothing touched the driver yet */
+    ck_assert_int_eq(hk_safe_point(rt), 1);              /* the newer one replaced the older */
+    ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads + 1);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(launch_tag(k), 3);
+    ck_assert_int_eq(hk_safe_point(rt), 0);
+    /* A refused submission is reported through the event. */
+    ck_assert_int_eq(hk_submit(rt, "sim", "garbage\x01\x02", 9, NULL), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 5000), 0);
+    ck_assert_int_eq(events[HK_EVENT_REFUSED], 1);
+}
+END_TEST
+
+/* ---- concurrency --------------------------------------------------------- */
+
+static atomic_int stop_flag;
+static atomic_int launch_failures;
+static hk_kernel *stress_k;
+
+static void *stress_launcher(void *arg) {
+    (void)arg;
+    while (!atomic_load(&stop_flag)) {
+        int out = -1, *dp = &out;
+        unsigned n = 1;
+        void *args[] = {&dp, &n};
+        if (hk_launch(stress_k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL) ||
+            (out != 1 && out != 2))
+            atomic_fetch_add(&launch_failures, 1);
+    }
+    return NULL;
+}
+
+START_TEST(swaps_under_concurrent_launches) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 1, 0), &rep);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &stress_k), 0);
+    atomic_store(&stop_flag, 0);
+    atomic_store(&launch_failures, 0);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, stress_launcher, NULL);
+    for (int i = 0; i < 300; i++)
+        swap_ok("sim", ptx(1 + (i % 2 == 0), 0, 1, 0), &rep);
+    atomic_store(&stop_flag, 1);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(atomic_load(&launch_failures), 0);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    ck_assert_int_eq(fake_violations(), 0);
+    ck_assert_int_gt(fake_launches(), 300);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.reclaimed, 300);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("engine (fake driver)");
+    TCase *tc = tcase_create("engine");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, no_driver_is_reported);
+    tcase_add_test(tc, error_strings_are_distinct);
+    tcase_add_test(tc, argument_checks);
+    tcase_add_test(tc, load_launch_swap_reclaim);
+    tcase_add_test(tc, refusals_keep_old_version);
+    tcase_add_test(tc, layout_change_when_accepted);
+    tcase_add_test(tc, check_callback_refuses);
+    tcase_add_test(tc, globals_carried_over);
+    tcase_add_test(tc, rollback_walks_back);
+    tcase_add_test(tc, history_is_bounded);
+    tcase_add_test(tc, old_version_outlives_launch_in_flight);
+    tcase_add_test(tc, pin_keeps_version);
+    tcase_add_test(tc, each_driver_failure_is_clean);
+    tcase_add_test(tc, launch_error_is_returned);
+    tcase_add_test(tc, reset_with_library_loader);
+    tcase_add_test(tc, reset_with_module_loader);
+    tcase_add_test(tc, module_loader_single_device);
+    tcase_add_test(tc, graph_retargeted_on_commit);
+    tcase_add_test(tc, two_devices_all_or_nothing);
+    tcase_add_test(tc, submit_and_safe_point);
+    tcase_add_test(tc, swaps_under_concurrent_launches);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return hkt_run(suite());
+}

@@ -1,0 +1,637 @@
+/*
+ * Fake CUDA driver (see fakecuda.h). One global state under one mutex; the
+ * engine's threads call in concurrently, as they would call the driver.
+ * Unloaded images are kept (marked dead) until fake_init, so a late launch is
+ * detected instead of touching freed memory.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptx/ptx.h"
+#include "tests/fakecuda.h"
+
+#define MAXDEV 4
+#define MAXFAULT 32
+
+typedef struct fctx {
+    int dev;
+    unsigned long long id;
+} fctx;
+
+typedef struct fimage fimage;
+
+typedef struct fkern {
+    fimage *img;
+    int entry;
+} fkern;
+
+struct fimage {
+    int is_module;
+    int dead;
+    int tag;
+    fctx *ctx; /* modules */
+    unsigned long long ctx_id;
+    hkp_meta meta;
+    fkern *kerns;
+    void **gmem; /* per global */
+    fimage *next;
+};
+
+typedef struct fgraph {
+    CUDA_KERNEL_NODE_PARAMS params;
+    struct fgraph *next;
+} fgraph;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int ndev, arch;
+    fctx prim[MAXDEV];
+    int active[MAXDEV];
+    unsigned long long next_id;
+    fimage *images;
+    fgraph *graphs;
+    int violations, launches;
+    int hold_next, held, release;
+    struct {
+        char entry[48];
+        int nth;
+        CUresult err;
+        int dev;
+    } faults[MAXFAULT];
+    int nfault;
+    struct {
+        char entry[48];
+        int n;
+    } calls[64];
+    int ncalls;
+} F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static __thread fctx *cur_stack[8];
+static __thread int cur_depth;
+static __thread fctx *cur_ctx;
+
+static fctx *current(void) {
+    return cur_depth ? cur_stack[cur_depth - 1] : cur_ctx;
+}
+
+/* Records a call and returns an armed fault for it, if any. Lock held. */
+static CUresult enter(const char *entry) {
+    int i;
+    for (i = 0; i < F.ncalls && strcmp(F.calls[i].entry, entry); i++)
+        ;
+    if (i == F.ncalls && F.ncalls < 64) {
+        snprintf(F.calls[i].entry, sizeof F.calls[i].entry, "%s", entry);
+        F.calls[i].n = 0;
+        F.ncalls++;
+    }
+    if (i < 64)
+        F.calls[i].n++;
+    fctx *c = current();
+    for (int f = 0; f < F.nfault; f++) {
+        if (strcmp(F.faults[f].entry, entry))
+            continue;
+        if (F.faults[f].dev >= 0) {
+            if (c && c->dev == F.faults[f].dev)
+                return F.faults[f].err;
+            continue;
+        }
+        if (--F.faults[f].nth == 0) {
+            CUresult e = F.faults[f].err;
+            F.faults[f] = F.faults[--F.nfault];
+            return e;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+#define ENTER(name)                                                                                \
+    pthread_mutex_lock(&F.lock);                                                                   \
+    CUresult fault_ = enter(name);                                                                 \
+    if (fault_ != CUDA_SUCCESS) {                                                                  \
+        pthread_mutex_unlock(&F.lock);                                                             \
+        return fault_;                                                                             \
+    }
+#define LEAVE(r)                                                                                   \
+    do {                                                                                           \
+        pthread_mutex_unlock(&F.lock);                                                             \
+        return (r);                                                                                \
+    } while (0)
+
+void fake_fail(const char *entry, int nth, CUresult err) {
+    pthread_mutex_lock(&F.lock);
+    if (F.nfault < MAXFAULT) {
+        snprintf(F.faults[F.nfault].entry, 48, "%s", entry);
+        F.faults[F.nfault].nth = nth;
+        F.faults[F.nfault].err = err;
+        F.faults[F.nfault].dev = -1;
+        F.nfault++;
+    }
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_fail_on_device(const char *entry, int dev, CUresult err) {
+    pthread_mutex_lock(&F.lock);
+    if (F.nfault < MAXFAULT) {
+        snprintf(F.faults[F.nfault].entry, 48, "%s", entry);
+        F.faults[F.nfault].nth = 0;
+        F.faults[F.nfault].err = err;
+        F.faults[F.nfault].dev = dev;
+        F.nfault++;
+    }
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_clear_faults(void) {
+    pthread_mutex_lock(&F.lock);
+    F.nfault = 0;
+    pthread_mutex_unlock(&F.lock);
+}
+
+int fake_calls(const char *entry) {
+    int n = 0;
+    pthread_mutex_lock(&F.lock);
+    for (int i = 0; i < F.ncalls; i++)
+        if (!strcmp(F.calls[i].entry, entry))
+            n = F.calls[i].n;
+    pthread_mutex_unlock(&F.lock);
+    return n;
+}
+
+void fake_init(int ndev, int arch) {
+    pthread_mutex_lock(&F.lock);
+    while (F.images) {
+        fimage *im = F.images;
+        F.images = im->next;
+        for (int g = 0; g < im->meta.nglobals; g++)
+            free(im->gmem[g]);
+        free(im->gmem);
+        free(im->kerns);
+        hkp_meta_free(&im->meta);
+        free(im);
+    }
+    while (F.graphs) {
+        fgraph *g = F.graphs;
+        F.graphs = g->next;
+        free(g);
+    }
+    F.ndev = ndev;
+    F.arch = arch;
+    for (int i = 0; i < MAXDEV; i++) {
+        F.prim[i].dev = i;
+        F.prim[i].id = ++F.next_id;
+        F.active[i] = 0;
+    }
+    F.violations = F.launches = 0;
+    F.hold_next = F.held = F.release = 0;
+    F.nfault = 0;
+    F.ncalls = 0;
+    pthread_mutex_unlock(&F.lock);
+    cur_ctx = NULL;
+    cur_depth = 0;
+}
+
+int fake_live_images(void) {
+    int n = 0;
+    pthread_mutex_lock(&F.lock);
+    for (fimage *im = F.images; im; im = im->next)
+        n += !im->dead;
+    pthread_mutex_unlock(&F.lock);
+    return n;
+}
+
+int fake_violations(void) {
+    pthread_mutex_lock(&F.lock);
+    int n = F.violations;
+    pthread_mutex_unlock(&F.lock);
+    return n;
+}
+
+int fake_launches(void) {
+    pthread_mutex_lock(&F.lock);
+    int n = F.launches;
+    pthread_mutex_unlock(&F.lock);
+    return n;
+}
+
+void fake_hold_next_launch(void) {
+    pthread_mutex_lock(&F.lock);
+    F.hold_next = 1;
+    F.held = 0;
+    F.release = 0;
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_wait_held(void) {
+    pthread_mutex_lock(&F.lock);
+    while (!F.held)
+        pthread_cond_wait(&F.cond, &F.lock);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_release_launch(void) {
+    pthread_mutex_lock(&F.lock);
+    F.release = 1;
+    pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_reset_device(int dev) {
+    pthread_mutex_lock(&F.lock);
+    F.prim[dev].id = ++F.next_id;
+    for (fimage *im = F.images; im; im = im->next)
+        if (im->is_module && im->ctx && im->ctx->dev == dev)
+            im->dead = 1; /* modules die with their context */
+    pthread_mutex_unlock(&F.lock);
+}
+
+/* ---- entry points ------------------------------------------------------ */
+
+static CUresult f_Init(unsigned flags) {
+    ENTER("cuInit");
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_DriverGetVersion(int *v) {
+    *v = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+static CUresult f_GetErrorName(CUresult r, const char **s) {
+    switch (r) {
+    case CUDA_ERROR_INVALID_PTX: *s = "CUDA_ERROR_INVALID_PTX"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+static CUresult f_GetErrorString(CUresult r, const char **s) {
+    return f_GetErrorName(r, s);
+}
+static CUresult f_DeviceGet(CUdevice *d, int ordinal) {
+    ENTER("cuDeviceGet");
+    if (ordinal < 0 || ordinal >= F.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    *d = ordinal;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_DeviceGetCount(int *n) {
+    *n = F.ndev;
+    return CUDA_SUCCESS;
+}
+static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
+    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? F.arch / 10
+         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? F.arch % 10
+                                                             : 0;
+    return CUDA_SUCCESS;
+}
+static CUresult f_DeviceGetName(char *name, int len, CUdevice d) {
+    snprintf(name, (size_t)len, "fake device %d", d);
+    return CUDA_SUCCESS;
+}
+static CUresult f_DevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    ENTER("cuDevicePrimaryCtxRetain");
+    F.active[d] = 1;
+    *c = (CUcontext)&F.prim[d];
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_DevicePrimaryCtxRelease(CUdevice d) {
+    return CUDA_SUCCESS;
+}
+static CUresult f_DevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    *flags = 0;
+    *active = F.active[d];
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxGetCurrent(CUcontext *c) {
+    *c = (CUcontext)current();
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxSetCurrent(CUcontext c) {
+    cur_ctx = (fctx *)c;
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxPushCurrent(CUcontext c) {
+    ENTER("cuCtxPushCurrent");
+    if (cur_depth == 8)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    cur_stack[cur_depth++] = (fctx *)c;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_CtxPopCurrent(CUcontext *c) {
+    if (!cur_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *c = (CUcontext)cur_stack[--cur_depth];
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxGetDevice(CUdevice *d) {
+    fctx *c = current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *d = c->dev;
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxGetId(CUcontext c, unsigned long long *id) {
+    *id = ((fctx *)c)->id;
+    return CUDA_SUCCESS;
+}
+static CUresult f_CtxSynchronize(void) {
+    ENTER("cuCtxSynchronize");
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* Parses an image into a new fimage. Lock held. */
+static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_option *o,
+                           void **v, fimage **out) {
+    const char *text = image;
+    char *errbuf = NULL;
+    size_t errsize = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (o[i] == CU_JIT_ERROR_LOG_BUFFER)
+            errbuf = v[i];
+        if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            errsize = (size_t)(uintptr_t)v[i];
+    }
+    const char *bad = strstr(text, "SYNTAX ERROR");
+    if (bad) {
+        int line = 1;
+        for (const char *p = text; p < bad; p++)
+            line += *p == '\n';
+        if (errbuf && errsize)
+            snprintf(errbuf, errsize, "ptxas application ptx input, line %d; fatal   : Parsing "
+                                      "error near 'SYNTAX': syntax error",
+                     line);
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    fimage *im = calloc(1, sizeof *im);
+    char why[256];
+    if (!im || hkp_meta_read(image, strlen(text), HK_FORMAT_PTX, &im->meta, why, sizeof why)) {
+        if (errbuf && errsize)
+            snprintf(errbuf, errsize, "fake driver cannot read image: %s", im ? why : "nomem");
+        free(im);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    const char *t = strstr(text, "tag:");
+    im->tag = t ? atoi(t + 4) : 0;
+    im->is_module = is_module;
+    im->kerns = calloc((size_t)im->meta.nentries + 1, sizeof *im->kerns);
+    im->gmem = calloc((size_t)im->meta.nglobals + 1, sizeof *im->gmem);
+    for (int k = 0; k < im->meta.nentries; k++)
+        im->kerns[k] = (fkern){im, k};
+    for (int g = 0; g < im->meta.nglobals; g++)
+        im->gmem[g] = calloc(1, im->meta.globals[g].size + 1);
+    im->ctx = current();
+    im->next = F.images;
+    F.images = im;
+    *out = im;
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_ModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
+                                   void **v) {
+    ENTER("cuModuleLoadDataEx");
+    if (!current())
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    fimage *im;
+    CUresult r = load_image(image, 1, n, o, v, &im);
+    if (r == CUDA_SUCCESS)
+        *m = (CUmodule)im;
+    LEAVE(r);
+}
+static CUresult f_LibraryLoadData(CUlibrary *l, const void *code, CUjit_option *o, void **v,
+                                  unsigned n, CUlibraryOption *lo, void **lv, unsigned ln) {
+    ENTER("cuLibraryLoadData");
+    fimage *im;
+    CUresult r = load_image(code, 0, n, o, v, &im);
+    if (r == CUDA_SUCCESS)
+        *l = (CUlibrary)im;
+    LEAVE(r);
+}
+static CUresult unload(fimage *im) {
+    if (!im || im->dead)
+        return CUDA_ERROR_INVALID_HANDLE;
+    im->dead = 1;
+    return CUDA_SUCCESS;
+}
+static CUresult f_ModuleUnload(CUmodule m) {
+    ENTER("cuModuleUnload");
+    LEAVE(unload((fimage *)m));
+}
+static CUresult f_LibraryUnload(CUlibrary l) {
+    ENTER("cuLibraryUnload");
+    LEAVE(unload((fimage *)l));
+}
+static int find_entry(fimage *im, const char *name) {
+    for (int k = 0; k < im->meta.nentries; k++)
+        if (!strcmp(im->meta.entries[k].name, name))
+            return k;
+    return -1;
+}
+static CUresult f_ModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    ENTER("cuModuleGetFunction");
+    fimage *im = (fimage *)m;
+    if (im->dead)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    int k = find_entry(im, name);
+    if (k < 0)
+        LEAVE(CUDA_ERROR_NOT_FOUND);
+    *f = (CUfunction)&im->kerns[k];
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_LibraryGetKernel(CUkernel *kk, CUlibrary l, const char *name) {
+    ENTER("cuLibraryGetKernel");
+    fimage *im = (fimage *)l;
+    int k = find_entry(im, name);
+    if (k < 0)
+        LEAVE(CUDA_ERROR_NOT_FOUND);
+    *kk = (CUkernel)&im->kerns[k];
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_ModuleGetFunctionCount(unsigned *n, CUmodule m) {
+    *n = (unsigned)((fimage *)m)->meta.nentries;
+    return CUDA_SUCCESS;
+}
+static CUresult f_LibraryGetKernelCount(unsigned *n, CUlibrary l) {
+    *n = (unsigned)((fimage *)l)->meta.nentries;
+    return CUDA_SUCCESS;
+}
+static CUresult f_ModuleEnumerateFunctions(CUfunction *fs, unsigned n, CUmodule m) {
+    fimage *im = (fimage *)m;
+    for (unsigned i = 0; i < n && (int)i < im->meta.nentries; i++)
+        fs[i] = (CUfunction)&im->kerns[i];
+    return CUDA_SUCCESS;
+}
+static CUresult f_LibraryEnumerateKernels(CUkernel *ks, unsigned n, CUlibrary l) {
+    fimage *im = (fimage *)l;
+    for (unsigned i = 0; i < n && (int)i < im->meta.nentries; i++)
+        ks[i] = (CUkernel)&im->kerns[i];
+    return CUDA_SUCCESS;
+}
+static CUresult get_global(fimage *im, const char *name, CUdeviceptr *p, size_t *s) {
+    for (int g = 0; g < im->meta.nglobals; g++)
+        if (!strcmp(im->meta.globals[g].name, name)) {
+            *p = (CUdeviceptr)(uintptr_t)im->gmem[g];
+            *s = im->meta.globals[g].size;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_NOT_FOUND;
+}
+static CUresult f_ModuleGetGlobal(CUdeviceptr *p, size_t *s, CUmodule m, const char *name) {
+    ENTER("cuModuleGetGlobal");
+    LEAVE(get_global((fimage *)m, name, p, s));
+}
+static CUresult f_LibraryGetGlobal(CUdeviceptr *p, size_t *s, CUlibrary l, const char *name) {
+    ENTER("cuLibraryGetGlobal");
+    LEAVE(get_global((fimage *)l, name, p, s));
+}
+static CUresult f_KernelGetFunction(CUfunction *f, CUkernel k) {
+    ENTER("cuKernelGetFunction");
+    if (!current())
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    *f = (CUfunction)k;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_KernelGetName(const char **name, CUkernel k) {
+    fkern *fk = (fkern *)k;
+    *name = fk->img->meta.entries[fk->entry].name;
+    return CUDA_SUCCESS;
+}
+static CUresult param_info(fkern *fk, size_t i, size_t *off, size_t *size) {
+    hkp_entry *e = &fk->img->meta.entries[fk->entry];
+    if ((int)i >= e->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    *off = e->params[i].offset;
+    *size = e->params[i].size;
+    return CUDA_SUCCESS;
+}
+static CUresult f_KernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *size) {
+    ENTER("cuKernelGetParamInfo");
+    LEAVE(param_info((fkern *)k, i, off, size));
+}
+static CUresult f_FuncGetName(const char **name, CUfunction f) {
+    return f_KernelGetName(name, (CUkernel)f);
+}
+static CUresult f_FuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
+    ENTER("cuFuncGetParamInfo");
+    LEAVE(param_info((fkern *)f, i, off, size));
+}
+static CUresult f_FuncLoad(CUfunction f) {
+    ENTER("cuFuncLoad");
+    LEAVE(((fkern *)f)->img->dead ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS);
+}
+
+/* Runs a fake kernel. Lock held. */
+static CUresult run(fkern *fk, void **args) {
+    fimage *im = fk->img;
+    F.launches++;
+    if (im->dead) {
+        F.violations++;
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    hkp_entry *e = &im->meta.entries[fk->entry];
+    if (args && e->nparams > 0 && e->params[0].size == 8 && args[0]) {
+        int *outp = *(int **)args[0];
+        if (outp)
+            *outp = im->tag;
+    }
+    CUdeviceptr p;
+    size_t s;
+    if (get_global(im, "counter", &p, &s) == CUDA_SUCCESS && s == 4)
+        (*(int *)(uintptr_t)p)++;
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **args,
+                               void **extra) {
+    ENTER("cuLaunchKernel");
+    fkern *fk = (fkern *)f;
+    if (fk->img->is_module && fk->img->dead)
+        /* A module of a context that was reset: the driver says so. */
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (F.hold_next) {
+        F.hold_next = 0;
+        F.held = 1;
+        pthread_cond_broadcast(&F.cond);
+        while (!F.release)
+            pthread_cond_wait(&F.cond, &F.lock);
+    }
+    LEAVE(run(fk, args));
+}
+static CUresult f_MemcpyDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    ENTER("cuMemcpyDtoD");
+    memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_MemGetInfo(size_t *fr, size_t *total) {
+    *fr = 1u << 30;
+    *total = 2u << 30;
+    return CUDA_SUCCESS;
+}
+static CUresult f_StreamSynchronize(CUstream s) {
+    ENTER("cuStreamSynchronize");
+    LEAVE(CUDA_SUCCESS);
+}
+
+void fake_graph_create(CUfunction f, void **kernel_args, CUgraphExec *exec, CUgraphNode *node) {
+    fgraph *g = calloc(1, sizeof *g);
+    g->params.func = f;
+    g->params.gridDimX = g->params.gridDimY = g->params.gridDimZ = 1;
+    g->params.blockDimX = g->params.blockDimY = g->params.blockDimZ = 1;
+    g->params.kernelParams = kernel_args;
+    pthread_mutex_lock(&F.lock);
+    g->next = F.graphs;
+    F.graphs = g;
+    pthread_mutex_unlock(&F.lock);
+    *exec = (CUgraphExec)g;
+    *node = (CUgraphNode)g;
+}
+
+CUfunction fake_graph_func(CUgraphExec exec) {
+    pthread_mutex_lock(&F.lock);
+    CUfunction f = ((fgraph *)exec)->params.func;
+    pthread_mutex_unlock(&F.lock);
+    return f;
+}
+
+int fake_tag_of(void *fn) {
+    if (!fn)
+        return -1;
+    pthread_mutex_lock(&F.lock);
+    int t = ((fkern *)fn)->img->tag;
+    pthread_mutex_unlock(&F.lock);
+    return t;
+}
+
+static CUresult f_GraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p) {
+    ENTER("cuGraphKernelNodeGetParams");
+    *p = ((fgraph *)n)->params;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_GraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n,
+                                               const CUDA_KERNEL_NODE_PARAMS *p) {
+    ENTER("cuGraphExecKernelNodeSetParams");
+    ((fgraph *)e)->params = *p;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_GraphLaunch(CUgraphExec e, CUstream s) {
+    ENTER("cuGraphLaunch");
+    fgraph *g = (fgraph *)e;
+    LEAVE(run((fkern *)g->params.func, g->params.kernelParams));
+}
+
+const hkl_driver *fake_driver(void) {
+    static hkl_driver d;
+#define FAKE_BIND(field, sym) d.field = f_##field;
+    HKL_DRIVER_ENTRIES(FAKE_BIND)
+#undef FAKE_BIND
+    d.version = CUDA_VERSION;
+    return &d;
+}

@@ -1,0 +1,59 @@
+/*
+ * A fake CUDA driver table for the engine's logic and fault-injection tests
+ * on machines without a GPU. It is no evidence of GPU behaviour: it models
+ * only what the engine relies on (contexts, libraries, modules, kernels and
+ * their parameter layouts, globals, launches, graphs, resets), and it checks
+ * the engine's promises: a launch of unloaded code is counted as a violation
+ * instead of crashing.
+ *
+ * Images are PTX text, read with ptx/'s metadata parser. A comment
+ * "// tag: N" sets the value a launch writes: a kernel whose first parameter
+ * is 8 bytes gets it stored through that pointer (an int *), and a global
+ * named "counter" (4 bytes) is incremented by every launch. An image
+ * containing "SYNTAX ERROR" fails to load with CUDA_ERROR_INVALID_PTX and a
+ * JIT error log naming the line.
+ */
+#ifndef HK_FAKECUDA_H
+#define HK_FAKECUDA_H
+
+#include <cuda.h>
+
+#include "loader/driver.h"
+
+/* Resets all fake state: ndev devices of the given arch, nothing loaded. */
+void fake_init(int ndev, int arch);
+const hkl_driver *fake_driver(void);
+
+/* The next `nth`-th call (1 = the next one) of driver entry `entry` (the
+ * cu* name) returns err. Several can be armed at once. */
+void fake_fail(const char *entry, int nth, CUresult err);
+/* Every call of `entry` on the device-slot context `dev` fails with err
+ * (dev -1: clears). Used to fail one device of several. */
+void fake_fail_on_device(const char *entry, int dev, CUresult err);
+void fake_clear_faults(void);
+/* Number of calls of entry since fake_init. */
+int fake_calls(const char *entry);
+
+/* Libraries + modules loaded and not unloaded. */
+int fake_live_images(void);
+/* Launches that reached unloaded code (must stay 0). */
+int fake_violations(void);
+int fake_launches(void);
+
+/* Makes the next launch block inside cuLaunchKernel until fake_release_launch. */
+void fake_hold_next_launch(void);
+void fake_wait_held(void); /* waits until a launch is held */
+void fake_release_launch(void);
+
+/* Simulates cudaDeviceReset on device ordinal dev. */
+void fake_reset_device(int dev);
+
+/* A fake graph with one kernel node launching f; returns exec and node. */
+void fake_graph_create(CUfunction f, void **kernel_args, CUgraphExec *exec, CUgraphNode *node);
+/* The function the exec's node launches now. */
+CUfunction fake_graph_func(CUgraphExec exec);
+
+/* Tag of the code behind a kernel/function handle, or -1. */
+int fake_tag_of(void *fn_or_kernel);
+
+#endif
