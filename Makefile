@@ -110,9 +110,14 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS)
 
+# GPU suites and benchmarks use the CUDA runtime API as applications do.
+$(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS) -lcudart
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(LIBS) -lcudart
 
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
@@ -128,6 +133,24 @@ install: $(STATIC) $(SHARED) $(CLI)
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' \
 	  -e 's|@VERSION@|0.1.0|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
+
+# Fuzzes the hand-written format parsers (ptx/detect.c, ptx/meta.c) with
+# libFuzzer for FUZZ_TIME seconds (default 60), from a seed corpus the
+# installed toolkit makes now: PTX, cubins for two ABIs and a fatbin.
+fuzz:
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/seeds
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -I. \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
+	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
+	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
+	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin
+	$(CUDA)/bin/nvcc -cubin -arch=sm_100 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed100.cubin
+	$(CUDA)/bin/nvcc -fatbin -gencode arch=compute_80,code=sm_80 \
+	  -gencode arch=compute_90,code=[sm_90,compute_90] \
+	  -o $(BUILD)/fuzz/seeds/seed.fatbin tests/fuzz/seed.cu
+	$(BUILD)/fuzz/fuzz_meta -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 \
+	  -print_final_stats=1 $(BUILD)/fuzz/corpus $(BUILD)/fuzz/seeds
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] net/*.[ch] cli/*.[ch] \
                tests/*.[ch] bench/*.[ch] demo/*.[ch])

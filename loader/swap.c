@@ -744,6 +744,26 @@ uint64_t hk_module_version(hk_runtime *rt, const char *name) {
     return n;
 }
 
+int hk_module_global(hk_runtime *rt, const char *module, const char *name, int slot,
+                     uint64_t *dptr, size_t *size) {
+    if (!rt || !module || !name || !dptr || !size || slot < 0 || slot >= rt->ndev)
+        return HK_ERR_INVALID;
+    pthread_mutex_lock(&rt->swap_lock);
+    hkl_module *m = hkl_module_find(rt, module);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    int err = HK_ERR_NOT_FOUND;
+    if (v && hkl_ctx_push(rt, slot) == 0) {
+        CUdeviceptr p = 0;
+        CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, size, v->lib, name)
+                            : rt->drv->ModuleGetGlobal(&p, size, v->cumod[0], name);
+        hkl_ctx_pop(rt);
+        *dptr = p;
+        err = r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_NOT_FOUND ? HK_ERR_NOT_FOUND : HK_ERR_CUDA;
+    }
+    pthread_mutex_unlock(&rt->swap_lock);
+    return err;
+}
+
 int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     if (rep)
         hk_report_clear(rep);

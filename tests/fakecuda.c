@@ -117,8 +117,9 @@ static CUresult enter(const char *entry) {
     }
 #define LEAVE(r)                                                                                   \
     do {                                                                                           \
+        CUresult r_ = (r);                                                                         \
         pthread_mutex_unlock(&F.lock);                                                             \
-        return (r);                                                                                \
+        return r_;                                                                                 \
     } while (0)
 
 void fake_fail(const char *entry, int nth, CUresult err) {

@@ -259,6 +259,13 @@ HK_API int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep);
 /* Current version number of a module (0 when it has none). */
 HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
 
+/* Device address and size of the __device__ or __constant__ variable `name`
+ * in the current version of `module`, in device slot `device_slot`'s context
+ * (cast the address to CUdeviceptr). Valid until the module's next commit.
+ * Safe from any thread. */
+HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name,
+                            int device_slot, uint64_t *dptr, size_t *size);
+
 /* ---- kernels and launches ---------------------------------------------- */
 
 /* Takes the handle of kernel `kernel` in module `module`. The name is the

@@ -1,0 +1,166 @@
+/*
+ * hotkern network sources: signed releases pushed over HTTP or pulled from a
+ * static origin, verified, then swapped in like hk_swap.
+ *
+ * Releases
+ *   A release is manifest.json plus artifacts. The manifest (JSON) names the
+ *   module, a release version (integer, monotonic per module, below 2^53), its
+ *   creation and expiry times (unix seconds), the signing key's id and each
+ *   artifact: {"name", "sha256" (hex), "size", "format" ("cuda", "ptx",
+ *   "cubin" or "fatbin"), "arch" ("sm_90" or "")}. manifest.json.sig holds the
+ *   Ed25519 signature of the manifest's exact bytes, base64 (hex accepted).
+ *   `hotkern keygen` and `hotkern sign` make keys and releases.
+ *
+ *   A release is applied only after, in this order: the signature verifies
+ *   with a trusted key; the manifest has not expired; its version is newer
+ *   than the highest version ever accepted for the module (kept in
+ *   state_dir/accepted.json, so restarts do not reopen old releases); each
+ *   artifact has its declared size and SHA-256. Refusals: HK_ERR_SIGNATURE,
+ *   HK_ERR_EXPIRED, HK_ERR_REPLAY, HK_ERR_HASH, HK_ERR_TOO_LARGE.
+ *   Of several artifacts, the one applied is: a cubin/fatbin whose arch is the
+ *   runtime's, else a fatbin, else PTX, else CUDA C.
+ *
+ * Key files
+ *   One line: the key in hex (public 64 chars, secret 128 chars: libsodium's
+ *   seed + public key) or base64. A key's id is the first 8 bytes of the
+ *   SHA-256 of the public key, in hex.
+ *
+ * HTTP push protocol (hk_endpoint)
+ *   POST /v1/release          body: {"manifest": "<manifest.json text>",
+ *                                    "signature": "<base64>",
+ *                                    "artifacts": {"<sha256>": "<base64>", ...}}
+ *   GET  /v1/status           modules, release and engine versions, the last
+ *                             outcome, message and build log of each
+ *   POST /v1/rollback/MODULE  hk_rollback
+ *   GET  /metrics             Prometheus text (hk_stats and endpoint counters)
+ *   GET  /healthz             "ok", never needs the token
+ *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
+ *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
+ *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"}.
+ *   Status codes: 200 done; 400 malformed request; 401 missing or wrong
+ *   bearer token; 403 bad/missing/unknown signature or expired release;
+ *   404 no such route or module; 409 replay or nothing to roll back to;
+ *   413 body over the cap (sent before the body is read); 422 artifact hash
+ *   or size mismatch, compile or validation refusal; 503 runtime busy or
+ *   closing; 500 other failures.
+ *
+ * Threads: every function here is safe from any thread unless stated. The
+ * endpoint and the puller run on threads of their own and apply releases
+ * with hk_swap; outcomes also reach hk_options.on_event with origin "push"
+ * or "pull:URL".
+ */
+#ifndef HOTKERN_NET_H
+#define HOTKERN_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hotkern/hotkern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- push endpoint ----------------------------------------------------- */
+
+typedef struct hk_endpoint hk_endpoint;
+
+typedef struct hk_endpoint_options {
+    const char *address;           /* numeric IPv4/IPv6; default "127.0.0.1" */
+    unsigned port;                 /* default 0: ephemeral, see hk_endpoint_port */
+    const char *token;             /* bearer token required on every route but
+                                    * /healthz; NULL = none */
+    const char *tls_cert_file;     /* PEM; with tls_key_file enables HTTPS */
+    const char *tls_key_file;
+    const char *const *trusted_keys; /* public key files */
+    int ntrusted_keys;             /* up to 8 */
+    int allow_unsigned;            /* 1: with no trusted key, accept unsigned
+                                    * releases (tests, closed networks) */
+    const char *state_dir;         /* replay state; NULL = $XDG_STATE_HOME/hotkern/push
+                                    * (or ~/.local/state/...), "" = memory only */
+    size_t max_body_bytes;         /* default 64 MiB; base64 adds a third */
+    unsigned max_connections;      /* default 128 */
+    unsigned timeout_s;            /* idle timeout per connection, default 30 */
+    const hk_swap_options *swap;   /* template for each swap (copied); format,
+                                    * origin and stage are set per release */
+} hk_endpoint_options;
+
+/* Fills o with the defaults above. */
+HK_API void hk_endpoint_options_init(hk_endpoint_options *o);
+
+/* Starts the HTTP endpoint on its own threads, applying releases to rt. Key
+ * and certificate files are read during the call. rt must outlive the
+ * endpoint. Returns HK_ERR_NETWORK when the address cannot be bound,
+ * HK_ERR_UNSUPPORTED for TLS without TLS support in libmicrohttpd.
+ * On success *out is owned by the caller: hk_endpoint_stop(). */
+HK_API int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt,
+                             hk_endpoint **out, hk_report *rep);
+
+/* The port the endpoint listens on (the chosen one when port was 0). */
+HK_API unsigned hk_endpoint_port(const hk_endpoint *ep);
+
+/* Stops accepting, waits for requests in flight (a swap in progress
+ * finishes) and frees ep. Call before hk_runtime_destroy. ep may be NULL. */
+HK_API void hk_endpoint_stop(hk_endpoint *ep);
+
+/* ---- puller ------------------------------------------------------------ */
+
+typedef struct hk_puller hk_puller;
+
+typedef struct hk_pull_options {
+    const char *url;               /* manifest URL (http or https); the signature
+                                    * is at url + ".sig" */
+    const char *artifact_base;     /* artifacts at base/artifacts/<sha256>;
+                                    * default: url's directory */
+    unsigned interval_ms;          /* default 10000 */
+    unsigned jitter_pct;           /* +- percent of the interval, default 10 */
+    unsigned max_backoff_ms;       /* error backoff doubles up to this, default 300000 */
+    unsigned connect_timeout_ms;   /* default 5000 */
+    unsigned total_timeout_ms;     /* per transfer, default 60000 */
+    unsigned low_speed_bytes;      /* abort a transfer slower than this many
+                                    * bytes/s ... default 1024 */
+    unsigned low_speed_s;          /* ... for this long, default 15 */
+    size_t max_manifest_bytes;     /* default 1 MiB */
+    size_t max_artifact_bytes;     /* default 64 MiB */
+    const char *ca_file;           /* NULL: the system CA store */
+    const char *const *trusted_keys; /* public key files */
+    int ntrusted_keys;             /* up to 8 */
+    int allow_unsigned;            /* as for the endpoint */
+    const char *state_dir;         /* NULL = $XDG_STATE_HOME/hotkern/pull-<hash of url>,
+                                    * "" = memory only */
+    const hk_swap_options *swap;   /* template for each swap (copied) */
+} hk_pull_options;
+
+HK_API void hk_pull_options_init(hk_pull_options *o);
+
+/* Starts polling opt->url on a thread of its own (first poll at once),
+ * applying each new verified release to rt. Conditional requests make an
+ * unchanged origin cost one 304 per poll; errors back off exponentially.
+ * rt must outlive the puller. On success *out is owned by the caller:
+ * hk_pull_stop(). */
+HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
+                         hk_report *rep);
+
+typedef struct hk_pull_stats {
+    uint64_t requests;     /* HTTP requests made */
+    uint64_t not_modified; /* 304 answers to the manifest */
+    uint64_t errors;       /* failed transfers */
+    uint64_t refused;      /* releases refused (verification or build) */
+    uint64_t applied;      /* releases committed */
+    uint64_t polls;
+    uint64_t bytes;        /* body bytes received */
+    int last_error;        /* HK_OK or the latest poll's error */
+    char last_message[512];
+} hk_pull_stats;
+
+/* Snapshot of the puller's counters. */
+HK_API void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out);
+
+/* Stops the thread (a transfer in progress is aborted; a swap in progress
+ * finishes) and frees p. Call before hk_runtime_destroy. p may be NULL. */
+HK_API void hk_pull_stop(hk_puller *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HOTKERN_NET_H */
