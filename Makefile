@@ -29,8 +29,10 @@ TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
 TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+BSUP_SRC := $(sort $(filter-out bench/bench_%,$(wildcard bench/*.c)))
+BSUP_OBJ := $(BSUP_SRC:%.c=$(BUILD)/obj/%.o)
 DEMO_SRC := $(sort $(wildcard demo/*.c))
 DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
 
@@ -115,9 +117,9 @@ $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS) -lcudart
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(LIBS) -lcudart
+	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(STATIC) $(LIBS) -lcudart
 
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
@@ -164,4 +166,4 @@ format:
 clean:
 	rm -rf build build-san build-tsan
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TSUP_OBJ:.o=.d)
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d)

@@ -13,5 +13,6 @@ int hkc_cmd_sign(int argc, char **argv);     /* cli/net_cmds.c (alias publish) *
 int hkc_cmd_push(int argc, char **argv);     /* cli/net_cmds.c */
 int hkc_cmd_status(int argc, char **argv);   /* cli/net_cmds.c */
 int hkc_cmd_rollback(int argc, char **argv); /* cli/net_cmds.c */
+int hkc_cmd_pull(int argc, char **argv);     /* cli/net_cmds.c */
 
 #endif

@@ -22,6 +22,7 @@ static const struct cmd cmds[] = {
     {"push", hkc_cmd_push, "sign kernel files and push them to a running endpoint"},
     {"status", hkc_cmd_status, "print the status of a running endpoint"},
     {"rollback", hkc_cmd_rollback, "ask a running endpoint to roll a module back"},
+    {"pull", hkc_cmd_pull, "poll a release origin, verify and save the artifacts"},
 };
 
 static void usage(FILE *f) {

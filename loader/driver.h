@@ -55,6 +55,11 @@
     X(MemcpyDtoD, cuMemcpyDtoD)                                                                    \
     X(MemGetInfo, cuMemGetInfo)                                                                    \
     X(StreamSynchronize, cuStreamSynchronize)                                                      \
+    X(StreamCreate, cuStreamCreate)                                                                \
+    X(StreamDestroy, cuStreamDestroy)                                                              \
+    X(ModuleLoadData, cuModuleLoadData)                                                            \
+    X(MemAlloc, cuMemAlloc)                                                                        \
+    X(MemFree, cuMemFree)                                                                          \
     X(GraphKernelNodeGetParams, cuGraphKernelNodeGetParams)                                        \
     X(GraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams)                                \
     X(GraphLaunch, cuGraphLaunch)

@@ -581,6 +581,26 @@ static CUresult f_StreamSynchronize(CUstream s) {
     LEAVE(CUDA_SUCCESS);
 }
 
+static CUresult f_MemAlloc(CUdeviceptr *p, size_t n) {
+    void *m = calloc(1, n);
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_MemFree(CUdeviceptr p) {
+    free((void *)(uintptr_t)p);
+    return CUDA_SUCCESS;
+}
+static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
+    *s = (CUstream)(uintptr_t)0x5157;
+    return CUDA_SUCCESS;
+}
+static CUresult f_StreamDestroy(CUstream s) {
+    return CUDA_SUCCESS;
+}
+static CUresult f_ModuleLoadData(CUmodule *m, const void *image) {
+    return f_ModuleLoadDataEx(m, image, 0, NULL, NULL);
+}
+
 void fake_graph_create(CUfunction f, void **kernel_args, CUgraphExec *exec, CUgraphNode *node) {
     fgraph *g = calloc(1, sizeof *g);
     g->params.func = f;

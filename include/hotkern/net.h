@@ -66,23 +66,23 @@ extern "C" {
 typedef struct hk_endpoint hk_endpoint;
 
 typedef struct hk_endpoint_options {
-    const char *address;           /* numeric IPv4/IPv6; default "127.0.0.1" */
-    unsigned port;                 /* default 0: ephemeral, see hk_endpoint_port */
-    const char *token;             /* bearer token required on every route but
-                                    * /healthz; NULL = none */
-    const char *tls_cert_file;     /* PEM; with tls_key_file enables HTTPS */
+    const char *address;       /* numeric IPv4/IPv6; default "127.0.0.1" */
+    unsigned port;             /* default 0: ephemeral, see hk_endpoint_port */
+    const char *token;         /* bearer token required on every route but
+                                * /healthz; NULL = none */
+    const char *tls_cert_file; /* PEM; with tls_key_file enables HTTPS */
     const char *tls_key_file;
     const char *const *trusted_keys; /* public key files */
-    int ntrusted_keys;             /* up to 8 */
-    int allow_unsigned;            /* 1: with no trusted key, accept unsigned
-                                    * releases (tests, closed networks) */
-    const char *state_dir;         /* replay state; NULL = $XDG_STATE_HOME/hotkern/push
-                                    * (or ~/.local/state/...), "" = memory only */
-    size_t max_body_bytes;         /* default 64 MiB; base64 adds a third */
-    unsigned max_connections;      /* default 128 */
-    unsigned timeout_s;            /* idle timeout per connection, default 30 */
-    const hk_swap_options *swap;   /* template for each swap (copied); format,
-                                    * origin and stage are set per release */
+    int ntrusted_keys;               /* up to 8 */
+    int allow_unsigned;              /* 1: with no trusted key, accept unsigned
+                                      * releases (tests, closed networks) */
+    const char *state_dir;           /* replay state; NULL = $XDG_STATE_HOME/hotkern/push
+                                      * (or ~/.local/state/...), "" = memory only */
+    size_t max_body_bytes;           /* default 64 MiB; base64 adds a third */
+    unsigned max_connections;        /* default 128 */
+    unsigned timeout_s;              /* idle timeout per connection, default 30 */
+    const hk_swap_options *swap;     /* template for each swap (copied); format,
+                                      * origin and stage are set per release */
 } hk_endpoint_options;
 
 /* Fills o with the defaults above. */
@@ -93,8 +93,8 @@ HK_API void hk_endpoint_options_init(hk_endpoint_options *o);
  * endpoint. Returns HK_ERR_NETWORK when the address cannot be bound,
  * HK_ERR_UNSUPPORTED for TLS without TLS support in libmicrohttpd.
  * On success *out is owned by the caller: hk_endpoint_stop(). */
-HK_API int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt,
-                             hk_endpoint **out, hk_report *rep);
+HK_API int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
+                             hk_report *rep);
 
 /* The port the endpoint listens on (the chosen one when port was 0). */
 HK_API unsigned hk_endpoint_port(const hk_endpoint *ep);
@@ -108,27 +108,27 @@ HK_API void hk_endpoint_stop(hk_endpoint *ep);
 typedef struct hk_puller hk_puller;
 
 typedef struct hk_pull_options {
-    const char *url;               /* manifest URL (http or https); the signature
-                                    * is at url + ".sig" */
-    const char *artifact_base;     /* artifacts at base/artifacts/<sha256>;
-                                    * default: url's directory */
-    unsigned interval_ms;          /* default 10000 */
-    unsigned jitter_pct;           /* +- percent of the interval, default 10 */
-    unsigned max_backoff_ms;       /* error backoff doubles up to this, default 300000 */
-    unsigned connect_timeout_ms;   /* default 5000 */
-    unsigned total_timeout_ms;     /* per transfer, default 60000 */
-    unsigned low_speed_bytes;      /* abort a transfer slower than this many
-                                    * bytes/s ... default 1024 */
-    unsigned low_speed_s;          /* ... for this long, default 15 */
-    size_t max_manifest_bytes;     /* default 1 MiB */
-    size_t max_artifact_bytes;     /* default 64 MiB */
-    const char *ca_file;           /* NULL: the system CA store */
+    const char *url;                 /* manifest URL (http or https); the signature
+                                      * is at url + ".sig" */
+    const char *artifact_base;       /* artifacts at base/artifacts/<sha256>;
+                                      * default: url's directory */
+    unsigned interval_ms;            /* default 10000 */
+    unsigned jitter_pct;             /* +- percent of the interval, default 10 */
+    unsigned max_backoff_ms;         /* error backoff doubles up to this, default 300000 */
+    unsigned connect_timeout_ms;     /* default 5000 */
+    unsigned total_timeout_ms;       /* per transfer, default 60000 */
+    unsigned low_speed_bytes;        /* abort a transfer slower than this many
+                                      * bytes/s ... default 1024 */
+    unsigned low_speed_s;            /* ... for this long, default 15 */
+    size_t max_manifest_bytes;       /* default 1 MiB */
+    size_t max_artifact_bytes;       /* default 64 MiB */
+    const char *ca_file;             /* NULL: the system CA store */
     const char *const *trusted_keys; /* public key files */
-    int ntrusted_keys;             /* up to 8 */
-    int allow_unsigned;            /* as for the endpoint */
-    const char *state_dir;         /* NULL = $XDG_STATE_HOME/hotkern/pull-<hash of url>,
-                                    * "" = memory only */
-    const hk_swap_options *swap;   /* template for each swap (copied) */
+    int ntrusted_keys;               /* up to 8 */
+    int allow_unsigned;              /* as for the endpoint */
+    const char *state_dir;           /* NULL = $XDG_STATE_HOME/hotkern/pull-<hash of url>,
+                                      * "" = memory only */
+    const hk_swap_options *swap;     /* template for each swap (copied) */
 } hk_pull_options;
 
 HK_API void hk_pull_options_init(hk_pull_options *o);
@@ -148,8 +148,8 @@ typedef struct hk_pull_stats {
     uint64_t refused;      /* releases refused (verification or build) */
     uint64_t applied;      /* releases committed */
     uint64_t polls;
-    uint64_t bytes;        /* body bytes received */
-    int last_error;        /* HK_OK or the latest poll's error */
+    uint64_t bytes; /* body bytes received */
+    int last_error; /* HK_OK or the latest poll's error */
     char last_message[512];
 } hk_pull_stats;
 

@@ -1,0 +1,119 @@
+/*
+ * Shared benchmark support (see common.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/common.h"
+
+hkl_driver bd;
+static int arch;
+
+const char *bench_src_small =
+    "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + 1.0f; }\n"
+    "extern \"C\" __global__ void k1(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) x[i] = sqrtf(fabsf(x[i])); }\n"
+    "extern \"C\" __global__ void k2(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) x[i] = sinf(x[i]) * cosf(x[i]); }\n"
+    "extern \"C\" __global__ void k3(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n && i > 0) x[i] = x[i] + x[i - 1]; }\n"
+    "extern \"C\" __global__ void k4(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) x[i] = expf(-x[i] * x[i]); }\n";
+
+const char *bench_src_empty =
+    "extern \"C\" __global__ void empty() {}\n"
+    "extern \"C\" __global__ void spin(long long cycles) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < cycles) {}\n"
+    "}\n";
+
+uint64_t bench_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double bench_pct(double *v, int n, double p) {
+    int i = (int)(p / 100.0 * (n - 1) + 0.5);
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+int bench_arch(void) {
+    return arch;
+}
+
+double bench_sm_hz(void) {
+    int khz = 0;
+    bd.DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0);
+    FILE *p = popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null",
+                    "r");
+    if (p) {
+        int mhz = 0;
+        if (fscanf(p, "%d", &mhz) == 1 && mhz > 0)
+            khz = mhz * 1000;
+        pclose(p);
+    }
+    return khz * 1e3;
+}
+
+void bench_init(const char *name) {
+    char why[512];
+    if (hkl_driver_open(&bd, why, sizeof why) < 0) {
+        printf("SKIP %s: no usable CUDA device (%s)\n", name, why);
+        exit(77);
+    }
+    CUcontext ctx;
+    bd.DevicePrimaryCtxRetain(&ctx, 0);
+    bd.CtxSetCurrent(ctx);
+    int ma = 0, mi = 0;
+    bd.DeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0);
+    bd.DeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+    arch = ma * 10 + mi;
+    char gpu[128] = "";
+    bd.DeviceGetName(gpu, sizeof gpu, 0);
+    printf("== %s\n", name);
+    printf("machine: %s (sm_%d), driver CUDA %d", gpu, arch, bd.version);
+    FILE *p = popen("nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm "
+                    "--format=csv,noheader 2>/dev/null",
+                    "r");
+    char line[256];
+    if (p && fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\n")] = 0;
+        printf(", nvidia-smi: driver, sm clock, mem clock, max sm clock = %s", line);
+    }
+    if (p)
+        pclose(p);
+    time_t t = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    printf(", %s\n", date);
+}
+
+void *bench_build(const char *src, int to_cubin, size_t *size) {
+    hkp_build_opts bo = {.arch = arch, .ptx_to_cubin = to_cubin, .opt_level = 3,
+                         .source_name = "bench.cu"};
+    hkp_artifact a = {0};
+    char why[512];
+    if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &bo, &a, why, sizeof why) < 0) {
+        fprintf(stderr, "build failed: %s\n%s\n", why, a.log ? a.log : "");
+        exit(1);
+    }
+    void *img = a.image;
+    *size = a.size;
+    a.image = NULL;
+    hkp_artifact_free(&a);
+    return img;
+}

@@ -1,0 +1,37 @@
+/*
+ * Shared pieces of the benchmarks: clocks, statistics, the machine banner,
+ * kernels built at run time, and direct driver access for baselines.
+ * Benchmarks are programs, not tests: they print numbers and ratios against a
+ * baseline measured in the same run, and assert nothing about speed.
+ */
+#ifndef HK_BENCH_COMMON_H
+#define HK_BENCH_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loader/driver.h"
+#include "ptx/ptx.h"
+
+extern hkl_driver bd; /* the real driver, for baselines */
+
+/* Opens the driver (exits 77 with a SKIP line when there is none), makes the
+ * primary context of device 0 current, and prints the machine banner. */
+void bench_init(const char *name);
+
+uint64_t bench_ns(void);
+double bench_median(double *v, int n); /* sorts v */
+double bench_pct(double *v, int n, double p); /* v sorted; p in [0,100] */
+
+/* Builds CUDA C for the device's arch: cubin (to_cubin) or PTX. Exits on error. */
+void *bench_build(const char *src, int to_cubin, size_t *size);
+int bench_arch(void);
+
+/* "extern C" sources. */
+extern const char *bench_src_small; /* 5 small kernels: k0..k4(float*, int) */
+extern const char *bench_src_empty; /* empty(), spin(long long cycles) */
+
+/* SM clock in Hz, for turning milliseconds into spin cycles. */
+double bench_sm_hz(void);
+
+#endif

@@ -1,0 +1,14 @@
+#!/bin/sh
+# Runs every benchmark in the order bench/RESULTS.md reports them.
+# usage: bench/run.sh BUILD      (prebuilt binaries; never recompiles)
+B=${1:-build}
+set -u
+for b in bench_launch bench_swap; do
+  "$B/bench/$b" || echo "bench: $b exited $?"
+done
+python3 bench/cupy_peer.py "$B/bench/bench_swap" || echo "bench: cupy_peer failed"
+for load in idle busy; do
+  for mode in none hk hk-module hk-safe hk-reserve naive; do
+    "$B/bench/bench_stall" "$mode" "$load" | grep -v '^==\|^machine' || true
+  done
+done

@@ -1,0 +1,335 @@
+/*
+ * Public entry points of the network sources (include/hotkern/net.h).
+ *
+ * This file is the only one in net/ that calls the swap engine: it wires the
+ * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version and
+ * hk_stats_get, turns key and certificate files into the in-memory
+ * configuration the endpoint and the puller take, and picks the default
+ * state directories.
+ *
+ * The swap is synchronous (hk_swap with HK_STAGE_NOW) because a pusher waits
+ * for the outcome and the puller must know it before recording the release
+ * as accepted.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hotkern/net.h"
+#include "net/net.h"
+
+/* What the engine callbacks need; immutable once the source runs. */
+struct adapter {
+    hk_runtime *rt;
+    hk_swap_options swap; /* pointer fields point into the copies below */
+    char **nvrtc_options;
+    char **name_expressions;
+    char arch[16];
+    hkn_engine eng;
+};
+
+struct hk_endpoint {
+    struct adapter ad;
+    hkn_endpoint *ep;
+};
+
+struct hk_puller {
+    struct adapter ad;
+    hkn_puller *p;
+};
+
+/* ---- engine callbacks -------------------------------------------------- */
+
+static int apply_swap(void *ud, const char *module, uint64_t version, hk_format fmt,
+                      const void *bytes, size_t size, const char *origin, hk_report *rep) {
+    struct adapter *ad = ud;
+    hk_swap_options o = ad->swap;
+    char src[128];
+    snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
+    o.format = fmt;
+    o.origin = origin;
+    o.stage = HK_STAGE_NOW;
+    o.source_name = src;
+    return hk_swap(ad->rt, module, bytes, size, &o, rep);
+}
+
+static int rollback(void *ud, const char *module, hk_report *rep) {
+    struct adapter *ad = ud;
+    return hk_rollback(ad->rt, module, rep);
+}
+
+static uint64_t version(void *ud, const char *module) {
+    struct adapter *ad = ud;
+    return hk_module_version(ad->rt, module);
+}
+
+static void stats(void *ud, hk_stats *out) {
+    struct adapter *ad = ud;
+    hk_stats_get(ad->rt, out);
+}
+
+/* ---- configuration ----------------------------------------------------- */
+
+static void free_strv(char **v) {
+    for (size_t i = 0; v && v[i]; i++)
+        free(v[i]);
+    free(v);
+}
+
+static int dup_strv(const char *const *in, int n, char ***out) {
+    *out = NULL;
+    if (!in || n <= 0)
+        return 0;
+    char **v = calloc((size_t)n + 1, sizeof *v);
+    if (!v)
+        return HK_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        if (!(v[i] = strdup(in[i] ? in[i] : ""))) {
+            free_strv(v);
+            return HK_ERR_NOMEM;
+        }
+    }
+    *out = v;
+    return 0;
+}
+
+static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_options *tpl,
+                        hk_report *rep) {
+    ad->rt = rt;
+    if (tpl)
+        ad->swap = *tpl;
+    else
+        hk_swap_options_init(&ad->swap);
+    /* The caller's arrays are read during the call only: keep copies. */
+    if (dup_strv(ad->swap.nvrtc_options, ad->swap.nnvrtc_options, &ad->nvrtc_options) ||
+        dup_strv(ad->swap.name_expressions, ad->swap.nname_expressions, &ad->name_expressions))
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
+    ad->swap.name_expressions = (const char *const *)ad->name_expressions;
+    int arch = hk_runtime_arch(rt);
+    if (arch > 0)
+        snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
+    ad->eng = (hkn_engine){.apply = apply_swap,
+                           .rollback = rollback,
+                           .version = version,
+                           .stats = stats,
+                           .ud = ad,
+                           .arch = ad->arch};
+    return 0;
+}
+
+static void adapter_finish(struct adapter *ad) {
+    free_strv(ad->nvrtc_options);
+    free_strv(ad->name_expressions);
+}
+
+static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_trust *t,
+                      hk_report *rep) {
+    memset(t, 0, sizeof *t);
+    if (n < 0 || n > HKN_MAX_KEYS)
+        return hkn_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
+    for (int i = 0; i < n; i++) {
+        int err = hkn_pubkey_load(files[i], &t->keys[i], rep);
+        if (err)
+            return err;
+    }
+    t->nkeys = n;
+    t->allow_unsigned = allow_unsigned;
+    return 0;
+}
+
+/* Resolves the state directory: NULL gives the XDG default + leaf, "" gives
+ * memory only (*out NULL). */
+static int state_dir(const char *given, const char *leaf, char *buf, size_t cap, const char **out,
+                     hk_report *rep) {
+    *out = NULL;
+    if (given && !given[0])
+        return 0;
+    if (given) {
+        *out = given;
+        return 0;
+    }
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && xdg[0])
+        n = snprintf(buf, cap, "%s/hotkern/%s", xdg, leaf);
+    else if (home && home[0])
+        n = snprintf(buf, cap, "%s/.local/state/hotkern/%s", home, leaf);
+    else
+        return hkn_fail(rep, HK_ERR_INVALID,
+                        "no state_dir given and neither XDG_STATE_HOME "
+                        "nor HOME is set");
+    if (n < 0 || (size_t)n >= cap)
+        return hkn_fail(rep, HK_ERR_INVALID, "state directory path too long");
+    *out = buf;
+    return 0;
+}
+
+/* ---- endpoint ---------------------------------------------------------- */
+
+void hk_endpoint_options_init(hk_endpoint_options *o) {
+    memset(o, 0, sizeof *o);
+    o->address = "127.0.0.1";
+    o->max_body_bytes = 64u << 20;
+    o->max_connections = 128;
+    o->timeout_s = 30;
+}
+
+int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
+                      hk_report *rep) {
+    int err;
+    char *cert = NULL, *key = NULL, dirbuf[PATH_MAX];
+    size_t len;
+    hkn_endpoint_cfg cfg;
+    if (!rt || !opt || !out)
+        return hkn_fail(rep, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
+    *out = NULL;
+    if (opt->port > 65535)
+        return hkn_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
+    hk_endpoint *h = calloc(1, sizeof *h);
+    if (!h)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
+        goto fail;
+    hkn_endpoint_cfg_init(&cfg);
+    if (opt->address)
+        cfg.address = opt->address;
+    cfg.port = (uint16_t)opt->port;
+    cfg.token = opt->token;
+    if (opt->max_body_bytes)
+        cfg.max_body = opt->max_body_bytes;
+    if (opt->max_connections)
+        cfg.max_connections = opt->max_connections;
+    if (opt->timeout_s)
+        cfg.timeout_s = opt->timeout_s;
+    if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
+                          rep)) ||
+        (err = state_dir(opt->state_dir, "push", dirbuf, sizeof dirbuf, &cfg.state_dir, rep)))
+        goto fail;
+    if (opt->tls_cert_file || opt->tls_key_file) {
+        if (!opt->tls_cert_file || !opt->tls_key_file) {
+            err = hkn_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
+            goto fail;
+        }
+        if ((err = hkn_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
+            (err = hkn_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
+            goto fail;
+        cfg.tls_cert_pem = cert;
+        cfg.tls_key_pem = key;
+    }
+    if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)))
+        goto fail;
+    free(cert);
+    free(key);
+    *out = h;
+    return 0;
+fail:
+    free(cert);
+    free(key);
+    adapter_finish(&h->ad);
+    free(h);
+    return err;
+}
+
+unsigned hk_endpoint_port(const hk_endpoint *ep) {
+    return ep ? hkn_endpoint_port(ep->ep) : 0;
+}
+
+void hk_endpoint_stop(hk_endpoint *ep) {
+    if (!ep)
+        return;
+    hkn_endpoint_stop(ep->ep);
+    adapter_finish(&ep->ad);
+    free(ep);
+}
+
+/* ---- puller ------------------------------------------------------------ */
+
+void hk_pull_options_init(hk_pull_options *o) {
+    hkn_pull_cfg c;
+    hkn_pull_cfg_init(&c);
+    memset(o, 0, sizeof *o);
+    o->interval_ms = c.interval_ms;
+    o->jitter_pct = c.jitter_pct;
+    o->max_backoff_ms = c.max_backoff_ms;
+    o->connect_timeout_ms = c.connect_timeout_ms;
+    o->total_timeout_ms = c.total_timeout_ms;
+    o->low_speed_bytes = c.low_speed_bytes;
+    o->low_speed_s = c.low_speed_s;
+    o->max_manifest_bytes = c.max_manifest;
+    o->max_artifact_bytes = c.max_artifact;
+}
+
+int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
+    int err;
+    char dirbuf[PATH_MAX], leaf[32], hex[65];
+    hkn_pull_cfg cfg;
+    if (!rt || !opt || !opt->url || !out)
+        return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: NULL argument");
+    *out = NULL;
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    hk_puller *h = calloc(1, sizeof *h);
+    if (!h)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
+        goto fail;
+    hkn_pull_cfg_init(&cfg);
+    cfg.url = opt->url;
+    cfg.artifact_base = opt->artifact_base;
+    cfg.interval_ms = opt->interval_ms;
+    cfg.jitter_pct = opt->jitter_pct;
+    cfg.max_backoff_ms = opt->max_backoff_ms;
+    cfg.connect_timeout_ms = opt->connect_timeout_ms;
+    cfg.total_timeout_ms = opt->total_timeout_ms;
+    cfg.low_speed_bytes = opt->low_speed_bytes;
+    cfg.low_speed_s = opt->low_speed_s;
+    cfg.max_manifest = opt->max_manifest_bytes;
+    cfg.max_artifact = opt->max_artifact_bytes;
+    cfg.ca_file = opt->ca_file;
+    /* One state file per origin URL: two pullers must not share one file. */
+    hkn_sha256_hex(opt->url, strlen(opt->url), hex);
+    snprintf(leaf, sizeof leaf, "pull-%.16s", hex);
+    if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
+                          rep)) ||
+        (err = state_dir(opt->state_dir, leaf, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)) ||
+        (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
+        goto fail;
+    if ((err = hkn_pull_run(h->p))) {
+        hkn_fail(rep, err, "could not start the puller thread");
+        goto fail;
+    }
+    *out = h;
+    return 0;
+fail:
+    hkn_pull_destroy(h->p);
+    adapter_finish(&h->ad);
+    free(h);
+    return err;
+}
+
+void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out) {
+    hkn_pull_stats s;
+    memset(out, 0, sizeof *out);
+    if (!p)
+        return;
+    hkn_pull_stats_get(p->p, &s);
+    out->requests = s.requests;
+    out->not_modified = s.not_modified;
+    out->errors = s.errors;
+    out->refused = s.refused;
+    out->applied = s.applied;
+    out->polls = s.polls;
+    out->bytes = s.bytes;
+    out->last_error = s.last_error;
+    memcpy(out->last_message, s.last_message, sizeof out->last_message);
+}
+
+void hk_pull_stop(hk_puller *p) {
+    if (!p)
+        return;
+    hkn_pull_destroy(p->p);
+    adapter_finish(&p->ad);
+    free(p);
+}

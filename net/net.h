@@ -1,0 +1,253 @@
+/*
+ * net/: what crosses files inside the network subsystem.
+ *
+ * Three layers, bottom up:
+ *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
+ *               persisted highest accepted version per module (anti-replay);
+ *   endpoint.c  the libmicrohttpd push/status/metrics server;
+ *   pull.c      the libcurl poller of a static origin.
+ * None of them calls the swap engine. They hand verified artifacts to an
+ * hkn_engine (a table of callbacks), which api.c wires to hk_swap and friends
+ * and which tests replace with a recorder. This keeps the network code
+ * testable on machines without a GPU and keeps the engine's locking out of
+ * the HTTP threads' way: the engine applies, the network only hands over.
+ *
+ * Names here are internal (hkn_ prefix) and never leave the shared library.
+ */
+#ifndef HK_NET_H
+#define HK_NET_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hotkern/hotkern.h"
+
+/* ---- the engine seen from the network ---------------------------------- */
+
+/* Applies one verified artifact as release `version` of `module`. `bytes` is
+ * valid during the call only. Returns 0 when committed, else a negative
+ * HK_ERR_* with rep filled (message, log). Called from a network thread (an
+ * endpoint connection thread or the puller thread), never concurrently for one
+ * source. */
+typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
+                            const void *bytes, size_t size, const char *origin, hk_report *rep);
+/* Rolls `module` back to its previous image; 0 or a negative HK_ERR_*. */
+typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
+/* The engine's current version number of `module` (0 when none). */
+typedef uint64_t (*hkn_version_fn)(void *ud, const char *module);
+/* A snapshot of the engine's counters. */
+typedef void (*hkn_stats_fn)(void *ud, hk_stats *out);
+
+typedef struct hkn_engine {
+    hkn_apply_fn apply;       /* required */
+    hkn_rollback_fn rollback; /* NULL: rollback answers HK_ERR_UNSUPPORTED */
+    hkn_version_fn version;   /* optional */
+    hkn_stats_fn stats;       /* optional: /metrics then shows zeros */
+    void *ud;                 /* passed to each */
+    const char *arch;         /* preferred artifact arch, e.g. "sm_90"; may be NULL */
+} hkn_engine;
+
+/* ---- reports ----------------------------------------------------------- */
+
+/* Frees rep->log and zeroes rep. The network layer does this itself instead
+ * of calling hk_report_clear so it links without the engine's objects. */
+void hkn_report_reset(hk_report *rep);
+/* Sets rep->error and a printf-formatted message; returns err. rep may be NULL. */
+int hkn_fail(hk_report *rep, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Static name of an error code, e.g. "HK_ERR_REPLAY"; for protocol fields. */
+const char *hkn_error_name(int err);
+
+/* ---- keys -------------------------------------------------------------- */
+
+#define HKN_PK_BYTES     32 /* crypto_sign_PUBLICKEYBYTES */
+#define HKN_SK_BYTES     64 /* crypto_sign_SECRETKEYBYTES */
+#define HKN_SIG_BYTES    64 /* crypto_sign_BYTES */
+#define HKN_KEY_ID_CHARS 16 /* hex of the first 8 bytes of SHA-256(public key) */
+
+typedef struct hkn_pubkey {
+    unsigned char pk[HKN_PK_BYTES];
+    char id[HKN_KEY_ID_CHARS + 1];
+} hkn_pubkey;
+
+typedef struct hkn_seckey {
+    unsigned char sk[HKN_SK_BYTES];
+    hkn_pubkey pub;
+} hkn_seckey;
+
+/* Initialises libsodium once; safe from any thread. 0 or HK_ERR_UNSUPPORTED. */
+int hkn_crypto_init(void);
+int hkn_keygen(hkn_seckey *out);
+/* Key files hold one line: the key in lowercase hex (64 chars for a public key,
+ * 128 for a secret key) or in standard base64 (44 or 88 chars). Secret key
+ * files are written with mode 0600. */
+int hkn_pubkey_load(const char *path, hkn_pubkey *out, hk_report *rep);
+int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep);
+int hkn_pubkey_save(const char *path, const hkn_pubkey *k, hk_report *rep);
+int hkn_seckey_save(const char *path, const hkn_seckey *k, hk_report *rep);
+/* Decodes a key/signature given as hex or base64 text into exactly `len` bytes. */
+int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t len);
+
+/* ---- manifests --------------------------------------------------------- */
+
+typedef struct hkn_artifact {
+    char name[128];
+    char sha256[65]; /* lowercase hex */
+    uint64_t size;
+    hk_format format;
+    char arch[16]; /* "sm_90" or "" */
+} hkn_artifact;
+
+typedef struct hkn_manifest {
+    char module[64];
+    uint64_t version;
+    int64_t created, expires; /* unix seconds */
+    char key_id[HKN_KEY_ID_CHARS + 1];
+    hkn_artifact *artifacts; /* owned: hkn_manifest_free */
+    size_t nartifacts;
+} hkn_manifest;
+
+#define HKN_MAX_ARTIFACTS 16
+
+/* Parses manifest JSON; every field is checked for type and range. */
+int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep);
+/* Serialises with cJSON; *json (NUL-terminated, *len bytes) is the caller's to free(). */
+int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len);
+void hkn_manifest_free(hkn_manifest *m);
+/* "cuda", "ptx", "cubin", "fatbin" <-> hk_format; unknown text gives AUTO. */
+const char *hkn_format_text(hk_format f);
+hk_format hkn_format_parse(const char *s);
+/* From a file name's extension (.cu .ptx .cubin .fatbin), else AUTO. */
+hk_format hkn_format_from_name(const char *name);
+
+/* SHA-256 of bytes as 64 lowercase hex chars + NUL. */
+void hkn_sha256_hex(const void *bytes, size_t size, char out[65]);
+
+/* Builds and signs a release in memory: one artifact per file. *manifest and
+ * *sig_b64 (base64 of the detached signature, NUL-terminated) are the caller's
+ * to free(). */
+typedef struct hkn_blob {
+    const char *name;
+    const void *bytes;
+    size_t size;
+    hk_format format; /* AUTO: from the name */
+    const char *arch; /* may be NULL */
+} hkn_blob;
+int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
+                     int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
+                     size_t *manifest_len, char **sig_b64, hk_report *rep);
+
+/* ---- verification ------------------------------------------------------ */
+
+#define HKN_MAX_KEYS 8
+
+/* Which keys a source trusts. Immutable once a source runs. */
+typedef struct hkn_trust {
+    hkn_pubkey keys[HKN_MAX_KEYS];
+    int nkeys;
+    int allow_unsigned; /* 1: with no keys configured, skip the signature */
+} hkn_trust;
+
+typedef struct hkn_state hkn_state;
+
+/* Opens (creating) a state directory and loads accepted.json from it. dir NULL
+ * keeps the state in memory only. Safe from any thread once open. */
+int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep);
+void hkn_state_close(hkn_state *s);
+/* Highest accepted release version of module, 0 when none. */
+uint64_t hkn_state_get(hkn_state *s, const char *module);
+/* Records version as accepted if higher; persisted atomically (temp file,
+ * fsync, rename, fsync of the directory) before returning 0. */
+int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep);
+
+/* Verifies a manifest in the documented order: signature (when keys are
+ * configured or unsigned input is not allowed) and key known -> parse ->
+ * expiry (against `now`) -> version newer than the state's. `sig` is the
+ * signature file's text (hex or base64); NULL or empty means missing. On
+ * success *out holds the parsed manifest (hkn_manifest_free). */
+int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size_t len,
+                        const char *sig, size_t sig_len, int64_t now, hkn_manifest *out,
+                        hk_report *rep);
+/* Checks one artifact's size and SHA-256. */
+int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep);
+/* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
+ * fatbin, then PTX, then CUDA C, then the first. */
+size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
+
+/* Writes bytes to path through a temp file + fsync + rename. */
+int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep);
+/* Reads a whole file (up to max bytes) into a NUL-terminated buffer. */
+int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep);
+
+/* ---- push endpoint ----------------------------------------------------- */
+
+typedef struct hkn_endpoint_cfg {
+    const char *address;      /* default "127.0.0.1"; IPv6 text allowed */
+    uint16_t port;            /* 0: ephemeral, see hkn_endpoint_port */
+    const char *token;        /* bearer token or NULL */
+    const char *tls_cert_pem; /* both or neither: PEM text */
+    const char *tls_key_pem;
+    size_t max_body;          /* bytes; default 64 MiB */
+    unsigned max_connections; /* default 128 */
+    unsigned timeout_s;       /* per connection idle; default 30 */
+    const char *state_dir;    /* NULL: memory only */
+    hkn_trust trust;
+} hkn_endpoint_cfg;
+
+typedef struct hkn_endpoint hkn_endpoint;
+
+void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c);
+int hkn_endpoint_start(const hkn_endpoint_cfg *c, const hkn_engine *e, hkn_endpoint **out,
+                       hk_report *rep);
+uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
+/* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */
+void hkn_endpoint_stop(hkn_endpoint *ep);
+
+/* ---- puller ------------------------------------------------------------ */
+
+typedef struct hkn_pull_cfg {
+    const char *url;             /* manifest URL; signature at url + ".sig" */
+    const char *artifact_base;   /* default: url's directory; fetches base/artifacts/<sha256> */
+    unsigned interval_ms;        /* default 10000 */
+    unsigned jitter_pct;         /* +- percent of interval; default 10 */
+    unsigned max_backoff_ms;     /* default 300000 */
+    unsigned connect_timeout_ms; /* default 5000 */
+    unsigned total_timeout_ms;   /* per transfer; default 60000 */
+    unsigned low_speed_bytes;    /* abort below this rate ... default 1024 */
+    unsigned low_speed_s;        /* ... for this long; default 15 */
+    size_t max_manifest;         /* default 1 MiB */
+    size_t max_artifact;         /* default 64 MiB */
+    const char *ca_file;         /* NULL: the system CA store */
+    const char *state_dir;       /* NULL: memory only */
+    const char *save_dir;        /* optional: verified artifacts written here too */
+    hkn_trust trust;
+} hkn_pull_cfg;
+
+typedef struct hkn_pull_stats {
+    uint64_t requests;     /* HTTP requests made */
+    uint64_t not_modified; /* 304 answers to the manifest */
+    uint64_t errors;       /* transfers that failed (network, timeout, HTTP error, cap) */
+    uint64_t refused;      /* releases refused by verification or the engine */
+    uint64_t applied;      /* releases committed */
+    uint64_t polls;        /* completed polls */
+    uint64_t bytes;        /* body bytes received */
+    int last_error;        /* HK_OK or the last poll's error */
+    char last_message[512];
+} hkn_pull_stats;
+
+typedef struct hkn_puller hkn_puller;
+
+void hkn_pull_cfg_init(hkn_pull_cfg *c);
+/* Creates a puller without a thread: hkn_pull_poll drives it. */
+int hkn_pull_create(const hkn_pull_cfg *c, const hkn_engine *e, hkn_puller **out, hk_report *rep);
+/* One poll: manifest (conditional), signature, artifacts, verify, apply.
+ * Returns 0 when nothing changed or a release was applied, else the error.
+ * Not to be called while the puller's thread runs. */
+int hkn_pull_poll(hkn_puller *p, hk_report *rep);
+/* Starts the polling thread (first poll at once). */
+int hkn_pull_run(hkn_puller *p);
+void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out);
+/* Stops the thread (aborting a transfer in progress) and frees. p may be NULL. */
+void hkn_pull_destroy(hkn_puller *p);
+
+#endif

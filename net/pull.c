@@ -1,0 +1,517 @@
+/*
+ * The puller: polls a static origin (any HTTP server or CDN) for releases.
+ *
+ * Layout served by the origin (what `hotkern sign` writes):
+ *   <url>                         manifest.json
+ *   <url>.sig                     its detached Ed25519 signature, base64
+ *   <base>/artifacts/<sha256>     each artifact, named by content hash
+ * Naming artifacts by hash makes them immutable, so caches never serve a
+ * stale one under a new manifest, and many hosts can share one origin.
+ *
+ * One poll: a conditional GET of the manifest (If-None-Match with the last
+ * ETag, If-Modified-Since with the last Last-Modified), so an idle fleet costs
+ * the origin a 304 each. On a new manifest: the signature, verification (see
+ * release.c), then every artifact into memory with its declared size as a
+ * hard cap, its hash checked, and only then the engine's apply. Nothing is
+ * applied or persisted before every byte is verified, so a transfer that dies
+ * midway changes nothing. The validators (ETag, Last-Modified) are kept only
+ * once a manifest has been dealt with for good, so a transient failure is
+ * retried at the next poll instead of being hidden behind a 304.
+ *
+ * Threads. The poll thread owns the curl handle and the validators; the
+ * counters and the stop flag are shared with the API under `lock`. Stopping
+ * wakes the sleep at once and aborts a transfer through the progress callback.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <sodium.h>
+
+#include "net/net.h"
+
+struct hkn_puller {
+    /* Immutable after create. */
+    hkn_engine eng;
+    hkn_pull_cfg cfg; /* string fields point at the copies below */
+    char *url, *sig_url, *base, *ca_file, *state_dir, *save_dir, *origin;
+    hkn_state *state;
+
+    /* Poll thread only (or the caller of hkn_pull_poll when no thread runs). */
+    CURL *curl;
+    char errbuf[CURL_ERROR_SIZE];
+    char *etag, *last_modified;
+    unsigned failures; /* consecutive failed polls, for the backoff */
+
+    pthread_mutex_t lock;
+    pthread_cond_t wake;  /* lock: signalled on stop */
+    int stop;             /* lock; also read atomically by the progress callback */
+    hkn_pull_stats stats; /* lock */
+    pthread_t thread;
+    int running; /* set by hkn_pull_run, read by destroy: API thread only */
+};
+
+struct buf {
+    hkn_puller *p;
+    char *data;
+    size_t len, alloc, limit;
+    int over; /* more bytes arrived than limit */
+};
+
+void hkn_pull_cfg_init(hkn_pull_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->interval_ms = 10000;
+    c->jitter_pct = 10;
+    c->max_backoff_ms = 300000;
+    c->connect_timeout_ms = 5000;
+    c->total_timeout_ms = 60000;
+    c->low_speed_bytes = 1024;
+    c->low_speed_s = 15;
+    c->max_manifest = 1u << 20;
+    c->max_artifact = 64u << 20;
+}
+
+static void count(hkn_puller *p, uint64_t *field, uint64_t n) {
+    pthread_mutex_lock(&p->lock);
+    *field += n;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- transfers --------------------------------------------------------- */
+
+static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud) {
+    struct buf *b = ud;
+    size_t n = size * nmemb;
+    if (n > b->limit - b->len) {
+        /* Returning short makes curl fail with CURLE_WRITE_ERROR: the cap
+         * holds even when the server sent no Content-Length. */
+        b->over = 1;
+        return 0;
+    }
+    if (b->len + n + 1 > b->alloc) {
+        size_t na = b->alloc ? b->alloc : 16384;
+        while (na < b->len + n + 1)
+            na *= 2;
+        char *nd = realloc(b->data, na);
+        if (!nd)
+            return 0;
+        b->data = nd;
+        b->alloc = na;
+    }
+    memcpy(b->data + b->len, ptr, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return n;
+}
+
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
+    hkn_puller *p = ud;
+    return __atomic_load_n(&p->stop, __ATOMIC_RELAXED) ? 1 : 0;
+}
+
+/* GETs url into b (cap b->limit). *status gets the HTTP code. With
+ * conditional set, sends the stored validators. */
+static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b, long *status,
+                 hk_report *rep) {
+    CURL *c = p->curl;
+    struct curl_slist *hdrs = NULL;
+    int err = 0;
+    *status = 0;
+    /* Reset clears per-request options but keeps the connection cache, so
+     * polls reuse their TCP/TLS connection. */
+    curl_easy_reset(c);
+    p->errbuf[0] = '\0';
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, p->errbuf);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "hotkern/0.1");
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)p->cfg.connect_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)p->cfg.total_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, (long)p->cfg.low_speed_bytes);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)p->cfg.low_speed_s);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)b->limit);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, p);
+    if (p->ca_file)
+        curl_easy_setopt(c, CURLOPT_CAINFO, p->ca_file);
+    if (conditional) {
+        char h[512];
+        if (p->etag && snprintf(h, sizeof h, "If-None-Match: %s", p->etag) < (int)sizeof h)
+            hdrs = curl_slist_append(hdrs, h);
+        if (p->last_modified &&
+            snprintf(h, sizeof h, "If-Modified-Since: %s", p->last_modified) < (int)sizeof h)
+            hdrs = curl_slist_append(hdrs, h);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    }
+    count(p, &p->stats.requests, 1);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+    count(p, &p->stats.bytes, b->len);
+    if (rc == CURLE_OK) {
+        if (*status != 200 && *status != 304)
+            err = hkn_fail(rep, HK_ERR_NETWORK, "GET %s: HTTP %ld", url, *status);
+    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
+        err = hkn_fail(rep, HK_ERR_TIMEOUT, "GET %s: timed out (%s)", url,
+                       p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
+    } else if (b->over || rc == CURLE_FILESIZE_EXCEEDED) {
+        err = hkn_fail(rep, HK_ERR_TOO_LARGE, "GET %s: more than %zu bytes", url, b->limit);
+    } else if (rc == CURLE_ABORTED_BY_CALLBACK) {
+        err = hkn_fail(rep, HK_ERR_CLOSED, "GET %s: stopped", url);
+    } else {
+        err = hkn_fail(rep, HK_ERR_NETWORK, "GET %s: %s", url,
+                       p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
+    }
+    curl_slist_free_all(hdrs);
+    if (err)
+        count(p, &p->stats.errors, 1);
+    return err;
+}
+
+static char *header_value(CURL *c, const char *name) {
+    struct curl_header *h = NULL;
+    if (curl_easy_header(c, name, 0, CURLH_HEADER, -1, &h) != CURLHE_OK || !h || !h->value)
+        return NULL;
+    return strdup(h->value);
+}
+
+/* ---- one poll ---------------------------------------------------------- */
+
+static void keep_validators(hkn_puller *p, char *etag, char *lm) {
+    free(p->etag);
+    free(p->last_modified);
+    p->etag = etag;
+    p->last_modified = lm;
+}
+
+static int save_artifacts(hkn_puller *p, const hkn_manifest *m, struct buf *arts, hk_report *rep) {
+    char path[PATH_MAX];
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        if (snprintf(path, sizeof path, "%s/%s", p->save_dir, m->artifacts[i].name) >=
+            (int)sizeof path)
+            return hkn_fail(rep, HK_ERR_INVALID, "save path too long");
+        int err = hkn_write_atomic(path, arts[i].data ? arts[i].data : "", arts[i].len, 0644, rep);
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
+int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
+    struct buf man = {.p = p, .limit = p->cfg.max_manifest};
+    struct buf sig = {.p = p, .limit = 4096};
+    struct buf arts[HKN_MAX_ARTIFACTS];
+    hkn_manifest m = {0};
+    char *etag = NULL, *lm = NULL;
+    long status = 0;
+    int keep = 0; /* 1: this manifest is dealt with for good */
+    int err;
+    hk_report local = {0};
+    if (!rep)
+        rep = &local;
+    memset(arts, 0, sizeof arts);
+
+    if ((err = fetch(p, p->url, 1, &man, &status, rep)))
+        goto out;
+    if (status == 304) {
+        count(p, &p->stats.not_modified, 1);
+        goto out;
+    }
+    etag = header_value(p->curl, "ETag");
+    lm = header_value(p->curl, "Last-Modified");
+    err = fetch(p, p->sig_url, 0, &sig, &status, rep);
+    if (err && status == 404) {
+        /* A missing signature is the release's fault, not the network's:
+         * verification below words the refusal. */
+        hkn_report_reset(rep);
+        sig.len = 0;
+        err = 0;
+    } else if (err) {
+        goto out;
+    }
+    err = hkn_verify_manifest(&p->cfg.trust, p->state, man.data, man.len, sig.data, sig.len,
+                              (int64_t)time(NULL), &m, rep);
+    if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
+        /* The release already running, seen again (a restart, or an origin
+         * without validators): nothing to do. */
+        hkn_report_reset(rep);
+        err = 0;
+        keep = 1;
+        goto out;
+    }
+    if (err) {
+        keep = err != HK_ERR_NOMEM;
+        count(p, &p->stats.refused, 1);
+        goto out;
+    }
+    for (size_t i = 0; i < m.nartifacts; i++) {
+        const hkn_artifact *a = &m.artifacts[i];
+        char url[4096];
+        if (a->size > p->cfg.max_artifact) {
+            err = hkn_fail(rep, HK_ERR_TOO_LARGE,
+                           "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
+                           (unsigned long long)a->size, p->cfg.max_artifact);
+            keep = 1;
+            count(p, &p->stats.refused, 1);
+            goto out;
+        }
+        if (snprintf(url, sizeof url, "%s/artifacts/%s", p->base, a->sha256) >= (int)sizeof url) {
+            err = hkn_fail(rep, HK_ERR_INVALID, "artifact URL too long");
+            goto out;
+        }
+        /* The declared size is the cap: a server sending more is wrong. */
+        arts[i].p = p;
+        arts[i].limit = (size_t)a->size;
+        err = fetch(p, url, 0, &arts[i], &status, rep);
+        if (err == HK_ERR_TOO_LARGE)
+            err = hkn_fail(rep, HK_ERR_HASH,
+                           "artifact '%s': served more than the declared %llu "
+                           "bytes",
+                           a->name, (unsigned long long)a->size);
+        if (err)
+            goto out;
+        if ((err = hkn_verify_artifact(a, arts[i].data ? arts[i].data : "", arts[i].len, rep))) {
+            count(p, &p->stats.refused, 1);
+            goto out;
+        }
+    }
+    if (p->save_dir && (err = save_artifacts(p, &m, arts, rep)))
+        goto out;
+    size_t k = hkn_pick_artifact(&m, p->eng.arch);
+    hk_report arep = {0};
+    err = p->eng.apply(p->eng.ud, m.module, m.version, m.artifacts[k].format,
+                       arts[k].data ? arts[k].data : "", arts[k].len, p->origin, &arep);
+    hkn_report_reset(rep);
+    *rep = arep;
+    snprintf(rep->module, sizeof rep->module, "%s", m.module);
+    rep->version = m.version;
+    rep->error = err;
+    /* The engine's verdict on this exact release is final: keep the
+     * validators either way so a refused build is not retried every poll. */
+    keep = 1;
+    if (err) {
+        count(p, &p->stats.refused, 1);
+        goto out;
+    }
+    count(p, &p->stats.applied, 1);
+    hk_report srep = {0};
+    if (hkn_state_accept(p->state, m.module, m.version, &srep) != 0)
+        snprintf(rep->message, sizeof rep->message,
+                 "applied, but the replay state was not "
+                 "saved: %.400s",
+                 srep.message);
+    hkn_report_reset(&srep);
+out:
+    if (keep) {
+        keep_validators(p, etag, lm);
+        etag = lm = NULL;
+    }
+    pthread_mutex_lock(&p->lock);
+    p->stats.polls++;
+    p->stats.last_error = err;
+    snprintf(p->stats.last_message, sizeof p->stats.last_message, "%s", err ? rep->message : "");
+    pthread_mutex_unlock(&p->lock);
+    free(etag);
+    free(lm);
+    free(man.data);
+    free(sig.data);
+    for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
+        free(arts[i].data);
+    hkn_manifest_free(&m);
+    hkn_report_reset(&local);
+    return err;
+}
+
+/* ---- the thread -------------------------------------------------------- */
+
+static unsigned next_delay(hkn_puller *p, int err) {
+    uint64_t d = p->cfg.interval_ms;
+    /* Transient trouble (network, timeouts, an origin mid-publish) backs off
+     * exponentially so a fleet does not hammer a struggling origin. */
+    if (err == HK_ERR_NETWORK || err == HK_ERR_TIMEOUT || err == HK_ERR_HASH ||
+        err == HK_ERR_TOO_LARGE || err == HK_ERR_IO) {
+        if (p->failures < 20)
+            p->failures++;
+        for (unsigned i = 0; i < p->failures && d < p->cfg.max_backoff_ms; i++)
+            d *= 2;
+        if (d > p->cfg.max_backoff_ms)
+            d = p->cfg.max_backoff_ms;
+    } else {
+        p->failures = 0;
+    }
+    /* Jitter spreads a fleet's polls so they do not arrive in lockstep. */
+    uint64_t j = d * p->cfg.jitter_pct / 100;
+    if (j > 0 && j < UINT32_MAX / 2)
+        d = d - j + randombytes_uniform((uint32_t)(2 * j + 1));
+    return (unsigned)(d ? d : 1);
+}
+
+static void *poll_thread(void *arg) {
+    hkn_puller *p = arg;
+    for (;;) {
+        hk_report rep = {0};
+        int err = hkn_pull_poll(p, &rep);
+        hkn_report_reset(&rep);
+        unsigned delay = next_delay(p, err);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += delay / 1000;
+        ts.tv_nsec += (long)(delay % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&p->lock);
+        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &ts) != ETIMEDOUT)
+            ;
+        int stop = p->stop;
+        pthread_mutex_unlock(&p->lock);
+        if (stop)
+            break;
+    }
+    return NULL;
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+static char *dup_or_null(const char *s, int *fail) {
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *fail = 1;
+    return d;
+}
+
+int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **out,
+                    hk_report *rep) {
+    *out = NULL;
+    int err = 0, oom = 0;
+    if (!cfg || !cfg->url || !e || !e->apply)
+        return hkn_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
+    if (strncmp(cfg->url, "http://", 7) && strncmp(cfg->url, "https://", 8))
+        return hkn_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", cfg->url);
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    /* Process-wide and idempotent; not thread-safe before 7.84, so it runs
+     * here, on the caller's thread, before any puller thread exists. */
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "curl_global_init failed");
+    hkn_puller *p = calloc(1, sizeof *p);
+    if (!p)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    p->eng = *e;
+    p->cfg = *cfg;
+    p->url = dup_or_null(cfg->url, &oom);
+    p->ca_file = dup_or_null(cfg->ca_file, &oom);
+    p->state_dir = dup_or_null(cfg->state_dir, &oom);
+    p->save_dir = dup_or_null(cfg->save_dir, &oom);
+    if (cfg->artifact_base) {
+        p->base = dup_or_null(cfg->artifact_base, &oom);
+    } else if (p->url) {
+        /* The manifest's directory: strip the last path segment. */
+        p->base = strdup(p->url);
+        char *slash = p->base ? strrchr(p->base, '/') : NULL;
+        if (slash && slash > p->base + 8)
+            *slash = '\0';
+        oom |= !p->base;
+    }
+    if (p->base) {
+        size_t n = strlen(p->base);
+        while (n > 0 && p->base[n - 1] == '/')
+            p->base[--n] = '\0';
+    }
+    if (p->url && asprintf(&p->sig_url, "%s.sig", p->url) < 0)
+        p->sig_url = NULL, oom = 1;
+    if (p->url && asprintf(&p->origin, "pull:%s", p->url) < 0)
+        p->origin = NULL, oom = 1;
+    if (oom || !(p->curl = curl_easy_init())) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    p->cfg.url = p->url;
+    p->cfg.artifact_base = p->base;
+    p->cfg.ca_file = p->ca_file;
+    p->cfg.state_dir = p->state_dir;
+    p->cfg.save_dir = p->save_dir;
+    if (!p->cfg.interval_ms)
+        p->cfg.interval_ms = 10000;
+    if (!p->cfg.max_backoff_ms)
+        p->cfg.max_backoff_ms = 300000;
+    if (!p->cfg.max_manifest)
+        p->cfg.max_manifest = 1u << 20;
+    if (!p->cfg.max_artifact)
+        p->cfg.max_artifact = 64u << 20;
+    if (!p->cfg.connect_timeout_ms)
+        p->cfg.connect_timeout_ms = 5000;
+    if (!p->cfg.total_timeout_ms)
+        p->cfg.total_timeout_ms = 60000;
+    if (p->cfg.jitter_pct > 100)
+        p->cfg.jitter_pct = 100;
+    if ((err = hkn_state_open(p->state_dir, &p->state, rep)))
+        goto fail;
+    *out = p;
+    return 0;
+fail:
+    hkn_pull_destroy(p);
+    return err;
+}
+
+int hkn_pull_run(hkn_puller *p) {
+    if (p->running)
+        return HK_ERR_BUSY;
+    if (pthread_create(&p->thread, NULL, poll_thread, p) != 0)
+        return HK_ERR_NOMEM;
+    p->running = 1;
+    return 0;
+}
+
+void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out) {
+    pthread_mutex_lock(&p->lock);
+    *out = p->stats;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void hkn_pull_destroy(hkn_puller *p) {
+    if (!p)
+        return;
+    if (p->running) {
+        pthread_mutex_lock(&p->lock);
+        __atomic_store_n(&p->stop, 1, __ATOMIC_RELAXED);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->lock);
+        pthread_join(p->thread, NULL);
+    }
+    if (p->curl)
+        curl_easy_cleanup(p->curl);
+    hkn_state_close(p->state);
+    free(p->etag);
+    free(p->last_modified);
+    free(p->url);
+    free(p->sig_url);
+    free(p->base);
+    free(p->ca_file);
+    free(p->state_dir);
+    free(p->save_dir);
+    free(p->origin);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}

@@ -1,0 +1,835 @@
+/*
+ * Signed releases: keys, manifests, verification and the anti-replay state.
+ *
+ * A release is a manifest (JSON, written and read with cJSON only) plus its
+ * artifacts. The Ed25519 signature covers the manifest's exact bytes and is
+ * shipped next to it (manifest.json.sig, base64), so what is verified is
+ * exactly what is parsed afterwards: no canonicalisation is needed, and nothing
+ * derived from an unauthenticated manifest is acted on. The manifest names
+ * each artifact by SHA-256 and size, so artifacts can come from anywhere
+ * (a request body, a CDN keyed by hash) and still be checked.
+ *
+ * Verification runs in a fixed order, cheapest trust decision first:
+ * signature and key -> parse -> expiry -> version newer than the highest one
+ * ever accepted for the module -> each artifact's size and hash. The highest
+ * accepted version per module is persisted (accepted.json, replaced
+ * atomically) so that a restart cannot be used to replay an older release.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <sodium.h>
+
+#include "net/net.h"
+
+/* JSON numbers are doubles: integers above 2^53 would silently round. */
+#define HKN_MAX_JSON_INT 9007199254740991.0
+
+/* ---- reports and errors ------------------------------------------------ */
+
+void hkn_report_reset(hk_report *rep) {
+    if (!rep)
+        return;
+    free(rep->log);
+    memset(rep, 0, sizeof *rep);
+}
+
+int hkn_fail(hk_report *rep, int err, const char *fmt, ...) {
+    if (!rep)
+        return err;
+    rep->error = err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+const char *hkn_error_name(int err) {
+    static const char *const names[] = {
+        "HK_OK",
+        "HK_ERR_INVALID",
+        "HK_ERR_NOMEM",
+        "HK_ERR_NO_DRIVER",
+        "HK_ERR_NO_DEVICE",
+        "HK_ERR_CUDA",
+        "HK_ERR_FORMAT",
+        "HK_ERR_COMPILE",
+        "HK_ERR_ARCH",
+        "HK_ERR_MISSING_KERNEL",
+        "HK_ERR_LAYOUT",
+        "HK_ERR_GLOBAL_SIZE",
+        "HK_ERR_REJECTED",
+        "HK_ERR_NOT_FOUND",
+        "HK_ERR_BUSY",
+        "HK_ERR_IO",
+        "HK_ERR_NO_HISTORY",
+        "HK_ERR_CLOSED",
+        "HK_ERR_UNSUPPORTED",
+        "HK_ERR_SIGNATURE",
+        "HK_ERR_REPLAY",
+        "HK_ERR_EXPIRED",
+        "HK_ERR_HASH",
+        "HK_ERR_TOO_LARGE",
+        "HK_ERR_NETWORK",
+        "HK_ERR_TIMEOUT",
+        "HK_ERR_CONTEXT_RESET",
+    };
+    int i = -err;
+    if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])
+        return "HK_ERR_UNKNOWN";
+    return names[i];
+}
+
+/* ---- files ------------------------------------------------------------- */
+
+static int mkdir_p(const char *dir, hk_report *rep) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", dir);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return hkn_fail(rep, HK_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    return 0;
+}
+
+int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep) {
+    static unsigned counter;
+    char tmp[PATH_MAX];
+    unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), n) >= (int)sizeof tmp)
+        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0)
+        return hkn_fail(rep, HK_ERR_IO, "create %s: %s", tmp, strerror(errno));
+    const char *p = bytes;
+    size_t left = size;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            goto fail;
+        p += w;
+        left -= (size_t)w;
+    }
+    /* The data must be on disk before the rename makes it visible, or a crash
+     * could leave the new name pointing at an empty file. */
+    if (fsync(fd) != 0)
+        goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0)
+        goto fail;
+    /* And the directory entry itself, so the rename survives a crash. */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+fail:;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return hkn_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
+}
+
+int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return hkn_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "open %s: %s", path,
+                        strerror(errno));
+    int err = 0;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
+        goto out;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) {
+                err = hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
+                goto out;
+            }
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
+                goto out;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    if (ferror(f)) {
+        err = hkn_fail(rep, HK_ERR_IO, "read %s failed", path);
+        goto out;
+    }
+    if (n > max) {
+        err = hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
+        goto out;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    buf = NULL;
+out:
+    free(buf);
+    fclose(f);
+    return err;
+}
+
+/* ---- keys -------------------------------------------------------------- */
+
+int hkn_crypto_init(void) {
+    /* sodium_init is itself thread-safe and idempotent (returns 1 when done). */
+    return sodium_init() < 0 ? HK_ERR_UNSUPPORTED : 0;
+}
+
+static void key_id(const unsigned char pk[HKN_PK_BYTES], char id[HKN_KEY_ID_CHARS + 1]) {
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, pk, HKN_PK_BYTES);
+    sodium_bin2hex(id, HKN_KEY_ID_CHARS + 1, h, HKN_KEY_ID_CHARS / 2);
+}
+
+int hkn_keygen(hkn_seckey *out) {
+    if (hkn_crypto_init())
+        return HK_ERR_UNSUPPORTED;
+    crypto_sign_keypair(out->pub.pk, out->sk);
+    key_id(out->pub.pk, out->pub.id);
+    return 0;
+}
+
+int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t len) {
+    while (tlen > 0 && (text[tlen - 1] == '\n' || text[tlen - 1] == '\r' || text[tlen - 1] == ' ' ||
+                        text[tlen - 1] == '\t'))
+        tlen--;
+    while (tlen > 0 && (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r')) {
+        text++;
+        tlen--;
+    }
+    size_t got = 0;
+    if (tlen == 2 * len) {
+        if (sodium_hex2bin(out, len, text, tlen, NULL, &got, NULL) == 0 && got == len)
+            return 0;
+    }
+    if (sodium_base642bin(out, len, text, tlen, NULL, &got, NULL, sodium_base64_VARIANT_ORIGINAL) ==
+            0 &&
+        got == len)
+        return 0;
+    return HK_ERR_INVALID;
+}
+
+int hkn_pubkey_load(const char *path, hkn_pubkey *out, hk_report *rep) {
+    char *text = NULL;
+    size_t len = 0;
+    int err = hkn_read_file(path, 1024, &text, &len, rep);
+    if (err)
+        return err;
+    if (hkn_decode_fixed(text, len, out->pk, HKN_PK_BYTES) != 0)
+        err = hkn_fail(rep, HK_ERR_INVALID, "%s: expected a public key (64 hex or 44 base64 chars)",
+                       path);
+    else
+        key_id(out->pk, out->id);
+    sodium_memzero(text, len);
+    free(text);
+    return err;
+}
+
+int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
+    char *text = NULL;
+    size_t len = 0;
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    int err = hkn_read_file(path, 1024, &text, &len, rep);
+    if (err)
+        return err;
+    if (hkn_decode_fixed(text, len, out->sk, HKN_SK_BYTES) != 0) {
+        err = hkn_fail(rep, HK_ERR_INVALID,
+                       "%s: expected a secret key (128 hex or 88 base64 chars)", path);
+    } else {
+        crypto_sign_ed25519_sk_to_pk(out->pub.pk, out->sk);
+        key_id(out->pub.pk, out->pub.id);
+    }
+    sodium_memzero(text, len);
+    free(text);
+    return err;
+}
+
+int hkn_pubkey_save(const char *path, const hkn_pubkey *k, hk_report *rep) {
+    char hex[2 * HKN_PK_BYTES + 2];
+    sodium_bin2hex(hex, sizeof hex - 1, k->pk, HKN_PK_BYTES);
+    strcat(hex, "\n");
+    return hkn_write_atomic(path, hex, strlen(hex), 0644, rep);
+}
+
+int hkn_seckey_save(const char *path, const hkn_seckey *k, hk_report *rep) {
+    char hex[2 * HKN_SK_BYTES + 2];
+    sodium_bin2hex(hex, sizeof hex - 1, k->sk, HKN_SK_BYTES);
+    strcat(hex, "\n");
+    int err = hkn_write_atomic(path, hex, strlen(hex), 0600, rep);
+    sodium_memzero(hex, sizeof hex);
+    return err;
+}
+
+/* ---- manifests --------------------------------------------------------- */
+
+const char *hkn_format_text(hk_format f) {
+    switch (f) {
+    case HK_FORMAT_CUDA_C:
+        return "cuda";
+    case HK_FORMAT_PTX:
+        return "ptx";
+    case HK_FORMAT_CUBIN:
+        return "cubin";
+    case HK_FORMAT_FATBIN:
+        return "fatbin";
+    default:
+        return "auto";
+    }
+}
+
+hk_format hkn_format_parse(const char *s) {
+    static const hk_format all[] = {HK_FORMAT_CUDA_C, HK_FORMAT_PTX, HK_FORMAT_CUBIN,
+                                    HK_FORMAT_FATBIN};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(s, hkn_format_text(all[i])))
+            return all[i];
+    return HK_FORMAT_AUTO;
+}
+
+hk_format hkn_format_from_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot)
+        return HK_FORMAT_AUTO;
+    if (!strcmp(dot, ".cu"))
+        return HK_FORMAT_CUDA_C;
+    return hkn_format_parse(dot + 1);
+}
+
+void hkn_sha256_hex(const void *bytes, size_t size, char out[65]) {
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, bytes, size);
+    sodium_bin2hex(out, 65, h, sizeof h);
+}
+
+/* Names reach file systems (the CLI's pull writes artifacts by name) and
+ * label sets: keep them to a conservative alphabet. */
+static int safe_name(const char *s, size_t max) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= max || s[0] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static int get_uint(const cJSON *obj, const char *key, uint64_t *out, hk_report *rep) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(v))
+        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a number", key);
+    double d = v->valuedouble;
+    if (!(d >= 0) || d > HKN_MAX_JSON_INT || floor(d) != d)
+        return hkn_fail(rep, HK_ERR_INVALID,
+                        "manifest: '%s' must be an integer in [0, 2^53), got %.17g", key, d);
+    *out = (uint64_t)d;
+    return 0;
+}
+
+static int get_str(const cJSON *obj, const char *key, char *out, size_t cap, int required,
+                   hk_report *rep) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v && !required) {
+        out[0] = '\0';
+        return 0;
+    }
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
+        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a string of under %zu chars",
+                        key, cap);
+    memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
+    return 0;
+}
+
+void hkn_manifest_free(hkn_manifest *m) {
+    if (!m)
+        return;
+    free(m->artifacts);
+    memset(m, 0, sizeof *m);
+}
+
+int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep) {
+    memset(out, 0, sizeof *out);
+    int err = 0;
+    uint64_t u;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(root)) {
+        err = hkn_fail(rep, HK_ERR_INVALID, "manifest is not a JSON object");
+        goto out;
+    }
+    if ((err = get_str(root, "module", out->module, sizeof out->module, 1, rep)))
+        goto out;
+    if (!safe_name(out->module, sizeof out->module)) {
+        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
+                       out->module);
+        goto out;
+    }
+    if ((err = get_uint(root, "version", &out->version, rep)))
+        goto out;
+    if (out->version == 0) {
+        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: version must be at least 1");
+        goto out;
+    }
+    if ((err = get_uint(root, "created", &u, rep)))
+        goto out;
+    out->created = (int64_t)u;
+    if ((err = get_uint(root, "expires", &u, rep)))
+        goto out;
+    out->expires = (int64_t)u;
+    if ((err = get_str(root, "key_id", out->key_id, sizeof out->key_id, 0, rep)))
+        goto out;
+    const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
+    int n = cJSON_GetArraySize(arts);
+    if (!cJSON_IsArray(arts) || n < 1 || n > HKN_MAX_ARTIFACTS) {
+        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
+                       HKN_MAX_ARTIFACTS);
+        goto out;
+    }
+    out->artifacts = calloc((size_t)n, sizeof *out->artifacts);
+    if (!out->artifacts) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arts) {
+        hkn_artifact *d = &out->artifacts[out->nartifacts];
+        char fmt[16];
+        if (!cJSON_IsObject(a)) {
+            err = hkn_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
+                           out->nartifacts);
+            goto out;
+        }
+        if ((err = get_str(a, "name", d->name, sizeof d->name, 1, rep)) ||
+            (err = get_str(a, "sha256", d->sha256, sizeof d->sha256, 1, rep)) ||
+            (err = get_uint(a, "size", &d->size, rep)) ||
+            (err = get_str(a, "format", fmt, sizeof fmt, 1, rep)) ||
+            (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
+            goto out;
+        if (!safe_name(d->name, sizeof d->name)) {
+            err = hkn_fail(rep, HK_ERR_INVALID,
+                           "manifest: artifact name '%s' is not a plain "
+                           "file name",
+                           d->name);
+            goto out;
+        }
+        unsigned char bin[32];
+        if (strlen(d->sha256) != 64 ||
+            sodium_hex2bin(bin, sizeof bin, d->sha256, 64, NULL, NULL, NULL) != 0) {
+            err = hkn_fail(rep, HK_ERR_INVALID,
+                           "manifest: artifact '%s': sha256 is not 64 hex "
+                           "chars",
+                           d->name);
+            goto out;
+        }
+        /* Normalise to the lowercase form hkn_sha256_hex produces. */
+        sodium_bin2hex(d->sha256, sizeof d->sha256, bin, sizeof bin);
+        d->format = hkn_format_parse(fmt);
+        if (d->format == HK_FORMAT_AUTO) {
+            err = hkn_fail(rep, HK_ERR_INVALID,
+                           "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin or "
+                           "fatbin",
+                           d->name, fmt);
+            goto out;
+        }
+        out->nartifacts++;
+    }
+out:
+    cJSON_Delete(root);
+    if (err)
+        hkn_manifest_free(out);
+    return err;
+}
+
+int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
+    int err = HK_ERR_NOMEM;
+    cJSON *root = cJSON_CreateObject(), *arts = NULL;
+    if (!root)
+        return err;
+    if (!cJSON_AddStringToObject(root, "module", m->module) ||
+        !cJSON_AddNumberToObject(root, "version", (double)m->version) ||
+        !cJSON_AddNumberToObject(root, "created", (double)m->created) ||
+        !cJSON_AddNumberToObject(root, "expires", (double)m->expires) ||
+        !cJSON_AddStringToObject(root, "key_id", m->key_id) ||
+        !(arts = cJSON_AddArrayToObject(root, "artifacts")))
+        goto out;
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        const hkn_artifact *a = &m->artifacts[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            goto out;
+        cJSON_AddItemToArray(arts, o);
+        if (!cJSON_AddStringToObject(o, "name", a->name) ||
+            !cJSON_AddStringToObject(o, "sha256", a->sha256) ||
+            !cJSON_AddNumberToObject(o, "size", (double)a->size) ||
+            !cJSON_AddStringToObject(o, "format", hkn_format_text(a->format)) ||
+            !cJSON_AddStringToObject(o, "arch", a->arch))
+            goto out;
+    }
+    *json = cJSON_Print(root);
+    if (!*json)
+        goto out;
+    *len = strlen(*json);
+    err = 0;
+out:
+    cJSON_Delete(root);
+    return err;
+}
+
+int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
+                     int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
+                     size_t *manifest_len, char **sig_b64, hk_report *rep) {
+    *manifest = *sig_b64 = NULL;
+    *manifest_len = 0;
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
+        return hkn_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
+                        HKN_MAX_ARTIFACTS);
+    if (strlen(module) >= 64 || !safe_name(module, 64))
+        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+                        module);
+    if (version == 0 || (double)version > HKN_MAX_JSON_INT)
+        return hkn_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    memset(arts, 0, sizeof arts);
+    hkn_manifest m = {.version = version,
+                      .created = created,
+                      .expires = expires,
+                      .artifacts = arts,
+                      .nartifacts = nblobs};
+    snprintf(m.module, sizeof m.module, "%s", module);
+    snprintf(m.key_id, sizeof m.key_id, "%s", key->pub.id);
+    for (size_t i = 0; i < nblobs; i++) {
+        const char *base = strrchr(blobs[i].name, '/');
+        base = base ? base + 1 : blobs[i].name;
+        if (!safe_name(base, sizeof arts[i].name))
+            return hkn_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
+        snprintf(arts[i].name, sizeof arts[i].name, "%s", base);
+        hkn_sha256_hex(blobs[i].bytes, blobs[i].size, arts[i].sha256);
+        arts[i].size = blobs[i].size;
+        arts[i].format =
+            blobs[i].format != HK_FORMAT_AUTO ? blobs[i].format : hkn_format_from_name(base);
+        if (arts[i].format == HK_FORMAT_AUTO)
+            return hkn_fail(rep, HK_ERR_FORMAT,
+                            "%s: cannot tell the format from the name (.cu .ptx .cubin .fatbin)",
+                            base);
+        snprintf(arts[i].arch, sizeof arts[i].arch, "%s", blobs[i].arch ? blobs[i].arch : "");
+    }
+    char *json = NULL;
+    size_t len = 0;
+    if (hkn_manifest_write(&m, &json, &len))
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
+    unsigned char sig[HKN_SIG_BYTES];
+    crypto_sign_detached(sig, NULL, (const unsigned char *)json, len, key->sk);
+    size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    char *b64 = malloc(b64len);
+    if (!b64) {
+        free(json);
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    }
+    sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    *manifest = json;
+    *manifest_len = len;
+    *sig_b64 = b64;
+    return 0;
+}
+
+/* ---- anti-replay state ------------------------------------------------- */
+
+struct hkn_state {
+    char *dir;            /* immutable; NULL: memory only */
+    pthread_mutex_t lock; /* guards modules and the file */
+    cJSON *modules;       /* lock: object module -> highest accepted version */
+};
+
+static int state_path(const hkn_state *s, char *buf, size_t cap) {
+    return snprintf(buf, cap, "%s/accepted.json", s->dir) >= (int)cap ? HK_ERR_INVALID : 0;
+}
+
+int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
+    *out = NULL;
+    int err = 0;
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *root = NULL;
+    hkn_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->lock, NULL);
+    if (dir && !(s->dir = strdup(dir))) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (s->dir) {
+        char path[PATH_MAX];
+        if ((err = mkdir_p(s->dir, rep)))
+            goto fail;
+        if (state_path(s, path, sizeof path)) {
+            err = hkn_fail(rep, HK_ERR_INVALID, "state dir path too long");
+            goto fail;
+        }
+        err = hkn_read_file(path, 16 << 20, &text, &len, rep);
+        if (err == HK_ERR_NOT_FOUND) {
+            hkn_report_reset(rep);
+            err = 0;
+        } else if (err) {
+            goto fail;
+        } else {
+            root = cJSON_ParseWithLength(text, len);
+            cJSON *mods = cJSON_GetObjectItemCaseSensitive(root, "modules");
+            if (!cJSON_IsObject(mods)) {
+                /* Refuse to start rather than forget what was accepted: an
+                 * unreadable state would otherwise reopen every old release. */
+                err = hkn_fail(rep, HK_ERR_IO, "%s is corrupt: fix or remove it", path);
+                goto fail;
+            }
+            s->modules = cJSON_DetachItemFromObjectCaseSensitive(root, "modules");
+        }
+    }
+    if (!s->modules && !(s->modules = cJSON_CreateObject())) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    cJSON_Delete(root);
+    free(text);
+    *out = s;
+    return 0;
+fail:
+    cJSON_Delete(root);
+    free(text);
+    hkn_state_close(s);
+    return err;
+}
+
+void hkn_state_close(hkn_state *s) {
+    if (!s)
+        return;
+    cJSON_Delete(s->modules);
+    pthread_mutex_destroy(&s->lock);
+    free(s->dir);
+    free(s);
+}
+
+static uint64_t state_get_locked(hkn_state *s, const char *module) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s->modules, module);
+    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (uint64_t)v->valuedouble : 0;
+}
+
+uint64_t hkn_state_get(hkn_state *s, const char *module) {
+    pthread_mutex_lock(&s->lock);
+    uint64_t v = state_get_locked(s, module);
+    pthread_mutex_unlock(&s->lock);
+    return v;
+}
+
+int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
+    int err = 0;
+    char *text = NULL;
+    cJSON *root = NULL;
+    pthread_mutex_lock(&s->lock);
+    uint64_t old = state_get_locked(s, module);
+    if (version <= old)
+        goto out;
+    cJSON *num = cJSON_CreateNumber((double)version);
+    if (!num) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s->modules, module))
+        cJSON_ReplaceItemInObjectCaseSensitive(s->modules, module, num);
+    else
+        cJSON_AddItemToObject(s->modules, module, num);
+    if (!s->dir)
+        goto out;
+    root = cJSON_CreateObject();
+    if (!root || !cJSON_AddNumberToObject(root, "format", 1)) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto undo;
+    }
+    cJSON_AddItemReferenceToObject(root, "modules", s->modules);
+    text = cJSON_Print(root);
+    char path[PATH_MAX];
+    if (!text) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto undo;
+    }
+    if (state_path(s, path, sizeof path) ||
+        (err = hkn_write_atomic(path, text, strlen(text), 0600, rep))) {
+        err = err ? err : HK_ERR_INVALID;
+        goto undo;
+    }
+    goto out;
+undo:
+    /* Memory must not claim more than the disk: put the old value back. */
+    if (old)
+        cJSON_ReplaceItemInObjectCaseSensitive(s->modules, module, cJSON_CreateNumber((double)old));
+    else
+        cJSON_DeleteItemFromObjectCaseSensitive(s->modules, module);
+out:
+    pthread_mutex_unlock(&s->lock);
+    cJSON_Delete(root);
+    free(text);
+    return err;
+}
+
+/* ---- verification ------------------------------------------------------ */
+
+static void trusted_ids(const hkn_trust *t, char *buf, size_t cap) {
+    buf[0] = '\0';
+    for (int i = 0; i < t->nkeys; i++) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", t->keys[i].id);
+    }
+}
+
+int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size_t len,
+                        const char *sig, size_t sig_len, int64_t now, hkn_manifest *out,
+                        hk_report *rep) {
+    memset(out, 0, sizeof *out);
+    const hkn_pubkey *signer = NULL;
+    char ids[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 2) + 1];
+    trusted_ids(t, ids, sizeof ids);
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    if (t->nkeys > 0 || !t->allow_unsigned) {
+        unsigned char bin[HKN_SIG_BYTES];
+        if (t->nkeys == 0)
+            return hkn_fail(rep, HK_ERR_SIGNATURE,
+                            "no trusted public key is configured and unsigned releases are "
+                            "not allowed");
+        if (!sig || sig_len == 0)
+            return hkn_fail(rep, HK_ERR_SIGNATURE,
+                            "release has no signature (expected Ed25519 by key %s)", ids);
+        if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
+            return hkn_fail(rep, HK_ERR_SIGNATURE,
+                            "signature is not 64 bytes in base64 or hex (got %zu chars)", sig_len);
+        for (int i = 0; i < t->nkeys && !signer; i++)
+            if (crypto_sign_verify_detached(bin, (const unsigned char *)json, len, t->keys[i].pk) ==
+                0)
+                signer = &t->keys[i];
+        if (!signer) {
+            /* Only to word the refusal: the manifest is not trusted here, and
+             * nothing but the key id is read from it. */
+            char kid[64] = "";
+            cJSON *root = cJSON_ParseWithLength(json, len);
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(root, "key_id");
+            if (cJSON_IsString(k))
+                snprintf(kid, sizeof kid, "%s", k->valuestring);
+            cJSON_Delete(root);
+            int known = 0;
+            for (int i = 0; i < t->nkeys; i++)
+                known |= !strcmp(kid, t->keys[i].id);
+            if (!known)
+                return hkn_fail(rep, HK_ERR_SIGNATURE, "unknown signing key '%s' (trusted: %s)",
+                                kid, ids);
+            return hkn_fail(rep, HK_ERR_SIGNATURE,
+                            "bad signature: manifest does not verify with key %s", kid);
+        }
+    }
+    int err = hkn_manifest_parse(json, len, out, rep);
+    if (err)
+        return err;
+    if (rep) {
+        snprintf(rep->module, sizeof rep->module, "%s", out->module);
+        rep->version = out->version;
+    }
+    if (signer && strcmp(out->key_id, signer->id)) {
+        err = hkn_fail(rep, HK_ERR_SIGNATURE, "manifest names key '%s' but was signed by %s",
+                       out->key_id, signer->id);
+        goto fail;
+    }
+    if (out->expires <= now) {
+        err =
+            hkn_fail(rep, HK_ERR_EXPIRED, "release %s v%llu expired at %lld, %lld s ago (now %lld)",
+                     out->module, (unsigned long long)out->version, (long long)out->expires,
+                     (long long)(now - out->expires), (long long)now);
+        goto fail;
+    }
+    uint64_t have = s ? hkn_state_get(s, out->module) : 0;
+    if (out->version <= have) {
+        err = hkn_fail(rep, HK_ERR_REPLAY,
+                       "release %s v%llu is not newer than the accepted v%llu (%s)", out->module,
+                       (unsigned long long)out->version, (unsigned long long)have,
+                       out->version == have ? "same version" : "older version");
+        goto fail;
+    }
+    return 0;
+fail:
+    hkn_manifest_free(out);
+    return err;
+}
+
+int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep) {
+    if (size != a->size)
+        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': size %zu, manifest says %llu bytes",
+                        a->name, size, (unsigned long long)a->size);
+    char hex[65];
+    hkn_sha256_hex(bytes, size, hex);
+    if (sodium_memcmp(hex, a->sha256, 64) != 0)
+        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
+                        hex, a->sha256);
+    return 0;
+}
+
+size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch) {
+    static const hk_format order[] = {HK_FORMAT_FATBIN, HK_FORMAT_PTX, HK_FORMAT_CUDA_C};
+    for (size_t i = 0; arch && arch[0] && i < m->nartifacts; i++)
+        if (!strcmp(m->artifacts[i].arch, arch) && (m->artifacts[i].format == HK_FORMAT_CUBIN ||
+                                                    m->artifacts[i].format == HK_FORMAT_FATBIN))
+            return i;
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
+        for (size_t i = 0; i < m->nartifacts; i++)
+            if (m->artifacts[i].format == order[k])
+                return i;
+    return 0;
+}

@@ -1,0 +1,715 @@
+/*
+ * The push endpoint (net/endpoint.c) against real clients: a libmicrohttpd
+ * server on 127.0.0.1 (ephemeral port), driven by the curl command-line tool
+ * and by the built hotkern CLI, both run with fork/exec under `timeout`.
+ * The engine is a recorder: it keeps what apply was given, so the tests see
+ * exactly which bytes would have been swapped in, and can be told to refuse.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <sodium.h>
+
+#include "net/net.h"
+#include "tests/harness.h"
+
+/* ---- the recording engine ---------------------------------------------- */
+
+static struct recorder {
+    pthread_mutex_t lock;
+    int calls; /* apply calls */
+    int rollbacks;
+    char module[64];
+    uint64_t version; /* release version last applied: "the current version" */
+    hk_format fmt;
+    char origin[64];
+    unsigned char *bytes;
+    size_t size;
+    int fail_with; /* when set, apply refuses with this error and a log */
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                     const void *bytes, size_t size, const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int err = rec.fail_with;
+    if (err) {
+        hkn_fail(rep, err, "kernel 'add': compile failed");
+        rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
+    } else {
+        rec.calls++;
+        snprintf(rec.module, sizeof rec.module, "%s", module);
+        rec.version = version;
+        rec.fmt = fmt;
+        snprintf(rec.origin, sizeof rec.origin, "%s", origin);
+        free(rec.bytes);
+        rec.bytes = malloc(size ? size : 1);
+        memcpy(rec.bytes, bytes, size);
+        rec.size = size;
+        rep->build_ms = 1.5;
+    }
+    pthread_mutex_unlock(&rec.lock);
+    return err;
+}
+
+static int rec_rollback(void *ud, const char *module, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int err = 0;
+    if (strcmp(module, rec.module) || rec.calls == 0)
+        err = hkn_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+    else
+        rec.rollbacks++;
+    pthread_mutex_unlock(&rec.lock);
+    return err;
+}
+
+static uint64_t rec_version(void *ud, const char *module) {
+    pthread_mutex_lock(&rec.lock);
+    uint64_t v = strcmp(module, rec.module) ? 0 : (uint64_t)(rec.calls + rec.rollbacks);
+    pthread_mutex_unlock(&rec.lock);
+    return v;
+}
+
+static void rec_stats(void *ud, hk_stats *s) {
+    pthread_mutex_lock(&rec.lock);
+    s->swaps = (uint64_t)(rec.calls + rec.rollbacks);
+    s->rollbacks = (uint64_t)rec.rollbacks;
+    s->build_ms_total = 1.5 * rec.calls;
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static uint64_t rec_current(void) {
+    pthread_mutex_lock(&rec.lock);
+    uint64_t v = rec.version;
+    pthread_mutex_unlock(&rec.lock);
+    return v;
+}
+
+static int rec_calls(void) {
+    pthread_mutex_lock(&rec.lock);
+    int n = rec.calls;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
+}
+
+static const hkn_engine engine = {.apply = rec_apply,
+                                  .rollback = rec_rollback,
+                                  .version = rec_version,
+                                  .stats = rec_stats,
+                                  .ud = NULL};
+
+/* ---- fixture ----------------------------------------------------------- */
+
+static char *tmp;      /* per test */
+static hkn_seckey key; /* trusted */
+static hkn_endpoint *ep;
+static char base[64]; /* http://127.0.0.1:PORT */
+static char key_path[PATH_MAX], src_path[PATH_MAX];
+static const char kernel_src[] = "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n";
+
+static void start(const char *token, size_t max_body, const char *cert, const char *pkey) {
+    hkn_endpoint_cfg cfg;
+    hk_report rep = {0};
+    hkn_endpoint_cfg_init(&cfg);
+    cfg.port = 0;
+    cfg.token = token;
+    if (max_body)
+        cfg.max_body = max_body;
+    cfg.tls_cert_pem = cert;
+    cfg.tls_key_pem = pkey;
+    cfg.trust.keys[0] = key.pub;
+    cfg.trust.nkeys = 1;
+    char sdir[PATH_MAX];
+    snprintf(sdir, sizeof sdir, "%s/state", tmp);
+    cfg.state_dir = sdir;
+    int err = hkn_endpoint_start(&cfg, &engine, &ep, &rep);
+    ck_assert_msg(err == 0, "endpoint: %s", rep.message);
+    ck_assert_uint_ne(hkn_endpoint_port(ep), 0);
+    snprintf(base, sizeof base, "%s://127.0.0.1:%u", cert ? "https" : "http",
+             hkn_endpoint_port(ep));
+}
+
+static void setup(void) {
+    tmp = hkt_tmpdir();
+    ck_assert_ptr_nonnull(tmp);
+    ck_assert_int_eq(hkn_keygen(&key), 0);
+    snprintf(key_path, sizeof key_path, "%s/hotkern.key", tmp);
+    snprintf(src_path, sizeof src_path, "%s/add.cu", tmp);
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_seckey_save(key_path, &key, &rep), 0);
+    ck_assert_int_eq(hkt_write_file(src_path, kernel_src), 0);
+}
+
+static void teardown(void) {
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+    hkt_rmtree(tmp);
+    free(tmp);
+}
+
+/* ---- running clients --------------------------------------------------- */
+
+/* Runs argv (under `timeout 30`), stdout and stderr into out; returns the
+ * exit status, or -1. */
+static int run(char *const argv[], char *out, size_t cap) {
+    char *args[64];
+    int n = 0;
+    args[n++] = "timeout";
+    args[n++] = "30";
+    for (int i = 0; argv[i] && n < 63; i++)
+        args[n++] = argv[i];
+    args[n] = NULL;
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        close(pfd[1]);
+        execvp(args[0], args);
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t len = 0;
+    ssize_t r;
+    char sink[4096];
+    while ((r = read(pfd[0], len + 1 < cap ? out + len : sink,
+                     len + 1 < cap ? cap - 1 - len : sizeof sink)) > 0)
+        if (len + 1 < cap)
+            len += (size_t)r;
+    out[len] = '\0';
+    close(pfd[0]);
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* curl METHOD URL [-d @file] [-H auth]: returns the HTTP code, body in
+ * out_body (a file under tmp). */
+static int curl_req(const char *method, const char *path, const char *body_file, const char *token,
+                    char *body, size_t cap) {
+    char url[256], resp[PATH_MAX], data[PATH_MAX], auth[256], code[64];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    snprintf(resp, sizeof resp, "%s/resp.txt", tmp);
+    char *argv[24];
+    int n = 0;
+    argv[n++] = "curl";
+    argv[n++] = "-s";
+    argv[n++] = "-k";
+    argv[n++] = "-o";
+    argv[n++] = resp;
+    argv[n++] = "-w";
+    argv[n++] = "%{http_code}";
+    argv[n++] = "-X";
+    argv[n++] = (char *)method;
+    if (body_file) {
+        snprintf(data, sizeof data, "@%s", body_file);
+        argv[n++] = "--data-binary";
+        argv[n++] = data;
+        argv[n++] = "-H";
+        argv[n++] = "Content-Type: application/json";
+    }
+    if (token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        argv[n++] = "-H";
+        argv[n++] = auth;
+    }
+    argv[n++] = url;
+    argv[n] = NULL;
+    unlink(resp);
+    run(argv, code, sizeof code);
+    if (body) {
+        body[0] = '\0';
+        FILE *f = fopen(resp, "r");
+        if (f) {
+            size_t r = fread(body, 1, cap - 1, f);
+            body[r] = '\0';
+            fclose(f);
+        }
+    }
+    return atoi(code);
+}
+
+static const char *cli_path(void) {
+    static char path[PATH_MAX];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ck_assert(n > 0);
+    exe[n] = '\0';
+    /* BUILD/tests/cpu_endpoint -> BUILD/bin/hotkern */
+    snprintf(path, sizeof path, "%s/../bin/hotkern", dirname(exe));
+    ck_assert_msg(access(path, X_OK) == 0, "the hotkern CLI is not built at %s", path);
+    return path;
+}
+
+/* ---- request bodies ---------------------------------------------------- */
+
+enum tamper { T_NONE, T_MANIFEST, T_NO_SIG, T_BYTES, T_NO_ARTIFACT };
+
+/* Writes a push body for `module` v`version` signed by k into tmp/NAME and
+ * returns its path (valid for the next 15 calls). */
+static const char *body_file(const hkn_seckey *k, const char *module, uint64_t version,
+                             int64_t expires, enum tamper t, const char *name) {
+    static char paths[16][PATH_MAX];
+    static int next;
+    char *path = paths[next++ % 16];
+    char *manifest, *sig;
+    size_t mlen;
+    hk_report rep = {0};
+    hkn_blob b = {.name = "add.cu", .bytes = kernel_src, .size = strlen(kernel_src)};
+    ck_assert_int_eq(hkn_release_sign(k, module, version, time(NULL), expires, &b, 1, &manifest,
+                                      &mlen, &sig, &rep),
+                     0);
+    if (t == T_MANIFEST)
+        *strstr(manifest, "\"created\":") = ' '; /* any byte change breaks the signature */
+    char hex[65];
+    hkn_sha256_hex(kernel_src, strlen(kernel_src), hex);
+    char src[sizeof kernel_src];
+    memcpy(src, kernel_src, sizeof src);
+    if (t == T_BYTES)
+        src[0] = 'X';
+    char b64[256];
+    sodium_bin2base64(b64, sizeof b64, (const unsigned char *)src, strlen(src),
+                      sodium_base64_VARIANT_ORIGINAL);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "manifest", manifest);
+    if (t != T_NO_SIG)
+        cJSON_AddStringToObject(o, "signature", sig);
+    cJSON *arts = cJSON_AddObjectToObject(o, "artifacts");
+    if (t != T_NO_ARTIFACT)
+        cJSON_AddStringToObject(arts, hex, b64);
+    char *text = cJSON_PrintUnformatted(o);
+    snprintf(path, PATH_MAX, "%s/%s", tmp, name);
+    ck_assert_int_eq(hkt_write_file(path, text), 0);
+    free(text);
+    cJSON_Delete(o);
+    free(manifest);
+    free(sig);
+    return path;
+}
+
+static int json_has(const char *body, const char *field, const char *value) {
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    int ok = cJSON_IsString(v) && !strcmp(v->valuestring, value);
+    cJSON_Delete(o);
+    return ok;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+START_TEST(push_with_curl_commits) {
+    start(NULL, 0, NULL, NULL);
+    char body[8192];
+    int code = curl_req("POST", "/v1/release",
+                        body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "b.json"), NULL, body,
+                        sizeof body);
+    ck_assert_msg(code == 200, "HTTP %d: %s", code, body);
+    ck_assert(json_has(body, "outcome", "committed"));
+    ck_assert(json_has(body, "module", "add"));
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_int_eq(rec.calls, 1);
+    ck_assert_str_eq(rec.module, "add");
+    ck_assert_uint_eq(rec.version, 5);
+    ck_assert_int_eq(rec.fmt, HK_FORMAT_CUDA_C);
+    ck_assert_str_eq(rec.origin, "push");
+    ck_assert_uint_eq(rec.size, strlen(kernel_src));
+    ck_assert_mem_eq(rec.bytes, kernel_src, rec.size);
+    pthread_mutex_unlock(&rec.lock);
+    /* Status shows the release. */
+    code = curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body);
+    ck_assert_int_eq(code, 200);
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "modules"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "module")->valuestring, "add");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "release_version")->valuedouble, 5);
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "last_outcome")->valuestring, "committed");
+    cJSON_Delete(o);
+    ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
+    ck_assert_int_eq(curl_req("GET", "/nope", NULL, NULL, NULL, 0), 404);
+    ck_assert_int_eq(curl_req("GET", "/v1/release", NULL, NULL, NULL, 0), 405);
+}
+END_TEST
+
+START_TEST(push_with_cli_commits) {
+    start(NULL, 0, NULL, NULL);
+    const char *cli = cli_path();
+    char out[16384];
+    char *push[] = {(char *)cli, "push",      base, "--key",  key_path, "--module",
+                    "add",       "--version", "42", src_path, NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "committed"), "%s", out);
+    ck_assert_uint_eq(rec_current(), 42);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_mem_eq(rec.bytes, kernel_src, strlen(kernel_src));
+    pthread_mutex_unlock(&rec.lock);
+    /* The same version again: refused as a replay, exit 1. */
+    rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_REPLAY"), "exit %d: %s", rc, out);
+    /* Default version (unix ms) is newer than 42. */
+    char *push2[] = {(char *)cli, "push", base,     "--key", key_path,
+                     "--module",  "add",  src_path, NULL};
+    rc = run(push2, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    ck_assert(rec_current() > 1000000000000ull);
+
+    char *status[] = {(char *)cli, "status", base, NULL};
+    rc = run(status, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "\"add\""), "exit %d: %s", rc, out);
+    char *rb[] = {(char *)cli, "rollback", base, "add", NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
+    char *rb2[] = {(char *)cli, "rollback", base, "nosuch", NULL};
+    rc = run(rb2, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NOT_FOUND"), "exit %d: %s", rc, out);
+    char *help[] = {(char *)cli, "push", "--help", NULL};
+    ck_assert_int_eq(run(help, out, sizeof out), 0);
+    char *bad[] = {(char *)cli, "push", base, NULL};
+    ck_assert_int_eq(run(bad, out, sizeof out), 2);
+}
+END_TEST
+
+START_TEST(refusals_change_nothing) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    int code = curl_req("POST", "/v1/release",
+                        body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "ok.json"), NULL, body,
+                        sizeof body);
+    ck_assert_int_eq(code, 200);
+    ck_assert_uint_eq(rec_current(), 5);
+    hkn_seckey stranger;
+    hkn_keygen(&stranger);
+    struct {
+        const char *what;
+        const char *file;
+        int code;
+        const char *error;
+    } cases[] = {
+        {"bad signature", body_file(&key, "add", 9, time(NULL) + 60, T_MANIFEST, "c1.json"), 403,
+         "HK_ERR_SIGNATURE"},
+        {"missing signature", body_file(&key, "add", 9, time(NULL) + 60, T_NO_SIG, "c2.json"), 403,
+         "HK_ERR_SIGNATURE"},
+        {"unknown key", body_file(&stranger, "add", 9, time(NULL) + 60, T_NONE, "c3.json"), 403,
+         "HK_ERR_SIGNATURE"},
+        {"same version", body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "c4.json"), 409,
+         "HK_ERR_REPLAY"},
+        {"lower version", body_file(&key, "add", 4, time(NULL) + 60, T_NONE, "c5.json"), 409,
+         "HK_ERR_REPLAY"},
+        {"expired", body_file(&key, "add", 9, time(NULL) - 5, T_NONE, "c6.json"), 403,
+         "HK_ERR_EXPIRED"},
+        {"hash mismatch", body_file(&key, "add", 9, time(NULL) + 60, T_BYTES, "c7.json"), 422,
+         "HK_ERR_HASH"},
+        {"artifact missing", body_file(&key, "add", 9, time(NULL) + 60, T_NO_ARTIFACT, "c8.json"),
+         422, "HK_ERR_HASH"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        code = curl_req("POST", "/v1/release", cases[i].file, NULL, body, sizeof body);
+        ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s", cases[i].what, code,
+                      cases[i].code, body);
+        ck_assert_msg(json_has(body, "error", cases[i].error), "%s: %s", cases[i].what, body);
+        ck_assert_msg(json_has(body, "outcome", "refused"), "%s: %s", cases[i].what, body);
+        ck_assert_uint_eq(rec_current(), 5);
+        ck_assert_int_eq(rec_calls(), 1);
+    }
+    /* Not JSON at all. */
+    char junk[PATH_MAX];
+    snprintf(junk, sizeof junk, "%s/junk.json", tmp);
+    hkt_write_file(junk, "this is not json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", junk, NULL, body, sizeof body), 400);
+
+    /* The engine refuses the build: 422 with the log, and the CLI prints it. */
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    pthread_mutex_unlock(&rec.lock);
+    code = curl_req("POST", "/v1/release",
+                    body_file(&key, "add", 10, time(NULL) + 60, T_NONE, "c9.json"), NULL, body,
+                    sizeof body);
+    ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_COMPILE"), "%d %s", code, body);
+    cJSON *o = cJSON_Parse(body);
+    ck_assert_ptr_nonnull(strstr(cJSON_GetObjectItem(o, "log")->valuestring, "expected a"));
+    cJSON_Delete(o);
+    char out[8192];
+    char *push[] = {(char *)cli_path(), "push", base,     "--key", key_path, "--module", "add",
+                    "--version",        "11",   src_path, NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_COMPILE") && strstr(out, "error: expected a"),
+                  "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 5);
+    /* Status keeps the last outcome and log. */
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    ck_assert_ptr_nonnull(strstr(body, "expected a"));
+    /* A refused build did not burn the version: it can be pushed again. */
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = 0;
+    pthread_mutex_unlock(&rec.lock);
+    rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 11);
+}
+END_TEST
+
+START_TEST(replay_state_survives_restart) {
+    start(NULL, 0, NULL, NULL);
+    const char *f = body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "b.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 200);
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+    start(NULL, 0, NULL, NULL); /* same state dir */
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 409);
+    ck_assert_int_eq(rec_calls(), 1);
+}
+END_TEST
+
+/* Sends only headers claiming a huge body and reads the answer: a 413 that
+ * arrives proves the server answered without reading the body. */
+static void raw_request(const char *req, char *out, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < cap && (r = recv(fd, out + len, cap - 1 - len, 0)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(fd);
+}
+
+START_TEST(oversized_body_413) {
+    start(NULL, 64 * 1024, NULL, NULL);
+    char out[4096];
+    raw_request("POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n",
+                out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 413", 12), "got: %s", out);
+    ck_assert_ptr_nonnull(strstr(out, "HK_ERR_TOO_LARGE"));
+
+    /* curl with a real 256 KiB body (it sends Expect: 100-continue). */
+    char big[PATH_MAX];
+    snprintf(big, sizeof big, "%s/big.json", tmp);
+    FILE *f = fopen(big, "w");
+    for (int i = 0; i < 256 * 1024 / 8; i++)
+        fputs("xxxxxxxx", f);
+    fclose(f);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", big, NULL, NULL, 0), 413);
+
+    /* Chunked, so no Content-Length: cut off once it passes the cap. */
+    char data[PATH_MAX + 1], url[256], code[64];
+    snprintf(data, sizeof data, "@%s", big);
+    snprintf(url, sizeof url, "%s/v1/release", base);
+    char *argv[] = {"curl",
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "-H",
+                    "Transfer-Encoding: chunked",
+                    "--data-binary",
+                    data,
+                    url,
+                    NULL};
+    run(argv, code, sizeof code);
+    ck_assert_msg(atoi(code) != 200, "chunked oversized body answered %s", code);
+    ck_assert_int_eq(rec_calls(), 0);
+    /* The server is still fine afterwards. */
+    ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "ok.json"), NULL,
+                              NULL, 0),
+                     200);
+}
+END_TEST
+
+START_TEST(token_required) {
+    start("s3cret-token", 0, NULL, NULL);
+    const char *f = body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "b.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 401);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, "wrong", NULL, 0), 401);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 401);
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, "s3cret-tokenX", NULL, 0), 401);
+    ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
+    ck_assert_int_eq(rec_calls(), 0);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, "s3cret-token", NULL, 0), 200);
+    ck_assert_int_eq(rec_calls(), 1);
+    char out[4096];
+    char *push[] = {(char *)cli_path(), "push", base,     "--key", key_path,
+                    "--module",         "add",  src_path, NULL};
+    ck_assert_int_eq(run(push, out, sizeof out), 1);
+    char *push2[] = {(char *)cli_path(), "push",     base,  "--key",
+                     key_path,           "--module", "add", "--token",
+                     "s3cret-token",     src_path,   NULL};
+    int rc = run(push2, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+}
+END_TEST
+
+START_TEST(hundred_concurrent_status) {
+    start(NULL, 0, NULL, NULL);
+    char url[256], outs[PATH_MAX], codes[8192];
+    snprintf(url, sizeof url, "%s/v1/status?n=[1-100]", base);
+    snprintf(outs, sizeof outs, "%s/status_#1.json", tmp);
+    /* curl's parallel mode opens all 100 connections at once. */
+    char *argv[] = {"curl",
+                    "-s",
+                    "-Z",
+                    "--parallel-immediate",
+                    "--parallel-max",
+                    "100",
+                    "-o",
+                    outs,
+                    "-w",
+                    "%{http_code}\\n",
+                    url,
+                    NULL};
+    ck_assert_int_eq(run(argv, codes, sizeof codes), 0);
+    int ok = 0;
+    for (char *line = strtok(codes, "\n"); line; line = strtok(NULL, "\n"))
+        ok += !strcmp(line, "200");
+    ck_assert_int_eq(ok, 100);
+    for (int i = 1; i <= 100; i++) {
+        char p[PATH_MAX], *text = NULL;
+        size_t len;
+        snprintf(p, sizeof p, "%s/status_%d.json", tmp, i);
+        ck_assert_int_eq(hkn_read_file(p, 1 << 20, &text, &len, NULL), 0);
+        cJSON *o = cJSON_Parse(text);
+        ck_assert_msg(cJSON_IsArray(cJSON_GetObjectItem(o, "modules")), "%d: %s", i, text);
+        cJSON_Delete(o);
+        free(text);
+    }
+}
+END_TEST
+
+/* A line-by-line check of the Prometheus text exposition format. */
+static void check_prometheus(char *text) {
+    char typed[64][96];
+    int ntyped = 0, samples = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char name[96], kind[32];
+        if (!strncmp(line, "# HELP ", 7))
+            continue;
+        if (sscanf(line, "# TYPE %95s %31s", name, kind) == 2) {
+            ck_assert_msg(!strcmp(kind, "counter") || !strcmp(kind, "gauge"), "%s", line);
+            ck_assert(ntyped < 64);
+            strcpy(typed[ntyped++], name);
+            continue;
+        }
+        ck_assert_msg(line[0] != '#', "stray comment: %s", line);
+        size_t n = strspn(line, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:");
+        ck_assert_msg(n > 0 && n < sizeof name, "bad name: %s", line);
+        memcpy(name, line, n);
+        name[n] = '\0';
+        const char *rest = line + n;
+        if (*rest == '{') {
+            const char *end = strchr(rest, '}');
+            ck_assert_msg(end && strchr(rest, '=') && strchr(rest, '"'), "bad labels: %s", line);
+            rest = end + 1;
+        }
+        ck_assert_msg(*rest == ' ', "no value: %s", line);
+        char *endp;
+        strtod(rest + 1, &endp);
+        ck_assert_msg(endp != rest + 1 && *endp == '\0', "bad value: %s", line);
+        int declared = 0;
+        for (int i = 0; i < ntyped; i++)
+            declared |= !strcmp(typed[i], name);
+        ck_assert_msg(declared, "no TYPE for %s", name);
+        samples++;
+    }
+    ck_assert_int_ge(samples, 15);
+}
+
+START_TEST(metrics_are_prometheus_text) {
+    start(NULL, 0, NULL, NULL);
+    const char *f = body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "b.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 200);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 409);
+    char body[16384];
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, NULL, body, sizeof body), 200);
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_swaps_total 1\n"));
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_push_releases_total{outcome=\"committed\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_push_refusals_total{error=\"HK_ERR_REPLAY\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_module_release_version{module=\"add\"} 3\n"));
+    check_prometheus(body);
+}
+END_TEST
+
+START_TEST(tls_with_self_signed_cert) {
+    char cert[PATH_MAX], pkey[PATH_MAX], out[4096];
+    snprintf(cert, sizeof cert, "%s/cert.pem", tmp);
+    snprintf(pkey, sizeof pkey, "%s/key.pem", tmp);
+    char *gen[] = {"openssl",  "req",
+                   "-x509",    "-newkey",
+                   "rsa:2048", "-nodes",
+                   "-keyout",  pkey,
+                   "-out",     cert,
+                   "-days",    "1",
+                   "-subj",    "/CN=127.0.0.1",
+                   "-addext",  "subjectAltName=IP:127.0.0.1",
+                   NULL};
+    ck_assert_msg(run(gen, out, sizeof out) == 0, "openssl: %s", out);
+    char *cert_pem, *key_pem;
+    size_t len;
+    ck_assert_int_eq(hkn_read_file(cert, 1 << 20, &cert_pem, &len, NULL), 0);
+    ck_assert_int_eq(hkn_read_file(pkey, 1 << 20, &key_pem, &len, NULL), 0);
+    start("tok", 0, cert_pem, key_pem);
+    free(cert_pem);
+    free(key_pem);
+    char url[256], code[64];
+    snprintf(url, sizeof url, "%s/healthz", base);
+    char *verify[] = {"curl",         "-s",       "-o", "/dev/null", "-w",
+                      "%{http_code}", "--cacert", cert, url,         NULL};
+    ck_assert_int_eq(run(verify, code, sizeof code), 0);
+    ck_assert_str_eq(code, "200");
+    /* Without the CA the certificate is refused by the client. */
+    char *noca[] = {"curl", "-s", "-o", "/dev/null", url, NULL};
+    ck_assert_int_ne(run(noca, code, sizeof code), 0);
+    char *push[] = {(char *)cli_path(), "push", base,       "--key", key_path, "--module", "add",
+                    "--token",          "tok",  "--cacert", cert,    src_path, NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    ck_assert_int_eq(rec_calls(), 1);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("endpoint");
+    TCase *tc = tcase_create("http");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, push_with_curl_commits);
+    tcase_add_test(tc, push_with_cli_commits);
+    tcase_add_test(tc, refusals_change_nothing);
+    tcase_add_test(tc, replay_state_survives_restart);
+    tcase_add_test(tc, oversized_body_413);
+    tcase_add_test(tc, token_required);
+    tcase_add_test(tc, hundred_concurrent_status);
+    tcase_add_test(tc, metrics_are_prometheus_text);
+    tcase_add_test(tc, tls_with_self_signed_cert);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return hkt_run(suite());
+}

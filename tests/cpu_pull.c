@@ -1,0 +1,506 @@
+/*
+ * The puller (net/pull.c) against a real origin: Debian's nginx, started by
+ * each test on 127.0.0.1 with its configuration, logs and temp paths in the
+ * test's directory, serving a release directory written by the signing code
+ * (and once by `hotkern sign`). Faults come from the origin itself: a
+ * truncated or oversized artifact file, a location that returns 500, nginx
+ * killed, and a raw socket that accepts and never answers.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/net.h"
+#include "tests/harness.h"
+
+/* ---- the recording engine ---------------------------------------------- */
+
+static struct {
+    pthread_mutex_t lock;
+    int calls;
+    char module[64];
+    uint64_t version;
+    unsigned char *bytes;
+    size_t size;
+    char origin[256];
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                     const void *bytes, size_t size, const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    rec.calls++;
+    snprintf(rec.module, sizeof rec.module, "%s", module);
+    rec.version = version;
+    free(rec.bytes);
+    rec.bytes = malloc(size ? size : 1);
+    memcpy(rec.bytes, bytes, size);
+    rec.size = size;
+    snprintf(rec.origin, sizeof rec.origin, "%s", origin);
+    pthread_mutex_unlock(&rec.lock);
+    return 0;
+}
+
+static uint64_t rec_version(void) {
+    pthread_mutex_lock(&rec.lock);
+    uint64_t v = rec.version;
+    pthread_mutex_unlock(&rec.lock);
+    return v;
+}
+
+static const hkn_engine engine = {.apply = rec_apply};
+
+/* ---- fixture: nginx ---------------------------------------------------- */
+
+static char *tmp;
+static char www[1024], url[256], state[1024];
+static hkn_seckey key;
+static pid_t nginx_pid;
+static int port;
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int port_open(int p) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+static const char *nginx_bin(void) {
+    return access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
+}
+
+static void nginx_start(void) {
+    char conf[PATH_MAX], text[16384], global[PATH_MAX + 64];
+    snprintf(conf, sizeof conf, "%s/nginx.conf", tmp);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        port = free_port();
+        ck_assert_int_gt(port, 0);
+        snprintf(text, sizeof text,
+                 "%s"
+                 "worker_processes 1;\n"
+                 "error_log %s/error.log;\n"
+                 "events { worker_connections 512; }\n"
+                 "http {\n"
+                 "  access_log %s/access.log;\n"
+                 "  client_body_temp_path %s/body;\n"
+                 "  proxy_temp_path %s/proxy;\n"
+                 "  fastcgi_temp_path %s/fastcgi;\n"
+                 "  uwsgi_temp_path %s/uwsgi;\n"
+                 "  scgi_temp_path %s/scgi;\n"
+                 "  default_type application/octet-stream;\n"
+                 "  etag on;\n"
+                 "  server {\n"
+                 "    listen 127.0.0.1:%d;\n"
+                 "    root %s;\n"
+                 "    location = /err/manifest.json { return 500; }\n"
+                 "  }\n"
+                 "}\n",
+                 geteuid() == 0 ? "user root root;\n" : "", tmp, tmp, tmp, tmp, tmp, tmp, tmp, port,
+                 www);
+        ck_assert_int_eq(hkt_write_file(conf, text), 0);
+        snprintf(global, sizeof global, "daemon off; pid %s/nginx.pid;", tmp);
+        nginx_pid = fork();
+        if (nginx_pid == 0) {
+            int devnull = open("/dev/null", O_RDWR);
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+            execl(nginx_bin(), "nginx", "-p", tmp, "-c", conf, "-g", global, (char *)NULL);
+            _exit(127);
+        }
+        ck_assert_int_gt(nginx_pid, 0);
+        for (int i = 0; i < 100; i++) { /* up to 5 s */
+            if (port_open(port))
+                return;
+            int st;
+            if (waitpid(nginx_pid, &st, WNOHANG) == nginx_pid)
+                break; /* exited: most likely the port was taken meanwhile */
+            usleep(50000);
+        }
+        kill(nginx_pid, SIGKILL);
+        waitpid(nginx_pid, NULL, 0);
+        nginx_pid = 0;
+    }
+    ck_abort_msg("nginx did not start (see %s/error.log)", tmp);
+}
+
+static void nginx_stop(void) {
+    if (nginx_pid > 0) {
+        kill(nginx_pid, SIGTERM);
+        for (int i = 0; i < 100 && waitpid(nginx_pid, NULL, WNOHANG) != nginx_pid; i++)
+            usleep(50000);
+        kill(nginx_pid, SIGKILL); /* harmless if it already exited */
+        waitpid(nginx_pid, NULL, WNOHANG);
+        nginx_pid = 0;
+    }
+}
+
+static void setup(void) {
+    tmp = hkt_tmpdir();
+    ck_assert_ptr_nonnull(tmp);
+    ck_assert_int_eq(hkn_keygen(&key), 0);
+    snprintf(www, sizeof www, "%s/www", tmp);
+    snprintf(state, sizeof state, "%s/state", tmp);
+    mkdir(www, 0755);
+    char rel[PATH_MAX + 8];
+    snprintf(rel, sizeof rel, "%s/rel", www);
+    mkdir(rel, 0755);
+    snprintf(rel, sizeof rel, "%s/rel/artifacts", www);
+    mkdir(rel, 0755);
+    nginx_start();
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/rel/manifest.json", port);
+}
+
+static void teardown(void) {
+    nginx_stop();
+    hkt_rmtree(tmp);
+    free(tmp);
+}
+
+/* ---- publishing -------------------------------------------------------- */
+
+static char published_sha[65];
+
+/* Publishes `body` as release `version` of module "add" under www/rel,
+ * artifacts first and the manifest last. The manifest's mtime is set to
+ * `version` seconds after a fixed base so that nginx's ETag (mtime + size)
+ * changes with every release even within one second. */
+static void publish(uint64_t version, const char *body, int64_t expires_in) {
+    char *manifest, *sig, path[PATH_MAX + 64];
+    size_t len;
+    hk_report rep = {0};
+    hkn_blob b = {.name = "add.ptx", .bytes = body, .size = strlen(body)};
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(hkn_release_sign(&key, "add", version, now, now + expires_in, &b, 1, &manifest,
+                                      &len, &sig, &rep),
+                     0);
+    hkn_sha256_hex(body, strlen(body), published_sha);
+    snprintf(path, sizeof path, "%s/rel/artifacts/%s", www, published_sha);
+    ck_assert_int_eq(hkn_write_atomic(path, body, strlen(body), 0644, &rep), 0);
+    snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
+    ck_assert_int_eq(hkn_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
+    snprintf(path, sizeof path, "%s/rel/manifest.json", www);
+    ck_assert_int_eq(hkn_write_atomic(path, manifest, len, 0644, &rep), 0);
+    struct timespec ts[2] = {{.tv_sec = 1700000000 + (time_t)version},
+                             {.tv_sec = 1700000000 + (time_t)version}};
+    utimensat(AT_FDCWD, path, ts, 0);
+    free(manifest);
+    free(sig);
+}
+
+/* Replaces the published artifact's file with other content. */
+static void replace_artifact(const char *content) {
+    char path[PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/rel/artifacts/%s", www, published_sha);
+    ck_assert_int_eq(hkt_write_file(path, content), 0);
+}
+
+static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_artifact) {
+    hkn_pull_cfg cfg;
+    hkn_pull_cfg_init(&cfg);
+    cfg.url = u;
+    cfg.state_dir = state;
+    cfg.interval_ms = 100;
+    cfg.connect_timeout_ms = 2000;
+    cfg.total_timeout_ms = total_timeout_ms ? total_timeout_ms : 5000;
+    if (max_artifact)
+        cfg.max_artifact = max_artifact;
+    cfg.trust.keys[0] = key.pub;
+    cfg.trust.nkeys = 1;
+    hkn_puller *p;
+    hk_report rep = {0};
+    ck_assert_msg(hkn_pull_create(&cfg, &engine, &p, &rep) == 0, "%s", rep.message);
+    return p;
+}
+
+static int poll_once(hkn_puller *p, hk_report *rep) {
+    hkn_report_reset(rep);
+    return hkn_pull_poll(p, rep);
+}
+
+/* Lines of nginx's access log containing both needles. */
+static int log_count(const char *a, const char *b) {
+    char path[PATH_MAX], line[2048];
+    snprintf(path, sizeof path, "%s/access.log", tmp);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, a) && strstr(line, b);
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static const char ptx_v1[] = ".version 8.0\n.target sm_90\n// v1\n";
+static const char ptx_v2[] = ".version 8.0\n.target sm_90\n// v2 is longer\n";
+static const char ptx_v3[] = ".version 8.0\n.target sm_90\n// v3\n";
+
+/* ---- tests ------------------------------------------------------------- */
+
+START_TEST(picks_up_releases_with_304s_between) {
+    publish(1, ptx_v1, 600);
+    hkn_puller *p = puller(url, 0, 0);
+    hk_report rep = {0};
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 1);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_uint_eq(rec.size, strlen(ptx_v1));
+    ck_assert_mem_eq(rec.bytes, ptx_v1, rec.size);
+    ck_assert_str_eq(rec.module, "add");
+    ck_assert_ptr_nonnull(strstr(rec.origin, "pull:http://127.0.0.1"));
+    pthread_mutex_unlock(&rec.lock);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(poll_once(p, &rep), 0);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    ck_assert_uint_eq(s.not_modified, 3);
+    ck_assert_uint_eq(s.applied, 1);
+    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), 3);
+    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 200 "), 1);
+
+    publish(2, ptx_v2, 600);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 2);
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), 4);
+
+    /* On its own thread: a new release arrives within a bounded wait. */
+    ck_assert_int_eq(hkn_pull_run(p), 0);
+    publish(3, ptx_v3, 600);
+    for (int i = 0; i < 100 && rec_version() != 3; i++)
+        usleep(50000);
+    ck_assert_uint_eq(rec_version(), 3);
+    hkn_pull_destroy(p);
+
+    /* A restart: the accepted version is in the state dir, so the same
+     * release is recognised and not applied again. */
+    int calls = rec.calls;
+    p = puller(url, 0, 0);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rec.calls, calls);
+    /* An older release served again (rollback attack) is refused. */
+    publish(2, ptx_v2, 600);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
+    ck_assert_uint_eq(rec_version(), 3);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+START_TEST(truncated_artifact_changes_nothing) {
+    publish(1, ptx_v1, 600);
+    hkn_puller *p = puller(url, 0, 0);
+    hk_report rep = {0};
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    publish(2, ptx_v2, 600);
+    char cut[sizeof ptx_v2];
+    memcpy(cut, ptx_v2, sizeof cut);
+    cut[10] = '\0';
+    replace_artifact(cut);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_HASH);
+    ck_assert_msg(strstr(rep.message, "size"), "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 1);
+    /* Retried at the next poll (no 304 hides it), and fixed once the origin is. */
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_HASH);
+    replace_artifact(ptx_v2);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 2);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+START_TEST(oversized_artifact_changes_nothing) {
+    publish(1, ptx_v1, 600);
+    hkn_puller *p = puller(url, 0, 0);
+    hk_report rep = {0};
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    /* Served larger than the manifest declares: cut off at the declared size. */
+    publish(2, ptx_v2, 600);
+    static char big[256 * 1024];
+    memset(big, 'x', sizeof big - 1);
+    replace_artifact(big);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_HASH);
+    ck_assert_msg(strstr(rep.message, "more than the declared"), "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 1);
+    hkn_pull_destroy(p);
+
+    /* Declared larger than the puller's cap: refused before any download. */
+    publish(3, big, 600);
+    p = puller(url, 0, 64 * 1024);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_TOO_LARGE);
+    ck_assert_uint_eq(rec_version(), 1);
+    char get[128];
+    snprintf(get, sizeof get, "GET /rel/artifacts/%s ", published_sha);
+    ck_assert_int_eq(log_count(get, "HTTP"), 0);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+START_TEST(server_errors_change_nothing) {
+    publish(1, ptx_v1, 600);
+    hk_report rep = {0};
+    char u500[256];
+    snprintf(u500, sizeof u500, "http://127.0.0.1:%d/err/manifest.json", port);
+    hkn_puller *p = puller(u500, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_NETWORK);
+    ck_assert_msg(strstr(rep.message, "500"), "%s", rep.message);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    ck_assert_uint_eq(s.errors, 1);
+    ck_assert_uint_eq(s.applied, 0);
+    hkn_pull_destroy(p);
+    /* A missing manifest (404) likewise. */
+    char u404[256];
+    snprintf(u404, sizeof u404, "http://127.0.0.1:%d/none/manifest.json", port);
+    p = puller(u404, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_NETWORK);
+    hkn_pull_destroy(p);
+    /* An expired release is refused. */
+    publish(2, ptx_v2, -10);
+    p = puller(url, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_EXPIRED);
+    /* The origin goes away: a connection error, nothing applied. */
+    nginx_stop();
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_NETWORK);
+    ck_assert_int_eq(rec.calls, 0);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+/* A server that accepts connections and never answers. */
+static int stall_fd;
+static void *stall_accept(void *arg) {
+    int held[8], n = 0;
+    while (n < 8) {
+        int c = accept(stall_fd, NULL, NULL);
+        if (c < 0)
+            break;
+        held[n++] = c;
+    }
+    for (int i = 0; i < n; i++)
+        close(held[i]);
+    return NULL;
+}
+
+START_TEST(stalled_server_times_out) {
+    stall_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof a;
+    ck_assert_int_eq(bind(stall_fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(stall_fd, 8), 0);
+    getsockname(stall_fd, (struct sockaddr *)&a, &len);
+    pthread_t t;
+    pthread_create(&t, NULL, stall_accept, NULL);
+    char u[256];
+    snprintf(u, sizeof u, "http://127.0.0.1:%d/rel/manifest.json", ntohs(a.sin_port));
+    hkn_puller *p = puller(u, 800, 0);
+    hk_report rep = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(s >= 0.7 && s < 5, "took %.2f s", s);
+    ck_assert_int_eq(rec.calls, 0);
+    /* Stopping a puller whose thread sits in a stalled transfer is prompt:
+     * the progress callback aborts it. */
+    hkn_pull_destroy(p);
+    p = puller(u, 30000, 0);
+    ck_assert_int_eq(hkn_pull_run(p), 0);
+    usleep(300000);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    hkn_pull_destroy(p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(s < 3, "stop took %.2f s", s);
+    shutdown(stall_fd, SHUT_RDWR);
+    close(stall_fd);
+    pthread_join(t, NULL);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+/* `hotkern sign` writes the directory; the puller takes it. */
+START_TEST(cli_sign_publishes) {
+    char exe[PATH_MAX], cli[PATH_MAX + 32], kpath[PATH_MAX], src[PATH_MAX], out[1100];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ck_assert(n > 0);
+    exe[n] = '\0';
+    snprintf(cli, sizeof cli, "%s/../bin/hotkern", dirname(exe));
+    ck_assert_msg(access(cli, X_OK) == 0, "the hotkern CLI is not built at %s", cli);
+    snprintf(kpath, sizeof kpath, "%s/hotkern.key", tmp);
+    snprintf(src, sizeof src, "%s/add.ptx", tmp);
+    snprintf(out, sizeof out, "%s/rel", www);
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_seckey_save(kpath, &key, &rep), 0);
+    ck_assert_int_eq(hkt_write_file(src, ptx_v1), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_RDWR);
+        dup2(devnull, 1);
+        execl("/usr/bin/timeout", "timeout", "30", cli, "sign", "--key", kpath, "--module", "add",
+              "--version", "9", "--expires-in", "600", "--out", out, src, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    hkn_puller *p = puller(url, 0, 0);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 9);
+    ck_assert_mem_eq(rec.bytes, ptx_v1, strlen(ptx_v1));
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("pull");
+    TCase *tc = tcase_create("nginx");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, picks_up_releases_with_304s_between);
+    tcase_add_test(tc, truncated_artifact_changes_nothing);
+    tcase_add_test(tc, oversized_artifact_changes_nothing);
+    tcase_add_test(tc, server_errors_change_nothing);
+    tcase_add_test(tc, stalled_server_times_out);
+    tcase_add_test(tc, cli_sign_publishes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return hkt_run(suite());
+}

@@ -1,0 +1,394 @@
+/*
+ * Signed releases (net/release.c): signing and verification, every refusal
+ * the verifier can give, and the anti-replay state across a restart.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "net/net.h"
+#include "tests/harness.h"
+
+static const char kernel_src[] = "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n";
+
+/* A signed one-artifact release of `module` at `version`. */
+struct rel {
+    char *manifest;
+    size_t len;
+    char *sig;
+};
+
+static void make_release(const hkn_seckey *k, const char *module, uint64_t version, int64_t expires,
+                         const void *bytes, size_t size, struct rel *r) {
+    hkn_blob b = {.name = "add.cu", .bytes = bytes, .size = size};
+    hk_report rep = {0};
+    int64_t now = (int64_t)time(NULL);
+    int err = hkn_release_sign(k, module, version, now, expires, &b, 1, &r->manifest, &r->len,
+                               &r->sig, &rep);
+    ck_assert_msg(err == 0, "sign: %s", rep.message);
+    hkn_report_reset(&rep);
+}
+
+static void rel_free(struct rel *r) {
+    free(r->manifest);
+    free(r->sig);
+}
+
+static hkn_trust trust_of(const hkn_seckey *k) {
+    hkn_trust t;
+    memset(&t, 0, sizeof t);
+    t.keys[0] = k->pub;
+    t.nkeys = 1;
+    return t;
+}
+
+static int verify(const hkn_trust *t, hkn_state *s, const struct rel *r, hk_report *rep,
+                  hkn_manifest *m) {
+    hkn_report_reset(rep);
+    return hkn_verify_manifest(t, s, r->manifest, r->len, r->sig, r->sig ? strlen(r->sig) : 0,
+                               (int64_t)time(NULL), m, rep);
+}
+
+START_TEST(sign_and_verify) {
+    hkn_seckey k;
+    ck_assert_int_eq(hkn_keygen(&k), 0);
+    ck_assert_int_eq((int)strlen(k.pub.id), HKN_KEY_ID_CHARS);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&k);
+    hkn_manifest m;
+    hk_report rep = {0};
+    ck_assert_msg(verify(&t, NULL, &r, &rep, &m) == 0, "%s", rep.message);
+    ck_assert_str_eq(m.module, "add");
+    ck_assert_uint_eq(m.version, 3);
+    ck_assert_str_eq(m.key_id, k.pub.id);
+    ck_assert_uint_eq(m.nartifacts, 1);
+    ck_assert_str_eq(m.artifacts[0].name, "add.cu");
+    ck_assert_int_eq(m.artifacts[0].format, HK_FORMAT_CUDA_C);
+    ck_assert_uint_eq(m.artifacts[0].size, strlen(kernel_src));
+    ck_assert_int_eq(hkn_verify_artifact(&m.artifacts[0], kernel_src, strlen(kernel_src), &rep), 0);
+    /* A hex signature verifies as well as a base64 one. */
+    unsigned char bin[HKN_SIG_BYTES];
+    char hex[2 * HKN_SIG_BYTES + 1];
+    ck_assert_int_eq(hkn_decode_fixed(r.sig, strlen(r.sig), bin, sizeof bin), 0);
+    sodium_bin2hex(hex, sizeof hex, bin, sizeof bin);
+    hkn_manifest_free(&m);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, r.manifest, r.len, hex, strlen(hex), time(NULL), &m, &rep),
+        0);
+    hkn_manifest_free(&m);
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+START_TEST(bad_signature) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&k);
+    hkn_manifest m;
+    hk_report rep = {0};
+    /* Flip the version 3 -> 4: the bytes no longer match the signature. */
+    char *v = strstr(r.manifest, "\"version\":");
+    ck_assert_ptr_nonnull(v);
+    v = strchr(v, '3');
+    *v = '4';
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    ck_assert_msg(strstr(rep.message, "bad signature"), "%s", rep.message);
+    *v = '3';
+    /* A corrupted signature likewise. */
+    r.sig[5] = r.sig[5] == 'A' ? 'B' : 'A';
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    /* Garbage that is not a signature at all. */
+    free(r.sig);
+    r.sig = strdup("not-a-signature");
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    ck_assert_msg(strstr(rep.message, "64 bytes"), "%s", rep.message);
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+START_TEST(missing_signature) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&k);
+    hkn_manifest m;
+    hk_report rep = {0};
+    char *sig = r.sig;
+    r.sig = NULL;
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    ck_assert_msg(strstr(rep.message, "no signature"), "%s", rep.message);
+    /* No key configured and unsigned not allowed: still refused. */
+    hkn_trust none;
+    memset(&none, 0, sizeof none);
+    ck_assert_int_eq(verify(&none, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    /* Explicitly allowed: accepted without a signature. */
+    none.allow_unsigned = 1;
+    ck_assert_int_eq(verify(&none, NULL, &r, &rep, &m), 0);
+    hkn_manifest_free(&m);
+    r.sig = sig;
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+START_TEST(unknown_key) {
+    hkn_seckey signer, trusted;
+    hkn_keygen(&signer);
+    hkn_keygen(&trusted);
+    struct rel r;
+    make_release(&signer, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&trusted);
+    hkn_manifest m;
+    hk_report rep = {0};
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
+    ck_assert_msg(strstr(rep.message, "unknown signing key") &&
+                      strstr(rep.message, signer.pub.id) && strstr(rep.message, trusted.pub.id),
+                  "%s", rep.message);
+    /* With both keys trusted it verifies. */
+    t.keys[1] = signer.pub;
+    t.nkeys = 2;
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), 0);
+    hkn_manifest_free(&m);
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+START_TEST(expired) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) - 10, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&k);
+    hkn_manifest m;
+    hk_report rep = {0};
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_EXPIRED);
+    ck_assert_msg(strstr(rep.message, "expired"), "%s", rep.message);
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+START_TEST(replay_same_and_lower) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    hkn_state *s;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_state_open(NULL, &s, &rep), 0);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 5, &rep), 0);
+    struct rel same, lower, higher;
+    make_release(&k, "add", 5, time(NULL) + 60, kernel_src, strlen(kernel_src), &same);
+    make_release(&k, "add", 4, time(NULL) + 60, kernel_src, strlen(kernel_src), &lower);
+    make_release(&k, "add", 6, time(NULL) + 60, kernel_src, strlen(kernel_src), &higher);
+    hkn_manifest m;
+    ck_assert_int_eq(verify(&t, s, &same, &rep, &m), HK_ERR_REPLAY);
+    ck_assert_msg(strstr(rep.message, "same version"), "%s", rep.message);
+    ck_assert_int_eq(verify(&t, s, &lower, &rep, &m), HK_ERR_REPLAY);
+    ck_assert_msg(strstr(rep.message, "older version"), "%s", rep.message);
+    ck_assert_int_eq(verify(&t, s, &higher, &rep, &m), 0);
+    hkn_manifest_free(&m);
+    /* Other modules are independent. */
+    ck_assert_uint_eq(hkn_state_get(s, "other"), 0);
+    /* Accepting a lower version never lowers the mark. */
+    ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 5);
+    hkn_state_close(s);
+    hkn_report_reset(&rep);
+    rel_free(&same);
+    rel_free(&lower);
+    rel_free(&higher);
+}
+END_TEST
+
+START_TEST(hash_and_size_mismatch) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hkn_trust t = trust_of(&k);
+    hkn_manifest m;
+    hk_report rep = {0};
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), 0);
+    char *copy = strdup(kernel_src);
+    copy[0] = 'X'; /* same size, other content */
+    ck_assert_int_eq(hkn_verify_artifact(&m.artifacts[0], copy, strlen(copy), &rep), HK_ERR_HASH);
+    ck_assert_msg(strstr(rep.message, "sha256"), "%s", rep.message);
+    ck_assert_int_eq(hkn_verify_artifact(&m.artifacts[0], kernel_src, strlen(kernel_src) - 1, &rep),
+                     HK_ERR_HASH);
+    ck_assert_msg(strstr(rep.message, "size"), "%s", rep.message);
+    free(copy);
+    hkn_manifest_free(&m);
+    hkn_report_reset(&rep);
+    rel_free(&r);
+}
+END_TEST
+
+static int count_entries(const char *dir) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+START_TEST(state_survives_restart) {
+    char *dir = hkt_tmpdir();
+    char sdir[512];
+    snprintf(sdir, sizeof sdir, "%s/state/nested", dir);
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    hk_report rep = {0};
+    hkn_state *s;
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 7, &rep), 0);
+    ck_assert_int_eq(hkn_state_accept(s, "mul", 2, &rep), 0);
+    hkn_state_close(s);
+    /* Only accepted.json: no temp file left behind. */
+    ck_assert_int_eq(count_entries(sdir), 1);
+
+    /* "Restart": a new state object on the same directory. */
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 7);
+    ck_assert_uint_eq(hkn_state_get(s, "mul"), 2);
+    struct rel old, next;
+    make_release(&k, "add", 6, time(NULL) + 60, kernel_src, strlen(kernel_src), &old);
+    make_release(&k, "add", 8, time(NULL) + 60, kernel_src, strlen(kernel_src), &next);
+    hkn_manifest m;
+    ck_assert_int_eq(verify(&t, s, &old, &rep, &m), HK_ERR_REPLAY);
+    ck_assert_int_eq(verify(&t, s, &next, &rep, &m), 0);
+    hkn_manifest_free(&m);
+    hkn_state_close(s);
+
+    /* A corrupt state file stops the source instead of forgetting. */
+    char path[600];
+    snprintf(path, sizeof path, "%s/accepted.json", sdir);
+    ck_assert_int_eq(hkt_write_file(path, "{ not json"), 0);
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), HK_ERR_IO);
+    hkn_report_reset(&rep);
+    rel_free(&old);
+    rel_free(&next);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(key_files) {
+    char *dir = hkt_tmpdir();
+    char skp[512], pkp[512], b64p[512];
+    snprintf(skp, sizeof skp, "%s/k.key", dir);
+    snprintf(pkp, sizeof pkp, "%s/k.pub", dir);
+    snprintf(b64p, sizeof b64p, "%s/k64.pub", dir);
+    hkn_seckey k, k2;
+    hkn_pubkey p, p64;
+    hk_report rep = {0};
+    hkn_keygen(&k);
+    ck_assert_int_eq(hkn_seckey_save(skp, &k, &rep), 0);
+    ck_assert_int_eq(hkn_pubkey_save(pkp, &k.pub, &rep), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(skp, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+    ck_assert_int_eq(hkn_seckey_load(skp, &k2, &rep), 0);
+    ck_assert_int_eq(hkn_pubkey_load(pkp, &p, &rep), 0);
+    ck_assert_mem_eq(k2.sk, k.sk, sizeof k.sk);
+    ck_assert_str_eq(k2.pub.id, k.pub.id);
+    ck_assert_str_eq(p.id, k.pub.id);
+    /* Base64 public keys are accepted too. */
+    char b64[64];
+    sodium_bin2base64(b64, sizeof b64, k.pub.pk, sizeof k.pub.pk, sodium_base64_VARIANT_ORIGINAL);
+    strcat(b64, "\n");
+    ck_assert_int_eq(hkt_write_file(b64p, b64), 0);
+    ck_assert_int_eq(hkn_pubkey_load(b64p, &p64, &rep), 0);
+    ck_assert_mem_eq(p64.pk, k.pub.pk, sizeof p64.pk);
+    /* A truncated key is refused. */
+    ck_assert_int_eq(hkt_write_file(b64p, "abcdef\n"), 0);
+    ck_assert_int_eq(hkn_pubkey_load(b64p, &p64, &rep), HK_ERR_INVALID);
+    hkn_report_reset(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(manifest_fields_checked) {
+    static const char *bad[] = {
+        "[]",
+        "{\"module\":\"m\",\"version\":0,\"created\":1,\"expires\":2,\"artifacts\":[]}",
+        "{\"module\":\"../x\",\"version\":1,\"created\":1,\"expires\":2,\"artifacts\":[]}",
+        "{\"module\":\"m\",\"version\":1.5,\"created\":1,\"expires\":2,\"artifacts\":[]}",
+        "{\"module\":\"m\",\"version\":1,\"created\":1,\"expires\":2,\"artifacts\":[]}",
+        "{\"module\":\"m\",\"version\":1,\"created\":1,\"expires\":2,\"artifacts\":[{\"name\":"
+        "\"a.cu\",\"sha256\":\"zz\",\"size\":1,\"format\":\"cuda\"}]}",
+        "{\"module\":\"m\",\"version\":1,\"created\":1,\"expires\":2,\"artifacts\":[{\"name\":"
+        "\"a.cu\",\"sha256\":"
+        "\"821d557832973ff68bdc4b02ec86425be1022fcfa22f9dd7da4a6aaf2816a1b5\",\"size\":1,"
+        "\"format\":\"elf\"}]}",
+        "{\"module\":\"m\",\"version\":1,\"created\":1,\"expires\":2,\"artifacts\":[{\"name\":"
+        "\"../../etc/passwd\",\"sha256\":"
+        "\"821d557832973ff68bdc4b02ec86425be1022fcfa22f9dd7da4a6aaf2816a1b5\",\"size\":1,"
+        "\"format\":\"cuda\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hkn_manifest m;
+        hk_report rep = {0};
+        ck_assert_msg(hkn_manifest_parse(bad[i], strlen(bad[i]), &m, &rep) == HK_ERR_INVALID,
+                      "accepted %s", bad[i]);
+        ck_assert(rep.message[0]);
+    }
+}
+END_TEST
+
+START_TEST(artifact_choice) {
+    hkn_artifact a[4];
+    memset(a, 0, sizeof a);
+    a[0].format = HK_FORMAT_CUDA_C;
+    a[1].format = HK_FORMAT_PTX;
+    a[2].format = HK_FORMAT_CUBIN;
+    strcpy(a[2].arch, "sm_80");
+    a[3].format = HK_FORMAT_CUBIN;
+    strcpy(a[3].arch, "sm_90");
+    hkn_manifest m = {.artifacts = a, .nartifacts = 4};
+    ck_assert_uint_eq(hkn_pick_artifact(&m, "sm_90"), 3);
+    ck_assert_uint_eq(hkn_pick_artifact(&m, "sm_80"), 2);
+    ck_assert_uint_eq(hkn_pick_artifact(&m, "sm_100"), 1); /* PTX before CUDA C */
+    ck_assert_uint_eq(hkn_pick_artifact(&m, NULL), 1);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("release");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, sign_and_verify);
+    tcase_add_test(tc, bad_signature);
+    tcase_add_test(tc, missing_signature);
+    tcase_add_test(tc, unknown_key);
+    tcase_add_test(tc, expired);
+    tcase_add_test(tc, replay_same_and_lower);
+    tcase_add_test(tc, hash_and_size_mismatch);
+    tcase_add_test(tc, state_survives_restart);
+    tcase_add_test(tc, key_files);
+    tcase_add_test(tc, manifest_fields_checked);
+    tcase_add_test(tc, artifact_choice);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return hkt_run(suite());
+}
