@@ -12,6 +12,11 @@
  *   hk-safe     hk_submit(..., HK_STAGE_AT_SAFE_POINT) and hk_safe_point()
  *               called where the program knows its GPU work is idle
  *   hk-reserve  like hk, after growing the context's code area once at start
+ *   probe-ctxsync, probe-unload, probe-state
+ *               not swaps: one driver call that reclamation makes (context
+ *               synchronise; unload of an idle, already uploaded library;
+ *               the reset check's state queries), every 100 ms, to see which
+ *               of them stalls launching threads
  *   naive       what programs do without hotkern: the launching thread itself
  *               JIT-compiles PTX in cuModuleLoadDataEx and unloads the old
  *               module
@@ -49,6 +54,7 @@ static double swap_ms[64];
 static int nswaps;
 static long long spin_cycles;
 static atomic_int spin_running;
+static CUlibrary idle_libs[64];
 
 static void *busy_thread(void *arg) {
     (void)arg;
@@ -84,7 +90,17 @@ static void *swap_thread(void *arg) {
     for (int i = 0; !atomic_load(&stop) && i < 64; i++) {
         hk_report rep = {0};
         uint64_t t0 = bench_ns();
-        if (!strcmp(mode, "hk-safe")) {
+        if (!strcmp(mode, "probe-ctxsync")) {
+            bd.CtxSynchronize();
+        } else if (!strcmp(mode, "probe-unload")) {
+            bd.LibraryUnload(idle_libs[i]);
+        } else if (!strcmp(mode, "probe-state")) {
+            unsigned flags;
+            int active;
+            unsigned long long id;
+            bd.DevicePrimaryCtxGetState(0, &flags, &active);
+            bd.CtxGetId(ctx, &id);
+        } else if (!strcmp(mode, "hk-safe")) {
             hk_swap_options so;
             hk_swap_options_init(&so);
             so.stage = HK_STAGE_AT_SAFE_POINT;
@@ -149,6 +165,15 @@ int main(int argc, char **argv) {
     bd.LibraryGetKernel(&empty_k, lib, "empty");
     if (!strcmp(mode, "hk-reserve"))
         reserve_code_area();
+    if (!strcmp(mode, "probe-unload"))
+        for (int i = 0; i < 64; i++) { /* while idle: the measurement has not started */
+            CUkernel k;
+            CUfunction f;
+            bd.LibraryLoadData(&idle_libs[i], img[1], NULL, NULL, 0, NULL, NULL, 0);
+            bd.LibraryGetKernel(&k, idle_libs[i], "extra");
+            bd.KernelGetFunction(&f, k);
+            bd.FuncLoad(f);
+        }
     if (!strncmp(mode, "hk", 2)) {
         hk_options o;
         hk_options_init(&o);

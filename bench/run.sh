@@ -8,7 +8,7 @@ for b in bench_launch bench_swap; do
 done
 python3 bench/cupy_peer.py "$B/bench/bench_swap" || echo "bench: cupy_peer failed"
 for load in idle busy; do
-  for mode in none hk hk-module hk-safe hk-reserve naive; do
+  for mode in none hk hk-module hk-safe naive probe-ctxsync probe-unload probe-state; do
     "$B/bench/bench_stall" "$mode" "$load" | grep -v '^==\|^machine' || true
   done
 done

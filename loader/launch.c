@@ -23,6 +23,7 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
         return HK_ERR_INVALID;
     *out = NULL;
     pthread_mutex_lock(&rt->swap_lock);
+    int pushed = hkl_ctx_push(rt, 0) == 0; /* parameter queries need a context */
     int err = 0;
     hk_kernel *k = NULL;
     hkl_module *m = hkl_module_find(rt, module);
@@ -90,6 +91,8 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
     *out = k;
     k = NULL;
 out:
+    if (pushed)
+        hkl_ctx_pop(rt);
     pthread_mutex_unlock(&rt->swap_lock);
     if (k) {
         free(k->name);

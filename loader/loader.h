@@ -53,7 +53,8 @@ typedef struct hkl_device {
 /* Per-thread epoch slot for launches. Owned by one thread while `owner` is
  * set; the reclaim thread only reads `active`. */
 typedef struct hkl_tslot {
-    _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
+    /* One cache line per slot: launching threads never share a line. */
+    _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
     _Atomic int in_use;      /* 1 while a thread owns the slot */
     struct hkl_tslot *next;  /* immutable once published on rt->slots */
     hk_runtime *rt;
@@ -88,6 +89,7 @@ struct hkl_version {
     void **old_fn;          /* swap_lock: chain of replaced arrays */
 
     _Atomic int pins;       /* hk_pin references */
+    int unload_at_safe_point; /* set before retiring; then rec_lock */
     uint64_t retire_epoch;  /* rec_lock */
     hkl_version *next;      /* rec_lock: retired list */
 };
@@ -182,6 +184,7 @@ struct hk_runtime {
     pthread_cond_t rec_cond;  /* wakes the reclaim thread */
     pthread_cond_t rec_done;  /* signalled after each reclaim pass */
     hkl_version *retired;     /* rec_lock */
+    hkl_version *unload_ready; /* rec_lock: grace over, unloaded at a safe point */
     int nretired;             /* rec_lock: retired and not yet unloaded */
     int rec_stop;             /* rec_lock */
     pthread_t rec_thread;
@@ -260,5 +263,6 @@ int hkl_reclaim_start(hk_runtime *rt);
 void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_slots_free(hk_runtime *rt);
+void hkl_reclaim_deferred(hk_runtime *rt); /* from hk_safe_point */
 
 #endif /* HK_LOADER_H */

@@ -57,8 +57,9 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
             break;
     }
     if (!s) {
-        if (!(s = calloc(1, sizeof *s)))
+        if (!(s = aligned_alloc(_Alignof(hkl_tslot), sizeof *s)))
             return NULL;
+        memset(s, 0, sizeof *s);
         atomic_init(&s->active, 0);
         atomic_init(&s->in_use, 1);
         s->rt = rt;
@@ -108,49 +109,32 @@ static int grace_over(hk_runtime *rt, const hkl_version *v) {
 }
 
 static void count_reclaimed(hk_runtime *rt, int n) {
+    if (!n)
+        return;
     pthread_mutex_lock(&rt->stats_lock);
     rt->stats.reclaimed += (uint64_t)n;
     rt->stats.live_versions -= (uint64_t)n;
     pthread_mutex_unlock(&rt->stats_lock);
 }
 
-/* One pass: unloads what is ready, puts the rest back. rec_lock not held. */
-static int reclaim_pass(hk_runtime *rt, int final) {
-    pthread_mutex_lock(&rt->rec_lock);
-    hkl_version *list = rt->retired;
-    rt->retired = NULL;
-    pthread_mutex_unlock(&rt->rec_lock);
-    if (!list)
+/* Finishes the GPU work queued before now (which includes every launch of
+ * the versions in `ready`), then unloads and frees them. The contexts are read
+ * under swap_lock since reset recovery may replace them; a context that has
+ * gone meanwhile fails to push and is skipped. */
+static int unload_list(hk_runtime *rt, hkl_version *ready, int final) {
+    if (!ready)
         return 0;
-    hkl_version *ready = NULL, *keep = NULL;
-    while (list) {
-        hkl_version *v = list;
-        list = v->next;
-        if (final || grace_over(rt, v)) {
-            v->next = ready;
-            ready = v;
-        } else {
-            v->next = keep;
-            keep = v;
+    CUcontext ctx[HKL_MAX_DEVICES];
+    pthread_mutex_lock(&rt->swap_lock);
+    for (int i = 0; i < rt->ndev; i++)
+        ctx[i] = rt->dev[i].ctx;
+    pthread_mutex_unlock(&rt->swap_lock);
+    for (int i = 0; i < rt->ndev; i++)
+        if (rt->drv->CtxPushCurrent(ctx[i]) == CUDA_SUCCESS) {
+            rt->drv->CtxSynchronize();
+            CUcontext dummy;
+            rt->drv->CtxPopCurrent(&dummy);
         }
-    }
-    if (ready) {
-        /* Finish the GPU work queued before now, which includes every launch
-         * of the ready versions. The contexts are read under swap_lock since
-         * reset recovery may replace them; a context that has gone meanwhile
-         * fails to push and is skipped. */
-        CUcontext ctx[HKL_MAX_DEVICES];
-        pthread_mutex_lock(&rt->swap_lock);
-        for (int i = 0; i < rt->ndev; i++)
-            ctx[i] = rt->dev[i].ctx;
-        pthread_mutex_unlock(&rt->swap_lock);
-        for (int i = 0; i < rt->ndev; i++)
-            if (rt->drv->CtxPushCurrent(ctx[i]) == CUDA_SUCCESS) {
-                rt->drv->CtxSynchronize();
-                CUcontext dummy;
-                rt->drv->CtxPopCurrent(&dummy);
-            }
-    }
     int n = 0;
     while (ready) {
         hkl_version *v = ready;
@@ -164,20 +148,69 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         if (!final)
             hkl_emit(rt, HK_EVENT_RECLAIMED, name, num, 0, "reclaim", NULL);
     }
-    if (n)
-        count_reclaimed(rt, n);
+    count_reclaimed(rt, n);
     pthread_mutex_lock(&rt->rec_lock);
     rt->nretired -= n;
+    pthread_cond_broadcast(&rt->rec_done);
+    pthread_mutex_unlock(&rt->rec_lock);
+    return n;
+}
+
+/* One pass: unloads what is ready, hands what waits for a safe point to
+ * unload_ready, puts the rest back. Returns 1 while versions still wait for a
+ * launch or a pin. rec_lock not held. */
+static int reclaim_pass(hk_runtime *rt, int final) {
+    pthread_mutex_lock(&rt->rec_lock);
+    hkl_version *list = rt->retired;
+    rt->retired = NULL;
+    if (final) {
+        /* Destroy: everything goes, deferred versions included. */
+        while (rt->unload_ready) {
+            hkl_version *v = rt->unload_ready;
+            rt->unload_ready = v->next;
+            v->next = list;
+            list = v;
+        }
+    }
+    pthread_mutex_unlock(&rt->rec_lock);
+    hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
+    while (list) {
+        hkl_version *v = list;
+        list = v->next;
+        hkl_version **to = &keep;
+        if (final)
+            to = &ready;
+        else if (grace_over(rt, v))
+            to = v->unload_at_safe_point ? &defer : &ready;
+        v->next = *to;
+        *to = v;
+    }
+    unload_list(rt, ready, final);
+    pthread_mutex_lock(&rt->rec_lock);
     while (keep) {
         hkl_version *v = keep;
         keep = v->next;
         v->next = rt->retired;
         rt->retired = v;
     }
+    while (defer) {
+        hkl_version *v = defer;
+        defer = v->next;
+        v->next = rt->unload_ready;
+        rt->unload_ready = v;
+    }
     int left = rt->retired != NULL;
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     return left;
+}
+
+void hkl_reclaim_deferred(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->rec_lock);
+    hkl_version *list = rt->unload_ready;
+    rt->unload_ready = NULL;
+    pthread_mutex_unlock(&rt->rec_lock);
+    unload_list(rt, list, 0);
 }
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {

@@ -561,8 +561,12 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     free(newlay);
     newlay = NULL;
     hkl_graphs_retarget(rt, m, v, rep);
-    if (old)
+    if (old) {
+        /* A program that stages at safe points wants no driver work outside
+         * them: the old code is unloaded at a later safe point too. */
+        old->unload_at_safe_point = job->opt.stage == HK_STAGE_AT_SAFE_POINT;
         hkl_retire(rt, old);
+    }
     m->last_error = 0;
     snprintf(m->last_message, sizeof m->last_message, "version %llu committed",
              (unsigned long long)v->number);
@@ -605,7 +609,12 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     uint64_t oldv = 0;
     pthread_mutex_lock(&rt->swap_lock);
     int reset = hkl_check_reset(rt);
+    /* Driver queries such as cuKernelGetParamInfo need a current context;
+     * the worker and the network threads have none of their own. */
+    int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, job, rollback, rep, &oldv);
+    if (pushed)
+        hkl_ctx_pop(rt);
     pthread_mutex_unlock(&rt->swap_lock);
     if (reset)
         hkl_emit_reset(rt);
@@ -813,7 +822,10 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     hkl_image top = m->hist[m->nhist - 1];
     hkl_image prev_copy = *prev;
     m->nhist -= 2;
+    int pushed = hkl_ctx_push(rt, 0) == 0;
     err = swap_locked(rt, j, 1, r, &oldv);
+    if (pushed)
+        hkl_ctx_pop(rt);
     if (err < 0) {
         /* Put the history back as it was. */
         m->hist[m->nhist++] = prev_copy;
@@ -953,6 +965,7 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
 int hk_safe_point(hk_runtime *rt) {
     if (!rt)
         return HK_ERR_INVALID;
+    hkl_reclaim_deferred(rt);
     pthread_mutex_lock(&rt->work_lock);
     hkl_job *list = rt->pending;
     rt->pending = NULL;

@@ -29,7 +29,7 @@ typedef struct hkp_param {
 } hkp_param;
 
 typedef struct hkp_entry {
-    char *name;        /* entry (kernel) name as the driver knows it */
+    char *name; /* entry (kernel) name as the driver knows it */
     int nparams;
     hkp_param *params; /* in order */
 } hkp_entry;
@@ -40,10 +40,23 @@ typedef struct hkp_global {
     int is_const; /* __constant__ */
 } hkp_global;
 
+/* Architectures are ints: major * 10 + minor (90 for sm_90), with flag bits
+ * above HKP_ARCH_NUM for the suffixed variants. sm_90a is 90 | HKP_ARCH_SPECIFIC
+ * and runs on exactly sm_90; sm_100f (a PTX target; family cubins are identical
+ * to plain ones) is 100 | HKP_ARCH_FAMILY and runs where sm_100 does. */
+#define HKP_ARCH_SPECIFIC 0x10000
+#define HKP_ARCH_FAMILY   0x20000
+#define HKP_ARCH_NUM(a)   ((a)&0xffff)
+
+/* Writes "sm_90a"-style text for arch into buf (always NUL-terminated) and
+ * returns buf; "sm_?" for 0. */
+const char *hkp_arch_name(int arch, char *buf, size_t n);
+
 typedef struct hkp_meta {
     hk_format format;
-    int arch;         /* PTX .target sm_XY or cubin arch, e.g. 90; 0 unknown */
-    int narchs;       /* fatbin: SASS architectures inside */
+    int arch;   /* PTX .target sm_XY or cubin arch, e.g. 90; 0 unknown.
+                 * May carry HKP_ARCH_SPECIFIC / HKP_ARCH_FAMILY. */
+    int narchs; /* fatbin: SASS architectures inside */
     int archs[16];
     int ptx_archs[16]; /* fatbin: PTX (virtual) architectures inside */
     int nptx_archs;
@@ -62,46 +75,85 @@ int hkp_meta_read(const void *data, size_t size, hk_format fmt, hkp_meta *out, c
 void hkp_meta_free(hkp_meta *m);
 
 /* 1 if an image built for `image_arch` runs on a device of `device_arch`
- * (same major, image minor <= device minor; sm_90a only on 90). */
+ * (same major, image minor <= device minor; sm_90a only on 90). device_arch's
+ * flag bits are ignored. */
 int hkp_arch_runs_on(int image_arch, int device_arch);
+
+/* 1 if the image described by m has code a device of `device_arch` can run:
+ * a cubin by hkp_arch_runs_on; PTX (alone or inside a fatbin) when its target
+ * is not newer than the device, since the driver JIT compiles it forward; a
+ * fatbin when any of its cubins or PTX does. */
+int hkp_meta_runs_on(const hkp_meta *m, int device_arch);
 
 /* ---- compile cache ------------------------------------------------------ */
 
 typedef struct hkp_cache hkp_cache;
 
 /* Opens (creating) a content-addressed cache in dir, bounded to max_bytes
- * with least-recently-used eviction. Several processes may share dir. */
+ * (0: HKP_CACHE_DEFAULT_BYTES) with least-recently-used eviction. Several
+ * processes may share dir; one hkp_cache may be used from several threads.
+ * On success *out is owned by the caller: hkp_cache_close(). */
+#define HKP_CACHE_DEFAULT_BYTES (UINT64_C(256) << 20)
 int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes);
 void hkp_cache_close(hkp_cache *c);
+/* Builds served from the cache, builds that were not, and the bytes the
+ * directory's entries hold now (a directory scan). Any pointer may be NULL. */
 void hkp_cache_stats(hkp_cache *c, uint64_t *hits, uint64_t *misses, uint64_t *bytes);
+
+/* Writes the default cache directory into buf: $XDG_CACHE_HOME/hotkern when
+ * that is an absolute path, else $HOME/.cache/hotkern. Returns 0,
+ * HK_ERR_NOT_FOUND when neither variable helps, HK_ERR_INVALID when buf is too
+ * small. */
+int hkp_cache_default_dir(char *buf, size_t n);
+
+/* Raw entries, keyed by a BLAKE2b-256 digest (hkp_build computes the keys).
+ * get: 0 and a malloc'd copy of the payload in *data (caller frees), or
+ * HK_ERR_NOT_FOUND when absent, truncated or corrupt (a bad entry is removed).
+ * A hit marks the entry as recently used. put: written atomically (temporary
+ * file, fsync, rename); afterwards the oldest entries are evicted until the
+ * directory is within max_bytes. An entry larger than max_bytes is not kept. */
+#define HKP_KEY_BYTES 32
+int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size);
+int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size);
+/* Counts one build as a hit (1) or a miss (0) for hkp_cache_stats. */
+void hkp_cache_note(hkp_cache *c, int hit);
 
 /* ---- building ----------------------------------------------------------- */
 
 typedef struct hkp_build_opts {
-    int arch;                  /* target SM, e.g. 90 */
-    int ptx_to_cubin;          /* 1: PTX (given or from NVRTC) -> cubin with
-                                * nvJitLink; 0: leave PTX for the driver */
-    int opt_level;             /* nvJitLink -O, 0..4 */
+    int arch;         /* target SM, e.g. 90 (| HKP_ARCH_SPECIFIC: sm_90a) */
+    int ptx_to_cubin; /* 1: PTX (given or from NVRTC) -> cubin with
+                       * nvJitLink; 0: leave PTX for the driver */
+    int opt_level;    /* 0..4; nvJitLink takes only -O0 and -O3, so 0 is
+                       * -O0 and 1..4 are -O3 (NVRTC cubins: ptxas too) */
     const char *const *nvrtc_options;
     int nnvrtc_options;
     const char *const *name_expressions;
     int nname_expressions;
-    const char *source_name;   /* used in compiler messages */
-    hkp_cache *cache;          /* NULL: no cache */
+    const char *source_name; /* used in compiler messages */
+    hkp_cache *cache;        /* NULL: no cache */
+    int nvrtc_via_ptx;       /* CUDA C with ptx_to_cubin: 1 compiles to PTX
+                              * and links with nvJitLink; 0 (default) asks
+                              * NVRTC for the cubin directly (as fast,
+                              * one step fewer) */
 } hkp_build_opts;
 
 typedef struct hkp_artifact {
-    void *image;               /* malloc'd loadable image */
+    void *image; /* malloc'd loadable image; PTX is
+                  * NUL-terminated and size counts the NUL */
     size_t size;
-    hk_format format;          /* PTX, CUBIN or FATBIN */
-    char *log;                 /* compiler/linker log (may be NULL) */
-    char **deps;               /* headers the NVRTC compile read (paths) */
+    hk_format format; /* PTX, CUBIN or FATBIN */
+    char *log;        /* compiler/linker log (may be NULL) */
+    char **deps;      /* headers of CUDA C input (canonical paths), found by
+                       * following #include lines through the source's
+                       * directory and -I dirs (NVRTC 13 cannot list them);
+                       * a superset, since #if is not evaluated */
     int ndeps;
-    char **lowered_names;      /* parallel to name_expressions */
+    char **lowered_names; /* parallel to name_expressions */
     int nlowered;
     int cache_hit;
-    double ms;                 /* wall time of the build */
-    hkp_meta meta;             /* metadata of image */
+    double ms;     /* wall time of the build */
+    hkp_meta meta; /* metadata of image */
 } hkp_artifact;
 
 /* Turns input of any format into a loadable image for opts->arch:
@@ -113,5 +165,36 @@ typedef struct hkp_artifact {
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size);
 void hkp_artifact_free(hkp_artifact *a);
+
+/* ---- internal to ptx/ -------------------------------------------------- */
+
+#define HKP_FATBIN_MAGIC  0xBA55ED50u
+#define HKP_FATBIN_HEADER 16u
+#define HKP_EM_CUDA       190
+
+/* Little-endian reads from a byte buffer the caller has bounds-checked. */
+static inline uint16_t hkp_rd16(const unsigned char *p) {
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+static inline uint32_t hkp_rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t hkp_rd64(const unsigned char *p) {
+    return (uint64_t)hkp_rd32(p) | (uint64_t)hkp_rd32(p + 4) << 32;
+}
+static inline int hkp_is_ident_char(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '$' || c == '%';
+}
+
+/* snprintf into why when why is not NULL. */
+void hkp_why(char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Checks that an ELF image is a complete ELF64 little-endian CUDA object as
+ * far as its headers go: identification, e_machine, section and program
+ * header tables and segments inside the buffer. Returns 0 or HK_ERR_FORMAT
+ * with a reason. */
+int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size);
 
 #endif /* HK_PTX_H */

@@ -630,7 +630,12 @@ START_TEST(submit_and_safe_point) {
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
     ck_assert_int_eq(launch_tag(k), 3);
+    /* The replaced version is unloaded at the next safe point, not before. */
+    ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT);
+    ck_assert_int_eq(fake_live_images(), 2);
     ck_assert_int_eq(hk_safe_point(rt), 0);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
     /* A refused submission is reported through the event. */
     ck_assert_int_eq(hk_submit(rt, "sim", "garbage\x01\x02", 9, NULL), 0);
     ck_assert_int_eq(hk_wait_idle(rt, 5000), 0);
@@ -666,8 +671,14 @@ START_TEST(swaps_under_concurrent_launches) {
     pthread_t t[4];
     for (int i = 0; i < 4; i++)
         pthread_create(&t[i], NULL, stress_launcher, NULL);
-    for (int i = 0; i < 300; i++)
+    for (int i = 0; i < 300; i++) {
+        /* Keep the launchers busy across the swaps: wait for some launches
+         * between them. */
+        int seen = fake_launches();
+        while (fake_launches() < seen + 8)
+            usleep(50);
         swap_ok("sim", ptx(1 + (i % 2 == 0), 0, 1, 0), &rep);
+    }
     atomic_store(&stop_flag, 1);
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
@@ -675,7 +686,7 @@ START_TEST(swaps_under_concurrent_launches) {
     ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
     ck_assert_int_eq(fake_live_images(), 1);
     ck_assert_int_eq(fake_violations(), 0);
-    ck_assert_int_gt(fake_launches(), 300);
+    ck_assert_int_gt(fake_launches(), 300 * 8);
     hk_stats st;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.reclaimed, 300);

@@ -302,7 +302,11 @@ START_TEST(thousand_swaps_four_threads) {
     CK_CUDA(cudaMemGetInfo(&free0, &total));
     launchers_start();
     double t0 = hkl_now_ms();
-    for (int i = 1; i <= 1000; i++) {
+    /* HK_GPU_SWAPS shortens the run (e.g. under compute-sanitizer). */
+    int nswaps = getenv("HK_GPU_SWAPS") ? atoi(getenv("HK_GPU_SWAPS")) : 1000;
+    if (nswaps < 2 || nswaps % 2)
+        nswaps = 1000;
+    for (int i = 1; i <= nswaps; i++) {
         atomic_fetch_add(&gen, 1);
         if (i % 2)
             swap_ok(srt, "sim", img_v2, n_v2);
@@ -329,15 +333,15 @@ START_TEST(thousand_swaps_four_threads) {
     free(host);
     hk_stats st;
     hk_stats_get(srt, &st);
-    ck_assert_uint_eq(st.swaps, 1001);
-    ck_assert_uint_eq(st.reclaimed, 1000);
+    ck_assert_uint_eq(st.swaps, (uint64_t)nswaps + 1);
+    ck_assert_uint_eq(st.reclaimed, (uint64_t)nswaps);
     ck_assert_uint_eq(st.live_versions, 1);
     long long dmem = (long long)free0 - (long long)free1;
-    printf("  1000 swaps in %.0f ms (%.3f ms each, 0.3 ms pauses included) under %ld launches (%ld version-checked); "
+    printf("  %d swaps in %.0f ms (%.3f ms each, 0.3 ms pauses included) under %ld launches (%ld version-checked); "
            "device memory change %lld bytes\n",
-           t1 - t0, (t1 - t0) / 1000, total_launches, checked, dmem);
-    ck_assert_int_gt(total_launches, 1000);
-    ck_assert_int_gt(checked, 100);
+           nswaps, t1 - t0, (t1 - t0) / nswaps, total_launches, checked, dmem);
+    ck_assert_int_gt(total_launches, nswaps);
+    ck_assert_int_gt(checked, nswaps / 10);
     ck_assert_msg(dmem < 16ll << 20, "device memory grew by %lld bytes", dmem);
 }
 END_TEST

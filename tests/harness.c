@@ -61,3 +61,94 @@ void hkt_rmtree(const char *path) {
     if (system(cmd) != 0)
         fprintf(stderr, "warning: could not remove %s\n", path);
 }
+
+#include <arpa/inet.h>
+#include <libgen.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static int port_open(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+int hkt_nginx_start(const char *root, const char *tmp, pid_t *pid) {
+    const char *bin = getenv("HK_NGINX");
+    if (!bin)
+        bin = "/usr/sbin/nginx";
+    if (access(bin, X_OK) != 0) {
+        printf("SKIP nginx origin: %s is not there\n", bin);
+        return -1;
+    }
+    int port = free_port();
+    char conf[PATH_MAX], text[4096], global[PATH_MAX + 64];
+    snprintf(conf, sizeof conf, "%s/nginx.conf", tmp);
+    snprintf(text, sizeof text,
+             "%sworker_processes 1;\nerror_log %s/error.log;\nevents { worker_connections 256; }\n"
+             "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
+             "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fastcgi;\n"
+             "  uwsgi_temp_path %s/uwsgi;\n  scgi_temp_path %s/scgi;\n"
+             "  default_type application/octet-stream;\n  etag on;\n"
+             "  server { listen 127.0.0.1:%d; root %s; }\n}\n",
+             geteuid() == 0 ? "user root root;\n" : "", tmp, tmp, tmp, tmp, tmp, tmp, tmp, port,
+             root);
+    if (port < 0 || hkt_write_file(conf, text) < 0)
+        return -1;
+    snprintf(global, sizeof global, "daemon off; pid %s/nginx.pid;", tmp);
+    *pid = fork();
+    if (*pid == 0) {
+        execl(bin, "nginx", "-p", tmp, "-c", conf, "-g", global, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 100; i++) {
+        if (port_open(port))
+            return port;
+        if (waitpid(*pid, NULL, WNOHANG) == *pid)
+            break;
+        usleep(50000);
+    }
+    printf("SKIP nginx origin: nginx did not start (see %s/error.log)\n", tmp);
+    hkt_nginx_stop(*pid);
+    return -1;
+}
+
+void hkt_nginx_stop(pid_t pid) {
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+}
+
+const char *hkt_built_program(const char *name) {
+    static char path[PATH_MAX];
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return name;
+    self[n] = 0;
+    /* BUILD/tests/prog -> BUILD/bin/name */
+    char *dir = dirname(dirname(self));
+    snprintf(path, sizeof path, "%s/bin/%s", dir, name);
+    return path;
+}

@@ -241,11 +241,13 @@ HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t s
 HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
                      const hk_swap_options *opt);
 
-/* Performs the driver work of every built, pending version and commits it.
+/* Performs the driver work of every built, pending version and commits it,
+ * and unloads the versions those commits replaced at an earlier safe point.
  * Call it where the application's GPU work is idle (e.g. right after the
- * per-frame synchronize): code uploaded then costs running threads nothing.
- * Returns the number of versions committed (refusals are reported through
- * on_event). Safe from any thread. */
+ * per-frame synchronize): code uploaded or unloaded then costs running threads
+ * nothing, while uploading code into a busy context waits for all its work and
+ * stalls every launching thread meanwhile. Returns the number of versions
+ * committed (refusals are reported through on_event). Safe from any thread. */
 HK_API int hk_safe_point(hk_runtime *rt);
 
 /* Waits until every submitted version has been committed or refused (pending
@@ -334,7 +336,8 @@ typedef struct hk_stats {
 HK_API void hk_stats_get(hk_runtime *rt, hk_stats *out);
 
 /* Waits until every retired version is unloaded, or timeout_ms passes.
- * Returns 0 or HK_ERR_TIMEOUT. */
+ * Versions replaced at a safe point are unloaded at the next one, so this
+ * waits for that too. Returns 0 or HK_ERR_TIMEOUT. */
 HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
 
 /* ---- sources: watched directories ------------------------------------- */

@@ -1,0 +1,984 @@
+/*
+ * The directory watcher: inotify events in, finished files out.
+ *
+ * Why it is shaped this way:
+ * - Events are only hints. A file is read when it has been quiet for the
+ *   debounce period (and closed, or open for writing longer than open_wait_ms),
+ *   and whether it changed is decided by its content hash, not by the events.
+ *   That makes every save pattern, a lost event queue (IN_Q_OVERFLOW) and a
+ *   recreated directory the same case: look at the files again and compare
+ *   hashes, so an update is never missed and never handed over twice.
+ * - A read is trusted only if the file kept its size, times and inode from
+ *   before the read to after it; otherwise it is retried after another quiet
+ *   period, so a half-written file never leaves the watcher.
+ * - Entries (directories and files) are never freed before destroy. The thread
+ *   may therefore keep a pointer to an entry while it reads the file and runs
+ *   the callback without the lock, and hkn_watch_set_deps may link entries
+ *   to each other by pointer.
+ * - Directories the application did not add, but where dependencies live, are
+ *   watched for those dependencies only; nothing there becomes a module.
+ *
+ * Threads and locks: one mutex, mu, guards every mutable field below; the
+ * watcher thread drops it to read a file and to run the callback, never
+ * holding it across either. The trace hook is called with mu held.
+ */
+#include "net/watch.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#define HKN_WATCH_HASH  32
+#define HKN_WATCH_EVBUF 65536
+#define HKN_WATCH_MASK                                                                             \
+    (IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_MODIFY |            \
+     IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+/* File times come from a coarse clock that may lag the wall clock by a tick;
+ * comparisons against a wall-clock threshold allow this much slack, erring
+ * towards a rebuild too many. */
+#define HKN_WATCH_SLACK_NS 20000000LL
+/* Shortest postponement, so that a debounce of 0 cannot spin. */
+#define HKN_WATCH_MIN_WAIT_MS 10
+
+typedef struct hkn_watch_dir {
+    char *path; /* immutable: canonical, no trailing '/' */
+    /* All below: mu. */
+    int modules;           /* 1 when added by hkn_watch_add_dir: sources here are modules */
+    int wd;                /* inotify watch descriptor, -1 while not watched */
+    int64_t next_poll_ms;  /* while wd < 0: when to try to place the watch */
+    int need_scan;         /* list the directory on the next loop */
+    int scan_initial;      /* that listing is the first since hkn_watch_add_dir */
+    struct timespec added; /* wall time the watch was last placed */
+} hkn_watch_dir;
+
+typedef struct hkn_watch_file {
+    hkn_watch_dir *dir; /* immutable */
+    char *name;         /* immutable: bare file name */
+    char *path;         /* immutable: dir->path + '/' + name */
+    char *module;       /* immutable: module name of a source, else NULL */
+    /* All below: mu. */
+    unsigned char hash[HKN_WATCH_HASH]; /* content last read */
+    int has_hash;
+    int pending;           /* a read is due at due_ms */
+    int64_t due_ms;        /* monotonic */
+    int64_t open_since_ms; /* first write not yet followed by a close, else 0 */
+    int force;             /* hand over at the next read even if unchanged */
+    int baseline;          /* the next read records the hash only, unless the
+                            * file was modified at or after `since` */
+    int since_set;
+    struct timespec since;
+    uint64_t changed_seq;         /* w->seq at the last change of a known content, else 0 */
+    uint64_t handed_seq;          /* w->seq at the last handover, else 0 */
+    struct timespec handed_wall;  /* wall clock of the last handover */
+    struct hkn_watch_file **deps; /* what its last build read */
+    int ndeps;
+} hkn_watch_file;
+
+struct hkn_watch {
+    /* Immutable after create. */
+    hkn_watch_opts o;
+    int ifd; /* inotify, non-blocking */
+    int efd; /* eventfd that wakes the thread */
+    pthread_t thread;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* mu: pause handshake */
+    /* All below: mu. */
+    int stop;
+    int paused, paused_ack;
+    hkn_watch_dir **dirs;
+    int ndirs, capdirs;
+    hkn_watch_file **files;
+    int nfiles, capfiles;
+    hkn_watch_stats st;
+    uint64_t seq; /* orders content changes against handovers */
+
+    /* Watcher thread only. */
+    char evbuf[HKN_WATCH_EVBUF] __attribute__((aligned(__alignof__(struct inotify_event))));
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static int64_t hkn_watch_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timespec hkn_watch_wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts;
+}
+
+static long long hkn_watch_ts_ns(struct timespec ts) {
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int hkn_watch_ts_eq(struct timespec a, struct timespec b) {
+    return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+__attribute__((format(printf, 2, 3))) static void hkn_watch_logf(hkn_watch *w, const char *fmt,
+                                                                 ...) {
+    char line[512];
+    va_list ap;
+
+    if (!w->o.log)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    w->o.log(w->o.log_ud, line);
+}
+
+static void hkn_watch_wake(hkn_watch *w) {
+    uint64_t one = 1;
+
+    /* A full counter (EAGAIN) already means "wake up". */
+    if (write(w->efd, &one, sizeof one) < 0) {
+        return;
+    }
+}
+
+static int hkn_watch_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Files that editors write next to the real one while saving. */
+static int hkn_watch_dropping(const char *name) {
+    size_t n = strlen(name);
+
+    if (n == 0 || name[0] == '.' || name[n - 1] == '~')
+        return 1;
+    if (name[0] == '#' && name[n - 1] == '#')
+        return 1;
+    if (strcmp(name, "4913") == 0)
+        return 1;
+    return hkn_watch_ends_with(name, ".swp") || hkn_watch_ends_with(name, ".swx") ||
+           hkn_watch_ends_with(name, ".swo") || hkn_watch_ends_with(name, ".tmp") ||
+           hkn_watch_ends_with(name, "___jb_tmp___") || hkn_watch_ends_with(name, "___jb_old___");
+}
+
+hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size) {
+    static const char *const sources[] = {"cu", "ptx", "cubin", "fatbin"};
+    static const char *const headers[] = {"h", "cuh", "hpp"};
+    const char *first, *ext;
+    size_t i, len;
+
+    if (!name || strchr(name, '/') || hkn_watch_dropping(name))
+        return HKN_WATCH_IGNORED;
+    first = strchr(name, '.');
+    if (!first)
+        return HKN_WATCH_OTHER;
+    ext = strrchr(name, '.') + 1;
+    for (i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+        if (strcmp(ext, sources[i]) != 0)
+            continue;
+        len = (size_t)(first - name);
+        if (module) {
+            if (len >= module_size)
+                return HKN_WATCH_IGNORED;
+            memcpy(module, name, len);
+            module[len] = '\0';
+        }
+        return HKN_WATCH_SOURCE;
+    }
+    for (i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+        if (strcmp(ext, headers[i]) == 0)
+            return HKN_WATCH_HEADER;
+    }
+    return HKN_WATCH_OTHER;
+}
+
+/* Writes the canonical form of path to out: the real path of its directory,
+ * '/', its last component. A relative path is taken relative to base (or the
+ * working directory when base is NULL). The file itself need not exist; when
+ * its directory does not either, the path is kept as written. */
+static int hkn_watch_canon(const char *path, const char *base, char *out, size_t out_size) {
+    char joined[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
+    const char *slash, *name;
+    int n;
+
+    if (path[0] != '/' && base)
+        n = snprintf(joined, sizeof joined, "%s/%s", base, path);
+    else
+        n = snprintf(joined, sizeof joined, "%s", path);
+    if (n < 0 || (size_t)n >= sizeof joined)
+        return HK_ERR_INVALID;
+    slash = strrchr(joined, '/');
+    if (!slash) {
+        snprintf(dir, sizeof dir, ".");
+        name = joined;
+    } else {
+        if (slash == joined)
+            snprintf(dir, sizeof dir, "/");
+        else
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - joined), joined);
+        name = slash + 1;
+    }
+    if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        return HK_ERR_INVALID;
+    if (!realpath(dir, real)) {
+        if (joined[0] != '/')
+            return HK_ERR_INVALID;
+        snprintf(real, sizeof real, "%s", dir);
+    }
+    n = snprintf(out, out_size, "%s/%s", strcmp(real, "/") == 0 ? "" : real, name);
+    if (n < 0 || (size_t)n >= out_size)
+        return HK_ERR_INVALID;
+    return 0;
+}
+
+/* ---- entries (mu held) -------------------------------------------------- */
+
+static hkn_watch_dir *hkn_watch_dir_by_path(hkn_watch *w, const char *path) {
+    for (int i = 0; i < w->ndirs; i++) {
+        if (strcmp(w->dirs[i]->path, path) == 0)
+            return w->dirs[i];
+    }
+    return NULL;
+}
+
+static hkn_watch_dir *hkn_watch_dir_by_wd(hkn_watch *w, int wd) {
+    for (int i = 0; i < w->ndirs; i++) {
+        if (w->dirs[i]->wd == wd)
+            return w->dirs[i];
+    }
+    return NULL;
+}
+
+/* A new, unwatched directory entry, appended to w->dirs. */
+static hkn_watch_dir *hkn_watch_dir_new(hkn_watch *w, const char *path) {
+    hkn_watch_dir *d;
+
+    if (w->ndirs == w->capdirs) {
+        int cap = w->capdirs ? w->capdirs * 2 : 4;
+        hkn_watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
+        if (!nd)
+            return NULL;
+        w->dirs = nd;
+        w->capdirs = cap;
+    }
+    d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->path = strdup(path);
+    if (!d->path) {
+        free(d);
+        return NULL;
+    }
+    d->wd = -1;
+    w->dirs[w->ndirs++] = d;
+    return d;
+}
+
+static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d, const char *name) {
+    for (int i = 0; i < w->nfiles; i++) {
+        if (w->files[i]->dir == d && strcmp(w->files[i]->name, name) == 0)
+            return w->files[i];
+    }
+    return NULL;
+}
+
+static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const char *name) {
+    char module[NAME_MAX + 1];
+    hkn_watch_file *f;
+    size_t len;
+
+    if (w->nfiles == w->capfiles) {
+        int cap = w->capfiles ? w->capfiles * 2 : 16;
+        hkn_watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
+        if (!nf)
+            return NULL;
+        w->files = nf;
+        w->capfiles = cap;
+    }
+    f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->dir = d;
+    f->name = strdup(name);
+    len = strlen(d->path) + 1 + strlen(name) + 1;
+    f->path = malloc(len);
+    if (!f->name || !f->path)
+        goto fail;
+    snprintf(f->path, len, "%s/%s", d->path, name);
+    if (hkn_watch_classify(name, module, sizeof module) == HKN_WATCH_SOURCE) {
+        f->module = strdup(module);
+        if (!f->module)
+            goto fail;
+    }
+    w->files[w->nfiles++] = f;
+    return f;
+
+fail:
+    free(f->path);
+    free(f->name);
+    free(f);
+    return NULL;
+}
+
+/* The entry for an event or a listing in d, created when the name is one the
+ * watcher tracks there. NULL when the name is of no interest. */
+static hkn_watch_file *hkn_watch_file_get(hkn_watch *w, hkn_watch_dir *d, const char *name) {
+    hkn_watch_file *f = hkn_watch_file_find(w, d, name);
+    hkn_watch_kind k;
+
+    if (f || !d->modules)
+        return f;
+    k = hkn_watch_classify(name, NULL, 0);
+    if (k != HKN_WATCH_SOURCE && k != HKN_WATCH_HEADER)
+        return NULL;
+    return hkn_watch_file_new(w, d, name);
+}
+
+static void hkn_watch_schedule(hkn_watch_file *f, int64_t due_ms) {
+    if (!f->pending || f->due_ms < due_ms)
+        f->due_ms = due_ms;
+    f->pending = 1;
+}
+
+/* f's content changed: every file whose build read f is handed over again. */
+static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, int64_t now) {
+    for (int i = 0; i < w->nfiles; i++) {
+        hkn_watch_file *g = w->files[i];
+        for (int j = 0; j < g->ndeps; j++) {
+            if (g->deps[j] != f)
+                continue;
+            g->force = 1;
+            g->baseline = 0;
+            if (!g->pending || g->due_ms > now)
+                g->due_ms = now;
+            g->pending = 1;
+            hkn_watch_logf(w, "dependency %s changed: %s again", f->path, g->path);
+            break;
+        }
+    }
+}
+
+/* ---- events, listings, watches (mu held) -------------------------------- */
+
+static void hkn_watch_lose_dir(hkn_watch *w, hkn_watch_dir *d, int64_t now, const char *why) {
+    d->wd = -1;
+    d->next_poll_ms = now + w->o.dir_poll_ms;
+    w->st.dirs_lost++;
+    hkn_watch_logf(w, "directory %s %s: waiting for it to reappear", d->path, why);
+}
+
+static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_t now) {
+    hkn_watch_dir *d;
+    hkn_watch_file *f;
+
+    w->st.events++;
+    if (ev->mask & IN_Q_OVERFLOW) {
+        w->st.overflows++;
+        for (int i = 0; i < w->ndirs; i++) {
+            if (w->dirs[i]->wd >= 0)
+                w->dirs[i]->need_scan = 1;
+        }
+        hkn_watch_logf(w, "event queue overflow: rescanning %d directories", w->ndirs);
+        return;
+    }
+    d = hkn_watch_dir_by_wd(w, ev->wd);
+    if (!d)
+        return; /* A late event of a watch already given up. */
+    if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) {
+        /* A moved directory keeps its watch under the new name: drop it so
+         * that the path, not the inode, is what is watched. */
+        if (ev->mask & IN_MOVE_SELF)
+            inotify_rm_watch(w->ifd, d->wd);
+        hkn_watch_lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
+        return;
+    }
+    if (ev->len == 0 || (ev->mask & IN_ISDIR))
+        return;
+    f = hkn_watch_file_get(w, d, ev->name);
+    if (!f)
+        return;
+    if (ev->mask & (IN_CREATE | IN_MODIFY)) {
+        if (!f->open_since_ms)
+            f->open_since_ms = now;
+    } else {
+        f->open_since_ms = 0;
+    }
+    f->baseline = 0;
+    f->pending = 1;
+    f->due_ms = now + w->o.debounce_ms;
+}
+
+static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
+    struct dirent *de;
+    DIR *dh;
+    int initial = d->scan_initial;
+    struct timespec since = d->added;
+
+    d->need_scan = 0;
+    d->scan_initial = 0;
+    w->st.rescans++;
+    since.tv_nsec -= HKN_WATCH_SLACK_NS;
+    if (since.tv_nsec < 0) {
+        since.tv_nsec += 1000000000L;
+        since.tv_sec--;
+    }
+    dh = opendir(d->path);
+    if (!dh) {
+        hkn_watch_logf(w, "cannot list %s: %s", d->path, strerror(errno));
+        return;
+    }
+    while ((de = readdir(dh)) != NULL) {
+        hkn_watch_file *f;
+        if (de->d_type == DT_DIR)
+            continue;
+        f = hkn_watch_file_get(w, d, de->d_name);
+        if (!f)
+            continue;
+        /* A file seen for the first time is handed over when it is a module
+         * source of an added directory (unless the application asked
+         * otherwise). Anything else is only recorded, unless it was modified
+         * after the watch was placed, which is then a change. */
+        if (!f->has_hash && (!f->module || !d->modules || (initial && w->o.no_initial_scan))) {
+            f->baseline = 1;
+            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
+                f->since = since;
+                f->since_set = 1;
+            }
+        }
+        hkn_watch_schedule(f, now + w->o.debounce_ms);
+    }
+    closedir(dh);
+}
+
+/* Places missing watches whose time has come, then lists what needs it. */
+static void hkn_watch_dirs_tick(hkn_watch *w, int64_t now) {
+    for (int i = 0; i < w->ndirs; i++) {
+        hkn_watch_dir *d = w->dirs[i];
+        if (d->wd < 0 && now >= d->next_poll_ms) {
+            d->added = hkn_watch_wall();
+            d->wd = inotify_add_watch(w->ifd, d->path, HKN_WATCH_MASK);
+            if (d->wd < 0) {
+                d->next_poll_ms = now + w->o.dir_poll_ms;
+                continue;
+            }
+            d->need_scan = 1;
+            hkn_watch_logf(w, "watching %s", d->path);
+        }
+        if (d->wd >= 0 && d->need_scan)
+            hkn_watch_scan(w, d, now);
+    }
+}
+
+/* ---- reading a file (no lock) ------------------------------------------- */
+
+enum hkn_watch_read_result {
+    HKN_WATCH_READ_OK,
+    HKN_WATCH_READ_GONE,     /* no such file (any more) */
+    HKN_WATCH_READ_UNSTABLE, /* changed during the read */
+    HKN_WATCH_READ_EMPTY,
+    HKN_WATCH_READ_SKIP, /* not a regular file, too large, or unreadable */
+};
+
+static int hkn_watch_read(const char *path, size_t max, unsigned char **out, size_t *out_size,
+                          struct timespec *mtime) {
+    struct stat a, b, c;
+    unsigned char *buf = NULL;
+    size_t got = 0;
+    int fd, rc;
+
+    *out = NULL;
+    *out_size = 0;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return (errno == ENOENT || errno == ENOTDIR) ? HKN_WATCH_READ_GONE : HKN_WATCH_READ_SKIP;
+    rc = HKN_WATCH_READ_SKIP;
+    if (fstat(fd, &a) < 0 || !S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
+        goto out;
+    /* One byte more than the size, to notice a file that grows meanwhile. */
+    buf = malloc((size_t)a.st_size + 1);
+    if (!buf)
+        goto out;
+    for (;;) {
+        ssize_t n = read(fd, buf + got, (size_t)a.st_size + 1 - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            goto out;
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        if (got > (size_t)a.st_size)
+            break;
+    }
+    rc = HKN_WATCH_READ_UNSTABLE;
+    if (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
+        !hkn_watch_ts_eq(b.st_mtim, a.st_mtim) || !hkn_watch_ts_eq(b.st_ctim, a.st_ctim))
+        goto out;
+    /* Renamed over while we read: what we hold is no longer the file. */
+    if (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev)
+        goto out;
+    if (got == 0) {
+        rc = HKN_WATCH_READ_EMPTY;
+        goto out;
+    }
+    *mtime = a.st_mtim;
+    *out = buf;
+    *out_size = got;
+    buf = NULL;
+    rc = HKN_WATCH_READ_OK;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* ---- the thread --------------------------------------------------------- */
+
+/* Reads f, whose time has come, and hands it over if it changed. Called and
+ * returns with mu held; drops it for the read and the callback. */
+static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
+    unsigned char hash[HKN_WATCH_HASH];
+    unsigned char *bytes = NULL;
+    struct timespec mtime = {0, 0};
+    size_t size = 0;
+    int rc, changed, hand;
+    int64_t wait =
+        w->o.debounce_ms > HKN_WATCH_MIN_WAIT_MS ? w->o.debounce_ms : HKN_WATCH_MIN_WAIT_MS;
+
+    if (f->open_since_ms && now < f->open_since_ms + w->o.open_wait_ms) {
+        /* Still open for writing: wait for the close, but not forever (a
+         * program may keep it open and never write again). */
+        int64_t limit = f->open_since_ms + w->o.open_wait_ms;
+        f->due_ms = now + wait < limit ? now + wait : limit;
+        return;
+    }
+    f->pending = 0;
+    f->open_since_ms = 0;
+    pthread_mutex_unlock(&w->mu);
+    rc = hkn_watch_read(f->path, w->o.max_file_size, &bytes, &size, &mtime);
+    if (rc == HKN_WATCH_READ_OK)
+        crypto_generichash(hash, sizeof hash, bytes, size, NULL, 0);
+    pthread_mutex_lock(&w->mu);
+    now = hkn_watch_now_ms();
+
+    switch (rc) {
+    case HKN_WATCH_READ_OK:
+        break;
+    case HKN_WATCH_READ_UNSTABLE:
+        w->st.retries++;
+        hkn_watch_schedule(f, now + wait);
+        hkn_watch_logf(w, "%s changed while being read: trying again", f->path);
+        return;
+    case HKN_WATCH_READ_EMPTY:
+        hkn_watch_logf(w, "%s is empty: not handed over", f->path);
+        return;
+    case HKN_WATCH_READ_SKIP:
+        hkn_watch_logf(w, "%s is not a readable regular file under the size cap", f->path);
+        return;
+    default: /* Gone: a later event brings it back if it reappears. */
+        return;
+    }
+
+    changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
+    if (changed && f->baseline && f->since_set &&
+        hkn_watch_ts_ns(mtime) < hkn_watch_ts_ns(f->since)) {
+        /* Recorded as it was before we were watching, or before a dependent
+         * build read it: not a change. */
+        changed = 0;
+        memcpy(f->hash, hash, sizeof hash);
+        f->has_hash = 1;
+    }
+    f->baseline = 0;
+    if (changed) {
+        if (f->has_hash || f->since_set)
+            f->changed_seq = ++w->seq;
+        memcpy(f->hash, hash, sizeof hash);
+        f->has_hash = 1;
+        hkn_watch_force_dependents(w, f, now);
+    }
+    hand = f->module && f->dir->modules && (changed || f->force);
+    if (hand) {
+        f->force = 0;
+        f->handed_seq = ++w->seq;
+        f->handed_wall = hkn_watch_wall();
+        w->st.handovers++;
+        hkn_watch_logf(w, "%s: module %s, %zu bytes", f->path, f->module, size);
+        pthread_mutex_unlock(&w->mu);
+        w->o.fn(w->o.ud, f->module, f->path, bytes, size);
+        pthread_mutex_lock(&w->mu);
+    }
+    free(bytes);
+}
+
+/* The first file whose read is due, else NULL with *deadline set to the
+ * earliest moment something will be (-1: nothing scheduled). */
+static hkn_watch_file *hkn_watch_next(hkn_watch *w, int64_t now, int64_t *deadline) {
+    int64_t best = -1;
+
+    for (int i = 0; i < w->nfiles; i++) {
+        hkn_watch_file *f = w->files[i];
+        if (!f->pending)
+            continue;
+        if (f->due_ms <= now)
+            return f;
+        if (best < 0 || f->due_ms < best)
+            best = f->due_ms;
+    }
+    for (int i = 0; i < w->ndirs; i++) {
+        if (w->dirs[i]->wd < 0 && (best < 0 || w->dirs[i]->next_poll_ms < best))
+            best = w->dirs[i]->next_poll_ms;
+    }
+    *deadline = best;
+    return NULL;
+}
+
+static void *hkn_watch_main(void *arg) {
+    hkn_watch *w = arg;
+
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        struct pollfd pfd[2];
+        hkn_watch_file *f;
+        int64_t now, deadline;
+        ssize_t n = 0;
+        int timeout;
+
+        if (w->paused) {
+            w->paused_ack = 1;
+            pthread_cond_broadcast(&w->cv);
+            pthread_cond_wait(&w->cv, &w->mu);
+            continue;
+        }
+        w->paused_ack = 0;
+        now = hkn_watch_now_ms();
+        hkn_watch_dirs_tick(w, now);
+        f = hkn_watch_next(w, now, &deadline);
+        if (f) {
+            hkn_watch_due(w, f, now);
+            continue;
+        }
+        timeout = -1;
+        if (deadline >= 0)
+            timeout = deadline <= now            ? 0
+                      : deadline - now > INT_MAX ? INT_MAX
+                                                 : (int)(deadline - now);
+        pfd[0].fd = w->ifd;
+        pfd[0].events = POLLIN;
+        pfd[1].fd = w->efd;
+        pfd[1].events = POLLIN;
+        pthread_mutex_unlock(&w->mu);
+        if (poll(pfd, 2, timeout) > 0) {
+            if (pfd[1].revents & POLLIN) {
+                uint64_t v;
+                if (read(w->efd, &v, sizeof v) < 0) {
+                    /* EAGAIN: another reader cannot exist; nothing to do. */
+                }
+            }
+            if (pfd[0].revents & POLLIN)
+                n = read(w->ifd, w->evbuf, sizeof w->evbuf);
+        }
+        pthread_mutex_lock(&w->mu);
+        if (n > 0) {
+            int64_t t = hkn_watch_now_ms();
+            for (char *p = w->evbuf; p < w->evbuf + n;) {
+                const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+                hkn_watch_event(w, ev, t);
+                p += sizeof *ev + ev->len;
+            }
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---- API ---------------------------------------------------------------- */
+
+void hkn_watch_opts_init(hkn_watch_opts *o) {
+    if (!o)
+        return;
+    memset(o, 0, sizeof *o);
+    o->debounce_ms = 50;
+    o->dir_poll_ms = 200;
+    o->open_wait_ms = 1000;
+    o->max_file_size = (size_t)64 << 20;
+}
+
+int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
+    hkn_watch *w;
+    int err, saved;
+
+    if (!out || !o || !o->fn)
+        return HK_ERR_INVALID;
+    *out = NULL;
+    if (sodium_init() < 0)
+        return HK_ERR_IO;
+    w = calloc(1, sizeof *w);
+    if (!w)
+        return HK_ERR_NOMEM;
+    w->o = *o;
+    if (w->o.debounce_ms < 0)
+        w->o.debounce_ms = 50;
+    if (w->o.dir_poll_ms <= 0)
+        w->o.dir_poll_ms = 200;
+    if (w->o.open_wait_ms < 0)
+        w->o.open_wait_ms = 1000;
+    if (w->o.max_file_size == 0)
+        w->o.max_file_size = (size_t)64 << 20;
+
+    err = HK_ERR_IO;
+    w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (w->ifd < 0)
+        goto fail_free;
+    w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->efd < 0)
+        goto fail_ifd;
+    if (pthread_mutex_init(&w->mu, NULL) != 0)
+        goto fail_efd;
+    if (pthread_cond_init(&w->cv, NULL) != 0)
+        goto fail_mu;
+    errno = pthread_create(&w->thread, NULL, hkn_watch_main, w);
+    if (errno != 0)
+        goto fail_cv;
+    *out = w;
+    return 0;
+
+fail_cv:
+    pthread_cond_destroy(&w->cv);
+fail_mu:
+    pthread_mutex_destroy(&w->mu);
+fail_efd:
+    saved = errno;
+    close(w->efd);
+    errno = saved;
+fail_ifd:
+    saved = errno;
+    close(w->ifd);
+    errno = saved;
+fail_free:
+    free(w);
+    return err;
+}
+
+void hkn_watch_destroy(hkn_watch *w) {
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    hkn_watch_wake(w);
+    pthread_join(w->thread, NULL);
+
+    close(w->efd);
+    close(w->ifd);
+    for (int i = 0; i < w->nfiles; i++) {
+        free(w->files[i]->deps);
+        free(w->files[i]->module);
+        free(w->files[i]->path);
+        free(w->files[i]->name);
+        free(w->files[i]);
+    }
+    for (int i = 0; i < w->ndirs; i++) {
+        free(w->dirs[i]->path);
+        free(w->dirs[i]);
+    }
+    free(w->files);
+    free(w->dirs);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
+    char real[PATH_MAX];
+    struct stat st;
+    hkn_watch_dir *d;
+    int fresh = 0, wd, saved;
+
+    if (!w || !dir || !*dir)
+        return HK_ERR_INVALID;
+    if (!realpath(dir, real) || stat(real, &st) < 0)
+        return HK_ERR_IO;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return HK_ERR_IO;
+    }
+
+    pthread_mutex_lock(&w->mu);
+    d = hkn_watch_dir_by_path(w, real);
+    if (d && d->modules) {
+        pthread_mutex_unlock(&w->mu);
+        return 0;
+    }
+    if (!d) {
+        d = hkn_watch_dir_new(w, real);
+        if (!d) {
+            pthread_mutex_unlock(&w->mu);
+            return HK_ERR_NOMEM;
+        }
+        fresh = 1;
+    }
+    if (d->wd < 0) {
+        /* Placed here rather than on the thread so that every change made
+         * after this call returns produces events. */
+        struct timespec added = hkn_watch_wall();
+        wd = inotify_add_watch(w->ifd, real, HKN_WATCH_MASK);
+        if (wd < 0) {
+            saved = errno;
+            if (fresh) {
+                w->ndirs--;
+                free(d->path);
+                free(d);
+            }
+            pthread_mutex_unlock(&w->mu);
+            errno = saved;
+            return HK_ERR_IO;
+        }
+        d->wd = wd;
+        d->added = added;
+    }
+    d->modules = 1;
+    d->need_scan = 1;
+    d->scan_initial = 1;
+    pthread_mutex_unlock(&w->mu);
+    hkn_watch_wake(w);
+    return 0;
+}
+
+int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const *dep_paths, int n) {
+    char canon[PATH_MAX];
+    hkn_watch_file *src = NULL, **deps = NULL;
+    int m = 0, force = 0, wake = 0;
+    int64_t now;
+
+    if (!w || !source_path || n < 0 || (n > 0 && !dep_paths))
+        return HK_ERR_INVALID;
+    if (hkn_watch_canon(source_path, NULL, canon, sizeof canon) < 0)
+        return HK_ERR_INVALID;
+    if (n > 0) {
+        deps = calloc((size_t)n, sizeof *deps);
+        if (!deps)
+            return HK_ERR_NOMEM;
+    }
+
+    pthread_mutex_lock(&w->mu);
+    now = hkn_watch_now_ms();
+    for (int i = 0; i < w->nfiles && !src; i++) {
+        if (strcmp(w->files[i]->path, canon) == 0)
+            src = w->files[i];
+    }
+    if (!src || !src->module || !src->dir->modules) {
+        pthread_mutex_unlock(&w->mu);
+        free(deps);
+        return HK_ERR_NOT_FOUND;
+    }
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        hkn_watch_dir *d;
+        hkn_watch_file *f;
+        char *slash;
+        int dup = 0;
+
+        if (!dep_paths[i] || hkn_watch_canon(dep_paths[i], src->dir->path, path, sizeof path) < 0)
+            continue;
+        slash = strrchr(path, '/');
+        if (strcmp(path, src->path) == 0 || hkn_watch_dropping(slash + 1))
+            continue;
+        *slash = '\0';
+        d = hkn_watch_dir_by_path(w, path[0] ? path : "/");
+        if (!d) {
+            /* Watched for this dependency's sake; the thread places it. */
+            d = hkn_watch_dir_new(w, path[0] ? path : "/");
+            if (!d)
+                continue;
+            wake = 1;
+        }
+        f = hkn_watch_file_find(w, d, slash + 1);
+        if (!f)
+            f = hkn_watch_file_new(w, d, slash + 1);
+        if (!f)
+            continue;
+        for (int j = 0; j < m; j++)
+            dup |= deps[j] == f;
+        if (dup)
+            continue;
+        if (!f->has_hash) {
+            /* Its content is unknown yet: it is read soon, and counts as a
+             * change if it was modified after the source was handed over. */
+            struct timespec since = src->handed_seq ? src->handed_wall : hkn_watch_wall();
+            since.tv_nsec -= HKN_WATCH_SLACK_NS;
+            if (since.tv_nsec < 0) {
+                since.tv_nsec += 1000000000L;
+                since.tv_sec--;
+            }
+            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
+                f->since = since;
+                f->since_set = 1;
+            }
+            if (!f->pending) {
+                f->baseline = 1;
+                hkn_watch_schedule(f, now);
+                wake = 1;
+            }
+        } else if (src->handed_seq && f->changed_seq > src->handed_seq) {
+            /* It changed after the source was handed over: the build that
+             * reports it may have read the old content. */
+            force = 1;
+        }
+        deps[m++] = f;
+    }
+    free(src->deps);
+    src->deps = deps;
+    src->ndeps = m;
+    if (force) {
+        src->force = 1;
+        src->baseline = 0;
+        hkn_watch_schedule(src, now);
+        wake = 1;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (wake)
+        hkn_watch_wake(w);
+    return 0;
+}
+
+void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out) {
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    *out = w->st;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void hkn_watch_pause(hkn_watch *w, int on) {
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->paused = on ? 1 : 0;
+    pthread_cond_broadcast(&w->cv);
+    if (on) {
+        pthread_mutex_unlock(&w->mu);
+        hkn_watch_wake(w);
+        pthread_mutex_lock(&w->mu);
+        while (w->paused && !w->paused_ack && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+}

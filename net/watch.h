@@ -1,0 +1,147 @@
+/*
+ * net/watch: turns edits in kernel source directories into finished files.
+ *
+ * Editors save in many ways (write in place, write a temporary file and rename
+ * it over, delete and create, vim's backup dance) and each save is a burst of
+ * inotify events, some of them for files that are not kernels at all. A build
+ * started on the first event would read half a file. The watcher therefore
+ * waits until a file has been quiet for a while, reads it whole, checks that
+ * it did not change during the read, and hands it over only when its content
+ * hash differs from the last one handed over. Headers are tracked as
+ * dependencies: a changed header hands over again every source that read it.
+ *
+ * Private to libhotkern (prefix hkn_watch_). One watcher owns one inotify
+ * instance and one thread. That thread only reads files and hands them to the
+ * callback; whoever receives them (the runtime's worker, through hk_submit)
+ * does the building. Every function is safe from any thread; only
+ * hkn_watch_destroy may not be called from the callback.
+ *
+ * File names and modules
+ * - NAME.cu, NAME.ptx, NAME.cubin and NAME.fatbin are module sources: module
+ *   NAME is the file name up to its first '.', so "particles.v2.cu" is module
+ *   "particles". The kind is taken from the last extension, in lower case.
+ * - NAME.h, NAME.cuh and NAME.hpp are headers: never handed over themselves,
+ *   only tracked as dependencies of the sources that include them.
+ * - Ignored, whatever else: dotfiles (".particles.cu.swp", ".#particles.cu"),
+ *   names ending in '~' (backups), "*.swp", "*.swx", "*.tmp", vim's probe file
+ *   "4913", emacs' "#particles.cu#", and every other extension. A file named
+ *   by hkn_watch_set_deps is tracked whatever its extension, unless it is one
+ *   of the editor droppings above.
+ */
+#ifndef HK_NET_WATCH_H
+#define HK_NET_WATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hotkern/hotkern.h"
+
+typedef struct hkn_watch hkn_watch;
+
+/* Receives one finished change: module `module` now has the `size` bytes at
+ * `bytes`, read from `path` (the watched directory's canonical path, '/', the
+ * file name). Called on the watcher thread with no watcher lock held; every
+ * pointer is valid during the call only, so the callback copies what it keeps.
+ * It may call hkn_watch_add_dir and hkn_watch_set_deps, not hkn_watch_destroy. */
+typedef void (*hkn_watch_fn)(void *ud, const char *module, const char *path, const void *bytes,
+                             size_t size);
+
+/* One line of trace ("event queue overflow: rescanning 2 directories"), on
+ * the watcher thread with the watcher's lock held: it must return quickly and
+ * not call hkn_watch functions. */
+typedef void (*hkn_watch_log_fn)(void *ud, const char *line);
+
+typedef struct hkn_watch_opts {
+    hkn_watch_fn fn;      /* required */
+    void *ud;             /* passed to fn */
+    int debounce_ms;      /* quiet period after a file's last event; default 50 */
+    int no_initial_scan;  /* 1: files present when a directory is added are
+                           * recorded, not handed over (default 0); one
+                           * modified within a clock tick (20 ms) before the
+                           * watch was placed is handed over all the same */
+    int dir_poll_ms;      /* how often a vanished directory is looked for;
+                           * default 200 */
+    int open_wait_ms;     /* how much longer a file still open for writing
+                           * (modified, not yet closed) is waited for; default 1000 */
+    size_t max_file_size; /* larger files are skipped; default 64 MiB */
+    hkn_watch_log_fn log; /* optional trace */
+    void *log_ud;
+} hkn_watch_opts;
+
+/* Counters, all monotonic. */
+typedef struct hkn_watch_stats {
+    uint64_t events;    /* inotify events read */
+    uint64_t handovers; /* calls of the callback */
+    uint64_t overflows; /* IN_Q_OVERFLOW seen */
+    uint64_t rescans;   /* directory listings: on add, after an overflow, on re-add */
+    uint64_t retries;   /* reads repeated because the file changed during the read */
+    uint64_t dirs_lost; /* watched directories that disappeared */
+} hkn_watch_stats;
+
+/* Fills o with the defaults above (fn NULL). */
+void hkn_watch_opts_init(hkn_watch_opts *o);
+
+/* Creates the inotify instance and starts the watcher thread. Options are
+ * copied. Returns 0, HK_ERR_INVALID (no callback), HK_ERR_NOMEM, or HK_ERR_IO
+ * (inotify or thread creation failed; errno is left set). On success *out is
+ * owned by the caller: hkn_watch_destroy(). */
+int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o);
+
+/* Stops the thread (promptly: a callback in progress is finished first), then
+ * frees everything. Must not be called from the callback. w may be NULL. */
+void hkn_watch_destroy(hkn_watch *w);
+
+/* Watches directory dir (not recursively). Its files are listed on the
+ * watcher thread soon after: module sources present then are handed over once
+ * (unless no_initial_scan). Adding a directory twice is harmless. Returns 0,
+ * HK_ERR_INVALID, HK_ERR_NOMEM, or HK_ERR_IO when dir is not a reachable
+ * directory or inotify refuses it (errno is left set). */
+int hkn_watch_add_dir(hkn_watch *w, const char *dir);
+
+/* Records that the last build of source_path read the n files in dep_paths
+ * (replacing what was recorded before). When one of them changes content,
+ * source_path is handed over again even if its own content did not change.
+ * Relative dependency paths are taken relative to the source's directory;
+ * directories of dependencies outside the watched ones are watched too (for
+ * dependencies only). If a dependency changed after the source was last handed
+ * over, the source is handed over again at once: its build may have read the
+ * old content. Returns 0, HK_ERR_INVALID, HK_ERR_NOMEM, or HK_ERR_NOT_FOUND
+ * when source_path is not a module source of a watched directory. */
+int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const *dep_paths, int n);
+
+/* Snapshot of the counters. */
+void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out);
+
+/* Test and diagnostic hook: with on = 1 the watcher thread stops reading
+ * events (the kernel queue then fills, and overflows) and this call returns
+ * once it has stopped; on = 0 lets it go on. */
+void hkn_watch_pause(hkn_watch *w, int on);
+
+/* What a file name is to the watcher. */
+typedef enum hkn_watch_kind {
+    HKN_WATCH_IGNORED = 0, /* editor dropping, or a module name that does not fit */
+    HKN_WATCH_SOURCE = 1,  /* module source: NAME.cu/.ptx/.cubin/.fatbin */
+    HKN_WATCH_HEADER = 2,  /* .h, .cuh, .hpp */
+    HKN_WATCH_OTHER = 3,   /* not a dropping, but only tracked as a dependency */
+} hkn_watch_kind;
+
+/* Classifies a bare file name (no '/'). For a source, the module name is
+ * written to module (NUL-terminated) when module_size allows; a module name
+ * that does not fit makes the file HKN_WATCH_IGNORED. module may be NULL. */
+hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size);
+
+/* ---- runtime glue (net/watch_api.c) ------------------------------------- */
+
+/* Stops and frees the watcher of rt, if hk_watch_dir made one. Called by the
+ * runtime on destroy, before its workers stop: no callback runs afterwards.
+ * rt may be NULL. */
+void hkn_watch_release(hk_runtime *rt);
+
+/* Called by the engine after each CUDA C build whose source_name is a watched
+ * path: forwards the files the build read to that watcher's
+ * hkn_watch_set_deps. A no-op when rt watches nothing or the source is not
+ * watched. Safe from any thread. */
+void hkn_watch_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
+                          int ndeps);
+
+#endif /* HK_NET_WATCH_H */

@@ -1,0 +1,394 @@
+/*
+ * On-disk compile cache: one file per entry, named by its key.
+ *
+ * The cache exists so that a program restarted with the same kernels, or two
+ * processes loading the same sources, skip NVRTC (tens of milliseconds per
+ * module). Its directory is shared by every process of the user, so nothing
+ * here may trust what it reads or assume it is alone:
+ * - An entry is written to a temporary file in the same directory, fsync'd and
+ *   renamed over its final name. rename() is atomic, so a reader sees the old
+ *   entry, the new one, or none, never half a file.
+ * - Each entry carries a header (magic, payload length, BLAKE2b of the
+ *   payload). A short or corrupt file is a miss and is deleted; the build
+ *   that follows writes a good one.
+ * - Least-recently-used eviction uses file mtimes: a hit touches its entry.
+ *   After each write the directory is scanned under an exclusive flock on
+ *   "lock" (so concurrent evictions do not delete twice as much as needed) and
+ *   the oldest entries go until the total is within the bound. Readers take no
+ *   lock: an entry deleted under a reader is still readable through its open
+ *   descriptor, and one deleted before the open is a miss.
+ * The in-process state is only the hit/miss counters, under a mutex.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ptx/ptx.h"
+
+#define ENTRY_MAGIC  "HKCACHE1"
+#define HEADER_BYTES (8 + 8 + HKP_KEY_BYTES)
+#define ENTRY_SUFFIX ".hkc"
+#define TMP_PREFIX   ".tmp-"
+/* Temporary files older than this belong to a writer that died. */
+#define STALE_TMP_SECONDS 3600
+
+struct hkp_cache {
+    char *dir; /* immutable after open */
+    uint64_t max_bytes;
+    pthread_mutex_t lock; /* protects the counters below */
+    uint64_t hits, misses;
+};
+
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return HK_ERR_INVALID;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return HK_ERR_IO;
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return HK_ERR_IO;
+    return 0;
+}
+
+int hkp_cache_default_dir(char *buf, size_t n) {
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int len;
+    if (!buf || !n)
+        return HK_ERR_INVALID;
+    if (xdg && xdg[0] == '/')
+        len = snprintf(buf, n, "%s/hotkern", xdg);
+    else if (home && home[0])
+        len = snprintf(buf, n, "%s/.cache/hotkern", home);
+    else
+        return HK_ERR_NOT_FOUND;
+    return (len < 0 || (size_t)len >= n) ? HK_ERR_INVALID : 0;
+}
+
+int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes) {
+    if (!out || !dir || !dir[0])
+        return HK_ERR_INVALID;
+    if (max_bytes == 0)
+        max_bytes = HKP_CACHE_DEFAULT_BYTES;
+    *out = NULL;
+    if (sodium_init() < 0)
+        return HK_ERR_UNSUPPORTED;
+    int rc = mkdir_p(dir);
+    if (rc)
+        return rc;
+    hkp_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return HK_ERR_NOMEM;
+    c->dir = strdup(dir);
+    if (!c->dir) {
+        free(c);
+        return HK_ERR_NOMEM;
+    }
+    c->max_bytes = max_bytes;
+    pthread_mutex_init(&c->lock, NULL);
+    *out = c;
+    return 0;
+}
+
+void hkp_cache_close(hkp_cache *c) {
+    if (!c)
+        return;
+    pthread_mutex_destroy(&c->lock);
+    free(c->dir);
+    free(c);
+}
+
+void hkp_cache_note(hkp_cache *c, int hit) {
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (hit)
+        c->hits++;
+    else
+        c->misses++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int entry_path(const hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], char *buf, size_t n) {
+    char hex[2 * HKP_KEY_BYTES + 1];
+    sodium_bin2hex(hex, sizeof hex, key, HKP_KEY_BYTES);
+    int len = snprintf(buf, n, "%s/%s" ENTRY_SUFFIX, c->dir, hex);
+    return (len < 0 || (size_t)len >= n) ? HK_ERR_INVALID : 0;
+}
+
+static int is_entry_name(const char *name) {
+    size_t n = strlen(name);
+    if (n != 2 * HKP_KEY_BYTES + strlen(ENTRY_SUFFIX))
+        return 0;
+    for (size_t i = 0; i < 2 * HKP_KEY_BYTES; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return 0;
+    return strcmp(name + 2 * HKP_KEY_BYTES, ENTRY_SUFFIX) == 0;
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+    unsigned char *p = buf;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const unsigned char *p = buf;
+    while (n) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size) {
+    char path[4200];
+    unsigned char *buf = NULL;
+    int fd = -1, rc = HK_ERR_NOT_FOUND, corrupt = 0;
+
+    if (!c || !key || !data || !size)
+        return HK_ERR_INVALID;
+    *data = NULL;
+    *size = 0;
+    if (entry_path(c, key, path, sizeof path))
+        return HK_ERR_INVALID;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        goto out;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        goto out;
+    if (st.st_size < HEADER_BYTES || (uint64_t)st.st_size > c->max_bytes) {
+        corrupt = 1;
+        goto out;
+    }
+    buf = malloc((size_t)st.st_size);
+    if (!buf) {
+        rc = HK_ERR_NOMEM;
+        goto out;
+    }
+    if (read_all(fd, buf, (size_t)st.st_size) != 0) {
+        corrupt = 1;
+        goto out;
+    }
+    uint64_t len = hkp_rd64(buf + 8);
+    uint8_t digest[HKP_KEY_BYTES];
+    if (memcmp(buf, ENTRY_MAGIC, 8) != 0 || len != (uint64_t)st.st_size - HEADER_BYTES) {
+        corrupt = 1;
+        goto out;
+    }
+    crypto_generichash(digest, sizeof digest, buf + HEADER_BYTES, len, NULL, 0);
+    if (sodium_memcmp(digest, buf + 16, sizeof digest) != 0) {
+        corrupt = 1;
+        goto out;
+    }
+    /* Touch for LRU; a failure only makes the entry look older. */
+    (void)futimens(fd, NULL);
+    memmove(buf, buf + HEADER_BYTES, len);
+    *data = buf;
+    *size = len;
+    buf = NULL;
+    rc = 0;
+out:
+    if (corrupt)
+        (void)unlink(path);
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return rc;
+}
+
+struct scanned {
+    char name[2 * HKP_KEY_BYTES + 8];
+    uint64_t size;
+    struct timespec mtime;
+};
+
+static int by_mtime(const void *a, const void *b) {
+    const struct scanned *x = a, *y = b;
+    if (x->mtime.tv_sec != y->mtime.tv_sec)
+        return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+    if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+        return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Lists the entries (and, when reap is set, deletes stale temporary files).
+ * On success *list is malloc'd with *n elements and *total their bytes. */
+static int scan_dir(const hkp_cache *c, int reap, struct scanned **list, size_t *n,
+                    uint64_t *total) {
+    DIR *d = opendir(c->dir);
+    struct scanned *v = NULL;
+    size_t cnt = 0, cap = 0;
+    uint64_t sum = 0;
+    int rc = 0;
+    time_t now = time(NULL);
+
+    if (!d)
+        return HK_ERR_IO;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (reap && strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
+            if (now - st.st_mtime > STALE_TMP_SECONDS)
+                (void)unlinkat(dirfd(d), de->d_name, 0);
+            continue;
+        }
+        if (!is_entry_name(de->d_name))
+            continue;
+        if (cnt == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            struct scanned *nv = realloc(v, ncap * sizeof *nv);
+            if (!nv) {
+                rc = HK_ERR_NOMEM;
+                goto out;
+            }
+            v = nv;
+            cap = ncap;
+        }
+        /* is_entry_name() fixed the length, which fits. */
+        memcpy(v[cnt].name, de->d_name, strlen(de->d_name) + 1);
+        v[cnt].size = (uint64_t)st.st_size;
+        v[cnt].mtime = st.st_mtim;
+        sum += (uint64_t)st.st_size;
+        cnt++;
+    }
+out:
+    closedir(d);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *list = v;
+    *n = cnt;
+    *total = sum;
+    return 0;
+}
+
+/* Deletes the least recently used entries until the directory fits. */
+static int evict(hkp_cache *c) {
+    char lockpath[4200];
+    struct scanned *v = NULL;
+    size_t n = 0;
+    uint64_t total = 0;
+    int fd = -1, rc;
+
+    snprintf(lockpath, sizeof lockpath, "%s/lock", c->dir);
+    fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return HK_ERR_IO;
+    while (flock(fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            rc = HK_ERR_IO;
+            goto out;
+        }
+    }
+    rc = scan_dir(c, 1, &v, &n, &total);
+    if (rc || total <= c->max_bytes)
+        goto out;
+    qsort(v, n, sizeof *v, by_mtime);
+    int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        rc = HK_ERR_IO;
+        goto out;
+    }
+    for (size_t i = 0; i < n && total > c->max_bytes; i++) {
+        if (unlinkat(dfd, v[i].name, 0) == 0 || errno == ENOENT)
+            total -= v[i].size;
+    }
+    close(dfd);
+out:
+    free(v);
+    close(fd); /* releases the flock */
+    return rc;
+}
+
+int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size) {
+    char path[4200], tmp[4200];
+    unsigned char header[HEADER_BYTES];
+    int fd = -1, rc = HK_ERR_IO;
+
+    if (!c || !key || (!data && size))
+        return HK_ERR_INVALID;
+    if ((uint64_t)size + HEADER_BYTES > c->max_bytes)
+        return 0; /* would evict everything else and still not fit */
+    if (entry_path(c, key, path, sizeof path))
+        return HK_ERR_INVALID;
+    snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "XXXXXX", c->dir);
+    memcpy(header, ENTRY_MAGIC, 8);
+    for (int i = 0; i < 8; i++)
+        header[8 + i] = (unsigned char)((uint64_t)size >> (8 * i));
+    crypto_generichash(header + 16, HKP_KEY_BYTES, data, size, NULL, 0);
+
+    fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        return HK_ERR_IO;
+    if (write_all(fd, header, sizeof header) != 0 || write_all(fd, data, size) != 0 ||
+        fsync(fd) != 0)
+        goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0)
+        goto fail;
+    return evict(c);
+fail:
+    if (fd >= 0)
+        close(fd);
+    (void)unlink(tmp);
+    return rc;
+}
+
+void hkp_cache_stats(hkp_cache *c, uint64_t *hits, uint64_t *misses, uint64_t *bytes) {
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (hits)
+        *hits = c->hits;
+    if (misses)
+        *misses = c->misses;
+    pthread_mutex_unlock(&c->lock);
+    if (bytes) {
+        struct scanned *v = NULL;
+        size_t n = 0;
+        uint64_t total = 0;
+        *bytes = scan_dir(c, 0, &v, &n, &total) == 0 ? total : 0;
+        free(v);
+    }
+}

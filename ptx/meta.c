@@ -1,0 +1,1242 @@
+/*
+ * Metadata of kernel images: entry names, parameter layouts, globals, archs.
+ *
+ * A swap is validated before the driver sees the new code (does every kernel
+ * with a handle still exist, with the same parameter layout; do carried
+ * globals keep their size), and the same answers are needed on machines
+ * without a GPU, so they are read from the image itself rather than from the
+ * driver. The parsers are hand-written because the inputs are small, the
+ * formats are stable, and no library reads CUDA's ELF attributes. Their input
+ * comes from files and the network: every offset and length is checked
+ * against the buffer before it is used, every count is bounded by the bytes
+ * that would have to hold it, and they are fuzzed (tests/fuzz/fuzz_meta.c).
+ *
+ * Layout facts, verified against nvcc/NVRTC 13.0 output (readelf, and the
+ * .nv.info dumps of cubins for sm_80, sm_90, sm_100):
+ * - Cubin e_flags: ELF ABI version 8 (CUDA 13) holds the SM in bits 8..15 and
+ *   the arch-specific ('a') flag at bit 3; older ABIs hold the SM in the low
+ *   byte and 'a' at bit 11. nvcc 13 writes sm_90a cubins without either bit
+ *   and marks them in .nv.compat instead (attribute 9 is 1), so both are read.
+ * - .nv.info.NAME (sh_info = the kernel's .text section) is a list of
+ *   attributes: format byte, attribute byte, then a 16-bit value (formats 1-3)
+ *   or a 16-bit length and that many bytes (format 4). EIATTR_KPARAM_INFO
+ *   (0x17) is {u32 index, u16 ordinal, u16 offset, u32 bits} with the size in
+ *   bits 18..31.
+ * - Fatbin: 16-byte header {u32 magic, u16 version, u16 header size, u64 size
+ *   of what follows}, then entries {u16 kind (1 PTX, 2 ELF), u16, u32 header
+ *   size, u64 payload size, u32, u32, u16 minor, u16 major, u32 arch, ...,
+ *   u64 flags at 40}; flag 0x100000 marks an arch-specific entry.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptx/ptx.h"
+
+/* Upper bounds that keep hostile input from asking for absurd allocations
+ * or overflowing offset arithmetic. Real modules are far below them. */
+#define MAX_PARAMS      4096
+#define MAX_OBJECT_SIZE (UINT64_C(1) << 48)
+#define MAX_NAME        4096
+
+#define EIATTR_KPARAM_INFO 0x17
+#define STT_OBJECT_        1
+#define STT_FUNC_          2
+#define STO_CUDA_ENTRY     0x10
+#define SHT_NOBITS_        8
+
+void hkp_why(char *why, size_t why_size, const char *fmt, ...) {
+    if (!why || !why_size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_size, fmt, ap);
+    va_end(ap);
+}
+
+const char *hkp_arch_name(int arch, char *buf, size_t n) {
+    if (!buf || !n)
+        return "";
+    if (HKP_ARCH_NUM(arch) == 0)
+        snprintf(buf, n, "sm_?");
+    else
+        snprintf(buf, n, "sm_%d%s", HKP_ARCH_NUM(arch),
+                 (arch & HKP_ARCH_SPECIFIC) ? "a"
+                 : (arch & HKP_ARCH_FAMILY) ? "f"
+                                            : "");
+    return buf;
+}
+
+int hkp_arch_runs_on(int image_arch, int device_arch) {
+    int img = HKP_ARCH_NUM(image_arch), dev = HKP_ARCH_NUM(device_arch);
+    if (img <= 0 || dev <= 0)
+        return 0;
+    if (image_arch & HKP_ARCH_SPECIFIC)
+        return img == dev;
+    return img / 10 == dev / 10 && img % 10 <= dev % 10;
+}
+
+/* PTX compiles forward to any newer device, except arch-specific PTX. */
+static int ptx_runs_on(int ptx_arch, int device_arch) {
+    int img = HKP_ARCH_NUM(ptx_arch), dev = HKP_ARCH_NUM(device_arch);
+    if (img <= 0 || dev <= 0)
+        return 0;
+    if (ptx_arch & HKP_ARCH_SPECIFIC)
+        return img == dev;
+    return img <= dev;
+}
+
+int hkp_meta_runs_on(const hkp_meta *m, int device_arch) {
+    if (!m)
+        return 0;
+    switch (m->format) {
+    case HK_FORMAT_CUBIN:
+        return hkp_arch_runs_on(m->arch, device_arch);
+    case HK_FORMAT_PTX:
+        return ptx_runs_on(m->arch, device_arch);
+    case HK_FORMAT_FATBIN:
+        for (int i = 0; i < m->narchs; i++)
+            if (hkp_arch_runs_on(m->archs[i], device_arch))
+                return 1;
+        for (int i = 0; i < m->nptx_archs; i++)
+            if (ptx_runs_on(m->ptx_archs[i], device_arch))
+                return 1;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+void hkp_meta_free(hkp_meta *m) {
+    if (!m)
+        return;
+    for (int i = 0; i < m->nentries; i++) {
+        free(m->entries[i].name);
+        free(m->entries[i].params);
+    }
+    free(m->entries);
+    for (int i = 0; i < m->nglobals; i++)
+        free(m->globals[i].name);
+    free(m->globals);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- growing arrays ------------------------------------------------------ */
+
+static int grow(void **arr, int *cap, int need, size_t elem) {
+    if (need <= *cap)
+        return 0;
+    int ncap = *cap ? *cap : 8;
+    while (ncap < need) {
+        if (ncap > (1 << 24))
+            return HK_ERR_TOO_LARGE;
+        ncap *= 2;
+    }
+    void *p = realloc(*arr, (size_t)ncap * elem);
+    if (!p)
+        return HK_ERR_NOMEM;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+struct meta_builder {
+    hkp_meta *m;
+    int ecap, gcap;
+};
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+/* Takes ownership of name and params (also on failure). */
+static int add_entry(struct meta_builder *b, char *name, hkp_param *params, int nparams) {
+    int rc = name ? grow((void **)&b->m->entries, &b->ecap, b->m->nentries + 1, sizeof(hkp_entry))
+                  : HK_ERR_NOMEM;
+    if (rc) {
+        free(name);
+        free(params);
+        return rc;
+    }
+    hkp_entry *e = &b->m->entries[b->m->nentries++];
+    e->name = name;
+    e->params = params;
+    e->nparams = nparams;
+    return 0;
+}
+
+static int add_global(struct meta_builder *b, const char *name, size_t n, uint64_t size,
+                      int is_const) {
+    char *d = dup_n(name, n);
+    int rc = d ? grow((void **)&b->m->globals, &b->gcap, b->m->nglobals + 1, sizeof(hkp_global))
+               : HK_ERR_NOMEM;
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    hkp_global *g = &b->m->globals[b->m->nglobals++];
+    g->name = d;
+    g->size = size;
+    g->is_const = is_const;
+    return 0;
+}
+
+/* ---- PTX ------------------------------------------------------------------ */
+
+/* A PTX token: an identifier or directive (".entry"), a number, a string, or
+ * one punctuation character. bol is set on the first token of a line, which
+ * the line-oriented directives (.version, .target, .file ...) need. */
+typedef struct tok {
+    const char *s;
+    size_t n;
+    int bol;
+} tok;
+
+typedef struct lexer {
+    const char *s;
+    size_t n, i;
+    int bol;
+    int bad; /* an unterminated comment or string was seen */
+} lexer;
+
+static int tok_is(const tok *t, const char *word) {
+    size_t l = strlen(word);
+    return t->n == l && memcmp(t->s, word, l) == 0;
+}
+
+static int lex_next(lexer *lx, tok *t) {
+    const char *s = lx->s;
+    size_t n = lx->n, i = lx->i;
+    for (;;) {
+        if (i >= n)
+            break;
+        char c = s[i];
+        if (c == '\n') {
+            lx->bol = 1;
+            i++;
+        } else if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' || c == '\0') {
+            i++;
+        } else if (c == '/' && i + 1 < n && s[i + 1] == '/') {
+            while (i < n && s[i] != '\n')
+                i++;
+        } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
+            i += 2;
+            while (i + 1 < n && !(s[i] == '*' && s[i + 1] == '/')) {
+                if (s[i] == '\n')
+                    lx->bol = 1;
+                i++;
+            }
+            if (i + 1 >= n) {
+                lx->bad = 1;
+                i = n;
+            } else {
+                i += 2;
+            }
+        } else {
+            break;
+        }
+    }
+    if (i >= n) {
+        lx->i = n;
+        return 0;
+    }
+    size_t start = i;
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"') {
+        i++;
+        while (i < n && s[i] != '"' && s[i] != '\n')
+            i += (s[i] == '\\' && i + 1 < n) ? 2 : 1;
+        if (i >= n || s[i] != '"')
+            lx->bad = 1;
+        else
+            i++;
+    } else if (c == '.' || hkp_is_ident_char(c)) {
+        i++;
+        while (i < n && hkp_is_ident_char((unsigned char)s[i]))
+            i++;
+        /* Numbers such as 8.5 or 1.0e5 keep their dot. */
+        if (c >= '0' && c <= '9')
+            while (i < n && (hkp_is_ident_char((unsigned char)s[i]) || s[i] == '.'))
+                i++;
+    } else {
+        i++;
+    }
+    if (i > n)
+        i = n;
+    t->s = s + start;
+    t->n = i - start;
+    t->bol = lx->bol;
+    lx->bol = 0;
+    lx->i = i;
+    return 1;
+}
+
+/* Parses an unsigned PTX integer (decimal, 0x hex, 0b binary, leading-zero
+ * octal, optional U suffix). Returns 0 on success. */
+static int parse_uint(const tok *t, uint64_t *out) {
+    char buf[40];
+    size_t n = t->n;
+    if (n == 0 || n >= sizeof buf || t->s[0] < '0' || t->s[0] > '9')
+        return -1;
+    memcpy(buf, t->s, n);
+    buf[n] = '\0';
+    if (buf[n - 1] == 'U' || buf[n - 1] == 'u')
+        buf[--n] = '\0';
+    int base = 10;
+    const char *p = buf;
+    if (n > 2 && p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        base = 16;
+        p += 2;
+    } else if (n > 2 && p[0] == '0' && (p[1] == 'b' || p[1] == 'B')) {
+        base = 2;
+        p += 2;
+    } else if (n > 1 && p[0] == '0') {
+        base = 8;
+        p += 1;
+    }
+    uint64_t v = 0;
+    if (!*p)
+        return -1;
+    for (; *p; p++) {
+        int d;
+        if (*p >= '0' && *p <= '9')
+            d = *p - '0';
+        else if (*p >= 'a' && *p <= 'f')
+            d = *p - 'a' + 10;
+        else if (*p >= 'A' && *p <= 'F')
+            d = *p - 'A' + 10;
+        else
+            return -1;
+        if (d >= base || v > (UINT64_MAX - (uint64_t)d) / (uint64_t)base)
+            return -1;
+        v = v * (uint64_t)base + (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Size in bytes of a PTX fundamental type, 0 if t is not one. */
+static unsigned ptx_type_size(const tok *t) {
+    static const struct {
+        const char *name;
+        unsigned size;
+    } types[] = {
+        {".b8", 1},     {".u8", 1},    {".s8", 1},     {".b16", 2},        {".u16", 2},
+        {".s16", 2},    {".f16", 2},   {".bf16", 2},   {".e4m3x2", 2},     {".e5m2x2", 2},
+        {".b32", 4},    {".u32", 4},   {".s32", 4},    {".f32", 4},        {".f16x2", 4},
+        {".bf16x2", 4}, {".tf32", 4},  {".b64", 8},    {".u64", 8},        {".s64", 8},
+        {".f64", 8},    {".b128", 16}, {".texref", 8}, {".samplerref", 8}, {".surfref", 8},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (tok_is(t, types[i].name))
+            return types[i].size;
+    return 0;
+}
+
+/* Parses "sm_90", "sm_90a", "sm_100f" (also compute_XY). 0 if not an arch. */
+static int parse_arch_word(const char *s, size_t n) {
+    size_t i;
+    if (n > 3 && memcmp(s, "sm_", 3) == 0)
+        i = 3;
+    else if (n > 8 && memcmp(s, "compute_", 8) == 0)
+        i = 8;
+    else
+        return 0;
+    int v = 0, digits = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9' && digits < 4) {
+        v = v * 10 + (s[i] - '0');
+        digits++;
+        i++;
+    }
+    if (digits < 2 || v <= 0)
+        return 0;
+    if (i == n)
+        return v;
+    if (i + 1 == n && s[i] == 'a')
+        return v | HKP_ARCH_SPECIFIC;
+    if (i + 1 == n && s[i] == 'f')
+        return v | HKP_ARCH_FAMILY;
+    return 0;
+}
+
+/* One parameter of an .entry, given as the tokens between commas. */
+static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *out, char *why,
+                     size_t why_size) {
+    uint64_t align = 0, count = 1;
+    unsigned tsize = 0;
+    int after_ptr = 0, have_name = 0;
+    /* t holds the first token (".param"). */
+    if (!tok_is(t, ".param")) {
+        hkp_why(why, why_size, "PTX: expected .param in an .entry parameter list, got '%.*s'",
+                (int)(t->n > 40 ? 40 : t->n), t->s);
+        return HK_ERR_FORMAT;
+    }
+    for (;;) {
+        if (!lex_next(lx, t)) {
+            hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
+            return HK_ERR_FORMAT;
+        }
+        if (tok_is(t, ",") || tok_is(t, ")")) {
+            *more = tok_is(t, ",");
+            break;
+        }
+        if (tok_is(t, ".align")) {
+            tok v;
+            uint64_t a;
+            if (!lex_next(lx, &v) || parse_uint(&v, &a) || a == 0 || a > 4096 || (a & (a - 1))) {
+                hkp_why(why, why_size, "PTX: bad .align in an .entry parameter");
+                return HK_ERR_FORMAT;
+            }
+            /* After .ptr, .align describes the pointee, not the parameter. */
+            if (!after_ptr)
+                align = a;
+        } else if (tok_is(t, ".ptr")) {
+            after_ptr = 1;
+        } else if (t->s[0] == '.') {
+            unsigned sz = ptx_type_size(t);
+            if (sz && !tsize)
+                tsize = sz;
+            /* Other directives (.global, .const ... after .ptr) carry no layout. */
+        } else if (tok_is(t, "[")) {
+            tok v, close;
+            uint64_t d;
+            if (!lex_next(lx, &v) || parse_uint(&v, &d) || !lex_next(lx, &close) ||
+                !tok_is(&close, "]") || d > MAX_OBJECT_SIZE ||
+                count > MAX_OBJECT_SIZE / (d ? d : 1)) {
+                hkp_why(why, why_size, "PTX: bad array size in an .entry parameter");
+                return HK_ERR_FORMAT;
+            }
+            count *= d;
+        } else if (hkp_is_ident_char((unsigned char)t->s[0])) {
+            have_name = 1;
+        } else {
+            hkp_why(why, why_size, "PTX: unexpected '%.*s' in an .entry parameter",
+                    (int)(t->n > 40 ? 40 : t->n), t->s);
+            return HK_ERR_FORMAT;
+        }
+    }
+    if (!tsize || !have_name) {
+        hkp_why(why, why_size, "PTX: .entry parameter without a %s", tsize ? "name" : "type");
+        return HK_ERR_FORMAT;
+    }
+    if (!align)
+        align = tsize;
+    uint64_t size = (uint64_t)tsize * count;
+    uint64_t off = (*offset + align - 1) & ~(align - 1);
+    if (size > UINT32_MAX || off > UINT32_MAX - size) {
+        hkp_why(why, why_size, "PTX: .entry parameters too large");
+        return HK_ERR_FORMAT;
+    }
+    out->offset = (uint32_t)off;
+    out->size = (uint32_t)size;
+    *offset = off + size;
+    return 0;
+}
+
+/* Parses ".entry NAME ( params )" with lx just after ".entry". */
+static int ptx_entry(struct meta_builder *b, lexer *lx, int keep, char *why, size_t why_size) {
+    tok name, t;
+    hkp_param *params = NULL;
+    int np = 0, cap = 0, rc = 0;
+    uint64_t offset = 0;
+
+    if (!lex_next(lx, &name) || !hkp_is_ident_char((unsigned char)name.s[0]) || name.n > MAX_NAME) {
+        hkp_why(why, why_size, "PTX: .entry without a name");
+        return HK_ERR_FORMAT;
+    }
+    size_t save = lx->i;
+    int save_bol = lx->bol;
+    if (lex_next(lx, &t) && tok_is(&t, "(")) {
+        if (!lex_next(lx, &t)) {
+            hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
+            return HK_ERR_FORMAT;
+        }
+        if (!tok_is(&t, ")")) {
+            int more = 1;
+            while (more) {
+                if (np >= MAX_PARAMS) {
+                    hkp_why(why, why_size, "PTX: too many parameters");
+                    rc = HK_ERR_FORMAT;
+                    goto fail;
+                }
+                rc = grow((void **)&params, &cap, np + 1, sizeof *params);
+                if (rc)
+                    goto fail;
+                rc = ptx_param(lx, &t, &more, &offset, &params[np], why, why_size);
+                if (rc)
+                    goto fail;
+                np++;
+                if (more && !lex_next(lx, &t)) {
+                    hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
+                    rc = HK_ERR_FORMAT;
+                    goto fail;
+                }
+            }
+        }
+    } else {
+        lx->i = save;
+        lx->bol = save_bol;
+    }
+    if (!keep) {
+        free(params);
+        return 0;
+    }
+    return add_entry(b, dup_n(name.s, name.n), params, np);
+fail:
+    free(params);
+    return rc;
+}
+
+/* Skips a balanced { } block; lx is just after the opening brace. */
+static int skip_block(lexer *lx, char *why, size_t why_size) {
+    tok t;
+    size_t depth = 1;
+    while (depth) {
+        if (!lex_next(lx, &t)) {
+            hkp_why(why, why_size, "PTX: unbalanced braces (missing '}')");
+            return HK_ERR_FORMAT;
+        }
+        if (tok_is(&t, "{"))
+            depth++;
+        else if (tok_is(&t, "}"))
+            depth--;
+    }
+    return 0;
+}
+
+/* Skips the rest of the current line (for line-oriented directives). */
+static void skip_line(lexer *lx) {
+    while (lx->i < lx->n && lx->s[lx->i] != '\n')
+        lx->i++;
+}
+
+/* Parses the declarators of a module-scope .global/.const statement, from
+ * just after its directives, up to and including the ';'. */
+static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_const, char *why,
+                    size_t why_size) {
+    uint64_t elem = 0, vec = 1;
+    for (;;) {
+        /* Leading attributes: .align N, .v2/.v4/.v8, the type. */
+        if (tok_is(t, ".align")) {
+            tok v;
+            uint64_t a;
+            if (!lex_next(lx, &v) || parse_uint(&v, &a)) {
+                hkp_why(why, why_size, "PTX: bad .align");
+                return HK_ERR_FORMAT;
+            }
+        } else if (tok_is(t, ".attribute")) {
+            /* .attribute(.managed) and the like: no bearing on the size. */
+            if (!lex_next(lx, t))
+                goto eof;
+            if (!tok_is(t, "(")) {
+                hkp_why(why, why_size, "PTX: .attribute without '('");
+                return HK_ERR_FORMAT;
+            }
+            for (size_t depth = 1; depth > 0;) {
+                if (!lex_next(lx, t))
+                    goto eof;
+                if (tok_is(t, "("))
+                    depth++;
+                else if (tok_is(t, ")"))
+                    depth--;
+            }
+        } else if (tok_is(t, ".v2") || tok_is(t, ".v4") || tok_is(t, ".v8")) {
+            vec = (uint64_t)(t->s[2] - '0');
+        } else if (t->s[0] == '.') {
+            unsigned sz = ptx_type_size(t);
+            if (sz)
+                elem = sz;
+            /* Other qualifiers (.attribute(...) is not PTX ISA for variables
+             * we care about) are ignored. */
+        } else {
+            break;
+        }
+        if (!lex_next(lx, t))
+            goto eof;
+    }
+    if (!elem) {
+        hkp_why(why, why_size, "PTX: variable without a type");
+        return HK_ERR_FORMAT;
+    }
+    for (;;) {
+        /* Declarator: NAME [dims] [= initializer], then ',' or ';'. */
+        if (!hkp_is_ident_char((unsigned char)t->s[0]) || t->n > MAX_NAME) {
+            hkp_why(why, why_size, "PTX: expected a variable name, got '%.*s'",
+                    (int)(t->n > 40 ? 40 : t->n), t->s);
+            return HK_ERR_FORMAT;
+        }
+        tok name = *t;
+        uint64_t count = 1;
+        int open_dim = 0;
+        if (!lex_next(lx, t))
+            goto eof;
+        while (tok_is(t, "[")) {
+            uint64_t d = 0;
+            if (!lex_next(lx, t))
+                goto eof;
+            if (tok_is(t, "]")) {
+                open_dim = 1;
+            } else {
+                if (parse_uint(t, &d) || d > MAX_OBJECT_SIZE ||
+                    (d && count > MAX_OBJECT_SIZE / d)) {
+                    hkp_why(why, why_size, "PTX: bad array size for '%.*s'", (int)name.n, name.s);
+                    return HK_ERR_FORMAT;
+                }
+                count *= d;
+                if (!lex_next(lx, t))
+                    goto eof;
+                if (!tok_is(t, "]")) {
+                    hkp_why(why, why_size, "PTX: expected ']'");
+                    return HK_ERR_FORMAT;
+                }
+            }
+            if (!lex_next(lx, t))
+                goto eof;
+        }
+        uint64_t leaves = 0;
+        if (tok_is(t, "=")) {
+            /* Skip the initializer; count its scalar values for "name[]". */
+            size_t depth = 0;
+            for (;;) {
+                if (!lex_next(lx, t))
+                    goto eof;
+                if (tok_is(t, "{") || tok_is(t, "("))
+                    depth++;
+                else if (tok_is(t, "}") || tok_is(t, ")"))
+                    depth = depth ? depth - 1 : 0;
+                else if (depth == 0 && (tok_is(t, ",") || tok_is(t, ";")))
+                    break;
+                else if (!tok_is(t, ",") && !tok_is(t, "-") && !tok_is(t, "+"))
+                    leaves++;
+            }
+        }
+        if (open_dim)
+            count = leaves / vec;
+        uint64_t size = elem * vec;
+        if (count > MAX_OBJECT_SIZE / size) {
+            hkp_why(why, why_size, "PTX: variable '%.*s' too large", (int)name.n, name.s);
+            return HK_ERR_FORMAT;
+        }
+        size *= count;
+        /* Names starting with '$' are the compiler's own (string literals). */
+        if (keep && name.s[0] != '$') {
+            int rc = add_global(b, name.s, name.n, size, is_const);
+            if (rc)
+                return rc;
+        }
+        if (tok_is(t, ";"))
+            return 0;
+        if (!tok_is(t, ",")) {
+            hkp_why(why, why_size, "PTX: expected ',' or ';' after '%.*s'", (int)name.n, name.s);
+            return HK_ERR_FORMAT;
+        }
+        if (!lex_next(lx, t))
+            goto eof;
+    }
+eof:
+    hkp_why(why, why_size, "PTX: unterminated variable declaration");
+    return HK_ERR_FORMAT;
+}
+
+/* Skips a statement up to ';' or a body; the first token is already read. */
+static int skip_statement(lexer *lx, tok *t, char *why, size_t why_size) {
+    size_t paren = 0;
+    int eq = 0;
+    for (;;) {
+        if (tok_is(t, "("))
+            paren++;
+        else if (tok_is(t, ")"))
+            paren = paren ? paren - 1 : 0;
+        else if (tok_is(t, "="))
+            eq = 1;
+        else if (paren == 0 && tok_is(t, ";"))
+            return 0;
+        else if (tok_is(t, "{")) {
+            int rc = skip_block(lx, why, why_size);
+            if (rc || !eq)
+                return rc;
+        }
+        if (!lex_next(lx, t))
+            return 0;
+    }
+}
+
+static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, size_t why_size) {
+    lexer lx = {.s = s, .n = n, .i = 0, .bol = 1, .bad = 0};
+    tok t;
+    int have_version = 0, rc = 0;
+
+    while (lex_next(&lx, &t)) {
+        if (tok_is(&t, ".version")) {
+            have_version = 1;
+            skip_line(&lx);
+            continue;
+        }
+        if (tok_is(&t, ".target")) {
+            tok a;
+            int more;
+            while ((more = lex_next(&lx, &a)) && !a.bol) {
+                int v = parse_arch_word(a.s, a.n);
+                if (v && !b->m->arch)
+                    b->m->arch = v;
+            }
+            if (!b->m->arch) {
+                hkp_why(why, why_size, "PTX: .target without an sm_XY architecture");
+                return HK_ERR_FORMAT;
+            }
+            if (more) {
+                /* The token that ended the line starts the next statement. */
+                lx.i = (size_t)(a.s - s);
+                lx.bol = 1;
+            }
+            continue;
+        }
+        if (tok_is(&t, ".address_size") || tok_is(&t, ".file")) {
+            skip_line(&lx);
+            continue;
+        }
+        if (tok_is(&t, "{")) {
+            rc = skip_block(&lx, why, why_size);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (tok_is(&t, "}")) {
+            hkp_why(why, why_size, "PTX: unbalanced '}'");
+            return HK_ERR_FORMAT;
+        }
+        /* A declaration: linking and state-space directives, then what they
+         * declare. */
+        int is_extern = 0, space = 0; /* 1 global, 2 const, 3 other */
+        for (;;) {
+            if (tok_is(&t, ".extern"))
+                is_extern = 1;
+            else if (tok_is(&t, ".visible") || tok_is(&t, ".weak") || tok_is(&t, ".common"))
+                ;
+            else
+                break;
+            if (!lex_next(&lx, &t)) {
+                hkp_why(why, why_size, "PTX: declaration cut short");
+                return HK_ERR_FORMAT;
+            }
+        }
+        if (tok_is(&t, ".entry")) {
+            rc = ptx_entry(b, &lx, !is_extern, why, why_size);
+            if (rc)
+                return rc;
+            /* Performance directives may precede the body or the ';'. */
+            if (!lex_next(&lx, &t)) {
+                hkp_why(why, why_size, "PTX: .entry without a body");
+                return HK_ERR_FORMAT;
+            }
+            rc = skip_statement(&lx, &t, why, why_size);
+        } else if (tok_is(&t, ".global") || tok_is(&t, ".const")) {
+            space = tok_is(&t, ".global") ? 1 : 2;
+            if (!lex_next(&lx, &t)) {
+                hkp_why(why, why_size, "PTX: declaration cut short");
+                return HK_ERR_FORMAT;
+            }
+            rc = ptx_vars(b, &lx, &t, !is_extern, space == 2, why, why_size);
+        } else {
+            /* .func, .shared, .pragma, .section, .alias ...: nothing to record. */
+            rc = skip_statement(&lx, &t, why, why_size);
+        }
+        if (rc)
+            return rc;
+    }
+    if (lx.bad) {
+        hkp_why(why, why_size, "PTX: unterminated comment or string");
+        return HK_ERR_FORMAT;
+    }
+    if (!have_version && !b->m->arch) {
+        hkp_why(why, why_size, "PTX: no .version or .target directive");
+        return HK_ERR_FORMAT;
+    }
+    if (!b->m->arch) {
+        hkp_why(why, why_size, "PTX: no .target directive");
+        return HK_ERR_FORMAT;
+    }
+    return 0;
+}
+
+/* ---- cubin (ELF) ----------------------------------------------------------- */
+
+typedef struct elf_sec {
+    uint32_t name, type, link, info;
+    uint64_t off, size;
+} elf_sec;
+
+typedef struct elf_view {
+    const unsigned char *p;
+    size_t size;
+    uint16_t shnum;
+    elf_sec *secs;
+    const char *shstr; /* section name table */
+    uint64_t shstr_size;
+} elf_view;
+
+int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size) {
+    if (size < 64) {
+        hkp_why(why, why_size, "truncated ELF header (%zu bytes)", size);
+        return HK_ERR_FORMAT;
+    }
+    uint16_t machine = hkp_rd16(p + 18);
+    if (p[4] != 2 || p[5] != 1) {
+        if (machine == HKP_EM_CUDA || p[5] != 1)
+            hkp_why(why, why_size, "ELF%s %s-endian is not a CUDA cubin", p[4] == 2 ? "64" : "32",
+                    p[5] == 1 ? "little" : "big");
+        else
+            hkp_why(why, why_size, "ELF but not a CUDA cubin (e_machine %u)", machine);
+        return HK_ERR_FORMAT;
+    }
+    if (machine != HKP_EM_CUDA) {
+        hkp_why(why, why_size, "ELF but not a CUDA cubin (e_machine %u)", machine);
+        return HK_ERR_FORMAT;
+    }
+    uint64_t shoff = hkp_rd64(p + 0x28);
+    uint16_t shentsize = hkp_rd16(p + 0x3a), shnum = hkp_rd16(p + 0x3c);
+    if (shnum == 0) {
+        hkp_why(why, why_size, "cubin without sections");
+        return HK_ERR_FORMAT;
+    }
+    if (shentsize < 64) {
+        hkp_why(why, why_size, "cubin with bad section header size %u", shentsize);
+        return HK_ERR_FORMAT;
+    }
+    if (shoff > size || (uint64_t)shnum * shentsize > size - shoff) {
+        hkp_why(why, why_size, "truncated ELF (section headers end past %zu bytes)", size);
+        return HK_ERR_FORMAT;
+    }
+    /* The driver reads the program headers too (executable cubins have
+     * them after the section headers). */
+    uint64_t phoff = hkp_rd64(p + 0x20);
+    uint16_t phentsize = hkp_rd16(p + 0x36), phnum = hkp_rd16(p + 0x38);
+    if (phnum && (phentsize < 56 || phoff > size || (uint64_t)phnum * phentsize > size - phoff)) {
+        hkp_why(why, why_size, "truncated ELF (program headers end past %zu bytes)", size);
+        return HK_ERR_FORMAT;
+    }
+    for (uint16_t i = 0; i < phnum; i++) {
+        const unsigned char *ph = p + phoff + (uint64_t)i * phentsize;
+        uint64_t off = hkp_rd64(ph + 8), filesz = hkp_rd64(ph + 32);
+        if (off > size || filesz > size - off) {
+            hkp_why(why, why_size, "truncated ELF (segment %u ends past %zu bytes)", i, size);
+            return HK_ERR_FORMAT;
+        }
+    }
+    return 0;
+}
+
+static const char *sec_name(const elf_view *v, const elf_sec *s) {
+    if (!v->shstr || s->name >= v->shstr_size)
+        return "";
+    const char *n = v->shstr + s->name;
+    return memchr(n, '\0', v->shstr_size - s->name) ? n : "";
+}
+
+static int elf_open(elf_view *v, const unsigned char *p, size_t size, char *why, size_t why_size) {
+    memset(v, 0, sizeof *v);
+    int rc = hkp_elf_check_header(p, size, why, why_size);
+    if (rc)
+        return rc;
+    uint64_t shoff = hkp_rd64(p + 0x28);
+    uint16_t shentsize = hkp_rd16(p + 0x3a), shstrndx = hkp_rd16(p + 0x3e);
+    v->p = p;
+    v->size = size;
+    v->shnum = hkp_rd16(p + 0x3c);
+    v->secs = calloc(v->shnum, sizeof *v->secs);
+    if (!v->secs)
+        return HK_ERR_NOMEM;
+    for (uint16_t i = 0; i < v->shnum; i++) {
+        const unsigned char *h = p + shoff + (uint64_t)i * shentsize;
+        elf_sec *s = &v->secs[i];
+        s->name = hkp_rd32(h);
+        s->type = hkp_rd32(h + 4);
+        s->off = hkp_rd64(h + 0x18);
+        s->size = hkp_rd64(h + 0x20);
+        s->link = hkp_rd32(h + 0x28);
+        s->info = hkp_rd32(h + 0x2c);
+        if (s->type != SHT_NOBITS_ && s->type != 0 && (s->off > size || s->size > size - s->off)) {
+            hkp_why(why, why_size, "truncated cubin (section %u ends past %zu bytes)", i, size);
+            return HK_ERR_FORMAT;
+        }
+    }
+    if (shstrndx >= v->shnum || v->secs[shstrndx].type != 3) {
+        hkp_why(why, why_size, "cubin without a section name table");
+        return HK_ERR_FORMAT;
+    }
+    v->shstr = (const char *)p + v->secs[shstrndx].off;
+    v->shstr_size = v->secs[shstrndx].size;
+    return 0;
+}
+
+/* Calls fn for each attribute record of an .nv.info-style section. */
+typedef int (*attr_fn)(void *ctx, unsigned attr, const unsigned char *val, size_t len,
+                       unsigned hval);
+
+static int walk_attrs(const elf_view *v, const elf_sec *s, attr_fn fn, void *ctx, char *why,
+                      size_t why_size) {
+    const unsigned char *p = v->p + s->off;
+    uint64_t n = s->size, i = 0;
+    while (i < n) {
+        if (n - i < 4) {
+            hkp_why(why, why_size, "cubin: truncated attribute in %s", sec_name(v, s));
+            return HK_ERR_FORMAT;
+        }
+        unsigned fmt = p[i], attr = p[i + 1];
+        unsigned h = hkp_rd16(p + i + 2);
+        int rc;
+        if (fmt == 4) {
+            if (h > n - i - 4) {
+                hkp_why(why, why_size, "cubin: attribute 0x%x in %s runs past its section", attr,
+                        sec_name(v, s));
+                return HK_ERR_FORMAT;
+            }
+            rc = fn(ctx, attr, p + i + 4, h, 0);
+            i += 4 + (uint64_t)h;
+        } else if (fmt >= 1 && fmt <= 3) {
+            rc = fn(ctx, attr, NULL, 0, fmt == 2 ? (h & 0xff) : fmt == 3 ? h : 0);
+            i += 4;
+        } else {
+            hkp_why(why, why_size, "cubin: unknown attribute format %u in %s", fmt, sec_name(v, s));
+            return HK_ERR_FORMAT;
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+struct compat_ctx {
+    int specific;
+};
+
+static int compat_attr(void *ctx, unsigned attr, const unsigned char *val, size_t len,
+                       unsigned hval) {
+    struct compat_ctx *c = ctx;
+    if (attr == 9 && !val && hval)
+        c->specific = 1;
+    return 0;
+}
+
+/* The SM of a cubin, with HKP_ARCH_SPECIFIC for 'a' targets. */
+static int cubin_arch(const elf_view *v) {
+    uint32_t flags = hkp_rd32(v->p + 0x30);
+    int abiver = v->p[8], sm, specific;
+    if (abiver >= 8) {
+        sm = (int)((flags >> 8) & 0xff);
+        specific = (flags & 0x8) != 0;
+    } else {
+        sm = (int)(flags & 0xff);
+        specific = (flags & 0x800) != 0;
+    }
+    for (uint16_t i = 0; i < v->shnum && !specific; i++) {
+        if (strcmp(sec_name(v, &v->secs[i]), ".nv.compat") == 0) {
+            struct compat_ctx c = {0};
+            if (walk_attrs(v, &v->secs[i], compat_attr, &c, NULL, 0) == 0)
+                specific = c.specific;
+        }
+    }
+    return sm ? (sm | (specific ? HKP_ARCH_SPECIFIC : 0)) : 0;
+}
+
+struct kparam_ctx {
+    hkp_param *params; /* indexed by ordinal */
+    unsigned char *seen;
+    int max; /* capacity (records in the section bound it) */
+    int n;   /* highest ordinal + 1 */
+    int dup;
+};
+
+static int kparam_attr(void *ctx, unsigned attr, const unsigned char *val, size_t len,
+                       unsigned hval) {
+    struct kparam_ctx *k = ctx;
+    if (attr != EIATTR_KPARAM_INFO || !val)
+        return 0;
+    if (len < 12)
+        return HK_ERR_FORMAT;
+    unsigned ord = hkp_rd16(val + 4);
+    if ((int)ord >= k->max)
+        return HK_ERR_FORMAT;
+    if (k->seen[ord])
+        k->dup = 1;
+    k->seen[ord] = 1;
+    k->params[ord].offset = hkp_rd16(val + 6);
+    k->params[ord].size = (hkp_rd32(val + 8) >> 18) & 0x3fff;
+    if ((int)ord + 1 > k->n)
+        k->n = (int)ord + 1;
+    return 0;
+}
+
+/* Reads the parameter layout of the kernel whose code is section text. */
+static int cubin_params(const elf_view *v, uint32_t text, const char *name, hkp_param **out,
+                        int *nout, char *why, size_t why_size) {
+    const elf_sec *info = NULL;
+    char want[MAX_NAME + 16];
+    snprintf(want, sizeof want, ".nv.info.%s", name);
+    for (uint16_t i = 0; i < v->shnum; i++) {
+        const char *sn = sec_name(v, &v->secs[i]);
+        if (strncmp(sn, ".nv.info.", 9) != 0)
+            continue;
+        if (v->secs[i].info == text || strcmp(sn, want) == 0) {
+            info = &v->secs[i];
+            break;
+        }
+    }
+    *out = NULL;
+    *nout = 0;
+    if (!info)
+        return 0; /* no attributes: a kernel without parameters */
+    /* Each KPARAM_INFO record takes 16 bytes, which bounds the ordinals. */
+    int max = (int)(info->size / 16 < MAX_PARAMS ? info->size / 16 : MAX_PARAMS);
+    struct kparam_ctx k = {0};
+    k.max = max;
+    k.params = calloc((size_t)max + 1, sizeof *k.params);
+    k.seen = calloc((size_t)max + 1, 1);
+    int rc = (k.params && k.seen) ? 0 : HK_ERR_NOMEM;
+    if (!rc)
+        rc = walk_attrs(v, info, kparam_attr, &k, why, why_size);
+    if (rc == HK_ERR_FORMAT && why && !why[0])
+        hkp_why(why, why_size, "cubin: bad parameter record for '%s'", name);
+    if (!rc && k.dup) {
+        hkp_why(why, why_size, "cubin: parameter listed twice for '%s'", name);
+        rc = HK_ERR_FORMAT;
+    }
+    for (int i = 0; !rc && i < k.n; i++) {
+        if (!k.seen[i]) {
+            hkp_why(why, why_size, "cubin: parameter %d of '%s' missing", i, name);
+            rc = HK_ERR_FORMAT;
+        }
+    }
+    free(k.seen);
+    if (rc) {
+        free(k.params);
+        return rc;
+    }
+    *out = k.params;
+    *nout = k.n;
+    return 0;
+}
+
+static int is_global_section(const char *sn, int *is_const) {
+    if (strncmp(sn, ".nv.global", 10) == 0) {
+        *is_const = 0;
+        return 1;
+    }
+    /* .nv.constant0.* are the parameter banks, not user variables. */
+    if (strncmp(sn, ".nv.constant", 12) == 0 && strncmp(sn, ".nv.constant0", 13) != 0) {
+        *is_const = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static int meta_cubin(const unsigned char *p, size_t size, struct meta_builder *b, char *why,
+                      size_t why_size) {
+    elf_view v;
+    int rc = elf_open(&v, p, size, why, why_size);
+    if (rc)
+        goto out;
+    b->m->arch = cubin_arch(&v);
+    if (!b->m->arch) {
+        hkp_why(why, why_size, "cubin without an SM architecture in e_flags");
+        rc = HK_ERR_FORMAT;
+        goto out;
+    }
+    for (uint16_t si = 0; si < v.shnum; si++) {
+        const elf_sec *sym = &v.secs[si];
+        if (sym->type != 2) /* SHT_SYMTAB */
+            continue;
+        if (sym->link >= v.shnum || v.secs[sym->link].type != 3) {
+            hkp_why(why, why_size, "cubin: symbol table without a string table");
+            rc = HK_ERR_FORMAT;
+            goto out;
+        }
+        const elf_sec *str = &v.secs[sym->link];
+        const char *strs = (const char *)p + str->off;
+        for (uint64_t k = 0; k + 24 <= sym->size; k += 24) {
+            const unsigned char *e = p + sym->off + k;
+            uint32_t name = hkp_rd32(e);
+            unsigned type = e[4] & 0xf, other = e[5];
+            uint16_t shndx = hkp_rd16(e + 6);
+            uint64_t ssize = hkp_rd64(e + 16);
+            if (type != STT_FUNC_ && type != STT_OBJECT_)
+                continue;
+            if (shndx == 0 || shndx >= v.shnum)
+                continue; /* undefined or special (ABS, COMMON ...) */
+            if (name >= str->size || !memchr(strs + name, '\0', str->size - name)) {
+                hkp_why(why, why_size, "cubin: symbol name outside the string table");
+                rc = HK_ERR_FORMAT;
+                goto out;
+            }
+            const char *nm = strs + name;
+            size_t nlen = strlen(nm);
+            if (nlen == 0 || nlen > MAX_NAME)
+                continue;
+            const char *sn = sec_name(&v, &v.secs[shndx]);
+            if (type == STT_FUNC_ && (other & STO_CUDA_ENTRY)) {
+                hkp_param *params;
+                int np;
+                rc = cubin_params(&v, shndx, nm, &params, &np, why, why_size);
+                if (!rc)
+                    rc = add_entry(b, dup_n(nm, nlen), params, np);
+                if (rc)
+                    goto out;
+            } else if (type == STT_OBJECT_) {
+                int is_const;
+                if (!is_global_section(sn, &is_const) || nm[0] == '$' || nm[0] == '.')
+                    continue;
+                rc = add_global(b, nm, nlen, ssize, is_const);
+                if (rc)
+                    goto out;
+            }
+        }
+    }
+out:
+    free(v.secs);
+    return rc;
+}
+
+/* ---- fatbin -------------------------------------------------------------- */
+
+static void add_arch(int *list, int *n, int arch) {
+    for (int i = 0; i < *n; i++)
+        if (list[i] == arch)
+            return;
+    if (*n < 16)
+        list[(*n)++] = arch;
+}
+
+static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *why,
+                       size_t why_size) {
+    size_t pos = 0;
+    int blocks = 0, entries = 0;
+    while (pos < size) {
+        size_t left = size - pos;
+        if (blocks > 0 && (left < HKP_FATBIN_HEADER || hkp_rd32(p + pos) != HKP_FATBIN_MAGIC)) {
+            /* Padding after the last block is allowed; anything else is not. */
+            for (size_t i = pos; i < size; i++)
+                if (p[i]) {
+                    hkp_why(why, why_size, "fatbin: unexpected data at offset %zu", pos);
+                    return HK_ERR_FORMAT;
+                }
+            break;
+        }
+        if (left < HKP_FATBIN_HEADER || hkp_rd32(p + pos) != HKP_FATBIN_MAGIC) {
+            hkp_why(why, why_size, "truncated fatbin header");
+            return HK_ERR_FORMAT;
+        }
+        uint32_t hsize = hkp_rd16(p + pos + 6);
+        uint64_t fat = hkp_rd64(p + pos + 8);
+        if (hsize < HKP_FATBIN_HEADER || hsize > left || fat > left - hsize) {
+            hkp_why(why, why_size, "truncated fatbin (header says %llu bytes, have %zu)",
+                    (unsigned long long)fat + hsize, left);
+            return HK_ERR_FORMAT;
+        }
+        const unsigned char *q = p + pos + hsize;
+        uint64_t i = 0;
+        while (i < fat) {
+            if (fat - i < 32) {
+                hkp_why(why, why_size, "fatbin: truncated entry header at offset %llu",
+                        (unsigned long long)(pos + hsize + i));
+                return HK_ERR_FORMAT;
+            }
+            const unsigned char *e = q + i;
+            unsigned kind = hkp_rd16(e);
+            uint32_t ehs = hkp_rd32(e + 4);
+            uint64_t psize = hkp_rd64(e + 8);
+            if (ehs < 32 || ehs > fat - i || psize > fat - i - ehs) {
+                hkp_why(why, why_size, "fatbin: entry at offset %llu runs past the end",
+                        (unsigned long long)(pos + hsize + i));
+                return HK_ERR_FORMAT;
+            }
+            int arch = (int)hkp_rd32(e + 28);
+            uint64_t flags = ehs >= 48 ? hkp_rd64(e + 40) : 0;
+            if (arch <= 0 || arch > 0xffff) {
+                hkp_why(why, why_size, "fatbin: entry with bad architecture %d", arch);
+                return HK_ERR_FORMAT;
+            }
+            if (flags & 0x100000)
+                arch |= HKP_ARCH_SPECIFIC;
+            if (kind == 1) {
+                add_arch(m->ptx_archs, &m->nptx_archs, arch);
+            } else if (kind == 2) {
+                /* An uncompressed cubin says itself whether it is 'a'. */
+                const unsigned char *img = e + ehs;
+                if (psize >= 64 && memcmp(img, "\177ELF", 4) == 0) {
+                    elf_view v;
+                    if (elf_open(&v, img, (size_t)psize, NULL, 0) == 0) {
+                        int a = cubin_arch(&v);
+                        if (HKP_ARCH_NUM(a) == HKP_ARCH_NUM(arch))
+                            arch = a;
+                    }
+                    free(v.secs);
+                }
+                add_arch(m->archs, &m->narchs, arch);
+            }
+            entries++;
+            i += ehs + psize;
+        }
+        blocks++;
+        pos += hsize + (size_t)fat;
+    }
+    if (!entries) {
+        hkp_why(why, why_size, "fatbin without any code");
+        return HK_ERR_FORMAT;
+    }
+    return 0;
+}
+
+/* ---- entry point ------------------------------------------------------------ */
+
+int hkp_meta_read(const void *data, size_t size, hk_format fmt, hkp_meta *out, char *why,
+                  size_t why_size) {
+    if (why && why_size)
+        why[0] = '\0';
+    if (!out)
+        return HK_ERR_INVALID;
+    memset(out, 0, sizeof *out);
+    if (!data && size)
+        return HK_ERR_INVALID;
+    int rc = 0;
+    if (fmt == HK_FORMAT_AUTO) {
+        rc = hkp_detect(data, size, &fmt, why, why_size);
+        if (rc)
+            return rc;
+    }
+    struct meta_builder b = {.m = out};
+    out->format = fmt;
+    switch (fmt) {
+    case HK_FORMAT_PTX:
+        rc = meta_ptx(data, size, &b, why, why_size);
+        break;
+    case HK_FORMAT_CUBIN:
+        rc = meta_cubin(data, size, &b, why, why_size);
+        break;
+    case HK_FORMAT_FATBIN:
+        rc = meta_fatbin(data, size, out, why, why_size);
+        break;
+    case HK_FORMAT_CUDA_C:
+        hkp_why(why, why_size, "CUDA C has no metadata before it is compiled");
+        rc = HK_ERR_FORMAT;
+        break;
+    default:
+        rc = HK_ERR_INVALID;
+        break;
+    }
+    if (rc) {
+        if (rc == HK_ERR_FORMAT && why && why_size && !why[0])
+            hkp_why(why, why_size, "malformed %s",
+                    fmt == HK_FORMAT_PTX     ? "PTX"
+                    : fmt == HK_FORMAT_CUBIN ? "cubin"
+                                             : "fatbin");
+        hkp_meta_free(out);
+        out->format = fmt;
+    }
+    return rc;
+}

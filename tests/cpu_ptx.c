@@ -1,0 +1,1150 @@
+/*
+ * ptx/ without a GPU: format detection, the metadata parsers, NVRTC and
+ * nvJitLink builds, and the compile cache.
+ *
+ * Every image is made at test time (NVRTC here, nvcc for fatbins), so the
+ * tests follow the toolkit that is installed rather than files that age. The
+ * cases that matter most for a hot reload are the refusals: each bad input
+ * must come back as the right error with a reason a person can act on.
+ */
+#include <dirent.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ptx/ptx.h"
+#include "tests/harness.h"
+
+#define NVCC "/usr/local/cuda/bin/nvcc"
+
+static const char *const KERNELS_CU =
+    "struct Pair { double d; char c[20]; };\n"
+    "__device__ int counter;\n"
+    "__constant__ float coeffs[16];\n"
+    "__device__ float table[3] = {1, 2, 3};\n"
+    "extern \"C\" __global__ void scale(float *x, float a, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) x[i] *= a * coeffs[0] * table[i % 3];\n"
+    "    atomicAdd(&counter, 1);\n"
+    "}\n"
+    "extern \"C\" __global__ void mixed(Pair p, char c, double *o, short q) {\n"
+    "    *o = p.d + c + q + p.c[3];\n"
+    "}\n"
+    "extern \"C\" __global__ void noargs() {}\n";
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* Compiles CUDA C with NVRTC directly (independent of the code under test):
+ * "sm_XY" gives a cubin, "compute_XY" PTX. Returns a malloc'd image. */
+static void *nvrtc_image(const char *src, const char *arch, size_t *size) {
+    nvrtcProgram p;
+    char opt[64];
+    snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
+    const char *opts[] = {opt};
+    ck_assert_int_eq(nvrtcCreateProgram(&p, src, "t.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(p, 1, opts);
+    if (r != NVRTC_SUCCESS) {
+        size_t n;
+        nvrtcGetProgramLogSize(p, &n);
+        char *log = malloc(n);
+        nvrtcGetProgramLog(p, log);
+        ck_abort_msg("NVRTC failed: %s", log);
+    }
+    int cubin = strncmp(arch, "sm_", 3) == 0;
+    size_t n = 0;
+    ck_assert_int_eq(cubin ? nvrtcGetCUBINSize(p, &n) : nvrtcGetPTXSize(p, &n), NVRTC_SUCCESS);
+    void *img = malloc(n);
+    ck_assert_ptr_nonnull(img);
+    ck_assert_int_eq(cubin ? nvrtcGetCUBIN(p, img) : nvrtcGetPTX(p, img), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&p);
+    *size = n;
+    return img;
+}
+
+static void *read_whole(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    void *buf = malloc((size_t)n + 1);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *size = (size_t)n;
+    return buf;
+}
+
+/* Builds a fatbin with nvcc from KERNELS_CU; NULL when nvcc is missing. */
+static void *nvcc_fatbin(const char *dir, const char *gencode, size_t *size) {
+    char cu[512], fb[512], cmd[2048];
+    if (access(NVCC, X_OK) != 0)
+        return NULL;
+    snprintf(cu, sizeof cu, "%s/fat.cu", dir);
+    snprintf(fb, sizeof fb, "%s/fat.fatbin", dir);
+    ck_assert_int_eq(hkt_write_file(cu, KERNELS_CU), 0);
+    snprintf(cmd, sizeof cmd, NVCC " -fatbin %s -o '%s' '%s' 2>&1", gencode, fb, cu);
+    ck_assert_msg(system(cmd) == 0, "nvcc failed: %s", cmd);
+    return read_whole(fb, size);
+}
+
+static const hkp_entry *find_entry(const hkp_meta *m, const char *name) {
+    for (int i = 0; i < m->nentries; i++)
+        if (strcmp(m->entries[i].name, name) == 0)
+            return &m->entries[i];
+    return NULL;
+}
+
+static const hkp_global *find_global(const hkp_meta *m, const char *name) {
+    for (int i = 0; i < m->nglobals; i++)
+        if (strcmp(m->globals[i].name, name) == 0)
+            return &m->globals[i];
+    return NULL;
+}
+
+static hkp_build_opts base_opts(int arch) {
+    hkp_build_opts o = {.arch = arch, .ptx_to_cubin = 1, .opt_level = 3};
+    return o;
+}
+
+/* Sizes in bytes of the regular files in dir, summed; counts entries and
+ * leftover temporary files. */
+static uint64_t dir_bytes(const char *dir, int *entries, int *tmps) {
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    uint64_t sum = 0;
+    *entries = 0;
+    if (tmps)
+        *tmps = 0;
+    while ((de = readdir(d)) != NULL) {
+        char p[1024];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (strstr(de->d_name, ".hkc")) {
+            (*entries)++;
+            sum += (uint64_t)st.st_size;
+        } else if (tmps && strncmp(de->d_name, ".tmp-", 5) == 0) {
+            (*tmps)++;
+        }
+    }
+    closedir(d);
+    return sum;
+}
+
+static double ms_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* ---- detection ------------------------------------------------------------ */
+
+START_TEST(detect_each_format) {
+    hk_format f;
+    char why[256];
+    size_t n;
+
+    ck_assert_int_eq(hkp_detect(KERNELS_CU, strlen(KERNELS_CU), &f, why, sizeof why), 0);
+    ck_assert_int_eq(f, HK_FORMAT_CUDA_C);
+
+    char *ptx = nvrtc_image(KERNELS_CU, "compute_90", &n);
+    ck_assert_int_eq(hkp_detect(ptx, n, &f, why, sizeof why), 0);
+    ck_assert_int_eq(f, HK_FORMAT_PTX);
+    /* Leading comments and blank lines are allowed before .version. */
+    const char *commented = "\n  /* header */\n// generated\n\t.version 8.0\n.target sm_80\n";
+    ck_assert_int_eq(hkp_detect(commented, strlen(commented), &f, why, sizeof why), 0);
+    ck_assert_int_eq(f, HK_FORMAT_PTX);
+    free(ptx);
+
+    void *cubin = nvrtc_image(KERNELS_CU, "sm_90", &n);
+    ck_assert_int_eq(hkp_detect(cubin, n, &f, why, sizeof why), 0);
+    ck_assert_int_eq(f, HK_FORMAT_CUBIN);
+    free(cubin);
+
+    char *dir = hkt_tmpdir();
+    void *fat = nvcc_fatbin(dir, "-gencode arch=compute_90,code=sm_90", &n);
+    if (fat) {
+        ck_assert_int_eq(hkp_detect(fat, n, &f, why, sizeof why), 0);
+        ck_assert_int_eq(f, HK_FORMAT_FATBIN);
+        free(fat);
+    }
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(detect_refuses_bad_input) {
+    hk_format f;
+    char why[256];
+    size_t n;
+
+    ck_assert_int_eq(hkp_detect("", 0, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_str_eq(why, "empty input");
+    ck_assert_int_eq(hkp_detect(" \n\t// nothing\n", 14, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "empty"));
+
+    unsigned char garbage[256];
+    srand(7);
+    for (size_t i = 0; i < sizeof garbage; i++)
+        garbage[i] = (unsigned char)rand();
+    garbage[0] = 0x00; /* not ELF, not fatbin */
+    ck_assert_int_eq(hkp_detect(garbage, sizeof garbage, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "binary"));
+
+    unsigned char *cubin = nvrtc_image(KERNELS_CU, "sm_90", &n);
+    ck_assert_int_eq(hkp_detect(cubin, 40, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "truncated ELF header"));
+    ck_assert_int_eq(hkp_detect(cubin, n / 2, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "truncated"));
+    free(cubin);
+
+    /* A host ELF (this test binary) is not a cubin and not a fatbin. */
+    void *self = read_whole("/proc/self/exe", &n);
+    ck_assert_int_eq(hkp_detect(self, n, &f, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "not a CUDA cubin (e_machine 62)"));
+    free(self);
+
+    const char *dot = ".entry foo() {}";
+    ck_assert_int_eq(hkp_detect(dot, strlen(dot), &f, why, sizeof why), HK_ERR_FORMAT);
+}
+END_TEST
+
+/* ---- metadata ---------------------------------------------------------------- */
+
+START_TEST(meta_cubin_and_ptx_agree) {
+    size_t pn, cn;
+    char why[256];
+    char *ptx = nvrtc_image(KERNELS_CU, "compute_90", &pn);
+    void *cubin = nvrtc_image(KERNELS_CU, "sm_90", &cn);
+    hkp_meta pm, cm;
+
+    ck_assert_int_eq(hkp_meta_read(ptx, pn, HK_FORMAT_PTX, &pm, why, sizeof why), 0);
+    ck_assert_int_eq(hkp_meta_read(cubin, cn, HK_FORMAT_AUTO, &cm, why, sizeof why), 0);
+    ck_assert_int_eq(pm.arch, 90);
+    ck_assert_int_eq(cm.arch, 90);
+    ck_assert_int_eq(cm.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(pm.nentries, 3);
+    ck_assert_int_eq(cm.nentries, 3);
+    for (int i = 0; i < pm.nentries; i++) {
+        const hkp_entry *a = &pm.entries[i];
+        const hkp_entry *b = find_entry(&cm, a->name);
+        ck_assert_msg(b != NULL, "cubin lacks %s", a->name);
+        ck_assert_int_eq(a->nparams, b->nparams);
+        for (int k = 0; k < a->nparams; k++) {
+            ck_assert_uint_eq(a->params[k].offset, b->params[k].offset);
+            ck_assert_uint_eq(a->params[k].size, b->params[k].size);
+        }
+    }
+    /* The layout the driver uses: Pair is 8-aligned, 32 bytes. */
+    const hkp_entry *mixed = find_entry(&cm, "mixed");
+    ck_assert_int_eq(mixed->nparams, 4);
+    ck_assert_uint_eq(mixed->params[0].size, 32);
+    ck_assert_uint_eq(mixed->params[1].offset, 32);
+    ck_assert_uint_eq(mixed->params[1].size, 1);
+    ck_assert_uint_eq(mixed->params[2].offset, 40);
+    ck_assert_uint_eq(mixed->params[3].offset, 48);
+    ck_assert_uint_eq(mixed->params[3].size, 2);
+    ck_assert_int_eq(find_entry(&cm, "noargs")->nparams, 0);
+
+    ck_assert_int_eq(pm.nglobals, cm.nglobals);
+    for (int i = 0; i < pm.nglobals; i++) {
+        const hkp_global *b = find_global(&cm, pm.globals[i].name);
+        ck_assert_msg(b != NULL, "cubin lacks global %s", pm.globals[i].name);
+        ck_assert_uint_eq(pm.globals[i].size, b->size);
+        ck_assert_int_eq(pm.globals[i].is_const, b->is_const);
+    }
+    ck_assert_uint_eq(find_global(&cm, "coeffs")->size, 64);
+    ck_assert_int_eq(find_global(&cm, "coeffs")->is_const, 1);
+    ck_assert_uint_eq(find_global(&cm, "table")->size, 12);
+    ck_assert_uint_eq(find_global(&cm, "counter")->size, 4);
+
+    hkp_meta_free(&pm);
+    hkp_meta_free(&cm);
+    free(ptx);
+    free(cubin);
+}
+END_TEST
+
+START_TEST(meta_hand_written_ptx) {
+    const char *ptx = "// comment\n"
+                      ".version 8.0\n"
+                      ".target sm_90a, debug\n"
+                      ".address_size 64\n"
+                      "/* block\n comment */\n"
+                      ".extern .global .align 4 .u32 outside;\n"
+                      ".visible .global .align 8 .u64 g1, g2[3];\n"
+                      ".weak .const .align 4 .b8 cb[] = {1, 2, 3, 4, 5};\n"
+                      ".global .v4 .f32 vec;\n"
+                      ".visible .global .attribute(.managed) .align 4 .u32 managed;\n"
+                      ".func (.param .b32 r) helper(.param .b32 x) { ret; }\n"
+                      ".visible .entry k1(\n"
+                      "  .param .u8 a,\n"
+                      "  .param .align 16 .b8 s[24],\n"
+                      "  .param .u64 .ptr .global .align 32 p,\n"
+                      "  .param .f16 h\n"
+                      ") .maxntid 128, 1, 1\n"
+                      "{ { .reg .b32 %r<2>; } ret; }\n"
+                      ".entry k2 { ret; }\n"
+                      ".extern .entry k3(.param .u32 x);\n";
+    hkp_meta m;
+    char why[256];
+    ck_assert_int_eq(hkp_meta_read(ptx, strlen(ptx), HK_FORMAT_AUTO, &m, why, sizeof why), 0);
+    ck_assert_int_eq(m.arch, 90 | HKP_ARCH_SPECIFIC);
+    ck_assert_int_eq(m.nentries, 2);
+    const hkp_entry *k1 = find_entry(&m, "k1");
+    ck_assert_ptr_nonnull(k1);
+    ck_assert_int_eq(k1->nparams, 4);
+    ck_assert_uint_eq(k1->params[0].offset, 0);
+    ck_assert_uint_eq(k1->params[1].offset, 16);
+    ck_assert_uint_eq(k1->params[1].size, 24);
+    ck_assert_uint_eq(k1->params[2].offset, 40); /* .align after .ptr is the pointee's */
+    ck_assert_uint_eq(k1->params[2].size, 8);
+    ck_assert_uint_eq(k1->params[3].offset, 48);
+    ck_assert_uint_eq(k1->params[3].size, 2);
+    ck_assert_int_eq(find_entry(&m, "k2")->nparams, 0);
+    ck_assert_ptr_null(find_entry(&m, "helper"));
+    ck_assert_ptr_null(find_entry(&m, "k3"));
+    ck_assert_ptr_null(find_global(&m, "outside"));
+    ck_assert_uint_eq(find_global(&m, "g1")->size, 8);
+    ck_assert_uint_eq(find_global(&m, "g2")->size, 24);
+    ck_assert_uint_eq(find_global(&m, "cb")->size, 5);
+    ck_assert_int_eq(find_global(&m, "cb")->is_const, 1);
+    ck_assert_uint_eq(find_global(&m, "vec")->size, 16);
+    ck_assert_uint_eq(find_global(&m, "managed")->size, 4);
+    hkp_meta_free(&m);
+
+    const char *bad[] = {
+        ".version 8.0\n.target sm_90\n.entry k(.param .u32 a",         /* cut short */
+        ".version 8.0\n.target sm_90\n.entry k(.param .u32 a) { ret;", /* no '}' */
+        ".version 8.0\n.target sm_90\n.entry k(.param a) {}",          /* no type */
+        ".version 8.0\n.target foo\n",                                 /* no arch */
+        ".version 8.0\n.target sm_90\n.global .u32 x[zz];",            /* bad size */
+        ".version 8.0\n.target sm_90\n/* unterminated",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why[0] = '\0';
+        ck_assert_int_eq(hkp_meta_read(bad[i], strlen(bad[i]), HK_FORMAT_PTX, &m, why, sizeof why),
+                         HK_ERR_FORMAT);
+        ck_assert_msg(why[0] != '\0', "no reason for bad PTX %zu", i);
+        ck_assert_int_eq(m.nentries, 0);
+    }
+}
+END_TEST
+
+START_TEST(meta_cubin_archs) {
+    size_t n;
+    hkp_meta m;
+    char why[256];
+    static const struct {
+        const char *arch;
+        int want;
+    } cases[] = {{"sm_80", 80},   {"sm_86", 86},  {"sm_90", 90}, {"sm_90a", 90 | HKP_ARCH_SPECIFIC},
+                 {"sm_100", 100}, {"sm_120", 120}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        void *c = nvrtc_image(KERNELS_CU, cases[i].arch, &n);
+        ck_assert_int_eq(hkp_meta_read(c, n, HK_FORMAT_CUBIN, &m, why, sizeof why), 0);
+        ck_assert_msg(m.arch == cases[i].want, "%s read as %#x", cases[i].arch, m.arch);
+        ck_assert_int_eq(m.nentries, 3);
+        hkp_meta_free(&m);
+        free(c);
+    }
+}
+END_TEST
+
+START_TEST(meta_fatbin_archs) {
+    char *dir = hkt_tmpdir();
+    size_t n;
+    void *fat = nvcc_fatbin(dir,
+                            "-gencode arch=compute_80,code=sm_80 "
+                            "-gencode arch=compute_90,code=[sm_90,compute_90] "
+                            "-gencode arch=compute_100a,code=sm_100a",
+                            &n);
+    if (!fat) {
+        hkt_rmtree(dir);
+        free(dir);
+        return;
+    }
+    hkp_meta m;
+    char why[256];
+    ck_assert_int_eq(hkp_meta_read(fat, n, HK_FORMAT_AUTO, &m, why, sizeof why), 0);
+    ck_assert_int_eq(m.format, HK_FORMAT_FATBIN);
+    ck_assert_int_eq(m.narchs, 3);
+    int seen = 0;
+    for (int i = 0; i < m.narchs; i++) {
+        seen |= m.archs[i] == 80 ? 1 : 0;
+        seen |= m.archs[i] == 90 ? 2 : 0;
+        seen |= m.archs[i] == (100 | HKP_ARCH_SPECIFIC) ? 4 : 0;
+    }
+    ck_assert_int_eq(seen, 7);
+    ck_assert_int_eq(m.nptx_archs, 1);
+    ck_assert_int_eq(m.ptx_archs[0], 90);
+    ck_assert(hkp_meta_runs_on(&m, 89));  /* sm_80 code */
+    ck_assert(hkp_meta_runs_on(&m, 120)); /* compute_90 PTX, JIT forward */
+    hkp_meta_free(&m);
+
+    /* Truncated anywhere: a reason, never a crash. */
+    size_t cuts[] = {4, 15, 16, 40, n / 3, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        why[0] = '\0';
+        ck_assert_int_eq(hkp_meta_read(fat, cuts[i], HK_FORMAT_FATBIN, &m, why, sizeof why),
+                         HK_ERR_FORMAT);
+        ck_assert_msg(strstr(why, "truncated") || strstr(why, "past the end"), "cut %zu: %s",
+                      cuts[i], why);
+    }
+    hkp_build_opts o = base_opts(90);
+    hkp_artifact a;
+    ck_assert_int_eq(hkp_build(fat, n - 100, HK_FORMAT_AUTO, &o, &a, why, sizeof why),
+                     HK_ERR_FORMAT);
+    hkp_artifact_free(&a);
+    free(fat);
+
+    /* A fatbin with only sm_80 code is refused for sm_90, naming both. */
+    fat = nvcc_fatbin(dir, "-gencode arch=compute_80,code=sm_80", &n);
+    ck_assert_int_eq(hkp_build(fat, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_ARCH);
+    ck_assert_ptr_nonnull(strstr(why, "sm_80"));
+    ck_assert_ptr_nonnull(strstr(why, "sm_90"));
+    hkp_artifact_free(&a);
+    o.arch = 86;
+    ck_assert_int_eq(hkp_build(fat, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.format, HK_FORMAT_FATBIN);
+    ck_assert_int_eq(a.meta.narchs, 1);
+    hkp_artifact_free(&a);
+    free(fat);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Every prefix and many single-byte corruptions of a real cubin and PTX:
+ * the parsers either succeed or give HK_ERR_FORMAT with a reason. */
+START_TEST(meta_survives_corruption) {
+    size_t n;
+    unsigned char *cubin = nvrtc_image(KERNELS_CU, "sm_90", &n);
+    hkp_meta m;
+    char why[256];
+    for (size_t cut = 0; cut < n; cut += (cut < 256 ? 1 : 7)) {
+        int rc = hkp_meta_read(cubin, cut, HK_FORMAT_CUBIN, &m, why, sizeof why);
+        ck_assert_int_eq(rc, HK_ERR_FORMAT);
+        ck_assert(why[0] != '\0');
+    }
+    unsigned char *copy = malloc(n);
+    srand(12345);
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(copy, cubin, n);
+        for (int k = 0; k < 4; k++)
+            copy[(size_t)rand() % n] = (unsigned char)rand();
+        int rc = hkp_meta_read(copy, n, HK_FORMAT_CUBIN, &m, why, sizeof why);
+        ck_assert(rc == 0 || rc == HK_ERR_FORMAT);
+        hkp_meta_free(&m);
+    }
+    free(copy);
+    free(cubin);
+
+    char *ptx = nvrtc_image(KERNELS_CU, "compute_90", &n);
+    for (size_t cut = 0; cut < n; cut += 3) {
+        int rc = hkp_meta_read(ptx, cut, HK_FORMAT_PTX, &m, why, sizeof why);
+        ck_assert(rc == 0 || rc == HK_ERR_FORMAT);
+        hkp_meta_free(&m);
+    }
+    free(ptx);
+}
+END_TEST
+
+START_TEST(arch_rules) {
+    char b[16];
+    ck_assert(hkp_arch_runs_on(80, 86));
+    ck_assert(hkp_arch_runs_on(86, 86));
+    ck_assert(!hkp_arch_runs_on(86, 80));
+    ck_assert(!hkp_arch_runs_on(80, 90));
+    ck_assert(!hkp_arch_runs_on(90, 100));
+    ck_assert(!hkp_arch_runs_on(100, 90));
+    ck_assert(hkp_arch_runs_on(90 | HKP_ARCH_SPECIFIC, 90));
+    ck_assert(!hkp_arch_runs_on(100 | HKP_ARCH_SPECIFIC, 103));
+    ck_assert(hkp_arch_runs_on(100 | HKP_ARCH_FAMILY, 103));
+    ck_assert(!hkp_arch_runs_on(0, 90));
+    ck_assert_str_eq(hkp_arch_name(90 | HKP_ARCH_SPECIFIC, b, sizeof b), "sm_90a");
+    ck_assert_str_eq(hkp_arch_name(100 | HKP_ARCH_FAMILY, b, sizeof b), "sm_100f");
+    ck_assert_str_eq(hkp_arch_name(86, b, sizeof b), "sm_86");
+}
+END_TEST
+
+/* ---- builds ----------------------------------------------------------------- */
+
+START_TEST(build_cuda_c_with_header) {
+    char *dir = hkt_tmpdir();
+    char hdr[512], src_path[512], inc[512];
+    snprintf(inc, sizeof inc, "%s/inc", dir);
+    ck_assert_int_eq(mkdir(inc, 0700), 0);
+    snprintf(hdr, sizeof hdr, "%s/inc/params.cuh", dir);
+    snprintf(src_path, sizeof src_path, "%s/main.cu", dir);
+    ck_assert_int_eq(hkt_write_file(hdr, "#pragma once\n"
+                                         "struct Params { float a, b; double c; int n; };\n"
+                                         "#define BLOCK 128\n"),
+                     0);
+    const char *src = "#include \"params.cuh\"\n"
+                      "extern \"C\" __global__ void step(Params p, float *out) {\n"
+                      "    out[threadIdx.x % BLOCK] = p.a * p.b + (float)p.c + p.n;\n"
+                      "}\n"
+                      "extern \"C\" __global__ void fill(float *out, float v, unsigned n) {\n"
+                      "    if (threadIdx.x < n) out[threadIdx.x] = v;\n"
+                      "}\n";
+    char iopt[600];
+    snprintf(iopt, sizeof iopt, "-I%s", inc);
+    const char *opts[] = {iopt, "-DUNUSED=1"};
+    hkp_build_opts o = base_opts(90);
+    o.nvrtc_options = opts;
+    o.nnvrtc_options = 2;
+    o.source_name = src_path;
+    hkp_artifact a;
+    char why[512];
+    int rc = hkp_build(src, strlen(src), HK_FORMAT_AUTO, &o, &a, why, sizeof why);
+    ck_assert_msg(rc == 0, "build failed: %s\n%s", why, a.log ? a.log : "");
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.arch, 90);
+    ck_assert_int_eq(a.meta.nentries, 2);
+    const hkp_entry *step = find_entry(&a.meta, "step");
+    ck_assert_ptr_nonnull(step);
+    ck_assert_int_eq(step->nparams, 2);
+    ck_assert_uint_eq(step->params[0].size, 24); /* float, float, double, int -> 24 */
+    ck_assert_uint_eq(step->params[1].offset, 24);
+    ck_assert_uint_eq(step->params[1].size, 8);
+    const hkp_entry *fill = find_entry(&a.meta, "fill");
+    ck_assert_int_eq(fill->nparams, 3);
+    ck_assert_uint_eq(fill->params[1].offset, 8);
+    ck_assert_uint_eq(fill->params[2].offset, 12);
+    ck_assert_int_eq(a.ndeps, 1);
+    ck_assert_ptr_nonnull(strstr(a.deps[0], "inc/params.cuh"));
+    ck_assert(a.ms > 0);
+    ck_assert_int_eq(a.cache_hit, 0);
+    hkp_artifact_free(&a);
+
+    /* PTX only (left for the driver): NUL-terminated, PTX metadata. */
+    o.ptx_to_cubin = 0;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.format, HK_FORMAT_PTX);
+    ck_assert_int_eq(((char *)a.image)[a.size - 1], '\0');
+    ck_assert_int_eq(a.meta.nentries, 2);
+    ck_assert_int_eq(find_entry(&a.meta, "step")->params[0].size, 24);
+    hkp_artifact_free(&a);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(build_name_expressions) {
+    const char *src =
+        "template <typename T, int N> __global__ void axpy(T *y, const T *x, T a) {\n"
+        "    int i = threadIdx.x; if (i < N) y[i] += a * x[i];\n"
+        "}\n"
+        "namespace ops { template <typename T> __global__ void zero(T *p) { *p = 0; } }\n";
+    const char *names[] = {"axpy<float, 256>", "axpy<double, 64>", "ops::zero<int>"};
+    hkp_build_opts o = base_opts(90);
+    o.name_expressions = names;
+    o.nname_expressions = 3;
+    hkp_artifact a;
+    char why[512];
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_AUTO, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.nlowered, 3);
+    ck_assert_int_eq(a.meta.nentries, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(strncmp(a.lowered_names[i], "_Z", 2) == 0, "not mangled: %s",
+                      a.lowered_names[i]);
+        const hkp_entry *e = find_entry(&a.meta, a.lowered_names[i]);
+        ck_assert_msg(e != NULL, "%s -> %s not in the cubin", names[i], a.lowered_names[i]);
+        ck_assert_int_eq(e->nparams, i < 2 ? 3 : 1);
+    }
+    /* double a: the third parameter is 8 bytes at 16. */
+    const hkp_entry *d = find_entry(&a.meta, a.lowered_names[1]);
+    ck_assert_uint_eq(d->params[2].offset, 16);
+    ck_assert_uint_eq(d->params[2].size, 8);
+    ck_assert_str_ne(a.lowered_names[0], a.lowered_names[1]);
+    hkp_artifact_free(&a);
+}
+END_TEST
+
+START_TEST(build_ptx_with_nvjitlink) {
+    size_t n;
+    char *ptx = nvrtc_image(KERNELS_CU, "compute_80", &n);
+    hkp_build_opts o = base_opts(90);
+    hkp_artifact a;
+    char why[512];
+    /* n includes the NUL; pass the text without it, in a buffer that ends
+     * there, as a file read into memory arrives. */
+    char *exact = malloc(n - 1);
+    memcpy(exact, ptx, n - 1);
+    ck_assert_int_eq(hkp_build(exact, n - 1, HK_FORMAT_AUTO, &o, &a, why, sizeof why), 0);
+    free(exact);
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.arch, 90);
+    ck_assert_int_eq(a.meta.nentries, 3);
+    ck_assert_int_eq(find_entry(&a.meta, "mixed")->params[3].offset, 48);
+    hkp_artifact_free(&a);
+
+    /* Left as PTX for the driver: copied, NUL added. */
+    o.ptx_to_cubin = 0;
+    ck_assert_int_eq(hkp_build(ptx, n - 1, HK_FORMAT_PTX, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.format, HK_FORMAT_PTX);
+    ck_assert_uint_eq(a.size, n);
+    ck_assert_int_eq(((char *)a.image)[n - 1], '\0');
+    hkp_artifact_free(&a);
+    free(ptx);
+
+    /* PTX for a newer GPU cannot run here. */
+    ptx = nvrtc_image(KERNELS_CU, "compute_100", &n);
+    o.ptx_to_cubin = 1;
+    ck_assert_int_eq(hkp_build(ptx, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_ARCH);
+    ck_assert_ptr_nonnull(strstr(why, "sm_100"));
+    hkp_artifact_free(&a);
+    free(ptx);
+}
+END_TEST
+
+START_TEST(build_refusals) {
+    hkp_build_opts o = base_opts(90);
+    hkp_artifact a;
+    char why[512];
+    size_t n;
+
+    /* CUDA C with an error on line 3: the log names file and line. */
+    const char *bad_c = "extern \"C\" __global__ void k(float *x) {\n"
+                        "    x[0] = 1.0f;\n"
+                        "    undeclared_thing(x);\n"
+                        "}\n";
+    o.source_name = "kernels/bad.cu";
+    ck_assert_int_eq(hkp_build(bad_c, strlen(bad_c), HK_FORMAT_AUTO, &o, &a, why, sizeof why),
+                     HK_ERR_COMPILE);
+    ck_assert_ptr_nonnull(a.log);
+    ck_assert_msg(strstr(a.log, "kernels/bad.cu(3)") != NULL, "log: %s", a.log);
+    ck_assert_ptr_nonnull(strstr(why, "undeclared_thing"));
+    ck_assert_ptr_null(a.image);
+    hkp_artifact_free(&a);
+
+    /* PTX with a syntax error on line 7: nvJitLink's log says so. */
+    const char *bad_ptx = ".version 8.0\n"
+                          ".target sm_90\n"
+                          ".address_size 64\n"
+                          ".visible .entry k(.param .u64 p)\n"
+                          "{\n"
+                          "  .reg .b64 %rd<2>;\n"
+                          "  frobnicate.u64 %rd1, 3;\n"
+                          "  ret;\n"
+                          "}\n";
+    o.source_name = "bad.ptx";
+    ck_assert_int_eq(hkp_build(bad_ptx, strlen(bad_ptx), HK_FORMAT_AUTO, &o, &a, why, sizeof why),
+                     HK_ERR_COMPILE);
+    ck_assert_ptr_nonnull(a.log);
+    ck_assert_msg(strstr(a.log, "line 7") != NULL, "log: %s", a.log);
+    ck_assert_ptr_nonnull(strstr(why, "nvJitLink"));
+    hkp_artifact_free(&a);
+
+    /* Cubins for another architecture. */
+    void *c80 = nvrtc_image(KERNELS_CU, "sm_80", &n);
+    ck_assert_int_eq(hkp_build(c80, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_ARCH);
+    ck_assert_str_eq(why, "cubin is sm_80, device is sm_90");
+    hkp_artifact_free(&a);
+    o.arch = 86; /* same major, newer minor: runs */
+    ck_assert_int_eq(hkp_build(c80, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.nentries, 3);
+    hkp_artifact_free(&a);
+    free(c80);
+    o.arch = 90;
+    void *c100 = nvrtc_image(KERNELS_CU, "sm_100", &n);
+    ck_assert_int_eq(hkp_build(c100, n, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_ARCH);
+    ck_assert_str_eq(why, "cubin is sm_100, device is sm_90");
+    hkp_artifact_free(&a);
+    free(c100);
+
+    /* Formats. */
+    ck_assert_int_eq(hkp_build("", 0, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_str_eq(why, "empty input");
+    hkp_artifact_free(&a);
+    unsigned char junk[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
+    ck_assert_int_eq(hkp_build(junk, 30, HK_FORMAT_AUTO, &o, &a, why, sizeof why), HK_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "truncated ELF"));
+    hkp_artifact_free(&a);
+}
+END_TEST
+
+/* ---- cache ---------------------------------------------------------------- */
+
+static int build_file(const char *path, hkp_cache *c, const char *iopt, hkp_artifact *a) {
+    size_t n;
+    char *src = read_whole(path, &n);
+    const char *opts[] = {iopt};
+    hkp_build_opts o = base_opts(90);
+    o.cache = c;
+    o.source_name = path;
+    o.nvrtc_options = opts;
+    o.nnvrtc_options = iopt ? 1 : 0;
+    char why[512];
+    int rc = hkp_build(src, n, HK_FORMAT_CUDA_C, &o, a, why, sizeof why);
+    ck_assert_msg(rc == 0, "build of %s failed: %s %s", path, why, a->log ? a->log : "");
+    free(src);
+    return a->cache_hit;
+}
+
+START_TEST(cache_tracks_headers) {
+    char *dir = hkt_tmpdir();
+    char cdir[512], src[512], hdr[512], other[512], inc[512], iopt[520];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    snprintf(inc, sizeof inc, "%s/include", dir);
+    ck_assert_int_eq(mkdir(inc, 0700), 0);
+    snprintf(iopt, sizeof iopt, "-I%s", inc);
+    snprintf(src, sizeof src, "%s/k.cu", dir);
+    snprintf(hdr, sizeof hdr, "%s/include/scale.cuh", dir);
+    snprintf(other, sizeof other, "%s/include/unrelated.cuh", dir);
+    ck_assert_int_eq(hkt_write_file(hdr, "#define FACTOR 2.0f\n"), 0);
+    ck_assert_int_eq(hkt_write_file(other, "#define NOTHING 1\n"), 0);
+    ck_assert_int_eq(hkt_write_file(src, "#include <scale.cuh>\n"
+                                         "extern \"C\" __global__ void k(float *x) {\n"
+                                         "    x[threadIdx.x] *= FACTOR;\n"
+                                         "}\n"),
+                     0);
+    hkp_cache *c;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    hkp_artifact a;
+    struct timespec t0;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 0);
+    double miss_ms = ms_since(&t0);
+    ck_assert_int_eq(a.ndeps, 1);
+    size_t first_size = a.size;
+    void *first = malloc(a.size);
+    memcpy(first, a.image, a.size);
+    hkp_artifact_free(&a);
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 1);
+    double hit_ms = ms_since(&t0);
+    ck_assert_uint_eq(a.size, first_size);
+    ck_assert_int_eq(memcmp(a.image, first, first_size), 0);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    ck_assert_int_eq(a.ndeps, 1);
+    hkp_artifact_free(&a);
+    printf("cache: miss (NVRTC cubin) %.1f ms, hit %.2f ms\n", miss_ms, hit_ms);
+
+    /* An unrelated file changes: still a hit. */
+    ck_assert_int_eq(hkt_write_file(other, "#define NOTHING 2\n"), 0);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 1);
+    hkp_artifact_free(&a);
+
+    /* The header changes: a miss, and a different image. */
+    ck_assert_int_eq(hkt_write_file(hdr, "#define FACTOR 3.0f\n"), 0);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 0);
+    ck_assert(a.size != first_size || memcmp(a.image, first, first_size) != 0);
+    hkp_artifact_free(&a);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 1);
+    hkp_artifact_free(&a);
+
+    /* Back to the first header: that version is still cached. */
+    ck_assert_int_eq(hkt_write_file(hdr, "#define FACTOR 2.0f\n"), 0);
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 1);
+    ck_assert_int_eq(memcmp(a.image, first, first_size), 0);
+    hkp_artifact_free(&a);
+
+    /* Other options are another key. */
+    ck_assert_int_eq(build_file(src, c, iopt, &a), 1);
+    hkp_artifact_free(&a);
+    {
+        size_t n;
+        char *s = read_whole(src, &n);
+        const char *opts[] = {iopt, "-DEXTRA=1"};
+        hkp_build_opts o = base_opts(90);
+        o.cache = c;
+        o.source_name = src;
+        o.nvrtc_options = opts;
+        o.nnvrtc_options = 2;
+        char why[256];
+        ck_assert_int_eq(hkp_build(s, n, HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+        ck_assert_int_eq(a.cache_hit, 0);
+        hkp_artifact_free(&a);
+        o.arch = 80;
+        ck_assert_int_eq(hkp_build(s, n, HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+        ck_assert_int_eq(a.cache_hit, 0);
+        ck_assert_int_eq(a.meta.arch, 80);
+        hkp_artifact_free(&a);
+        free(s);
+    }
+
+    uint64_t hits, misses, bytes;
+    hkp_cache_stats(c, &hits, &misses, &bytes);
+    ck_assert_uint_eq(hits, 5);
+    ck_assert_uint_eq(misses, 4);
+    int entries;
+    ck_assert_uint_eq(bytes, dir_bytes(cdir, &entries, NULL));
+    ck_assert_int_gt(entries, 0);
+    free(first);
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(cache_ptx_builds) {
+    char *dir = hkt_tmpdir();
+    char cdir[512];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    hkp_cache *c;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    size_t n;
+    char *ptx = nvrtc_image(KERNELS_CU, "compute_90", &n);
+    hkp_build_opts o = base_opts(90);
+    o.cache = c;
+    hkp_artifact a;
+    char why[256];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(hkp_build(ptx, n, HK_FORMAT_PTX, &o, &a, why, sizeof why), 0);
+    double link_ms = ms_since(&t0);
+    ck_assert_int_eq(a.cache_hit, 0);
+    hkp_artifact_free(&a);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(hkp_build(ptx, n, HK_FORMAT_PTX, &o, &a, why, sizeof why), 0);
+    double hit_ms = ms_since(&t0);
+    ck_assert_int_eq(a.cache_hit, 1);
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.nentries, 3);
+    hkp_artifact_free(&a);
+    printf("cache: nvJitLink PTX->cubin %.1f ms, hit %.2f ms\n", link_ms, hit_ms);
+    free(ptx);
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(cache_truncated_entry_is_replaced) {
+    char *dir = hkt_tmpdir();
+    char cdir[512], src[512];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    snprintf(src, sizeof src, "%s/k.cu", dir);
+    ck_assert_int_eq(hkt_write_file(src, KERNELS_CU), 0);
+    hkp_cache *c;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    hkp_artifact a;
+    ck_assert_int_eq(build_file(src, c, NULL, &a), 0);
+    hkp_artifact_free(&a);
+
+    /* Damage every entry: cut the biggest (the cubin) and flip a byte in
+     * the others. */
+    DIR *d = opendir(cdir);
+    struct dirent *de;
+    int damaged = 0;
+    while ((de = readdir(d)) != NULL) {
+        if (!strstr(de->d_name, ".hkc"))
+            continue;
+        char p[1024];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", cdir, de->d_name);
+        ck_assert_int_eq(stat(p, &st), 0);
+        if (st.st_size > 2000) {
+            ck_assert_int_eq(truncate(p, st.st_size / 2), 0);
+        } else {
+            FILE *f = fopen(p, "r+b");
+            fseek(f, st.st_size - 3, SEEK_SET);
+            int ch = fgetc(f);
+            fseek(f, st.st_size - 3, SEEK_SET);
+            fputc(ch ^ 0x5a, f);
+            fclose(f);
+        }
+        damaged++;
+    }
+    closedir(d);
+    ck_assert_int_eq(damaged, 2); /* manifest + artifact */
+
+    ck_assert_int_eq(build_file(src, c, NULL, &a), 0); /* miss, rebuilt */
+    ck_assert_int_eq(a.meta.nentries, 3);
+    hkp_artifact_free(&a);
+    ck_assert_int_eq(build_file(src, c, NULL, &a), 1); /* replaced: hit */
+    ck_assert_int_eq(a.meta.nentries, 3);
+    hkp_artifact_free(&a);
+
+    /* The raw API: a short file is a miss and is removed. */
+    uint8_t key[HKP_KEY_BYTES] = {1, 2, 3};
+    const char payload[] = "payload bytes";
+    ck_assert_int_eq(hkp_cache_put(c, key, payload, sizeof payload), 0);
+    void *got;
+    size_t gn;
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), 0);
+    ck_assert_uint_eq(gn, sizeof payload);
+    ck_assert_int_eq(memcmp(got, payload, gn), 0);
+    free(got);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/0102030000000000000000000000000000000000000000000000000000000000.hkc",
+             cdir);
+    ck_assert_int_eq(truncate(p, 20), 0);
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), HK_ERR_NOT_FOUND);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(cache_two_processes) {
+    char *dir = hkt_tmpdir();
+    char cdir[512];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        ck_assert_int_ge(kids[k], 0);
+        if (kids[k] == 0) {
+            /* Both children write the same keys and some of their own, at
+             * once, with the raw API and real builds. */
+            hkp_cache *c;
+            if (hkp_cache_open(&c, cdir, 64 << 20) != 0)
+                _exit(10);
+            for (int i = 0; i < 200; i++) {
+                uint8_t key[HKP_KEY_BYTES] = {0};
+                key[0] = (uint8_t)(i % 50);
+                key[1] = (uint8_t)(i % 3 == 0 ? k : 9);
+                size_t len = 1000 + (size_t)i * 37;
+                unsigned char *buf = malloc(len);
+                memset(buf, i, len);
+                if (hkp_cache_put(c, key, buf, len) != 0)
+                    _exit(11);
+                void *got;
+                size_t gn;
+                if (hkp_cache_get(c, key, &got, &gn) == 0) {
+                    free(got); /* content verified by the hash already */
+                }
+                free(buf);
+            }
+            for (int i = 0; i < 3; i++) {
+                char src[256];
+                snprintf(src, sizeof src, "extern \"C\" __global__ void k%d(int *p) { *p = %d; }\n",
+                         i, i);
+                hkp_build_opts o = base_opts(90);
+                o.cache = c;
+                hkp_artifact a;
+                char why[256];
+                if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) != 0)
+                    _exit(12);
+                hkp_artifact_free(&a);
+            }
+            hkp_cache_close(c);
+            _exit(0);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        int st;
+        ck_assert_int_eq(waitpid(kids[k], &st, 0), kids[k]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d status %d", k, st);
+    }
+    /* Every file left is a complete, verifiable entry; no temporaries. */
+    hkp_cache *c;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    DIR *d = opendir(cdir);
+    struct dirent *de;
+    int checked = 0, tmps = 0;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, ".tmp-", 5) == 0)
+            tmps++;
+        if (strlen(de->d_name) != 68 || !strstr(de->d_name, ".hkc"))
+            continue;
+        uint8_t key[HKP_KEY_BYTES];
+        for (int i = 0; i < HKP_KEY_BYTES; i++) {
+            unsigned v;
+            sscanf(de->d_name + 2 * i, "%2x", &v);
+            key[i] = (uint8_t)v;
+        }
+        void *got;
+        size_t gn;
+        ck_assert_msg(hkp_cache_get(c, key, &got, &gn) == 0, "bad entry %s", de->d_name);
+        free(got);
+        checked++;
+    }
+    closedir(d);
+    ck_assert_int_eq(tmps, 0);
+    ck_assert_int_ge(checked, 50 + 2 * 17 + 3 * 2);
+    /* The builds the children made are hits now. */
+    for (int i = 0; i < 3; i++) {
+        char src[256];
+        snprintf(src, sizeof src, "extern \"C\" __global__ void k%d(int *p) { *p = %d; }\n", i, i);
+        hkp_build_opts o = base_opts(90);
+        o.cache = c;
+        hkp_artifact a;
+        char why[256];
+        ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+        ck_assert_int_eq(a.cache_hit, 1);
+        hkp_artifact_free(&a);
+    }
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(cache_eviction_bound) {
+    char *dir = hkt_tmpdir();
+    char cdir[512];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    const uint64_t bound = 100000;
+    hkp_cache *c;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, bound), 0);
+    unsigned char buf[9000];
+    uint8_t first[HKP_KEY_BYTES] = {0xee}, key[HKP_KEY_BYTES] = {0};
+    memset(buf, 0xab, sizeof buf);
+    ck_assert_int_eq(hkp_cache_put(c, first, buf, sizeof buf), 0);
+    for (int i = 0; i < 60; i++) {
+        key[0] = (uint8_t)i;
+        ck_assert_int_eq(hkp_cache_put(c, key, buf, sizeof buf - (size_t)i), 0);
+        /* Keep `first` recently used: LRU must spare it. */
+        void *got;
+        size_t gn;
+        ck_assert_int_eq(hkp_cache_get(c, first, &got, &gn), 0);
+        free(got);
+        int entries;
+        ck_assert_uint_le(dir_bytes(cdir, &entries, NULL), bound);
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL); /* distinct mtimes on coarse filesystems */
+    }
+    int entries;
+    uint64_t bytes = dir_bytes(cdir, &entries, NULL);
+    ck_assert_uint_le(bytes, bound);
+    ck_assert_int_ge(entries, 9); /* evicts only what it must */
+    void *got;
+    size_t gn;
+    ck_assert_int_eq(hkp_cache_get(c, first, &got, &gn), 0);
+    free(got);
+    key[0] = 0; /* the oldest regular entry is gone */
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), HK_ERR_NOT_FOUND);
+    key[0] = 59; /* the newest is there */
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), 0);
+    free(got);
+    /* Too big to ever fit: not stored, not an error. */
+    unsigned char *huge = calloc(1, bound);
+    key[0] = 200;
+    ck_assert_int_eq(hkp_cache_put(c, key, huge, bound), 0);
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), HK_ERR_NOT_FOUND);
+    free(huge);
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(cache_default_dir) {
+    char buf[512];
+    setenv("XDG_CACHE_HOME", "/tmp/xdg-test", 1);
+    ck_assert_int_eq(hkp_cache_default_dir(buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "/tmp/xdg-test/hotkern");
+    setenv("XDG_CACHE_HOME", "relative", 1);
+    setenv("HOME", "/home/someone", 1);
+    ck_assert_int_eq(hkp_cache_default_dir(buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "/home/someone/.cache/hotkern");
+    unsetenv("XDG_CACHE_HOME");
+    unsetenv("HOME");
+    ck_assert_int_eq(hkp_cache_default_dir(buf, sizeof buf), HK_ERR_NOT_FOUND);
+    setenv("HOME", "/home/someone", 1);
+    ck_assert_int_eq(hkp_cache_default_dir(buf, 8), HK_ERR_INVALID);
+}
+END_TEST
+
+/* Both CUDA C paths give the same kernels; prints what each costs. */
+START_TEST(build_paths_agree_and_timings) {
+    hkp_build_opts o = base_opts(90);
+    hkp_artifact direct, via, ptx;
+    char why[512];
+    /* Warm NVRTC and nvJitLink once so the timings compare steady states. */
+    ck_assert_int_eq(
+        hkp_build(KERNELS_CU, strlen(KERNELS_CU), HK_FORMAT_CUDA_C, &o, &direct, why, sizeof why),
+        0);
+    hkp_artifact_free(&direct);
+    o.nvrtc_via_ptx = 1;
+    ck_assert_int_eq(
+        hkp_build(KERNELS_CU, strlen(KERNELS_CU), HK_FORMAT_CUDA_C, &o, &via, why, sizeof why), 0);
+    hkp_artifact_free(&via);
+
+    double t_direct = 0, t_via = 0, t_ptx = 0;
+    for (int i = 0; i < 3; i++) {
+        o.nvrtc_via_ptx = 0;
+        o.ptx_to_cubin = 1;
+        ck_assert_int_eq(hkp_build(KERNELS_CU, strlen(KERNELS_CU), HK_FORMAT_CUDA_C, &o, &direct,
+                                   why, sizeof why),
+                         0);
+        o.nvrtc_via_ptx = 1;
+        ck_assert_int_eq(
+            hkp_build(KERNELS_CU, strlen(KERNELS_CU), HK_FORMAT_CUDA_C, &o, &via, why, sizeof why),
+            0);
+        o.ptx_to_cubin = 0;
+        ck_assert_int_eq(
+            hkp_build(KERNELS_CU, strlen(KERNELS_CU), HK_FORMAT_CUDA_C, &o, &ptx, why, sizeof why),
+            0);
+        t_direct += direct.ms;
+        t_via += via.ms;
+        t_ptx += ptx.ms;
+        ck_assert_int_eq(direct.format, HK_FORMAT_CUBIN);
+        ck_assert_int_eq(via.format, HK_FORMAT_CUBIN);
+        ck_assert_int_eq(ptx.format, HK_FORMAT_PTX);
+        ck_assert_int_eq(direct.meta.nentries, via.meta.nentries);
+        for (int e = 0; e < direct.meta.nentries; e++) {
+            const hkp_entry *a = &direct.meta.entries[e];
+            const hkp_entry *b = find_entry(&via.meta, a->name);
+            ck_assert_ptr_nonnull(b);
+            ck_assert_int_eq(a->nparams, b->nparams);
+            ck_assert_ptr_nonnull(find_entry(&ptx.meta, a->name));
+        }
+        hkp_artifact_free(&direct);
+        hkp_artifact_free(&via);
+        hkp_artifact_free(&ptx);
+    }
+    printf("build: NVRTC->cubin %.1f ms, NVRTC->PTX->nvJitLink %.1f ms, NVRTC->PTX %.1f ms "
+           "(mean of 3)\n",
+           t_direct / 3, t_via / 3, t_ptx / 3);
+}
+END_TEST
+
+static Suite *ptx_suite(void) {
+    Suite *s = suite_create("ptx");
+    TCase *tc = tcase_create("detect");
+    tcase_add_test(tc, detect_each_format);
+    tcase_add_test(tc, detect_refuses_bad_input);
+    tcase_set_timeout(tc, 120);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("meta");
+    tcase_add_test(tc, meta_cubin_and_ptx_agree);
+    tcase_add_test(tc, meta_hand_written_ptx);
+    tcase_add_test(tc, meta_cubin_archs);
+    tcase_add_test(tc, meta_fatbin_archs);
+    tcase_add_test(tc, meta_survives_corruption);
+    tcase_add_test(tc, arch_rules);
+    tcase_set_timeout(tc, 300);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("build");
+    tcase_add_test(tc, build_cuda_c_with_header);
+    tcase_add_test(tc, build_name_expressions);
+    tcase_add_test(tc, build_ptx_with_nvjitlink);
+    tcase_add_test(tc, build_refusals);
+    tcase_add_test(tc, build_paths_agree_and_timings);
+    tcase_set_timeout(tc, 300);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("cache");
+    tcase_add_test(tc, cache_tracks_headers);
+    tcase_add_test(tc, cache_ptx_builds);
+    tcase_add_test(tc, cache_truncated_entry_is_replaced);
+    tcase_add_test(tc, cache_two_processes);
+    tcase_add_test(tc, cache_eviction_bound);
+    tcase_add_test(tc, cache_default_dir);
+    tcase_set_timeout(tc, 300);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return hkt_run(ptx_suite());
+}

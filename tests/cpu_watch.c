@@ -1,0 +1,955 @@
+/*
+ * net/watch against the ways files really change: each editor save pattern
+ * must reach the callback exactly once with the final content, editor
+ * droppings never, a header edit must reach every source that read it, and a
+ * lost event queue or a recreated directory must not lose an update.
+ *
+ * Every test works in a fresh temporary directory with a recording callback;
+ * waits are condition-variable waits bounded by timeouts, and "nothing more
+ * arrives" is checked by waiting several debounce periods after the last
+ * expected handover. The last test case drives hk_watch_dir end to end on the
+ * fake driver: files in, committed and refused versions out.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loader/loader.h"
+#include "net/watch.h"
+#include "tests/fakecuda.h"
+
+#define MAX_RECORDS 512
+#define WAIT_MS     3000 /* for something that must arrive */
+#define SETTLE_MS   300  /* for something that must not */
+
+typedef struct record {
+    char module[64];
+    char path[PATH_MAX];
+    char *content; /* NUL-terminated copy */
+    size_t size;
+} record;
+
+typedef struct recorder {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    record r[MAX_RECORDS];
+    int n;
+} recorder;
+
+static recorder rec;
+static char dir[PATH_MAX];  /* the watched directory, canonical */
+static char root[PATH_MAX]; /* the temporary tree holding it */
+static hkn_watch *w;
+
+/* ---- recorder ------------------------------------------------------------ */
+
+static void rec_cb(void *ud, const char *module, const char *path, const void *bytes, size_t size) {
+    recorder *r = ud;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->n < MAX_RECORDS) {
+        record *e = &r->r[r->n];
+        snprintf(e->module, sizeof e->module, "%s", module);
+        snprintf(e->path, sizeof e->path, "%s", path);
+        e->content = malloc(size + 1);
+        if (e->content) {
+            memcpy(e->content, bytes, size);
+            e->content[size] = '\0';
+        }
+        e->size = size;
+        r->n++;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rec_init(recorder *r) {
+    pthread_condattr_t ca;
+
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+static void rec_fini(recorder *r) {
+    for (int i = 0; i < r->n; i++)
+        free(r->r[i].content);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* Waits until at least n records exist or timeout_ms passes; returns the
+ * count then. */
+static int rec_wait(int n, int timeout_ms) {
+    struct timespec dl;
+    int got;
+
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&rec.mu);
+    while (rec.n < n) {
+        if (pthread_cond_timedwait(&rec.cv, &rec.mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    got = rec.n;
+    pthread_mutex_unlock(&rec.mu);
+    return got;
+}
+
+static int rec_count(void) {
+    int n;
+    pthread_mutex_lock(&rec.mu);
+    n = rec.n;
+    pthread_mutex_unlock(&rec.mu);
+    return n;
+}
+
+/* Handovers of module since record index `from`. */
+static int rec_count_module(const char *module, int from) {
+    int n = 0;
+    pthread_mutex_lock(&rec.mu);
+    for (int i = from; i < rec.n; i++)
+        n += strcmp(rec.r[i].module, module) == 0;
+    pthread_mutex_unlock(&rec.mu);
+    return n;
+}
+
+/* Content of the last handover of module (a static copy), or NULL. */
+static const char *rec_last(const char *module) {
+    static char buf[4096];
+    const char *res = NULL;
+
+    pthread_mutex_lock(&rec.mu);
+    for (int i = rec.n - 1; i >= 0; i--) {
+        if (strcmp(rec.r[i].module, module) == 0 && rec.r[i].content) {
+            snprintf(buf, sizeof buf, "%s", rec.r[i].content);
+            res = buf;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rec.mu);
+    return res;
+}
+
+/* Waits until n records exist, then SETTLE_MS more, and checks that exactly
+ * n arrived. */
+static void expect_total(int n) {
+    ck_assert_int_ge(rec_wait(n, WAIT_MS), n);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), n);
+}
+
+/* ---- files --------------------------------------------------------------- */
+
+static void path_in(char *out, size_t size, const char *d, const char *name) {
+    int n = snprintf(out, size, "%s/%s", d, name);
+    ck_assert(n > 0 && (size_t)n < size);
+}
+
+static void write_at(const char *path, const char *content) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    size_t len = strlen(content);
+
+    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
+    ck_assert_int_eq(write(fd, content, len), (ssize_t)len);
+    ck_assert_int_eq(close(fd), 0);
+}
+
+static void write_file(const char *name, const char *content) {
+    char p[PATH_MAX];
+    path_in(p, sizeof p, dir, name);
+    write_at(p, content);
+}
+
+static void rm_rf(const char *path) {
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) {
+        /* Nothing to do: a leftover temporary directory is harmless. */
+    }
+}
+
+/* ---- fixture ------------------------------------------------------------- */
+
+static void start_with(hkn_watch_opts *o) {
+    /* Files written within a clock tick of the watch being placed count as
+     * possibly changed after it (the watcher errs towards a rebuild too many);
+     * the tests want those written before to be plainly older. */
+    usleep(60 * 1000);
+    o->fn = rec_cb;
+    o->ud = &rec;
+    ck_assert_int_eq(hkn_watch_create(&w, o), 0);
+}
+
+static void start(void) {
+    hkn_watch_opts o;
+    hkn_watch_opts_init(&o);
+    o.dir_poll_ms = 50;
+    start_with(&o);
+}
+
+static void setup(void) {
+    char tmpl[] = "/tmp/hk_watch_XXXXXX";
+    char *t = mkdtemp(tmpl);
+
+    ck_assert(t != NULL);
+    ck_assert(realpath(t, root) != NULL);
+    path_in(dir, sizeof dir, root, "kernels");
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    rec_init(&rec);
+    w = NULL;
+}
+
+static void teardown(void) {
+    hkn_watch_destroy(w);
+    w = NULL;
+    rec_fini(&rec);
+    rm_rf(root);
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+START_TEST(classify_names) {
+    char m[64];
+
+    ck_assert_int_eq(hkn_watch_classify("particles.cu", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_str_eq(m, "particles");
+    ck_assert_int_eq(hkn_watch_classify("a.v2.ptx", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_str_eq(m, "a");
+    ck_assert_int_eq(hkn_watch_classify("k.cubin", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_int_eq(hkn_watch_classify("k.fatbin", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_int_eq(hkn_watch_classify("common.cuh", m, sizeof m), HKN_WATCH_HEADER);
+    ck_assert_int_eq(hkn_watch_classify("common.h", NULL, 0), HKN_WATCH_HEADER);
+    ck_assert_int_eq(hkn_watch_classify("common.hpp", NULL, 0), HKN_WATCH_HEADER);
+    ck_assert_int_eq(hkn_watch_classify("notes.txt", NULL, 0), HKN_WATCH_OTHER);
+    ck_assert_int_eq(hkn_watch_classify("Makefile", NULL, 0), HKN_WATCH_OTHER);
+    ck_assert_int_eq(hkn_watch_classify(".particles.cu", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify(".particles.cu.swp", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("particles.cu~", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("particles.cu.swp", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("particles.cu.swx", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("particles.cu.tmp", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("4913", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("#particles.cu#", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkn_watch_classify("sub/particles.cu", m, sizeof m), HKN_WATCH_IGNORED);
+    /* A module name that does not fit the caller's buffer is refused. */
+    ck_assert_int_eq(hkn_watch_classify("abcdefgh.cu", m, 4), HKN_WATCH_IGNORED);
+}
+END_TEST
+
+START_TEST(bad_arguments) {
+    hkn_watch_opts o;
+    hkn_watch *x = NULL;
+    char p[PATH_MAX];
+
+    hkn_watch_opts_init(&o);
+    ck_assert_int_eq(hkn_watch_create(&x, &o), HK_ERR_INVALID);
+    ck_assert_ptr_null(x);
+    start();
+    path_in(p, sizeof p, root, "missing");
+    ck_assert_int_eq(hkn_watch_add_dir(w, p), HK_ERR_IO);
+    path_in(p, sizeof p, root, "plain");
+    write_at(p, "x");
+    ck_assert_int_eq(hkn_watch_add_dir(w, p), HK_ERR_IO);
+    ck_assert_int_eq(hkn_watch_add_dir(w, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0); /* twice is harmless */
+    path_in(p, sizeof p, dir, "nope.cu");
+    ck_assert_int_eq(hkn_watch_set_deps(w, p, NULL, 0), HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(hkn_watch_set_deps(w, NULL, NULL, 0), HK_ERR_INVALID);
+    hkn_watch_destroy(NULL);
+}
+END_TEST
+
+START_TEST(initial_scan) {
+    char p[PATH_MAX];
+
+    write_file("a.cu", "A");
+    write_file("b.ptx", "B");
+    write_file("c.h", "header");
+    write_file(".hidden.cu", "H");
+    write_file("a.cu~", "backup");
+    write_file("empty.cu", "");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(2);
+    ck_assert_str_eq(rec_last("a"), "A");
+    ck_assert_str_eq(rec_last("b"), "B");
+    path_in(p, sizeof p, dir, "a.cu");
+    pthread_mutex_lock(&rec.mu);
+    ck_assert(strcmp(rec.r[0].path, p) == 0 || strcmp(rec.r[1].path, p) == 0);
+    pthread_mutex_unlock(&rec.mu);
+}
+END_TEST
+
+START_TEST(no_initial_scan) {
+    hkn_watch_opts o;
+
+    write_file("a.cu", "A");
+    write_file("b.cu", "B");
+    hkn_watch_opts_init(&o);
+    o.no_initial_scan = 1;
+    start_with(&o);
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 0);
+    write_file("b.cu", "B"); /* same content: still nothing */
+    write_file("a.cu", "A2");
+    expect_total(1);
+    ck_assert_str_eq(rec_last("a"), "A2");
+}
+END_TEST
+
+START_TEST(save_in_place) {
+    write_file("particles.cu", "v1");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    write_file("particles.cu", "v2 in place");
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 in place");
+}
+END_TEST
+
+START_TEST(save_rename_over) {
+    char tmp[PATH_MAX], dst[PATH_MAX];
+
+    write_file("particles.cu", "v1");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    /* Both the hidden and the .tmp temporary names editors use. */
+    path_in(tmp, sizeof tmp, dir, ".particles.cu.XXab12");
+    path_in(dst, sizeof dst, dir, "particles.cu");
+    write_at(tmp, "v2 renamed");
+    ck_assert_int_eq(rename(tmp, dst), 0);
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 renamed");
+    path_in(tmp, sizeof tmp, dir, "particles.cu.tmp");
+    write_at(tmp, "v3 renamed");
+    ck_assert_int_eq(rename(tmp, dst), 0);
+    expect_total(3);
+    ck_assert_str_eq(rec_last("particles"), "v3 renamed");
+}
+END_TEST
+
+START_TEST(save_delete_create) {
+    char p[PATH_MAX];
+
+    write_file("particles.cu", "v1");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    path_in(p, sizeof p, dir, "particles.cu");
+    ck_assert_int_eq(unlink(p), 0);
+    write_at(p, "v2 recreated");
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 recreated");
+}
+END_TEST
+
+START_TEST(save_vim_backup) {
+    char p[PATH_MAX], bak[PATH_MAX], probe[PATH_MAX], swp[PATH_MAX];
+
+    write_file("particles.cu", "v1");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    path_in(p, sizeof p, dir, "particles.cu");
+    path_in(bak, sizeof bak, dir, "particles.cu~");
+    path_in(probe, sizeof probe, dir, "4913");
+    path_in(swp, sizeof swp, dir, ".particles.cu.swp");
+    /* What vim does with 'writebackup' and 'backupcopy=no'. */
+    write_at(swp, "swap");
+    write_at(probe, "");
+    ck_assert_int_eq(unlink(probe), 0);
+    ck_assert_int_eq(rename(p, bak), 0);
+    write_at(p, "v2 from vim");
+    ck_assert_int_eq(chmod(p, 0644), 0);
+    ck_assert_int_eq(unlink(bak), 0);
+    ck_assert_int_eq(unlink(swp), 0);
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 from vim");
+}
+END_TEST
+
+START_TEST(burst_of_writes) {
+    char buf[64];
+
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    usleep(100 * 1000);
+    for (int i = 0; i < 50; i++) {
+        snprintf(buf, sizeof buf, "version %d", i);
+        write_file("particles.cu", buf);
+    }
+    expect_total(1);
+    ck_assert_str_eq(rec_last("particles"), "version 49");
+}
+END_TEST
+
+START_TEST(slow_writer_not_handed_early) {
+    char p[PATH_MAX];
+    int fd;
+
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    usleep(100 * 1000);
+    path_in(p, sizeof p, dir, "particles.cu");
+    fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "first half ", 11), 11);
+    usleep(200 * 1000); /* well past the debounce period */
+    ck_assert_int_eq(rec_count(), 0);
+    ck_assert_int_eq(write(fd, "second half", 11), 11);
+    ck_assert_int_eq(close(fd), 0);
+    expect_total(1);
+    ck_assert_str_eq(rec_last("particles"), "first half second half");
+}
+END_TEST
+
+START_TEST(droppings_ignored) {
+    static const char *const names[] = {
+        ".particles.cu", "particles.cu~",  "particles.cu.swp", ".particles.cu.swx",
+        "4913",          "#particles.cu#", "particles.cu.tmp", "notes.txt",
+        "README",        "common.cuh",
+    };
+    hkn_watch_stats st;
+
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    usleep(100 * 1000);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        write_file(names[i], "junk");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 0);
+    hkn_watch_stats_get(w, &st);
+    ck_assert_uint_ge(st.events, 10);
+    ck_assert_uint_eq(st.handovers, 0);
+}
+END_TEST
+
+START_TEST(unchanged_not_handed_again) {
+    char p[PATH_MAX];
+
+    write_file("particles.cu", "same");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    write_file("particles.cu", "same");
+    path_in(p, sizeof p, dir, "particles.cu");
+    ck_assert_int_eq(utimensat(AT_FDCWD, p, NULL, 0), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 1);
+    /* Changed, then changed back before anyone looked: still the same. */
+    write_file("particles.cu", "other");
+    write_file("particles.cu", "same");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 1);
+}
+END_TEST
+
+START_TEST(header_rebuilds_dependents) {
+    char a[PATH_MAX], b[PATH_MAX];
+    const char *deps_a[] = {"common.cuh"};
+    const char *deps_b[2];
+    const char *deps_c[] = {"other.cuh"};
+    char common[PATH_MAX], c[PATH_MAX];
+
+    write_file("a.cu", "A");
+    write_file("b.cu", "B");
+    write_file("c.cu", "C");
+    write_file("common.cuh", "#define X 1");
+    write_file("other.cuh", "#define Y 1");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(3);
+    path_in(a, sizeof a, dir, "a.cu");
+    path_in(b, sizeof b, dir, "b.cu");
+    path_in(c, sizeof c, dir, "c.cu");
+    path_in(common, sizeof common, dir, "common.cuh");
+    deps_b[0] = common; /* absolute here, relative for a */
+    deps_b[1] = "other.cuh";
+    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps_a, 1), 0);
+    ck_assert_int_eq(hkn_watch_set_deps(w, b, deps_b, 1), 0);
+    ck_assert_int_eq(hkn_watch_set_deps(w, c, deps_c, 1), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 3);
+
+    write_file("common.cuh", "#define X 2");
+    expect_total(5);
+    ck_assert_int_eq(rec_count_module("a", 3), 1);
+    ck_assert_int_eq(rec_count_module("b", 3), 1);
+    ck_assert_int_eq(rec_count_module("c", 3), 0);
+    ck_assert_str_eq(rec_last("a"), "A"); /* its own content, unchanged */
+
+    /* Rewriting a header with the same content rebuilds nothing. */
+    write_file("common.cuh", "#define X 2");
+    write_file("other.cuh", "#define Y 1");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 5);
+
+    /* Replaced dependencies: b no longer reads common.cuh, but other.cuh. */
+    deps_b[0] = "other.cuh";
+    ck_assert_int_eq(hkn_watch_set_deps(w, b, deps_b, 1), 0);
+    write_file("other.cuh", "#define Y 2");
+    expect_total(7);
+    ck_assert_int_eq(rec_count_module("b", 5), 1);
+    ck_assert_int_eq(rec_count_module("c", 5), 1);
+}
+END_TEST
+
+START_TEST(header_in_other_directory) {
+    char inc[PATH_MAX], hdr[PATH_MAX], a[PATH_MAX];
+    const char *deps[1];
+
+    path_in(inc, sizeof inc, root, "include");
+    ck_assert_int_eq(mkdir(inc, 0755), 0);
+    path_in(hdr, sizeof hdr, inc, "shared.cuh");
+    write_at(hdr, "#define S 1");
+    write_file("a.cu", "A");
+    write_file("b.cu", "B");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(2);
+    path_in(a, sizeof a, dir, "a.cu");
+    deps[0] = "../include/shared.cuh"; /* relative to the source's directory */
+    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 2);
+    write_at(hdr, "#define S 2");
+    expect_total(3);
+    ck_assert_int_eq(rec_count_module("a", 2), 1);
+    /* Sources in a directory watched only for dependencies are no modules. */
+    path_in(hdr, sizeof hdr, inc, "stray.cu");
+    write_at(hdr, "stray");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 3);
+}
+END_TEST
+
+START_TEST(dependency_changed_before_report) {
+    char a[PATH_MAX];
+    const char *deps[] = {"h.cuh"};
+
+    write_file("a.cu", "A");
+    write_file("h.cuh", "old");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+    /* The header changes while a's build is still running, before the build
+     * reports what it read: a may have been built from the old header. */
+    write_file("h.cuh", "new");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 1);
+    path_in(a, sizeof a, dir, "a.cu");
+    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    expect_total(2);
+    ck_assert_int_eq(rec_count_module("a", 1), 1);
+    /* The rebuild's own report does not trigger another one. */
+    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 2);
+}
+END_TEST
+
+static long read_long(const char *path) {
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+static int write_long(const char *path, long v) {
+    FILE *f = fopen(path, "w");
+    int ok;
+    if (!f)
+        return -1;
+    ok = fprintf(f, "%ld\n", v) > 0;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* Ten modules handed over, the watcher paused, `changed` of them rewritten
+ * around a flood of `flood` events on an ignored file, the watcher resumed:
+ * the changed ones, and only those, must come through once each. */
+static void overflow_round(long flood) {
+    char name[32], content[64];
+    hkn_watch_stats st;
+    int changed = 6;
+
+    for (int i = 0; i < 10; i++) {
+        snprintf(name, sizeof name, "m%d.cu", i);
+        snprintf(content, sizeof content, "module %d v1", i);
+        write_file(name, content);
+    }
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(10);
+
+    hkn_watch_pause(w, 1);
+    for (int i = 0; i < changed / 2; i++) {
+        snprintf(name, sizeof name, "m%d.cu", i);
+        snprintf(content, sizeof content, "module %d v2", i);
+        write_file(name, content);
+    }
+    for (long i = 0; i < flood; i++)
+        write_file((i & 1) ? "noise_a.txt" : "noise_b.txt", "n");
+    /* These events are certainly lost: the queue is full already. */
+    for (int i = changed / 2; i < changed; i++) {
+        snprintf(name, sizeof name, "m%d.cu", i);
+        snprintf(content, sizeof content, "module %d v2", i);
+        write_file(name, content);
+    }
+    hkn_watch_pause(w, 0);
+
+    expect_total(10 + changed);
+    for (int i = 0; i < 10; i++) {
+        snprintf(name, sizeof name, "m%d", i);
+        snprintf(content, sizeof content, "module %d v%d", i, i < changed ? 2 : 1);
+        ck_assert_int_eq(rec_count_module(name, 10), i < changed ? 1 : 0);
+        ck_assert_str_eq(rec_last(name), content);
+    }
+    hkn_watch_stats_get(w, &st);
+    ck_assert_uint_ge(st.overflows, 1);
+    ck_assert_uint_ge(st.rescans, 2);
+}
+
+START_TEST(overflow_small_queue) {
+    static const char *knob = "/proc/sys/fs/inotify/max_queued_events";
+    long old = read_long(knob);
+    int small;
+
+    /* The limit is taken when the inotify instance is created, so it is
+     * restored at once, before anything can fail. */
+    small = old > 0 && write_long(knob, 16) == 0;
+    start();
+    if (small)
+        ck_assert_int_eq(write_long(knob, old), 0);
+    overflow_round(small ? 64 : old + 64);
+}
+END_TEST
+
+START_TEST(overflow_paused_flood) {
+    long limit = read_long("/proc/sys/fs/inotify/max_queued_events");
+
+    if (limit <= 0 || limit > 200000)
+        limit = 16384;
+    start();
+    /* Two events per write (modify, close): twice past the queue. */
+    overflow_round(limit + 64);
+}
+END_TEST
+
+static void wait_lost(uint64_t n) {
+    hkn_watch_stats st;
+    for (int i = 0; i < WAIT_MS / 10; i++) {
+        hkn_watch_stats_get(w, &st);
+        if (st.dirs_lost >= n)
+            return;
+        usleep(10 * 1000);
+    }
+    ck_abort_msg("directory loss not noticed");
+}
+
+START_TEST(directory_recreated) {
+    char p[PATH_MAX];
+
+    write_file("a.cu", "A");
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(1);
+
+    rm_rf(dir);
+    wait_lost(1);
+    usleep(120 * 1000); /* a few polls while it is absent */
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    write_file("a.cu", "A"); /* same content as before: nothing */
+    write_file("b.cu", "B in the new directory");
+    expect_total(2);
+    ck_assert_str_eq(rec_last("b"), "B in the new directory");
+    usleep(100 * 1000);
+    write_file("a.cu", "A2");
+    expect_total(3);
+    ck_assert_str_eq(rec_last("a"), "A2");
+
+    /* Moved away and replaced: the new directory is the one watched. */
+    path_in(p, sizeof p, root, "kernels.old");
+    ck_assert_int_eq(rename(dir, p), 0);
+    wait_lost(2);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    path_in(p, sizeof p, root, "kernels.old/a.cu");
+    write_at(p, "written in the old directory");
+    write_file("c.cu", "C");
+    expect_total(4);
+    ck_assert_str_eq(rec_last("c"), "C");
+    ck_assert_str_eq(rec_last("a"), "A2");
+}
+END_TEST
+
+static volatile int writer_stop;
+
+static void *writer_main(void *arg) {
+    char buf[64];
+    (void)arg;
+    for (int i = 0; !__atomic_load_n(&writer_stop, __ATOMIC_RELAXED); i++) {
+        snprintf(buf, sizeof buf, "content %d", i);
+        write_file((i % 3) == 0 ? "a.cu" : (i % 3) == 1 ? "b.cu" : "c.cuh", buf);
+        if (i % 64 == 0)
+            usleep(1000);
+    }
+    return NULL;
+}
+
+START_TEST(destroy_while_busy) {
+    hkn_watch_opts o;
+    pthread_t t;
+    struct timespec t0, t1;
+    long ms;
+
+    hkn_watch_opts_init(&o);
+    o.debounce_ms = 0; /* hand over as often as possible */
+    start_with(&o);
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    __atomic_store_n(&writer_stop, 0, __ATOMIC_RELAXED);
+    ck_assert_int_eq(pthread_create(&t, NULL, writer_main, NULL), 0);
+    usleep(300 * 1000);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    hkn_watch_destroy(w);
+    w = NULL;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    __atomic_store_n(&writer_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+    ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    ck_assert_int_lt(ms, 1000);
+    ck_assert_int_gt(rec_count(), 0);
+}
+END_TEST
+
+START_TEST(two_directories) {
+    char other[PATH_MAX], p[PATH_MAX];
+
+    path_in(other, sizeof other, root, "more");
+    ck_assert_int_eq(mkdir(other, 0755), 0);
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkn_watch_add_dir(w, other), 0);
+    usleep(100 * 1000);
+    write_file("x.cu", "X");
+    path_in(p, sizeof p, other, "y.fatbin");
+    write_at(p, "Y");
+    expect_total(2);
+    ck_assert_str_eq(rec_last("x"), "X");
+    ck_assert_str_eq(rec_last("y"), "Y");
+}
+END_TEST
+
+/* ---- hk_watch_dir on the fake driver -------------------------------------- */
+
+static hk_runtime *rt;
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+static int ev_committed, ev_refused;
+static char ev_origin[PATH_MAX + 16];
+
+static void on_event(const hk_event *ev, void *ud) {
+    (void)ud;
+    pthread_mutex_lock(&ev_mu);
+    if (ev->kind == HK_EVENT_COMMITTED)
+        ev_committed++;
+    if (ev->kind == HK_EVENT_REFUSED)
+        ev_refused++;
+    snprintf(ev_origin, sizeof ev_origin, "%s", ev->origin ? ev->origin : "");
+    pthread_mutex_unlock(&ev_mu);
+}
+
+static int events_of(int *counter) {
+    int n;
+    pthread_mutex_lock(&ev_mu);
+    n = *counter;
+    pthread_mutex_unlock(&ev_mu);
+    return n;
+}
+
+/* Polls until module's version reaches v; returns the version then. */
+static uint64_t wait_version(const char *module, uint64_t v) {
+    uint64_t got = 0;
+    for (int i = 0; i < WAIT_MS / 10; i++) {
+        got = hk_module_version(rt, module);
+        if (got >= v)
+            break;
+        usleep(10 * 1000);
+    }
+    return got;
+}
+
+static void wait_events(int *counter, int n) {
+    for (int i = 0; i < WAIT_MS / 10 && events_of(counter) < n; i++)
+        usleep(10 * 1000);
+    ck_assert_int_ge(events_of(counter), n);
+}
+
+static const char *ptx_text(int tag) {
+    static char b[512];
+    snprintf(b, sizeof b,
+             "// tag: %d\n.version 8.0\n.target sm_90\n.address_size 64\n"
+             ".visible .entry step(.param .u64 out, .param .u32 n)\n{\n ret;\n}\n",
+             tag);
+    return b;
+}
+
+static void rt_setup(void) {
+    hk_options o;
+    hk_report rep = {0};
+    int err;
+
+    setup();
+    fake_init(1, 90);
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
+    o.cache_dir = "";
+    o.on_event = on_event;
+    ev_committed = ev_refused = 0;
+    rt = NULL;
+    err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
+    ck_assert_msg(err == 0, "create: %s", rep.message);
+}
+
+static void rt_teardown(void) {
+    hk_runtime_destroy(rt); /* also stops the watcher */
+    rt = NULL;
+    ck_assert_int_eq(fake_live_images(), 0);
+    teardown();
+}
+
+START_TEST(api_watch_dir) {
+    hk_report rep = {0};
+    char p[PATH_MAX], origin[PATH_MAX + 16];
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_dir(NULL, dir, NULL, &rep), HK_ERR_INVALID);
+    path_in(p, sizeof p, root, "missing");
+    ck_assert_int_eq(hk_watch_dir(rt, p, NULL, &rep), HK_ERR_IO);
+    ck_assert_int_eq(rep.error, HK_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(rep.message, "missing"));
+    hk_report_clear(&rep);
+
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, &rep), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    path_in(p, sizeof p, dir, "step.ptx");
+    snprintf(origin, sizeof origin, "watch:%s", p);
+    wait_events(&ev_committed, 1);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_str_eq(ev_origin, origin);
+    pthread_mutex_unlock(&ev_mu);
+
+    write_file("step.ptx", ptx_text(2));
+    ck_assert_uint_eq(wait_version("step", 2), 2);
+
+    /* A broken save is refused; the running version stays. */
+    write_file("step.ptx", "SYNTAX ERROR\n");
+    wait_events(&ev_refused, 1);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 2);
+    write_file("step.ptx", ptx_text(3));
+    ck_assert_uint_eq(wait_version("step", 3), 3);
+    /* Watching the same directory again adds no second handover. */
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, NULL), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 3);
+}
+END_TEST
+
+START_TEST(api_header_dependency) {
+    hk_swap_options so;
+    const char *inc[1];
+    char incopt[PATH_MAX + 4];
+
+    /* CUDA C through NVRTC (on the CPU), which reports the header it read. */
+    write_file("common.cuh", "#define TAG 1\n");
+    write_file("k.cu", "#include \"common.cuh\"\n"
+                       "extern \"C\" __global__ void step(int *out, unsigned n) {\n"
+                       "    if (out) *out = TAG;\n}\n");
+    usleep(60 * 1000);
+    hk_swap_options_init(&so);
+    snprintf(incopt, sizeof incopt, "-I%s", dir);
+    inc[0] = incopt;
+    so.nvrtc_options = inc;
+    so.nnvrtc_options = 1;
+    ck_assert_int_eq(hk_watch_dir(rt, dir, &so, NULL), 0);
+    if (wait_version("k", 1) < 1 && events_of(&ev_refused) > 0) {
+        /* No usable NVRTC here: nothing more to check. */
+        return;
+    }
+    ck_assert_uint_eq(hk_module_version(rt, "k"), 1);
+    usleep(SETTLE_MS * 1000);
+    write_file("common.cuh", "#define TAG 2\n");
+    ck_assert_uint_eq(wait_version("k", 2), 2);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_uint_eq(hk_module_version(rt, "k"), 2);
+}
+END_TEST
+
+static Suite *watch_suite(void) {
+    Suite *s = suite_create("watch");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, classify_names);
+    tcase_add_test(tc, bad_arguments);
+    tcase_add_test(tc, initial_scan);
+    tcase_add_test(tc, no_initial_scan);
+    tcase_add_test(tc, save_in_place);
+    tcase_add_test(tc, save_rename_over);
+    tcase_add_test(tc, save_delete_create);
+    tcase_add_test(tc, save_vim_backup);
+    tcase_add_test(tc, burst_of_writes);
+    tcase_add_test(tc, slow_writer_not_handed_early);
+    tcase_add_test(tc, droppings_ignored);
+    tcase_add_test(tc, unchanged_not_handed_again);
+    tcase_add_test(tc, header_rebuilds_dependents);
+    tcase_add_test(tc, header_in_other_directory);
+    tcase_add_test(tc, dependency_changed_before_report);
+    tcase_add_test(tc, overflow_small_queue);
+    tcase_add_test(tc, overflow_paused_flood);
+    tcase_add_test(tc, directory_recreated);
+    tcase_add_test(tc, destroy_while_busy);
+    tcase_add_test(tc, two_directories);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("runtime");
+    tcase_add_checked_fixture(tc, rt_setup, rt_teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, api_watch_dir);
+    tcase_add_test(tc, api_header_dependency);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(watch_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
