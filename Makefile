@@ -123,7 +123,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(STATIC)
 
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(LIBS) -lcudart
 
 install: $(STATIC) $(SHARED) $(CLI)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/hotkern \
