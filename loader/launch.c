@@ -62,31 +62,8 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
         goto out;
     }
     /* The layout this handle is taken with is the one later versions keep. */
-    {
-        const hkl_driver *d = rt->drv;
-        void *fn = atomic_load(&v->fn)[k->slot];
-        uint32_t off[256], sz[256];
-        int n = 0;
-        for (; n < 256; n++) {
-            size_t o, s;
-            CUresult r = rt->opt.loader == HK_LOADER_LIBRARY
-                             ? d->KernelGetParamInfo((CUkernel)fn, (size_t)n, &o, &s)
-                             : d->FuncGetParamInfo((CUfunction)fn, (size_t)n, &o, &s);
-            if (r != CUDA_SUCCESS)
-                break;
-            off[n] = (uint32_t)o;
-            sz[n] = (uint32_t)s;
-        }
-        k->layout.n = n;
-        k->layout.offset = malloc(((size_t)n + 1) * sizeof *off);
-        k->layout.size = malloc(((size_t)n + 1) * sizeof *sz);
-        if (!k->layout.offset || !k->layout.size) {
-            err = HK_ERR_NOMEM;
-            goto out;
-        }
-        memcpy(k->layout.offset, off, (size_t)n * sizeof *off);
-        memcpy(k->layout.size, sz, (size_t)n * sizeof *sz);
-    }
+    if ((err = hkl_read_layout(rt, v, k, &k->layout)) < 0)
+        goto out;
     m->kernels[m->nkernels++] = k;
     *out = k;
     k = NULL;

@@ -77,6 +77,8 @@ struct hkl_version {
     CUmodule cumod[HKL_MAX_DEVICES]; /* HK_LOADER_MODULE (one device) */
     int nglobals;                    /* globals from the image's metadata */
     hkp_global *globals;
+    int nentries;                    /* kernels and parameter layouts, ditto */
+    hkp_entry *entries;
     int nexpr;           /* name expressions and their lowered names */
     char **expr, **lowered;
     int staged_on_all;   /* code uploaded to every context (cuFuncLoad) */
@@ -229,6 +231,8 @@ int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
 void hkl_unload_version(hk_runtime *rt, hkl_version *v);
 void hkl_version_free(hkl_version *v);
 const char *hkl_entry_name(const hkl_version *v, const char *name);
+int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
+void hkl_layout_free(hkl_param_layout *l);
 
 /* launch.c */
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hk_report *rep);

@@ -193,9 +193,8 @@ static int mkdirs(const char *dir) {
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep) {
     static const int dev0 = 0;
-    if (!out)
-        return HK_ERR_INVALID;
-    *out = NULL;
+    int err = 0;
+    hk_runtime *rt = NULL;
     hk_options o;
     if (opt)
         o = *opt;
@@ -203,23 +202,35 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
         hk_options_init(&o);
     const int *devs = o.devices ? o.devices : &dev0;
     int ndev = o.ndevices > 0 ? o.ndevices : 1;
-    if (ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 || o.history < 0) {
+    if (!out || ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 ||
+        o.history < 0) {
         hkl_report_set(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
                        HKL_MAX_DEVICES);
-        return HK_ERR_INVALID;
+        err = HK_ERR_INVALID;
+        goto early;
     }
+    *out = NULL;
     if (o.loader == HK_LOADER_MODULE && ndev != 1) {
         hkl_report_set(rep, HK_ERR_UNSUPPORTED,
                        "the module loader attaches one device; use the library loader");
-        return HK_ERR_UNSUPPORTED;
+        err = HK_ERR_UNSUPPORTED;
+        goto early;
     }
     if (o.history == 0)
         o.history = 1;
-    hk_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt)
-        return HK_ERR_NOMEM;
-    int err = 0;
-    rt->drv = drv;
+    if (!(rt = calloc(1, sizeof *rt))) {
+        err = HK_ERR_NOMEM;
+        goto early;
+    }
+    /* A real driver table (one with a library handle) is owned by the
+     * runtime from here on, before any thread can read it; a fake one stays
+     * the caller's. */
+    if (drv->dl) {
+        rt->drv_own = *drv;
+        rt->drv = &rt->drv_own;
+    } else {
+        rt->drv = drv;
+    }
     rt->opt = o;
     rt->opt.devices = NULL;
     rt->ndev = ndev;
@@ -280,7 +291,11 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
 fail:
     if (rep && !rep->error)
         rep->error = err;
-    hk_runtime_destroy(rt);
+    hk_runtime_destroy(rt); /* closes an owned driver table */
+    return err;
+early:
+    if (drv->dl)
+        hkl_driver_close((hkl_driver *)drv);
     return err;
 }
 
@@ -295,23 +310,8 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
         hkl_report_set(rep, err, "%s", why);
         return err;
     }
-    /* The runtime keeps its own copy of the table. */
-    hkl_driver *tmp = malloc(sizeof *tmp);
-    if (!tmp) {
-        hkl_driver_close(&d);
-        return HK_ERR_NOMEM;
-    }
-    *tmp = d;
-    err = hkl_runtime_create_with(out, opt, tmp, rep);
-    if (err < 0) {
-        hkl_driver_close(tmp);
-        free(tmp);
-        return err;
-    }
-    (*out)->drv_own = d;
-    (*out)->drv = &(*out)->drv_own;
-    free(tmp);
-    return 0;
+    /* The runtime takes the table over (and closes it on destroy). */
+    return hkl_runtime_create_with(out, opt, &d, rep);
 }
 
 static void module_free(hk_runtime *rt, hkl_module *m) {

@@ -79,6 +79,11 @@ void hkl_version_free(hkl_version *v) {
     for (int i = 0; i < v->nglobals; i++)
         free(v->globals[i].name);
     free(v->globals);
+    for (int i = 0; i < v->nentries; i++) {
+        free(v->entries[i].name);
+        free(v->entries[i].params);
+    }
+    free(v->entries);
     free_strv(v->expr, v->nexpr);
     free_strv(v->lowered, v->nexpr);
     void **fn = atomic_load(&v->fn);
@@ -211,32 +216,47 @@ static int upload_all(hk_runtime *rt, hkl_version *v, hk_report *rep) {
     return err;
 }
 
-/* Reads a function's parameter layout by probing indices until the driver
- * says there are no more (there is no parameter-count call). */
-static int read_layout(hk_runtime *rt, void *fn, hkl_param_layout *out) {
+/* Reads the parameter layout of handle k's kernel in version v. The image's
+ * metadata (ptx/) says how many parameters there are, so the driver is asked
+ * about exactly those (cuKernelGetParamInfo/cuFuncGetParamInfo, which has no
+ * count call; probing past the end makes the driver report an error that
+ * tools such as compute-sanitizer flag). Without metadata (an image reloaded
+ * after a reset) indices are probed until the driver says there are no more. */
+int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out) {
     const hkl_driver *d = rt->drv;
-    int cap = 8;
+    void *fn = atomic_load(&v->fn)[k->slot];
+    const char *entry = hkl_entry_name(v, k->name);
+    const hkp_entry *e = NULL;
+    for (int i = 0; i < v->nentries && !e; i++)
+        if (!strcmp(v->entries[i].name, entry))
+            e = &v->entries[i];
+    int cap = e ? (e->nparams > 0 ? e->nparams : 1) : 8;
     memset(out, 0, sizeof *out);
     out->offset = malloc((size_t)cap * sizeof *out->offset);
     out->size = malloc((size_t)cap * sizeof *out->size);
     if (!out->offset || !out->size)
         return HK_ERR_NOMEM;
-    for (size_t i = 0; i < 4096; i++) {
+    for (size_t i = 0; i < 4096 && (!e || (int)i < e->nparams); i++) {
         size_t off = 0, sz = 0;
         CUresult r = rt->opt.loader == HK_LOADER_LIBRARY
                          ? d->KernelGetParamInfo((CUkernel)fn, i, &off, &sz)
                          : d->FuncGetParamInfo((CUfunction)fn, i, &off, &sz);
-        if (r != CUDA_SUCCESS)
-            break;
+        if (r != CUDA_SUCCESS) {
+            if (!e)
+                break;
+            /* The driver could not say: the image's own description holds. */
+            off = e->params[i].offset;
+            sz = e->params[i].size;
+        }
         if (out->n == cap) {
             cap *= 2;
             uint32_t *o = realloc(out->offset, (size_t)cap * sizeof *o);
             if (o)
                 out->offset = o;
-            uint32_t *s = realloc(out->size, (size_t)cap * sizeof *s);
-            if (s)
-                out->size = s;
-            if (!o || !s)
+            uint32_t *sp = realloc(out->size, (size_t)cap * sizeof *sp);
+            if (sp)
+                out->size = sp;
+            if (!o || !sp)
                 return HK_ERR_NOMEM;
         }
         out->offset[out->n] = (uint32_t)off;
@@ -246,7 +266,7 @@ static int read_layout(hk_runtime *rt, void *fn, hkl_param_layout *out) {
     return 0;
 }
 
-static void layout_free(hkl_param_layout *l) {
+void hkl_layout_free(hkl_param_layout *l) {
     free(l->offset);
     free(l->size);
     memset(l, 0, sizeof *l);
@@ -333,9 +353,9 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept,
                         hk_report *rep) {
     hkl_param_layout now;
-    int err = read_layout(rt, atomic_load(&v->fn)[k->slot], &now);
+    int err = hkl_read_layout(rt, v, k, &now);
     if (err < 0) {
-        layout_free(&now);
+        hkl_layout_free(&now);
         return err;
     }
     char diff[200];
@@ -346,11 +366,11 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
             hkl_report_set(rep, HK_ERR_LAYOUT,
                            "kernel '%s': %s (pass accept_layout_change to allow it)", k->name,
                            diff);
-            layout_free(&now);
+            hkl_layout_free(&now);
             return HK_ERR_LAYOUT;
         }
     }
-    layout_free(&now);
+    hkl_layout_free(&now);
     return 0;
 }
 
@@ -496,6 +516,10 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     v->globals = job->art.meta.globals;
     job->art.meta.globals = NULL;
     job->art.meta.nglobals = 0;
+    v->nentries = job->art.meta.nentries;
+    v->entries = job->art.meta.entries;
+    job->art.meta.entries = NULL;
+    job->art.meta.nentries = 0;
     v->nexpr = job->art.nlowered;
     v->expr = dup_strv((const char *const *)job->name_expressions, job->opt.nname_expressions);
     v->lowered = job->art.lowered_names;
@@ -530,7 +554,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
             goto refuse;
         if (job->opt.accept_layout_change &&
-            (err = read_layout(rt, atomic_load(&v->fn)[k->slot], &newlay[i])) < 0)
+            (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
             goto refuse;
     }
     if (job->opt.check) {
@@ -555,7 +579,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     m->last_version = v->number;
     if (newlay)
         for (int i = 0; i < m->nkernels; i++) {
-            layout_free(&m->kernels[i]->layout);
+            hkl_layout_free(&m->kernels[i]->layout);
             m->kernels[i]->layout = newlay[i];
         }
     free(newlay);
@@ -580,7 +604,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
 refuse:
     if (newlay) {
         for (int i = 0; i < m->nkernels; i++)
-            layout_free(&newlay[i]);
+            hkl_layout_free(&newlay[i]);
         free(newlay);
     }
     hkl_unload_version(rt, v);
