@@ -6,6 +6,8 @@ set -u
 for b in bench_launch bench_swap; do
   "$B/bench/$b" || echo "bench: $b exited $?"
 done
+# The launch path's fence, the other way (see loader/loader.h, hkl_enter).
+HK_NO_MEMBARRIER=1 "$B/bench/bench_launch" | grep '^launch'
 python3 bench/cupy_peer.py "$B/bench/bench_swap" || echo "bench: cupy_peer failed"
 for load in idle busy; do
   for mode in none hk hk-module hk-safe naive probe-ctxsync probe-unload probe-state; do

@@ -24,6 +24,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "loader/loader.h"
 
 __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
@@ -96,6 +100,27 @@ void hkl_retire(hk_runtime *rt, hkl_version *v) {
     rt->nretired++;
     pthread_cond_signal(&rt->rec_cond);
     pthread_mutex_unlock(&rt->rec_lock);
+}
+
+/* Registers the process for expedited private membarriers. Returns 1 when
+ * the launch path may use the asymmetric fence. HK_NO_MEMBARRIER=1 forces the
+ * symmetric one (for comparison in benchmarks). */
+int hkl_membarrier_register(void) {
+    const char *off = getenv("HK_NO_MEMBARRIER");
+    if (off && *off == '1')
+        return 0;
+    long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
+        return 0;
+    return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+/* The other half of hkl_enter's fence: after this, every launch entry
+ * announced before now is visible to this thread. */
+static void heavy_fence(hk_runtime *rt) {
+    if (rt->asym_fence)
+        syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    atomic_thread_fence(memory_order_seq_cst);
 }
 
 /* 1 when no host thread can still reach v. */
@@ -174,6 +199,8 @@ static int reclaim_pass(hk_runtime *rt, int final) {
     }
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
+    if (list && !final)
+        heavy_fence(rt);
     while (list) {
         hkl_version *v = list;
         list = v->next;

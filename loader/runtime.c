@@ -238,6 +238,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     atomic_init(&rt->slots, NULL);
     static _Atomic uint64_t next_id = 1;
     rt->id = atomic_fetch_add(&next_id, 1);
+    rt->asym_fence = hkl_membarrier_register();
     pthread_mutex_init(&rt->swap_lock, NULL);
     pthread_rwlock_init(&rt->graph_lock, NULL);
     pthread_mutex_init(&rt->rec_lock, NULL);
