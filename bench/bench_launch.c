@@ -74,10 +74,11 @@ static void run(int nthreads) {
     }
     double mr = bench_median(raw, ROUNDS), mh = bench_median(hk, ROUNDS);
     const char *nomb = getenv("HK_NO_MEMBARRIER");
-    printf("launch overhead (%s fence), %d thread%s: raw cuLaunchKernel %.0f ns/launch, hk_launch %.0f "
+    printf("launch overhead (%s fence), %d thread%s: raw cuLaunchKernel %.0f ns/launch, hk_launch "
+           "%.0f "
            "ns/launch, ratio %.3f, difference %+.0f ns\n",
-           nomb && *nomb == '1' ? "seq_cst" : "membarrier", nthreads, nthreads > 1 ? "s" : "",
-           mr, mh, mh / mr, mh - mr);
+           nomb && *nomb == '1' ? "seq_cst" : "membarrier", nthreads, nthreads > 1 ? "s" : "", mr,
+           mh, mh / mr, mh - mr);
 }
 
 int main(void) {

@@ -151,8 +151,7 @@ int main(int argc, char **argv) {
     bench_init("bench_stall");
     char v1[4096], v2[4096];
     snprintf(v1, sizeof v1, "%s// v1\n", bench_src_empty);
-    snprintf(v2, sizeof v2, "%s// v2\nextern \"C\" __global__ void extra() {}\n",
-             bench_src_empty);
+    snprintf(v2, sizeof v2, "%s// v2\nextern \"C\" __global__ void extra() {}\n", bench_src_empty);
     img[0] = bench_build(v1, 1, &nimg[0]);
     img[1] = bench_build(v2, 1, &nimg[1]);
     size_t np;

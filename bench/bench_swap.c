@@ -35,8 +35,7 @@ static void launch_hk(hk_runtime *rt, const char *mod) {
         exit(1);
     }
     void *args[] = {&buf, &nelem};
-    hk_launch(k, (hk_dim3){(unsigned)nelem / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0, NULL, args,
-              NULL);
+    hk_launch(k, (hk_dim3){(unsigned)nelem / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0, NULL, args, NULL);
     bd.CtxSynchronize();
 }
 
@@ -219,9 +218,9 @@ static void *scale_module(int m, int k, size_t *n) {
     size_t cap = (size_t)k * 128 + 64;
     char *src = malloc(cap), *p = src;
     for (int i = 0; i < k; i++)
-        p += snprintf(p, cap - (size_t)(p - src),
-                      "extern \"C\" __global__ void k%d_%d(float *x) { x[%d] += 1.0f; }\n", m, i,
-                      i);
+        p +=
+            snprintf(p, cap - (size_t)(p - src),
+                     "extern \"C\" __global__ void k%d_%d(float *x) { x[%d] += 1.0f; }\n", m, i, i);
     void *img = bench_build(src, 1, n);
     free(src);
     return img;

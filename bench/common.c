@@ -23,12 +23,11 @@ const char *bench_src_small =
     "extern \"C\" __global__ void k4(float *x, int n) { int i = blockIdx.x * blockDim.x + "
     "threadIdx.x; if (i < n) x[i] = expf(-x[i] * x[i]); }\n";
 
-const char *bench_src_empty =
-    "extern \"C\" __global__ void empty() {}\n"
-    "extern \"C\" __global__ void spin(long long cycles) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < cycles) {}\n"
-    "}\n";
+const char *bench_src_empty = "extern \"C\" __global__ void empty() {}\n"
+                              "extern \"C\" __global__ void spin(long long cycles) {\n"
+                              "  long long t0 = clock64();\n"
+                              "  while (clock64() - t0 < cycles) {}\n"
+                              "}\n";
 
 uint64_t bench_ns(void) {
     struct timespec ts;
@@ -58,8 +57,8 @@ int bench_arch(void) {
 double bench_sm_hz(void) {
     int khz = 0;
     bd.DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0);
-    FILE *p = popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null",
-                    "r");
+    FILE *p =
+        popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
     if (p) {
         int mhz = 0;
         if (fscanf(p, "%d", &mhz) == 1 && mhz > 0)
@@ -103,8 +102,8 @@ void bench_init(const char *name) {
 }
 
 void *bench_build(const char *src, int to_cubin, size_t *size) {
-    hkp_build_opts bo = {.arch = arch, .ptx_to_cubin = to_cubin, .opt_level = 3,
-                         .source_name = "bench.cu"};
+    hkp_build_opts bo = {
+        .arch = arch, .ptx_to_cubin = to_cubin, .opt_level = 3, .source_name = "bench.cu"};
     hkp_artifact a = {0};
     char why[512];
     if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &bo, &a, why, sizeof why) < 0) {

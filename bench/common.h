@@ -20,7 +20,7 @@ extern hkl_driver bd; /* the real driver, for baselines */
 void bench_init(const char *name);
 
 uint64_t bench_ns(void);
-double bench_median(double *v, int n); /* sorts v */
+double bench_median(double *v, int n);        /* sorts v */
 double bench_pct(double *v, int n, double p); /* v sorted; p in [0,100] */
 
 /* Builds CUDA C for the device's arch: cubin (to_cubin) or PTX. Exits on error. */

@@ -68,7 +68,7 @@
 
 typedef struct hkl_driver {
     HKL_DRIVER_ENTRIES(HKL_DRIVER_FIELD)
-    void *dl;   /* dlopen handle of the real driver, NULL for a fake */
+    void *dl;    /* dlopen handle of the real driver, NULL for a fake */
     int version; /* cuDriverGetVersion */
 } hkl_driver;
 

@@ -81,8 +81,8 @@ out:
 }
 
 /* A failed launch: if a context reset explains it, recover and retry once. */
-static int launch_failed(hk_kernel *k, CUresult r, hk_dim3 g, hk_dim3 b, unsigned shm,
-                         void *stream, void **args, int *cu) {
+static int launch_failed(hk_kernel *k, CUresult r, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream,
+                         void **args, int *cu) {
     hk_runtime *rt = k->rt;
     if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
         r == CUDA_ERROR_INVALID_CONTEXT) {
@@ -175,8 +175,8 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
     void **fn = atomic_load(&v->fn);
     if (k->slot >= cap || !fn[k->slot])
         return HK_ERR_NOT_FOUND; /* handle taken after this version retired */
-    CUresult r = p->rt->drv->LaunchKernel((CUfunction)fn[k->slot], g.x, g.y, g.z, b.x, b.y,
-                                          b.z, shm, (CUstream)stream, args, NULL);
+    CUresult r = p->rt->drv->LaunchKernel((CUfunction)fn[k->slot], g.x, g.y, g.z, b.x, b.y, b.z,
+                                          shm, (CUstream)stream, args, NULL);
     if (cu)
         *cu = (int)r;
     return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;

@@ -32,7 +32,7 @@
 #include "ptx/ptx.h"
 
 #define HKL_MAX_DEVICES 16
-#define HKL_NAME_MAX 64
+#define HKL_NAME_MAX    64
 
 typedef struct hkl_module hkl_module;
 typedef struct hkl_version hkl_version;
@@ -55,8 +55,8 @@ typedef struct hkl_device {
 typedef struct hkl_tslot {
     /* One cache line per slot: launching threads never share a line. */
     _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
-    _Atomic int in_use;      /* 1 while a thread owns the slot */
-    struct hkl_tslot *next;  /* immutable once published on rt->slots */
+    _Atomic int in_use;                   /* 1 while a thread owns the slot */
+    struct hkl_tslot *next;               /* immutable once published on rt->slots */
     hk_runtime *rt;
 } hkl_tslot;
 
@@ -77,23 +77,23 @@ struct hkl_version {
     CUmodule cumod[HKL_MAX_DEVICES]; /* HK_LOADER_MODULE (one device) */
     int nglobals;                    /* globals from the image's metadata */
     hkp_global *globals;
-    int nentries;                    /* kernels and parameter layouts, ditto */
+    int nentries; /* kernels and parameter layouts, ditto */
     hkp_entry *entries;
-    int nexpr;           /* name expressions and their lowered names */
+    int nexpr; /* name expressions and their lowered names */
     char **expr, **lowered;
-    int staged_on_all;   /* code uploaded to every context (cuFuncLoad) */
+    int staged_on_all; /* code uploaded to every context (cuFuncLoad) */
 
     /* fn[slot]: the CUkernel (library) or CUfunction (module) of each kernel
      * handle. Grown under swap_lock by publishing a new array; old arrays are
      * freed with the version, after the grace period. */
     _Atomic(void **) fn;
-    _Atomic int cap;        /* written under swap_lock, after fn */
-    void **old_fn;          /* swap_lock: chain of replaced arrays */
+    _Atomic int cap; /* written under swap_lock, after fn */
+    void **old_fn;   /* swap_lock: chain of replaced arrays */
 
-    _Atomic int pins;       /* hk_pin references */
+    _Atomic int pins;         /* hk_pin references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
-    uint64_t retire_epoch;  /* rec_lock */
-    hkl_version *next;      /* rec_lock: retired list */
+    uint64_t retire_epoch;    /* rec_lock */
+    hkl_version *next;        /* rec_lock: retired list */
 };
 
 /* A kept image, for rollback and reset recovery. */
@@ -107,15 +107,15 @@ typedef struct hkl_image {
 } hkl_image;
 
 struct hkl_module {
-    char name[HKL_NAME_MAX];            /* immutable */
-    _Atomic(hkl_version *) current;     /* written under swap_lock */
+    char name[HKL_NAME_MAX];        /* immutable */
+    _Atomic(hkl_version *) current; /* written under swap_lock */
     /* swap_lock: */
     uint64_t last_version;
     hkl_image *hist; /* ring of kept images, newest last */
     int nhist;
     hk_kernel **kernels;
     int nkernels, capkernels;
-    int last_error;          /* outcome of the last attempt */
+    int last_error; /* outcome of the last attempt */
     char last_message[512];
     hkl_module *next;
 };
@@ -131,8 +131,8 @@ struct hk_kernel {
 };
 
 struct hk_pin {
-    hk_runtime *rt;      /* immutable */
-    hkl_version *v;      /* immutable; holds one count of v->pins */
+    hk_runtime *rt; /* immutable */
+    hkl_version *v; /* immutable; holds one count of v->pins */
 };
 
 struct hkl_graph {
@@ -151,11 +151,11 @@ struct hkl_job {
     void *data;
     size_t size;
     hk_swap_options opt;
-    char *origin;           /* owned copy of opt.origin */
-    char **nvrtc_options;   /* owned copies */
+    char *origin;         /* owned copy of opt.origin */
+    char **nvrtc_options; /* owned copies */
     char **name_expressions;
     char *source_name;
-    hkp_artifact art;       /* after build */
+    hkp_artifact art; /* after build */
     int built;
     hkl_job *next;
 };
@@ -172,7 +172,7 @@ struct hk_runtime {
     int arch;
 
     pthread_mutex_t swap_lock;
-    hkl_module *modules; /* swap_lock */
+    hkl_module *modules;         /* swap_lock */
     pthread_rwlock_t graph_lock; /* graph launches (read) vs retargeting and
                                   * registration (write) */
     hkl_graph *graphs;           /* graph_lock */
@@ -184,22 +184,22 @@ struct hk_runtime {
     _Atomic(hkl_tslot *) slots; /* push-only list */
 
     pthread_mutex_t rec_lock;
-    pthread_cond_t rec_cond;  /* wakes the reclaim thread */
-    pthread_cond_t rec_done;  /* signalled after each reclaim pass */
-    hkl_version *retired;     /* rec_lock */
+    pthread_cond_t rec_cond;   /* wakes the reclaim thread */
+    pthread_cond_t rec_done;   /* signalled after each reclaim pass */
+    hkl_version *retired;      /* rec_lock */
     hkl_version *unload_ready; /* rec_lock: grace over, unloaded at a safe point */
-    int nretired;             /* rec_lock: retired and not yet unloaded */
-    int rec_stop;             /* rec_lock */
+    int nretired;              /* rec_lock: retired and not yet unloaded */
+    int rec_stop;              /* rec_lock */
     pthread_t rec_thread;
     int rec_started;
 
     pthread_mutex_t work_lock;
     pthread_cond_t work_cond;
     pthread_cond_t idle_cond;
-    hkl_job *jobs, *jobs_tail;  /* work_lock: to build */
-    hkl_job *pending;           /* work_lock: built, waiting for a safe point */
-    int busy;                   /* work_lock: jobs taken but not finished */
-    int work_stop;              /* work_lock */
+    hkl_job *jobs, *jobs_tail; /* work_lock: to build */
+    hkl_job *pending;          /* work_lock: built, waiting for a safe point */
+    int busy;                  /* work_lock: jobs taken but not finished */
+    int work_stop;             /* work_lock */
     pthread_t worker;
     int worker_started;
 
@@ -225,8 +225,8 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep);
 void hkl_job_free(hkl_job *job);
 int hkl_worker_start(hk_runtime *rt);
 void hkl_worker_stop(hk_runtime *rt);
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-              uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep);
 int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
 int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
 void hkl_unload_version(hk_runtime *rt, hkl_version *v);

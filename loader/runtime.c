@@ -31,44 +31,77 @@
 
 const char *hk_strerror(int err) {
     switch (err) {
-    case HK_OK: return "success";
-    case HK_ERR_INVALID: return "invalid argument";
-    case HK_ERR_NOMEM: return "out of memory";
-    case HK_ERR_NO_DRIVER: return "CUDA driver not available";
-    case HK_ERR_NO_DEVICE: return "no such CUDA device";
-    case HK_ERR_CUDA: return "CUDA driver call failed";
-    case HK_ERR_FORMAT: return "not a kernel image or source";
-    case HK_ERR_COMPILE: return "compilation failed";
-    case HK_ERR_ARCH: return "no code for the device architecture";
-    case HK_ERR_MISSING_KERNEL: return "a kernel in use is missing from the new version";
-    case HK_ERR_LAYOUT: return "a kernel's parameter layout changed";
-    case HK_ERR_GLOBAL_SIZE: return "a global variable changed size";
-    case HK_ERR_REJECTED: return "rejected by the check callback";
-    case HK_ERR_NOT_FOUND: return "no such module or kernel";
-    case HK_ERR_BUSY: return "resource busy";
-    case HK_ERR_IO: return "input/output error";
-    case HK_ERR_NO_HISTORY: return "no earlier version to roll back to";
-    case HK_ERR_CLOSED: return "runtime is shutting down";
-    case HK_ERR_UNSUPPORTED: return "not supported in this configuration";
-    case HK_ERR_SIGNATURE: return "missing, bad or unknown signature";
-    case HK_ERR_REPLAY: return "version not newer than the current one";
-    case HK_ERR_EXPIRED: return "release expired";
-    case HK_ERR_HASH: return "artifact hash or size mismatch";
-    case HK_ERR_TOO_LARGE: return "input too large";
-    case HK_ERR_NETWORK: return "network transfer failed";
-    case HK_ERR_TIMEOUT: return "timed out";
-    case HK_ERR_CONTEXT_RESET: return "CUDA context was reset";
-    default: return "unknown error";
+    case HK_OK:
+        return "success";
+    case HK_ERR_INVALID:
+        return "invalid argument";
+    case HK_ERR_NOMEM:
+        return "out of memory";
+    case HK_ERR_NO_DRIVER:
+        return "CUDA driver not available";
+    case HK_ERR_NO_DEVICE:
+        return "no such CUDA device";
+    case HK_ERR_CUDA:
+        return "CUDA driver call failed";
+    case HK_ERR_FORMAT:
+        return "not a kernel image or source";
+    case HK_ERR_COMPILE:
+        return "compilation failed";
+    case HK_ERR_ARCH:
+        return "no code for the device architecture";
+    case HK_ERR_MISSING_KERNEL:
+        return "a kernel in use is missing from the new version";
+    case HK_ERR_LAYOUT:
+        return "a kernel's parameter layout changed";
+    case HK_ERR_GLOBAL_SIZE:
+        return "a global variable changed size";
+    case HK_ERR_REJECTED:
+        return "rejected by the check callback";
+    case HK_ERR_NOT_FOUND:
+        return "no such module or kernel";
+    case HK_ERR_BUSY:
+        return "resource busy";
+    case HK_ERR_IO:
+        return "input/output error";
+    case HK_ERR_NO_HISTORY:
+        return "no earlier version to roll back to";
+    case HK_ERR_CLOSED:
+        return "runtime is shutting down";
+    case HK_ERR_UNSUPPORTED:
+        return "not supported in this configuration";
+    case HK_ERR_SIGNATURE:
+        return "missing, bad or unknown signature";
+    case HK_ERR_REPLAY:
+        return "version not newer than the current one";
+    case HK_ERR_EXPIRED:
+        return "release expired";
+    case HK_ERR_HASH:
+        return "artifact hash or size mismatch";
+    case HK_ERR_TOO_LARGE:
+        return "input too large";
+    case HK_ERR_NETWORK:
+        return "network transfer failed";
+    case HK_ERR_TIMEOUT:
+        return "timed out";
+    case HK_ERR_CONTEXT_RESET:
+        return "CUDA context was reset";
+    default:
+        return "unknown error";
     }
 }
 
 const char *hk_format_name(hk_format fmt) {
     switch (fmt) {
-    case HK_FORMAT_AUTO: return "auto";
-    case HK_FORMAT_CUDA_C: return "cuda";
-    case HK_FORMAT_PTX: return "ptx";
-    case HK_FORMAT_CUBIN: return "cubin";
-    case HK_FORMAT_FATBIN: return "fatbin";
+    case HK_FORMAT_AUTO:
+        return "auto";
+    case HK_FORMAT_CUDA_C:
+        return "cuda";
+    case HK_FORMAT_PTX:
+        return "ptx";
+    case HK_FORMAT_CUBIN:
+        return "cubin";
+    case HK_FORMAT_FATBIN:
+        return "fatbin";
     }
     return "unknown";
 }
@@ -133,8 +166,7 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     dv->ordinal = ordinal;
     if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
         hkl_report_cu(rep, rt, r, "cuDeviceGet");
-        hkl_report_set(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal,
-                       hkl_cu_name(d, r));
+        hkl_report_set(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
         return HK_ERR_NO_DEVICE;
     }
     int major = 0, minor = 0;

@@ -35,8 +35,8 @@ void hk_swap_options_init(hk_swap_options *o) {
     o->stage = HK_STAGE_NOW;
 }
 
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-              uint64_t newv, const char *origin, const hk_report *rep) {
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep) {
     if (!rt->opt.on_event)
         return;
     hk_event ev = {kind, module, oldv, newv, origin ? origin : "api", rep};
@@ -116,8 +116,8 @@ int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep) {
         err = HK_ERR_NOMEM;
         goto out;
     }
-    CUjit_option jo[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                         CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    CUjit_option jo[] = {CU_JIT_INFO_LOG_BUFFER,    CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                         CU_JIT_ERROR_LOG_BUFFER,   CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
                          CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_WALL_TIME};
     void *jv[] = {info,
                   (void *)(uintptr_t)JIT_LOG_SIZE,
@@ -273,16 +273,14 @@ void hkl_layout_free(hkl_param_layout *l) {
 }
 
 /* Describes how two layouts differ, or returns 0 when they are equal. */
-static int layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf,
-                       size_t n) {
+static int layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n) {
     if (a->n != b->n) {
         snprintf(buf, n, "had %d parameters, now %d", a->n, b->n);
         return 1;
     }
     for (int i = 0; i < a->n; i++)
         if (a->offset[i] != b->offset[i] || a->size[i] != b->size[i]) {
-            snprintf(buf, n,
-                     "parameter %d was %u bytes at offset %u, now %u bytes at offset %u", i,
+            snprintf(buf, n, "parameter %d was %u bytes at offset %u, now %u bytes at offset %u", i,
                      a->size[i], a->offset[i], b->size[i], b->offset[i]);
             return 1;
         }
@@ -350,8 +348,7 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
     return 0;
 }
 
-static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept,
-                        hk_report *rep) {
+static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
     hkl_param_layout now;
     int err = hkl_read_layout(rt, v, k, &now);
     if (err < 0) {
@@ -490,8 +487,7 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
 
 /* Stage, validate and commit a built job. swap_lock held. On return the job's
  * artifact image has been moved into the version (or freed with the job). */
-static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep,
-                       uint64_t *oldv) {
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
         return HK_ERR_NOMEM;
@@ -553,8 +549,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
             goto refuse;
         if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
             goto refuse;
-        if (job->opt.accept_layout_change &&
-            (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
+        if (job->opt.accept_layout_change && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
             goto refuse;
     }
     if (job->opt.check) {
@@ -643,7 +638,10 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     if (reset)
         hkl_emit_reset(rt);
     count(rt, err == 0, rollback, rep);
-    hkl_emit(rt, err ? HK_EVENT_REFUSED : rollback ? HK_EVENT_ROLLED_BACK : HK_EVENT_COMMITTED,
+    hkl_emit(rt,
+             err        ? HK_EVENT_REFUSED
+             : rollback ? HK_EVENT_ROLLED_BACK
+                        : HK_EVENT_COMMITTED,
              job->name, oldv, err ? 0 : rep->version, job->origin, rep);
     return err;
 }
@@ -721,8 +719,7 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         rep->cache_hit = j->art.cache_hit;
     }
     if (j->art.ndeps && j->source_name)
-        hkn_watch_deps_built(rt, j->source_name, (const char *const *)j->art.deps,
-                             j->art.ndeps);
+        hkn_watch_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
     if (err < 0) {
         hkl_report_set(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
                        why[0] ? why : hk_strerror(err));
@@ -756,8 +753,7 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
     err = job_build(rt, j, r);
     if (err < 0) {
         count(rt, 0, 0, r);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
-                 r);
+        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, r);
     } else {
         err = hkl_swap_built(rt, j, 0, r);
     }
@@ -777,8 +773,8 @@ uint64_t hk_module_version(hk_runtime *rt, const char *name) {
     return n;
 }
 
-int hk_module_global(hk_runtime *rt, const char *module, const char *name, int slot,
-                     uint64_t *dptr, size_t *size) {
+int hk_module_global(hk_runtime *rt, const char *module, const char *name, int slot, uint64_t *dptr,
+                     size_t *size) {
     if (!rt || !module || !name || !dptr || !size || slot < 0 || slot >= rt->ndev)
         return HK_ERR_INVALID;
     pthread_mutex_lock(&rt->swap_lock);
@@ -828,8 +824,8 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     j->art.image = malloc(prev->size);
     j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
     j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
-    if (!j->origin || !j->art.image || (prev->nexpr && (!j->name_expressions ||
-                                                        !j->art.lowered_names))) {
+    if (!j->origin || !j->art.image ||
+        (prev->nexpr && (!j->name_expressions || !j->art.lowered_names))) {
         err = HK_ERR_NOMEM;
         goto out;
     }
@@ -898,8 +894,8 @@ static void *worker_main(void *arg) {
         int deferred = 0;
         if (err < 0) {
             count(rt, 0, 0, &rep);
-            hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0,
-                     j->origin, &rep);
+            hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
+                     &rep);
         } else if (j->opt.stage == HK_STAGE_AT_SAFE_POINT) {
             deferred = 1;
         } else {

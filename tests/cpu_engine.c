@@ -215,8 +215,7 @@ START_TEST(refusals_keep_old_version) {
     /* A kernel in use removed. */
     ck_assert_int_eq(swap_src("sim", ptx(2, 0, 0, 0), &rep), HK_ERR_MISSING_KERNEL);
     ck_assert_str_eq(rep.kernel, "aux");
-    ck_assert_msg(strstr(rep.message, "aux") && strstr(rep.message, "missing"), "%s",
-                  rep.message);
+    ck_assert_msg(strstr(rep.message, "aux") && strstr(rep.message, "missing"), "%s", rep.message);
     ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_NOT_FOUND");
     assert_still(k, 1, 1);
 
@@ -428,16 +427,15 @@ START_TEST(pin_keeps_version) {
     int out = 0, *dp = &out;
     unsigned n = 1;
     void *args[] = {&dp, &n};
-    ck_assert_int_eq(hk_launch_pinned(p, k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL,
-                                      args, NULL),
-                     0);
+    ck_assert_int_eq(
+        hk_launch_pinned(p, k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
     ck_assert_int_eq(out, 1);
     ck_assert_int_eq(launch_tag(k), 2);
     /* A handle taken after the pinned version retired has no code there. */
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "aux", &aux), 0);
-    ck_assert_int_eq(hk_launch_pinned(p, aux, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL,
-                                      args, NULL),
-                     HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(
+        hk_launch_pinned(p, aux, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL),
+        HK_ERR_NOT_FOUND);
     hk_unpin(p);
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     ck_assert_int_eq(fake_live_images(), 1);
@@ -448,11 +446,10 @@ END_TEST
 /* ---- fault injection ---------------------------------------------------- */
 
 START_TEST(each_driver_failure_is_clean) {
-    static const char *entries[] = {"cuLibraryLoadData",  "cuLibraryGetKernel",
-                                    "cuKernelGetFunction", "cuFuncLoad",
-                                    "cuKernelGetParamInfo", "cuLibraryGetGlobal",
-                                    "cuMemcpyDtoD",        "cuStreamSynchronize",
-                                    "cuCtxPushCurrent"};
+    static const char *entries[] = {
+        "cuLibraryLoadData", "cuLibraryGetKernel",   "cuKernelGetFunction",
+        "cuFuncLoad",        "cuKernelGetParamInfo", "cuLibraryGetGlobal",
+        "cuMemcpyDtoD",      "cuStreamSynchronize",  "cuCtxPushCurrent"};
     hk_report rep = {0};
     swap_ok("sim", ptx(1, 1, 1, 0), &rep);
     hk_kernel *k;
@@ -625,7 +622,7 @@ START_TEST(submit_and_safe_point) {
     ck_assert_int_eq(hk_wait_idle(rt, 5000), 0);
     int loads = fake_calls("cuLibraryLoadData");
     ck_assert_uint_eq(hk_module_version(rt, "sim"), 1); /* nothing touched the driver yet */
-    ck_assert_int_eq(hk_safe_point(rt), 1);              /* the newer one replaced the older */
+    ck_assert_int_eq(hk_safe_point(rt), 1);             /* the newer one replaced the older */
     ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads + 1);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);

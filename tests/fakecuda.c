@@ -13,7 +13,7 @@
 #include "ptx/ptx.h"
 #include "tests/fakecuda.h"
 
-#define MAXDEV 4
+#define MAXDEV   4
 #define MAXFAULT 32
 
 typedef struct fctx {
@@ -261,15 +261,32 @@ static CUresult f_DriverGetVersion(int *v) {
 }
 static CUresult f_GetErrorName(CUresult r, const char **s) {
     switch (r) {
-    case CUDA_ERROR_INVALID_PTX: *s = "CUDA_ERROR_INVALID_PTX"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
-    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
-    case CUDA_ERROR_NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_ERROR_INVALID_PTX:
+        *s = "CUDA_ERROR_INVALID_PTX";
+        break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "CUDA_ERROR_OUT_OF_MEMORY";
+        break;
+    case CUDA_ERROR_NOT_FOUND:
+        *s = "CUDA_ERROR_NOT_FOUND";
+        break;
+    case CUDA_ERROR_INVALID_HANDLE:
+        *s = "CUDA_ERROR_INVALID_HANDLE";
+        break;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "CUDA_ERROR_INVALID_VALUE";
+        break;
+    case CUDA_ERROR_LAUNCH_FAILED:
+        *s = "CUDA_ERROR_LAUNCH_FAILED";
+        break;
+    case CUDA_ERROR_NO_BINARY_FOR_GPU:
+        *s = "CUDA_ERROR_NO_BINARY_FOR_GPU";
+        break;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        *s = "CUDA_ERROR_INVALID_CONTEXT";
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -349,8 +366,8 @@ static CUresult f_CtxSynchronize(void) {
 }
 
 /* Parses an image into a new fimage. Lock held. */
-static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_option *o,
-                           void **v, fimage **out) {
+static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_option *o, void **v,
+                           fimage **out) {
     const char *text = image;
     char *errbuf = NULL;
     size_t errsize = 0;
@@ -366,8 +383,9 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
         for (const char *p = text; p < bad; p++)
             line += *p == '\n';
         if (errbuf && errsize)
-            snprintf(errbuf, errsize, "ptxas application ptx input, line %d; fatal   : Parsing "
-                                      "error near 'SYNTAX': syntax error",
+            snprintf(errbuf, errsize,
+                     "ptxas application ptx input, line %d; fatal   : Parsing "
+                     "error near 'SYNTAX': syntax error",
                      line);
         return CUDA_ERROR_INVALID_PTX;
     }

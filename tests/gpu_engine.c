@@ -31,10 +31,9 @@ static const char *SRC =
     "extern \"C\" __global__ void bump(int *out) { counter += 1; *out = counter; }\n";
 
 /* Same kernels, but `step` lost a parameter / `affine` is gone. */
-static const char *SRC_LAYOUT =
-    "extern \"C\" __global__ void step(int *region, int n) {}\n"
-    "extern \"C\" __global__ void affine(int *x, int n) {}\n"
-    "extern \"C\" __global__ void bump(int *out) {}\n";
+static const char *SRC_LAYOUT = "extern \"C\" __global__ void step(int *region, int n) {}\n"
+                                "extern \"C\" __global__ void affine(int *x, int n) {}\n"
+                                "extern \"C\" __global__ void bump(int *out) {}\n";
 static const char *SRC_MISSING = "extern \"C\" __global__ void step(int *r, int n, int *t) {}\n"
                                  "extern \"C\" __global__ void bump(int *out) {}\n";
 
@@ -52,8 +51,12 @@ static void build(int tag, int mul, int want_ptx, int arch, void **img, size_t *
     snprintf(d1, sizeof d1, "-DTAG=%d", tag);
     snprintf(d2, sizeof d2, "-DMUL=%d", mul);
     const char *opts[] = {d1, d2};
-    hkp_build_opts bo = {.arch = arch, .ptx_to_cubin = !want_ptx, .opt_level = 3,
-                         .nvrtc_options = opts, .nnvrtc_options = 2, .source_name = "gpu.cu"};
+    hkp_build_opts bo = {.arch = arch,
+                         .ptx_to_cubin = !want_ptx,
+                         .opt_level = 3,
+                         .nvrtc_options = opts,
+                         .nnvrtc_options = 2,
+                         .source_name = "gpu.cu"};
     hkp_artifact a = {0};
     char why[256];
     int err = hkp_build(SRC, strlen(SRC), HK_FORMAT_CUDA_C, &bo, &a, why, sizeof why);
@@ -210,7 +213,7 @@ END_TEST
 enum { NTHREADS = 4, REGION = 1024 };
 static hk_runtime *srt;
 static hk_kernel *sk;
-static atomic_int gen;  /* odd while a swap is in progress */
+static atomic_int gen; /* odd while a swap is in progress */
 static atomic_int stop_launchers;
 static int *d_region, *d_tags;
 
@@ -233,8 +236,8 @@ static void *launch_loop(void *arg) {
     while (!atomic_load(&stop_launchers)) {
         int g1 = atomic_load(&gen);
         int cu = 0;
-        int err = hk_launch(sk, (hk_dim3){REGION / 128, 1, 1}, (hk_dim3){128, 1, 1}, 0, s, args,
-                            &cu);
+        int err =
+            hk_launch(sk, (hk_dim3){REGION / 128, 1, 1}, (hk_dim3){128, 1, 1}, 0, s, args, &cu);
         int g2 = atomic_load(&gen);
         if (err) {
             L->failures++;
@@ -337,7 +340,8 @@ START_TEST(thousand_swaps_four_threads) {
     ck_assert_uint_eq(st.reclaimed, (uint64_t)nswaps);
     ck_assert_uint_eq(st.live_versions, 1);
     long long dmem = (long long)free0 - (long long)free1;
-    printf("  %d swaps in %.0f ms (%.3f ms each, 0.3 ms pauses included) under %ld launches (%ld version-checked); "
+    printf("  %d swaps in %.0f ms (%.3f ms each, 0.3 ms pauses included) under %ld launches (%ld "
+           "version-checked); "
            "device memory change %lld bytes\n",
            nswaps, t1 - t0, (t1 - t0) / nswaps, total_launches, checked, dmem);
     ck_assert_int_gt(total_launches, nswaps);
@@ -390,9 +394,8 @@ START_TEST(global_counter_survives_100_swaps) {
     CK_CUDA(cudaMemset((void *)(uintptr_t)addr, 0, sizeof(int)));
     void *args[] = {&d_out};
     for (int i = 0; i < 100; i++) {
-        ck_assert_int_eq(hk_launch(bump, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args,
-                                   NULL),
-                         0);
+        ck_assert_int_eq(
+            hk_launch(bump, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
         CK_CUDA(cudaDeviceSynchronize());
         swap_ok(srt, "sim", i % 2 ? img_v1 : img_v2, i % 2 ? n_v1 : n_v2);
     }
@@ -411,9 +414,8 @@ START_TEST(graph_runs_new_version) {
     int n = REGION, *region = d_region, *tag = d_tags;
     void *args[] = {&region, &n, &tag};
     CK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    ck_assert_int_eq(hk_launch(sk, (hk_dim3){REGION / 128, 1, 1}, (hk_dim3){128, 1, 1}, 0, s,
-                               args, NULL),
-                     0);
+    ck_assert_int_eq(
+        hk_launch(sk, (hk_dim3){REGION / 128, 1, 1}, (hk_dim3){128, 1, 1}, 0, s, args, NULL), 0);
     cudaGraph_t g;
     CK_CUDA(cudaStreamEndCapture(s, &g));
     cudaGraphExec_t exec;
@@ -448,9 +450,9 @@ START_TEST(safe_point_staging) {
     so.stage = HK_STAGE_AT_SAFE_POINT;
     uint64_t v = hk_module_version(srt, "sim");
     int next_tag = v % 2 ? 2 : 1;
-    ck_assert_int_eq(hk_submit(srt, "sim", next_tag == 2 ? img_v2 : img_v1,
-                               next_tag == 2 ? n_v2 : n_v1, &so),
-                     0);
+    ck_assert_int_eq(
+        hk_submit(srt, "sim", next_tag == 2 ? img_v2 : img_v1, next_tag == 2 ? n_v2 : n_v1, &so),
+        0);
     ck_assert_int_eq(hk_wait_idle(srt, 10000), 0);
     ck_assert_uint_eq(hk_module_version(srt, "sim"), v);
     CK_CUDA(cudaDeviceSynchronize());
@@ -458,8 +460,7 @@ START_TEST(safe_point_staging) {
     ck_assert_uint_eq(hk_module_version(srt, "sim"), v + 1);
     int n = REGION, *region = d_region, *tag = d_tags;
     void *args[] = {&region, &n, &tag};
-    ck_assert_int_eq(hk_launch(sk, (hk_dim3){1, 1, 1}, (hk_dim3){128, 1, 1}, 0, NULL, args,
-                               NULL),
+    ck_assert_int_eq(hk_launch(sk, (hk_dim3){1, 1, 1}, (hk_dim3){128, 1, 1}, 0, NULL, args, NULL),
                      0);
     int got;
     CK_CUDA(cudaMemcpy(&got, d_tags, sizeof got, cudaMemcpyDeviceToHost));

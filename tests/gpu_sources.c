@@ -208,8 +208,8 @@ START_TEST(pull_from_nginx) {
     snprintf(file, sizeof file, "%s/pull6.cu", dir);
     ck_assert_int_eq(hkt_write_file(file, src), 0);
     const char *cli = hkt_built_program("hotkern");
-    char *sign[] = {(char *)cli, "sign", "--key", key, "--module", "particles", "--version",
-                    "99000000000000", "--out", www, file, NULL};
+    char *sign[] = {(char *)cli, "sign",           "--key", key, "--module", "particles",
+                    "--version", "99000000000000", "--out", www, file,       NULL};
     ck_assert_int_eq(run_cli(sign), 0);
     pid_t ng;
     int port = hkt_nginx_start(www, ntmp, &ng);

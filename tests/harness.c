@@ -85,7 +85,8 @@ static int free_port(void) {
 
 static int port_open(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
     if (fd >= 0)

@@ -92,18 +92,18 @@ HK_API const char *hk_format_name(hk_format fmt);
 /* What happened in one call. Zero-initialise before the first use; the
  * callee overwrites it. Fields are only ever added at the end. */
 typedef struct hk_report {
-    int error;           /* HK_OK or the HK_ERR_* returned */
-    int cu_result;       /* CUresult of the failing driver call, else 0 */
-    char cu_name[48];    /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
-    char module[64];     /* module concerned */
-    char kernel[128];    /* kernel concerned, when one is */
-    char message[512];   /* one line, e.g. "kernel 'step': parameter 1 ..." */
-    char *log;           /* compiler/JIT log or NULL; owned, see clear */
-    uint64_t version;    /* version committed, or attempted */
-    double build_ms;     /* source -> loadable image (NVRTC, nvJitLink) */
-    double stage_ms;     /* driver load, resolve, validate */
-    double commit_ms;    /* globals carried over and version published */
-    int cache_hit;       /* 1 when the build came from the compile cache */
+    int error;         /* HK_OK or the HK_ERR_* returned */
+    int cu_result;     /* CUresult of the failing driver call, else 0 */
+    char cu_name[48];  /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
+    char module[64];   /* module concerned */
+    char kernel[128];  /* kernel concerned, when one is */
+    char message[512]; /* one line, e.g. "kernel 'step': parameter 1 ..." */
+    char *log;         /* compiler/JIT log or NULL; owned, see clear */
+    uint64_t version;  /* version committed, or attempted */
+    double build_ms;   /* source -> loadable image (NVRTC, nvJitLink) */
+    double stage_ms;   /* driver load, resolve, validate */
+    double commit_ms;  /* globals carried over and version published */
+    int cache_hit;     /* 1 when the build came from the compile cache */
 } hk_report;
 
 /* Frees r->log and zeroes the report. r may be NULL. */
@@ -163,22 +163,22 @@ typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 /* Caller-supplied validation, run after staging and before commit. Return
  * 0 to accept; anything else refuses the version with HK_ERR_REJECTED, and
  * the text written to msg (NUL-terminated, up to msg_size) goes to the report. */
-typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata,
-                           char *msg, size_t msg_size);
+typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata, char *msg,
+                           size_t msg_size);
 
 typedef struct hk_options {
-    const int *devices;   /* CUDA device ordinals; NULL means {0} */
-    int ndevices;         /* entries in devices; 0 means 1 */
-    hk_loader loader;     /* default HK_LOADER_LIBRARY */
-    hk_ptx_mode ptx_mode; /* default HK_PTX_NVJITLINK */
-    int jit_opt_level;    /* 0..4, default 4 (driver JIT and nvJitLink) */
-    int arch;             /* target SM, e.g. 90; 0 = from device 0 */
-    int history;          /* images kept per module for rollback, default 4 */
-    const char *cache_dir; /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
-                            * "" disables the cache */
+    const int *devices;       /* CUDA device ordinals; NULL means {0} */
+    int ndevices;             /* entries in devices; 0 means 1 */
+    hk_loader loader;         /* default HK_LOADER_LIBRARY */
+    hk_ptx_mode ptx_mode;     /* default HK_PTX_NVJITLINK */
+    int jit_opt_level;        /* 0..4, default 4 (driver JIT and nvJitLink) */
+    int arch;                 /* target SM, e.g. 90; 0 = from device 0 */
+    int history;              /* images kept per module for rollback, default 4 */
+    const char *cache_dir;    /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
+                               * "" disables the cache */
     uint64_t cache_max_bytes; /* default 256 MiB */
     hk_event_cb on_event;
-    void *userdata;       /* passed to on_event and check callbacks */
+    void *userdata; /* passed to on_event and check callbacks */
 } hk_options;
 
 /* Fills o with the defaults above. */
@@ -209,18 +209,18 @@ HK_API int hk_runtime_arch(hk_runtime *rt);
 /* ---- swapping in new versions ----------------------------------------- */
 
 typedef struct hk_swap_options {
-    hk_format format;             /* default AUTO */
+    hk_format format;                 /* default AUTO */
     const char *const *nvrtc_options; /* extra NVRTC options (-D, -I, -std...) */
     int nnvrtc_options;
     const char *const *name_expressions; /* e.g. "scale<float>": handles may
                                           * then use these names */
     int nname_expressions;
-    const char *source_name;      /* for compiler messages, e.g. the path */
-    int accept_layout_change;     /* 1: a changed parameter layout is allowed */
-    int carry_globals;            /* default 1: copy same-named globals */
-    hk_stage_mode stage;          /* default HK_STAGE_NOW */
-    hk_check_cb check;            /* optional */
-    const char *origin;           /* for events; default "api" */
+    const char *source_name;  /* for compiler messages, e.g. the path */
+    int accept_layout_change; /* 1: a changed parameter layout is allowed */
+    int carry_globals;        /* default 1: copy same-named globals */
+    hk_stage_mode stage;      /* default HK_STAGE_NOW */
+    hk_check_cb check;        /* optional */
+    const char *origin;       /* for events; default "api" */
 } hk_swap_options;
 
 HK_API void hk_swap_options_init(hk_swap_options *o);
@@ -265,8 +265,8 @@ HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
  * in the current version of `module`, in device slot `device_slot`'s context
  * (cast the address to CUdeviceptr). Valid until the module's next commit.
  * Safe from any thread. */
-HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name,
-                            int device_slot, uint64_t *dptr, size_t *size);
+HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name, int device_slot,
+                            uint64_t *dptr, size_t *size);
 
 /* ---- kernels and launches ---------------------------------------------- */
 
@@ -276,8 +276,7 @@ HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name
  * must contain it with the same parameter layout (unless accept_layout_change).
  * Handles are owned by the runtime and valid until hk_runtime_destroy; taking
  * the same name twice returns the same handle. Safe from any thread. */
-HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel,
-                         hk_kernel **out);
+HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out);
 
 typedef struct hk_dim3 {
     unsigned x, y, z;
@@ -289,16 +288,15 @@ typedef struct hk_dim3 {
  * the calling thread's current context). Safe from any thread; no lock, no
  * allocation. Returns 0, or HK_ERR_CUDA with the CUresult in *cu_result when
  * cu_result is not NULL. */
-HK_API int hk_launch(hk_kernel *k, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes,
-                     void *stream, void **args, int *cu_result);
+HK_API int hk_launch(hk_kernel *k, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes, void *stream,
+                     void **args, int *cu_result);
 
 /* Pins the current version of module `module`: launches through the pin all
  * run that version, even if newer ones are committed meanwhile; its code is not
  * unloaded before hk_unpin. Safe from any thread. */
 HK_API int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out);
 HK_API int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 grid, hk_dim3 block,
-                            unsigned shared_bytes, void *stream, void **args,
-                            int *cu_result);
+                            unsigned shared_bytes, void *stream, void **args, int *cu_result);
 HK_API uint64_t hk_pin_version(const hk_pin *p);
 /* Releases the pin; p is invalid afterwards. p may be NULL. */
 HK_API void hk_unpin(hk_pin *p);
@@ -321,10 +319,10 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
 /* ---- counters ---------------------------------------------------------- */
 
 typedef struct hk_stats {
-    uint64_t swaps;        /* versions committed (rollbacks included) */
+    uint64_t swaps; /* versions committed (rollbacks included) */
     uint64_t rollbacks;
     uint64_t refused;
-    uint64_t reclaimed;    /* old versions unloaded */
+    uint64_t reclaimed;     /* old versions unloaded */
     uint64_t live_versions; /* versions whose code is loaded now */
     uint64_t context_resets;
     uint64_t cache_hits, cache_misses;
