@@ -625,7 +625,7 @@ static int print_apply(void *ud, const char *module, uint64_t version, hk_format
     char hex[65];
     hkn_sha256_hex(bytes, size, hex);
     printf("applied %s v%llu: %s %zu bytes sha256 %s\n", module, (unsigned long long)version,
-           hkn_format_text(fmt), size, hex);
+           hk_format_name(fmt), size, hex);
     fflush(stdout);
     return 0;
 }

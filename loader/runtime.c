@@ -195,33 +195,6 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     return 0;
 }
 
-static void default_cache_dir(char *buf, size_t n) {
-    const char *x = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    if (x && *x)
-        snprintf(buf, n, "%s/hotkern", x);
-    else if (home && *home)
-        snprintf(buf, n, "%s/.cache/hotkern", home);
-    else
-        snprintf(buf, n, "/tmp/hotkern-cache-%d", (int)getuid());
-}
-
-/* Creates dir and its parents (mode 0700 for the leaf), like mkdir -p. */
-static int mkdirs(const char *dir) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
-        return -1;
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0700) && errno != EEXIST ? -1 : 0;
-}
-
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep) {
     static const int dev0 = 0;
@@ -303,12 +276,13 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
 
     if (!o.cache_dir || *o.cache_dir) {
         char buf[4096];
+        int have = 0;
         if (o.cache_dir)
-            snprintf(buf, sizeof buf, "%s", o.cache_dir);
+            have = snprintf(buf, sizeof buf, "%s", o.cache_dir) < (int)sizeof buf;
         else
-            default_cache_dir(buf, sizeof buf);
+            have = hkp_cache_default_dir(buf, sizeof buf) == 0;
         /* A cache that cannot be opened costs speed, not correctness. */
-        if (mkdirs(buf) == 0 && hkp_cache_open(&rt->cache, buf, o.cache_max_bytes) == 0)
+        if (have && hkp_cache_open(&rt->cache, buf, o.cache_max_bytes) == 0)
             rt->cache_dir = strdup(buf);
         else
             rt->cache = NULL;

@@ -115,7 +115,6 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
 int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len);
 void hkn_manifest_free(hkn_manifest *m);
 /* "cuda", "ptx", "cubin", "fatbin" <-> hk_format; unknown text gives AUTO. */
-const char *hkn_format_text(hk_format f);
 hk_format hkn_format_parse(const char *s);
 /* From a file name's extension (.cu .ptx .cubin .fatbin), else AUTO. */
 hk_format hkn_format_from_name(const char *name);

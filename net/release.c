@@ -311,26 +311,11 @@ int hkn_seckey_save(const char *path, const hkn_seckey *k, hk_report *rep) {
 
 /* ---- manifests --------------------------------------------------------- */
 
-const char *hkn_format_text(hk_format f) {
-    switch (f) {
-    case HK_FORMAT_CUDA_C:
-        return "cuda";
-    case HK_FORMAT_PTX:
-        return "ptx";
-    case HK_FORMAT_CUBIN:
-        return "cubin";
-    case HK_FORMAT_FATBIN:
-        return "fatbin";
-    default:
-        return "auto";
-    }
-}
-
 hk_format hkn_format_parse(const char *s) {
     static const hk_format all[] = {HK_FORMAT_CUDA_C, HK_FORMAT_PTX, HK_FORMAT_CUBIN,
                                     HK_FORMAT_FATBIN};
     for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(s, hkn_format_text(all[i])))
+        if (!strcmp(s, hk_format_name(all[i])))
             return all[i];
     return HK_FORMAT_AUTO;
 }
@@ -511,7 +496,7 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
         if (!cJSON_AddStringToObject(o, "name", a->name) ||
             !cJSON_AddStringToObject(o, "sha256", a->sha256) ||
             !cJSON_AddNumberToObject(o, "size", (double)a->size) ||
-            !cJSON_AddStringToObject(o, "format", hkn_format_text(a->format)) ||
+            !cJSON_AddStringToObject(o, "format", hk_format_name(a->format)) ||
             !cJSON_AddStringToObject(o, "arch", a->arch))
             goto out;
     }
