@@ -51,14 +51,16 @@ int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
     d->DriverGetVersion(&d->version);
     return 0;
 fail:
-    dlclose(d->dl);
+    /* cuInit may have run: do not unload (see hkl_driver_close). */
     memset(d, 0, sizeof *d);
     return HK_ERR_NO_DRIVER;
 }
 
+/* libcuda is never unloaded: once cuInit has run, the CUDA runtime, tools
+ * that intercept the driver (compute-sanitizer) and other libraries in the
+ * process hold state and hooks inside it. dlopen keeps one reference per
+ * open; the handle is simply forgotten. */
 void hkl_driver_close(hkl_driver *d) {
-    if (d && d->dl)
-        dlclose(d->dl);
     if (d)
         memset(d, 0, sizeof *d);
 }

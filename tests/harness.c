@@ -19,7 +19,24 @@ int hkt_run(Suite *s) {
     return failed ? 1 : 0;
 }
 
+#include <execinfo.h>
+
+/* GPU suites run without fork, so a crash would end the run silently: print
+ * where it happened first. */
+static void crash_handler(int sig) {
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    static const char msg[] = "\n*** fatal signal in a GPU suite; backtrace:\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(128 + sig);
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int hkt_gpu_or_skip(const char *suite) {
+    signal(SIGSEGV, crash_handler);
+    signal(SIGBUS, crash_handler);
     hkl_driver d;
     char why[512];
     if (hkl_driver_open(&d, why, sizeof why) < 0) {
