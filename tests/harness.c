@@ -20,6 +20,7 @@ int hkt_run(Suite *s) {
 }
 
 #include <execinfo.h>
+#include <signal.h>
 
 /* GPU suites run without fork, so a crash would end the run silently: print
  * where it happened first. */
