@@ -91,7 +91,7 @@ static void *swap_thread(void *arg) {
         hk_report rep = {0};
         uint64_t t0 = bench_ns();
         if (!strcmp(mode, "probe-ctxsync")) {
-            bd.CtxSynchronize();
+            bench_ctx_sync();
         } else if (!strcmp(mode, "probe-unload")) {
             bd.LibraryUnload(idle_libs[i]);
         } else if (!strcmp(mode, "probe-state")) {

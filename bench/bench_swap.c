@@ -25,7 +25,7 @@ static int nelem = 1 << 16;
 static void launch_raw(CUfunction f) {
     void *args[] = {&buf, &nelem};
     bd.LaunchKernel(f, (unsigned)nelem / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL);
-    bd.CtxSynchronize();
+    bench_ctx_sync();
 }
 
 static void launch_hk(hk_runtime *rt, const char *mod) {
@@ -36,7 +36,7 @@ static void launch_hk(hk_runtime *rt, const char *mod) {
     }
     void *args[] = {&buf, &nelem};
     hk_launch(k, (hk_dim3){(unsigned)nelem / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0, NULL, args, NULL);
-    bd.CtxSynchronize();
+    bench_ctx_sync();
 }
 
 /* A variant of the small source that no cache has seen. */

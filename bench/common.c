@@ -54,6 +54,14 @@ int bench_arch(void) {
     return arch;
 }
 
+void bench_ctx_sync(void) {
+    CUcontext c = NULL;
+    bd.CtxGetCurrent(&c);
+    CUresult r = bd.CtxSynchronize(c);
+    if (r != CUDA_SUCCESS)
+        fprintf(stderr, "cuCtxSynchronize failed: %d\n", (int)r);
+}
+
 double bench_sm_hz(void) {
     int khz = 0;
     bd.DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0);

@@ -31,6 +31,9 @@ int bench_arch(void);
 extern const char *bench_src_small; /* 5 small kernels: k0..k4(float*, int) */
 extern const char *bench_src_empty; /* empty(), spin(long long cycles) */
 
+/* cuCtxSynchronize of the calling thread's current context. */
+void bench_ctx_sync(void);
+
 /* SM clock in Hz, for turning milliseconds into spin cycles. */
 double bench_sm_hz(void);
 

@@ -42,6 +42,9 @@ int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
         goto fail;                                                                                 \
     }
     HKL_DRIVER_ENTRIES(HKL_BIND)
+#define HKL_BIND_TYPED(field, sym, type) HKL_BIND(field, sym)
+    HKL_DRIVER_ENTRIES_TYPED(HKL_BIND_TYPED)
+#undef HKL_BIND_TYPED
 #undef HKL_BIND
     CUresult r = d->Init(0);
     if (r != CUDA_SUCCESS) {

@@ -12,6 +12,7 @@
 #define HK_DRIVER_H
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 /* X(field, driver symbol): every entry point hotkern uses. */
 #define HKL_DRIVER_ENTRIES(X)                                                                      \
@@ -30,9 +31,7 @@
     X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
     X(CtxPushCurrent, cuCtxPushCurrent)                                                            \
     X(CtxPopCurrent, cuCtxPopCurrent)                                                              \
-    X(CtxGetDevice, cuCtxGetDevice)                                                                \
     X(CtxGetId, cuCtxGetId)                                                                        \
-    X(CtxSynchronize, cuCtxSynchronize)                                                            \
     X(ModuleLoadDataEx, cuModuleLoadDataEx)                                                        \
     X(ModuleUnload, cuModuleUnload)                                                                \
     X(ModuleGetFunction, cuModuleGetFunction)                                                      \
@@ -64,10 +63,21 @@
     X(GraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams)                                \
     X(GraphLaunch, cuGraphLaunch)
 
+/* Entry points whose CUDA 13 ABI differs from the prototype cuda.h still
+ * declares under the plain name: cuGetProcAddress(sym, CUDA_VERSION) returns
+ * the newer function, so it is called through the matching PFN type from
+ * cudaTypedefs.h. (tests/cpu_driver.c checks that no other entry has a
+ * version of its own for this CUDA release.) */
+#define HKL_DRIVER_ENTRIES_TYPED(X)                                                                \
+    X(CtxGetDevice, cuCtxGetDevice, PFN_cuCtxGetDevice_v13000)                                     \
+    X(CtxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v13000)
+
 #define HKL_DRIVER_FIELD(field, sym) __typeof__(sym) *field;
+#define HKL_DRIVER_FIELD_TYPED(field, sym, type) type field;
 
 typedef struct hkl_driver {
     HKL_DRIVER_ENTRIES(HKL_DRIVER_FIELD)
+    HKL_DRIVER_ENTRIES_TYPED(HKL_DRIVER_FIELD_TYPED)
     void *dl;    /* dlopen handle of the real driver, NULL for a fake */
     int version; /* cuDriverGetVersion */
 } hkl_driver;

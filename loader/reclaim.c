@@ -145,7 +145,7 @@ static void count_reclaimed(hk_runtime *rt, int n) {
 /* Finishes the GPU work queued before now (which includes every launch of
  * the versions in `ready`), then unloads and frees them. The contexts are read
  * under swap_lock since reset recovery may replace them; a context that has
- * gone meanwhile fails to push and is skipped. */
+ * gone meanwhile makes its synchronise fail, which is harmless here. */
 static int unload_list(hk_runtime *rt, hkl_version *ready, int final) {
     if (!ready)
         return 0;
@@ -155,11 +155,7 @@ static int unload_list(hk_runtime *rt, hkl_version *ready, int final) {
         ctx[i] = rt->dev[i].ctx;
     pthread_mutex_unlock(&rt->swap_lock);
     for (int i = 0; i < rt->ndev; i++)
-        if (rt->drv->CtxPushCurrent(ctx[i]) == CUDA_SUCCESS) {
-            rt->drv->CtxSynchronize();
-            CUcontext dummy;
-            rt->drv->CtxPopCurrent(&dummy);
-        }
+        rt->drv->CtxSynchronize(ctx[i]);
     int n = 0;
     while (ready) {
         hkl_version *v = ready;

@@ -184,7 +184,7 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
         /* The application made its own context current: the runtime API
          * would use that one on this thread, so we do too. */
         CUdevice cd;
-        if (d->CtxGetDevice(&cd) == CUDA_SUCCESS && cd == dv->dev) {
+        if (d->CtxGetDevice(&cd, cur) == CUDA_SUCCESS && cd == dv->dev) {
             d->DevicePrimaryCtxRelease(dv->dev);
             dv->retains = 0;
             dv->ctx = cur;

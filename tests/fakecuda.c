@@ -349,8 +349,8 @@ static CUresult f_CtxPopCurrent(CUcontext *c) {
     *c = (CUcontext)cur_stack[--cur_depth];
     return CUDA_SUCCESS;
 }
-static CUresult f_CtxGetDevice(CUdevice *d) {
-    fctx *c = current();
+static CUresult f_CtxGetDevice(CUdevice *d, CUcontext ctx) {
+    fctx *c = ctx ? (fctx *)ctx : current();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
     *d = c->dev;
@@ -360,7 +360,7 @@ static CUresult f_CtxGetId(CUcontext c, unsigned long long *id) {
     *id = ((fctx *)c)->id;
     return CUDA_SUCCESS;
 }
-static CUresult f_CtxSynchronize(void) {
+static CUresult f_CtxSynchronize(CUcontext ctx) {
     ENTER("cuCtxSynchronize");
     LEAVE(CUDA_SUCCESS);
 }
@@ -669,7 +669,10 @@ static CUresult f_GraphLaunch(CUgraphExec e, CUstream s) {
 const hkl_driver *fake_driver(void) {
     static hkl_driver d;
 #define FAKE_BIND(field, sym) d.field = f_##field;
+#define FAKE_BIND_TYPED(field, sym, type) d.field = f_##field;
     HKL_DRIVER_ENTRIES(FAKE_BIND)
+    HKL_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)
+#undef FAKE_BIND_TYPED
 #undef FAKE_BIND
     d.version = CUDA_VERSION;
     return &d;

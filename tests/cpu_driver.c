@@ -1,0 +1,66 @@
+/*
+ * The driver table's ABI. cuGetProcAddress(sym, CUDA_VERSION) returns the
+ * newest version of an entry point for that CUDA release, and a few of those
+ * (cuCtxSynchronize, cuCtxGetDevice in CUDA 13) take other arguments than the
+ * prototype cuda.h declares under the plain name. This suite reads the
+ * toolkit's cudaTypedefs.h and fails when an entry point in the table has a
+ * version of this release that the table does not call through its own PFN
+ * type, so the next such change is caught on a machine without a GPU.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/driver.h"
+#include "tests/harness.h"
+
+#define NAME(field, sym) #sym,
+#define NAME_TYPED(field, sym, type) #sym,
+static const char *plain[] = {HKL_DRIVER_ENTRIES(NAME)};
+static const char *typed[] = {HKL_DRIVER_ENTRIES_TYPED(NAME_TYPED)};
+
+static char *read_typedefs(void) {
+    const char *cuda = getenv("CUDA");
+    char path[512];
+    snprintf(path, sizeof path, "%s/include/cudaTypedefs.h", cuda ? cuda : "/usr/local/cuda");
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* 1 when cudaTypedefs.h has PFN_<sym>_v<CUDA_VERSION>. */
+static int has_version_of_this_release(const char *text, const char *sym) {
+    char want[128];
+    snprintf(want, sizeof want, "PFN_%s_v%d)", sym, CUDA_VERSION);
+    return strstr(text, want) != NULL;
+}
+
+START_TEST(every_entry_called_with_its_abi) {
+    char *text = read_typedefs();
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        ck_assert_msg(!has_version_of_this_release(text, plain[i]),
+                      "%s has a CUDA %d version: call it through its PFN type "
+                      "(HKL_DRIVER_ENTRIES_TYPED)",
+                      plain[i], CUDA_VERSION);
+    for (size_t i = 0; i < sizeof typed / sizeof typed[0]; i++)
+        ck_assert_msg(has_version_of_this_release(text, typed[i]),
+                      "%s is typed for CUDA %d but the toolkit has no such version", typed[i],
+                      CUDA_VERSION);
+    free(text);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("driver table");
+    TCase *tc = tcase_create("abi");
+    tcase_add_test(tc, every_entry_called_with_its_abi);
+    suite_add_tcase(s, tc);
+    return hkt_run(s);
+}
