@@ -251,9 +251,9 @@ extern __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")))
  * announcement must be ordered before the following load of `current`. With
  * membarrier(2) available, the reclaim thread pays for that order (it forces
  * a full barrier on every thread of the process before it reads the slots), so
- * the launch path needs only a compiler barrier; a hardware fence here would
- * wait for the driver's own contended stores to drain (measured: +300 ns per
- * launch with 8 launching threads). Without membarrier, a seq_cst store. */
+ * the launch path needs only a compiler barrier instead of a locked
+ * instruction; without it, a seq_cst store. On the H200 both variants measured
+ * within the run-to-run noise of raw cuLaunchKernel (bench/RESULTS.md). */
 static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
     hkl_tslot *s = hkl_tls.slot;
     if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))

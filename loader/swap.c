@@ -530,6 +530,9 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     if (rep) {
         rep->version = v->number;
         snprintf(rep->module, sizeof rep->module, "%s", m->name);
+        /* The build may have run on another thread, long before (safe points). */
+        rep->build_ms = job->art.ms;
+        rep->cache_hit = job->art.cache_hit;
     }
 
     if ((err = hkl_load_version(rt, v, rep)) < 0)
