@@ -11,6 +11,9 @@
  *   hk-module   the same with the module loader
  *   hk-safe     hk_submit(..., HK_STAGE_AT_SAFE_POINT) and hk_safe_point()
  *               called where the program knows its GPU work is idle
+ *   hk-auto     hk_swap with the default stage (HK_STAGE_AUTO) from the swapping
+ *               thread, in a program that calls hk_safe_point: the swap
+ *               waits for the next safe point
  *   hk-reserve  like hk, after growing the context's code area once at start
  *   probe-ctxsync, probe-unload, probe-state
  *               not swaps: one driver call that reclamation makes (context
@@ -74,7 +77,7 @@ static void *busy_thread(void *arg) {
         bd.StreamSynchronize(s);
         atomic_store(&spin_running, 0);
         /* The 200 ms kernel finished: the program's idle moment. */
-        if (!strcmp(mode, "hk-safe"))
+        if (!strcmp(mode, "hk-safe") || !strcmp(mode, "hk-auto"))
             hk_safe_point(rt);
     }
     bd.StreamDestroy(s);

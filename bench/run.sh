@@ -10,7 +10,7 @@ done
 HK_NO_MEMBARRIER=1 "$B/bench/bench_launch" | grep '^launch'
 python3 bench/cupy_peer.py "$B/bench/bench_swap" || echo "bench: cupy_peer failed"
 for load in idle busy; do
-  for mode in none hk hk-module hk-safe naive probe-ctxsync probe-unload probe-state; do
+  for mode in none hk hk-module hk-safe hk-auto naive probe-ctxsync probe-unload probe-state; do
     "$B/bench/bench_stall" "$mode" "$load" | grep -v '^==\|^machine' || true
   done
 done

@@ -181,8 +181,9 @@ static void init_particles(float *p, int n) {
 }
 
 /* Reads the kernel's __device__ step counter. The address hk_module_global
- * returns is valid until the next commit, which a push may make at any time
- * on the endpoint's thread, so the current version is pinned around the copy.
+ * returns is valid until the next commit, which a rollback may make at any
+ * time on the endpoint's thread, so the current version is pinned around the
+ * copy.
  * Version numbers only grow, so if the pinned version is still current after
  * the lookup, the address is the pinned version's, loaded until hk_unpin. */
 static int read_steps(hk_runtime *rt, uint64_t *out) {
@@ -234,8 +235,10 @@ static int start_endpoint(demo *d, unsigned port, hk_endpoint **ep) {
     if (mkdir_p(state))
         return -1;
     trusted[0] = pub;
-    /* The default stage: the pusher waits for the outcome, so the swap is
-     * done in full on the endpoint's thread before it answers. */
+    /* The default stage (HK_STAGE_AUTO): the pusher waits for the outcome,
+     * and since this program calls hk_safe_point every tick, the endpoint's
+     * hk_swap builds on its own thread and stages at the next tick's safe
+     * point before it answers. */
     hk_swap_options_init(&so);
     hk_endpoint_options_init(&eo);
     eo.address = "127.0.0.1";
@@ -545,7 +548,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hotkern-demo: no kernel directory %s: %s\n", a.kernels, strerror(errno));
         goto fini;
     }
-    snprintf(d.kernels, sizeof d.kernels, "%s", real);
+    memcpy(d.kernels, real, strlen(real) + 1); /* length checked above */
     snprintf(probe, sizeof probe, "%s/particles.cu", d.kernels);
     if (access(probe, R_OK)) {
         fprintf(stderr, "hotkern-demo: %s: %s\n", probe, strerror(errno));
@@ -555,7 +558,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hotkern-demo: cannot create %s: %s\n", d.out, strerror(errno));
         goto fini;
     }
-    snprintf(d.out, sizeof d.out, "%s", real);
+    memcpy(d.out, real, strlen(real) + 1); /* length checked above */
     snprintf(cache, sizeof cache, "%s/cache", d.out);
 
     memset(&sa, 0, sizeof sa);

@@ -540,7 +540,8 @@ void demo_summary(demo *d) {
         demo_say(d, "%s", "");
         summary_swaps(d, median);
         demo_say(d, "  (c) = build served from the compile cache; stage and commit ran at a "
-                    "safe point for watched files, on the endpoint's thread for push/rollback");
+                    "safe point for watched files and pushes, on the endpoint's thread for "
+                    "rollbacks");
     } else {
         demo_say(d, "  no swaps happened");
     }

@@ -145,6 +145,15 @@ struct hkl_graph {
     hkl_graph *next;                /* graph_lock (write) */
 };
 
+/* A synchronous hk_swap waiting for a safe point to stage its job. */
+typedef struct hkl_waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done;       /* lock */
+    int err;        /* lock: the swap's outcome */
+    hk_report *rep; /* the caller's report; filled before done is set */
+} hkl_waiter;
+
 /* A unit of work for the worker thread. */
 struct hkl_job {
     char name[HKL_NAME_MAX];
@@ -157,6 +166,9 @@ struct hkl_job {
     char *source_name;
     hkp_artifact art; /* after build */
     int built;
+    int at_safe_point;  /* staged inside hk_safe_point */
+    hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
+                         * safe point (which signals it instead) */
     hkl_job *next;
 };
 
@@ -200,6 +212,8 @@ struct hk_runtime {
     hkl_job *pending;          /* work_lock: built, waiting for a safe point */
     int busy;                  /* work_lock: jobs taken but not finished */
     int work_stop;             /* work_lock */
+    int safe_points_seen;         /* work_lock: hk_safe_point was called */
+    pthread_t safe_point_thread;  /* work_lock: its latest caller */
     pthread_t worker;
     int worker_started;
 

@@ -147,6 +147,7 @@ void hk_options_init(hk_options *o) {
     o->jit_opt_level = 4;
     o->history = 4;
     o->cache_max_bytes = 256ull << 20;
+    o->safe_point_wait_ms = 2000;
 }
 
 int hkl_ctx_push(hk_runtime *rt, int slot) {

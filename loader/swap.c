@@ -32,7 +32,7 @@
 void hk_swap_options_init(hk_swap_options *o) {
     memset(o, 0, sizeof *o);
     o->carry_globals = 1;
-    o->stage = HK_STAGE_NOW;
+    o->stage = HK_STAGE_AUTO;
 }
 
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
@@ -586,7 +586,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     if (old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too. */
-        old->unload_at_safe_point = job->opt.stage == HK_STAGE_AT_SAFE_POINT;
+        old->unload_at_safe_point = job->at_safe_point;
         hkl_retire(rt, old);
     }
     m->last_error = 0;
@@ -736,12 +736,86 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     return 0;
 }
 
+/* What AUTO means for a swap requested on this thread now. */
+static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_sp_thread) {
+    pthread_mutex_lock(&rt->work_lock);
+    int seen = rt->safe_points_seen;
+    *on_sp_thread = seen && pthread_equal(rt->safe_point_thread, pthread_self());
+    pthread_mutex_unlock(&rt->work_lock);
+    if (want != HK_STAGE_AUTO)
+        return want;
+    return seen && !*on_sp_thread ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
+}
+
+/* Hands a built job to the next safe point and waits for its outcome, up to
+ * safe_point_wait_ms; then, if no safe point took it, stages it here. The
+ * job stays the caller's in every case. */
+static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
+    hkl_waiter w = {.done = 0, .err = 0, .rep = r};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    j->waiter = &w;
+    j->next = NULL;
+    pthread_mutex_lock(&rt->work_lock);
+    hkl_job **pp = &rt->pending;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = j;
+    pthread_mutex_unlock(&rt->work_lock);
+
+    double end = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
+    pthread_mutex_lock(&w.lock);
+    while (!w.done && hkl_now_ms() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 5 * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&w.cond, &w.lock, &ts);
+    }
+    int done = w.done;
+    pthread_mutex_unlock(&w.lock);
+    int err = w.err;
+    if (!done) {
+        /* No safe point came in time. Take the job back unless one is
+         * staging it right now, in which case its outcome is near. */
+        int taken = 0;
+        pthread_mutex_lock(&rt->work_lock);
+        for (pp = &rt->pending; *pp; pp = &(*pp)->next)
+            if (*pp == j) {
+                *pp = j->next;
+                taken = 1;
+                break;
+            }
+        pthread_mutex_unlock(&rt->work_lock);
+        if (taken) {
+            j->waiter = NULL;
+            err = hkl_swap_built(rt, j, 0, r);
+        } else {
+            pthread_mutex_lock(&w.lock);
+            while (!w.done)
+                pthread_cond_wait(&w.cond, &w.lock);
+            err = w.err;
+            pthread_mutex_unlock(&w.lock);
+        }
+    }
+    pthread_mutex_destroy(&w.lock);
+    pthread_cond_destroy(&w.cond);
+    return err;
+}
+
 int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
             const hk_swap_options *opt, hk_report *rep) {
     if (rep)
         hk_report_clear(rep);
-    if (!rt || (opt && opt->stage != HK_STAGE_NOW)) {
-        hkl_report_set(rep, HK_ERR_INVALID, "hk_swap stages now; use hk_submit for safe points");
+    if (!rt)
+        return HK_ERR_INVALID;
+    int on_sp_thread = 0;
+    hk_stage_mode stage = resolve_stage(rt, opt ? opt->stage : HK_STAGE_AUTO, &on_sp_thread);
+    if (stage == HK_STAGE_AT_SAFE_POINT && on_sp_thread) {
+        hkl_report_set(rep, HK_ERR_INVALID,
+                       "hk_swap for a safe point from the thread that calls hk_safe_point "
+                       "would wait for itself: use HK_STAGE_AUTO or hk_submit");
         return HK_ERR_INVALID;
     }
     hkl_job *j;
@@ -757,6 +831,8 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
     if (err < 0) {
         count(rt, 0, 0, r);
         hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, r);
+    } else if (stage == HK_STAGE_AT_SAFE_POINT) {
+        err = swap_at_safe_point(rt, j, r);
     } else {
         err = hkl_swap_built(rt, j, 0, r);
     }
@@ -877,6 +953,23 @@ out:
 
 /* ---- the worker and safe points ---------------------------------------- */
 
+/* Gives a waiting hk_swap its outcome; rep (may be NULL) is moved into the
+ * waiter's report. The job must not be touched afterwards. */
+static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
+    pthread_mutex_lock(&w->lock);
+    if (rep && w->rep) {
+        hk_report_clear(w->rep);
+        *w->rep = *rep;
+        memset(rep, 0, sizeof *rep);
+    } else if (w->rep) {
+        hkl_report_set(w->rep, err, "%s", hk_strerror(err));
+    }
+    w->err = err;
+    w->done = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
 static void *worker_main(void *arg) {
     hk_runtime *rt = arg;
     pthread_mutex_lock(&rt->work_lock);
@@ -899,7 +992,7 @@ static void *worker_main(void *arg) {
             count(rt, 0, 0, &rep);
             hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
                      &rep);
-        } else if (j->opt.stage == HK_STAGE_AT_SAFE_POINT) {
+        } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
             deferred = 1;
         } else {
             hkl_swap_built(rt, j, 0, &rep);
@@ -908,9 +1001,10 @@ static void *worker_main(void *arg) {
 
         pthread_mutex_lock(&rt->work_lock);
         if (deferred) {
-            /* A newer build of the same module replaces a pending one. */
+            /* A newer build of the same module replaces a pending one (not
+             * one a synchronous hk_swap waits for: that one gets its outcome). */
             hkl_job **pp = &rt->pending;
-            while (*pp && strcmp((*pp)->name, j->name))
+            while (*pp && (strcmp((*pp)->name, j->name) || (*pp)->waiter))
                 pp = &(*pp)->next;
             if (*pp) {
                 hkl_job *stale = *pp;
@@ -921,6 +1015,8 @@ static void *worker_main(void *arg) {
                 hkl_job_free(stale);
                 pthread_mutex_lock(&rt->work_lock);
             } else {
+                while (*pp)
+                    pp = &(*pp)->next;
                 j->next = NULL;
                 *pp = j;
             }
@@ -955,7 +1051,10 @@ void hkl_worker_stop(hk_runtime *rt) {
     for (int i = 0; i < 2; i++)
         while (lists[i]) {
             hkl_job *n = lists[i]->next;
-            hkl_job_free(lists[i]);
+            if (lists[i]->waiter)
+                finish_waiter(lists[i]->waiter, HK_ERR_CLOSED, NULL);
+            else
+                hkl_job_free(lists[i]);
             lists[i] = n;
         }
     rt->jobs = rt->jobs_tail = rt->pending = NULL;
@@ -988,20 +1087,28 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
 int hk_safe_point(hk_runtime *rt) {
     if (!rt)
         return HK_ERR_INVALID;
-    hkl_reclaim_deferred(rt);
     pthread_mutex_lock(&rt->work_lock);
+    rt->safe_points_seen = 1;
+    rt->safe_point_thread = pthread_self();
     hkl_job *list = rt->pending;
     rt->pending = NULL;
     pthread_mutex_unlock(&rt->work_lock);
+    hkl_reclaim_deferred(rt);
     int committed = 0;
     while (list) {
         hkl_job *j = list;
         list = j->next;
         hk_report rep = {0};
-        if (hkl_swap_built(rt, j, 0, &rep) == 0)
-            committed++;
-        hk_report_clear(&rep);
-        hkl_job_free(j);
+        j->at_safe_point = 1;
+        int err = hkl_swap_built(rt, j, 0, &rep);
+        committed += err == 0;
+        if (j->waiter) {
+            /* The waiting hk_swap owns the job and takes the report. */
+            finish_waiter(j->waiter, err, &rep);
+        } else {
+            hk_report_clear(&rep);
+            hkl_job_free(j);
+        }
     }
     return committed;
 }

@@ -7,9 +7,11 @@
  * configuration the endpoint and the puller take, and picks the default
  * state directories.
  *
- * The swap is synchronous (hk_swap with HK_STAGE_NOW) because a pusher waits
- * for the outcome and the puller must know it before recording the release
- * as accepted.
+ * The swap is synchronous (hk_swap) because a pusher waits for the outcome
+ * and the puller must know it before recording the release as accepted. Its
+ * stage mode is the template's (HK_STAGE_AUTO by default): in a program that
+ * calls hk_safe_point, hk_swap waits for the next safe point, so a push never
+ * stalls the program's launches.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -49,7 +51,6 @@ static int apply_swap(void *ud, const char *module, uint64_t version, hk_format 
     snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
     o.format = fmt;
     o.origin = origin;
-    o.stage = HK_STAGE_NOW;
     o.source_name = src;
     return hk_swap(ad->rt, module, bytes, size, &o, rep);
 }

@@ -142,10 +142,6 @@ START_TEST(argument_checks) {
     ck_assert_int_eq(hk_kernel_get(rt, "nomodule", "step", &k), HK_ERR_NOT_FOUND);
     ck_assert_int_eq(hk_kernel_get(NULL, "m", "step", &k), HK_ERR_INVALID);
     ck_assert_int_eq(hk_rollback(rt, "nomodule", NULL), HK_ERR_NOT_FOUND);
-    hk_swap_options so;
-    hk_swap_options_init(&so);
-    so.stage = HK_STAGE_AT_SAFE_POINT;
-    ck_assert_int_eq(hk_swap(rt, "m", "x", 1, &so, NULL), HK_ERR_INVALID);
     hk_runtime_destroy(NULL);
     hk_report_clear(NULL);
     hk_unpin(NULL);
@@ -640,6 +636,81 @@ START_TEST(submit_and_safe_point) {
 }
 END_TEST
 
+static int swap_thread_result;
+static uint64_t swap_thread_version;
+static const char *swap_thread_src;
+static void *swap_thread(void *arg) {
+    (void)arg;
+    hk_report rep = {0};
+    swap_thread_result = hk_swap(rt, "sim", swap_thread_src, strlen(swap_thread_src), NULL, &rep);
+    swap_thread_version = rep.version;
+    hk_report_clear(&rep);
+    return NULL;
+}
+
+START_TEST(auto_stage_follows_safe_points) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep); /* no safe point yet: staged at once */
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(hk_safe_point(rt), 0); /* this thread now runs the program's frames */
+    /* From this thread, AUTO stages at once (waiting would wait for itself)... */
+    swap_ok("sim", ptx(2, 0, 0, 0), &rep);
+    ck_assert_int_eq(launch_tag(k), 2);
+    /* ...and an explicit safe-point hk_swap from it is refused. */
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_AT_SAFE_POINT;
+    const char *x = ptx(9, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "sim", x, strlen(x), &so, &rep), HK_ERR_INVALID);
+    /* From another thread, hk_swap waits for this thread's next safe point. */
+    int loads = fake_calls("cuLibraryLoadData");
+    swap_thread_src = ptx(3, 0, 0, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, swap_thread, NULL);
+    usleep(200000);
+    ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads); /* nothing staged yet */
+    ck_assert_int_eq(launch_tag(k), 2);
+    int committed = 0;
+    for (int i = 0; i < 200 && !committed; i++) {
+        committed = hk_safe_point(rt);
+        usleep(1000);
+    }
+    pthread_join(t, NULL);
+    ck_assert_int_eq(committed, 1);
+    ck_assert_int_eq(swap_thread_result, 0);
+    ck_assert_uint_eq(swap_thread_version, 3);
+    ck_assert_int_eq(launch_tag(k), 3);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(auto_stage_falls_back_without_safe_points) {
+    hk_runtime_destroy(rt);
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.safe_point_wait_ms = 100;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    ck_assert_int_eq(hk_safe_point(rt), 0); /* frames once... then they stop */
+    swap_thread_src = ptx(2, 0, 0, 0);
+    pthread_t t;
+    double t0 = hkl_now_ms();
+    pthread_create(&t, NULL, swap_thread, NULL);
+    pthread_join(t, NULL);
+    double waited = hkl_now_ms() - t0;
+    ck_assert_int_eq(swap_thread_result, 0); /* staged at once after the wait */
+    ck_assert_uint_eq(swap_thread_version, 2);
+    ck_assert_msg(waited >= 90, "did not wait for a safe point (%.0f ms)", waited);
+    ck_assert_int_eq(hk_safe_point(rt), 0); /* nothing left behind */
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* ---- concurrency --------------------------------------------------------- */
 
 static atomic_int stop_flag;
@@ -716,6 +787,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, graph_retargeted_on_commit);
     tcase_add_test(tc, two_devices_all_or_nothing);
     tcase_add_test(tc, submit_and_safe_point);
+    tcase_add_test(tc, auto_stage_follows_safe_points);
+    tcase_add_test(tc, auto_stage_falls_back_without_safe_points);
     tcase_add_test(tc, swaps_under_concurrent_launches);
     suite_add_tcase(s, tc);
     return s;

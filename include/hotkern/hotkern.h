@@ -134,6 +134,9 @@ typedef enum hk_ptx_mode {
 typedef enum hk_stage_mode {
     HK_STAGE_NOW = 0,           /* inside hk_swap / on the worker thread */
     HK_STAGE_AT_SAFE_POINT = 1, /* in the next hk_safe_point() call */
+    HK_STAGE_AUTO = 2,          /* the default: at safe points once the program
+                                 * has called hk_safe_point (from another thread
+                                 * than the swapping one), else now */
 } hk_stage_mode;
 
 /* Swap outcomes and other events, for hk_event_cb. */
@@ -179,6 +182,8 @@ typedef struct hk_options {
     uint64_t cache_max_bytes; /* default 256 MiB */
     hk_event_cb on_event;
     void *userdata; /* passed to on_event and check callbacks */
+    int safe_point_wait_ms; /* how long hk_swap waits for a safe point before
+                             * staging at once; default 2000 */
 } hk_options;
 
 /* Fills o with the defaults above. */
@@ -218,7 +223,7 @@ typedef struct hk_swap_options {
     const char *source_name;  /* for compiler messages, e.g. the path */
     int accept_layout_change; /* 1: a changed parameter layout is allowed */
     int carry_globals;        /* default 1: copy same-named globals */
-    hk_stage_mode stage;      /* default HK_STAGE_NOW */
+    hk_stage_mode stage;      /* default HK_STAGE_AUTO */
     hk_check_cb check;        /* optional */
     const char *origin;       /* for events; default "api" */
 } hk_swap_options;
@@ -228,15 +233,20 @@ HK_API void hk_swap_options_init(hk_swap_options *o);
 /* Builds, stages, validates and commits a new version of module `name` from
  * `size` bytes at `image` (copied; the caller keeps ownership). The first
  * version of a name creates the module. Synchronous; safe from any thread;
- * swaps of one runtime are serialised. With opt->stage ==
- * HK_STAGE_AT_SAFE_POINT it returns HK_ERR_INVALID: use hk_submit.
+ * swaps of one runtime are serialised. The build runs on the calling thread;
+ * staging at a safe point (HK_STAGE_AT_SAFE_POINT, or HK_STAGE_AUTO in a
+ * program that calls hk_safe_point) waits for the next hk_safe_point() on
+ * another thread, up to options.safe_point_wait_ms, then stages at once.
+ * HK_STAGE_AT_SAFE_POINT from the thread that calls hk_safe_point returns
+ * HK_ERR_INVALID (it would wait for itself).
  * On failure the running version is untouched and rep says why.
  * On success rep->version is the new version number (monotonic per module). */
 HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
                    const hk_swap_options *opt, hk_report *rep);
 
 /* As hk_swap, but returns at once: a worker thread builds the version, then
- * stages and commits it (HK_STAGE_NOW) or leaves it for hk_safe_point().
+ * stages and commits it (HK_STAGE_NOW, or AUTO before any safe point) or
+ * leaves it for hk_safe_point().
  * The outcome arrives through on_event. Safe from any thread. */
 HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
                      const hk_swap_options *opt);
