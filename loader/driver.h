@@ -72,7 +72,7 @@
     X(CtxGetDevice, cuCtxGetDevice, PFN_cuCtxGetDevice_v13000)                                     \
     X(CtxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v13000)
 
-#define HKL_DRIVER_FIELD(field, sym) __typeof__(sym) *field;
+#define HKL_DRIVER_FIELD(field, sym)             __typeof__(sym) *field;
 #define HKL_DRIVER_FIELD_TYPED(field, sym, type) type field;
 
 typedef struct hkl_driver {

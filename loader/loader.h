@@ -208,12 +208,12 @@ struct hk_runtime {
     pthread_mutex_t work_lock;
     pthread_cond_t work_cond;
     pthread_cond_t idle_cond;
-    hkl_job *jobs, *jobs_tail; /* work_lock: to build */
-    hkl_job *pending;          /* work_lock: built, waiting for a safe point */
-    int busy;                  /* work_lock: jobs taken but not finished */
-    int work_stop;             /* work_lock */
-    int safe_points_seen;         /* work_lock: hk_safe_point was called */
-    pthread_t safe_point_thread;  /* work_lock: its latest caller */
+    hkl_job *jobs, *jobs_tail;   /* work_lock: to build */
+    hkl_job *pending;            /* work_lock: built, waiting for a safe point */
+    int busy;                    /* work_lock: jobs taken but not finished */
+    int work_stop;               /* work_lock */
+    int safe_points_seen;        /* work_lock: hk_safe_point was called */
+    pthread_t safe_point_thread; /* work_lock: its latest caller */
     pthread_t worker;
     int worker_started;
 

@@ -14,7 +14,7 @@
 #include "loader/driver.h"
 #include "tests/harness.h"
 
-#define NAME(field, sym) #sym,
+#define NAME(field, sym)             #sym,
 #define NAME_TYPED(field, sym, type) #sym,
 static const char *plain[] = {HKL_DRIVER_ENTRIES(NAME)};
 static const char *typed[] = {HKL_DRIVER_ENTRIES_TYPED(NAME_TYPED)};

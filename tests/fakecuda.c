@@ -668,7 +668,7 @@ static CUresult f_GraphLaunch(CUgraphExec e, CUstream s) {
 
 const hkl_driver *fake_driver(void) {
     static hkl_driver d;
-#define FAKE_BIND(field, sym) d.field = f_##field;
+#define FAKE_BIND(field, sym)             d.field = f_##field;
 #define FAKE_BIND_TYPED(field, sym, type) d.field = f_##field;
     HKL_DRIVER_ENTRIES(FAKE_BIND)
     HKL_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)

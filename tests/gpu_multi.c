@@ -51,8 +51,7 @@ static void tags_on_both(hk_kernel *k, int *out0, int *out1) {
         CK_CUDA(cudaMalloc((void **)&dp, sizeof(int)));
         void *args[] = {&dp};
         int cu = 0;
-        ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, s, args, &cu),
-                         0);
+        ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, s, args, &cu), 0);
         int h = -1;
         CK_CUDA(cudaMemcpyAsync(&h, dp, sizeof h, cudaMemcpyDeviceToHost, s));
         CK_CUDA(cudaStreamSynchronize(s));

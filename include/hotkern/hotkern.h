@@ -181,7 +181,7 @@ typedef struct hk_options {
                                * "" disables the cache */
     uint64_t cache_max_bytes; /* default 256 MiB */
     hk_event_cb on_event;
-    void *userdata; /* passed to on_event and check callbacks */
+    void *userdata;         /* passed to on_event and check callbacks */
     int safe_point_wait_ms; /* how long hk_swap waits for a safe point before
                              * staging at once; default 2000 */
 } hk_options;
