@@ -545,22 +545,34 @@ out:
 
 /* ---- status and rollback ----------------------------------------------- */
 
-int hkc_cmd_status(int argc, char **argv) {
+/* Parses the options status and rollback share. Returns -1 to go on, or
+ * the exit status (help shown: 0, bad option: 2). */
+static int parse_http_cmd(const char *cmd, const char *help, int argc, char **argv,
+                          struct http_opts *ho) {
     static const struct option lo[] = {{"help", no_argument, 0, 'h'}, HTTP_LONGOPTS, {0, 0, 0, 0}};
-    struct http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 30};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (http_opt(c, &ho))
+        if (http_opt(c, ho))
             continue;
         if (c == 'h') {
-            printf("usage: hotkern status URL [--token T]\n\n"
-                   "Prints GET URL/v1/status: each module's release and engine versions and\n"
-                   "its last outcome, message and build log.\n" HTTP_HELP);
+            fputs(help, stdout);
             return 0;
         }
-        return usage_error("status", "bad option");
+        return usage_error(cmd, "bad option");
     }
+    return -1;
+}
+
+int hkc_cmd_status(int argc, char **argv) {
+    struct http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 30};
+    int done = parse_http_cmd("status",
+                              "usage: hotkern status URL [--token T]\n\n"
+                              "Prints GET URL/v1/status: each module's release and engine "
+                              "versions and\nits last outcome, message and build log.\n" HTTP_HELP,
+                              argc, argv, &ho);
+    if (done >= 0)
+        return done;
     if (optind != argc - 1)
         return usage_error("status", "URL is required");
     char *url = route_url(argv[optind], "/v1/status");
@@ -582,22 +594,15 @@ int hkc_cmd_status(int argc, char **argv) {
 }
 
 int hkc_cmd_rollback(int argc, char **argv) {
-    static const struct option lo[] = {{"help", no_argument, 0, 'h'}, HTTP_LONGOPTS, {0, 0, 0, 0}};
     struct http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (http_opt(c, &ho))
-            continue;
-        if (c == 'h') {
-            printf("usage: hotkern rollback URL MODULE [--token T]\n\n"
-                   "Asks the endpoint at URL to commit MODULE's previous image again\n"
-                   "(POST URL/v1/rollback/MODULE) and prints the outcome.\n" HTTP_HELP
-                   "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n");
-            return 0;
-        }
-        return usage_error("rollback", "bad option");
-    }
+    int done = parse_http_cmd("rollback",
+                              "usage: hotkern rollback URL MODULE [--token T]\n\n"
+                              "Asks the endpoint at URL to commit MODULE's previous image again\n"
+                              "(POST URL/v1/rollback/MODULE) and prints the outcome.\n" HTTP_HELP
+                              "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n",
+                              argc, argv, &ho);
+    if (done >= 0)
+        return done;
     if (optind != argc - 2)
         return usage_error("rollback", "URL and MODULE are required");
     char path[128];
