@@ -156,12 +156,7 @@ uint64_t hk_pin_version(const hk_pin *p) {
 void hk_unpin(hk_pin *p) {
     if (!p)
         return;
-    hk_runtime *rt = p->rt;
-    atomic_fetch_sub(&p->v->pins, 1);
-    /* The version may be waiting for this pin to go. */
-    pthread_mutex_lock(&rt->rec_lock);
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    hkl_version_unpin(p->rt, p->v);
     free(p);
 }
 
@@ -225,22 +220,44 @@ static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report 
     return r == CUDA_SUCCESS ? 0 : hkl_report_cu(rep, rt, r, "cuGraphExecKernelNodeSetParams");
 }
 
+void hkl_version_unpin(hk_runtime *rt, hkl_version *v) {
+    atomic_fetch_sub(&v->pins, 1);
+    /* The version may be waiting for this pin to go. */
+    pthread_mutex_lock(&rt->rec_lock);
+    pthread_cond_signal(&rt->rec_cond);
+    pthread_mutex_unlock(&rt->rec_lock);
+}
+
 /* Points every registered node of module m at version v. swap_lock held. A
- * node that cannot be retargeted is reported; the commit stands (the graph
- * keeps the old code, which stays loaded only until reclaim: the report says
- * so, and the application should rebuild that graph). */
-int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hk_report *rep) {
+ * node that cannot be retargeted keeps running `old` (or whatever it ran
+ * before), so that version is pinned for it until a later retarget succeeds
+ * or the graph is unregistered; the commit stands and the report says so. */
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
+                        hk_report *rep) {
     int err = 0;
     pthread_rwlock_wrlock(&rt->graph_lock);
-    for (hkl_graph *g = rt->graphs; g; g = g->next)
-        if (g->k->mod == m) {
-            hk_report local = {0};
-            int e = retarget_one(rt, g, v, &local);
-            if (e < 0 && !err) {
-                err = e;
-                hkl_report_set(rep, 0, "graph node not retargeted: %s", local.message);
+    for (hkl_graph *g = rt->graphs; g; g = g->next) {
+        if (g->k->mod != m)
+            continue;
+        hk_report local = {0};
+        int e = retarget_one(rt, g, v, &local);
+        if (e < 0) {
+            if (!g->held && old) {
+                atomic_fetch_add(&old->pins, 1);
+                g->held = old;
             }
+            if (!err) {
+                err = e;
+                hkl_report_set(rep, 0,
+                               "a registered graph still runs version %llu (%s); it stays "
+                               "loaded until the graph is retargeted or unregistered",
+                               (unsigned long long)(g->held ? g->held->number : 0), local.message);
+            }
+        } else if (g->held) {
+            hkl_version_unpin(rt, g->held);
+            g->held = NULL;
         }
+    }
     pthread_rwlock_unlock(&rt->graph_lock);
     return err;
 }
@@ -283,11 +300,14 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
     if (!rt || !exec)
         return HK_ERR_INVALID;
     int found = 0;
+    pthread_mutex_lock(&rt->swap_lock); /* g->held */
     pthread_rwlock_wrlock(&rt->graph_lock);
     for (hkl_graph **pp = &rt->graphs; *pp;) {
         if ((*pp)->exec == (CUgraphExec)exec) {
             hkl_graph *g = *pp;
             *pp = g->next;
+            if (g->held)
+                hkl_version_unpin(rt, g->held);
             free(g);
             found = 1;
         } else {
@@ -295,6 +315,7 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
         }
     }
     pthread_rwlock_unlock(&rt->graph_lock);
+    pthread_mutex_unlock(&rt->swap_lock);
     return found ? 0 : HK_ERR_NOT_FOUND;
 }
 

@@ -55,7 +55,7 @@ typedef struct hkl_device {
 typedef struct hkl_tslot {
     /* One cache line per slot: launching threads never share a line. */
     _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
-    _Atomic int in_use;                   /* 1 while a thread owns the slot */
+    _Atomic int in_use;                   /* free / owned / orphaned: reclaim.c */
     struct hkl_tslot *next;               /* immutable once published on rt->slots */
     hk_runtime *rt;
 } hkl_tslot;
@@ -111,7 +111,8 @@ struct hkl_module {
     _Atomic(hkl_version *) current; /* written under swap_lock */
     /* swap_lock: */
     uint64_t last_version;
-    hkl_image *hist; /* ring of kept images, newest last */
+    uint64_t last_seq; /* submission order of the last committed job */
+    hkl_image *hist;   /* ring of kept images, newest last */
     int nhist;
     hk_kernel **kernels;
     int nkernels, capkernels;
@@ -142,6 +143,8 @@ struct hkl_graph {
     hk_kernel *k;
     int dev_slot;
     CUDA_KERNEL_NODE_PARAMS params; /* as read at registration */
+    hkl_version *held;              /* swap_lock: version the node still runs after a failed
+                                     * retarget, pinned until a retarget succeeds */
     hkl_graph *next;                /* graph_lock (write) */
 };
 
@@ -167,6 +170,8 @@ struct hkl_job {
     hkp_artifact art; /* after build */
     int built;
     int at_safe_point;  /* staged inside hk_safe_point */
+    uint64_t seq;       /* submission order (0: none); an older job never
+                         * replaces a newer committed one */
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
@@ -190,6 +195,7 @@ struct hk_runtime {
     hkl_graph *graphs;           /* graph_lock */
     uint64_t id;                 /* immutable: unique per runtime in the process */
     int asym_fence;              /* immutable: membarrier(2) orders launch entries */
+    _Atomic uint64_t job_seq;    /* submission counter for jobs */
 
     /* launch-side epochs */
     _Atomic uint64_t epoch;
@@ -243,14 +249,17 @@ void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t o
               const char *origin, const hk_report *rep);
 int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
 int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
-void hkl_unload_version(hk_runtime *rt, hkl_version *v);
+void hkl_unload_version(hk_runtime *rt, hkl_version *v, CUcontext ctx0);
 void hkl_version_free(hkl_version *v);
+void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 const char *hkl_entry_name(const hkl_version *v, const char *name);
 int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
 void hkl_layout_free(hkl_param_layout *l);
 
 /* launch.c */
-int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hk_report *rep);
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
+                        hk_report *rep);
+void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
 void hkl_graphs_free(hk_runtime *rt);
 
 /* reclaim.c: the launch side's epoch announcement */
@@ -273,7 +282,9 @@ static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
     if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))
         if (!(s = hkl_slot_acquire(rt)))
             return NULL;
-    uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_relaxed);
+    /* Acquire keeps this load before the load of `current` on weakly ordered
+     * machines (free on x86). */
+    uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
     if (__builtin_expect(rt->asym_fence, 1)) {
         atomic_store_explicit(&s->active, e, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);

@@ -35,13 +35,25 @@ __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
 static pthread_key_t slot_key;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
 
-/* Thread exit: give the cached slot back for another thread to reuse. */
-static void slot_release(void *arg) {
-    (void)arg;
-    if (hkl_tls.slot)
-        atomic_store(&hkl_tls.slot->in_use, 0);
+/* Slot ownership, in `in_use`: 0 free (reusable by any thread of the
+ * runtime), 1 owned by the thread whose hkl_tls points at it, 2 orphaned: the
+ * runtime was destroyed while a thread still owned it, and that thread frees
+ * it when it lets go (at exit, or when it next launches on another runtime). */
+enum { SLOT_FREE = 0, SLOT_OWNED = 1, SLOT_ORPHANED = 2 };
+
+/* This thread lets go of its cached slot. */
+static void slot_let_go(void) {
+    hkl_tslot *s = hkl_tls.slot;
     hkl_tls.slot = NULL;
     hkl_tls.rt_id = 0;
+    if (s && atomic_exchange(&s->in_use, SLOT_FREE) == SLOT_ORPHANED)
+        free(s);
+}
+
+/* Thread exit. */
+static void slot_release(void *arg) {
+    (void)arg;
+    slot_let_go();
 }
 
 static void slot_key_create(void) {
@@ -50,14 +62,15 @@ static void slot_key_create(void) {
 
 hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
     pthread_once(&slot_key_once, slot_key_create);
-    /* This thread switches runtimes: its slot in the other one is free now
-     * (it is not inside a launch while it is here). Runtimes are looked up by
-     * id, so a destroyed runtime's slot is never touched again. */
-    hkl_tls.slot = NULL;
+    /* The thread launches on another runtime than last time: its old slot is
+     * free now (it is not inside a launch while it is here). Runtimes are
+     * told apart by id, so a destroyed runtime's slot is never used again. */
+    slot_let_go();
     hkl_tslot *s;
     for (s = atomic_load(&rt->slots); s; s = s->next) {
-        int expect = 0;
-        if (atomic_load(&s->in_use) == 0 && atomic_compare_exchange_strong(&s->in_use, &expect, 1))
+        int expect = SLOT_FREE;
+        if (atomic_load(&s->in_use) == SLOT_FREE &&
+            atomic_compare_exchange_strong(&s->in_use, &expect, SLOT_OWNED))
             break;
     }
     if (!s) {
@@ -65,7 +78,7 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
             return NULL;
         memset(s, 0, sizeof *s);
         atomic_init(&s->active, 0);
-        atomic_init(&s->in_use, 1);
+        atomic_init(&s->in_use, SLOT_OWNED);
         s->rt = rt;
         hkl_tslot *head = atomic_load(&rt->slots);
         do
@@ -79,17 +92,17 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
 }
 
 void hkl_slots_free(hk_runtime *rt) {
+    if (hkl_tls.rt_id == rt->id)
+        slot_let_go();
     hkl_tslot *s = atomic_load(&rt->slots);
     while (s) {
         hkl_tslot *n = s->next;
-        free(s);
+        /* A slot another thread still holds is left for it to free. */
+        if (atomic_exchange(&s->in_use, SLOT_ORPHANED) == SLOT_FREE)
+            free(s);
         s = n;
     }
     atomic_store(&rt->slots, NULL);
-    if (hkl_tls.rt_id == rt->id) {
-        hkl_tls.slot = NULL;
-        hkl_tls.rt_id = 0;
-    }
 }
 
 void hkl_retire(hk_runtime *rt, hkl_version *v) {
@@ -165,7 +178,7 @@ static int unload_list(hk_runtime *rt, hkl_version *ready, int final) {
         char name[HKL_NAME_MAX];
         snprintf(name, sizeof name, "%s", v->mod->name);
         uint64_t num = v->number;
-        hkl_unload_version(rt, v);
+        hkl_unload_version(rt, v, ctx[0]);
         hkl_version_free(v);
         n++;
         if (!final)
@@ -197,7 +210,13 @@ static int reclaim_pass(hk_runtime *rt, int final) {
     }
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
-    if (list && !final)
+    /* A retired version's pin count only goes down: pinned ones are not
+     * candidates yet, and the fence (an interrupt on every CPU running one of
+     * the program's threads) is paid only when some version could go. */
+    int candidates = 0, pinned_only = 1;
+    for (hkl_version *v = list; v; v = v->next)
+        candidates += atomic_load(&v->pins) == 0;
+    if (candidates && !final)
         heavy_fence(rt);
     while (list) {
         hkl_version *v = list;
@@ -205,8 +224,10 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         hkl_version **to = &keep;
         if (final)
             to = &ready;
-        else if (grace_over(rt, v))
+        else if (atomic_load(&v->pins) == 0 && grace_over(rt, v))
             to = v->unload_at_safe_point ? &defer : &ready;
+        if (to == &keep && atomic_load(&v->pins) == 0)
+            pinned_only = 0;
         v->next = *to;
         *to = v;
     }
@@ -224,7 +245,9 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         v->next = rt->unload_ready;
         rt->unload_ready = v;
     }
-    int left = rt->retired != NULL;
+    /* 1: versions wait for a launch to end (poll soon); 2: only for pins
+     * (hk_unpin wakes this thread; poll slowly). */
+    int left = rt->retired == NULL ? 0 : pinned_only ? 2 : 1;
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     return left;
@@ -256,8 +279,9 @@ static void *reclaim_main(void *arg) {
         if (!rt->rec_stop && !rt->retired)
             timed_wait(&rt->rec_cond, &rt->rec_lock, 100);
         else if (!rt->rec_stop && left)
-            /* Versions wait for a launch or a pin to finish: poll briefly. */
-            timed_wait(&rt->rec_cond, &rt->rec_lock, 1);
+            /* Versions wait for a launch to finish (poll briefly) or for a
+             * pin, whose release signals rec_cond. */
+            timed_wait(&rt->rec_cond, &rt->rec_lock, left == 2 ? 50 : 1);
         int stop = rt->rec_stop;
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)

@@ -85,6 +85,8 @@ const char *hk_strerror(int err) {
         return "timed out";
     case HK_ERR_CONTEXT_RESET:
         return "CUDA context was reset";
+    case HK_ERR_SUPERSEDED:
+        return "a newer version was committed first";
     default:
         return "unknown error";
     }
@@ -241,6 +243,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     rt->opt.devices = NULL;
     rt->ndev = ndev;
     atomic_init(&rt->epoch, 1);
+    atomic_init(&rt->job_seq, 0);
     atomic_init(&rt->slots, NULL);
     static _Atomic uint64_t next_id = 1;
     rt->id = atomic_fetch_add(&next_id, 1);
@@ -325,18 +328,11 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
 static void module_free(hk_runtime *rt, hkl_module *m) {
     hkl_version *v = atomic_load(&m->current);
     if (v) {
-        hkl_unload_version(rt, v);
+        hkl_unload_version(rt, v, rt->dev[0].ctx);
         hkl_version_free(v);
     }
-    for (int i = 0; i < m->nhist; i++) {
-        free(m->hist[i].data);
-        for (int j = 0; j < m->hist[i].nexpr; j++) {
-            free(m->hist[i].expr[j]);
-            free(m->hist[i].lowered[j]);
-        }
-        free(m->hist[i].expr);
-        free(m->hist[i].lowered);
-    }
+    for (int i = 0; i < m->nhist; i++)
+        hkl_image_clear(&m->hist[i]);
     free(m->hist);
     for (int i = 0; i < m->nkernels; i++) {
         hk_kernel *k = m->kernels[i];
@@ -410,6 +406,11 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
 /* 1 when device slot i's context is no longer the one we attached to. */
 static int context_was_reset(hk_runtime *rt, int i) {
     const hkl_driver *d = rt->drv;
+    /* A context the application created and made current is its own: we hold
+     * no retain on the primary context then (so that one may well be
+     * inactive), and must never swap the application's context for it. */
+    if (rt->dev[i].retains == 0)
+        return 0;
     unsigned flags = 0;
     int active = 0;
     unsigned long long id = 0;
@@ -455,16 +456,30 @@ int hkl_check_reset(hk_runtime *rt) {
             nv->size = old->size;
             atomic_init(&nv->fn, NULL);
             atomic_init(&nv->cap, 0);
+            atomic_init(&nv->pins, 0);
             if (hkl_load_version(rt, nv, &rep) < 0) {
                 hkl_version_free(nv);
                 hk_report_clear(&rep);
                 continue;
             }
+            /* The old version is dead: its metadata (name expressions,
+             * globals, kernel layouts) moves to the reloaded one. */
+            nv->nexpr = old->nexpr;
+            nv->expr = old->expr;
+            nv->lowered = old->lowered;
+            nv->nglobals = old->nglobals;
+            nv->globals = old->globals;
+            nv->nentries = old->nentries;
+            nv->entries = old->entries;
+            old->nexpr = old->nglobals = old->nentries = 0;
+            old->expr = old->lowered = NULL;
+            old->globals = NULL;
+            old->entries = NULL;
             int ok = 1;
             for (int k = 0; k < m->nkernels && ok; k++)
                 ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
             if (!ok) {
-                hkl_unload_version(rt, nv);
+                hkl_unload_version(rt, nv, rt->dev[0].ctx);
                 hkl_version_free(nv);
                 hk_report_clear(&rep);
                 continue;
@@ -472,8 +487,22 @@ int hkl_check_reset(hk_runtime *rt) {
             atomic_store(&m->current, nv);
             memset(old->cumod, 0, sizeof old->cumod); /* dead: nothing to unload */
             hkl_retire(rt, old);
+            pthread_mutex_lock(&rt->stats_lock);
+            rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
+            pthread_mutex_unlock(&rt->stats_lock);
         }
         hk_report_clear(&rep);
+    }
+    if (rt->opt.loader == HK_LOADER_MODULE) {
+        /* Versions already waiting for reclaim hold dead modules too: there
+         * is nothing to unload in the new context (a recycled handle value
+         * could even name live code). */
+        pthread_mutex_lock(&rt->rec_lock);
+        hkl_version *lists[2] = {rt->retired, rt->unload_ready};
+        for (int l = 0; l < 2; l++)
+            for (hkl_version *v = lists[l]; v; v = v->next)
+                memset(v->cumod, 0, sizeof v->cumod);
+        pthread_mutex_unlock(&rt->rec_lock);
     }
     pthread_mutex_lock(&rt->stats_lock);
     rt->stats.context_resets++;

@@ -160,12 +160,14 @@ out:
     return err;
 }
 
-void hkl_unload_version(hk_runtime *rt, hkl_version *v) {
+/* ctx0: device slot 0's context, read by the caller under swap_lock (reset
+ * recovery may replace it). */
+void hkl_unload_version(hk_runtime *rt, hkl_version *v, CUcontext ctx0) {
     if (v->lib) {
         rt->drv->LibraryUnload(v->lib);
         v->lib = NULL;
     }
-    if (v->cumod[0] && hkl_ctx_push(rt, 0) == 0) {
+    if (v->cumod[0] && rt->drv->CtxPushCurrent(ctx0) == CUDA_SUCCESS) {
         rt->drv->ModuleUnload(v->cumod[0]);
         hkl_ctx_pop(rt);
     }
@@ -426,32 +428,38 @@ static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_r
 }
 
 /* Adds image to the module's history ring (rollback pops instead). */
+void hkl_image_clear(hkl_image *im) {
+    free(im->data);
+    free_strv(im->expr, im->nexpr);
+    free_strv(im->lowered, im->nexpr);
+    memset(im, 0, sizeof *im);
+}
+
+/* Adds v's image to the module's history ring (rollback pops instead). The
+ * copy is made first, so a failure leaves the history as it was. */
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
+    hkl_image im = {.size = v->size, .format = v->format, .version = v->number, .nexpr = v->nexpr};
+    im.data = malloc(v->size);
+    im.expr = dup_strv((const char *const *)v->expr, v->nexpr);
+    im.lowered = dup_strv((const char *const *)v->lowered, v->nexpr);
+    if (!im.data || (v->nexpr > 0 && (!im.expr || !im.lowered))) {
+        hkl_image_clear(&im);
+        return HK_ERR_NOMEM;
+    }
+    memcpy(im.data, v->image, v->size);
     if (m->nhist == rt->opt.history) {
-        free(m->hist[0].data);
-        free_strv(m->hist[0].expr, m->hist[0].nexpr);
-        free_strv(m->hist[0].lowered, m->hist[0].nexpr);
+        hkl_image_clear(&m->hist[0]);
         memmove(m->hist, m->hist + 1, (size_t)(m->nhist - 1) * sizeof *m->hist);
         m->nhist--;
     } else {
         hkl_image *h = realloc(m->hist, (size_t)(m->nhist + 1) * sizeof *h);
-        if (!h)
+        if (!h) {
+            hkl_image_clear(&im);
             return HK_ERR_NOMEM;
+        }
         m->hist = h;
     }
-    hkl_image *im = &m->hist[m->nhist];
-    memset(im, 0, sizeof *im);
-    im->data = malloc(v->size);
-    if (!im->data)
-        return HK_ERR_NOMEM;
-    memcpy(im->data, v->image, v->size);
-    im->size = v->size;
-    im->format = v->format;
-    im->version = v->number;
-    im->nexpr = v->nexpr;
-    im->expr = dup_strv((const char *const *)v->expr, v->nexpr);
-    im->lowered = dup_strv((const char *const *)v->lowered, v->nexpr);
-    m->nhist++;
+    m->hist[m->nhist++] = im;
     return 0;
 }
 
@@ -495,6 +503,15 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     *oldv = old ? old->number : 0;
     double t0 = hkl_now_ms();
     int err = 0;
+    if (job->seq && job->seq < m->last_seq) {
+        /* Submitted before the version that runs now (a safe point can take
+         * jobs out of order with synchronous swaps): never go back. */
+        hkl_report_set(rep, HK_ERR_SUPERSEDED,
+                       "'%s': a version submitted later was committed first", m->name);
+        if (rep)
+            snprintf(rep->module, sizeof rep->module, "%s", m->name);
+        return HK_ERR_SUPERSEDED;
+    }
     hkl_param_layout *newlay = NULL;
     hkl_version *v = calloc(1, sizeof *v);
     if (!v)
@@ -521,11 +538,20 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     v->lowered = job->art.lowered_names;
     job->art.lowered_names = NULL;
     job->art.nlowered = 0;
-    if (v->nexpr != job->opt.nname_expressions) {
+    if (v->nexpr != job->opt.nname_expressions || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
+        /* Lowered names missing for some expression, or no memory for the
+         * copy: without the mapping, handles taken by expression cannot be
+         * resolved, so the version is refused rather than half-described. */
         free_strv(v->expr, job->opt.nname_expressions);
         free_strv(v->lowered, v->nexpr);
         v->expr = v->lowered = NULL;
+        int had = job->opt.nname_expressions > 0;
         v->nexpr = 0;
+        if (had) {
+            hkl_report_set(rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
+            err = HK_ERR_NOMEM;
+            goto refuse;
+        }
     }
     if (rep) {
         rep->version = v->number;
@@ -575,6 +601,8 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
      * grace period that frees it. */
     atomic_store(&m->current, v);
     m->last_version = v->number;
+    if (job->seq)
+        m->last_seq = job->seq;
     if (newlay)
         for (int i = 0; i < m->nkernels; i++) {
             hkl_layout_free(&m->kernels[i]->layout);
@@ -582,7 +610,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         }
     free(newlay);
     newlay = NULL;
-    hkl_graphs_retarget(rt, m, v, rep);
+    hkl_graphs_retarget(rt, m, v, old, rep);
     if (old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too. */
@@ -605,7 +633,7 @@ refuse:
             hkl_layout_free(&newlay[i]);
         free(newlay);
     }
-    hkl_unload_version(rt, v);
+    hkl_unload_version(rt, v, rt->dev[0].ctx);
     hkl_version_free(v);
     m->last_error = err;
     snprintf(m->last_message, sizeof m->last_message, "%s",
@@ -825,6 +853,7 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
                        HKL_NAME_MAX - 1);
         return err;
     }
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
     hk_report local = {0};
     hk_report *r = rep ? rep : &local;
     err = job_build(rt, j, r);
@@ -899,6 +928,7 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     }
     snprintf(j->name, sizeof j->name, "%s", name);
     hk_swap_options_init(&j->opt);
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
     j->origin = strdup("rollback");
     j->art.image = malloc(prev->size);
     j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
@@ -930,12 +960,8 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
         m->hist[m->nhist++] = prev_copy;
         m->hist[m->nhist++] = top;
     } else {
-        free(top.data);
-        free_strv(top.expr, top.nexpr);
-        free_strv(top.lowered, top.nexpr);
-        free(prev_copy.data);
-        free_strv(prev_copy.expr, prev_copy.nexpr);
-        free_strv(prev_copy.lowered, prev_copy.nexpr);
+        hkl_image_clear(&top);
+        hkl_image_clear(&prev_copy);
     }
 out:
     pthread_mutex_unlock(&rt->swap_lock);
@@ -1002,23 +1028,24 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&rt->work_lock);
         if (deferred) {
             /* A newer build of the same module replaces a pending one (not
-             * one a synchronous hk_swap waits for: that one gets its outcome). */
-            hkl_job **pp = &rt->pending;
-            while (*pp && (strcmp((*pp)->name, j->name) || (*pp)->waiter))
-                pp = &(*pp)->next;
-            if (*pp) {
-                hkl_job *stale = *pp;
-                j->next = stale->next;
-                *pp = j;
-                stale->next = NULL;
+             * one a synchronous hk_swap waits for: that one gets its outcome),
+             * and goes last, after everything submitted before it. */
+            hkl_job *stale = NULL;
+            for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
+                if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
+                    stale = *pp;
+                    *pp = stale->next;
+                    break;
+                }
+            hkl_job **tail = &rt->pending;
+            while (*tail)
+                tail = &(*tail)->next;
+            j->next = NULL;
+            *tail = j;
+            if (stale) {
                 pthread_mutex_unlock(&rt->work_lock);
                 hkl_job_free(stale);
                 pthread_mutex_lock(&rt->work_lock);
-            } else {
-                while (*pp)
-                    pp = &(*pp)->next;
-                j->next = NULL;
-                *pp = j;
             }
         } else {
             pthread_mutex_unlock(&rt->work_lock);
@@ -1068,6 +1095,7 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
     int err = job_new(&j, name, image, size, opt);
     if (err < 0)
         return err;
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
     pthread_mutex_lock(&rt->work_lock);
     if (rt->work_stop) {
         pthread_mutex_unlock(&rt->work_lock);

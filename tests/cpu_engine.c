@@ -120,9 +120,9 @@ START_TEST(no_driver_is_reported) {
 END_TEST
 
 START_TEST(error_strings_are_distinct) {
-    for (int a = 0; a >= HK_ERR_CONTEXT_RESET; a--) {
+    for (int a = 0; a >= HK_ERR_SUPERSEDED; a--) {
         ck_assert_str_ne(hk_strerror(a), "unknown error");
-        for (int b = a - 1; b >= HK_ERR_CONTEXT_RESET; b--)
+        for (int b = a - 1; b >= HK_ERR_SUPERSEDED; b--)
             ck_assert_str_ne(hk_strerror(a), hk_strerror(b));
     }
     ck_assert_str_eq(hk_strerror(-9999), "unknown error");
@@ -439,6 +439,62 @@ START_TEST(pin_keeps_version) {
 }
 END_TEST
 
+static hk_kernel *exit_kernel;
+static pthread_barrier_t exit_bar;
+static void *launch_then_wait(void *arg) {
+    (void)arg;
+    launch_tag(exit_kernel);
+    pthread_barrier_wait(&exit_bar); /* launched */
+    pthread_barrier_wait(&exit_bar); /* the runtime is gone: exit now */
+    return NULL;
+}
+
+static int count_slots(hk_runtime *r) {
+    int n = 0;
+    for (hkl_tslot *s = atomic_load(&r->slots); s; s = s->next)
+        n++;
+    return n;
+}
+
+START_TEST(launch_slots_outlive_runtime_and_do_not_leak) {
+    /* A thread that launched exits after the runtime was destroyed (checked
+     * for use-after-free by the sanitizer build). */
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &exit_kernel), 0);
+    pthread_barrier_init(&exit_bar, NULL, 2);
+    pthread_t t;
+    pthread_create(&t, NULL, launch_then_wait, NULL);
+    pthread_barrier_wait(&exit_bar);
+    hk_runtime_destroy(rt);
+    pthread_barrier_wait(&exit_bar);
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&exit_bar);
+    /* One thread alternating between two runtimes keeps one slot in each. */
+    rt = make_rt(1, HK_LOADER_LIBRARY);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    hk_runtime *r2;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), NULL), 0);
+    const char *src = ptx(2, 0, 0, 0);
+    swap_ok("sim", src, &rep);
+    ck_assert_int_eq(hk_swap(r2, "sim", src, strlen(src), NULL, &rep), 0);
+    hk_kernel *k1, *k2;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k1), 0);
+    ck_assert_int_eq(hk_kernel_get(r2, "sim", "step", &k2), 0);
+    for (int i = 0; i < 1000; i++) {
+        launch_tag(k1);
+        launch_tag(k2);
+    }
+    ck_assert_int_eq(count_slots(rt), 1);
+    ck_assert_int_eq(count_slots(r2), 1);
+    hk_runtime_destroy(r2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* ---- fault injection ---------------------------------------------------- */
 
 START_TEST(each_driver_failure_is_clean) {
@@ -533,6 +589,37 @@ START_TEST(reset_with_module_loader) {
 }
 END_TEST
 
+START_TEST(reset_keeps_name_expressions) {
+    /* Real NVRTC output (PTX, handed to the fake) with a template kernel
+     * taken by its name expression. */
+    hk_runtime_destroy(rt);
+    rt = make_rt(1, HK_LOADER_MODULE);
+    const char *src = "template <typename T> __global__ void scale(T *x) { x[0] *= 2; }\n";
+    const char *exprs[] = {"scale<int>"};
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.name_expressions = exprs;
+    so.nname_expressions = 1;
+    hk_report rep = {0};
+    ck_assert_msg(hk_swap(rt, "t", src, strlen(src), &so, &rep) == 0, "%s", rep.message);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "t", "scale<int>", &k), 0);
+    int x = 3, *xp = &x;
+    void *args[] = {&xp};
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
+    fake_reset_device(0);
+    int cu = 0;
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu), 0);
+    ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.live_versions, 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(module_loader_single_device) {
     hk_runtime_destroy(rt);
     rt = NULL;
@@ -580,6 +667,62 @@ START_TEST(graph_retargeted_on_commit) {
     swap_ok("sim", ptx(3, 0, 0, 0), &rep);
     ck_assert_int_eq(fake_tag_of(fake_graph_func(exec)), 2);
     fake_driver()->CtxSetCurrent(NULL);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(graph_keeps_old_code_when_retarget_fails) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    void *f;
+    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
+    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
+    int out = 0, *dp = &out;
+    unsigned n = 1;
+    void *args[] = {&dp, &n};
+    CUgraphExec exec;
+    CUgraphNode node;
+    fake_graph_create((CUfunction)f, args, &exec, &node);
+    ck_assert_int_eq(hk_graph_register(rt, exec, node, k), 0);
+    fake_fail("cuGraphExecKernelNodeSetParams", 1, CUDA_ERROR_INVALID_VALUE);
+    swap_ok("sim", ptx(2, 0, 0, 0), &rep); /* the commit stands... */
+    ck_assert_msg(strstr(rep.message, "still runs version 1"), "%s", rep.message);
+    /* ...but version 1 stays loaded for the graph that still runs it. */
+    ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT);
+    ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
+    ck_assert_int_eq(out, 1);
+    ck_assert_int_eq(launch_tag(k), 2);
+    swap_ok("sim", ptx(3, 0, 0, 0), &rep); /* retargeted: version 1 is let go */
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
+    ck_assert_int_eq(out, 3);
+    ck_assert_int_eq(hk_graph_unregister(rt, exec), 0);
+    fake_driver()->CtxSetCurrent(NULL);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(older_submission_never_overrides_newer) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(hk_safe_point(rt), 0);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_AT_SAFE_POINT;
+    const char *v2 = ptx(2, 0, 0, 0);
+    ck_assert_int_eq(hk_submit(rt, "sim", v2, strlen(v2), &so), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 5000), 0); /* built, waiting for a safe point */
+    swap_ok("sim", ptx(3, 0, 0, 0), &rep);       /* submitted later, staged at once */
+    ck_assert_int_eq(hk_safe_point(rt), 0);      /* the older one is refused */
+    ck_assert_int_eq(launch_tag(k), 3);
+    ck_assert_int_eq(events[HK_EVENT_REFUSED], 1);
+    ck_assert_msg(strstr(last_event_msg, "submitted later"), "%s", last_event_msg);
+    ck_assert_str_eq(hk_strerror(HK_ERR_SUPERSEDED), "a newer version was committed first");
     hk_report_clear(&rep);
 }
 END_TEST
@@ -779,12 +922,16 @@ static Suite *suite(void) {
     tcase_add_test(tc, history_is_bounded);
     tcase_add_test(tc, old_version_outlives_launch_in_flight);
     tcase_add_test(tc, pin_keeps_version);
+    tcase_add_test(tc, launch_slots_outlive_runtime_and_do_not_leak);
     tcase_add_test(tc, each_driver_failure_is_clean);
     tcase_add_test(tc, launch_error_is_returned);
     tcase_add_test(tc, reset_with_library_loader);
     tcase_add_test(tc, reset_with_module_loader);
+    tcase_add_test(tc, reset_keeps_name_expressions);
     tcase_add_test(tc, module_loader_single_device);
     tcase_add_test(tc, graph_retargeted_on_commit);
+    tcase_add_test(tc, graph_keeps_old_code_when_retarget_fails);
+    tcase_add_test(tc, older_submission_never_overrides_newer);
     tcase_add_test(tc, two_devices_all_or_nothing);
     tcase_add_test(tc, submit_and_safe_point);
     tcase_add_test(tc, auto_stage_follows_safe_points);

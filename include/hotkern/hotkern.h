@@ -70,6 +70,7 @@ enum hk_error {
     HK_ERR_NETWORK = -24,       /* transfer failed */
     HK_ERR_TIMEOUT = -25,       /* operation timed out */
     HK_ERR_CONTEXT_RESET = -26, /* the context was reset under hotkern */
+    HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first */
 };
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
