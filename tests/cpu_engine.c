@@ -638,28 +638,42 @@ END_TEST
 
 /* ---- graphs, devices, async -------------------------------------------- */
 
+/* Out of a registered fake graph's kernel; the node's arguments point here. */
+static int g_out, *g_dp;
+static unsigned g_n;
+static void *g_args[2];
+
+/* Registers a fake graph whose one node launches k's current version (made in
+ * the runtime's context, current on this thread until the test resets it).
+ * Returns the function the node was created with. */
+static void *graph_register(hk_kernel *k, CUgraphExec *exec) {
+    void *f;
+    CUgraphNode node;
+    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
+    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
+    g_out = 0;
+    g_dp = &g_out;
+    g_n = 1;
+    g_args[0] = &g_dp;
+    g_args[1] = &g_n;
+    fake_graph_create((CUfunction)f, g_args, exec, &node);
+    ck_assert_int_eq(hk_graph_register(rt, *exec, node, k), 0);
+    return f;
+}
+
 START_TEST(graph_retargeted_on_commit) {
     hk_report rep = {0};
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
-    void *f;
-    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
-    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
-    ck_assert_int_eq(fake_tag_of(f), 1);
-    int out = 0, *dp = &out;
-    unsigned n = 1;
-    void *args[] = {&dp, &n};
     CUgraphExec exec;
-    CUgraphNode node;
-    fake_graph_create((CUfunction)f, args, &exec, &node);
-    ck_assert_int_eq(hk_graph_register(rt, exec, node, k), 0);
+    ck_assert_int_eq(fake_tag_of(graph_register(k, &exec)), 1);
     ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
-    ck_assert_int_eq(out, 1);
+    ck_assert_int_eq(g_out, 1);
     swap_ok("sim", ptx(2, 0, 0, 0), &rep);
     ck_assert_int_eq(fake_tag_of(fake_graph_func(exec)), 2);
     ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
-    ck_assert_int_eq(out, 2);
+    ck_assert_int_eq(g_out, 2);
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0); /* no dead code reached */
     ck_assert_int_eq(hk_graph_unregister(rt, exec), 0);
@@ -676,29 +690,21 @@ START_TEST(graph_keeps_old_code_when_retarget_fails) {
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
-    void *f;
-    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
-    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
-    int out = 0, *dp = &out;
-    unsigned n = 1;
-    void *args[] = {&dp, &n};
     CUgraphExec exec;
-    CUgraphNode node;
-    fake_graph_create((CUfunction)f, args, &exec, &node);
-    ck_assert_int_eq(hk_graph_register(rt, exec, node, k), 0);
+    graph_register(k, &exec);
     fake_fail("cuGraphExecKernelNodeSetParams", 1, CUDA_ERROR_INVALID_VALUE);
     swap_ok("sim", ptx(2, 0, 0, 0), &rep); /* the commit stands... */
     ck_assert_msg(strstr(rep.message, "still runs version 1"), "%s", rep.message);
     /* ...but version 1 stays loaded for the graph that still runs it. */
     ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT);
     ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
-    ck_assert_int_eq(out, 1);
+    ck_assert_int_eq(g_out, 1);
     ck_assert_int_eq(launch_tag(k), 2);
     swap_ok("sim", ptx(3, 0, 0, 0), &rep); /* retargeted: version 1 is let go */
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     ck_assert_int_eq(fake_live_images(), 1);
     ck_assert_int_eq(hk_graph_launch(rt, exec, NULL, NULL), 0);
-    ck_assert_int_eq(out, 3);
+    ck_assert_int_eq(g_out, 3);
     ck_assert_int_eq(hk_graph_unregister(rt, exec), 0);
     fake_driver()->CtxSetCurrent(NULL);
     hk_report_clear(&rep);

@@ -71,96 +71,14 @@ static hkn_seckey key;
 static pid_t nginx_pid;
 static int port;
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    socklen_t len = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static int port_open(int p) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-static const char *nginx_bin(void) {
-    return access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
-}
-
 static void nginx_start(void) {
-    char conf[PATH_MAX], text[16384], global[PATH_MAX + 64];
-    snprintf(conf, sizeof conf, "%s/nginx.conf", tmp);
-    for (int attempt = 0; attempt < 5; attempt++) {
-        port = free_port();
-        ck_assert_int_gt(port, 0);
-        snprintf(text, sizeof text,
-                 "%s"
-                 "worker_processes 1;\n"
-                 "error_log %s/error.log;\n"
-                 "events { worker_connections 512; }\n"
-                 "http {\n"
-                 "  access_log %s/access.log;\n"
-                 "  client_body_temp_path %s/body;\n"
-                 "  proxy_temp_path %s/proxy;\n"
-                 "  fastcgi_temp_path %s/fastcgi;\n"
-                 "  uwsgi_temp_path %s/uwsgi;\n"
-                 "  scgi_temp_path %s/scgi;\n"
-                 "  default_type application/octet-stream;\n"
-                 "  etag on;\n"
-                 "  server {\n"
-                 "    listen 127.0.0.1:%d;\n"
-                 "    root %s;\n"
-                 "    location = /err/manifest.json { return 500; }\n"
-                 "  }\n"
-                 "}\n",
-                 geteuid() == 0 ? "user root root;\n" : "", tmp, tmp, tmp, tmp, tmp, tmp, tmp, port,
-                 www);
-        ck_assert_int_eq(hkt_write_file(conf, text), 0);
-        snprintf(global, sizeof global, "daemon off; pid %s/nginx.pid;", tmp);
-        nginx_pid = fork();
-        if (nginx_pid == 0) {
-            int devnull = open("/dev/null", O_RDWR);
-            dup2(devnull, 1);
-            dup2(devnull, 2);
-            execl(nginx_bin(), "nginx", "-p", tmp, "-c", conf, "-g", global, (char *)NULL);
-            _exit(127);
-        }
-        ck_assert_int_gt(nginx_pid, 0);
-        for (int i = 0; i < 100; i++) { /* up to 5 s */
-            if (port_open(port))
-                return;
-            int st;
-            if (waitpid(nginx_pid, &st, WNOHANG) == nginx_pid)
-                break; /* exited: most likely the port was taken meanwhile */
-            usleep(50000);
-        }
-        kill(nginx_pid, SIGKILL);
-        waitpid(nginx_pid, NULL, 0);
-        nginx_pid = 0;
-    }
-    ck_abort_msg("nginx did not start (see %s/error.log)", tmp);
+    port = hkt_nginx_start(www, tmp, "location = /err/manifest.json { return 500; }", &nginx_pid);
+    ck_assert_msg(port > 0, "nginx did not start (see %s/error.log)", tmp);
 }
 
 static void nginx_stop(void) {
-    if (nginx_pid > 0) {
-        kill(nginx_pid, SIGTERM);
-        for (int i = 0; i < 100 && waitpid(nginx_pid, NULL, WNOHANG) != nginx_pid; i++)
-            usleep(50000);
-        kill(nginx_pid, SIGKILL); /* harmless if it already exited */
-        waitpid(nginx_pid, NULL, WNOHANG);
-        nginx_pid = 0;
-    }
+    hkt_nginx_stop(nginx_pid);
+    nginx_pid = 0;
 }
 
 static void setup(void) {

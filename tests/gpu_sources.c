@@ -223,7 +223,7 @@ START_TEST(pull_from_nginx) {
                     "--version", "99000000000000", "--out", www, file,       NULL};
     ck_assert_int_eq(run_cli(sign), 0);
     pid_t ng;
-    int port = hkt_nginx_start(www, ntmp, &ng);
+    int port = hkt_nginx_start(www, ntmp, NULL, &ng);
     if (port < 0)
         return; /* SKIP printed */
     snprintf(murl, sizeof murl, "http://127.0.0.1:%d/manifest.json", port);

@@ -81,6 +81,7 @@ void hkt_rmtree(const char *path) {
 }
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -112,7 +113,7 @@ static int port_open(int port) {
     return ok;
 }
 
-int hkt_nginx_start(const char *root, const char *tmp, pid_t *pid) {
+int hkt_nginx_start(const char *root, const char *tmp, const char *extra, pid_t *pid) {
     const char *bin = getenv("HK_NGINX");
     if (!bin)
         bin = "/usr/sbin/nginx";
@@ -120,43 +121,54 @@ int hkt_nginx_start(const char *root, const char *tmp, pid_t *pid) {
         printf("SKIP nginx origin: %s is not there\n", bin);
         return -1;
     }
-    int port = free_port();
-    char conf[PATH_MAX], text[4096], global[PATH_MAX + 64];
+    char conf[PATH_MAX], text[8192], global[PATH_MAX + 64];
     snprintf(conf, sizeof conf, "%s/nginx.conf", tmp);
-    snprintf(text, sizeof text,
-             "%sworker_processes 1;\nerror_log %s/error.log;\nevents { worker_connections 256; }\n"
-             "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
-             "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fastcgi;\n"
-             "  uwsgi_temp_path %s/uwsgi;\n  scgi_temp_path %s/scgi;\n"
-             "  default_type application/octet-stream;\n  etag on;\n"
-             "  server { listen 127.0.0.1:%d; root %s; }\n}\n",
-             geteuid() == 0 ? "user root root;\n" : "", tmp, tmp, tmp, tmp, tmp, tmp, tmp, port,
-             root);
-    if (port < 0 || hkt_write_file(conf, text) < 0)
-        return -1;
     snprintf(global, sizeof global, "daemon off; pid %s/nginx.pid;", tmp);
-    *pid = fork();
-    if (*pid == 0) {
-        execl(bin, "nginx", "-p", tmp, "-c", conf, "-g", global, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 100; i++) {
-        if (port_open(port))
-            return port;
-        if (waitpid(*pid, NULL, WNOHANG) == *pid)
-            break;
-        usleep(50000);
+    /* A port found free can be taken before nginx binds it: try again. */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        int port = free_port();
+        snprintf(text, sizeof text,
+                 "%sworker_processes 1;\nerror_log %s/error.log;\n"
+                 "events { worker_connections 512; }\n"
+                 "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
+                 "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fastcgi;\n"
+                 "  uwsgi_temp_path %s/uwsgi;\n  scgi_temp_path %s/scgi;\n"
+                 "  default_type application/octet-stream;\n  etag on;\n"
+                 "  server { listen 127.0.0.1:%d; root %s; %s }\n}\n",
+                 geteuid() == 0 ? "user root root;\n" : "", tmp, tmp, tmp, tmp, tmp, tmp, tmp, port,
+                 root, extra ? extra : "");
+        if (port < 0 || hkt_write_file(conf, text) < 0)
+            return -1;
+        *pid = fork();
+        if (*pid == 0) {
+            int devnull = open("/dev/null", O_RDWR);
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+            execl(bin, "nginx", "-p", tmp, "-c", conf, "-g", global, (char *)NULL);
+            _exit(127);
+        }
+        for (int i = 0; i < 100; i++) { /* up to 5 s */
+            if (port_open(port))
+                return port;
+            if (waitpid(*pid, NULL, WNOHANG) == *pid)
+                break; /* exited: most likely the port was taken meanwhile */
+            usleep(50000);
+        }
+        hkt_nginx_stop(*pid);
     }
     printf("SKIP nginx origin: nginx did not start (see %s/error.log)\n", tmp);
-    hkt_nginx_stop(*pid);
+    *pid = 0;
     return -1;
 }
 
 void hkt_nginx_stop(pid_t pid) {
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        waitpid(pid, NULL, 0);
-    }
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 100 && waitpid(pid, NULL, WNOHANG) != pid; i++)
+        usleep(50000);
+    kill(pid, SIGKILL); /* harmless if it already exited */
+    waitpid(pid, NULL, WNOHANG);
 }
 
 const char *hkt_built_program(const char *name) {

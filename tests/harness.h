@@ -31,10 +31,11 @@ void hkt_rmtree(const char *path);
 #include <sys/types.h>
 
 /* Starts Debian's nginx (or $HK_NGINX) in the foreground as a child serving
- * `root` on 127.0.0.1 with ETags on, its logs and temp files under `tmp`.
- * Returns the port, or -1 when nginx is missing or did not start (reason
- * printed). *pid receives the child, for hkt_nginx_stop. */
-int hkt_nginx_start(const char *root, const char *tmp, pid_t *pid);
+ * `root` on 127.0.0.1 with ETags on, its logs and temp files under `tmp`;
+ * `extra` (may be NULL) is added to the server block. Returns the port, or -1
+ * when nginx is missing or did not start (reason printed). *pid receives the
+ * child, for hkt_nginx_stop. */
+int hkt_nginx_start(const char *root, const char *tmp, const char *extra, pid_t *pid);
 void hkt_nginx_stop(pid_t pid);
 
 /* Path of a program built beside the test binaries: BUILD/bin/NAME, found
