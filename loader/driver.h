@@ -61,7 +61,14 @@
     X(MemFree, cuMemFree)                                                                          \
     X(GraphKernelNodeGetParams, cuGraphKernelNodeGetParams)                                        \
     X(GraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams)                                \
-    X(GraphLaunch, cuGraphLaunch)
+    X(GraphLaunch, cuGraphLaunch)                                                                  \
+    X(StreamIsCapturing, cuStreamIsCapturing)                                                      \
+    X(StreamGetCaptureInfo, cuStreamGetCaptureInfo)                                                \
+    X(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode)                          \
+    X(MemcpyDtoDAsync, cuMemcpyDtoDAsync)                                                          \
+    X(UserObjectCreate, cuUserObjectCreate)                                                        \
+    X(UserObjectRelease, cuUserObjectRelease)                                                      \
+    X(GraphRetainUserObject, cuGraphRetainUserObject)
 
 /* Entry points whose CUDA 13 ABI differs from the prototype cuda.h still
  * declares under the plain name: cuGetProcAddress(sym, CUDA_VERSION) returns

@@ -8,9 +8,19 @@
  * driver's own. The epoch announcement is what lets the reclaim thread know
  * when no launch can still be using an old version (reclaim.c).
  *
+ * Stream capture. A launch into a capturing stream records the function of
+ * that moment in the application's graph, which hotkern never sees again. So
+ * hk_launch asks the stream (cuStreamIsCapturing, one cheap query) and, when
+ * it captures, pins the version before leaving the epoch and hands the pin to
+ * the graph as a CUDA user object: the version stays loaded until the graph,
+ * every graph exec instantiated from it and their launches in flight are gone,
+ * whatever is committed meanwhile. Graphs that should follow swaps register
+ * their node (hk_graph_register) and are retargeted at each commit.
+ *
  * A launch error takes the slow path: a context reset may be the cause
- * (modules die with their context), so the runtime checks for one, reloads,
- * and retries the launch once.
+ * (modules die with their context). The error goes back to the caller at
+ * once; the reclaim thread is asked to check for a reset now, and recovers
+ * there, never on a launching thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +32,11 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
     if (!rt || !module || !kernel || !out)
         return HK_ERR_INVALID;
     *out = NULL;
-    pthread_mutex_lock(&rt->swap_lock);
+    if (hkl_swap_held(rt))
+        return HK_ERR_BUSY; /* from a check callback: the swap is using the list */
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
+    hkl_gate_close(rt);
     int pushed = hkl_ctx_push(rt, 0) == 0; /* parameter queries need a context */
     int err = 0;
     hk_kernel *k = NULL;
@@ -70,7 +84,9 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
 out:
     if (pushed)
         hkl_ctx_pop(rt);
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_gate_open(rt);
+    hkl_swap_unlock(rt, 0);
+    hkl_unrelax(rt, mode);
     if (k) {
         free(k->name);
         free(k->layout.offset);
@@ -80,30 +96,74 @@ out:
     return err;
 }
 
-/* A failed launch: if a context reset explains it, recover and retry once. */
-static int launch_failed(hk_kernel *k, CUresult r, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream,
-                         void **args, int *cu) {
-    hk_runtime *rt = k->rt;
+/* A failed launch. If a context reset may explain it, the reclaim thread
+ * checks now (and reloads modules); the caller gets the error at once. */
+static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {
     if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
         r == CUDA_ERROR_INVALID_CONTEXT) {
-        pthread_mutex_lock(&rt->swap_lock);
-        int reset = hkl_check_reset(rt);
-        pthread_mutex_unlock(&rt->swap_lock);
-        if (reset) {
-            hkl_emit_reset(rt);
-            hkl_tslot *s = hkl_enter(rt);
-            if (s) {
-                hkl_version *v = atomic_load(&k->mod->current);
-                void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
-                r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm,
-                                          (CUstream)stream, args, NULL);
-                hkl_exit(s);
-            }
-        }
+        atomic_store(&rt->reset_suspect, 1);
+        hkl_reclaim_kick(rt);
     }
     if (cu)
         *cu = (int)r;
-    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+    return HK_ERR_CUDA;
+}
+
+/* A captured launch's hold on its version, owned by the graph (a CUDA user
+ * object): released by the driver when the graph and its execs are gone. */
+typedef struct capture_pin {
+    hkl_rtref *ref;
+    hkl_version *v;
+} capture_pin;
+
+/* Runs on a driver thread: no CUDA call here. */
+static void capture_pin_release(void *arg) {
+    capture_pin *p = arg;
+    pthread_mutex_lock(&p->ref->lock);
+    if (p->ref->rt)
+        hkl_version_unpin(p->ref->rt, p->v);
+    pthread_mutex_unlock(&p->ref->lock);
+    hkl_rtref_put(p->ref);
+    free(p);
+}
+
+/* hk_launch into a capturing stream. Entered inside the epoch (s), which
+ * keeps v loaded until the pin is taken. If the pin cannot be handed to the
+ * graph, the version stays pinned for good: a leak, never a dangling node. */
+static int launch_captured(hk_runtime *rt, hkl_tslot *s, hkl_version *v, void *f, hk_dim3 g,
+                           hk_dim3 b, unsigned shm, CUstream stream, void **args, int *cu) {
+    capture_pin *p = malloc(sizeof *p);
+    atomic_fetch_add(&v->pins, 1);
+    CUresult r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm, stream,
+                                       args, NULL);
+    hkl_exit(s);
+    if (r != CUDA_SUCCESS) {
+        hkl_version_unpin(rt, v);
+        free(p);
+        return launch_failed(rt, r, cu);
+    }
+    if (cu)
+        *cu = 0;
+    if (!p)
+        return 0; /* pinned for good */
+    CUstreamCaptureStatus st;
+    CUgraph graph = NULL;
+    CUuserObject obj;
+    p->ref = rt->ref;
+    p->v = v;
+    atomic_fetch_add(&rt->ref->refs, 1);
+    if (rt->drv->StreamGetCaptureInfo(stream, &st, NULL, &graph, NULL, NULL, NULL) !=
+            CUDA_SUCCESS ||
+        !graph ||
+        rt->drv->UserObjectCreate(&obj, p, capture_pin_release, 1,
+                                  CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) != CUDA_SUCCESS) {
+        hkl_rtref_put(rt->ref);
+        free(p);
+        return 0; /* pinned for good */
+    }
+    if (rt->drv->GraphRetainUserObject(graph, obj, 1, CU_GRAPH_USER_OBJECT_MOVE) != CUDA_SUCCESS)
+        hkl_rtref_put(rt->ref); /* the object keeps p; the pin stays for good */
+    return 0;
 }
 
 int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, void **args,
@@ -114,6 +174,11 @@ int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, vo
         return HK_ERR_NOMEM;
     hkl_version *v = atomic_load(&k->mod->current);
     void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (__builtin_expect(rt->drv->StreamIsCapturing((CUstream)stream, &cs) == CUDA_SUCCESS &&
+                             cs == CU_STREAM_CAPTURE_STATUS_ACTIVE,
+                         0))
+        return launch_captured(rt, s, v, f, g, b, shm, (CUstream)stream, args, cu);
     CUresult r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm,
                                        (CUstream)stream, args, NULL);
     hkl_exit(s);
@@ -122,7 +187,7 @@ int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, vo
             *cu = 0;
         return 0;
     }
-    return launch_failed(k, r, g, b, shm, stream, args, cu);
+    return launch_failed(rt, r, cu);
 }
 
 int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out) {
@@ -132,13 +197,13 @@ int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out) {
     hk_pin *p = malloc(sizeof *p);
     if (!p)
         return HK_ERR_NOMEM;
-    pthread_mutex_lock(&rt->swap_lock);
+    int nested = hkl_swap_lock(rt); /* a check callback may pin: it holds it */
     hkl_module *m = hkl_module_find(rt, module);
     hkl_version *v = m ? atomic_load(&m->current) : NULL;
     /* Under swap_lock no commit can retire v before the count is taken. */
     if (v)
         atomic_fetch_add(&v->pins, 1);
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, nested);
     if (!v) {
         free(p);
         return HK_ERR_NOT_FOUND;
@@ -170,8 +235,13 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
     void **fn = atomic_load(&v->fn);
     if (k->slot >= cap || !fn[k->slot])
         return HK_ERR_NOT_FOUND; /* handle taken after this version retired */
+    /* The pin keeps v loaded; the epoch slot is taken for the launch gate. */
+    hkl_tslot *s = hkl_enter(p->rt);
+    if (!s)
+        return HK_ERR_NOMEM;
     CUresult r = p->rt->drv->LaunchKernel((CUfunction)fn[k->slot], g.x, g.y, g.z, b.x, b.y, b.z,
                                           shm, (CUstream)stream, args, NULL);
+    hkl_exit(s);
     if (cu)
         *cu = (int)r;
     return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
@@ -279,18 +349,26 @@ int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
     CUcontext cur = NULL;
     rt->drv->CtxGetCurrent(&cur);
     for (int i = 0; i < rt->ndev; i++)
-        if (rt->dev[i].ctx == cur)
+        if (hkl_ctx(rt, i) == cur)
             g->dev_slot = i;
-    pthread_mutex_lock(&rt->swap_lock);
+    if (hkl_swap_held(rt)) {
+        free(g);
+        return HK_ERR_BUSY; /* from a check callback */
+    }
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
     hk_report rep = {0};
+    hkl_gate_close(rt);
     int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
+    hkl_gate_open(rt);
     if (err == 0) {
         pthread_rwlock_wrlock(&rt->graph_lock);
         g->next = rt->graphs;
         rt->graphs = g;
         pthread_rwlock_unlock(&rt->graph_lock);
     }
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, 0);
+    hkl_unrelax(rt, mode);
     if (err < 0)
         free(g);
     return err;
@@ -300,7 +378,9 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
     if (!rt || !exec)
         return HK_ERR_INVALID;
     int found = 0;
-    pthread_mutex_lock(&rt->swap_lock); /* g->held */
+    if (hkl_swap_held(rt))
+        return HK_ERR_BUSY; /* from a check callback */
+    hkl_swap_lock(rt); /* g->held */
     pthread_rwlock_wrlock(&rt->graph_lock);
     for (hkl_graph **pp = &rt->graphs; *pp;) {
         if ((*pp)->exec == (CUgraphExec)exec) {
@@ -315,16 +395,22 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
         }
     }
     pthread_rwlock_unlock(&rt->graph_lock);
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, 0);
     return found ? 0 : HK_ERR_NOT_FOUND;
 }
 
 int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
     if (!rt || !exec)
         return HK_ERR_INVALID;
+    /* Through the gate first (never while holding graph_lock: a closer waits
+     * for launchers inside, and retargeting takes graph_lock after that). */
+    hkl_tslot *s = hkl_enter(rt);
+    if (!s)
+        return HK_ERR_NOMEM;
     pthread_rwlock_rdlock(&rt->graph_lock);
     CUresult r = rt->drv->GraphLaunch((CUgraphExec)exec, (CUstream)stream);
     pthread_rwlock_unlock(&rt->graph_lock);
+    hkl_exit(s);
     if (cu)
         *cu = (int)r;
     return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;

@@ -11,14 +11,30 @@
  * Locks, in the order they may be taken (never the other way round):
  *   swap_lock (runtime)  serialises swaps, rollbacks, handle creation, graph
  *                        registration, reset recovery; protects module lists,
- *                        histories and handles' layouts.
- *   graph_lock (runtime) rwlock: hk_graph_launch (read) vs retargeting and
- *                        (un)registration (write).
+ *                        histories and handles' layouts. Its owner is kept in
+ *                        a thread-local, so that a callback run under it can
+ *                        be answered at once instead of waiting for itself.
+ *   the launch gate      not a lock: while closed, hotkern's launches wait at
+ *                        hkl_enter (see "launch gate" below). Closed by
+ *                        swap_lock holders and by the reclaim thread.
+ *   graph_lock (runtime) rwlock, writers first: hk_graph_launch (read) vs
+ *                        retargeting and (un)registration (write).
+ *   unload_lock (runtime) a module unload vs reset recovery replacing the
+ *                        context the module lived in.
  *   work_lock (runtime)  the worker's job queue and the safe-point queue.
  *   rec_lock (runtime)   the retired list and the reclaim thread's wake-ups.
- *   stats_lock (runtime) counters.
+ *   gate_lock, stats_lock (runtime) leaves.
  * The launch path takes none of them: it announces itself in a per-thread
- * epoch slot, loads `current` once and calls the driver (see launch.c).
+ * epoch slot, checks the gate, loads `current` once and calls the driver.
+ *
+ * Launch gate. The driver takes a reader-preferring lock around every launch
+ * and the same lock for writing around loads, cuKernelGetFunction, cuFuncLoad
+ * and unloads: under continuous launches from several threads a load waits
+ * for ever. Every launch of hotkern's code passes hkl_enter, so the engine
+ * holds its own launchers there for the short driver sections that need the
+ * writer side (hkl_gate_close/open). A launcher waits at most
+ * options.launch_hold_max_us and then goes on: the gate only buys progress;
+ * safety comes from the epochs and never depends on it.
  */
 #ifndef HK_LOADER_H
 #define HK_LOADER_H
@@ -41,11 +57,12 @@ typedef struct hkl_graph hkl_graph;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
-     * rewrites under swap_lock while no swap or reclaim uses them */
+     * rewrites under swap_lock (ctx is atomic: read without it) */
     int ordinal;
     CUdevice dev;
-    CUcontext ctx;
+    _Atomic(CUcontext) ctx;
     unsigned long long ctx_id;
+    CUstream copy_stream; /* swap_lock: hotkern's own stream for global copies */
     int retains; /* primary-context retains we owe a release for */
     int arch;    /* e.g. 90 */
 } hkl_device;
@@ -90,9 +107,13 @@ struct hkl_version {
     _Atomic int cap; /* written under swap_lock, after fn */
     void **old_fn;   /* swap_lock: chain of replaced arrays */
 
-    _Atomic int pins;         /* hk_pin references */
+    _Atomic int pins;         /* hk_pin, graph and capture references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
+    int dead;                 /* set before retiring: a module of a reset
+                               * context, replaced by its reload (no event) */
+    uint64_t ctx_gen;         /* immutable: rt->reset_gen when loaded */
     uint64_t retire_epoch;    /* rec_lock */
+    int candidate;            /* reclaim thread: unpinned when the pass began */
     hkl_version *next;        /* rec_lock: retired list */
 };
 
@@ -172,10 +193,27 @@ struct hkl_job {
     int at_safe_point;  /* staged inside hk_safe_point */
     uint64_t seq;       /* submission order (0: none); an older job never
                          * replaces a newer committed one */
+    double deadline;    /* work_lock: pending without a waiter: the worker
+                         * stages it itself after this (hkl_now_ms) */
+    double t_start;     /* hkl_now_ms when submitted, for total_ms */
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
 };
+
+/* Outlives its runtime: the destructor of a graph's user object (a captured
+ * launch's pin) may run after hk_runtime_destroy. */
+typedef struct hkl_rtref {
+    pthread_mutex_t lock;
+    hk_runtime *rt; /* lock: NULL once the runtime is gone */
+    _Atomic int refs;
+} hkl_rtref;
+
+/* Test hooks: points where a test may hold a thread (tests/cpu_engine.c). */
+typedef enum hkl_hook_point {
+    HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
+    HKL_HOOK_PASS_SYNC = 2,     /* reclaim pass: contexts read, before synchronising */
+} hkl_hook_point;
 
 struct hk_runtime {
     /* immutable after create */
@@ -197,9 +235,17 @@ struct hk_runtime {
     int asym_fence;              /* immutable: membarrier(2) orders launch entries */
     _Atomic uint64_t job_seq;    /* submission counter for jobs */
 
-    /* launch-side epochs */
+    /* launch-side epochs and the launch gate */
     _Atomic uint64_t epoch;
     _Atomic(hkl_tslot *) slots; /* push-only list */
+    _Atomic int gate;           /* closers inside; launchers wait while > 0 */
+    pthread_mutex_t gate_lock;
+    pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
+    hkl_rtref *ref;           /* immutable; shared with graph user objects */
+
+    pthread_mutex_t unload_lock;
+    _Atomic uint64_t reset_gen; /* bumped by reset recovery under unload_lock */
+    _Atomic int reset_suspect;  /* a launch failed as after a reset */
 
     pthread_mutex_t rec_lock;
     pthread_cond_t rec_cond;   /* wakes the reclaim thread */
@@ -208,8 +254,15 @@ struct hk_runtime {
     hkl_version *unload_ready; /* rec_lock: grace over, unloaded at a safe point */
     int nretired;              /* rec_lock: retired and not yet unloaded */
     int rec_stop;              /* rec_lock */
-    pthread_t rec_thread;
-    int rec_started;
+    int rec_kick;              /* rec_lock: work arrived; pass again at once */
+    int abandoned;             /* rec_lock: destroy gave up waiting; the reclaim
+                                * thread frees the runtime when it ends */
+    int pin_poll_ms;           /* immutable: poll for pins going (tests shorten it) */
+    pthread_t rec_thread;      /* immutable once started */
+    int rec_started;           /* immutable once started */
+    int rec_finished;          /* rec_lock: its final pass is done */
+    uint64_t fences;           /* rec_lock: heavy fences paid (tests read it) */
+    void (*hook)(hk_runtime *, hkl_hook_point); /* immutable: tests only */
 
     pthread_mutex_t work_lock;
     pthread_cond_t work_cond;
@@ -220,12 +273,33 @@ struct hk_runtime {
     int work_stop;               /* work_lock */
     int safe_points_seen;        /* work_lock: hk_safe_point was called */
     pthread_t safe_point_thread; /* work_lock: its latest caller */
-    pthread_t worker;
+    pthread_t worker; /* immutable once started */
     int worker_started;
 
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
 };
+
+/* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
+ * locking when the calling thread already holds it (a callback run under it):
+ * read-only callers go on, others return HK_ERR_BUSY. */
+int hkl_swap_lock(hk_runtime *rt);
+void hkl_swap_unlock(hk_runtime *rt, int nested);
+int hkl_swap_held(const hk_runtime *rt);
+
+/* Capture mode of hotkern's driver sections: relaxed, so that they never
+ * break another thread's global-mode stream capture. */
+CUstreamCaptureMode hkl_relax(hk_runtime *rt);
+void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
+
+/* The launch gate (reclaim.c). */
+void hkl_gate_close(hk_runtime *rt);
+void hkl_gate_open(hk_runtime *rt);
+void hkl_gate_wait(hk_runtime *rt);
+
+static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
+    return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
+}
 
 /* runtime.c */
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
@@ -249,7 +323,7 @@ void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t o
               const char *origin, const hk_report *rep);
 int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
 int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
-void hkl_unload_version(hk_runtime *rt, hkl_version *v, CUcontext ctx0);
+CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
 void hkl_version_free(hkl_version *v);
 void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 const char *hkl_entry_name(const hkl_version *v, const char *name);
@@ -270,28 +344,38 @@ typedef struct hkl_tls_entry {
 } hkl_tls_entry;
 extern __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
 
-/* Enters a launch: announces the epoch this thread read `current` in. The
- * announcement must be ordered before the following load of `current`. With
- * membarrier(2) available, the reclaim thread pays for that order (it forces
- * a full barrier on every thread of the process before it reads the slots), so
- * the launch path needs only a compiler barrier instead of a locked
- * instruction; without it, a seq_cst store. On the H200 both variants measured
- * within the run-to-run noise of raw cuLaunchKernel (bench/RESULTS.md). */
+/* Enters a launch: announces the epoch this thread read `current` in, then
+ * checks the launch gate. The announcement must be ordered before the
+ * following loads of the gate and of `current`. With membarrier(2) available,
+ * the other side pays for that order (it forces a full barrier on every thread
+ * of the process before it reads the slots), so the launch path needs only a
+ * compiler barrier instead of a locked instruction; without it, a seq_cst
+ * store. Either way: a closer that read this slot as idle is seen here as a
+ * closed gate, and a launcher that passed the gate is seen by the closer. */
 static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
     hkl_tslot *s = hkl_tls.slot;
     if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))
         if (!(s = hkl_slot_acquire(rt)))
             return NULL;
-    /* Acquire keeps this load before the load of `current` on weakly ordered
-     * machines (free on x86). */
-    uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
-    if (__builtin_expect(rt->asym_fence, 1)) {
-        atomic_store_explicit(&s->active, e, memory_order_relaxed);
-        atomic_signal_fence(memory_order_seq_cst);
-    } else {
-        atomic_store(&s->active, e);
+    int waited = 0;
+    for (;;) {
+        /* Acquire keeps this load before the load of `current` on weakly
+         * ordered machines (free on x86). */
+        uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
+        if (__builtin_expect(rt->asym_fence, 1)) {
+            atomic_store_explicit(&s->active, e, memory_order_relaxed);
+            atomic_signal_fence(memory_order_seq_cst);
+        } else {
+            atomic_store(&s->active, e);
+        }
+        if (__builtin_expect(!atomic_load_explicit(&rt->gate, memory_order_seq_cst), 1) || waited)
+            return s;
+        /* Closed: step out of the launch so the closer can go on, wait, and
+         * announce again (a launcher that waited its maximum goes on). */
+        atomic_store_explicit(&s->active, 0, memory_order_release);
+        hkl_gate_wait(rt);
+        waited = 1;
     }
-    return s;
 }
 
 static inline void hkl_exit(hkl_tslot *s) {
@@ -304,6 +388,9 @@ void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_slots_free(hk_runtime *rt);
 void hkl_reclaim_deferred(hk_runtime *rt); /* from hk_safe_point */
+void hkl_reclaim_kick(hk_runtime *rt);     /* a pin went, or a reset is suspected */
+int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
 int hkl_membarrier_register(void);
+void hkl_rtref_put(hkl_rtref *ref);
 
 #endif /* HK_LOADER_H */

@@ -13,16 +13,28 @@
  *
  * GPU side. Launches already queued may still run the old code, so each
  * context is synchronised (on this thread, which is nobody's launching thread)
- * before anything is unloaded. cuModuleUnload waits for the whole context and
- * cuLibraryUnload may too: both happen here, never on a launching thread.
+ * before anything is unloaded. The synchronise waits for whatever runs, a
+ * persistent kernel included: nothing else ever waits for this thread (destroy
+ * waits a bounded time, then leaves the thread to finish and free the
+ * runtime), so a version that cannot be reclaimed yet only stays loaded, and
+ * the stats show it. Versions replaced at a safe point are synchronised here
+ * too and wait in unload_ready, so the safe point itself only unloads.
  *
- * The thread also polls for a context reset now and then, so applications
- * that do not swap still hear of it.
+ * This thread runs in relaxed stream-capture mode: its synchronise and unloads
+ * never invalidate another thread's global-mode capture. An unload that fails
+ * is retried at the next pass and counted only once it succeeds. Unloads take
+ * the driver's lock for writing: they run with the launch gate closed.
+ *
+ * The thread also checks for a context reset now and then (and at once when a
+ * launch failed as after one), so applications that do not swap still hear of
+ * it, and recovery never runs on a launching thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <sched.h>
 
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
@@ -55,6 +67,67 @@ static void slot_release(void *arg) {
     (void)arg;
     slot_let_go();
 }
+
+/* ---- the launch gate --------------------------------------------------- */
+
+static void heavy_fence(hk_runtime *rt);
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Closes the gate and returns once no hotkern launch is inside the driver.
+ * The fence orders our store to `gate` against every launcher's announcement
+ * (hkl_enter): a launcher we read as idle will see the gate closed. Launchers
+ * are in the driver for microseconds unless the driver blocks them, so this
+ * spins, then yields. */
+void hkl_gate_close(hk_runtime *rt) {
+    atomic_fetch_add(&rt->gate, 1);
+    heavy_fence(rt);
+    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
+        for (int i = 0; atomic_load(&s->active); i++) {
+            if (i < 256)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+}
+
+void hkl_gate_open(hk_runtime *rt) {
+    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
+        pthread_mutex_lock(&rt->gate_lock);
+        pthread_cond_broadcast(&rt->gate_cond);
+        pthread_mutex_unlock(&rt->gate_lock);
+    }
+}
+
+/* A launcher at a closed gate: spins a little (gated sections are short),
+ * then sleeps until it opens, at most launch_hold_max_us in all. */
+void hkl_gate_wait(hk_runtime *rt) {
+    for (int i = 0; i < 512; i++) {
+        if (!atomic_load_explicit(&rt->gate, memory_order_acquire))
+            return;
+        cpu_relax();
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long us = rt->opt.launch_hold_max_us;
+    ts.tv_sec += us / 1000000;
+    ts.tv_nsec += (us % 1000000) * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&rt->gate_lock);
+    while (atomic_load(&rt->gate))
+        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts))
+            break;
+    pthread_mutex_unlock(&rt->gate_lock);
+}
+
+/* ---- epoch slots -------------------------------------------------------- */
 
 static void slot_key_create(void) {
     pthread_key_create(&slot_key, slot_release);
@@ -111,6 +184,14 @@ void hkl_retire(hk_runtime *rt, hkl_version *v) {
     v->next = rt->retired;
     rt->retired = v;
     rt->nretired++;
+    rt->rec_kick = 1; /* even while a pass runs: it must not sleep after it */
+    pthread_cond_signal(&rt->rec_cond);
+    pthread_mutex_unlock(&rt->rec_lock);
+}
+
+void hkl_reclaim_kick(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->rec_lock);
+    rt->rec_kick = 1;
     pthread_cond_signal(&rt->rec_cond);
     pthread_mutex_unlock(&rt->rec_lock);
 }
@@ -157,46 +238,69 @@ static void count_reclaimed(hk_runtime *rt, int n) {
     pthread_mutex_unlock(&rt->stats_lock);
 }
 
-/* Finishes the GPU work queued before now (which includes every launch of
- * the versions in `ready`), then unloads and frees them. The contexts are read
- * under swap_lock since reset recovery may replace them; a context that has
- * gone meanwhile makes its synchronise fail, which is harmless here. */
-static int unload_list(hk_runtime *rt, hkl_version *ready, int final) {
-    if (!ready)
+/* Finishes the GPU work queued before now, which includes every launch of
+ * the versions in `list`. The contexts are read now since reset recovery may
+ * replace them; a context that has gone makes its synchronise fail, which is
+ * harmless here. Reclaim thread only. */
+static void sync_contexts(hk_runtime *rt) {
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_PASS_SYNC);
+    for (int i = 0; i < rt->ndev; i++)
+        rt->drv->CtxSynchronize(hkl_ctx(rt, i));
+}
+
+/* Unloads and frees the versions of `list` (their GPU work is finished),
+ * with the launch gate closed. One whose unload failed (a capture in
+ * progress, a busy driver) goes back to the retired list to be tried again.
+ * Returns how many were freed. */
+static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
+    if (!list)
         return 0;
-    CUcontext ctx[HKL_MAX_DEVICES];
-    pthread_mutex_lock(&rt->swap_lock);
-    for (int i = 0; i < rt->ndev; i++)
-        ctx[i] = rt->dev[i].ctx;
-    pthread_mutex_unlock(&rt->swap_lock);
-    for (int i = 0; i < rt->ndev; i++)
-        rt->drv->CtxSynchronize(ctx[i]);
     int n = 0;
-    while (ready) {
-        hkl_version *v = ready;
-        ready = v->next;
+    hkl_version *failed = NULL;
+    hkl_gate_close(rt);
+    while (list) {
+        hkl_version *v = list;
+        list = v->next;
         char name[HKL_NAME_MAX];
         snprintf(name, sizeof name, "%s", v->mod->name);
         uint64_t num = v->number;
-        hkl_unload_version(rt, v, ctx[0]);
+        int quiet = v->dead;
+        if (hkl_unload_version(rt, v) != CUDA_SUCCESS && !final) {
+            v->next = failed;
+            failed = v;
+            continue;
+        }
         hkl_version_free(v);
         n++;
-        if (!final)
+        if (!final && !quiet) {
+            hkl_gate_open(rt); /* the callback may launch */
             hkl_emit(rt, HK_EVENT_RECLAIMED, name, num, 0, "reclaim", NULL);
+            hkl_gate_close(rt);
+        }
     }
+    hkl_gate_open(rt);
     count_reclaimed(rt, n);
     pthread_mutex_lock(&rt->rec_lock);
     rt->nretired -= n;
+    while (failed) {
+        hkl_version *v = failed;
+        failed = v->next;
+        v->next = rt->retired;
+        rt->retired = v;
+    }
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     return n;
 }
 
 /* One pass: unloads what is ready, hands what waits for a safe point to
- * unload_ready, puts the rest back. Returns 1 while versions still wait for a
- * launch or a pin. rec_lock not held. */
+ * unload_ready (after its GPU work finished), puts the rest back. Returns 1
+ * while versions still wait for a launch, 2 while they wait only for pins.
+ * rec_lock not held. */
 static int reclaim_pass(hk_runtime *rt, int final) {
     pthread_mutex_lock(&rt->rec_lock);
+    rt->rec_kick = 0;
     hkl_version *list = rt->retired;
     rt->retired = NULL;
     if (final) {
@@ -210,27 +314,37 @@ static int reclaim_pass(hk_runtime *rt, int final) {
     }
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
-    /* A retired version's pin count only goes down: pinned ones are not
-     * candidates yet, and the fence (an interrupt on every CPU running one of
-     * the program's threads) is paid only when some version could go. */
+    /* One reading of the pins decides both whether the fence is paid and
+     * which versions may go: a pin released after this reading waits for the
+     * next pass (and its fence). Pinned versions are not candidates, and the
+     * fence (an interrupt on every CPU running one of the program's threads)
+     * is paid only when some version could go. */
     int candidates = 0, pinned_only = 1;
     for (hkl_version *v = list; v; v = v->next)
-        candidates += atomic_load(&v->pins) == 0;
-    if (candidates && !final)
+        candidates += v->candidate = final || atomic_load(&v->pins) == 0;
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_PASS_SNAPSHOT);
+    if (candidates && !final) {
         heavy_fence(rt);
+        pthread_mutex_lock(&rt->rec_lock);
+        rt->fences++;
+        pthread_mutex_unlock(&rt->rec_lock);
+    }
     while (list) {
         hkl_version *v = list;
         list = v->next;
         hkl_version **to = &keep;
         if (final)
             to = &ready;
-        else if (atomic_load(&v->pins) == 0 && grace_over(rt, v))
+        else if (v->candidate && grace_over(rt, v))
             to = v->unload_at_safe_point ? &defer : &ready;
-        if (to == &keep && atomic_load(&v->pins) == 0)
+        if (to == &keep && v->candidate)
             pinned_only = 0;
         v->next = *to;
         *to = v;
     }
+    if (ready || defer)
+        sync_contexts(rt);
     unload_list(rt, ready, final);
     pthread_mutex_lock(&rt->rec_lock);
     while (keep) {
@@ -245,20 +359,25 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         v->next = rt->unload_ready;
         rt->unload_ready = v;
     }
-    /* 1: versions wait for a launch to end (poll soon); 2: only for pins
-     * (hk_unpin wakes this thread; poll slowly). */
     int left = rt->retired == NULL ? 0 : pinned_only ? 2 : 1;
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     return left;
 }
 
+/* From hk_safe_point: unloads the versions whose GPU work the reclaim thread
+ * has already seen finished. No synchronise here: a safe point never waits
+ * for the GPU on hotkern's account. */
 void hkl_reclaim_deferred(hk_runtime *rt) {
     pthread_mutex_lock(&rt->rec_lock);
     hkl_version *list = rt->unload_ready;
     rt->unload_ready = NULL;
     pthread_mutex_unlock(&rt->rec_lock);
+    if (!list)
+        return;
+    CUstreamCaptureMode m = hkl_relax(rt);
     unload_list(rt, list, 0);
+    hkl_unrelax(rt, m);
 }
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
@@ -270,32 +389,44 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     pthread_cond_timedwait(c, m, &ts);
 }
 
+void hkl_runtime_free(hk_runtime *rt); /* runtime.c */
+
 static void *reclaim_main(void *arg) {
     hk_runtime *rt = arg;
+    hkl_relax(rt); /* for the life of this thread */
     double next_reset_check = hkl_now_ms() + 200;
     int left = 0;
     for (;;) {
         pthread_mutex_lock(&rt->rec_lock);
-        if (!rt->rec_stop && !rt->retired)
+        if (!rt->rec_stop && !rt->rec_kick && !rt->retired)
             timed_wait(&rt->rec_cond, &rt->rec_lock, 100);
-        else if (!rt->rec_stop && left)
+        else if (!rt->rec_stop && !rt->rec_kick && left)
             /* Versions wait for a launch to finish (poll briefly) or for a
-             * pin, whose release signals rec_cond. */
-            timed_wait(&rt->rec_cond, &rt->rec_lock, left == 2 ? 50 : 1);
+             * pin, whose release kicks this thread. */
+            timed_wait(&rt->rec_cond, &rt->rec_lock, left == 2 ? rt->pin_poll_ms : 1);
         int stop = rt->rec_stop;
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)
             break;
         left = reclaim_pass(rt, 0);
-        if (hkl_now_ms() >= next_reset_check) {
+        if (hkl_now_ms() >= next_reset_check || atomic_exchange(&rt->reset_suspect, 0)) {
             next_reset_check = hkl_now_ms() + 200;
-            pthread_mutex_lock(&rt->swap_lock);
+            int nested = hkl_swap_lock(rt);
             int reset = hkl_check_reset(rt);
-            pthread_mutex_unlock(&rt->swap_lock);
+            hkl_swap_unlock(rt, nested);
             if (reset)
                 hkl_emit_reset(rt);
         }
     }
+    /* Destroy's contract: no thread launches any more. */
+    reclaim_pass(rt, 1);
+    pthread_mutex_lock(&rt->rec_lock);
+    int abandoned = rt->abandoned;
+    rt->rec_finished = 1;
+    pthread_cond_broadcast(&rt->rec_done);
+    pthread_mutex_unlock(&rt->rec_lock);
+    if (abandoned)
+        hkl_runtime_free(rt);
     return NULL;
 }
 
@@ -311,16 +442,37 @@ void hkl_reclaim_stop(hk_runtime *rt) {
     rt->rec_stop = 1;
     pthread_cond_broadcast(&rt->rec_cond);
     pthread_mutex_unlock(&rt->rec_lock);
-    if (rt->rec_started)
+}
+
+/* Waits for the reclaim thread (stopped with hkl_reclaim_stop) to finish its
+ * final pass, up to timeout_ms. On a timeout the thread is left running and
+ * owns the runtime: it frees it when its pass ends. */
+int hkl_reclaim_join(hk_runtime *rt, int timeout_ms) {
+    if (!rt->rec_started) {
+        reclaim_pass(rt, 1);
+        return 0;
+    }
+    double end = hkl_now_ms() + timeout_ms;
+    pthread_mutex_lock(&rt->rec_lock);
+    while (!rt->rec_finished && hkl_now_ms() < end)
+        timed_wait(&rt->rec_done, &rt->rec_lock, 10);
+    int done = rt->rec_finished;
+    if (!done)
+        rt->abandoned = 1;
+    pthread_mutex_unlock(&rt->rec_lock);
+    if (done)
         pthread_join(rt->rec_thread, NULL);
-    rt->rec_started = 0;
-    /* Destroy's contract: no thread launches any more. */
-    reclaim_pass(rt, 1);
+    else
+        pthread_detach(rt->rec_thread);
+    return done ? 0 : HK_ERR_TIMEOUT;
 }
 
 int hk_reclaim_wait(hk_runtime *rt, int timeout_ms) {
     if (!rt)
         return HK_ERR_INVALID;
+    /* From a RECLAIMED event: the reclaim thread would wait for itself. */
+    if (rt->rec_started && pthread_equal(pthread_self(), rt->rec_thread))
+        return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
     pthread_mutex_lock(&rt->rec_lock);
     while (rt->nretired > 0) {

@@ -150,10 +150,46 @@ void hk_options_init(hk_options *o) {
     o->history = 4;
     o->cache_max_bytes = 256ull << 20;
     o->safe_point_wait_ms = 2000;
+    o->launch_hold_max_us = 5000;
+    o->destroy_wait_ms = 5000;
+}
+
+/* The runtime whose swap_lock this thread holds (one at a time). */
+static __thread hk_runtime *swap_owner;
+
+int hkl_swap_lock(hk_runtime *rt) {
+    if (swap_owner == rt)
+        return 1;
+    pthread_mutex_lock(&rt->swap_lock);
+    swap_owner = rt;
+    return 0;
+}
+
+void hkl_swap_unlock(hk_runtime *rt, int nested) {
+    if (nested)
+        return;
+    swap_owner = NULL;
+    pthread_mutex_unlock(&rt->swap_lock);
+}
+
+int hkl_swap_held(const hk_runtime *rt) {
+    return swap_owner == rt;
+}
+
+CUstreamCaptureMode hkl_relax(hk_runtime *rt) {
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (rt->drv->ThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS)
+        m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return m;
+}
+
+void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old) {
+    if (old != CU_STREAM_CAPTURE_MODE_RELAXED)
+        rt->drv->ThreadExchangeStreamCaptureMode(&old);
 }
 
 int hkl_ctx_push(hk_runtime *rt, int slot) {
-    CUresult r = rt->drv->CtxPushCurrent(rt->dev[slot].ctx);
+    CUresult r = rt->drv->CtxPushCurrent(hkl_ctx(rt, slot));
     return r == CUDA_SUCCESS ? 0 : (int)r;
 }
 
@@ -182,7 +218,7 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     if ((r = d->DevicePrimaryCtxRetain(&prim, dv->dev)) != CUDA_SUCCESS)
         return hkl_report_cu(rep, rt, r, "cuDevicePrimaryCtxRetain");
     dv->retains = 1;
-    dv->ctx = prim;
+    atomic_store(&dv->ctx, prim);
     if (cur && cur != prim) {
         /* The application made its own context current: the runtime API
          * would use that one on this thread, so we do too. */
@@ -190,10 +226,10 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
         if (d->CtxGetDevice(&cd, cur) == CUDA_SUCCESS && cd == dv->dev) {
             d->DevicePrimaryCtxRelease(dv->dev);
             dv->retains = 0;
-            dv->ctx = cur;
+            atomic_store(&dv->ctx, cur);
         }
     }
-    if ((r = d->CtxGetId(dv->ctx, &dv->ctx_id)) != CUDA_SUCCESS)
+    if ((r = d->CtxGetId(hkl_ctx(rt, slot), &dv->ctx_id)) != CUDA_SUCCESS)
         return hkl_report_cu(rep, rt, r, "cuCtxGetId");
     return 0;
 }
@@ -211,7 +247,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     const int *devs = o.devices ? o.devices : &dev0;
     int ndev = o.ndevices > 0 ? o.ndevices : 1;
     if (!out || ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 ||
-        o.history < 0) {
+        o.history < 0 || o.launch_hold_max_us < 0 || o.destroy_wait_ms < 0) {
         hkl_report_set(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
                        HKL_MAX_DEVICES);
         err = HK_ERR_INVALID;
@@ -226,6 +262,8 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     }
     if (o.history == 0)
         o.history = 1;
+    if (o.launch_hold_max_us == 0)
+        o.launch_hold_max_us = 5000;
     if (!(rt = calloc(1, sizeof *rt))) {
         err = HK_ERR_NOMEM;
         goto early;
@@ -248,8 +286,30 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     static _Atomic uint64_t next_id = 1;
     rt->id = atomic_fetch_add(&next_id, 1);
     rt->asym_fence = hkl_membarrier_register();
+    atomic_init(&rt->gate, 0);
+    atomic_init(&rt->reset_gen, 1);
+    atomic_init(&rt->reset_suspect, 0);
+    rt->pin_poll_ms = 50;
     pthread_mutex_init(&rt->swap_lock, NULL);
-    pthread_rwlock_init(&rt->graph_lock, NULL);
+    /* Writers first: a commit's retarget must not wait behind a stream of
+     * graph launches (glibc's default lets new readers overtake a writer). */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&rt->graph_lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&rt->gate_lock, NULL);
+    pthread_cond_init(&rt->gate_cond, NULL);
+    pthread_mutex_init(&rt->unload_lock, NULL);
+    if (!(rt->ref = calloc(1, sizeof *rt->ref))) {
+        free(rt);
+        rt = NULL;
+        err = HK_ERR_NOMEM;
+        goto early;
+    }
+    pthread_mutex_init(&rt->ref->lock, NULL);
+    rt->ref->rt = rt;
+    atomic_init(&rt->ref->refs, 1);
     pthread_mutex_init(&rt->rec_lock, NULL);
     pthread_cond_init(&rt->rec_cond, NULL);
     pthread_cond_init(&rt->rec_done, NULL);
@@ -325,12 +385,7 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     return hkl_runtime_create_with(out, opt, &d, rep);
 }
 
-static void module_free(hk_runtime *rt, hkl_module *m) {
-    hkl_version *v = atomic_load(&m->current);
-    if (v) {
-        hkl_unload_version(rt, v, rt->dev[0].ctx);
-        hkl_version_free(v);
-    }
+static void module_free(hkl_module *m) {
     for (int i = 0; i < m->nhist; i++)
         hkl_image_clear(&m->hist[i]);
     free(m->hist);
@@ -345,30 +400,49 @@ static void module_free(hk_runtime *rt, hkl_module *m) {
     free(m);
 }
 
-void hk_runtime_destroy(hk_runtime *rt) {
-    if (!rt)
-        return;
-    hkn_watch_release(rt);
-    hkl_worker_stop(rt);
-    hkl_reclaim_stop(rt); /* unloads everything retired */
+void hkl_rtref_put(hkl_rtref *ref) {
+    if (atomic_fetch_sub(&ref->refs, 1) == 1) {
+        pthread_mutex_destroy(&ref->lock);
+        free(ref);
+    }
+}
+
+/* Frees what is left once the reclaim thread has unloaded every version:
+ * from hk_runtime_destroy, or from the reclaim thread itself when destroy
+ * stopped waiting for it. */
+void hkl_runtime_free(hk_runtime *rt);
+void hkl_runtime_free(hk_runtime *rt) {
     hkl_graphs_free(rt);
     hkl_module *m = rt->modules;
     while (m) {
         hkl_module *next = m->next;
-        module_free(rt, m);
+        module_free(m);
         m = next;
     }
     hkl_slots_free(rt);
     if (rt->drv)
-        for (int i = 0; i < rt->ndev; i++)
+        for (int i = 0; i < rt->ndev; i++) {
+            if (rt->dev[i].copy_stream)
+                rt->drv->StreamDestroy(rt->dev[i].copy_stream);
             for (; rt->dev[i].retains > 0; rt->dev[i].retains--)
                 rt->drv->DevicePrimaryCtxRelease(rt->dev[i].dev);
+        }
     hkp_cache_close(rt->cache);
     free(rt->cache_dir);
     if (rt->drv == &rt->drv_own)
         hkl_driver_close(&rt->drv_own);
+    if (rt->ref) {
+        /* A graph destroyed later finds no runtime behind its pin. */
+        pthread_mutex_lock(&rt->ref->lock);
+        rt->ref->rt = NULL;
+        pthread_mutex_unlock(&rt->ref->lock);
+        hkl_rtref_put(rt->ref);
+    }
     pthread_mutex_destroy(&rt->swap_lock);
     pthread_rwlock_destroy(&rt->graph_lock);
+    pthread_mutex_destroy(&rt->gate_lock);
+    pthread_cond_destroy(&rt->gate_cond);
+    pthread_mutex_destroy(&rt->unload_lock);
     pthread_mutex_destroy(&rt->rec_lock);
     pthread_cond_destroy(&rt->rec_cond);
     pthread_cond_destroy(&rt->rec_done);
@@ -379,10 +453,40 @@ void hk_runtime_destroy(hk_runtime *rt) {
     free(rt);
 }
 
+/* Unloading waits for kernels that still run the code (measured: 1.5 s for a
+ * running kernel), so it happens on the reclaim thread, and destroy waits for
+ * it at most destroy_wait_ms. */
+void hk_runtime_destroy(hk_runtime *rt) {
+    if (!rt)
+        return;
+    hkn_watch_release(rt);
+    hkl_worker_stop(rt);
+    /* Graphs destroyed from now on find no runtime behind their pins (the
+     * final pass unloads pinned versions too). */
+    pthread_mutex_lock(&rt->ref->lock);
+    rt->ref->rt = NULL;
+    pthread_mutex_unlock(&rt->ref->lock);
+    /* Every current version joins the retired ones for the final pass. */
+    pthread_mutex_lock(&rt->rec_lock);
+    for (hkl_module *m = rt->modules; m; m = m->next) {
+        hkl_version *v = atomic_exchange(&m->current, NULL);
+        if (v) {
+            v->next = rt->retired;
+            rt->retired = v;
+            rt->nretired++;
+        }
+    }
+    pthread_mutex_unlock(&rt->rec_lock);
+    hkl_reclaim_stop(rt);
+    if (hkl_reclaim_join(rt, rt->opt.destroy_wait_ms) == 0)
+        hkl_runtime_free(rt);
+    /* else the reclaim thread frees the runtime when its synchronise returns */
+}
+
 void *hk_runtime_context(hk_runtime *rt, int slot) {
     if (!rt || slot < 0 || slot >= rt->ndev)
         return NULL;
-    return rt->dev[slot].ctx;
+    return hkl_ctx(rt, slot);
 }
 
 int hk_runtime_arch(hk_runtime *rt) {
@@ -395,6 +499,9 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
     pthread_mutex_lock(&rt->stats_lock);
     *out = rt->stats;
     pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->rec_lock);
+    out->retired_loaded = (uint64_t)rt->nretired;
+    pthread_mutex_unlock(&rt->rec_lock);
     if (rt->cache) {
         uint64_t h, m, b;
         hkp_cache_stats(rt->cache, &h, &m, &b);
@@ -418,7 +525,7 @@ static int context_was_reset(hk_runtime *rt, int i) {
         return 0;
     if (!active)
         return 1;
-    return d->CtxGetId(rt->dev[i].ctx, &id) != CUDA_SUCCESS || id != rt->dev[i].ctx_id;
+    return d->CtxGetId(hkl_ctx(rt, i), &id) != CUDA_SUCCESS || id != rt->dev[i].ctx_id;
 }
 
 int hkl_check_reset(hk_runtime *rt) {
@@ -429,13 +536,22 @@ int hkl_check_reset(hk_runtime *rt) {
         CUcontext ctx;
         if (rt->drv->DevicePrimaryCtxRetain(&ctx, rt->dev[i].dev) != CUDA_SUCCESS)
             continue;
+        /* A module unload in progress finishes in the old context first;
+         * later ones see the new generation and leave dead modules alone. */
+        pthread_mutex_lock(&rt->unload_lock);
         rt->dev[i].retains++;
-        rt->dev[i].ctx = ctx;
+        atomic_store(&rt->dev[i].ctx, ctx);
         rt->drv->CtxGetId(ctx, &rt->dev[i].ctx_id);
+        if (rt->dev[i].copy_stream) /* died with its context */
+            rt->dev[i].copy_stream = NULL;
+        atomic_fetch_add(&rt->reset_gen, 1);
+        pthread_mutex_unlock(&rt->unload_lock);
         reset = 1;
     }
     if (!reset)
         return 0;
+    if (rt->opt.loader == HK_LOADER_MODULE)
+        hkl_gate_close(rt);
     /* Modules died with the context: load the current image of each module
      * again and publish it in place of the dead version. Libraries live on
      * and reload into the new context by themselves. */
@@ -446,7 +562,10 @@ int hkl_check_reset(hk_runtime *rt) {
             hkl_version *nv = calloc(1, sizeof *nv);
             if (!nv)
                 continue;
-            *nv = (hkl_version){.number = old->number, .mod = m, .format = old->format};
+            *nv = (hkl_version){.number = old->number,
+                                .mod = m,
+                                .format = old->format,
+                                .ctx_gen = atomic_load(&rt->reset_gen)};
             nv->image = malloc(old->size);
             if (!nv->image) {
                 free(nv);
@@ -479,13 +598,13 @@ int hkl_check_reset(hk_runtime *rt) {
             for (int k = 0; k < m->nkernels && ok; k++)
                 ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
             if (!ok) {
-                hkl_unload_version(rt, nv, rt->dev[0].ctx);
+                hkl_unload_version(rt, nv);
                 hkl_version_free(nv);
                 hk_report_clear(&rep);
                 continue;
             }
             atomic_store(&m->current, nv);
-            memset(old->cumod, 0, sizeof old->cumod); /* dead: nothing to unload */
+            old->dead = 1; /* its module died with the context: no event */
             hkl_retire(rt, old);
             pthread_mutex_lock(&rt->stats_lock);
             rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
@@ -493,17 +612,11 @@ int hkl_check_reset(hk_runtime *rt) {
         }
         hk_report_clear(&rep);
     }
-    if (rt->opt.loader == HK_LOADER_MODULE) {
-        /* Versions already waiting for reclaim hold dead modules too: there
-         * is nothing to unload in the new context (a recycled handle value
-         * could even name live code). */
-        pthread_mutex_lock(&rt->rec_lock);
-        hkl_version *lists[2] = {rt->retired, rt->unload_ready};
-        for (int l = 0; l < 2; l++)
-            for (hkl_version *v = lists[l]; v; v = v->next)
-                memset(v->cumod, 0, sizeof v->cumod);
-        pthread_mutex_unlock(&rt->rec_lock);
-    }
+    /* Versions already retired hold dead modules too: their generation tells
+     * hkl_unload_version to leave them (a recycled handle could name live
+     * code in the new context). */
+    if (rt->opt.loader == HK_LOADER_MODULE)
+        hkl_gate_open(rt);
     pthread_mutex_lock(&rt->stats_lock);
     rt->stats.context_resets++;
     pthread_mutex_unlock(&rt->stats_lock);

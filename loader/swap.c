@@ -18,6 +18,12 @@
  *          retargeted, and the old version is handed to the reclaim thread.
  * Any failure before commit unloads the new version; the old one never
  * stopped running. Swaps of one runtime are serialised by swap_lock.
+ *
+ * The driver sections of stage/validate and of commit run with the launch
+ * gate closed (loader.h): under continuous launches the driver would make
+ * them wait for ever. The check callback runs with the gate open. All of it
+ * runs in relaxed stream-capture mode, so another thread's global-mode
+ * capture is never invalidated by a swap.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +32,13 @@
 
 #include "loader/loader.h"
 #include "net/watch.h"
+
+/* Errors after which an unload may succeed later: retry, never count. */
+static int unload_retryable(CUresult r) {
+    return r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+           r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_NOT_READY ||
+           r == CUDA_ERROR_OUT_OF_MEMORY;
+}
 
 #define JIT_LOG_SIZE 16384
 
@@ -160,18 +173,32 @@ out:
     return err;
 }
 
-/* ctx0: device slot 0's context, read by the caller under swap_lock (reset
- * recovery may replace it). */
-void hkl_unload_version(hk_runtime *rt, hkl_version *v, CUcontext ctx0) {
+/* Unloads v's code. Returns CUDA_SUCCESS when it is gone (or went with a
+ * reset context), else the error of an unload worth trying again. A module
+ * is unloaded under unload_lock, in the context of its generation only:
+ * after a reset its handle is dead, and might even name new code. */
+CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v) {
+    CUresult r = CUDA_SUCCESS;
     if (v->lib) {
-        rt->drv->LibraryUnload(v->lib);
+        r = rt->drv->LibraryUnload(v->lib);
+        if (unload_retryable(r))
+            return r;
         v->lib = NULL;
+        r = CUDA_SUCCESS;
     }
-    if (v->cumod[0] && rt->drv->CtxPushCurrent(ctx0) == CUDA_SUCCESS) {
-        rt->drv->ModuleUnload(v->cumod[0]);
-        hkl_ctx_pop(rt);
+    if (v->cumod[0]) {
+        pthread_mutex_lock(&rt->unload_lock);
+        if (v->ctx_gen == atomic_load(&rt->reset_gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
+            r = rt->drv->ModuleUnload(v->cumod[0]);
+            hkl_ctx_pop(rt);
+        }
+        pthread_mutex_unlock(&rt->unload_lock);
+        if (unload_retryable(r))
+            return r;
+        v->cumod[0] = NULL;
+        r = CUDA_SUCCESS;
     }
-    v->cumod[0] = NULL;
+    return r;
 }
 
 /* Uploads every function of v into every context now (cuFuncLoad), so the
@@ -406,11 +433,20 @@ static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_r
                     snprintf(skipped + n, sizeof skipped - n, "%s%s (%zu -> %zu bytes)",
                              n ? ", " : "", name, so, sn);
             } else if (r == CUDA_SUCCESS && so) {
-                r = d->MemcpyDtoD(pn, po, so);
-                /* Launches of the new version run on the application's
-                 * streams: finish the copy before the version is visible. */
+                /* On hotkern's own non-blocking stream, never the legacy one
+                 * (which would join, and so break, a capture on a blocking
+                 * stream). Launches of the new version run on the
+                 * application's streams: the copy is finished before the
+                 * version is visible. A kernel of the old version still in
+                 * flight may write the old copy after this; at a safe point
+                 * (GPU idle) the carried state is exact. */
+                CUstream *cs = &rt->dev[i].copy_stream;
+                if (!*cs)
+                    r = d->StreamCreate(cs, CU_STREAM_NON_BLOCKING);
                 if (r == CUDA_SUCCESS)
-                    r = d->StreamSynchronize(NULL);
+                    r = d->MemcpyDtoDAsync(pn, po, so, *cs);
+                if (r == CUDA_SUCCESS)
+                    r = d->StreamSynchronize(*cs);
             }
             hkl_ctx_pop(rt);
             if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_FOUND) {
@@ -483,7 +519,7 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
         rt->stats.swaps++;
         rt->stats.rollbacks += rollback != 0;
         rt->stats.live_versions++;
-        rt->stats.last_swap_ms = rep->build_ms + rep->stage_ms + rep->commit_ms;
+        rt->stats.last_swap_ms = rep->total_ms;
     } else {
         rt->stats.refused++;
     }
@@ -491,6 +527,28 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
     rt->stats.stage_ms_total += rep->stage_ms;
     rt->stats.commit_ms_total += rep->commit_ms;
     pthread_mutex_unlock(&rt->stats_lock);
+}
+
+/* The driver side of stage and validate: load v, upload its code to every
+ * context, resolve every handle's kernel and check its layout (collecting
+ * the new layouts in newlay when a change is accepted). Gate closed. */
+static int stage_and_validate(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_job *job,
+                              hkl_param_layout *newlay, hk_report *rep) {
+    int err;
+    if ((err = hkl_load_version(rt, v, rep)) < 0)
+        return err;
+    if ((err = upload_all(rt, v, rep)) < 0)
+        return err;
+    for (int i = 0; i < m->nkernels; i++) {
+        hk_kernel *k = m->kernels[i];
+        if ((err = hkl_resolve_slot(rt, v, k, rep)) < 0)
+            return err;
+        if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
+            return err;
+        if (newlay && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
+            return err;
+    }
+    return 0;
 }
 
 /* Stage, validate and commit a built job. swap_lock held. On return the job's
@@ -513,6 +571,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         return HK_ERR_SUPERSEDED;
     }
     hkl_param_layout *newlay = NULL;
+    int gated = 0;
     hkl_version *v = calloc(1, sizeof *v);
     if (!v)
         return HK_ERR_NOMEM;
@@ -521,6 +580,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     atomic_init(&v->pins, 0);
     v->number = m->last_version + 1;
     v->mod = m;
+    v->ctx_gen = atomic_load(&rt->reset_gen);
     v->image = job->art.image;
     v->size = job->art.size;
     v->format = job->art.format;
@@ -561,10 +621,6 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         rep->cache_hit = job->art.cache_hit;
     }
 
-    if ((err = hkl_load_version(rt, v, rep)) < 0)
-        goto refuse;
-    if ((err = upload_all(rt, v, rep)) < 0)
-        goto refuse;
     if (m->nkernels && job->opt.accept_layout_change) {
         newlay = calloc((size_t)m->nkernels, sizeof *newlay);
         if (!newlay) {
@@ -572,15 +628,12 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
             goto refuse;
         }
     }
-    for (int i = 0; i < m->nkernels; i++) {
-        hk_kernel *k = m->kernels[i];
-        if ((err = hkl_resolve_slot(rt, v, k, rep)) < 0)
-            goto refuse;
-        if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
-            goto refuse;
-        if (job->opt.accept_layout_change && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
-            goto refuse;
-    }
+    hkl_gate_close(rt);
+    gated = 1;
+    if ((err = stage_and_validate(rt, m, v, job, newlay, rep)) < 0)
+        goto refuse;
+    hkl_gate_open(rt);
+    gated = 0;
     if (job->opt.check) {
         char msg[256] = "";
         if (job->opt.check(m->name, v->number, rt->opt.userdata, msg, sizeof msg) != 0) {
@@ -591,6 +644,8 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         }
     }
     double t1 = hkl_now_ms();
+    hkl_gate_close(rt);
+    gated = 1;
     if (old && job->opt.carry_globals && (err = carry_globals(rt, old, v, rep)) < 0)
         goto refuse;
     if ((err = history_push(rt, m, v)) < 0)
@@ -611,6 +666,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     free(newlay);
     newlay = NULL;
     hkl_graphs_retarget(rt, m, v, old, rep);
+    hkl_gate_open(rt);
     if (old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too. */
@@ -628,13 +684,23 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     return 0;
 
 refuse:
+    if (gated)
+        hkl_gate_open(rt);
     if (newlay) {
         for (int i = 0; i < m->nkernels; i++)
             hkl_layout_free(&newlay[i]);
         free(newlay);
     }
-    hkl_unload_version(rt, v, rt->dev[0].ctx);
-    hkl_version_free(v);
+    if (hkl_unload_version(rt, v) == CUDA_SUCCESS) {
+        hkl_version_free(v);
+    } else {
+        /* The driver would not unload it now: the reclaim thread will. */
+        v->dead = 1;
+        pthread_mutex_lock(&rt->stats_lock);
+        rt->stats.live_versions++;
+        pthread_mutex_unlock(&rt->stats_lock);
+        hkl_retire(rt, v);
+    }
     m->last_error = err;
     snprintf(m->last_message, sizeof m->last_message, "%s",
              rep && rep->message[0] ? rep->message : hk_strerror(err));
@@ -655,9 +721,28 @@ refuse:
     return err;
 }
 
+/* Fills the report's total and the part of it no step accounts for
+ * (waiting for the lock, a safe point, reset recovery). */
+static void report_times(hk_report *rep, double t_start) {
+    if (!rep || !t_start)
+        return;
+    rep->total_ms = hkl_now_ms() - t_start;
+    double w = rep->total_ms - rep->build_ms - rep->stage_ms - rep->commit_ms;
+    rep->wait_ms = w > 0 ? w : 0;
+}
+
 int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     uint64_t oldv = 0;
-    pthread_mutex_lock(&rt->swap_lock);
+    if (hkl_swap_held(rt)) {
+        /* From a check callback: this swap would wait for the one running. */
+        hkl_report_set(rep, HK_ERR_BUSY,
+                       "'%s': a swap cannot be started from a check callback of the same "
+                       "runtime (it would wait for itself); use hk_submit",
+                       job->name);
+        return HK_ERR_BUSY;
+    }
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    int nested = hkl_swap_lock(rt);
     int reset = hkl_check_reset(rt);
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
@@ -665,9 +750,11 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     int err = swap_locked(rt, job, rollback, rep, &oldv);
     if (pushed)
         hkl_ctx_pop(rt);
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, nested);
+    hkl_unrelax(rt, mode);
     if (reset)
         hkl_emit_reset(rt);
+    report_times(rep, job->t_start);
     count(rt, err == 0, rollback, rep);
     hkl_emit(rt,
              err        ? HK_EVENT_REFUSED
@@ -834,6 +921,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
 
 int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
             const hk_swap_options *opt, hk_report *rep) {
+    double t_start = hkl_now_ms();
     if (rep)
         hk_report_clear(rep);
     if (!rt)
@@ -854,10 +942,12 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
         return err;
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->t_start = t_start;
     hk_report local = {0};
     hk_report *r = rep ? rep : &local;
     err = job_build(rt, j, r);
     if (err < 0) {
+        report_times(r, t_start);
         count(rt, 0, 0, r);
         hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, r);
     } else if (stage == HK_STAGE_AT_SAFE_POINT) {
@@ -873,11 +963,11 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
 uint64_t hk_module_version(hk_runtime *rt, const char *name) {
     if (!rt || !name)
         return 0;
-    pthread_mutex_lock(&rt->swap_lock);
+    int nested = hkl_swap_lock(rt); /* a check callback may ask: it holds it */
     hkl_module *m = hkl_module_find(rt, name);
     hkl_version *v = m ? atomic_load(&m->current) : NULL;
     uint64_t n = v ? v->number : 0;
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, nested);
     return n;
 }
 
@@ -885,31 +975,41 @@ int hk_module_global(hk_runtime *rt, const char *module, const char *name, int s
                      size_t *size) {
     if (!rt || !module || !name || !dptr || !size || slot < 0 || slot >= rt->ndev)
         return HK_ERR_INVALID;
-    pthread_mutex_lock(&rt->swap_lock);
+    int nested = hkl_swap_lock(rt);
     hkl_module *m = hkl_module_find(rt, module);
     hkl_version *v = m ? atomic_load(&m->current) : NULL;
     int err = HK_ERR_NOT_FOUND;
     if (v && hkl_ctx_push(rt, slot) == 0) {
         CUdeviceptr p = 0;
+        CUstreamCaptureMode mode = hkl_relax(rt);
+        hkl_gate_close(rt);
         CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, size, v->lib, name)
                             : rt->drv->ModuleGetGlobal(&p, size, v->cumod[0], name);
+        hkl_gate_open(rt);
+        hkl_unrelax(rt, mode);
         hkl_ctx_pop(rt);
         *dptr = p;
         err = r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_NOT_FOUND ? HK_ERR_NOT_FOUND : HK_ERR_CUDA;
     }
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, nested);
     return err;
 }
 
 int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
+    double t_start = hkl_now_ms();
     if (rep)
         hk_report_clear(rep);
     if (!rt || !name)
         return HK_ERR_INVALID;
+    if (hkl_swap_held(rt)) {
+        hkl_report_set(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
+        return HK_ERR_BUSY;
+    }
     hk_report local = {0};
     hk_report *r = rep ? rep : &local;
     uint64_t oldv = 0;
-    pthread_mutex_lock(&rt->swap_lock);
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
     int reset = hkl_check_reset(rt);
     hkl_module *m = hkl_module_find(rt, name);
     int err = 0;
@@ -964,9 +1064,11 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
         hkl_image_clear(&prev_copy);
     }
 out:
-    pthread_mutex_unlock(&rt->swap_lock);
+    hkl_swap_unlock(rt, 0);
+    hkl_unrelax(rt, mode);
     if (reset)
         hkl_emit_reset(rt);
+    report_times(r, t_start);
     if (j) {
         count(rt, err == 0, 1, r);
         hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_ROLLED_BACK, name, oldv,
@@ -996,12 +1098,73 @@ static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
     pthread_mutex_unlock(&w->lock);
 }
 
+/* Takes the pending jobs without a waiter whose deadline has passed, in
+ * order. work_lock held. Returns the earliest deadline left (0: none). */
+static double take_expired(hk_runtime *rt, hkl_job **out) {
+    double now = hkl_now_ms(), next = 0;
+    hkl_job **tail = out;
+    for (hkl_job **pp = &rt->pending; *pp;) {
+        hkl_job *j = *pp;
+        if (j->deadline > 0 && j->deadline <= now) {
+            *pp = j->next;
+            j->next = NULL;
+            *tail = j;
+            tail = &j->next;
+        } else {
+            if (j->deadline > 0 && (!next || j->deadline < next))
+                next = j->deadline;
+            pp = &j->next;
+        }
+    }
+    return next;
+}
+
+/* Pending jobs whose safe point never came are staged by the worker: a
+ * program that stopped calling hk_safe_point still gets its updates, one
+ * safe_point_wait_ms late. */
+static void stage_expired(hk_runtime *rt, hkl_job *list) {
+    while (list) {
+        hkl_job *j = list;
+        list = j->next;
+        hk_report rep = {0};
+        hkl_swap_built(rt, j, 0, &rep);
+        hk_report_clear(&rep);
+        hkl_job_free(j);
+    }
+}
+
 static void *worker_main(void *arg) {
     hk_runtime *rt = arg;
+    hkl_relax(rt); /* for the life of this thread */
     pthread_mutex_lock(&rt->work_lock);
     for (;;) {
-        while (!rt->jobs && !rt->work_stop)
-            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+        while (!rt->jobs && !rt->work_stop) {
+            hkl_job *expired = NULL;
+            double next = take_expired(rt, &expired);
+            if (expired) {
+                rt->busy++;
+                pthread_mutex_unlock(&rt->work_lock);
+                stage_expired(rt, expired);
+                pthread_mutex_lock(&rt->work_lock);
+                rt->busy--;
+                pthread_cond_broadcast(&rt->idle_cond);
+                continue;
+            }
+            if (!next) {
+                pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long ms = (long)(next - hkl_now_ms()) + 1;
+            ts.tv_sec += ms / 1000;
+            ts.tv_nsec += (ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
+        }
         if (rt->work_stop)
             break;
         hkl_job *j = rt->jobs;
@@ -1041,6 +1204,7 @@ static void *worker_main(void *arg) {
             while (*tail)
                 tail = &(*tail)->next;
             j->next = NULL;
+            j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
             *tail = j;
             if (stale) {
                 pthread_mutex_unlock(&rt->work_lock);
@@ -1096,6 +1260,7 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
     if (err < 0)
         return err;
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->t_start = hkl_now_ms();
     pthread_mutex_lock(&rt->work_lock);
     if (rt->work_stop) {
         pthread_mutex_unlock(&rt->work_lock);
@@ -1115,6 +1280,8 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
 int hk_safe_point(hk_runtime *rt) {
     if (!rt)
         return HK_ERR_INVALID;
+    if (hkl_swap_held(rt))
+        return HK_ERR_BUSY; /* from a check callback */
     pthread_mutex_lock(&rt->work_lock);
     rt->safe_points_seen = 1;
     rt->safe_point_thread = pthread_self();
@@ -1144,6 +1311,9 @@ int hk_safe_point(hk_runtime *rt) {
 int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
     if (!rt)
         return HK_ERR_INVALID;
+    /* From an event on the worker: it would wait for its own job. */
+    if (rt->worker_started && pthread_equal(pthread_self(), rt->worker))
+        return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
     pthread_mutex_lock(&rt->work_lock);
     while (rt->jobs || rt->busy) {

@@ -15,33 +15,19 @@
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
-/* PTX for the fake: kernels "step(u64 out, u32 n)" and "aux(u64)", a tag,
- * optionally a 4-byte "counter" global, optionally a changed layout. */
-static char *ptx(int tag, int with_aux, int with_counter, int step_layout) {
-    static char buf[8][2048];
-    static int next;
-    char *b = buf[next++ % 8];
-    const char *params = step_layout == 0   ? ".param .u64 out, .param .u32 n"
-                         : step_layout == 1 ? ".param .u64 out, .param .u64 n"
-                                            : ".param .u64 out";
-    snprintf(b, 2048,
-             "// tag: %d\n"
-             ".version 8.0\n.target sm_90\n.address_size 64\n"
-             "%s"
-             ".visible .entry step(%s)\n{\n ret;\n}\n"
-             "%s",
-             tag, with_counter ? ".visible .global .align 4 .u32 counter;\n" : "", params,
-             with_aux ? ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n" : "");
-    return b;
-}
+#define ptx fake_ptx
 
 static hk_runtime *rt;
 static int events[8];
 static char last_event_msg[512];
 
+static pthread_t reset_event_thread;
+
 static void on_event(const hk_event *ev, void *ud) {
     (void)ud;
     events[ev->kind]++;
+    if (ev->kind == HK_EVENT_CONTEXT_RESET)
+        reset_event_thread = pthread_self();
     if (ev->report)
         snprintf(last_event_msg, sizeof last_event_msg, "%s", ev->report->message);
 }
@@ -74,6 +60,18 @@ static void teardown(void) {
     rt = NULL;
     ck_assert_int_eq(fake_live_images(), 0); /* nothing leaked at destroy */
     ck_assert_int_eq(fake_violations(), 0);
+}
+
+/* Waits (5 s at most) until hotkern has handled n context resets. */
+static void wait_resets(uint64_t n) {
+    hk_stats st;
+    for (int i = 0; i < 500; i++) {
+        hk_stats_get(rt, &st);
+        if (st.context_resets >= n)
+            return;
+        usleep(10 * 1000);
+    }
+    ck_abort_msg("reset not handled within 5 s");
 }
 
 static int swap_src(const char *mod, const char *src, hk_report *rep) {
@@ -386,23 +384,34 @@ static void *launch_thread(void *arg) {
     return tag;
 }
 
+static void *swap2_thread(void *arg) {
+    hk_report rep = {0};
+    intptr_t err = swap_src("sim", ptx(2, 0, 0, 0), &rep);
+    hk_report_clear(&rep);
+    return (void *)err;
+}
+
 START_TEST(old_version_outlives_launch_in_flight) {
     hk_report rep = {0};
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &held_kernel), 0);
     fake_hold_next_launch();
-    pthread_t t;
+    pthread_t t, ts;
     pthread_create(&t, NULL, launch_thread, NULL);
     fake_wait_held(); /* the thread is inside cuLaunchKernel of version 1 */
-    swap_ok("sim", ptx(2, 0, 0, 0), &rep);
-    /* Version 1 must survive while the launch is in flight. */
-    ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT);
-    ck_assert_int_eq(fake_live_images(), 2);
+    /* The swap's driver work waits at the launch gate for the launch in
+     * the driver to come out; version 1 stays loaded meanwhile. */
+    pthread_create(&ts, NULL, swap2_thread, NULL);
+    usleep(100 * 1000);
+    ck_assert_int_eq(fake_live_images(), 1); /* version 2 not loaded yet */
     fake_release_launch();
     int *tag;
     pthread_join(t, (void **)&tag);
     ck_assert_int_eq(*tag, 1);
     free(tag);
+    void *serr;
+    pthread_join(ts, &serr);
+    ck_assert_int_eq((intptr_t)serr, 0);
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     ck_assert_int_eq(fake_live_images(), 1);
     ck_assert_int_eq(launch_tag(held_kernel), 2);
@@ -579,10 +588,20 @@ START_TEST(reset_with_module_loader) {
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
     ck_assert_int_eq(launch_tag(k), 7);
     fake_reset_device(0);
-    /* The module died; the launch's slow path reloads it and retries. */
+    /* The module died: the launch fails at once, and hotkern's own thread
+     * (never the launching one) reloads it. */
+    int out = 0, *dptr = &out, cu = 0;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu),
+                     HK_ERR_CUDA);
+    ck_assert_int_eq(cu, CUDA_ERROR_INVALID_HANDLE);
+    wait_resets(1);
     ck_assert_int_eq(launch_tag(k), 7);
     ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
     ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
+    ck_assert_msg(!pthread_equal(reset_event_thread, pthread_self()),
+                  "the reset event ran on the launching thread");
     swap_ok("sim", ptx(8, 0, 0, 0), &rep);
     ck_assert_int_eq(launch_tag(k), 8);
     hk_report_clear(&rep);
@@ -609,6 +628,8 @@ START_TEST(reset_keeps_name_expressions) {
     ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
     fake_reset_device(0);
     int cu = 0;
+    hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu); /* may fail once */
+    wait_resets(1);
     ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu), 0);
     ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
     hk_stats st;

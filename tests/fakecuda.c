@@ -5,6 +5,8 @@
  * detected instead of touching freed memory.
  */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,29 @@ typedef struct fgraph {
     struct fgraph *next;
 } fgraph;
 
+/* A user object: its destructor runs when the graph holding it goes. */
+typedef struct fuobj {
+    void *ptr;
+    CUhostFn destroy;
+    struct fuobj *next;
+} fuobj;
+
+/* A graph made by stream capture: its kernel nodes and user objects. */
+typedef struct fcgraph {
+    fkern *nodes[64];
+    int nnodes;
+    fuobj *objs;
+    struct fcgraph *next;
+} fcgraph;
+
+typedef struct fstream {
+    int capturing;
+    CUstreamCaptureMode mode;
+    int invalidated;
+    fcgraph *graph;
+    struct fstream *next;
+} fstream;
+
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -68,7 +93,17 @@ static struct {
         int n;
     } calls[64];
     int ncalls;
+    fstream *streams;
+    fcgraph *cgraphs;
+    int bad_unloads;
+    int hold_sync, sync_held; /* CtxSynchronize blocks while hold_sync */
+    int graph_launch_us;
 } F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+/* The driver's reader-preferring lock (fake_set_launch_model). */
+static pthread_rwlock_t drv_rw = PTHREAD_RWLOCK_INITIALIZER;
+static _Atomic int launch_us = -1; /* < 0: model off */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static __thread fctx *cur_stack[8];
 static __thread int cur_depth;
@@ -76,6 +111,37 @@ static __thread fctx *cur_ctx;
 
 static fctx *current(void) {
     return cur_depth ? cur_stack[cur_depth - 1] : cur_ctx;
+}
+
+/* A call the driver refuses while another thread captures in global mode,
+ * unless the calling thread is relaxed; the refusal invalidates the capture.
+ * Lock held. */
+static int capture_unsafe(void) {
+    if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 0;
+    int hit = 0;
+    for (fstream *st = F.streams; st; st = st->next)
+        if (st->capturing && st->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+            st->invalidated = 1;
+            hit = 1;
+        }
+    return hit;
+}
+
+static fstream *find_stream(CUstream s) {
+    for (fstream *st = F.streams; st; st = st->next)
+        if ((CUstream)st == s)
+            return st;
+    return NULL;
+}
+
+static void drv_write_begin(void) {
+    if (atomic_load(&launch_us) >= 0)
+        pthread_rwlock_wrlock(&drv_rw);
+}
+static void drv_write_end(void) {
+    if (atomic_load(&launch_us) >= 0)
+        pthread_rwlock_unlock(&drv_rw);
 }
 
 /* Records a call and returns an armed fault for it, if any. Lock held. */
@@ -179,6 +245,25 @@ void fake_init(int ndev, int arch) {
         F.graphs = g->next;
         free(g);
     }
+    while (F.streams) {
+        fstream *st = F.streams;
+        F.streams = st->next;
+        free(st);
+    }
+    while (F.cgraphs) {
+        fcgraph *g = F.cgraphs;
+        F.cgraphs = g->next;
+        while (g->objs) {
+            fuobj *o = g->objs;
+            g->objs = o->next;
+            free(o);
+        }
+        free(g);
+    }
+    F.bad_unloads = 0;
+    F.hold_sync = F.sync_held = 0;
+    F.graph_launch_us = 0;
+    atomic_store(&launch_us, -1);
     F.ndev = ndev;
     F.arch = arch;
     for (int i = 0; i < MAXDEV; i++) {
@@ -362,6 +447,12 @@ static CUresult f_CtxGetId(CUcontext c, unsigned long long *id) {
 }
 static CUresult f_CtxSynchronize(CUcontext ctx) {
     ENTER("cuCtxSynchronize");
+    if (capture_unsafe())
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    F.sync_held += F.hold_sync;
+    pthread_cond_broadcast(&F.cond);
+    while (F.hold_sync)
+        pthread_cond_wait(&F.cond, &F.lock);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -413,8 +504,8 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     return CUDA_SUCCESS;
 }
 
-static CUresult f_ModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
-                                   void **v) {
+static CUresult module_load(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
+                           void **v) {
     ENTER("cuModuleLoadDataEx");
     if (!current())
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -424,8 +515,15 @@ static CUresult f_ModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, C
         *m = (CUmodule)im;
     LEAVE(r);
 }
-static CUresult f_LibraryLoadData(CUlibrary *l, const void *code, CUjit_option *o, void **v,
-                                  unsigned n, CUlibraryOption *lo, void **lv, unsigned ln) {
+static CUresult f_ModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
+                                   void **v) {
+    drv_write_begin();
+    CUresult r = module_load(m, image, n, o, v);
+    drv_write_end();
+    return r;
+}
+static CUresult library_load(CUlibrary *l, const void *code, unsigned n, CUjit_option *o,
+                             void **v) {
     ENTER("cuLibraryLoadData");
     fimage *im;
     CUresult r = load_image(code, 0, n, o, v, &im);
@@ -433,19 +531,43 @@ static CUresult f_LibraryLoadData(CUlibrary *l, const void *code, CUjit_option *
         *l = (CUlibrary)im;
     LEAVE(r);
 }
+static CUresult f_LibraryLoadData(CUlibrary *l, const void *code, CUjit_option *o, void **v,
+                                  unsigned n, CUlibraryOption *lo, void **lv, unsigned ln) {
+    drv_write_begin();
+    CUresult r = library_load(l, code, n, o, v);
+    drv_write_end();
+    return r;
+}
+/* Lock held. */
 static CUresult unload(fimage *im) {
-    if (!im || im->dead)
+    if (capture_unsafe())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!im || im->dead) {
+        F.bad_unloads++;
         return CUDA_ERROR_INVALID_HANDLE;
+    }
     im->dead = 1;
     return CUDA_SUCCESS;
 }
-static CUresult f_ModuleUnload(CUmodule m) {
+static CUresult module_unload(CUmodule m) {
     ENTER("cuModuleUnload");
     LEAVE(unload((fimage *)m));
 }
-static CUresult f_LibraryUnload(CUlibrary l) {
+static CUresult f_ModuleUnload(CUmodule m) {
+    drv_write_begin();
+    CUresult r = module_unload(m);
+    drv_write_end();
+    return r;
+}
+static CUresult library_unload(CUlibrary l) {
     ENTER("cuLibraryUnload");
     LEAVE(unload((fimage *)l));
+}
+static CUresult f_LibraryUnload(CUlibrary l) {
+    drv_write_begin();
+    CUresult r = library_unload(l);
+    drv_write_end();
+    return r;
 }
 static int find_entry(fimage *im, const char *name) {
     for (int k = 0; k < im->meta.nentries; k++)
@@ -510,7 +632,7 @@ static CUresult f_LibraryGetGlobal(CUdeviceptr *p, size_t *s, CUlibrary l, const
     ENTER("cuLibraryGetGlobal");
     LEAVE(get_global((fimage *)l, name, p, s));
 }
-static CUresult f_KernelGetFunction(CUfunction *f, CUkernel k) {
+static CUresult kernel_get_function(CUfunction *f, CUkernel k) {
     ENTER("cuKernelGetFunction");
     if (!current())
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -541,9 +663,21 @@ static CUresult f_FuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *
     ENTER("cuFuncGetParamInfo");
     LEAVE(param_info((fkern *)f, i, off, size));
 }
-static CUresult f_FuncLoad(CUfunction f) {
+static CUresult f_KernelGetFunction(CUfunction *f, CUkernel k) {
+    drv_write_begin();
+    CUresult r = kernel_get_function(f, k);
+    drv_write_end();
+    return r;
+}
+static CUresult func_load(CUfunction f) {
     ENTER("cuFuncLoad");
     LEAVE(((fkern *)f)->img->dead ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS);
+}
+static CUresult f_FuncLoad(CUfunction f) {
+    drv_write_begin();
+    CUresult r = func_load(f);
+    drv_write_end();
+    return r;
 }
 
 /* Runs a fake kernel. Lock held. */
@@ -567,14 +701,43 @@ static CUresult run(fkern *fk, void **args) {
     return CUDA_SUCCESS;
 }
 
+static void spin_us(int us) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+static CUresult launch_kernel(CUfunction f, CUstream s, void **args);
+
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **args,
                                void **extra) {
+    int us = atomic_load(&launch_us);
+    if (us < 0)
+        return launch_kernel(f, s, args);
+    /* The driver holds its lock for reading while it launches. */
+    pthread_rwlock_rdlock(&drv_rw);
+    spin_us(us);
+    CUresult r = launch_kernel(f, s, args);
+    pthread_rwlock_unlock(&drv_rw);
+    return r;
+}
+
+static CUresult launch_kernel(CUfunction f, CUstream s, void **args) {
     ENTER("cuLaunchKernel");
     fkern *fk = (fkern *)f;
     if (fk->img->is_module && fk->img->dead)
         /* A module of a context that was reset: the driver says so. */
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    fstream *st = find_stream(s);
+    if (st && st->capturing) {
+        /* Captured: recorded in the graph, run when the graph is launched. */
+        if (st->graph->nnodes < 64)
+            st->graph->nodes[st->graph->nnodes++] = fk;
+        LEAVE(CUDA_SUCCESS);
+    }
     if (F.hold_next) {
         F.hold_next = 0;
         F.held = 1;
@@ -586,6 +749,8 @@ static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
 }
 static CUresult f_MemcpyDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
     ENTER("cuMemcpyDtoD");
+    if (capture_unsafe()) /* the legacy stream joins blocking streams' captures */
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
     memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
     LEAVE(CUDA_SUCCESS);
 }
@@ -596,6 +761,60 @@ static CUresult f_MemGetInfo(size_t *fr, size_t *total) {
 }
 static CUresult f_StreamSynchronize(CUstream s) {
     ENTER("cuStreamSynchronize");
+    if (!s && capture_unsafe())
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_MemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    ENTER("cuMemcpyDtoDAsync");
+    if (!st && capture_unsafe())
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_StreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
+    pthread_mutex_lock(&F.lock);
+    fstream *fs = find_stream(s);
+    *st = fs && fs->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_mutex_unlock(&F.lock);
+    return CUDA_SUCCESS;
+}
+static CUresult f_StreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                       CUgraph *graph, const CUgraphNode **deps,
+                                       const CUgraphEdgeData **edges, size_t *ndeps) {
+    ENTER("cuStreamGetCaptureInfo");
+    fstream *fs = find_stream(s);
+    *st = fs && fs->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (graph)
+        *graph = fs && fs->capturing ? (CUgraph)fs->graph : NULL;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_ThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) {
+    CUstreamCaptureMode old = thread_mode;
+    thread_mode = *m;
+    *m = old;
+    return CUDA_SUCCESS;
+}
+static CUresult f_UserObjectCreate(CUuserObject *o, void *ptr, CUhostFn destroy, unsigned n,
+                                   unsigned flags) {
+    ENTER("cuUserObjectCreate");
+    fuobj *u = calloc(1, sizeof *u);
+    if (!u)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    u->ptr = ptr;
+    u->destroy = destroy;
+    *o = (CUuserObject)u;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_UserObjectRelease(CUuserObject o, unsigned n) {
+    return CUDA_SUCCESS;
+}
+static CUresult f_GraphRetainUserObject(CUgraph g, CUuserObject o, unsigned n, unsigned flags) {
+    ENTER("cuGraphRetainUserObject");
+    fcgraph *cg = (fcgraph *)g;
+    fuobj *u = (fuobj *)o;
+    u->next = cg->objs;
+    cg->objs = u;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -609,7 +828,14 @@ static CUresult f_MemFree(CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
-    *s = (CUstream)(uintptr_t)0x5157;
+    fstream *st = calloc(1, sizeof *st);
+    if (!st)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&F.lock);
+    st->next = F.streams;
+    F.streams = st;
+    pthread_mutex_unlock(&F.lock);
+    *s = (CUstream)st;
     return CUDA_SUCCESS;
 }
 static CUresult f_StreamDestroy(CUstream s) {
@@ -661,6 +887,9 @@ static CUresult f_GraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n,
     LEAVE(CUDA_SUCCESS);
 }
 static CUresult f_GraphLaunch(CUgraphExec e, CUstream s) {
+    int us = F.graph_launch_us; /* set before the test's threads start */
+    if (us > 0)
+        spin_us(us);
     ENTER("cuGraphLaunch");
     fgraph *g = (fgraph *)e;
     LEAVE(run((fkern *)g->params.func, g->params.kernelParams));
@@ -684,3 +913,112 @@ const hkl_driver *fake_driver(void) {
     pthread_once(&once, fake_table_fill);
     return &fake_table;
 }
+
+/* ---- test controls added for capture, the driver lock and waits -------- */
+
+void fake_set_launch_model(int us) {
+    atomic_store(&launch_us, us);
+}
+
+void fake_set_graph_launch_us(int us) {
+    F.graph_launch_us = us;
+}
+
+int fake_bad_unloads(void) {
+    pthread_mutex_lock(&F.lock);
+    int n = F.bad_unloads;
+    pthread_mutex_unlock(&F.lock);
+    return n;
+}
+
+void fake_hold_sync(int on) {
+    pthread_mutex_lock(&F.lock);
+    F.hold_sync = on;
+    if (!on)
+        F.sync_held = 0;
+    pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_wait_sync_held(void) {
+    pthread_mutex_lock(&F.lock);
+    while (!F.sync_held)
+        pthread_cond_wait(&F.cond, &F.lock);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_capture_begin(CUstream s, CUstreamCaptureMode mode) {
+    pthread_mutex_lock(&F.lock);
+    fstream *st = find_stream(s);
+    fcgraph *g = calloc(1, sizeof *g);
+    g->next = F.cgraphs;
+    F.cgraphs = g;
+    st->capturing = 1;
+    st->mode = mode;
+    st->invalidated = 0;
+    st->graph = g;
+    pthread_mutex_unlock(&F.lock);
+}
+
+CUresult fake_capture_end(CUstream s, CUgraph *graph) {
+    pthread_mutex_lock(&F.lock);
+    fstream *st = find_stream(s);
+    st->capturing = 0;
+    *graph = st->invalidated ? NULL : (CUgraph)st->graph;
+    CUresult r = st->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    pthread_mutex_unlock(&F.lock);
+    return r;
+}
+
+int fake_captured_graph_launch(CUgraph graph, int *tag) {
+    pthread_mutex_lock(&F.lock);
+    fcgraph *g = (fcgraph *)graph;
+    int bad = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        F.launches++;
+        if (g->nodes[i]->img->dead) {
+            F.violations++;
+            bad++;
+        } else if (tag) {
+            *tag = g->nodes[i]->img->tag;
+        }
+    }
+    pthread_mutex_unlock(&F.lock);
+    return bad;
+}
+
+void fake_captured_graph_destroy(CUgraph graph) {
+    pthread_mutex_lock(&F.lock);
+    fcgraph *g = (fcgraph *)graph;
+    fuobj *objs = g->objs;
+    g->objs = NULL;
+    pthread_mutex_unlock(&F.lock);
+    /* The driver runs destructors on a thread of its own, without its lock. */
+    while (objs) {
+        fuobj *o = objs;
+        objs = o->next;
+        o->destroy(o->ptr);
+        free(o);
+    }
+}
+
+/* PTX for the fake: kernels "step(u64 out, u32 n)" and "aux(u64)", a tag,
+ * optionally a 4-byte "counter" global, optionally a changed layout. */
+char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout) {
+    static char buf[8][2048];
+    static int next;
+    char *b = buf[next++ % 8];
+    const char *params = step_layout == 0   ? ".param .u64 out, .param .u32 n"
+                         : step_layout == 1 ? ".param .u64 out, .param .u64 n"
+                                            : ".param .u64 out";
+    snprintf(b, 2048,
+             "// tag: %d\n"
+             ".version 8.0\n.target sm_90\n.address_size 64\n"
+             "%s"
+             ".visible .entry step(%s)\n{\n ret;\n}\n"
+             "%s",
+             tag, with_counter ? ".visible .global .align 4 .u32 counter;\n" : "", params,
+             with_aux ? ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n" : "");
+    return b;
+}
+

@@ -20,6 +20,11 @@
 
 #include "loader/driver.h"
 
+/* PTX the fake reads: kernels "step(u64 out, u32 n)" and optionally
+ * "aux(u64)", a tag, optionally a 4-byte "counter" global; step_layout 1 and
+ * 2 change step's parameters. Returns one of 8 rotating static buffers. */
+char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout);
+
 /* Resets all fake state: ndev devices of the given arch, nothing loaded. */
 void fake_init(int ndev, int arch);
 const hkl_driver *fake_driver(void);
@@ -55,5 +60,30 @@ CUfunction fake_graph_func(CUgraphExec exec);
 
 /* Tag of the code behind a kernel/function handle, or -1. */
 int fake_tag_of(void *fn_or_kernel);
+
+/* Models the driver's reader-preferring lock: every launch holds it for
+ * reading for `us` microseconds; loads, unloads, cuKernelGetFunction and
+ * cuFuncLoad take it for writing. Negative: off (the default). */
+void fake_set_launch_model(int us);
+/* Every cuGraphLaunch spins this long before it runs (default 0). */
+void fake_set_graph_launch_us(int us);
+/* Unloads of images already unloaded or dead with their context. */
+int fake_bad_unloads(void);
+/* While on, cuCtxSynchronize blocks (a persistent kernel runs). */
+void fake_hold_sync(int on);
+void fake_wait_sync_held(void); /* until a synchronise is blocked */
+
+/* Stream capture on a stream from cuStreamCreate. A call the driver forbids
+ * during a global-mode capture (synchronise, unload, legacy-stream copy) from
+ * a thread not in relaxed mode fails with a STREAM_CAPTURE error and
+ * invalidates the capture, as on the H200. Launches into a capturing stream
+ * become nodes of its graph. */
+void fake_capture_begin(CUstream s, CUstreamCaptureMode mode);
+CUresult fake_capture_end(CUstream s, CUgraph *graph); /* INVALIDATED or SUCCESS */
+/* Runs a captured graph's nodes; returns how many reached unloaded code, and
+ * the tag of the last node run in *tag. */
+int fake_captured_graph_launch(CUgraph graph, int *tag);
+/* Destroys the graph: its user objects' destructors run. */
+void fake_captured_graph_destroy(CUgraph graph);
 
 #endif

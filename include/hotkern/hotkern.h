@@ -105,6 +105,9 @@ typedef struct hk_report {
     double stage_ms;   /* driver load, resolve, validate */
     double commit_ms;  /* globals carried over and version published */
     int cache_hit;     /* 1 when the build came from the compile cache */
+    double wait_ms;    /* the rest of total_ms: waiting for another swap, a
+                        * safe point, or reset recovery */
+    double total_ms;   /* wall time from the call (or submission) to the outcome */
 } hk_report;
 
 /* Frees r->log and zeroes the report. r may be NULL. */
@@ -184,7 +187,15 @@ typedef struct hk_options {
     hk_event_cb on_event;
     void *userdata;         /* passed to on_event and check callbacks */
     int safe_point_wait_ms; /* how long hk_swap waits for a safe point before
-                             * staging at once; default 2000 */
+                             * staging at once, and how long a submitted
+                             * version waits for one before the worker stages
+                             * it; default 2000 */
+    int launch_hold_max_us; /* longest a launch waits at the launch gate while
+                             * a swap or an unload has the driver; default 5000
+                             * (a launch that waited this long goes on, and
+                             * the driver then orders it) */
+    int destroy_wait_ms;    /* longest hk_runtime_destroy waits for kernels
+                             * still running hotkern's code; default 5000 */
 } hk_options;
 
 /* Fills o with the defaults above. */
@@ -201,9 +212,15 @@ HK_API void hk_options_init(hk_options *o);
  * On success *out is owned by the caller: hk_runtime_destroy(). */
 HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
 
-/* Waits for workers, unloads every version, releases retained contexts. All
- * kernel handles and pins become invalid. No other thread may be inside a
- * hotkern call on rt. rt may be NULL. */
+/* Waits for the worker, unloads every version, releases retained contexts.
+ * All kernel handles and pins become invalid; graphs that captured hk_launch
+ * must not be launched afterwards. No other thread may be inside a hotkern
+ * call on rt. rt may be NULL.
+ * Bound: unloading code waits for kernels still running it (the driver does
+ * so), so destroy returns after those kernels end or after
+ * options.destroy_wait_ms, whichever comes first; in the second case the code
+ * and the runtime's memory are released by hotkern's reclaim thread when the
+ * kernels end. */
 HK_API void hk_runtime_destroy(hk_runtime *rt);
 
 /* The CUcontext used for device slot i (cast from void *), or NULL. */
@@ -298,7 +315,19 @@ typedef struct hk_dim3 {
  * stream); with the library loader the context is the stream's (or, for NULL,
  * the calling thread's current context). Safe from any thread; no lock, no
  * allocation. Returns 0, or HK_ERR_CUDA with the CUresult in *cu_result when
- * cu_result is not NULL. */
+ * cu_result is not NULL.
+ * Launch gate: while a swap or an unload needs the driver (typically well
+ * under a millisecond), launches wait here, at most
+ * options.launch_hold_max_us; without it the driver would let continuous
+ * launches starve every load.
+ * Stream capture: a launch into a capturing stream is recorded in the
+ * application's graph with the version current at that moment; that version
+ * stays loaded until the graph and every exec instantiated from it are
+ * destroyed (a CUDA user object holds it), so the graph never runs unloaded
+ * code. To have the graph follow swaps instead, register its node with
+ * hk_graph_register.
+ * After a context reset a launch may fail once (HK_ERR_CUDA); hotkern's own
+ * thread recovers, never the launching one. */
 HK_API int hk_launch(hk_kernel *k, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes, void *stream,
                      void **args, int *cu_result);
 
@@ -322,7 +351,10 @@ HK_API int hk_kernel_function(hk_kernel *k, void **cufunction);
 /* Registers kernel node `node` (CUgraphNode) of the instantiated graph `exec`
  * (CUgraphExec) as launching k: on every commit of k's module the node is
  * pointed at the new version before the old one is unloaded. Launch the graph
- * with hk_graph_launch so no commit updates it mid-launch. */
+ * with hk_graph_launch so no commit updates it mid-launch (graph launches
+ * take a lock that commits take for writing, writers first, so neither can
+ * starve the other). Register and unregister return HK_ERR_BUSY from a check
+ * callback. */
 HK_API int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k);
 HK_API int hk_graph_unregister(hk_runtime *rt, void *exec);
 HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_result);
@@ -338,7 +370,10 @@ typedef struct hk_stats {
     uint64_t context_resets;
     uint64_t cache_hits, cache_misses;
     double build_ms_total, stage_ms_total, commit_ms_total;
-    double last_swap_ms;
+    double last_swap_ms;     /* total_ms of the last commit */
+    uint64_t retired_loaded; /* replaced versions still loaded: waiting for
+                              * launches, pins, captured graphs, their GPU work
+                              * or a safe point */
 } hk_stats;
 
 /* Snapshot of the counters. Safe from any thread. */
