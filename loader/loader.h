@@ -213,6 +213,7 @@ typedef struct hkl_rtref {
 typedef enum hkl_hook_point {
     HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
     HKL_HOOK_PASS_SYNC = 2,     /* reclaim pass: contexts read, before synchronising */
+    HKL_HOOK_GATED = 3,         /* swap: launch gate closed, before staging */
 } hkl_hook_point;
 
 struct hk_runtime {
@@ -257,7 +258,7 @@ struct hk_runtime {
     int rec_kick;              /* rec_lock: work arrived; pass again at once */
     int abandoned;             /* rec_lock: destroy gave up waiting; the reclaim
                                 * thread frees the runtime when it ends */
-    int pin_poll_ms;           /* immutable: poll for pins going (tests shorten it) */
+    int pin_poll_ms;           /* rec_lock: poll for pins going (tests change it) */
     pthread_t rec_thread;      /* immutable once started */
     int rec_started;           /* immutable once started */
     int rec_finished;          /* rec_lock: its final pass is done */

@@ -322,7 +322,7 @@ static int reclaim_pass(hk_runtime *rt, int final) {
     int candidates = 0, pinned_only = 1;
     for (hkl_version *v = list; v; v = v->next)
         candidates += v->candidate = final || atomic_load(&v->pins) == 0;
-    if (rt->hook)
+    if (rt->hook && list)
         rt->hook(rt, HKL_HOOK_PASS_SNAPSHOT);
     if (candidates && !final) {
         heavy_fence(rt);

@@ -630,6 +630,8 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     }
     hkl_gate_close(rt);
     gated = 1;
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_GATED);
     if ((err = stage_and_validate(rt, m, v, job, newlay, rep)) < 0)
         goto refuse;
     hkl_gate_open(rt);
