@@ -239,14 +239,21 @@ static void count_reclaimed(hk_runtime *rt, int n) {
 }
 
 /* Finishes the GPU work queued before now, which includes every launch of
- * the versions in `list`. The contexts are read now since reset recovery may
- * replace them; a context that has gone makes its synchronise fail, which is
- * harmless here. Reclaim thread only. */
-static void sync_contexts(hk_runtime *rt) {
+ * the versions about to go. The contexts are read now since reset recovery
+ * may replace them; a context that has gone makes its synchronise fail, which
+ * is harmless here (nothing runs in it). Returns 0, or -1 when the driver
+ * refused to synchronise because of a stream capture: then nothing may be
+ * unloaded yet. Reclaim thread only. */
+static int sync_contexts(hk_runtime *rt) {
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_PASS_SYNC);
-    for (int i = 0; i < rt->ndev; i++)
-        rt->drv->CtxSynchronize(hkl_ctx(rt, i));
+    for (int i = 0; i < rt->ndev; i++) {
+        CUresult r = rt->drv->CtxSynchronize(hkl_ctx(rt, i));
+        if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+            r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+            return -1;
+    }
+    return 0;
 }
 
 /* Unloads and frees the versions of `list` (their GPU work is finished),
@@ -343,8 +350,22 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         v->next = *to;
         *to = v;
     }
-    if (ready || defer)
-        sync_contexts(rt);
+    if ((ready || defer) && sync_contexts(rt) < 0 && !final) {
+        /* Not known to be finished on the GPU: try again next pass. */
+        while (ready) {
+            hkl_version *v = ready;
+            ready = v->next;
+            v->next = keep;
+            keep = v;
+        }
+        while (defer) {
+            hkl_version *v = defer;
+            defer = v->next;
+            v->next = keep;
+            keep = v;
+        }
+        pinned_only = 0;
+    }
     unload_list(rt, ready, final);
     pthread_mutex_lock(&rt->rec_lock);
     while (keep) {

@@ -355,6 +355,21 @@ START_TEST(failed_unload_is_retried_not_counted) {
 }
 END_TEST
 
+/* A synchronise the driver refuses (a capture) proves nothing about the GPU:
+ * the versions wait for a synchronise that succeeds before they go. */
+START_TEST(refused_synchronise_unloads_nothing) {
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    fake_hold_sync(1); /* a synchronise that does happen blocks here */
+    fake_fail("cuCtxSynchronize", 1, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    swap_ok(fake_ptx(2, 0, 0, 0));
+    fake_wait_sync_held(); /* the retry, after the refused one */
+    ck_assert_int_eq(fake_live_images(), 2); /* version 1 was not unloaded */
+    fake_hold_sync(0);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+}
+END_TEST
+
 /* ---- graph launches against commits ------------------------------------ */
 
 static _Atomic int graph_stop;
@@ -687,6 +702,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, captured_graph_may_outlive_runtime);
     tcase_add_test(tc, global_capture_is_never_broken);
     tcase_add_test(tc, failed_unload_is_retried_not_counted);
+    tcase_add_test(tc, refused_synchronise_unloads_nothing);
     tcase_add_test(tc, graph_launches_do_not_starve_commits);
     tcase_add_test(tc, callbacks_may_call_back);
     tcase_add_test(tc, pin_released_mid_pass_is_fenced);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loader/loader.h"
@@ -444,6 +445,177 @@ START_TEST(graph_runs_new_version) {
 }
 END_TEST
 
+/* Swaps srt's "sim" to the other image; returns the tag now running. */
+static int swap_other(void) {
+    int next = hk_module_version(srt, "sim") % 2 ? 2 : 1;
+    swap_ok(srt, "sim", next == 2 ? img_v2 : img_v1, next == 2 ? n_v2 : n_v1);
+    return next;
+}
+
+static double ms_since(struct timespec t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6;
+}
+
+enum { UNPACED = 8 };
+static atomic_long unpaced_launches, unpaced_failures;
+
+static void *unpaced_loop(void *arg) {
+    int id = (int)(intptr_t)arg;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    int *region = d_region + (id % NTHREADS) * REGION, *tag = d_tags + (id % NTHREADS), n = 128;
+    void *args[] = {&region, &n, &tag};
+    long mine = 0, bad = 0;
+    while (!atomic_load(&stop_launchers)) {
+        if (hk_launch(sk, (hk_dim3){1, 1, 1}, (hk_dim3){128, 1, 1}, 0, s, args, NULL))
+            bad++;
+        mine++;
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    atomic_fetch_add(&unpaced_launches, mine);
+    atomic_fetch_add(&unpaced_failures, bad);
+    return NULL;
+}
+
+/* Eight threads launch on their own streams with no synchronize and no
+ * pause, and swaps go back to back: the driver alone starved every swap
+ * here (0 of 10,000 in 220 s); with the launch gate each one finishes. */
+START_TEST(swaps_finish_under_unpaced_launchers) {
+    atomic_store(&stop_launchers, 0);
+    atomic_store(&unpaced_launches, 0);
+    atomic_store(&unpaced_failures, 0);
+    pthread_t t[UNPACED];
+    for (int i = 0; i < UNPACED; i++)
+        pthread_create(&t[i], NULL, unpaced_loop, (void *)(intptr_t)i);
+    usleep(100 * 1000);
+    enum { SWAPS = 1000 };
+    static double lat[SWAPS];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < SWAPS; i++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        swap_other();
+        lat[i] = ms_since(ts);
+    }
+    double total = ms_since(t0);
+    atomic_store(&stop_launchers, 1);
+    for (int i = 0; i < UNPACED; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(atomic_load(&unpaced_failures), 0);
+    double max = 0;
+    for (int i = 0; i < SWAPS; i++)
+        max = lat[i] > max ? lat[i] : max;
+    printf("  %d swaps under %d unpaced launchers in %.0f ms (max %.2f ms), %ld launches\n",
+           SWAPS, UNPACED, total, max, atomic_load(&unpaced_launches));
+    ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0);
+    hk_stats st;
+    hk_stats_get(srt, &st);
+    ck_assert_uint_eq(st.live_versions, 1);
+}
+END_TEST
+
+/* A graph captured (global mode) from hk_launch, then 20 commits with the
+ * reclaim thread running: the graph still runs the version it captured,
+ * which stays loaded until the graph and its exec are destroyed. */
+START_TEST(captured_graph_survives_20_swaps) {
+    cudaStream_t s;
+    CK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int n = 128, *region = d_region, *tag = d_tags;
+    void *args[] = {&region, &n, &tag};
+    int captured = hk_module_version(srt, "sim") % 2 ? 1 : 2;
+    CK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ck_assert_int_eq(hk_launch(sk, (hk_dim3){1, 1, 1}, (hk_dim3){128, 1, 1}, 0, s, args, NULL), 0);
+    cudaGraph_t g;
+    CK_CUDA(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t exec;
+    CK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+    for (int i = 0; i < 20; i++)
+        swap_other();
+    ck_assert_int_eq(hk_reclaim_wait(srt, 500), HK_ERR_TIMEOUT); /* the captured one stays */
+    hk_stats st;
+    hk_stats_get(srt, &st);
+    ck_assert_uint_eq(st.retired_loaded, 1);
+    CK_CUDA(cudaMemset(d_tags, 0, sizeof(int)));
+    CK_CUDA(cudaGraphLaunch(exec, s));
+    CK_CUDA(cudaStreamSynchronize(s));
+    int got = 0;
+    CK_CUDA(cudaMemcpy(&got, d_tags, sizeof got, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(got, captured);
+    CK_CUDA(cudaGraphExecDestroy(exec));
+    CK_CUDA(cudaGraphDestroy(g));
+    ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0); /* released with the graph */
+    CK_CUDA(cudaStreamDestroy(s));
+}
+END_TEST
+
+static atomic_int cap_phase; /* 1: capturing, 2: main is done */
+static cudaError_t cap_end_err, cap_run_err;
+
+static void *global_capture_thread(void *arg) {
+    (void)arg;
+    cudaStream_t s;
+    cudaStreamCreate(&s); /* a blocking stream: the strictest case */
+    int *buf;
+    cudaMalloc((void **)&buf, 1 << 20);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaMemsetAsync(buf, 1, 1 << 20, s);
+    atomic_store(&cap_phase, 1);
+    while (atomic_load(&cap_phase) != 2)
+        usleep(1000);
+    cudaMemsetAsync(buf, 2, 1 << 20, s);
+    cudaGraph_t g = NULL;
+    cap_end_err = cudaStreamEndCapture(s, &g);
+    cap_run_err = cudaErrorUnknown;
+    if (cap_end_err == cudaSuccess) {
+        cudaGraphExec_t exec;
+        cap_run_err = cudaGraphInstantiate(&exec, g, 0);
+        if (cap_run_err == cudaSuccess) {
+            cap_run_err = cudaGraphLaunch(exec, s);
+            if (cap_run_err == cudaSuccess)
+                cap_run_err = cudaStreamSynchronize(s);
+            cudaGraphExecDestroy(exec);
+        }
+        cudaGraphDestroy(g);
+    }
+    cudaFree(buf);
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+/* Another thread captures in global mode (PyTorch's default) while this one
+ * swaps 100 times, carries a __device__ global over, pins and unpins, and
+ * hotkern's reclaim thread synchronises and unloads: the capture ends with
+ * cudaSuccess and its graph runs. */
+START_TEST(global_capture_survives_100_swaps) {
+    atomic_store(&cap_phase, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, global_capture_thread, NULL);
+    while (atomic_load(&cap_phase) != 1)
+        usleep(1000);
+    for (int i = 0; i < 100; i++) {
+        swap_other();
+        if (i % 10 == 9) {
+            hk_pin *p;
+            ck_assert_int_eq(hk_pin_module(srt, "sim", &p), 0);
+            ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0); /* unloads mid-capture */
+            hk_unpin(p);
+        }
+    }
+    atomic_store(&cap_phase, 2);
+    pthread_join(t, NULL);
+    ck_assert_msg(cap_end_err == cudaSuccess, "capture ended with %s",
+                  cudaGetErrorName(cap_end_err));
+    ck_assert_msg(cap_run_err == cudaSuccess, "captured graph: %s", cudaGetErrorName(cap_run_err));
+    hk_stats st;
+    hk_stats_get(srt, &st);
+    ck_assert_uint_eq(st.retired_loaded, 0);
+}
+END_TEST
+
 START_TEST(safe_point_staging) {
     hk_swap_options so;
     hk_swap_options_init(&so);
@@ -477,10 +649,18 @@ START_TEST(device_reset_survived) {
     CK_CUDA(cudaDeviceReset());
     /* The application starts again with new buffers; hotkern's kernels run. */
     check_affine(srt, "sim", 3); /* library: survived as is */
-    check_affine(mrt, "m", 3);   /* module: reloaded on the failed launch */
+    /* Module: dead with the context; hotkern's thread notices (at once after
+     * a failed launch, else within its 200 ms poll) and reloads it. */
+    hk_stats st;
+    for (int i = 0; i < 500; i++) {
+        hk_stats_get(mrt, &st);
+        if (st.context_resets)
+            break;
+        usleep(10 * 1000);
+    }
+    check_affine(mrt, "m", 3);
     swap_ok(srt, "sim", img_v2, n_v2);
     check_affine(srt, "sim", 3);
-    hk_stats st;
     hk_stats_get(srt, &st);
     ck_assert_uint_ge(st.context_resets, 1);
     hk_stats_get(mrt, &st);
@@ -509,6 +689,9 @@ int main(void) {
     tcase_add_test(tc, refusals_while_launching);
     tcase_add_test(tc, global_counter_survives_100_swaps);
     tcase_add_test(tc, graph_runs_new_version);
+    tcase_add_test(tc, swaps_finish_under_unpaced_launchers);
+    tcase_add_test(tc, captured_graph_survives_20_swaps);
+    tcase_add_test(tc, global_capture_survives_100_swaps);
     tcase_add_test(tc, safe_point_staging);
     tcase_add_test(tc, device_reset_survived);
     suite_add_tcase(s, tc);
