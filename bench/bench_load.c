@@ -74,7 +74,7 @@ typedef struct {
 /* Written before the launchers are created, read-only while they run. */
 static const phase *ph;
 static _Atomic uint64_t deadline;
-static atomic_int stop, ready, in_phase;
+static atomic_int stop, ready, go, in_phase;
 static char label[64]; /* of the phase running */
 
 typedef struct {
@@ -115,7 +115,11 @@ static void *launch_loop(void *arg) {
     int idx = 0, copying = 0;
     void *args[] = {&L->ring, &idx};
     long n = 0;
+    /* Nobody launches before every launcher is set up: under continuous
+     * launches even cuStreamCreate and cudaEventCreate wait for ever. */
     atomic_fetch_add(&ready, 1);
+    while (!atomic_load(&go))
+        ;
     uint64_t last = L->t_first = bench_ns();
     while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
         idx = (int)(n % RING);
@@ -179,11 +183,15 @@ typedef struct {
     size_t free0, free1, free_min;
 } sampler;
 
-static void sample(sampler *S) {
+/* Device memory is read only while no launcher runs (with_mem): under
+ * continuous launches cuMemGetInfo waits for the driver's lock like a load
+ * does, and hotkern cannot hold launches it does not make. */
+static void sample(sampler *S, int with_mem) {
     hk_stats st;
     hk_stats_get(rt, &st);
-    size_t fr = 0, total = 0;
-    bd.MemGetInfo(&fr, &total);
+    size_t fr = S->n ? S->free1 : 0, total = 0;
+    if (with_mem)
+        bd.MemGetInfo(&fr, &total);
     if (!S->n++) {
         S->live0 = S->live_max = st.live_versions;
         S->free0 = S->free_min = fr;
@@ -223,7 +231,7 @@ static void hk_swaps(swaps *w, int max, sampler *S) {
         }
         hk_report_clear(&rep);
         if (w->attempted % SAMPLE_EVERY == 0)
-            sample(S);
+            sample(S, 0);
     }
 }
 
@@ -261,7 +269,7 @@ static void raw_cycles(swaps *w, int max, sampler *S) {
             w->lat[w->done++] = ms;
         }
         if (w->attempted % SAMPLE_EVERY == 0)
-            sample(S);
+            sample(S, 0);
     }
 }
 
@@ -312,8 +320,10 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     }
     cudaMemset(d_rings, 0, (size_t)n * RING * sizeof(int));
     cudaDeviceSynchronize();
+    sample(&S, 1);
     atomic_store(&stop, 0);
     atomic_store(&ready, 0);
+    atomic_store(&go, 0);
     atomic_store(&deadline, bench_ns() + (uint64_t)(cap_s * 1e9));
     atomic_store(&in_phase, 1);
     for (int i = 0; i < n; i++) {
@@ -326,7 +336,8 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     }
     while (atomic_load(&ready) < n)
         usleep(100);
-    sample(&S);
+    atomic_store(&deadline, bench_ns() + (uint64_t)(cap_s * 1e9));
+    atomic_store(&go, 1);
     uint64_t t0 = bench_ns();
     if (p->raw_swap)
         raw_cycles(&w, max_swaps, &S);
@@ -336,10 +347,10 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     atomic_store(&stop, 1);
     for (int i = 0; i < n; i++)
         pthread_join(L[i].tid, NULL);
-    sample(&S);
+    sample(&S, 1);
     sampler end = S;
     hk_reclaim_wait(rt, 10000);
-    sample(&S);
+    sample(&S, 1);
     atomic_store(&in_phase, 0);
 
     long launches = 0, failed = 0, rb_err = 0, bad = 0, tags[3] = {0};

@@ -84,6 +84,15 @@ static void cpu_relax(void) {
  * are in the driver for microseconds unless the driver blocks them, so this
  * spins, then yields. */
 void hkl_gate_close(hk_runtime *rt) {
+    /* Fairness: launchers held by the previous closer go first (each gets
+     * at least one launch), or back-to-back swaps would keep them out until
+     * launch_hold_max_us. Bounded, and skipped while another closer holds
+     * the gate (they could not go anyway). */
+    if (atomic_load(&rt->gate_waiters) && !atomic_load(&rt->gate)) {
+        double until = hkl_now_ms() + 1.0;
+        while (atomic_load(&rt->gate_waiters) && !atomic_load(&rt->gate) && hkl_now_ms() < until)
+            sched_yield();
+    }
     atomic_fetch_add(&rt->gate, 1);
     heavy_fence(rt);
     for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
@@ -106,9 +115,12 @@ void hkl_gate_open(hk_runtime *rt) {
 /* A launcher at a closed gate: spins a little (gated sections are short),
  * then sleeps until it opens, at most launch_hold_max_us in all. */
 void hkl_gate_wait(hk_runtime *rt) {
+    atomic_fetch_add(&rt->gate_waiters, 1);
     for (int i = 0; i < 512; i++) {
-        if (!atomic_load_explicit(&rt->gate, memory_order_acquire))
+        if (!atomic_load_explicit(&rt->gate, memory_order_acquire)) {
+            atomic_fetch_sub(&rt->gate_waiters, 1);
             return;
+        }
         cpu_relax();
     }
     struct timespec ts;
@@ -125,6 +137,7 @@ void hkl_gate_wait(hk_runtime *rt) {
         if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts))
             break;
     pthread_mutex_unlock(&rt->gate_lock);
+    atomic_fetch_sub(&rt->gate_waiters, 1);
 }
 
 /* ---- epoch slots -------------------------------------------------------- */
@@ -303,8 +316,9 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
 
 /* One pass: unloads what is ready, hands what waits for a safe point to
  * unload_ready (after its GPU work finished), puts the rest back. Returns 1
- * while versions still wait for a launch, 2 while they wait only for pins.
- * rec_lock not held. */
+ * while versions still wait for a launch, 2 while they wait only for pins, 3
+ * while a stream capture keeps the driver from synchronising. rec_lock not
+ * held. */
 static int reclaim_pass(hk_runtime *rt, int final) {
     pthread_mutex_lock(&rt->rec_lock);
     rt->rec_kick = 0;
@@ -326,7 +340,7 @@ static int reclaim_pass(hk_runtime *rt, int final) {
      * next pass (and its fence). Pinned versions are not candidates, and the
      * fence (an interrupt on every CPU running one of the program's threads)
      * is paid only when some version could go. */
-    int candidates = 0, pinned_only = 1;
+    int candidates = 0, pinned_only = 1, refused = 0;
     for (hkl_version *v = list; v; v = v->next)
         candidates += v->candidate = final || atomic_load(&v->pins) == 0;
     if (rt->hook && list)
@@ -364,7 +378,7 @@ static int reclaim_pass(hk_runtime *rt, int final) {
             v->next = keep;
             keep = v;
         }
-        pinned_only = 0;
+        refused = 1;
     }
     unload_list(rt, ready, final);
     pthread_mutex_lock(&rt->rec_lock);
@@ -380,7 +394,7 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         v->next = rt->unload_ready;
         rt->unload_ready = v;
     }
-    int left = rt->retired == NULL ? 0 : pinned_only ? 2 : 1;
+    int left = rt->retired == NULL ? 0 : refused ? 3 : pinned_only ? 2 : 1;
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     return left;
@@ -424,7 +438,8 @@ static void *reclaim_main(void *arg) {
         else if (!rt->rec_stop && !rt->rec_kick && left)
             /* Versions wait for a launch to finish (poll briefly) or for a
              * pin, whose release kicks this thread. */
-            timed_wait(&rt->rec_cond, &rt->rec_lock, left == 2 ? rt->pin_poll_ms : 1);
+            timed_wait(&rt->rec_cond, &rt->rec_lock,
+                       left == 2 ? rt->pin_poll_ms : left == 3 ? 10 : 1);
         int stop = rt->rec_stop;
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)
