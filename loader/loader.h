@@ -175,6 +175,7 @@ struct hkl_job {
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
+    hk_header *headers; /* owned copy behind opt.headers (hkp_headers_dup) */
 };
 
 struct hk_runtime {
@@ -225,6 +226,9 @@ struct hk_runtime {
 
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
+
+    hk_header *headers; /* immutable after create: copy of opt.headers */
+    hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
 };
 
 /* runtime.c */

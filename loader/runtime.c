@@ -293,6 +293,17 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     }
     rt->opt.cache_dir = rt->cache_dir;
 
+    if ((err = hkp_headers_dup(o.headers, o.nheaders > 0 ? o.nheaders : 0, &rt->headers)) < 0) {
+        hkl_report_set(rep, err, "options.headers: %s",
+                       err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+        goto fail;
+    }
+    rt->opt.headers = rt->headers;
+    rt->opt.nheaders = rt->headers ? o.nheaders : 0;
+    /* A runtime that cannot warm up still works: its first build pays. */
+    if (!o.no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
+        rt->warm = NULL;
+
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
         hkl_report_set(rep, err, "cannot start hotkern threads");
         goto fail;
@@ -349,6 +360,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
     if (!rt)
         return;
     hkn_watch_release(rt);
+    hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
     hkl_reclaim_stop(rt); /* unloads everything retired */
     hkl_graphs_free(rt);
@@ -365,6 +377,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
                 rt->drv->DevicePrimaryCtxRelease(rt->dev[i].dev);
     hkp_cache_close(rt->cache);
     free(rt->cache_dir);
+    free(rt->headers);
     if (rt->drv == &rt->drv_own)
         hkl_driver_close(&rt->drv_own);
     pthread_mutex_destroy(&rt->swap_lock);

@@ -170,6 +170,17 @@ typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata, char *msg,
                            size_t msg_size);
 
+/* A header held in memory. CUDA C builds find it by `name` exactly as written
+ * in an #include ("common.cuh" or <common.cuh>) before any file, so kernels
+ * that include their own headers build where those files do not exist (a
+ * server receiving a push, a test). `data` is text and need not be
+ * NUL-terminated; it is copied by the call that takes it. */
+typedef struct hk_header {
+    const char *name; /* e.g. "common.cuh"; not empty */
+    const void *data;
+    size_t size;
+} hk_header;
+
 typedef struct hk_options {
     const int *devices;       /* CUDA device ordinals; NULL means {0} */
     int ndevices;             /* entries in devices; 0 means 1 */
@@ -182,9 +193,16 @@ typedef struct hk_options {
                                * "" disables the cache */
     uint64_t cache_max_bytes; /* default 256 MiB */
     hk_event_cb on_event;
-    void *userdata;         /* passed to on_event and check callbacks */
-    int safe_point_wait_ms; /* how long hk_swap waits for a safe point before
-                             * staging at once; default 2000 */
+    void *userdata;           /* passed to on_event and check callbacks */
+    int safe_point_wait_ms;   /* how long hk_swap waits for a safe point before
+                               * staging at once; default 2000 */
+    const hk_header *headers; /* in-memory headers for every CUDA C build of
+                               * the runtime (copied); a swap's own headers of
+                               * the same name come first */
+    int nheaders;
+    int no_warm_start; /* 1: do not warm NVRTC up on a background thread at
+                        * create (default 0: the first CUDA C swap then does
+                        * not pay NVRTC's start-up) */
 } hk_options;
 
 /* Fills o with the defaults above. */
@@ -227,6 +245,9 @@ typedef struct hk_swap_options {
     hk_stage_mode stage;      /* default HK_STAGE_AUTO */
     hk_check_cb check;        /* optional */
     const char *origin;       /* for events; default "api" */
+    const hk_header *headers; /* in-memory headers for this build (copied);
+                               * they hide the runtime's of the same name */
+    int nheaders;
 } hk_swap_options;
 
 HK_API void hk_swap_options_init(hk_swap_options *o);
