@@ -116,8 +116,11 @@ static void locate(void) {
         return; /* the fingerprint stays zero: the cache is off then anyway */
     crypto_generichash_init(&st, NULL, 0, HKP_KEY_BYTES);
     nvrtcVersion(&maj, &min);
-    snprintf(path, sizeof path, "nvrtc %d.%d|%s|%s", maj, min, toolkit.include, toolkit.cccl);
+    snprintf(path, sizeof path, "nvrtc %d.%d", maj, min);
     crypto_generichash_update(&st, (const unsigned char *)path, strlen(path) + 1);
+    crypto_generichash_update(&st, (const unsigned char *)toolkit.include,
+                              strlen(toolkit.include) + 1);
+    crypto_generichash_update(&st, (const unsigned char *)toolkit.cccl, strlen(toolkit.cccl) + 1);
     if (toolkit.nvrtc[0])
         h_stat(&st, toolkit.nvrtc);
     for (size_t i = 0; toolkit.include[0] && i < sizeof marks / sizeof marks[0]; i++) {
