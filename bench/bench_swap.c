@@ -4,8 +4,18 @@
  * that do the same work without hotkern's checks. Then scale: the cost of
  * swapping one module while 1, 100 or 1,000 kernels have handles.
  *
+ * Every "new" CUDA C source differs from the last by a constant in the code
+ * (bench_variant), never by a comment: NVRTC compiles a comment-only change
+ * several times faster than a real edit, and a peer that does not profit from
+ * that would be compared unfairly. The raw baselines compile the same kind of
+ * variants. A cub/cuda::std kernel is measured too (raw NVRTC with the
+ * toolkit's include directories, hotkern with its PCH), and so is the first
+ * swap in a fresh process after hk_runtime_create (a child process, run
+ * with --first-swap).
+ *
  * The peer (CuPy RawModule compile + get_function) is measured by
- * bench/cupy_peer.py in the same run (bench/run.sh).
+ * bench/cupy_peer.py in the same run (bench/run.sh), on the same formats
+ * (bench_swap --source-fmt small|cub prints them).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +27,7 @@
 #include "bench/common.h"
 #include "hotkern/hotkern.h"
 
-enum { REPS = 15 };
+enum { REPS = 15, REPS_CUB = 7 };
 
 static CUdeviceptr buf;
 static int nelem = 1 << 16;
@@ -39,11 +49,51 @@ static void launch_hk(hk_runtime *rt, const char *mod) {
     bench_ctx_sync();
 }
 
-/* A variant of the small source that no cache has seen. */
+/* A constant no earlier run or cache has seen: the process id, then i. */
+static int fresh_const(int i) {
+    return (int)(getpid() % 20000) * 1000 + i % 1000;
+}
+
+/* A variant of the small source that no cache has seen (static storage,
+ * valid until the next call). */
 static char *fresh_src(int i) {
-    static char buf_[8192];
-    snprintf(buf_, sizeof buf_, "%s// variant %d %d\n", bench_src_small, (int)getpid(), i);
-    return buf_;
+    static char *last;
+    free(last);
+    last = bench_variant(bench_fmt_small, fresh_const(i));
+    return last;
+}
+
+/* Raw NVRTC to a cubin + cuLibraryLoadData + launch of k0, timed in ms. With
+ * toolkit set, the toolkit's include directories are passed as -I (what a
+ * program without hotkern must do for cub). */
+static double raw_nvrtc_swap(const char *src, int toolkit) {
+    const hkp_toolkit *tk = hkp_toolkit_get();
+    char opt[32], inc[4200], cccl[4200];
+    snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", bench_arch());
+    snprintf(inc, sizeof inc, "-I%s", tk->include);
+    snprintf(cccl, sizeof cccl, "-I%s", tk->cccl);
+    const char *opts[] = {opt, inc, cccl};
+    uint64_t t0 = bench_ns();
+    nvrtcProgram prog;
+    nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
+    if (nvrtcCompileProgram(prog, toolkit ? 3 : 1, opts) != NVRTC_SUCCESS) {
+        fprintf(stderr, "raw NVRTC failed\n");
+        exit(1);
+    }
+    size_t n;
+    nvrtcGetCUBINSize(prog, &n);
+    char *bin = malloc(n);
+    nvrtcGetCUBIN(prog, bin);
+    nvrtcDestroyProgram(&prog);
+    CUlibrary lib;
+    CUkernel k;
+    bd.LibraryLoadData(&lib, bin, NULL, NULL, 0, NULL, NULL, 0);
+    bd.LibraryGetKernel(&k, lib, "k0");
+    launch_raw((CUfunction)k);
+    double ms = (double)(bench_ns() - t0) / 1e6;
+    bd.LibraryUnload(lib);
+    free(bin);
+    return ms;
 }
 
 static void report(const char *what, double *v, int n, double base) {
@@ -150,30 +200,31 @@ static void latency(void) {
     report("hk_swap(PTX via driver JIT)+launch", hk, REPS, base_ptx);
     hk_runtime_destroy(rtj);
 
-    /* CUDA C */
-    for (int i = 0; i < REPS; i++) {
-        const char *src = fresh_src(i);
-        uint64_t t0 = bench_ns();
-        nvrtcProgram prog;
-        char opt[32];
-        snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", bench_arch());
-        const char *opts[] = {opt};
-        nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
-        nvrtcCompileProgram(prog, 1, opts);
-        size_t n;
-        nvrtcGetCUBINSize(prog, &n);
-        char *bin = malloc(n);
-        nvrtcGetCUBIN(prog, bin);
-        nvrtcDestroyProgram(&prog);
-        CUlibrary lib;
-        CUkernel k;
-        bd.LibraryLoadData(&lib, bin, NULL, NULL, 0, NULL, NULL, 0);
-        bd.LibraryGetKernel(&k, lib, "k0");
-        launch_raw((CUfunction)k);
-        raw[i] = (double)(bench_ns() - t0) / 1e6;
-        bd.LibraryUnload(lib);
-        free(bin);
+    /* PTX through nvJitLink, served by the compile cache after the first. */
+    char pcache[] = "/tmp/hk-bench-ptx-cache-XXXXXX";
+    if (!mkdtemp(pcache)) {
+        perror("mkdtemp");
+        exit(1);
     }
+    hk_runtime *rtp = rt_with(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK, pcache);
+    swap_or_die(rtp, "m", ptx, nptx);
+    for (int i = 0; i < REPS; i++) {
+        uint64_t t0 = bench_ns();
+        swap_or_die(rtp, "m", ptx, nptx);
+        launch_hk(rtp, "m");
+        hk[i] = (double)(bench_ns() - t0) / 1e6;
+    }
+    report("hk_swap(PTX via nvJitLink, cache hit)+launch", hk, REPS, base_ptx);
+    hk_stats pst;
+    hk_stats_get(rtp, &pst);
+    printf("  (cache: %llu hits, %llu misses)\n", (unsigned long long)pst.cache_hits,
+           (unsigned long long)pst.cache_misses);
+    hk_runtime_destroy(rtp);
+
+    /* CUDA C, each source a real edit (a changed constant). */
+    (void)raw_nvrtc_swap(fresh_src(900), 0); /* NVRTC's start-up is not a swap */
+    for (int i = 0; i < REPS; i++)
+        raw[i] = raw_nvrtc_swap(fresh_src(i), 0);
     double base_cu = bench_median(raw, REPS);
     report("raw NVRTC(cubin)+cuLibraryLoadData+launch", raw, REPS, 0);
     char cache[] = "/tmp/hk-bench-cache-XXXXXX";
@@ -203,11 +254,38 @@ static void latency(void) {
     hk_stats_get(rtc, &st);
     printf("  (cache: %llu hits, %llu misses)\n", (unsigned long long)st.cache_hits,
            (unsigned long long)st.cache_misses);
+
+    /* A cub/cuda::std kernel, each source a real edit. The first swap of
+     * each side is left out: hotkern's creates the PCH of the toolkit
+     * headers, and both pay the headers' first parse. */
+    char *cub = bench_variant(bench_fmt_cub, fresh_const(950));
+    (void)raw_nvrtc_swap(cub, 1);
+    free(cub);
+    double rawc[REPS_CUB], hkc[REPS_CUB];
+    for (int i = 0; i < REPS_CUB; i++) {
+        cub = bench_variant(bench_fmt_cub, fresh_const(100 + i));
+        rawc[i] = raw_nvrtc_swap(cub, 1);
+        free(cub);
+    }
+    double base_cub = bench_median(rawc, REPS_CUB);
+    report("raw NVRTC(cub kernel, -I toolkit)+load+launch", rawc, REPS_CUB, 0);
+    cub = bench_variant(bench_fmt_cub, fresh_const(960));
+    swap_or_die(rtc, "c", cub, strlen(cub));
+    free(cub);
+    for (int i = 0; i < REPS_CUB; i++) {
+        cub = bench_variant(bench_fmt_cub, fresh_const(200 + i));
+        uint64_t t0 = bench_ns();
+        swap_or_die(rtc, "c", cub, strlen(cub));
+        launch_hk(rtc, "c");
+        hkc[i] = (double)(bench_ns() - t0) / 1e6;
+        free(cub);
+    }
+    report("hk_swap(cub kernel, real edit, PCH)+launch", hkc, REPS_CUB, base_cub);
     hk_runtime_destroy(rtc);
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", cache, pcache);
     if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", cache);
+        fprintf(stderr, "could not remove %s, %s\n", cache, pcache);
     hk_runtime_destroy(rt);
     free(cubin);
     free(ptx);
@@ -276,14 +354,62 @@ static void scale(void) {
     }
 }
 
+/* In a fresh process: the first CUDA C swap after hk_runtime_create (which
+ * starts warming NVRTC up in the background), after pause_ms, against the
+ * median of the warm swaps that follow. */
+static void first_swap(int pause_ms) {
+    hk_runtime *rt = rt_with(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK, "");
+    if (pause_ms > 0)
+        usleep((useconds_t)pause_ms * 1000);
+    double warm[REPS];
+    uint64_t t0 = bench_ns();
+    const char *src = fresh_src(700);
+    swap_or_die(rt, "m", src, strlen(src));
+    launch_hk(rt, "m");
+    double first = (double)(bench_ns() - t0) / 1e6;
+    for (int i = 0; i < REPS; i++) {
+        src = fresh_src(710 + i);
+        t0 = bench_ns();
+        swap_or_die(rt, "m", src, strlen(src));
+        launch_hk(rt, "m");
+        warm[i] = (double)(bench_ns() - t0) / 1e6;
+    }
+    double w = bench_median(warm, REPS);
+    printf("  first hk_swap(CUDA C)+launch, %4d ms after create   %8.3f ms  x%.2f of a warm swap "
+           "(median %.3f ms)\n",
+           pause_ms, first, first / w, w);
+    hk_runtime_destroy(rt);
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--source-fmt")) {
+        /* The peer benchmark compiles the same code: a printf format of one
+         * int, the constant that changes from variant to variant. */
+        fputs(strcmp(argv[2], "cub") ? bench_fmt_small : bench_fmt_cub, stdout);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--source")) {
-        fputs(bench_src_small, stdout); /* the peer benchmark compiles the same code */
+        fputs(bench_src_small, stdout);
+        return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--first-swap")) {
+        bench_init("bench_swap --first-swap");
+        bd.MemAlloc(&buf, (size_t)nelem * sizeof(float));
+        first_swap(atoi(argv[2]));
         return 0;
     }
     bench_init("bench_swap");
     bd.MemAlloc(&buf, (size_t)nelem * sizeof(float));
     latency();
     scale();
+    fflush(stdout);
+    printf("first swap in a fresh process (child processes):\n");
+    fflush(stdout);
+    for (int i = 0; i < 2; i++) {
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "'%s' --first-swap %d | grep '^  first'", argv[0], i ? 1000 : 0);
+        if (system(cmd) != 0)
+            fprintf(stderr, "bench: %s failed\n", cmd);
+    }
     return 0;
 }

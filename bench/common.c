@@ -11,6 +11,45 @@
 hkl_driver bd;
 static int arch;
 
+#define SMALL_K1_K4                                                                                \
+    "extern \"C\" __global__ void k1(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
+    "threadIdx.x; if (i < n) x[i] = sqrtf(fabsf(x[i])); }\n"                                       \
+    "extern \"C\" __global__ void k2(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
+    "threadIdx.x; if (i < n) x[i] = sinf(x[i]) * cosf(x[i]); }\n"                                  \
+    "extern \"C\" __global__ void k3(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
+    "threadIdx.x; if (i < n && i > 0) x[i] = x[i] + x[i - 1]; }\n"                                 \
+    "extern \"C\" __global__ void k4(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
+    "threadIdx.x; if (i < n) x[i] = expf(-x[i] * x[i]); }\n"
+
+const char *bench_fmt_small =
+    "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + %d.0f; }\n" SMALL_K1_K4;
+
+const char *bench_fmt_cub = "#include <cub/block/block_reduce.cuh>\n"
+                            "#include <cuda/std/cstdint>\n"
+                            "extern \"C\" __global__ void k0(float *x, int n) {\n"
+                            "    using BR = cub::BlockReduce<float, 256>;\n"
+                            "    __shared__ typename BR::TempStorage tmp;\n"
+                            "    cuda::std::int32_t i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                            "    float s = BR(tmp).Sum(i < n ? x[i] * %d.0f : 0.0f);\n"
+                            "    if (threadIdx.x == 0 && i < n) x[i] = s;\n"
+                            "}\n";
+
+char *bench_variant(const char *fmt, int v) {
+    size_t n = strlen(fmt) + 32;
+    char *s = malloc(n);
+    if (!s) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    /* The formats are this file's own constants, each with one %d. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    snprintf(s, n, fmt, v);
+#pragma GCC diagnostic pop
+    return s;
+}
+
 const char *bench_src_small =
     "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
     "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + 1.0f; }\n"

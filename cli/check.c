@@ -5,7 +5,12 @@
  * (NVRTC, nvJitLink, the metadata parsers, the architecture check) without a
  * GPU, and prints compiler messages as "file:line: ..." so that editors and
  * terminals can jump to them. No compile cache is used, so every run really
- * compiles.
+ * compiles. The toolkit's headers (cub, cuda::std, cooperative_groups,
+ * cuda_fp16 ...) are found without -I, as in a swap.
+ *
+ * A file whose kernels are all templates compiles to nothing: NVRTC
+ * instantiates only what is named. Rather than report "0 kernels", check
+ * says which templates it saw and how to name an instantiation.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,21 +23,26 @@
 #define MAX_FILE_BYTES (256u << 20)
 
 static void check_usage(FILE *f) {
-    fprintf(f,
-            "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]] [--ptx-only] FILE...\n"
-            "\n"
-            "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
-            "its content) for one GPU architecture, as hotkern would before a swap.\n"
-            "\n"
-            "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
-            "  -I DIR         add DIR to the include path of CUDA C files\n"
-            "  -D NAME[=VAL]  define a macro for CUDA C files\n"
-            "  --ptx-only     stop at PTX: CUDA C is compiled to PTX and PTX is only parsed,\n"
-            "                 not linked to a cubin\n"
-            "  -h, --help     show this help\n"
-            "\n"
-            "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
-            "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n");
+    fprintf(f, "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
+               "                     [--name-expression EXPR]... [--ptx-only] FILE...\n"
+               "\n"
+               "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
+               "its content) for one GPU architecture, as hotkern would before a swap.\n"
+               "\n"
+               "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
+               "  -I DIR         add DIR to the include path of CUDA C files\n"
+               "  -D NAME[=VAL]  define a macro for CUDA C files\n"
+               "  --name-expression EXPR\n"
+               "                 instantiate a template kernel, e.g. 'scale<float>' (as\n"
+               "                 hk_swap_options.name_expressions does); may be repeated\n"
+               "  --ptx-only     stop at PTX: CUDA C is compiled to PTX and PTX is only parsed,\n"
+               "                 not linked to a cubin\n"
+               "  -h, --help     show this help\n"
+               "\n"
+               "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
+               "A file whose kernels are all templates, none of them instantiated, fails\n"
+               "with the templates' names and a --name-expression to try.\n"
+               "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n");
 }
 
 static int parse_arch(const char *s) {
@@ -158,14 +168,135 @@ static void print_ok(const char *path, const hkp_artifact *a) {
     printf(")\n");
 }
 
+/* A copy of src with comments, string and character literals blanked, so
+ * that a scan for keywords sees code only. */
+static char *code_only(const char *src, size_t n) {
+    char *c = malloc(n + 1);
+    if (!c)
+        return NULL;
+    memcpy(c, src, n);
+    c[n] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (c[i] == '/' && i + 1 < n && c[i + 1] == '/') {
+            while (i < n && c[i] != '\n')
+                c[i++] = ' ';
+        } else if (c[i] == '/' && i + 1 < n && c[i + 1] == '*') {
+            size_t j = i;
+            while (j < n && !(j > i + 1 && c[j - 1] == '*' && c[j] == '/'))
+                j++;
+            for (; i <= j && i < n; i++)
+                if (c[i] != '\n')
+                    c[i] = ' ';
+            i--;
+        } else if (c[i] == '"' || c[i] == '\'') {
+            char q = c[i];
+            for (i++; i < n && c[i] != q && c[i] != '\n'; i++) {
+                if (c[i] == '\\' && i + 1 < n)
+                    c[i++] = ' ';
+                c[i] = ' ';
+            }
+        }
+    }
+    return c;
+}
+
+static int is_word_at(const char *text, const char *p, const char *word) {
+    size_t n = strlen(word);
+    return strncmp(p, word, n) == 0 && (p == text || !hkp_is_ident_char((unsigned char)p[-1])) &&
+           !hkp_is_ident_char((unsigned char)p[n]);
+}
+
+/* Finds __global__ functions declared as templates. Writes "name<args>"
+ * examples (typename/class parameters become float, the others 1), up to max,
+ * into ex; returns how many were found. */
+static int template_kernels(const char *src, size_t n, char ex[][160], int max) {
+    char *c = code_only(src, n);
+    int found = 0;
+    if (!c)
+        return 0;
+    for (char *g = strstr(c, "__global__"); g && found < max; g = strstr(g + 10, "__global__")) {
+        if (!is_word_at(c, g, "__global__"))
+            continue;
+        /* The declaration starts after the previous ';', '{' or '}'. */
+        char *start = g;
+        while (start > c && start[-1] != ';' && start[-1] != '{' && start[-1] != '}')
+            start--;
+        char *t = NULL;
+        for (char *p = start; p < g; p++)
+            if (is_word_at(c, p, "template")) {
+                t = p;
+                break;
+            }
+        char *paren = strchr(g, '(');
+        if (!t || !paren)
+            continue;
+        char *e = paren;
+        while (e > g && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+            e--;
+        char *b = e;
+        while (b > g && hkp_is_ident_char((unsigned char)b[-1]))
+            b--;
+        if (b == e)
+            continue;
+        /* Template parameters, split at top-level commas. */
+        char args[120] = "";
+        size_t al = 0;
+        char *lt = strchr(t, '<');
+        int depth = 0, first = 1;
+        for (char *p = lt; p && p < g && al + 8 < sizeof args; p++) {
+            if (*p == '<' && depth++ == 0) {
+                continue;
+            } else if (*p == '>' && --depth == 0) {
+                break;
+            }
+            if (depth == 1 && (p == lt + 1 || p[-1] == ',')) {
+                char *q = p;
+                while (*q == ' ' || *q == '\t' || *q == '\n')
+                    q++;
+                int type = is_word_at(c, q, "typename") || is_word_at(c, q, "class");
+                al += (size_t)snprintf(args + al, sizeof args - al, "%s%s", first ? "" : ", ",
+                                       type ? "float" : "1");
+                first = 0;
+            }
+        }
+        snprintf(ex[found++], 160, "%.*s<%s>", (int)(e - b), b, args);
+    }
+    free(c);
+    return found;
+}
+
+/* Reports a CUDA C file that built to no kernel because its kernels are
+ * templates; returns 1 when it did so. */
+static int report_uninstantiated(const char *path, const char *src, size_t n,
+                                 const hkp_artifact *a) {
+    char ex[8][160];
+    if (a->meta.nentries != 0)
+        return 0;
+    int k = template_kernels(src, n, ex, 8);
+    if (!k)
+        return 0;
+    fprintf(stderr, "%s: error: no kernel was instantiated: ", path);
+    for (int i = 0; i < k; i++) {
+        const char *lt = strchr(ex[i], '<');
+        fprintf(stderr, "%s%.*s", i ? ", " : "", (int)(lt - ex[i]), ex[i]);
+    }
+    fprintf(stderr,
+            " %s; name an instantiation, e.g.\n"
+            "  hotkern check --name-expression '%s' %s\n"
+            "(in a swap: hk_swap_options.name_expressions; handles then use that name)\n",
+            k == 1 ? "is a template" : "are templates", ex[0], path);
+    return 1;
+}
+
 int hkc_cmd_check(int argc, char **argv) {
-    int arch = 90, ptx_only = 0, nopts = 0, nfiles = 0, failed = 0;
+    int arch = 90, ptx_only = 0, nopts = 0, nfiles = 0, failed = 0, nexprs = 0;
     const char **opts = calloc((size_t)argc + 1, sizeof *opts);
+    const char **exprs = calloc((size_t)argc + 1, sizeof *exprs);
     char **owned = calloc((size_t)argc + 1, sizeof *owned);
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nowned = 0, status = 2;
 
-    if (!opts || !owned || !files) {
+    if (!opts || !owned || !files || !exprs) {
         fprintf(stderr, "hotkern check: out of memory\n");
         status = 1;
         goto out;
@@ -185,6 +316,13 @@ int hkc_cmd_check(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--ptx-only")) {
             ptx_only = 1;
+        } else if (!strcmp(a, "--name-expression") || !strncmp(a, "--name-expression=", 18)) {
+            const char *v = a[17] == '=' ? a + 18 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || !v[0]) {
+                fprintf(stderr, "hotkern check: --name-expression needs a value\n");
+                goto usage;
+            }
+            exprs[nexprs++] = v;
         } else if ((a[0] == '-' && (a[1] == 'I' || a[1] == 'D'))) {
             const char *v = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v || !v[0]) {
@@ -230,9 +368,12 @@ int hkc_cmd_check(int argc, char **argv) {
             .opt_level = 3,
             .nvrtc_options = opts,
             .nnvrtc_options = nopts,
+            .name_expressions = exprs,
+            .nname_expressions = nexprs,
             .source_name = files[f],
         };
         hkp_artifact art;
+        hk_format fmt;
         char why[512];
         rc = hkp_build(data, size, HK_FORMAT_AUTO, &bo, &art, why, sizeof why);
         if (rc) {
@@ -242,6 +383,10 @@ int hkc_cmd_check(int argc, char **argv) {
              * failure (and is all there is for format and arch refusals). */
             fprintf(stderr, "%s: error: %s (%s)\n", files[f], why[0] ? why : hk_strerror(rc),
                     hk_strerror(rc));
+            failed++;
+        } else if (nexprs == 0 && art.meta.format != HK_FORMAT_FATBIN &&
+                   hkp_detect(data, size, &fmt, NULL, 0) == 0 && fmt == HK_FORMAT_CUDA_C &&
+                   report_uninstantiated(files[f], data, size, &art)) {
             failed++;
         } else {
             print_ok(files[f], &art);
@@ -260,6 +405,7 @@ out:
         free(owned[i]);
     free(owned);
     free(opts);
+    free(exprs);
     free(files);
     return status;
 }

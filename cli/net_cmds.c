@@ -145,7 +145,8 @@ static int build_release(const char *cmd, const char *key_path, const char *modu
     int rc = 1;
     memset(r, 0, sizeof *r);
     if (nfiles < 1 || nfiles > HKN_MAX_ARTIFACTS) {
-        fprintf(stderr, "hotkern %s: give 1 to %d kernel files\n", cmd, HKN_MAX_ARTIFACTS);
+        fprintf(stderr, "hotkern %s: give 1 to %d kernel and header files\n", cmd,
+                HKN_MAX_ARTIFACTS);
         return 2;
     }
     if (hkn_seckey_load(key_path, &key, &rep)) {
@@ -161,7 +162,7 @@ static int build_release(const char *cmd, const char *key_path, const char *modu
             rc = fail(cmd, &rep);
             goto out;
         }
-        hk_format f = hkn_format_from_name(files[i]);
+        hk_format f = hkn_format_from_name(files[i]); /* AUTO for a header */
         r->blobs[i] =
             (hkn_blob){.name = files[i],
                        .bytes = r->bytes[i],
@@ -228,7 +229,8 @@ int hkc_cmd_sign(int argc, char **argv) {
                    "  DIR/manifest.json.sig    Ed25519 signature of manifest.json, base64\n"
                    "  DIR/artifacts/<sha256>   each FILE, named by its content hash\n"
                    "FILE formats come from the extension: .cu .ptx .cubin .fatbin; --arch\n"
-                   "labels the cubin/fatbin files. The release expires after --expires-in\n"
+                   "labels the cubin/fatbin files; .h .cuh .hpp files are headers that the\n"
+                   "release's CUDA C includes by name. The release expires after --expires-in\n"
                    "seconds (default 30 days). Versions must grow: pullers refuse a version\n"
                    "not newer than one they accepted. Artifacts are written first and the\n"
                    "manifest last, so a poller never sees a manifest before its artifacts.\n"
@@ -482,6 +484,7 @@ int hkc_cmd_push(int argc, char **argv) {
                 "usage: hotkern push URL --key SECRET --module M [--version N] [--token T]\n"
                 "       [--expires-in SECONDS] [--arch sm_XX] FILE...\n\n"
                 "Signs FILE... as release N of module M and POSTs it to URL/v1/release\n"
+                "(headers, .h .cuh .hpp, travel with it for the CUDA C FILE to include)\n"
                 "(URL is the endpoint's base, e.g. http://127.0.0.1:7070). The version\n"
                 "defaults to the current unix time in milliseconds, so successive pushes\n"
                 "grow; the release expires after --expires-in seconds (default 3600).\n"
@@ -626,11 +629,15 @@ int hkc_cmd_rollback(int argc, char **argv) {
 /* Without a GPU the tool "applies" a release by reporting it: the verified
  * artifacts are already in --out (the puller's save_dir). */
 static int print_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
-                       const void *bytes, size_t size, const char *origin, hk_report *rep) {
+                       const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                       const char *origin, hk_report *rep) {
     char hex[65];
     hkn_sha256_hex(bytes, size, hex);
-    printf("applied %s v%llu: %s %zu bytes sha256 %s\n", module, (unsigned long long)version,
+    printf("applied %s v%llu: %s %zu bytes sha256 %s", module, (unsigned long long)version,
            hk_format_name(fmt), size, hex);
+    for (int i = 0; i < nheaders; i++)
+        printf("%s%s", i ? ", " : " with headers ", headers[i].name);
+    printf("\n");
     fflush(stdout);
     return 0;
 }

@@ -199,6 +199,7 @@ struct hkl_job {
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
+    hk_header *headers; /* owned copy behind opt.headers (hkp_headers_dup) */
 };
 
 /* Outlives its runtime: the destructor of a graph's user object (a captured
@@ -280,6 +281,9 @@ struct hk_runtime {
 
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
+
+    hk_header *headers; /* immutable after create: copy of opt.headers */
+    hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without

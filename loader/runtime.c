@@ -354,6 +354,17 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     }
     rt->opt.cache_dir = rt->cache_dir;
 
+    if ((err = hkp_headers_dup(o.headers, o.nheaders > 0 ? o.nheaders : 0, &rt->headers)) < 0) {
+        hkl_report_set(rep, err, "options.headers: %s",
+                       err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+        goto fail;
+    }
+    rt->opt.headers = rt->headers;
+    rt->opt.nheaders = rt->headers ? o.nheaders : 0;
+    /* A runtime that cannot warm up still works: its first build pays. */
+    if (!o.no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
+        rt->warm = NULL;
+
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
         hkl_report_set(rep, err, "cannot start hotkern threads");
         goto fail;
@@ -430,6 +441,7 @@ void hkl_runtime_free(hk_runtime *rt) {
         }
     hkp_cache_close(rt->cache);
     free(rt->cache_dir);
+    free(rt->headers);
     if (rt->drv == &rt->drv_own)
         hkl_driver_close(&rt->drv_own);
     if (rt->ref) {
@@ -461,6 +473,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
     if (!rt)
         return;
     hkn_watch_release(rt);
+    hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */

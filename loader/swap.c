@@ -776,6 +776,7 @@ void hkl_job_free(hkl_job *job) {
     free(job->source_name);
     free_strv(job->nvrtc_options, job->opt.nnvrtc_options);
     free_strv(job->name_expressions, job->opt.nname_expressions);
+    free(job->headers);
     hkp_artifact_free(&job->art);
     free(job);
 }
@@ -807,6 +808,15 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
         hkl_job_free(j);
         return HK_ERR_NOMEM;
     }
+    int herr =
+        hkp_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
+    if (herr < 0) {
+        hkl_job_free(j);
+        return herr;
+    }
+    j->opt.headers = j->headers;
+    if (!j->headers)
+        j->opt.nheaders = 0;
     memcpy(j->data, data, size);
     j->size = size;
     /* The copies replace the caller's pointers, which die with the call. */
@@ -830,6 +840,11 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         .nname_expressions = j->opt.nname_expressions,
         .source_name = j->source_name ? j->source_name : j->name,
         .cache = rt->cache,
+        .headers = j->opt.headers,
+        .nheaders = j->opt.nheaders,
+        .base_headers = rt->opt.headers,
+        .nbase_headers = rt->opt.nheaders,
+        .pch = 1, /* a runtime compiles again and again */
     };
     char why[512] = "";
     int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
@@ -939,7 +954,8 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
     if (err < 0) {
-        hkl_report_set(rep, err, "bad arguments (module name 1..%d bytes, non-empty image)",
+        hkl_report_set(rep, err,
+                       "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
                        HKL_NAME_MAX - 1);
         return err;
     }

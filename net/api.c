@@ -27,6 +27,7 @@ struct adapter {
     hk_swap_options swap; /* pointer fields point into the copies below */
     char **nvrtc_options;
     char **name_expressions;
+    hk_header *headers; /* copies behind swap.headers: names and data */
     char arch[16];
     hkn_engine eng;
 };
@@ -44,14 +45,27 @@ struct hk_puller {
 /* ---- engine callbacks -------------------------------------------------- */
 
 static int apply_swap(void *ud, const char *module, uint64_t version, hk_format fmt,
-                      const void *bytes, size_t size, const char *origin, hk_report *rep) {
+                      const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                      const char *origin, hk_report *rep) {
     struct adapter *ad = ud;
     hk_swap_options o = ad->swap;
     char src[128];
+    hk_header all[HKN_MAX_ARTIFACTS + 64];
     snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
     o.format = fmt;
     o.origin = origin;
     o.source_name = src;
+    if (nheaders > 0) {
+        /* The release's headers are the ones its kernel was written with:
+         * they come before (and hide) the template's. */
+        int n = 0;
+        for (int i = 0; i < nheaders && n < (int)(sizeof all / sizeof all[0]); i++)
+            all[n++] = headers[i];
+        for (int i = 0; i < ad->swap.nheaders && n < (int)(sizeof all / sizeof all[0]); i++)
+            all[n++] = ad->swap.headers[i];
+        o.headers = all;
+        o.nheaders = n;
+    }
     return hk_swap(ad->rt, module, bytes, size, &o, rep);
 }
 
@@ -108,6 +122,28 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
         return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
     ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
     ad->swap.name_expressions = (const char *const *)ad->name_expressions;
+    int nh = ad->swap.nheaders > 0 && ad->swap.headers ? ad->swap.nheaders : 0;
+    if (nh > 64)
+        return hkn_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
+    ad->swap.headers = NULL;
+    ad->swap.nheaders = 0;
+    if (nh) {
+        const hk_header *src = tpl->headers;
+        if (!(ad->headers = calloc((size_t)nh, sizeof *ad->headers)))
+            return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        ad->swap.headers = ad->headers;
+        for (int i = 0; i < nh; i++) {
+            if (!src[i].name || (!src[i].data && src[i].size))
+                return hkn_fail(rep, HK_ERR_INVALID, "template header %d has no name or data", i);
+            char *name = strdup(src[i].name), *data = malloc(src[i].size + 1);
+            ad->headers[i] = (hk_header){.name = name, .data = data, .size = src[i].size};
+            ad->swap.nheaders = i + 1;
+            if (!name || !data)
+                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            if (src[i].size)
+                memcpy(data, src[i].data, src[i].size);
+        }
+    }
     int arch = hk_runtime_arch(rt);
     if (arch > 0)
         snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
@@ -123,6 +159,11 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
 static void adapter_finish(struct adapter *ad) {
     free_strv(ad->nvrtc_options);
     free_strv(ad->name_expressions);
+    for (int i = 0; ad->headers && i < ad->swap.nheaders; i++) {
+        free((char *)ad->headers[i].name);
+        free((void *)ad->headers[i].data);
+    }
+    free(ad->headers);
 }
 
 static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_trust *t,

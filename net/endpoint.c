@@ -304,8 +304,10 @@ static int do_release(hkn_endpoint *ep, const char *body, size_t len, hk_report 
     size_t k = hkn_pick_artifact(&m, ep->eng.arch);
     *version = m.version;
     hk_report arep = {0};
+    hk_header hdrs[HKN_MAX_ARTIFACTS];
+    int nh = hkn_release_headers(&m, (const void *const *)bytes, sizes, hdrs);
     err = ep->eng.apply(ep->eng.ud, m.module, m.version, m.artifacts[k].format, bytes[k], sizes[k],
-                        "push", &arep);
+                        hdrs, nh, "push", &arep);
     /* The engine's report carries the build detail; keep the release's
      * identity (module and release version) on top of it. */
     char *log = arep.log;

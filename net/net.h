@@ -25,13 +25,15 @@
 
 /* ---- the engine seen from the network ---------------------------------- */
 
-/* Applies one verified artifact as release `version` of `module`. `bytes` is
- * valid during the call only. Returns 0 when committed, else a negative
- * HK_ERR_* with rep filled (message, log). Called from a network thread (an
- * endpoint connection thread or the puller thread), never concurrently for one
- * source. */
+/* Applies one verified artifact as release `version` of `module`, with the
+ * release's verified header artifacts as in-memory headers (named by their
+ * artifact names; n may be 0). `bytes` and the headers are valid during the
+ * call only. Returns 0 when committed, else a negative HK_ERR_* with rep
+ * filled (message, log). Called from a network thread (an endpoint connection
+ * thread or the puller thread), never concurrently for one source. */
 typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
-                            const void *bytes, size_t size, const char *origin, hk_report *rep);
+                            const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                            const char *origin, hk_report *rep);
 /* Rolls `module` back to its previous image; 0 or a negative HK_ERR_*. */
 typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
 /* The engine's current version number of `module` (0 when none). */
@@ -94,8 +96,10 @@ typedef struct hkn_artifact {
     char name[128];
     char sha256[65]; /* lowercase hex */
     uint64_t size;
-    hk_format format;
-    char arch[16]; /* "sm_90" or "" */
+    hk_format format; /* AUTO for a header */
+    char arch[16];    /* "sm_90" or "" */
+    int header;       /* 1: "format": "header", a header that CUDA C
+                       * artifacts include by this name; never applied */
 } hkn_artifact;
 
 typedef struct hkn_manifest {
@@ -118,6 +122,13 @@ void hkn_manifest_free(hkn_manifest *m);
 hk_format hkn_format_parse(const char *s);
 /* From a file name's extension (.cu .ptx .cubin .fatbin), else AUTO. */
 hk_format hkn_format_from_name(const char *name);
+/* 1 when a file name's extension is a header's (.h .cuh .hpp). */
+int hkn_is_header_name(const char *name);
+/* The header artifacts of m with their verified bytes (bytes[i], sizes[i]
+ * parallel to m->artifacts) as in-memory headers in out (HKN_MAX_ARTIFACTS
+ * entries); returns how many. The entries point into m and bytes. */
+int hkn_release_headers(const hkn_manifest *m, const void *const *bytes, const size_t *sizes,
+                        hk_header *out);
 
 /* SHA-256 of bytes as 64 lowercase hex chars + NUL. */
 void hkn_sha256_hex(const void *bytes, size_t size, char out[65]);
@@ -129,8 +140,9 @@ typedef struct hkn_blob {
     const char *name;
     const void *bytes;
     size_t size;
-    hk_format format; /* AUTO: from the name */
+    hk_format format; /* AUTO: from the name (.h .cuh .hpp: a header) */
     const char *arch; /* may be NULL */
+    int header;       /* 1: a header whatever the name */
 } hkn_blob;
 int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
                      int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
@@ -170,7 +182,7 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
 /* Checks one artifact's size and SHA-256. */
 int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep);
 /* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
- * fatbin, then PTX, then CUDA C, then the first. */
+ * fatbin, then PTX, then CUDA C; never a header. */
 size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
 
 /* Writes bytes to path through a temp file + fsync + rename. */

@@ -290,8 +290,16 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         goto out;
     size_t k = hkn_pick_artifact(&m, p->eng.arch);
     hk_report arep = {0};
+    const void *abytes[HKN_MAX_ARTIFACTS];
+    size_t asizes[HKN_MAX_ARTIFACTS];
+    hk_header hdrs[HKN_MAX_ARTIFACTS];
+    for (size_t i = 0; i < m.nartifacts; i++) {
+        abytes[i] = arts[i].data;
+        asizes[i] = arts[i].len;
+    }
+    int nh = hkn_release_headers(&m, abytes, asizes, hdrs);
     err = p->eng.apply(p->eng.ud, m.module, m.version, m.artifacts[k].format,
-                       arts[k].data ? arts[k].data : "", arts[k].len, p->origin, &arep);
+                       arts[k].data ? arts[k].data : "", arts[k].len, hdrs, nh, p->origin, &arep);
     hkn_report_reset(rep);
     *rep = arep;
     snprintf(rep->module, sizeof rep->module, "%s", m.module);

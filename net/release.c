@@ -5,7 +5,10 @@
  * artifacts. The Ed25519 signature covers the manifest's exact bytes and is
  * shipped next to it (manifest.json.sig, base64), so what is verified is
  * exactly what is parsed afterwards: no canonicalisation is needed, and nothing
- * derived from an unauthenticated manifest is acted on. The manifest names
+ * derived from an unauthenticated manifest is acted on. Headers that a CUDA C
+ * artifact includes travel as artifacts of format "header", hashed and signed
+ * like the rest, and reach the build as in-memory headers under their names;
+ * a release of headers alone is refused, since there is nothing to apply. The manifest names
  * each artifact by SHA-256 and size, so artifacts can come from anywhere
  * (a request body, a CDN keyed by hash) and still be checked.
  *
@@ -329,6 +332,25 @@ hk_format hkn_format_from_name(const char *name) {
     return hkn_format_parse(dot + 1);
 }
 
+int hkn_is_header_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot && (!strcmp(dot, ".h") || !strcmp(dot, ".cuh") || !strcmp(dot, ".hpp"));
+}
+
+int hkn_release_headers(const hkn_manifest *m, const void *const *bytes, const size_t *sizes,
+                        hk_header *out) {
+    int n = 0;
+    for (size_t i = 0; i < m->nartifacts && n < HKN_MAX_ARTIFACTS; i++) {
+        if (!m->artifacts[i].header)
+            continue;
+        out[n].name = m->artifacts[i].name;
+        out[n].data = bytes[i] ? bytes[i] : "";
+        out[n].size = sizes[i];
+        n++;
+    }
+    return n;
+}
+
 void hkn_sha256_hex(const void *bytes, size_t size, char out[65]) {
     unsigned char h[crypto_hash_sha256_BYTES];
     crypto_hash_sha256(h, bytes, size);
@@ -459,14 +481,30 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         /* Normalise to the lowercase form hkn_sha256_hex produces. */
         sodium_bin2hex(d->sha256, sizeof d->sha256, bin, sizeof bin);
         d->format = hkn_format_parse(fmt);
-        if (d->format == HK_FORMAT_AUTO) {
+        d->header = !strcmp(fmt, "header");
+        if (d->format == HK_FORMAT_AUTO && !d->header) {
             err = hkn_fail(rep, HK_ERR_INVALID,
-                           "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin or "
-                           "fatbin",
+                           "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin, "
+                           "fatbin or header",
                            d->name, fmt);
             goto out;
         }
         out->nartifacts++;
+    }
+    size_t nheaders = 0;
+    for (size_t i = 0; i < out->nartifacts; i++) {
+        nheaders += out->artifacts[i].header;
+        for (size_t j = 0; j < i; j++)
+            if (out->artifacts[i].header && out->artifacts[j].header &&
+                !strcmp(out->artifacts[i].name, out->artifacts[j].name)) {
+                err = hkn_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
+                               out->artifacts[i].name);
+                goto out;
+            }
+    }
+    if (nheaders == out->nartifacts) {
+        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
+        goto out;
     }
 out:
     cJSON_Delete(root);
@@ -496,7 +534,8 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
         if (!cJSON_AddStringToObject(o, "name", a->name) ||
             !cJSON_AddStringToObject(o, "sha256", a->sha256) ||
             !cJSON_AddNumberToObject(o, "size", (double)a->size) ||
-            !cJSON_AddStringToObject(o, "format", hk_format_name(a->format)) ||
+            !cJSON_AddStringToObject(o, "format",
+                                     a->header ? "header" : hk_format_name(a->format)) ||
             !cJSON_AddStringToObject(o, "arch", a->arch))
             goto out;
     }
@@ -525,6 +564,12 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                         module);
     if (version == 0 || (double)version > HKN_MAX_JSON_INT)
         return hkn_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
+    size_t nheaders = 0;
+    for (size_t i = 0; i < nblobs; i++)
+        nheaders += blobs[i].header ||
+                    (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(blobs[i].name));
+    if (nheaders == nblobs)
+        return hkn_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
     memset(arts, 0, sizeof arts);
     hkn_manifest m = {.version = version,
@@ -542,11 +587,15 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
         snprintf(arts[i].name, sizeof arts[i].name, "%s", base);
         hkn_sha256_hex(blobs[i].bytes, blobs[i].size, arts[i].sha256);
         arts[i].size = blobs[i].size;
-        arts[i].format =
-            blobs[i].format != HK_FORMAT_AUTO ? blobs[i].format : hkn_format_from_name(base);
-        if (arts[i].format == HK_FORMAT_AUTO)
+        arts[i].header =
+            blobs[i].header || (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(base));
+        arts[i].format = arts[i].header                      ? HK_FORMAT_AUTO
+                         : blobs[i].format != HK_FORMAT_AUTO ? blobs[i].format
+                                                             : hkn_format_from_name(base);
+        if (arts[i].format == HK_FORMAT_AUTO && !arts[i].header)
             return hkn_fail(rep, HK_ERR_FORMAT,
-                            "%s: cannot tell the format from the name (.cu .ptx .cubin .fatbin)",
+                            "%s: cannot tell the format from the name (.cu .ptx .cubin .fatbin, "
+                            "or .h .cuh .hpp for a header)",
                             base);
         snprintf(arts[i].arch, sizeof arts[i].arch, "%s", blobs[i].arch ? blobs[i].arch : "");
     }
@@ -816,5 +865,8 @@ size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch) {
         for (size_t i = 0; i < m->nartifacts; i++)
             if (m->artifacts[i].format == order[k])
                 return i;
+    for (size_t i = 0; i < m->nartifacts; i++)
+        if (!m->artifacts[i].header)
+            return i;
     return 0;
 }

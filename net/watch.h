@@ -132,6 +132,18 @@ hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_
 
 /* ---- runtime glue (net/watch_api.c) ------------------------------------- */
 
+/* Most headers, and bytes per header, that a handover carries in memory. */
+#define HKN_WATCH_MAX_HEADERS      256
+#define HKN_WATCH_MAX_HEADER_BYTES ((size_t)4 << 20)
+
+/* Reads the headers of directory dir (regular files that
+ * hkn_watch_classify calls HKN_WATCH_HEADER, up to the limits above; larger
+ * or unreadable ones are left to the file system), sorted by name so that the
+ * same files give the same build key. On success *out (n entries, *n) is the
+ * caller's: hkn_watch_headers_free(*out, *n). */
+int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n);
+void hkn_watch_headers_free(hk_header *h, int n);
+
 /* Stops and frees the watcher of rt, if hk_watch_dir made one. Called by the
  * runtime on destroy, before its workers stop: no callback runs afterwards.
  * rt may be NULL. */

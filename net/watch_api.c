@@ -12,11 +12,19 @@
  * puts a newer record in front), so the watcher thread may use one without a
  * lock while it submits.
  *
+ * A CUDA C source is submitted with the directory's headers in memory
+ * (hk_swap_options.headers), read in the same moment as the source, so the
+ * build sees the headers as they were when the save was handed over, and
+ * `#include <common.cuh>` works without -I. The build reports them as
+ * dependencies by name, which hkn_watch_set_deps resolves in the source's
+ * directory: an edit to a header still hands its sources over again.
+ *
  * Lock order: hkn_watch_reg_mu, then a watcher's own lock (inside net/watch.c).
  * The callback takes only its registry entry's mu, and never while submitting.
  */
 #include "net/watch.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -24,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct hkn_watch_dir_opts {
     struct hkn_watch_dir_opts *next;
@@ -31,6 +40,7 @@ typedef struct hkn_watch_dir_opts {
     hk_swap_options opt;     /* deep copy; source_name and origin unused */
     char **nvrtc_options;    /* owned copies behind opt.nvrtc_options */
     char **name_expressions; /* owned copies behind opt.name_expressions */
+    hk_header *headers;      /* owned copies behind opt.headers */
 } hkn_watch_dir_opts;
 
 typedef struct hkn_watch_reg {
@@ -72,9 +82,117 @@ static int hkn_watch_strv_copy(const char *const *src, int n, char ***out) {
     return 0;
 }
 
+void hkn_watch_headers_free(hk_header *h, int n) {
+    if (!h)
+        return;
+    for (int i = 0; i < n; i++) {
+        free((char *)h[i].name);
+        free((void *)h[i].data);
+    }
+    free(h);
+}
+
+/* Copies n headers (names and contents) into *out; n <= 0 gives NULL. */
+static int hkn_watch_headers_copy(const hk_header *src, int n, hk_header **out) {
+    hk_header *v;
+
+    *out = NULL;
+    if (n <= 0 || !src)
+        return 0;
+    v = calloc((size_t)n, sizeof *v);
+    if (!v)
+        return HK_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        char *name = src[i].name ? strdup(src[i].name) : NULL;
+        char *data = malloc(src[i].size + 1);
+        v[i].name = name;
+        v[i].data = data;
+        if (!name || !data || (!src[i].data && src[i].size)) {
+            hkn_watch_headers_free(v, i + 1);
+            return !src[i].name || (!src[i].data && src[i].size) ? HK_ERR_INVALID : HK_ERR_NOMEM;
+        }
+        if (src[i].size)
+            memcpy(data, src[i].data, src[i].size);
+        data[src[i].size] = '\0';
+        v[i].size = src[i].size;
+    }
+    *out = v;
+    return 0;
+}
+
+static int hkn_watch_header_cmp(const void *a, const void *b) {
+    return strcmp(((const hk_header *)a)->name, ((const hk_header *)b)->name);
+}
+
+int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
+    hk_header *v = NULL;
+    int cnt = 0;
+    DIR *dh;
+    struct dirent *de;
+
+    *out = NULL;
+    *n = 0;
+    dh = opendir(dir);
+    if (!dh)
+        return HK_ERR_IO;
+    while ((de = readdir(dh)) != NULL && cnt < HKN_WATCH_MAX_HEADERS) {
+        char path[PATH_MAX];
+        struct stat st;
+        FILE *f;
+        char *data;
+
+        if (hkn_watch_classify(de->d_name, NULL, 0) != HKN_WATCH_HEADER)
+            continue;
+        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
+            stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+            (size_t)st.st_size > HKN_WATCH_MAX_HEADER_BYTES)
+            continue;
+        if (!v && !(v = calloc(HKN_WATCH_MAX_HEADERS, sizeof *v)))
+            goto nomem;
+        f = fopen(path, "rb");
+        if (!f)
+            continue;
+        data = malloc((size_t)st.st_size + 1);
+        size_t got = data ? fread(data, 1, (size_t)st.st_size + 1, f) : 0;
+        fclose(f);
+        if (!data)
+            goto nomem;
+        if (got > (size_t)st.st_size) {
+            /* Grew while read: leave it to the file system this time; its
+             * change hands the source over again. */
+            free(data);
+            continue;
+        }
+        data[got] = '\0';
+        v[cnt].name = strdup(de->d_name);
+        v[cnt].data = data;
+        v[cnt].size = got;
+        if (!v[cnt].name) {
+            free(data);
+            goto nomem;
+        }
+        cnt++;
+    }
+    closedir(dh);
+    if (cnt)
+        qsort(v, (size_t)cnt, sizeof *v, hkn_watch_header_cmp);
+    else {
+        free(v);
+        v = NULL;
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+nomem:
+    closedir(dh);
+    hkn_watch_headers_free(v, cnt);
+    return HK_ERR_NOMEM;
+}
+
 static void hkn_watch_dir_opts_free(hkn_watch_dir_opts *d) {
     if (!d)
         return;
+    hkn_watch_headers_free(d->headers, d->opt.nheaders);
     hkn_watch_strv_free(d->nvrtc_options, d->opt.nnvrtc_options);
     hkn_watch_strv_free(d->name_expressions, d->opt.nname_expressions);
     free(d->dir);
@@ -93,6 +211,8 @@ static hkn_watch_dir_opts *hkn_watch_dir_opts_new(const char *dir, const hk_swap
         d->opt.nnvrtc_options = 0;
     if (opt->nname_expressions <= 0 || !opt->name_expressions)
         d->opt.nname_expressions = 0;
+    d->opt.nheaders = 0;
+    d->opt.headers = NULL;
     d->dir = strdup(dir);
     if (!d->dir)
         goto fail;
@@ -106,8 +226,12 @@ static hkn_watch_dir_opts *hkn_watch_dir_opts_new(const char *dir, const hk_swap
         d->opt.nname_expressions = 0;
         goto fail;
     }
+    if (hkn_watch_headers_copy(opt->headers, opt->nheaders, &d->headers) < 0)
+        goto fail;
+    d->opt.nheaders = d->headers ? opt->nheaders : 0;
     d->opt.nvrtc_options = (const char *const *)d->nvrtc_options;
     d->opt.name_expressions = (const char *const *)d->name_expressions;
+    d->opt.headers = d->headers;
     return d;
 
 fail:
@@ -151,8 +275,25 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     snprintf(origin, sizeof origin, "watch:%s", path);
     opt.origin = origin;
     opt.source_name = path;
-    /* The outcome reaches the application through its event callback. */
+    hk_header *dirh = NULL, *all = NULL;
+    int ndirh = 0;
+    size_t plen = strlen(path);
+    if (plen > 3 && strcmp(path + plen - 3, ".cu") == 0 &&
+        hkn_watch_dir_headers(d->dir, &dirh, &ndirh) == 0 && ndirh > 0 &&
+        (all = calloc((size_t)ndirh + (size_t)d->opt.nheaders, sizeof *all)) != NULL) {
+        /* The directory's options name headers first: they hide its files. */
+        for (int i = 0; i < d->opt.nheaders; i++)
+            all[i] = d->opt.headers[i];
+        for (int i = 0; i < ndirh; i++)
+            all[d->opt.nheaders + i] = dirh[i];
+        opt.headers = all;
+        opt.nheaders = d->opt.nheaders + ndirh;
+    }
+    /* The outcome reaches the application through its event callback.
+     * hk_submit copies the headers. */
     hk_submit(r->rt, module, bytes, size, &opt);
+    free(all);
+    hkn_watch_headers_free(dirh, ndirh);
 }
 
 __attribute__((format(printf, 3, 4))) static int hkn_watch_fail(hk_report *rep, int err,

@@ -26,7 +26,9 @@
 #include <limits.h>
 #include <nvJitLink.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,9 +97,12 @@ static void first_error_line(const char *log, char *buf, size_t n) {
 
 /* ---- dependencies --------------------------------------------------------- */
 
+/* Headers a build read: files by canonical path, in-memory headers (mem[i]
+ * set) by name. */
 typedef struct dep_list {
     char **paths;
     uint8_t (*hash)[HKP_KEY_BYTES];
+    unsigned char *mem;
     int n, cap;
 } dep_list;
 
@@ -106,10 +111,11 @@ static void deps_free(dep_list *d) {
         free(d->paths[i]);
     free(d->paths);
     free(d->hash);
+    free(d->mem);
     memset(d, 0, sizeof *d);
 }
 
-static int deps_add(dep_list *d, const char *path, const uint8_t hash[HKP_KEY_BYTES]) {
+static int deps_add(dep_list *d, const char *path, const uint8_t hash[HKP_KEY_BYTES], int mem) {
     if (d->n == d->cap) {
         int ncap = d->cap ? d->cap * 2 : 16;
         char **p = realloc(d->paths, (size_t)ncap * sizeof *p);
@@ -120,19 +126,24 @@ static int deps_add(dep_list *d, const char *path, const uint8_t hash[HKP_KEY_BY
         if (!h)
             return HK_ERR_NOMEM;
         d->hash = h;
+        unsigned char *m = realloc(d->mem, (size_t)ncap);
+        if (!m)
+            return HK_ERR_NOMEM;
+        d->mem = m;
         d->cap = ncap;
     }
     d->paths[d->n] = strdup(path);
     if (!d->paths[d->n])
         return HK_ERR_NOMEM;
     memcpy(d->hash[d->n], hash, HKP_KEY_BYTES);
+    d->mem[d->n] = (unsigned char)(mem != 0);
     d->n++;
     return 0;
 }
 
-static int deps_has(const dep_list *d, const char *path) {
+static int deps_has(const dep_list *d, const char *path, int mem) {
     for (int i = 0; i < d->n; i++)
-        if (strcmp(d->paths[i], path) == 0)
+        if (d->mem[i] == (mem != 0) && strcmp(d->paths[i], path) == 0)
             return 1;
     return 0;
 }
@@ -190,10 +201,14 @@ static int hash_file(const char *path, uint8_t out[HKP_KEY_BYTES]) {
 }
 
 typedef struct search_path {
-    const char **dirs; /* -I directories, in order */
+    const char **dirs; /* -I directories, in order, then the toolkit's */
     int n;
     const char **pre; /* --pre-include headers */
     int npre;
+    const hk_header *mem; /* in-memory headers (NUL-terminated copies) */
+    int nmem;
+    const hkp_toolkit *tk; /* its headers are not listed as dependencies */
+    char srcdir[PATH_MAX]; /* the main source's directory */
 } search_path;
 
 static int is_regular(const char *path) {
@@ -201,10 +216,21 @@ static int is_regular(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Resolves an include the way NVRTC does; returns 1 with the canonical path. */
+static int find_mem(const search_path *sp, const char *name) {
+    for (int i = 0; i < sp->nmem; i++)
+        if (strcmp(sp->mem[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Resolves an include the way NVRTC does; returns 1 with the canonical path,
+ * or 2 with the index of an in-memory header in *mem (NVRTC looks at those
+ * first). */
 static int resolve(const char *name, int quoted, const char *dir, const search_path *sp,
-                   char out[PATH_MAX]) {
+                   char out[PATH_MAX], int *mem) {
     char buf[PATH_MAX * 2];
+    if ((*mem = find_mem(sp, name)) >= 0)
+        return 2;
     if (name[0] == '/')
         return is_regular(name) && realpath(name, out) != NULL;
     if (quoted && dir) {
@@ -223,9 +249,22 @@ static int resolve(const char *name, int quoted, const char *dir, const search_p
 static int scan_text(const char *text, const char *dir, const search_path *sp, dep_list *d,
                      int depth);
 
-/* Adds a resolved header and what it includes. */
+/* Adds an in-memory header and what it includes. Its own quoted includes
+ * are looked for beside the main source, a superset of where NVRTC looks. */
+static int scan_mem(int i, const search_path *sp, dep_list *d, int depth) {
+    const hk_header *m = &sp->mem[i];
+    if (deps_has(d, m->name, 1) || d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH)
+        return 0;
+    uint8_t h[HKP_KEY_BYTES];
+    crypto_generichash(h, sizeof h, m->data, m->size, NULL, 0);
+    int rc = deps_add(d, m->name, h, 1);
+    return rc ? rc : scan_text(m->data, sp->srcdir, sp, d, depth + 1);
+}
+
+/* Adds a resolved header and what it includes. The toolkit's headers are
+ * covered by its fingerprint in the key, not listed (there are hundreds). */
 static int scan_header(const char *path, const search_path *sp, dep_list *d, int depth) {
-    if (deps_has(d, path))
+    if (hkp_toolkit_owns(sp->tk, path) || deps_has(d, path, 0))
         return 0;
     if (d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH)
         return 0;
@@ -235,7 +274,7 @@ static int scan_header(const char *path, const search_path *sp, dep_list *d, int
         return 0; /* unreadable: NVRTC will say so if it needs it */
     uint8_t h[HKP_KEY_BYTES];
     crypto_generichash(h, sizeof h, (const unsigned char *)data, n, NULL, 0);
-    int rc = deps_add(d, path, h);
+    int rc = deps_add(d, path, h, 0);
     if (!rc) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", path);
@@ -284,22 +323,37 @@ static int scan_text(const char *text, const char *dir, const search_path *sp, d
         memcpy(name, s, (size_t)(q - s));
         name[q - s] = '\0';
         char path[PATH_MAX];
-        if (resolve(name, quoted, dir, sp, path)) {
-            int rc = scan_header(path, sp, d, depth);
-            if (rc)
-                return rc;
-        }
+        int mem, kind = resolve(name, quoted, dir, sp, path, &mem);
+        int rc = kind == 1   ? scan_header(path, sp, d, depth)
+                 : kind == 2 ? scan_mem(mem, sp, d, depth)
+                             : 0;
+        if (rc)
+            return rc;
     }
     return 0;
 }
 
-/* Reads -I / --include-path / --pre-include / -include from the options. */
-static int parse_search_path(const hkp_build_opts *o, search_path *sp) {
+/* The directory NVRTC resolves the main file's quoted includes against. */
+static void source_dir(const char *source_name, char *buf, size_t n) {
+    snprintf(buf, n, "%s", source_name);
+    char *slash = strrchr(buf, '/');
+    if (!slash)
+        snprintf(buf, n, ".");
+    else
+        *(slash == buf ? slash + 1 : slash) = '\0';
+}
+
+/* Reads -I / --include-path / --pre-include / -include from the options,
+ * and adds the toolkit's directories and the in-memory headers. */
+static int parse_search_path(const hkp_build_opts *o, const hk_header *mem, int nmem,
+                             const char *source_name, search_path *sp) {
     memset(sp, 0, sizeof *sp);
-    if (o->nnvrtc_options <= 0)
-        return 0;
-    sp->dirs = calloc((size_t)o->nnvrtc_options, sizeof *sp->dirs);
-    sp->pre = calloc((size_t)o->nnvrtc_options, sizeof *sp->pre);
+    sp->tk = hkp_toolkit_get();
+    sp->mem = mem;
+    sp->nmem = nmem;
+    source_dir(source_name, sp->srcdir, sizeof sp->srcdir);
+    sp->dirs = calloc((size_t)o->nnvrtc_options + 2, sizeof *sp->dirs);
+    sp->pre = calloc((size_t)o->nnvrtc_options + 1, sizeof *sp->pre);
     if (!sp->dirs || !sp->pre)
         return HK_ERR_NOMEM;
     for (int i = 0; i < o->nnvrtc_options; i++) {
@@ -321,6 +375,12 @@ static int parse_search_path(const hkp_build_opts *o, search_path *sp) {
             sp->pre[sp->npre++] = a + 14;
         }
     }
+    /* The toolkit's directories come after the user's, as on NVRTC's
+     * command line (nvrtc_build). */
+    if (!o->no_toolkit && sp->tk->include[0])
+        sp->dirs[sp->n++] = sp->tk->include;
+    if (!o->no_toolkit && sp->tk->cccl[0])
+        sp->dirs[sp->n++] = sp->tk->cccl;
     return 0;
 }
 
@@ -329,40 +389,25 @@ static void search_path_free(search_path *sp) {
     free(sp->pre);
 }
 
-/* The directory NVRTC resolves the main file's quoted includes against. */
-static void source_dir(const char *source_name, char *buf, size_t n) {
-    snprintf(buf, n, "%s", source_name);
-    char *slash = strrchr(buf, '/');
-    if (!slash)
-        snprintf(buf, n, ".");
-    else
-        *(slash == buf ? slash + 1 : slash) = '\0';
-}
-
-static int scan_deps(const char *src, const hkp_build_opts *o, const char *source_name,
-                     dep_list *d) {
-    search_path sp;
-    char dir[PATH_MAX];
-    int rc = parse_search_path(o, &sp);
-    if (rc)
-        goto out;
-    source_dir(source_name, dir, sizeof dir);
-    for (int i = 0; i < sp.npre && !rc; i++) {
+static int scan_deps(const char *src, const search_path *sp, dep_list *d) {
+    int rc = 0;
+    for (int i = 0; i < sp->npre && !rc; i++) {
         char path[PATH_MAX];
-        if (resolve(sp.pre[i], 1, dir, &sp, path))
-            rc = scan_header(path, &sp, d, 0);
+        int mem, kind = resolve(sp->pre[i], 1, sp->srcdir, sp, path, &mem);
+        rc = kind == 1 ? scan_header(path, sp, d, 0) : kind == 2 ? scan_mem(mem, sp, d, 0) : 0;
     }
     if (!rc)
-        rc = scan_text(src, dir, &sp, d, 0);
-out:
-    search_path_free(&sp);
+        rc = scan_text(src, sp->srcdir, sp, d, 0);
     return rc;
 }
 
-/* 1 when every listed header still has the hash it was listed with. */
+/* 1 when every listed header file still has the hash it was listed with
+ * (in-memory headers are the build's own copies and cannot change). */
 static int deps_unchanged(const dep_list *d) {
     for (int i = 0; i < d->n; i++) {
         uint8_t h[HKP_KEY_BYTES];
+        if (d->mem[i])
+            continue;
         if (hash_file(d->paths[i], h) != 0 || memcmp(h, d->hash[i], sizeof h) != 0)
             return 0;
     }
@@ -390,15 +435,28 @@ static void h_int(crypto_generichash_state *st, long long v) {
     h_str(st, buf);
 }
 
-/* Everything known before compiling that changes the output. */
+/* Everything known before compiling that changes the output. For CUDA C
+ * that includes the toolkit (as a whole: its fingerprint) and the names of
+ * the in-memory headers, since a name can hide a file the manifest lists;
+ * their contents are dependencies like files. */
 static void key_context(crypto_generichash_state *st, const char *kind, const void *data,
                         size_t size, hk_format fmt, const hkp_build_opts *o,
-                        const char *source_name) {
+                        const char *source_name, const search_path *sp) {
     int rmaj = 0, rmin = 0;
     unsigned jmaj = 0, jmin = 0;
     char cwd[PATH_MAX];
     crypto_generichash_init(st, NULL, 0, HKP_KEY_BYTES);
-    h_str(st, "hotkern-build-1");
+    h_str(st, "hotkern-build-2");
+    if (fmt == HK_FORMAT_CUDA_C) {
+        h_int(st, o->no_toolkit);
+        h_bytes(st, sp->tk->fingerprint, sizeof sp->tk->fingerprint);
+        h_int(st, sp->n);
+        for (int i = 0; i < sp->n; i++)
+            h_str(st, sp->dirs[i]);
+        h_int(st, sp->nmem);
+        for (int i = 0; i < sp->nmem; i++)
+            h_str(st, sp->mem[i].name);
+    }
     h_str(st, kind);
     nvrtcVersion(&rmaj, &rmin);
     nvJitLinkVersion(&jmaj, &jmin);
@@ -428,6 +486,7 @@ static void artifact_key(const crypto_generichash_state *ctx, const dep_list *d,
     crypto_generichash_state st = *ctx;
     h_int(&st, d->n);
     for (int i = 0; i < d->n; i++) {
+        h_int(&st, d->mem[i]);
         h_str(&st, d->paths[i]);
         h_bytes(&st, d->hash[i], HKP_KEY_BYTES);
     }
@@ -508,7 +567,7 @@ static char *r_str(rbuf *r) {
 }
 
 #define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
-#define MANIFEST_MAGIC 0x314d4b48ull   /* "HKM1" */
+#define MANIFEST_MAGIC 0x324d4b48ull   /* "HKM2" */
 
 static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const hkp_artifact *a) {
     wbuf w = {0};
@@ -589,6 +648,7 @@ static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
     w_u64(&w, MANIFEST_MAGIC);
     w_u64(&w, (uint64_t)d->n);
     for (int i = 0; i < d->n; i++) {
+        w_u64(&w, d->mem[i]);
         w_str(&w, d->paths[i]);
         w_bytes(&w, d->hash[i], HKP_KEY_BYTES);
     }
@@ -597,8 +657,10 @@ static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
     return rc;
 }
 
-/* Reads the manifest's header list and re-hashes each header now. */
-static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], dep_list *d) {
+/* Reads the manifest's header list and re-hashes each header now: files
+ * from disk, in-memory headers from this build's set. */
+static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const search_path *sp,
+                         dep_list *d) {
     void *data;
     size_t size;
     if (hkp_cache_get(c, key, &data, &size) != 0)
@@ -611,16 +673,23 @@ static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], dep_lis
     if (r.err || n > MAX_DEPS)
         goto out;
     for (uint64_t i = 0; i < n; i++) {
+        uint64_t mem = r_u64(&r);
         char *path = r_str(&r);
-        if (!path || r.n - r.i < HKP_KEY_BYTES) {
+        if (!path || r.n - r.i < HKP_KEY_BYTES || mem > 1) {
             free(path);
             goto out;
         }
         r.i += HKP_KEY_BYTES;
         uint8_t h[HKP_KEY_BYTES];
         /* A header that vanished cannot match any stored artifact. */
-        int hr = hash_file(path, h);
-        int ar = hr ? HK_ERR_NOT_FOUND : deps_add(d, path, h);
+        int hr = 0, k = mem ? find_mem(sp, path) : -1;
+        if (!mem)
+            hr = hash_file(path, h);
+        else if (k < 0)
+            hr = HK_ERR_NOT_FOUND;
+        else
+            crypto_generichash(h, sizeof h, sp->mem[k].data, sp->mem[k].size, NULL, 0);
+        int ar = hr ? HK_ERR_NOT_FOUND : deps_add(d, path, h, (int)mem);
         free(path);
         if (ar)
             goto out;
@@ -648,21 +717,230 @@ static int nvrtc_log(nvrtcProgram prog, char **log) {
     return 0;
 }
 
-/* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. */
-static int nvrtc_build(const char *src, const hkp_build_opts *o, const char *source_name,
-                       int want_cubin, hkp_artifact *a, char *why, size_t why_size) {
+/* ---- precompiled headers ------------------------------------------------ */
+
+/* NVRTC's automatic PCH (-pch) saves the state after the source's opening
+ * run of preprocessing directives and reuses it while that run and the
+ * command line stay the same. It does not notice a change in the contents of
+ * the headers that run includes: measured with NVRTC 13.0, a PCH made with
+ * "common.cuh" defining K 100 went on being used after the file (or the
+ * in-memory header) said 500, and the kernel kept the old value. A hot reload
+ * exists for exactly those edits, so the PCH here covers only the toolkit's
+ * headers, which do not change under a running process: when the opening
+ * run includes any other header (or holds a conditional, whose outcome the
+ * run's text does not show), the source is compiled with "; #line N" put just
+ * before that line, which ends the run there without moving any line number
+ * in messages. A source whose run includes no toolkit header is compiled
+ * without PCH: there would be nothing to save.
+ *
+ * NVRTC keeps the PCH in a process-wide heap. When a PCH does not fit it says
+ * so (nvrtcGetPCHCreateStatus), the compile itself having succeeded; the heap
+ * is then enlarged to the size NVRTC asks for, and the next compile creates
+ * the PCH. Compiling again at once would double the cost of this edit for the
+ * benefit of the next, which pays the creation either way. Resizing frees the
+ * heap, so it waits for every PCH compile in flight (pch_lock: compiles
+ * read, resizes write). The PCH files live in NVRTC's own per-process
+ * temporary directory, removed at exit. */
+
+static pthread_rwlock_t pch_lock = PTHREAD_RWLOCK_INITIALIZER;
+static _Atomic uint64_t pch_created, pch_resizes;
+
+void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes) {
+    if (created)
+        *created = atomic_load(&pch_created);
+    if (heap_resizes)
+        *heap_resizes = atomic_load(&pch_resizes);
+}
+
+/* Moves *p past spaces, tabs and comments on the current line; tracks block
+ * comments that run on across lines in *in_comment. */
+static const char *skip_blank(const char *p, const char *eol, int *in_comment) {
+    for (;;) {
+        if (*in_comment) {
+            while (p + 1 < eol && !(p[0] == '*' && p[1] == '/'))
+                p++;
+            if (p + 1 >= eol)
+                return eol;
+            p += 2;
+            *in_comment = 0;
+        }
+        while (p < eol && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\f' || *p == '\v'))
+            p++;
+        if (p + 1 < eol && p[0] == '/' && p[1] == '/')
+            return eol;
+        if (p + 1 < eol && p[0] == '/' && p[1] == '*') {
+            *in_comment = 1;
+            p += 2;
+            continue;
+        }
+        return p;
+    }
+}
+
+/* Notes a block comment opened and not closed on a directive line. */
+static void track_comment(const char *p, const char *eol, int *in_comment) {
+    while (p < eol) {
+        if (!*in_comment && p + 1 < eol && p[0] == '/' && p[1] == '/')
+            return;
+        if (!*in_comment && p + 1 < eol && p[0] == '/' && p[1] == '*') {
+            *in_comment = 1;
+            p += 2;
+        } else if (*in_comment && p + 1 < eol && p[0] == '*' && p[1] == '/') {
+            *in_comment = 0;
+            p += 2;
+        } else {
+            p++;
+        }
+    }
+}
+
+/* Where the PCH may stop in src: 0 when no PCH is worth making; 1 when the
+ * opening directives include only toolkit headers (and macros); 2 when the
+ * run must be cut before byte *cut, the start of line *line (1-based). */
+static int pch_split(const char *src, const search_path *sp, size_t *cut, int *line) {
+    int in_comment = 0, ntk = 0, lineno = 0;
+    const char *p = src;
+    while (*p) {
+        const char *bol = p, *eol = strchr(p, '\n');
+        if (!eol)
+            eol = p + strlen(p);
+        p = *eol ? eol + 1 : eol;
+        lineno++;
+        const char *q = skip_blank(bol, eol, &in_comment);
+        if (q == eol)
+            continue;
+        if (*q != '#')
+            return ntk ? 1 : 0; /* code: the run ends here by itself */
+        q = skip_blank(q + 1, eol, &in_comment);
+        const char *w = q;
+        while (q < eol && *q >= 'a' && *q <= 'z')
+            q++;
+        size_t wl = (size_t)(q - w);
+        int safe = 0;
+        if (wl == 7 && !strncmp(w, "include", 7)) {
+            q = skip_blank(q, eol, &in_comment);
+            char close = q < eol && *q == '<' ? '>' : q < eol && *q == '"' ? '"' : 0;
+            const char *s = close ? ++q : NULL;
+            while (close && q < eol && *q != close)
+                q++;
+            if (close && q < eol && q > s && q - s < PATH_MAX) {
+                char name[PATH_MAX], path[PATH_MAX];
+                int mem;
+                memcpy(name, s, (size_t)(q - s));
+                name[q - s] = '\0';
+                if (resolve(name, close == '"', sp->srcdir, sp, path, &mem) == 1 &&
+                    hkp_toolkit_owns(sp->tk, path)) {
+                    safe = 1;
+                    ntk++;
+                }
+            }
+        } else if ((wl == 6 && !strncmp(w, "define", 6)) || (wl == 5 && !strncmp(w, "undef", 5)) ||
+                   (wl == 6 && !strncmp(w, "pragma", 6))) {
+            safe = 1;
+        }
+        if (!safe) {
+            *cut = (size_t)(bol - src);
+            *line = lineno;
+            return ntk ? 2 : 0;
+        }
+        track_comment(q, eol, &in_comment);
+        /* A directive continued with a backslash goes on on the next line. */
+        while (eol > bol && eol[-1 - (eol[-1] == '\r')] == '\\' && *p) {
+            bol = p;
+            eol = strchr(p, '\n');
+            if (!eol)
+                eol = p + strlen(p);
+            p = *eol ? eol + 1 : eol;
+            lineno++;
+        }
+    }
+    return ntk ? 1 : 0;
+}
+
+/* src with "; #line N" inserted at cut (see above). malloc'd. */
+static char *pch_cut_source(const char *src, size_t cut, int line, const char *name) {
+    char esc[PATH_MAX * 2];
+    size_t e = 0;
+    for (const char *c = name; *c && e + 2 < sizeof esc; c++) {
+        if (*c == '"' || *c == '\\')
+            esc[e++] = '\\';
+        esc[e++] = *c;
+    }
+    esc[e] = '\0';
+    size_t n = strlen(src), extra = e + 64;
+    char *out = malloc(n + extra);
+    if (!out)
+        return NULL;
+    memcpy(out, src, cut);
+    int k = snprintf(out + cut, extra, ";\n#line %d \"%s\"\n", line, esc);
+    memcpy(out + cut + (size_t)k, src + cut, n - cut + 1);
+    return out;
+}
+
+/* After a PCH compile: counts a created PCH, or enlarges an exhausted heap. */
+static void pch_after(nvrtcProgram prog) {
+    nvrtcResult st = nvrtcGetPCHCreateStatus(prog);
+    size_t need = 0, cur = 0;
+    if (st == NVRTC_SUCCESS) {
+        atomic_fetch_add(&pch_created, 1);
+        return;
+    }
+    if (st != NVRTC_ERROR_PCH_CREATE_HEAP_EXHAUSTED ||
+        nvrtcGetPCHHeapSizeRequired(prog, &need) != NVRTC_SUCCESS || need == 0)
+        return;
+    pthread_rwlock_wrlock(&pch_lock);
+    if (nvrtcGetPCHHeapSize(&cur) == NVRTC_SUCCESS && need > cur &&
+        nvrtcSetPCHHeapSize(need) == NVRTC_SUCCESS)
+        atomic_fetch_add(&pch_resizes, 1);
+    pthread_rwlock_unlock(&pch_lock);
+}
+
+/* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
+ * NUL-terminated; sp carries the in-memory headers and the search path. */
+static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_path *sp,
+                       const char *source_name, int want_cubin, hkp_artifact *a, char *why,
+                       size_t why_size) {
     nvrtcProgram prog = NULL;
-    const char **argv = NULL;
+    const char **argv = NULL, **hdata = NULL, **hname = NULL;
     char archopt[64], ptxasopt[64];
-    int rc = 0, argc = 0;
+    char *inc = NULL, *cccl = NULL, *cut_src = NULL;
+    int rc = 0, argc = 0, pch = 0;
     nvrtcResult r;
 
-    r = nvrtcCreateProgram(&prog, src, source_name, 0, NULL, NULL);
+    if (o->pch) {
+        size_t cut = 0;
+        int line = 0;
+        pch = pch_split(src, sp, &cut, &line);
+        if (pch == 2) {
+            cut_src = pch_cut_source(src, cut, line, source_name);
+            if (!cut_src)
+                return HK_ERR_NOMEM;
+            src = cut_src;
+        }
+    }
+    if (sp->nmem > 0) {
+        hdata = calloc((size_t)sp->nmem, sizeof *hdata);
+        hname = calloc((size_t)sp->nmem, sizeof *hname);
+        if (!hdata || !hname) {
+            free(hdata);
+            free(hname);
+            free(cut_src);
+            return HK_ERR_NOMEM;
+        }
+        for (int i = 0; i < sp->nmem; i++) {
+            hdata[i] = sp->mem[i].data; /* NUL-terminated copies */
+            hname[i] = sp->mem[i].name;
+        }
+    }
+    r = nvrtcCreateProgram(&prog, src, source_name, sp->nmem, hdata, hname);
+    free(hdata);
+    free(hname);
     if (r != NVRTC_SUCCESS) {
+        free(cut_src);
         hkp_why(why, why_size, "NVRTC: %s", nvrtcGetErrorString(r));
         return r == NVRTC_ERROR_OUT_OF_MEMORY ? HK_ERR_NOMEM : HK_ERR_COMPILE;
     }
-    argv = calloc((size_t)o->nnvrtc_options + 3, sizeof *argv);
+    argv = calloc((size_t)o->nnvrtc_options + 8, sizeof *argv);
     if (!argv) {
         rc = HK_ERR_NOMEM;
         goto out;
@@ -677,6 +955,29 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const char *sou
     for (int i = 0; i < o->nnvrtc_options; i++)
         if (o->nvrtc_options[i])
             argv[argc++] = o->nvrtc_options[i];
+    /* After the user's -I, so that their copies of a header win (nvcc's order). */
+    if (!o->no_toolkit && sp->tk->include[0]) {
+        if (asprintf(&inc, "-I%s", sp->tk->include) < 0) {
+            inc = NULL;
+            rc = HK_ERR_NOMEM;
+            goto out;
+        }
+        argv[argc++] = inc;
+    }
+    if (!o->no_toolkit && sp->tk->cccl[0]) {
+        if (asprintf(&cccl, "-I%s", sp->tk->cccl) < 0) {
+            cccl = NULL;
+            rc = HK_ERR_NOMEM;
+            goto out;
+        }
+        argv[argc++] = cccl;
+    }
+    if (pch) {
+        argv[argc++] = "-pch";
+        /* 639: the heap was too small (handled in pch_after); 20283: PCH
+         * creation stops at the #line put in by pch_cut_source, as meant. */
+        argv[argc++] = "--diag-suppress=639,20283";
+    }
     for (int i = 0; i < o->nname_expressions; i++) {
         r = nvrtcAddNameExpression(prog, o->name_expressions[i]);
         if (r != NVRTC_SUCCESS) {
@@ -686,7 +987,13 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const char *sou
             goto out;
         }
     }
+    if (pch)
+        pthread_rwlock_rdlock(&pch_lock);
     r = nvrtcCompileProgram(prog, argc, argv);
+    if (pch) {
+        pthread_rwlock_unlock(&pch_lock);
+        pch_after(prog);
+    }
     rc = nvrtc_log(prog, &a->log);
     if (rc)
         goto out;
@@ -736,6 +1043,9 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const char *sou
     }
 out:
     free(argv);
+    free(inc);
+    free(cccl);
+    free(cut_src);
     nvrtcDestroyProgram(&prog);
     return rc;
 }
@@ -869,12 +1179,13 @@ static int copy_image(const void *data, size_t size, hk_format fmt, hkp_artifact
 
 /* Builds without the cache. */
 static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_build_opts *o,
-                       const char *source_name, hkp_artifact *a, char *why, size_t why_size) {
+                       const search_path *sp, const char *source_name, hkp_artifact *a, char *why,
+                       size_t why_size) {
     int rc = 0;
     if (fmt == HK_FORMAT_CUDA_C) {
         /* data is NUL-terminated here (hkp_build made it so). */
         int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx;
-        rc = nvrtc_build(data, o, source_name, direct, a, why, why_size);
+        rc = nvrtc_build(data, o, sp, source_name, direct, a, why, why_size);
         if (!rc && o->ptx_to_cubin && !direct)
             rc = jitlink_ptx(a->image, a->size, o->arch, o->opt_level, source_name, a, why,
                              why_size);
@@ -915,10 +1226,80 @@ static int take_deps(hkp_artifact *a, dep_list *d) {
     return 0;
 }
 
+int hkp_headers_dup(const hk_header *h, int n, hk_header **out) {
+    size_t bytes = 0;
+    if (!out || n < 0 || (n > 0 && !h))
+        return HK_ERR_INVALID;
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        if (!h[i].name || !h[i].name[0] || (!h[i].data && h[i].size))
+            return HK_ERR_INVALID;
+        size_t add = strlen(h[i].name) + 1 + h[i].size + 1;
+        if (add < h[i].size || bytes + add < bytes)
+            return HK_ERR_TOO_LARGE;
+        bytes += add;
+    }
+    size_t head = (size_t)n * sizeof **out;
+    if (bytes + head < bytes)
+        return HK_ERR_TOO_LARGE;
+    hk_header *v = malloc(head + bytes);
+    if (!v)
+        return HK_ERR_NOMEM;
+    char *p = (char *)(v + n);
+    for (int i = 0; i < n; i++) {
+        size_t nl = strlen(h[i].name) + 1;
+        memcpy(p, h[i].name, nl);
+        v[i].name = p;
+        p += nl;
+        if (h[i].size)
+            memcpy(p, h[i].data, h[i].size);
+        p[h[i].size] = '\0';
+        v[i].data = p;
+        v[i].size = h[i].size;
+        p += h[i].size + 1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The build's in-memory headers: opts->headers, then those of
+ * base_headers whose names they do not hide. One allocation (free()). */
+static int merge_headers(const hkp_build_opts *o, hk_header **out, int *n) {
+    int total = (o->nheaders > 0 ? o->nheaders : 0) + (o->nbase_headers > 0 ? o->nbase_headers : 0);
+    *out = NULL;
+    *n = 0;
+    if (total == 0)
+        return 0;
+    hk_header *all = calloc((size_t)total, sizeof *all);
+    int k = 0;
+    if (!all)
+        return HK_ERR_NOMEM;
+    for (int i = 0; i < o->nheaders; i++)
+        all[k++] = o->headers[i];
+    for (int i = 0; i < o->nbase_headers; i++) {
+        int hidden = 0;
+        for (int j = 0; j < o->nheaders && !hidden; j++)
+            hidden = o->headers[j].name && o->base_headers[i].name &&
+                     !strcmp(o->headers[j].name, o->base_headers[i].name);
+        if (!hidden)
+            all[k++] = o->base_headers[i];
+    }
+    int rc = hkp_headers_dup(all, k, out);
+    free(all);
+    if (!rc)
+        *n = k;
+    return rc;
+}
+
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size) {
     double t0 = now_ms();
     dep_list deps = {0};
+    search_path sp = {0};
+    hk_header *mem = NULL;
+    int nmem = 0;
     crypto_generichash_state ctx;
     uint8_t mkey[HKP_KEY_BYTES], akey[HKP_KEY_BYTES];
     int rc, cacheable = 0;
@@ -932,7 +1313,9 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
     memset(out, 0, sizeof *out);
     if (!opts || HKP_ARCH_NUM(opts->arch) <= 0 || (!data && size) || opts->nnvrtc_options < 0 ||
         opts->nname_expressions < 0 || (opts->nnvrtc_options && !opts->nvrtc_options) ||
-        (opts->nname_expressions && !opts->name_expressions)) {
+        (opts->nname_expressions && !opts->name_expressions) || opts->nheaders < 0 ||
+        (opts->nheaders && !opts->headers) || opts->nbase_headers < 0 ||
+        (opts->nbase_headers && !opts->base_headers)) {
         hkp_why(why, why_size, "invalid build options");
         return HK_ERR_INVALID;
     }
@@ -960,15 +1343,26 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
         rc = HK_ERR_INVALID;
         goto out;
     }
+    if (fmt == HK_FORMAT_CUDA_C) {
+        rc = merge_headers(opts, &mem, &nmem);
+        if (rc) {
+            hkp_why(why, why_size, "in-memory headers: %s",
+                    rc == HK_ERR_INVALID ? "a header without a name" : hk_strerror(rc));
+            goto out;
+        }
+        rc = parse_search_path(opts, mem, nmem, source_name, &sp);
+        if (rc)
+            goto out;
+    }
 
     if (opts->cache && sodium_init() >= 0) {
         cacheable = 1;
-        key_context(&ctx, "ctx", data, size, fmt, opts, source_name);
+        key_context(&ctx, "ctx", data, size, fmt, opts, source_name, &sp);
         if (fmt == HK_FORMAT_CUDA_C) {
             crypto_generichash_state m = ctx;
             h_str(&m, "manifest");
             crypto_generichash_final(&m, mkey, sizeof mkey);
-            if (manifest_load(opts->cache, mkey, &deps) == 0) {
+            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0) {
                 artifact_key(&ctx, &deps, akey);
                 if (artifact_load(opts->cache, akey, out) == 0 &&
                     hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
@@ -1004,13 +1398,13 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
         if (size)
             memcpy(src, data, size);
         src[size] = '\0';
-        rc = scan_deps(src, opts, source_name, &deps);
+        rc = scan_deps(src, &sp, &deps);
         if (!rc)
             rc = take_deps(out, &deps);
         if (rc)
             goto out;
     }
-    rc = build_fresh(src ? src : data, size, fmt, opts, source_name, out, why, why_size);
+    rc = build_fresh(src ? src : data, size, fmt, opts, &sp, source_name, out, why, why_size);
     if (rc)
         goto out;
     rc = hkp_meta_read(out->image, out->size, out->format, &out->meta, mwhy, sizeof mwhy);
@@ -1031,6 +1425,8 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
 out:
     free(src);
     deps_free(&deps);
+    search_path_free(&sp);
+    free(mem);
     out->ms = now_ms() - t0;
     return rc;
 }

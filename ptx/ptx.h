@@ -130,12 +130,24 @@ typedef struct hkp_build_opts {
     int nnvrtc_options;
     const char *const *name_expressions;
     int nname_expressions;
-    const char *source_name; /* used in compiler messages */
-    hkp_cache *cache;        /* NULL: no cache */
-    int nvrtc_via_ptx;       /* CUDA C with ptx_to_cubin: 1 compiles to PTX
-                              * and links with nvJitLink; 0 (default) asks
-                              * NVRTC for the cubin directly (as fast,
-                              * one step fewer) */
+    const char *source_name;  /* used in compiler messages */
+    hkp_cache *cache;         /* NULL: no cache */
+    int nvrtc_via_ptx;        /* CUDA C with ptx_to_cubin: 1 compiles to PTX
+                               * and links with nvJitLink; 0 (default) asks
+                               * NVRTC for the cubin directly (as fast,
+                               * one step fewer) */
+    const hk_header *headers; /* in-memory headers, found by name before any
+                               * file (hk_header in hotkern.h) */
+    int nheaders;
+    const hk_header *base_headers; /* a second set (the runtime's), searched
+                                    * after headers: a name in headers hides
+                                    * the same name here */
+    int nbase_headers;
+    int no_toolkit; /* 1: leave the toolkit's include directories off the
+                     * search path (default: on, after any -I) */
+    int pch;        /* 1: NVRTC's automatic precompiled headers, over the
+                     * toolkit headers that open the source; for processes
+                     * that compile more than once */
 } hkp_build_opts;
 
 typedef struct hkp_artifact {
@@ -144,10 +156,12 @@ typedef struct hkp_artifact {
     size_t size;
     hk_format format; /* PTX, CUBIN or FATBIN */
     char *log;        /* compiler/linker log (may be NULL) */
-    char **deps;      /* headers of CUDA C input (canonical paths), found by
-                       * following #include lines through the source's
-                       * directory and -I dirs (NVRTC 13 cannot list them);
-                       * a superset, since #if is not evaluated */
+    char **deps;      /* headers of CUDA C input (canonical paths; an
+                       * in-memory header under its name), found by
+                       * following #include lines through the in-memory
+                       * headers, the source's directory and -I dirs (NVRTC
+                       * 13 cannot list them); a superset, since #if is not
+                       * evaluated. The toolkit's headers are not listed. */
     int ndeps;
     char **lowered_names; /* parallel to name_expressions */
     int nlowered;
@@ -165,6 +179,48 @@ typedef struct hkp_artifact {
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size);
 void hkp_artifact_free(hkp_artifact *a);
+
+/* Copies n in-memory headers into one allocation (the array, then each
+ * name and text, NUL-terminated) that the caller releases with free(). n may
+ * be 0 (*out NULL). Returns 0, HK_ERR_INVALID (a NULL or empty name, NULL
+ * data with a size, n < 0) or HK_ERR_NOMEM. */
+int hkp_headers_dup(const hk_header *h, int n, hk_header **out);
+
+/* Process-wide PCH counters: PCHs NVRTC created for hkp_build, and PCH heap
+ * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */
+void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
+
+/* ---- the toolkit ------------------------------------------------------- */
+
+/* The CUDA toolkit whose headers CUDA C builds see: found from the loaded
+ * NVRTC library, else $CUDA_HOME, $CUDA_PATH, /usr/local/cuda (toolkit.c).
+ * Fields are "" when absent. */
+typedef struct hkp_toolkit {
+    char include[4096];                 /* canonical path of include/ */
+    char cccl[4096];                    /* include/cccl when the toolkit has one */
+    char nvrtc[4096];                   /* the libnvrtc in use */
+    uint8_t fingerprint[HKP_KEY_BYTES]; /* changes with any toolkit update */
+} hkp_toolkit;
+
+/* Located on first use; never NULL, immutable. Safe from any thread. */
+const hkp_toolkit *hkp_toolkit_get(void);
+/* 1 when the canonical path lies inside one of t's include directories. */
+int hkp_toolkit_owns(const hkp_toolkit *t, const char *path);
+
+/* ---- warm start -------------------------------------------------------- */
+
+typedef struct hkp_warm hkp_warm;
+
+/* Starts a thread that compiles a small program for arch with NVRTC, so that
+ * NVRTC's one-time start-up (hundreds of milliseconds in a fresh process) is
+ * paid before the first real build. Never blocks on the compile. On success
+ * *out is owned by the caller: hkp_warm_stop(). */
+int hkp_warm_start(hkp_warm **out, int arch);
+/* Skips what has not started, waits for a compile in progress, frees w.
+ * w may be NULL. */
+void hkp_warm_stop(hkp_warm *w);
+/* 1 once the warm-up compiles have finished, 0 before. */
+int hkp_warm_done(hkp_warm *w);
 
 /* ---- internal to ptx/ -------------------------------------------------- */
 

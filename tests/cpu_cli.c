@@ -79,6 +79,47 @@ START_TEST(defines_and_include_paths) {
 }
 END_TEST
 
+START_TEST(toolkit_headers_need_no_include_dirs) {
+    put("sum.cu", "#include <cub/block/block_reduce.cuh>\n"
+                  "#include <cuda/std/cstdint>\n"
+                  "extern \"C\" __global__ void sum(const float *in, float *out) {\n"
+                  "    using BR = cub::BlockReduce<float, 64>;\n"
+                  "    __shared__ typename BR::TempStorage t;\n"
+                  "    float s = BR(t).Sum(in[threadIdx.x]);\n"
+                  "    if (threadIdx.x == 0) *out = s + (cuda::std::int8_t)1;\n"
+                  "}\n");
+    ck_assert_int_eq(hotkern("check sum.cu"), 0);
+    ck_assert_msg(strstr(out, "sum.cu: ok (1 kernel: sum)"), "%s", out);
+}
+END_TEST
+
+START_TEST(templates_without_instantiation) {
+    put("tmpl.cu", "// a comment that says template __global__ void fake(\n"
+                   "template <typename T, int N>\n"
+                   "__global__ void scale(T *x, T a) { x[threadIdx.x] *= a * N; }\n"
+                   "template <class T> __global__ void fill(T *x) { x[0] = T(); }\n");
+    ck_assert_int_eq(hotkern("check tmpl.cu"), 1);
+    ck_assert_msg(strstr(out, "tmpl.cu: error: no kernel was instantiated: scale, fill are "
+                              "templates"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "--name-expression 'scale<float, 1>' tmpl.cu"), "%s", out);
+    ck_assert_msg(!strstr(out, "fake"), "%s", out);
+    ck_assert_msg(!strstr(out, "ok (0 kernels)"), "%s", out);
+    /* Following the advice works. */
+    ck_assert_int_eq(hotkern("check --name-expression 'scale<float, 1>' tmpl.cu"), 0);
+    ck_assert_msg(strstr(out, "tmpl.cu: ok (1 kernel: _Z5scaleIfLi1EEvPT_S0_)"), "%s", out);
+    ck_assert_int_eq(hotkern("check '--name-expression=fill<int>' --name-expression "
+                             "'scale<double, 2>' tmpl.cu"),
+                     0);
+    ck_assert_msg(strstr(out, "tmpl.cu: ok (2 kernels:"), "%s", out);
+    /* A file with no kernels at all is still just empty. */
+    put("none.cu", "__device__ int f(int x) { return x; }\n");
+    ck_assert_int_eq(hotkern("check none.cu"), 0);
+    ck_assert_msg(strstr(out, "none.cu: ok (0 kernels)"), "%s", out);
+    ck_assert_int_eq(hotkern("check --name-expression"), 2);
+}
+END_TEST
+
 START_TEST(usage_and_bad_input) {
     ck_assert_int_eq(hotkern("check"), 2);
     ck_assert_int_eq(hotkern("check --bogus ok.cu"), 2);
@@ -100,6 +141,8 @@ int main(void) {
     tcase_add_test(tc, compile_error_like_a_compiler);
     tcase_add_test(tc, defines_and_include_paths);
     tcase_add_test(tc, usage_and_bad_input);
+    tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
+    tcase_add_test(tc, templates_without_instantiation);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

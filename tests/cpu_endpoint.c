@@ -26,6 +26,7 @@
 #include <sodium.h>
 
 #include "net/net.h"
+#include "ptx/ptx.h"
 #include "tests/harness.h"
 
 /* ---- the recording engine ---------------------------------------------- */
@@ -41,10 +42,14 @@ static struct recorder {
     unsigned char *bytes;
     size_t size;
     int fail_with; /* when set, apply refuses with this error and a log */
+    int nheaders;  /* headers given to the last apply, copied */
+    char hname[4][64];
+    char hdata[4][256];
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
-                     const void *bytes, size_t size, const char *origin, hk_report *rep) {
+                     const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                     const char *origin, hk_report *rep) {
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
     if (err) {
@@ -52,6 +57,12 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
         rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
     } else {
         rec.calls++;
+        rec.nheaders = nheaders < 4 ? nheaders : 4;
+        for (int i = 0; i < rec.nheaders; i++) {
+            snprintf(rec.hname[i], sizeof rec.hname[i], "%s", headers[i].name);
+            snprintf(rec.hdata[i], sizeof rec.hdata[i], "%.*s", (int)headers[i].size,
+                     (const char *)headers[i].data);
+        }
         snprintf(rec.module, sizeof rec.module, "%s", module);
         rec.version = version;
         rec.fmt = fmt;
@@ -387,6 +398,53 @@ START_TEST(push_with_cli_commits) {
 }
 END_TEST
 
+/* A kernel that includes "common.cuh", pushed with it, builds where the
+ * header does not exist as a file: the endpoint hands it to the engine. */
+START_TEST(push_carries_headers) {
+    start(NULL, 0, NULL, NULL);
+    const char *cli = cli_path();
+    char out[16384], hpath[PATH_MAX + 16], kpath[PATH_MAX + 16];
+    static const char ksrc[] = "#include \"common.cuh\"\n"
+                               "__device__ int arr[K];\n"
+                               "extern \"C\" __global__ void add(int *x) { x[0] = arr[1]; }\n";
+    snprintf(hpath, sizeof hpath, "%s/common.cuh", tmp);
+    snprintf(kpath, sizeof kpath, "%s/k.cu", tmp);
+    ck_assert_int_eq(hkt_write_file(hpath, "#define K 6\n"), 0);
+    ck_assert_int_eq(hkt_write_file(kpath, ksrc), 0);
+    char *push[] = {(char *)cli, "push", base,  "--key", key_path,
+                    "--module",  "k",    hpath, kpath,   NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_int_eq(rec.fmt, HK_FORMAT_CUDA_C);
+    ck_assert_int_eq(rec.nheaders, 1);
+    ck_assert_str_eq(rec.hname[0], "common.cuh");
+    ck_assert_str_eq(rec.hdata[0], "#define K 6\n");
+    pthread_mutex_unlock(&rec.lock);
+    /* Build on this thread once the server's threads are joined: NVRTC and
+     * libmicrohttpd both use libc's time-zone state, whose lock the thread
+     * sanitizer cannot see. */
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+    pthread_mutex_lock(&rec.lock);
+    hk_header h = {rec.hname[0], rec.hdata[0], strlen(rec.hdata[0])};
+    hkp_build_opts o = {.arch = 90,
+                        .ptx_to_cubin = 1,
+                        .opt_level = 3,
+                        .headers = &h,
+                        .nheaders = 1,
+                        .source_name = "k@v1"};
+    hkp_artifact a;
+    char why[512];
+    int err = hkp_build(rec.bytes, rec.size, rec.fmt, &o, &a, why, sizeof why);
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_msg(err == 0, "%s\n%s", why, a.log ? a.log : "");
+    ck_assert_int_eq(a.meta.nglobals, 1);
+    ck_assert_uint_eq(a.meta.globals[0].size, 6 * sizeof(int));
+    hkp_artifact_free(&a);
+}
+END_TEST
+
 START_TEST(refusals_change_nothing) {
     start(NULL, 0, NULL, NULL);
     char body[16384];
@@ -700,6 +758,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, push_with_curl_commits);
     tcase_add_test(tc, push_with_cli_commits);
     tcase_add_test(tc, refusals_change_nothing);
+    tcase_add_test(tc, push_carries_headers);
     tcase_add_test(tc, replay_state_survives_restart);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);

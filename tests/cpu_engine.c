@@ -44,6 +44,7 @@ static hk_runtime *make_rt(int ndev, hk_loader loader) {
     o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
     o.cache_dir = "";
     o.on_event = on_event;
+    o.no_warm_start = 1; /* warm_start_runs_and_stops covers it */
     hk_runtime *r = NULL;
     hk_report rep = {0};
     int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
@@ -641,6 +642,113 @@ START_TEST(reset_keeps_name_expressions) {
 }
 END_TEST
 
+/* ---- in-memory headers and warm start ------------------------------------ */
+
+/* Real NVRTC output whose global `arr` has K ints, K from "common.cuh". */
+static const char *const HDR_SRC = "#include \"common.cuh\"\n"
+                                   "__device__ int arr[K];\n"
+                                   "extern \"C\" __global__ void step(int *o, unsigned n) {\n"
+                                   "    o[0] = arr[n];\n"
+                                   "}\n";
+
+static size_t arr_bytes(const char *mod) {
+    uint64_t dptr = 0;
+    size_t size = 0;
+    ck_assert_int_eq(hk_module_global(rt, mod, "arr", 0, &dptr, &size), 0);
+    return size;
+}
+
+START_TEST(swap_with_in_memory_headers) {
+    hk_runtime_destroy(rt);
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    hk_header rth = {"common.cuh", "#define K 4\n", 12};
+    o.headers = &rth;
+    o.nheaders = 1;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    rth.data = "#define K 1000\n"; /* the runtime kept its own copy */
+    rth.size = 15;
+
+    ck_assert_msg(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), NULL, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(arr_bytes("h"), 4 * sizeof(int));
+
+    /* A swap's own header hides the runtime's. */
+    char text[32] = "#define K 8\n";
+    hk_header sh = {"common.cuh", text, strlen(text)};
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.headers = &sh;
+    so.nheaders = 1;
+    ck_assert_msg(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(arr_bytes("h"), 8 * sizeof(int));
+
+    /* hk_submit copies them: the caller's buffer may change at once. */
+    snprintf(text, sizeof text, "#define K 16\n");
+    sh.size = strlen(text);
+    ck_assert_int_eq(hk_submit(rt, "h", HDR_SRC, strlen(HDR_SRC), &so), 0);
+    snprintf(text, sizeof text, "#define K 99\n");
+    ck_assert_int_eq(hk_wait_idle(rt, 60000), 0);
+    ck_assert_uint_eq(arr_bytes("h"), 16 * sizeof(int));
+
+    /* A header without a name is refused; the module keeps its version. */
+    uint64_t v = hk_module_version(rt, "h");
+    hk_header bad = {NULL, "x", 1};
+    so.headers = &bad;
+    ck_assert_int_eq(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "headers"), "%s", rep.message);
+    ck_assert_uint_eq(hk_module_version(rt, "h"), v);
+    /* A broken header: the compiler's log, and still the old version. */
+    hk_header broken = {"common.cuh", "#define K (\n", 12};
+    so.headers = &broken;
+    ck_assert_int_eq(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep), HK_ERR_COMPILE);
+    ck_assert_ptr_nonnull(rep.log);
+    ck_assert_uint_eq(hk_module_version(rt, "h"), v);
+    ck_assert_uint_eq(arr_bytes("h"), 16 * sizeof(int));
+    hk_report_clear(&rep);
+
+    /* Bad runtime headers fail creation with a reason. */
+    hk_runtime *r2 = NULL;
+    o.headers = &bad;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(r2);
+    ck_assert_msg(strstr(rep.message, "headers"), "%s", rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(warm_start_runs_and_stops) {
+    hk_runtime_destroy(rt);
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    /* Destroyed at once: the warm-up is cut short and joined, nothing leaks. */
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
+    ck_assert_ptr_nonnull(rt->warm);
+    hk_runtime_destroy(rt);
+    /* Left to finish, then used. */
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
+    for (int i = 0; i < 6000 && !hkp_warm_done(rt->warm); i++)
+        usleep(10000);
+    ck_assert(hkp_warm_done(rt->warm));
+    hk_report rep = {0};
+    const char *src = "extern \"C\" __global__ void step(int *o, unsigned n) { o[0] = n; }\n";
+    ck_assert_msg(hk_swap(rt, "w", src, strlen(src), NULL, &rep) == 0, "%s", rep.message);
+    hk_report_clear(&rep);
+    /* Off when asked. */
+    hk_runtime_destroy(rt);
+    o.no_warm_start = 1;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
+    ck_assert_ptr_null(rt->warm);
+}
+END_TEST
+
 START_TEST(module_loader_single_device) {
     hk_runtime_destroy(rt);
     rt = NULL;
@@ -955,6 +1063,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, reset_with_library_loader);
     tcase_add_test(tc, reset_with_module_loader);
     tcase_add_test(tc, reset_keeps_name_expressions);
+    tcase_add_test(tc, swap_with_in_memory_headers);
+    tcase_add_test(tc, warm_start_runs_and_stops);
     tcase_add_test(tc, module_loader_single_device);
     tcase_add_test(tc, graph_retargeted_on_commit);
     tcase_add_test(tc, graph_keeps_old_code_when_retarget_fails);

@@ -40,7 +40,8 @@ static struct {
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
-                     const void *bytes, size_t size, const char *origin, hk_report *rep) {
+                     const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                     const char *origin, hk_report *rep) {
     pthread_mutex_lock(&rec.lock);
     rec.calls++;
     snprintf(rec.module, sizeof rec.module, "%s", module);

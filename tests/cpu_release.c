@@ -370,6 +370,64 @@ START_TEST(artifact_choice) {
 }
 END_TEST
 
+START_TEST(release_carries_headers) {
+    hkn_seckey k;
+    ck_assert_int_eq(hkn_keygen(&k), 0);
+    static const char hdr[] = "#define K 3\n";
+    static const char src[] = "#include \"common.cuh\"\n__device__ int arr[K];\n";
+    hkn_blob b[2] = {{.name = "dir/common.cuh", .bytes = hdr, .size = strlen(hdr)},
+                     {.name = "k.cu", .bytes = src, .size = strlen(src)}};
+    struct rel r;
+    hk_report rep = {0};
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(
+        hkn_release_sign(&k, "k", 1, now, now + 60, b, 2, &r.manifest, &r.len, &r.sig, &rep), 0);
+    ck_assert_msg(strstr(r.manifest, "\"header\""), "%s", r.manifest);
+    hkn_trust t = trust_of(&k);
+    hkn_state *s;
+    ck_assert_int_eq(hkn_state_open(NULL, &s, &rep), 0);
+    hkn_manifest m;
+    ck_assert_int_eq(verify(&t, s, &r, &rep, &m), 0);
+    ck_assert_uint_eq(m.nartifacts, 2);
+    ck_assert_str_eq(m.artifacts[0].name, "common.cuh");
+    ck_assert_int_eq(m.artifacts[0].header, 1);
+    ck_assert_int_eq(m.artifacts[1].header, 0);
+    ck_assert_int_eq(m.artifacts[1].format, HK_FORMAT_CUDA_C);
+    /* The kernel is applied, never the header, even when it comes first. */
+    ck_assert_uint_eq(hkn_pick_artifact(&m, "sm_90"), 1);
+    ck_assert_uint_eq(hkn_pick_artifact(&m, NULL), 1);
+    /* The header is hashed like any artifact. */
+    ck_assert_int_eq(hkn_verify_artifact(&m.artifacts[0], hdr, strlen(hdr), &rep), 0);
+    ck_assert_int_eq(hkn_verify_artifact(&m.artifacts[0], "#define K 4\n", 12, &rep), HK_ERR_HASH);
+    const void *bytes[2] = {hdr, src};
+    size_t sizes[2] = {strlen(hdr), strlen(src)};
+    hk_header h[HKN_MAX_ARTIFACTS];
+    ck_assert_int_eq(hkn_release_headers(&m, bytes, sizes, h), 1);
+    ck_assert_str_eq(h[0].name, "common.cuh");
+    ck_assert_ptr_eq(h[0].data, hdr);
+    ck_assert_uint_eq(h[0].size, strlen(hdr));
+    /* The signature covers the header entry like the rest. */
+    char *at = strstr(r.manifest, "\"header\"");
+    memcpy(at, "\"cuda\"  ", 8);
+    hkn_manifest m2;
+    ck_assert_int_eq(verify(&t, s, &r, &rep, &m2), HK_ERR_SIGNATURE);
+    hkn_manifest_free(&m);
+    rel_free(&r);
+    /* Headers alone are not a release. */
+    ck_assert_int_eq(
+        hkn_release_sign(&k, "k", 2, now, now + 60, b, 1, &r.manifest, &r.len, &r.sig, &rep),
+        HK_ERR_INVALID);
+    static const char only[] = "{\"module\":\"k\",\"version\":3,\"created\":1,"
+                               "\"expires\":9999999999,\"artifacts\":[{\"name\":\"a.cuh\","
+                               "\"sha256\":\"0000000000000000000000000000000000000000000000000000"
+                               "000000000000\",\"size\":1,\"format\":\"header\"}]}";
+    ck_assert_int_eq(hkn_manifest_parse(only, strlen(only), &m, &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "only headers"), "%s", rep.message);
+    hkn_report_reset(&rep);
+    hkn_state_close(s);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("release");
     TCase *tc = tcase_create("core");
@@ -385,6 +443,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, key_files);
     tcase_add_test(tc, manifest_fields_checked);
     tcase_add_test(tc, artifact_choice);
+    tcase_add_test(tc, release_carries_headers);
     suite_add_tcase(s, tc);
     return s;
 }

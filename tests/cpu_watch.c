@@ -762,6 +762,31 @@ START_TEST(two_directories) {
 }
 END_TEST
 
+START_TEST(dir_headers_listing) {
+    hk_header *h;
+    int n;
+
+    write_file("b.h", "#define B 2\n");
+    write_file("a.cuh", "#define A 1\n");
+    write_file("c.hpp", "");
+    write_file("k.cu", "int x;\n");
+    write_file(".a.cuh.swp", "junk");
+    write_file("notes.txt", "text");
+    ck_assert_int_eq(hkn_watch_dir_headers(dir, &h, &n), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert_str_eq(h[0].name, "a.cuh");
+    ck_assert_str_eq(h[1].name, "b.h");
+    ck_assert_str_eq(h[2].name, "c.hpp");
+    ck_assert_uint_eq(h[1].size, 12);
+    ck_assert_mem_eq(h[1].data, "#define B 2\n", 12);
+    ck_assert_uint_eq(h[2].size, 0);
+    hkn_watch_headers_free(h, n);
+    char missing[PATH_MAX];
+    path_in(missing, sizeof missing, root, "missing");
+    ck_assert_int_eq(hkn_watch_dir_headers(missing, &h, &n), HK_ERR_IO);
+}
+END_TEST
+
 /* ---- hk_watch_dir on the fake driver -------------------------------------- */
 
 static hk_runtime *rt;
@@ -907,6 +932,35 @@ START_TEST(api_header_dependency) {
 }
 END_TEST
 
+/* The directory's headers travel in memory: an angle-bracket include with no
+ * -I builds, and an edit to the header builds the source again. */
+START_TEST(api_headers_in_memory) {
+    uint64_t dptr;
+    size_t size = 0;
+
+    write_file("common.cuh", "#define K 3\n");
+    write_file("m.cu", "#include <common.cuh>\n"
+                       "__device__ int arr[K];\n"
+                       "extern \"C\" __global__ void step(int *out, unsigned n) {\n"
+                       "    if (out) *out = arr[n];\n}\n");
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, NULL), 0);
+    ck_assert_uint_eq(wait_version("m", 1), 1);
+    ck_assert_int_eq(hk_module_global(rt, "m", "arr", 0, &dptr, &size), 0);
+    ck_assert_uint_eq(size, 3 * sizeof(int));
+    usleep(SETTLE_MS * 1000);
+    write_file("common.cuh", "#define K 5\n");
+    ck_assert_uint_eq(wait_version("m", 2), 2);
+    ck_assert_int_eq(hk_module_global(rt, "m", "arr", 0, &dptr, &size), 0);
+    ck_assert_uint_eq(size, 5 * sizeof(int));
+    /* A broken header is refused; version 2 keeps running. */
+    usleep(SETTLE_MS * 1000);
+    write_file("common.cuh", "#define K (\n");
+    wait_events(&ev_refused, 1);
+    ck_assert_uint_eq(hk_module_version(rt, "m"), 2);
+}
+END_TEST
+
 static Suite *watch_suite(void) {
     Suite *s = suite_create("watch");
     TCase *tc = tcase_create("core");
@@ -933,6 +987,7 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, directory_recreated);
     tcase_add_test(tc, destroy_while_busy);
     tcase_add_test(tc, two_directories);
+    tcase_add_test(tc, dir_headers_listing);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("runtime");
@@ -940,6 +995,7 @@ static Suite *watch_suite(void) {
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, api_watch_dir);
     tcase_add_test(tc, api_header_dependency);
+    tcase_add_test(tc, api_headers_in_memory);
     suite_add_tcase(s, tc);
     return s;
 }

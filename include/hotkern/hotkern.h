@@ -173,6 +173,17 @@ typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata, char *msg,
                            size_t msg_size);
 
+/* A header held in memory. CUDA C builds find it by `name` exactly as written
+ * in an #include ("common.cuh" or <common.cuh>) before any file, so kernels
+ * that include their own headers build where those files do not exist (a
+ * server receiving a push, a test). `data` is text and need not be
+ * NUL-terminated; it is copied by the call that takes it. */
+typedef struct hk_header {
+    const char *name; /* e.g. "common.cuh"; not empty */
+    const void *data;
+    size_t size;
+} hk_header;
+
 typedef struct hk_options {
     const int *devices;       /* CUDA device ordinals; NULL means {0} */
     int ndevices;             /* entries in devices; 0 means 1 */
@@ -190,6 +201,13 @@ typedef struct hk_options {
                              * staging at once, and how long a submitted
                              * version waits for one before the worker stages
                              * it; default 2000 */
+    const hk_header *headers; /* in-memory headers for every CUDA C build of
+                               * the runtime (copied); a swap's own headers of
+                               * the same name come first */
+    int nheaders;
+    int no_warm_start;      /* 1: do not warm NVRTC up on a background thread at
+                             * create (default 0: the first CUDA C swap then
+                             * does not pay NVRTC's start-up) */
     int launch_hold_max_us; /* longest a launch waits at the launch gate while
                              * a swap or an unload has the driver; default 5000
                              * (a launch that waited this long goes on, and
@@ -244,6 +262,9 @@ typedef struct hk_swap_options {
     hk_stage_mode stage;      /* default HK_STAGE_AUTO */
     hk_check_cb check;        /* optional */
     const char *origin;       /* for events; default "api" */
+    const hk_header *headers; /* in-memory headers for this build (copied);
+                               * they hide the runtime's of the same name */
+    int nheaders;
 } hk_swap_options;
 
 HK_API void hk_swap_options_init(hk_swap_options *o);

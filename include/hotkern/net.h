@@ -7,7 +7,11 @@
  *   module, a release version (integer, monotonic per module, below 2^53), its
  *   creation and expiry times (unix seconds), the signing key's id and each
  *   artifact: {"name", "sha256" (hex), "size", "format" ("cuda", "ptx",
- *   "cubin" or "fatbin"), "arch" ("sm_90" or "")}. manifest.json.sig holds the
+ *   "cubin", "fatbin" or "header"), "arch" ("sm_90" or "")}. A "header"
+ *   artifact is never applied itself: the CUDA C artifact's build finds it as
+ *   an in-memory header under its name (#include "common.cuh"), so a kernel
+ *   and the headers it includes travel, and are verified, together; a
+ *   release needs at least one artifact that is not a header. manifest.json.sig holds the
  *   Ed25519 signature of the manifest's exact bytes, base64 (hex accepted).
  *   `hotkern keygen` and `hotkern sign` make keys and releases.
  *
@@ -18,7 +22,7 @@
  *   artifact has its declared size and SHA-256. Refusals: HK_ERR_SIGNATURE,
  *   HK_ERR_EXPIRED, HK_ERR_REPLAY, HK_ERR_HASH, HK_ERR_TOO_LARGE.
  *   Of several artifacts, the one applied is: a cubin/fatbin whose arch is the
- *   runtime's, else a fatbin, else PTX, else CUDA C.
+ *   runtime's, else a fatbin, else PTX, else CUDA C (with the headers).
  *
  * Key files
  *   One line: the key in hex (public 64 chars, secret 128 chars: libsodium's

@@ -1,0 +1,71 @@
+/*
+ * Compile time on the CPU alone (no GPU needed): what a real edit costs
+ * hkp_build, plain and with NVRTC's PCH, for the small kernels and the
+ * cub/cuda::std kernel of bench_swap. Each build compiles a new constant into
+ * the code (bench_variant), in one process, without the compile cache. The
+ * first build of each series is shown apart: it pays NVRTC's start-up (the
+ * very first) or the creation of the PCH.
+ *
+ * usage: bench_build [REPS]   (default 7)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nvrtc.h>
+
+#include "bench/common.h"
+
+static double build_ms(const char *fmt, int v, int pch) {
+    char *src = bench_variant(fmt, v);
+    hkp_build_opts o = {.arch = 90,
+                        .ptx_to_cubin = 1,
+                        .opt_level = 3,
+                        .pch = pch,
+                        .source_name = pch ? "pch.cu" : "plain.cu"};
+    hkp_artifact a;
+    char why[512];
+    uint64_t t0 = bench_ns();
+    if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) < 0) {
+        fprintf(stderr, "build failed: %s\n%s\n", why, a.log ? a.log : "");
+        exit(1);
+    }
+    double ms = (double)(bench_ns() - t0) / 1e6;
+    hkp_artifact_free(&a);
+    free(src);
+    return ms;
+}
+
+static void series(const char *what, const char *fmt, int pch, int reps, int *next) {
+    double v[64];
+    double first = build_ms(fmt, (*next)++, pch);
+    for (int i = 0; i < reps; i++)
+        v[i] = build_ms(fmt, (*next)++, pch);
+    double med = bench_median(v, reps);
+    printf("  %-28s %-5s first %8.1f ms, then median %8.1f ms (min %.1f, max %.1f)\n", what,
+           pch ? "PCH" : "plain", first, med, v[0], v[reps - 1]);
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (reps < 1 || reps > 64)
+        reps = 7;
+    char host[256] = "";
+    gethostname(host, sizeof host);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int maj = 0, min = 0;
+    nvrtcVersion(&maj, &min);
+    time_t t = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    printf("== bench_build: hkp_build of a real edit (new constant), sm_90 cubin, no cache\n");
+    printf("machine: %s, %ld CPUs, NVRTC %d.%d, %s\n", host, cpus, maj, min, date);
+    int next = (int)(getpid() % 20000) * 1000;
+    series("small kernels (5)", bench_fmt_small, 0, reps, &next);
+    series("small kernels (5)", bench_fmt_small, 1, reps, &next);
+    series("cub BlockReduce + cuda::std", bench_fmt_cub, 0, reps, &next);
+    series("cub BlockReduce + cuda::std", bench_fmt_cub, 1, reps, &next);
+    return 0;
+}
