@@ -242,6 +242,7 @@ struct hk_runtime {
     _Atomic(hkl_tslot *) slots; /* push-only list */
     _Atomic int gate;           /* closers inside; launchers wait while > 0 */
     _Atomic int gate_waiters;   /* launchers waiting at the gate */
+    _Atomic uint64_t gate_gen;  /* openings so far */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
     hkl_rtref *ref;           /* immutable; shared with graph user objects */

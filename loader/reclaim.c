@@ -84,15 +84,6 @@ static void cpu_relax(void) {
  * are in the driver for microseconds unless the driver blocks them, so this
  * spins, then yields. */
 void hkl_gate_close(hk_runtime *rt) {
-    /* Fairness: launchers held by the previous closer go first (each gets
-     * at least one launch), or back-to-back swaps would keep them out until
-     * launch_hold_max_us. Bounded, and skipped while another closer holds
-     * the gate (they could not go anyway). */
-    if (atomic_load(&rt->gate_waiters) && !atomic_load(&rt->gate)) {
-        double until = hkl_now_ms() + 1.0;
-        while (atomic_load(&rt->gate_waiters) && !atomic_load(&rt->gate) && hkl_now_ms() < until)
-            sched_yield();
-    }
     atomic_fetch_add(&rt->gate, 1);
     heavy_fence(rt);
     for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
@@ -104,8 +95,14 @@ void hkl_gate_close(hk_runtime *rt) {
         }
 }
 
+/* Every opening (even one that leaves another closer inside) starts a new
+ * generation: a launcher that saw one since it began to wait goes on, so
+ * back-to-back swaps cannot keep it out; at worst it then waits in the driver
+ * for the one gated section in progress. */
 void hkl_gate_open(hk_runtime *rt) {
-    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
+    atomic_fetch_add(&rt->gate_gen, 1);
+    atomic_fetch_sub(&rt->gate, 1);
+    if (atomic_load(&rt->gate_waiters)) {
         pthread_mutex_lock(&rt->gate_lock);
         pthread_cond_broadcast(&rt->gate_cond);
         pthread_mutex_unlock(&rt->gate_lock);
@@ -113,11 +110,13 @@ void hkl_gate_open(hk_runtime *rt) {
 }
 
 /* A launcher at a closed gate: spins a little (gated sections are short),
- * then sleeps until it opens, at most launch_hold_max_us in all. */
+ * then sleeps until an opening, at most launch_hold_max_us in all. */
 void hkl_gate_wait(hk_runtime *rt) {
     atomic_fetch_add(&rt->gate_waiters, 1);
+    uint64_t gen = atomic_load(&rt->gate_gen);
     for (int i = 0; i < 512; i++) {
-        if (!atomic_load_explicit(&rt->gate, memory_order_acquire)) {
+        if (!atomic_load_explicit(&rt->gate, memory_order_acquire) ||
+            atomic_load_explicit(&rt->gate_gen, memory_order_acquire) != gen) {
             atomic_fetch_sub(&rt->gate_waiters, 1);
             return;
         }
@@ -133,7 +132,7 @@ void hkl_gate_wait(hk_runtime *rt) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&rt->gate_lock);
-    while (atomic_load(&rt->gate))
+    while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
         if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts))
             break;
     pthread_mutex_unlock(&rt->gate_lock);
@@ -277,29 +276,29 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     if (!list)
         return 0;
     int n = 0;
-    hkl_version *failed = NULL;
-    hkl_gate_close(rt);
+    hkl_version *failed = NULL, *gone = NULL;
+    hkl_gate_close(rt); /* once for the whole list */
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        char name[HKL_NAME_MAX];
-        snprintf(name, sizeof name, "%s", v->mod->name);
-        uint64_t num = v->number;
-        int quiet = v->dead;
         if (hkl_unload_version(rt, v) != CUDA_SUCCESS && !final) {
             v->next = failed;
             failed = v;
             continue;
         }
-        hkl_version_free(v);
+        v->next = gone;
+        gone = v;
         n++;
-        if (!final && !quiet) {
-            hkl_gate_open(rt); /* the callback may launch */
-            hkl_emit(rt, HK_EVENT_RECLAIMED, name, num, 0, "reclaim", NULL);
-            hkl_gate_close(rt);
-        }
     }
     hkl_gate_open(rt);
+    /* Events after the gate opened: a callback may launch. */
+    while (gone) {
+        hkl_version *v = gone;
+        gone = v->next;
+        if (!final && !v->dead)
+            hkl_emit(rt, HK_EVENT_RECLAIMED, v->mod->name, v->number, 0, "reclaim", NULL);
+        hkl_version_free(v);
+    }
     count_reclaimed(rt, n);
     pthread_mutex_lock(&rt->rec_lock);
     rt->nretired -= n;

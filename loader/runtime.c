@@ -288,6 +288,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     rt->asym_fence = hkl_membarrier_register();
     atomic_init(&rt->gate, 0);
     atomic_init(&rt->gate_waiters, 0);
+    atomic_init(&rt->gate_gen, 0);
     atomic_init(&rt->reset_gen, 1);
     atomic_init(&rt->reset_suspect, 0);
     rt->pin_poll_ms = 50;
