@@ -262,6 +262,8 @@ struct hk_runtime {
     int abandoned;             /* rec_lock: destroy gave up waiting; the reclaim
                                 * thread frees the runtime when it ends */
     int pin_poll_ms;           /* rec_lock: poll for pins going (tests change it) */
+    int unload_gap_ms;         /* immutable: least time between unload batches */
+    int rec_waiters;           /* rec_lock: threads in hk_reclaim_wait */
     pthread_t rec_thread;      /* immutable once started */
     int rec_started;           /* immutable once started */
     int rec_finished;          /* rec_lock: its final pass is done */

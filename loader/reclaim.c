@@ -11,19 +11,28 @@
  * once no slot holds a non-zero epoch below retire_epoch, and no pin holds the
  * version, no host thread can reach it.
  *
- * GPU side. Launches already queued may still run the old code, so each
- * context is synchronised (on this thread, which is nobody's launching thread)
- * before anything is unloaded. The synchronise waits for whatever runs, a
- * persistent kernel included: nothing else ever waits for this thread (destroy
- * waits a bounded time, then leaves the thread to finish and free the
- * runtime), so a version that cannot be reclaimed yet only stays loaded, and
- * the stats show it. Versions replaced at a safe point are synchronised here
- * too and wait in unload_ready, so the safe point itself only unloads.
+ * GPU side. Launches already queued may still run the old code. Measured on
+ * the H200 (bench/bench_capture.c): cuLibraryUnload of a library whose kernel
+ * is still queued behind a 200 ms kernel returns at once, and the queued
+ * kernel runs correctly afterwards: the driver keeps code alive for the work
+ * that uses it. So libraries are unloaded without synchronising anything.
+ * That matters: cuCtxSynchronize, even in relaxed capture mode, fails and
+ * invalidates any global-mode capture another thread has in progress, and it
+ * waits for every kernel of the context, persistent ones included. Modules
+ * (HK_LOADER_MODULE) are unloaded only after the context is synchronised on
+ * this thread; while the driver refuses that (a capture), they wait.
+ * Nothing else ever waits for this thread (destroy waits a bounded time, then
+ * leaves the thread to finish and free the runtime), so a version that cannot
+ * be reclaimed yet only stays loaded, and the stats show it. Versions replaced
+ * at a safe point wait in unload_ready, and the safe point only unloads.
  *
- * This thread runs in relaxed stream-capture mode: its synchronise and unloads
- * never invalidate another thread's global-mode capture. An unload that fails
- * is retried at the next pass and counted only once it succeeds. Unloads take
- * the driver's lock for writing: they run with the launch gate closed.
+ * This thread runs in relaxed stream-capture mode: with it, cuLibraryUnload
+ * leaves another thread's global-mode capture intact (measured; in global
+ * mode it invalidates it). An unload that fails is retried at the next pass
+ * and counted only once it succeeds. Unloads take the driver's lock for
+ * writing, so they run with the launch gate closed; measured under continuous
+ * launches, an unload also waits for work in flight, so unloads are batched:
+ * after one, the next waits unload_gap_ms unless hk_reclaim_wait is waiting.
  *
  * The thread also checks for a context reset now and then (and at once when a
  * launch failed as after one), so applications that do not swap still hear of
@@ -259,6 +268,8 @@ static void count_reclaimed(hk_runtime *rt, int n) {
 static int sync_contexts(hk_runtime *rt) {
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_PASS_SYNC);
+    if (rt->opt.loader == HK_LOADER_LIBRARY)
+        return 0; /* see the top of this file */
     for (int i = 0; i < rt->ndev; i++) {
         CUresult r = rt->drv->CtxSynchronize(hkl_ctx(rt, i));
         if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
@@ -318,7 +329,7 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
  * while versions still wait for a launch, 2 while they wait only for pins, 3
  * while a stream capture keeps the driver from synchronising. rec_lock not
  * held. */
-static int reclaim_pass(hk_runtime *rt, int final) {
+static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
     pthread_mutex_lock(&rt->rec_lock);
     rt->rec_kick = 0;
     hkl_version *list = rt->retired;
@@ -379,7 +390,7 @@ static int reclaim_pass(hk_runtime *rt, int final) {
         }
         refused = 1;
     }
-    unload_list(rt, ready, final);
+    *unloaded = unload_list(rt, ready, final);
     pthread_mutex_lock(&rt->rec_lock);
     while (keep) {
         hkl_version *v = keep;
@@ -443,7 +454,18 @@ static void *reclaim_main(void *arg) {
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)
             break;
-        left = reclaim_pass(rt, 0);
+        int unloaded = 0;
+        left = reclaim_pass(rt, 0, &unloaded);
+        if (unloaded) {
+            /* Batch the next unloads (each may stall launchers while the
+             * GPU drains): gather retirements for unload_gap_ms, unless
+             * someone waits for them. */
+            double until = hkl_now_ms() + rt->unload_gap_ms;
+            pthread_mutex_lock(&rt->rec_lock);
+            while (!rt->rec_stop && !rt->rec_waiters && hkl_now_ms() < until)
+                timed_wait(&rt->rec_cond, &rt->rec_lock, (long)(until - hkl_now_ms()) + 1);
+            pthread_mutex_unlock(&rt->rec_lock);
+        }
         if (hkl_now_ms() >= next_reset_check || atomic_exchange(&rt->reset_suspect, 0)) {
             next_reset_check = hkl_now_ms() + 200;
             int nested = hkl_swap_lock(rt);
@@ -454,7 +476,8 @@ static void *reclaim_main(void *arg) {
         }
     }
     /* Destroy's contract: no thread launches any more. */
-    reclaim_pass(rt, 1);
+    int unloaded;
+    reclaim_pass(rt, 1, &unloaded);
     pthread_mutex_lock(&rt->rec_lock);
     int abandoned = rt->abandoned;
     rt->rec_finished = 1;
@@ -484,7 +507,8 @@ void hkl_reclaim_stop(hk_runtime *rt) {
  * owns the runtime: it frees it when its pass ends. */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms) {
     if (!rt->rec_started) {
-        reclaim_pass(rt, 1);
+        int unloaded;
+        reclaim_pass(rt, 1, &unloaded);
         return 0;
     }
     double end = hkl_now_ms() + timeout_ms;
@@ -509,15 +533,19 @@ int hk_reclaim_wait(hk_runtime *rt, int timeout_ms) {
     if (rt->rec_started && pthread_equal(pthread_self(), rt->rec_thread))
         return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
+    int err = 0;
     pthread_mutex_lock(&rt->rec_lock);
+    rt->rec_waiters++;
     while (rt->nretired > 0) {
         if (hkl_now_ms() >= end) {
-            pthread_mutex_unlock(&rt->rec_lock);
-            return HK_ERR_TIMEOUT;
+            err = HK_ERR_TIMEOUT;
+            break;
         }
+        rt->rec_kick = 1;
         pthread_cond_signal(&rt->rec_cond);
         timed_wait(&rt->rec_done, &rt->rec_lock, 10);
     }
+    rt->rec_waiters--;
     pthread_mutex_unlock(&rt->rec_lock);
-    return 0;
+    return err;
 }

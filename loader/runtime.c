@@ -150,7 +150,7 @@ void hk_options_init(hk_options *o) {
     o->history = 4;
     o->cache_max_bytes = 256ull << 20;
     o->safe_point_wait_ms = 2000;
-    o->launch_hold_max_us = 5000;
+    o->launch_hold_max_us = 1000;
     o->destroy_wait_ms = 5000;
 }
 
@@ -263,7 +263,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     if (o.history == 0)
         o.history = 1;
     if (o.launch_hold_max_us == 0)
-        o.launch_hold_max_us = 5000;
+        o.launch_hold_max_us = 1000;
     if (!(rt = calloc(1, sizeof *rt))) {
         err = HK_ERR_NOMEM;
         goto early;
@@ -292,6 +292,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     atomic_init(&rt->reset_gen, 1);
     atomic_init(&rt->reset_suspect, 0);
     rt->pin_poll_ms = 50;
+    rt->unload_gap_ms = 20;
     pthread_mutex_init(&rt->swap_lock, NULL);
     /* Writers first: a commit's retarget must not wait behind a stream of
      * graph launches (glibc's default lets new readers overtake a writer). */

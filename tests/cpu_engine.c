@@ -187,8 +187,10 @@ START_TEST(load_launch_swap_reclaim) {
     ck_assert_uint_eq(st.live_versions, 1);
     ck_assert_int_eq(events[HK_EVENT_COMMITTED], 5);
     ck_assert_int_eq(events[HK_EVENT_RECLAIMED], 4);
-    /* Reclaim synchronised the context before unloading. */
-    ck_assert_int_ge(fake_calls("cuCtxSynchronize"), 1);
+    /* Libraries are unloaded without synchronising the context (the driver
+     * keeps code alive for queued work; a synchronise would break other
+     * threads' captures). */
+    ck_assert_int_eq(fake_calls("cuCtxSynchronize"), 0);
     hk_report_clear(&rep);
 }
 END_TEST

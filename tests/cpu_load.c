@@ -65,6 +65,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+    fake_hold_sync(0);
     hk_runtime_destroy(rt);
     rt = NULL;
     ck_assert_int_eq(fake_live_images(), 0);
@@ -355,9 +356,11 @@ START_TEST(failed_unload_is_retried_not_counted) {
 }
 END_TEST
 
-/* A synchronise the driver refuses (a capture) proves nothing about the GPU:
- * the versions wait for a synchronise that succeeds before they go. */
+/* Module loader: a synchronise the driver refuses (a capture) proves
+ * nothing about the GPU: the versions wait for one that succeeds. */
 START_TEST(refused_synchronise_unloads_nothing) {
+    hk_runtime_destroy(rt);
+    rt = make_rt(HK_LOADER_MODULE); /* the loader that synchronises */
     swap_ok(fake_ptx(1, 0, 0, 0));
     fake_hold_sync(1); /* a synchronise that does happen blocks here */
     fake_fail("cuCtxSynchronize", 1, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -592,10 +595,12 @@ static void *safe_point_once(void *arg) {
     return NULL;
 }
 
-/* A persistent kernel keeps the reclaim thread's synchronise from
- * returning: safe points still return, and the old version shows as
- * retired and loaded. */
+/* A persistent kernel keeps the reclaim thread's synchronise (module
+ * loader) from returning: safe points still return, and the old version
+ * shows as retired and loaded. */
 START_TEST(safe_point_never_waits_for_the_gpu) {
+    hk_runtime_destroy(rt);
+    rt = make_rt(HK_LOADER_MODULE);
     swap_ok(fake_ptx(1, 0, 0, 0));
     pthread_t t;
     pthread_create(&t, NULL, safe_point_once, NULL); /* the program uses safe points */
@@ -642,6 +647,7 @@ START_TEST(destroy_is_bounded) {
     hk_options o;
     hk_options_init(&o);
     o.destroy_wait_ms = 200;
+    o.loader = HK_LOADER_MODULE; /* the loader that synchronises */
     rt = make_rt_with(&o);
     fake_hold_sync(1);
     swap_ok(fake_ptx(1, 0, 0, 0));

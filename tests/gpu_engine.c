@@ -616,9 +616,10 @@ START_TEST(global_capture_survives_100_swaps) {
         if (i % 10 == 9) {
             hk_pin *p = NULL;
             pins_ok += hk_pin_module(srt, "sim", &p) == 0;
-            /* The driver refuses hotkern's synchronise during a capture, so
-             * nothing may be unloaded before it ends: versions wait. */
-            reclaims_ok += hk_reclaim_wait(srt, 50) == 0;
+            /* Libraries are unloaded with no synchronise (which the driver
+             * refuses during a capture, invalidating it, even in relaxed
+             * mode): reclaim goes on mid-capture. */
+            reclaims_ok += hk_reclaim_wait(srt, 10000) == 0;
             hk_unpin(p);
         }
     }
@@ -626,7 +627,7 @@ START_TEST(global_capture_survives_100_swaps) {
     pthread_join(t, NULL);
     ck_assert_int_eq(swaps_ok, 100);
     ck_assert_int_eq(pins_ok, 10);
-    printf("  global capture: %d of 10 reclaim waits finished during the capture\n", reclaims_ok);
+    ck_assert_int_eq(reclaims_ok, 10);
     ck_assert_msg(cap_end_err == cudaSuccess, "capture ended with %s",
                   cudaGetErrorName(cap_end_err));
     ck_assert_msg(cap_run_err == cudaSuccess, "captured graph: %s", cudaGetErrorName(cap_run_err));

@@ -209,7 +209,7 @@ typedef struct hk_options {
                              * create (default 0: the first CUDA C swap then
                              * does not pay NVRTC's start-up) */
     int launch_hold_max_us; /* longest a launch waits at the launch gate while
-                             * a swap or an unload has the driver; default 5000
+                             * a swap or an unload has the driver; default 1000
                              * (a launch that waited this long goes on, and
                              * the driver then orders it) */
     int destroy_wait_ms;    /* longest hk_runtime_destroy waits for kernels
