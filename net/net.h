@@ -251,7 +251,7 @@ typedef struct hkn_endpoint_cfg {
     const char *tls_key_pem;
     size_t max_body;             /* bytes; default 64 MiB */
     unsigned max_connections;    /* open at once; default 1024, beyond: 503 */
-    unsigned per_ip_connections; /* open at once from one address; default 64, beyond: 503 */
+    unsigned per_ip_connections; /* open at once from one address; default 128, beyond: 503 */
     unsigned timeout_s;          /* per connection idle; default 30 */
     unsigned request_timeout_s;  /* whole request, headers and body; default 60 */
     unsigned threads;            /* event-loop threads; default 2 */

@@ -123,14 +123,14 @@ static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
     *out = NULL;
-    int err = hkn_read_file(s->path, STATE_MAX_BYTES, &text, &len, rep);
+    hk_report rrep = {0};
+    int err = hkn_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
     if (err == HK_ERR_NOT_FOUND) {
-        hkn_report_reset(rep);
         *out = cJSON_CreateObject();
         return *out ? 0 : hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
     if (err)
-        return err;
+        return hkn_fail(rep, err, "%s", rrep.message);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (root && !hkn_json_rest_blank(end, text + len)) {

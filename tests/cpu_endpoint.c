@@ -374,12 +374,13 @@ START_TEST(push_with_cli_commits) {
     char *status[] = {(char *)cli, "status", base, NULL};
     rc = run(status, out, sizeof out);
     ck_assert_msg(rc == 0 && strstr(out, "\"add\""), "exit %d: %s", rc, out);
-    char *rb[] = {(char *)cli, "rollback", base, "add", NULL};
+    /* A signed rollback, to the previous release the status reports. */
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, NULL};
     rc = run(rb, out, sizeof out);
     ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
-    char *rb2[] = {(char *)cli, "rollback", base, "nosuch", NULL};
+    char *rb2[] = {(char *)cli, "rollback", base, "nosuch", "--key", key_path, "--to", "1", NULL};
     rc = run(rb2, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NOT_FOUND"), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NO_HISTORY"), "exit %d: %s", rc, out);
     char *help[] = {(char *)cli, "push", "--help", NULL};
     ck_assert_int_eq(run(help, out, sizeof out), 0);
     char *bad[] = {(char *)cli, "push", base, NULL};
