@@ -804,12 +804,14 @@ int hkc_cmd_pull(int argc, char **argv) {
             quiet = 1;
             break;
         case 'h':
-            printf("usage: hotkern pull URL --pubkey FILE --state DIR [--out DIR]\n"
+            printf("usage: hotkern pull URL --pubkey FILE [--state DIR] [--out DIR]\n"
                    "       (--once | --count N) [--interval-ms MS] [--timeout-ms MS]\n\n"
                    "Polls the release at URL (a manifest.json written by 'hotkern sign'),\n"
                    "verifies it against the public key (signature, expiry, version newer\n"
                    "than the one recorded in --state, artifact hashes) and writes its\n"
-                   "artifacts into --out. --once polls once; --count N polls N times,\n"
+                   "artifacts into --out. --state defaults to the record the endpoint\n"
+                   "and pullers share ($XDG_STATE_HOME/hotkern/releases, else\n"
+                   "~/.local/state/hotkern/releases). --once polls once; --count N polls N times,\n"
                    "--interval-ms apart (+-10%% jitter, default 1000). Requests are\n"
                    "conditional (ETag, Last-Modified), so an unchanged origin answers 304.\n"
                    "Each transfer gives up after --timeout-ms (default 10000).\n"
@@ -824,8 +826,13 @@ int hkc_cmd_pull(int argc, char **argv) {
         return usage_error("pull", "URL is required");
     if (!count)
         return usage_error("pull", "--once or --count N is required");
-    if (!cfg.state_dir)
-        return usage_error("pull", "--state DIR is required");
+    char defdir[PATH_MAX];
+    if (!cfg.state_dir) {
+        hk_report drep = {0};
+        if (hkn_default_state_dir(defdir, sizeof defdir, &drep))
+            return usage_error("pull", drep.message);
+        cfg.state_dir = defdir;
+    }
     if (!pubkey && !cfg.trust.allow_unsigned)
         return usage_error("pull", "--pubkey FILE is required");
     hk_report rep = {0};

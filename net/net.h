@@ -177,6 +177,9 @@ int hkn_state_revert(hkn_state *s, const char *module, uint64_t version, uint64_
  * commit out of order. Not recursive. */
 void hkn_state_begin(hkn_state *s);
 void hkn_state_end(hkn_state *s);
+/* The default state directory of every source: $XDG_STATE_HOME/hotkern/
+ * releases, else ~/.local/state/hotkern/releases (net/api.c). */
+int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep);
 /* DIR/accepted.json, or NULL for a state in memory. Valid until close. */
 const char *hkn_state_path(const hkn_state *s);
 
