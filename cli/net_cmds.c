@@ -633,9 +633,12 @@ static int previous_release(const char *base, const char *module, const struct h
 
 int hkc_cmd_rollback(int argc, char **argv) {
     static const struct option lo[] = {
-        {"key", required_argument, 0, 'k'},        {"to", required_argument, 0, 'o'},
-        {"expires-in", required_argument, 0, 'e'}, {"help", no_argument, 0, 'h'},
-        HTTP_LONGOPTS,                             {0, 0, 0, 0},
+        {"key", required_argument, 0, 'k'},
+        {"to", required_argument, 0, 'o'},
+        {"expires-in", required_argument, 0, 'e'},
+        {"help", no_argument, 0, 'h'},
+        HTTP_LONGOPTS,
+        {0, 0, 0, 0},
     };
     struct http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
     const char *key_path = NULL;
@@ -655,8 +658,7 @@ int hkc_cmd_rollback(int argc, char **argv) {
             have_target = 1;
             break;
         case 'e':
-            if (parse_u64(optarg, &expires_in) || expires_in < 1 ||
-                expires_in > HKN_ROLLBACK_MAX_S)
+            if (parse_u64(optarg, &expires_in) || expires_in < 1 || expires_in > HKN_ROLLBACK_MAX_S)
                 return usage_error("rollback", "--expires-in needs seconds from 1 to 3600");
             break;
         case 'h':

@@ -241,8 +241,8 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
     }
     if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)))
         goto fail;
-    if (!cfg.token && !cfg.tls_cert_pem && (!strcmp(cfg.address, "0.0.0.0") ||
-                                            !strcmp(cfg.address, "::"))) {
+    if (!cfg.token && !cfg.tls_cert_pem &&
+        (!strcmp(cfg.address, "0.0.0.0") || !strcmp(cfg.address, "::"))) {
         /* Started, but say so: the caller may show the message. */
         hkn_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "

@@ -21,10 +21,13 @@
  *     over either is answered 503; far over them libmicrohttpd refuses the
  *     connection outright;
  *   - the memory held by request bodies in flight is bounded (max_inflight):
- *     a Content-Length is reserved before the body is read, a chunked body as
- *     it grows; a request that does not fit is answered 503 at once;
+ *     a Content-Length is reserved before the body is read and a request
+ *     that does not fit is answered 503 at once; a chunked body reserves as
+ *     it grows, and one that does not fit is dropped and answered 503;
  *   - a body over the cap is answered 413: before it is read when it has a
- *     Content-Length, as soon as it passes the cap when chunked.
+ *     Content-Length; when chunked, it is dropped as it passes the cap and
+ *     the 413 sent when it ends (libmicrohttpd takes no answer mid-upload),
+ *     the request deadline bounding how long that can take.
  *
  * Authority. Every route but /healthz needs the bearer token when one is
  * configured, a Host that names the bound address (or a configured name) and
@@ -69,7 +72,7 @@ enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH };
 
 struct ep_module {
     char name[64];
-    uint64_t release_version; /* highest release committed through this endpoint */
+    uint64_t release_version;      /* highest release committed through this endpoint */
     uint64_t history[MAX_HISTORY]; /* releases committed here, oldest first; the last runs */
     int nhistory;
     int last_error;
@@ -102,6 +105,7 @@ struct req {
     char *body;
     size_t len, cap, limit;
     size_t reserved; /* bytes counted in ep->inflight */
+    int refused;     /* over the cap or the memory bound: the rest is read and dropped */
     int queued;      /* handed to the worker (connection suspended) */
     int done;        /* the worker answered: status and answer are set */
     unsigned status;
@@ -128,19 +132,19 @@ struct hkn_endpoint {
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
 
     pthread_mutex_t lock;
-    struct ep_module *mods;       /* lock */
-    size_t nmods;                 /* lock */
-    struct ep_module last;        /* lock: the latest release or rollback outcome */
+    struct ep_module *mods;          /* lock */
+    size_t nmods;                    /* lock */
+    struct ep_module last;           /* lock: the latest release or rollback outcome */
     struct nonce nonces[MAX_NONCES]; /* lock: rollback nonces seen, until they expire */
-    uint64_t requests;            /* lock */
-    uint64_t unauthorized;        /* lock */
-    uint64_t too_large;           /* lock */
-    uint64_t overloaded;          /* lock: 503 for limits */
-    uint64_t foreign;             /* lock: refused Host or Origin */
-    uint64_t deadline_cut;        /* lock */
-    uint64_t committed;           /* lock */
-    uint64_t rolled_back;         /* lock */
-    uint64_t refusals[NERRORS];   /* lock: by -error */
+    uint64_t requests;               /* lock */
+    uint64_t unauthorized;           /* lock */
+    uint64_t too_large;              /* lock */
+    uint64_t overloaded;             /* lock: 503 for limits */
+    uint64_t foreign;                /* lock: refused Host or Origin */
+    uint64_t deadline_cut;           /* lock */
+    uint64_t committed;              /* lock */
+    uint64_t rolled_back;            /* lock */
+    uint64_t refusals[NERRORS];      /* lock: by -error */
 
     pthread_mutex_t conn_lock;
     struct conn *conns; /* conn_lock */
@@ -148,9 +152,9 @@ struct hkn_endpoint {
     size_t inflight;    /* conn_lock: body bytes reserved */
 
     pthread_mutex_t job_lock;
-    pthread_cond_t job_cv;    /* job_lock: a job arrived, or stop */
+    pthread_cond_t job_cv;         /* job_lock: a job arrived, or stop */
     struct req *jobs, **jobs_tail; /* job_lock */
-    int stopping;             /* job_lock (and read by the reaper under it) */
+    int stopping;                  /* job_lock (and read by the reaper under it) */
     pthread_t worker, reaper;
     int threads_started;
 };
@@ -232,17 +236,6 @@ static cJSON *error_json(int err, const char *msg) {
 static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, int err,
                                    const char *msg) {
     return reply_json(c, status, error_json(err, msg));
-}
-
-/* Answers while the body is still arriving: libmicrohttpd takes a response
- * then only from a suspended connection; it sends it, drops the rest of the
- * body and closes the connection. */
-static enum MHD_Result reply_early(struct MHD_Connection *c, unsigned status, int err,
-                                   const char *msg) {
-    MHD_suspend_connection(c);
-    enum MHD_Result ret = reply_error(c, status, err, msg);
-    MHD_resume_connection(c);
-    return ret;
 }
 
 static unsigned http_status(int err) {
@@ -1134,17 +1127,17 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     return MHD_YES;
 }
 
-static enum MHD_Result on_body(hkn_endpoint *ep, struct MHD_Connection *c, struct req *r,
-                               const char *data, size_t n) {
+/* A body that runs over the cap or the memory bound while it streams is
+ * dropped, and the rest of it read and discarded: libmicrohttpd takes no
+ * answer in the middle of an upload. The answer (413 or 503) goes out once
+ * the body ends; the request deadline bounds how long that may take. */
+static enum MHD_Result on_body(hkn_endpoint *ep, struct req *r, const char *data, size_t n) {
+    if (r->refused)
+        return MHD_YES;
     if (n > r->limit - r->len) {
         count(ep, &ep->too_large);
-        char msg[96];
-        snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
-        free(r->body);
-        r->body = NULL;
-        return reply_early(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
-    }
-    if (r->len + n + 1 > r->cap) {
+        r->refused = MHD_HTTP_CONTENT_TOO_LARGE;
+    } else if (r->len + n + 1 > r->cap) {
         size_t nc = r->cap ? r->cap : 64 * 1024;
         while (nc < r->len + n + 1)
             nc *= 2;
@@ -1153,16 +1146,21 @@ static enum MHD_Result on_body(hkn_endpoint *ep, struct MHD_Connection *c, struc
         /* Bodies without a Content-Length reserve as they grow. */
         if (nc > r->reserved && !reserve(ep, r, nc - r->reserved)) {
             count(ep, &ep->overloaded);
-            free(r->body);
-            r->body = NULL;
-            return reply_early(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
-                               "too many request bodies in flight; retry later");
+            r->refused = MHD_HTTP_SERVICE_UNAVAILABLE;
+        } else {
+            char *nb = realloc(r->body, nc);
+            if (!nb)
+                return MHD_NO;
+            r->body = nb;
+            r->cap = nc;
         }
-        char *nb = realloc(r->body, nc);
-        if (!nb)
-            return MHD_NO;
-        r->body = nb;
-        r->cap = nc;
+    }
+    if (r->refused) {
+        free(r->body);
+        r->body = NULL;
+        r->len = r->cap = 0;
+        unreserve(ep, r);
+        return MHD_YES;
     }
     memcpy(r->body + r->len, data, n);
     r->len += n;
@@ -1184,8 +1182,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        return on_body(ep, c, r, upload_data, n);
+        return on_body(ep, r, upload_data, n);
     }
+    if (r->refused == MHD_HTTP_CONTENT_TOO_LARGE) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
+        return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
+    }
+    if (r->refused)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                           "too many request bodies in flight; retry later");
     if (r->done) {
         char *answer = r->answer;
         r->answer = NULL;

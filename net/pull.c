@@ -223,8 +223,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     hkn_manifest m = {0};
     char *etag = NULL, *lm = NULL;
     long status = 0;
-    int keep = 0;    /* 1: this manifest verified and is dealt with for good */
-    int in_txn = 0;  /* 1: holding the shared state's transaction */
+    int keep = 0;   /* 1: this manifest verified and is dealt with for good */
+    int in_txn = 0; /* 1: holding the shared state's transaction */
     int err;
     uint64_t prev = 0;
     hk_report local = {0};

@@ -186,8 +186,7 @@ static int open_regular(const char *path, struct stat *st, hk_report *rep) {
     return fd;
 }
 
-static int read_fd(int fd, const char *path, size_t max, char **out, size_t *len,
-                   hk_report *rep) {
+static int read_fd(int fd, const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap + 1);
     if (!buf)
@@ -861,9 +860,8 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
         floor(target->valuedouble) != target->valuedouble || !cJSON_IsNumber(exp) ||
         !(exp->valuedouble >= 0) || exp->valuedouble > HKN_MAX_JSON_INT ||
         floor(exp->valuedouble) != exp->valuedouble || !cJSON_IsString(nonce) ||
-        strlen(nonce->valuestring) != 32 ||
-        strspn(nonce->valuestring, "0123456789abcdef") != 32 || !cJSON_IsString(kid) ||
-        strcmp(kid->valuestring, signer->id)) {
+        strlen(nonce->valuestring) != 32 || strspn(nonce->valuestring, "0123456789abcdef") != 32 ||
+        !cJSON_IsString(kid) || strcmp(kid->valuestring, signer->id)) {
         err = hkn_fail(rep, HK_ERR_INVALID,
                        "rollback request is not {\"type\": \"hotkern-rollback\", \"module\", "
                        "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer}");

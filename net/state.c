@@ -109,8 +109,8 @@ static cJSON *validate(const char *path, cJSON *root, hk_report *rep) {
         }
         for (const cJSON *o = mods->child; o != m; o = o->next)
             if (!strcmp(o->string, name)) {
-                hkn_fail(rep, HK_ERR_IO,
-                         "%s is corrupt: module '%s' appears twice: keep one entry", path, name);
+                hkn_fail(rep, HK_ERR_IO, "%s is corrupt: module '%s' appears twice: keep one entry",
+                         path, name);
                 return NULL;
             }
     }

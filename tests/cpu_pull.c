@@ -427,7 +427,6 @@ START_TEST(cli_sign_publishes) {
 }
 END_TEST
 
-
 /* A manifest served before its signature (stale or missing .sig) is fetched
  * again at the next poll and applied once the signature arrives; the error
  * shows in the stats meanwhile. */

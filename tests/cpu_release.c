@@ -372,7 +372,6 @@ START_TEST(artifact_choice) {
 }
 END_TEST
 
-
 /* Two processes on one state directory: neither erases the other's record,
  * and each sees the other's at its next check. */
 START_TEST(two_processes_merge) {
@@ -529,24 +528,24 @@ START_TEST(strict_manifest_text) {
     char *trail = malloc(r.len + 16);
     snprintf(trail, r.len + 16, "%s{\"x\":1}", r.manifest);
     sign_text(&k, trail, sig);
-    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig),
-                                         time(NULL), &m, &rep),
-                     HK_ERR_INVALID);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig), time(NULL), &m, &rep),
+        HK_ERR_INVALID);
     /* A module name with an escaped NUL would be cut to "a": refused. */
     char *nul = malloc(r.len + 16);
     const char *at = strstr(r.manifest, "\"add\"");
     ck_assert_ptr_nonnull(at);
     snprintf(nul, r.len + 16, "%.*s\"a\\u0000dd\"%s", (int)(at - r.manifest), r.manifest, at + 5);
     sign_text(&k, nul, sig);
-    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, nul, strlen(nul), sig, strlen(sig), time(NULL),
-                                         &m, &rep),
-                     HK_ERR_INVALID);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, nul, strlen(nul), sig, strlen(sig), time(NULL), &m, &rep),
+        HK_ERR_INVALID);
     /* Trailing whitespace is fine. */
     snprintf(trail, r.len + 16, "%s \n", r.manifest);
     sign_text(&k, trail, sig);
-    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig),
-                                         time(NULL), &m, &rep),
-                     0);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig), time(NULL), &m, &rep),
+        0);
     hkn_manifest_free(&m);
     free(trail);
     free(nul);
@@ -578,15 +577,16 @@ START_TEST(lifetime_and_future_creation) {
     /* ... and the verifier refuses a hand-made one. */
     char text[512], sig[128], hex[65];
     hkn_sha256_hex(kernel_src, strlen(kernel_src), hex);
-    snprintf(text, sizeof text,
-             "{\"module\":\"add\",\"version\":1,\"created\":%lld,\"expires\":%lld,\"key_id\":\"%s\","
-             "\"artifacts\":[{\"name\":\"add.cu\",\"sha256\":\"%s\",\"size\":%zu,\"format\":"
-             "\"cuda\",\"arch\":\"\"}]}",
-             (long long)now, (long long)(now + 400 * 86400LL), k.pub.id, hex, strlen(kernel_src));
+    snprintf(
+        text, sizeof text,
+        "{\"module\":\"add\",\"version\":1,\"created\":%lld,\"expires\":%lld,\"key_id\":\"%s\","
+        "\"artifacts\":[{\"name\":\"add.cu\",\"sha256\":\"%s\",\"size\":%zu,\"format\":"
+        "\"cuda\",\"arch\":\"\"}]}",
+        (long long)now, (long long)(now + 400 * 86400LL), k.pub.id, hex, strlen(kernel_src));
     sign_text(&k, text, sig);
-    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, text, strlen(text), sig, strlen(sig), now, &m,
-                                         &rep),
-                     HK_ERR_EXPIRED);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, text, strlen(text), sig, strlen(sig), now, &m, &rep),
+        HK_ERR_EXPIRED);
     ck_assert_msg(strstr(rep.message, "lifetime"), "%s", rep.message);
     hkn_report_reset(&rep);
 }
@@ -655,9 +655,9 @@ START_TEST(signed_rollback_requests) {
     /* A signed manifest is not a rollback request. */
     struct rel r;
     make_release(&k, "add", 3, now + 60, kernel_src, strlen(kernel_src), &r);
-    ck_assert_int_eq(hkn_rollback_verify(&t, r.manifest, r.len, r.sig, strlen(r.sig), now, &rq,
-                                         &rep),
-                     HK_ERR_INVALID);
+    ck_assert_int_eq(
+        hkn_rollback_verify(&t, r.manifest, r.len, r.sig, strlen(r.sig), now, &rq, &rep),
+        HK_ERR_INVALID);
     rel_free(&r);
     hkn_report_reset(&rep);
 }

@@ -87,28 +87,28 @@ typedef struct hk_endpoint_options {
                                 * /healthz; NULL = none */
     const char *tls_cert_file; /* PEM; with tls_key_file enables HTTPS */
     const char *tls_key_file;
-    const char *const *trusted_keys; /* public key files */
-    int ntrusted_keys;               /* up to 8 */
-    int allow_unsigned;              /* 1: with no trusted key, accept unsigned
-                                      * releases (tests, closed networks) */
-    const char *state_dir;           /* anti-rollback state; NULL = $XDG_STATE_HOME/
-                                      * hotkern/releases (or ~/.local/state/...), shared
-                                      * with pullers; "" = memory only */
-    size_t max_body_bytes;           /* default 64 MiB; base64 adds a third */
-    unsigned max_connections;        /* open at once, default 1024; beyond: 503 */
-    unsigned timeout_s;              /* idle timeout per connection, default 30 */
-    const hk_swap_options *swap;     /* template for each swap (copied); format,
-                                      * origin and stage are set per release */
-    unsigned per_ip_connections;     /* open at once from one address, default 128;
-                                      * beyond: 503 */
-    unsigned request_timeout_s;      /* whole request (headers and body), default 60 */
-    size_t max_inflight_bytes;       /* request bodies held at once, default twice
-                                      * max_body_bytes; beyond: 503 */
+    const char *const *trusted_keys;  /* public key files */
+    int ntrusted_keys;                /* up to 8 */
+    int allow_unsigned;               /* 1: with no trusted key, accept unsigned
+                                       * releases (tests, closed networks) */
+    const char *state_dir;            /* anti-rollback state; NULL = $XDG_STATE_HOME/
+                                       * hotkern/releases (or ~/.local/state/...), shared
+                                       * with pullers; "" = memory only */
+    size_t max_body_bytes;            /* default 64 MiB; base64 adds a third */
+    unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
+    unsigned timeout_s;               /* idle timeout per connection, default 30 */
+    const hk_swap_options *swap;      /* template for each swap (copied); format,
+                                       * origin and stage are set per release */
+    unsigned per_ip_connections;      /* open at once from one address, default 128;
+                                       * beyond: 503 */
+    unsigned request_timeout_s;       /* whole request (headers and body), default 60 */
+    size_t max_inflight_bytes;        /* request bodies held at once, default twice
+                                       * max_body_bytes; beyond: 503 */
     const char *const *allowed_hosts; /* names accepted in Host and Origin besides
                                        * the bound address ("localhost" is, on a
                                        * loopback address) */
     int nallowed_hosts;
-    unsigned threads;                /* event-loop threads, default 2 */
+    unsigned threads; /* event-loop threads, default 2 */
 } hk_endpoint_options;
 
 /* Fills o with the defaults above. */
