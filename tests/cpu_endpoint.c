@@ -1125,6 +1125,43 @@ START_TEST(inflight_bodies_bounded) {
 }
 END_TEST
 
+/* --expires-in is range-checked: a value that would overflow the expiry or
+ * sign a release no verifier accepts is a usage error, and nothing is
+ * written. */
+START_TEST(cli_expiry_range) {
+    const char *cli = cli_path();
+    char out[4096], dir[PATH_MAX], man[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/rel", tmp);
+    snprintf(man, sizeof man, "%s/manifest.json", dir);
+    static const char *bad[] = {"18446744073709551615", "9223372036854775807", "0", "-1",
+                                "31622401"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *sign[] = {(char *)cli, "sign", "--key",        key_path,       "--module", "add",
+                        "--version", "1",    "--expires-in", (char *)bad[i], "--out",    dir,
+                        src_path,    NULL};
+        int rc = run(sign, out, sizeof out);
+        ck_assert_msg(rc == 2 && strstr(out, "--expires-in"), "%s: exit %d: %s", bad[i], rc, out);
+        ck_assert_int_ne(access(man, F_OK), 0);
+    }
+    char *ok[] = {(char *)cli, "sign", "--key",        key_path,   "--module", "add",
+                  "--version", "1",    "--expires-in", "31622400", "--out",    dir,
+                  src_path,    NULL};
+    int rc = run(ok, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    start(NULL, 0, NULL, NULL);
+    char *push[] = {(char *)cli,      "push",     base,  "--key",
+                    key_path,         "--module", "add", "--expires-in",
+                    "99999999999999", src_path,   NULL};
+    rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
+    ck_assert_int_eq(rec_calls(), 0);
+    /* A module name that is not one is refused before any request. */
+    char *rb[] = {(char *)cli, "rollback", base, "a/../b", "--key", key_path, "--to", "1", NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("endpoint");
     TCase *tc = tcase_create("http");
@@ -1145,6 +1182,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, slowloris_does_not_lock_out);
     tcase_add_test(tc, request_deadline);
     tcase_add_test(tc, inflight_bodies_bounded);
+    tcase_add_test(tc, cli_expiry_range);
     suite_add_tcase(s, tc);
     return s;
 }
