@@ -389,6 +389,10 @@ uint64_t hkn_state_get(hkn_state *s, const char *module) {
 }
 
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
+    /* What could not be read back must not be written. */
+    if (!hkn_valid_name(module, 64) || version == 0 || (double)version > HKN_MAX_JSON_INT)
+        return hkn_fail(rep, HK_ERR_INVALID, "cannot record '%.64s' v%llu", module,
+                        (unsigned long long)version);
     return update(s, module, version, 1, 0, rep);
 }
 
