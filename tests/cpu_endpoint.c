@@ -901,7 +901,10 @@ START_TEST(recorded_before_commit) {
                               body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "b.json"), NULL,
                               NULL, 0),
                      200);
-    ck_assert_int_eq(rec.recorded_first, 1);
+    pthread_mutex_lock(&rec.lock);
+    int first = rec.recorded_first;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(first, 1);
     ck_assert(state_records(rec.state_file, "add", 5));
     pthread_mutex_lock(&rec.lock);
     rec.fail_with = HK_ERR_COMPILE;
@@ -963,12 +966,12 @@ static int slow_connection(const char *src) {
 }
 
 static int slow_fds[1200], nslow;
-static volatile int trickle_stop;
+static int trickle_stop; /* atomic */
 
 /* One more header byte on every slow connection every half second. */
 static void *trickle(void *arg) {
-    while (!trickle_stop) {
-        for (int i = 0; i < nslow && !trickle_stop; i++)
+    while (!__atomic_load_n(&trickle_stop, __ATOMIC_RELAXED)) {
+        for (int i = 0; i < nslow && !__atomic_load_n(&trickle_stop, __ATOMIC_RELAXED); i++)
             send(slow_fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         usleep(500000);
     }
@@ -1008,7 +1011,7 @@ START_TEST(slowloris_does_not_lock_out) {
     }
     wait_connections(1000);
     pthread_t t;
-    trickle_stop = 0;
+    __atomic_store_n(&trickle_stop, 0, __ATOMIC_RELAXED);
     pthread_create(&t, NULL, trickle, NULL);
     usleep(700000);
     char out[8192];
@@ -1029,7 +1032,7 @@ START_TEST(slowloris_does_not_lock_out) {
     ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
     ck_assert_msg(s < 1.0, "push took %.3f s with 1000 slow connections", s);
     ck_assert_uint_eq(rec_current(), 7);
-    trickle_stop = 1;
+    __atomic_store_n(&trickle_stop, 1, __ATOMIC_RELAXED);
     pthread_join(t, NULL);
     close_slow();
     /* Over the per-address limit, an address's next request gets a 503. */
