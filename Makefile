@@ -41,7 +41,7 @@ SHARED   := $(BUILD)/lib/$(SONAME)
 CLI      := $(BUILD)/bin/hotkern
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
-        bench bench-prebuilt install lint format clean fuzz
+        bench bench-prebuilt install lint format clean fuzz fuzz-build
 
 all: build
 
@@ -136,14 +136,31 @@ install: $(STATIC) $(SHARED) $(CLI)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' \
 	  -e 's|@VERSION@|0.1.0|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
 
-# Fuzzes the hand-written format parsers (ptx/detect.c, ptx/meta.c) with
-# libFuzzer for FUZZ_TIME seconds (default 60), from a seed corpus the
-# installed toolkit makes now: PTX, cubins for two ABIs and a fatbin.
-fuzz:
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/seeds
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -I. \
-	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
+# libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
+# corpus under BUILD/fuzz/corpus-NAME:
+#   fuzz_meta     the hand-written format parsers (ptx/detect.c, ptx/meta.c),
+#                 seeded with a PTX, cubins and a fatbin the toolkit makes now;
+#   fuzz_release  manifest parse and verify, rollback requests, strict JSON;
+#   fuzz_state    the anti-rollback state file;
+#   fuzz_http     raw HTTP (and release bodies) into a live endpoint on 127.0.0.1.
+# `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
+FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. \
+                $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
+FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http
+
+fuzz-build:
+	@mkdir -p $(BUILD)/fuzz/seeds
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
+	  tests/fuzz/engine_shim.c \
+	  $(FUZZ_NET_LIBS)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
+	  tests/fuzz/engine_shim.c \
+	  $(FUZZ_NET_LIBS)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c \
+	  net/state.c tests/fuzz/engine_shim.c $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin
@@ -151,8 +168,20 @@ fuzz:
 	$(CUDA)/bin/nvcc -fatbin -gencode arch=compute_80,code=sm_80 \
 	  -gencode arch=compute_90,code=[sm_90,compute_90] \
 	  -o $(BUILD)/fuzz/seeds/seed.fatbin tests/fuzz/seed.cu
-	$(BUILD)/fuzz/fuzz_meta -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 \
-	  -print_final_stats=1 $(BUILD)/fuzz/corpus $(BUILD)/fuzz/seeds
+
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(BUILD)/fuzz/corpus-$$t; \
+	  case $$t in \
+	    fuzz_meta) seeds=$(BUILD)/fuzz/seeds ;; \
+	    fuzz_release) seeds=tests/fuzz/seeds/release ;; \
+	    fuzz_state) seeds=tests/fuzz/seeds/state ;; \
+	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
+	  esac; \
+	  echo "== $$t"; \
+	  $(BUILD)/fuzz/$$t -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 -timeout=30 \
+	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
+	done
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] net/*.[ch] cli/*.[ch] \
                tests/*.[ch] bench/*.[ch] demo/*.[ch])

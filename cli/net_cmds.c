@@ -46,6 +46,17 @@ static int parse_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
+/* A release lives at least a second and at most HKN_MAX_LIFETIME_S: a larger
+ * value would overflow the expiry or sign a release no verifier accepts. */
+#define EXPIRES_RANGE "--expires-in needs seconds from 1 to 31622400 (366 days)"
+static int parse_expires(const char *s, uint64_t *out) {
+    uint64_t v;
+    if (parse_u64(s, &v) || v < 1 || v > HKN_MAX_LIFETIME_S)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 static uint64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -212,8 +223,8 @@ int hkc_cmd_sign(int argc, char **argv) {
                 return usage_error(cmd, "--version needs a positive integer");
             break;
         case 'e':
-            if (parse_u64(optarg, &expires_in))
-                return usage_error(cmd, "--expires-in needs seconds");
+            if (parse_expires(optarg, &expires_in))
+                return usage_error(cmd, EXPIRES_RANGE);
             break;
         case 'a':
             arch = optarg;
@@ -473,8 +484,8 @@ int hkc_cmd_push(int argc, char **argv) {
                 return usage_error("push", "--version needs a positive integer");
             break;
         case 'e':
-            if (parse_u64(optarg, &expires_in))
-                return usage_error("push", "--expires-in needs seconds");
+            if (parse_expires(optarg, &expires_in))
+                return usage_error("push", EXPIRES_RANGE);
             break;
         case 'a':
             arch = optarg;
@@ -596,31 +607,134 @@ int hkc_cmd_status(int argc, char **argv) {
     return rc;
 }
 
+/* The previous release of module as the endpoint reports it (0 when none). */
+static int previous_release(const char *base, const char *module, const struct http_opts *ho,
+                            uint64_t *out) {
+    char *url = route_url(base, "/v1/status");
+    struct resp resp = {0};
+    int rc = -1;
+    long status = url ? http("rollback", "GET", url, NULL, 0, ho, &resp) : -1;
+    cJSON *o = status == 200 && resp.data ? cJSON_ParseWithLength(resp.data, resp.len) : NULL;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(o, "modules")) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "module");
+        const cJSON *prev = cJSON_GetObjectItemCaseSensitive(m, "previous_release_version");
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, module) && cJSON_IsNumber(prev)) {
+            *out = (uint64_t)prev->valuedouble;
+            rc = 0;
+        }
+    }
+    if (rc)
+        fprintf(stderr,
+                "hotkern rollback: the endpoint's status names no release of '%s'; give --to\n",
+                module);
+    cJSON_Delete(o);
+    free(url);
+    free(resp.data);
+    return rc;
+}
+
 int hkc_cmd_rollback(int argc, char **argv) {
+    static const struct option lo[] = {
+        {"key", required_argument, 0, 'k'},
+        {"to", required_argument, 0, 'o'},
+        {"expires-in", required_argument, 0, 'e'},
+        {"help", no_argument, 0, 'h'},
+        HTTP_LONGOPTS,
+        {0, 0, 0, 0},
+    };
     struct http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
-    int done = parse_http_cmd("rollback",
-                              "usage: hotkern rollback URL MODULE [--token T]\n\n"
-                              "Asks the endpoint at URL to commit MODULE's previous image again\n"
-                              "(POST URL/v1/rollback/MODULE) and prints the outcome.\n" HTTP_HELP
-                              "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n",
-                              argc, argv, &ho);
-    if (done >= 0)
-        return done;
+    const char *key_path = NULL;
+    uint64_t target = 0, expires_in = 300;
+    int have_target = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "k:h", lo, NULL)) != -1) {
+        if (http_opt(c, &ho))
+            continue;
+        switch (c) {
+        case 'k':
+            key_path = optarg;
+            break;
+        case 'o':
+            if (parse_u64(optarg, &target) || (double)target > 9007199254740991.0)
+                return usage_error("rollback", "--to needs a release version");
+            have_target = 1;
+            break;
+        case 'e':
+            if (parse_u64(optarg, &expires_in) || expires_in < 1 || expires_in > HKN_ROLLBACK_MAX_S)
+                return usage_error("rollback", "--expires-in needs seconds from 1 to 3600");
+            break;
+        case 'h':
+            printf("usage: hotkern rollback URL MODULE (--token T | --key SECRET [--to N])\n"
+                   "       [--expires-in SECONDS]\n\n"
+                   "Asks the endpoint at URL to commit MODULE's previous image again\n"
+                   "(POST URL/v1/rollback/MODULE) and prints the outcome. A rollback needs\n"
+                   "the same authority as a release: the endpoint's token, or a request\n"
+                   "signed with --key, naming the release N to be running afterwards\n"
+                   "(default: the previous release the endpoint reports) and expiring\n"
+                   "after --expires-in seconds (default 300, at most 3600). A signed\n"
+                   "request is good for one use.\n" HTTP_HELP
+                   "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n");
+            return 0;
+        default:
+            return usage_error("rollback", "bad option");
+        }
+    }
     if (optind != argc - 2)
         return usage_error("rollback", "URL and MODULE are required");
-    char path[128];
-    if (snprintf(path, sizeof path, "/v1/rollback/%s", argv[optind + 1]) >= (int)sizeof path)
-        return usage_error("rollback", "module name too long");
-    char *url = route_url(argv[optind], path);
-    struct resp resp = {0};
+    const char *base = argv[optind], *module = argv[optind + 1];
+    if (!hkn_valid_name(module, 64))
+        return usage_error("rollback", "MODULE must be [A-Za-z0-9_.-]{1,63}");
+    char *body = NULL, *text = NULL, *sig = NULL;
+    size_t tlen = 0;
     int rc = 1;
-    long status = url ? http("rollback", "POST", url, NULL, 0, &ho, &resp) : -1;
+    if (key_path) {
+        hkn_seckey key;
+        hk_report rep = {0};
+        if (!have_target && previous_release(base, module, &ho, &target))
+            return 1;
+        int err = hkn_seckey_load(key_path, &key, &rep) ||
+                  hkn_rollback_sign(&key, module, target, (int64_t)time(NULL) + (int64_t)expires_in,
+                                    &text, &tlen, &sig, &rep);
+        sodium_memzero(&key, sizeof key);
+        if (err) {
+            fail("rollback", &rep);
+            hkn_report_reset(&rep);
+            return 1;
+        }
+        cJSON *o = cJSON_CreateObject();
+        if (o && cJSON_AddStringToObject(o, "request", text) &&
+            cJSON_AddStringToObject(o, "signature", sig))
+            body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!body)
+            goto out;
+    }
+    /* The name is checked above; escaping keeps the URL well formed anyway. */
+    CURL *esc = curl_easy_init();
+    char *enc = esc ? curl_easy_escape(esc, module, 0) : NULL;
+    char path[256];
+    if (!enc || snprintf(path, sizeof path, "/v1/rollback/%s", enc) >= (int)sizeof path) {
+        curl_free(enc);
+        curl_easy_cleanup(esc);
+        goto out;
+    }
+    curl_free(enc);
+    curl_easy_cleanup(esc);
+    char *url = route_url(base, path);
+    struct resp resp = {0};
+    long status =
+        url ? http("rollback", "POST", url, body, body ? strlen(body) : 0, &ho, &resp) : -1;
     if (status >= 0) {
         print_outcome("rollback", status, &resp);
         rc = status == 200 ? 0 : 1;
     }
     free(url);
     free(resp.data);
+out:
+    free(body);
+    free(text);
+    free(sig);
     return rc;
 }
 
@@ -699,12 +813,14 @@ int hkc_cmd_pull(int argc, char **argv) {
             quiet = 1;
             break;
         case 'h':
-            printf("usage: hotkern pull URL --pubkey FILE --state DIR [--out DIR]\n"
+            printf("usage: hotkern pull URL --pubkey FILE [--state DIR] [--out DIR]\n"
                    "       (--once | --count N) [--interval-ms MS] [--timeout-ms MS]\n\n"
                    "Polls the release at URL (a manifest.json written by 'hotkern sign'),\n"
                    "verifies it against the public key (signature, expiry, version newer\n"
                    "than the one recorded in --state, artifact hashes) and writes its\n"
-                   "artifacts into --out. --once polls once; --count N polls N times,\n"
+                   "artifacts into --out. --state defaults to the record the endpoint\n"
+                   "and pullers share ($XDG_STATE_HOME/hotkern/releases, else\n"
+                   "~/.local/state/hotkern/releases). --once polls once; --count N polls N times,\n"
                    "--interval-ms apart (+-10%% jitter, default 1000). Requests are\n"
                    "conditional (ETag, Last-Modified), so an unchanged origin answers 304.\n"
                    "Each transfer gives up after --timeout-ms (default 10000).\n"
@@ -719,8 +835,13 @@ int hkc_cmd_pull(int argc, char **argv) {
         return usage_error("pull", "URL is required");
     if (!count)
         return usage_error("pull", "--once or --count N is required");
-    if (!cfg.state_dir)
-        return usage_error("pull", "--state DIR is required");
+    char defdir[PATH_MAX];
+    if (!cfg.state_dir) {
+        hk_report drep = {0};
+        if (hkn_default_state_dir(defdir, sizeof defdir, &drep))
+            return usage_error("pull", drep.message);
+        cfg.state_dir = defdir;
+    }
     if (!pubkey && !cfg.trust.allow_unsigned)
         return usage_error("pull", "--pubkey FILE is required");
     hk_report rep = {0};

@@ -314,7 +314,8 @@ static void print_intro(demo *d, const demo_args *a) {
         demo_say(d, "  - push another version, leaving the file alone:");
         demo_say(d, "      %s push %s --key %s --module %s %s/variants/swirl.cu", shown(d->cli),
                  d->url, shown(d->key), DEMO_MODULE, shown(d->kernels));
-        demo_say(d, "  - and roll it back: %s rollback %s %s", shown(d->cli), d->url, DEMO_MODULE);
+        demo_say(d, "  - and roll it back: %s rollback %s %s --key %s", shown(d->cli), d->url,
+                 DEMO_MODULE, shown(d->key));
     }
     demo_say(d, "  (`make demo-tour` does all of this unattended)");
     demo_say(d, "%s", "");

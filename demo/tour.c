@@ -305,8 +305,10 @@ static void step_rollback(demo *d) {
     }
     t->before = demo_request_frame(d, "before the rollback", 0, 5000);
     int first = demo_swap_count(d);
-    const char *argv[] = {"hotkern", "rollback", d->url, DEMO_MODULE, "--timeout", "30", NULL};
-    demo_say(d, "   $ hotkern rollback %s %s", d->url, DEMO_MODULE);
+    /* A rollback needs the authority of a release: it is signed too. */
+    const char *argv[] = {"hotkern", "rollback",  d->url, DEMO_MODULE, "--key",
+                          d->key,    "--timeout", "30",   NULL};
+    demo_say(d, "   $ hotkern rollback %s %s --key %s", d->url, DEMO_MODULE, d->key);
     t->cli_status = demo_run_cli(d, argv, 45000);
     demo_say(d, "   exit status %d (0: rolled back)", t->cli_status);
     t->swap = demo_wait_swap(d, first, EV(HK_EVENT_ROLLED_BACK) | EV(HK_EVENT_REFUSED), 5000);

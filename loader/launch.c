@@ -134,8 +134,8 @@ static int launch_captured(hk_runtime *rt, hkl_tslot *s, hkl_version *v, void *f
                            hk_dim3 b, unsigned shm, CUstream stream, void **args, int *cu) {
     capture_pin *p = malloc(sizeof *p);
     atomic_fetch_add(&v->pins, 1);
-    CUresult r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm, stream,
-                                       args, NULL);
+    CUresult r =
+        rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm, stream, args, NULL);
     hkl_exit(s);
     if (r != CUDA_SUCCESS) {
         hkl_version_unpin(rt, v);
@@ -380,7 +380,7 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
     int found = 0;
     if (hkl_swap_held(rt))
         return HK_ERR_BUSY; /* from a check callback */
-    hkl_swap_lock(rt); /* g->held */
+    hkl_swap_lock(rt);      /* g->held */
     pthread_rwlock_wrlock(&rt->graph_lock);
     for (hkl_graph **pp = &rt->graphs; *pp;) {
         if ((*pp)->exec == (CUgraphExec)exec) {

@@ -63,8 +63,8 @@ typedef struct hkl_device {
     _Atomic(CUcontext) ctx;
     unsigned long long ctx_id;
     CUstream copy_stream; /* swap_lock: hotkern's own stream for global copies */
-    int retains; /* primary-context retains we owe a release for */
-    int arch;    /* e.g. 90 */
+    int retains;          /* primary-context retains we owe a release for */
+    int arch;             /* e.g. 90 */
 } hkl_device;
 
 /* Per-thread epoch slot for launches. Owned by one thread while `owner` is
@@ -279,7 +279,7 @@ struct hk_runtime {
     int work_stop;               /* work_lock */
     int safe_points_seen;        /* work_lock: hk_safe_point was called */
     pthread_t safe_point_thread; /* work_lock: its latest caller */
-    pthread_t worker; /* immutable once started */
+    pthread_t worker;            /* immutable once started */
     int worker_started;
 
     pthread_mutex_t stats_lock;
@@ -396,8 +396,8 @@ int hkl_reclaim_start(hk_runtime *rt);
 void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_slots_free(hk_runtime *rt);
-void hkl_reclaim_deferred(hk_runtime *rt); /* from hk_safe_point */
-void hkl_reclaim_kick(hk_runtime *rt);     /* a pin went, or a reset is suspected */
+void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
+void hkl_reclaim_kick(hk_runtime *rt);                /* a pin went, or a reset is suspected */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
 int hkl_membarrier_register(void);
 void hkl_rtref_put(hkl_rtref *ref);

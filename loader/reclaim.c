@@ -449,7 +449,9 @@ static void *reclaim_main(void *arg) {
             /* Versions wait for a launch to finish (poll briefly) or for a
              * pin, whose release kicks this thread. */
             timed_wait(&rt->rec_cond, &rt->rec_lock,
-                       left == 2 ? rt->pin_poll_ms : left == 3 ? 10 : 1);
+                       left == 2   ? rt->pin_poll_ms
+                       : left == 3 ? 10
+                                   : 1);
         int stop = rt->rec_stop;
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)

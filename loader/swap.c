@@ -1222,7 +1222,8 @@ static void *worker_main(void *arg) {
             while (*tail)
                 tail = &(*tail)->next;
             j->next = NULL;
-            j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
+            j->deadline =
+                hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
             *tail = j;
             if (stale) {
                 pthread_mutex_unlock(&rt->work_lock);

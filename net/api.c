@@ -181,10 +181,28 @@ static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_t
     return 0;
 }
 
-/* Resolves the state directory: NULL gives the XDG default + leaf, "" gives
- * memory only (*out NULL). */
-static int state_dir(const char *given, const char *leaf, char *buf, size_t cap, const char **out,
-                     hk_report *rep) {
+/* Resolves the state directory: NULL gives the default, "" gives memory only
+ * (*out NULL). The default is one directory for every source of the user
+ * (hotkern/releases under the XDG state directory), so that the push
+ * endpoint, pullers and `hotkern pull` keep one anti-rollback record per
+ * module: a release refused through one door is refused through all. */
+int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep) {
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && xdg[0])
+        n = snprintf(buf, cap, "%s/hotkern/releases", xdg);
+    else if (home && home[0])
+        n = snprintf(buf, cap, "%s/.local/state/hotkern/releases", home);
+    else
+        return hkn_fail(rep, HK_ERR_INVALID,
+                        "no state_dir given and neither XDG_STATE_HOME "
+                        "nor HOME is set");
+    if (n < 0 || (size_t)n >= cap)
+        return hkn_fail(rep, HK_ERR_INVALID, "state directory path too long");
+    return 0;
+}
+
+static int state_dir(const char *given, char *buf, size_t cap, const char **out, hk_report *rep) {
     *out = NULL;
     if (given && !given[0])
         return 0;
@@ -192,20 +210,10 @@ static int state_dir(const char *given, const char *leaf, char *buf, size_t cap,
         *out = given;
         return 0;
     }
-    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-    int n;
-    if (xdg && xdg[0])
-        n = snprintf(buf, cap, "%s/hotkern/%s", xdg, leaf);
-    else if (home && home[0])
-        n = snprintf(buf, cap, "%s/.local/state/hotkern/%s", home, leaf);
-    else
-        return hkn_fail(rep, HK_ERR_INVALID,
-                        "no state_dir given and neither XDG_STATE_HOME "
-                        "nor HOME is set");
-    if (n < 0 || (size_t)n >= cap)
-        return hkn_fail(rep, HK_ERR_INVALID, "state directory path too long");
-    *out = buf;
-    return 0;
+    int err = hkn_default_state_dir(buf, cap, rep);
+    if (!err)
+        *out = buf;
+    return err;
 }
 
 /* ---- endpoint ---------------------------------------------------------- */
@@ -214,8 +222,11 @@ void hk_endpoint_options_init(hk_endpoint_options *o) {
     memset(o, 0, sizeof *o);
     o->address = "127.0.0.1";
     o->max_body_bytes = 64u << 20;
-    o->max_connections = 128;
+    o->max_connections = 1024;
     o->timeout_s = 30;
+    o->per_ip_connections = 128;
+    o->request_timeout_s = 60;
+    o->threads = 2;
 }
 
 int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
@@ -245,9 +256,18 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
         cfg.max_connections = opt->max_connections;
     if (opt->timeout_s)
         cfg.timeout_s = opt->timeout_s;
+    if (opt->per_ip_connections)
+        cfg.per_ip_connections = opt->per_ip_connections;
+    if (opt->request_timeout_s)
+        cfg.request_timeout_s = opt->request_timeout_s;
+    if (opt->threads)
+        cfg.threads = opt->threads;
+    cfg.max_inflight = opt->max_inflight_bytes;
+    cfg.hosts = opt->allowed_hosts;
+    cfg.nhosts = opt->nallowed_hosts;
     if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
                           rep)) ||
-        (err = state_dir(opt->state_dir, "push", dirbuf, sizeof dirbuf, &cfg.state_dir, rep)))
+        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)))
         goto fail;
     if (opt->tls_cert_file || opt->tls_key_file) {
         if (!opt->tls_cert_file || !opt->tls_key_file) {
@@ -262,6 +282,15 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
     }
     if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)))
         goto fail;
+    if (!cfg.token && !cfg.tls_cert_pem &&
+        (!strcmp(cfg.address, "0.0.0.0") || !strcmp(cfg.address, "::"))) {
+        /* Started, but say so: the caller may show the message. */
+        hkn_fail(rep, 0,
+                 "warning: listening on every address (%s) with no token and no TLS: anyone "
+                 "who can reach the port can push signed releases and read status; put a "
+                 "reverse proxy in front or set a token and TLS",
+                 cfg.address);
+    }
     free(cert);
     free(key);
     *out = h;
@@ -305,7 +334,7 @@ void hk_pull_options_init(hk_pull_options *o) {
 
 int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
     int err;
-    char dirbuf[PATH_MAX], leaf[32], hex[65];
+    char dirbuf[PATH_MAX];
     hkn_pull_cfg cfg;
     if (!rt || !opt || !opt->url || !out)
         return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: NULL argument");
@@ -330,12 +359,9 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
     cfg.max_manifest = opt->max_manifest_bytes;
     cfg.max_artifact = opt->max_artifact_bytes;
     cfg.ca_file = opt->ca_file;
-    /* One state file per origin URL: two pullers must not share one file. */
-    hkn_sha256_hex(opt->url, strlen(opt->url), hex);
-    snprintf(leaf, sizeof leaf, "pull-%.16s", hex);
     if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
                           rep)) ||
-        (err = state_dir(opt->state_dir, leaf, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)) ||
+        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)) ||
         (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
         goto fail;
     if ((err = hkn_pull_run(h->p))) {

@@ -2,33 +2,58 @@
  * The push endpoint: an HTTP server (libmicrohttpd) that accepts signed
  * releases, answers status, rollback, metrics and health requests.
  *
- * Threads. libmicrohttpd runs a listening thread plus one thread per
- * connection, capped by max_connections and an idle timeout per connection.
- * A thread per connection (rather than one polling thread) keeps a slow swap
- * (an NVRTC build takes tens of ms) from stalling status and metrics
- * requests. The handlers never touch the engine's state themselves: they hand
- * a verified artifact to the hkn_engine's apply function, which the engine
- * serialises.
+ * Threads. libmicrohttpd runs an epoll event loop on a small pool of threads
+ * of its own (cfg.threads): a connection costs a socket and a little memory,
+ * never a thread, so a thousand slow clients cannot starve the others. The
+ * loop threads never wait on the engine: a request that changes something
+ * (a release, a rollback) is received in full, then its connection is
+ * suspended and the request handed to one worker thread, which verifies,
+ * applies and records it and resumes the connection with the answer. One
+ * worker also means releases and rollbacks through this endpoint apply one
+ * at a time, in arrival order. Status, metrics and health are answered by the
+ * loop threads at once.
  *
- * Locks (private to this file), taken in this order only:
- *   release_lock  serialises verify -> apply -> accept, so that two pushes of
- *                 one version cannot both pass the replay check;
- *   lock          the module table and the counters (held briefly, never
- *                 across a callback into the engine).
+ * Abuse. Each connection is tracked from accept to close (notify_connection):
+ *   - a whole-request deadline (request_timeout_s) covers headers and body;
+ *     the idle timeout alone would be reset by a client trickling a byte at
+ *     a time. A reaper thread shuts down connections past it;
+ *   - per-address and total limits: a request that completes its headers
+ *     over either is answered 503; far over them libmicrohttpd refuses the
+ *     connection outright;
+ *   - the memory held by request bodies in flight is bounded (max_inflight):
+ *     a Content-Length is reserved before the body is read and a request
+ *     that does not fit is answered 503 at once; a chunked body reserves as
+ *     it grows, and one that does not fit is dropped and answered 503;
+ *   - a body over the cap is answered 413: before it is read when it has a
+ *     Content-Length; when chunked, it is dropped as it passes the cap and
+ *     the 413 sent when it ends (libmicrohttpd takes no answer mid-upload),
+ *     the request deadline bounding how long that can take.
  *
- * Request bodies. A release is one JSON object (see include/hotkern/net.h for
- * the protocol). The body cap is enforced before anything is read: a
- * Content-Length over the cap is answered 413 from the first callback, when
- * only the headers have arrived. A chunked body is counted while it streams
- * and refused once it passes the cap.
+ * Authority. Every route but /healthz needs the bearer token when one is
+ * configured, a Host that names the bound address (or a configured name) and
+ * no foreign Origin: a web page cannot reach a loopback endpoint, by a
+ * cross-origin request or by DNS rebinding. A release needs its signature; a
+ * rollback needs the token or a signed rollback request, and with neither a
+ * token nor a trusted key configured, rollback over HTTP is off.
+ *
+ * Locks (private to this file), never nested:
+ *   lock       the module table, the nonces and the counters;
+ *   conn_lock  the list of open connections (and the in-flight bytes);
+ *   job_lock   the worker's queue.
+ * The anti-rollback state has its own (net/state.c); the worker holds its
+ * transaction from the version check to the record.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -40,17 +65,53 @@
 #define MAX_LOG_KEPT  (64 * 1024)
 #define ROLLBACK_BODY 4096
 #define NERRORS       32
+#define MAX_HISTORY   16
+#define MAX_NONCES    1024
 
 enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH };
 
 struct ep_module {
     char name[64];
-    uint64_t release_version; /* highest release committed through this endpoint */
+    uint64_t release_version;      /* highest release committed through this endpoint */
+    uint64_t history[MAX_HISTORY]; /* releases committed here, oldest first; the last runs */
+    int nhistory;
     int last_error;
     char last_outcome[16]; /* "committed", "refused", "rolled_back" */
     char last_message[512];
     char *last_log; /* owned */
     int64_t updated;
+};
+
+struct nonce {
+    char text[33];
+    int64_t expires;
+};
+
+/* One TCP connection, from accept to close. */
+struct conn {
+    struct conn *prev, *next; /* conn_lock */
+    int fd;                   /* immutable */
+    char ip[INET6_ADDRSTRLEN];
+    int64_t start_ms; /* conn_lock: when the current request began */
+    int receiving;    /* conn_lock: 1 until the current request is fully received */
+};
+
+/* One request, owned by its connection; the worker has it while `queued`
+ * and not `done`. */
+struct req {
+    enum route route;
+    struct conn *conn;
+    char module[64]; /* rollback target */
+    char *body;
+    size_t len, cap, limit;
+    size_t reserved; /* bytes counted in ep->inflight */
+    int refused;     /* over the cap or the memory bound: the rest is read and dropped */
+    int queued;      /* handed to the worker (connection suspended) */
+    int done;        /* the worker answered: status and answer are set */
+    unsigned status;
+    char *answer; /* JSON text, owned until queued as the response */
+    struct req *next_job;
+    struct MHD_Connection *c;
 };
 
 struct hkn_endpoint {
@@ -59,43 +120,63 @@ struct hkn_endpoint {
     hkn_engine eng;
     hkn_trust trust;
     char *token;
-    size_t max_body;
+    size_t max_body, max_inflight;
+    unsigned max_conns, per_ip;
+    int64_t deadline_ms;
     uint16_t port;
+    char addr[INET6_ADDRSTRLEN]; /* as bound, for Host */
+    int wildcard, loopback;      /* the bound address is any / a loopback one */
+    char **hosts;                /* configured names */
+    int nhosts;
     hkn_state *state;
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
 
-    pthread_mutex_t release_lock; /* see the file comment */
-
     pthread_mutex_t lock;
-    struct ep_module *mods;     /* lock */
-    size_t nmods;               /* lock */
-    struct ep_module last;      /* lock: the latest release or rollback outcome */
-    uint64_t requests;          /* lock */
-    uint64_t unauthorized;      /* lock */
-    uint64_t too_large;         /* lock */
-    uint64_t committed;         /* lock */
-    uint64_t rolled_back;       /* lock */
-    uint64_t refusals[NERRORS]; /* lock: by -error */
-};
+    struct ep_module *mods;          /* lock */
+    size_t nmods;                    /* lock */
+    struct ep_module last;           /* lock: the latest release or rollback outcome */
+    struct nonce nonces[MAX_NONCES]; /* lock: rollback nonces seen, until they expire */
+    uint64_t requests;               /* lock */
+    uint64_t unauthorized;           /* lock */
+    uint64_t too_large;              /* lock */
+    uint64_t overloaded;             /* lock: 503 for limits */
+    uint64_t foreign;                /* lock: refused Host or Origin */
+    uint64_t deadline_cut;           /* lock */
+    uint64_t committed;              /* lock */
+    uint64_t rolled_back;            /* lock */
+    uint64_t refusals[NERRORS];      /* lock: by -error */
 
-/* One request, owned by its connection thread. */
-struct req {
-    enum route route;
-    char module[64]; /* rollback target */
-    char *body;
-    size_t len, cap, limit;
-    int too_large;
+    pthread_mutex_t conn_lock;
+    struct conn *conns; /* conn_lock */
+    unsigned nconns;    /* conn_lock */
+    size_t inflight;    /* conn_lock: body bytes reserved */
+
+    pthread_mutex_t job_lock;
+    pthread_cond_t job_cv;         /* job_lock: a job arrived, or stop */
+    struct req *jobs, **jobs_tail; /* job_lock */
+    int stopping;                  /* job_lock (and read by the reaper under it) */
+    pthread_t worker, reaper;
+    int threads_started;
 };
 
 /* Marks a request already answered from the first callback. */
 static struct req answered;
 
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c) {
     memset(c, 0, sizeof *c);
     c->address = "127.0.0.1";
     c->max_body = 64u << 20;
-    c->max_connections = 128;
+    c->max_connections = 1024;
+    c->per_ip_connections = 128;
     c->timeout_s = 30;
+    c->request_timeout_s = 60;
+    c->threads = 2;
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -103,6 +184,8 @@ void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c) {
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *text,
                              const char *type) {
     /* text is malloc'd and handed to libmicrohttpd, which frees it. */
+    if (!text)
+        return MHD_NO;
     struct MHD_Response *r =
         MHD_create_response_from_buffer_with_free_callback(strlen(text), text, free);
     if (!r) {
@@ -112,33 +195,47 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *te
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == MHD_HTTP_SERVICE_UNAVAILABLE || status == MHD_HTTP_CONTENT_TOO_LARGE) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
+            MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    }
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, cJSON *obj) {
+/* Prints obj (consumed) as JSON text ending in a newline; NULL on no memory. */
+static char *json_text(cJSON *obj) {
     char *text = obj ? cJSON_Print(obj) : NULL;
     cJSON_Delete(obj);
     if (!text)
-        return MHD_NO;
+        return NULL;
     size_t n = strlen(text);
     char *t2 = realloc(text, n + 2);
     if (t2) {
         text = t2;
         memcpy(text + n, "\n", 2);
     }
-    return reply(c, status, text, "application/json");
+    return text;
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, int err,
-                                   const char *msg) {
+static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, cJSON *obj) {
+    return reply(c, status, json_text(obj), "application/json");
+}
+
+static cJSON *error_json(int err, const char *msg) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "outcome", "error");
     cJSON_AddStringToObject(o, "error", hkn_error_name(err));
     cJSON_AddNumberToObject(o, "code", err);
     cJSON_AddStringToObject(o, "message", msg);
-    return reply_json(c, status, o);
+    return o;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, int err,
+                                   const char *msg) {
+    return reply_json(c, status, error_json(err, msg));
 }
 
 static unsigned http_status(int err) {
@@ -155,6 +252,7 @@ static unsigned http_status(int err) {
         return MHD_HTTP_NOT_FOUND;
     case HK_ERR_REPLAY:
     case HK_ERR_NO_HISTORY:
+    case HK_ERR_SUPERSEDED:
         return MHD_HTTP_CONFLICT;
     case HK_ERR_TOO_LARGE:
         return MHD_HTTP_CONTENT_TOO_LARGE;
@@ -179,13 +277,20 @@ static unsigned http_status(int err) {
 
 /* ---- the module table -------------------------------------------------- */
 
-static struct ep_module *module_locked(hkn_endpoint *ep, const char *name) {
+static struct ep_module *find_locked(hkn_endpoint *ep, const char *name) {
     for (size_t i = 0; i < ep->nmods; i++)
         if (!strcmp(ep->mods[i].name, name))
             return &ep->mods[i];
-    if (ep->nmods == MAX_MODULES)
-        return NULL;
-    struct ep_module *m = &ep->mods[ep->nmods++];
+    return NULL;
+}
+
+/* Only a module whose release verified (or committed) gets an entry:
+ * unauthenticated requests never add to the table. */
+static struct ep_module *module_locked(hkn_endpoint *ep, const char *name) {
+    struct ep_module *m = find_locked(ep, name);
+    if (m || ep->nmods == MAX_MODULES)
+        return m;
+    m = &ep->mods[ep->nmods++];
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", name);
     return m;
@@ -200,9 +305,10 @@ static void set_outcome(struct ep_module *m, const char *outcome, const hk_repor
     m->updated = (int64_t)time(NULL);
 }
 
-/* Records an outcome; module may be "" when the release never got that far. */
+/* Records an outcome. `create`: the module may get a new entry (its release
+ * verified); otherwise only an existing entry is updated. */
 static void record(hkn_endpoint *ep, const char *module, const char *outcome, int err,
-                   uint64_t version, const hk_report *rep) {
+                   uint64_t version, int create, const hk_report *rep) {
     pthread_mutex_lock(&ep->lock);
     if (err && -err < NERRORS)
         ep->refusals[-err]++;
@@ -212,11 +318,22 @@ static void record(hkn_endpoint *ep, const char *module, const char *outcome, in
         ep->rolled_back++;
     snprintf(ep->last.name, sizeof ep->last.name, "%s", module);
     set_outcome(&ep->last, outcome, rep, err);
-    struct ep_module *m = module[0] ? module_locked(ep, module) : NULL;
+    struct ep_module *m = NULL;
+    if (module[0])
+        m = create ? module_locked(ep, module) : find_locked(ep, module);
     if (m) {
         set_outcome(m, outcome, rep, err);
-        if (!err && version > m->release_version)
-            m->release_version = version;
+        if (!err && !strcmp(outcome, "committed")) {
+            if (version > m->release_version)
+                m->release_version = version;
+            if (m->nhistory == MAX_HISTORY) {
+                memmove(m->history, m->history + 1, (MAX_HISTORY - 1) * sizeof *m->history);
+                m->nhistory--;
+            }
+            m->history[m->nhistory++] = version;
+        } else if (!err && m->nhistory > 0) {
+            m->nhistory--;
+        }
     }
     pthread_mutex_unlock(&ep->lock);
 }
@@ -244,7 +361,7 @@ static cJSON *outcome_json(const char *outcome, int err, const hk_report *rep) {
     return o;
 }
 
-/* ---- POST /v1/release -------------------------------------------------- */
+/* ---- POST /v1/release (on the worker) ---------------------------------- */
 
 /* Decodes one base64 artifact; the buffer is sized from the text so a body
  * that carries more bytes than declared is seen as such, not truncated. */
@@ -263,32 +380,41 @@ static int decode_artifact(const char *b64, unsigned char **out, size_t *len) {
     return 0;
 }
 
-static int do_release(hkn_endpoint *ep, const char *body, size_t len, hk_report *rep,
-                      uint64_t *version) {
-    int err = 0;
+/* Verifies and applies one release. The body is freed as soon as it is
+ * parsed, and each artifact's base64 text as soon as it is decoded, so the
+ * memory held beyond the body is about one decoded release. *verified is set
+ * once the manifest's signature (and form) checked out. */
+static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t *version,
+                      int *verified) {
+    int err = 0, in_txn = 0;
     hkn_manifest m = {0};
     unsigned char *bytes[HKN_MAX_ARTIFACTS] = {0};
     size_t sizes[HKN_MAX_ARTIFACTS] = {0};
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    const cJSON *man = cJSON_GetObjectItemCaseSensitive(root, "manifest");
+    cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
+    free(r->body);
+    r->body = NULL;
+    cJSON *man = cJSON_GetObjectItemCaseSensitive(root, "manifest");
     const cJSON *sig = cJSON_GetObjectItemCaseSensitive(root, "signature");
-    const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
+    cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
     if (!cJSON_IsObject(root) || !cJSON_IsString(man) || !cJSON_IsObject(arts) ||
         (sig && !cJSON_IsString(sig) && !cJSON_IsNull(sig))) {
         err = hkn_fail(rep, HK_ERR_INVALID,
-                       "body must be a JSON object {\"manifest\": string, \"signature\": "
+                       "body must be one JSON object {\"manifest\": string, \"signature\": "
                        "string, \"artifacts\": {sha256: base64}}");
-        goto out_unlocked;
+        goto out;
     }
     const char *sigtext = cJSON_IsString(sig) ? sig->valuestring : NULL;
-    pthread_mutex_lock(&ep->release_lock);
+    hkn_state_begin(ep->state);
+    in_txn = 1;
+    /* The signature is checked before any artifact is decoded. */
     err = hkn_verify_manifest(&ep->trust, ep->state, man->valuestring, strlen(man->valuestring),
                               sigtext, sigtext ? strlen(sigtext) : 0, (int64_t)time(NULL), &m, rep);
+    *verified = rep->module[0] != '\0';
     if (err)
         goto out;
     for (size_t i = 0; i < m.nartifacts; i++) {
         const hkn_artifact *a = &m.artifacts[i];
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
+        cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
         if (!cJSON_IsString(b)) {
             err = hkn_fail(rep, HK_ERR_HASH, "artifact '%s' (sha256 %s) is missing from the body",
                            a->name, a->sha256);
@@ -298,9 +424,18 @@ static int do_release(hkn_endpoint *ep, const char *body, size_t len, hk_report 
             err = hkn_fail(rep, HK_ERR_INVALID, "artifact '%s' is not valid base64", a->name);
             goto out;
         }
+        cJSON_DeleteItemFromObjectCaseSensitive(arts, a->sha256);
         if ((err = hkn_verify_artifact(a, bytes[i], sizes[i], rep)))
             goto out;
     }
+    cJSON_Delete(root);
+    root = NULL;
+    /* Persist first (net/state.c): recorded before the engine commits,
+     * taken back if it refuses. */
+    uint64_t prev = 0;
+    if ((err = hkn_state_lookup(ep->state, m.module, &prev, rep)) ||
+        (err = hkn_state_accept(ep->state, m.module, m.version, rep)))
+        goto out;
     size_t k = hkn_pick_artifact(&m, ep->eng.arch);
     *version = m.version;
     hk_report arep = {0};
@@ -322,20 +457,18 @@ static int do_release(hkn_endpoint *ep, const char *body, size_t len, hk_report 
         if (!rep->message[0])
             snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m.module,
                      (unsigned long long)m.version, hkn_error_name(err));
-        goto out;
+        hk_report srep = {0};
+        if (hkn_state_revert(ep->state, m.module, m.version, prev, &srep) != 0) {
+            size_t n = strlen(rep->message);
+            snprintf(rep->message + n, sizeof rep->message - n,
+                     " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m.version,
+                     srep.message);
+        }
+        hkn_report_reset(&srep);
     }
-    hk_report srep = {0};
-    if (hkn_state_accept(ep->state, m.module, m.version, &srep) != 0)
-        /* Committed but not persisted: the swap stands, yet a restart could
-         * accept this version again. Say so rather than hide it. */
-        snprintf(rep->message, sizeof rep->message,
-                 "committed, but the replay state was not "
-                 "saved: %.400s",
-                 srep.message);
-    hkn_report_reset(&srep);
 out:
-    pthread_mutex_unlock(&ep->release_lock);
-out_unlocked:
+    if (in_txn)
+        hkn_state_end(ep->state);
     for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
         free(bytes[i]);
     hkn_manifest_free(&m);
@@ -343,31 +476,94 @@ out_unlocked:
     return err;
 }
 
-static enum MHD_Result handle_release(hkn_endpoint *ep, struct MHD_Connection *c, struct req *r) {
+static void run_release(hkn_endpoint *ep, struct req *r) {
     hk_report rep = {0};
     uint64_t version = 0;
-    int err = do_release(ep, r->body ? r->body : "", r->len, &rep, &version);
+    int verified = 0;
+    int err = do_release(ep, r, &rep, &version, &verified);
     const char *outcome = err ? "refused" : "committed";
-    record(ep, rep.module, outcome, err, version, &rep);
+    record(ep, rep.module, outcome, err, version, verified, &rep);
     cJSON *o = outcome_json(outcome, err, &rep);
     if (!err && ep->eng.version)
         cJSON_AddNumberToObject(o, "engine_version",
                                 (double)ep->eng.version(ep->eng.ud, rep.module));
     hkn_report_reset(&rep);
-    return reply_json(c, http_status(err), o);
+    r->status = http_status(err);
+    r->answer = json_text(o);
 }
 
-/* ---- other routes ------------------------------------------------------ */
+/* ---- POST /v1/rollback/MODULE (on the worker) -------------------------- */
 
-static enum MHD_Result handle_rollback(hkn_endpoint *ep, struct MHD_Connection *c, struct req *r) {
+/* Checks a signed rollback request against the URL, the nonces seen and the
+ * releases committed here. Called with no lock held. */
+static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep) {
+    hkn_rollback_req rq;
+    cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "request");
+    const cJSON *sig = cJSON_GetObjectItemCaseSensitive(root, "signature");
+    int err;
+    if (!cJSON_IsObject(root) || !cJSON_IsString(text) || !cJSON_IsString(sig)) {
+        err = hkn_fail(rep, HK_ERR_SIGNATURE,
+                       "rollback needs the bearer token or a signed request "
+                       "{\"request\": string, \"signature\": base64} (hotkern rollback --key)");
+        goto out;
+    }
+    int64_t now = (int64_t)time(NULL);
+    if ((err = hkn_rollback_verify(&ep->trust, text->valuestring, strlen(text->valuestring),
+                                   sig->valuestring, strlen(sig->valuestring), now, &rq, rep)))
+        goto out;
+    if (strcmp(rq.module, r->module)) {
+        err = hkn_fail(rep, HK_ERR_SIGNATURE, "the signed request is for module '%s', not '%s'",
+                       rq.module, r->module);
+        goto out;
+    }
+    pthread_mutex_lock(&ep->lock);
+    int free_slot = -1, seen = 0;
+    for (int i = 0; i < MAX_NONCES; i++) {
+        if (ep->nonces[i].expires <= now)
+            free_slot = free_slot < 0 ? i : free_slot;
+        else if (!strcmp(ep->nonces[i].text, rq.nonce))
+            seen = 1;
+    }
+    const struct ep_module *m = find_locked(ep, r->module);
+    uint64_t prev = m && m->nhistory >= 2 ? m->history[m->nhistory - 2] : 0;
+    int known = m && m->nhistory >= 1;
+    if (seen)
+        err = hkn_fail(rep, HK_ERR_REPLAY, "this signed rollback request was already used");
+    else if (free_slot < 0)
+        err = hkn_fail(rep, HK_ERR_BUSY, "too many rollback requests in flight; retry later");
+    if (!err) {
+        /* Spent once verified, whatever the outcome: it cannot be tried twice. */
+        snprintf(ep->nonces[free_slot].text, sizeof ep->nonces[free_slot].text, "%s", rq.nonce);
+        ep->nonces[free_slot].expires = rq.expires;
+        if (!known)
+            err = hkn_fail(rep, HK_ERR_NO_HISTORY,
+                           "no release of '%s' was committed through this endpoint", r->module);
+        else if (rq.target != prev)
+            err = hkn_fail(rep, HK_ERR_REJECTED,
+                           "the request rolls '%s' back to v%llu, but the previous release is "
+                           "v%llu",
+                           r->module, (unsigned long long)rq.target, (unsigned long long)prev);
+    }
+    pthread_mutex_unlock(&ep->lock);
+out:
+    cJSON_Delete(root);
+    return err;
+}
+
+static void run_rollback(hkn_endpoint *ep, struct req *r) {
     hk_report rep = {0};
-    int err = HK_ERR_UNSUPPORTED;
-    if (ep->eng.rollback) {
-        pthread_mutex_lock(&ep->release_lock);
+    int err = 0;
+    /* The token, when configured, was checked with the headers; without it
+     * the request must carry its own signature. */
+    if (!ep->token)
+        err = check_signed_rollback(ep, r, &rep);
+    if (!err && !ep->eng.rollback)
+        err = hkn_fail(&rep, HK_ERR_UNSUPPORTED, "this endpoint has no rollback");
+    if (!err) {
+        hkn_state_begin(ep->state);
         err = ep->eng.rollback(ep->eng.ud, r->module, &rep);
-        pthread_mutex_unlock(&ep->release_lock);
-    } else {
-        hkn_fail(&rep, err, "this endpoint has no rollback");
+        hkn_state_end(ep->state);
     }
     rep.error = err;
     if (!rep.message[0] && err)
@@ -375,19 +571,63 @@ static enum MHD_Result handle_rollback(hkn_endpoint *ep, struct MHD_Connection *
                  hkn_error_name(err));
     snprintf(rep.module, sizeof rep.module, "%s", r->module);
     const char *outcome = err ? "refused" : "rolled_back";
-    record(ep, r->module, outcome, err, 0, &rep);
+    record(ep, r->module, outcome, err, 0, 0, &rep);
     cJSON *o = outcome_json(outcome, err, &rep);
     if (ep->eng.version)
         cJSON_AddNumberToObject(o, "engine_version",
                                 (double)ep->eng.version(ep->eng.ud, r->module));
     hkn_report_reset(&rep);
-    return reply_json(c, http_status(err), o);
+    r->status = http_status(err);
+    r->answer = json_text(o);
 }
+
+/* ---- the worker -------------------------------------------------------- */
+
+static void *worker_main(void *arg) {
+    hkn_endpoint *ep = arg;
+    for (;;) {
+        pthread_mutex_lock(&ep->job_lock);
+        while (!ep->jobs && !ep->stopping)
+            pthread_cond_wait(&ep->job_cv, &ep->job_lock);
+        struct req *r = ep->jobs;
+        int stopping = ep->stopping;
+        if (r) {
+            ep->jobs = r->next_job;
+            if (!ep->jobs)
+                ep->jobs_tail = &ep->jobs;
+        }
+        pthread_mutex_unlock(&ep->job_lock);
+        if (!r)
+            break;
+        if (stopping) {
+            r->status = MHD_HTTP_SERVICE_UNAVAILABLE;
+            r->answer = json_text(error_json(HK_ERR_CLOSED, "the endpoint is stopping"));
+        } else if (r->route == R_RELEASE) {
+            run_release(ep, r);
+        } else {
+            run_rollback(ep, r);
+        }
+        if (!r->answer) {
+            r->status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+            r->answer = strdup("{\"outcome\": \"error\", \"error\": \"HK_ERR_NOMEM\"}\n");
+        }
+        r->done = 1;
+        /* After this call the request belongs to libmicrohttpd again. */
+        MHD_resume_connection(r->c);
+    }
+    return NULL;
+}
+
+/* ---- GET /v1/status and /metrics --------------------------------------- */
 
 static cJSON *module_json(const struct ep_module *m) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "module", m->name);
     cJSON_AddNumberToObject(o, "release_version", (double)m->release_version);
+    cJSON_AddNumberToObject(o, "running_release_version",
+                            m->nhistory ? (double)m->history[m->nhistory - 1] : 0);
+    cJSON_AddNumberToObject(o, "previous_release_version",
+                            m->nhistory >= 2 ? (double)m->history[m->nhistory - 2] : 0);
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
     cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
@@ -402,8 +642,12 @@ static cJSON *module_json(const struct ep_module *m) {
 static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON *mods = cJSON_AddArrayToObject(o, "modules");
-    char names[MAX_MODULES][64];
+    char(*names)[64] = calloc(MAX_MODULES, 64);
     size_t n;
+    if (!names) {
+        cJSON_Delete(o);
+        return MHD_NO;
+    }
     pthread_mutex_lock(&ep->lock);
     n = ep->nmods;
     for (size_t i = 0; i < n; i++) {
@@ -414,10 +658,20 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
         cJSON_AddItemToObject(o, "last", module_json(&ep->last));
     cJSON_AddNumberToObject(o, "requests", (double)ep->requests);
     pthread_mutex_unlock(&ep->lock);
+    cJSON_AddNumberToObject(o, "connections", hkn_endpoint_connections(ep));
+    /* Where the anti-rollback record lives; the record is written before a
+     * release is committed, so it never lags behind the engine. */
+    const char *sp = hkn_state_path(ep->state);
+    if (sp)
+        cJSON_AddStringToObject(o, "state_file", sp);
+    else
+        cJSON_AddNullToObject(o, "state_file");
+    cJSON_AddStringToObject(o, "state_persisted", "before commit");
     /* Outside the lock: the engine takes its own. */
     for (size_t i = 0; i < n && ep->eng.version; i++)
         cJSON_AddNumberToObject(cJSON_GetArrayItem(mods, (int)i), "engine_version",
                                 (double)ep->eng.version(ep->eng.ud, names[i]));
+    free(names);
     return reply_json(c, MHD_HTTP_OK, o);
 }
 
@@ -455,13 +709,31 @@ static void raw(char **buf, size_t *len, size_t *cap, const char *text) {
     *len += n;
 }
 
+/* Appends `value` escaped as a Prometheus label value (backslash, double
+ * quote and newline), so no name can end a label or start a line. */
+static void label_escape(char *out, size_t cap, const char *value) {
+    size_t n = 0;
+    for (const char *p = value; *p && n + 3 < cap; p++) {
+        if (*p == '\\' || *p == '"') {
+            out[n++] = '\\';
+            out[n++] = *p;
+        } else if (*p == '\n') {
+            out[n++] = '\\';
+            out[n++] = 'n';
+        } else {
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
+}
+
 static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c) {
     hk_stats s;
     memset(&s, 0, sizeof s);
     if (ep->eng.stats)
         ep->eng.stats(ep->eng.ud, &s);
     size_t len = 0, cap = 4096;
-    char *buf = malloc(cap), line[256];
+    char *buf = malloc(cap), line[512], esc[160];
     if (!buf)
         return MHD_NO;
     buf[0] = '\0';
@@ -489,6 +761,8 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
            "Time spent committing versions.", s.commit_ms_total / 1e3);
     metric(&buf, &len, &cap, "hotkern_last_swap_seconds", "gauge", "Duration of the latest swap.",
            s.last_swap_ms / 1e3);
+    metric(&buf, &len, &cap, "hotkern_push_connections", "gauge",
+           "Connections open to the endpoint.", (double)hkn_endpoint_connections(ep));
     pthread_mutex_lock(&ep->lock);
     metric(&buf, &len, &cap, "hotkern_push_requests_total", "counter",
            "HTTP requests received by the endpoint.", (double)ep->requests);
@@ -496,6 +770,12 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
            "Requests refused for a missing or wrong token.", (double)ep->unauthorized);
     metric(&buf, &len, &cap, "hotkern_push_too_large_total", "counter",
            "Requests refused for a body over the cap.", (double)ep->too_large);
+    metric(&buf, &len, &cap, "hotkern_push_overloaded_total", "counter",
+           "Requests answered 503 for a connection or memory limit.", (double)ep->overloaded);
+    metric(&buf, &len, &cap, "hotkern_push_foreign_total", "counter",
+           "Requests refused for a foreign Host or Origin.", (double)ep->foreign);
+    metric(&buf, &len, &cap, "hotkern_push_deadline_total", "counter",
+           "Connections closed for a request past its deadline.", (double)ep->deadline_cut);
     raw(&buf, &len, &cap,
         "# HELP hotkern_push_releases_total Pushed releases by outcome.\n"
         "# TYPE hotkern_push_releases_total counter\n");
@@ -519,15 +799,217 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
         "# HELP hotkern_module_release_version Highest release committed per module.\n"
         "# TYPE hotkern_module_release_version gauge\n");
     for (size_t i = 0; i < ep->nmods; i++) {
-        snprintf(line, sizeof line, "hotkern_module_release_version{module=\"%s\"} %llu\n",
-                 ep->mods[i].name, (unsigned long long)ep->mods[i].release_version);
+        label_escape(esc, sizeof esc, ep->mods[i].name);
+        snprintf(line, sizeof line, "hotkern_module_release_version{module=\"%s\"} %llu\n", esc,
+                 (unsigned long long)ep->mods[i].release_version);
         raw(&buf, &len, &cap, line);
     }
     pthread_mutex_unlock(&ep->lock);
     return reply(c, MHD_HTTP_OK, buf, "text/plain; version=0.0.4; charset=utf-8");
 }
 
-/* ---- dispatch ---------------------------------------------------------- */
+/* ---- connections: limits and the deadline ------------------------------ */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    hkn_endpoint *ep = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn *k = calloc(1, sizeof *k);
+        if (!k)
+            return; /* untracked: no deadline, counted nowhere, still served */
+        const union MHD_ConnectionInfo *fi =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        k->fd = fi ? fi->connect_fd : -1;
+        if (ai && ai->client_addr) {
+            const struct sockaddr *sa = ai->client_addr;
+            if (sa->sa_family == AF_INET)
+                inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, k->ip,
+                          sizeof k->ip);
+            else if (sa->sa_family == AF_INET6)
+                inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, k->ip,
+                          sizeof k->ip);
+        }
+        k->start_ms = now_ms();
+        k->receiving = 1;
+        pthread_mutex_lock(&ep->conn_lock);
+        k->next = ep->conns;
+        if (ep->conns)
+            ep->conns->prev = k;
+        ep->conns = k;
+        ep->nconns++;
+        pthread_mutex_unlock(&ep->conn_lock);
+        *socket_context = k;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        /* libmicrohttpd closes the socket after this returns: the reaper,
+         * which shuts sockets down under conn_lock, can no longer see it. */
+        struct conn *k = *socket_context;
+        pthread_mutex_lock(&ep->conn_lock);
+        if (k->prev)
+            k->prev->next = k->next;
+        else
+            ep->conns = k->next;
+        if (k->next)
+            k->next->prev = k->prev;
+        ep->nconns--;
+        pthread_mutex_unlock(&ep->conn_lock);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+unsigned hkn_endpoint_connections(hkn_endpoint *ep) {
+    pthread_mutex_lock(&ep->conn_lock);
+    unsigned n = ep->nconns;
+    pthread_mutex_unlock(&ep->conn_lock);
+    return n;
+}
+
+/* Shuts down the sockets of requests past their deadline. shutdown() (not
+ * close()) leaves the descriptor to libmicrohttpd, which then sees the
+ * connection end and cleans it up on its own thread. */
+static void *reaper_main(void *arg) {
+    hkn_endpoint *ep = arg;
+    for (;;) {
+        pthread_mutex_lock(&ep->job_lock);
+        if (!ep->stopping) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 250 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&ep->job_cv, &ep->job_lock, &ts);
+        }
+        int stop = ep->stopping;
+        pthread_mutex_unlock(&ep->job_lock);
+        if (stop)
+            break;
+        int64_t now = now_ms();
+        unsigned cut = 0;
+        pthread_mutex_lock(&ep->conn_lock);
+        for (struct conn *k = ep->conns; k; k = k->next)
+            if (k->receiving && k->fd >= 0 && now - k->start_ms > ep->deadline_ms) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->receiving = 0;
+                cut++;
+            }
+        pthread_mutex_unlock(&ep->conn_lock);
+        if (cut) {
+            pthread_mutex_lock(&ep->lock);
+            ep->deadline_cut += cut;
+            pthread_mutex_unlock(&ep->lock);
+        }
+    }
+    return NULL;
+}
+
+static struct conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return i ? i->socket_context : NULL;
+}
+
+/* 0, or a message for the 503 of a connection over a limit. */
+static const char *over_limit(hkn_endpoint *ep, struct conn *k) {
+    const char *why = NULL;
+    pthread_mutex_lock(&ep->conn_lock);
+    if (ep->nconns > ep->max_conns) {
+        why = "too many connections open; retry later";
+    } else if (k && k->ip[0]) {
+        unsigned same = 0;
+        for (struct conn *o = ep->conns; o; o = o->next)
+            same += !strcmp(o->ip, k->ip);
+        if (same > ep->per_ip)
+            why = "too many connections open from this address; retry later";
+    }
+    pthread_mutex_unlock(&ep->conn_lock);
+    return why;
+}
+
+/* Reserves n more body bytes; 0 when they do not fit. */
+static int reserve(hkn_endpoint *ep, struct req *r, size_t n) {
+    int ok = 0;
+    pthread_mutex_lock(&ep->conn_lock);
+    if (n <= ep->max_inflight - ep->inflight) {
+        ep->inflight += n;
+        r->reserved += n;
+        ok = 1;
+    }
+    pthread_mutex_unlock(&ep->conn_lock);
+    return ok;
+}
+
+static void unreserve(hkn_endpoint *ep, struct req *r) {
+    pthread_mutex_lock(&ep->conn_lock);
+    ep->inflight -= r->reserved;
+    r->reserved = 0;
+    pthread_mutex_unlock(&ep->conn_lock);
+}
+
+/* ---- Host, Origin and the token ---------------------------------------- */
+
+/* 1 when `host` (a Host header or an Origin's authority, port included or
+ * not) names this endpoint. */
+static int host_ok(const hkn_endpoint *ep, const char *host, size_t n) {
+    char name[256];
+    const char *end = host + n;
+    if (n == 0 || n >= sizeof name)
+        return 0;
+    if (host[0] == '[') {
+        const char *rb = memchr(host, ']', n);
+        if (!rb || (rb + 1 != end && rb[1] != ':'))
+            return 0;
+        memcpy(name, host + 1, (size_t)(rb - host - 1));
+        name[rb - host - 1] = '\0';
+    } else {
+        const char *colon = memchr(host, ':', n);
+        size_t len = colon ? (size_t)(colon - host) : n;
+        memcpy(name, host, len);
+        name[len] = '\0';
+    }
+    unsigned char bin[sizeof(struct in6_addr)];
+    int literal = inet_pton(AF_INET, name, bin) == 1 || inet_pton(AF_INET6, name, bin) == 1;
+    if (literal) {
+        /* An address can only be reached by a browser that was pointed at
+         * it, never by a rebound name. Bound to one address, only it. */
+        if (ep->wildcard)
+            return 1;
+        unsigned char a[sizeof(struct in6_addr)], b[sizeof(struct in6_addr)];
+        int fam = strchr(name, ':') ? AF_INET6 : AF_INET;
+        return inet_pton(fam, name, a) == 1 && inet_pton(fam, ep->addr, b) == 1 &&
+               !memcmp(a, b, fam == AF_INET ? 4 : 16);
+    }
+    if (ep->loopback && !strcasecmp(name, "localhost"))
+        return 1;
+    for (int i = 0; i < ep->nhosts; i++)
+        if (!strcasecmp(name, ep->hosts[i]))
+            return 1;
+    return 0;
+}
+
+/* NULL when Host and Origin are acceptable, else why not. */
+static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (host && !host_ok(ep, host, strlen(host)))
+        return "the Host header does not name this endpoint (configure the name with "
+               "allowed_hosts)";
+    if (origin) {
+        /* A browser names the page's origin: only this endpoint's own. */
+        const char *p = NULL;
+        if (!strncasecmp(origin, "http://", 7))
+            p = origin + 7;
+        else if (!strncasecmp(origin, "https://", 8))
+            p = origin + 8;
+        size_t n = p ? strcspn(p, "/") : 0;
+        if (!p || p[n] != '\0' || !host_ok(ep, p, n))
+            return "cross-origin requests are refused";
+    }
+    return NULL;
+}
 
 static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
     if (!ep->token)
@@ -541,17 +1023,29 @@ static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
     return n == m && sodium_memcmp(h, ep->token, n) == 0;
 }
 
+static void count(hkn_endpoint *ep, uint64_t *field) {
+    pthread_mutex_lock(&ep->lock);
+    (*field)++;
+    pthread_mutex_unlock(&ep->lock);
+}
+
+/* ---- dispatch ---------------------------------------------------------- */
+
 static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, const char *url,
                                   const char *method, void **con_cls) {
     int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     int post = !strcmp(method, MHD_HTTP_METHOD_POST);
     enum route route = R_NONE;
     const char *module = NULL;
-    pthread_mutex_lock(&ep->lock);
-    ep->requests++;
-    pthread_mutex_unlock(&ep->lock);
+    struct conn *k = conn_of(c);
+    count(ep, &ep->requests);
     *con_cls = &answered;
 
+    const char *why = over_limit(ep, k);
+    if (why) {
+        count(ep, &ep->overloaded);
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY, why);
+    }
     if (!strcmp(url, "/healthz"))
         route = R_HEALTH;
     else if (!strcmp(url, "/v1/release"))
@@ -560,7 +1054,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         route = R_STATUS;
     else if (!strcmp(url, "/metrics"))
         route = R_METRICS;
-    else if (!strncmp(url, "/v1/rollback/", 13) && url[13])
+    else if (!strncmp(url, "/v1/rollback/", 13))
         route = R_ROLLBACK, module = url + 13;
     if (route == R_NONE)
         return reply_error(c, MHD_HTTP_NOT_FOUND, HK_ERR_NOT_FOUND, "no such route");
@@ -569,11 +1063,13 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     if (route == R_HEALTH)
         return get ? reply(c, MHD_HTTP_OK, strdup("ok\n"), "text/plain")
                    : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID, "use GET");
+    if ((why = foreign(ep, c))) {
+        count(ep, &ep->foreign);
+        return reply_error(c, MHD_HTTP_FORBIDDEN, HK_ERR_REJECTED, why);
+    }
     if (!authorized(ep, c)) {
-        pthread_mutex_lock(&ep->lock);
-        ep->unauthorized++;
-        pthread_mutex_unlock(&ep->lock);
-        return reply_error(c, MHD_HTTP_UNAUTHORIZED, HK_ERR_SIGNATURE,
+        count(ep, &ep->unauthorized);
+        return reply_error(c, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
                            "missing or wrong bearer token");
     }
     int want_post = route == R_RELEASE || route == R_ROLLBACK;
@@ -584,21 +1080,32 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         return handle_status(ep, c);
     if (route == R_METRICS)
         return handle_metrics(ep, c);
+    if (route == R_ROLLBACK) {
+        /* Names are checked like module names before anything records them. */
+        if (!hkn_valid_name(module, 64))
+            return reply_error(c, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID,
+                               "module name is not [A-Za-z0-9_.-]{1,63}");
+        if (!ep->token && ep->trust.nkeys == 0)
+            return reply_error(c, MHD_HTTP_FORBIDDEN, HK_ERR_UNSUPPORTED,
+                               "rollback over HTTP is off: it needs a bearer token or a trusted "
+                               "key for signed rollback requests");
+    }
 
     size_t limit = route == R_RELEASE ? ep->max_body : ROLLBACK_BODY;
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    unsigned long long n = 0;
     if (cl) {
         char *end;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (end == cl || *end || n > limit) {
+        errno = 0;
+        n = strtoull(cl, &end, 10);
+        if (end == cl || *end || errno || n > limit) {
             /* Answered now, with only the headers read: libmicrohttpd then
              * closes the connection instead of reading the body. */
-            pthread_mutex_lock(&ep->lock);
-            ep->too_large++;
-            pthread_mutex_unlock(&ep->lock);
-            char msg[128];
-            snprintf(msg, sizeof msg, "body of %s bytes is over the cap of %zu bytes", cl, limit);
+            count(ep, &ep->too_large);
+            char msg[160];
+            snprintf(msg, sizeof msg, "body of %.40s bytes is over the cap of %zu bytes", cl,
+                     limit);
             return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
         }
     }
@@ -607,14 +1114,59 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         return MHD_NO;
     r->route = route;
     r->limit = limit;
-    if (module) {
-        if (strlen(module) >= sizeof r->module) {
-            free(r);
-            return reply_error(c, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID, "module name too long");
-        }
+    r->conn = k;
+    r->c = c;
+    if (module)
         snprintf(r->module, sizeof r->module, "%s", module);
+    /* A declared body is reserved whole before it is read. */
+    if (n && !reserve(ep, r, (size_t)n)) {
+        free(r);
+        count(ep, &ep->overloaded);
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                           "too many request bodies in flight; retry later");
     }
     *con_cls = r;
+    return MHD_YES;
+}
+
+/* A body that runs over the cap or the memory bound while it streams is
+ * dropped, and the rest of it read and discarded: libmicrohttpd takes no
+ * answer in the middle of an upload. The answer (413 or 503) goes out once
+ * the body ends; the request deadline bounds how long that may take. */
+static enum MHD_Result on_body(hkn_endpoint *ep, struct req *r, const char *data, size_t n) {
+    if (r->refused)
+        return MHD_YES;
+    if (n > r->limit - r->len) {
+        count(ep, &ep->too_large);
+        r->refused = MHD_HTTP_CONTENT_TOO_LARGE;
+    } else if (r->len + n + 1 > r->cap) {
+        size_t nc = r->cap ? r->cap : 64 * 1024;
+        while (nc < r->len + n + 1)
+            nc *= 2;
+        if (nc > r->limit + 1)
+            nc = r->limit + 1;
+        /* Bodies without a Content-Length reserve as they grow. */
+        if (nc > r->reserved && !reserve(ep, r, nc - r->reserved)) {
+            count(ep, &ep->overloaded);
+            r->refused = MHD_HTTP_SERVICE_UNAVAILABLE;
+        } else {
+            char *nb = realloc(r->body, nc);
+            if (!nb)
+                return MHD_NO;
+            r->body = nb;
+            r->cap = nc;
+        }
+    }
+    if (r->refused) {
+        free(r->body);
+        r->body = NULL;
+        r->len = r->cap = 0;
+        unreserve(ep, r);
+        return MHD_YES;
+    }
+    memcpy(r->body + r->len, data, n);
+    r->len += n;
+    r->body[r->len] = '\0';
     return MHD_YES;
 }
 
@@ -632,46 +1184,65 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (r->too_large || n > r->limit - r->len) {
-            /* A chunked body (no Content-Length) ran over the cap. Drop what
-             * was kept and stop the transfer: reading on would let a client
-             * hold the connection for as long as it cares to send. */
-            r->too_large = 1;
-            free(r->body);
-            r->body = NULL;
-            pthread_mutex_lock(&ep->lock);
-            ep->too_large++;
-            pthread_mutex_unlock(&ep->lock);
-            return MHD_NO;
-        }
-        if (r->len + n + 1 > r->cap) {
-            size_t nc = r->cap ? r->cap : 64 * 1024;
-            while (nc < r->len + n + 1)
-                nc *= 2;
-            char *nb = realloc(r->body, nc);
-            if (!nb)
-                return MHD_NO;
-            r->body = nb;
-            r->cap = nc;
-        }
-        memcpy(r->body + r->len, upload_data, n);
-        r->len += n;
-        r->body[r->len] = '\0';
-        return MHD_YES;
+        return on_body(ep, r, upload_data, n);
     }
-    if (r->route == R_RELEASE)
-        return handle_release(ep, c, r);
-    return handle_rollback(ep, c, r);
+    if (r->refused == MHD_HTTP_CONTENT_TOO_LARGE) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
+        return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
+    }
+    if (r->refused)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                           "too many request bodies in flight; retry later");
+    if (r->done) {
+        char *answer = r->answer;
+        r->answer = NULL;
+        return reply(c, r->status, answer, "application/json");
+    }
+    if (r->queued)
+        return MHD_YES;
+    /* Fully received: the deadline no longer applies, the worker takes it. */
+    if (r->conn) {
+        pthread_mutex_lock(&ep->conn_lock);
+        r->conn->receiving = 0;
+        pthread_mutex_unlock(&ep->conn_lock);
+    }
+    pthread_mutex_lock(&ep->job_lock);
+    int stopping = ep->stopping;
+    if (!stopping) {
+        r->queued = 1;
+        MHD_suspend_connection(c);
+        r->next_job = NULL;
+        *ep->jobs_tail = r;
+        ep->jobs_tail = &r->next_job;
+        pthread_cond_broadcast(&ep->job_cv);
+    }
+    pthread_mutex_unlock(&ep->job_lock);
+    if (stopping)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_CLOSED,
+                           "the endpoint is stopping");
+    return MHD_YES;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+    hkn_endpoint *ep = cls;
     struct req *r = *con_cls;
     if (r && r != &answered) {
+        unreserve(ep, r);
         free(r->body);
+        free(r->answer);
         free(r);
     }
     *con_cls = NULL;
+    /* A kept-alive connection's next request gets a deadline of its own. */
+    struct conn *k = conn_of(c);
+    if (k) {
+        pthread_mutex_lock(&ep->conn_lock);
+        k->start_ms = now_ms();
+        k->receiving = 1;
+        pthread_mutex_unlock(&ep->conn_lock);
+    }
 }
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -690,17 +1261,32 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
         return hkn_fail(rep, HK_ERR_INVALID, "TLS needs both a certificate and a key");
     if (cfg->tls_cert_pem && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
         return hkn_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
+    if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES)
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
+    if (cfg->nhosts < 0 || (cfg->nhosts > 0 && !cfg->hosts))
+        return hkn_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", cfg->nhosts);
 
     hkn_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
         return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&ep->lock, NULL);
-    pthread_mutex_init(&ep->release_lock, NULL);
+    pthread_mutex_init(&ep->conn_lock, NULL);
+    pthread_mutex_init(&ep->job_lock, NULL);
+    pthread_cond_init(&ep->job_cv, NULL);
+    ep->jobs_tail = &ep->jobs;
     ep->eng = *e;
     ep->trust = cfg->trust;
     ep->max_body = cfg->max_body ? cfg->max_body : 64u << 20;
+    ep->max_inflight = cfg->max_inflight ? cfg->max_inflight : 2 * ep->max_body;
+    ep->max_conns = cfg->max_connections ? cfg->max_connections : 1024;
+    ep->per_ip = cfg->per_ip_connections ? cfg->per_ip_connections : 128;
+    ep->deadline_ms = 1000 * (int64_t)(cfg->request_timeout_s ? cfg->request_timeout_s : 60);
     ep->mods = calloc(MAX_MODULES, sizeof *ep->mods);
-    if (!ep->mods || (cfg->token && !(ep->token = strdup(cfg->token))) ||
+    ep->hosts = cfg->nhosts ? calloc((size_t)cfg->nhosts, sizeof *ep->hosts) : NULL;
+    int oom = !ep->mods || (cfg->nhosts && !ep->hosts);
+    for (int i = 0; !oom && i < cfg->nhosts; i++, ep->nhosts++)
+        oom = !(ep->hosts[i] = strdup(cfg->hosts[i] ? cfg->hosts[i] : ""));
+    if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
         (cfg->tls_cert_pem && !(ep->cert_pem = strdup(cfg->tls_cert_pem))) ||
         (cfg->tls_key_pem && !(ep->key_pem = strdup(cfg->tls_key_pem)))) {
         err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
@@ -712,30 +1298,56 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     const char *addr = cfg->address ? cfg->address : "127.0.0.1";
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
     struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
     if (inet_pton(AF_INET, addr, &sin->sin_addr) == 1) {
         sin->sin_family = AF_INET;
         sin->sin_port = htons(cfg->port);
+        ep->wildcard = sin->sin_addr.s_addr == htonl(INADDR_ANY);
+        ep->loopback = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
     } else if (inet_pton(AF_INET6, addr, &sin6->sin6_addr) == 1) {
         sin6->sin6_family = AF_INET6;
         sin6->sin6_port = htons(cfg->port);
         flags |= MHD_USE_IPv6;
+        ep->wildcard = IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
+        ep->loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
     } else {
         err = hkn_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
                        addr);
         goto fail;
     }
+    snprintf(ep->addr, sizeof ep->addr, "%s", addr);
     if (ep->cert_pem)
         flags |= MHD_USE_TLS;
-    unsigned maxc = cfg->max_connections ? cfg->max_connections : 128;
+    if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
+        goto fail;
+    }
+    if (pthread_create(&ep->reaper, NULL, reaper_main, ep) != 0) {
+        pthread_mutex_lock(&ep->job_lock);
+        ep->stopping = 1;
+        pthread_cond_broadcast(&ep->job_cv);
+        pthread_mutex_unlock(&ep->job_lock);
+        pthread_join(ep->worker, NULL);
+        err = hkn_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
+        goto fail;
+    }
+    ep->threads_started = 1;
+    /* The 503 limits are ours; libmicrohttpd's own, set above them, refuse
+     * connections outright only when a client is far past them. */
+    unsigned hard = ep->max_conns + ep->max_conns / 4 + 16;
+    unsigned hard_ip = ep->per_ip * 2 + 4;
+    unsigned threads = cfg->threads ? cfg->threads : 2;
     struct MHD_OptionItem opts[] = {
         {MHD_OPTION_SOCK_ADDR, 0, &ss},
-        {MHD_OPTION_CONNECTION_LIMIT, maxc, NULL},
+        {MHD_OPTION_THREAD_POOL_SIZE, threads, NULL},
+        {MHD_OPTION_CONNECTION_LIMIT, hard, NULL},
+        {MHD_OPTION_PER_IP_CONNECTION_LIMIT, hard_ip, NULL},
         {MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s ? cfg->timeout_s : 30, NULL},
-        {MHD_OPTION_LISTEN_BACKLOG_SIZE, maxc < 64 ? 64 : maxc, NULL},
-        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, NULL},
+        {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, ep},
+        {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, ep},
         {ep->cert_pem ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, ep->cert_pem},
         {ep->key_pem ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, ep->key_pem},
         {MHD_OPTION_END, 0, NULL},
@@ -765,12 +1377,32 @@ uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {
 void hkn_endpoint_stop(hkn_endpoint *ep) {
     if (!ep)
         return;
+    if (ep->daemon) {
+        /* Stop accepting; the listening socket is then ours to close. */
+        MHD_socket ls = MHD_quiesce_daemon(ep->daemon);
+        if (ls != MHD_INVALID_SOCKET)
+            close(ls);
+    }
+    if (ep->threads_started) {
+        /* The worker finishes the request in hand (a swap in progress
+         * completes), answers the queued ones 503 and resumes each, so no
+         * connection is left suspended when the daemon stops. */
+        pthread_mutex_lock(&ep->job_lock);
+        ep->stopping = 1;
+        pthread_cond_broadcast(&ep->job_cv);
+        pthread_mutex_unlock(&ep->job_lock);
+        pthread_join(ep->worker, NULL);
+        pthread_join(ep->reaper, NULL);
+    }
     if (ep->daemon)
         MHD_stop_daemon(ep->daemon);
     for (size_t i = 0; ep->mods && i < ep->nmods; i++)
         free(ep->mods[i].last_log);
     free(ep->last.last_log);
     free(ep->mods);
+    for (int i = 0; i < ep->nhosts; i++)
+        free(ep->hosts[i]);
+    free(ep->hosts);
     hkn_state_close(ep->state);
     free(ep->token);
     free(ep->cert_pem);
@@ -778,6 +1410,8 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
         sodium_memzero(ep->key_pem, strlen(ep->key_pem));
     free(ep->key_pem);
     pthread_mutex_destroy(&ep->lock);
-    pthread_mutex_destroy(&ep->release_lock);
+    pthread_mutex_destroy(&ep->conn_lock);
+    pthread_mutex_destroy(&ep->job_lock);
+    pthread_cond_destroy(&ep->job_cv);
     free(ep);
 }

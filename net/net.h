@@ -112,6 +112,10 @@ typedef struct hkn_manifest {
 } hkn_manifest;
 
 #define HKN_MAX_ARTIFACTS 16
+/* A release may live at most a year, and may claim to be created at most
+ * five minutes in the future (clocks of publisher and host differ). */
+#define HKN_MAX_LIFETIME_S (366 * 86400)
+#define HKN_CLOCK_SKEW_S   300
 
 /* Parses manifest JSON; every field is checked for type and range. */
 int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep);
@@ -162,14 +166,34 @@ typedef struct hkn_trust {
 typedef struct hkn_state hkn_state;
 
 /* Opens (creating) a state directory and loads accepted.json from it. dir NULL
- * keeps the state in memory only. Safe from any thread once open. */
+ * keeps the state in memory only. Sources of one process that open the same
+ * directory share one object (reference counted: each open needs a close).
+ * Safe from any thread once open. */
 int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep);
 void hkn_state_close(hkn_state *s);
-/* Highest accepted release version of module, 0 when none. */
+/* Highest accepted release version of module (0 when none) into *out, as the
+ * file says now (net/state.c). HK_ERR_IO when the state is corrupt. */
+int hkn_state_lookup(hkn_state *s, const char *module, uint64_t *out, hk_report *rep);
+/* The same, failing closed: UINT64_MAX when the state cannot be read. */
 uint64_t hkn_state_get(hkn_state *s, const char *module);
-/* Records version as accepted if higher; persisted atomically (temp file,
- * fsync, rename, fsync of the directory) before returning 0. */
+/* Records version as accepted if higher, merged into the file as it is now,
+ * persisted atomically (temp file, fsync, rename, fsync of the directory)
+ * before returning 0. */
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep);
+/* Takes back a record made by hkn_state_accept for a release the engine then
+ * refused: sets module to `previous` only if its record is still `version`. */
+int hkn_state_revert(hkn_state *s, const char *module, uint64_t version, uint64_t previous,
+                     hk_report *rep);
+/* Held by a source from the version check through the engine's commit to
+ * the record, so that two sources of one process sharing the state cannot
+ * commit out of order. Not recursive. */
+void hkn_state_begin(hkn_state *s);
+void hkn_state_end(hkn_state *s);
+/* The default state directory of every source: $XDG_STATE_HOME/hotkern/
+ * releases, else ~/.local/state/hotkern/releases (net/api.c). */
+int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep);
+/* DIR/accepted.json, or NULL for a state in memory. Valid until close. */
+const char *hkn_state_path(const hkn_state *s);
 
 /* Verifies a manifest in the documented order: signature (when keys are
  * configured or unsigned input is not allowed) and key known -> parse ->
@@ -187,8 +211,50 @@ size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
 
 /* Writes bytes to path through a temp file + fsync + rename. */
 int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep);
-/* Reads a whole file (up to max bytes) into a NUL-terminated buffer. */
+/* Reads a whole regular file (up to max bytes) into a NUL-terminated buffer;
+ * anything else (a FIFO, a device, a directory) is refused without blocking. */
 int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep);
+/* mkdir -p with mode 0700 for the directories it creates. */
+int hkn_mkdir_p(const char *dir, hk_report *rep);
+
+/* ---- names and JSON ---------------------------------------------------- */
+
+/* 1: s is a name of [A-Za-z0-9_.-], not starting with '.', under max bytes.
+ * Module and artifact names reach file systems, URLs and metric labels. */
+int hkn_valid_name(const char *s, size_t max);
+/* 1 when [p, end) holds only JSON whitespace. */
+int hkn_json_rest_blank(const char *p, const char *end);
+/* 1 when the text holds a \u0000 escape (cJSON would cut the string there). */
+int hkn_json_has_nul_escape(const char *s, size_t len);
+/* Parses exactly one JSON value filling all of text: trailing bytes, a NUL
+ * byte or a \u0000 escape give NULL. The result is the caller's to delete. */
+struct cJSON *hkn_json_parse_strict(const char *text, size_t len);
+
+/* ---- signed rollback requests ------------------------------------------ */
+
+/* A rollback carries the same authority as a release: a JSON request signed
+ * like a manifest, {"type": "hotkern-rollback", "module", "target" (the
+ * release version to be running afterwards; 0: the image from before the
+ * first pushed release), "expires", "nonce" (32 hex chars), "key_id"}. It
+ * can never parse as a manifest, nor a manifest as a rollback. */
+#define HKN_ROLLBACK_MAX_S 3600 /* a request may live at most an hour */
+
+typedef struct hkn_rollback_req {
+    char module[64];
+    uint64_t target;
+    int64_t expires;
+    char nonce[33];
+    char key_id[HKN_KEY_ID_CHARS + 1];
+} hkn_rollback_req;
+
+/* Signs a rollback request of module to `target`, expiring at `expires`,
+ * with a fresh random nonce. *text and *sig_b64 are the caller's to free(). */
+int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target, int64_t expires,
+                      char **text, size_t *len, char **sig_b64, hk_report *rep);
+/* Verifies signature (by a trusted key), form and freshness against now;
+ * the nonce's single use is the caller's to enforce. */
+int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const char *sig,
+                        size_t sig_len, int64_t now, hkn_rollback_req *out, hk_report *rep);
 
 /* ---- push endpoint ----------------------------------------------------- */
 
@@ -198,10 +264,16 @@ typedef struct hkn_endpoint_cfg {
     const char *token;        /* bearer token or NULL */
     const char *tls_cert_pem; /* both or neither: PEM text */
     const char *tls_key_pem;
-    size_t max_body;          /* bytes; default 64 MiB */
-    unsigned max_connections; /* default 128 */
-    unsigned timeout_s;       /* per connection idle; default 30 */
-    const char *state_dir;    /* NULL: memory only */
+    size_t max_body;             /* bytes; default 64 MiB */
+    unsigned max_connections;    /* open at once; default 1024, beyond: 503 */
+    unsigned per_ip_connections; /* open at once from one address; default 128, beyond: 503 */
+    unsigned timeout_s;          /* per connection idle; default 30 */
+    unsigned request_timeout_s;  /* whole request, headers and body; default 60 */
+    unsigned threads;            /* event-loop threads; default 2 */
+    size_t max_inflight;         /* request body bytes held at once; default 2 x max_body */
+    const char *const *hosts;    /* names accepted in Host and Origin besides the address */
+    int nhosts;
+    const char *state_dir; /* NULL: memory only */
     hkn_trust trust;
 } hkn_endpoint_cfg;
 
@@ -211,6 +283,8 @@ void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c);
 int hkn_endpoint_start(const hkn_endpoint_cfg *c, const hkn_engine *e, hkn_endpoint **out,
                        hk_report *rep);
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
+/* Connections open now (for tests and status). */
+unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */
 void hkn_endpoint_stop(hkn_endpoint *ep);
 

@@ -15,8 +15,14 @@
  * hard cap, its hash checked, and only then the engine's apply. Nothing is
  * applied or persisted before every byte is verified, so a transfer that dies
  * midway changes nothing. The validators (ETag, Last-Modified) are kept only
- * once a manifest has been dealt with for good, so a transient failure is
- * retried at the next poll instead of being hidden behind a 304.
+ * for a manifest that verified and was dealt with for good (applied, refused
+ * by the engine, or a replay), so a transient failure (a missing or stale
+ * signature, a truncated artifact) is retried, with backoff, instead of being
+ * hidden behind a 304; a 304 reports the kept manifest's outcome again.
+ *
+ * The state (net/state.c) is the one anti-rollback record shared with the
+ * push endpoint and other pullers on the same directory; the poll holds its
+ * transaction from the version check to the record.
  *
  * Threads. The poll thread owns the curl handle and the validators; the
  * counters and the stop flag are shared with the API under `lock`. Stopping
@@ -44,7 +50,9 @@ struct hkn_puller {
     /* Poll thread only (or the caller of hkn_pull_poll when no thread runs). */
     CURL *curl;
     char errbuf[CURL_ERROR_SIZE];
-    char *etag, *last_modified;
+    char *etag, *last_modified; /* validators of the last manifest that verified */
+    int kept_err;               /* that manifest's outcome, reported again on a 304 */
+    char kept_message[512];
     unsigned failures; /* consecutive failed polls, for the backoff */
 
     pthread_mutex_t lock;
@@ -215,8 +223,10 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     hkn_manifest m = {0};
     char *etag = NULL, *lm = NULL;
     long status = 0;
-    int keep = 0; /* 1: this manifest is dealt with for good */
+    int keep = 0;   /* 1: this manifest verified and is dealt with for good */
+    int in_txn = 0; /* 1: holding the shared state's transaction */
     int err;
+    uint64_t prev = 0;
     hk_report local = {0};
     if (!rep)
         rep = &local;
@@ -225,7 +235,12 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     if ((err = fetch(p, p->url, 1, &man, &status, rep)))
         goto out;
     if (status == 304) {
+        /* Unchanged since a manifest that verified: its outcome stands, so a
+         * refusal stays visible in the stats instead of reading as success. */
         count(p, &p->stats.not_modified, 1);
+        err = p->kept_err;
+        if (err)
+            hkn_fail(rep, err, "%s", p->kept_message);
         goto out;
     }
     etag = header_value(p->curl, "ETag");
@@ -240,6 +255,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     } else if (err) {
         goto out;
     }
+    hkn_state_begin(p->state);
+    in_txn = 1;
     err = hkn_verify_manifest(&p->cfg.trust, p->state, man.data, man.len, sig.data, sig.len,
                               (int64_t)time(NULL), &m, rep);
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
@@ -251,7 +268,11 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         goto out;
     }
     if (err) {
-        keep = err != HK_ERR_NOMEM;
+        /* Only a manifest that verified keeps its validators: a signature
+         * that is missing or stale now (a CDN or an upload serving the new
+         * manifest before its .sig) is fetched again at the next poll, with
+         * backoff, instead of hiding behind 304s forever. A replay is final. */
+        keep = err == HK_ERR_REPLAY;
         count(p, &p->stats.refused, 1);
         goto out;
     }
@@ -288,6 +309,11 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     }
     if (p->save_dir && (err = save_artifacts(p, &m, arts, rep)))
         goto out;
+    /* Persist first (see net/state.c): the record is on disk before the
+     * engine commits, and taken back if the engine refuses. */
+    if ((err = hkn_state_lookup(p->state, m.module, &prev, rep)) ||
+        (err = hkn_state_accept(p->state, m.module, m.version, rep)))
+        goto out;
     size_t k = hkn_pick_artifact(&m, p->eng.arch);
     hk_report arep = {0};
     const void *abytes[HKN_MAX_ARTIFACTS];
@@ -309,21 +335,25 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
      * validators either way so a refused build is not retried every poll. */
     keep = 1;
     if (err) {
+        hk_report srep = {0};
+        if (hkn_state_revert(p->state, m.module, m.version, prev, &srep) != 0)
+            snprintf(rep->message + strlen(rep->message),
+                     sizeof rep->message - strlen(rep->message),
+                     " (and v%llu stays recorded as accepted: %.200s)",
+                     (unsigned long long)m.version, srep.message);
+        hkn_report_reset(&srep);
         count(p, &p->stats.refused, 1);
         goto out;
     }
     count(p, &p->stats.applied, 1);
-    hk_report srep = {0};
-    if (hkn_state_accept(p->state, m.module, m.version, &srep) != 0)
-        snprintf(rep->message, sizeof rep->message,
-                 "applied, but the replay state was not "
-                 "saved: %.400s",
-                 srep.message);
-    hkn_report_reset(&srep);
 out:
+    if (in_txn)
+        hkn_state_end(p->state);
     if (keep) {
         keep_validators(p, etag, lm);
         etag = lm = NULL;
+        p->kept_err = err;
+        snprintf(p->kept_message, sizeof p->kept_message, "%s", err ? rep->message : "");
     }
     pthread_mutex_lock(&p->lock);
     p->stats.polls++;
@@ -348,7 +378,8 @@ static unsigned next_delay(hkn_puller *p, int err) {
     /* Transient trouble (network, timeouts, an origin mid-publish) backs off
      * exponentially so a fleet does not hammer a struggling origin. */
     if (err == HK_ERR_NETWORK || err == HK_ERR_TIMEOUT || err == HK_ERR_HASH ||
-        err == HK_ERR_TOO_LARGE || err == HK_ERR_IO) {
+        err == HK_ERR_TOO_LARGE || err == HK_ERR_IO || err == HK_ERR_SIGNATURE ||
+        err == HK_ERR_INVALID) {
         if (p->failures < 20)
             p->failures++;
         for (unsigned i = 0; i < p->failures && d < p->cfg.max_backoff_ms; i++)

@@ -86,6 +86,7 @@ const char *hkn_error_name(int err) {
         "HK_ERR_NETWORK",
         "HK_ERR_TIMEOUT",
         "HK_ERR_CONTEXT_RESET",
+        "HK_ERR_SUPERSEDED",
     };
     int i = -err;
     if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])
@@ -95,7 +96,7 @@ const char *hkn_error_name(int err) {
 
 /* ---- files ------------------------------------------------------------- */
 
-static int mkdir_p(const char *dir, hk_report *rep) {
+int hkn_mkdir_p(const char *dir, hk_report *rep) {
     char buf[PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
         return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", dir);
@@ -168,55 +169,113 @@ fail:;
     return hkn_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
 }
 
-int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
-    *out = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+/* Opens path for reading only if it is a regular file. O_NONBLOCK keeps a
+ * FIFO (or a device) given by mistake from hanging the open; a regular file
+ * never blocks on read, so the flag is harmless afterwards. */
+static int open_regular(const char *path, struct stat *st, hk_report *rep) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
         return hkn_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "open %s: %s", path,
                         strerror(errno));
-    int err = 0;
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        close(fd);
+        return hkn_fail(rep, HK_ERR_IO, "stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return hkn_fail(rep, HK_ERR_IO, "%s is not a regular file", path);
+    }
+    return fd;
+}
+
+static int read_fd(int fd, const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap + 1);
-    if (!buf) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-        goto out;
-    }
+    if (!buf)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
     for (;;) {
         if (n == cap) {
             if (cap > max) {
-                err = hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-                goto out;
+                free(buf);
+                return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
             }
             char *nb = realloc(buf, cap * 2 + 1);
             if (!nb) {
-                err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-                goto out;
+                free(buf);
+                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
             }
             buf = nb;
             cap *= 2;
         }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            return hkn_fail(rep, HK_ERR_IO, "read %s: %s", path, strerror(e));
+        }
         if (r == 0)
             break;
-    }
-    if (ferror(f)) {
-        err = hkn_fail(rep, HK_ERR_IO, "read %s failed", path);
-        goto out;
+        n += (size_t)r;
     }
     if (n > max) {
-        err = hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-        goto out;
+        free(buf);
+        return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
     }
     buf[n] = '\0';
     *out = buf;
     *len = n;
-    buf = NULL;
-out:
-    free(buf);
-    fclose(f);
+    return 0;
+}
+
+int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
+    struct stat st;
+    *out = NULL;
+    *len = 0;
+    int fd = open_regular(path, &st, rep);
+    if (fd < 0)
+        return fd;
+    int err = read_fd(fd, path, max, out, len, rep);
+    close(fd);
     return err;
+}
+
+/* ---- JSON strictness --------------------------------------------------- */
+
+int hkn_json_rest_blank(const char *p, const char *end) {
+    if (!p)
+        return 0;
+    for (; p < end; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
+            return 0;
+    return 1;
+}
+
+int hkn_json_has_nul_escape(const char *s, size_t len) {
+    /* Backslashes occur only inside strings in valid JSON; each escape is
+     * skipped whole, so "\\u0000" (an escaped backslash) is not a match. */
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && i + 5 < len && !memcmp(s + i + 2, "0000", 4))
+            return 1;
+        i++;
+    }
+    return 0;
+}
+
+cJSON *hkn_json_parse_strict(const char *text, size_t len) {
+    if (!text || hkn_json_has_nul_escape(text, len) || memchr(text, '\0', len))
+        return NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (root && !hkn_json_rest_blank(end, text + len)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
 }
 
 /* ---- keys -------------------------------------------------------------- */
@@ -281,7 +340,21 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
     size_t len = 0;
     if (hkn_crypto_init())
         return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
-    int err = hkn_read_file(path, 1024, &text, &len, rep);
+    struct stat st;
+    int fd = open_regular(path, &st, rep);
+    if (fd < 0)
+        return fd;
+    if (st.st_mode & 077) {
+        /* As ssh does with private keys: a secret others can read is no
+         * longer one, and using it silently hides that. */
+        close(fd);
+        return hkn_fail(rep, HK_ERR_IO,
+                        "%s: secret key is readable by group or others (mode %04o); run "
+                        "'chmod 600 %s'",
+                        path, (unsigned)(st.st_mode & 07777), path);
+    }
+    int err = read_fd(fd, path, 1024, &text, &len, rep);
+    close(fd);
     if (err)
         return err;
     if (hkn_decode_fixed(text, len, out->sk, HKN_SK_BYTES) != 0) {
@@ -359,7 +432,7 @@ void hkn_sha256_hex(const void *bytes, size_t size, char out[65]) {
 
 /* Names reach file systems (the CLI's pull writes artifacts by name) and
  * label sets: keep them to a conservative alphabet. */
-static int safe_name(const char *s, size_t max) {
+int hkn_valid_name(const char *s, size_t max) {
     size_t n = strlen(s);
     if (n == 0 || n >= max || s[0] == '.')
         return 0;
@@ -409,14 +482,16 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     memset(out, 0, sizeof *out);
     int err = 0;
     uint64_t u;
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = hkn_json_parse_strict(json, len);
     if (!cJSON_IsObject(root)) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest is not a JSON object");
+        err = hkn_fail(rep, HK_ERR_INVALID,
+                       "manifest is not one JSON object (nothing may follow it, and no string "
+                       "may hold a NUL)");
         goto out;
     }
     if ((err = get_str(root, "module", out->module, sizeof out->module, 1, rep)))
         goto out;
-    if (!safe_name(out->module, sizeof out->module)) {
+    if (!hkn_valid_name(out->module, sizeof out->module)) {
         err = hkn_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
                        out->module);
         goto out;
@@ -462,7 +537,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
             (err = get_str(a, "format", fmt, sizeof fmt, 1, rep)) ||
             (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
             goto out;
-        if (!safe_name(d->name, sizeof d->name)) {
+        if (!hkn_valid_name(d->name, sizeof d->name)) {
             err = hkn_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact name '%s' is not a plain "
                            "file name",
@@ -559,7 +634,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
         return hkn_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
                         HKN_MAX_ARTIFACTS);
-    if (strlen(module) >= 64 || !safe_name(module, 64))
+    if (strlen(module) >= 64 || !hkn_valid_name(module, 64))
         return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
     if (version == 0 || (double)version > HKN_MAX_JSON_INT)
@@ -570,6 +645,14 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                     (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(blobs[i].name));
     if (nheaders == nblobs)
         return hkn_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
+    /* An already expired release can be signed (tests of the refusal need
+     * one); the CLI refuses to make one. */
+    if (created < 0 || (double)created > HKN_MAX_JSON_INT || expires < 0 ||
+        (double)expires > HKN_MAX_JSON_INT || expires - created > HKN_MAX_LIFETIME_S)
+        return hkn_fail(rep, HK_ERR_INVALID,
+                        "created and expires must be unix times in [0, 2^53), expiring within %d "
+                        "days of creation",
+                        HKN_MAX_LIFETIME_S / 86400);
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
     memset(arts, 0, sizeof arts);
     hkn_manifest m = {.version = version,
@@ -582,7 +665,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     for (size_t i = 0; i < nblobs; i++) {
         const char *base = strrchr(blobs[i].name, '/');
         base = base ? base + 1 : blobs[i].name;
-        if (!safe_name(base, sizeof arts[i].name))
+        if (!hkn_valid_name(base, sizeof arts[i].name))
             return hkn_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
         snprintf(arts[i].name, sizeof arts[i].name, "%s", base);
         hkn_sha256_hex(blobs[i].bytes, blobs[i].size, arts[i].sha256);
@@ -616,144 +699,6 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     *manifest_len = len;
     *sig_b64 = b64;
     return 0;
-}
-
-/* ---- anti-replay state ------------------------------------------------- */
-
-struct hkn_state {
-    char *dir;            /* immutable; NULL: memory only */
-    pthread_mutex_t lock; /* guards modules and the file */
-    cJSON *modules;       /* lock: object module -> highest accepted version */
-};
-
-static int state_path(const hkn_state *s, char *buf, size_t cap) {
-    return snprintf(buf, cap, "%s/accepted.json", s->dir) >= (int)cap ? HK_ERR_INVALID : 0;
-}
-
-int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
-    *out = NULL;
-    int err = 0;
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *root = NULL;
-    hkn_state *s = calloc(1, sizeof *s);
-    if (!s)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-    pthread_mutex_init(&s->lock, NULL);
-    if (dir && !(s->dir = strdup(dir))) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (s->dir) {
-        char path[PATH_MAX];
-        if ((err = mkdir_p(s->dir, rep)))
-            goto fail;
-        if (state_path(s, path, sizeof path)) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "state dir path too long");
-            goto fail;
-        }
-        err = hkn_read_file(path, 16 << 20, &text, &len, rep);
-        if (err == HK_ERR_NOT_FOUND) {
-            hkn_report_reset(rep);
-            err = 0;
-        } else if (err) {
-            goto fail;
-        } else {
-            root = cJSON_ParseWithLength(text, len);
-            cJSON *mods = cJSON_GetObjectItemCaseSensitive(root, "modules");
-            if (!cJSON_IsObject(mods)) {
-                /* Refuse to start rather than forget what was accepted: an
-                 * unreadable state would otherwise reopen every old release. */
-                err = hkn_fail(rep, HK_ERR_IO, "%s is corrupt: fix or remove it", path);
-                goto fail;
-            }
-            s->modules = cJSON_DetachItemFromObjectCaseSensitive(root, "modules");
-        }
-    }
-    if (!s->modules && !(s->modules = cJSON_CreateObject())) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    cJSON_Delete(root);
-    free(text);
-    *out = s;
-    return 0;
-fail:
-    cJSON_Delete(root);
-    free(text);
-    hkn_state_close(s);
-    return err;
-}
-
-void hkn_state_close(hkn_state *s) {
-    if (!s)
-        return;
-    cJSON_Delete(s->modules);
-    pthread_mutex_destroy(&s->lock);
-    free(s->dir);
-    free(s);
-}
-
-static uint64_t state_get_locked(hkn_state *s, const char *module) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s->modules, module);
-    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (uint64_t)v->valuedouble : 0;
-}
-
-uint64_t hkn_state_get(hkn_state *s, const char *module) {
-    pthread_mutex_lock(&s->lock);
-    uint64_t v = state_get_locked(s, module);
-    pthread_mutex_unlock(&s->lock);
-    return v;
-}
-
-int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
-    int err = 0;
-    char *text = NULL;
-    cJSON *root = NULL;
-    pthread_mutex_lock(&s->lock);
-    uint64_t old = state_get_locked(s, module);
-    if (version <= old)
-        goto out;
-    cJSON *num = cJSON_CreateNumber((double)version);
-    if (!num) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(s->modules, module))
-        cJSON_ReplaceItemInObjectCaseSensitive(s->modules, module, num);
-    else
-        cJSON_AddItemToObject(s->modules, module, num);
-    if (!s->dir)
-        goto out;
-    root = cJSON_CreateObject();
-    if (!root || !cJSON_AddNumberToObject(root, "format", 1)) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto undo;
-    }
-    cJSON_AddItemReferenceToObject(root, "modules", s->modules);
-    text = cJSON_Print(root);
-    char path[PATH_MAX];
-    if (!text) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto undo;
-    }
-    if (state_path(s, path, sizeof path) ||
-        (err = hkn_write_atomic(path, text, strlen(text), 0600, rep))) {
-        err = err ? err : HK_ERR_INVALID;
-        goto undo;
-    }
-    goto out;
-undo:
-    /* Memory must not claim more than the disk: put the old value back. */
-    if (old)
-        cJSON_ReplaceItemInObjectCaseSensitive(s->modules, module, cJSON_CreateNumber((double)old));
-    else
-        cJSON_DeleteItemFromObjectCaseSensitive(s->modules, module);
-out:
-    pthread_mutex_unlock(&s->lock);
-    cJSON_Delete(root);
-    free(text);
-    return err;
 }
 
 /* ---- verification ------------------------------------------------------ */
@@ -829,7 +774,24 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
                      (long long)(now - out->expires), (long long)now);
         goto fail;
     }
-    uint64_t have = s ? hkn_state_get(s, out->module) : 0;
+    if (out->created > now + HKN_CLOCK_SKEW_S) {
+        err = hkn_fail(rep, HK_ERR_EXPIRED,
+                       "release %s v%llu is not valid yet: created at %lld, %lld s from now "
+                       "(clock skew allowed: %d s)",
+                       out->module, (unsigned long long)out->version, (long long)out->created,
+                       (long long)(out->created - now), HKN_CLOCK_SKEW_S);
+        goto fail;
+    }
+    if (out->expires - out->created > HKN_MAX_LIFETIME_S) {
+        err = hkn_fail(rep, HK_ERR_EXPIRED,
+                       "release %s v%llu claims a lifetime of %lld s, over the limit of %d days",
+                       out->module, (unsigned long long)out->version,
+                       (long long)(out->expires - out->created), HKN_MAX_LIFETIME_S / 86400);
+        goto fail;
+    }
+    uint64_t have = 0;
+    if (s && (err = hkn_state_lookup(s, out->module, &have, rep)))
+        goto fail;
     if (out->version <= have) {
         err = hkn_fail(rep, HK_ERR_REPLAY,
                        "release %s v%llu is not newer than the accepted v%llu (%s)", out->module,
@@ -869,4 +831,107 @@ size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch) {
         if (!m->artifacts[i].header)
             return i;
     return 0;
+}
+
+/* ---- signed rollback requests ------------------------------------------ */
+
+int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target, int64_t expires,
+                      char **text, size_t *len, char **sig_b64, hk_report *rep) {
+    *text = *sig_b64 = NULL;
+    *len = 0;
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    if (!hkn_valid_name(module, 64))
+        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+                        module);
+    if ((double)target > HKN_MAX_JSON_INT || expires < 0 || (double)expires > HKN_MAX_JSON_INT)
+        return hkn_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
+    unsigned char raw[16];
+    char nonce[33];
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(nonce, sizeof nonce, raw, sizeof raw);
+    cJSON *o = cJSON_CreateObject();
+    char *json = NULL;
+    if (!o || !cJSON_AddStringToObject(o, "type", "hotkern-rollback") ||
+        !cJSON_AddStringToObject(o, "module", module) ||
+        !cJSON_AddNumberToObject(o, "target", (double)target) ||
+        !cJSON_AddNumberToObject(o, "expires", (double)expires) ||
+        !cJSON_AddStringToObject(o, "nonce", nonce) ||
+        !cJSON_AddStringToObject(o, "key_id", key->pub.id) || !(json = cJSON_PrintUnformatted(o))) {
+        cJSON_Delete(o);
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    }
+    cJSON_Delete(o);
+    unsigned char sig[HKN_SIG_BYTES];
+    crypto_sign_detached(sig, NULL, (const unsigned char *)json, strlen(json), key->sk);
+    size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    char *b64 = malloc(b64len);
+    if (!b64) {
+        free(json);
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    }
+    sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    *text = json;
+    *len = strlen(json);
+    *sig_b64 = b64;
+    return 0;
+}
+
+int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const char *sig,
+                        size_t sig_len, int64_t now, hkn_rollback_req *out, hk_report *rep) {
+    memset(out, 0, sizeof *out);
+    unsigned char bin[HKN_SIG_BYTES];
+    const hkn_pubkey *signer = NULL;
+    if (hkn_crypto_init())
+        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    if (t->nkeys == 0)
+        return hkn_fail(rep, HK_ERR_SIGNATURE, "no trusted key is configured for rollbacks");
+    if (!text || !sig || sig_len == 0)
+        return hkn_fail(rep, HK_ERR_SIGNATURE,
+                        "rollback needs a signed request (hotkern rollback --key) or the token");
+    if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
+        return hkn_fail(rep, HK_ERR_SIGNATURE, "rollback signature is not 64 bytes");
+    for (int i = 0; i < t->nkeys && !signer; i++)
+        if (crypto_sign_verify_detached(bin, (const unsigned char *)text, len, t->keys[i].pk) == 0)
+            signer = &t->keys[i];
+    if (!signer)
+        return hkn_fail(rep, HK_ERR_SIGNATURE,
+                        "rollback request does not verify with any trusted key");
+    int err = 0;
+    cJSON *root = hkn_json_parse_strict(text, len);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "type");
+    const cJSON *mod = cJSON_GetObjectItemCaseSensitive(root, "module");
+    const cJSON *target = cJSON_GetObjectItemCaseSensitive(root, "target");
+    const cJSON *exp = cJSON_GetObjectItemCaseSensitive(root, "expires");
+    const cJSON *nonce = cJSON_GetObjectItemCaseSensitive(root, "nonce");
+    const cJSON *kid = cJSON_GetObjectItemCaseSensitive(root, "key_id");
+    if (!cJSON_IsObject(root) || !cJSON_IsString(type) ||
+        strcmp(type->valuestring, "hotkern-rollback") || !cJSON_IsString(mod) ||
+        !hkn_valid_name(mod->valuestring, sizeof out->module) || !cJSON_IsNumber(target) ||
+        !(target->valuedouble >= 0) || target->valuedouble > HKN_MAX_JSON_INT ||
+        floor(target->valuedouble) != target->valuedouble || !cJSON_IsNumber(exp) ||
+        !(exp->valuedouble >= 0) || exp->valuedouble > HKN_MAX_JSON_INT ||
+        floor(exp->valuedouble) != exp->valuedouble || !cJSON_IsString(nonce) ||
+        strlen(nonce->valuestring) != 32 || strspn(nonce->valuestring, "0123456789abcdef") != 32 ||
+        !cJSON_IsString(kid) || strcmp(kid->valuestring, signer->id)) {
+        err = hkn_fail(rep, HK_ERR_INVALID,
+                       "rollback request is not {\"type\": \"hotkern-rollback\", \"module\", "
+                       "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer}");
+        goto out;
+    }
+    snprintf(out->module, sizeof out->module, "%s", mod->valuestring);
+    out->target = (uint64_t)target->valuedouble;
+    out->expires = (int64_t)exp->valuedouble;
+    snprintf(out->nonce, sizeof out->nonce, "%s", nonce->valuestring);
+    snprintf(out->key_id, sizeof out->key_id, "%s", signer->id);
+    if (out->expires <= now)
+        err = hkn_fail(rep, HK_ERR_EXPIRED, "rollback request expired %lld s ago",
+                       (long long)(now - out->expires));
+    else if (out->expires > now + HKN_ROLLBACK_MAX_S + HKN_CLOCK_SKEW_S)
+        err = hkn_fail(rep, HK_ERR_EXPIRED,
+                       "rollback request expires in %lld s, over the limit of %d s",
+                       (long long)(out->expires - now), HKN_ROLLBACK_MAX_S);
+out:
+    cJSON_Delete(root);
+    return err;
 }

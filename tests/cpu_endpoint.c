@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -45,7 +46,24 @@ static struct recorder {
     int nheaders;  /* headers given to the last apply, copied */
     char hname[4][64];
     char hdata[4][256];
+    char state_file[PATH_MAX]; /* when set, apply notes whether the release is */
+    int recorded_first;        /* ... already recorded there */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* 1 when the state file records module at version. */
+static int state_records(const char *path, const char *module, uint64_t version) {
+    char *text = NULL;
+    size_t len;
+    if (hkn_read_file(path, 1 << 20, &text, &len, NULL))
+        return 0;
+    cJSON *o = cJSON_Parse(text);
+    const cJSON *v =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "modules"), module);
+    int ok = cJSON_IsNumber(v) && (uint64_t)v->valuedouble == version;
+    cJSON_Delete(o);
+    free(text);
+    return ok;
+}
 
 static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
                      const void *bytes, size_t size, const hk_header *headers, int nheaders,
@@ -63,6 +81,8 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
             snprintf(rec.hdata[i], sizeof rec.hdata[i], "%.*s", (int)headers[i].size,
                      (const char *)headers[i].data);
         }
+        if (rec.state_file[0])
+            rec.recorded_first = state_records(rec.state_file, module, version);
         snprintf(rec.module, sizeof rec.module, "%s", module);
         rec.version = version;
         rec.fmt = fmt;
@@ -132,6 +152,9 @@ static char base[64]; /* http://127.0.0.1:PORT */
 static char key_path[PATH_MAX], src_path[PATH_MAX];
 static const char kernel_src[] = "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n";
 
+/* When set, adjusts the configuration of the next start(). */
+static void (*cfg_hook)(hkn_endpoint_cfg *);
+
 static void start(const char *token, size_t max_body, const char *cert, const char *pkey) {
     hkn_endpoint_cfg cfg;
     hk_report rep = {0};
@@ -147,6 +170,8 @@ static void start(const char *token, size_t max_body, const char *cert, const ch
     char sdir[PATH_MAX];
     snprintf(sdir, sizeof sdir, "%s/state", tmp);
     cfg.state_dir = sdir;
+    if (cfg_hook)
+        cfg_hook(&cfg);
     int err = hkn_endpoint_start(&cfg, &engine, &ep, &rep);
     ck_assert_msg(err == 0, "endpoint: %s", rep.message);
     ck_assert_uint_ne(hkn_endpoint_port(ep), 0);
@@ -166,6 +191,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+    cfg_hook = NULL;
     hkn_endpoint_stop(ep);
     ep = NULL;
     hkt_rmtree(tmp);
@@ -212,6 +238,9 @@ static int run(char *const argv[], char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* One more request header for curl_req, or NULL. */
+static const char *extra_header;
+
 /* curl METHOD URL [-d @file] [-H auth]: returns the HTTP code, body in
  * out_body (a file under tmp). */
 static int curl_req(const char *method, const char *path, const char *body_file, const char *token,
@@ -241,6 +270,10 @@ static int curl_req(const char *method, const char *path, const char *body_file,
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
         argv[n++] = "-H";
         argv[n++] = auth;
+    }
+    if (extra_header) {
+        argv[n++] = "-H";
+        argv[n++] = (char *)extra_header;
     }
     argv[n++] = url;
     argv[n] = NULL;
@@ -385,12 +418,13 @@ START_TEST(push_with_cli_commits) {
     char *status[] = {(char *)cli, "status", base, NULL};
     rc = run(status, out, sizeof out);
     ck_assert_msg(rc == 0 && strstr(out, "\"add\""), "exit %d: %s", rc, out);
-    char *rb[] = {(char *)cli, "rollback", base, "add", NULL};
+    /* A signed rollback, to the previous release the status reports. */
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, NULL};
     rc = run(rb, out, sizeof out);
     ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
-    char *rb2[] = {(char *)cli, "rollback", base, "nosuch", NULL};
+    char *rb2[] = {(char *)cli, "rollback", base, "nosuch", "--key", key_path, "--to", "1", NULL};
     rc = run(rb2, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NOT_FOUND"), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NO_HISTORY"), "exit %d: %s", rc, out);
     char *help[] = {(char *)cli, "push", "--help", NULL};
     ck_assert_int_eq(run(help, out, sizeof out), 0);
     char *bad[] = {(char *)cli, "push", base, NULL};
@@ -589,7 +623,7 @@ START_TEST(oversized_body_413) {
                     url,
                     NULL};
     run(argv, code, sizeof code);
-    ck_assert_msg(atoi(code) != 200, "chunked oversized body answered %s", code);
+    ck_assert_msg(atoi(code) == 413, "chunked oversized body answered %s", code);
     ck_assert_int_eq(rec_calls(), 0);
     /* The server is still fine afterwards. */
     ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
@@ -603,7 +637,10 @@ END_TEST
 START_TEST(token_required) {
     start("s3cret-token", 0, NULL, NULL);
     const char *f = body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "b.json");
-    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, NULL, 0), 401);
+    char body[4096];
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, body, sizeof body), 401);
+    /* A missing token is a refused request, not a bad signature. */
+    ck_assert_msg(json_has(body, "error", "HK_ERR_REJECTED"), "%s", body);
     ck_assert_int_eq(curl_req("POST", "/v1/release", f, "wrong", NULL, 0), 401);
     ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 401);
     ck_assert_int_eq(curl_req("GET", "/metrics", NULL, "s3cret-tokenX", NULL, 0), 401);
@@ -750,6 +787,442 @@ START_TEST(tls_with_self_signed_cert) {
 }
 END_TEST
 
+/* ---- authority, names, limits ------------------------------------------ */
+
+/* Writes a signed rollback request body for module to target into tmp/name. */
+static const char *rollback_file(const hkn_seckey *k, const char *module, uint64_t target,
+                                 const char *name) {
+    static char path[PATH_MAX];
+    char *text, *sig;
+    size_t len;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, &text, &len, &sig, &rep),
+                     0);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "request", text);
+    cJSON_AddStringToObject(o, "signature", sig);
+    char *body = cJSON_PrintUnformatted(o);
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    ck_assert_int_eq(hkt_write_file(path, body), 0);
+    free(body);
+    cJSON_Delete(o);
+    free(text);
+    free(sig);
+    return path;
+}
+
+static int rollbacks(void) {
+    pthread_mutex_lock(&rec.lock);
+    int n = rec.rollbacks;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
+}
+
+static void no_keys_unsigned(hkn_endpoint_cfg *c) {
+    c->trust.nkeys = 0;
+    c->trust.allow_unsigned = 1;
+}
+
+START_TEST(rollback_needs_authority) {
+    start(NULL, 0, NULL, NULL);
+    char body[8192], hdr[128];
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "5.json"), NULL,
+                              NULL, 0),
+                     200);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 6, time(NULL) + 60, T_NONE, "6.json"), NULL,
+                              NULL, 0),
+                     200);
+    /* No token configured, trusted keys are: an unsigned rollback is refused. */
+    int code = curl_req("POST", "/v1/rollback/add", NULL, NULL, body, sizeof body);
+    ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_SIGNATURE"), "%d %s", code, body);
+    /* Signed by a stranger: refused. */
+    hkn_seckey stranger;
+    hkn_keygen(&stranger);
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&stranger, "add", 5, "s.json"), NULL,
+                    body, sizeof body);
+    ck_assert_msg(code == 403, "%d %s", code, body);
+    /* Signed for another module than the URL's: refused. */
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "mul", 5, "m.json"), NULL, body,
+                    sizeof body);
+    ck_assert_msg(code == 403, "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 0);
+    /* Signed, to the previous release: done, once. */
+    const char *ok = rollback_file(&key, "add", 5, "r5.json");
+    code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
+    ck_assert_msg(code == 200 && json_has(body, "outcome", "rolled_back"), "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 1);
+    code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
+    ck_assert_msg(code == 409 && json_has(body, "error", "HK_ERR_REPLAY"), "%d %s", code, body);
+    /* Now v5 runs; a request for v5 again names the wrong target. */
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 5, "r5b.json"), NULL,
+                    body, sizeof body);
+    ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 1);
+    /* A web page's cross-origin request is refused, signed or not. */
+    extra_header = "Origin: http://evil.example";
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 0, "o.json"), NULL, body,
+                    sizeof body);
+    ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    extra_header = "Origin: null";
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    /* The endpoint's own origin is fine. */
+    snprintf(hdr, sizeof hdr, "Origin: %s", base);
+    extra_header = hdr;
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 0, "o2.json"), NULL,
+                    body, sizeof body);
+    ck_assert_msg(code == 200, "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 2);
+    /* DNS rebinding: a Host that does not name the endpoint. */
+    extra_header = "Host: evil.example";
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 9, time(NULL) + 60, T_NONE, "9.json"), NULL,
+                              NULL, 0),
+                     403);
+    extra_header = "Host: 127.0.0.2";
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    snprintf(hdr, sizeof hdr, "Host: localhost:%u", hkn_endpoint_port(ep));
+    extra_header = hdr;
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 200);
+    extra_header = "Host: evil.example";
+    ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
+    extra_header = NULL;
+    ck_assert_int_eq(rec_calls(), 2);
+
+    /* Neither a token nor a trusted key: rollback over HTTP is off. */
+    hkn_endpoint_stop(ep);
+    cfg_hook = no_keys_unsigned;
+    start(NULL, 0, NULL, NULL);
+    code = curl_req("POST", "/v1/rollback/add", NULL, NULL, body, sizeof body);
+    ck_assert_msg(code == 403 && strstr(body, "off"), "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 2);
+    /* The token is enough authority on its own. */
+    hkn_endpoint_stop(ep);
+    start("tok", 0, NULL, NULL);
+    ck_assert_int_eq(curl_req("POST", "/v1/rollback/add", NULL, NULL, NULL, 0), 401);
+    code = curl_req("POST", "/v1/rollback/add", NULL, "tok", body, sizeof body);
+    ck_assert_msg(code == 200, "%d %s", code, body);
+    ck_assert_int_eq(rollbacks(), 3);
+}
+END_TEST
+
+/* Rollback names are checked like module names, and refused rollbacks add
+ * nothing to the module table or the metrics. */
+START_TEST(rollback_names_cannot_poison) {
+    start("tok", 0, NULL, NULL);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "b.json"), "tok",
+                              NULL, 0),
+                     200);
+    char out[4096], req[512];
+    raw_request("POST /v1/rollback/%22%7D%0Ahotkern_fake%201 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Authorization: Bearer tok\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 400", 12), "%s", out);
+    raw_request("POST /v1/rollback/../x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Authorization: Bearer tok\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 4", 10), "%s", out);
+    for (int i = 0; i < 300; i++) {
+        snprintf(req, sizeof req,
+                 "POST /v1/rollback/junk%d HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 "Authorization: Bearer tok\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                 i);
+        raw_request(req, out, sizeof out);
+        ck_assert_msg(!strncmp(out, "HTTP/1.1 404", 12), "%d: %s", i, out);
+    }
+    char body[16384];
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, "tok", body, sizeof body), 200);
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *mods = cJSON_GetObjectItem(o, "modules");
+    ck_assert_int_eq(cJSON_GetArraySize(mods), 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(mods, 0), "module")->valuestring,
+                     "add");
+    cJSON_Delete(o);
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, "tok", body, sizeof body), 200);
+    ck_assert_ptr_null(strstr(body, "junk"));
+    ck_assert_ptr_null(strstr(body, "hotkern_fake"));
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_module_release_version{module=\"add\"} 3\n"));
+    check_prometheus(body);
+}
+END_TEST
+
+/* The anti-rollback record is on disk before the engine commits (so a crash
+ * in between cannot reopen the release), and taken back if it refuses. */
+START_TEST(recorded_before_commit) {
+    snprintf(rec.state_file, sizeof rec.state_file, "%s/state/accepted.json", tmp);
+    start(NULL, 0, NULL, NULL);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 5, time(NULL) + 60, T_NONE, "b.json"), NULL,
+                              NULL, 0),
+                     200);
+    pthread_mutex_lock(&rec.lock);
+    int first = rec.recorded_first;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(first, 1);
+    ck_assert(state_records(rec.state_file, "add", 5));
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 6, time(NULL) + 60, T_NONE, "c.json"), NULL,
+                              NULL, 0),
+                     422);
+    ck_assert(state_records(rec.state_file, "add", 5));
+    char body[4096];
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    ck_assert_msg(strstr(body, "before commit") && strstr(body, "accepted.json"), "%s", body);
+}
+END_TEST
+
+/* Sends raw text on a fresh connection from 127.0.0.1 and reads the answer
+ * until the server closes; returns the seconds it took. */
+static double timed_request(const char *head, const char *file, char *out, size_t cap) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ck_assert_int_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    if (file) {
+        char *text;
+        size_t len;
+        ck_assert_int_eq(hkn_read_file(file, 1 << 20, &text, &len, NULL), 0);
+        ck_assert_int_eq(send(fd, text, len, MSG_NOSIGNAL), (ssize_t)len);
+        free(text);
+    }
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < cap && (r = recv(fd, out + len, cap - 1 - len, 0)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(fd);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+}
+
+/* Opens a connection from source address `src` and sends an incomplete
+ * request head; returns the socket. */
+static int slow_connection(const char *src) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    inet_pton(AF_INET, src, &from.sin_addr);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *head = "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    ck_assert_int_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    return fd;
+}
+
+static int slow_fds[1200], nslow;
+static int trickle_stop; /* atomic */
+
+/* One more header byte on every slow connection every half second. */
+static void *trickle(void *arg) {
+    while (!__atomic_load_n(&trickle_stop, __ATOMIC_RELAXED)) {
+        for (int i = 0; i < nslow && !__atomic_load_n(&trickle_stop, __ATOMIC_RELAXED); i++)
+            send(slow_fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        usleep(500000);
+    }
+    return NULL;
+}
+
+static void wait_connections(unsigned n) {
+    for (int i = 0; i < 400 && hkn_endpoint_connections(ep) < n; i++)
+        usleep(50000);
+    ck_assert_uint_ge(hkn_endpoint_connections(ep), n);
+}
+
+static void close_slow(void) {
+    for (int i = 0; i < nslow; i++)
+        close(slow_fds[i]);
+    nslow = 0;
+}
+
+/* Slowloris: with 1,000 slow connections open and trickling, a status
+ * request and a signed push are each answered within 1 s. */
+START_TEST(slowloris_does_not_lock_out) {
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < 4096) {
+        rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    ck_assert_msg(rl.rlim_cur >= 1200, "needs 1200 descriptors, the limit is %llu",
+                  (unsigned long long)rl.rlim_cur);
+    start(NULL, 0, NULL, NULL);
+    /* Ten source addresses, 100 connections each: under the per-address
+     * limit, so all of them are held open. */
+    char src[32];
+    for (nslow = 0; nslow < 1000; nslow++) {
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + nslow / 100);
+        slow_fds[nslow] = slow_connection(src);
+    }
+    wait_connections(1000);
+    pthread_t t;
+    __atomic_store_n(&trickle_stop, 0, __ATOMIC_RELAXED);
+    pthread_create(&t, NULL, trickle, NULL);
+    usleep(700000);
+    char out[8192];
+    double s = timed_request("GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             "Connection: close\r\n\r\n",
+                             NULL, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
+    ck_assert_msg(s < 1.0, "status took %.3f s with 1000 slow connections", s);
+    const char *f = body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "p.json");
+    struct stat st;
+    ck_assert_int_eq(stat(f, &st), 0);
+    char head[256];
+    snprintf(head, sizeof head,
+             "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %lld\r\nConnection: close\r\n\r\n",
+             (long long)st.st_size);
+    s = timed_request(head, f, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
+    ck_assert_msg(s < 1.0, "push took %.3f s with 1000 slow connections", s);
+    ck_assert_uint_eq(rec_current(), 7);
+    __atomic_store_n(&trickle_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+    close_slow();
+    /* Over the per-address limit, an address's next request gets a 503. */
+    for (nslow = 0; nslow < 130; nslow++)
+        slow_fds[nslow] = slow_connection("127.0.0.20");
+    wait_connections(130);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.20", &from.sin_addr);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *req = "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t r = recv(fd, out, sizeof out - 1, 0);
+    out[r > 0 ? r : 0] = '\0';
+    close(fd);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 503", 12), "got: %s", out);
+    /* ... while another address is served. */
+    timed_request(req, NULL, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
+    close_slow();
+}
+END_TEST
+
+static void short_deadline(hkn_endpoint_cfg *c) {
+    c->request_timeout_s = 2;
+}
+
+/* A client trickling its headers a byte at a time is cut off at the whole-
+ * request deadline, though it never stays idle long enough for the idle
+ * timeout (30 s). */
+START_TEST(request_deadline) {
+    cfg_hook = short_deadline;
+    start(NULL, 0, NULL, NULL);
+    int fd = slow_connection("127.0.0.1");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int closed = 0;
+    for (int i = 0; i < 40 && !closed; i++) {
+        usleep(250000);
+        if (send(fd, "x", 1, MSG_NOSIGNAL) < 0) {
+            closed = 1;
+            break;
+        }
+        char c;
+        ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
+        closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(fd);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(closed, "still open after %.1f s", s);
+    ck_assert_msg(s >= 1.5, "closed after %.1f s, before the deadline", s);
+    char body[8192];
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, NULL, body, sizeof body), 200);
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_push_deadline_total 1\n"));
+}
+END_TEST
+
+static void small_budget(hkn_endpoint_cfg *c) {
+    c->max_body = 256 * 1024;
+    c->max_inflight = 300 * 1024;
+}
+
+/* Bodies in flight are bounded: a second large body that does not fit is
+ * answered 503 at once instead of being buffered. */
+START_TEST(inflight_bodies_bounded) {
+    cfg_hook = small_budget;
+    start(NULL, 0, NULL, NULL);
+    const char *head = "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n{\"a";
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    usleep(300000);
+    char out[4096];
+    raw_request(head, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 503", 12), "got: %s", out);
+    ck_assert_ptr_nonnull(strstr(out, "in flight"));
+    close(fd);
+    usleep(300000);
+    /* The reservation went with the connection. */
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "ok.json"), NULL,
+                              NULL, 0),
+                     200);
+}
+END_TEST
+
+/* --expires-in is range-checked: a value that would overflow the expiry or
+ * sign a release no verifier accepts is a usage error, and nothing is
+ * written. */
+START_TEST(cli_expiry_range) {
+    const char *cli = cli_path();
+    char out[4096], dir[PATH_MAX], man[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/rel", tmp);
+    snprintf(man, sizeof man, "%s/manifest.json", dir);
+    static const char *bad[] = {"18446744073709551615", "9223372036854775807", "0", "-1",
+                                "31622401"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *sign[] = {(char *)cli, "sign", "--key",        key_path,       "--module", "add",
+                        "--version", "1",    "--expires-in", (char *)bad[i], "--out",    dir,
+                        src_path,    NULL};
+        int rc = run(sign, out, sizeof out);
+        ck_assert_msg(rc == 2 && strstr(out, "--expires-in"), "%s: exit %d: %s", bad[i], rc, out);
+        ck_assert_int_ne(access(man, F_OK), 0);
+    }
+    char *ok[] = {(char *)cli, "sign", "--key",        key_path,   "--module", "add",
+                  "--version", "1",    "--expires-in", "31622400", "--out",    dir,
+                  src_path,    NULL};
+    int rc = run(ok, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    start(NULL, 0, NULL, NULL);
+    char *push[] = {(char *)cli,      "push",     base,  "--key",
+                    key_path,         "--module", "add", "--expires-in",
+                    "99999999999999", src_path,   NULL};
+    rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
+    ck_assert_int_eq(rec_calls(), 0);
+    /* A module name that is not one is refused before any request. */
+    char *rb[] = {(char *)cli, "rollback", base, "a/../b", "--key", key_path, "--to", "1", NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("endpoint");
     TCase *tc = tcase_create("http");
@@ -765,6 +1238,13 @@ static Suite *suite(void) {
     tcase_add_test(tc, hundred_concurrent_status);
     tcase_add_test(tc, metrics_are_prometheus_text);
     tcase_add_test(tc, tls_with_self_signed_cert);
+    tcase_add_test(tc, rollback_needs_authority);
+    tcase_add_test(tc, rollback_names_cannot_poison);
+    tcase_add_test(tc, recorded_before_commit);
+    tcase_add_test(tc, slowloris_does_not_lock_out);
+    tcase_add_test(tc, request_deadline);
+    tcase_add_test(tc, inflight_bodies_bounded);
+    tcase_add_test(tc, cli_expiry_range);
     suite_add_tcase(s, tc);
     return s;
 }

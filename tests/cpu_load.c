@@ -365,7 +365,7 @@ START_TEST(refused_synchronise_unloads_nothing) {
     fake_hold_sync(1); /* a synchronise that does happen blocks here */
     fake_fail("cuCtxSynchronize", 1, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     swap_ok(fake_ptx(2, 0, 0, 0));
-    fake_wait_sync_held(); /* the retry, after the refused one */
+    fake_wait_sync_held();                   /* the retry, after the refused one */
     ck_assert_int_eq(fake_live_images(), 2); /* version 1 was not unloaded */
     fake_hold_sync(0);
     ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);

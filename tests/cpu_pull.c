@@ -24,6 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+#include <sodium.h>
+
 #include "net/net.h"
 #include "tests/harness.h"
 
@@ -112,7 +115,23 @@ static char published_sha[65];
  * artifacts first and the manifest last. The manifest's mtime is set to
  * `version` seconds after a fixed base so that nginx's ETag (mtime + size)
  * changes with every release even within one second. */
+enum sig_mode { SIG_WRITE, SIG_KEEP_OLD, SIG_REMOVE };
+static void publish_sig(uint64_t version, const char *body, int64_t expires_in, enum sig_mode sm);
+static char last_sig[256];
+
 static void publish(uint64_t version, const char *body, int64_t expires_in) {
+    publish_sig(version, body, expires_in, SIG_WRITE);
+}
+
+/* Writes the signature file of the last publish (a late upload). */
+static void write_last_sig(void) {
+    char path[PATH_MAX + 64];
+    hk_report rep = {0};
+    snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
+    ck_assert_int_eq(hkn_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
+}
+
+static void publish_sig(uint64_t version, const char *body, int64_t expires_in, enum sig_mode sm) {
     char *manifest, *sig, path[PATH_MAX + 64];
     size_t len;
     hk_report rep = {0};
@@ -125,7 +144,11 @@ static void publish(uint64_t version, const char *body, int64_t expires_in) {
     snprintf(path, sizeof path, "%s/rel/artifacts/%s", www, published_sha);
     ck_assert_int_eq(hkn_write_atomic(path, body, strlen(body), 0644, &rep), 0);
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
-    ck_assert_int_eq(hkn_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
+    snprintf(last_sig, sizeof last_sig, "%s", sig);
+    if (sm == SIG_WRITE)
+        ck_assert_int_eq(hkn_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
+    else if (sm == SIG_REMOVE)
+        unlink(path);
     snprintf(path, sizeof path, "%s/rel/manifest.json", www);
     ck_assert_int_eq(hkn_write_atomic(path, manifest, len, 0644, &rep), 0);
     struct timespec ts[2] = {{.tv_sec = 1700000000 + (time_t)version},
@@ -405,6 +428,126 @@ START_TEST(cli_sign_publishes) {
 }
 END_TEST
 
+/* A manifest served before its signature (stale or missing .sig) is fetched
+ * again at the next poll and applied once the signature arrives; the error
+ * shows in the stats meanwhile. */
+START_TEST(late_signature_retried) {
+    publish(1, ptx_v1, 600);
+    hkn_puller *p = puller(url, 0, 0);
+    hk_report rep = {0};
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    /* v2's manifest with v1's signature still in place. */
+    publish_sig(2, ptx_v2, 600, SIG_KEEP_OLD);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_SIGNATURE);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_SIGNATURE);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    ck_assert_int_eq(s.last_error, HK_ERR_SIGNATURE);
+    ck_assert_msg(s.last_message[0], "no message");
+    ck_assert_uint_eq(rec_version(), 1);
+    write_last_sig();
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 2);
+    /* v3 with no signature file at all. */
+    publish_sig(3, ptx_v3, 600, SIG_REMOVE);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_SIGNATURE);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_SIGNATURE);
+    ck_assert_uint_eq(rec_version(), 2);
+    write_last_sig();
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 3);
+    /* A verified refusal keeps its validators, and a 304 reports it again. */
+    publish(2, ptx_v2, 600);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
+    int before = log_count("GET /rel/manifest.json ", "\" 304 ");
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
+    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), before + 1);
+    hkn_pull_stats_get(p, &s);
+    ck_assert_int_eq(s.last_error, HK_ERR_REPLAY);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+/* POSTs a signed release of "add" to the endpoint with the curl tool;
+ * returns the HTTP status. */
+static int push_release(uint16_t eport, uint64_t version, const char *body) {
+    char *manifest, *sig, hex[65], path[PATH_MAX], data[PATH_MAX + 1], u[128], code[16];
+    size_t len;
+    hk_report rep = {0};
+    hkn_blob b = {.name = "add.ptx", .bytes = body, .size = strlen(body)};
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(
+        hkn_release_sign(&key, "add", version, now, now + 600, &b, 1, &manifest, &len, &sig, &rep),
+        0);
+    hkn_sha256_hex(body, strlen(body), hex);
+    char b64[1024];
+    sodium_bin2base64(b64, sizeof b64, (const unsigned char *)body, strlen(body),
+                      sodium_base64_VARIANT_ORIGINAL);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "manifest", manifest);
+    cJSON_AddStringToObject(o, "signature", sig);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "artifacts"), hex, b64);
+    char *text = cJSON_PrintUnformatted(o);
+    snprintf(path, sizeof path, "%s/push.json", tmp);
+    ck_assert_int_eq(hkt_write_file(path, text), 0);
+    free(text);
+    cJSON_Delete(o);
+    free(manifest);
+    free(sig);
+    snprintf(data, sizeof data, "@%s", path);
+    snprintf(u, sizeof u, "http://127.0.0.1:%u/v1/release", eport);
+    int pfd[2];
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execlp("timeout", "timeout", "30", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+               "--data-binary", data, u, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    ssize_t n = read(pfd[0], code, sizeof code - 1);
+    code[n > 0 ? n : 0] = '\0';
+    close(pfd[0]);
+    waitpid(pid, NULL, 0);
+    return atoi(code);
+}
+
+/* Push and pull keep one record per module: after a push of v5 the origin's
+ * signed v3 is a replay, and after a pull of v7 a push of v6 is one. */
+START_TEST(push_and_pull_share_one_record) {
+    hkn_endpoint_cfg cfg;
+    hkn_endpoint *ep;
+    hk_report rep = {0};
+    hkn_endpoint_cfg_init(&cfg);
+    cfg.trust.keys[0] = key.pub;
+    cfg.trust.nkeys = 1;
+    cfg.state_dir = state;
+    ck_assert_msg(hkn_endpoint_start(&cfg, &engine, &ep, &rep) == 0, "%s", rep.message);
+    hkn_puller *p = puller(url, 0, 0);
+    ck_assert_int_eq(push_release(hkn_endpoint_port(ep), 5, ptx_v2), 200);
+    ck_assert_uint_eq(rec_version(), 5);
+    publish(3, ptx_v3, 600);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
+    ck_assert_uint_eq(rec_version(), 5);
+    publish(7, ptx_v1, 600);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(rec_version(), 7);
+    ck_assert_int_eq(push_release(hkn_endpoint_port(ep), 6, ptx_v2), 409);
+    ck_assert_uint_eq(rec_version(), 7);
+    hkn_pull_destroy(p);
+    hkn_endpoint_stop(ep);
+    /* And the record survives both: a new puller refuses v3 too. */
+    p = puller(url, 0, 0);
+    publish(3, ptx_v3, 600);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("pull");
     TCase *tc = tcase_create("nginx");
@@ -416,6 +559,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, server_errors_change_nothing);
     tcase_add_test(tc, stalled_server_times_out);
     tcase_add_test(tc, cli_sign_publishes);
+    tcase_add_test(tc, late_signature_retried);
+    tcase_add_test(tc, push_and_pull_share_one_record);
     suite_add_tcase(s, tc);
     return s;
 }

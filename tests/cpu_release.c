@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sodium.h>
 
@@ -370,6 +372,297 @@ START_TEST(artifact_choice) {
 }
 END_TEST
 
+/* Two processes on one state directory: neither erases the other's record,
+ * and each sees the other's at its next check. */
+START_TEST(two_processes_merge) {
+    char *dir = hkt_tmpdir();
+    char sdir[512];
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    int go_a[2], go_b[2];
+    ck_assert_int_eq(pipe(go_a), 0);
+    ck_assert_int_eq(pipe(go_b), 0);
+    /* Both open (each reads an empty state) before either accepts. */
+    pid_t a = fork();
+    if (a == 0) {
+        hkn_state *s;
+        char ch;
+        if (hkn_state_open(sdir, &s, NULL) || read(go_a[0], &ch, 1) != 1 ||
+            hkn_state_accept(s, "a", 5, NULL))
+            _exit(1);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    pid_t b = fork();
+    if (b == 0) {
+        hkn_state *s;
+        char ch;
+        if (hkn_state_open(sdir, &s, NULL) || read(go_b[0], &ch, 1) != 1 ||
+            hkn_state_accept(s, "b", 3, NULL))
+            _exit(1);
+        /* B sees A's record without reopening. */
+        uint64_t v = 0;
+        if (hkn_state_lookup(s, "a", &v, NULL) || v != 5)
+            _exit(2);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    usleep(200000);
+    int st;
+    ck_assert_int_eq(write(go_a[1], "x", 1), 1);
+    ck_assert_int_eq(waitpid(a, &st, 0), a);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_eq(write(go_b[1], "x", 1), 1);
+    ck_assert_int_eq(waitpid(b, &st, 0), b);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "B: status %d", WEXITSTATUS(st));
+    /* "A restarts": both records are there, and a4 is a replay. */
+    hkn_state *s;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "a"), 5);
+    ck_assert_uint_eq(hkn_state_get(s, "b"), 3);
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    struct rel r4;
+    hkn_manifest m;
+    make_release(&k, "a", 4, time(NULL) + 60, kernel_src, strlen(kernel_src), &r4);
+    ck_assert_int_eq(verify(&t, s, &r4, &rep, &m), HK_ERR_REPLAY);
+    hkn_state_close(s);
+    rel_free(&r4);
+    hkn_report_reset(&rep);
+    for (int i = 0; i < 2; i++) {
+        close(go_a[i]);
+        close(go_b[i]);
+    }
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A corrupt record fails closed, with the entry named. */
+START_TEST(corrupt_state_fails_closed) {
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"{\"format\":1,\"modules\":{\"add\":\"7\"}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":-3}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":null}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":1e300}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":2.5}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":0}}", "'add'"},
+        {"{\"format\":1,\"modules\":{\"add\":9,\"add\":2}}", "twice"},
+        {"{\"format\":1,\"modules\":{\"../x\":2}}", "not a module name"},
+        {"{\"format\":1,\"modules\":{\"add\":9}} trailing", "corrupt"},
+    };
+    char *dir = hkt_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/accepted.json", dir);
+    hk_report rep = {0};
+    hkn_state *s;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(hkt_write_file(path, bad[i].text), 0);
+        hkn_report_reset(&rep);
+        ck_assert_msg(hkn_state_open(dir, &s, &rep) == HK_ERR_IO, "accepted: %s", bad[i].text);
+        ck_assert_msg(strstr(rep.message, bad[i].needle) && strstr(rep.message, "accepted.json"),
+                      "%s: %s", bad[i].text, rep.message);
+    }
+    /* Corrupted while open: every check refuses instead of reading 0. */
+    ck_assert_int_eq(hkt_write_file(path, "{\"format\":1,\"modules\":{\"add\":9}}"), 0);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
+    ck_assert_int_eq(hkt_write_file(path, "{\"format\":1,\"modules\":{\"add\":\"x\"}}"), 0);
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    struct rel r;
+    hkn_manifest m;
+    make_release(&k, "add", 10, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    ck_assert_int_eq(verify(&t, s, &r, &rep, &m), HK_ERR_IO);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), UINT64_MAX);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 10, &rep), HK_ERR_IO);
+    hkn_state_close(s);
+    rel_free(&r);
+    hkn_report_reset(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Temp files of a writer that crashed are removed when the state opens. */
+START_TEST(stale_temp_files_cleaned) {
+    char *dir = hkt_tmpdir();
+    char p1[600], p2[600];
+    snprintf(p1, sizeof p1, "%s/accepted.json.tmp.99999.0", dir);
+    snprintf(p2, sizeof p2, "%s/accepted.json.tmp.12345.7", dir);
+    ck_assert_int_eq(hkt_write_file(p1, "{"), 0);
+    ck_assert_int_eq(hkt_write_file(p2, ""), 0);
+    hkn_state *s;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
+    ck_assert_int_ne(access(p1, F_OK), 0);
+    ck_assert_int_ne(access(p2, F_OK), 0);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 1, &rep), 0);
+    hkn_state_close(s);
+    ck_assert_int_eq(count_entries(dir), 1);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Signs arbitrary manifest text, for inputs the signing code never makes. */
+static void sign_text(const hkn_seckey *k, const char *text, char sig[128]) {
+    unsigned char bin[HKN_SIG_BYTES];
+    crypto_sign_detached(bin, NULL, (const unsigned char *)text, strlen(text), k->sk);
+    sodium_bin2base64(sig, 128, bin, sizeof bin, sodium_base64_VARIANT_ORIGINAL);
+}
+
+START_TEST(strict_manifest_text) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    struct rel r;
+    make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
+    hk_report rep = {0};
+    hkn_manifest m;
+    char sig[128];
+    /* Trailing bytes after the object, signed: refused. */
+    char *trail = malloc(r.len + 16);
+    snprintf(trail, r.len + 16, "%s{\"x\":1}", r.manifest);
+    sign_text(&k, trail, sig);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig), time(NULL), &m, &rep),
+        HK_ERR_INVALID);
+    /* A module name with an escaped NUL would be cut to "a": refused. */
+    char *nul = malloc(r.len + 16);
+    const char *at = strstr(r.manifest, "\"add\"");
+    ck_assert_ptr_nonnull(at);
+    snprintf(nul, r.len + 16, "%.*s\"a\\u0000dd\"%s", (int)(at - r.manifest), r.manifest, at + 5);
+    sign_text(&k, nul, sig);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, nul, strlen(nul), sig, strlen(sig), time(NULL), &m, &rep),
+        HK_ERR_INVALID);
+    /* Trailing whitespace is fine. */
+    snprintf(trail, r.len + 16, "%s \n", r.manifest);
+    sign_text(&k, trail, sig);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, trail, strlen(trail), sig, strlen(sig), time(NULL), &m, &rep),
+        0);
+    hkn_manifest_free(&m);
+    free(trail);
+    free(nul);
+    rel_free(&r);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+START_TEST(lifetime_and_future_creation) {
+    hkn_seckey k;
+    hkn_keygen(&k);
+    hkn_trust t = trust_of(&k);
+    hkn_blob b = {.name = "add.cu", .bytes = kernel_src, .size = strlen(kernel_src)};
+    hk_report rep = {0};
+    hkn_manifest m;
+    struct rel r;
+    int64_t now = (int64_t)time(NULL);
+    /* Created an hour from now. */
+    ck_assert_int_eq(hkn_release_sign(&k, "add", 1, now + 3600, now + 7200, &b, 1, &r.manifest,
+                                      &r.len, &r.sig, &rep),
+                     0);
+    ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_EXPIRED);
+    ck_assert_msg(strstr(rep.message, "not valid yet"), "%s", rep.message);
+    rel_free(&r);
+    /* Living longer than a year: the signer refuses to make it ... */
+    ck_assert_int_eq(hkn_release_sign(&k, "add", 1, now, now + 400 * 86400LL, &b, 1, &r.manifest,
+                                      &r.len, &r.sig, &rep),
+                     HK_ERR_INVALID);
+    /* ... and the verifier refuses a hand-made one. */
+    char text[512], sig[128], hex[65];
+    hkn_sha256_hex(kernel_src, strlen(kernel_src), hex);
+    snprintf(
+        text, sizeof text,
+        "{\"module\":\"add\",\"version\":1,\"created\":%lld,\"expires\":%lld,\"key_id\":\"%s\","
+        "\"artifacts\":[{\"name\":\"add.cu\",\"sha256\":\"%s\",\"size\":%zu,\"format\":"
+        "\"cuda\",\"arch\":\"\"}]}",
+        (long long)now, (long long)(now + 400 * 86400LL), k.pub.id, hex, strlen(kernel_src));
+    sign_text(&k, text, sig);
+    ck_assert_int_eq(
+        hkn_verify_manifest(&t, NULL, text, strlen(text), sig, strlen(sig), now, &m, &rep),
+        HK_ERR_EXPIRED);
+    ck_assert_msg(strstr(rep.message, "lifetime"), "%s", rep.message);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
+/* Key files are read only when regular: a FIFO is refused at once (it used
+ * to block forever), and a secret key others can read is refused. */
+START_TEST(key_file_kinds_and_modes) {
+    char *dir = hkt_tmpdir();
+    char fifo[512], skp[512];
+    snprintf(fifo, sizeof fifo, "%s/fifo.key", dir);
+    snprintf(skp, sizeof skp, "%s/k.key", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    hkn_seckey k, k2;
+    hkn_pubkey p;
+    hk_report rep = {0};
+    ck_assert_int_eq(hkn_seckey_load(fifo, &k2, &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "not a regular file"), "%s", rep.message);
+    ck_assert_int_eq(hkn_pubkey_load(fifo, &p, &rep), HK_ERR_IO);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(hkn_read_file(dir, 1024, &text, &len, &rep), HK_ERR_IO);
+    hkn_keygen(&k);
+    ck_assert_int_eq(hkn_seckey_save(skp, &k, &rep), 0);
+    ck_assert_int_eq(chmod(skp, 0644), 0);
+    ck_assert_int_eq(hkn_seckey_load(skp, &k2, &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "chmod 600"), "%s", rep.message);
+    ck_assert_int_eq(chmod(skp, 0600), 0);
+    ck_assert_int_eq(hkn_seckey_load(skp, &k2, &rep), 0);
+    hkn_report_reset(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(signed_rollback_requests) {
+    hkn_seckey k, other;
+    hkn_keygen(&k);
+    hkn_keygen(&other);
+    hkn_trust t = trust_of(&k);
+    char *text, *sig;
+    size_t len;
+    hk_report rep = {0};
+    hkn_rollback_req rq;
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep), 0);
+    ck_assert_str_eq(rq.module, "add");
+    ck_assert_uint_eq(rq.target, 4);
+    ck_assert_uint_eq(strlen(rq.nonce), 32);
+    /* Expired, too long-lived, or by another key: refused. */
+    ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now + 61, &rq, &rep),
+                     HK_ERR_EXPIRED);
+    free(text);
+    free(sig);
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 86400, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
+                     HK_ERR_EXPIRED);
+    free(text);
+    free(sig);
+    ck_assert_int_eq(hkn_rollback_sign(&other, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
+                     HK_ERR_SIGNATURE);
+    free(text);
+    free(sig);
+    /* A signed manifest is not a rollback request. */
+    struct rel r;
+    make_release(&k, "add", 3, now + 60, kernel_src, strlen(kernel_src), &r);
+    ck_assert_int_eq(
+        hkn_rollback_verify(&t, r.manifest, r.len, r.sig, strlen(r.sig), now, &rq, &rep),
+        HK_ERR_INVALID);
+    rel_free(&r);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
 START_TEST(release_carries_headers) {
     hkn_seckey k;
     ck_assert_int_eq(hkn_keygen(&k), 0);
@@ -444,6 +737,13 @@ static Suite *suite(void) {
     tcase_add_test(tc, manifest_fields_checked);
     tcase_add_test(tc, artifact_choice);
     tcase_add_test(tc, release_carries_headers);
+    tcase_add_test(tc, two_processes_merge);
+    tcase_add_test(tc, corrupt_state_fails_closed);
+    tcase_add_test(tc, stale_temp_files_cleaned);
+    tcase_add_test(tc, strict_manifest_text);
+    tcase_add_test(tc, lifetime_and_future_creation);
+    tcase_add_test(tc, key_file_kinds_and_modes);
+    tcase_add_test(tc, signed_rollback_requests);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -504,8 +504,7 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     return CUDA_SUCCESS;
 }
 
-static CUresult module_load(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
-                           void **v) {
+static CUresult module_load(CUmodule *m, const void *image, unsigned n, CUjit_option *o, void **v) {
     ENTER("cuModuleLoadDataEx");
     if (!current())
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -1021,4 +1020,3 @@ char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout) {
              with_aux ? ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n" : "");
     return b;
 }
-

@@ -519,8 +519,8 @@ START_TEST(swaps_finish_under_unpaced_launchers) {
     double max = 0;
     for (int i = 0; i < SWAPS; i++)
         max = lat[i] > max ? lat[i] : max;
-    printf("  %d swaps under %d unpaced launchers in %.0f ms (max %.2f ms), %ld launches\n",
-           SWAPS, UNPACED, total, max, atomic_load(&unpaced_launches));
+    printf("  %d swaps under %d unpaced launchers in %.0f ms (max %.2f ms), %ld launches\n", SWAPS,
+           UNPACED, total, max, atomic_load(&unpaced_launches));
     ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0);
     hk_stats st;
     hk_stats_get(srt, &st);

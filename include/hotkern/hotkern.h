@@ -196,11 +196,11 @@ typedef struct hk_options {
                                * "" disables the cache */
     uint64_t cache_max_bytes; /* default 256 MiB */
     hk_event_cb on_event;
-    void *userdata;         /* passed to on_event and check callbacks */
-    int safe_point_wait_ms; /* how long hk_swap waits for a safe point before
-                             * staging at once, and how long a submitted
-                             * version waits for one before the worker stages
-                             * it; default 2000 */
+    void *userdata;           /* passed to on_event and check callbacks */
+    int safe_point_wait_ms;   /* how long hk_swap waits for a safe point before
+                               * staging at once, and how long a submitted
+                               * version waits for one before the worker stages
+                               * it; default 2000 */
     const hk_header *headers; /* in-memory headers for every CUDA C build of
                                * the runtime (copied); a swap's own headers of
                                * the same name come first */

@@ -35,18 +35,33 @@
  *                                    "artifacts": {"<sha256>": "<base64>", ...}}
  *   GET  /v1/status           modules, release and engine versions, the last
  *                             outcome, message and build log of each
- *   POST /v1/rollback/MODULE  hk_rollback
+ *   POST /v1/rollback/MODULE  hk_rollback; needs the token, or the body
+ *                             {"request": "<rollback request text>",
+ *                              "signature": "<base64>"} signed by a trusted
+ *                             key (see `hotkern rollback --key`); with
+ *                             neither a token nor a trusted key, rollback
+ *                             over HTTP is off (403)
  *   GET  /metrics             Prometheus text (hk_stats and endpoint counters)
  *   GET  /healthz             "ok", never needs the token
  *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
  *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
  *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"}.
- *   Status codes: 200 done; 400 malformed request; 401 missing or wrong
- *   bearer token; 403 bad/missing/unknown signature or expired release;
- *   404 no such route or module; 409 replay or nothing to roll back to;
- *   413 body over the cap (sent before the body is read); 422 artifact hash
- *   or size mismatch, compile or validation refusal; 503 runtime busy or
- *   closing; 500 other failures.
+ *   Status codes: 200 done; 400 malformed request or module name; 401
+ *   missing or wrong bearer token (HK_ERR_REJECTED); 403 bad/missing/unknown
+ *   signature, expired release, a foreign Host or Origin (HK_ERR_REJECTED),
+ *   or rollback off; 404 no such route or module; 409 replay, a rollback
+ *   request used twice, or nothing to roll back to; 413 body over the cap
+ *   (before the body is read when it has a Content-Length, as soon as it
+ *   passes the cap when chunked); 422 artifact hash or size mismatch,
+ *   compile or validation refusal, a rollback target that is not the
+ *   previous release; 503 over a connection or memory limit, runtime busy
+ *   or closing; 500 other failures.
+ *
+ *   Every route but /healthz needs a Host that names the bound address
+ *   ("localhost" too on a loopback address, any address literal when bound
+ *   to 0.0.0.0 or ::) or one of allowed_hosts, and refuses an Origin other
+ *   than the endpoint's own: web pages cannot drive the endpoint by
+ *   cross-origin requests or DNS rebinding.
  *
  * Threads: every function here is safe from any thread unless stated. The
  * endpoint and the puller run on threads of their own and apply releases
@@ -76,17 +91,28 @@ typedef struct hk_endpoint_options {
                                 * /healthz; NULL = none */
     const char *tls_cert_file; /* PEM; with tls_key_file enables HTTPS */
     const char *tls_key_file;
-    const char *const *trusted_keys; /* public key files */
-    int ntrusted_keys;               /* up to 8 */
-    int allow_unsigned;              /* 1: with no trusted key, accept unsigned
-                                      * releases (tests, closed networks) */
-    const char *state_dir;           /* replay state; NULL = $XDG_STATE_HOME/hotkern/push
-                                      * (or ~/.local/state/...), "" = memory only */
-    size_t max_body_bytes;           /* default 64 MiB; base64 adds a third */
-    unsigned max_connections;        /* default 128 */
-    unsigned timeout_s;              /* idle timeout per connection, default 30 */
-    const hk_swap_options *swap;     /* template for each swap (copied); format,
-                                      * origin and stage are set per release */
+    const char *const *trusted_keys;  /* public key files */
+    int ntrusted_keys;                /* up to 8 */
+    int allow_unsigned;               /* 1: with no trusted key, accept unsigned
+                                       * releases (tests, closed networks) */
+    const char *state_dir;            /* anti-rollback state; NULL = $XDG_STATE_HOME/
+                                       * hotkern/releases (or ~/.local/state/...), shared
+                                       * with pullers; "" = memory only */
+    size_t max_body_bytes;            /* default 64 MiB; base64 adds a third */
+    unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
+    unsigned timeout_s;               /* idle timeout per connection, default 30 */
+    const hk_swap_options *swap;      /* template for each swap (copied); format,
+                                       * origin and stage are set per release */
+    unsigned per_ip_connections;      /* open at once from one address, default 128;
+                                       * beyond: 503 */
+    unsigned request_timeout_s;       /* whole request (headers and body), default 60 */
+    size_t max_inflight_bytes;        /* request bodies held at once, default twice
+                                       * max_body_bytes; beyond: 503 */
+    const char *const *allowed_hosts; /* names accepted in Host and Origin besides
+                                       * the bound address ("localhost" is, on a
+                                       * loopback address) */
+    int nallowed_hosts;
+    unsigned threads; /* event-loop threads, default 2 */
 } hk_endpoint_options;
 
 /* Fills o with the defaults above. */
@@ -130,8 +156,8 @@ typedef struct hk_pull_options {
     const char *const *trusted_keys; /* public key files */
     int ntrusted_keys;               /* up to 8 */
     int allow_unsigned;              /* as for the endpoint */
-    const char *state_dir;           /* NULL = $XDG_STATE_HOME/hotkern/pull-<hash of url>,
-                                      * "" = memory only */
+    const char *state_dir;           /* NULL = $XDG_STATE_HOME/hotkern/releases, the
+                                      * endpoint's default too; "" = memory only */
     const hk_swap_options *swap;     /* template for each swap (copied) */
 } hk_pull_options;
 

@@ -1,0 +1,414 @@
+/*
+ * The anti-rollback state: the newest release version accepted per module.
+ *
+ * One record per module, shared by every source that names the same state
+ * directory: the push endpoint, the puller and the `hotkern pull` verb. A
+ * release older than (or equal to) the record is refused whichever door it
+ * comes through, so a push of v5 cannot be undone by an origin still serving
+ * v3.
+ *
+ * On disk: DIR/accepted.json, {"format": 1, "modules": {"name": version}},
+ * replaced atomically (temp file, fsync, rename, fsync of the directory).
+ *
+ * Several processes on one directory. Every read and every write takes an
+ * flock on the directory itself (shared to read, exclusive to write) and
+ * re-reads the file, and a write merges: it raises one module's record and
+ * keeps every other record as the file has it now. So two programs that
+ * share a directory never erase each other's records, and each sees the
+ * other's acceptances at its next check. Locking the directory rather than a
+ * lock file keeps the directory's contents to the one file. Temp files left
+ * by a crash (accepted.json.tmp.*) are removed under the exclusive lock,
+ * when nobody can be writing one.
+ *
+ * Within one process, every source opened on the same directory shares one
+ * hkn_state (a registry keyed by the directory's real path). Its `txn` mutex
+ * is held by a source from the version check through the swap to the
+ * record (hkn_state_begin/hkn_state_end), so a pull and a push in one
+ * process cannot both pass the check and then commit out of order.
+ *
+ * Fail closed. A record that is not an integer in [1, 2^53) (a string,
+ * null, a negative or fractional number, 1e300), a duplicate module, an
+ * invalid module name, or text after the JSON refuses the state: at open the
+ * source does not start, later every check refuses, and the message names
+ * the file and the entry. Forgetting a record would reopen every older
+ * release of that module.
+ *
+ * Persist first. A source records the version before it asks the engine to
+ * commit (hkn_state_accept), and takes the record back only if the engine
+ * refuses (hkn_state_revert). A crash between the two leaves the version
+ * recorded: the release may have been committed, and recording too much only
+ * costs a re-push under a new version number, while recording too little
+ * would let the same release be replayed after a restart.
+ *
+ * Locks: registry_lock (the list of open states) before hkn_state.lock; txn
+ * before lock. The flock is only ever taken with lock held.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "net/net.h"
+
+#define HKN_MAX_JSON_INT 9007199254740991.0
+#define STATE_MAX_BYTES  (16 << 20)
+
+struct hkn_state {
+    /* Immutable after open. */
+    char *dir;  /* NULL: memory only */
+    char *path; /* dir/accepted.json */
+    int dirfd;  /* the directory, for flock; -1 in memory */
+
+    pthread_mutex_t txn; /* held by a source across check -> commit -> record */
+
+    pthread_mutex_t lock; /* guards what follows, and the file within the process */
+    cJSON *modules;       /* lock: memory only; with a file, the last state read */
+
+    /* registry_lock */
+    int refs;
+    struct hkn_state *next;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static hkn_state *registry; /* registry_lock: states with a directory */
+
+/* ---- reading and validating -------------------------------------------- */
+
+/* Checks and returns the modules object of a parsed state file; NULL with
+ * the reason in rep. */
+static cJSON *validate(const char *path, cJSON *root, hk_report *rep) {
+    cJSON *mods = cJSON_GetObjectItemCaseSensitive(root, "modules");
+    if (!cJSON_IsObject(root) || !cJSON_IsObject(mods)) {
+        hkn_fail(rep, HK_ERR_IO, "%s is corrupt (no \"modules\" object): fix or remove it", path);
+        return NULL;
+    }
+    for (const cJSON *m = mods->child; m; m = m->next) {
+        const char *name = m->string ? m->string : "";
+        if (!hkn_valid_name(name, 64)) {
+            hkn_fail(rep, HK_ERR_IO,
+                     "%s is corrupt: '%.64s' is not a module name: fix or remove the entry", path,
+                     name);
+            return NULL;
+        }
+        double d = cJSON_IsNumber(m) ? m->valuedouble : NAN;
+        if (!(d >= 1) || d > HKN_MAX_JSON_INT || floor(d) != d) {
+            hkn_fail(rep, HK_ERR_IO,
+                     "%s is corrupt: module '%s' has no version in [1, 2^53) (releases of it "
+                     "are refused until the entry is fixed or removed)",
+                     path, name);
+            return NULL;
+        }
+        for (const cJSON *o = mods->child; o != m; o = o->next)
+            if (!strcmp(o->string, name)) {
+                hkn_fail(rep, HK_ERR_IO, "%s is corrupt: module '%s' appears twice: keep one entry",
+                         path, name);
+                return NULL;
+            }
+    }
+    return mods;
+}
+
+/* Reads the file (the caller holds an flock); a missing file is empty. On
+ * success *out is a detached modules object, the caller's to delete. */
+static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
+    char *text = NULL;
+    size_t len = 0;
+    *out = NULL;
+    hk_report rrep = {0};
+    int err = hkn_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
+    if (err == HK_ERR_NOT_FOUND) {
+        *out = cJSON_CreateObject();
+        return *out ? 0 : hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    }
+    if (err)
+        return hkn_fail(rep, err, "%s", rrep.message);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (root && !hkn_json_rest_blank(end, text + len)) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    if (!root) {
+        err = hkn_fail(rep, HK_ERR_IO, "%s is corrupt (not one JSON object): fix or remove it",
+                       s->path);
+    } else if (validate(s->path, root, rep)) {
+        *out = cJSON_DetachItemFromObjectCaseSensitive(root, "modules");
+    } else {
+        err = HK_ERR_IO;
+    }
+    cJSON_Delete(root);
+    free(text);
+    return err;
+}
+
+static uint64_t value_of(const cJSON *mods, const char *module) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(mods, module);
+    return cJSON_IsNumber(v) ? (uint64_t)v->valuedouble : 0;
+}
+
+static int flock_or_fail(hkn_state *s, int how, hk_report *rep) {
+    while (flock(s->dirfd, how) != 0) {
+        if (errno != EINTR)
+            return hkn_fail(rep, HK_ERR_IO, "lock %s: %s", s->dir, strerror(errno));
+    }
+    return 0;
+}
+
+/* Removes accepted.json.tmp.* files: called with the exclusive flock held,
+ * when no process can be writing one. */
+static void clean_temps(hkn_state *s) {
+    int fd = openat(s->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "accepted.json.tmp.", 18))
+            unlinkat(s->dirfd, e->d_name, 0);
+    closedir(d);
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+static int write_state(hkn_state *s, const cJSON *mods, hk_report *rep) {
+    cJSON *root = cJSON_CreateObject();
+    int err = 0;
+    char *text = NULL;
+    if (!root || !cJSON_AddNumberToObject(root, "format", 1)) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    cJSON_AddItemReferenceToObject(root, "modules", (cJSON *)mods);
+    if (!(text = cJSON_Print(root))) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    err = hkn_write_atomic(s->path, text, strlen(text), 0600, rep);
+out:
+    cJSON_Delete(root);
+    free(text);
+    return err;
+}
+
+static int set_value(cJSON *mods, const char *module, uint64_t v) {
+    if (v == 0) {
+        cJSON_DeleteItemFromObjectCaseSensitive(mods, module);
+        return 0;
+    }
+    cJSON *num = cJSON_CreateNumber((double)v);
+    if (!num)
+        return HK_ERR_NOMEM;
+    if (cJSON_GetObjectItemCaseSensitive(mods, module))
+        cJSON_ReplaceItemInObjectCaseSensitive(mods, module, num);
+    else
+        cJSON_AddItemToObject(mods, module, num);
+    return 0;
+}
+
+/* Read-modify-write under the exclusive flock: sets module to `to` when its
+ * current record satisfies `cond` (1: below `to`; 2: equal to `expect`). */
+static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint64_t expect,
+                  hk_report *rep) {
+    int err = 0;
+    cJSON *mods = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (!s->dir) {
+        uint64_t cur = value_of(s->modules, module);
+        if ((cond == 1 && to > cur) || (cond == 2 && cur == expect))
+            err = set_value(s->modules, module, to) ? hkn_fail(rep, HK_ERR_NOMEM, "out of memory")
+                                                    : 0;
+        pthread_mutex_unlock(&s->lock);
+        return err;
+    }
+    if ((err = flock_or_fail(s, LOCK_EX, rep)))
+        goto out;
+    if ((err = read_state(s, &mods, rep)))
+        goto unlock;
+    uint64_t cur = value_of(mods, module);
+    if ((cond == 1 && to > cur) || (cond == 2 && cur == expect)) {
+        if (set_value(mods, module, to)) {
+            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            goto unlock;
+        }
+        if ((err = write_state(s, mods, rep)))
+            goto unlock;
+    }
+    cJSON_Delete(s->modules);
+    s->modules = mods;
+    mods = NULL;
+unlock:
+    flock(s->dirfd, LOCK_UN);
+out:
+    pthread_mutex_unlock(&s->lock);
+    cJSON_Delete(mods);
+    return err;
+}
+
+/* ---- public ------------------------------------------------------------ */
+
+static void state_free(hkn_state *s) {
+    if (!s)
+        return;
+    cJSON_Delete(s->modules);
+    if (s->dirfd >= 0)
+        close(s->dirfd);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->txn);
+    free(s->dir);
+    free(s->path);
+    free(s);
+}
+
+int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
+    *out = NULL;
+    int err = 0;
+    char real[PATH_MAX];
+    hkn_state *s = NULL;
+    if (dir) {
+        if ((err = hkn_mkdir_p(dir, rep)))
+            return err;
+        if (!realpath(dir, real))
+            return hkn_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
+        pthread_mutex_lock(&registry_lock);
+        for (s = registry; s; s = s->next)
+            if (!strcmp(s->dir, real))
+                break;
+        if (s) {
+            s->refs++;
+            pthread_mutex_unlock(&registry_lock);
+            *out = s;
+            return 0;
+        }
+    }
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    s->dirfd = -1;
+    s->refs = 1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->txn, NULL);
+    if (!dir) {
+        if (!(s->modules = cJSON_CreateObject())) {
+            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        *out = s;
+        return 0;
+    }
+    if (!(s->dir = strdup(real)) || asprintf(&s->path, "%s/accepted.json", real) < 0) {
+        s->path = NULL;
+        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((s->dirfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        err = hkn_fail(rep, HK_ERR_IO, "open %s: %s", real, strerror(errno));
+        goto fail;
+    }
+    /* Refuse to start rather than forget what was accepted. */
+    if ((err = flock_or_fail(s, LOCK_EX, rep)))
+        goto fail;
+    err = read_state(s, &s->modules, rep);
+    if (!err)
+        clean_temps(s);
+    flock(s->dirfd, LOCK_UN);
+    if (err)
+        goto fail;
+    s->next = registry;
+    registry = s;
+    pthread_mutex_unlock(&registry_lock);
+    *out = s;
+    return 0;
+fail:
+    if (dir)
+        pthread_mutex_unlock(&registry_lock);
+    state_free(s);
+    return err;
+}
+
+void hkn_state_close(hkn_state *s) {
+    if (!s)
+        return;
+    if (s->dir) {
+        pthread_mutex_lock(&registry_lock);
+        int last = --s->refs == 0;
+        if (last)
+            for (hkn_state **pp = &registry; *pp; pp = &(*pp)->next)
+                if (*pp == s) {
+                    *pp = s->next;
+                    break;
+                }
+        pthread_mutex_unlock(&registry_lock);
+        if (!last)
+            return;
+    }
+    state_free(s);
+}
+
+int hkn_state_lookup(hkn_state *s, const char *module, uint64_t *out, hk_report *rep) {
+    int err = 0;
+    *out = 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->dir) {
+        cJSON *mods = NULL;
+        if (!(err = flock_or_fail(s, LOCK_SH, rep))) {
+            err = read_state(s, &mods, rep);
+            flock(s->dirfd, LOCK_UN);
+        }
+        if (!err) {
+            cJSON_Delete(s->modules);
+            s->modules = mods;
+        }
+    }
+    if (!err)
+        *out = value_of(s->modules, module);
+    pthread_mutex_unlock(&s->lock);
+    return err;
+}
+
+uint64_t hkn_state_get(hkn_state *s, const char *module) {
+    uint64_t v;
+    hk_report rep = {0};
+    int err = hkn_state_lookup(s, module, &v, &rep);
+    hkn_report_reset(&rep);
+    /* Fail closed: an unreadable record refuses every version. */
+    return err ? UINT64_MAX : v;
+}
+
+int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
+    /* What could not be read back must not be written. */
+    if (!hkn_valid_name(module, 64) || version == 0 || (double)version > HKN_MAX_JSON_INT)
+        return hkn_fail(rep, HK_ERR_INVALID, "cannot record '%.64s' v%llu", module,
+                        (unsigned long long)version);
+    return update(s, module, version, 1, 0, rep);
+}
+
+int hkn_state_revert(hkn_state *s, const char *module, uint64_t version, uint64_t previous,
+                     hk_report *rep) {
+    return update(s, module, previous, 2, version, rep);
+}
+
+void hkn_state_begin(hkn_state *s) {
+    pthread_mutex_lock(&s->txn);
+}
+
+void hkn_state_end(hkn_state *s) {
+    pthread_mutex_unlock(&s->txn);
+}
+
+const char *hkn_state_path(const hkn_state *s) {
+    return s->path;
+}
