@@ -163,13 +163,21 @@ typedef struct hk_event {
 } hk_event;
 
 /* Called on the thread that performed the swap (the caller of hk_swap, the
- * worker, or the caller of hk_safe_point), with no hotkern lock held: it may
- * call hotkern, but not hk_runtime_destroy. */
+ * worker, or the caller of hk_safe_point; RECLAIMED and CONTEXT_RESET on
+ * hotkern's reclaim thread), with no hotkern lock held: it may call hotkern,
+ * but not hk_runtime_destroy. Calls that would wait for the thread the event
+ * runs on return HK_ERR_BUSY at once: hk_wait_idle on the worker,
+ * hk_reclaim_wait on the reclaim thread. */
 typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 
-/* Caller-supplied validation, run after staging and before commit. Return
- * 0 to accept; anything else refuses the version with HK_ERR_REJECTED, and
- * the text written to msg (NUL-terminated, up to msg_size) goes to the report. */
+/* Caller-supplied validation, run after staging and before commit, while the
+ * swap holds the runtime's swap lock (launches are not held). Return 0 to
+ * accept; anything else refuses the version with HK_ERR_REJECTED, and the text
+ * written to msg (NUL-terminated, up to msg_size) goes to the report.
+ * It may call hk_module_version, hk_module_global, hk_pin_module/hk_unpin,
+ * hk_launch and hk_stats_get (they answer at once); hk_swap, hk_rollback,
+ * hk_kernel_get, hk_safe_point and graph (un)registration on the same runtime
+ * return HK_ERR_BUSY instead of waiting for the swap that runs the callback. */
 typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata, char *msg,
                            size_t msg_size);
 
@@ -295,12 +303,14 @@ HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t
  * Call it where the application's GPU work is idle (e.g. right after the
  * per-frame synchronize): code uploaded or unloaded then costs running threads
  * nothing, while uploading code into a busy context waits for all its work and
- * stalls every launching thread meanwhile. Returns the number of versions
- * committed (refusals are reported through on_event). Safe from any thread. */
+ * stalls every launching thread meanwhile. Never synchronises the GPU itself.
+ * Returns the number of versions committed (refusals are reported through
+ * on_event), or HK_ERR_BUSY from a check callback. Safe from any thread. */
 HK_API int hk_safe_point(hk_runtime *rt);
 
 /* Waits until every submitted version has been committed or refused (pending
- * safe-point versions excepted) and returns 0, or HK_ERR_TIMEOUT. */
+ * safe-point versions excepted) and returns 0, or HK_ERR_TIMEOUT; HK_ERR_BUSY
+ * at once when called on the worker thread (from one of its events). */
 HK_API int hk_wait_idle(hk_runtime *rt, int timeout_ms);
 
 /* Commits the previous kept image of `name` again, as a new version number.
@@ -402,7 +412,9 @@ HK_API void hk_stats_get(hk_runtime *rt, hk_stats *out);
 
 /* Waits until every retired version is unloaded, or timeout_ms passes.
  * Versions replaced at a safe point are unloaded at the next one, so this
- * waits for that too. Returns 0 or HK_ERR_TIMEOUT. */
+ * waits for that too; a version pinned, or held by a graph captured from
+ * hk_launch, waits for its pin or graph. Returns 0 or HK_ERR_TIMEOUT;
+ * HK_ERR_BUSY at once on hotkern's reclaim thread (from a RECLAIMED event). */
 HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
 
 /* ---- sources: watched directories ------------------------------------- */
