@@ -68,7 +68,14 @@
     X(MemcpyDtoDAsync, cuMemcpyDtoDAsync)                                                          \
     X(UserObjectCreate, cuUserObjectCreate)                                                        \
     X(UserObjectRelease, cuUserObjectRelease)                                                      \
-    X(GraphRetainUserObject, cuGraphRetainUserObject)
+    X(GraphRetainUserObject, cuGraphRetainUserObject)                                              \
+    X(KernelSetAttribute, cuKernelSetAttribute)                                                    \
+    X(KernelGetAttribute, cuKernelGetAttribute)                                                    \
+    X(KernelSetCacheConfig, cuKernelSetCacheConfig)                                                \
+    X(FuncSetAttribute, cuFuncSetAttribute)                                                        \
+    X(FuncGetAttribute, cuFuncGetAttribute)                                                        \
+    X(FuncSetCacheConfig, cuFuncSetCacheConfig)                                                    \
+    X(LaunchKernelEx, cuLaunchKernelEx)
 
 /* Entry points whose CUDA 13 ABI differs from the prototype cuda.h still
  * declares under the plain name: cuGetProcAddress(sym, CUDA_VERSION) returns

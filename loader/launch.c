@@ -71,6 +71,7 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
     k->rt = rt;
     k->mod = m;
     k->slot = m->nkernels;
+    k->cache_config = -1;
     if ((err = hkl_resolve_slot(rt, v, k, NULL)) < 0) {
         err = err == HK_ERR_MISSING_KERNEL ? HK_ERR_NOT_FOUND : err;
         goto out;
@@ -127,15 +128,31 @@ static void capture_pin_release(void *arg) {
     free(p);
 }
 
-/* hk_launch into a capturing stream. Entered inside the epoch (s), which
+/* One launch: cuLaunchKernelEx with lc, or cuLaunchKernel with the rest. */
+typedef struct launch_req {
+    const CUlaunchConfig *lc;
+    hk_dim3 g, b;
+    unsigned shm;
+    CUstream stream;
+    void **args;
+} launch_req;
+
+static CUresult raw_launch(hk_runtime *rt, void *f, const launch_req *q) {
+    if (q->lc)
+        return rt->drv->LaunchKernelEx(q->lc, (CUfunction)f, q->args, NULL);
+    return rt->drv->LaunchKernel((CUfunction)f, q->g.x, q->g.y, q->g.z, q->b.x, q->b.y, q->b.z,
+                                 q->shm, q->stream, q->args, NULL);
+}
+
+/* A launch into a capturing stream. Entered inside the epoch (s), which
  * keeps v loaded until the pin is taken. If the pin cannot be handed to the
  * graph, the version stays pinned for good: a leak, never a dangling node. */
-static int launch_captured(hk_runtime *rt, hkl_tslot *s, hkl_version *v, void *f, hk_dim3 g,
-                           hk_dim3 b, unsigned shm, CUstream stream, void **args, int *cu) {
+static int launch_captured(hk_runtime *rt, hkl_tslot *s, hkl_version *v, void *f,
+                           const launch_req *q, int *cu) {
+    CUstream stream = q->stream;
     capture_pin *p = malloc(sizeof *p);
     atomic_fetch_add(&v->pins, 1);
-    CUresult r =
-        rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm, stream, args, NULL);
+    CUresult r = raw_launch(rt, f, q);
     hkl_exit(s);
     if (r != CUDA_SUCCESS) {
         hkl_version_unpin(rt, v);
@@ -177,8 +194,10 @@ int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, vo
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     if (__builtin_expect(rt->drv->StreamIsCapturing((CUstream)stream, &cs) == CUDA_SUCCESS &&
                              cs == CU_STREAM_CAPTURE_STATUS_ACTIVE,
-                         0))
-        return launch_captured(rt, s, v, f, g, b, shm, (CUstream)stream, args, cu);
+                         0)) {
+        launch_req q = {NULL, g, b, shm, (CUstream)stream, args};
+        return launch_captured(rt, s, v, f, &q, cu);
+    }
     CUresult r = rt->drv->LaunchKernel((CUfunction)f, g.x, g.y, g.z, b.x, b.y, b.z, shm,
                                        (CUstream)stream, args, NULL);
     hkl_exit(s);
@@ -188,6 +207,210 @@ int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, vo
         return 0;
     }
     return launch_failed(rt, r, cu);
+}
+
+void hk_launch_config_init(hk_launch_config *c) {
+    memset(c, 0, sizeof *c);
+    c->size = sizeof *c;
+    c->grid = c->block = (hk_dim3){1, 1, 1};
+}
+
+int hk_launch_ex(hk_kernel *k, const hk_launch_config *c, void **args, int *cu) {
+    if (!k || !c || c->size < sizeof *c)
+        return HK_ERR_INVALID;
+    CUlaunchAttribute at[4];
+    unsigned n = 0;
+    memset(at, 0, sizeof at);
+    if (c->cluster.x) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        at[n].value.clusterDim.x = c->cluster.x;
+        at[n].value.clusterDim.y = c->cluster.y ? c->cluster.y : 1;
+        at[n++].value.clusterDim.z = c->cluster.z ? c->cluster.z : 1;
+    }
+    if (c->cooperative) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        at[n++].value.cooperative = 1;
+    }
+    if (c->programmatic_serialization) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at[n++].value.programmaticStreamSerializationAllowed = 1;
+    }
+    if (c->has_priority) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+        at[n++].value.priority = c->priority;
+    }
+    CUlaunchConfig lc = {.gridDimX = c->grid.x,
+                         .gridDimY = c->grid.y,
+                         .gridDimZ = c->grid.z,
+                         .blockDimX = c->block.x,
+                         .blockDimY = c->block.y,
+                         .blockDimZ = c->block.z,
+                         .sharedMemBytes = c->shared_bytes,
+                         .hStream = (CUstream)c->stream,
+                         .attrs = at,
+                         .numAttrs = n};
+    launch_req q = {&lc, c->grid, c->block, c->shared_bytes, (CUstream)c->stream, args};
+    hk_runtime *rt = k->rt;
+    hkl_tslot *s = hkl_enter(rt);
+    if (!s)
+        return HK_ERR_NOMEM;
+    hkl_version *v = atomic_load(&k->mod->current);
+    void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (rt->drv->StreamIsCapturing(q.stream, &cs) == CUDA_SUCCESS &&
+        cs == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return launch_captured(rt, s, v, f, &q, cu);
+    CUresult r = raw_launch(rt, f, &q);
+    hkl_exit(s);
+    if (r == CUDA_SUCCESS) {
+        if (cu)
+            *cu = 0;
+        return 0;
+    }
+    return launch_failed(rt, r, cu);
+}
+
+/* ---- attributes ---------------------------------------------------------- */
+
+static const char *attr_name(int a) {
+    switch (a) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        return "max dynamic shared memory";
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        return "preferred shared memory carveout";
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+        return "required cluster width";
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+        return "required cluster height";
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+        return "required cluster depth";
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        return "non-portable cluster size";
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        return "cluster scheduling policy";
+    case -1:
+        return "cache config";
+    default:
+        return "attribute";
+    }
+}
+
+/* Sets one attribute (cache config: attr -1) on v's function of slot on
+ * device slot d. Module loader: the context of device 0 is current. */
+static CUresult set_one(hk_runtime *rt, hkl_version *v, int slot, int d, int attr, int value) {
+    const hkl_driver *drv = rt->drv;
+    void *fn = atomic_load(&v->fn)[slot];
+    if (rt->opt.loader == HK_LOADER_LIBRARY)
+        return attr < 0
+                   ? drv->KernelSetCacheConfig((CUkernel)fn, (CUfunc_cache)value, rt->dev[d].dev)
+                   : drv->KernelSetAttribute((CUfunction_attribute)attr, value, (CUkernel)fn,
+                                             rt->dev[d].dev);
+    return attr < 0 ? drv->FuncSetCacheConfig((CUfunction)fn, (CUfunc_cache)value)
+                    : drv->FuncSetAttribute((CUfunction)fn, (CUfunction_attribute)attr, value);
+}
+
+/* Reports an attribute v's kernel would not take, with the shared memory
+ * arithmetic when that is what failed. */
+static int attr_refused(hk_runtime *rt, hkl_version *v, const hk_kernel *k, int d, int attr,
+                        int value, CUresult r, hk_report *rep) {
+    if (!rep)
+        return HK_ERR_ATTRIBUTE;
+    char extra[160] = "";
+    if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+        void *fn = atomic_load(&v->fn)[k->slot];
+        int stat = 0, limit = 0;
+        if (rt->opt.loader == HK_LOADER_LIBRARY)
+            rt->drv->KernelGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, (CUkernel)fn,
+                                        rt->dev[d].dev);
+        else
+            rt->drv->FuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, (CUfunction)fn);
+        rt->drv->DeviceGetAttribute(&limit, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                    rt->dev[d].dev);
+        snprintf(extra, sizeof extra,
+                 " (static shared memory %d bytes + %d dynamic, device limit %d bytes)", stat,
+                 value, limit);
+    }
+    snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
+    rep->cu_result = (int)r;
+    snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(rt->drv, r));
+    hkl_report_set(rep, HK_ERR_ATTRIBUTE,
+                   "kernel '%s' of '%s' version %llu does not take %s = %d on device %d: %s%s",
+                   k->name, k->mod->name, (unsigned long long)v->number, attr_name(attr), value,
+                   rt->dev[d].ordinal, hkl_cu_name(rt->drv, r), extra);
+    return HK_ERR_ATTRIBUTE;
+}
+
+int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep) {
+    int ndev = rt->opt.loader == HK_LOADER_LIBRARY ? rt->ndev : 1;
+    for (int d = 0; d < ndev; d++) {
+        for (int i = 0; i < k->nattrs; i++) {
+            CUresult r = set_one(rt, v, k->slot, d, k->attrs[i].attr, k->attrs[i].value);
+            if (r != CUDA_SUCCESS)
+                return attr_refused(rt, v, k, d, k->attrs[i].attr, k->attrs[i].value, r, rep);
+        }
+        if (k->cache_config >= 0) {
+            CUresult r = set_one(rt, v, k->slot, d, -1, k->cache_config);
+            if (r != CUDA_SUCCESS)
+                return attr_refused(rt, v, k, d, -1, k->cache_config, r, rep);
+        }
+    }
+    return 0;
+}
+
+/* Sets attr (-1: cache config) on the current version and keeps it. */
+static int kernel_set(hk_kernel *k, int attr, int value, hk_report *rep) {
+    if (rep)
+        hk_report_clear(rep);
+    if (!k)
+        return HK_ERR_INVALID;
+    hk_runtime *rt = k->rt;
+    if (hkl_swap_held(rt))
+        return HK_ERR_BUSY; /* from a check callback */
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
+    int i = 0, err = 0;
+    if (attr >= 0)
+        for (; i < k->nattrs && k->attrs[i].attr != attr; i++)
+            ;
+    if (attr >= 0 && i == HKL_MAX_ATTRS) {
+        hkl_report_set(rep, HK_ERR_INVALID, "at most %d attributes per kernel", HKL_MAX_ATTRS);
+        err = HK_ERR_INVALID;
+    } else {
+        hkl_gate_close(rt);
+        int pushed = hkl_ctx_push(rt, 0) == 0;
+        hkl_version *v = atomic_load(&k->mod->current);
+        int ndev = rt->opt.loader == HK_LOADER_LIBRARY ? rt->ndev : 1;
+        for (int d = 0; d < ndev && !err; d++) {
+            CUresult r = set_one(rt, v, k->slot, d, attr, value);
+            if (r != CUDA_SUCCESS)
+                err = attr_refused(rt, v, k, d, attr, value, r, rep);
+        }
+        if (pushed)
+            hkl_ctx_pop(rt);
+        hkl_gate_open(rt);
+    }
+    if (!err && attr < 0) {
+        k->cache_config = value;
+    } else if (!err) {
+        k->attrs[i].attr = attr;
+        k->attrs[i].value = value;
+        k->nattrs += i == k->nattrs;
+    }
+    hkl_swap_unlock(rt, 0);
+    hkl_unrelax(rt, mode);
+    return err;
+}
+
+int hk_kernel_set_attribute(hk_kernel *k, int attribute, int value, hk_report *rep) {
+    if (attribute < 0)
+        return HK_ERR_INVALID;
+    return kernel_set(k, attribute, value, rep);
+}
+
+int hk_kernel_set_cache_config(hk_kernel *k, int config, hk_report *rep) {
+    if (config < 0)
+        return HK_ERR_INVALID;
+    return kernel_set(k, -1, config, rep);
 }
 
 int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out) {

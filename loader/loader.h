@@ -49,6 +49,7 @@
 
 #define HKL_MAX_DEVICES 16
 #define HKL_NAME_MAX    64
+#define HKL_MAX_ATTRS   16
 
 typedef struct hkl_module hkl_module;
 typedef struct hkl_version hkl_version;
@@ -150,6 +151,13 @@ struct hk_kernel {
     char *name;
     /* swap_lock: the layout every new version must match */
     hkl_param_layout layout;
+    /* swap_lock: attributes set through the handle, applied to every new
+     * version before its commit; cache_config < 0: none */
+    struct {
+        int attr, value;
+    } attrs[HKL_MAX_ATTRS];
+    int nattrs;
+    int cache_config;
 };
 
 struct hk_pin {
@@ -336,6 +344,7 @@ CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
 void hkl_version_free(hkl_version *v);
 void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 const char *hkl_entry_name(const hkl_version *v, const char *name);
+int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
 int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
 void hkl_layout_free(hkl_param_layout *l);
 

@@ -87,6 +87,8 @@ const char *hk_strerror(int err) {
         return "CUDA context was reset";
     case HK_ERR_SUPERSEDED:
         return "a newer version was committed first";
+    case HK_ERR_ATTRIBUTE:
+        return "a kernel attribute does not fit the new version";
     default:
         return "unknown error";
     }

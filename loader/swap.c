@@ -547,6 +547,8 @@ static int stage_and_validate(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl
             return err;
         if (newlay && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
             return err;
+        if ((err = hkl_apply_attrs(rt, v, k, rep)) < 0)
+            return err;
     }
     return 0;
 }

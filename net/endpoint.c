@@ -259,6 +259,7 @@ static unsigned http_status(int err) {
     case HK_ERR_HASH:
     case HK_ERR_COMPILE:
     case HK_ERR_ARCH:
+    case HK_ERR_ATTRIBUTE:
     case HK_ERR_MISSING_KERNEL:
     case HK_ERR_LAYOUT:
     case HK_ERR_GLOBAL_SIZE:

@@ -87,6 +87,7 @@ const char *hkn_error_name(int err) {
         "HK_ERR_TIMEOUT",
         "HK_ERR_CONTEXT_RESET",
         "HK_ERR_SUPERSEDED",
+        "HK_ERR_ATTRIBUTE",
     };
     int i = -err;
     if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])

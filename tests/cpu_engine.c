@@ -119,9 +119,9 @@ START_TEST(no_driver_is_reported) {
 END_TEST
 
 START_TEST(error_strings_are_distinct) {
-    for (int a = 0; a >= HK_ERR_SUPERSEDED; a--) {
+    for (int a = 0; a >= HK_ERR_ATTRIBUTE; a--) {
         ck_assert_str_ne(hk_strerror(a), "unknown error");
-        for (int b = a - 1; b >= HK_ERR_SUPERSEDED; b--)
+        for (int b = a - 1; b >= HK_ERR_ATTRIBUTE; b--)
             ck_assert_str_ne(hk_strerror(a), hk_strerror(b));
     }
     ck_assert_str_eq(hk_strerror(-9999), "unknown error");
@@ -1042,6 +1042,115 @@ START_TEST(swaps_under_concurrent_launches) {
 }
 END_TEST
 
+/* ---- kernel attributes and extended launches --------------------------- */
+
+/* The fake's function behind k's current version (context of device 0). */
+static void *current_fn(hk_kernel *k) {
+    void *f = NULL;
+    fake_driver()->CtxSetCurrent((CUcontext)hk_runtime_context(rt, 0));
+    ck_assert_int_eq(hk_kernel_function(k, &f), 0);
+    fake_driver()->CtxSetCurrent(NULL);
+    return f;
+}
+
+static char *with_shared(int bytes, const char *src) {
+    static char buf[4][2200];
+    static int next;
+    char *b = buf[next++ % 4];
+    snprintf(b, sizeof buf[0], "// shared: %d\n%s", bytes, src);
+    return b;
+}
+
+START_TEST(attributes_survive_swaps) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(hk_kernel_set_attribute(k, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             100 << 10, &rep),
+                     0);
+    ck_assert_int_eq(hk_kernel_set_cache_config(k, CU_FUNC_CACHE_PREFER_SHARED, &rep), 0);
+    ck_assert_int_eq(
+        fake_kernel_attr(current_fn(k), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+        100 << 10);
+    for (int i = 0; i < 10; i++) {
+        swap_ok("sim", ptx(2 + i, 0, 0, 0), &rep);
+        void *f = current_fn(k);
+        ck_assert_int_eq(fake_tag_of(f), 2 + i);
+        ck_assert_int_eq(fake_kernel_attr(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+                         100 << 10);
+        ck_assert_int_eq(fake_kernel_attr(f, -1), CU_FUNC_CACHE_PREFER_SHARED);
+    }
+    ck_assert_int_eq(launch_tag(k), 11);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A version whose static shared memory leaves no room for the dynamic size
+ * the handle asked for is refused; the old version runs on. */
+START_TEST(attribute_that_does_not_fit_refuses_version) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(1, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    ck_assert_int_eq(
+        hk_kernel_set_attribute(k, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 200000, &rep),
+        0);
+    ck_assert_int_eq(swap_src("sim", with_shared(48000, ptx(2, 0, 0, 0)), &rep), HK_ERR_ATTRIBUTE);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_INVALID_VALUE");
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_msg(strstr(rep.message, "static shared memory 48000 bytes + 200000 dynamic"), "%s",
+                  rep.message);
+    ck_assert_int_eq(launch_tag(k), 1);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+    /* Refused on the current version: the value kept before stays. */
+    ck_assert_int_eq(
+        hk_kernel_set_attribute(k, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100000, &rep),
+        0);
+    swap_ok("sim", with_shared(100000, ptx(3, 0, 0, 0)), &rep);
+    ck_assert_int_eq(
+        hk_kernel_set_attribute(k, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 200000, &rep),
+        HK_ERR_ATTRIBUTE);
+    swap_ok("sim", ptx(4, 0, 0, 0), &rep);
+    ck_assert_int_eq(
+        fake_kernel_attr(current_fn(k), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), 100000);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(launch_ex_passes_its_options) {
+    hk_report rep = {0};
+    swap_ok("sim", ptx(4, 0, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    hk_launch_config c;
+    hk_launch_config_init(&c);
+    c.cluster = (hk_dim3){2, 1, 1};
+    c.cooperative = 1;
+    c.has_priority = 1;
+    c.priority = -1;
+    int out = 0, *dptr = &out, cu = 0;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    ck_assert_int_eq(hk_launch_ex(k, &c, args, &cu), 0);
+    ck_assert_int_eq(out, 4);
+    int ids[8];
+    ck_assert_int_eq(fake_last_launch_ex(ids, 8), 3);
+    ck_assert_int_eq(ids[0], CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+    ck_assert_int_eq(ids[1], CU_LAUNCH_ATTRIBUTE_COOPERATIVE);
+    ck_assert_int_eq(ids[2], CU_LAUNCH_ATTRIBUTE_PRIORITY);
+    swap_ok("sim", ptx(5, 0, 0, 0), &rep);
+    ck_assert_int_eq(hk_launch_ex(k, &c, args, &cu), 0);
+    ck_assert_int_eq(out, 5);
+    hk_launch_config old = c;
+    old.size = sizeof old - 1; /* a config this build does not know */
+    ck_assert_int_eq(hk_launch_ex(k, &old, args, &cu), HK_ERR_INVALID);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("engine (fake driver)");
     TCase *tc = tcase_create("engine");
@@ -1076,6 +1185,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, auto_stage_follows_safe_points);
     tcase_add_test(tc, auto_stage_falls_back_without_safe_points);
     tcase_add_test(tc, swaps_under_concurrent_launches);
+    tcase_add_test(tc, attributes_survive_swaps);
+    tcase_add_test(tc, attribute_that_does_not_fit_refuses_version);
+    tcase_add_test(tc, launch_ex_passes_its_options);
     suite_add_tcase(s, tc);
     return s;
 }

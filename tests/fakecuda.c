@@ -25,16 +25,21 @@ typedef struct fctx {
 
 typedef struct fimage fimage;
 
+#define FAKE_SMEM_OPTIN 232448 /* sm_90's opt-in shared memory per block */
+
 typedef struct fkern {
     fimage *img;
     int entry;
+    int attr_id[8], attr_val[8]; /* attributes set (cache config: id -1) */
+    int nattr;
 } fkern;
 
 struct fimage {
     int is_module;
     int dead;
     int tag;
-    fctx *ctx; /* modules */
+    int shared; /* static shared bytes of every kernel ("// shared: N") */
+    fctx *ctx;  /* modules */
     unsigned long long ctx_id;
     hkp_meta meta;
     fkern *kerns;
@@ -390,9 +395,10 @@ static CUresult f_DeviceGetCount(int *n) {
     return CUDA_SUCCESS;
 }
 static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
-    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? F.arch / 10
-         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? F.arch % 10
-                                                             : 0;
+    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR            ? F.arch / 10
+         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR          ? F.arch % 10
+         : a == CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ? FAKE_SMEM_OPTIN
+                                                                      : 0;
     return CUDA_SUCCESS;
 }
 static CUresult f_DeviceGetName(char *name, int len, CUdevice d) {
@@ -490,11 +496,13 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     }
     const char *t = strstr(text, "tag:");
     im->tag = t ? atoi(t + 4) : 0;
+    const char *sh = strstr(text, "shared:");
+    im->shared = sh ? atoi(sh + 7) : 0;
     im->is_module = is_module;
     im->kerns = calloc((size_t)im->meta.nentries + 1, sizeof *im->kerns);
     im->gmem = calloc((size_t)im->meta.nglobals + 1, sizeof *im->gmem);
     for (int k = 0; k < im->meta.nentries; k++)
-        im->kerns[k] = (fkern){im, k};
+        im->kerns[k] = (fkern){.img = im, .entry = k};
     for (int g = 0; g < im->meta.nglobals; g++)
         im->gmem[g] = calloc(1, im->meta.globals[g].size + 1);
     im->ctx = current();
@@ -892,6 +900,92 @@ static CUresult f_GraphLaunch(CUgraphExec e, CUstream s) {
     ENTER("cuGraphLaunch");
     fgraph *g = (fgraph *)e;
     LEAVE(run((fkern *)g->params.func, g->params.kernelParams));
+}
+
+/* Attributes: recorded per kernel; a dynamic shared size that does not fit
+ * beside the kernel's static shared memory is refused, as on the device.
+ * Lock held. */
+static CUresult set_attr(fkern *fk, int id, int val) {
+    if (fk->img->dead)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (id == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+        val + fk->img->shared > FAKE_SMEM_OPTIN)
+        return CUDA_ERROR_INVALID_VALUE;
+    int i;
+    for (i = 0; i < fk->nattr && fk->attr_id[i] != id; i++)
+        ;
+    if (i == 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk->attr_id[i] = id;
+    fk->attr_val[i] = val;
+    fk->nattr += i == fk->nattr;
+    return CUDA_SUCCESS;
+}
+static CUresult get_attr(fkern *fk, int id, int *val) {
+    *val = 0;
+    if (id == CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        *val = fk->img->shared;
+    for (int i = 0; i < fk->nattr; i++)
+        if (fk->attr_id[i] == id)
+            *val = fk->attr_val[i];
+    return CUDA_SUCCESS;
+}
+static CUresult f_KernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevice d) {
+    ENTER("cuKernelSetAttribute");
+    LEAVE(set_attr((fkern *)k, (int)a, v));
+}
+static CUresult f_KernelGetAttribute(int *v, CUfunction_attribute a, CUkernel k, CUdevice d) {
+    ENTER("cuKernelGetAttribute");
+    LEAVE(get_attr((fkern *)k, (int)a, v));
+}
+static CUresult f_KernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice d) {
+    ENTER("cuKernelSetCacheConfig");
+    LEAVE(set_attr((fkern *)k, -1, (int)c));
+}
+static CUresult f_FuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    ENTER("cuFuncSetAttribute");
+    LEAVE(set_attr((fkern *)f, (int)a, v));
+}
+static CUresult f_FuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
+    ENTER("cuFuncGetAttribute");
+    LEAVE(get_attr((fkern *)f, (int)a, v));
+}
+static CUresult f_FuncSetCacheConfig(CUfunction f, CUfunc_cache c) {
+    ENTER("cuFuncSetCacheConfig");
+    LEAVE(set_attr((fkern *)f, -1, (int)c));
+}
+
+static int last_ex_ids[8], last_ex_n = -1;
+
+static CUresult f_LaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **args, void **extra) {
+    pthread_mutex_lock(&F.lock);
+    last_ex_n = (int)c->numAttrs;
+    for (unsigned i = 0; i < c->numAttrs && i < 8; i++)
+        last_ex_ids[i] = (int)c->attrs[i].id;
+    pthread_mutex_unlock(&F.lock);
+    return f_LaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                          c->blockDimZ, c->sharedMemBytes, c->hStream, args, extra);
+}
+
+int fake_kernel_attr(void *fn, int id) {
+    pthread_mutex_lock(&F.lock);
+    fkern *fk = fn;
+    int v = -1;
+    for (int i = 0; i < fk->nattr; i++)
+        if (fk->attr_id[i] == id)
+            v = fk->attr_val[i];
+    pthread_mutex_unlock(&F.lock);
+    return v;
+}
+
+int fake_last_launch_ex(int *ids, int max) {
+    pthread_mutex_lock(&F.lock);
+    int n = last_ex_n;
+    for (int i = 0; i < n && i < max; i++)
+        ids[i] = last_ex_ids[i];
+    last_ex_n = -1;
+    pthread_mutex_unlock(&F.lock);
+    return n;
 }
 
 static hkl_driver fake_table;

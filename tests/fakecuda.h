@@ -61,6 +61,15 @@ CUfunction fake_graph_func(CUgraphExec exec);
 /* Tag of the code behind a kernel/function handle, or -1. */
 int fake_tag_of(void *fn_or_kernel);
 
+/* An image's "// shared: N" gives its kernels N bytes of static shared
+ * memory; a max dynamic shared size that does not fit beside it (232448
+ * bytes in all) is refused with CUDA_ERROR_INVALID_VALUE. The value an
+ * attribute was set to on a kernel/function (cache config: id -1), or -1. */
+int fake_kernel_attr(void *fn_or_kernel, int id);
+/* Attribute ids of the last cuLaunchKernelEx (returns their count, -1 when
+ * there was none since the last call). */
+int fake_last_launch_ex(int *ids, int max);
+
 /* Models the driver's reader-preferring lock: every launch holds it for
  * reading for `us` microseconds; loads, unloads, cuKernelGetFunction and
  * cuFuncLoad take it for writing. Negative: off (the default). */

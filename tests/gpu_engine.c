@@ -663,6 +663,99 @@ START_TEST(safe_point_staging) {
 }
 END_TEST
 
+/* ---- attributes and extended launches ---------------------------------- */
+
+static const char *ATTR_SRC =
+    "#include <cooperative_groups.h>\n"
+    "extern \"C\" __global__ void big(int *out, int n) {\n"
+    "  extern __shared__ int sm[];\n"
+    "  sm[threadIdx.x] = TAG; __syncthreads();\n"
+    "  if (threadIdx.x == 0) { out[0] = sm[0] + sm[n - 1] - TAG; }\n"
+    "}\n"
+    "extern \"C\" __global__ void coop(int *out) {\n"
+    "  cooperative_groups::this_grid().sync();\n"
+    "  if (blockIdx.x == 0 && threadIdx.x == 0) out[1] = TAG;\n"
+    "}\n"
+    "#ifdef STATIC_SMEM\n"
+    "#define PADN 12288\n"
+    "#else\n"
+    "#define PADN 16\n"
+    "#endif\n"
+    "extern \"C\" __global__ void pad(int *out) { __shared__ int s[PADN]; s[threadIdx.x] = 1;\n"
+    "  __syncthreads(); out[2] = s[0]; }\n";
+
+static int swap_attr_src(hk_runtime *rt, int tag, int static_smem, hk_report *rep) {
+    char d[32];
+    snprintf(d, sizeof d, "-DTAG=%d", tag);
+    const char *opts[] = {d, "-DSTATIC_SMEM"};
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.nvrtc_options = opts;
+    so.nnvrtc_options = static_smem ? 2 : 1;
+    so.source_name = "attr.cu";
+    return hk_swap(rt, "attr", ATTR_SRC, strlen(ATTR_SRC), &so, rep);
+}
+
+/* 100 KB of dynamic shared memory needs the attribute; it is applied to
+ * every new version, so the launch keeps working across 10 swaps; a cluster
+ * and a cooperative grid-sync launch go through hk_launch_ex across them. */
+START_TEST(attributes_and_launch_ex_across_swaps) {
+    hk_runtime *rt = new_rt(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK);
+    hk_report rep = {0};
+    ck_assert_msg(swap_attr_src(rt, 1, 0, &rep) == 0, "%s %s", rep.message, rep.log ? rep.log : "");
+    hk_kernel *big, *coop;
+    ck_assert_int_eq(hk_kernel_get(rt, "attr", "big", &big), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "attr", "coop", &coop), 0);
+    int *out;
+    CK_CUDA(cudaMalloc((void **)&out, 4 * sizeof(int)));
+    enum { SMEM = 100 << 10 };
+    int n = 256;
+    void *bargs[] = {&out, &n};
+    void *cargs[] = {&out};
+    ck_assert_msg(hk_kernel_set_attribute(big, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          SMEM, &rep) == 0,
+                  "%s", rep.message);
+    for (int tag = 1; tag <= 11; tag++) {
+        if (tag > 1)
+            ck_assert_msg(swap_attr_src(rt, tag, 0, &rep) == 0, "%s", rep.message);
+        int cu = 0, got[2] = {0, 0};
+        ck_assert_msg(
+            hk_launch(big, (hk_dim3){1, 1, 1}, (hk_dim3){256, 1, 1}, SMEM, NULL, bargs, &cu) == 0,
+            "100 KB launch, version %d: cu %d", tag, cu);
+        hk_launch_config c;
+        hk_launch_config_init(&c);
+        c.grid = (hk_dim3){2, 1, 1};
+        c.block = (hk_dim3){64, 1, 1};
+        c.cluster = (hk_dim3){2, 1, 1};
+        c.cooperative = 1;
+        ck_assert_msg(hk_launch_ex(coop, &c, cargs, &cu) == 0, "cluster + cooperative: cu %d", cu);
+        CK_CUDA(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
+        ck_assert_int_eq(got[0], tag);
+        ck_assert_int_eq(got[1], tag);
+    }
+    /* pad asks for 200 KB of dynamic shared memory: it fits beside its 64
+     * bytes of static shared memory, not beside the 48 KB of the next
+     * version, which is refused; the old one runs on. */
+    hk_kernel *pad;
+    ck_assert_int_eq(hk_kernel_get(rt, "attr", "pad", &pad), 0);
+    ck_assert_msg(hk_kernel_set_attribute(pad, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          200 << 10, &rep) == 0,
+                  "%s", rep.message);
+    uint64_t before = hk_module_version(rt, "attr");
+    ck_assert_int_eq(swap_attr_src(rt, 99, 1, &rep), HK_ERR_ATTRIBUTE);
+    printf("  attributes: %s\n", rep.message);
+    ck_assert_uint_eq(hk_module_version(rt, "attr"), before);
+    int cu = 0, got = 0;
+    ck_assert_int_eq(
+        hk_launch(big, (hk_dim3){1, 1, 1}, (hk_dim3){256, 1, 1}, SMEM, NULL, bargs, &cu), 0);
+    CK_CUDA(cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(got, 11);
+    CK_CUDA(cudaFree(out));
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+}
+END_TEST
+
 /* Last: destroys the context under everything. */
 START_TEST(device_reset_survived) {
     hk_runtime *mrt = new_rt(HK_LOADER_MODULE, HK_PTX_NVJITLINK);
@@ -716,6 +809,7 @@ int main(void) {
     tcase_add_test(tc, captured_graph_survives_20_swaps);
     tcase_add_test(tc, global_capture_survives_100_swaps);
     tcase_add_test(tc, safe_point_staging);
+    tcase_add_test(tc, attributes_and_launch_ex_across_swaps);
     tcase_add_test(tc, device_reset_survived);
     suite_add_tcase(s, tc);
     return hkt_run(s);

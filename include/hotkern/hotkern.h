@@ -71,6 +71,8 @@ enum hk_error {
     HK_ERR_TIMEOUT = -25,       /* operation timed out */
     HK_ERR_CONTEXT_RESET = -26, /* the context was reset under hotkern */
     HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first */
+    HK_ERR_ATTRIBUTE = -28,     /* a kernel attribute set through its handle does
+                                 * not fit the new version */
 };
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
@@ -376,6 +378,45 @@ HK_API void hk_unpin(hk_pin *p);
  * context, for code that launches by itself (valid until the next commit of
  * its module plus one reclaim cycle: prefer hk_launch or a pin). */
 HK_API int hk_kernel_function(hk_kernel *k, void **cufunction);
+
+/* ---- kernel attributes and extended launches ---------------------------- */
+
+/* Sets attribute `attribute` (a CUfunction_attribute, e.g.
+ * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+ * CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, the REQUIRED_CLUSTER_*
+ * and NON_PORTABLE_CLUSTER_SIZE_ALLOWED attributes) to `value` on k's current
+ * version, on every device, and keeps it: every later version gets it before
+ * it is committed, and a version that cannot take it (say its static shared
+ * memory plus the requested dynamic size exceeds the device's limit) is
+ * refused with HK_ERR_ATTRIBUTE, the old version running on. Setting it on the
+ * current version can fail the same way; nothing is kept then. rep (may be
+ * NULL) says why. Safe from any thread; HK_ERR_BUSY from a check callback. */
+HK_API int hk_kernel_set_attribute(hk_kernel *k, int attribute, int value, hk_report *rep);
+
+/* The same for the preferred cache configuration (a CUfunc_cache). */
+HK_API int hk_kernel_set_cache_config(hk_kernel *k, int config, hk_report *rep);
+
+/* A launch with the options of cuLaunchKernelEx. Initialise with
+ * hk_launch_config_init (it sets size, so fields can be added later). */
+typedef struct hk_launch_config {
+    size_t size;                    /* sizeof(hk_launch_config), set by init */
+    hk_dim3 grid, block;            /* default 1,1,1 */
+    unsigned shared_bytes;          /* dynamic shared memory */
+    void *stream;                   /* CUstream / cudaStream_t, NULL: default stream */
+    hk_dim3 cluster;                /* thread-block cluster; 0,0,0 (default): none */
+    int cooperative;                /* 1: a cooperative launch (grid-wide sync) */
+    int programmatic_serialization; /* 1: programmatic stream serialization */
+    int priority;                   /* launch priority when has_priority */
+    int has_priority;
+} hk_launch_config;
+
+HK_API void hk_launch_config_init(hk_launch_config *c);
+
+/* Launches k's current version with cuLaunchKernelEx and c's options, with
+ * hk_launch's guarantees (epochs, the launch gate, stream capture), and no
+ * allocation. Returns 0, HK_ERR_INVALID for a config of unknown size, or
+ * HK_ERR_CUDA with the CUresult in *cu_result. */
+HK_API int hk_launch_ex(hk_kernel *k, const hk_launch_config *c, void **args, int *cu_result);
 
 /* ---- CUDA graphs ------------------------------------------------------- */
 
