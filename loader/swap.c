@@ -553,8 +553,21 @@ static int stage_and_validate(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl
     return 0;
 }
 
+/* 1 when old holds exactly the image (and name expressions) job built. */
+static int same_image(const hkl_version *old, const hkl_job *job) {
+    if (!old || old->size != job->art.size || old->format != job->art.format ||
+        old->nexpr != job->opt.nname_expressions || memcmp(old->image, job->art.image, old->size))
+        return 0;
+    for (int i = 0; i < old->nexpr; i++)
+        if (strcmp(old->expr[i], job->name_expressions[i]))
+            return 0;
+    return 1;
+}
+
 /* Stage, validate and commit a built job. swap_lock held. On return the job's
- * artifact image has been moved into the version (or freed with the job). */
+ * artifact image has been moved into the version (or freed with the job).
+ * Returns 0 (committed), 1 (the current version already is this image; not a
+ * rollback) or an error. */
 static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
@@ -571,6 +584,18 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
         if (rep)
             snprintf(rep->module, sizeof rep->module, "%s", m->name);
         return HK_ERR_SUPERSEDED;
+    }
+    if (!rollback && same_image(old, job)) {
+        /* The running version already is this image: nothing to load. */
+        if (rep) {
+            rep->version = old->number;
+            snprintf(rep->module, sizeof rep->module, "%s", m->name);
+            hkl_report_set(rep, 0, "'%s' version %llu already runs this image", m->name,
+                           (unsigned long long)old->number);
+        }
+        if (job->seq)
+            m->last_seq = job->seq;
+        return 1;
     }
     hkl_param_layout *newlay = NULL;
     int gated = 0;
@@ -759,6 +784,8 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     if (reset)
         hkl_emit_reset(rt);
     report_times(rep, job->t_start);
+    if (err == 1)
+        return 0; /* unchanged: no new version, no event */
     count(rt, err == 0, rollback, rep);
     hkl_emit(rt,
              err        ? HK_EVENT_REFUSED

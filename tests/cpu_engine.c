@@ -1151,6 +1151,26 @@ START_TEST(launch_ex_passes_its_options) {
 }
 END_TEST
 
+START_TEST(same_image_again_is_not_reloaded) {
+    hk_report rep = {0};
+    const char *src = ptx(3, 0, 0, 0);
+    swap_ok("sim", src, &rep);
+    int loads = fake_calls("cuLibraryLoadData");
+    ck_assert_int_eq(swap_src("sim", src, &rep), 0);
+    ck_assert_uint_eq(rep.version, 1);
+    ck_assert_msg(strstr(rep.message, "already runs this image"), "%s", rep.message);
+    ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.swaps, 1);
+    ck_assert_int_eq(events[HK_EVENT_COMMITTED], 1);
+    swap_ok("sim", ptx(4, 0, 0, 0), &rep); /* a different image still commits */
+    ck_assert_uint_eq(rep.version, 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("engine (fake driver)");
     TCase *tc = tcase_create("engine");
@@ -1188,6 +1208,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, attributes_survive_swaps);
     tcase_add_test(tc, attribute_that_does_not_fit_refuses_version);
     tcase_add_test(tc, launch_ex_passes_its_options);
+    tcase_add_test(tc, same_image_again_is_not_reloaded);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -324,7 +324,7 @@ START_TEST(global_capture_is_never_broken) {
     pthread_create(&t, NULL, global_capturer, NULL);
     WAIT_FOR(atomic_load(&cap_started));
     for (int i = 0; i < 100; i++) {
-        swap_ok(fake_ptx(1 + i % 2, 0, 1, 0));
+        swap_ok(fake_ptx(2 + i % 2, 0, 1, 0));
         if (i % 10 == 0) {
             hk_pin *p;
             ck_assert_int_eq(hk_pin_module(rt, "sim", &p), 0);
