@@ -154,13 +154,13 @@ fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  tests/fuzz/engine_shim.c \
+	  loader/format.c \
 	  $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  tests/fuzz/engine_shim.c \
+	  loader/format.c \
 	  $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c \
-	  net/state.c tests/fuzz/engine_shim.c $(FUZZ_NET_LIBS)
+	  net/state.c loader/format.c $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin

@@ -94,22 +94,6 @@ const char *hk_strerror(int err) {
     }
 }
 
-const char *hk_format_name(hk_format fmt) {
-    switch (fmt) {
-    case HK_FORMAT_AUTO:
-        return "auto";
-    case HK_FORMAT_CUDA_C:
-        return "cuda";
-    case HK_FORMAT_PTX:
-        return "ptx";
-    case HK_FORMAT_CUBIN:
-        return "cubin";
-    case HK_FORMAT_FATBIN:
-        return "fatbin";
-    }
-    return "unknown";
-}
-
 void hk_report_clear(hk_report *r) {
     if (!r)
         return;

@@ -431,6 +431,21 @@ void hkn_sha256_hex(const void *bytes, size_t size, char out[65]) {
     sodium_bin2hex(out, 65, h, sizeof h);
 }
 
+/* Signs len bytes of text with key; *sig_b64 is the detached signature in
+ * base64 (the caller frees it). */
+static int sign_b64(const hkn_seckey *key, const char *text, size_t len, char **sig_b64,
+                    hk_report *rep) {
+    unsigned char sig[HKN_SIG_BYTES];
+    crypto_sign_detached(sig, NULL, (const unsigned char *)text, len, key->sk);
+    size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    char *b64 = malloc(b64len);
+    if (!b64)
+        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
+    *sig_b64 = b64;
+    return 0;
+}
+
 /* Names reach file systems (the CLI's pull writes artifacts by name) and
  * label sets: keep them to a conservative alphabet. */
 int hkn_valid_name(const char *s, size_t max) {
@@ -687,18 +702,12 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     size_t len = 0;
     if (hkn_manifest_write(&m, &json, &len))
         return hkn_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
-    unsigned char sig[HKN_SIG_BYTES];
-    crypto_sign_detached(sig, NULL, (const unsigned char *)json, len, key->sk);
-    size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
-    char *b64 = malloc(b64len);
-    if (!b64) {
+    if (sign_b64(key, json, len, sig_b64, rep) < 0) {
         free(json);
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return HK_ERR_NOMEM;
     }
-    sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     *manifest = json;
     *manifest_len = len;
-    *sig_b64 = b64;
     return 0;
 }
 
@@ -863,18 +872,12 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
         return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
     cJSON_Delete(o);
-    unsigned char sig[HKN_SIG_BYTES];
-    crypto_sign_detached(sig, NULL, (const unsigned char *)json, strlen(json), key->sk);
-    size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
-    char *b64 = malloc(b64len);
-    if (!b64) {
+    if (sign_b64(key, json, strlen(json), sig_b64, rep) < 0) {
         free(json);
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return HK_ERR_NOMEM;
     }
-    sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     *text = json;
     *len = strlen(json);
-    *sig_b64 = b64;
     return 0;
 }
 

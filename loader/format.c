@@ -1,7 +1,7 @@
 /*
- * The one engine symbol the release code uses, for fuzz targets that link
- * net/ without the engine (loader/runtime.c defines the real one; the names
- * are the release manifest's format field and must stay the same).
+ * Names of the kernel image formats. A file of its own because the release
+ * code in net/ writes them into manifests and is also built (for fuzzing)
+ * without the rest of the engine.
  */
 #include "hotkern/hotkern.h"
 
