@@ -1223,6 +1223,51 @@ START_TEST(cli_expiry_range) {
 }
 END_TEST
 
+/* The README's sample reverse proxy (its server and location directives,
+ * without TLS and the limit zones): a signed push and status go through a
+ * real nginx to the endpoint on 127.0.0.1, and a foreign Origin sent to the
+ * proxy does not reach the endpoint. */
+START_TEST(behind_the_sample_nginx_proxy) {
+    start(NULL, 0, NULL, NULL);
+    char ndir[PATH_MAX], extra[1024];
+    snprintf(ndir, sizeof ndir, "%s/nginx", tmp);
+    ck_assert_int_eq(mkdir(ndir, 0700), 0);
+    snprintf(extra, sizeof extra,
+             "client_max_body_size 96m; client_body_timeout 30s; client_header_timeout 10s;\n"
+             "location / {\n"
+             "  proxy_pass http://127.0.0.1:%u;\n"
+             "  proxy_set_header Host 127.0.0.1;\n"
+             "  proxy_set_header Origin \"\";\n"
+             "  proxy_request_buffering on;\n"
+             "  proxy_read_timeout 120s;\n"
+             "}\n",
+             hkn_endpoint_port(ep));
+    pid_t pid = 0;
+    int port = hkt_nginx_start(ndir, ndir, extra, &pid);
+    ck_assert_msg(port > 0, "nginx did not start");
+    char direct[64];
+    snprintf(direct, sizeof direct, "%s", base);
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    char body[8192];
+    int code = curl_req("POST", "/v1/release",
+                        body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "p.json"), NULL, body,
+                        sizeof body);
+    int status = curl_req("GET", "/v1/status", NULL, NULL, NULL, 0);
+    extra_header = "Origin: https://evil.example";
+    int via_proxy = curl_req("GET", "/v1/status", NULL, NULL, NULL, 0);
+    snprintf(base, sizeof base, "%s", direct);
+    int direct_origin = curl_req("GET", "/v1/status", NULL, NULL, NULL, 0);
+    extra_header = NULL;
+    hkt_nginx_stop(pid);
+    ck_assert_msg(code == 200, "push through the proxy: HTTP %d: %s", code, body);
+    ck_assert(json_has(body, "outcome", "committed"));
+    ck_assert_uint_eq(rec_current(), 7);
+    ck_assert_int_eq(status, 200);
+    ck_assert_int_eq(via_proxy, 200);     /* the proxy drops the Origin */
+    ck_assert_int_eq(direct_origin, 403); /* the endpoint itself refuses it */
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("endpoint");
     TCase *tc = tcase_create("http");
@@ -1245,6 +1290,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, request_deadline);
     tcase_add_test(tc, inflight_bodies_bounded);
     tcase_add_test(tc, cli_expiry_range);
+    tcase_add_test(tc, behind_the_sample_nginx_proxy);
     suite_add_tcase(s, tc);
     return s;
 }
