@@ -110,7 +110,7 @@ typedef struct hkn_watch_file {
     struct timespec handed_wall;  /* wall clock of the last handover */
     struct hkn_watch_file **deps; /* what its last build read */
     int ndeps;
-    int dep;     /* named by hkn_watch_set_deps: tracked, never refused */
+    int dep;     /* named by hkn_watch_set_deps: never refused for its name */
     int refused; /* `refused_sig` holds the name's identity at the last refusal */
     hkn_watch_sig refused_sig;
     char *target; /* a followed link: its canonical target, else NULL */
@@ -760,7 +760,7 @@ static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_lo
         f->baseline && f->since_set && hkn_watch_ts_ns(lk->sig.mtime) < hkn_watch_ts_ns(f->since);
 
     f->baseline = 0;
-    if (!f->dir->modules || f->dep) {
+    if (!f->dir->modules) {
         hkn_watch_logf(w, "%s: %s", f->path, lk->why);
         return;
     }
@@ -801,7 +801,9 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
     }
     f->pending = 0;
     f->open_since_ms = 0;
-    links = f->dir->modules && !f->dep;
+    /* The link policy holds for every file of an added directory, a
+     * dependency included: its target would be read to hash it. */
+    links = f->dir->modules;
     by_name = f->name_err && !f->dep;
     pthread_mutex_unlock(&w->mu);
     if (by_name) {
