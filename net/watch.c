@@ -17,6 +17,18 @@
  *   to each other by pointer.
  * - Directories the application did not add, but where dependencies live, are
  *   watched for those dependencies only; nothing there becomes a module.
+ * - Every name of an added directory that is not an editor dropping gets an
+ *   entry, even one that can never be handed over, so that a refusal is
+ *   reported once per change like a handover: the entry remembers the
+ *   identity (inode, size, mode, times) of what it last refused. The reason
+ *   is built from metadata only; content is never quoted, because a refused
+ *   file may be anything (a link to /etc/passwd, a device, someone's notes).
+ * - Nothing but a regular file is opened, and a file that cannot be read is
+ *   refused and left alone until an event says it changed: retrying is only
+ *   for a regular file caught mid-write, never for one that will not settle
+ *   (a procfs file reports 0 bytes and then has content on every read).
+ * - A followed symbolic link is read through its resolved path, and its entry
+ *   remembers that path so that an event on the target schedules the link.
  *
  * Threads and locks: one mutex, mu, guards every mutable field below; the
  * watcher thread drops it to read a file and to run the callback, never
@@ -65,11 +77,23 @@ typedef struct hkn_watch_dir {
     struct timespec added; /* wall time the watch was last placed */
 } hkn_watch_dir;
 
+/* What a name was when it was last refused. */
+typedef struct hkn_watch_sig {
+    dev_t dev;
+    ino_t ino;
+    mode_t mode;
+    off_t size;
+    struct timespec mtime, ctime;
+} hkn_watch_sig;
+
 typedef struct hkn_watch_file {
     hkn_watch_dir *dir; /* immutable */
     char *name;         /* immutable: bare file name */
     char *path;         /* immutable: dir->path + '/' + name */
     char *module;       /* immutable: module name of a source, else NULL */
+    int source_name;    /* immutable: named like a module source (module may not fit) */
+    int name_err;       /* immutable: HK_ERR_* when the name itself is refused, else 0 */
+    char *name_why;     /* immutable: why, when name_err */
     /* All below: mu. */
     unsigned char hash[HKN_WATCH_HASH]; /* content last read */
     int has_hash;
@@ -86,6 +110,10 @@ typedef struct hkn_watch_file {
     struct timespec handed_wall;  /* wall clock of the last handover */
     struct hkn_watch_file **deps; /* what its last build read */
     int ndeps;
+    int dep;     /* named by hkn_watch_set_deps: never refused for its name */
+    int refused; /* `refused_sig` holds the name's identity at the last refusal */
+    hkn_watch_sig refused_sig;
+    char *target; /* a followed link: its canonical target, else NULL */
 } hkn_watch_file;
 
 struct hkn_watch {
@@ -297,8 +325,9 @@ static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d,
 }
 
 static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const char *name) {
-    char module[NAME_MAX + 1];
+    char module[HKN_WATCH_MODULE_MAX], why[256];
     hkn_watch_file *f;
+    hkn_watch_kind k;
     size_t len;
 
     if (w->nfiles == w->capfiles) {
@@ -319,15 +348,34 @@ static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const 
     if (!f->name || !f->path)
         goto fail;
     snprintf(f->path, len, "%s/%s", d->path, name);
-    if (hkn_watch_classify(name, module, sizeof module) == HKN_WATCH_SOURCE) {
+    k = hkn_watch_classify(name, NULL, 0);
+    f->source_name = k == HKN_WATCH_SOURCE;
+    why[0] = '\0';
+    if (k == HKN_WATCH_SOURCE && hkn_watch_classify(name, module, sizeof module) != k) {
+        /* The engine would refuse the name without an event; say so here. */
+        f->name_err = HK_ERR_INVALID;
+        snprintf(why, sizeof why,
+                 "module name (the file name up to its first '.') is %zu characters long, "
+                 "the most is %d: not read",
+                 strcspn(name, "."), HKN_WATCH_MODULE_MAX - 1);
+    } else if (k == HKN_WATCH_SOURCE) {
         f->module = strdup(module);
         if (!f->module)
             goto fail;
+    } else if (k == HKN_WATCH_OTHER) {
+        f->name_err = HK_ERR_FORMAT;
+        snprintf(why, sizeof why,
+                 "not a kernel source or header name (sources end in .cu, .ptx, .cubin or "
+                 ".fatbin, headers in .h, .cuh or .hpp): not read");
     }
+    if (f->name_err && !(f->name_why = strdup(why)))
+        goto fail;
     w->files[w->nfiles++] = f;
     return f;
 
 fail:
+    free(f->name_why);
+    free(f->module);
     free(f->path);
     free(f->name);
     free(f);
@@ -343,8 +391,8 @@ static hkn_watch_file *hkn_watch_file_get(hkn_watch *w, hkn_watch_dir *d, const 
     if (f || !d->modules)
         return f;
     k = hkn_watch_classify(name, NULL, 0);
-    if (k != HKN_WATCH_SOURCE && k != HKN_WATCH_HEADER)
-        return NULL;
+    if (k == HKN_WATCH_IGNORED)
+        return NULL; /* an editor dropping: silently */
     return hkn_watch_file_new(w, d, name);
 }
 
@@ -381,6 +429,23 @@ static void hkn_watch_lose_dir(hkn_watch *w, hkn_watch_dir *d, int64_t now, cons
     hkn_watch_logf(w, "directory %s %s: waiting for it to reappear", d->path, why);
 }
 
+/* An event for name in d: every followed link that resolved to it is due too,
+ * since its content is the target's. */
+static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const char *name,
+                                   int64_t now) {
+    size_t dlen = strlen(d->path);
+
+    for (int i = 0; i < w->nfiles; i++) {
+        hkn_watch_file *g = w->files[i];
+        if (!g->target || strncmp(g->target, d->path, dlen) != 0 || g->target[dlen] != '/' ||
+            strcmp(g->target + dlen + 1, name) != 0)
+            continue;
+        g->baseline = 0;
+        g->pending = 1;
+        g->due_ms = now + w->o.debounce_ms;
+    }
+}
+
 static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_t now) {
     hkn_watch_dir *d;
     hkn_watch_file *f;
@@ -408,6 +473,7 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
     }
     if (ev->len == 0 || (ev->mask & IN_ISDIR))
         return;
+    hkn_watch_link_targets(w, d, ev->name, now);
     f = hkn_watch_file_get(w, d, ev->name);
     if (!f)
         return;
@@ -448,11 +514,12 @@ static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
         f = hkn_watch_file_get(w, d, de->d_name);
         if (!f)
             continue;
-        /* A file seen for the first time is handed over when it is a module
-         * source of an added directory (unless the application asked
-         * otherwise). Anything else is only recorded, unless it was modified
-         * after the watch was placed, which is then a change. */
-        if (!f->has_hash && (!f->module || !d->modules || (initial && w->o.no_initial_scan))) {
+        /* A file seen for the first time is handed over (or refused) when it
+         * is named as a module source of an added directory (unless the
+         * application asked otherwise). Anything else is only recorded,
+         * unless it was modified after the watch was placed, which is then a
+         * change. */
+        if (!f->has_hash && (!f->source_name || !d->modules || (initial && w->o.no_initial_scan))) {
             f->baseline = 1;
             if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
                 f->since = since;
@@ -489,55 +556,168 @@ enum hkn_watch_read_result {
     HKN_WATCH_READ_OK,
     HKN_WATCH_READ_GONE,     /* no such file (any more) */
     HKN_WATCH_READ_UNSTABLE, /* changed during the read */
-    HKN_WATCH_READ_EMPTY,
-    HKN_WATCH_READ_SKIP, /* not a regular file, too large, or unreadable */
+    HKN_WATCH_READ_REFUSED,  /* cannot be handed over: see err and why */
 };
 
-static int hkn_watch_read(const char *path, size_t max, unsigned char **out, size_t *out_size,
-                          struct timespec *mtime) {
-    struct stat a, b, c;
-    unsigned char *buf = NULL;
-    size_t got = 0;
-    int fd, rc;
+/* What one look at a file found. */
+typedef struct hkn_watch_look {
+    int err;                  /* REFUSED: the HK_ERR_* that fits */
+    char why[PATH_MAX + 192]; /* REFUSED: the reason, no content */
+    hkn_watch_sig sig;        /* the name's own identity (lstat) */
+    char target[PATH_MAX];    /* a followed link: its canonical target, else "" */
+    unsigned char *bytes;     /* OK: the content (caller frees) */
+    size_t size;
+    struct timespec mtime;
+    int opened; /* the file was opened */
+} hkn_watch_look;
 
-    *out = NULL;
-    *out_size = 0;
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+static hkn_watch_sig hkn_watch_sig_of(const struct stat *st) {
+    hkn_watch_sig g;
+
+    memset(&g, 0, sizeof g);
+    g.dev = st->st_dev;
+    g.ino = st->st_ino;
+    g.mode = st->st_mode;
+    g.size = st->st_size;
+    g.mtime = st->st_mtim;
+    g.ctime = st->st_ctim;
+    return g;
+}
+
+static int hkn_watch_sig_eq(const hkn_watch_sig *a, const hkn_watch_sig *b) {
+    return a->dev == b->dev && a->ino == b->ino && a->mode == b->mode && a->size == b->size &&
+           hkn_watch_ts_eq(a->mtime, b->mtime) && hkn_watch_ts_eq(a->ctime, b->ctime);
+}
+
+static const char *hkn_watch_type_name(mode_t m) {
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISDIR(m)  ? "a directory"
+                         : "not a regular file";
+}
+
+__attribute__((format(printf, 3, 4))) static int hkn_watch_refusal(hkn_watch_look *lk, int err,
+                                                                   const char *fmt, ...) {
+    va_list ap;
+
+    lk->err = err;
+    va_start(ap, fmt);
+    vsnprintf(lk->why, sizeof lk->why, fmt, ap);
+    va_end(ap);
+    return HKN_WATCH_READ_REFUSED;
+}
+
+/* Looks at the name path of directory dir (canonical). With links set, a
+ * symbolic link is followed only when its target resolves inside dir, or
+ * anywhere with outside set; without it links are followed as open() does
+ * (a dependency named by a build). Reads the file only when it is regular
+ * and at most max bytes. */
+static int hkn_watch_read(const char *path, const char *dir, int links, int outside, size_t max,
+                          hkn_watch_look *lk) {
+    struct stat l, s, a, b, c;
+    const char *from = path;
+    char real[PATH_MAX];
+    unsigned char *buf = NULL;
+    size_t got = 0, dlen = strlen(dir);
+    int fd, rc, flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+
+    if (lstat(path, &l) < 0)
+        return (errno == ENOENT || errno == ENOTDIR)
+                   ? HKN_WATCH_READ_GONE
+                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+    lk->sig = hkn_watch_sig_of(&l);
+    s = l;
+    if (S_ISLNK(l.st_mode)) {
+        if (links) {
+            if (!realpath(path, real))
+                return hkn_watch_refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
+                                         strerror(errno));
+            if (!outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
+                return hkn_watch_refusal(lk, HK_ERR_IO,
+                                         "symbolic link to %s, outside the watched directory: "
+                                         "not read (only links to files inside it are followed)",
+                                         real);
+            snprintf(lk->target, sizeof lk->target, "%s", real);
+            /* The resolved path, no link left in it: what was checked is
+             * what gets opened. */
+            from = lk->target;
+            flags |= O_NOFOLLOW;
+        }
+        if (stat(from, &s) < 0)
+            return (errno == ENOENT || errno == ENOTDIR)
+                       ? HKN_WATCH_READ_GONE
+                       : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+    }
+    /* Decided before open(): opening a FIFO or a device may block or act. */
+    if (!S_ISREG(s.st_mode))
+        return hkn_watch_refusal(lk, HK_ERR_IO, "%s, not a regular file: not read",
+                                 hkn_watch_type_name(s.st_mode));
+    if ((uint64_t)s.st_size > (uint64_t)max)
+        return hkn_watch_refusal(lk, HK_ERR_TOO_LARGE,
+                                 "%lld bytes, over the %zu-byte cap: not read",
+                                 (long long)s.st_size, max);
+    fd = open(from, flags);
     if (fd < 0)
-        return (errno == ENOENT || errno == ENOTDIR) ? HKN_WATCH_READ_GONE : HKN_WATCH_READ_SKIP;
-    rc = HKN_WATCH_READ_SKIP;
-    if (fstat(fd, &a) < 0 || !S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
+        return (errno == ENOENT || errno == ENOTDIR)
+                   ? HKN_WATCH_READ_GONE
+                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot open it: %s", strerror(errno));
+    lk->opened = 1;
+    if (fstat(fd, &a) < 0) {
+        rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+        goto out;
+    }
+    /* Swapped between the look and the open. */
+    rc = HKN_WATCH_READ_UNSTABLE;
+    if (a.st_ino != s.st_ino || a.st_dev != s.st_dev)
+        goto out;
+    if (!S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
         goto out;
     /* One byte more than the size, to notice a file that grows meanwhile. */
     buf = malloc((size_t)a.st_size + 1);
-    if (!buf)
+    if (!buf) {
+        rc = hkn_watch_refusal(lk, HK_ERR_NOMEM, "out of memory for %lld bytes",
+                               (long long)a.st_size);
         goto out;
+    }
     for (;;) {
         ssize_t n = read(fd, buf + got, (size_t)a.st_size + 1 - got);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0)
+        if (n < 0) {
+            rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
             goto out;
+        }
         if (n == 0)
             break;
         got += (size_t)n;
         if (got > (size_t)a.st_size)
             break;
     }
+    if (a.st_size == 0 && got > 0) {
+        /* procfs, sysfs and the like: the size is made up, and the content
+         * is generated on every read, so it would never look settled. */
+        rc = hkn_watch_refusal(lk, HK_ERR_IO,
+                               "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
+                               "not a regular file: not read");
+        goto out;
+    }
     rc = HKN_WATCH_READ_UNSTABLE;
     if (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
         !hkn_watch_ts_eq(b.st_mtim, a.st_mtim) || !hkn_watch_ts_eq(b.st_ctim, a.st_ctim))
         goto out;
-    /* Renamed over while we read: what we hold is no longer the file. */
+    /* Renamed over (or the link retargeted) while we read: what we hold is
+     * no longer the file. */
     if (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev)
         goto out;
     if (got == 0) {
-        rc = HKN_WATCH_READ_EMPTY;
+        rc = hkn_watch_refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
         goto out;
     }
-    *mtime = a.st_mtim;
-    *out = buf;
-    *out_size = got;
+    lk->mtime = a.st_mtim;
+    lk->bytes = buf;
+    lk->size = got;
     buf = NULL;
     rc = HKN_WATCH_READ_OK;
 out:
@@ -548,14 +728,61 @@ out:
 
 /* ---- the thread --------------------------------------------------------- */
 
+/* Watches the directory of a followed link's target (for the link only), so
+ * that an edit of the target is seen. */
+static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *target) {
+    char dpath[PATH_MAX];
+    const char *slash;
+
+    if (!*target) {
+        free(f->target);
+        f->target = NULL;
+        return;
+    }
+    if (!f->target || strcmp(f->target, target) != 0) {
+        char *t = strdup(target);
+        if (!t)
+            return; /* Edits of the target then go unseen until the link's next event. */
+        free(f->target);
+        f->target = t;
+    }
+    slash = strrchr(target, '/');
+    snprintf(dpath, sizeof dpath, "%.*s", slash == target ? 1 : (int)(slash - target), target);
+    if (!hkn_watch_dir_by_path(w, dpath) && hkn_watch_dir_new(w, dpath))
+        hkn_watch_logf(w, "watching %s for the link %s", dpath, f->path);
+}
+
+/* f could not be handed over: tells the application, unless this is the
+ * same refusal again (nothing about the name changed) or a file recorded
+ * before the watch was placed. Called and returns with mu held. */
+static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_look *lk) {
+    int quiet =
+        f->baseline && f->since_set && hkn_watch_ts_ns(lk->sig.mtime) < hkn_watch_ts_ns(f->since);
+
+    f->baseline = 0;
+    if (!f->dir->modules) {
+        hkn_watch_logf(w, "%s: %s", f->path, lk->why);
+        return;
+    }
+    if (f->refused && hkn_watch_sig_eq(&f->refused_sig, &lk->sig))
+        return;
+    f->refused = 1;
+    f->refused_sig = lk->sig;
+    hkn_watch_logf(w, "%s refused: %s", f->path, lk->why);
+    if (quiet || !w->o.refuse)
+        return;
+    w->st.refusals++;
+    pthread_mutex_unlock(&w->mu);
+    w->o.refuse(w->o.ud, f->module, f->path, lk->err, lk->why);
+    pthread_mutex_lock(&w->mu);
+}
+
 /* Reads f, whose time has come, and hands it over if it changed. Called and
  * returns with mu held; drops it for the read and the callback. */
 static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
     unsigned char hash[HKN_WATCH_HASH];
-    unsigned char *bytes = NULL;
-    struct timespec mtime = {0, 0};
-    size_t size = 0;
-    int rc, changed, hand;
+    hkn_watch_look *lk;
+    int rc, changed, hand, links, by_name;
     int64_t wait =
         w->o.debounce_ms > HKN_WATCH_MIN_WAIT_MS ? w->o.debounce_ms : HKN_WATCH_MIN_WAIT_MS;
 
@@ -566,36 +793,65 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
         f->due_ms = now + wait < limit ? now + wait : limit;
         return;
     }
+    /* Too large for the stack of a thread the application may size. */
+    lk = calloc(1, sizeof *lk);
+    if (!lk) {
+        hkn_watch_schedule(f, now + wait);
+        return;
+    }
     f->pending = 0;
     f->open_since_ms = 0;
+    /* The link policy holds for every file of an added directory, a
+     * dependency included: its target would be read to hash it. */
+    links = f->dir->modules;
+    by_name = f->name_err && !f->dep;
     pthread_mutex_unlock(&w->mu);
-    rc = hkn_watch_read(f->path, w->o.max_file_size, &bytes, &size, &mtime);
-    if (rc == HKN_WATCH_READ_OK)
-        crypto_generichash(hash, sizeof hash, bytes, size, NULL, 0);
+    if (by_name) {
+        /* Refused for its name: only its identity is looked at. */
+        struct stat st;
+        if (lstat(f->path, &st) < 0) {
+            rc = HKN_WATCH_READ_GONE;
+        } else {
+            lk->sig = hkn_watch_sig_of(&st);
+            lk->err = f->name_err;
+            snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
+            rc = HKN_WATCH_READ_REFUSED;
+        }
+    } else {
+        rc = hkn_watch_read(f->path, f->dir->path, links, w->o.follow_outside_links,
+                            w->o.max_file_size, lk);
+        if (rc == HKN_WATCH_READ_OK)
+            crypto_generichash(hash, sizeof hash, lk->bytes, lk->size, NULL, 0);
+    }
     pthread_mutex_lock(&w->mu);
     now = hkn_watch_now_ms();
+    w->st.opens += (uint64_t)lk->opened;
+    if (links && rc != HKN_WATCH_READ_GONE)
+        hkn_watch_track_target(w, f, lk->target);
 
     switch (rc) {
     case HKN_WATCH_READ_OK:
+        f->refused = 0;
         break;
     case HKN_WATCH_READ_UNSTABLE:
         w->st.retries++;
         hkn_watch_schedule(f, now + wait);
         hkn_watch_logf(w, "%s changed while being read: trying again", f->path);
+        free(lk);
         return;
-    case HKN_WATCH_READ_EMPTY:
-        hkn_watch_logf(w, "%s is empty: not handed over", f->path);
-        return;
-    case HKN_WATCH_READ_SKIP:
-        hkn_watch_logf(w, "%s is not a readable regular file under the size cap", f->path);
+    case HKN_WATCH_READ_REFUSED:
+        hkn_watch_refuse(w, f, lk);
+        free(lk);
         return;
     default: /* Gone: a later event brings it back if it reappears. */
+        f->refused = 0;
+        free(lk);
         return;
     }
 
     changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
     if (changed && f->baseline && f->since_set &&
-        hkn_watch_ts_ns(mtime) < hkn_watch_ts_ns(f->since)) {
+        hkn_watch_ts_ns(lk->mtime) < hkn_watch_ts_ns(f->since)) {
         /* Recorded as it was before we were watching, or before a dependent
          * build read it: not a change. */
         changed = 0;
@@ -616,12 +872,13 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
         f->handed_seq = ++w->seq;
         f->handed_wall = hkn_watch_wall();
         w->st.handovers++;
-        hkn_watch_logf(w, "%s: module %s, %zu bytes", f->path, f->module, size);
+        hkn_watch_logf(w, "%s: module %s, %zu bytes", f->path, f->module, lk->size);
         pthread_mutex_unlock(&w->mu);
-        w->o.fn(w->o.ud, f->module, f->path, bytes, size);
+        w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
         pthread_mutex_lock(&w->mu);
     }
-    free(bytes);
+    free(lk->bytes);
+    free(lk);
 }
 
 /* The first file whose read is due, else NULL with *deadline set to the
@@ -787,6 +1044,8 @@ void hkn_watch_destroy(hkn_watch *w) {
     close(w->ifd);
     for (int i = 0; i < w->nfiles; i++) {
         free(w->files[i]->deps);
+        free(w->files[i]->target);
+        free(w->files[i]->name_why);
         free(w->files[i]->module);
         free(w->files[i]->path);
         free(w->files[i]->name);
@@ -916,6 +1175,7 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
             dup |= deps[j] == f;
         if (dup)
             continue;
+        f->dep = 1;
         if (!f->has_hash) {
             /* Its content is unknown yet: it is read soon, and counts as a
              * change if it was modified after the source was handed over. */

@@ -22,11 +22,30 @@
  *   "particles". The kind is taken from the last extension, in lower case.
  * - NAME.h, NAME.cuh and NAME.hpp are headers: never handed over themselves,
  *   only tracked as dependencies of the sources that include them.
- * - Ignored, whatever else: dotfiles (".particles.cu.swp", ".#particles.cu"),
- *   names ending in '~' (backups), "*.swp", "*.swx", "*.tmp", vim's probe file
- *   "4913", emacs' "#particles.cu#", and every other extension. A file named
- *   by hkn_watch_set_deps is tracked whatever its extension, unless it is one
- *   of the editor droppings above.
+ * - Editor droppings are ignored silently, whatever else: dotfiles
+ *   (".particles.cu.swp", ".#particles.cu"), names ending in '~' (backups),
+ *   "*.swp", "*.swx", "*.tmp", vim's probe file "4913", emacs'
+ *   "#particles.cu#". A file named by hkn_watch_set_deps is tracked whatever
+ *   its extension, unless it is one of these droppings.
+ *
+ * Refusals
+ * Any other file of an added directory that cannot be handed over is
+ * refused through opts.refuse, once per change (a change is a new inode,
+ * size, mode or time of the name), with the reason: a name with another
+ * extension, a module name of HKN_WATCH_MODULE_MAX characters or more, a
+ * file that is not regular (FIFO, device, socket, or a pseudo-file such as
+ * procfs' that reports 0 bytes yet has content), an empty file, one over the
+ * size cap, one that cannot be opened, and a symbolic link that resolves
+ * outside the directory. The reason never quotes the file's content. Only
+ * regular files are opened (O_NONBLOCK, then fstat and S_ISREG again), and a
+ * refused file is not looked at again until an event says it changed.
+ *
+ * Symbolic links
+ * A link whose target resolves inside the added directory (or below it) is
+ * followed: its content is the target's, and an edit of the target hands the
+ * link over again (the target's directory is watched for that). A link that
+ * resolves outside is refused and its target is never opened, unless
+ * opts.follow_outside_links is set.
  */
 #ifndef HK_NET_WATCH_H
 #define HK_NET_WATCH_H
@@ -46,25 +65,40 @@ typedef struct hkn_watch hkn_watch;
 typedef void (*hkn_watch_fn)(void *ud, const char *module, const char *path, const void *bytes,
                              size_t size);
 
+/* Receives one refusal (see "Refusals" above): `path` could not be handed
+ * over, for the reason in `why` (one line, naming no content), err being the
+ * HK_ERR_* code that fits it. `module` is the module the file would feed, or
+ * NULL when its name makes none. Called on the watcher thread with no watcher
+ * lock held; the pointers are valid during the call only. */
+typedef void (*hkn_watch_refuse_fn)(void *ud, const char *module, const char *path, int err,
+                                    const char *why);
+
+/* Module names are shorter than this: the engine's limit (hk_report.module). */
+#define HKN_WATCH_MODULE_MAX 64
+
 /* One line of trace ("event queue overflow: rescanning 2 directories"), on
  * the watcher thread with the watcher's lock held: it must return quickly and
  * not call hkn_watch functions. */
 typedef void (*hkn_watch_log_fn)(void *ud, const char *line);
 
 typedef struct hkn_watch_opts {
-    hkn_watch_fn fn;      /* required */
-    void *ud;             /* passed to fn */
-    int debounce_ms;      /* quiet period after a file's last event; default 50 */
-    int no_initial_scan;  /* 1: files present when a directory is added are
-                           * recorded, not handed over (default 0); one
-                           * modified within a clock tick (20 ms) before the
-                           * watch was placed is handed over all the same */
-    int dir_poll_ms;      /* how often a vanished directory is looked for;
-                           * default 200 */
-    int open_wait_ms;     /* how much longer a file still open for writing
-                           * (modified, not yet closed) is waited for; default 1000 */
-    size_t max_file_size; /* larger files are skipped; default 64 MiB */
-    hkn_watch_log_fn log; /* optional trace */
+    hkn_watch_fn fn;            /* required */
+    void *ud;                   /* passed to fn */
+    int debounce_ms;            /* quiet period after a file's last event; default 50 */
+    int no_initial_scan;        /* 1: files present when a directory is added are
+                                 * recorded, not handed over (default 0); one
+                                 * modified within a clock tick (20 ms) before the
+                                 * watch was placed is handed over all the same */
+    int dir_poll_ms;            /* how often a vanished directory is looked for;
+                                 * default 200 */
+    int open_wait_ms;           /* how much longer a file still open for writing
+                                 * (modified, not yet closed) is waited for; default 1000 */
+    size_t max_file_size;       /* larger files are skipped; default 64 MiB */
+    hkn_watch_refuse_fn refuse; /* optional; called with ud */
+    int follow_outside_links;   /* 1: follow symbolic links whose target is
+                                 * outside the added directory too (default 0:
+                                 * refuse them unread) */
+    hkn_watch_log_fn log;       /* optional trace */
     void *log_ud;
 } hkn_watch_opts;
 
@@ -76,6 +110,8 @@ typedef struct hkn_watch_stats {
     uint64_t rescans;   /* directory listings: on add, after an overflow, on re-add */
     uint64_t retries;   /* reads repeated because the file changed during the read */
     uint64_t dirs_lost; /* watched directories that disappeared */
+    uint64_t opens;     /* files opened for reading */
+    uint64_t refusals;  /* calls of the refuse callback */
 } hkn_watch_stats;
 
 /* Fills o with the defaults above (fn NULL). */
@@ -136,9 +172,11 @@ hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_
 #define HKN_WATCH_MAX_HEADERS      256
 #define HKN_WATCH_MAX_HEADER_BYTES ((size_t)4 << 20)
 
-/* Reads the headers of directory dir (regular files that
+/* Reads the headers of directory dir (canonical: files that
  * hkn_watch_classify calls HKN_WATCH_HEADER, up to the limits above; larger
- * or unreadable ones are left to the file system), sorted by name so that the
+ * or unreadable ones are left to the file system; one that is a symbolic link
+ * resolving outside dir, or not a regular file, is not read and comes as an
+ * #error saying so, to hide the file from the compiler), sorted by name so that the
  * same files give the same build key. On success *out (n entries, *n) is the
  * caller's: hkn_watch_headers_free(*out, *n). */
 int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n);

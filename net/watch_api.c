@@ -19,11 +19,22 @@
  * dependencies by name, which hkn_watch_set_deps resolves in the source's
  * directory: an edit to a header still hands its sources over again.
  *
+ * What cannot become a version never reaches the engine: the watcher refuses
+ * names and file types itself, and a source whose content is not the format
+ * its extension names (text in a .cubin, binary in a .cu, prose in a .ptx) is
+ * refused here rather than submitted as detected, since a compiler fed a file
+ * that was never a kernel would quote its lines in the log. Both kinds of
+ * refusal become HK_EVENT_REFUSED on the watcher thread, with a reason that
+ * names the file and never its content. Headers follow the watcher's rules:
+ * one that is a link out of the directory, or not a regular file, is carried
+ * in memory as an #error, which hides the file from the compiler too.
+ *
  * Lock order: hkn_watch_reg_mu, then a watcher's own lock (inside net/watch.c).
  * The callback takes only its registry entry's mu, and never while submitting.
  */
 #include "net/watch.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -33,6 +44,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "loader/loader.h"
+#include "ptx/ptx.h"
 
 typedef struct hkn_watch_dir_opts {
     struct hkn_watch_dir_opts *next;
@@ -136,7 +150,9 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
     if (!dh)
         return HK_ERR_IO;
     while ((de = readdir(dh)) != NULL && cnt < HKN_WATCH_MAX_HEADERS) {
-        char path[PATH_MAX];
+        char path[PATH_MAX], real[PATH_MAX];
+        const char *stub = NULL;
+        size_t dlen = strlen(dir);
         struct stat st;
         FILE *f;
         char *data;
@@ -144,11 +160,33 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
         if (hkn_watch_classify(de->d_name, NULL, 0) != HKN_WATCH_HEADER)
             continue;
         if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
-            stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
-            (size_t)st.st_size > HKN_WATCH_MAX_HEADER_BYTES)
+            lstat(path, &st) != 0)
+            continue;
+        if (S_ISLNK(st.st_mode) &&
+            (!realpath(path, real) || strncmp(real, dir, dlen) != 0 || real[dlen] != '/'))
+            stub = "#error \"header refused: a symbolic link that does not resolve inside the "
+                   "watched directory\"\n";
+        else if (stat(path, &st) != 0)
+            continue;
+        else if (!S_ISREG(st.st_mode))
+            stub = "#error \"header refused: not a regular file\"\n";
+        else if ((size_t)st.st_size > HKN_WATCH_MAX_HEADER_BYTES)
             continue;
         if (!v && !(v = calloc(HKN_WATCH_MAX_HEADERS, sizeof *v)))
             goto nomem;
+        if (stub) {
+            /* In memory, it hides the file: the compiler must not open it
+             * either (and quote it in its log). The watcher reports why. */
+            v[cnt].name = strdup(de->d_name);
+            v[cnt].data = strdup(stub);
+            v[cnt].size = strlen(stub);
+            if (!v[cnt].name || !v[cnt].data) {
+                cnt++;
+                goto nomem;
+            }
+            cnt++;
+            continue;
+        }
         f = fopen(path, "rb");
         if (!f)
             continue;
@@ -253,6 +291,82 @@ static void hkn_watch_reg_free(hkn_watch_reg *r) {
     free(r);
 }
 
+/* Tells the application that path was not submitted, and why. */
+static void hkn_watch_api_refused(hk_runtime *rt, const char *module, const char *path, int err,
+                                  const char *why) {
+    char origin[PATH_MAX + 16];
+    hk_report rep = {0};
+
+    snprintf(origin, sizeof origin, "watch:%s", path);
+    rep.error = err;
+    if (module)
+        snprintf(rep.module, sizeof rep.module, "%s", module);
+    snprintf(rep.message, sizeof rep.message, "%s: %s", path, why);
+    hkl_emit(rt, HK_EVENT_REFUSED, module, module ? hk_module_version(rt, module) : 0, 0, origin,
+             &rep);
+}
+
+/* Runs on the watcher thread: the watcher refused a file. */
+static void hkn_watch_api_refuse(void *ud, const char *module, const char *path, int err,
+                                 const char *why) {
+    hkn_watch_reg *r = ud;
+    hkn_watch_api_refused(r->rt, module, path, err, why);
+}
+
+/* The format a watched source must hold: the directory's when it names one,
+ * else the one its extension names. */
+static hk_format hkn_watch_api_expect(const char *path, hk_format dir_format) {
+    static const struct {
+        const char *ext;
+        hk_format fmt;
+    } kinds[] = {{"cu", HK_FORMAT_CUDA_C},
+                 {"ptx", HK_FORMAT_PTX},
+                 {"cubin", HK_FORMAT_CUBIN},
+                 {"fatbin", HK_FORMAT_FATBIN}};
+    const char *dot = strrchr(path, '.');
+    char ext[8];
+    size_t i;
+
+    if (dir_format != HK_FORMAT_AUTO || !dot || strlen(dot + 1) >= sizeof ext)
+        return dir_format;
+    for (i = 0; dot[1 + i]; i++)
+        ext[i] = (char)tolower((unsigned char)dot[1 + i]);
+    ext[i] = '\0';
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (strcmp(ext, kinds[i].ext) == 0)
+            return kinds[i].fmt;
+    }
+    return HK_FORMAT_AUTO;
+}
+
+static const char *hkn_watch_api_kind(hk_format f) {
+    return f == HK_FORMAT_CUDA_C  ? "CUDA C"
+           : f == HK_FORMAT_PTX   ? "PTX"
+           : f == HK_FORMAT_CUBIN ? "a cubin"
+                                  : "a fatbin";
+}
+
+/* 0 when bytes hold the format want (AUTO: any); otherwise writes why (no
+ * content) and returns HK_ERR_FORMAT. */
+static int hkn_watch_api_check(hk_format want, const void *bytes, size_t size, char *why,
+                               size_t why_size) {
+    char detail[256] = "";
+    hk_format got = HK_FORMAT_AUTO;
+
+    if (hkp_detect(bytes, size, &got, detail, sizeof detail) < 0) {
+        snprintf(why, why_size, "not CUDA C, PTX, cubin or fatbin (%s; %zu bytes): not submitted",
+                 detail[0] ? detail : "unrecognised", size);
+        return HK_ERR_FORMAT;
+    }
+    if (want != HK_FORMAT_AUTO && got != want) {
+        snprintf(why, why_size,
+                 "not %s as its name says: it looks like %s (%zu bytes): not submitted",
+                 hkn_watch_api_kind(want), hkn_watch_api_kind(got), size);
+        return HK_ERR_FORMAT;
+    }
+    return 0;
+}
+
 /* Runs on the watcher thread: one finished file becomes one submission. */
 static void hkn_watch_api_cb(void *ud, const char *module, const char *path, const void *bytes,
                              size_t size) {
@@ -272,6 +386,13 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     if (!d)
         return; /* Not a directory added through hk_watch_dir. */
     opt = d->opt;
+    opt.format = hkn_watch_api_expect(path, d->opt.format);
+    char why[384];
+    int err = hkn_watch_api_check(opt.format, bytes, size, why, sizeof why);
+    if (err < 0) {
+        hkn_watch_api_refused(r->rt, module, path, err, why);
+        return;
+    }
     snprintf(origin, sizeof origin, "watch:%s", path);
     opt.origin = origin;
     opt.source_name = path;
@@ -290,8 +411,13 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
         opt.nheaders = d->opt.nheaders + ndirh;
     }
     /* The outcome reaches the application through its event callback.
-     * hk_submit copies the headers. */
-    hk_submit(r->rt, module, bytes, size, &opt);
+     * hk_submit copies the headers. When it fails, no event comes from the
+     * engine, so the refusal is reported here. */
+    err = hk_submit(r->rt, module, bytes, size, &opt);
+    if (err < 0) {
+        snprintf(why, sizeof why, "not submitted: %s", hk_strerror(err));
+        hkn_watch_api_refused(r->rt, module, path, err, why);
+    }
     free(all);
     hkn_watch_headers_free(dirh, ndirh);
 }
@@ -344,6 +470,7 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
         }
         hkn_watch_opts_init(&wo);
         wo.fn = hkn_watch_api_cb;
+        wo.refuse = hkn_watch_api_refuse;
         wo.ud = r;
         err = hkn_watch_create(&r->w, &wo);
         if (err < 0) {

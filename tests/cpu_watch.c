@@ -7,8 +7,11 @@
  * Every test works in a fresh temporary directory with a recording callback;
  * waits are condition-variable waits bounded by timeouts, and "nothing more
  * arrives" is checked by waiting several debounce periods after the last
- * expected handover. The last test case drives hk_watch_dir end to end on the
- * fake driver: files in, committed and refused versions out.
+ * expected handover. Refusals are recorded the same way: what cannot be
+ * handed over (a link out of the directory, a FIFO, a procfs file, a name the
+ * engine would refuse) must be reported once per change, with a reason and
+ * never the file's content. The last test case drives hk_watch_dir end to end
+ * on the fake driver: files in, committed and refused versions out.
  */
 #include <check.h>
 #include <errno.h>
@@ -18,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,11 +42,20 @@ typedef struct record {
     size_t size;
 } record;
 
+typedef struct refusal {
+    char module[64]; /* "" when NULL */
+    char path[PATH_MAX];
+    int err;
+    char why[PATH_MAX + 256];
+} refusal;
+
 typedef struct recorder {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     record r[MAX_RECORDS];
     int n;
+    refusal f[64];
+    int nf;
 } recorder;
 
 static recorder rec;
@@ -66,6 +80,22 @@ static void rec_cb(void *ud, const char *module, const char *path, const void *b
         }
         e->size = size;
         r->n++;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rec_refuse_cb(void *ud, const char *module, const char *path, int err,
+                          const char *why) {
+    recorder *r = ud;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->nf < (int)(sizeof r->f / sizeof r->f[0])) {
+        refusal *e = &r->f[r->nf++];
+        snprintf(e->module, sizeof e->module, "%s", module ? module : "");
+        snprintf(e->path, sizeof e->path, "%s", path);
+        snprintf(e->why, sizeof e->why, "%s", why);
+        e->err = err;
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -110,6 +140,50 @@ static int rec_wait(int n, int timeout_ms) {
     got = rec.n;
     pthread_mutex_unlock(&rec.mu);
     return got;
+}
+
+/* As rec_wait, for refusals. */
+static int refusals_wait(int n, int timeout_ms) {
+    int got = 0;
+
+    for (int i = 0; i <= timeout_ms / 10; i++) {
+        pthread_mutex_lock(&rec.mu);
+        got = rec.nf;
+        pthread_mutex_unlock(&rec.mu);
+        if (got >= n)
+            break;
+        usleep(10 * 1000);
+    }
+    return got;
+}
+
+/* Waits for n refusals, then SETTLE_MS more, and checks that exactly n
+ * arrived. */
+static void expect_refusals(int n) {
+    ck_assert_int_ge(refusals_wait(n, WAIT_MS), n);
+    usleep(SETTLE_MS * 1000);
+    pthread_mutex_lock(&rec.mu);
+    ck_assert_int_eq(rec.nf, n);
+    pthread_mutex_unlock(&rec.mu);
+}
+
+static void path_in(char *out, size_t size, const char *d, const char *name);
+
+/* A copy of the refusal of the file named name (last one), or 0. */
+static int refusal_of(const char *name, refusal *out) {
+    char p[PATH_MAX];
+    int found = 0;
+
+    path_in(p, sizeof p, dir, name);
+    pthread_mutex_lock(&rec.mu);
+    for (int i = rec.nf - 1; i >= 0 && !found; i--) {
+        if (strcmp(rec.f[i].path, p) == 0) {
+            *out = rec.f[i];
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&rec.mu);
+    return found;
 }
 
 static int rec_count(void) {
@@ -193,6 +267,7 @@ static void start_with(hkn_watch_opts *o) {
      * the tests want those written before to be plainly older. */
     usleep(60 * 1000);
     o->fn = rec_cb;
+    o->refuse = rec_refuse_cb;
     o->ud = &rec;
     ck_assert_int_eq(hkn_watch_create(&w, o), 0);
 }
@@ -437,11 +512,183 @@ START_TEST(droppings_ignored) {
     usleep(100 * 1000);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         write_file(names[i], "junk");
-    usleep(SETTLE_MS * 1000);
+    /* Droppings are silent; the two other names are refused, saying why. */
+    expect_refusals(2);
     ck_assert_int_eq(rec_count(), 0);
     hkn_watch_stats_get(w, &st);
     ck_assert_uint_ge(st.events, 10);
     ck_assert_uint_eq(st.handovers, 0);
+    ck_assert_uint_eq(st.opens, st.retries + 1); /* common.cuh, the header, only */
+    for (int i = 0; i < 2; i++) {
+        refusal f;
+        ck_assert(refusal_of(i ? "README" : "notes.txt", &f));
+        ck_assert_str_eq(f.module, "");
+        ck_assert_int_eq(f.err, HK_ERR_FORMAT);
+        ck_assert_ptr_nonnull(strstr(f.why, "not a kernel source"));
+        ck_assert_ptr_null(strstr(f.why, "junk"));
+    }
+}
+END_TEST
+
+/* A link out of the directory is refused unread, naming why; its target's
+ * edits are not followed; it is reported again only when the link changes. */
+START_TEST(symlink_outside_refused) {
+    char secret[PATH_MAX], link[PATH_MAX];
+    hkn_watch_stats st;
+    refusal f;
+
+    path_in(secret, sizeof secret, root, "passwd");
+    write_at(secret, "root:x:0:0:SECRET-LINE:/root:/bin/bash\n");
+    path_in(link, sizeof link, dir, "p.cu");
+    ck_assert_int_eq(symlink(secret, link), 0);
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_refusals(1);
+    ck_assert(refusal_of("p.cu", &f));
+    ck_assert_str_eq(f.module, "p");
+    ck_assert_ptr_nonnull(strstr(f.why, "outside the watched directory"));
+    ck_assert_ptr_null(strstr(f.why, "SECRET"));
+    write_at(secret, "root:x:0:0:SECRET-LINE-2:/root:/bin/bash\n");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 0);
+    hkn_watch_stats_get(w, &st);
+    ck_assert_uint_eq(st.opens, 0);
+    ck_assert_uint_eq(st.refusals, 1);
+    /* Pointing the link elsewhere outside is a change: refused again. */
+    ck_assert_int_eq(unlink(link), 0);
+    ck_assert_int_eq(symlink("/etc/hostname", link), 0);
+    expect_refusals(2);
+    ck_assert_int_eq(rec_count(), 0);
+}
+END_TEST
+
+/* Links that resolve inside the directory are followed, and an edit of the
+ * target (in a subdirectory, or beside the link) hands the link over. */
+START_TEST(symlink_inside_followed) {
+    char sub[PATH_MAX], p[PATH_MAX];
+
+    path_in(sub, sizeof sub, dir, "src");
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    path_in(p, sizeof p, sub, "impl.cu");
+    write_at(p, "k v1");
+    write_file("base.ptx", "b v1");
+    path_in(p, sizeof p, dir, "k.cu");
+    ck_assert_int_eq(symlink("src/impl.cu", p), 0);
+    path_in(p, sizeof p, dir, "alias.ptx");
+    ck_assert_int_eq(symlink("base.ptx", p), 0);
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_total(3); /* k, base, alias */
+    ck_assert_str_eq(rec_last("k"), "k v1");
+    ck_assert_str_eq(rec_last("alias"), "b v1");
+
+    path_in(p, sizeof p, sub, "impl.cu");
+    write_at(p, "k v2");
+    expect_total(4);
+    ck_assert_str_eq(rec_last("k"), "k v2");
+    write_file("base.ptx", "b v2");
+    expect_total(6);
+    ck_assert_str_eq(rec_last("base"), "b v2");
+    ck_assert_str_eq(rec_last("alias"), "b v2");
+    pthread_mutex_lock(&rec.mu);
+    ck_assert_int_eq(rec.nf, 0);
+    pthread_mutex_unlock(&rec.mu);
+}
+END_TEST
+
+/* A FIFO or a socket is never opened: one refusal each, not repeated while
+ * nothing changes, again when it does. */
+START_TEST(special_files_refused_once) {
+    char p[PATH_MAX];
+    struct sockaddr_un sa;
+    hkn_watch_stats st;
+    refusal f;
+    int sfd;
+
+    path_in(p, sizeof p, dir, "f.cu");
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    path_in(p, sizeof p, dir, "s.ptx");
+    ck_assert(strlen(p) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, p, strlen(p) + 1);
+    sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(sfd, 0);
+    ck_assert_int_eq(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_refusals(2);
+    ck_assert(refusal_of("f.cu", &f));
+    ck_assert_ptr_nonnull(strstr(f.why, "FIFO"));
+    ck_assert_int_eq(f.err, HK_ERR_IO);
+    ck_assert(refusal_of("s.ptx", &f));
+    ck_assert_ptr_nonnull(strstr(f.why, "socket"));
+    hkn_watch_stats_get(w, &st);
+    ck_assert_uint_eq(st.opens, 0);
+    ck_assert_uint_eq(st.retries, 0);
+    path_in(p, sizeof p, dir, "f.cu");
+    ck_assert_int_eq(unlink(p), 0); /* a new FIFO in its place is a change */
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    expect_refusals(3);
+    ck_assert_int_eq(rec_count(), 0);
+    close(sfd);
+}
+END_TEST
+
+/* A procfs file reports 0 bytes and then has content: it is refused once, not
+ * re-read in a loop. Reached here through a link (outside links allowed). */
+START_TEST(procfs_file_refused_once) {
+    hkn_watch_opts o;
+    hkn_watch_stats st;
+    char p[PATH_MAX];
+    refusal f;
+
+    path_in(p, sizeof p, dir, "status.cu");
+    ck_assert_int_eq(symlink("/proc/self/status", p), 0);
+    hkn_watch_opts_init(&o);
+    o.follow_outside_links = 1;
+    start_with(&o);
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    expect_refusals(1);
+    ck_assert(refusal_of("status.cu", &f));
+    ck_assert_ptr_nonnull(strstr(f.why, "pseudo-file"));
+    ck_assert_ptr_null(strstr(f.why, "Pid"));
+    usleep(SETTLE_MS * 1000);
+    hkn_watch_stats_get(w, &st);
+    ck_assert_uint_eq(st.opens, 1);
+    ck_assert_uint_eq(st.retries, 0);
+    ck_assert_uint_eq(st.refusals, 1);
+    ck_assert_int_eq(rec_count(), 0);
+}
+END_TEST
+
+/* A module name of 64 characters or more is refused once per change; 63 is
+ * handed over. */
+START_TEST(long_module_name_refused) {
+    char longname[80], okname[80], okmodule[64];
+    refusal f;
+
+    memset(longname, 'a', 64);
+    snprintf(longname + 64, sizeof longname - 64, ".v2.cu");
+    memset(okname, 'b', 63);
+    snprintf(okname + 63, sizeof okname - 63, ".cu");
+    snprintf(okmodule, sizeof okmodule, "%.63s", okname);
+    start();
+    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    usleep(100 * 1000);
+    write_file(longname, "L1");
+    write_file(okname, "OK");
+    expect_refusals(1);
+    ck_assert_int_eq(rec_wait(1, WAIT_MS), 1);
+    ck_assert_int_eq(rec_count_module(okmodule, 0), 1);
+    ck_assert(refusal_of(longname, &f));
+    ck_assert_int_eq(f.err, HK_ERR_INVALID);
+    ck_assert_str_eq(f.module, "");
+    ck_assert_ptr_nonnull(strstr(f.why, "64 characters"));
+    ck_assert_ptr_nonnull(strstr(f.why, "63"));
+    write_file(longname, "L2");
+    expect_refusals(2);
+    ck_assert_int_eq(rec_count(), 1);
 }
 END_TEST
 
@@ -794,11 +1041,29 @@ static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
 static int ev_committed, ev_refused;
 static char ev_origin[PATH_MAX + 16];
 
+/* Refusals as the application sees them. */
+typedef struct refused_event {
+    char module[64]; /* "" when NULL */
+    char origin[PATH_MAX + 16];
+    int error;
+    char message[512];
+    char *log; /* copy of report->log, or NULL */
+} refused_event;
+static refused_event ev_ref[32];
+
 static void on_event(const hk_event *ev, void *ud) {
     (void)ud;
     pthread_mutex_lock(&ev_mu);
     if (ev->kind == HK_EVENT_COMMITTED)
         ev_committed++;
+    if (ev->kind == HK_EVENT_REFUSED && ev_refused < (int)(sizeof ev_ref / sizeof ev_ref[0])) {
+        refused_event *e = &ev_ref[ev_refused];
+        snprintf(e->module, sizeof e->module, "%s", ev->module ? ev->module : "");
+        snprintf(e->origin, sizeof e->origin, "%s", ev->origin ? ev->origin : "");
+        e->error = ev->report ? ev->report->error : 0;
+        snprintf(e->message, sizeof e->message, "%s", ev->report ? ev->report->message : "");
+        e->log = ev->report && ev->report->log ? strdup(ev->report->log) : NULL;
+    }
     if (ev->kind == HK_EVENT_REFUSED)
         ev_refused++;
     snprintf(ev_origin, sizeof ev_origin, "%s", ev->origin ? ev->origin : "");
@@ -852,6 +1117,7 @@ static void rt_setup(void) {
     o.cache_dir = "";
     o.on_event = on_event;
     ev_committed = ev_refused = 0;
+    memset(ev_ref, 0, sizeof ev_ref);
     rt = NULL;
     err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
@@ -860,6 +1126,8 @@ static void rt_setup(void) {
 static void rt_teardown(void) {
     hk_runtime_destroy(rt); /* also stops the watcher */
     rt = NULL;
+    for (int i = 0; i < ev_refused && i < (int)(sizeof ev_ref / sizeof ev_ref[0]); i++)
+        free(ev_ref[i].log);
     ck_assert_int_eq(fake_live_images(), 0);
     teardown();
 }
@@ -961,6 +1229,89 @@ START_TEST(api_headers_in_memory) {
 }
 END_TEST
 
+/* The refusal event of file name (the last one); fails the test when none. */
+static refused_event refused_for(const char *name) {
+    char origin[PATH_MAX + 16];
+    refused_event e;
+    int found = 0;
+
+    snprintf(origin, sizeof origin, "watch:%s/%s", dir, name);
+    memset(&e, 0, sizeof e);
+    pthread_mutex_lock(&ev_mu);
+    for (int i = 0; i < ev_refused && i < (int)(sizeof ev_ref / sizeof ev_ref[0]); i++) {
+        if (strcmp(ev_ref[i].origin, origin) == 0) {
+            e = ev_ref[i];
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&ev_mu);
+    ck_assert_msg(found, "no refusal for %s", name);
+    return e;
+}
+
+/* Whatever is refused, the event names the file and the reason, and carries
+ * nothing of its content; a real CUDA C compile error keeps NVRTC's log. */
+START_TEST(api_refusals_never_quote_content) {
+    static const char junk[] = "\x7f\x01\x02SECRET\x00\x00\xff\xfe";
+    char p[PATH_MAX], secret[PATH_MAX], longname[80];
+    static const char *const names[] = {"p.cu", "k.cubin",  "j.ptx",
+                                        "b.cu", "f.fatbin", "notes.txt"};
+    int fd;
+
+    path_in(secret, sizeof secret, root, "passwd");
+    write_at(secret, "root:x:0:0:SECRET:/root:/bin/bash\ndaemon:x:1:1:SECRET:/:/bin/sh\n");
+    path_in(p, sizeof p, dir, "p.cu");
+    ck_assert_int_eq(symlink(secret, p), 0);
+    write_file("k.cubin", "SECRET text in a cubin\n");
+    write_file("j.ptx", "root:x:0:0:SECRET:/root:/bin/bash\n");
+    path_in(p, sizeof p, dir, "b.cu");
+    fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    ck_assert_int_eq(close(fd), 0);
+    path_in(p, sizeof p, dir, "f.fatbin");
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    memset(longname, 'm', 64);
+    snprintf(longname + 64, sizeof longname - 64, ".cu");
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, NULL), 0);
+    usleep(100 * 1000);
+    write_file("notes.txt", "SECRET notes\n");
+    write_file(longname, "SECRET\n");
+    wait_events(&ev_refused, 7);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(events_of(&ev_refused), 7);
+    ck_assert_int_eq(events_of(&ev_committed), 0);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        refused_event e = refused_for(names[i]);
+        path_in(p, sizeof p, dir, names[i]);
+        ck_assert_msg(strstr(e.message, p) != NULL, "%s: %s", names[i], e.message);
+        ck_assert_msg(strstr(e.message, "SECRET") == NULL, "%s: %s", names[i], e.message);
+        ck_assert_msg(!e.log || strstr(e.log, "SECRET") == NULL, "%s: %s", names[i], e.log);
+        ck_assert_int_lt(e.error, 0);
+    }
+    ck_assert_ptr_nonnull(strstr(refused_for("p.cu").message, "outside the watched directory"));
+    ck_assert_str_eq(refused_for("p.cu").module, "p");
+    ck_assert_ptr_nonnull(strstr(refused_for("k.cubin").message, "not a cubin"));
+    ck_assert_ptr_nonnull(strstr(refused_for("j.ptx").message, "not PTX"));
+    ck_assert_ptr_nonnull(strstr(refused_for("b.cu").message, "not CUDA C, PTX, cubin or fatbin"));
+    snprintf(p, sizeof p, "%zu bytes", sizeof junk);
+    ck_assert_ptr_nonnull(strstr(refused_for("b.cu").message, p));
+    ck_assert_ptr_nonnull(strstr(refused_for("f.fatbin").message, "FIFO"));
+    ck_assert_ptr_nonnull(strstr(refused_for(longname).message, "the most is 63"));
+    ck_assert_str_eq(refused_for(longname).module, "");
+
+    /* CUDA C that fails to compile: NVRTC's log names the error. */
+    write_file("bad.cu", "extern \"C\" __global__ void step(int *out, unsigned n) {\n"
+                         "    *out = undeclared_name_in_bad_cu;\n}\n");
+    wait_events(&ev_refused, 8);
+    refused_event e = refused_for("bad.cu");
+    ck_assert_int_eq(e.error, HK_ERR_COMPILE);
+    ck_assert_ptr_nonnull(e.log);
+    ck_assert_ptr_nonnull(strstr(e.log, "undeclared_name_in_bad_cu"));
+}
+END_TEST
+
 static Suite *watch_suite(void) {
     Suite *s = suite_create("watch");
     TCase *tc = tcase_create("core");
@@ -978,6 +1329,11 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, burst_of_writes);
     tcase_add_test(tc, slow_writer_not_handed_early);
     tcase_add_test(tc, droppings_ignored);
+    tcase_add_test(tc, symlink_outside_refused);
+    tcase_add_test(tc, symlink_inside_followed);
+    tcase_add_test(tc, special_files_refused_once);
+    tcase_add_test(tc, procfs_file_refused_once);
+    tcase_add_test(tc, long_module_name_refused);
     tcase_add_test(tc, unchanged_not_handed_again);
     tcase_add_test(tc, header_rebuilds_dependents);
     tcase_add_test(tc, header_in_other_directory);
@@ -996,6 +1352,7 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, api_watch_dir);
     tcase_add_test(tc, api_header_dependency);
     tcase_add_test(tc, api_headers_in_memory);
+    tcase_add_test(tc, api_refusals_never_quote_content);
     suite_add_tcase(s, tc);
     return s;
 }

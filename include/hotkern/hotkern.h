@@ -157,7 +157,8 @@ typedef enum hk_event_kind {
 
 typedef struct hk_event {
     hk_event_kind kind;
-    const char *module;
+    const char *module;   /* NULL when the event concerns no module (a context
+                           * reset, a watched file whose name makes none) */
     uint64_t old_version; /* 0 when none */
     uint64_t new_version; /* 0 when none */
     const char *origin;   /* "api", "watch:PATH", "push", "pull:URL" ... */
@@ -462,9 +463,29 @@ HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
 
 /* Watches dir (not recursive) with inotify on a thread of its own. A file
  * NAME.cu, NAME.ptx, NAME.cubin or NAME.fatbin becomes module NAME (file name
- * up to its first '.'); headers (.h, .cuh) are tracked as dependencies of the
- * sources that include them. Every change is built and submitted like
- * hk_submit with `opt` (copied). Safe from any thread. */
+ * up to its first '.', at most 63 characters); headers (.h, .cuh, .hpp) are
+ * tracked as dependencies of the sources that include them. Every change is
+ * built and submitted like hk_submit with `opt` (copied); unless opt->format
+ * names one, the extension names the format and the content must hold it.
+ * Safe from any thread.
+ *
+ * Editor droppings (dotfiles, "*~", "*.swp", "*.swx", "*.tmp", "4913",
+ * "#NAME#") are ignored silently. Every other file that cannot become a
+ * version gets one HK_EVENT_REFUSED per change, on the watcher's thread, with
+ * origin "watch:PATH" and a report whose message names the file and says why;
+ * the report never carries the file's content (only the log of a compiler that
+ * was given a real source does). Refused: another extension, a module name of
+ * 64 characters or more, a file whose content is not its extension's format, an
+ * empty file, one over 64 MiB, and anything but a regular file: FIFOs, devices
+ * and sockets are never opened, and a procfs-like file (0 bytes reported,
+ * content on reading) is read once, refused, and left alone until it changes.
+ * Files present when the watch starts are refused only if named as sources.
+ *
+ * Symbolic links: a link whose target resolves inside dir (or below it) is
+ * followed, and an edit of the target counts as an edit of the link. A link
+ * whose target resolves outside dir is refused and its target is never
+ * opened; a header linked from outside is given to the compiler as an #error
+ * in its place, so an include of it fails, saying why, rather than reading it. */
 HK_API int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
                         hk_report *rep);
 
