@@ -224,6 +224,10 @@ int hkn_mkdir_p(const char *dir, hk_report *rep);
 int hkn_valid_name(const char *s, size_t max);
 /* 1 when [p, end) holds only JSON whitespace. */
 int hkn_json_rest_blank(const char *p, const char *end);
+/* Adds an integer member printed exactly: cJSON prints numbers through a
+ * double with 15 significant digits when that reads back "close enough",
+ * which loses the last digit of integers near 2^53. NULL on failure. */
+struct cJSON *hkn_json_add_int(struct cJSON *obj, const char *name, long long v);
 /* 1 when the text holds a \u0000 escape (cJSON would cut the string there). */
 int hkn_json_has_nul_escape(const char *s, size_t len);
 /* Parses exactly one JSON value filling all of text: trailing bytes, a NUL

@@ -604,15 +604,21 @@ out:
     return err;
 }
 
+cJSON *hkn_json_add_int(cJSON *obj, const char *name, long long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", v);
+    return cJSON_AddRawToObject(obj, name, buf);
+}
+
 int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
     int err = HK_ERR_NOMEM;
     cJSON *root = cJSON_CreateObject(), *arts = NULL;
     if (!root)
         return err;
     if (!cJSON_AddStringToObject(root, "module", m->module) ||
-        !cJSON_AddNumberToObject(root, "version", (double)m->version) ||
-        !cJSON_AddNumberToObject(root, "created", (double)m->created) ||
-        !cJSON_AddNumberToObject(root, "expires", (double)m->expires) ||
+        !hkn_json_add_int(root, "version", (long long)m->version) ||
+        !hkn_json_add_int(root, "created", (long long)m->created) ||
+        !hkn_json_add_int(root, "expires", (long long)m->expires) ||
         !cJSON_AddStringToObject(root, "key_id", m->key_id) ||
         !(arts = cJSON_AddArrayToObject(root, "artifacts")))
         goto out;
@@ -624,7 +630,7 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
         cJSON_AddItemToArray(arts, o);
         if (!cJSON_AddStringToObject(o, "name", a->name) ||
             !cJSON_AddStringToObject(o, "sha256", a->sha256) ||
-            !cJSON_AddNumberToObject(o, "size", (double)a->size) ||
+            !hkn_json_add_int(o, "size", (long long)a->size) ||
             !cJSON_AddStringToObject(o, "format",
                                      a->header ? "header" : hk_format_name(a->format)) ||
             !cJSON_AddStringToObject(o, "arch", a->arch))

@@ -183,14 +183,20 @@ static void clean_temps(hkn_state *s) {
 /* ---- writing ----------------------------------------------------------- */
 
 static int write_state(hkn_state *s, const cJSON *mods, hk_report *rep) {
-    cJSON *root = cJSON_CreateObject();
+    cJSON *root = cJSON_CreateObject(), *out_mods = NULL;
     int err = 0;
     char *text = NULL;
-    if (!root || !cJSON_AddNumberToObject(root, "format", 1)) {
+    if (!root || !cJSON_AddNumberToObject(root, "format", 1) ||
+        !(out_mods = cJSON_AddObjectToObject(root, "modules"))) {
         err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
-    cJSON_AddItemReferenceToObject(root, "modules", (cJSON *)mods);
+    /* Versions printed exactly (see hkn_json_add_int). */
+    for (const cJSON *m = mods->child; m; m = m->next)
+        if (!hkn_json_add_int(out_mods, m->string, (long long)m->valuedouble)) {
+            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            goto out;
+        }
     if (!(text = cJSON_Print(root))) {
         err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;

@@ -721,6 +721,47 @@ START_TEST(release_carries_headers) {
 }
 END_TEST
 
+/* Versions near 2^53 are written exactly: cJSON's own number printing
+ * rounds 8888888888888881 to 15 digits, so a recorded version read back
+ * lower than accepted (found by fuzzing the state file). */
+START_TEST(large_versions_recorded_exactly) {
+    char *dir = hkt_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/accepted.json", dir);
+    ck_assert_int_eq(hkt_write_file(path, "{\"modules\":{\"add\":8888888888888880}}"), 0);
+    hk_report rep = {0};
+    hkn_state *s;
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
+    uint64_t v = 0;
+    ck_assert_int_eq(hkn_state_accept(s, "add", UINT64_C(8888888888888881), &rep), 0);
+    ck_assert_int_eq(hkn_state_lookup(s, "add", &v, &rep), 0);
+    ck_assert_uint_eq(v, UINT64_C(8888888888888881));
+    hkn_state_close(s);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0); /* from the file */
+    ck_assert_int_eq(hkn_state_lookup(s, "add", &v, &rep), 0);
+    ck_assert_uint_eq(v, UINT64_C(8888888888888881));
+    hkn_state_close(s);
+    /* And a manifest says exactly the version it was signed for. */
+    hkn_seckey k;
+    ck_assert_int_eq(hkn_keygen(&k), 0);
+    static const char src[] = "extern \"C\" __global__ void k() {}\n";
+    hkn_blob b = {.name = "k.cu", .bytes = src, .size = strlen(src)};
+    char *json = NULL, *sig = NULL;
+    size_t len = 0;
+    uint64_t big = (UINT64_C(1) << 53) - 1;
+    ck_assert_int_eq(
+        hkn_release_sign(&k, "k", big, 1700000000, 1700000600, &b, 1, &json, &len, &sig, &rep), 0);
+    hkn_manifest m;
+    ck_assert_msg(hkn_manifest_parse(json, len, &m, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(m.version, big);
+    ck_assert_ptr_nonnull(strstr(json, "9007199254740991"));
+    hkn_manifest_free(&m);
+    free(json);
+    free(sig);
+    hkn_report_reset(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("release");
     TCase *tc = tcase_create("core");
@@ -739,6 +780,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, release_carries_headers);
     tcase_add_test(tc, two_processes_merge);
     tcase_add_test(tc, corrupt_state_fails_closed);
+    tcase_add_test(tc, large_versions_recorded_exactly);
     tcase_add_test(tc, stale_temp_files_cleaned);
     tcase_add_test(tc, strict_manifest_text);
     tcase_add_test(tc, lifetime_and_future_creation);
