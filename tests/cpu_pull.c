@@ -201,6 +201,17 @@ static int log_count(const char *a, const char *b) {
     return n;
 }
 
+/* nginx writes a request's log line after the response went out: wait (5 s
+ * at most) for the count to reach `want` before comparing. */
+static int log_count_wait(const char *a, const char *b, int want) {
+    int n = log_count(a, b);
+    for (int i = 0; i < 100 && n < want; i++) {
+        usleep(50000);
+        n = log_count(a, b);
+    }
+    return n;
+}
+
 static const char ptx_v1[] = ".version 8.0\n.target sm_90\n// v1\n";
 static const char ptx_v2[] = ".version 8.0\n.target sm_90\n// v2 is longer\n";
 static const char ptx_v3[] = ".version 8.0\n.target sm_90\n// v3\n";
@@ -225,14 +236,14 @@ START_TEST(picks_up_releases_with_304s_between) {
     hkn_pull_stats_get(p, &s);
     ck_assert_uint_eq(s.not_modified, 3);
     ck_assert_uint_eq(s.applied, 1);
-    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), 3);
-    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 200 "), 1);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 304 ", 3), 3);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 200 ", 1), 1);
 
     publish(2, ptx_v2, 600);
     ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
     ck_assert_uint_eq(rec_version(), 2);
     ck_assert_int_eq(poll_once(p, &rep), 0);
-    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), 4);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 304 ", 4), 4);
 
     /* On its own thread: a new release arrives within a bounded wait. */
     ck_assert_int_eq(hkn_pull_run(p), 0);
@@ -461,7 +472,7 @@ START_TEST(late_signature_retried) {
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
     int before = log_count("GET /rel/manifest.json ", "\" 304 ");
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
-    ck_assert_int_eq(log_count("GET /rel/manifest.json ", "\" 304 "), before + 1);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 304 ", before + 1), before + 1);
     hkn_pull_stats_get(p, &s);
     ck_assert_int_eq(s.last_error, HK_ERR_REPLAY);
     hkn_pull_destroy(p);
