@@ -759,6 +759,8 @@ START_TEST(large_versions_recorded_exactly) {
     free(json);
     free(sig);
     hkn_report_reset(&rep);
+    hkt_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
