@@ -676,6 +676,9 @@ static const char *ATTR_SRC =
     "  cooperative_groups::this_grid().sync();\n"
     "  if (blockIdx.x == 0 && threadIdx.x == 0) out[1] = TAG;\n"
     "}\n"
+    "extern \"C\" __global__ void clus(int *out) {\n"
+    "  if (blockIdx.x == 1 && threadIdx.x == 0) out[3] = TAG;\n"
+    "}\n"
     "#ifdef STATIC_SMEM\n"
     "#define PADN 12288\n"
     "#else\n"
@@ -703,9 +706,10 @@ START_TEST(attributes_and_launch_ex_across_swaps) {
     hk_runtime *rt = new_rt(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK);
     hk_report rep = {0};
     ck_assert_msg(swap_attr_src(rt, 1, 0, &rep) == 0, "%s %s", rep.message, rep.log ? rep.log : "");
-    hk_kernel *big, *coop;
+    hk_kernel *big, *coop, *clus;
     ck_assert_int_eq(hk_kernel_get(rt, "attr", "big", &big), 0);
     ck_assert_int_eq(hk_kernel_get(rt, "attr", "coop", &coop), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "attr", "clus", &clus), 0);
     int *out;
     CK_CUDA(cudaMalloc((void **)&out, 4 * sizeof(int)));
     enum { SMEM = 100 << 10 };
@@ -718,7 +722,7 @@ START_TEST(attributes_and_launch_ex_across_swaps) {
     for (int tag = 1; tag <= 11; tag++) {
         if (tag > 1)
             ck_assert_msg(swap_attr_src(rt, tag, 0, &rep) == 0, "%s", rep.message);
-        int cu = 0, got[2] = {0, 0};
+        int cu = 0, got[4] = {0, 0, 0, 0};
         ck_assert_msg(
             hk_launch(big, (hk_dim3){1, 1, 1}, (hk_dim3){256, 1, 1}, SMEM, NULL, bargs, &cu) == 0,
             "100 KB launch, version %d: cu %d", tag, cu);
@@ -726,12 +730,17 @@ START_TEST(attributes_and_launch_ex_across_swaps) {
         hk_launch_config_init(&c);
         c.grid = (hk_dim3){2, 1, 1};
         c.block = (hk_dim3){64, 1, 1};
-        c.cluster = (hk_dim3){2, 1, 1};
         c.cooperative = 1;
-        ck_assert_msg(hk_launch_ex(coop, &c, cargs, &cu) == 0, "cluster + cooperative: cu %d", cu);
+        ck_assert_msg(hk_launch_ex(coop, &c, cargs, &cu) == 0, "cooperative: cu %d", cu);
+        hk_launch_config_init(&c);
+        c.grid = (hk_dim3){2, 1, 1};
+        c.block = (hk_dim3){32, 1, 1};
+        c.cluster = (hk_dim3){2, 1, 1};
+        ck_assert_msg(hk_launch_ex(clus, &c, cargs, &cu) == 0, "cluster: cu %d", cu);
         CK_CUDA(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
         ck_assert_int_eq(got[0], tag);
         ck_assert_int_eq(got[1], tag);
+        ck_assert_int_eq(got[3], tag);
     }
     /* pad asks for 200 KB of dynamic shared memory: it fits beside its 64
      * bytes of static shared memory, not beside the 48 KB of the next
