@@ -20,12 +20,13 @@
 #include "tests/harness.h"
 
 static hk_runtime *rt;
-static int events[8];
-static int reclaimed_per_version[64];
-static int (*on_reclaimed)(void);
-static int on_reclaimed_result = 1;
-static int (*on_committed)(void);
-static int on_committed_result = 1;
+/* Written by hotkern's threads, read by the test's. */
+static _Atomic int events[8];
+static _Atomic int reclaimed_per_version[64];
+static int (*_Atomic on_reclaimed)(void);
+static _Atomic int on_reclaimed_result = 1;
+static int (*_Atomic on_committed)(void);
+static _Atomic int on_committed_result = 1;
 
 static void on_event(const hk_event *ev, void *ud) {
     (void)ud;
@@ -40,8 +41,10 @@ static void on_event(const hk_event *ev, void *ud) {
 
 static hk_runtime *make_rt_with(hk_options *o) {
     fake_init(1, 90);
-    memset(events, 0, sizeof events);
-    memset(reclaimed_per_version, 0, sizeof reclaimed_per_version);
+    for (int i = 0; i < 8; i++)
+        atomic_store(&events[i], 0);
+    for (int i = 0; i < 64; i++)
+        atomic_store(&reclaimed_per_version[i], 0);
     on_reclaimed = on_committed = NULL;
     o->ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
     o->cache_dir = "";
