@@ -182,16 +182,4 @@ hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_
 int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n);
 void hkn_watch_headers_free(hk_header *h, int n);
 
-/* Stops and frees the watcher of rt, if hk_watch_dir made one. Called by the
- * runtime on destroy, before its workers stop: no callback runs afterwards.
- * rt may be NULL. */
-void hkn_watch_release(hk_runtime *rt);
-
-/* Called by the engine after each CUDA C build whose source_name is a watched
- * path: forwards the files the build read to that watcher's
- * hkn_watch_set_deps. A no-op when rt watches nothing or the source is not
- * watched. Safe from any thread. */
-void hkn_watch_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
-                          int ndeps);
-
 #endif /* HK_NET_WATCH_H */
