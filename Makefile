@@ -21,7 +21,7 @@ LIBS     := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
             -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c net/*.c))
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c net/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -183,8 +183,8 @@ fuzz: fuzz-build
 	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
 	done
 
-FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] net/*.[ch] cli/*.[ch] \
-               tests/*.[ch] bench/*.[ch] demo/*.[ch])
+FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
+               cli/*.[ch] tests/*.[ch] bench/*.[ch] demo/*.[ch])
 lint:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh tests/run.sh

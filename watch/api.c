@@ -32,10 +32,10 @@
  *
  * Lock order: the runtime's src_lock (held while the watcher is made and
  * while a hook runs), then an entry's add_mu (one hk_watch_dir at a time),
- * then its mu or the watcher's own lock (inside net/watch.c). The callback
+ * then its mu or the watcher's own lock (inside watch/watch.c). The callback
  * takes only its entry's mu, and never while submitting.
  */
-#include "net/watch.h"
+#include "watch/watch.h"
 
 #include <ctype.h>
 #include <dirent.h>
