@@ -513,7 +513,7 @@ START_TEST(each_driver_failure_is_clean) {
     static const char *entries[] = {
         "cuLibraryLoadData", "cuLibraryGetKernel",   "cuKernelGetFunction",
         "cuFuncLoad",        "cuKernelGetParamInfo", "cuLibraryGetGlobal",
-        "cuMemcpyDtoD",      "cuStreamSynchronize",  "cuCtxPushCurrent"};
+        "cuMemcpyDtoDAsync", "cuStreamSynchronize",  "cuCtxPushCurrent"};
     hk_report rep = {0};
     swap_ok("sim", ptx(1, 1, 1, 0), &rep);
     hk_kernel *k;
