@@ -21,7 +21,7 @@ LIBS     := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
             -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c net/*.c))
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c net/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -36,6 +36,7 @@ BSUP_OBJ := $(BSUP_SRC:%.c=$(BUILD)/obj/%.o)
 DEMO_SRC := $(sort $(wildcard demo/*.c))
 DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
 
+STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
 CLI      := $(BUILD)/bin/hotkern
@@ -49,7 +50,7 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(CLI) $(TEST_BIN) $(BENCH_BIN) $(DEMO_BIN)
+build: $(STATIC) $(SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) $(BENCH_BIN) $(DEMO_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -111,6 +112,12 @@ $(CLI): $(CLI_OBJ) $(STATIC)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS)
+
+# A stand-in libcuda for tests/cpu_driver.c's binding test (HK_LIBCUDA=); outside
+# BUILD/tests, whose every executable tests/run.sh runs as a suite.
+$(STUB_CUDA): tests/stub/libcuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
 
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
 $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(STATIC)
@@ -183,8 +190,8 @@ fuzz: fuzz-build
 	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
 	done
 
-FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] net/*.[ch] cli/*.[ch] \
-               tests/*.[ch] bench/*.[ch] demo/*.[ch])
+FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
+               cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch])
 lint:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh tests/run.sh

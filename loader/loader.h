@@ -8,7 +8,17 @@
  *                resolved entry of every kernel handle ("slots").
  *   hk_kernel    a stable handle: module + slot. Never freed before the runtime.
  *
+ * Sources. What feeds the runtime (the directory watcher, the network
+ * endpoint, the puller) lives outside loader/ and submits through the public
+ * API; the engine includes none of it. A source that needs something back
+ * attaches an hkl_source (below) to the runtime: the engine calls its
+ * deps_built after each build and its release at hk_runtime_destroy, and
+ * knows nothing else about it.
+ *
  * Locks, in the order they may be taken (never the other way round):
+ *   src_lock (runtime)   the attached sources. Taken with no other lock of
+ *                        the runtime held; a source's hook runs under it and
+ *                        takes only its own locks (and may submit).
  *   swap_lock (runtime)  serialises swaps, rollbacks, handle creation, graph
  *                        registration, reset recovery; protects module lists,
  *                        histories and handles' layouts. Its owner is kept in
@@ -186,6 +196,26 @@ typedef struct hkl_waiter {
     hk_report *rep; /* the caller's report; filled before done is set */
 } hkl_waiter;
 
+/* A source's hooks, attached to one runtime (hkl_source_attach). The engine
+ * calls them; it never calls the source in any other way. */
+typedef struct hkl_source hkl_source;
+struct hkl_source {
+    /* immutable while attached */
+    const void *kind; /* identifies the kind of source (its address, not its
+                       * content): a runtime holds at most one of each */
+    void *ctx;        /* passed to the hooks */
+    /* Optional. After a build of a job with a source_name: the files that build
+     * read (deps, n entries, valid during the call only). Called on the
+     * worker thread with src_lock held: it must return quickly. */
+    void (*deps_built)(void *ctx, const char *source_name, const char *const *deps, int n);
+    /* Optional. At hk_runtime_destroy, before the worker stops and with no
+     * lock held; the source is detached already. It stops whatever submits
+     * to the runtime and frees what it owns (the hkl_source included, when
+     * the source allocated it): no hook of it runs afterwards. */
+    void (*release)(void *ctx);
+    hkl_source *next; /* src_lock */
+};
+
 /* A unit of work for the worker thread. */
 struct hkl_job {
     char name[HKL_NAME_MAX];
@@ -293,6 +323,9 @@ struct hk_runtime {
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
 
+    pthread_mutex_t src_lock;
+    hkl_source *sources; /* src_lock: attached sources, newest first */
+
     hk_header *headers; /* immutable after create: copy of opt.headers */
     hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
 };
@@ -329,6 +362,30 @@ int hkl_ctx_push(hk_runtime *rt, int slot);
 void hkl_ctx_pop(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
 void hkl_emit_reset(hk_runtime *rt); /* no lock held */
+
+/* runtime.c: sources. None of these may be called from a hook.
+ *
+ * hkl_source_attach attaches src (owned by the caller, which keeps it valid
+ * until it is detached or released). Returns 0, HK_ERR_INVALID, or
+ * HK_ERR_BUSY when a source of the same kind is attached already.
+ *
+ * hkl_source_get returns rt's source of this kind. When there is none, it
+ * calls make(arg) with src_lock held, so that concurrent callers make one
+ * source between them, and attaches what make returns (its kind set to
+ * kind); make returns NULL when it fails, and then nothing is attached and
+ * hkl_source_get returns NULL. make must not call into the runtime's
+ * sources. *made is set to 1 when this call made the source, else 0.
+ *
+ * hkl_source_detach detaches src (a no-op when it is not attached). When it
+ * returns, no hook of src is running or will run, and src is the caller's
+ * again; its release hook is not called. */
+int hkl_source_attach(hk_runtime *rt, hkl_source *src);
+hkl_source *hkl_source_get(hk_runtime *rt, const void *kind, hkl_source *(*make)(void *arg),
+                           void *arg, int *made);
+void hkl_source_detach(hk_runtime *rt, hkl_source *src);
+/* Calls deps_built of every attached source (worker thread, no lock held). */
+void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
+                            int n);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include "loader/loader.h"
-#include "net/watch.h"
 
 const char *hk_strerror(int err) {
     switch (err) {
@@ -306,6 +305,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     pthread_cond_init(&rt->work_cond, NULL);
     pthread_cond_init(&rt->idle_cond, NULL);
     pthread_mutex_init(&rt->stats_lock, NULL);
+    pthread_mutex_init(&rt->src_lock, NULL);
 
     for (int i = 0; i < ndev; i++) {
         for (int j = 0; j < i; j++)
@@ -451,7 +451,93 @@ void hkl_runtime_free(hk_runtime *rt) {
     pthread_cond_destroy(&rt->work_cond);
     pthread_cond_destroy(&rt->idle_cond);
     pthread_mutex_destroy(&rt->stats_lock);
+    pthread_mutex_destroy(&rt->src_lock);
     free(rt);
+}
+
+int hkl_source_attach(hk_runtime *rt, hkl_source *src) {
+    int err = 0;
+
+    if (!rt || !src)
+        return HK_ERR_INVALID;
+    pthread_mutex_lock(&rt->src_lock);
+    for (hkl_source *s = rt->sources; s; s = s->next) {
+        if (s == src || (src->kind && s->kind == src->kind)) {
+            err = HK_ERR_BUSY;
+            break;
+        }
+    }
+    if (!err) {
+        src->next = rt->sources;
+        rt->sources = src;
+    }
+    pthread_mutex_unlock(&rt->src_lock);
+    return err;
+}
+
+hkl_source *hkl_source_get(hk_runtime *rt, const void *kind, hkl_source *(*make)(void *arg),
+                           void *arg, int *made) {
+    hkl_source *s;
+
+    *made = 0;
+    if (!rt || !kind)
+        return NULL;
+    pthread_mutex_lock(&rt->src_lock);
+    for (s = rt->sources; s && s->kind != kind; s = s->next) {
+    }
+    if (!s && make && (s = make(arg)) != NULL) {
+        s->kind = kind;
+        s->next = rt->sources;
+        rt->sources = s;
+        *made = 1;
+    }
+    pthread_mutex_unlock(&rt->src_lock);
+    return s;
+}
+
+void hkl_source_detach(hk_runtime *rt, hkl_source *src) {
+    if (!rt || !src)
+        return;
+    /* Hooks run under src_lock: once it is ours, none of src's is running. */
+    pthread_mutex_lock(&rt->src_lock);
+    for (hkl_source **pp = &rt->sources; *pp; pp = &(*pp)->next) {
+        if (*pp == src) {
+            *pp = src->next;
+            src->next = NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->src_lock);
+}
+
+void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
+                            int n) {
+    if (!source_name)
+        return;
+    /* Held across the hooks so that a source cannot be released under one;
+     * they take only their own locks, briefly. */
+    pthread_mutex_lock(&rt->src_lock);
+    for (hkl_source *s = rt->sources; s; s = s->next) {
+        if (s->deps_built)
+            s->deps_built(s->ctx, source_name, deps, n);
+    }
+    pthread_mutex_unlock(&rt->src_lock);
+}
+
+/* Detaches every source and releases each, outside src_lock: a source's
+ * thread may be submitting meanwhile, and the worker reporting a build. */
+static void sources_release(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->src_lock);
+    hkl_source *s = rt->sources;
+    rt->sources = NULL;
+    pthread_mutex_unlock(&rt->src_lock);
+    while (s) {
+        hkl_source *next = s->next; /* release may free s */
+        s->next = NULL;
+        if (s->release)
+            s->release(s->ctx);
+        s = next;
+    }
 }
 
 /* Unloading waits for kernels that still run the code (measured: 1.5 s for a
@@ -460,7 +546,7 @@ void hkl_runtime_free(hk_runtime *rt) {
 void hk_runtime_destroy(hk_runtime *rt) {
     if (!rt)
         return;
-    hkn_watch_release(rt);
+    sources_release(rt);
     hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
     /* Graphs destroyed from now on find no runtime behind their pins (the

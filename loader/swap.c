@@ -31,7 +31,6 @@
 #include <time.h>
 
 #include "loader/loader.h"
-#include "net/watch.h"
 
 /* Errors after which an unload may succeed later: retry, never count. */
 static int unload_retryable(CUresult r) {
@@ -883,7 +882,7 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         rep->cache_hit = j->art.cache_hit;
     }
     if (j->art.ndeps && j->source_name)
-        hkn_watch_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
+        hkl_sources_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
     if (err < 0) {
         hkl_report_set(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
                        why[0] ? why : hk_strerror(err));

@@ -7,7 +7,8 @@
  * ones; the PTX step alone is 20 and 114 ms), so the default takes the path
  * with fewer steps and copies; nvrtc_via_ptx keeps the other one available. PTX goes through
  * nvJitLink, never the driver JIT, because the driver JIT stalls every launching thread of the
- * process (see FACTS.md). Cubins and fatbins are only checked.
+ * process: the driver compiles inside the load, which holds the lock every launch takes
+ * (docs/DESIGN.md, "Under a real program's load"). Cubins and fatbins are only checked.
  *
  * The compile cache follows ccache's "direct mode": the headers a compile
  * reads are only known once it has run, so a first entry (the manifest), keyed

@@ -9,6 +9,7 @@
  * plainly truncated, so that later stages see a consistent header; the full
  * structural checks are the metadata parsers' job (ptx/meta.c).
  */
+#include <elf.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ int hkp_detect(const void *data, size_t size, hk_format *fmt, char *why, size_t 
         hkp_why(why, why_size, "empty input");
         return HK_ERR_FORMAT;
     }
-    if (size >= 4 && memcmp(p, "\177ELF", 4) == 0) {
+    if (size >= SELFMAG && memcmp(p, ELFMAG, SELFMAG) == 0) {
         int rc = hkp_elf_check_header(p, size, why, why_size);
         if (rc)
             return rc;
@@ -75,8 +76,8 @@ int hkp_detect(const void *data, size_t size, hk_format *fmt, char *why, size_t 
             hkp_why(why, why_size, "truncated fatbin header (%zu bytes)", size);
             return HK_ERR_FORMAT;
         }
-        uint32_t hsize = hkp_rd16(p + 6);
-        uint64_t fat = hkp_rd64(p + 8);
+        uint32_t hsize = hkp_rd16(p + HKP_FATBIN_HSIZE_OFF);
+        uint64_t fat = hkp_rd64(p + HKP_FATBIN_FAT_OFF);
         if (hsize < HKP_FATBIN_HEADER || hsize > size || fat > size - hsize) {
             hkp_why(why, why_size, "truncated fatbin (header says %llu bytes, have %zu)",
                     (unsigned long long)fat + hsize, size);

@@ -27,7 +27,9 @@
  *   size, u64 payload size, u32, u32, u16 minor, u16 major, u32 arch, ...,
  *   u64 flags at 40}; flag 0x100000 marks an arch-specific entry.
  */
+#include <elf.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +42,47 @@
 #define MAX_OBJECT_SIZE (UINT64_C(1) << 48)
 #define MAX_NAME        4096
 
-#define EIATTR_KPARAM_INFO 0x17
-#define STT_OBJECT_        1
-#define STT_FUNC_          2
-#define STO_CUDA_ENTRY     0x10
-#define SHT_NOBITS_        8
+/* NVIDIA's additions to ELF, which <elf.h> does not name (see the layout
+ * facts above). */
+#define EIATTR_KPARAM_INFO  0x17  /* .nv.info: a kernel parameter's record */
+#define EIATTR_ARCH_SPEC    9     /* .nv.compat: nonzero for an 'a' target (sm_90a) */
+#define STO_CUDA_ENTRY      0x10  /* st_other: the function is a kernel entry */
+#define CUBIN_ABI_V8        8     /* e_ident[EI_ABIVERSION] of CUDA 13 cubins */
+#define CUBIN_SM_SHIFT      8     /* ABI 8: e_flags bits 8..15 hold the SM */
+#define CUBIN_FLAG_SPEC     0x8   /* ABI 8: e_flags bit of an 'a' target */
+#define CUBIN_FLAG_SPEC_OLD 0x800 /* older ABIs: the same; the SM is the low byte */
+
+/* An EIATTR_KPARAM_INFO record: {u32 index, u16 ordinal, u16 offset, u32
+ * bits}, 16 bytes with its attribute header; the size is in bits 18..31. */
+#define KPARAM_RECORD      16u
+#define KPARAM_ORDINAL_OFF 4u
+#define KPARAM_OFFSET_OFF  6u
+#define KPARAM_BITS_OFF    8u
+#define KPARAM_VALUE_MIN   12u
+#define KPARAM_SIZE_SHIFT  18
+#define KPARAM_SIZE_MASK   0x3fffu
+
+/* The fatbin entries after a container header (see above). */
+#define FATBIN_ENTRY_MIN       32u /* smallest entry header */
+#define FATBIN_ENTRY_HSIZE_OFF 4u  /* u32: entry header size */
+#define FATBIN_ENTRY_PSIZE_OFF 8u  /* u64: payload size */
+#define FATBIN_ENTRY_ARCH_OFF  28u /* u32: SM */
+#define FATBIN_ENTRY_FLAGS_OFF 40u /* u64: flags, in headers of 48 bytes or more */
+#define FATBIN_ENTRY_FLAGS_END 48u
+#define FATBIN_KIND_PTX        1
+#define FATBIN_KIND_ELF        2
+#define FATBIN_FLAG_ARCH_SPEC  UINT64_C(0x100000) /* an 'a' target */
+
+/* Reads an n-byte little-endian field (n is 1, 2, 4 or 8). */
+static uint64_t rd_le(const unsigned char *p, size_t n) {
+    return n == 1 ? p[0] : n == 2 ? hkp_rd16(p) : n == 4 ? hkp_rd32(p) : hkp_rd64(p);
+}
+
+/* Field f of the ELF64 structure T (Elf64_Ehdr, Elf64_Shdr ...) stored at p,
+ * which the caller has bounds-checked for sizeof(T) bytes. Cubins are
+ * little-endian ELF64 (hkp_elf_check_header), read byte by byte so that no
+ * alignment is assumed. */
+#define ELF_RD(p, T, f) rd_le((const unsigned char *)(p) + offsetof(T, f), sizeof(((T *)0)->f))
 
 void hkp_why(char *why, size_t why_size, const char *fmt, ...) {
     if (!why || !why_size)
@@ -782,30 +820,33 @@ typedef struct elf_view {
 } elf_view;
 
 int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size) {
-    if (size < 64) {
+    if (size < sizeof(Elf64_Ehdr)) {
         hkp_why(why, why_size, "truncated ELF header (%zu bytes)", size);
         return HK_ERR_FORMAT;
     }
-    uint16_t machine = hkp_rd16(p + 18);
-    if (p[4] != 2 || p[5] != 1) {
-        if (machine == HKP_EM_CUDA || p[5] != 1)
-            hkp_why(why, why_size, "ELF%s %s-endian is not a CUDA cubin", p[4] == 2 ? "64" : "32",
-                    p[5] == 1 ? "little" : "big");
+    /* e_machine is at the same offset in ELF32 and ELF64 headers. */
+    uint16_t machine = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_machine);
+    unsigned cls = p[EI_CLASS], data = p[EI_DATA];
+    if (cls != ELFCLASS64 || data != ELFDATA2LSB) {
+        if (machine == EM_CUDA || data != ELFDATA2LSB)
+            hkp_why(why, why_size, "ELF%s %s-endian is not a CUDA cubin",
+                    cls == ELFCLASS64 ? "64" : "32", data == ELFDATA2LSB ? "little" : "big");
         else
             hkp_why(why, why_size, "ELF but not a CUDA cubin (e_machine %u)", machine);
         return HK_ERR_FORMAT;
     }
-    if (machine != HKP_EM_CUDA) {
+    if (machine != EM_CUDA) {
         hkp_why(why, why_size, "ELF but not a CUDA cubin (e_machine %u)", machine);
         return HK_ERR_FORMAT;
     }
-    uint64_t shoff = hkp_rd64(p + 0x28);
-    uint16_t shentsize = hkp_rd16(p + 0x3a), shnum = hkp_rd16(p + 0x3c);
+    uint64_t shoff = ELF_RD(p, Elf64_Ehdr, e_shoff);
+    uint16_t shentsize = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_shentsize);
+    uint16_t shnum = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_shnum);
     if (shnum == 0) {
         hkp_why(why, why_size, "cubin without sections");
         return HK_ERR_FORMAT;
     }
-    if (shentsize < 64) {
+    if (shentsize < sizeof(Elf64_Shdr)) {
         hkp_why(why, why_size, "cubin with bad section header size %u", shentsize);
         return HK_ERR_FORMAT;
     }
@@ -815,15 +856,18 @@ int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t 
     }
     /* The driver reads the program headers too (executable cubins have
      * them after the section headers). */
-    uint64_t phoff = hkp_rd64(p + 0x20);
-    uint16_t phentsize = hkp_rd16(p + 0x36), phnum = hkp_rd16(p + 0x38);
-    if (phnum && (phentsize < 56 || phoff > size || (uint64_t)phnum * phentsize > size - phoff)) {
+    uint64_t phoff = ELF_RD(p, Elf64_Ehdr, e_phoff);
+    uint16_t phentsize = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_phentsize);
+    uint16_t phnum = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_phnum);
+    if (phnum && (phentsize < sizeof(Elf64_Phdr) || phoff > size ||
+                  (uint64_t)phnum * phentsize > size - phoff)) {
         hkp_why(why, why_size, "truncated ELF (program headers end past %zu bytes)", size);
         return HK_ERR_FORMAT;
     }
     for (uint16_t i = 0; i < phnum; i++) {
         const unsigned char *ph = p + phoff + (uint64_t)i * phentsize;
-        uint64_t off = hkp_rd64(ph + 8), filesz = hkp_rd64(ph + 32);
+        uint64_t off = ELF_RD(ph, Elf64_Phdr, p_offset);
+        uint64_t filesz = ELF_RD(ph, Elf64_Phdr, p_filesz);
         if (off > size || filesz > size - off) {
             hkp_why(why, why_size, "truncated ELF (segment %u ends past %zu bytes)", i, size);
             return HK_ERR_FORMAT;
@@ -844,29 +888,31 @@ static int elf_open(elf_view *v, const unsigned char *p, size_t size, char *why,
     int rc = hkp_elf_check_header(p, size, why, why_size);
     if (rc)
         return rc;
-    uint64_t shoff = hkp_rd64(p + 0x28);
-    uint16_t shentsize = hkp_rd16(p + 0x3a), shstrndx = hkp_rd16(p + 0x3e);
+    uint64_t shoff = ELF_RD(p, Elf64_Ehdr, e_shoff);
+    uint16_t shentsize = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_shentsize);
+    uint16_t shstrndx = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_shstrndx);
     v->p = p;
     v->size = size;
-    v->shnum = hkp_rd16(p + 0x3c);
+    v->shnum = (uint16_t)ELF_RD(p, Elf64_Ehdr, e_shnum);
     v->secs = calloc(v->shnum, sizeof *v->secs);
     if (!v->secs)
         return HK_ERR_NOMEM;
     for (uint16_t i = 0; i < v->shnum; i++) {
         const unsigned char *h = p + shoff + (uint64_t)i * shentsize;
         elf_sec *s = &v->secs[i];
-        s->name = hkp_rd32(h);
-        s->type = hkp_rd32(h + 4);
-        s->off = hkp_rd64(h + 0x18);
-        s->size = hkp_rd64(h + 0x20);
-        s->link = hkp_rd32(h + 0x28);
-        s->info = hkp_rd32(h + 0x2c);
-        if (s->type != SHT_NOBITS_ && s->type != 0 && (s->off > size || s->size > size - s->off)) {
+        s->name = (uint32_t)ELF_RD(h, Elf64_Shdr, sh_name);
+        s->type = (uint32_t)ELF_RD(h, Elf64_Shdr, sh_type);
+        s->off = ELF_RD(h, Elf64_Shdr, sh_offset);
+        s->size = ELF_RD(h, Elf64_Shdr, sh_size);
+        s->link = (uint32_t)ELF_RD(h, Elf64_Shdr, sh_link);
+        s->info = (uint32_t)ELF_RD(h, Elf64_Shdr, sh_info);
+        if (s->type != SHT_NOBITS && s->type != SHT_NULL &&
+            (s->off > size || s->size > size - s->off)) {
             hkp_why(why, why_size, "truncated cubin (section %u ends past %zu bytes)", i, size);
             return HK_ERR_FORMAT;
         }
     }
-    if (shstrndx >= v->shnum || v->secs[shstrndx].type != 3) {
+    if (shstrndx >= v->shnum || v->secs[shstrndx].type != SHT_STRTAB) {
         hkp_why(why, why_size, "cubin without a section name table");
         return HK_ERR_FORMAT;
     }
@@ -919,21 +965,21 @@ struct compat_ctx {
 static int compat_attr(void *ctx, unsigned attr, const unsigned char *val, size_t len,
                        unsigned hval) {
     struct compat_ctx *c = ctx;
-    if (attr == 9 && !val && hval)
+    if (attr == EIATTR_ARCH_SPEC && !val && hval)
         c->specific = 1;
     return 0;
 }
 
 /* The SM of a cubin, with HKP_ARCH_SPECIFIC for 'a' targets. */
 static int cubin_arch(const elf_view *v) {
-    uint32_t flags = hkp_rd32(v->p + 0x30);
-    int abiver = v->p[8], sm, specific;
-    if (abiver >= 8) {
-        sm = (int)((flags >> 8) & 0xff);
-        specific = (flags & 0x8) != 0;
+    uint32_t flags = (uint32_t)ELF_RD(v->p, Elf64_Ehdr, e_flags);
+    int abiver = v->p[EI_ABIVERSION], sm, specific;
+    if (abiver >= CUBIN_ABI_V8) {
+        sm = (int)((flags >> CUBIN_SM_SHIFT) & 0xff);
+        specific = (flags & CUBIN_FLAG_SPEC) != 0;
     } else {
         sm = (int)(flags & 0xff);
-        specific = (flags & 0x800) != 0;
+        specific = (flags & CUBIN_FLAG_SPEC_OLD) != 0;
     }
     for (uint16_t i = 0; i < v->shnum && !specific; i++) {
         if (strcmp(sec_name(v, &v->secs[i]), ".nv.compat") == 0) {
@@ -958,16 +1004,16 @@ static int kparam_attr(void *ctx, unsigned attr, const unsigned char *val, size_
     struct kparam_ctx *k = ctx;
     if (attr != EIATTR_KPARAM_INFO || !val)
         return 0;
-    if (len < 12)
+    if (len < KPARAM_VALUE_MIN)
         return HK_ERR_FORMAT;
-    unsigned ord = hkp_rd16(val + 4);
+    unsigned ord = hkp_rd16(val + KPARAM_ORDINAL_OFF);
     if ((int)ord >= k->max)
         return HK_ERR_FORMAT;
     if (k->seen[ord])
         k->dup = 1;
     k->seen[ord] = 1;
-    k->params[ord].offset = hkp_rd16(val + 6);
-    k->params[ord].size = (hkp_rd32(val + 8) >> 18) & 0x3fff;
+    k->params[ord].offset = hkp_rd16(val + KPARAM_OFFSET_OFF);
+    k->params[ord].size = (hkp_rd32(val + KPARAM_BITS_OFF) >> KPARAM_SIZE_SHIFT) & KPARAM_SIZE_MASK;
     if ((int)ord + 1 > k->n)
         k->n = (int)ord + 1;
     return 0;
@@ -993,7 +1039,8 @@ static int cubin_params(const elf_view *v, uint32_t text, const char *name, hkp_
     if (!info)
         return 0; /* no attributes: a kernel without parameters */
     /* Each KPARAM_INFO record takes 16 bytes, which bounds the ordinals. */
-    int max = (int)(info->size / 16 < MAX_PARAMS ? info->size / 16 : MAX_PARAMS);
+    uint64_t records = info->size / KPARAM_RECORD;
+    int max = (int)(records < MAX_PARAMS ? records : MAX_PARAMS);
     struct kparam_ctx k = {0};
     k.max = max;
     k.params = calloc((size_t)max + 1, sizeof *k.params);
@@ -1050,24 +1097,25 @@ static int meta_cubin(const unsigned char *p, size_t size, struct meta_builder *
     }
     for (uint16_t si = 0; si < v.shnum; si++) {
         const elf_sec *sym = &v.secs[si];
-        if (sym->type != 2) /* SHT_SYMTAB */
+        if (sym->type != SHT_SYMTAB)
             continue;
-        if (sym->link >= v.shnum || v.secs[sym->link].type != 3) {
+        if (sym->link >= v.shnum || v.secs[sym->link].type != SHT_STRTAB) {
             hkp_why(why, why_size, "cubin: symbol table without a string table");
             rc = HK_ERR_FORMAT;
             goto out;
         }
         const elf_sec *str = &v.secs[sym->link];
         const char *strs = (const char *)p + str->off;
-        for (uint64_t k = 0; k + 24 <= sym->size; k += 24) {
+        for (uint64_t k = 0; k + sizeof(Elf64_Sym) <= sym->size; k += sizeof(Elf64_Sym)) {
             const unsigned char *e = p + sym->off + k;
-            uint32_t name = hkp_rd32(e);
-            unsigned type = e[4] & 0xf, other = e[5];
-            uint16_t shndx = hkp_rd16(e + 6);
-            uint64_t ssize = hkp_rd64(e + 16);
-            if (type != STT_FUNC_ && type != STT_OBJECT_)
+            uint32_t name = (uint32_t)ELF_RD(e, Elf64_Sym, st_name);
+            unsigned type = ELF64_ST_TYPE(ELF_RD(e, Elf64_Sym, st_info));
+            unsigned other = (unsigned)ELF_RD(e, Elf64_Sym, st_other);
+            uint16_t shndx = (uint16_t)ELF_RD(e, Elf64_Sym, st_shndx);
+            uint64_t ssize = ELF_RD(e, Elf64_Sym, st_size);
+            if (type != STT_FUNC && type != STT_OBJECT)
                 continue;
-            if (shndx == 0 || shndx >= v.shnum)
+            if (shndx == SHN_UNDEF || shndx >= v.shnum)
                 continue; /* undefined or special (ABS, COMMON ...) */
             if (name >= str->size || !memchr(strs + name, '\0', str->size - name)) {
                 hkp_why(why, why_size, "cubin: symbol name outside the string table");
@@ -1079,7 +1127,7 @@ static int meta_cubin(const unsigned char *p, size_t size, struct meta_builder *
             if (nlen == 0 || nlen > MAX_NAME)
                 continue;
             const char *sn = sec_name(&v, &v.secs[shndx]);
-            if (type == STT_FUNC_ && (other & STO_CUDA_ENTRY)) {
+            if (type == STT_FUNC && (other & STO_CUDA_ENTRY)) {
                 hkp_param *params;
                 int np;
                 rc = cubin_params(&v, shndx, nm, &params, &np, why, why_size);
@@ -1087,7 +1135,7 @@ static int meta_cubin(const unsigned char *p, size_t size, struct meta_builder *
                     rc = add_entry(b, dup_n(nm, nlen), params, np);
                 if (rc)
                     goto out;
-            } else if (type == STT_OBJECT_) {
+            } else if (type == STT_OBJECT) {
                 int is_const;
                 if (!is_global_section(sn, &is_const) || nm[0] == '$' || nm[0] == '.')
                     continue;
@@ -1131,8 +1179,8 @@ static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *w
             hkp_why(why, why_size, "truncated fatbin header");
             return HK_ERR_FORMAT;
         }
-        uint32_t hsize = hkp_rd16(p + pos + 6);
-        uint64_t fat = hkp_rd64(p + pos + 8);
+        uint32_t hsize = hkp_rd16(p + pos + HKP_FATBIN_HSIZE_OFF);
+        uint64_t fat = hkp_rd64(p + pos + HKP_FATBIN_FAT_OFF);
         if (hsize < HKP_FATBIN_HEADER || hsize > left || fat > left - hsize) {
             hkp_why(why, why_size, "truncated fatbin (header says %llu bytes, have %zu)",
                     (unsigned long long)fat + hsize, left);
@@ -1141,34 +1189,35 @@ static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *w
         const unsigned char *q = p + pos + hsize;
         uint64_t i = 0;
         while (i < fat) {
-            if (fat - i < 32) {
+            if (fat - i < FATBIN_ENTRY_MIN) {
                 hkp_why(why, why_size, "fatbin: truncated entry header at offset %llu",
                         (unsigned long long)(pos + hsize + i));
                 return HK_ERR_FORMAT;
             }
             const unsigned char *e = q + i;
             unsigned kind = hkp_rd16(e);
-            uint32_t ehs = hkp_rd32(e + 4);
-            uint64_t psize = hkp_rd64(e + 8);
-            if (ehs < 32 || ehs > fat - i || psize > fat - i - ehs) {
+            uint32_t ehs = hkp_rd32(e + FATBIN_ENTRY_HSIZE_OFF);
+            uint64_t psize = hkp_rd64(e + FATBIN_ENTRY_PSIZE_OFF);
+            if (ehs < FATBIN_ENTRY_MIN || ehs > fat - i || psize > fat - i - ehs) {
                 hkp_why(why, why_size, "fatbin: entry at offset %llu runs past the end",
                         (unsigned long long)(pos + hsize + i));
                 return HK_ERR_FORMAT;
             }
-            int arch = (int)hkp_rd32(e + 28);
-            uint64_t flags = ehs >= 48 ? hkp_rd64(e + 40) : 0;
+            int arch = (int)hkp_rd32(e + FATBIN_ENTRY_ARCH_OFF);
+            uint64_t flags =
+                ehs >= FATBIN_ENTRY_FLAGS_END ? hkp_rd64(e + FATBIN_ENTRY_FLAGS_OFF) : 0;
             if (arch <= 0 || arch > 0xffff) {
                 hkp_why(why, why_size, "fatbin: entry with bad architecture %d", arch);
                 return HK_ERR_FORMAT;
             }
-            if (flags & 0x100000)
+            if (flags & FATBIN_FLAG_ARCH_SPEC)
                 arch |= HKP_ARCH_SPECIFIC;
-            if (kind == 1) {
+            if (kind == FATBIN_KIND_PTX) {
                 add_arch(m->ptx_archs, &m->nptx_archs, arch);
-            } else if (kind == 2) {
+            } else if (kind == FATBIN_KIND_ELF) {
                 /* An uncompressed cubin says itself whether it is 'a'. */
                 const unsigned char *img = e + ehs;
-                if (psize >= 64 && memcmp(img, "\177ELF", 4) == 0) {
+                if (psize >= sizeof(Elf64_Ehdr) && memcmp(img, ELFMAG, SELFMAG) == 0) {
                     elf_view v;
                     if (elf_open(&v, img, (size_t)psize, NULL, 0) == 0) {
                         int a = cubin_arch(&v);

@@ -224,9 +224,13 @@ int hkp_warm_done(hkp_warm *w);
 
 /* ---- internal to ptx/ -------------------------------------------------- */
 
-#define HKP_FATBIN_MAGIC  0xBA55ED50u
-#define HKP_FATBIN_HEADER 16u
-#define HKP_EM_CUDA       190
+/* The fatbin container's header: NVIDIA's layout, which no public header
+ * describes (ptx/meta.c's top comment gives the whole of it). It starts
+ * {u32 magic, u16 version, u16 header size, u64 size of what follows}. */
+#define HKP_FATBIN_MAGIC     0xBA55ED50u
+#define HKP_FATBIN_HEADER    16u /* smallest header size */
+#define HKP_FATBIN_HSIZE_OFF 6u  /* u16: this header's size */
+#define HKP_FATBIN_FAT_OFF   8u  /* u64: bytes of entries after the header */
 
 /* Little-endian reads from a byte buffer the caller has bounds-checked. */
 static inline uint16_t hkp_rd16(const unsigned char *p) {

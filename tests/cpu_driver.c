@@ -5,12 +5,18 @@
  * prototype cuda.h declares under the plain name. This suite reads the
  * toolkit's cudaTypedefs.h and fails when an entry point in the table has a
  * version of this release that the table does not call through its own PFN
- * type, so the next such change is caught on a machine without a GPU.
+ * type, so the next such change is caught on a machine without a GPU. It
+ * also binds a stand-in libcuda (tests/stub/libcuda.c) that lacks entry
+ * points hotkern does not call: the table must not ask for them.
  */
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "hotkern/hotkern.h"
 #include "loader/driver.h"
 #include "tests/harness.h"
 
@@ -57,10 +63,37 @@ START_TEST(every_entry_called_with_its_abi) {
 }
 END_TEST
 
+/* A driver that lacks entry points hotkern never calls still binds, and
+ * runtime creation gets past the binding (the stand-in has no devices). */
+START_TEST(driver_lacking_uncalled_entries_binds) {
+    char exe[PATH_MAX] = "", lib[PATH_MAX + 32], why[256] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ck_assert_int_gt(n, 0);
+    exe[n] = '\0';
+    snprintf(lib, sizeof lib, "%s/../stub/libcuda-stub.so", dirname(exe));
+    ck_assert_msg(access(lib, R_OK) == 0, "%s missing (make build)", lib);
+    setenv("HK_LIBCUDA", lib, 1);
+
+    hkl_driver d;
+    ck_assert_msg(hkl_driver_open(&d, why, sizeof why) == 0, "%s", why);
+    ck_assert_int_eq(d.version, CUDA_VERSION);
+    hkl_driver_close(&d);
+
+    hk_runtime *rt = NULL;
+    hk_report rep = {0};
+    int err = hk_runtime_create(&rt, NULL, &rep);
+    ck_assert_msg(err != HK_ERR_NO_DRIVER, "%s", rep.message);
+    ck_assert_msg(err < 0, "the stand-in driver has no device");
+    ck_assert_ptr_null(rt);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("driver table");
     TCase *tc = tcase_create("abi");
     tcase_add_test(tc, every_entry_called_with_its_abi);
+    tcase_add_test(tc, driver_lacking_uncalled_entries_binds);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -513,7 +513,7 @@ START_TEST(each_driver_failure_is_clean) {
     static const char *entries[] = {
         "cuLibraryLoadData", "cuLibraryGetKernel",   "cuKernelGetFunction",
         "cuFuncLoad",        "cuKernelGetParamInfo", "cuLibraryGetGlobal",
-        "cuMemcpyDtoD",      "cuStreamSynchronize",  "cuCtxPushCurrent"};
+        "cuMemcpyDtoDAsync", "cuStreamSynchronize",  "cuCtxPushCurrent"};
     hk_report rep = {0};
     swap_ok("sim", ptx(1, 1, 1, 0), &rep);
     hk_kernel *k;
@@ -719,6 +719,113 @@ START_TEST(swap_with_in_memory_headers) {
     ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), &rep), HK_ERR_INVALID);
     ck_assert_ptr_null(r2);
     ck_assert_msg(strstr(rep.message, "headers"), "%s", rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* ---- sources: the hooks the engine calls back --------------------------- */
+
+/* A source that records what the engine tells it. */
+typedef struct test_source {
+    hkl_source src;
+    char source_name[256];
+    char deps[4][256];
+    int ndeps, deps_calls, releases;
+    int worker_alive_at_release; /* the engine's worker was still running */
+    int *released;               /* outlives the runtime */
+} test_source;
+
+static void test_deps_built(void *ctx, const char *source_name, const char *const *deps, int n) {
+    test_source *t = ctx;
+    t->deps_calls++;
+    snprintf(t->source_name, sizeof t->source_name, "%s", source_name);
+    t->ndeps = n;
+    for (int i = 0; i < n && i < 4; i++)
+        snprintf(t->deps[i], sizeof t->deps[i], "%s", deps[i]);
+}
+
+static void test_release(void *ctx) {
+    test_source *t = ctx;
+    pthread_mutex_lock(&rt->work_lock);
+    t->worker_alive_at_release = rt->worker_started && !rt->work_stop;
+    pthread_mutex_unlock(&rt->work_lock);
+    (*t->released)++;
+}
+
+static test_source *made_source;
+static hkl_source *make_source(void *arg) {
+    (*(int *)arg)++;
+    made_source->src.ctx = made_source;
+    made_source->src.deps_built = test_deps_built;
+    return &made_source->src;
+}
+
+START_TEST(sources_hear_builds_and_destroy) {
+    static const char kind_a[] = "a", kind_b[] = "b";
+    static int released;
+    test_source a = {0}, b = {0};
+    hk_report rep = {0};
+    hk_swap_options so;
+
+    released = 0;
+    a.released = b.released = &released;
+    a.src = (hkl_source){
+        .kind = kind_a, .ctx = &a, .deps_built = test_deps_built, .release = test_release};
+    ck_assert_int_eq(hkl_source_attach(rt, &a.src), 0);
+    ck_assert_int_eq(hkl_source_attach(rt, &a.src), HK_ERR_BUSY);
+    test_source a2 = a;
+    ck_assert_int_eq(hkl_source_attach(rt, &a2.src), HK_ERR_BUSY); /* same kind */
+    ck_assert_int_eq(hkl_source_attach(rt, NULL), HK_ERR_INVALID);
+
+    /* hkl_source_get finds an attached source without making one, and makes
+     * (and attaches) one, once, when none of the kind is there. */
+    int makes = 0, made = -1;
+    made_source = &b;
+    ck_assert_ptr_eq(hkl_source_get(rt, kind_a, make_source, &makes, &made), &a.src);
+    ck_assert_int_eq(makes, 0);
+    ck_assert_int_eq(made, 0);
+    ck_assert_ptr_eq(hkl_source_get(rt, kind_b, make_source, &makes, &made), &b.src);
+    ck_assert_int_eq(makes, 1);
+    ck_assert_int_eq(made, 1);
+    ck_assert_ptr_eq(b.src.kind, kind_b);
+    ck_assert_ptr_eq(hkl_source_get(rt, kind_b, make_source, &makes, &made), &b.src);
+    ck_assert_int_eq(makes, 1);
+
+    /* A CUDA C build with a source name: every attached source hears which
+     * files it read. */
+    char text[32] = "#define K 4\n";
+    hk_header h = {"common.cuh", text, strlen(text)};
+    hk_swap_options_init(&so);
+    so.headers = &h;
+    so.nheaders = 1;
+    so.source_name = "/kernels/h.cu";
+    ck_assert_msg(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(a.deps_calls, 1);
+    ck_assert_int_eq(b.deps_calls, 1);
+    ck_assert_str_eq(a.source_name, "/kernels/h.cu");
+    ck_assert_int_eq(a.ndeps, 1);
+    ck_assert_str_eq(a.deps[0], "common.cuh");
+
+    /* Without a source name, or once detached, nothing is heard. */
+    snprintf(text, sizeof text, "#define K 8\n");
+    so.source_name = NULL;
+    ck_assert_msg(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(a.deps_calls, 1);
+    hkl_source_detach(rt, &b.src);
+    hkl_source_detach(rt, &b.src); /* harmless */
+    snprintf(text, sizeof text, "#define K 16\n");
+    so.source_name = "/kernels/h.cu";
+    ck_assert_msg(hk_swap(rt, "h", HDR_SRC, strlen(HDR_SRC), &so, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(a.deps_calls, 2);
+    ck_assert_int_eq(b.deps_calls, 1);
+
+    /* Destroy releases what is attached, once, while the worker still runs;
+     * a detached source is not released. */
+    hk_runtime_destroy(rt);
+    ck_assert_int_eq(released, 1);
+    ck_assert_int_eq(a.worker_alive_at_release, 1);
+    rt = NULL;
+    rt = make_rt(1, HK_LOADER_LIBRARY); /* for the fixture's teardown */
     hk_report_clear(&rep);
 }
 END_TEST
@@ -1195,6 +1302,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, reset_with_module_loader);
     tcase_add_test(tc, reset_keeps_name_expressions);
     tcase_add_test(tc, swap_with_in_memory_headers);
+    tcase_add_test(tc, sources_hear_builds_and_destroy);
     tcase_add_test(tc, warm_start_runs_and_stops);
     tcase_add_test(tc, module_loader_single_device);
     tcase_add_test(tc, graph_retargeted_on_commit);

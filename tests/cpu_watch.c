@@ -1,5 +1,5 @@
 /*
- * net/watch against the ways files really change: each editor save pattern
+ * watch/ against the ways files really change: each editor save pattern
  * must reach the callback exactly once with the final content, editor
  * droppings never, a header edit must reach every source that read it, and a
  * lost event queue or a recreated directory must not lose an update.
@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "loader/loader.h"
-#include "net/watch.h"
+#include "watch/watch.h"
 #include "tests/fakecuda.h"
 
 #define MAX_RECORDS 512

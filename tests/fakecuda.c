@@ -380,9 +380,6 @@ static CUresult f_GetErrorName(CUresult r, const char **s) {
     }
     return CUDA_SUCCESS;
 }
-static CUresult f_GetErrorString(CUresult r, const char **s) {
-    return f_GetErrorName(r, s);
-}
 static CUresult f_DeviceGet(CUdevice *d, int ordinal) {
     ENTER("cuDeviceGet");
     if (ordinal < 0 || ordinal >= F.ndev)
@@ -646,11 +643,6 @@ static CUresult kernel_get_function(CUfunction *f, CUkernel k) {
     *f = (CUfunction)k;
     LEAVE(CUDA_SUCCESS);
 }
-static CUresult f_KernelGetName(const char **name, CUkernel k) {
-    fkern *fk = (fkern *)k;
-    *name = fk->img->meta.entries[fk->entry].name;
-    return CUDA_SUCCESS;
-}
 static CUresult param_info(fkern *fk, size_t i, size_t *off, size_t *size) {
     hkp_entry *e = &fk->img->meta.entries[fk->entry];
     if ((int)i >= e->nparams)
@@ -662,9 +654,6 @@ static CUresult param_info(fkern *fk, size_t i, size_t *off, size_t *size) {
 static CUresult f_KernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *size) {
     ENTER("cuKernelGetParamInfo");
     LEAVE(param_info((fkern *)k, i, off, size));
-}
-static CUresult f_FuncGetName(const char **name, CUfunction f) {
-    return f_KernelGetName(name, (CUkernel)f);
 }
 static CUresult f_FuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
     ENTER("cuFuncGetParamInfo");
@@ -754,13 +743,6 @@ static CUresult launch_kernel(CUfunction f, CUstream s, void **args) {
     }
     LEAVE(run(fk, args));
 }
-static CUresult f_MemcpyDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
-    ENTER("cuMemcpyDtoD");
-    if (capture_unsafe()) /* the legacy stream joins blocking streams' captures */
-        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
-    LEAVE(CUDA_SUCCESS);
-}
 static CUresult f_MemGetInfo(size_t *fr, size_t *total) {
     *fr = 1u << 30;
     *total = 2u << 30;
@@ -813,9 +795,6 @@ static CUresult f_UserObjectCreate(CUuserObject *o, void *ptr, CUhostFn destroy,
     *o = (CUuserObject)u;
     LEAVE(CUDA_SUCCESS);
 }
-static CUresult f_UserObjectRelease(CUuserObject o, unsigned n) {
-    return CUDA_SUCCESS;
-}
 static CUresult f_GraphRetainUserObject(CUgraph g, CUuserObject o, unsigned n, unsigned flags) {
     ENTER("cuGraphRetainUserObject");
     fcgraph *cg = (fcgraph *)g;
@@ -829,10 +808,6 @@ static CUresult f_MemAlloc(CUdeviceptr *p, size_t n) {
     void *m = calloc(1, n);
     *p = (CUdeviceptr)(uintptr_t)m;
     return m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-static CUresult f_MemFree(CUdeviceptr p) {
-    free((void *)(uintptr_t)p);
-    return CUDA_SUCCESS;
 }
 static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
     fstream *st = calloc(1, sizeof *st);

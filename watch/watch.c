@@ -34,7 +34,7 @@
  * watcher thread drops it to read a file and to run the callback, never
  * holding it across either. The trace hook is called with mu held.
  */
-#include "net/watch.h"
+#include "watch/watch.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -2,10 +2,11 @@
  * hk_watch_dir: watched directories feeding a runtime.
  *
  * A runtime has at most one watcher (one inotify instance, one thread) however
- * many directories it watches. The runtime structure belongs to the engine, so
- * the watcher of each runtime is kept in a small registry here, keyed by the
- * runtime pointer; the engine calls hkn_watch_release() when it destroys the
- * runtime and hkn_watch_deps_built() after each build of a watched source.
+ * many directories it watches. The watcher is attached to the runtime as a
+ * source (hkl_source, loader/loader.h), which is how hk_watch_dir finds it
+ * again and how the engine reaches it without knowing what it is: the
+ * engine calls its deps_built hook after each build of a watched source and
+ * its release hook when it destroys the runtime.
  *
  * Each directory keeps the swap options it was added with. Those records are
  * never changed or freed while the watcher runs (adding a directory again
@@ -29,10 +30,12 @@
  * one that is a link out of the directory, or not a regular file, is carried
  * in memory as an #error, which hides the file from the compiler too.
  *
- * Lock order: hkn_watch_reg_mu, then a watcher's own lock (inside net/watch.c).
- * The callback takes only its registry entry's mu, and never while submitting.
+ * Lock order: the runtime's src_lock (held while the watcher is made and
+ * while a hook runs), then an entry's add_mu (one hk_watch_dir at a time),
+ * then its mu or the watcher's own lock (inside watch/watch.c). The callback
+ * takes only its entry's mu, and never while submitting.
  */
-#include "net/watch.h"
+#include "watch/watch.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -57,16 +60,19 @@ typedef struct hkn_watch_dir_opts {
     hk_header *headers;      /* owned copies behind opt.headers */
 } hkn_watch_dir_opts;
 
+/* The watcher of one runtime, attached to it through src. */
 typedef struct hkn_watch_reg {
-    struct hkn_watch_reg *next; /* hkn_watch_reg_mu */
-    hk_runtime *rt;             /* immutable */
-    hkn_watch *w;               /* immutable once registered */
+    hkl_source src; /* immutable once attached (the runtime links it) */
+    hk_runtime *rt; /* immutable */
+    hkn_watch *w;   /* immutable once attached */
+    pthread_mutex_t add_mu;
     pthread_mutex_t mu;
-    hkn_watch_dir_opts *dirs; /* mu: newest first; records immutable */
+    hkn_watch_dir_opts *dirs; /* mu, changed under add_mu too: newest first;
+                               * records immutable */
 } hkn_watch_reg;
 
-static pthread_mutex_t hkn_watch_reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static hkn_watch_reg *hkn_watch_regs; /* hkn_watch_reg_mu */
+/* The kind of source this file attaches (its address is what counts). */
+static const char hkn_watch_source_kind[] = "watch";
 
 static void hkn_watch_strv_free(char **v, int n) {
     if (!v)
@@ -287,8 +293,25 @@ static void hkn_watch_reg_free(hkn_watch_reg *r) {
         next = d->next;
         hkn_watch_dir_opts_free(d);
     }
+    pthread_mutex_destroy(&r->add_mu);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+/* The release hook: the runtime is being destroyed. Stops the watcher
+ * thread (a callback in progress, which may be submitting, is finished
+ * first) and frees the entry. */
+static void hkn_watch_api_release(void *ctx) {
+    hkn_watch_reg_free(ctx);
+}
+
+/* The deps_built hook, on the engine's worker with the runtime's src_lock
+ * held, which keeps the entry alive; set_deps only takes the watcher's own
+ * lock, briefly. A source the watcher does not know is left alone there. */
+static void hkn_watch_api_deps_built(void *ctx, const char *source_name, const char *const *deps,
+                                     int n) {
+    hkn_watch_reg *r = ctx;
+    hkn_watch_set_deps(r->w, source_name, deps, n);
 }
 
 /* Tells the application that path was not submitted, and why. */
@@ -436,58 +459,17 @@ __attribute__((format(printf, 3, 4))) static int hkn_watch_fail(hk_report *rep, 
     return err;
 }
 
-int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
-    char real[PATH_MAX];
-    hk_swap_options defaults;
-    hkn_watch_reg *r;
-    hkn_watch_dir_opts *d;
-    hkn_watch_opts wo;
-    int err, fresh = 0;
-
-    if (!rt || !dir || !*dir)
-        return hkn_watch_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
-    if (!opt) {
-        hk_swap_options_init(&defaults);
-        opt = &defaults;
-    }
-    if (!realpath(dir, real))
-        return hkn_watch_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
-
-    pthread_mutex_lock(&hkn_watch_reg_mu);
-    for (r = hkn_watch_regs; r && r->rt != rt; r = r->next) {
-    }
-    if (!r) {
-        r = calloc(1, sizeof *r);
-        if (!r) {
-            err = hkn_watch_fail(rep, HK_ERR_NOMEM, "out of memory");
-            goto out;
-        }
-        r->rt = rt;
-        if (pthread_mutex_init(&r->mu, NULL) != 0) {
-            free(r);
-            err = hkn_watch_fail(rep, HK_ERR_NOMEM, "cannot create a mutex");
-            goto out;
-        }
-        hkn_watch_opts_init(&wo);
-        wo.fn = hkn_watch_api_cb;
-        wo.refuse = hkn_watch_api_refuse;
-        wo.ud = r;
-        err = hkn_watch_create(&r->w, &wo);
-        if (err < 0) {
-            err =
-                hkn_watch_fail(rep, err, "cannot start the directory watcher: %s", strerror(errno));
-            pthread_mutex_destroy(&r->mu);
-            free(r);
-            goto out;
-        }
-        fresh = 1;
-    }
+/* Watches real (canonical) with the swap options opt, on r's watcher. One
+ * call at a time per entry (add_mu): a failed add unlinks its own record. */
+static int hkn_watch_reg_add(hkn_watch_reg *r, const char *real, const hk_swap_options *opt,
+                             hk_report *rep) {
+    hkn_watch_dir_opts *d, **pp;
+    int err;
 
     d = hkn_watch_dir_opts_new(real, opt);
-    if (!d) {
-        err = hkn_watch_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail_reg;
-    }
+    if (!d)
+        return hkn_watch_fail(rep, HK_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&r->add_mu);
     /* Visible to the callback before the first file of dir can arrive. */
     pthread_mutex_lock(&r->mu);
     d->next = r->dirs;
@@ -499,60 +481,99 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
         err = hkn_watch_fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
         /* The directory is not watched, so no callback can hold d. */
         pthread_mutex_lock(&r->mu);
-        r->dirs = d->next;
+        for (pp = &r->dirs; *pp != d; pp = &(*pp)->next) {
+        }
+        *pp = d->next;
         pthread_mutex_unlock(&r->mu);
         hkn_watch_dir_opts_free(d);
-        goto fail_reg;
     }
-    if (fresh) {
-        r->next = hkn_watch_regs;
-        hkn_watch_regs = r;
-    }
-    if (rep) {
-        hk_report_clear(rep);
-    }
-    err = 0;
-    goto out;
-
-fail_reg:
-    if (fresh)
-        hkn_watch_reg_free(r);
-out:
-    pthread_mutex_unlock(&hkn_watch_reg_mu);
+    pthread_mutex_unlock(&r->add_mu);
     return err;
 }
 
-void hkn_watch_release(hk_runtime *rt) {
-    hkn_watch_reg **pp, *r = NULL;
+/* What hk_watch_dir hands to hkn_watch_make. */
+typedef struct hkn_watch_first {
+    hk_runtime *rt;
+    const char *real;
+    const hk_swap_options *opt;
+    hk_report *rep;
+    int err;
+} hkn_watch_first;
 
-    if (!rt)
-        return;
-    pthread_mutex_lock(&hkn_watch_reg_mu);
-    for (pp = &hkn_watch_regs; *pp; pp = &(*pp)->next) {
-        if ((*pp)->rt == rt) {
-            r = *pp;
-            *pp = r->next;
-            break;
-        }
+/* Makes rt's watcher and watches its first directory; called under the
+ * runtime's src_lock, so that concurrent first calls make one watcher. On
+ * failure nothing is left behind and a->err says why. */
+static hkl_source *hkn_watch_make(void *arg) {
+    hkn_watch_first *a = arg;
+    hkn_watch_reg *r;
+    hkn_watch_opts wo;
+    int err;
+
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "out of memory");
+        return NULL;
     }
-    pthread_mutex_unlock(&hkn_watch_reg_mu);
-    /* Outside the registry lock: a callback in progress may be submitting,
-     * and the engine may be reporting dependencies meanwhile. */
-    hkn_watch_reg_free(r);
+    r->rt = a->rt;
+    if (pthread_mutex_init(&r->mu, NULL) != 0) {
+        free(r);
+        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        return NULL;
+    }
+    if (pthread_mutex_init(&r->add_mu, NULL) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        return NULL;
+    }
+    hkn_watch_opts_init(&wo);
+    wo.fn = hkn_watch_api_cb;
+    wo.refuse = hkn_watch_api_refuse;
+    wo.ud = r;
+    err = hkn_watch_create(&r->w, &wo);
+    if (err < 0) {
+        a->err =
+            hkn_watch_fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
+        hkn_watch_reg_free(r);
+        return NULL;
+    }
+    err = hkn_watch_reg_add(r, a->real, a->opt, a->rep);
+    if (err < 0) {
+        a->err = err;
+        hkn_watch_reg_free(r);
+        return NULL;
+    }
+    r->src.ctx = r;
+    r->src.deps_built = hkn_watch_api_deps_built;
+    r->src.release = hkn_watch_api_release;
+    return &r->src;
 }
 
-void hkn_watch_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
-                          int ndeps) {
-    hkn_watch_reg *r;
+int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
+    char real[PATH_MAX];
+    hk_swap_options defaults;
+    hkl_source *src;
+    int err, made;
 
-    if (!rt || !source_name)
-        return;
-    pthread_mutex_lock(&hkn_watch_reg_mu);
-    for (r = hkn_watch_regs; r && r->rt != rt; r = r->next) {
+    if (!rt || !dir || !*dir)
+        return hkn_watch_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
+    if (!opt) {
+        hk_swap_options_init(&defaults);
+        opt = &defaults;
     }
-    /* Held across the call so that release cannot free the watcher under it;
-     * set_deps only takes the watcher's own lock, briefly. */
-    if (r)
-        hkn_watch_set_deps(r->w, source_name, deps, ndeps);
-    pthread_mutex_unlock(&hkn_watch_reg_mu);
+    if (!realpath(dir, real))
+        return hkn_watch_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
+
+    hkn_watch_first first = {rt, real, opt, rep, 0};
+    src = hkl_source_get(rt, hkn_watch_source_kind, hkn_watch_make, &first, &made);
+    if (!src)
+        return first.err < 0 ? first.err : HK_ERR_NOMEM;
+    if (!made) {
+        err = hkn_watch_reg_add(src->ctx, real, opt, rep);
+        if (err < 0)
+            return err;
+    }
+    if (rep)
+        hk_report_clear(rep);
+    return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * net/watch: turns edits in kernel source directories into finished files.
+ * watch/: turns edits in kernel source directories into finished files.
  *
  * Editors save in many ways (write in place, write a temporary file and rename
  * it over, delete and create, vim's backup dance) and each save is a burst of
@@ -47,8 +47,8 @@
  * resolves outside is refused and its target is never opened, unless
  * opts.follow_outside_links is set.
  */
-#ifndef HK_NET_WATCH_H
-#define HK_NET_WATCH_H
+#ifndef HK_WATCH_H
+#define HK_WATCH_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -166,7 +166,7 @@ typedef enum hkn_watch_kind {
  * that does not fit makes the file HKN_WATCH_IGNORED. module may be NULL. */
 hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size);
 
-/* ---- runtime glue (net/watch_api.c) ------------------------------------- */
+/* ---- runtime glue (watch/api.c) ----------------------------------------- */
 
 /* Most headers, and bytes per header, that a handover carries in memory. */
 #define HKN_WATCH_MAX_HEADERS      256
@@ -182,16 +182,4 @@ hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_
 int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n);
 void hkn_watch_headers_free(hk_header *h, int n);
 
-/* Stops and frees the watcher of rt, if hk_watch_dir made one. Called by the
- * runtime on destroy, before its workers stop: no callback runs afterwards.
- * rt may be NULL. */
-void hkn_watch_release(hk_runtime *rt);
-
-/* Called by the engine after each CUDA C build whose source_name is a watched
- * path: forwards the files the build read to that watcher's
- * hkn_watch_set_deps. A no-op when rt watches nothing or the source is not
- * watched. Safe from any thread. */
-void hkn_watch_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
-                          int ndeps);
-
-#endif /* HK_NET_WATCH_H */
+#endif /* HK_WATCH_H */
