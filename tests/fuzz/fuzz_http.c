@@ -30,7 +30,10 @@ static hkn_endpoint *ep;
 static uint16_t port;
 
 static int apply(void *ud, const char *module, uint64_t version, hk_format fmt, const void *bytes,
-                 size_t size, const char *origin, hk_report *rep) {
+                 size_t size, const hk_header *headers, int nheaders, const char *origin,
+                 hk_report *rep) {
+    (void)headers;
+    (void)nheaders;
     if (!hkn_valid_name(module, 64) || version == 0 || (size && !bytes))
         abort();
     return 0;
