@@ -676,12 +676,21 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     return reply_json(c, MHD_HTTP_OK, o);
 }
 
+/* The shortest of %.15g / %.17g that reads back as v: 0.042, not
+ * 0.042000000000000003. */
+static void fmt_value(double v, char *out, size_t n) {
+    snprintf(out, n, "%.15g", v);
+    if (strtod(out, NULL) != v)
+        snprintf(out, n, "%.17g", v);
+}
+
 /* Appends one metric family with a single unlabelled sample. */
 static void metric(char **buf, size_t *len, size_t *cap, const char *name, const char *type,
                    const char *help, double value) {
-    char line[512];
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
-                     type, name, value);
+    char line[512], val[40];
+    fmt_value(value, val, sizeof val);
+    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, help, name,
+                     type, name, val);
     if (n <= 0 || (size_t)n >= sizeof line)
         return;
     if (*len + (size_t)n + 1 > *cap) {
@@ -748,6 +757,9 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
            "Old versions whose code was unloaded.", (double)s.reclaimed);
     metric(&buf, &len, &cap, "hotkern_live_versions", "gauge", "Versions whose code is loaded now.",
            (double)s.live_versions);
+    metric(&buf, &len, &cap, "hotkern_retired_loaded", "gauge",
+           "Replaced versions still loaded (pins, captured graphs, safe points).",
+           (double)s.retired_loaded);
     metric(&buf, &len, &cap, "hotkern_context_resets_total", "counter", "Context resets detected.",
            (double)s.context_resets);
     metric(&buf, &len, &cap, "hotkern_cache_hits_total", "counter", "Compile cache hits.",

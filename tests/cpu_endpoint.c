@@ -120,6 +120,7 @@ static void rec_stats(void *ud, hk_stats *s) {
     s->swaps = (uint64_t)(rec.calls + rec.rollbacks);
     s->rollbacks = (uint64_t)rec.rollbacks;
     s->build_ms_total = 1.5 * rec.calls;
+    s->stage_ms_total = 42; /* 0.042 s: printed without float noise */
     pthread_mutex_unlock(&rec.lock);
 }
 
@@ -745,6 +746,8 @@ START_TEST(metrics_are_prometheus_text) {
     ck_assert_ptr_nonnull(strstr(body, "hotkern_push_releases_total{outcome=\"committed\"} 1\n"));
     ck_assert_ptr_nonnull(strstr(body, "hotkern_push_refusals_total{error=\"HK_ERR_REPLAY\"} 1\n"));
     ck_assert_ptr_nonnull(strstr(body, "hotkern_module_release_version{module=\"add\"} 3\n"));
+    ck_assert_msg(strstr(body, "hotkern_stage_seconds_total 0.042\n"), "%s", body);
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_retired_loaded 0\n"));
     check_prometheus(body);
 }
 END_TEST
@@ -946,6 +949,8 @@ START_TEST(rollback_names_cannot_poison) {
     ck_assert_ptr_null(strstr(body, "junk"));
     ck_assert_ptr_null(strstr(body, "hotkern_fake"));
     ck_assert_ptr_nonnull(strstr(body, "hotkern_module_release_version{module=\"add\"} 3\n"));
+    ck_assert_msg(strstr(body, "hotkern_stage_seconds_total 0.042\n"), "%s", body);
+    ck_assert_ptr_nonnull(strstr(body, "hotkern_retired_loaded 0\n"));
     check_prometheus(body);
 }
 END_TEST
