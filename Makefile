@@ -9,6 +9,9 @@ BUILD    ?= build
 CC       ?= cc
 PKGS     := libcurl libmicrohttpd libsodium libcjson
 SONAME   := libhotkern.so.0
+# The version the public header states (HK_VERSION_*), for hotkern.pc.
+VERSION  := $(shell awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $$3; sep="."}' \
+              include/hotkern/hotkern.h)
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
@@ -141,7 +144,7 @@ install: $(STATIC) $(SHARED) $(CLI)
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' \
-	  -e 's|@VERSION@|0.1.0|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
+	  -e 's|@VERSION@|$(VERSION)|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
 
 # libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
 # corpus under BUILD/fuzz/corpus-NAME:

@@ -125,6 +125,9 @@ START_TEST(error_strings_are_distinct) {
             ck_assert_str_ne(hk_strerror(a), hk_strerror(b));
     }
     ck_assert_str_eq(hk_strerror(-9999), "unknown error");
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", HK_VERSION_MAJOR, HK_VERSION_MINOR, HK_VERSION_PATCH);
+    ck_assert_str_eq(hk_version(), want);
     ck_assert_str_eq(hk_format_name(HK_FORMAT_PTX), "ptx");
 }
 END_TEST

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define HK_VERSION_MAJOR 0
-#define HK_VERSION_MINOR 1
+#define HK_VERSION_MINOR 2
 #define HK_VERSION_PATCH 0
 
 /* ---- errors ------------------------------------------------------------ */
@@ -77,6 +77,11 @@ enum hk_error {
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
 HK_API const char *hk_strerror(int err);
+
+/* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
+ * static (HK_VERSION_* above are the headers' it was built with). Builds of
+ * one major version (and soname) keep the ABI; minor versions only add. */
+HK_API const char *hk_version(void);
 
 /* ---- kernel image formats ---------------------------------------------- */
 
