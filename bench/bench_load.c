@@ -409,6 +409,16 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     printf("%s: longest launcher pause %.3f ms (median over threads %.3f ms), pauses over 1 ms "
            "%llu\n",
            label, (double)gaps[n - 1] / 1e6, (double)gaps[n / 2] / 1e6, (unsigned long long)pauses);
+    if (!p->raw_swap) {
+        /* Cumulative since the runtime was created (the maximum cannot be
+         * split by phase): where launchers' pauses may come from. */
+        hk_stats gs;
+        hk_stats_get(rt, &gs);
+        printf("%s: launch gate so far: closed %llu times, longest %.3f ms; launches that waited "
+               "the full hold %llu\n",
+               label, (unsigned long long)gs.gate_closes, gs.gate_closed_max_ms,
+               (unsigned long long)gs.launch_hold_timeouts);
+    }
     printf("%s: live versions start %llu, end %llu, max %llu, after reclaim %llu; device free "
            "start %.1f MiB, end %+.1f MiB, lowest %+.1f MiB, after reclaim %+.1f MiB\n",
            label, (unsigned long long)S.live0, (unsigned long long)end.live1,

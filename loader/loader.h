@@ -281,6 +281,8 @@ struct hk_runtime {
     _Atomic int gate;           /* closers inside; launchers wait while > 0 */
     _Atomic int gate_waiters;   /* launchers waiting at the gate */
     _Atomic uint64_t gate_gen;  /* openings so far */
+    _Atomic uint64_t gate_t0;   /* when the gate last went from open to closed (ns) */
+    _Atomic uint64_t gate_closes, gate_max_ns, hold_timeouts; /* for hk_stats */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
     hkl_rtref *ref;           /* immutable; shared with graph user objects */

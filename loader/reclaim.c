@@ -92,8 +92,17 @@ static void cpu_relax(void) {
  * (hkl_enter): a launcher we read as idle will see the gate closed. Launchers
  * are in the driver for microseconds unless the driver blocks them, so this
  * spins, then yields. */
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 void hkl_gate_close(hk_runtime *rt) {
-    atomic_fetch_add(&rt->gate, 1);
+    if (atomic_fetch_add(&rt->gate, 1) == 0) {
+        atomic_store(&rt->gate_t0, now_ns());
+        atomic_fetch_add(&rt->gate_closes, 1);
+    }
     heavy_fence(rt);
     for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
         for (int i = 0; atomic_load(&s->active); i++) {
@@ -110,7 +119,12 @@ void hkl_gate_close(hk_runtime *rt) {
  * for the one gated section in progress. */
 void hkl_gate_open(hk_runtime *rt) {
     atomic_fetch_add(&rt->gate_gen, 1);
-    atomic_fetch_sub(&rt->gate, 1);
+    uint64_t t0 = atomic_load(&rt->gate_t0);
+    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
+        uint64_t d = now_ns() - t0, max = atomic_load(&rt->gate_max_ns);
+        while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
+            ;
+    }
     if (atomic_load(&rt->gate_waiters)) {
         pthread_mutex_lock(&rt->gate_lock);
         pthread_cond_broadcast(&rt->gate_cond);
@@ -142,8 +156,10 @@ void hkl_gate_wait(hk_runtime *rt) {
     }
     pthread_mutex_lock(&rt->gate_lock);
     while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
-        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts))
+        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
+            atomic_fetch_add(&rt->hold_timeouts, 1);
             break;
+        }
     pthread_mutex_unlock(&rt->gate_lock);
     atomic_fetch_sub(&rt->gate_waiters, 1);
 }

@@ -274,6 +274,10 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     atomic_init(&rt->gate, 0);
     atomic_init(&rt->gate_waiters, 0);
     atomic_init(&rt->gate_gen, 0);
+    atomic_init(&rt->gate_t0, 0);
+    atomic_init(&rt->gate_closes, 0);
+    atomic_init(&rt->gate_max_ns, 0);
+    atomic_init(&rt->hold_timeouts, 0);
     atomic_init(&rt->reset_gen, 1);
     atomic_init(&rt->reset_suspect, 0);
     rt->pin_poll_ms = 50;
@@ -590,6 +594,9 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
     pthread_mutex_lock(&rt->rec_lock);
     out->retired_loaded = (uint64_t)rt->nretired;
     pthread_mutex_unlock(&rt->rec_lock);
+    out->gate_closes = atomic_load(&rt->gate_closes);
+    out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
+    out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
     if (rt->cache) {
         uint64_t h, m, b;
         hkp_cache_stats(rt->cache, &h, &m, &b);

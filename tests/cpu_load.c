@@ -244,11 +244,18 @@ START_TEST(launch_wait_at_gate_is_bounded) {
     hook_wait_inside(); /* the swap holds the gate closed */
     ck_assert_int_eq(atomic_load(&rt->gate), 1);
     ck_assert_int_eq(launch_tag(k), 1); /* returned: waited, then went on */
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_ge(st.launch_hold_timeouts, 1);
     hook_go();
     void *err;
     pthread_join(t, &err);
     ck_assert_int_eq((intptr_t)err, 0);
     ck_assert_int_eq(launch_tag(k), 2);
+    hk_stats_get(rt, &st);
+    ck_assert_uint_ge(st.gate_closes, 2);
+    /* Closed at least as long as the launch waited before going on. */
+    ck_assert_msg(st.gate_closed_max_ms >= 19.0, "%.3f ms", st.gate_closed_max_ms);
 }
 END_TEST
 

@@ -452,6 +452,10 @@ typedef struct hk_stats {
     uint64_t retired_loaded; /* replaced versions still loaded: waiting for
                               * launches, pins, captured graphs, their GPU work
                               * or a safe point */
+    uint64_t gate_closes;          /* times the launch gate closed */
+    double gate_closed_max_ms;     /* longest it stayed closed */
+    uint64_t launch_hold_timeouts; /* launches that waited launch_hold_max_us
+                                    * at the gate and then went on */
 } hk_stats;
 
 /* Snapshot of the counters. Safe from any thread. */
