@@ -448,10 +448,10 @@ typedef struct hk_stats {
     uint64_t context_resets;
     uint64_t cache_hits, cache_misses;
     double build_ms_total, stage_ms_total, commit_ms_total;
-    double last_swap_ms;     /* total_ms of the last commit */
-    uint64_t retired_loaded; /* replaced versions still loaded: waiting for
-                              * launches, pins, captured graphs, their GPU work
-                              * or a safe point */
+    double last_swap_ms;           /* total_ms of the last commit */
+    uint64_t retired_loaded;       /* replaced versions still loaded: waiting for
+                                    * launches, pins, captured graphs, their GPU work
+                                    * or a safe point */
     uint64_t gate_closes;          /* times the launch gate closed */
     double gate_closed_max_ms;     /* longest it stayed closed */
     uint64_t launch_hold_timeouts; /* launches that waited launch_hold_max_us
