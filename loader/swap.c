@@ -770,7 +770,7 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
         return HK_ERR_BUSY;
     }
     CUstreamCaptureMode mode = hkl_relax(rt);
-    int nested = hkl_swap_lock(rt);
+    hkl_swap_lock(rt); /* not held by this thread: checked above */
     int reset = hkl_check_reset(rt);
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
@@ -778,7 +778,7 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     int err = swap_locked(rt, job, rollback, rep, &oldv);
     if (pushed)
         hkl_ctx_pop(rt);
-    hkl_swap_unlock(rt, nested);
+    hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
     if (reset)
         hkl_emit_reset(rt);
