@@ -1,4 +1,4 @@
-# hotkern build. `make` builds the library, the CLI and the tests; `make test`
+# hotkern build. `make` builds the libraries, the CLI and the tests; `make test`
 # runs every suite (GPU suites SKIP without a device); `make demo` runs the demo.
 # Both top-level commands install missing Debian packages first (scripts/deps.sh).
 
@@ -7,8 +7,14 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 BUILD    ?= build
 CC       ?= cc
-PKGS     := libcurl libmicrohttpd libsodium libcjson
+# Two libraries: libhotkern (engine, builds, watcher) needs the CUDA toolkit's
+# NVRTC and nvJitLink only; libhotkern-net (releases, endpoint, puller) adds the
+# network packages and links libhotkern.
+CORE_PKGS := libsodium
+NET_PKGS := libcurl libmicrohttpd libsodium libcjson
+PKGS     := $(sort $(CORE_PKGS) $(NET_PKGS))
 SONAME   := libhotkern.so.0
+NET_SONAME := libhotkern-net.so.0
 # The version the public header states (HK_VERSION_*), for hotkern.pc.
 VERSION  := $(shell awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $$3; sep="."}' \
               include/hotkern/hotkern.h)
@@ -20,12 +26,19 @@ SAN      ?=
 CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
-LIBS     := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
+CORE_LIBS := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
             -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
+NET_LIBS := $(shell pkg-config --libs $(NET_PKGS) 2>/dev/null) -lpthread -lm
+# Programs built here link both static archives.
+LIBS     := $(NET_LIBS) $(CORE_LIBS)
+# A shared library names every library it needs (sanitizer runtimes resolve at run time).
+NO_UNDEF := $(if $(SAN),,-Wl,--no-undefined)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c net/*.c))
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+NET_SRC  := $(sort $(wildcard net/*.c))
+NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
@@ -42,6 +55,10 @@ DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
 STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
+NET_STATIC := $(BUILD)/lib/libhotkern-net.a
+NET_SHARED := $(BUILD)/lib/$(NET_SONAME)
+# What programs link, in link order: the network library before the engine.
+ARCHIVES := $(NET_STATIC) $(STATIC)
 CLI      := $(BUILD)/bin/hotkern
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
@@ -53,7 +70,8 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) $(BENCH_BIN) $(DEMO_BIN)
+build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) \
+       $(BENCH_BIN) $(DEMO_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -102,19 +120,29 @@ $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ) hotkern.map
+$(SHARED): $(LIB_OBJ) pkg/hotkern.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=hotkern.map $(SAN) \
-	  -o $@ $(LIB_OBJ) $(LIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
+	  -o $@ $(LIB_OBJ) $(CORE_LIBS)
 	ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
 
-$(CLI): $(CLI_OBJ) $(STATIC)
+$(NET_STATIC): $(NET_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LIBS)
+	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(STATIC)
+$(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map $(SHARED)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS)
+	$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
+	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(NET_OBJ) -L$(BUILD)/lib -lhotkern $(NET_LIBS)
+	ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
+
+$(CLI): $(CLI_OBJ) $(ARCHIVES)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
 
 # A stand-in libcuda for tests/cpu_driver.c's binding test (HK_LIBCUDA=); outside
 # BUILD/tests, whose every executable tests/run.sh runs as a suite.
@@ -123,28 +151,36 @@ $(STUB_CUDA): tests/stub/libcuda.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
 
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
-$(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(STATIC)
+$(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(STATIC) $(CHECK_LIBS) $(LIBS) -lcudart
+	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) -lcudart
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(STATIC)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(STATIC) $(LIBS) -lcudart
+	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
-$(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(STATIC)
+$(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(LIBS) -lcudart
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
 
-install: $(STATIC) $(SHARED) $(CLI)
-	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/hotkern \
+# Both libraries (static and shared), the headers, the CLI, a pkg-config file per
+# library and a CMake package (lib/cmake/hotkern: hotkern::hotkern, hotkern::net).
+LIBDIR   := $(DESTDIR)$(PREFIX)/lib
+CMAKEDIR := $(LIBDIR)/cmake/hotkern
+SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g'
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI)
+	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
-	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libhotkern.so
+	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
+	install -m 755 $(SHARED) $(NET_SHARED) $(LIBDIR)/
+	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
+	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' \
-	  -e 's|@VERSION@|$(VERSION)|g' hotkern.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/hotkern.pc
+	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
+	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
+	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake
+	$(SUBST) pkg/hotkernConfigVersion.cmake.in > $(CMAKEDIR)/hotkernConfigVersion.cmake
 
 # libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
 # corpus under BUILD/fuzz/corpus-NAME:

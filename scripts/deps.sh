@@ -15,6 +15,7 @@ need_pc libsodium libsodium-dev
 need_pc libcjson libcjson-dev
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
+command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
 if [ -n "$missing" ]; then
   echo "deps: installing:$missing"

@@ -1,7 +1,14 @@
 /*
- * Packaging: `make install` into a DESTDIR, then a program outside the tree
- * built with `pkg-config --cflags --libs hotkern` against the installed
- * library, run, and the shared library's exported symbols checked (hk_ only).
+ * Packaging: `make install` into a DESTDIR once (an unchecked fixture), then
+ * programs outside the tree built against the installed libraries, the way a
+ * user builds them:
+ *   - a core-only program with `pkg-config --cflags --libs hotkern`, which
+ *     must not pull in any network library (neither it nor libhotkern.so.0
+ *     needs libcurl, libmicrohttpd, libsodium or libcjson);
+ *   - a program of the network sources with `pkg-config ... hotkern-net`;
+ *   - both again through the CMake package (find_package(hotkern),
+ *     hotkern::hotkern and hotkern::net), SKIP when cmake is missing;
+ * and each shared library's exported symbols checked (hk_ only).
  */
 #include <libgen.h>
 #include <stdarg.h>
@@ -14,7 +21,49 @@
 
 #include "tests/harness.h"
 
-static char root[PATH_MAX], build[PATH_MAX];
+static char root[PATH_MAX], build[PATH_MAX], dest[PATH_MAX];
+
+/* The libraries of the network sources: none of them may reach a core-only
+ * program. */
+#define NET_LIBS_RE "'libcurl|libmicrohttpd|libcjson'"
+
+/* pkg-config pointed at the DESTDIR tree; the sysroot variable moves its -I/-L
+ * there too. Takes dest twice. */
+#define PKG_ENV "PKG_CONFIG_PATH='%s/usr/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s'"
+
+/* How the programs run: no driver, the installed libraries. Under `make
+ * sanitize` those carry ASan, which then is not first in the program's library
+ * list: tell ASan that is fine. Takes dest once. */
+#define RUN_ENV                                                                                    \
+    "HK_LIBCUDA=/nonexistent/libcuda.so.1 ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 "   \
+    "LD_LIBRARY_PATH='%s/usr/lib'"
+
+/* Uses the engine only: no driver here, so creation fails with NO_DRIVER. */
+static const char core_src[] = "#include <hotkern/hotkern.h>\n"
+                               "#include <stdio.h>\n"
+                               "int main(void) {\n"
+                               "  hk_runtime *rt; hk_report rep = {0};\n"
+                               "  int e = hk_runtime_create(&rt, NULL, &rep);\n"
+                               "  printf(\"hotkern %s: %d %s: %s\\n\", hk_version(), e, "
+                               "hk_strerror(e), rep.message);\n"
+                               "  if (e == 0) hk_runtime_destroy(rt);\n"
+                               "  return e == HK_ERR_NO_DRIVER ? 0 : 1;\n"
+                               "}\n";
+
+/* Uses the network library without the network: defaults, and an argument
+ * check that fails before anything is bound. */
+static const char net_src[] = "#include <hotkern/net.h>\n"
+                              "#include <stdio.h>\n"
+                              "int main(void) {\n"
+                              "  hk_endpoint_options o; hk_endpoint *ep = NULL;\n"
+                              "  hk_report rep = {0};\n"
+                              "  hk_endpoint_options_init(&o);\n"
+                              "  int e = hk_endpoint_start(NULL, &o, &ep, &rep);\n"
+                              "  printf(\"%s %u: %s\\n\", o.address, o.threads, hk_strerror(e));\n"
+                              "  hk_endpoint_stop(ep);\n"
+                              "  hk_pull_stop(NULL);\n"
+                              "  return e == HK_ERR_INVALID && o.threads == 2 ? 0 : 1;\n"
+                              "}\n";
 
 /* The repository root and build directory, from BUILD/tests/cpu_install. */
 static void locate(void) {
@@ -39,79 +88,202 @@ static int sh(const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-START_TEST(install_and_build_a_consumer) {
+/* Writes dest/NAME. */
+static void put(const char *name, const char *text) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dest, name);
+    ck_assert_int_eq(hkt_write_file(p, text), 0);
+}
+
+/* Installs once for the whole suite (the fixture runs in the parent, before
+ * the tests fork). A failed install leaves dest empty; each test then fails. */
+static void install(void) {
     locate();
-    char *dest = hkt_tmpdir();
-    ck_assert_ptr_nonnull(dest);
-    ck_assert_int_eq(
-        sh("make -s -C '%s' BUILD='%s' install DESTDIR='%s' PREFIX=/usr >%s/install.log "
-           "2>&1",
-           root, build, dest, dest),
-        0);
+    char *d = hkt_tmpdir();
+    ck_assert_ptr_nonnull(d);
+    snprintf(dest, sizeof dest, "%s", d);
+    free(d);
+    if (sh("make -s -C '%s' BUILD='%s' install DESTDIR='%s' PREFIX=/usr >%s/install.log 2>&1", root,
+           build, dest, dest)) {
+        sh("cat '%s/install.log'", dest);
+        hkt_rmtree(dest);
+        dest[0] = 0;
+    }
+}
+
+static void uninstall(void) {
+    if (dest[0])
+        hkt_rmtree(dest);
+}
+
+START_TEST(installs_both_libraries_headers_and_packages) {
+    ck_assert_msg(dest[0], "make install failed");
     const char *files[] = {"usr/include/hotkern/hotkern.h",
                            "usr/include/hotkern/net.h",
                            "usr/lib/libhotkern.a",
                            "usr/lib/libhotkern.so.0",
                            "usr/lib/libhotkern.so",
+                           "usr/lib/libhotkern-net.a",
+                           "usr/lib/libhotkern-net.so.0",
+                           "usr/lib/libhotkern-net.so",
                            "usr/lib/pkgconfig/hotkern.pc",
+                           "usr/lib/pkgconfig/hotkern-net.pc",
+                           "usr/lib/cmake/hotkern/hotkernConfig.cmake",
+                           "usr/lib/cmake/hotkern/hotkernConfigVersion.cmake",
                            "usr/bin/hotkern"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[PATH_MAX + 64];
         snprintf(p, sizeof p, "%s/%s", dest, files[i]);
         ck_assert_msg(access(p, R_OK) == 0, "%s not installed", files[i]);
     }
-    char src[PATH_MAX + 32];
-    snprintf(src, sizeof src, "%s/consumer.c", dest);
-    ck_assert_int_eq(hkt_write_file(src, "#include <hotkern/hotkern.h>\n"
-                                         "#include <stdio.h>\n"
-                                         "int main(void) {\n"
-                                         "  hk_runtime *rt; hk_report rep = {0};\n"
-                                         "  int e = hk_runtime_create(&rt, NULL, &rep);\n"
-                                         "  printf(\"%d %s: %s\\n\", e, hk_strerror(e), "
-                                         "rep.message);\n"
-                                         "  if (e == 0) hk_runtime_destroy(rt);\n"
-                                         "  return e == HK_ERR_NO_DRIVER ? 0 : 1;\n"
-                                         "}\n"),
+    /* The sonames, and the network library's dependency on the engine. */
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.0' | grep -q "
+                        "'SONAME.*\\[libhotkern.so.0\\]'",
+                        dest),
                      0);
-    /* The sysroot variable points pkg-config's -I/-L at the DESTDIR tree. */
-    ck_assert_int_eq(sh("cd '%s' && PKG_CONFIG_PATH='%s/usr/lib/pkgconfig' "
-                        "PKG_CONFIG_SYSROOT_DIR='%s' cc consumer.c -o consumer "
-                        "$(PKG_CONFIG_PATH='%s/usr/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s' "
-                        "pkg-config --cflags --libs hotkern) >cc.log 2>&1",
-                        dest, dest, dest, dest, dest),
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.0' | grep -q "
+                        "'SONAME.*\\[libhotkern-net.so.0\\]'",
+                        dest),
                      0);
-    /* Under `make sanitize` the installed library carries ASan, which then is
-     * not first in the consumer's library list: tell ASan that is fine. */
-    ck_assert_int_eq(sh("cd '%s' && HK_LIBCUDA=/nonexistent/libcuda.so.1 "
-                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 "
-                        "LD_LIBRARY_PATH='%s/usr/lib' ./consumer > run.log 2>&1",
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.0' | grep -q "
+                        "'NEEDED.*\\[libhotkern.so.0\\]'",
+                        dest),
+                     0);
+    /* The engine's package names none of the network packages. */
+    ck_assert_int_eq(sh("grep -Eq " NET_LIBS_RE " '%s/usr/lib/pkgconfig/hotkern.pc'", dest), 1);
+    ck_assert_int_eq(
+        sh(PKG_ENV " pkg-config --print-requires hotkern-net | grep -q '^hotkern'", dest, dest), 0);
+}
+END_TEST
+
+START_TEST(core_consumer_needs_no_network_library) {
+    ck_assert_msg(dest[0], "make install failed");
+    put("core.c", core_src);
+    ck_assert_int_eq(sh("cd '%s' && cc core.c -o core $(" PKG_ENV
+                        " pkg-config --cflags --libs hotkern) >cc-core.log 2>&1 || "
+                        "{ cat cc-core.log; exit 1; }",
+                        dest, dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && " RUN_ENV " ./core >run-core.log 2>&1 || "
+                        "{ cat run-core.log; exit 1; }",
                         dest, dest),
                      0);
     /* It ran against the installed shared library, not a static copy. */
-    ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd consumer | grep -q "
+    ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd core | grep -q "
                         "'libhotkern.so.0 => %s/usr/lib/'",
                         dest, dest, dest),
                      0);
-    /* Only the public prefix (and the version node) leaves the shared library. */
-    ck_assert_int_eq(
-        sh("nm -D --defined-only '%s/usr/lib/libhotkern.so.0' | awk '{print $3}' | "
-           "grep -v '^hk_' | grep -v '^_' | grep -v '^HOTKERN_0$' | grep -q . && exit 1 || exit 0",
-           dest),
-        0);
-    ck_assert_int_eq(sh("nm -D --defined-only '%s/usr/lib/libhotkern.so.0' | grep -q ' "
-                        "hk_swap@'",
+    /* Nothing of the network sources, directly or through libhotkern.so.0. */
+    ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd core | grep -E " NET_LIBS_RE
+                        " && exit 1 || exit 0",
+                        dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && readelf -d core usr/lib/libhotkern.so.0 | grep NEEDED | "
+                        "grep -E " NET_LIBS_RE " && exit 1 || exit 0",
                         dest),
                      0);
-    hkt_rmtree(dest);
-    free(dest);
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.0' | grep -q NEEDED.*libnvrtc", dest),
+                     0);
+}
+END_TEST
+
+START_TEST(net_consumer_links_and_runs) {
+    ck_assert_msg(dest[0], "make install failed");
+    put("net.c", net_src);
+    ck_assert_int_eq(sh("cd '%s' && cc net.c -o net $(" PKG_ENV
+                        " pkg-config --cflags --libs hotkern-net) >cc-net.log 2>&1 || "
+                        "{ cat cc-net.log; exit 1; }",
+                        dest, dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && " RUN_ENV " ./net >run-net.log 2>&1 || "
+                        "{ cat run-net.log; exit 1; }",
+                        dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd net | grep -q "
+                        "'libhotkern-net.so.0 => %s/usr/lib/'",
+                        dest, dest, dest),
+                     0);
+}
+END_TEST
+
+START_TEST(cmake_consumers_build_and_run) {
+    ck_assert_msg(dest[0], "make install failed");
+    if (sh("command -v cmake >/dev/null 2>&1")) {
+        printf("SKIP install: cmake not found, the CMake package is not tested\n");
+        return;
+    }
+    ck_assert_int_eq(sh("mkdir -p '%s/cm' '%s/cm-new'", dest, dest), 0);
+    put("cm/core.c", core_src);
+    put("cm/net.c", net_src);
+    put("cm/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
+                             "project(consumer C)\n"
+                             "find_package(hotkern 0.1 REQUIRED)\n"
+                             "add_executable(core core.c)\n"
+                             "target_link_libraries(core PRIVATE hotkern::hotkern)\n"
+                             "add_executable(net net.c)\n"
+                             "target_link_libraries(net PRIVATE hotkern::net)\n");
+    ck_assert_int_eq(sh("cd '%s' && cmake -S cm -B cm/build -DCMAKE_PREFIX_PATH='%s/usr' "
+                        ">cmake.log 2>&1 && cmake --build cm/build >>cmake.log 2>&1 || "
+                        "{ cat cmake.log; exit 1; }",
+                        dest, dest),
+                     0);
+    /* The imported locations are the installed libraries: the programs find
+     * them by the build RPATH CMake gives them, without LD_LIBRARY_PATH. */
+    ck_assert_int_eq(
+        sh("cd '%s/cm/build' && ldd core | grep -q 'libhotkern.so.0 => %s/usr/lib/' && "
+           "ldd net | grep -q 'libhotkern-net.so.0 => %s/usr/lib/' && "
+           "ldd net | grep -q 'libhotkern.so.0 => %s/usr/lib/'",
+           dest, dest, dest, dest),
+        0);
+    ck_assert_int_eq(
+        sh("cd '%s/cm/build' && ldd core | grep -E " NET_LIBS_RE " && exit 1 || exit 0", dest), 0);
+    ck_assert_int_eq(sh("cd '%s/cm/build' && HK_LIBCUDA=/nonexistent/libcuda.so.1 "
+                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./core && "
+                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./net",
+                        dest),
+                     0);
+    /* A newer major version than installed is refused. */
+    put("cm-new/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
+                                 "project(consumer NONE)\n"
+                                 "find_package(hotkern 1 REQUIRED)\n");
+    ck_assert_int_ne(sh("cd '%s' && cmake -S cm-new -B cm-new/build "
+                        "-DCMAKE_PREFIX_PATH='%s/usr' >cmake-new.log 2>&1",
+                        dest, dest),
+                     0);
+}
+END_TEST
+
+/* Only the public prefix (and the version node) leaves a shared library; each
+ * exports its own header's functions and not the other's. */
+static void exports_only(const char *lib, const char *node, const char *has, const char *lacks) {
+    ck_assert_int_eq(sh("nm -D --defined-only '%s/usr/lib/%s' | awk '{print $3}' | "
+                        "grep -v '^hk_' | grep -v '^_' | grep -v '^%s$' | grep . && exit 1 || "
+                        "exit 0",
+                        dest, lib, node),
+                     0);
+    ck_assert_int_eq(sh("nm -D --defined-only '%s/usr/lib/%s' | grep -q ' %s@'", dest, lib, has),
+                     0);
+    ck_assert_int_eq(sh("nm -D --defined-only '%s/usr/lib/%s' | grep -q ' %s@'", dest, lib, lacks),
+                     1);
+}
+
+START_TEST(exports_only_hk_symbols) {
+    ck_assert_msg(dest[0], "make install failed");
+    exports_only("libhotkern.so.0", "HOTKERN_0", "hk_swap", "hk_endpoint_start");
+    exports_only("libhotkern-net.so.0", "HOTKERN_NET_0", "hk_endpoint_start", "hk_swap");
 }
 END_TEST
 
 int main(void) {
     Suite *s = suite_create("install");
     TCase *tc = tcase_create("install");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, install_and_build_a_consumer);
+    tcase_set_timeout(tc, 300);
+    tcase_add_unchecked_fixture(tc, install, uninstall);
+    tcase_add_test(tc, installs_both_libraries_headers_and_packages);
+    tcase_add_test(tc, core_consumer_needs_no_network_library);
+    tcase_add_test(tc, net_consumer_links_and_runs);
+    tcase_add_test(tc, cmake_consumers_build_and_run);
+    tcase_add_test(tc, exports_only_hk_symbols);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }
