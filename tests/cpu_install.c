@@ -3,8 +3,9 @@
  * programs outside the tree built against the installed libraries, the way a
  * user builds them:
  *   - a core-only program with `pkg-config --cflags --libs hotkern`, which
- *     must not pull in any network library (neither it nor libhotkern.so.0
- *     needs libcurl, libmicrohttpd, libsodium or libcjson);
+ *     must not pull in the network libraries (neither it nor libhotkern.so.0
+ *     needs libcurl, libmicrohttpd or libcjson; libsodium hashes the compile
+ *     cache and stays);
  *   - a program of the network sources with `pkg-config ... hotkern-net`;
  *   - both again through the CMake package (find_package(hotkern),
  *     hotkern::hotkern and hotkern::net), SKIP when cmake is missing;
