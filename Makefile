@@ -231,7 +231,7 @@ fuzz: fuzz-build
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
                cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch])
-lint:
+lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh tests/run.sh
 

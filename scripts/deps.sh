@@ -16,6 +16,7 @@ need_pc libcjson libcjson-dev
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
 command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
+command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
 if [ -n "$missing" ]; then
   echo "deps: installing:$missing"
