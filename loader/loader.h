@@ -52,6 +52,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "hotkern/hotkern.h"
 #include "loader/driver.h"
@@ -360,6 +361,8 @@ void hkl_report_set(hk_report *rep, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 double hkl_now_ms(void);
+/* *ts = now + us on CLOCK_REALTIME, for pthread_cond_timedwait. */
+void hkl_abstime(struct timespec *ts, long us);
 int hkl_ctx_push(hk_runtime *rt, int slot);
 void hkl_ctx_pop(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */

@@ -146,14 +146,7 @@ void hkl_gate_wait(hk_runtime *rt) {
         cpu_relax();
     }
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long us = rt->opt.launch_hold_max_us;
-    ts.tv_sec += us / 1000000;
-    ts.tv_nsec += (us % 1000000) * 1000;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    hkl_abstime(&ts, rt->opt.launch_hold_max_us);
     pthread_mutex_lock(&rt->gate_lock);
     while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
         if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
@@ -443,10 +436,7 @@ void hkl_reclaim_deferred(hk_runtime *rt) {
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += ms * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
+    hkl_abstime(&ts, ms * 1000);
     pthread_cond_timedwait(c, m, &ts);
 }
 

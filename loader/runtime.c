@@ -173,6 +173,16 @@ void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old) {
         rt->drv->ThreadExchangeStreamCaptureMode(&old);
 }
 
+void hkl_abstime(struct timespec *ts, long us) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += us / 1000000;
+    ts->tv_nsec += (us % 1000000) * 1000;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 int hkl_ctx_push(hk_runtime *rt, int slot) {
     CUresult r = rt->drv->CtxPushCurrent(hkl_ctx(rt, slot));
     return r == CUDA_SUCCESS ? 0 : (int)r;

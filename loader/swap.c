@@ -927,10 +927,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     pthread_mutex_lock(&w.lock);
     while (!w.done && hkl_now_ms() < end) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 5 * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        hkl_abstime(&ts, 5000);
         pthread_cond_timedwait(&w.cond, &w.lock, &ts);
     }
     int done = w.done;
@@ -1201,14 +1198,7 @@ static void *worker_main(void *arg) {
                 continue;
             }
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            long ms = (long)(next - hkl_now_ms()) + 1;
-            ts.tv_sec += ms / 1000;
-            ts.tv_nsec += (ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
             pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
         }
         if (rt->work_stop)
@@ -1370,11 +1360,7 @@ int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
             return HK_ERR_TIMEOUT;
         }
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        long ms = left > 50 ? 50 : (long)left + 1;
-        ts.tv_nsec += ms * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        hkl_abstime(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
         pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
     }
     pthread_mutex_unlock(&rt->work_lock);
