@@ -27,6 +27,12 @@
  *                                  application's own, which hotkern cannot
  *                                  hold) while the main thread hk_swaps
  *
+ * Two more phases come first, as the baseline for launcher pauses: the same
+ * launchers (raw cuLaunchKernel, then hk_launch) with no swap at all, for
+ * HK_LOAD_IDLE_S seconds (default 2). A launcher that never pauses still
+ * waits when its stream's queue is full or the OS deschedules it (32
+ * launchers on 16 cores); what a swap adds is the difference.
+ *
  * HK_LOAD_SWAPS swaps per phase (default 10000; raw cycles: at most 2000);
  * HK_LOAD_PHASES=hk skips the two baselines.
  * HK_LOAD_CAP_S caps every phase (default 60 s; raw cycles: at most 20 s):
@@ -70,6 +76,7 @@ typedef struct {
     int raw_launch;            /* launchers call cuLaunchKernel on raw_k */
     int sync;                  /* launchers synchronize their stream every RING launches */
     int raw_swap;              /* main thread: raw driver load cycles instead of hk_swap */
+    int no_swap;               /* main thread: nothing (the launchers' own pauses) */
 } phase;
 
 /* Written before the launchers are created, read-only while they run. */
@@ -274,6 +281,16 @@ static void raw_cycles(swaps *w, int max, sampler *S) {
     }
 }
 
+/* No swap: the main thread only samples, for idle_s seconds. */
+static double idle_s = 2;
+static void idle(sampler *S) {
+    uint64_t until = bench_ns() + (uint64_t)(idle_s * 1e9);
+    while (bench_ns() < until) {
+        usleep(100000);
+        sample(S, 0);
+    }
+}
+
 /* Launches the current version once through hotkern; returns its tag. */
 static int tag_now(void) {
     int *spare = d_rings + (size_t)MAXT * RING, idx = 0, got = -1;
@@ -298,6 +315,36 @@ static int cmp_u64(const void *a, const void *b) {
 
 static double mib(size_t b) {
     return (double)b / (1 << 20);
+}
+
+/* Prints a phase's swap (or raw cycle) counts and latencies; sorts w's
+ * arrays. */
+static void print_swaps(const phase *p, swaps *w, int max_swaps, double swap_s, double cap_s) {
+    const char *what = p->raw_swap ? "raw load cycles" : "swaps";
+    printf("%s: %s completed %d of %d (%d attempted, %d failed) in %.1f s", label, what, w->done,
+           max_swaps, w->attempted, w->failed, swap_s);
+    if (w->late || (w->attempted < max_swaps && bench_ns() >= deadline))
+        printf("; CAP HIT at %.0f s", cap_s);
+    if (w->late)
+        printf("; the one in flight at the cap took %.1f ms (returned only once the launchers "
+               "had stopped)",
+               w->late_ms);
+    printf("\n");
+    if (w->done)
+        bench_median(w->lat, w->done); /* sorts */
+    printf("%s: %s latency p50 %.3f ms, p99 %.3f ms, max %.3f ms", label,
+           p->raw_swap ? "cycle" : "swap", pct(w->lat, w->done, 50), pct(w->lat, w->done, 99),
+           pct(w->lat, w->done, 100));
+    if (!p->raw_swap) {
+        if (w->done) {
+            bench_median(w->stage, w->done);
+            bench_median(w->commit, w->done);
+        }
+        printf(" (stage p50 %.3f / p99 %.3f ms, commit p50 %.3f / p99 %.3f ms)",
+               pct(w->stage, w->done, 50), pct(w->stage, w->done, 99), pct(w->commit, w->done, 50),
+               pct(w->commit, w->done, 99));
+    }
+    printf("\n");
 }
 
 /* Runs one phase with n launcher threads; returns the number of errors
@@ -340,7 +387,9 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     atomic_store(&deadline, bench_ns() + (uint64_t)(cap_s * 1e9));
     atomic_store(&go, 1);
     uint64_t t0 = bench_ns();
-    if (p->raw_swap)
+    if (p->no_swap)
+        idle(&S);
+    else if (p->raw_swap)
         raw_cycles(&w, max_swaps, &S);
     else
         hk_swaps(&w, max_swaps, &S);
@@ -374,31 +423,10 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     qsort(gaps, (size_t)n, sizeof *gaps, cmp_u64);
 
     double swap_s = (double)(t1 - t0) / 1e9;
-    const char *what = p->raw_swap ? "raw load cycles" : "swaps";
-    printf("%s: %s completed %d of %d (%d attempted, %d failed) in %.1f s", label, what, w.done,
-           max_swaps, w.attempted, w.failed, swap_s);
-    if (w.late || (w.attempted < max_swaps && t1 >= deadline))
-        printf("; CAP HIT at %.0f s", cap_s);
-    if (w.late)
-        printf("; the one in flight at the cap took %.1f ms (returned only once the launchers "
-               "had stopped)",
-               w.late_ms);
-    printf("\n");
-    if (w.done)
-        bench_median(w.lat, w.done); /* sorts */
-    printf("%s: %s latency p50 %.3f ms, p99 %.3f ms, max %.3f ms", label,
-           p->raw_swap ? "cycle" : "swap", pct(w.lat, w.done, 50), pct(w.lat, w.done, 99),
-           pct(w.lat, w.done, 100));
-    if (!p->raw_swap) {
-        if (w.done) {
-            bench_median(w.stage, w.done);
-            bench_median(w.commit, w.done);
-        }
-        printf(" (stage p50 %.3f / p99 %.3f ms, commit p50 %.3f / p99 %.3f ms)",
-               pct(w.stage, w.done, 50), pct(w.stage, w.done, 99), pct(w.commit, w.done, 50),
-               pct(w.commit, w.done, 99));
-    }
-    printf("\n");
+    if (p->no_swap)
+        printf("%s: no swaps, %.1f s\n", label, swap_s);
+    else
+        print_swaps(p, &w, max_swaps, swap_s, cap_s);
     double launch_s = (double)(to - from) / 1e9;
     printf("%s: launches %ld (%.2f M/s), failed %ld", label, launches,
            launch_s > 0 ? (double)launches / launch_s / 1e6 : 0.0, failed);
@@ -409,7 +437,7 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     printf("%s: longest launcher pause %.3f ms (median over threads %.3f ms), pauses over 1 ms "
            "%llu\n",
            label, (double)gaps[n - 1] / 1e6, (double)gaps[n / 2] / 1e6, (unsigned long long)pauses);
-    if (!p->raw_swap) {
+    if (!p->raw_swap && !p->no_swap) {
         /* Cumulative since the runtime was created (the maximum cannot be
          * split by phase): where launchers' pauses may come from. */
         hk_stats gs;
@@ -524,10 +552,12 @@ int main(int argc, char **argv) {
            "most %d and %.0f s\n",
            max_swaps, cap_s, RAW_CYCLES, RAW_CAP_S);
     static const phase phases[] = {
-        {"load", "", 0, 0, 0},
-        {"load", " (sync/4096)", 0, 1, 0},
-        {"raw driver", "", 1, 0, 1},
-        {"own launches", "", 1, 0, 0},
+        {"no swap, raw launches", "", 1, 0, 0, 1},
+        {"no swap, hk_launch", "", 0, 0, 0, 1},
+        {"load", "", 0, 0, 0, 0},
+        {"load", " (sync/4096)", 0, 1, 0, 0},
+        {"raw driver", "", 1, 0, 1, 0},
+        {"own launches", "", 1, 0, 0, 0},
     };
     pthread_t wd;
     pthread_create(&wd, NULL, watchdog, NULL);
@@ -536,10 +566,12 @@ int main(int argc, char **argv) {
     /* HK_LOAD_PHASES=hk runs only the phases whose launches go through
      * hotkern (the baselines take their whole cap: the driver starves them). */
     const char *only = getenv("HK_LOAD_PHASES");
+    if (getenv("HK_LOAD_IDLE_S"))
+        idle_s = atof(getenv("HK_LOAD_IDLE_S"));
     int hk_only = only && !strcmp(only, "hk");
     for (int c = 0; c < ncounts; c++)
         for (size_t i = 0; i < sizeof phases / sizeof *phases; i++)
-            if (!hk_only || !phases[i].raw_launch)
+            if (!hk_only || !phases[i].raw_launch || phases[i].no_swap)
                 errors += run_phase(&phases[i], counts[c], max_swaps, cap_s);
     hk_runtime_destroy(rt);
     bd.LibraryUnload(lib);

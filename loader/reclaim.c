@@ -289,19 +289,23 @@ static int sync_contexts(hk_runtime *rt) {
 }
 
 /* Unloads and frees the versions of `list` (their GPU work is finished),
- * with the launch gate closed. One whose unload failed (a capture in
- * progress, a busy driver) goes back to the retired list to be tried again.
- * Returns how many were freed. */
+ * each with the launch gate closed on its own: a launcher is never held for
+ * more than one version's unload, however many versions a pass gathered (one
+ * closure for a list of 300 held launchers for 13 ms on the H200). One whose
+ * unload failed (a capture in progress, a busy driver) goes back to the
+ * retired list to be tried again. Returns how many were freed. */
 static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     if (!list)
         return 0;
     int n = 0;
     hkl_version *failed = NULL, *gone = NULL;
-    hkl_gate_close(rt); /* once for the whole list */
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        if (hkl_unload_version(rt, v) != CUDA_SUCCESS && !final) {
+        hkl_gate_close(rt);
+        CUresult r = hkl_unload_version(rt, v);
+        hkl_gate_open(rt);
+        if (r != CUDA_SUCCESS && !final) {
             v->next = failed;
             failed = v;
             continue;
@@ -310,7 +314,6 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
         gone = v;
         n++;
     }
-    hkl_gate_open(rt);
     /* Events after the gate opened: a callback may launch. */
     while (gone) {
         hkl_version *v = gone;

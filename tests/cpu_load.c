@@ -366,6 +366,25 @@ START_TEST(failed_unload_is_retried_not_counted) {
 }
 END_TEST
 
+/* A pass that gathered many retired versions unloads them with one gate
+ * closure each, so no launcher is held for the whole batch. */
+START_TEST(batched_unloads_open_the_gate_between_versions) {
+    rt->unload_gap_ms = 500; /* the swaps below land within one gap */
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    for (int i = 0; i < 6; i++)
+        swap_ok(fake_ptx(2 + i % 2, 0, 0, 0) /* alternate: never the same image */);
+    hk_stats st;
+    hk_stats_get(rt, &st);
+    uint64_t closes0 = st.gate_closes, reclaimed0 = st.reclaimed;
+    WAIT_FOR(stat_reclaimed() == 6);
+    hk_stats_get(rt, &st);
+    /* Every unload after the first snapshot had a closure of its own. */
+    ck_assert_uint_ge(st.gate_closes - closes0, st.reclaimed - reclaimed0);
+    ck_assert_uint_ge(st.reclaimed - reclaimed0, 4); /* a batch was gathered */
+    ck_assert_int_eq(fake_live_images(), 1);
+}
+END_TEST
+
 /* Module loader: a synchronise the driver refuses (a capture) proves
  * nothing about the GPU: the versions wait for one that succeeds. */
 START_TEST(refused_synchronise_unloads_nothing) {
@@ -718,6 +737,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, captured_graph_may_outlive_runtime);
     tcase_add_test(tc, global_capture_is_never_broken);
     tcase_add_test(tc, failed_unload_is_retried_not_counted);
+    tcase_add_test(tc, batched_unloads_open_the_gate_between_versions);
     tcase_add_test(tc, refused_synchronise_unloads_nothing);
     tcase_add_test(tc, graph_launches_do_not_starve_commits);
     tcase_add_test(tc, callbacks_may_call_back);
