@@ -33,6 +33,9 @@
  * waits when its stream's queue is full or the OS deschedules it (32
  * launchers on 16 cores); what a swap adds is the difference.
  *
+ * HK_LOAD_HOLD_US sets the runtime's launch_hold_max_us; HK_LOAD_GAP_US
+ * makes the swapper sleep that long between swaps (default 0: back to back).
+ *
  * HK_LOAD_SWAPS swaps per phase (default 10000; raw cycles: at most 2000);
  * HK_LOAD_PHASES=hk skips the two baselines.
  * HK_LOAD_CAP_S caps every phase (default 60 s; raw cycles: at most 20 s):
@@ -212,6 +215,8 @@ static void sample(sampler *S, int with_mem) {
         S->free_min = fr;
 }
 
+static int gap_us; /* the swapper's pause between swaps */
+
 static void hk_swaps(swaps *w, int max, sampler *S) {
     hk_swap_options so;
     hk_swap_options_init(&so);
@@ -219,6 +224,8 @@ static void hk_swaps(swaps *w, int max, sampler *S) {
     while (w->attempted < max && bench_ns() < deadline) {
         int tag = 3 - cur_tag;
         hk_report rep = {0};
+        if (gap_us)
+            usleep((useconds_t)gap_us);
         uint64_t t0 = bench_ns();
         int rc = hk_swap(rt, "tag", img[tag], nimg[tag], &so, &rep);
         uint64_t t1 = bench_ns();
@@ -522,6 +529,12 @@ int main(int argc, char **argv) {
     }
     hk_options o;
     hk_options_init(&o);
+    if (getenv("HK_LOAD_HOLD_US"))
+        o.launch_hold_max_us = atoi(getenv("HK_LOAD_HOLD_US"));
+    if (getenv("HK_LOAD_GAP_US"))
+        gap_us = atoi(getenv("HK_LOAD_GAP_US"));
+    printf("load: launch_hold_max_us %d, pause between swaps %d us\n", o.launch_hold_max_us,
+           gap_us);
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.stage = HK_STAGE_NOW;
