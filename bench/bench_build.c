@@ -1,6 +1,7 @@
 /*
  * Compile time on the CPU alone (no GPU needed): what a real edit costs
- * hkp_build, plain and with NVRTC's PCH, for the small kernels and the
+ * hkp_build, plain and with NVRTC's PCH, straight to a cubin and through PTX
+ * and nvJitLink, for the small kernels and the
  * cub/cuda::std kernel of bench_swap. Each build compiles a new constant into
  * the code (bench_variant), in one process, without the compile cache. The
  * first build of each series is shown apart: it pays NVRTC's start-up (the
@@ -18,12 +19,13 @@
 
 #include "bench/common.h"
 
-static double build_ms(const char *fmt, int v, int pch) {
+static double build_ms(const char *fmt, int v, int pch, int via_ptx) {
     char *src = bench_variant(fmt, v);
     hkp_build_opts o = {.arch = 90,
                         .ptx_to_cubin = 1,
                         .opt_level = 3,
                         .pch = pch,
+                        .nvrtc_via_ptx = via_ptx,
                         .source_name = pch ? "pch.cu" : "plain.cu"};
     hkp_artifact a;
     char why[512];
@@ -38,14 +40,15 @@ static double build_ms(const char *fmt, int v, int pch) {
     return ms;
 }
 
-static void series(const char *what, const char *fmt, int pch, int reps, int *next) {
+static void series(const char *what, const char *fmt, int pch, int via_ptx, int reps, int *next) {
     double v[64];
-    double first = build_ms(fmt, (*next)++, pch);
+    double first = build_ms(fmt, (*next)++, pch, via_ptx);
     for (int i = 0; i < reps; i++)
-        v[i] = build_ms(fmt, (*next)++, pch);
+        v[i] = build_ms(fmt, (*next)++, pch, via_ptx);
     double med = bench_median(v, reps);
-    printf("  %-28s %-5s first %8.1f ms, then median %8.1f ms (min %.1f, max %.1f)\n", what,
-           pch ? "PCH" : "plain", first, med, v[0], v[reps - 1]);
+    printf("  %-28s %-5s %-13s first %8.1f ms, then median %8.1f ms (min %.1f, max %.1f)\n", what,
+           pch ? "PCH" : "plain", via_ptx ? "PTX+nvJitLink" : "NVRTC cubin", first, med, v[0],
+           v[reps - 1]);
 }
 
 int main(int argc, char **argv) {
@@ -63,9 +66,11 @@ int main(int argc, char **argv) {
     printf("== bench_build: hkp_build of a real edit (new constant), sm_90 cubin, no cache\n");
     printf("machine: %s, %ld CPUs, NVRTC %d.%d, %s\n", host, cpus, maj, min, date);
     int next = (int)(getpid() % 20000) * 1000;
-    series("small kernels (5)", bench_fmt_small, 0, reps, &next);
-    series("small kernels (5)", bench_fmt_small, 1, reps, &next);
-    series("cub BlockReduce + cuda::std", bench_fmt_cub, 0, reps, &next);
-    series("cub BlockReduce + cuda::std", bench_fmt_cub, 1, reps, &next);
+    for (int via_ptx = 0; via_ptx < 2; via_ptx++) {
+        series("small kernels (5)", bench_fmt_small, 0, via_ptx, reps, &next);
+        series("small kernels (5)", bench_fmt_small, 1, via_ptx, reps, &next);
+        series("cub BlockReduce + cuda::std", bench_fmt_cub, 0, via_ptx, reps, &next);
+        series("cub BlockReduce + cuda::std", bench_fmt_cub, 1, via_ptx, reps, &next);
+    }
     return 0;
 }

@@ -128,12 +128,32 @@ static void swap_or_die(hk_runtime *rt, const char *mod, const void *img, size_t
     hk_report_clear(&rep);
 }
 
+/* Swaps module mod of rt REPS times, alternating between the images a and b
+ * (so every swap loads code: the same image twice in a row is a no-op), each
+ * followed by a launch; fills ms. */
+static void alternate(hk_runtime *rt, const char *mod, const void *a, size_t na, const void *b,
+                      size_t nb, double *ms) {
+    for (int i = 0; i < REPS; i++) {
+        uint64_t t0 = bench_ns();
+        if (i % 2)
+            swap_or_die(rt, mod, a, na);
+        else
+            swap_or_die(rt, mod, b, nb);
+        launch_hk(rt, mod);
+        ms[i] = (double)(bench_ns() - t0) / 1e6;
+    }
+}
+
 static void latency(void) {
-    size_t ncubin, nptx;
-    void *cubin = bench_build(bench_src_small, 1, &ncubin);
-    void *ptx = bench_build(bench_src_small, 0, &nptx);
+    size_t ncubin, nptx, ncubin2, nptx2;
+    char *src1 = bench_variant(bench_fmt_small, 1), *src2 = bench_variant(bench_fmt_small, 2);
+    void *cubin = bench_build(src1, 1, &ncubin), *cubin2 = bench_build(src2, 1, &ncubin2);
+    void *ptx = bench_build(src1, 0, &nptx), *ptx2 = bench_build(src2, 0, &nptx2);
+    free(src1);
+    free(src2);
     double raw[REPS], hk[REPS];
-    printf("swap latency: image in memory -> first launch of the new version done\n");
+    printf("swap latency: image in memory -> first launch of the new version done; hotkern's "
+           "swaps alternate two images, so each one loads code\n");
 
     /* cubin */
     for (int i = 0; i < REPS; i++) {
@@ -162,13 +182,16 @@ static void latency(void) {
     hk_runtime *rt = rt_with(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK, "");
     swap_or_die(rt, "m", cubin, ncubin);
     launch_hk(rt, "m");
+    alternate(rt, "m", cubin, ncubin, cubin2, ncubin2, hk);
+    report("hk_swap(cubin)+launch", hk, REPS, base_cubin);
+    /* The image of the current version again: no load, no new version. */
+    swap_or_die(rt, "m", cubin, ncubin);
     for (int i = 0; i < REPS; i++) {
         uint64_t t0 = bench_ns();
         swap_or_die(rt, "m", cubin, ncubin);
-        launch_hk(rt, "m");
         hk[i] = (double)(bench_ns() - t0) / 1e6;
     }
-    report("hk_swap(cubin)+launch", hk, REPS, base_cubin);
+    report("hk_swap(same cubin again), no launch", hk, REPS, base_cubin);
 
     /* PTX */
     for (int i = 0; i < REPS; i++) {
@@ -183,20 +206,10 @@ static void latency(void) {
     }
     double base_ptx = bench_median(raw, REPS);
     report("raw cuModuleLoadDataEx(PTX, driver JIT)+launch", raw, REPS, 0);
-    for (int i = 0; i < REPS; i++) {
-        uint64_t t0 = bench_ns();
-        swap_or_die(rt, "m", ptx, nptx);
-        launch_hk(rt, "m");
-        hk[i] = (double)(bench_ns() - t0) / 1e6;
-    }
+    alternate(rt, "m", ptx, nptx, ptx2, nptx2, hk);
     report("hk_swap(PTX via nvJitLink)+launch", hk, REPS, base_ptx);
     hk_runtime *rtj = rt_with(HK_LOADER_LIBRARY, HK_PTX_DRIVER_JIT, "");
-    for (int i = 0; i < REPS; i++) {
-        uint64_t t0 = bench_ns();
-        swap_or_die(rtj, "m", ptx, nptx);
-        launch_hk(rtj, "m");
-        hk[i] = (double)(bench_ns() - t0) / 1e6;
-    }
+    alternate(rtj, "m", ptx, nptx, ptx2, nptx2, hk);
     report("hk_swap(PTX via driver JIT)+launch", hk, REPS, base_ptx);
     hk_runtime_destroy(rtj);
 
@@ -208,12 +221,8 @@ static void latency(void) {
     }
     hk_runtime *rtp = rt_with(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK, pcache);
     swap_or_die(rtp, "m", ptx, nptx);
-    for (int i = 0; i < REPS; i++) {
-        uint64_t t0 = bench_ns();
-        swap_or_die(rtp, "m", ptx, nptx);
-        launch_hk(rtp, "m");
-        hk[i] = (double)(bench_ns() - t0) / 1e6;
-    }
+    swap_or_die(rtp, "m", ptx2, nptx2);
+    alternate(rtp, "m", ptx, nptx, ptx2, nptx2, hk);
     report("hk_swap(PTX via nvJitLink, cache hit)+launch", hk, REPS, base_ptx);
     hk_stats pst;
     hk_stats_get(rtp, &pst);
@@ -241,15 +250,13 @@ static void latency(void) {
         hk[i] = (double)(bench_ns() - t0) / 1e6;
     }
     report("hk_swap(CUDA C, cache miss)+launch", hk, REPS, base_cu);
-    const char *same = fresh_src(5000);
-    swap_or_die(rtc, "m", same, strlen(same));
-    for (int i = 0; i < REPS; i++) {
-        uint64_t t0 = bench_ns();
-        swap_or_die(rtc, "m", same, strlen(same));
-        launch_hk(rtc, "m");
-        hk[i] = (double)(bench_ns() - t0) / 1e6;
-    }
+    char *seen1 = strdup(fresh_src(5000)), *seen2 = strdup(fresh_src(5001));
+    swap_or_die(rtc, "m", seen1, strlen(seen1));
+    swap_or_die(rtc, "m", seen2, strlen(seen2));
+    alternate(rtc, "m", seen1, strlen(seen1), seen2, strlen(seen2), hk);
     report("hk_swap(CUDA C, cache hit)+launch", hk, REPS, base_cu);
+    free(seen1);
+    free(seen2);
     hk_stats st;
     hk_stats_get(rtc, &st);
     printf("  (cache: %llu hits, %llu misses)\n", (unsigned long long)st.cache_hits,
@@ -288,7 +295,9 @@ static void latency(void) {
         fprintf(stderr, "could not remove %s, %s\n", cache, pcache);
     hk_runtime_destroy(rt);
     free(cubin);
+    free(cubin2);
     free(ptx);
+    free(ptx2);
 }
 
 /* One module of `k` kernels named k<m>_<i>. */

@@ -731,8 +731,10 @@ static int nvrtc_log(nvrtcProgram prog, char **log) {
  * run includes any other header (or holds a conditional, whose outcome the
  * run's text does not show), the source is compiled with "; #line N" put just
  * before that line, which ends the run there without moving any line number
- * in messages. A source whose run includes no toolkit header is compiled
- * without PCH: there would be nothing to save.
+ * in messages. Every prefix also holds NVRTC's own implicit headers (the
+ * device runtime's declarations), whose parse is most of a small kernel's
+ * compile: so a source that includes nothing, or starts with a header of its
+ * own, still gets a PCH, of that implicit prefix alone.
  *
  * NVRTC keeps the PCH in a process-wide heap. When a PCH does not fit it says
  * so (nvrtcGetPCHCreateStatus), the compile itself having succeeded; the heap
@@ -795,11 +797,11 @@ static void track_comment(const char *p, const char *eol, int *in_comment) {
     }
 }
 
-/* Where the PCH may stop in src: 0 when no PCH is worth making; 1 when the
- * opening directives include only toolkit headers (and macros); 2 when the
- * run must be cut before byte *cut, the start of line *line (1-based). */
+/* Where the PCH may stop in src: 1 when the opening directives include only
+ * toolkit headers (and macros), or there are none; 2 when the run must be cut
+ * before byte *cut, the start of line *line (1-based). */
 static int pch_split(const char *src, const search_path *sp, size_t *cut, int *line) {
-    int in_comment = 0, ntk = 0, lineno = 0;
+    int in_comment = 0, lineno = 0;
     const char *p = src;
     while (*p) {
         const char *bol = p, *eol = strchr(p, '\n');
@@ -811,7 +813,7 @@ static int pch_split(const char *src, const search_path *sp, size_t *cut, int *l
         if (q == eol)
             continue;
         if (*q != '#')
-            return ntk ? 1 : 0; /* code: the run ends here by itself */
+            return 1; /* code: the run ends here by itself */
         q = skip_blank(q + 1, eol, &in_comment);
         const char *w = q;
         while (q < eol && *q >= 'a' && *q <= 'z')
@@ -832,7 +834,6 @@ static int pch_split(const char *src, const search_path *sp, size_t *cut, int *l
                 if (resolve(name, close == '"', sp->srcdir, sp, path, &mem) == 1 &&
                     hkp_toolkit_owns(sp->tk, path)) {
                     safe = 1;
-                    ntk++;
                 }
             }
         } else if ((wl == 6 && !strncmp(w, "define", 6)) || (wl == 5 && !strncmp(w, "undef", 5)) ||
@@ -842,7 +843,7 @@ static int pch_split(const char *src, const search_path *sp, size_t *cut, int *l
         if (!safe) {
             *cut = (size_t)(bol - src);
             *line = lineno;
-            return ntk ? 2 : 0;
+            return 2;
         }
         track_comment(q, eol, &in_comment);
         /* A directive continued with a backslash goes on on the next line. */
@@ -855,7 +856,7 @@ static int pch_split(const char *src, const search_path *sp, size_t *cut, int *l
             lineno++;
         }
     }
-    return ntk ? 1 : 0;
+    return 1;
 }
 
 /* src with "; #line N" inserted at cut (see above). malloc'd. */

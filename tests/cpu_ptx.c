@@ -1346,7 +1346,8 @@ START_TEST(pch_sees_header_edits) {
     /* One PCH of <cuda/std/cstdint>, made by the first build and reused. */
     ck_assert_uint_eq(created1 - created0, 1);
 
-    /* A header of the user's first: nothing to precompile, and it is right. */
+    /* A header of the user's first: only NVRTC's implicit prefix is precompiled,
+     * and the build is right. */
     static const char *const first =
         "#include \"common.cuh\"\n"
         "extern \"C\" __global__ void k(int *x) { x[threadIdx.x] = K + 1; }\n";
