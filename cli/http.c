@@ -145,18 +145,23 @@ static void print_outcome(const hkc_resp *r, const cJSON *a) {
         fprintf(f, "log:\n%s%s", log, log[strlen(log) - 1] == '\n' ? "" : "\n");
 }
 
-/* The same as fields of the JSON document. */
+/* The same as fields of the JSON document. A release already set (push
+ * knows what it signed) is kept: the endpoint's echo goes through a double
+ * printed with 15 digits, which rounds releases near 2^53. */
 static void set_outcome(hkc_out *o, const cJSON *a) {
-    static const char *const nums[] = {"engine_version", "build_ms", "stage_ms", "commit_ms"};
-    const cJSON *ver = num_field(a, "version");
+    static const char *const ms[] = {"build_ms", "stage_ms", "commit_ms"};
+    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
     hkc_set_str(o, "outcome", str_field(a, "outcome"));
     hkc_set_str(o, "module", str_field(a, "module"));
-    if (ver && ver->valuedouble > 0)
+    if (ver && ver->valuedouble > 0 &&
+        cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
         hkc_set_int(o, "release", (long long)ver->valuedouble);
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        const cJSON *v = num_field(a, nums[i]);
+    if (ev)
+        hkc_set_int(o, "engine_version", (long long)ev->valuedouble);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        const cJSON *v = num_field(a, ms[i]);
         if (v)
-            hkc_set(o, nums[i], cJSON_CreateNumber(v->valuedouble));
+            hkc_set(o, ms[i], cJSON_CreateNumber(v->valuedouble));
     }
 }
 
