@@ -26,8 +26,8 @@ static void on_signal(int sig) {
 static void on_event(const hk_event *ev, void *ud) {
     if (ev->kind == HK_EVENT_COMMITTED || ev->kind == HK_EVENT_REFUSED)
         printf("%s %s version %llu from %s%s%s\n",
-               ev->kind == HK_EVENT_COMMITTED ? "committed" : "refused", ev->module,
-               (unsigned long long)ev->new_version, ev->origin,
+               ev->kind == HK_EVENT_COMMITTED ? "committed" : "refused",
+               ev->module ? ev->module : "(none)", (unsigned long long)ev->new_version, ev->origin,
                ev->kind == HK_EVENT_REFUSED ? ": " : "",
                ev->kind == HK_EVENT_REFUSED ? ev->report->message : "");
     fflush(stdout);
