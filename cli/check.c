@@ -481,16 +481,15 @@ int hkc_cmd_check(int argc, char **argv) {
     int ptx_only = 0, json = 0, nargs = 0;
     hkc_list inc = {0}, def = {0}, exprs = {0};
     const hkc_opt opts[] = {
-        {.name = "--arch", .kind = HKC_STRING, .dst = &arch},
-        {.letter = 'I', .kind = HKC_LIST, .dst = &inc},
+        HKC_STRING_OPT("--arch", &arch),
+        {.letter = 'I', .kind = HKC_LIST, .dst = &inc}, /* -I DIR, no long form */
         {.letter = 'D', .kind = HKC_LIST, .dst = &def},
-        {.name = "--name-expression", .kind = HKC_LIST, .dst = &exprs},
-        {.name = "--ptx-only", .kind = HKC_FLAG, .dst = &ptx_only},
+        HKC_LIST_OPT("--name-expression", &exprs),
+        HKC_FLAG_OPT("--ptx-only", &ptx_only),
         HKC_JSON_OPT(&json),
     };
     hkc_out o;
-    hkc_out_init(&o, "check");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), check_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "check", opts, HKC_NOPTS(opts), check_help, argc, argv, &nargs);
     if (rc < 0)
         rc = check_files(&o, arch, ptx_only, &inc, &def, &exprs, argv + 1, nargs);
     hkc_list_free(&inc);

@@ -101,21 +101,31 @@ typedef struct hkc_opt {
                         * refused option */
 } hkc_opt;
 
-/* Parses argv[1..argc-1] against opts: "--name VALUE", "--name=VALUE", "-X VALUE",
+/* Starts subcommand cmd: initialises o (hkc_out_init), then parses
+ * argv[1..argc-1] against opts: "--name VALUE", "--name=VALUE", "-X VALUE",
  * "-XVALUE", "-h"/"--help" (prints help to stdout), "--" (the rest are
  * operands). Options and operands may be mixed; the operands are moved, in
  * order, to argv[1..*noperands]. When opts names "--json" it is honoured
  * before anything else is parsed, so that usage errors come as JSON too.
  * Returns -1 to go on, 0 when help was shown, 2 after a usage error
  * (reported through o). */
-int hkc_parse(hkc_out *o, const hkc_opt *opts, int nopts, const char *help, int argc, char **argv,
-              int *noperands);
+int hkc_parse(hkc_out *o, const char *cmd, const hkc_opt *opts, int nopts, const char *help,
+              int argc, char **argv, int *noperands);
 void hkc_list_free(hkc_list *l);
 
-#define HKC_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
-#define HKC_JSON_OPT(flag)                                                                         \
-    { .name = "--json", .kind = HKC_FLAG, .dst = (flag) }
-#define HKC_JSON_HELP "  --json         print one JSON document on stdout (see 'hotkern --help')\n"
+/* Table entries: a flag, a string, an integer in [lo, hi] (`msg` is the
+ * usage message when it is not), a repeated option. */
+#define HKC_FLAG_OPT(nm, p)                                                                        \
+    { .name = (nm), .kind = HKC_FLAG, .dst = (p) }
+#define HKC_STRING_OPT(nm, p)                                                                      \
+    { .name = (nm), .kind = HKC_STRING, .dst = (p) }
+#define HKC_UINT_OPT(nm, p, lo, hi, msg)                                                           \
+    { .name = (nm), .kind = HKC_UINT, .dst = (p), .min = (lo), .max = (hi), .why = (msg) }
+#define HKC_LIST_OPT(nm, p)                                                                        \
+    { .name = (nm), .kind = HKC_LIST, .dst = (p) }
+#define HKC_JSON_OPT(flag) HKC_FLAG_OPT("--json", flag)
+#define HKC_NOPTS(a)       ((int)(sizeof(a) / sizeof((a)[0])))
+#define HKC_JSON_HELP      "  --json         print one JSON document on stdout (see 'hotkern --help')\n"
 
 /* ---- HTTP client (cli/http.c) ------------------------------------------ */
 
@@ -128,12 +138,10 @@ typedef struct hkc_http_opts {
 } hkc_http_opts;
 
 #define HKC_HTTP_OPTS(ho)                                                                          \
-    {.name = "--token", .kind = HKC_STRING, .dst = &(ho)->token},                                  \
-        {.name = "--cacert", .kind = HKC_STRING, .dst = &(ho)->cacert},                            \
-        {.name = "--insecure", .kind = HKC_FLAG, .dst = &(ho)->insecure}, {                        \
-        .name = "--timeout", .kind = HKC_UINT, .dst = &(ho)->timeout_s, .min = 1, .max = 86400,    \
-        .why = "--timeout needs seconds from 1 to 86400"                                           \
-    }
+    HKC_STRING_OPT("--token", &(ho)->token), HKC_STRING_OPT("--cacert", &(ho)->cacert),            \
+        HKC_FLAG_OPT("--insecure", &(ho)->insecure),                                               \
+        HKC_UINT_OPT("--timeout", &(ho)->timeout_s, 1, 86400,                                      \
+                     "--timeout needs seconds from 1 to 86400")
 
 #define HKC_HTTP_HELP                                                                              \
     "  --token T      send 'Authorization: Bearer T' (or set HOTKERN_TOKEN)\n"                     \

@@ -197,8 +197,7 @@ int hkc_cmd_status(int argc, char **argv) {
     hkc_out o;
     int json = 0, nargs = 0;
     const hkc_opt opts[] = {HKC_HTTP_OPTS(&ho), HKC_JSON_OPT(&json)};
-    hkc_out_init(&o, "status");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), status_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "status", opts, HKC_NOPTS(opts), status_help, argc, argv, &nargs);
     if (rc >= 0)
         return hkc_finish(&o, rc);
     if (nargs != 1)
@@ -298,24 +297,15 @@ int hkc_cmd_rollback(int argc, char **argv) {
     uint64_t target = UINT64_MAX, expires_in = 300;
     int json = 0, nargs = 0;
     const hkc_opt opts[] = {
-        {.name = "--key", .kind = HKC_STRING, .dst = &key_path},
-        {.name = "--to",
-         .kind = HKC_UINT,
-         .dst = &target,
-         .max = HKC_MAX_RELEASE,
-         .why = "--to needs a release version"},
-        {.name = "--expires-in",
-         .kind = HKC_UINT,
-         .dst = &expires_in,
-         .min = 1,
-         .max = HKN_ROLLBACK_MAX_S,
-         .why = "--expires-in needs seconds from 1 to 3600"},
+        HKC_STRING_OPT("--key", &key_path),
+        HKC_UINT_OPT("--to", &target, 0, HKC_MAX_RELEASE, "--to needs a release version"),
+        HKC_UINT_OPT("--expires-in", &expires_in, 1, HKN_ROLLBACK_MAX_S,
+                     "--expires-in needs seconds from 1 to 3600"),
         HKC_HTTP_OPTS(&ho),
         HKC_JSON_OPT(&json),
     };
     hkc_out o;
-    hkc_out_init(&o, "rollback");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), rollback_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "rollback", opts, HKC_NOPTS(opts), rollback_help, argc, argv, &nargs);
     if (rc >= 0)
         return hkc_finish(&o, rc);
     if (nargs != 2)

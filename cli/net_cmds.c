@@ -30,21 +30,14 @@
  * release lives at least a second and at most HKN_MAX_LIFETIME_S: a larger
  * value would overflow the expiry or sign a release no verifier accepts. */
 #define RELEASE_OPTS(release, expires_in)                                                          \
-    {.name = "--release",                                                                          \
-     .kind = HKC_UINT,                                                                             \
-     .dst = (release),                                                                             \
-     .min = 1,                                                                                     \
-     .max = HKC_MAX_RELEASE,                                                                       \
-     .why = "--release needs an integer from 1 to 2^53-1"},                                        \
+    HKC_UINT_OPT("--release", release, 1, HKC_MAX_RELEASE,                                         \
+                 "--release needs an integer from 1 to 2^53-1"),                                   \
         {.name = "--version",                                                                      \
          .kind = HKC_REFUSED,                                                                      \
          .why = "the release version is given with --release N ('hotkern --version' prints the "   \
                 "tool's version)"},                                                                \
-    {                                                                                              \
-        .name = "--expires-in", .kind = HKC_UINT, .dst = (expires_in), .min = 1,                   \
-        .max = HKN_MAX_LIFETIME_S,                                                                 \
-        .why = "--expires-in needs seconds from 1 to 31622400 (366 days)"                          \
-    }
+        HKC_UINT_OPT("--expires-in", expires_in, 1, HKN_MAX_LIFETIME_S,                            \
+                     "--expires-in needs seconds from 1 to 31622400 (366 days)")
 
 static uint64_t now_ms(void) {
     struct timespec ts;
@@ -81,12 +74,11 @@ int hkc_cmd_keygen(int argc, char **argv) {
     const char *out = NULL;
     int force = 0, nargs = 0;
     const hkc_opt opts[] = {
-        {.name = "--out", .kind = HKC_STRING, .dst = &out},
-        {.name = "--force", .kind = HKC_FLAG, .dst = &force},
+        HKC_STRING_OPT("--out", &out),
+        HKC_FLAG_OPT("--force", &force),
     };
     hkc_out o;
-    hkc_out_init(&o, "keygen");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), keygen_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "keygen", opts, HKC_NOPTS(opts), keygen_help, argc, argv, &nargs);
     if (rc >= 0)
         return rc;
     if (!out || nargs != 0)
@@ -225,15 +217,12 @@ int hkc_cmd_sign(int argc, char **argv) {
     uint64_t expires_in = 30 * 86400;
     int nargs = 0;
     const hkc_opt opts[] = {
-        {.name = "--key", .kind = HKC_STRING, .dst = &key},
-        {.name = "--module", .kind = HKC_STRING, .dst = &r.module},
-        RELEASE_OPTS(&r.version, &expires_in),
-        {.name = "--arch", .kind = HKC_STRING, .dst = &arch},
-        {.name = "--out", .kind = HKC_STRING, .dst = &out},
+        HKC_STRING_OPT("--key", &key),         HKC_STRING_OPT("--module", &r.module),
+        RELEASE_OPTS(&r.version, &expires_in), HKC_STRING_OPT("--arch", &arch),
+        HKC_STRING_OPT("--out", &out),
     };
     hkc_out o;
-    hkc_out_init(&o, argv[0]);
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, argv[0], opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
     if (rc >= 0)
         return rc;
     if (!key || !r.module || !r.version || !out)
@@ -297,16 +286,15 @@ int hkc_cmd_push(int argc, char **argv) {
     hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
     int json = 0, nargs = 0;
     const hkc_opt opts[] = {
-        {.name = "--key", .kind = HKC_STRING, .dst = &key},
-        {.name = "--module", .kind = HKC_STRING, .dst = &r.module},
+        HKC_STRING_OPT("--key", &key),
+        HKC_STRING_OPT("--module", &r.module),
         RELEASE_OPTS(&r.version, &expires_in),
-        {.name = "--arch", .kind = HKC_STRING, .dst = &arch},
+        HKC_STRING_OPT("--arch", &arch),
         HKC_HTTP_OPTS(&ho),
         HKC_JSON_OPT(&json),
     };
     hkc_out o;
-    hkc_out_init(&o, "push");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), push_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "push", opts, HKC_NOPTS(opts), push_help, argc, argv, &nargs);
     if (rc >= 0)
         return hkc_finish(&o, rc);
     if (nargs < 1)
@@ -468,36 +456,21 @@ int hkc_cmd_pull(int argc, char **argv) {
     struct pull_args pa = {.interval = 1000, .timeout = 10000};
     int once = 0, json = 0, nargs = 0;
     const hkc_opt opts[] = {
-        {.name = "--pubkey", .kind = HKC_STRING, .dst = &pa.pubkey},
-        {.name = "--state", .kind = HKC_STRING, .dst = &cfg.state_dir},
-        {.name = "--out", .kind = HKC_STRING, .dst = &pa.out},
-        {.name = "--once", .kind = HKC_FLAG, .dst = &once},
-        {.name = "--count",
-         .kind = HKC_UINT,
-         .dst = &pa.count,
-         .min = 1,
-         .max = 1000000,
-         .why = "--count needs 1 to 1000000"},
-        {.name = "--interval-ms",
-         .kind = HKC_UINT,
-         .dst = &pa.interval,
-         .min = 1,
-         .max = 86400000,
-         .why = "--interval-ms needs 1 to 86400000"},
-        {.name = "--timeout-ms",
-         .kind = HKC_UINT,
-         .dst = &pa.timeout,
-         .min = 1,
-         .max = 3600000,
-         .why = "--timeout-ms needs 1 to 3600000"},
-        {.name = "--cacert", .kind = HKC_STRING, .dst = &cfg.ca_file},
-        {.name = "--allow-unsigned", .kind = HKC_FLAG, .dst = &cfg.trust.allow_unsigned},
-        {.name = "--quiet", .kind = HKC_FLAG, .dst = &pa.quiet},
+        HKC_STRING_OPT("--pubkey", &pa.pubkey),
+        HKC_STRING_OPT("--state", &cfg.state_dir),
+        HKC_STRING_OPT("--out", &pa.out),
+        HKC_FLAG_OPT("--once", &once),
+        HKC_UINT_OPT("--count", &pa.count, 1, 1000000, "--count needs 1 to 1000000"),
+        HKC_UINT_OPT("--interval-ms", &pa.interval, 1, 86400000,
+                     "--interval-ms needs 1 to 86400000"),
+        HKC_UINT_OPT("--timeout-ms", &pa.timeout, 1, 3600000, "--timeout-ms needs 1 to 3600000"),
+        HKC_STRING_OPT("--cacert", &cfg.ca_file),
+        HKC_FLAG_OPT("--allow-unsigned", &cfg.trust.allow_unsigned),
+        HKC_FLAG_OPT("--quiet", &pa.quiet),
         HKC_JSON_OPT(&json),
     };
     hkc_out o;
-    hkc_out_init(&o, "pull");
-    int rc = hkc_parse(&o, opts, HKC_NOPTS(opts), pull_help, argc, argv, &nargs);
+    int rc = hkc_parse(&o, "pull", opts, HKC_NOPTS(opts), pull_help, argc, argv, &nargs);
     if (rc >= 0)
         return hkc_finish(&o, rc);
     if (once)

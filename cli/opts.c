@@ -104,9 +104,10 @@ static int one_option(hkc_out *o, const hkc_opt *opts, int nopts, int argc, char
     return store(o, opt, a, value);
 }
 
-int hkc_parse(hkc_out *o, const hkc_opt *opts, int nopts, const char *help, int argc, char **argv,
-              int *noperands) {
+int hkc_parse(hkc_out *o, const char *cmd, const hkc_opt *opts, int nopts, const char *help,
+              int argc, char **argv, int *noperands) {
     int n = 0, rc;
+    hkc_out_init(o, cmd);
     if (find_long(opts, nopts, "--json", 6)) {
         for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
             if (!strcmp(argv[i], "--json"))

@@ -94,32 +94,33 @@ static void record(hkc_out *o, int err, const char *log, const char *msg) {
     hkc_set_str(o, "log", log && log[0] ? log : NULL);
 }
 
-int hkc_usage(hkc_out *o, const char *fmt, ...) {
+/* Reports one error: recorded (JSON) or printed (text, a usage error with
+ * the pointer to --help). */
+static void verror(hkc_out *o, int err, int usage, const char *log, const char *fmt, va_list ap) {
     char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (o->json)
+        record(o, err, log, msg);
+    else if (usage)
+        fprintf(stderr, "hotkern %s: %s (see 'hotkern %s --help')\n", o->cmd, msg, o->cmd);
+    else
+        fprintf(stderr, "hotkern %s: %s: %s\n%s%s", o->cmd, hkn_error_name(err), msg,
+                log ? log : "", log && log[0] && log[strlen(log) - 1] != '\n' ? "\n" : "");
+}
+
+int hkc_usage(hkc_out *o, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    verror(o, HK_ERR_INVALID, 1, NULL, fmt, ap);
     va_end(ap);
-    if (o->json)
-        record(o, HK_ERR_INVALID, NULL, msg);
-    else
-        fprintf(stderr, "hotkern %s: %s (see 'hotkern %s --help')\n", o->cmd, msg, o->cmd);
     return 2;
 }
 
 int hkc_fail(hkc_out *o, int err, const char *log, const char *fmt, ...) {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    verror(o, err, 0, log, fmt, ap);
     va_end(ap);
-    if (o->json) {
-        record(o, err, log, msg);
-        return 1;
-    }
-    fprintf(stderr, "hotkern %s: %s: %s\n", o->cmd, hkn_error_name(err), msg);
-    if (log && log[0])
-        fprintf(stderr, "%s%s", log, log[strlen(log) - 1] == '\n' ? "" : "\n");
     return 1;
 }
 
