@@ -129,18 +129,18 @@ int hkc_fail_report(hkc_out *o, const hk_report *rep) {
 }
 
 int hkc_finish(hkc_out *o, int status) {
-    if (!o->doc)
+    if (!o->json)
         return status;
     if (status && !o->failed) /* every failure path records; this is a guard */
         record(o, HK_ERR_INVALID, NULL, "failed");
     hkc_set(o, "ok", cJSON_CreateBool(status == 0));
     hkc_set_int(o, "exit", status);
-    char *text = cJSON_PrintUnformatted(o->doc);
+    char *text = o->doc ? cJSON_PrintUnformatted(o->doc) : NULL;
     if (text) {
         printf("%s\n", text);
         free(text);
     } else {
-        /* cJSON could not allocate the text: still one document. */
+        /* cJSON could not allocate the document or its text: still one. */
         printf("{\"ok\":false,\"command\":\"%s\",\"exit\":1,\"error\":\"HK_ERR_NOMEM\","
                "\"code\":%d,\"message\":\"out of memory\",\"log\":null}\n",
                o->cmd, HK_ERR_NOMEM);
