@@ -24,12 +24,12 @@ static void on_signal(int sig) {
 
 /* Runs on the endpoint's thread that applied the release. */
 static void on_event(const hk_event *ev, void *ud) {
-    if (ev->kind == HK_EVENT_COMMITTED || ev->kind == HK_EVENT_REFUSED)
-        printf("%s %s version %llu from %s%s%s\n",
-               ev->kind == HK_EVENT_COMMITTED ? "committed" : "refused",
-               ev->module ? ev->module : "(none)", (unsigned long long)ev->new_version, ev->origin,
-               ev->kind == HK_EVENT_REFUSED ? ": " : "",
-               ev->kind == HK_EVENT_REFUSED ? ev->report->message : "");
+    if (ev->kind == HK_EVENT_COMMITTED)
+        printf("committed %s version %llu from %s\n", ev->module,
+               (unsigned long long)ev->new_version, ev->origin);
+    else if (ev->kind == HK_EVENT_REFUSED) /* the old version runs on */
+        printf("refused %s from %s: %s\n", ev->module ? ev->module : "(none)", ev->origin,
+               ev->report->message);
     fflush(stdout);
 }
 
