@@ -28,7 +28,7 @@ fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); bad="$bad $1"; }
 wait_for() {
   i=0
   while [ $i -lt 300 ]; do
-    grep -Eq "$2" "$1" && return 0
+    grep -Eqs "$2" "$1" && return 0
     sleep 0.1
     i=$((i + 1))
   done
@@ -99,6 +99,7 @@ fi
 
 # (b) watch a directory
 log=$tmp/watch.log
+: >"$log" # before the background start, for wait_for
 mkdir "$tmp/k"
 kernel "$tmp/k/scale.cu" 1.0f
 timeout "$LIMIT" "$EX/watch_dir" "$tmp/k" scale fill "$LIMIT" >"$log" 2>&1 &
@@ -120,6 +121,7 @@ grep -q '^SKIP: ' "$log" || show watch_dir "$log"
 
 # (c) receive signed pushes
 log=$tmp/push.log
+: >"$log"
 kernel "$tmp/v1.cu" 1.0f
 kernel "$tmp/v2.cu" 2.0f
 kernel "$tmp/broken.cu" 'undefined_name'
