@@ -60,9 +60,19 @@ NET_SHARED := $(BUILD)/lib/$(NET_SONAME)
 # What programs link, in link order: the network library before the engine.
 ARCHIVES := $(NET_STATIC) $(STATIC)
 CLI      := $(BUILD)/bin/hotkern
+# Example programs (examples/), built as a program outside the tree is: the
+# public headers only (no -I., no HK_BUILDING) and the shared libraries with
+# the flags hotkern.pc and hotkern-net.pc give; each links only the hotkern
+# library it needs (receive_pushes the network one), plus the CUDA runtime.
+EX_SRC   := $(sort $(wildcard examples/*.c))
+EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
+EX_NET   := $(BUILD)/examples/receive_pushes
+EX_CFLAGS := -std=c11 $(OPT) $(WARN) -pthread $(SAN) -Iinclude -I$(CUDA)/include
+EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 \
+            -lcudart
 
-.PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
-        bench bench-prebuilt install lint format clean fuzz fuzz-build
+.PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
+        demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build
 
 all: build
 
@@ -71,7 +81,7 @@ all: build
 
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) \
-       $(BENCH_BIN) $(DEMO_BIN)
+       $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -79,6 +89,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory build
 	@sh tests/run.sh $(BUILD)
+	@sh tests/run-examples.sh $(BUILD)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
@@ -87,6 +98,12 @@ test-cpu: deps
 # For the GPU machine: runs what is already built, never recompiles.
 test-gpu-prebuilt:
 	@sh tests/run.sh $(BUILD) gpu
+	@sh tests/run-examples.sh $(BUILD)
+
+# The example programs on what is built (each SKIPs without a device).
+test-examples:
+	@$(MAKE) --no-print-directory build
+	@sh tests/run-examples.sh $(BUILD)
 
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san OPT="-O1 -g -fno-omit-frame-pointer" \
@@ -159,6 +176,13 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
+$(BUILD)/examples/%: examples/%.c $(SHARED)
+	@mkdir -p $(dir $@)
+	$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
+
+$(EX_NET): $(NET_SHARED)
+$(EX_NET): EX_HOTKERN := -lhotkern-net -lhotkern
+
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
@@ -230,10 +254,10 @@ fuzz: fuzz-build
 	done
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
-               cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch])
+               cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh tests/run.sh
+	sh -n scripts/deps.sh tests/run.sh tests/run-examples.sh
 
 format:
 	clang-format -i $(FORMAT_SRC)

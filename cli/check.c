@@ -4,46 +4,48 @@
  * Meant for editors and CI: it runs the same build path as the runtime
  * (NVRTC, nvJitLink, the metadata parsers, the architecture check) without a
  * GPU, and prints compiler messages as "file:line: ..." so that editors and
- * terminals can jump to them. No compile cache is used, so every run really
- * compiles. The toolkit's headers (cub, cuda::std, cooperative_groups,
- * cuda_fp16 ...) are found without -I, as in a swap.
+ * terminals can jump to them; with --json the same messages come as
+ * "diagnostics" records ({file, line, severity, message}) of each file. No
+ * compile cache is used, so every run really compiles. The toolkit's headers
+ * (cub, cuda::std, cooperative_groups, cuda_fp16 ...) are found without -I,
+ * as in a swap.
  *
  * A file whose kernels are all templates compiles to nothing: NVRTC
  * instantiates only what is named. Rather than report "0 kernels", check
  * says which templates it saw and how to name an instantiation.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/cli.h"
+#include "net/net.h"
 #include "ptx/ptx.h"
 
 #define MAX_FILE_BYTES (256u << 20)
 
-static void check_usage(FILE *f) {
-    fprintf(f, "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
-               "                     [--name-expression EXPR]... [--ptx-only] FILE...\n"
-               "\n"
-               "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
-               "its content) for one GPU architecture, as hotkern would before a swap.\n"
-               "\n"
-               "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
-               "  -I DIR         add DIR to the include path of CUDA C files\n"
-               "  -D NAME[=VAL]  define a macro for CUDA C files\n"
-               "  --name-expression EXPR\n"
-               "                 instantiate a template kernel, e.g. 'scale<float>' (as\n"
-               "                 hk_swap_options.name_expressions does); may be repeated\n"
-               "  --ptx-only     stop at PTX: CUDA C is compiled to PTX and PTX is only parsed,\n"
-               "                 not linked to a cubin\n"
-               "  -h, --help     show this help\n"
-               "\n"
-               "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
-               "A file whose kernels are all templates, none of them instantiated, fails\n"
-               "with the templates' names and a --name-expression to try.\n"
-               "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n");
-}
+static const char check_help[] =
+    "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
+    "                     [--name-expression EXPR]... [--ptx-only] [--json] FILE...\n"
+    "\n"
+    "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
+    "its content) for one GPU architecture, as hotkern would before a swap.\n"
+    "\n"
+    "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
+    "  -I DIR         add DIR to the include path of CUDA C files\n"
+    "  -D NAME[=VAL]  define a macro for CUDA C files\n"
+    "  --name-expression EXPR\n"
+    "                 instantiate a template kernel, e.g. 'scale<float>' (as\n"
+    "                 hk_swap_options.name_expressions does); may be repeated\n"
+    "  --ptx-only     stop at PTX: CUDA C is compiled to PTX and PTX is only parsed,\n"
+    "                 not linked to a cubin\n" HKC_JSON_HELP "  -h, --help     show this help\n"
+    "\n"
+    "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
+    "A file whose kernels are all templates, none of them instantiated, fails\n"
+    "with the templates' names and a --name-expression to try.\n"
+    "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n";
 
 static int parse_arch(const char *s) {
     if (!strncmp(s, "sm_", 3))
@@ -59,49 +61,42 @@ static int parse_arch(const char *s) {
     return *end ? 0 : (int)v;
 }
 
-static int read_input(const char *path, char **data, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    if (!f)
-        return -errno;
-    for (;;) {
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 65536;
-            char *nb = ncap <= MAX_FILE_BYTES ? realloc(buf, ncap) : NULL;
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return -EFBIG;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
+/* ---- compiler messages --------------------------------------------------- */
+
+/* One "file:line: kind: message" of a compiler log. */
+struct diag {
+    const char *file, *line, *kind, *msg;
+    int file_len, line_len, kind_len, msg_len;
+};
+
+/* Splits "kind: message" (kind without spaces before its colon, as NVRTC's
+ * "error" or "warning #550-D") into d; without a kind, all is message. */
+static void split_kind(const char *p, const char *end, struct diag *d) {
+    while (p < end && *p == ' ')
+        p++;
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    d->kind = p;
+    d->kind_len = 0;
+    if (colon && colon > p && colon + 1 < end && colon[1] == ' ' &&
+        (!strncmp(p, "error", 5) || !strncmp(p, "warning", 7) || !strncmp(p, "remark", 6) ||
+         !strncmp(p, "catastrophic error", 18))) {
+        d->kind_len = (int)(colon - p);
+        p = colon + 1;
+        while (p < end && *p == ' ')
+            p++;
     }
-    int err = ferror(f) ? -EIO : 0;
-    fclose(f);
-    if (err) {
-        free(buf);
-        return err;
-    }
-    *data = buf;
-    *size = n;
-    return 0;
+    d->msg = p;
+    d->msg_len = (int)(end - p);
 }
 
-/* Prints a ptxas line "ptxas application ptx input, line 6; error   : msg"
- * as "file:6: error: msg"; returns 0 when the line has another shape. */
-static int print_ptxas_line(const char *file, const char *p, size_t len) {
+/* A ptxas line "ptxas application ptx input, line 6; error   : msg" (the
+ * file is the one being checked). Returns 1 when the line has that shape. */
+static int ptxas_diag(const char *file, const char *p, size_t len, struct diag *d) {
     static const char prefix[] = "ptxas application ptx input, line ";
     size_t pl = sizeof prefix - 1;
     if (len <= pl || strncmp(p, prefix, pl) != 0)
         return 0;
-    const char *q = p + pl, *end = p + len;
-    const char *num = q;
+    const char *q = p + pl, *end = p + len, *num = q;
     while (q < end && *q >= '0' && *q <= '9')
         q++;
     if (q == num || q >= end || *q != ';')
@@ -118,54 +113,75 @@ static int print_ptxas_line(const char *file, const char *p, size_t len) {
     const char *msg = colon + 1;
     while (msg < end && *msg == ' ')
         msg++;
-    fprintf(stderr, "%s:%.*s: %.*s: %.*s\n", file, (int)(q - 1 - num), num, (int)(kend - kind),
-            kind, (int)(end - msg), msg);
+    *d = (struct diag){.file = file,
+                       .file_len = (int)strlen(file),
+                       .line = num,
+                       .line_len = (int)(q - 1 - num),
+                       .kind = kind,
+                       .kind_len = (int)(kend - kind),
+                       .msg = msg,
+                       .msg_len = (int)(end - msg)};
     return 1;
 }
 
-/* Prints a compiler log as file:line messages: NVRTC's "name(12): " becomes
- * "name:12: ", and ptxas lines (PTX input) get the file's name. */
-static void print_log(const char *file, const char *log) {
-    const char *p = log;
-    while (*p) {
+/* An NVRTC line "name(12): error: msg". Returns 1 when the line has that shape. */
+static int nvrtc_diag(const char *p, size_t len, struct diag *d) {
+    const char *paren = memchr(p, '(', len), *end = p + len;
+    if (!paren || paren == p)
+        return 0;
+    const char *q = paren + 1;
+    while (q < end && *q >= '0' && *q <= '9')
+        q++;
+    if (q == paren + 1 || q + 2 >= end || q[0] != ')' || q[1] != ':' || q[2] != ' ')
+        return 0;
+    d->file = p;
+    d->file_len = (int)(paren - p);
+    d->line = paren + 1;
+    d->line_len = (int)(q - paren - 1);
+    split_kind(q + 2, end, d);
+    return 1;
+}
+
+static const char *severity(const struct diag *d) {
+    if (!d->kind_len)
+        return "note";
+    return memmem(d->kind, (size_t)d->kind_len, "error", 5) ? "error"
+           : !strncmp(d->kind, "warning", 7)                ? "warning"
+                                                            : "note";
+}
+
+static cJSON *diag_json(const struct diag *d) {
+    cJSON *o = cJSON_CreateObject();
+    char *f = strndup(d->file, (size_t)d->file_len), *m = strndup(d->msg, (size_t)d->msg_len);
+    if (o && f && m) {
+        cJSON_AddStringToObject(o, "file", f);
+        cJSON_AddNumberToObject(o, "line", strtol(d->line, NULL, 10));
+        cJSON_AddStringToObject(o, "severity", severity(d));
+        cJSON_AddStringToObject(o, "message", m);
+    }
+    free(f);
+    free(m);
+    return o;
+}
+
+/* A compiler log as file:line messages on stderr (NVRTC's "name(12): "
+ * becomes "name:12: ", ptxas lines get the file's name, other lines stay as
+ * they are), or, given diags, its file:line messages as records there. */
+static void emit_log(const char *file, const char *log, cJSON *diags) {
+    for (const char *p = log; *p;) {
         const char *eol = strchr(p, '\n');
         size_t len = eol ? (size_t)(eol - p) : strlen(p);
-        const char *paren = memchr(p, '(', len);
-        int done = print_ptxas_line(file, p, len);
-        if (!done && paren && paren > p) {
-            const char *q = paren + 1;
-            while (q < p + len && *q >= '0' && *q <= '9')
-                q++;
-            if (q > paren + 1 && q + 2 < p + len && q[0] == ')' && q[1] == ':' && q[2] == ' ') {
-                fprintf(stderr, "%.*s:%.*s:%.*s\n", (int)(paren - p), p, (int)(q - paren - 1),
-                        paren + 1, (int)(p + len - q - 2), q + 2);
-                done = 1;
-            }
-        }
-        if (!done && len)
+        struct diag d;
+        int is_diag = ptxas_diag(file, p, len, &d) || nvrtc_diag(p, len, &d);
+        if (diags && is_diag)
+            cJSON_AddItemToArray(diags, diag_json(&d));
+        else if (!diags && is_diag)
+            fprintf(stderr, "%.*s:%.*s: %.*s%s%.*s\n", d.file_len, d.file, d.line_len, d.line,
+                    d.kind_len, d.kind, d.kind_len ? ": " : "", d.msg_len, d.msg);
+        else if (!diags && len)
             fprintf(stderr, "%.*s\n", (int)len, p);
         p += len + (eol ? 1 : 0);
     }
-}
-
-static void print_ok(const char *path, const hkp_artifact *a) {
-    const hkp_meta *m = &a->meta;
-    char buf[16];
-    if (m->format == HK_FORMAT_FATBIN) {
-        printf("%s: ok (fatbin:", path);
-        for (int i = 0; i < m->narchs; i++)
-            printf("%s %s", i ? "," : "", hkp_arch_name(m->archs[i], buf, sizeof buf));
-        for (int i = 0; i < m->nptx_archs; i++)
-            printf("%s compute_%s", (i || m->narchs) ? "," : "",
-                   hkp_arch_name(m->ptx_archs[i], buf, sizeof buf) + 3);
-        printf(")\n");
-        return;
-    }
-    printf("%s: ok (%d kernel%s%s", path, m->nentries, m->nentries == 1 ? "" : "s",
-           m->nentries ? ": " : "");
-    for (int i = 0; i < m->nentries; i++)
-        printf("%s%s", i ? ", " : "", m->entries[i].name);
-    printf(")\n");
 }
 
 /* A copy of src with comments, string and character literals blanked, so
@@ -265,147 +281,219 @@ static int template_kernels(const char *src, size_t n, char ex[][160], int max) 
     return found;
 }
 
-/* Reports a CUDA C file that built to no kernel because its kernels are
- * templates; returns 1 when it did so. */
-static int report_uninstantiated(const char *path, const char *src, size_t n,
-                                 const hkp_artifact *a) {
+/* A CUDA C file that built to no kernel because its kernels are templates:
+ * writes the explanation into msg and returns 1. */
+static int uninstantiated(const char *path, const char *src, size_t n, const hkp_artifact *a,
+                          char *msg, size_t cap) {
     char ex[8][160];
     if (a->meta.nentries != 0)
         return 0;
     int k = template_kernels(src, n, ex, 8);
     if (!k)
         return 0;
-    fprintf(stderr, "%s: error: no kernel was instantiated: ", path);
-    for (int i = 0; i < k; i++) {
+    size_t len = (size_t)snprintf(msg, cap, "no kernel was instantiated: ");
+    for (int i = 0; i < k && len < cap; i++) {
         const char *lt = strchr(ex[i], '<');
-        fprintf(stderr, "%s%.*s", i ? ", " : "", (int)(lt - ex[i]), ex[i]);
+        len += (size_t)snprintf(msg + len, cap - len, "%s%.*s", i ? ", " : "", (int)(lt - ex[i]),
+                                ex[i]);
     }
-    fprintf(stderr,
-            " %s; name an instantiation, e.g.\n"
-            "  hotkern check --name-expression '%s' %s\n"
-            "(in a swap: hk_swap_options.name_expressions; handles then use that name)\n",
-            k == 1 ? "is a template" : "are templates", ex[0], path);
+    if (len < cap)
+        snprintf(msg + len, cap - len,
+                 " %s; name an instantiation, e.g.\n"
+                 "  hotkern check --name-expression '%s' %s\n"
+                 "(in a swap: hk_swap_options.name_expressions; handles then use that name)",
+                 k == 1 ? "is a template" : "are templates", ex[0], path);
     return 1;
 }
 
-int hkc_cmd_check(int argc, char **argv) {
-    int arch = 90, ptx_only = 0, nopts = 0, nfiles = 0, failed = 0, nexprs = 0;
-    const char **opts = calloc((size_t)argc + 1, sizeof *opts);
-    const char **exprs = calloc((size_t)argc + 1, sizeof *exprs);
-    char **owned = calloc((size_t)argc + 1, sizeof *owned);
-    const char **files = calloc((size_t)argc + 1, sizeof *files);
-    int nowned = 0, status = 2;
+/* ---- one file -------------------------------------------------------------- */
 
-    if (!opts || !owned || !files || !exprs) {
-        fprintf(stderr, "hotkern check: out of memory\n");
-        status = 1;
-        goto out;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            check_usage(stdout);
-            status = 0;
-            goto out;
-        } else if (!strcmp(a, "--arch") || !strncmp(a, "--arch=", 7)) {
-            const char *v = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : NULL);
-            arch = v ? parse_arch(v) : 0;
-            if (!arch) {
-                fprintf(stderr, "hotkern check: bad --arch '%s' (want e.g. sm_90)\n", v ? v : "");
-                goto usage;
-            }
-        } else if (!strcmp(a, "--ptx-only")) {
-            ptx_only = 1;
-        } else if (!strcmp(a, "--name-expression") || !strncmp(a, "--name-expression=", 18)) {
-            const char *v = a[17] == '=' ? a + 18 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v || !v[0]) {
-                fprintf(stderr, "hotkern check: --name-expression needs a value\n");
-                goto usage;
-            }
-            exprs[nexprs++] = v;
-        } else if ((a[0] == '-' && (a[1] == 'I' || a[1] == 'D'))) {
-            const char *v = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v || !v[0]) {
-                fprintf(stderr, "hotkern check: %c needs a value\n", a[1]);
-                goto usage;
-            }
-            size_t l = strlen(v) + 3;
-            char *o = malloc(l);
-            if (!o) {
-                status = 1;
-                goto out;
-            }
-            snprintf(o, l, "-%c%s", a[1], v);
-            owned[nowned++] = o;
-            opts[nopts++] = o;
-        } else if (!strcmp(a, "--")) {
-            while (++i < argc)
-                files[nfiles++] = argv[i];
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "hotkern check: unknown option '%s'\n", a);
-            goto usage;
-        } else {
-            files[nfiles++] = a;
-        }
-    }
-    if (nfiles == 0) {
-        fprintf(stderr, "hotkern check: no input files\n");
-        goto usage;
-    }
+/* What one file came to: its JSON record (NULL in text mode). */
+struct file_result {
+    hkc_out *o;
+    const char *path;
+    cJSON *rec;
+};
 
-    for (int f = 0; f < nfiles; f++) {
-        char *data = NULL;
-        size_t size = 0;
-        int rc = read_input(files[f], &data, &size);
-        if (rc) {
-            fprintf(stderr, "%s: error: cannot read: %s\n", files[f], strerror(-rc));
-            failed++;
-            continue;
-        }
-        hkp_build_opts bo = {
-            .arch = arch,
-            .ptx_to_cubin = !ptx_only,
-            .opt_level = 3,
-            .nvrtc_options = opts,
-            .nnvrtc_options = nopts,
-            .name_expressions = exprs,
-            .nname_expressions = nexprs,
-            .source_name = files[f],
-        };
-        hkp_artifact art;
-        hk_format fmt;
-        char why[512];
-        rc = hkp_build(data, size, HK_FORMAT_AUTO, &bo, &art, why, sizeof why);
-        if (rc) {
-            if (art.log && art.log[0])
-                print_log(files[f], art.log);
-            /* The log already carries file:line; the reason adds the kind of
-             * failure (and is all there is for format and arch refusals). */
-            fprintf(stderr, "%s: error: %s (%s)\n", files[f], why[0] ? why : hk_strerror(rc),
-                    hk_strerror(rc));
-            failed++;
-        } else if (nexprs == 0 && art.meta.format != HK_FORMAT_FATBIN &&
-                   hkp_detect(data, size, &fmt, NULL, 0) == 0 && fmt == HK_FORMAT_CUDA_C &&
-                   report_uninstantiated(files[f], data, size, &art)) {
-            failed++;
-        } else {
-            print_ok(files[f], &art);
-        }
-        hkp_artifact_free(&art);
-        free(data);
-        fflush(stdout); /* keep the order of files when stderr interleaves */
+/* A file that built: "FILE: ok (N kernels: a, b)", or for a fatbin
+ * "FILE: ok (fatbin: sm_80, compute_90)"; in JSON mode the record's kernels
+ * and archs. */
+static void report_ok(struct file_result *fr, const hkp_artifact *a) {
+    const hkp_meta *m = &a->meta;
+    char buf[16], archs[32][24];
+    int narchs = 0;
+    for (int i = 0; i < m->narchs && i < 16; i++)
+        snprintf(archs[narchs++], sizeof archs[0], "%s",
+                 hkp_arch_name(m->archs[i], buf, sizeof buf));
+    for (int i = 0; i < m->nptx_archs && i < 16; i++)
+        snprintf(archs[narchs++], sizeof archs[0], "compute_%s",
+                 hkp_arch_name(m->ptx_archs[i], buf, sizeof buf) + 3);
+    if (fr->rec) {
+        cJSON *k = cJSON_GetObjectItemCaseSensitive(fr->rec, "kernels");
+        cJSON *ar = cJSON_GetObjectItemCaseSensitive(fr->rec, "archs");
+        for (int i = 0; i < m->nentries; i++)
+            cJSON_AddItemToArray(k, cJSON_CreateString(m->entries[i].name));
+        for (int i = 0; m->format == HK_FORMAT_FATBIN && i < narchs; i++)
+            cJSON_AddItemToArray(ar, cJSON_CreateString(archs[i]));
+    } else if (m->format == HK_FORMAT_FATBIN) {
+        printf("%s: ok (fatbin:", fr->path);
+        for (int i = 0; i < narchs; i++)
+            printf("%s %s", i ? "," : "", archs[i]);
+        printf(")\n");
+    } else {
+        printf("%s: ok (%d kernel%s%s", fr->path, m->nentries, m->nentries == 1 ? "" : "s",
+               m->nentries ? ": " : "");
+        for (int i = 0; i < m->nentries; i++)
+            printf("%s%s", i ? ", " : "", m->entries[i].name);
+        printf(")\n");
     }
-    status = failed ? 1 : 0;
-    goto out;
-usage:
-    fprintf(stderr, "Try 'hotkern check --help'.\n");
-    status = 2;
-out:
-    for (int i = 0; i < nowned; i++)
-        free(owned[i]);
-    free(owned);
+}
+
+/* A file that failed: "FILE: error: ..." after its log's messages, or its
+ * record's error fields (the document's too, for the first failure). Returns 1. */
+static int report_error(struct file_result *fr, int err, const char *log, const char *msg) {
+    if (!fr->rec) {
+        if (log && log[0])
+            emit_log(fr->path, log, NULL);
+        fprintf(stderr, "%s: error: %s\n", fr->path, msg);
+        return 1;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "error",
+                                           cJSON_CreateString(hkn_error_name(err)));
+    cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "code", hkc_int(err));
+    cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "message", cJSON_CreateString(msg));
+    if (log && log[0]) {
+        cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "log", cJSON_CreateString(log));
+        emit_log(fr->path, log, cJSON_GetObjectItemCaseSensitive(fr->rec, "diagnostics"));
+    }
+    return hkc_fail(fr->o, err, log, "%s: %s", fr->path, msg);
+}
+
+/* The record of one file, every field present: {"file", "ok", "format",
+ * "kernels", "archs", "error", "code", "message", "log", "diagnostics"}. */
+static cJSON *file_record(hkc_out *o, const char *path) {
+    cJSON *r = o->json ? cJSON_CreateObject() : NULL;
+    if (!r)
+        return NULL;
+    cJSON_AddStringToObject(r, "file", path);
+    cJSON_AddFalseToObject(r, "ok");
+    cJSON_AddNullToObject(r, "format");
+    cJSON_AddArrayToObject(r, "kernels");
+    cJSON_AddArrayToObject(r, "archs");
+    cJSON_AddNullToObject(r, "error");
+    cJSON_AddNumberToObject(r, "code", 0);
+    cJSON_AddNullToObject(r, "message");
+    cJSON_AddNullToObject(r, "log");
+    cJSON_AddArrayToObject(r, "diagnostics");
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o->doc, "files"), r);
+    return r;
+}
+
+/* Builds one file; returns 0 when it is ok, else 1 (reported). */
+static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
+    struct file_result fr = {.o = o, .path = path, .rec = file_record(o, path)};
+    hk_report rep = {0};
+    char *data = NULL, why[512], msg[1024];
+    size_t size = 0;
+    hk_format fmt = HK_FORMAT_AUTO;
+    hkp_artifact art;
+    int failed = 1;
+    if (hkn_read_file(path, MAX_FILE_BYTES, &data, &size, &rep)) {
+        snprintf(msg, sizeof msg, "cannot read: %s", rep.message);
+        report_error(&fr, rep.error, NULL, msg);
+        hkn_report_reset(&rep);
+        return 1;
+    }
+    if (hkp_detect(data, size, &fmt, NULL, 0) == 0 && fr.rec)
+        cJSON_ReplaceItemInObjectCaseSensitive(fr.rec, "format",
+                                               cJSON_CreateString(hk_format_name(fmt)));
+    bo.source_name = path;
+    int rc = hkp_build(data, size, HK_FORMAT_AUTO, &bo, &art, why, sizeof why);
+    if (rc) {
+        /* The log carries file:line; the reason adds the kind of failure
+         * (and is all there is for format and arch refusals). */
+        snprintf(msg, sizeof msg, "%s (%s)", why[0] ? why : hk_strerror(rc), hk_strerror(rc));
+        report_error(&fr, rc, art.log, msg);
+    } else if (bo.nname_expressions == 0 && art.meta.format != HK_FORMAT_FATBIN &&
+               fmt == HK_FORMAT_CUDA_C && uninstantiated(path, data, size, &art, msg, sizeof msg)) {
+        report_error(&fr, HK_ERR_NOT_FOUND, NULL, msg);
+    } else {
+        report_ok(&fr, &art);
+        if (fr.rec)
+            cJSON_ReplaceItemInObjectCaseSensitive(fr.rec, "ok", cJSON_CreateTrue());
+        failed = 0;
+    }
+    hkp_artifact_free(&art);
+    free(data);
+    fflush(stdout); /* keep the order of files when stderr interleaves */
+    return failed;
+}
+
+/* "-I" + each directory and "-D" + each definition, for NVRTC; NULL when out
+ * of memory. Free each string and the array. */
+static char **nvrtc_options(const hkc_list *inc, const hkc_list *def) {
+    char **v = calloc((size_t)(inc->n + def->n) + 1, sizeof *v);
+    for (int i = 0; v && i < inc->n + def->n; i++) {
+        int is_inc = i < inc->n;
+        const char *val = is_inc ? inc->v[i] : def->v[i - inc->n];
+        if (asprintf(&v[i], "-%c%s", is_inc ? 'I' : 'D', val) < 0) {
+            v[i] = NULL;
+            for (int j = 0; j < i; j++)
+                free(v[j]);
+            free(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
+static int check_files(hkc_out *o, const char *arch_s, int ptx_only, const hkc_list *inc,
+                       const hkc_list *def, const hkc_list *exprs, char **files, int nfiles) {
+    int arch = arch_s ? parse_arch(arch_s) : 90, failed = 0;
+    if (!arch)
+        return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
+    if (nfiles == 0)
+        return hkc_usage(o, "no input files");
+    char **opts = nvrtc_options(inc, def), buf[16];
+    if (!opts)
+        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    hkc_set_str(o, "arch", hkp_arch_name(arch, buf, sizeof buf));
+    hkc_set(o, "files", cJSON_CreateArray());
+    hkp_build_opts bo = {
+        .arch = arch,
+        .ptx_to_cubin = !ptx_only,
+        .opt_level = 3,
+        .nvrtc_options = (const char *const *)opts,
+        .nnvrtc_options = inc->n + def->n,
+        .name_expressions = exprs->v,
+        .nname_expressions = exprs->n,
+    };
+    for (int f = 0; f < nfiles; f++)
+        failed += check_file(o, files[f], bo);
+    for (int i = 0; i < inc->n + def->n; i++)
+        free(opts[i]);
     free(opts);
-    free(exprs);
-    free(files);
-    return status;
+    return failed ? 1 : 0;
+}
+
+int hkc_cmd_check(int argc, char **argv) {
+    const char *arch = NULL;
+    int ptx_only = 0, json = 0, nargs = 0;
+    hkc_list inc = {0}, def = {0}, exprs = {0};
+    const hkc_opt opts[] = {
+        HKC_STRING_OPT("--arch", &arch),
+        {.letter = 'I', .kind = HKC_LIST, .dst = &inc}, /* -I DIR, no long form */
+        {.letter = 'D', .kind = HKC_LIST, .dst = &def},
+        HKC_LIST_OPT("--name-expression", &exprs),
+        HKC_FLAG_OPT("--ptx-only", &ptx_only),
+        HKC_JSON_OPT(&json),
+    };
+    hkc_out o;
+    int rc = hkc_parse(&o, "check", opts, HKC_NOPTS(opts), check_help, argc, argv, &nargs);
+    if (rc < 0)
+        rc = check_files(&o, arch, ptx_only, &inc, &def, &exprs, argv + 1, nargs);
+    hkc_list_free(&inc);
+    hkc_list_free(&def);
+    hkc_list_free(&exprs);
+    return hkc_finish(&o, rc);
 }

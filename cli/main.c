@@ -1,6 +1,8 @@
 /*
  * hotkern: command-line front end. Dispatches to one function per subcommand
- * (cli/cli.h); each prints its own --help.
+ * (cli/cli.h); each prints its own --help. The JSON output that check, push,
+ * status, rollback and pull give with --json is described here, in one
+ * place, since cli/out.c builds its common part for all of them.
  */
 #include <stdio.h>
 #include <string.h>
@@ -25,27 +27,52 @@ static const struct cmd cmds[] = {
     {"pull", hkc_cmd_pull, "poll a release origin, verify and save the artifacts"},
 };
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: hotkern COMMAND [ARGS...]\n\ncommands:\n");
+static const char json_help[] =
+    "\n"
+    "--json (check, push, status, rollback, pull) prints one JSON document on one\n"
+    "line of stdout instead of text, errors included; the exit status is the same.\n"
+    "Every document has:\n"
+    "  ok (bool), command, exit (0 ok, 1 refused or failed, 2 usage),\n"
+    "  error (\"HK_ERR_...\" or null; usage errors are HK_ERR_INVALID), code (the\n"
+    "  HK_ERR_* value, 0 when ok), message (null when ok), log (compiler/JIT log\n"
+    "  or null).\n"
+    "Once the arguments are understood (exit 0 or 1) it also has, null where\n"
+    "they do not apply:\n"
+    "  check     arch, files: [{file, ok, format, kernels, archs, error, code,\n"
+    "            message, log, diagnostics: [{file, line, severity, message}]}]\n"
+    "  push      url, module, release, outcome, http_status, engine_version,\n"
+    "            build_ms, stage_ms, commit_ms\n"
+    "  rollback  outcome, http_status, module, release, engine_version\n"
+    "  status    url, http_status, endpoint (the endpoint's GET /v1/status answer)\n"
+    "  pull      url, applied: [{module, release, format, size, sha256, headers}],\n"
+    "            poll_errors: [{poll, error, code, message}], stats: {requests,\n"
+    "            not_modified, errors, refused, applied}\n"
+    "A failure's error, code, message and log are the first error met: the\n"
+    "endpoint's for a refused push, the first failing file's for check.\n";
+
+static void usage(FILE *f, int full) {
+    fprintf(f, "usage: hotkern COMMAND [ARGS...]\n       hotkern --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].summary);
     fprintf(f, "\n'hotkern COMMAND --help' describes each. Exit status: 0 ok, 1 refused or "
                "failed, 2 usage.\n");
+    if (full)
+        fputs(json_help, f);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
+        usage(argc < 2 ? stderr : stdout, argc >= 2);
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("hotkern %d.%d.%d\n", HK_VERSION_MAJOR, HK_VERSION_MINOR, HK_VERSION_PATCH);
+        printf("hotkern %s\n", hk_version());
         return 0;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name))
             return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "hotkern: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    usage(stderr, 0);
     return 2;
 }

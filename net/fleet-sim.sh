@@ -49,7 +49,7 @@ wait_for() {
 mkdir -p "$tmp/www/rel" "$tmp/keys"
 "$HOTKERN" keygen --out "$tmp/keys" >/dev/null
 printf '.version 8.0\n.target sm_90\n// release 1\n' >"$tmp/add.ptx"
-"$HOTKERN" sign --key "$tmp/keys/hotkern.key" --module add --version 1 --expires-in 3600 \
+"$HOTKERN" sign --key "$tmp/keys/hotkern.key" --module add --release 1 --expires-in 3600 \
   --out "$tmp/www/rel" "$tmp/add.ptx" >/dev/null
 
 # Start nginx on the first free port from a pseudo-random base.
@@ -120,7 +120,7 @@ echo "steady, ${STEADY_S}s with nothing new: $(window "$a" "$b")"
 
 printf '.version 8.0\n.target sm_90\n// release 2, a little longer\n' >"$tmp/add.ptx"
 start=$(date +%s.%N)
-"$HOTKERN" sign --key "$tmp/keys/hotkern.key" --module add --version 2 --expires-in 3600 \
+"$HOTKERN" sign --key "$tmp/keys/hotkern.key" --module add --release 2 --expires-in 3600 \
   --out "$tmp/www/rel" "$tmp/add.ptx" >/dev/null
 wait_for 300 all_have 2 || { echo "fleet-sim: only $(have 2)/$FLEET pullers got release 2" >&2; exit 1; }
 end=$(date +%s.%N)

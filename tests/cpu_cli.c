@@ -1,17 +1,28 @@
 /*
- * The `hotkern check` command as a script uses it: the built binary is run on
- * files written here, and its exit status and compiler-style messages are
- * checked (the network subcommands have their own suites).
+ * The hotkern tool as a script uses it: the built binary is run on files
+ * written here, and its exit status, compiler-style messages and --json
+ * documents are checked. The JSON cases run push, status and rollback against
+ * a real endpoint (libmicrohttpd, in this process, with a recording engine)
+ * and pull against Debian's nginx; the network subcommands' other behaviour
+ * has its own suites (cpu_endpoint, cpu_pull).
  */
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cjson/cJSON.h>
+
+#include "net/net.h"
 #include "tests/harness.h"
 
 static char *dir;
 static char out[16384];
+static char jout[65536]; /* stdout of the last hotkern_json */
+static cJSON *doc;       /* ... parsed */
 
 /* Runs `hotkern ARGS` with stdout and stderr captured into out; returns the
  * exit status. */
@@ -44,6 +55,8 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+    cJSON_Delete(doc);
+    doc = NULL;
     hkt_rmtree(dir);
     free(dir);
 }
@@ -132,6 +145,360 @@ START_TEST(usage_and_bad_input) {
 }
 END_TEST
 
+/* ---- --json -------------------------------------------------------------- */
+
+static size_t slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The fields every document has, whatever the command and outcome. */
+static void common_fields(const char *command, int rc) {
+    const cJSON *ok = cJSON_GetObjectItemCaseSensitive(doc, "ok");
+    const cJSON *cmd = cJSON_GetObjectItemCaseSensitive(doc, "command");
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(doc, "exit");
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    const cJSON *code = cJSON_GetObjectItemCaseSensitive(doc, "code");
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(doc, "message");
+    const cJSON *log = cJSON_GetObjectItemCaseSensitive(doc, "log");
+    ck_assert_msg(cJSON_IsBool(ok) && cJSON_IsTrue(ok) == (rc == 0), "%s", jout);
+    ck_assert_msg(cJSON_IsString(cmd) && !strcmp(cmd->valuestring, command), "%s", jout);
+    ck_assert_msg(cJSON_IsNumber(ex) && ex->valueint == rc, "%s", jout);
+    ck_assert_msg(cJSON_IsNumber(code) && log && (cJSON_IsNull(log) || cJSON_IsString(log)), "%s",
+                  jout);
+    if (rc == 0) {
+        ck_assert_msg(cJSON_IsNull(err) && cJSON_IsNull(msg) && code->valueint == 0, "%s", jout);
+    } else {
+        ck_assert_msg(cJSON_IsString(err) && !strncmp(err->valuestring, "HK_ERR_", 7), "%s", jout);
+        ck_assert_msg(cJSON_IsString(msg) && msg->valuestring[0] && code->valueint < 0, "%s", jout);
+    }
+}
+
+/* Runs `hotkern COMMAND --json ARGS`: stdout must be exactly one line holding
+ * one JSON document with the common fields, and stderr must stay empty. The
+ * document is left in doc; returns the exit status. */
+static int hotkern_json(const char *command, const char *args) {
+    char cmd[16384], jpath[4200], epath[4200];
+    snprintf(jpath, sizeof jpath, "%s/json.txt", dir);
+    snprintf(epath, sizeof epath, "%s/err.txt", dir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s --json %s > '%s' 2> '%s'", dir,
+             hkt_built_program("hotkern"), command, args, jpath, epath);
+    int st = system(cmd), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    size_t n = slurp(jpath, jout, sizeof jout);
+    slurp(epath, out, sizeof out);
+    ck_assert_msg(out[0] == 0, "stderr: %s", out);
+    ck_assert_msg(n > 0 && jout[n - 1] == '\n' && strchr(jout, '\n') == jout + n - 1, "%s", jout);
+    cJSON_Delete(doc);
+    const char *end = NULL;
+    doc = cJSON_ParseWithOpts(jout, &end, 0);
+    ck_assert_msg(cJSON_IsObject(doc), "not a JSON object: %s", jout);
+    ck_assert_msg(end && strspn(end, "\n") == strlen(end), "after the document: %s", end);
+    common_fields(command, rc);
+    return rc;
+}
+
+static const cJSON *field(const cJSON *o, const char *name) {
+    ck_assert_msg(cJSON_HasObjectItem(o, name), "no field '%s' in %s", name, jout);
+    return cJSON_GetObjectItemCaseSensitive(o, name);
+}
+
+/* Asserts each documented field is present (null or not). */
+static void fields(const cJSON *o, const char *const *names) {
+    for (; *names; names++)
+        field(o, *names);
+}
+
+static const char *str(const cJSON *o, const char *name) {
+    const cJSON *v = field(o, name);
+    ck_assert_msg(cJSON_IsString(v), "'%s' is not a string in %s", name, jout);
+    return v->valuestring;
+}
+
+static double num(const cJSON *o, const char *name) {
+    const cJSON *v = field(o, name);
+    ck_assert_msg(cJSON_IsNumber(v), "'%s' is not a number in %s", name, jout);
+    return v->valuedouble;
+}
+
+static const char *const check_fields[] = {"arch", "files", NULL};
+static const char *const file_fields[] = {"file",        "ok",    "format", "kernels",
+                                          "archs",       "error", "code",   "message",
+                                          "diagnostics", "log",   NULL};
+
+START_TEST(check_json) {
+    ck_assert_int_eq(hotkern_json("check", "ok.cu"), 0);
+    fields(doc, check_fields);
+    ck_assert_str_eq(str(doc, "arch"), "sm_90");
+    const cJSON *f0 = cJSON_GetArrayItem(field(doc, "files"), 0);
+    fields(f0, file_fields);
+    ck_assert_str_eq(str(f0, "file"), "ok.cu");
+    ck_assert(cJSON_IsTrue(field(f0, "ok")));
+    ck_assert_str_eq(str(f0, "format"), "cuda");
+    ck_assert_int_eq(cJSON_GetArraySize(field(f0, "kernels")), 2);
+    ck_assert_int_eq(cJSON_GetArraySize(field(f0, "diagnostics")), 0);
+
+    /* A compile error: the document's error is the failing file's, and the
+     * file's record has the message as a diagnostic with file and line. */
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_80 ok.cu bad.cu"), 1);
+    fields(doc, check_fields);
+    ck_assert_str_eq(str(doc, "arch"), "sm_80");
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_COMPILE");
+    ck_assert_int_eq((int)num(doc, "code"), HK_ERR_COMPILE);
+    ck_assert_ptr_nonnull(strstr(str(doc, "log"), "expected an expression"));
+    ck_assert(cJSON_IsTrue(field(cJSON_GetArrayItem(field(doc, "files"), 0), "ok")));
+    const cJSON *f1 = cJSON_GetArrayItem(field(doc, "files"), 1);
+    fields(f1, file_fields);
+    ck_assert(cJSON_IsFalse(field(f1, "ok")));
+    ck_assert_str_eq(str(f1, "error"), "HK_ERR_COMPILE");
+    const cJSON *d = cJSON_GetArrayItem(field(f1, "diagnostics"), 0);
+    ck_assert_str_eq(str(d, "file"), "bad.cu");
+    ck_assert_int_eq((int)num(d, "line"), 2);
+    ck_assert_str_eq(str(d, "severity"), "error");
+    ck_assert_str_eq(str(d, "message"), "expected an expression");
+
+    /* A file that cannot be read, and usage errors, come as documents too. */
+    ck_assert_int_eq(hotkern_json("check", "missing.cu"), 1);
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "missing.cu"));
+    ck_assert_int_eq(hotkern_json("check", "--bogus ok.cu"), 2);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_INVALID");
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "--bogus"));
+    ck_assert_int_eq(hotkern_json("check", ""), 2);
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_x ok.cu"), 2);
+    /* --help stays text. */
+    ck_assert_int_eq(hotkern("check --json --help"), 0);
+    ck_assert_msg(strstr(out, "usage: hotkern check") && !strchr(out, '{'), "%s", out);
+}
+END_TEST
+
+/* ---- an endpoint with a recording engine --------------------------------- */
+
+static struct {
+    pthread_mutex_t lock;
+    uint64_t version; /* last release applied */
+    int fail_with;    /* when set, apply refuses with this and a log */
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                     const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                     const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int err = rec.fail_with;
+    if (!err)
+        rec.version = version;
+    pthread_mutex_unlock(&rec.lock);
+    if (err) {
+        rep->log = strdup("add.cu(1): error: identifier \"y\" is undefined\n");
+        return hkn_fail(rep, err, "NVRTC refused it");
+    }
+    return 0;
+}
+
+static uint64_t rec_version(void *ud, const char *module) {
+    pthread_mutex_lock(&rec.lock);
+    uint64_t v = rec.version;
+    pthread_mutex_unlock(&rec.lock);
+    return v;
+}
+
+static hkn_endpoint *ep;
+static char base[64];
+
+/* Keys in dir (hotkern.key, hotkern.pub and an untrusted other.pub), add.cu,
+ * and an endpoint trusting hotkern.pub (with a bearer token when given). */
+static void net_setup(const char *token) {
+    hkn_seckey key, other;
+    hk_report rep = {0};
+    char p[PATH_MAX];
+    ck_assert_int_eq(hkn_keygen(&key), 0);
+    ck_assert_int_eq(hkn_keygen(&other), 0);
+    snprintf(p, sizeof p, "%s/hotkern.key", dir);
+    ck_assert_int_eq(hkn_seckey_save(p, &key, &rep), 0);
+    snprintf(p, sizeof p, "%s/hotkern.pub", dir);
+    ck_assert_int_eq(hkn_pubkey_save(p, &key.pub, &rep), 0);
+    snprintf(p, sizeof p, "%s/other.pub", dir);
+    ck_assert_int_eq(hkn_pubkey_save(p, &other.pub, &rep), 0);
+    put("add.cu", "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n");
+    hkn_endpoint_cfg cfg;
+    hkn_endpoint_cfg_init(&cfg);
+    cfg.token = token;
+    cfg.trust.keys[0] = key.pub;
+    cfg.trust.nkeys = 1;
+    snprintf(p, sizeof p, "%s/state", dir);
+    cfg.state_dir = p;
+    hkn_engine eng = {.apply = rec_apply, .version = rec_version};
+    ck_assert_msg(hkn_endpoint_start(&cfg, &eng, &ep, &rep) == 0, "endpoint: %s", rep.message);
+    snprintf(base, sizeof base, "http://127.0.0.1:%u", hkn_endpoint_port(ep));
+}
+
+static void net_teardown(void) {
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+}
+
+static const char *const push_fields[] = {
+    "url",      "module",   "release",   "outcome", "http_status", "engine_version",
+    "build_ms", "stage_ms", "commit_ms", NULL};
+
+START_TEST(push_json) {
+    char args[512];
+    net_setup(NULL);
+    snprintf(args, sizeof args, "%s --key hotkern.key --module add --release 42 add.cu", base);
+    ck_assert_int_eq(hotkern_json("push", args), 0);
+    fields(doc, push_fields);
+    ck_assert_str_eq(str(doc, "outcome"), "committed");
+    ck_assert_str_eq(str(doc, "module"), "add");
+    ck_assert_str_eq(str(doc, "url"), base);
+    ck_assert_int_eq((int)num(doc, "release"), 42);
+    ck_assert_int_eq((int)num(doc, "http_status"), 200);
+    ck_assert_int_eq((int)num(doc, "engine_version"), 42);
+    num(doc, "build_ms");
+    /* The same release again: the endpoint's refusal, exit 1. */
+    ck_assert_int_eq(hotkern_json("push", args), 1);
+    fields(doc, push_fields);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_REPLAY");
+    ck_assert_int_eq((int)num(doc, "code"), HK_ERR_REPLAY);
+    ck_assert_int_eq((int)num(doc, "http_status"), 409);
+    /* The engine refuses the build: its log reaches the document. */
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    pthread_mutex_unlock(&rec.lock);
+    snprintf(args, sizeof args, "%s --key hotkern.key --module add --release 43 add.cu", base);
+    ck_assert_int_eq(hotkern_json("push", args), 1);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_COMPILE");
+    ck_assert_str_eq(str(doc, "outcome"), "refused");
+    ck_assert_int_eq((int)num(doc, "http_status"), 422);
+    ck_assert_ptr_nonnull(strstr(str(doc, "log"), "identifier \"y\" is undefined"));
+    /* Nothing listens: a transport error, no HTTP status. */
+    ck_assert_int_eq(hotkern_json("push", "http://127.0.0.1:1 --key hotkern.key --module add "
+                                          "--timeout 5 add.cu"),
+                     1);
+    fields(doc, push_fields);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_NETWORK");
+    ck_assert(cJSON_IsNull(field(doc, "http_status")));
+    ck_assert(cJSON_IsNull(field(doc, "outcome")));
+    /* A key that cannot be read. */
+    snprintf(args, sizeof args, "%s --key nokey --module add add.cu", base);
+    ck_assert_int_eq(hotkern_json("push", args), 1);
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "nokey"));
+    net_teardown();
+}
+END_TEST
+
+/* --release names the release; --version is the tool's and is refused with
+ * a pointer to --release, as text and as JSON. */
+START_TEST(release_option) {
+    net_setup(NULL);
+    char args[512];
+    snprintf(args, sizeof args, "push %s --key hotkern.key --module add --version 7 add.cu", base);
+    ck_assert_int_eq(hotkern(args), 2);
+    ck_assert_msg(strstr(out, "--release N"), "%s", out);
+    ck_assert_int_eq(hotkern("sign --key hotkern.key --module add --version 7 --out rel add.cu"),
+                     2);
+    ck_assert_msg(strstr(out, "--release N"), "%s", out);
+    ck_assert_int_eq(hotkern_json("push", args + 5), 2);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_INVALID");
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "--release"));
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_uint_eq(rec.version, 0); /* nothing was pushed */
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(hotkern("push x --key k --module add --release 0 add.cu"), 2);
+    ck_assert_int_eq(hotkern("push x --key k --module add --release 9007199254740992 add.cu"), 2);
+    ck_assert_int_eq(hotkern("sign --key hotkern.key --module add --release 9007199254740991 "
+                             "--out rel add.cu"),
+                     0);
+    ck_assert_int_eq(hotkern("--version"), 0);
+    ck_assert_msg(!strncmp(out, "hotkern ", 8), "%s", out);
+    net_teardown();
+}
+END_TEST
+
+START_TEST(status_json) {
+    char args[512];
+    net_setup("s3cret");
+    snprintf(args, sizeof args,
+             "%s --token s3cret --key hotkern.key --module add --release 9007199254740991 add.cu",
+             base);
+    ck_assert_int_eq(hotkern_json("push", args), 0);
+    /* Release numbers print exactly up to 2^53 - 1. */
+    ck_assert_msg(strstr(jout, "\"release\":9007199254740991,"), "%s", jout);
+    snprintf(args, sizeof args, "%s --token s3cret", base);
+    ck_assert_int_eq(hotkern_json("status", args), 0);
+    static const char *const status_fields[] = {"url", "http_status", "endpoint", NULL};
+    fields(doc, status_fields);
+    ck_assert_int_eq((int)num(doc, "http_status"), 200);
+    const cJSON *m0 = cJSON_GetArrayItem(field(field(doc, "endpoint"), "modules"), 0);
+    ck_assert_str_eq(str(m0, "module"), "add");
+    ck_assert_str_eq(str(m0, "last_outcome"), "committed");
+    /* A wrong token: the endpoint's 401 as the document's error. */
+    snprintf(args, sizeof args, "%s --token wrong", base);
+    ck_assert_int_eq(hotkern_json("status", args), 1);
+    fields(doc, status_fields);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_REJECTED");
+    ck_assert_int_eq((int)num(doc, "http_status"), 401);
+    ck_assert(cJSON_IsNull(field(doc, "endpoint")));
+    ck_assert_int_eq(hotkern_json("status", ""), 2);
+    /* rollback shares the outcome fields; this engine cannot roll back. */
+    snprintf(args, sizeof args, "%s add --token s3cret", base);
+    ck_assert_int_eq(hotkern_json("rollback", args), 1);
+    static const char *const rb_fields[] = {"outcome", "http_status",    "module",
+                                            "release", "engine_version", NULL};
+    fields(doc, rb_fields);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_UNSUPPORTED");
+    net_teardown();
+}
+END_TEST
+
+START_TEST(pull_json) {
+    net_setup(NULL);
+    net_teardown();
+    char www[PATH_MAX], args[1024];
+    pid_t pid;
+    snprintf(www, sizeof www, "%s/www", dir);
+    ck_assert_int_eq(mkdir(www, 0755), 0);
+    ck_assert_int_eq(hotkern("sign --key hotkern.key --module add --release 3 --out www/rel "
+                             "add.cu"),
+                     0);
+    int port = hkt_nginx_start(www, dir, NULL, &pid);
+    ck_assert_msg(port > 0, "nginx did not start");
+    snprintf(args, sizeof args,
+             "http://127.0.0.1:%d/rel/manifest.json --pubkey hotkern.pub --state st --out got "
+             "--once",
+             port);
+    int rc = hotkern_json("pull", args);
+    ck_assert_msg(rc == 0, "%s", jout);
+    static const char *const pull_fields[] = {"url", "applied", "poll_errors", "stats", NULL};
+    fields(doc, pull_fields);
+    const cJSON *a = cJSON_GetArrayItem(field(doc, "applied"), 0);
+    ck_assert_str_eq(str(a, "module"), "add");
+    ck_assert_int_eq((int)num(a, "release"), 3);
+    ck_assert_str_eq(str(a, "format"), "cuda");
+    ck_assert_int_eq(strlen(str(a, "sha256")), 64);
+    ck_assert_int_eq((int)num(field(doc, "stats"), "applied"), 1);
+    ck_assert_int_eq(cJSON_GetArraySize(field(doc, "poll_errors")), 0);
+    /* A key that did not sign it: refused, the poll's error in both places. */
+    snprintf(args, sizeof args,
+             "http://127.0.0.1:%d/rel/manifest.json --pubkey other.pub --state st2 --count 2 "
+             "--interval-ms 10",
+             port);
+    rc = hotkern_json("pull", args);
+    hkt_nginx_stop(pid);
+    ck_assert_int_eq(rc, 1);
+    fields(doc, pull_fields);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_SIGNATURE");
+    ck_assert_int_eq(cJSON_GetArraySize(field(doc, "applied")), 0);
+    const cJSON *pe = field(doc, "poll_errors");
+    ck_assert_int_eq(cJSON_GetArraySize(pe), 2);
+    ck_assert_int_eq((int)num(cJSON_GetArrayItem(pe, 1), "poll"), 2);
+    ck_assert_str_eq(str(cJSON_GetArrayItem(pe, 1), "error"), "HK_ERR_SIGNATURE");
+    ck_assert_int_eq(hotkern_json("pull", "http://127.0.0.1:1/m.json --pubkey hotkern.pub"), 2);
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "--once"));
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("check");
@@ -144,5 +511,14 @@ int main(void) {
     tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
     tcase_add_test(tc, templates_without_instantiation);
     suite_add_tcase(s, tc);
+    TCase *js = tcase_create("json");
+    tcase_add_checked_fixture(js, setup, teardown);
+    tcase_set_timeout(js, 120);
+    tcase_add_test(js, check_json);
+    tcase_add_test(js, push_json);
+    tcase_add_test(js, release_option);
+    tcase_add_test(js, status_json);
+    tcase_add_test(js, pull_json);
+    suite_add_tcase(s, js);
     return hkt_run(s);
 }

@@ -398,7 +398,7 @@ START_TEST(push_with_cli_commits) {
     const char *cli = cli_path();
     char out[16384];
     char *push[] = {(char *)cli, "push",      base, "--key",  key_path, "--module",
-                    "add",       "--version", "42", src_path, NULL};
+                    "add",       "--release", "42", src_path, NULL};
     int rc = run(push, out, sizeof out);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
     ck_assert_msg(strstr(out, "committed"), "%s", out);
@@ -541,7 +541,7 @@ START_TEST(refusals_change_nothing) {
     cJSON_Delete(o);
     char out[8192];
     char *push[] = {(char *)cli_path(), "push", base,     "--key", key_path, "--module", "add",
-                    "--version",        "11",   src_path, NULL};
+                    "--release",        "11",   src_path, NULL};
     int rc = run(push, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_COMPILE") && strstr(out, "error: expected a"),
                   "exit %d: %s", rc, out);
@@ -1203,14 +1203,14 @@ START_TEST(cli_expiry_range) {
                                 "31622401"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *sign[] = {(char *)cli, "sign", "--key",        key_path,       "--module", "add",
-                        "--version", "1",    "--expires-in", (char *)bad[i], "--out",    dir,
+                        "--release", "1",    "--expires-in", (char *)bad[i], "--out",    dir,
                         src_path,    NULL};
         int rc = run(sign, out, sizeof out);
         ck_assert_msg(rc == 2 && strstr(out, "--expires-in"), "%s: exit %d: %s", bad[i], rc, out);
         ck_assert_int_ne(access(man, F_OK), 0);
     }
     char *ok[] = {(char *)cli, "sign", "--key",        key_path,   "--module", "add",
-                  "--version", "1",    "--expires-in", "31622400", "--out",    dir,
+                  "--release", "1",    "--expires-in", "31622400", "--out",    dir,
                   src_path,    NULL};
     int rc = run(ok, out, sizeof out);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, out);

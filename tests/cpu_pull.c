@@ -424,7 +424,7 @@ START_TEST(cli_sign_publishes) {
         int devnull = open("/dev/null", O_RDWR);
         dup2(devnull, 1);
         execl("/usr/bin/timeout", "timeout", "30", cli, "sign", "--key", kpath, "--module", "add",
-              "--version", "9", "--expires-in", "600", "--out", out, src, (char *)NULL);
+              "--release", "9", "--expires-in", "600", "--out", out, src, (char *)NULL);
         _exit(127);
     }
     int st;

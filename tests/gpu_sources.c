@@ -220,7 +220,7 @@ START_TEST(pull_from_nginx) {
     ck_assert_int_eq(hkt_write_file(file, src), 0);
     const char *cli = hkt_built_program("hotkern");
     char *sign[] = {(char *)cli, "sign",           "--key", key, "--module", "particles",
-                    "--version", "99000000000000", "--out", www, file,       NULL};
+                    "--release", "99000000000000", "--out", www, file,       NULL};
     ck_assert_int_eq(run_cli(sign), 0);
     pid_t ng;
     int port = hkt_nginx_start(www, ntmp, NULL, &ng);

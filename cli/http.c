@@ -1,0 +1,331 @@
+/*
+ * The hotkern tool's side of the endpoint's HTTP protocol (include/hotkern/
+ * net.h): one libcurl request helper, the report of an endpoint's answer to a
+ * release or a rollback, and the subcommands that only talk to an endpoint,
+ * status and rollback. push (cli/net_cmds.c) signs a release and then uses
+ * the same helper and report.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <sodium.h>
+
+#include "cli/cli.h"
+#include "net/net.h"
+
+#define MAX_ANSWER (16u << 20) /* answers are small JSON; anything bigger is not ours */
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
+    hkc_resp *r = ud;
+    size_t n = size * nmemb;
+    if (r->len + n > MAX_ANSWER)
+        return 0;
+    char *nd = realloc(r->data, r->len + n + 1);
+    if (!nd)
+        return 0;
+    memcpy(nd + r->len, p, n);
+    r->data = nd;
+    r->len += n;
+    r->data[r->len] = '\0';
+    return n;
+}
+
+/* base + path, without the slashes base may end with. */
+static char *route_url(const char *base, const char *path) {
+    char *u = NULL;
+    size_t n = strlen(base);
+    while (n > 0 && base[n - 1] == '/')
+        n--;
+    if (asprintf(&u, "%.*s%s", (int)n, base, path) < 0)
+        return NULL;
+    return u;
+}
+
+static void set_transfer(CURL *c, const hkc_http_opts *ho, char *err, hkc_resp *r) {
+    static char ua[64];
+    snprintf(ua, sizeof ua, "hotkern-cli/%s", hk_version());
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_USERAGENT, ua);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)(ho->timeout_s ? ho->timeout_s : 120));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    if (ho->cacert)
+        curl_easy_setopt(c, CURLOPT_CAINFO, ho->cacert);
+    if (ho->insecure) {
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+}
+
+int hkc_http(hkc_out *o, const char *method, const char *base, const char *path, const char *body,
+             const hkc_http_opts *ho, hkc_resp *r) {
+    char err[CURL_ERROR_SIZE] = "", auth[1024];
+    struct curl_slist *h = NULL;
+    memset(r, 0, sizeof *r);
+    r->status = -1;
+    char *url = route_url(base, path);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    CURL *c = url ? curl_easy_init() : NULL;
+    if (!c) {
+        free(url);
+        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    set_transfer(c, ho, err, r);
+    if (ho->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", ho->token);
+        h = curl_slist_append(h, auth);
+    }
+    if (!strcmp(method, "POST")) {
+        h = curl_slist_append(h, "Content-Type: application/json");
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? strlen(body) : 0));
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+    else
+        hkc_fail(o, HK_ERR_NETWORK, NULL, "%s %s: %s", method, url,
+                 err[0] ? err : curl_easy_strerror(rc));
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    free(url);
+    return rc == CURLE_OK ? 0 : 1;
+}
+
+static const char *str_field(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static const cJSON *num_field(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNumber(v) ? v : NULL;
+}
+
+/* The endpoint's error of a non-200 answer, or HK_ERR_NETWORK with the body
+ * when it is not the endpoint's JSON (a proxy's page, say). */
+static int answer_error(hkc_out *o, const hkc_resp *r, const cJSON *a) {
+    const cJSON *code = num_field(a, "code");
+    const char *msg = str_field(a, "message");
+    if (!code || !msg)
+        return hkc_fail(o, HK_ERR_NETWORK, NULL, "HTTP %ld: %.300s", r->status,
+                        r->data ? r->data : "");
+    int err = (int)code->valuedouble;
+    return hkc_fail(o, err ? err : HK_ERR_NETWORK, str_field(a, "log"), "HTTP %ld: %s", r->status,
+                    msg);
+}
+
+/* The answer to a release or rollback as lines a person reads. */
+static void print_outcome(const hkc_resp *r, const cJSON *a) {
+    const char *mod = str_field(a, "module"), *err = str_field(a, "error");
+    const char *msg = str_field(a, "message"), *log = str_field(a, "log");
+    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    FILE *f = r->status == 200 ? stdout : stderr;
+    fprintf(f, "%s (HTTP %ld): module %s", str_field(a, "outcome"), r->status, mod ? mod : "?");
+    if (ver && ver->valuedouble > 0)
+        fprintf(f, " release v%.0f", ver->valuedouble);
+    if (ev)
+        fprintf(f, ", engine version %.0f", ev->valuedouble);
+    fprintf(f, "\n");
+    if (r->status != 200 && err)
+        fprintf(f, "error: %s\n", err);
+    if (msg && msg[0])
+        fprintf(f, "message: %s\n", msg);
+    if (log && log[0])
+        fprintf(f, "log:\n%s%s", log, log[strlen(log) - 1] == '\n' ? "" : "\n");
+}
+
+/* The same as fields of the JSON document. A release already set (push
+ * knows what it signed) is kept: the endpoint's echo goes through a double
+ * printed with 15 digits, which rounds releases near 2^53. */
+static void set_outcome(hkc_out *o, const cJSON *a) {
+    static const char *const ms[] = {"build_ms", "stage_ms", "commit_ms"};
+    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    hkc_set_str(o, "outcome", str_field(a, "outcome"));
+    hkc_set_str(o, "module", str_field(a, "module"));
+    if (ver && ver->valuedouble > 0 &&
+        cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
+        hkc_set_int(o, "release", (long long)ver->valuedouble);
+    if (ev)
+        hkc_set_int(o, "engine_version", (long long)ev->valuedouble);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        const cJSON *v = num_field(a, ms[i]);
+        if (v)
+            hkc_set(o, ms[i], cJSON_CreateNumber(v->valuedouble));
+    }
+}
+
+int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
+    cJSON *a = r->data ? cJSON_ParseWithLength(r->data, r->len) : NULL;
+    int rc;
+    hkc_set_int(o, "http_status", r->status);
+    if (!str_field(a, "outcome")) {
+        rc = answer_error(o, r, a);
+    } else {
+        if (o->json)
+            set_outcome(o, a);
+        else
+            print_outcome(r, a);
+        /* In text mode print_outcome said it all; hkc_fail adds the fields. */
+        rc = r->status == 200 ? 0 : o->json ? answer_error(o, r, a) : 1;
+    }
+    cJSON_Delete(a);
+    return rc;
+}
+
+/* ---- status ------------------------------------------------------------ */
+
+static const char status_help[] =
+    "usage: hotkern status URL [--token T] [--json]\n\n"
+    "Prints GET URL/v1/status: each module's release and engine versions and\n"
+    "its last outcome, message and build log. With --json the endpoint's answer\n"
+    "is the document's \"endpoint\" field.\n" HKC_HTTP_HELP HKC_JSON_HELP
+    "Exit status: 0 answered, 1 failed, 2 usage.\n";
+
+int hkc_cmd_status(int argc, char **argv) {
+    hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 30};
+    hkc_out o;
+    int json = 0, nargs = 0;
+    const hkc_opt opts[] = {HKC_HTTP_OPTS(&ho), HKC_JSON_OPT(&json)};
+    int rc = hkc_parse(&o, "status", opts, HKC_NOPTS(opts), status_help, argc, argv, &nargs);
+    if (rc >= 0)
+        return hkc_finish(&o, rc);
+    if (nargs != 1)
+        return hkc_finish(&o, hkc_usage(&o, "URL is required"));
+    hkc_declare(&o, "url", "http_status", "endpoint", NULL);
+    hkc_set_str(&o, "url", argv[1]);
+    hkc_resp r;
+    if ((rc = hkc_http(&o, "GET", argv[1], "/v1/status", NULL, &ho, &r)) == 0) {
+        cJSON *a = r.data ? cJSON_ParseWithLength(r.data, r.len) : NULL;
+        hkc_set_int(&o, "http_status", r.status);
+        if (r.status != 200 || !cJSON_IsObject(a)) {
+            rc = answer_error(&o, &r, a);
+        } else if (o.json) {
+            hkc_set(&o, "endpoint", a);
+            a = NULL;
+        } else {
+            char *pretty = cJSON_Print(a);
+            printf("%s\n", pretty ? pretty : r.data);
+            free(pretty);
+        }
+        cJSON_Delete(a);
+    }
+    free(r.data);
+    return hkc_finish(&o, rc);
+}
+
+/* ---- rollback ---------------------------------------------------------- */
+
+/* The previous release of module as the endpoint reports it. */
+static int previous_release(hkc_out *o, const char *base, const char *module,
+                            const hkc_http_opts *ho, uint64_t *out) {
+    hkc_resp r;
+    int found = 0;
+    if (hkc_http(o, "GET", base, "/v1/status", NULL, ho, &r)) {
+        free(r.data);
+        return 1;
+    }
+    cJSON *a = r.status == 200 && r.data ? cJSON_ParseWithLength(r.data, r.len) : NULL;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(a, "modules")) {
+        const char *name = str_field(m, "module");
+        const cJSON *prev = num_field(m, "previous_release_version");
+        if (name && !strcmp(name, module) && prev) {
+            *out = (uint64_t)prev->valuedouble;
+            found = 1;
+        }
+    }
+    cJSON_Delete(a);
+    free(r.data);
+    return found ? 0
+                 : hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                            "the endpoint's status names no release of '%s'; give --to", module);
+}
+
+/* The body of a rollback request signed with the key at key_path. */
+static int signed_rollback(hkc_out *o, const char *key_path, const char *module, uint64_t target,
+                           uint64_t expires_in, char **body) {
+    hkn_seckey key;
+    hk_report rep = {0};
+    char *text = NULL, *sig = NULL;
+    size_t tlen = 0;
+    int rc = hkn_seckey_load(key_path, &key, &rep) ||
+             hkn_rollback_sign(&key, module, target, (int64_t)time(NULL) + (int64_t)expires_in,
+                               &text, &tlen, &sig, &rep);
+    sodium_memzero(&key, sizeof key);
+    if (rc) {
+        rc = hkc_fail_report(o, &rep);
+    } else {
+        cJSON *b = cJSON_CreateObject();
+        if (b && cJSON_AddStringToObject(b, "request", text) &&
+            cJSON_AddStringToObject(b, "signature", sig))
+            *body = cJSON_PrintUnformatted(b);
+        cJSON_Delete(b);
+        rc = *body ? 0 : hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    }
+    hkn_report_reset(&rep);
+    free(text);
+    free(sig);
+    return rc;
+}
+
+static const char rollback_help[] =
+    "usage: hotkern rollback URL MODULE (--token T | --key SECRET [--to N])\n"
+    "       [--expires-in SECONDS] [--json]\n\n"
+    "Asks the endpoint at URL to commit MODULE's previous image again\n"
+    "(POST URL/v1/rollback/MODULE) and prints the outcome. A rollback needs\n"
+    "the same authority as a release: the endpoint's token, or a request\n"
+    "signed with --key, naming the release N to be running afterwards\n"
+    "(default: the previous release the endpoint reports) and expiring\n"
+    "after --expires-in seconds (default 300, at most 3600). A signed\n"
+    "request is good for one use.\n" HKC_HTTP_HELP HKC_JSON_HELP
+    "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n";
+
+int hkc_cmd_rollback(int argc, char **argv) {
+    hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
+    const char *key_path = NULL;
+    uint64_t target = UINT64_MAX, expires_in = 300;
+    int json = 0, nargs = 0;
+    const hkc_opt opts[] = {
+        HKC_STRING_OPT("--key", &key_path),
+        HKC_UINT_OPT("--to", &target, 0, HKC_MAX_RELEASE, "--to needs a release version"),
+        HKC_UINT_OPT("--expires-in", &expires_in, 1, HKN_ROLLBACK_MAX_S,
+                     "--expires-in needs seconds from 1 to 3600"),
+        HKC_HTTP_OPTS(&ho),
+        HKC_JSON_OPT(&json),
+    };
+    hkc_out o;
+    int rc = hkc_parse(&o, "rollback", opts, HKC_NOPTS(opts), rollback_help, argc, argv, &nargs);
+    if (rc >= 0)
+        return hkc_finish(&o, rc);
+    if (nargs != 2)
+        return hkc_finish(&o, hkc_usage(&o, "URL and MODULE are required"));
+    const char *base = argv[1], *module = argv[2];
+    if (!hkn_valid_name(module, 64))
+        return hkc_finish(&o, hkc_usage(&o, "MODULE must be [A-Za-z0-9_.-]{1,63}"));
+    hkc_declare(&o, "outcome", "http_status", "module", "release", "engine_version", NULL);
+    char *body = NULL, path[128];
+    hkc_resp r = {0};
+    rc = 1;
+    if (key_path && ((target == UINT64_MAX && previous_release(&o, base, module, &ho, &target)) ||
+                     signed_rollback(&o, key_path, module, target, expires_in, &body)))
+        goto out;
+    /* The name is checked above: [A-Za-z0-9_.-] needs no escaping in a path. */
+    snprintf(path, sizeof path, "/v1/rollback/%s", module);
+    if (hkc_http(&o, "POST", base, path, body, &ho, &r) == 0)
+        rc = hkc_report_outcome(&o, &r);
+out:
+    free(r.data);
+    free(body);
+    return hkc_finish(&o, rc);
+}
