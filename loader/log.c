@@ -135,22 +135,41 @@ void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint
     rt->opt.on_event(&ev, rt->opt.userdata);
 }
 
+/* "v3" or, for 0, what that means here. */
+static const char *vtext(char *buf, size_t n, uint64_t v, const char *none) {
+    if (v)
+        snprintf(buf, n, "v%llu", (unsigned long long)v);
+    else
+        snprintf(buf, n, "%s", none);
+    return buf;
+}
+
+/* The time an outcome took: the whole, or the steps a refusal got through
+ * (a build refused on the worker has no total). */
+static double took_ms(const hk_report *r) {
+    if (!r)
+        return 0;
+    return r->total_ms > 0 ? r->total_ms : r->build_ms + r->stage_ms + r->commit_ms;
+}
+
 static void log_commit(hk_runtime *rt, const char *what, const char *module, uint64_t oldv,
                        uint64_t newv, const char *origin, const hk_report *r) {
     static const hk_report none;
+    char was[32];
     if (!r)
         r = &none;
     hk_log(rt, HK_LOG_INFO, "engine",
-           "%s %s v%llu (was v%llu) from %s in %.3f ms (build %.3f%s, stage %.3f, commit %.3f, "
+           "%s %s v%llu (was %s) from %s in %.3f ms (build %.3f%s, stage %.3f, commit %.3f, "
            "wait %.3f)",
-           what, module ? module : "?", (unsigned long long)newv, (unsigned long long)oldv, origin,
-           r->total_ms, r->build_ms, r->cache_hit ? " cached" : "", r->stage_ms, r->commit_ms,
-           r->wait_ms);
+           what, module ? module : "?", (unsigned long long)newv,
+           vtext(was, sizeof was, oldv, "none"), origin, r->total_ms, r->build_ms,
+           r->cache_hit ? " cached" : "", r->stage_ms, r->commit_ms, r->wait_ms);
 }
 
 void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                    uint64_t newv, const char *origin, const hk_report *rep) {
     const char *o = origin ? origin : "api";
+    char runs[32];
     switch (kind) {
     case HK_EVENT_COMMITTED:
         log_commit(rt, "committed", module, oldv, newv, o, rep);
@@ -162,8 +181,8 @@ void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint6
         if (!hk_log_enabled(rt, HK_LOG_WARN))
             break;
         hk_log(rt, HK_LOG_WARN, "engine",
-               "refused %s from %s after %.3f ms, v%llu runs on: %s (%d): %s",
-               module ? module : "?", o, rep ? rep->total_ms : 0.0, (unsigned long long)oldv,
+               "refused %s from %s after %.3f ms, %s runs on: %s (%d): %s", module ? module : "?",
+               o, took_ms(rep), vtext(runs, sizeof runs, oldv, "no version"),
                hk_strerror(rep ? rep->error : 0), rep ? rep->error : 0, rep ? rep->message : "");
         break;
     case HK_EVENT_RECLAIMED:

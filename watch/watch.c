@@ -832,7 +832,10 @@ static void hkn_watch_kept(hkn_watch *w, const hkn_watch_file *f, int same) {
                        "%s: content unchanged since it was last read: %s", f->path,
                        source ? "not handed over" : "nothing to do");
     else
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s: recorded as it was before the watch", f->path);
+        hkn_watch_logf(w, HK_LOG_DEBUG,
+                       "%s: content recorded, unchanged since the watch began or since a build "
+                       "read it",
+                       f->path);
 }
 
 /* Reads f, whose time has come, and hands it over if it changed. Called and
