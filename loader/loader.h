@@ -12,8 +12,8 @@
  * endpoint, the puller) lives outside loader/ and submits through the public
  * API; the engine includes none of it. A source that needs something back
  * attaches an hkl_source (below) to the runtime: the engine calls its
- * deps_built after each build and its release at hk_runtime_destroy, and
- * knows nothing else about it.
+ * deps_built after each build, its metrics from hk_metrics_text and its
+ * release at hk_runtime_destroy, and knows nothing else about it.
  *
  * Locks, in the order they may be taken (never the other way round):
  *   src_lock (runtime)   the attached sources. Taken with no other lock of
@@ -34,6 +34,9 @@
  *   work_lock (runtime)  the worker's job queue and the safe-point queue.
  *   rec_lock (runtime)   the retired list and the reclaim thread's wake-ups.
  *   gate_lock, stats_lock (runtime) leaves.
+ *   log_lock (runtime)   rwlock, innermost of all: messages are delivered
+ *                        under it (read), from under any other lock, the
+ *                        sources' included; hk_runtime_set_log writes.
  * The launch path takes none of them: it announces itself in a per-thread
  * epoch slot, checks the gate, loads `current` once and calls the driver.
  *

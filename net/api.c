@@ -2,8 +2,11 @@
  * Public entry points of the network sources (include/hotkern/net.h).
  *
  * This file is the only one in net/ that calls the swap engine: it wires the
- * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version and
- * hk_stats_get, turns key and certificate files into the in-memory
+ * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version,
+ * hk_metrics_text_alloc and hk_log, attaches each endpoint's and puller's
+ * counters to the runtime's metrics (hk_metrics_attach, labelled with the
+ * endpoint's address or the puller's URL), turns key and certificate files
+ * into the in-memory
  * configuration the endpoint and the puller take, and picks the default
  * state directories.
  *

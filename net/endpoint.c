@@ -11,7 +11,12 @@
  * applies and records it and resumes the connection with the answer. One
  * worker also means releases and rollbacks through this endpoint apply one
  * at a time, in arrival order. Status, metrics and health are answered by the
- * loop threads at once.
+ * loop threads at once; metrics are the runtime's whole text (eng.metrics),
+ * into which hkn_endpoint_metrics adds this endpoint's counters.
+ *
+ * Logs (eng.log, subsystem "endpoint"): each request refused before its body
+ * is read or after it, with the status and the reason; each release or
+ * rollback received, and its outcome. Never under this file's locks.
  *
  * Abuse. Each connection is tracked from accept to close (notify_connection):
  *   - a whole-request deadline (request_timeout_s) covers headers and body;

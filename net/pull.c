@@ -24,6 +24,10 @@
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
  *
+ * Logs (eng.log, subsystem "pull"): each poll and 304 (debug), a new release
+ * and its application (info), a refused manifest or release and each failed
+ * poll with the retry's number and delay (warn).
+ *
  * Threads. The poll thread owns the curl handle and the validators; the
  * counters and the stop flag are shared with the API under `lock`. Stopping
  * wakes the sleep at once and aborts a transfer through the progress callback.

@@ -5,8 +5,10 @@
  * many directories it watches. The watcher is attached to the runtime as a
  * source (hkl_source, loader/loader.h), which is how hk_watch_dir finds it
  * again and how the engine reaches it without knowing what it is: the
- * engine calls its deps_built hook after each build of a watched source and
- * its release hook when it destroys the runtime.
+ * engine calls its deps_built hook after each build of a watched source, its
+ * metrics hook from hk_metrics_text (the watcher's counters) and its release
+ * hook when it destroys the runtime. The watcher's trace, at its levels,
+ * becomes the runtime's log under the subsystem "watch".
  *
  * Each directory keeps the swap options it was added with. Those records are
  * never changed or freed while the watcher runs (adding a directory again
