@@ -36,6 +36,12 @@ extern "C" {
 #define HK_API
 #endif
 
+#if defined(__GNUC__)
+#define HK_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define HK_PRINTF(f, a)
+#endif
+
 #define HK_VERSION_MAJOR 0
 #define HK_VERSION_MINOR 2
 #define HK_VERSION_PATCH 0
@@ -517,7 +523,7 @@ HK_API int hk_log_enabled(hk_runtime *rt, hk_log_level level);
  * (libhotkern-net logs this way) and for the application's messages about
  * its kernels. Safe from any thread; subsystem NULL means "app". */
 HK_API void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+    HK_PRINTF(4, 5);
 
 /* ---- metrics ----------------------------------------------------------- */
 
@@ -536,8 +542,9 @@ HK_API void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, co
  * hk_metrics_text_alloc returns it in *out, malloc'd and NUL-terminated: the
  * caller frees it with free().
  * Safe from any thread, but not from a log callback or a metrics callback;
- * both return HK_ERR_NOMEM when memory runs out. An endpoint's GET /metrics
- * answers exactly this text. */
+ * both return HK_ERR_INVALID for a NULL argument (or cap 0) and HK_ERR_NOMEM
+ * when memory runs out. An endpoint's GET /metrics answers exactly this
+ * text. */
 HK_API int hk_metrics_text(hk_runtime *rt, char *buf, size_t cap, size_t *len);
 HK_API int hk_metrics_text_alloc(hk_runtime *rt, char **out, size_t *len);
 
