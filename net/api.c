@@ -6,9 +6,8 @@
  * hk_metrics_text_alloc and hk_log, attaches each endpoint's and puller's
  * counters to the runtime's metrics (hk_metrics_attach, labelled with the
  * endpoint's address or the puller's URL), turns key and certificate files
- * into the in-memory
- * configuration the endpoint and the puller take, and picks the default
- * state directories.
+ * into the in-memory configuration the endpoint and the puller take, and
+ * picks the default state directories.
  *
  * The swap is synchronous (hk_swap) because a pusher waits for the outcome
  * and the puller must know it before recording the release as accepted. Its
@@ -321,6 +320,8 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
     if (!cfg.token && !cfg.tls_cert_pem &&
         (!strcmp(cfg.address, "0.0.0.0") || !strcmp(cfg.address, "::"))) {
         /* Started, but say so: the caller may show the message. */
+        hk_log(rt, HK_LOG_WARN, "endpoint",
+               "listening on every address (%s) with no token and no TLS", cfg.address);
         hkn_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "
                  "who can reach the port can push signed releases and read status; put a "
