@@ -12,8 +12,8 @@
  * endpoint, the puller) lives outside loader/ and submits through the public
  * API; the engine includes none of it. A source that needs something back
  * attaches an hkl_source (below) to the runtime: the engine calls its
- * deps_built after each build and its release at hk_runtime_destroy, and
- * knows nothing else about it.
+ * deps_built after each build, its metrics from hk_metrics_text and its
+ * release at hk_runtime_destroy, and knows nothing else about it.
  *
  * Locks, in the order they may be taken (never the other way round):
  *   src_lock (runtime)   the attached sources. Taken with no other lock of
@@ -34,6 +34,9 @@
  *   work_lock (runtime)  the worker's job queue and the safe-point queue.
  *   rec_lock (runtime)   the retired list and the reclaim thread's wake-ups.
  *   gate_lock, stats_lock (runtime) leaves.
+ *   log_lock (runtime)   rwlock, innermost of all: messages are delivered
+ *                        under it (read), from under any other lock, the
+ *                        sources' included; hk_runtime_set_log writes.
  * The launch path takes none of them: it announces itself in a per-thread
  * epoch slot, checks the gate, loads `current` once and calls the driver.
  *
@@ -56,6 +59,7 @@
 
 #include "hotkern/hotkern.h"
 #include "loader/driver.h"
+#include "loader/expo.h"
 #include "ptx/ptx.h"
 
 #define HKL_MAX_DEVICES 16
@@ -214,8 +218,20 @@ struct hkl_source {
      * to the runtime and frees what it owns (the hkl_source included, when
      * the source allocated it): no hook of it runs afterwards. */
     void (*release)(void *ctx);
+    /* Optional. Adds the source's metric families to w (loader/metrics.c);
+     * called by hk_metrics_text on its caller's thread with src_lock held. */
+    void (*metrics)(void *ctx, hk_metrics_writer *w);
     hkl_source *next; /* src_lock */
 };
+
+/* Swap durations (loader/metrics.c): counts per fixed bucket, not
+ * cumulative; the last bucket is +Inf. */
+#define HKL_HIST_BUCKETS 17
+typedef struct hkl_hist {
+    uint64_t n[HKL_HIST_BUCKETS];
+    uint64_t count;
+    uint64_t sum_us;
+} hkl_hist;
 
 /* A unit of work for the worker thread. */
 struct hkl_job {
@@ -331,6 +347,18 @@ struct hk_runtime {
 
     hk_header *headers; /* immutable after create: copy of opt.headers */
     hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
+
+    hkl_hist swap_hist; /* stats_lock: total_ms of committed swaps */
+
+    /* Logs (loader/log.c). log_lock is the innermost lock of all: messages
+     * are delivered under it for reading, from any thread and under any
+     * other lock; hk_runtime_set_log takes it for writing. */
+    pthread_rwlock_t log_lock;
+    hk_log_cb log_cb;    /* log_lock: NULL: stderr when HOTKERN_LOG asks */
+    void *log_ud;        /* log_lock */
+    int log_cb_min;      /* log_lock: the callback's least level */
+    int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
+    _Atomic int log_min; /* least level delivered now; read without the lock */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
@@ -391,6 +419,20 @@ void hkl_source_detach(hk_runtime *rt, hkl_source *src);
 /* Calls deps_built of every attached source (worker thread, no lock held). */
 void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
                             int n);
+
+/* log.c. hkl_emit (swap.c) logs the event, then hands it to on_event
+ * through hkl_emit_quiet, which a source that logged already uses. */
+void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
+void hkl_log_fini(hk_runtime *rt);
+void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                   uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                    uint64_t newv, const char *origin, const hk_report *rep);
+
+/* metrics.c: one committed swap of total_ms (stats_lock held). */
+void hkl_hist_observe(hkl_hist *h, double total_ms);
+/* The engine's families from a snapshot of its counters (h may be NULL). */
+void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */

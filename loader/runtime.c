@@ -320,6 +320,7 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     pthread_cond_init(&rt->idle_cond, NULL);
     pthread_mutex_init(&rt->stats_lock, NULL);
     pthread_mutex_init(&rt->src_lock, NULL);
+    hkl_log_init(rt);
 
     for (int i = 0; i < ndev; i++) {
         for (int j = 0; j < i; j++)
@@ -466,6 +467,7 @@ void hkl_runtime_free(hk_runtime *rt) {
     pthread_cond_destroy(&rt->idle_cond);
     pthread_mutex_destroy(&rt->stats_lock);
     pthread_mutex_destroy(&rt->src_lock);
+    hkl_log_fini(rt);
     free(rt);
 }
 

@@ -49,10 +49,8 @@ void hk_swap_options_init(hk_swap_options *o) {
 
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
               const char *origin, const hk_report *rep) {
-    if (!rt->opt.on_event)
-        return;
-    hk_event ev = {kind, module, oldv, newv, origin ? origin : "api", rep};
-    rt->opt.on_event(&ev, rt->opt.userdata);
+    hkl_log_event(rt, kind, module, oldv, newv, origin, rep);
+    hkl_emit_quiet(rt, kind, module, oldv, newv, origin, rep);
 }
 
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name) {
@@ -519,6 +517,7 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
         rt->stats.rollbacks += rollback != 0;
         rt->stats.live_versions++;
         rt->stats.last_swap_ms = rep->total_ms;
+        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
     } else {
         rt->stats.refused++;
     }
@@ -783,8 +782,11 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     if (reset)
         hkl_emit_reset(rt);
     report_times(rep, job->t_start);
-    if (err == 1)
+    if (err == 1) {
+        hk_log(rt, HK_LOG_DEBUG, "engine", "%s from %s: v%llu runs this image already", job->name,
+               job->origin ? job->origin : "api", (unsigned long long)oldv);
         return 0; /* unchanged: no new version, no event */
+    }
     count(rt, err == 0, rollback, rep);
     hkl_emit(rt,
              err        ? HK_EVENT_REFUSED

@@ -2,10 +2,12 @@
  * Public entry points of the network sources (include/hotkern/net.h).
  *
  * This file is the only one in net/ that calls the swap engine: it wires the
- * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version and
- * hk_stats_get, turns key and certificate files into the in-memory
- * configuration the endpoint and the puller take, and picks the default
- * state directories.
+ * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version,
+ * hk_metrics_text_alloc and hk_log, attaches each endpoint's and puller's
+ * counters to the runtime's metrics (hk_metrics_attach, labelled with the
+ * endpoint's address or the puller's URL), turns key and certificate files
+ * into the in-memory configuration the endpoint and the puller take, and
+ * picks the default state directories.
  *
  * The swap is synchronous (hk_swap) because a pusher waits for the outcome
  * and the puller must know it before recording the release as accepted. Its
@@ -13,6 +15,7 @@
  * calls hk_safe_point, hk_swap waits for the next safe point, so a push never
  * stalls the program's launches.
  */
+#include <arpa/inet.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,11 +38,13 @@ struct adapter {
 struct hk_endpoint {
     struct adapter ad;
     hkn_endpoint *ep;
+    hk_metrics_source *metrics; /* its counters in the runtime's text */
 };
 
 struct hk_puller {
     struct adapter ad;
     hkn_puller *p;
+    hk_metrics_source *metrics;
 };
 
 /* ---- engine callbacks -------------------------------------------------- */
@@ -79,9 +84,20 @@ static uint64_t version(void *ud, const char *module) {
     return hk_module_version(ad->rt, module);
 }
 
-static void stats(void *ud, hk_stats *out) {
+static char *metrics(void *ud, size_t *len) {
     struct adapter *ad = ud;
-    hk_stats_get(ad->rt, out);
+    char *text = NULL;
+    return hk_metrics_text_alloc(ad->rt, &text, len) == 0 ? text : NULL;
+}
+
+static void log_line(void *ud, hk_log_level level, const char *subsystem, const char *text) {
+    struct adapter *ad = ud;
+    hk_log(ad->rt, level, subsystem, "%s", text);
+}
+
+static int log_on(void *ud, hk_log_level level) {
+    struct adapter *ad = ud;
+    return hk_log_enabled(ad->rt, level);
 }
 
 /* ---- configuration ----------------------------------------------------- */
@@ -150,7 +166,9 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     ad->eng = (hkn_engine){.apply = apply_swap,
                            .rollback = rollback,
                            .version = version,
-                           .stats = stats,
+                           .metrics = metrics,
+                           .log = log_line,
+                           .log_on = log_on,
                            .ud = ad,
                            .arch = ad->arch};
     return 0;
@@ -218,6 +236,22 @@ static int state_dir(const char *given, char *buf, size_t cap, const char **out,
 
 /* ---- endpoint ---------------------------------------------------------- */
 
+static void endpoint_metrics(hk_metrics_writer *w, void *ud) {
+    hk_endpoint *h = ud;
+    hkn_endpoint_metrics(h->ep, w);
+}
+
+/* Its counters join the runtime's text, labelled with the address and port
+ * it listens on, so that two endpoints of one runtime stay apart. */
+static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_report *rep) {
+    char label[INET6_ADDRSTRLEN + 16];
+    int v6 = strchr(address, ':') != NULL;
+    snprintf(label, sizeof label, "%s%s%s:%u", v6 ? "[" : "", address, v6 ? "]" : "",
+             (unsigned)hkn_endpoint_port(h->ep));
+    int err = hk_metrics_attach(h->ad.rt, endpoint_metrics, h, "endpoint", label, &h->metrics);
+    return err ? hkn_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
+}
+
 void hk_endpoint_options_init(hk_endpoint_options *o) {
     memset(o, 0, sizeof *o);
     o->address = "127.0.0.1";
@@ -280,11 +314,14 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
         cfg.tls_cert_pem = cert;
         cfg.tls_key_pem = key;
     }
-    if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)))
+    if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)) ||
+        (err = attach_endpoint_metrics(h, cfg.address, rep)))
         goto fail;
     if (!cfg.token && !cfg.tls_cert_pem &&
         (!strcmp(cfg.address, "0.0.0.0") || !strcmp(cfg.address, "::"))) {
         /* Started, but say so: the caller may show the message. */
+        hk_log(rt, HK_LOG_WARN, "endpoint",
+               "listening on every address (%s) with no token and no TLS", cfg.address);
         hkn_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "
                  "who can reach the port can push signed releases and read status; put a "
@@ -298,6 +335,7 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
 fail:
     free(cert);
     free(key);
+    hkn_endpoint_stop(h->ep);
     adapter_finish(&h->ad);
     free(h);
     return err;
@@ -310,6 +348,9 @@ unsigned hk_endpoint_port(const hk_endpoint *ep) {
 void hk_endpoint_stop(hk_endpoint *ep) {
     if (!ep)
         return;
+    /* Out of the runtime's metrics first: no hook may run into a stopped
+     * endpoint. */
+    hk_metrics_detach(ep->metrics);
     hkn_endpoint_stop(ep->ep);
     adapter_finish(&ep->ad);
     free(ep);
@@ -330,6 +371,11 @@ void hk_pull_options_init(hk_pull_options *o) {
     o->low_speed_s = c.low_speed_s;
     o->max_manifest_bytes = c.max_manifest;
     o->max_artifact_bytes = c.max_artifact;
+}
+
+static void puller_metrics(hk_metrics_writer *w, void *ud) {
+    hk_puller *h = ud;
+    hkn_pull_metrics(h->p, w);
 }
 
 int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
@@ -364,6 +410,10 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
         (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)) ||
         (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
         goto fail;
+    if ((err = hk_metrics_attach(rt, puller_metrics, h, "url", opt->url, &h->metrics))) {
+        hkn_fail(rep, err, "cannot attach the puller's metrics");
+        goto fail;
+    }
     if ((err = hkn_pull_run(h->p))) {
         hkn_fail(rep, err, "could not start the puller thread");
         goto fail;
@@ -371,6 +421,7 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
     *out = h;
     return 0;
 fail:
+    hk_metrics_detach(h->metrics);
     hkn_pull_destroy(h->p);
     adapter_finish(&h->ad);
     free(h);
@@ -397,6 +448,7 @@ void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out) {
 void hk_pull_stop(hk_puller *p) {
     if (!p)
         return;
+    hk_metrics_detach(p->metrics);
     hkn_pull_destroy(p->p);
     adapter_finish(&p->ad);
     free(p);

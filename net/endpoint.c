@@ -11,7 +11,12 @@
  * applies and records it and resumes the connection with the answer. One
  * worker also means releases and rollbacks through this endpoint apply one
  * at a time, in arrival order. Status, metrics and health are answered by the
- * loop threads at once.
+ * loop threads at once; metrics are the runtime's whole text (eng.metrics),
+ * into which hkn_endpoint_metrics adds this endpoint's counters.
+ *
+ * Logs (eng.log, subsystem "endpoint"): each request refused before its body
+ * is read or after it, with the status and the reason; each release or
+ * rollback received, and its outcome. Never under this file's locks.
  *
  * Abuse. Each connection is tracked from accept to close (notify_connection):
  *   - a whole-request deadline (request_timeout_s) covers headers and body;
@@ -238,6 +243,24 @@ static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, in
     return reply_json(c, status, error_json(err, msg));
 }
 
+/* The client's address, for log lines. */
+static const char *peer(const struct conn *k) {
+    return k && k->ip[0] ? k->ip : "an untracked connection";
+}
+
+/* Answers a request refused before its body is read, and says why in the
+ * log: at warn for what a client is refused for (token, Host or Origin,
+ * size, limits), at info for plain mistakes (route, method, name). */
+static enum MHD_Result refuse(hkn_endpoint *ep, struct MHD_Connection *c, const struct conn *k,
+                              const char *method, const char *url, unsigned status, int err,
+                              const char *why) {
+    int warn = status == MHD_HTTP_UNAUTHORIZED || status == MHD_HTTP_FORBIDDEN ||
+               status == MHD_HTTP_CONTENT_TOO_LARGE || status == MHD_HTTP_SERVICE_UNAVAILABLE;
+    hkn_log(&ep->eng, warn ? HK_LOG_WARN : HK_LOG_INFO, "endpoint", "refused %s %s from %s: %u %s",
+            method, url, peer(k), status, why);
+    return reply_error(c, status, err, why);
+}
+
 static unsigned http_status(int err) {
     switch (err) {
     case HK_OK:
@@ -360,6 +383,19 @@ static cJSON *outcome_json(const char *outcome, int err, const hk_report *rep) {
     cJSON_AddNumberToObject(o, "commit_ms", rep->commit_ms);
     cJSON_AddBoolToObject(o, "cache_hit", rep->cache_hit != 0);
     return o;
+}
+
+/* Says what became of a release or rollback request (on the worker). */
+static void log_outcome(hkn_endpoint *ep, const struct req *r, const char *what,
+                        const hk_report *rep, int err, uint64_t engine_version) {
+    const char *mod = rep->module[0] ? rep->module : "(unverified)";
+    if (!err)
+        hkn_log(&ep->eng, HK_LOG_INFO, "endpoint", "%s of %s v%llu from %s done: engine v%llu",
+                what, mod, (unsigned long long)rep->version, peer(r->conn),
+                (unsigned long long)engine_version);
+    else
+        hkn_log(&ep->eng, HK_LOG_WARN, "endpoint", "refused %s of %s from %s: %u %s: %s", what, mod,
+                peer(r->conn), r->status, hkn_error_name(err), rep->message);
 }
 
 /* ---- POST /v1/release (on the worker) ---------------------------------- */
@@ -485,11 +521,12 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
     const char *outcome = err ? "refused" : "committed";
     record(ep, rep.module, outcome, err, version, verified, &rep);
     cJSON *o = outcome_json(outcome, err, &rep);
+    uint64_t ev = !err && ep->eng.version ? ep->eng.version(ep->eng.ud, rep.module) : 0;
     if (!err && ep->eng.version)
-        cJSON_AddNumberToObject(o, "engine_version",
-                                (double)ep->eng.version(ep->eng.ud, rep.module));
-    hkn_report_reset(&rep);
+        cJSON_AddNumberToObject(o, "engine_version", (double)ev);
     r->status = http_status(err);
+    log_outcome(ep, r, "release", &rep, err, ev);
+    hkn_report_reset(&rep);
     r->answer = json_text(o);
 }
 
@@ -574,11 +611,12 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     const char *outcome = err ? "refused" : "rolled_back";
     record(ep, r->module, outcome, err, 0, 0, &rep);
     cJSON *o = outcome_json(outcome, err, &rep);
+    uint64_t ev = ep->eng.version ? ep->eng.version(ep->eng.ud, r->module) : 0;
     if (ep->eng.version)
-        cJSON_AddNumberToObject(o, "engine_version",
-                                (double)ep->eng.version(ep->eng.ud, r->module));
-    hkn_report_reset(&rep);
+        cJSON_AddNumberToObject(o, "engine_version", (double)ev);
     r->status = http_status(err);
+    log_outcome(ep, r, "rollback", &rep, err, ev);
+    hkn_report_reset(&rep);
     r->answer = json_text(o);
 }
 
@@ -676,149 +714,57 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     return reply_json(c, MHD_HTTP_OK, o);
 }
 
-/* The shortest of %.15g / %.17g that reads back as v: 0.042, not
- * 0.042000000000000003. */
-static void fmt_value(double v, char *out, size_t n) {
-    snprintf(out, n, "%.15g", v);
-    if (strtod(out, NULL) != v)
-        snprintf(out, n, "%.17g", v);
-}
-
-/* Appends one metric family with a single unlabelled sample. */
-static void metric(char **buf, size_t *len, size_t *cap, const char *name, const char *type,
-                   const char *help, double value) {
-    char line[512], val[40];
-    fmt_value(value, val, sizeof val);
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, help, name,
-                     type, name, val);
-    if (n <= 0 || (size_t)n >= sizeof line)
-        return;
-    if (*len + (size_t)n + 1 > *cap) {
-        size_t nc = (*cap + (size_t)n + 1) * 2;
-        char *nb = realloc(*buf, nc);
-        if (!nb)
-            return;
-        *buf = nb;
-        *cap = nc;
-    }
-    memcpy(*buf + *len, line, (size_t)n + 1);
-    *len += (size_t)n;
-}
-
-static void raw(char **buf, size_t *len, size_t *cap, const char *text) {
-    size_t n = strlen(text);
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*cap + n + 1) * 2;
-        char *nb = realloc(*buf, nc);
-        if (!nb)
-            return;
-        *buf = nb;
-        *cap = nc;
-    }
-    memcpy(*buf + *len, text, n + 1);
-    *len += n;
-}
-
-/* Appends `value` escaped as a Prometheus label value (backslash, double
- * quote and newline), so no name can end a label or start a line. */
-static void label_escape(char *out, size_t cap, const char *value) {
-    size_t n = 0;
-    for (const char *p = value; *p && n + 3 < cap; p++) {
-        if (*p == '\\' || *p == '"') {
-            out[n++] = '\\';
-            out[n++] = *p;
-        } else if (*p == '\n') {
-            out[n++] = '\\';
-            out[n++] = 'n';
-        } else {
-            out[n++] = *p;
-        }
-    }
-    out[n] = '\0';
-}
-
+/* GET /metrics answers the runtime's whole text (hk_metrics_text), of which
+ * the endpoint's counters are one part, added by hkn_endpoint_metrics. */
 static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c) {
-    hk_stats s;
-    memset(&s, 0, sizeof s);
-    if (ep->eng.stats)
-        ep->eng.stats(ep->eng.ud, &s);
-    size_t len = 0, cap = 4096;
-    char *buf = malloc(cap), line[512], esc[160];
-    if (!buf)
-        return MHD_NO;
-    buf[0] = '\0';
-    metric(&buf, &len, &cap, "hotkern_swaps_total", "counter",
-           "Versions committed by the engine, rollbacks included.", (double)s.swaps);
-    metric(&buf, &len, &cap, "hotkern_rollbacks_total", "counter", "Rollbacks committed.",
-           (double)s.rollbacks);
-    metric(&buf, &len, &cap, "hotkern_refused_total", "counter", "Versions the engine refused.",
-           (double)s.refused);
-    metric(&buf, &len, &cap, "hotkern_reclaimed_total", "counter",
-           "Old versions whose code was unloaded.", (double)s.reclaimed);
-    metric(&buf, &len, &cap, "hotkern_live_versions", "gauge", "Versions whose code is loaded now.",
-           (double)s.live_versions);
-    metric(&buf, &len, &cap, "hotkern_retired_loaded", "gauge",
-           "Replaced versions still loaded (pins, captured graphs, safe points).",
-           (double)s.retired_loaded);
-    metric(&buf, &len, &cap, "hotkern_context_resets_total", "counter", "Context resets detected.",
-           (double)s.context_resets);
-    metric(&buf, &len, &cap, "hotkern_cache_hits_total", "counter", "Compile cache hits.",
-           (double)s.cache_hits);
-    metric(&buf, &len, &cap, "hotkern_cache_misses_total", "counter", "Compile cache misses.",
-           (double)s.cache_misses);
-    metric(&buf, &len, &cap, "hotkern_build_seconds_total", "counter",
-           "Time spent building images (NVRTC, nvJitLink).", s.build_ms_total / 1e3);
-    metric(&buf, &len, &cap, "hotkern_stage_seconds_total", "counter",
-           "Time spent staging images in the driver.", s.stage_ms_total / 1e3);
-    metric(&buf, &len, &cap, "hotkern_commit_seconds_total", "counter",
-           "Time spent committing versions.", s.commit_ms_total / 1e3);
-    metric(&buf, &len, &cap, "hotkern_last_swap_seconds", "gauge", "Duration of the latest swap.",
-           s.last_swap_ms / 1e3);
-    metric(&buf, &len, &cap, "hotkern_push_connections", "gauge",
-           "Connections open to the endpoint.", (double)hkn_endpoint_connections(ep));
+    size_t len = 0;
+    if (!ep->eng.metrics)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_UNSUPPORTED,
+                           "this endpoint has no metrics");
+    char *text = ep->eng.metrics(ep->eng.ud, &len);
+    if (!text)
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, HK_ERR_NOMEM,
+                           "the metrics could not be rendered");
+    return reply(c, MHD_HTTP_OK, text, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static void sample(hk_metrics_writer *w, const char *name, const char *type, const char *help,
+                   uint64_t v) {
+    hk_metrics_family(w, name, type, help);
+    hk_metrics_sample(w, name, NULL, NULL, v);
+}
+
+void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
+    sample(w, "hotkern_push_connections", "gauge", "Connections open to the endpoint.",
+           hkn_endpoint_connections(ep));
     pthread_mutex_lock(&ep->lock);
-    metric(&buf, &len, &cap, "hotkern_push_requests_total", "counter",
-           "HTTP requests received by the endpoint.", (double)ep->requests);
-    metric(&buf, &len, &cap, "hotkern_push_unauthorized_total", "counter",
-           "Requests refused for a missing or wrong token.", (double)ep->unauthorized);
-    metric(&buf, &len, &cap, "hotkern_push_too_large_total", "counter",
-           "Requests refused for a body over the cap.", (double)ep->too_large);
-    metric(&buf, &len, &cap, "hotkern_push_overloaded_total", "counter",
-           "Requests answered 503 for a connection or memory limit.", (double)ep->overloaded);
-    metric(&buf, &len, &cap, "hotkern_push_foreign_total", "counter",
-           "Requests refused for a foreign Host or Origin.", (double)ep->foreign);
-    metric(&buf, &len, &cap, "hotkern_push_deadline_total", "counter",
-           "Connections closed for a request past its deadline.", (double)ep->deadline_cut);
-    raw(&buf, &len, &cap,
-        "# HELP hotkern_push_releases_total Pushed releases by outcome.\n"
-        "# TYPE hotkern_push_releases_total counter\n");
-    snprintf(line, sizeof line, "hotkern_push_releases_total{outcome=\"committed\"} %llu\n",
-             (unsigned long long)ep->committed);
-    raw(&buf, &len, &cap, line);
-    snprintf(line, sizeof line, "hotkern_push_releases_total{outcome=\"rolled_back\"} %llu\n",
-             (unsigned long long)ep->rolled_back);
-    raw(&buf, &len, &cap, line);
-    raw(&buf, &len, &cap,
-        "# HELP hotkern_push_refusals_total Refused releases and rollbacks by error.\n"
-        "# TYPE hotkern_push_refusals_total counter\n");
-    for (int i = 1; i < NERRORS; i++) {
-        if (!ep->refusals[i])
-            continue;
-        snprintf(line, sizeof line, "hotkern_push_refusals_total{error=\"%s\"} %llu\n",
-                 hkn_error_name(-i), (unsigned long long)ep->refusals[i]);
-        raw(&buf, &len, &cap, line);
-    }
-    raw(&buf, &len, &cap,
-        "# HELP hotkern_module_release_version Highest release committed per module.\n"
-        "# TYPE hotkern_module_release_version gauge\n");
-    for (size_t i = 0; i < ep->nmods; i++) {
-        label_escape(esc, sizeof esc, ep->mods[i].name);
-        snprintf(line, sizeof line, "hotkern_module_release_version{module=\"%s\"} %llu\n", esc,
-                 (unsigned long long)ep->mods[i].release_version);
-        raw(&buf, &len, &cap, line);
-    }
+    sample(w, "hotkern_push_requests_total", "counter", "HTTP requests received by the endpoint.",
+           ep->requests);
+    sample(w, "hotkern_push_unauthorized_total", "counter",
+           "Requests refused for a missing or wrong token.", ep->unauthorized);
+    sample(w, "hotkern_push_too_large_total", "counter",
+           "Requests refused for a body over the cap.", ep->too_large);
+    sample(w, "hotkern_push_overloaded_total", "counter",
+           "Requests answered 503 for a connection or memory limit.", ep->overloaded);
+    sample(w, "hotkern_push_foreign_total", "counter",
+           "Requests refused for a foreign Host or Origin.", ep->foreign);
+    sample(w, "hotkern_push_deadline_total", "counter",
+           "Connections closed for a request past its deadline.", ep->deadline_cut);
+    hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
+    hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "committed", ep->committed);
+    hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "rolled_back", ep->rolled_back);
+    hk_metrics_family(w, "hotkern_push_refusals_total", "counter",
+                      "Refused releases and rollbacks by error.");
+    for (int i = 1; i < NERRORS; i++)
+        if (ep->refusals[i])
+            hk_metrics_sample(w, "hotkern_push_refusals_total", "error", hkn_error_name(-i),
+                              ep->refusals[i]);
+    hk_metrics_family(w, "hotkern_module_release_version", "gauge",
+                      "Highest release committed per module.");
+    for (size_t i = 0; i < ep->nmods; i++)
+        hk_metrics_sample(w, "hotkern_module_release_version", "module", ep->mods[i].name,
+                          ep->mods[i].release_version);
     pthread_mutex_unlock(&ep->lock);
-    return reply(c, MHD_HTTP_OK, buf, "text/plain; version=0.0.4; charset=utf-8");
 }
 
 /* ---- connections: limits and the deadline ------------------------------ */
@@ -914,6 +860,9 @@ static void *reaper_main(void *arg) {
             pthread_mutex_lock(&ep->lock);
             ep->deadline_cut += cut;
             pthread_mutex_unlock(&ep->lock);
+            hkn_log(&ep->eng, HK_LOG_WARN, "endpoint",
+                    "closed %u connection(s) whose request took over the deadline of %lld s", cut,
+                    (long long)(ep->deadline_ms / 1000));
         }
     }
     return NULL;
@@ -1057,7 +1006,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     const char *why = over_limit(ep, k);
     if (why) {
         count(ep, &ep->overloaded);
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY, why);
+        return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY, why);
     }
     if (!strcmp(url, "/healthz"))
         route = R_HEALTH;
@@ -1070,7 +1019,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     else if (!strncmp(url, "/v1/rollback/", 13))
         route = R_ROLLBACK, module = url + 13;
     if (route == R_NONE)
-        return reply_error(c, MHD_HTTP_NOT_FOUND, HK_ERR_NOT_FOUND, "no such route");
+        return refuse(ep, c, k, method, url, MHD_HTTP_NOT_FOUND, HK_ERR_NOT_FOUND, "no such route");
 
     /* Health answers everyone so that load balancers need no secret. */
     if (route == R_HEALTH)
@@ -1078,17 +1027,19 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
                    : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID, "use GET");
     if ((why = foreign(ep, c))) {
         count(ep, &ep->foreign);
-        return reply_error(c, MHD_HTTP_FORBIDDEN, HK_ERR_REJECTED, why);
+        return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_REJECTED, why);
     }
     if (!authorized(ep, c)) {
         count(ep, &ep->unauthorized);
-        return reply_error(c, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
-                           "missing or wrong bearer token");
+        return refuse(ep, c, k, method, url, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
+                      "missing or wrong bearer token");
     }
     int want_post = route == R_RELEASE || route == R_ROLLBACK;
     if ((want_post && !post) || (!want_post && !get))
-        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID,
-                           want_post ? "use POST" : "use GET");
+        return refuse(ep, c, k, method, url, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID,
+                      want_post ? "use POST" : "use GET");
+    if (route != R_RELEASE && route != R_ROLLBACK)
+        hkn_log(&ep->eng, HK_LOG_DEBUG, "endpoint", "%s %s from %s", method, url, peer(k));
     if (route == R_STATUS)
         return handle_status(ep, c);
     if (route == R_METRICS)
@@ -1096,12 +1047,12 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     if (route == R_ROLLBACK) {
         /* Names are checked like module names before anything records them. */
         if (!hkn_valid_name(module, 64))
-            return reply_error(c, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID,
-                               "module name is not [A-Za-z0-9_.-]{1,63}");
+            return refuse(ep, c, k, method, url, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID,
+                          "module name is not [A-Za-z0-9_.-]{1,63}");
         if (!ep->token && ep->trust.nkeys == 0)
-            return reply_error(c, MHD_HTTP_FORBIDDEN, HK_ERR_UNSUPPORTED,
-                               "rollback over HTTP is off: it needs a bearer token or a trusted "
-                               "key for signed rollback requests");
+            return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_UNSUPPORTED,
+                          "rollback over HTTP is off: it needs a bearer token or a trusted "
+                          "key for signed rollback requests");
     }
 
     size_t limit = route == R_RELEASE ? ep->max_body : ROLLBACK_BODY;
@@ -1119,7 +1070,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
             char msg[160];
             snprintf(msg, sizeof msg, "body of %.40s bytes is over the cap of %zu bytes", cl,
                      limit);
-            return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
+            return refuse(ep, c, k, method, url, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
         }
     }
     struct req *r = calloc(1, sizeof *r);
@@ -1135,8 +1086,8 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     if (n && !reserve(ep, r, (size_t)n)) {
         free(r);
         count(ep, &ep->overloaded);
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
-                           "too many request bodies in flight; retry later");
+        return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                      "too many request bodies in flight; retry later");
     }
     *con_cls = r;
     return MHD_YES;
@@ -1202,11 +1153,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r->refused == MHD_HTTP_CONTENT_TOO_LARGE) {
         char msg[96];
         snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
-        return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE, msg);
+        return refuse(ep, c, r->conn, method, url, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE,
+                      msg);
     }
     if (r->refused)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
-                           "too many request bodies in flight; retry later");
+        return refuse(ep, c, r->conn, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                      "too many request bodies in flight; retry later");
     if (r->done) {
         char *answer = r->answer;
         r->answer = NULL;
@@ -1232,8 +1184,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     pthread_mutex_unlock(&ep->job_lock);
     if (stopping)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_CLOSED,
-                           "the endpoint is stopping");
+        return refuse(ep, c, r->conn, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_CLOSED,
+                      "the endpoint is stopping");
+    hkn_log(&ep->eng, HK_LOG_INFO, "endpoint", "%s %s from %s: %zu bytes received, queued", method,
+            url, peer(r->conn), r->len);
     return MHD_YES;
 }
 
@@ -1376,6 +1330,10 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
     ep->port = di ? di->port : cfg->port;
+    hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
+            "listening on %s port %u (%s, %s, %d trusted key(s)%s)", ep->addr, (unsigned)ep->port,
+            ep->cert_pem ? "https" : "http", ep->token ? "bearer token required" : "no token",
+            ep->trust.nkeys, ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
     return 0;
 fail:

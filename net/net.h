@@ -38,17 +38,31 @@ typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_f
 typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
 /* The engine's current version number of `module` (0 when none). */
 typedef uint64_t (*hkn_version_fn)(void *ud, const char *module);
-/* A snapshot of the engine's counters. */
-typedef void (*hkn_stats_fn)(void *ud, hk_stats *out);
+/* The whole metrics text (hk_metrics_text_alloc), malloc'd: the caller
+ * frees it. NULL when it cannot be made. */
+typedef char *(*hkn_metrics_fn)(void *ud, size_t *len);
+/* One log line of `subsystem`; called on the source's threads, possibly
+ * under the source's locks (hk_log's rules). */
+typedef void (*hkn_log_fn)(void *ud, hk_log_level level, const char *subsystem, const char *text);
+/* 1 when a level is wanted (hk_log_enabled), so that unwanted lines are not
+ * formatted. */
+typedef int (*hkn_log_on_fn)(void *ud, hk_log_level level);
 
 typedef struct hkn_engine {
     hkn_apply_fn apply;       /* required */
     hkn_rollback_fn rollback; /* NULL: rollback answers HK_ERR_UNSUPPORTED */
     hkn_version_fn version;   /* optional */
-    hkn_stats_fn stats;       /* optional: /metrics then shows zeros */
+    hkn_metrics_fn metrics;   /* optional: without it GET /metrics answers 503 */
+    hkn_log_fn log;           /* optional: without it nothing is logged */
+    hkn_log_on_fn log_on;     /* optional: NULL wants every level */
     void *ud;                 /* passed to each */
     const char *arch;         /* preferred artifact arch, e.g. "sm_90"; may be NULL */
 } hkn_engine;
+
+/* Formats a line (on the stack) and hands it to e->log, when e has one and
+ * wants the level (net/release.c). */
+void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* ---- reports ----------------------------------------------------------- */
 
@@ -291,6 +305,10 @@ uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
 unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */
 void hkn_endpoint_stop(hkn_endpoint *ep);
+/* Adds the endpoint's families (hotkern_push_*, hotkern_module_release_
+ * version) to w: a metrics hook (api.c attaches it to the runtime). Takes
+ * the endpoint's own locks only. */
+void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w);
 
 /* ---- puller ------------------------------------------------------------ */
 
@@ -322,6 +340,8 @@ typedef struct hkn_pull_stats {
     uint64_t bytes;        /* body bytes received */
     int last_error;        /* HK_OK or the last poll's error */
     char last_message[512];
+    unsigned failures;     /* consecutive polls that backed off */
+    unsigned next_poll_ms; /* the wait before the next poll, backoff included */
 } hkn_pull_stats;
 
 typedef struct hkn_puller hkn_puller;
@@ -336,6 +356,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep);
 /* Starts the polling thread (first poll at once). */
 int hkn_pull_run(hkn_puller *p);
 void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out);
+/* Adds the puller's families (hotkern_pull_*) to w; a metrics hook. */
+void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w);
 /* Stops the thread (aborting a transfer in progress) and frees. p may be NULL. */
 void hkn_pull_destroy(hkn_puller *p);
 

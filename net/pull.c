@@ -24,6 +24,10 @@
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
  *
+ * Logs (eng.log, subsystem "pull"): each poll and 304 (debug), a new release
+ * and its application (info), a refused manifest or release and each failed
+ * poll with the retry's number and delay (warn).
+ *
  * Threads. The poll thread owns the curl handle and the validators; the
  * counters and the stop flag are shared with the API under `lock`. Stopping
  * wakes the sleep at once and aborts a transfer through the progress callback.
@@ -232,6 +236,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         rep = &local;
     memset(arts, 0, sizeof arts);
 
+    hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
+            p->etag || p->last_modified ? " (conditional)" : "");
     if ((err = fetch(p, p->url, 1, &man, &status, rep)))
         goto out;
     if (status == 304) {
@@ -241,6 +247,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         err = p->kept_err;
         if (err)
             hkn_fail(rep, err, "%s", p->kept_message);
+        hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: 304 not modified%s%s", p->url,
+                err ? ": still refused: " : "", err ? p->kept_message : "");
         goto out;
     }
     etag = header_value(p->curl, "ETag");
@@ -262,12 +270,16 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
         /* The release already running, seen again (a restart, or an origin
          * without validators): nothing to do. */
+        hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s v%llu, the release that runs", p->url,
+                rep->module, (unsigned long long)rep->version);
         hkn_report_reset(rep);
         err = 0;
         keep = 1;
         goto out;
     }
     if (err) {
+        hkn_log(&p->eng, HK_LOG_WARN, "pull", "refused the manifest at %s: %s: %s", p->url,
+                hkn_error_name(err), rep->message);
         /* Only a manifest that verified keeps its validators: a signature
          * that is missing or stale now (a CDN or an upload serving the new
          * manifest before its .sig) is fetched again at the next poll, with
@@ -276,6 +288,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         count(p, &p->stats.refused, 1);
         goto out;
     }
+    hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))", p->url,
+            m.module, (unsigned long long)m.version, m.nartifacts);
     for (size_t i = 0; i < m.nartifacts; i++) {
         const hkn_artifact *a = &m.artifacts[i];
         char url[4096];
@@ -343,9 +357,13 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
                      (unsigned long long)m.version, srep.message);
         hkn_report_reset(&srep);
         count(p, &p->stats.refused, 1);
+        hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
+                m.module, (unsigned long long)m.version, p->url, hkn_error_name(err), rep->message);
         goto out;
     }
     count(p, &p->stats.applied, 1);
+    hkn_log(&p->eng, HK_LOG_INFO, "pull", "applied %s v%llu from %s", m.module,
+            (unsigned long long)m.version, p->url);
 out:
     if (in_txn)
         hkn_state_end(p->state);
@@ -396,13 +414,29 @@ static unsigned next_delay(hkn_puller *p, int err) {
     return (unsigned)(d ? d : 1);
 }
 
+/* Records and says when the next poll comes, and why so late after a
+ * failure (poll thread). */
+static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned delay) {
+    pthread_mutex_lock(&p->lock);
+    p->stats.failures = p->failures;
+    p->stats.next_poll_ms = delay;
+    pthread_mutex_unlock(&p->lock);
+    if (p->failures && err)
+        hkn_log(&p->eng, HK_LOG_WARN, "pull",
+                "poll of %s failed (%s: %s): retry %u in %u ms (backoff up to %u ms)", p->url,
+                hkn_error_name(err), rep->message, p->failures, delay, p->cfg.max_backoff_ms);
+    else
+        hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "next poll of %s in %u ms", p->url, delay);
+}
+
 static void *poll_thread(void *arg) {
     hkn_puller *p = arg;
     for (;;) {
         hk_report rep = {0};
         int err = hkn_pull_poll(p, &rep);
-        hkn_report_reset(&rep);
         unsigned delay = next_delay(p, err);
+        log_next(p, err, &rep, delay);
+        hkn_report_reset(&rep);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += delay / 1000;
@@ -526,6 +560,30 @@ void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out) {
     pthread_mutex_lock(&p->lock);
     *out = p->stats;
     pthread_mutex_unlock(&p->lock);
+}
+
+static void sample(hk_metrics_writer *w, const char *name, const char *type, const char *help,
+                   uint64_t v) {
+    hk_metrics_family(w, name, type, help);
+    hk_metrics_sample(w, name, NULL, NULL, v);
+}
+
+void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w) {
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    sample(w, "hotkern_pull_polls_total", "counter", "Polls of the origin completed.", s.polls);
+    sample(w, "hotkern_pull_requests_total", "counter", "HTTP requests made to the origin.",
+           s.requests);
+    sample(w, "hotkern_pull_not_modified_total", "counter", "304 answers to the manifest.",
+           s.not_modified);
+    sample(w, "hotkern_pull_errors_total", "counter",
+           "Transfers that failed (network, timeout, HTTP error, size cap).", s.errors);
+    sample(w, "hotkern_pull_refused_total", "counter",
+           "Releases refused by verification or by the engine.", s.refused);
+    sample(w, "hotkern_pull_applied_total", "counter", "Releases committed.", s.applied);
+    sample(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
+    sample(w, "hotkern_pull_consecutive_failures", "gauge",
+           "Polls in a row that failed and backed off.", s.failures);
 }
 
 void hkn_pull_destroy(hkn_puller *p) {

@@ -57,6 +57,17 @@ int hkn_fail(hk_report *rep, int err, const char *fmt, ...) {
     return err;
 }
 
+void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    if (!e || !e->log || (e->log_on && !e->log_on(e->ud, level)))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    e->log(e->ud, level, subsystem, line);
+}
+
 const char *hkn_error_name(int err) {
     static const char *const names[] = {
         "HK_OK",

@@ -26,6 +26,7 @@
 #include <cjson/cJSON.h>
 #include <sodium.h>
 
+#include "loader/loader.h"
 #include "net/net.h"
 #include "ptx/ptx.h"
 #include "tests/harness.h"
@@ -124,6 +125,21 @@ static void rec_stats(void *ud, hk_stats *s) {
     pthread_mutex_unlock(&rec.lock);
 }
 
+static hkn_endpoint *ep;
+
+/* What GET /metrics answers with a runtime behind it: the engine's families
+ * (from the recorder's counters) and the endpoint's. */
+static char *rec_metrics(void *ud, size_t *len) {
+    hk_stats s;
+    char *text = NULL;
+    memset(&s, 0, sizeof s);
+    rec_stats(ud, &s);
+    hk_metrics_writer *w = hkl_mw_new();
+    hkl_metrics_engine(w, &s, NULL);
+    hkn_endpoint_metrics(ep, w);
+    return hkl_mw_take(w, &text, len) == 0 ? text : NULL;
+}
+
 static uint64_t rec_current(void) {
     pthread_mutex_lock(&rec.lock);
     uint64_t v = rec.version;
@@ -141,15 +157,14 @@ static int rec_calls(void) {
 static const hkn_engine engine = {.apply = rec_apply,
                                   .rollback = rec_rollback,
                                   .version = rec_version,
-                                  .stats = rec_stats,
+                                  .metrics = rec_metrics,
                                   .ud = NULL};
 
 /* ---- fixture ----------------------------------------------------------- */
 
 static char *tmp;      /* per test */
 static hkn_seckey key; /* trusted */
-static hkn_endpoint *ep;
-static char base[64]; /* http://127.0.0.1:PORT */
+static char base[64];  /* http://127.0.0.1:PORT */
 static char key_path[PATH_MAX], src_path[PATH_MAX];
 static const char kernel_src[] = "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n";
 
@@ -706,7 +721,9 @@ static void check_prometheus(char *text) {
         if (!strncmp(line, "# HELP ", 7))
             continue;
         if (sscanf(line, "# TYPE %95s %31s", name, kind) == 2) {
-            ck_assert_msg(!strcmp(kind, "counter") || !strcmp(kind, "gauge"), "%s", line);
+            ck_assert_msg(!strcmp(kind, "counter") || !strcmp(kind, "gauge") ||
+                              !strcmp(kind, "histogram"),
+                          "%s", line);
             ck_assert(ntyped < 64);
             strcpy(typed[ntyped++], name);
             continue;
@@ -727,8 +744,14 @@ static void check_prometheus(char *text) {
         strtod(rest + 1, &endp);
         ck_assert_msg(endp != rest + 1 && *endp == '\0', "bad value: %s", line);
         int declared = 0;
-        for (int i = 0; i < ntyped; i++)
-            declared |= !strcmp(typed[i], name);
+        /* A histogram's samples are its name with _bucket, _sum or _count. */
+        for (int i = 0; i < ntyped; i++) {
+            size_t tl = strlen(typed[i]);
+            declared |= !strcmp(typed[i], name) ||
+                        (!strncmp(typed[i], name, tl) &&
+                         (!strcmp(name + tl, "_bucket") || !strcmp(name + tl, "_sum") ||
+                          !strcmp(name + tl, "_count")));
+        }
         ck_assert_msg(declared, "no TYPE for %s", name);
         samples++;
     }

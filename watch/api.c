@@ -5,8 +5,10 @@
  * many directories it watches. The watcher is attached to the runtime as a
  * source (hkl_source, loader/loader.h), which is how hk_watch_dir finds it
  * again and how the engine reaches it without knowing what it is: the
- * engine calls its deps_built hook after each build of a watched source and
- * its release hook when it destroys the runtime.
+ * engine calls its deps_built hook after each build of a watched source, its
+ * metrics hook from hk_metrics_text (the watcher's counters) and its release
+ * hook when it destroys the runtime. The watcher's trace, at its levels,
+ * becomes the runtime's log under the subsystem "watch".
  *
  * Each directory keeps the swap options it was added with. Those records are
  * never changed or freed while the watcher runs (adding a directory again
@@ -43,6 +45,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,8 +328,9 @@ static void hkn_watch_api_refused(hk_runtime *rt, const char *module, const char
     if (module)
         snprintf(rep.module, sizeof rep.module, "%s", module);
     snprintf(rep.message, sizeof rep.message, "%s: %s", path, why);
-    hkl_emit(rt, HK_EVENT_REFUSED, module, module ? hk_module_version(rt, module) : 0, 0, origin,
-             &rep);
+    /* The watcher logged the refusal already, with its reason. */
+    hkl_emit_quiet(rt, HK_EVENT_REFUSED, module, module ? hk_module_version(rt, module) : 0, 0,
+                   origin, &rep);
 }
 
 /* Runs on the watcher thread: the watcher refused a file. */
@@ -390,6 +394,60 @@ static int hkn_watch_api_check(hk_format want, const void *bytes, size_t size, c
     return 0;
 }
 
+/* The watcher's trace becomes the runtime's log (watcher lock held: hk_log
+ * takes only the log lock). */
+static void hkn_watch_api_log(void *ud, hk_log_level level, const char *line) {
+    hkn_watch_reg *r = ud;
+    hk_log(r->rt, level, "watch", "%s", line);
+}
+
+static int hkn_watch_api_log_on(void *ud, hk_log_level level) {
+    hkn_watch_reg *r = ud;
+    return hk_log_enabled(r->rt, level);
+}
+
+/* The metrics hook, from hk_metrics_text with src_lock held (which keeps
+ * the entry alive); takes the watcher's lock briefly. */
+static void hkn_watch_api_metrics(void *ctx, hk_metrics_writer *mw) {
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } fams[] = {
+        {"hotkern_watch_events_total", "inotify events read by the watcher.",
+         offsetof(hkn_watch_stats, events)},
+        {"hotkern_watch_handovers_total", "Watched files handed over to be built.",
+         offsetof(hkn_watch_stats, handovers)},
+        {"hotkern_watch_unchanged_total",
+         "Reads of a watched source whose content had not changed: not handed over.",
+         offsetof(hkn_watch_stats, unchanged)},
+        {"hotkern_watch_partial_reads_total",
+         "Reads repeated because the file changed while being read.",
+         offsetof(hkn_watch_stats, retries)},
+        {"hotkern_watch_refusals_total", "Watched files refused, with an HK_EVENT_REFUSED.",
+         offsetof(hkn_watch_stats, refusals)},
+        {"hotkern_watch_dependency_rebuilds_total",
+         "Sources due again because a header their build read changed.",
+         offsetof(hkn_watch_stats, dep_rebuilds)},
+        {"hotkern_watch_overflows_total", "inotify queue overflows (events lost, rescanned).",
+         offsetof(hkn_watch_stats, overflows)},
+        {"hotkern_watch_rescans_total", "Directory listings.", offsetof(hkn_watch_stats, rescans)},
+        {"hotkern_watch_dirs_lost_total", "Watched directories that disappeared.",
+         offsetof(hkn_watch_stats, dirs_lost)},
+        {"hotkern_watch_opens_total", "Files opened for reading.",
+         offsetof(hkn_watch_stats, opens)},
+    };
+    hkn_watch_reg *r = ctx;
+    hkn_watch_stats st;
+
+    hkn_watch_stats_get(r->w, &st);
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&st + fams[i].off, sizeof v);
+        hk_metrics_family(mw, fams[i].name, "counter", fams[i].help);
+        hk_metrics_sample(mw, fams[i].name, NULL, NULL, v);
+    }
+}
+
 /* Runs on the watcher thread: one finished file becomes one submission. */
 static void hkn_watch_api_cb(void *ud, const char *module, const char *path, const void *bytes,
                              size_t size) {
@@ -413,6 +471,7 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     char why[384];
     int err = hkn_watch_api_check(opt.format, bytes, size, why, sizeof why);
     if (err < 0) {
+        hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
         hkn_watch_api_refused(r->rt, module, path, err, why);
         return;
     }
@@ -439,6 +498,7 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     err = hk_submit(r->rt, module, bytes, size, &opt);
     if (err < 0) {
         snprintf(why, sizeof why, "not submitted: %s", hk_strerror(err));
+        hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
         hkn_watch_api_refused(r->rt, module, path, err, why);
     }
     free(all);
@@ -530,6 +590,9 @@ static hkl_source *hkn_watch_make(void *arg) {
     wo.fn = hkn_watch_api_cb;
     wo.refuse = hkn_watch_api_refuse;
     wo.ud = r;
+    wo.log = hkn_watch_api_log;
+    wo.log_on = hkn_watch_api_log_on;
+    wo.log_ud = r;
     err = hkn_watch_create(&r->w, &wo);
     if (err < 0) {
         a->err =
@@ -546,6 +609,7 @@ static hkl_source *hkn_watch_make(void *arg) {
     r->src.ctx = r;
     r->src.deps_built = hkn_watch_api_deps_built;
     r->src.release = hkn_watch_api_release;
+    r->src.metrics = hkn_watch_api_metrics;
     return &r->src;
 }
 

@@ -98,6 +98,7 @@ typedef struct hkn_watch_file {
     unsigned char hash[HKN_WATCH_HASH]; /* content last read */
     int has_hash;
     int pending;           /* a read is due at due_ms */
+    int events;            /* inotify events since the last read */
     int64_t due_ms;        /* monotonic */
     int64_t open_since_ms; /* first write not yet followed by a close, else 0 */
     int force;             /* hand over at the next read even if unchanged */
@@ -161,17 +162,17 @@ static int hkn_watch_ts_eq(struct timespec a, struct timespec b) {
     return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
-__attribute__((format(printf, 2, 3))) static void hkn_watch_logf(hkn_watch *w, const char *fmt,
-                                                                 ...) {
+__attribute__((format(printf, 3, 4))) static void hkn_watch_logf(hkn_watch *w, hk_log_level level,
+                                                                 const char *fmt, ...) {
     char line[512];
     va_list ap;
 
-    if (!w->o.log)
+    if (!w->o.log || (w->o.log_on && !w->o.log_on(w->o.log_ud, level)))
         return;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    w->o.log(w->o.log_ud, line);
+    w->o.log(w->o.log_ud, level, line);
 }
 
 static void hkn_watch_wake(hkn_watch *w) {
@@ -414,7 +415,9 @@ static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, in
             if (!g->pending || g->due_ms > now)
                 g->due_ms = now;
             g->pending = 1;
-            hkn_watch_logf(w, "dependency %s changed: %s again", f->path, g->path);
+            w->st.dep_rebuilds++;
+            hkn_watch_logf(w, HK_LOG_INFO, "%s changed: %s, whose build read it, is due again",
+                           f->path, g->path);
             break;
         }
     }
@@ -426,7 +429,7 @@ static void hkn_watch_lose_dir(hkn_watch *w, hkn_watch_dir *d, int64_t now, cons
     d->wd = -1;
     d->next_poll_ms = now + w->o.dir_poll_ms;
     w->st.dirs_lost++;
-    hkn_watch_logf(w, "directory %s %s: waiting for it to reappear", d->path, why);
+    hkn_watch_logf(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
 }
 
 /* An event for name in d: every followed link that resolved to it is due too,
@@ -446,6 +449,16 @@ static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const c
     }
 }
 
+static const char *hkn_watch_event_name(uint32_t mask) {
+    return (mask & IN_CLOSE_WRITE)  ? "closed after writing"
+           : (mask & IN_MOVED_TO)   ? "moved in"
+           : (mask & IN_MOVED_FROM) ? "moved away"
+           : (mask & IN_CREATE)     ? "created"
+           : (mask & IN_DELETE)     ? "deleted"
+           : (mask & IN_MODIFY)     ? "written"
+                                    : "changed";
+}
+
 static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_t now) {
     hkn_watch_dir *d;
     hkn_watch_file *f;
@@ -457,7 +470,9 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
             if (w->dirs[i]->wd >= 0)
                 w->dirs[i]->need_scan = 1;
         }
-        hkn_watch_logf(w, "event queue overflow: rescanning %d directories", w->ndirs);
+        hkn_watch_logf(w, HK_LOG_WARN,
+                       "event queue overflow: events were lost, rescanning %d directories",
+                       w->ndirs);
         return;
     }
     d = hkn_watch_dir_by_wd(w, ev->wd);
@@ -486,6 +501,9 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
     f->baseline = 0;
     f->pending = 1;
     f->due_ms = now + w->o.debounce_ms;
+    f->events++;
+    hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path,
+                   hkn_watch_event_name(ev->mask), w->o.debounce_ms);
 }
 
 static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
@@ -504,7 +522,7 @@ static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
     }
     dh = opendir(d->path);
     if (!dh) {
-        hkn_watch_logf(w, "cannot list %s: %s", d->path, strerror(errno));
+        hkn_watch_logf(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
         return;
     }
     while ((de = readdir(dh)) != NULL) {
@@ -543,7 +561,7 @@ static void hkn_watch_dirs_tick(hkn_watch *w, int64_t now) {
                 continue;
             }
             d->need_scan = 1;
-            hkn_watch_logf(w, "watching %s", d->path);
+            hkn_watch_logf(w, d->modules ? HK_LOG_INFO : HK_LOG_DEBUG, "watching %s", d->path);
         }
         if (d->wd >= 0 && d->need_scan)
             hkn_watch_scan(w, d, now);
@@ -749,7 +767,7 @@ static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *
     slash = strrchr(target, '/');
     snprintf(dpath, sizeof dpath, "%.*s", slash == target ? 1 : (int)(slash - target), target);
     if (!hkn_watch_dir_by_path(w, dpath) && hkn_watch_dir_new(w, dpath))
-        hkn_watch_logf(w, "watching %s for the link %s", dpath, f->path);
+        hkn_watch_logf(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
 }
 
 /* f could not be handed over: tells the application, unless this is the
@@ -761,15 +779,20 @@ static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_lo
 
     f->baseline = 0;
     if (!f->dir->modules) {
-        hkn_watch_logf(w, "%s: %s", f->path, lk->why);
+        hkn_watch_logf(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
         return;
     }
     if (f->refused && hkn_watch_sig_eq(&f->refused_sig, &lk->sig))
         return;
     f->refused = 1;
     f->refused_sig = lk->sig;
-    hkn_watch_logf(w, "%s refused: %s", f->path, lk->why);
-    if (quiet || !w->o.refuse)
+    if (quiet) {
+        hkn_watch_logf(w, HK_LOG_DEBUG, "%s, there before the watch, is not usable: %s", f->path,
+                       lk->why);
+        return;
+    }
+    hkn_watch_logf(w, HK_LOG_WARN, "%s refused: %s", f->path, lk->why);
+    if (!w->o.refuse)
         return;
     w->st.refusals++;
     pthread_mutex_unlock(&w->mu);
@@ -777,12 +800,50 @@ static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_lo
     pthread_mutex_lock(&w->mu);
 }
 
+/* Looks at f without the lock: its identity only when its name is refused
+ * (by_name), else its content, hashed into hash. */
+static int hkn_watch_look_at(hkn_watch *w, const hkn_watch_file *f, int links, int by_name,
+                             hkn_watch_look *lk, unsigned char *hash) {
+    struct stat st;
+    int rc;
+
+    if (!by_name) {
+        rc = hkn_watch_read(f->path, f->dir->path, links, w->o.follow_outside_links,
+                            w->o.max_file_size, lk);
+        if (rc == HKN_WATCH_READ_OK)
+            crypto_generichash(hash, HKN_WATCH_HASH, lk->bytes, lk->size, NULL, 0);
+        return rc;
+    }
+    if (lstat(f->path, &st) < 0)
+        return HKN_WATCH_READ_GONE;
+    lk->sig = hkn_watch_sig_of(&st);
+    lk->err = f->name_err;
+    snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
+    return HKN_WATCH_READ_REFUSED;
+}
+
+/* f was read and not handed over: says why. */
+static void hkn_watch_kept(hkn_watch *w, const hkn_watch_file *f, int same) {
+    int source = f->module && f->dir->modules;
+    if (same && source)
+        w->st.unchanged++;
+    if (same)
+        hkn_watch_logf(w, source ? HK_LOG_INFO : HK_LOG_DEBUG,
+                       "%s: content unchanged since it was last read: %s", f->path,
+                       source ? "not handed over" : "nothing to do");
+    else
+        hkn_watch_logf(w, HK_LOG_DEBUG,
+                       "%s: content recorded, unchanged since the watch began or since a build "
+                       "read it",
+                       f->path);
+}
+
 /* Reads f, whose time has come, and hands it over if it changed. Called and
  * returns with mu held; drops it for the read and the callback. */
 static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
     unsigned char hash[HKN_WATCH_HASH];
     hkn_watch_look *lk;
-    int rc, changed, hand, links, by_name;
+    int rc, changed, hand, links, by_name, had_hash;
     int64_t wait =
         w->o.debounce_ms > HKN_WATCH_MIN_WAIT_MS ? w->o.debounce_ms : HKN_WATCH_MIN_WAIT_MS;
 
@@ -791,6 +852,10 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
          * program may keep it open and never write again). */
         int64_t limit = f->open_since_ms + w->o.open_wait_ms;
         f->due_ms = now + wait < limit ? now + wait : limit;
+        hkn_watch_logf(w, HK_LOG_DEBUG,
+                       "%s is still open for writing: not read before its close "
+                       "(or %lld ms more)",
+                       f->path, (long long)(limit - now));
         return;
     }
     /* Too large for the stack of a thread the application may size. */
@@ -801,28 +866,16 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
     }
     f->pending = 0;
     f->open_since_ms = 0;
+    if (f->events > 1)
+        hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read",
+                       f->path, f->events);
+    f->events = 0;
     /* The link policy holds for every file of an added directory, a
      * dependency included: its target would be read to hash it. */
     links = f->dir->modules;
     by_name = f->name_err && !f->dep;
     pthread_mutex_unlock(&w->mu);
-    if (by_name) {
-        /* Refused for its name: only its identity is looked at. */
-        struct stat st;
-        if (lstat(f->path, &st) < 0) {
-            rc = HKN_WATCH_READ_GONE;
-        } else {
-            lk->sig = hkn_watch_sig_of(&st);
-            lk->err = f->name_err;
-            snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
-            rc = HKN_WATCH_READ_REFUSED;
-        }
-    } else {
-        rc = hkn_watch_read(f->path, f->dir->path, links, w->o.follow_outside_links,
-                            w->o.max_file_size, lk);
-        if (rc == HKN_WATCH_READ_OK)
-            crypto_generichash(hash, sizeof hash, lk->bytes, lk->size, NULL, 0);
-    }
+    rc = hkn_watch_look_at(w, f, links, by_name, lk, hash);
     pthread_mutex_lock(&w->mu);
     now = hkn_watch_now_ms();
     w->st.opens += (uint64_t)lk->opened;
@@ -836,7 +889,9 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
     case HKN_WATCH_READ_UNSTABLE:
         w->st.retries++;
         hkn_watch_schedule(f, now + wait);
-        hkn_watch_logf(w, "%s changed while being read: trying again", f->path);
+        hkn_watch_logf(w, HK_LOG_INFO,
+                       "%s changed while being read (a save in progress): read again in %lld ms",
+                       f->path, (long long)wait);
         free(lk);
         return;
     case HKN_WATCH_READ_REFUSED:
@@ -849,6 +904,7 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
         return;
     }
 
+    had_hash = f->has_hash;
     changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
     if (changed && f->baseline && f->since_set &&
         hkn_watch_ts_ns(lk->mtime) < hkn_watch_ts_ns(f->since)) {
@@ -872,10 +928,13 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
         f->handed_seq = ++w->seq;
         f->handed_wall = hkn_watch_wall();
         w->st.handovers++;
-        hkn_watch_logf(w, "%s: module %s, %zu bytes", f->path, f->module, lk->size);
+        hkn_watch_logf(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path,
+                       f->module, lk->size);
         pthread_mutex_unlock(&w->mu);
         w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
         pthread_mutex_lock(&w->mu);
+    } else {
+        hkn_watch_kept(w, f, had_hash && !changed);
     }
     free(lk->bytes);
     free(lk);

@@ -76,10 +76,16 @@ typedef void (*hkn_watch_refuse_fn)(void *ud, const char *module, const char *pa
 /* Module names are shorter than this: the engine's limit (hk_report.module). */
 #define HKN_WATCH_MODULE_MAX 64
 
-/* One line of trace ("event queue overflow: rescanning 2 directories"), on
- * the watcher thread with the watcher's lock held: it must return quickly and
- * not call hkn_watch functions. */
-typedef void (*hkn_watch_log_fn)(void *ud, const char *line);
+/* One line of trace ("event queue overflow: rescanning 2 directories") at a
+ * level: what the watcher saw and decided, each skipped save with its reason
+ * (still open for writing, more events within the debounce period, changed
+ * during the read, content unchanged, refused) and each source handed over
+ * again for a changed header. On the watcher thread, or the caller's of
+ * hkn_watch_set_deps, with the watcher's lock held: it must return quickly
+ * and not call hkn_watch functions. log_on (optional) says whether a level
+ * is wanted, so that a line nobody reads is not formatted. */
+typedef void (*hkn_watch_log_fn)(void *ud, hk_log_level level, const char *line);
+typedef int (*hkn_watch_log_on_fn)(void *ud, hk_log_level level);
 
 typedef struct hkn_watch_opts {
     hkn_watch_fn fn;            /* required */
@@ -99,19 +105,24 @@ typedef struct hkn_watch_opts {
                                  * outside the added directory too (default 0:
                                  * refuse them unread) */
     hkn_watch_log_fn log;       /* optional trace */
-    void *log_ud;
+    hkn_watch_log_on_fn log_on; /* optional: NULL wants every level */
+    void *log_ud;               /* passed to log and log_on */
 } hkn_watch_opts;
 
 /* Counters, all monotonic. */
 typedef struct hkn_watch_stats {
-    uint64_t events;    /* inotify events read */
-    uint64_t handovers; /* calls of the callback */
-    uint64_t overflows; /* IN_Q_OVERFLOW seen */
-    uint64_t rescans;   /* directory listings: on add, after an overflow, on re-add */
-    uint64_t retries;   /* reads repeated because the file changed during the read */
-    uint64_t dirs_lost; /* watched directories that disappeared */
-    uint64_t opens;     /* files opened for reading */
-    uint64_t refusals;  /* calls of the refuse callback */
+    uint64_t events;       /* inotify events read */
+    uint64_t handovers;    /* calls of the callback */
+    uint64_t overflows;    /* IN_Q_OVERFLOW seen */
+    uint64_t rescans;      /* directory listings: on add, after an overflow, on re-add */
+    uint64_t retries;      /* reads repeated because the file changed during the read */
+    uint64_t dirs_lost;    /* watched directories that disappeared */
+    uint64_t opens;        /* files opened for reading */
+    uint64_t refusals;     /* calls of the refuse callback */
+    uint64_t unchanged;    /* reads of a module source whose content was the one
+                            * last handed over: not handed over again */
+    uint64_t dep_rebuilds; /* sources due again because a file their build
+                            * read (a header) changed */
 } hkn_watch_stats;
 
 /* Fills o with the defaults above (fn NULL). */

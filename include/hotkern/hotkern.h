@@ -36,6 +36,12 @@ extern "C" {
 #define HK_API
 #endif
 
+#if defined(__GNUC__)
+#define HK_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define HK_PRINTF(f, a)
+#endif
+
 #define HK_VERSION_MAJOR 0
 #define HK_VERSION_MINOR 2
 #define HK_VERSION_PATCH 0
@@ -467,6 +473,115 @@ HK_API void hk_stats_get(hk_runtime *rt, hk_stats *out);
  * hk_launch, waits for its pin or graph. Returns 0 or HK_ERR_TIMEOUT;
  * HK_ERR_BUSY at once on hotkern's reclaim thread (from a RECLAIMED event). */
 HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
+
+/* ---- logs -------------------------------------------------------------- */
+
+/* What hotkern says about its work: one line per message, with a level and
+ * the subsystem that speaks ("engine", "watch", "endpoint", "pull"; an
+ * application may use its own). Nothing is logged by the launch path. */
+typedef enum hk_log_level {
+    HK_LOG_DEBUG = 0, /* every step: events seen, polls, requests served */
+    HK_LOG_INFO = 1,  /* what changed: commits, handovers, new releases */
+    HK_LOG_WARN = 2,  /* what was refused or retried, and why */
+    HK_LOG_ERROR = 3, /* what hotkern could not do */
+    HK_LOG_OFF = 4,   /* as a minimum level: nothing */
+} hk_log_level;
+
+/* "debug", "info", "warn", "error", "off"; static, never NULL. */
+HK_API const char *hk_log_level_name(hk_log_level level);
+
+/* Receives one message: `message` is one line (control characters are
+ * replaced by spaces) without a newline, at most 1023 bytes; both strings are
+ * valid during the call only.
+ * Threads: called on whichever thread did the work: the application's (a
+ * swap, a rollback, a safe point), the runtime's worker and reclaim threads,
+ * the watcher's thread, an endpoint's connection and worker threads, a
+ * puller's thread; from several threads at once. It may be called with
+ * hotkern locks held, so it must return quickly and must not call hotkern
+ * (hk_log_level_name, hk_strerror and hk_version excepted): a message logged
+ * from the callback is dropped and hk_runtime_set_log returns HK_ERR_BUSY
+ * there. An application that wants to act on a message queues it. */
+typedef void (*hk_log_cb)(hk_log_level level, const char *subsystem, const char *message,
+                          void *userdata);
+
+/* Sends rt's messages of min_level and above to cb; the runtime's network
+ * sources (libhotkern-net) log through it too. cb NULL restores the default:
+ * when the environment variable HOTKERN_LOG (read at hk_runtime_create) is
+ * "debug", "info", "warn" or "error", messages of that level and above go to
+ * stderr, one line each ("hotkern: LEVEL SUBSYSTEM: message"); otherwise
+ * nothing is printed. When this returns, the previous callback is no longer
+ * running and is not called again, so its userdata may be freed. Safe from
+ * any thread; returns 0, HK_ERR_INVALID, or HK_ERR_BUSY from a log callback. */
+HK_API int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_level min_level);
+
+/* 1 when a message of this level would be delivered now: lets a caller skip
+ * building an expensive message. One atomic load; safe from any thread. */
+HK_API int hk_log_enabled(hk_runtime *rt, hk_log_level level);
+
+/* Formats a message (printf-style, on the stack: no allocation) and delivers
+ * it as rt's own, when its level is enabled. For sources built on hotkern
+ * (libhotkern-net logs this way) and for the application's messages about
+ * its kernels. Safe from any thread; subsystem NULL means "app". */
+HK_API void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *fmt, ...)
+    HK_PRINTF(4, 5);
+
+/* ---- metrics ----------------------------------------------------------- */
+
+/* The Prometheus text exposition (format 0.0.4) of rt and of every source
+ * attached to it: the engine's counters (hk_stats), a histogram of swap
+ * durations (hotkern_swap_duration_seconds, fixed buckets from 0.25 ms to
+ * 30 s), hotkern_build_info{version=...}, the watcher's counters
+ * (hotkern_watch_*), and each endpoint's (hotkern_push_*, labelled
+ * endpoint="ADDRESS:PORT") and puller's (hotkern_pull_*, labelled url="...").
+ * Times are in seconds with at most six decimals, counts are integers: no
+ * value carries binary floating-point noise. The text ends with a newline.
+ *
+ * hk_metrics_text writes it into buf (cap bytes, NUL-terminated) and returns
+ * 0, or HK_ERR_TOO_LARGE when it needs more (buf then holds ""); *len (may be
+ * NULL) receives the text's length without the NUL either way.
+ * hk_metrics_text_alloc returns it in *out, malloc'd and NUL-terminated: the
+ * caller frees it with free().
+ * Safe from any thread, but not from a log callback or a metrics callback;
+ * both return HK_ERR_INVALID for a NULL argument (or cap 0) and HK_ERR_NOMEM
+ * when memory runs out. An endpoint's GET /metrics answers exactly this
+ * text. */
+HK_API int hk_metrics_text(hk_runtime *rt, char *buf, size_t cap, size_t *len);
+HK_API int hk_metrics_text_alloc(hk_runtime *rt, char **out, size_t *len);
+
+/* Sources built on hotkern add their metrics to rt's text with a callback.
+ * The writer is valid during the callback only. */
+typedef struct hk_metrics_writer hk_metrics_writer;
+typedef struct hk_metrics_source hk_metrics_source;
+
+/* Called from hk_metrics_text, on its caller's thread, with the runtime's
+ * source lock held: it must take only its own locks and must call no hotkern
+ * function besides hk_metrics_family and hk_metrics_sample. */
+typedef void (*hk_metrics_cb)(hk_metrics_writer *w, void *userdata);
+
+/* Declares a metric family: name [a-zA-Z_:][a-zA-Z0-9_:]*, type "counter",
+ * "gauge" or "untyped", help one line (may be NULL). Declaring a family
+ * already declared (by the engine or another source) adds to it: families
+ * print once each, in the order first declared, with all their samples. */
+HK_API void hk_metrics_family(hk_metrics_writer *w, const char *name, const char *type,
+                              const char *help);
+
+/* Adds a sample of family `name` (declared before) with an optional label
+ * (label NULL: none; the value is escaped) after the source's own label.
+ * A sample with a bad name, or of an undeclared family, is dropped. */
+HK_API void hk_metrics_sample(hk_metrics_writer *w, const char *name, const char *label,
+                              const char *label_value, uint64_t value);
+
+/* Attaches cb to rt: every later hk_metrics_text calls it. When label is not
+ * NULL, every sample cb writes carries label=label_value first (copied), so
+ * that several sources of a kind (two pullers) make distinct series. On
+ * success *out is the caller's: hk_metrics_detach() it before
+ * hk_runtime_destroy. Safe from any thread; HK_ERR_INVALID for a bad label. */
+HK_API int hk_metrics_attach(hk_runtime *rt, hk_metrics_cb cb, void *userdata, const char *label,
+                             const char *label_value, hk_metrics_source **out);
+
+/* Detaches and frees s; when it returns, s's callback is not running and is
+ * not called again. s may be NULL. Not from a metrics callback. */
+HK_API void hk_metrics_detach(hk_metrics_source *s);
 
 /* ---- sources: watched directories ------------------------------------- */
 

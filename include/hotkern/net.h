@@ -41,7 +41,9 @@
  *                             key (see `hotkern rollback --key`); with
  *                             neither a token nor a trusted key, rollback
  *                             over HTTP is off (403)
- *   GET  /metrics             Prometheus text (hk_stats and endpoint counters)
+ *   GET  /metrics             Prometheus text: exactly hk_metrics_text of the
+ *                             runtime (engine, watcher, every endpoint and puller
+ *                             attached to it)
  *   GET  /healthz             "ok", never needs the token
  *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
  *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
@@ -67,6 +69,13 @@
  * endpoint and the puller run on threads of their own and apply releases
  * with hk_swap; outcomes also reach hk_options.on_event with origin "push"
  * or "pull:URL".
+ *
+ * Logs and metrics: endpoints and pullers log through the runtime they apply
+ * to (hk_runtime_set_log; subsystems "endpoint" and "pull"): requests
+ * accepted and refused with the reason, release outcomes, polls, 304s, new
+ * releases, refusals and each retry with its backoff. Their counters join the
+ * runtime's hk_metrics_text from start to stop (hotkern_push_* labelled
+ * endpoint="ADDRESS:PORT", hotkern_pull_* labelled url="URL").
  */
 #ifndef HOTKERN_NET_H
 #define HOTKERN_NET_H

@@ -1,0 +1,196 @@
+/*
+ * Logs: one line per message, with a level and a subsystem, delivered to the
+ * runtime's callback or, without one, to stderr when HOTKERN_LOG asks.
+ *
+ * The level test is one relaxed atomic load (log_min), so a disabled message
+ * costs no formatting; an enabled one is formatted into a stack buffer, never
+ * the heap. Messages come from every thread hotkern runs and from under its
+ * locks (the watcher's, an endpoint's), so delivery takes only log_lock, the
+ * innermost lock of the runtime, for reading: hk_runtime_set_log takes it for
+ * writing, which is how it knows that the old callback has returned. A
+ * callback that logs or sets the log again would wait for itself; a
+ * thread-local flag drops the first and refuses the second instead.
+ *
+ * Engine events (commits, refusals, rollbacks, reclaims, resets) are logged
+ * here from hkl_emit, on the thread that emits them, before the application's
+ * on_event sees them.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "loader/loader.h"
+
+#define HKL_LOG_LINE 1024
+
+/* Set while this thread delivers a message. */
+static __thread int in_log;
+
+const char *hk_log_level_name(hk_log_level level) {
+    switch (level) {
+    case HK_LOG_DEBUG:
+        return "debug";
+    case HK_LOG_INFO:
+        return "info";
+    case HK_LOG_WARN:
+        return "warn";
+    case HK_LOG_ERROR:
+        return "error";
+    default:
+        return "off";
+    }
+}
+
+/* HOTKERN_LOG's level; HK_LOG_OFF when unset or not a level name. */
+static int env_level(void) {
+    const char *v = getenv("HOTKERN_LOG");
+    if (!v)
+        return HK_LOG_OFF;
+    if (!strcasecmp(v, "debug"))
+        return HK_LOG_DEBUG;
+    if (!strcasecmp(v, "info"))
+        return HK_LOG_INFO;
+    if (!strcasecmp(v, "warn") || !strcasecmp(v, "warning"))
+        return HK_LOG_WARN;
+    if (!strcasecmp(v, "error"))
+        return HK_LOG_ERROR;
+    return HK_LOG_OFF;
+}
+
+void hkl_log_init(hk_runtime *rt) {
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    /* A hk_runtime_set_log must not wait behind a stream of messages. */
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&rt->log_lock, &a);
+    pthread_rwlockattr_destroy(&a);
+    rt->log_env_min = env_level();
+    rt->log_cb_min = HK_LOG_OFF;
+    atomic_init(&rt->log_min, rt->log_env_min);
+}
+
+void hkl_log_fini(hk_runtime *rt) {
+    pthread_rwlock_destroy(&rt->log_lock);
+}
+
+int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_level min_level) {
+    if (!rt || (int)min_level < HK_LOG_DEBUG || min_level > HK_LOG_OFF)
+        return HK_ERR_INVALID;
+    if (in_log)
+        return HK_ERR_BUSY;
+    pthread_rwlock_wrlock(&rt->log_lock);
+    rt->log_cb = cb;
+    rt->log_ud = cb ? userdata : NULL;
+    rt->log_cb_min = cb ? (int)min_level : HK_LOG_OFF;
+    atomic_store_explicit(&rt->log_min, cb ? (int)min_level : rt->log_env_min,
+                          memory_order_relaxed);
+    pthread_rwlock_unlock(&rt->log_lock);
+    return 0;
+}
+
+int hk_log_enabled(hk_runtime *rt, hk_log_level level) {
+    return rt && (int)level >= atomic_load_explicit(&rt->log_min, memory_order_relaxed) &&
+           level < HK_LOG_OFF;
+}
+
+static void deliver(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *text) {
+    in_log = 1;
+    pthread_rwlock_rdlock(&rt->log_lock);
+    /* Checked again under the lock: the callback may have changed. */
+    if (rt->log_cb) {
+        if ((int)level >= rt->log_cb_min)
+            rt->log_cb(level, subsystem, text, rt->log_ud);
+    } else if ((int)level >= rt->log_env_min) {
+        /* One call, so that threads' lines do not interleave. */
+        fprintf(stderr, "hotkern: %s %s: %s\n", hk_log_level_name(level), subsystem, text);
+    }
+    pthread_rwlock_unlock(&rt->log_lock);
+    in_log = 0;
+}
+
+void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *fmt, ...) {
+    char line[HKL_LOG_LINE];
+    va_list ap;
+    if (!fmt || in_log || !hk_log_enabled(rt, level))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    /* One line whatever the text held (file names may hold newlines). */
+    for (char *p = line; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = ' ';
+    deliver(rt, level, subsystem ? subsystem : "app", line);
+}
+
+/* ---- engine events ----------------------------------------------------- */
+
+void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                    uint64_t newv, const char *origin, const hk_report *rep) {
+    if (!rt->opt.on_event)
+        return;
+    hk_event ev = {kind, module, oldv, newv, origin ? origin : "api", rep};
+    rt->opt.on_event(&ev, rt->opt.userdata);
+}
+
+/* "v3" or, for 0, what that means here. */
+static const char *vtext(char *buf, size_t n, uint64_t v, const char *none) {
+    if (v)
+        snprintf(buf, n, "v%llu", (unsigned long long)v);
+    else
+        snprintf(buf, n, "%s", none);
+    return buf;
+}
+
+/* The time an outcome took: the whole, or the steps a refusal got through
+ * (a build refused on the worker has no total). */
+static double took_ms(const hk_report *r) {
+    if (!r)
+        return 0;
+    return r->total_ms > 0 ? r->total_ms : r->build_ms + r->stage_ms + r->commit_ms;
+}
+
+static void log_commit(hk_runtime *rt, const char *what, const char *module, uint64_t oldv,
+                       uint64_t newv, const char *origin, const hk_report *r) {
+    static const hk_report none;
+    char was[32];
+    if (!r)
+        r = &none;
+    hk_log(rt, HK_LOG_INFO, "engine",
+           "%s %s v%llu (was %s) from %s in %.3f ms (build %.3f%s, stage %.3f, commit %.3f, "
+           "wait %.3f)",
+           what, module ? module : "?", (unsigned long long)newv,
+           vtext(was, sizeof was, oldv, "none"), origin, r->total_ms, r->build_ms,
+           r->cache_hit ? " cached" : "", r->stage_ms, r->commit_ms, r->wait_ms);
+}
+
+void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                   uint64_t newv, const char *origin, const hk_report *rep) {
+    const char *o = origin ? origin : "api";
+    char runs[32];
+    switch (kind) {
+    case HK_EVENT_COMMITTED:
+        log_commit(rt, "committed", module, oldv, newv, o, rep);
+        break;
+    case HK_EVENT_ROLLED_BACK:
+        log_commit(rt, "rolled back", module, oldv, newv, o, rep);
+        break;
+    case HK_EVENT_REFUSED:
+        if (!hk_log_enabled(rt, HK_LOG_WARN))
+            break;
+        hk_log(rt, HK_LOG_WARN, "engine",
+               "refused %s from %s after %.3f ms, %s runs on: %s (%d): %s", module ? module : "?",
+               o, took_ms(rep), vtext(runs, sizeof runs, oldv, "no version"),
+               hk_strerror(rep ? rep->error : 0), rep ? rep->error : 0, rep ? rep->message : "");
+        break;
+    case HK_EVENT_RECLAIMED:
+        hk_log(rt, HK_LOG_DEBUG, "engine", "reclaimed %s v%llu: its code is unloaded",
+               module ? module : "?", (unsigned long long)oldv);
+        break;
+    case HK_EVENT_CONTEXT_RESET:
+        hk_log(rt, HK_LOG_WARN, "engine", "%s", rep ? rep->message : "context reset");
+        break;
+    }
+}
