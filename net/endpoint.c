@@ -366,7 +366,7 @@ static cJSON *outcome_json(const char *outcome, int err, const hk_report *rep) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "outcome", outcome);
     cJSON_AddStringToObject(o, "module", rep->module);
-    cJSON_AddNumberToObject(o, "version", (double)rep->version);
+    hkn_json_add_int(o, "version", (long long)rep->version);
     cJSON_AddStringToObject(o, "error", hkn_error_name(err));
     cJSON_AddNumberToObject(o, "code", err);
     cJSON_AddStringToObject(o, "message", rep->message);
@@ -523,7 +523,7 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
     cJSON *o = outcome_json(outcome, err, &rep);
     uint64_t ev = !err && ep->eng.version ? ep->eng.version(ep->eng.ud, rep.module) : 0;
     if (!err && ep->eng.version)
-        cJSON_AddNumberToObject(o, "engine_version", (double)ev);
+        hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "release", &rep, err, ev);
     hkn_report_reset(&rep);
@@ -613,7 +613,7 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     cJSON *o = outcome_json(outcome, err, &rep);
     uint64_t ev = ep->eng.version ? ep->eng.version(ep->eng.ud, r->module) : 0;
     if (ep->eng.version)
-        cJSON_AddNumberToObject(o, "engine_version", (double)ev);
+        hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "rollback", &rep, err, ev);
     hkn_report_reset(&rep);
@@ -662,11 +662,11 @@ static void *worker_main(void *arg) {
 static cJSON *module_json(const struct ep_module *m) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "module", m->name);
-    cJSON_AddNumberToObject(o, "release_version", (double)m->release_version);
-    cJSON_AddNumberToObject(o, "running_release_version",
-                            m->nhistory ? (double)m->history[m->nhistory - 1] : 0);
-    cJSON_AddNumberToObject(o, "previous_release_version",
-                            m->nhistory >= 2 ? (double)m->history[m->nhistory - 2] : 0);
+    hkn_json_add_int(o, "release_version", (long long)m->release_version);
+    hkn_json_add_int(o, "running_release_version",
+                     m->nhistory ? (long long)m->history[m->nhistory - 1] : 0);
+    hkn_json_add_int(o, "previous_release_version",
+                     m->nhistory >= 2 ? (long long)m->history[m->nhistory - 2] : 0);
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
     cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
@@ -674,7 +674,7 @@ static cJSON *module_json(const struct ep_module *m) {
         cJSON_AddStringToObject(o, "last_log", m->last_log);
     else
         cJSON_AddNullToObject(o, "last_log");
-    cJSON_AddNumberToObject(o, "updated", (double)m->updated);
+    hkn_json_add_int(o, "updated", (long long)m->updated);
     return o;
 }
 
@@ -695,7 +695,7 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     }
     if (ep->last.last_outcome[0])
         cJSON_AddItemToObject(o, "last", module_json(&ep->last));
-    cJSON_AddNumberToObject(o, "requests", (double)ep->requests);
+    hkn_json_add_int(o, "requests", (long long)ep->requests);
     pthread_mutex_unlock(&ep->lock);
     cJSON_AddNumberToObject(o, "connections", hkn_endpoint_connections(ep));
     /* Where the anti-rollback record lives; the record is written before a
@@ -708,8 +708,8 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     cJSON_AddStringToObject(o, "state_persisted", "before commit");
     /* Outside the lock: the engine takes its own. */
     for (size_t i = 0; i < n && ep->eng.version; i++)
-        cJSON_AddNumberToObject(cJSON_GetArrayItem(mods, (int)i), "engine_version",
-                                (double)ep->eng.version(ep->eng.ud, names[i]));
+        hkn_json_add_int(cJSON_GetArrayItem(mods, (int)i), "engine_version",
+                         (long long)ep->eng.version(ep->eng.ud, names[i]));
     free(names);
     return reply_json(c, MHD_HTTP_OK, o);
 }
