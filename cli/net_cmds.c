@@ -109,7 +109,7 @@ int hkc_cmd_keygen(int argc, char **argv) {
         return 1;
     }
     hkn_seckey k;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int rc = 1;
     if (hkn_keygen(&k) != 0) {
         fprintf(stderr, "hotkern keygen: libsodium failed to initialise\n");
@@ -151,7 +151,7 @@ static void release_free(struct release *r) {
 static int build_release(const char *cmd, const char *key_path, const char *module,
                          uint64_t version, uint64_t expires_in, const char *arch, char **files,
                          int nfiles, struct release *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_seckey key;
     int rc = 1;
     memset(r, 0, sizeof *r);
@@ -261,7 +261,7 @@ int hkc_cmd_sign(int argc, char **argv) {
                            argc - optind, &r);
     if (rc)
         return rc;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/artifacts", out);
     if ((mkdir(out, 0755) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST)) {
@@ -690,7 +690,7 @@ int hkc_cmd_rollback(int argc, char **argv) {
     int rc = 1;
     if (key_path) {
         hkn_seckey key;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         if (!have_target && previous_release(base, module, &ho, &target))
             return 1;
         int err = hkn_seckey_load(key_path, &key, &rep) ||
@@ -837,14 +837,14 @@ int hkc_cmd_pull(int argc, char **argv) {
         return usage_error("pull", "--once or --count N is required");
     char defdir[PATH_MAX];
     if (!cfg.state_dir) {
-        hk_report drep = {0};
+        hk_report drep = HK_REPORT_INIT;
         if (hkn_default_state_dir(defdir, sizeof defdir, &drep))
             return usage_error("pull", drep.message);
         cfg.state_dir = defdir;
     }
     if (!pubkey && !cfg.trust.allow_unsigned)
         return usage_error("pull", "--pubkey FILE is required");
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_puller *p = NULL;
     int rc = 1, err = 0;
     if (pubkey) {

@@ -38,7 +38,7 @@ typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_f
 typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
 /* The engine's current version number of `module` (0 when none). */
 typedef uint64_t (*hkn_version_fn)(void *ud, const char *module);
-/* A snapshot of the engine's counters. */
+/* A snapshot of the engine's counters into out (its size set). */
 typedef void (*hkn_stats_fn)(void *ud, hk_stats *out);
 
 typedef struct hkn_engine {
@@ -52,7 +52,8 @@ typedef struct hkn_engine {
 
 /* ---- reports ----------------------------------------------------------- */
 
-/* Frees rep->log and zeroes rep. The network layer does this itself instead
+/* Frees rep->log and empties rep (a full report of the library's layout, as
+ * every report inside the library is). The network layer does this itself instead
  * of calling hk_report_clear so it links without the engine's objects. */
 void hkn_report_reset(hk_report *rep);
 /* Sets rep->error and a printf-formatted message; returns err. rep may be NULL. */

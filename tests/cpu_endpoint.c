@@ -158,7 +158,7 @@ static void (*cfg_hook)(hkn_endpoint_cfg *);
 
 static void start(const char *token, size_t max_body, const char *cert, const char *pkey) {
     hkn_endpoint_cfg cfg;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_endpoint_cfg_init(&cfg);
     cfg.port = 0;
     cfg.token = token;
@@ -186,7 +186,7 @@ static void setup(void) {
     ck_assert_int_eq(hkn_keygen(&key), 0);
     snprintf(key_path, sizeof key_path, "%s/hotkern.key", tmp);
     snprintf(src_path, sizeof src_path, "%s/add.cu", tmp);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_seckey_save(key_path, &key, &rep), 0);
     ck_assert_int_eq(hkt_write_file(src_path, kernel_src), 0);
 }
@@ -317,7 +317,7 @@ static const char *body_file(const hkn_seckey *k, const char *module, uint64_t v
     char *path = paths[next++ % 16];
     char *manifest, *sig;
     size_t mlen;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_blob b = {.name = "add.cu", .bytes = kernel_src, .size = strlen(kernel_src)};
     ck_assert_int_eq(hkn_release_sign(k, module, version, time(NULL), expires, &b, 1, &manifest,
                                       &mlen, &sig, &rep),
@@ -798,7 +798,7 @@ static const char *rollback_file(const hkn_seckey *k, const char *module, uint64
     static char path[PATH_MAX];
     char *text, *sig;
     size_t len;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, &text, &len, &sig, &rep),
                      0);
     cJSON *o = cJSON_CreateObject();
