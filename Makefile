@@ -13,11 +13,13 @@ CC       ?= cc
 CORE_PKGS := libsodium
 NET_PKGS := libcurl libmicrohttpd libsodium libcjson
 PKGS     := $(sort $(CORE_PKGS) $(NET_PKGS))
-SONAME   := libhotkern.so.0
-NET_SONAME := libhotkern-net.so.0
-# The version the public header states (HK_VERSION_*), for hotkern.pc.
+# The version the public header states (HK_VERSION_*), for hotkern.pc; the
+# sonames carry its major version (see "ABI" in docs/DESIGN.md).
 VERSION  := $(shell awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $$3; sep="."}' \
               include/hotkern/hotkern.h)
+MAJOR    := $(firstword $(subst ., ,$(VERSION)))
+SONAME   := libhotkern.so.$(MAJOR)
+NET_SONAME := libhotkern-net.so.$(MAJOR)
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
@@ -167,7 +169,8 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 # library and a CMake package (lib/cmake/hotkern: hotkern::hotkern, hotkern::net).
 LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
-SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g'
+SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
+              -e 's|@MAJOR@|$(MAJOR)|g'
 install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin

@@ -45,6 +45,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +56,17 @@ extern "C" {
 #else
 #define HK_API
 #endif
+
+/* An initialiser of a sized structure: its size, every other field zero
+ * (hk_report r = HK_REPORT_INIT). In C++, g++ -Wextra warns about the fields
+ * it leaves out: the hk_*_init() functions do the same without a warning. */
+/* clang-format off */
+#ifndef __cplusplus
+#define HK_SIZED_INIT(type) {.size = sizeof(type)}
+#else
+#define HK_SIZED_INIT(type) {sizeof(type)}
+#endif
+/* clang-format on */
 
 #define HK_VERSION_MAJOR 1
 #define HK_VERSION_MINOR 0
@@ -142,18 +154,12 @@ typedef struct hk_report {
     double total_ms;   /* wall time from the call (or submission) to the outcome */
 } hk_report;
 
-#ifdef __cplusplus
-#define HK_REPORT_INIT                                                                             \
-    { sizeof(hk_report) }
-#else
-#define HK_REPORT_INIT                                                                             \
-    { .size = sizeof(hk_report) }
-#endif
+#define HK_REPORT_INIT HK_SIZED_INIT(hk_report)
 
 /* Sets r to an empty report of the caller's layout. */
 static inline void hk_report_init(hk_report *r) {
-    const hk_report empty = HK_REPORT_INIT;
-    *r = empty;
+    memset(r, 0, sizeof *r);
+    r->size = sizeof *r;
 }
 
 /* Frees r->log and zeroes the report's fields within r->size, keeping size,
@@ -529,17 +535,11 @@ typedef struct hk_stats {
                                     * at the gate and then went on */
 } hk_stats;
 
-#ifdef __cplusplus
-#define HK_STATS_INIT                                                                              \
-    { sizeof(hk_stats) }
-#else
-#define HK_STATS_INIT                                                                              \
-    { .size = sizeof(hk_stats) }
-#endif
+#define HK_STATS_INIT HK_SIZED_INIT(hk_stats)
 
 static inline void hk_stats_init(hk_stats *s) {
-    const hk_stats empty = HK_STATS_INIT;
-    *s = empty;
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
 }
 
 /* Snapshot of the counters into out, within out->size (set it with

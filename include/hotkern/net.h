@@ -205,17 +205,11 @@ typedef struct hk_pull_stats {
     char last_message[512];
 } hk_pull_stats;
 
-#ifdef __cplusplus
-#define HK_PULL_STATS_INIT                                                                         \
-    { sizeof(hk_pull_stats) }
-#else
-#define HK_PULL_STATS_INIT                                                                         \
-    { .size = sizeof(hk_pull_stats) }
-#endif
+#define HK_PULL_STATS_INIT HK_SIZED_INIT(hk_pull_stats)
 
 static inline void hk_pull_stats_init(hk_pull_stats *s) {
-    const hk_pull_stats empty = HK_PULL_STATS_INIT;
-    *s = empty;
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
 }
 
 /* Snapshot of the puller's counters into out, within out->size. Returns 0,
