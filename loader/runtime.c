@@ -239,6 +239,8 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     int err = 0;
     hk_runtime *rt = NULL;
     hk_options o;
+    if (out)
+        *out = NULL;
     hk_options_init(&o);
     if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
         hkl_report_set(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",

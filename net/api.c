@@ -317,6 +317,8 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
                       hk_report *rep) {
     hk_report full;
     hk_endpoint_options o;
+    if (out)
+        *out = NULL;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err;
@@ -412,6 +414,8 @@ fail:
 int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
     hk_report full;
     hk_pull_options o;
+    if (out)
+        *out = NULL;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err;
