@@ -64,7 +64,7 @@ ARCHIVES := $(NET_STATIC) $(STATIC)
 CLI      := $(BUILD)/bin/hotkern
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
-        bench bench-prebuilt install lint format clean fuzz fuzz-build
+        bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check abi-baseline
 
 all: build
 
@@ -81,6 +81,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory build
 	@sh tests/run.sh $(BUILD)
+	@sh scripts/abi-check.sh $(BUILD)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
@@ -113,6 +114,19 @@ bench: deps
 
 bench-prebuilt:
 	@sh bench/run.sh $(BUILD)
+
+# The shared libraries' ABI against the committed baselines abi/*.abi
+# (libabigail): fails on an incompatible change; added functions and fields
+# appended to sized structures pass (docs/DESIGN.md, "ABI"). `make test` runs
+# it. abi-baseline rewrites the baselines on purpose, after showing what
+# changed: with each release, and with a major version bump.
+abi-check: deps
+	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
+	@sh scripts/abi-check.sh $(BUILD)
+
+abi-baseline: deps
+	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
+	@sh scripts/abi-check.sh $(BUILD) --update
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -236,7 +250,7 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch
                cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch])
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh tests/run.sh
+	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh
 
 format:
 	clang-format -i $(FORMAT_SRC)
