@@ -240,11 +240,12 @@ typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata, char *msg,
                            size_t msg_size);
 
-/* A header held in memory (frozen: given in arrays, it never grows). CUDA C builds find it by
- * `name` exactly as written in an #include ("common.cuh" or <common.cuh>) before any file, so
- * kernels that include their own headers build where those files do not exist (a server receiving a
- * push, a test). `data` is text and need not be NUL-terminated; it is copied by the call that takes
- * it. */
+/* A header held in memory. CUDA C builds find it by `name` exactly as written
+ * in an #include ("common.cuh" or <common.cuh>) before any file, so kernels
+ * that include their own headers build where those files do not exist (a
+ * server receiving a push, a test). `data` is text and need not be
+ * NUL-terminated; it is copied by the call that takes it.
+ * Frozen: given in arrays, it never grows (its `size` is the data's). */
 typedef struct hk_header {
     const char *name; /* e.g. "common.cuh"; not empty */
     const void *data;
