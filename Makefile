@@ -13,11 +13,13 @@ CC       ?= cc
 CORE_PKGS := libsodium
 NET_PKGS := libcurl libmicrohttpd libsodium libcjson
 PKGS     := $(sort $(CORE_PKGS) $(NET_PKGS))
-SONAME   := libhotkern.so.0
-NET_SONAME := libhotkern-net.so.0
-# The version the public header states (HK_VERSION_*), for hotkern.pc.
+# The version the public header states (HK_VERSION_*), for hotkern.pc; the
+# sonames carry its major version (see "ABI" in docs/DESIGN.md).
 VERSION  := $(shell awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $$3; sep="."}' \
               include/hotkern/hotkern.h)
+MAJOR    := $(firstword $(subst ., ,$(VERSION)))
+SONAME   := libhotkern.so.$(MAJOR)
+NET_SONAME := libhotkern-net.so.$(MAJOR)
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
@@ -72,7 +74,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
             -lcudart
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
-        demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build
+        demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
+        abi-baseline
 
 all: build
 
@@ -90,6 +93,7 @@ test: deps
 	@$(MAKE) --no-print-directory build
 	@sh tests/run.sh $(BUILD)
 	@sh tests/run-examples.sh $(BUILD)
+	@sh scripts/abi-check.sh $(BUILD)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
@@ -128,6 +132,19 @@ bench: deps
 
 bench-prebuilt:
 	@sh bench/run.sh $(BUILD)
+
+# The shared libraries' ABI against the committed baselines abi/*.abi
+# (libabigail): fails on an incompatible change; added functions and fields
+# appended to sized structures pass (docs/DESIGN.md, "ABI"). `make test` runs
+# it. abi-baseline rewrites the baselines on purpose, after showing what
+# changed: with each release, and with a major version bump.
+abi-check: deps
+	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
+	@sh scripts/abi-check.sh $(BUILD)
+
+abi-baseline: deps
+	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
+	@sh scripts/abi-check.sh $(BUILD) --update
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -191,7 +208,8 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 # library and a CMake package (lib/cmake/hotkern: hotkern::hotkern, hotkern::net).
 LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
-SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g'
+SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
+              -e 's|@MAJOR@|$(MAJOR)|g'
 install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
@@ -257,7 +275,7 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch
                cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh tests/run.sh tests/run-examples.sh
+	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh
 
 format:
 	clang-format -i $(FORMAT_SRC)

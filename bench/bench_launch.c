@@ -92,7 +92,7 @@ int main(void) {
         return 1;
     }
     hk_runtime *rt;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hk_options o;
     hk_options_init(&o);
     o.cache_dir = "";

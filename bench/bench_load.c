@@ -198,7 +198,7 @@ typedef struct {
  * continuous launches cuMemGetInfo waits for the driver's lock like a load
  * does, and hotkern cannot hold launches it does not make. */
 static void sample(sampler *S, int with_mem) {
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     size_t fr = S->n ? S->free1 : 0, total = 0;
     if (with_mem)
@@ -223,7 +223,7 @@ static void hk_swaps(swaps *w, int max, sampler *S) {
     so.stage = HK_STAGE_NOW;
     while (w->attempted < max && bench_ns() < deadline) {
         int tag = 3 - cur_tag;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         if (gap_us)
             usleep((useconds_t)gap_us);
         uint64_t t0 = bench_ns();
@@ -447,7 +447,7 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     if (!p->raw_swap && !p->no_swap) {
         /* Cumulative since the runtime was created (the maximum cannot be
          * split by phase): where launchers' pauses may come from. */
-        hk_stats gs;
+        hk_stats gs = HK_STATS_INIT;
         hk_stats_get(rt, &gs);
         printf("%s: launch gate so far: closed %llu times, longest %.3f ms; launches that waited "
                "the full hold %llu\n",
@@ -538,7 +538,7 @@ int main(int argc, char **argv) {
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.stage = HK_STAGE_NOW;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep) || hk_swap(rt, "tag", img[1], nimg[1], &so, &rep) ||
         hk_kernel_get(rt, "tag", "tagk", &hk_k)) {
         fprintf(stderr, "hotkern setup failed: %s\n", rep.message);

@@ -137,7 +137,7 @@ static void *swapper(void *arg) {
     uint64_t next = bench_ns();
     while (!atomic_load(&stop)) {
         int tag = 3 - cur_tag;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         int rc = hk_swap(rt, "tag", img[tag], nimg[tag], &so, &rep);
         if (rc == 0) {
             cur_tag = tag;
@@ -276,7 +276,7 @@ static sample take(double t) {
                 .bad = atomic_load(&bad_tags)};
     size_t fr = 0, total = 0;
     bd.MemGetInfo(&fr, &total);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     s.m[M_RSS] = rss_mib();
     s.m[M_FDS] = (double)open_fds();
@@ -325,7 +325,7 @@ int main(int argc, char **argv) {
     }
     hk_options o;
     hk_options_init(&o);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep) || hk_swap(rt, "tag", img[1], nimg[1], NULL, &rep) ||
         hk_kernel_get(rt, "tag", "tagk", &hk_k)) {
         fprintf(stderr, "hotkern setup failed: %s\n", rep.message);
@@ -384,7 +384,7 @@ int main(int argc, char **argv) {
     int got = h_tags[FINAL_SLOT];
     bd.StreamDestroy(s);
     int reclaim = hk_reclaim_wait(rt, 10000);
-    hk_stats stats;
+    hk_stats stats = HK_STATS_INIT;
     hk_stats_get(rt, &stats);
     printf("soak: %ld frames, %ld versions committed at safe points; after the run hk_launch runs "
            "tag %d, last committed tag %d: %s; after hk_reclaim_wait (%s) live versions %llu, "

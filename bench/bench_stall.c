@@ -91,7 +91,7 @@ static void *swap_thread(void *arg) {
     bd.CtxSetCurrent(ctx);
     usleep(300000);
     for (int i = 0; !atomic_load(&stop) && i < 64; i++) {
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         uint64_t t0 = bench_ns();
         if (!strcmp(mode, "probe-ctxsync")) {
             bench_ctx_sync();
@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
         hk_options_init(&o);
         o.cache_dir = "";
         o.loader = !strcmp(mode, "hk-module") ? HK_LOADER_MODULE : HK_LOADER_LIBRARY;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         if (hk_runtime_create(&rt, &o, &rep) || hk_swap(rt, "m", img[1], nimg[1], NULL, &rep)) {
             fprintf(stderr, "hotkern: %s\n", rep.message);
             return 1;

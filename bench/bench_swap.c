@@ -111,7 +111,7 @@ static hk_runtime *rt_with(hk_loader loader, hk_ptx_mode mode, const char *cache
     o.ptx_mode = mode;
     o.cache_dir = cache;
     hk_runtime *rt;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep)) {
         fprintf(stderr, "create: %s\n", rep.message);
         exit(1);
@@ -120,7 +120,7 @@ static hk_runtime *rt_with(hk_loader loader, hk_ptx_mode mode, const char *cache
 }
 
 static void swap_or_die(hk_runtime *rt, const char *mod, const void *img, size_t n) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_swap(rt, mod, img, n, NULL, &rep)) {
         fprintf(stderr, "swap failed: %s\n%s\n", rep.message, rep.log ? rep.log : "");
         exit(1);
@@ -224,7 +224,7 @@ static void latency(void) {
     swap_or_die(rtp, "m", ptx2, nptx2);
     alternate(rtp, "m", ptx, nptx, ptx2, nptx2, hk);
     report("hk_swap(PTX via nvJitLink, cache hit)+launch", hk, REPS, base_ptx);
-    hk_stats pst;
+    hk_stats pst = HK_STATS_INIT;
     hk_stats_get(rtp, &pst);
     printf("  (cache: %llu hits, %llu misses)\n", (unsigned long long)pst.cache_hits,
            (unsigned long long)pst.cache_misses);
@@ -257,7 +257,7 @@ static void latency(void) {
     report("hk_swap(CUDA C, cache hit)+launch", hk, REPS, base_cu);
     free(seen1);
     free(seen2);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rtc, &st);
     printf("  (cache: %llu hits, %llu misses)\n", (unsigned long long)st.cache_hits,
            (unsigned long long)st.cache_misses);

@@ -392,7 +392,7 @@ static cJSON *file_record(hkc_out *o, const char *path) {
 /* Builds one file; returns 0 when it is ok, else 1 (reported). */
 static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
     struct file_result fr = {.o = o, .path = path, .rec = file_record(o, path)};
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char *data = NULL, why[512], msg[1024];
     size_t size = 0;
     hk_format fmt = HK_FORMAT_AUTO;

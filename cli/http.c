@@ -256,7 +256,7 @@ static int previous_release(hkc_out *o, const char *base, const char *module,
 static int signed_rollback(hkc_out *o, const char *key_path, const char *module, uint64_t target,
                            uint64_t expires_in, char **body) {
     hkn_seckey key;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char *text = NULL, *sig = NULL;
     size_t tlen = 0;
     int rc = hkn_seckey_load(key_path, &key, &rep) ||

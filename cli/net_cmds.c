@@ -57,7 +57,7 @@ static const char keygen_help[] =
 
 static int write_keys(hkc_out *o, const char *sk_path, const char *pk_path) {
     hkn_seckey k;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int rc = 0;
     if (hkn_keygen(&k) != 0)
         rc = hkc_fail(o, HK_ERR_UNSUPPORTED, NULL, "libsodium failed to initialise");
@@ -117,7 +117,7 @@ static void release_free(struct release *r) {
 
 /* Reads the files into r (r->n counts those read). */
 static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, struct release *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (!(r->bytes = calloc((size_t)nfiles, sizeof *r->bytes)))
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     for (int i = 0; i < nfiles; i++) {
@@ -143,7 +143,7 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
  * the caller). Returns an exit status; r is freed on failure. */
 static int build_release(hkc_out *o, const char *key_path, uint64_t expires_in, const char *arch,
                          char **files, int nfiles, struct release *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_seckey key;
     int rc;
     if (nfiles < 1 || nfiles > HKN_MAX_ARTIFACTS)
@@ -185,7 +185,7 @@ static const char sign_help[] =
 /* Writes the release into dir: artifacts, then the signature, then the
  * manifest. */
 static int write_release(hkc_out *o, const char *dir, const struct release *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char path[PATH_MAX], sigline[256];
     int rc = 0;
     snprintf(path, sizeof path, "%s/artifacts", dir);
@@ -418,7 +418,7 @@ static void report_stats(hkc_out *o, hkn_puller *p) {
 
 /* Polls cfg->url pa->count times; the exit status follows the last poll. */
 static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_puller *p = NULL;
     int err = 0, rc;
     hkn_engine eng = {.apply = report_apply, .ud = o};
@@ -483,7 +483,7 @@ int hkc_cmd_pull(int argc, char **argv) {
         return hkc_finish(&o, hkc_usage(&o, "--pubkey FILE is required"));
     char defdir[PATH_MAX];
     if (!cfg.state_dir) {
-        hk_report drep = {0};
+        hk_report drep = HK_REPORT_INIT;
         if (hkn_default_state_dir(defdir, sizeof defdir, &drep))
             return hkc_finish(&o, hkc_usage(&o, "%s", drep.message));
         cfg.state_dir = defdir;

@@ -225,7 +225,7 @@ static int ensure_key(demo *d) {
 static int start_endpoint(demo *d, unsigned port, hk_endpoint **ep) {
     hk_endpoint_options eo;
     hk_swap_options so;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char pub[PATH_MAX], state[PATH_MAX];
     const char *trusted[1];
     int err;
@@ -518,7 +518,7 @@ int main(int argc, char **argv) {
     demo_args a = {0, 60, "demo/kernels", NULL, 0};
     demo d;
     hk_options o;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hk_swap_options wo;
     struct sigaction sa;
     char bin[DEMO_DIR / 2], real[PATH_MAX], cache[PATH_MAX], probe[PATH_MAX];

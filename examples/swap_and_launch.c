@@ -27,7 +27,7 @@ enum { N = 1024 };
 
 /* Swaps src in as module "demo" and prints the outcome. */
 static int swap(hk_runtime *rt, const char *src, size_t len) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int rc = hk_swap(rt, "demo", src, len, NULL, &rep);
     if (rc)
         fprintf(stderr, "swap: %s: %s\n%s", hk_strerror(rc), rep.message, rep.log ? rep.log : "");
@@ -51,7 +51,7 @@ static float launch(hk_kernel *step, float *x) {
 
 int main(void) {
     hk_runtime *rt;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int rc = hk_runtime_create(&rt, NULL, &rep); /* device 0's primary context */
     if (rc == HK_ERR_NO_DRIVER || rc == HK_ERR_NO_DEVICE) {
         printf("SKIP: no CUDA device: %s\n", rep.message);

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     hk_options_init(&opt);
     opt.on_event = on_event;
     hk_runtime *rt;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int rc = hk_runtime_create(&rt, &opt, &rep);
     if (rc == HK_ERR_NO_DRIVER || rc == HK_ERR_NO_DEVICE)
         return printf("SKIP: no CUDA device: %s\n", rep.message), 0;

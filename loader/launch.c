@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/abi.h"
 #include "loader/loader.h"
 
 int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out) {
@@ -209,14 +210,17 @@ int hk_launch(hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm, void *stream, vo
     return launch_failed(rt, r, cu);
 }
 
-void hk_launch_config_init(hk_launch_config *c) {
-    memset(c, 0, sizeof *c);
-    c->size = sizeof *c;
-    c->grid = c->block = (hk_dim3){1, 1, 1};
+static const hk_launch_config launch_defaults = {
+    .size = sizeof(hk_launch_config), .grid = {1, 1, 1}, .block = {1, 1, 1}};
+
+int hk_launch_config_init_size(hk_launch_config *c, size_t size) {
+    return hkl_sized_init(c, size, &launch_defaults, sizeof launch_defaults,
+                          HKL_LAUNCH_CONFIG_SIZE0);
 }
 
-int hk_launch_ex(hk_kernel *k, const hk_launch_config *c, void **args, int *cu) {
-    if (!k || !c || c->size < sizeof *c)
+int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *cu) {
+    hk_launch_config full = launch_defaults, *c = &full;
+    if (!k || !user || hkl_sized_in(&full, sizeof full, user, HKL_LAUNCH_CONFIG_SIZE0) < 0)
         return HK_ERR_INVALID;
     CUlaunchAttribute at[4];
     unsigned n = 0;
@@ -358,7 +362,7 @@ int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_repor
 }
 
 /* Sets attr (-1: cache config) on the current version and keeps it. */
-static int kernel_set(hk_kernel *k, int attr, int value, hk_report *rep) {
+static int kernel_set_locked(hk_kernel *k, int attr, int value, hk_report *rep) {
     if (rep)
         hk_report_clear(rep);
     if (!k)
@@ -398,6 +402,15 @@ static int kernel_set(hk_kernel *k, int attr, int value, hk_report *rep) {
     }
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
+    return err;
+}
+
+static int kernel_set(hk_kernel *k, int attr, int value, hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err = kernel_set_locked(k, attr, value, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
     return err;
 }
 
@@ -532,7 +545,7 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
     for (hkl_graph *g = rt->graphs; g; g = g->next) {
         if (g->k->mod != m)
             continue;
-        hk_report local = {0};
+        hk_report local = HK_REPORT_INIT;
         int e = retarget_one(rt, g, v, &local);
         if (e < 0) {
             if (!g->held && old) {
@@ -580,7 +593,7 @@ int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
     }
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkl_gate_close(rt);
     int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
     hkl_gate_open(rt);

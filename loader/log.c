@@ -131,7 +131,7 @@ void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint
                     uint64_t newv, const char *origin, const hk_report *rep) {
     if (!rt->opt.on_event)
         return;
-    hk_event ev = {kind, module, oldv, newv, origin ? origin : "api", rep};
+    hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};
     rt->opt.on_event(&ev, rt->opt.userdata);
 }
 

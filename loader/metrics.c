@@ -148,9 +148,8 @@ int hk_metrics_text_alloc(hk_runtime *rt, char **out, size_t *len) {
     hk_metrics_writer *w = hkl_mw_new();
     if (!w)
         return HK_ERR_NOMEM;
-    hk_stats s;
+    hk_stats s = HK_STATS_INIT;
     hkl_hist h;
-    memset(&s, 0, sizeof s);
     hk_stats_get(rt, &s);
     pthread_mutex_lock(&rt->stats_lock);
     h = rt->swap_hist;

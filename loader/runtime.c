@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loader/abi.h"
 #include "loader/loader.h"
 
 const char *hk_strerror(int err) {
@@ -94,10 +95,11 @@ const char *hk_strerror(int err) {
 }
 
 void hk_report_clear(hk_report *r) {
-    if (!r)
+    if (!r || r->size < HKL_REPORT_SIZE0)
         return;
     free(r->log);
-    memset(r, 0, sizeof *r);
+    size_t n = r->size < sizeof *r ? r->size : sizeof *r;
+    memset((char *)r + sizeof r->size, 0, n - sizeof r->size);
 }
 
 void hkl_report_set(hk_report *rep, int err, const char *fmt, ...) {
@@ -127,16 +129,18 @@ double hkl_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-void hk_options_init(hk_options *o) {
-    memset(o, 0, sizeof *o);
-    o->loader = HK_LOADER_LIBRARY;
-    o->ptx_mode = HK_PTX_NVJITLINK;
-    o->jit_opt_level = 4;
-    o->history = 4;
-    o->cache_max_bytes = 256ull << 20;
-    o->safe_point_wait_ms = 2000;
-    o->launch_hold_max_us = 1000;
-    o->destroy_wait_ms = 5000;
+int hk_options_init_size(hk_options *o, size_t size) {
+    hk_options d;
+    memset(&d, 0, sizeof d);
+    d.loader = HK_LOADER_LIBRARY;
+    d.ptx_mode = HK_PTX_NVJITLINK;
+    d.jit_opt_level = 4;
+    d.history = 4;
+    d.cache_max_bytes = 256ull << 20;
+    d.safe_point_wait_ms = 2000;
+    d.launch_hold_max_us = 1000;
+    d.destroy_wait_ms = 5000;
+    return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
 /* The runtime whose swap_lock this thread holds (one at a time). */
@@ -229,16 +233,21 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     return 0;
 }
 
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
-                            hk_report *rep) {
+static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+                       hk_report *rep) {
     static const int dev0 = 0;
     int err = 0;
     hk_runtime *rt = NULL;
     hk_options o;
-    if (opt)
-        o = *opt;
-    else
-        hk_options_init(&o);
+    if (out)
+        *out = NULL;
+    hk_options_init(&o);
+    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
+        hkl_report_set(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
+                       hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
+        err = HK_ERR_INVALID;
+        goto early;
+    }
     const int *devs = o.devices ? o.devices : &dev0;
     int ndev = o.ndevices > 0 ? o.ndevices : 1;
     if (!out || ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 ||
@@ -385,19 +394,35 @@ early:
     return err;
 }
 
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+                            hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0) {
+        if (drv->dl)
+            hkl_driver_close((hkl_driver *)drv);
+        return HK_ERR_INVALID;
+    }
+    int err = create_with(out, opt, drv, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
 int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     if (!out)
         return HK_ERR_INVALID;
     *out = NULL;
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
     hkl_driver d;
     char why[512];
     int err = hkl_driver_open(&d, why, sizeof why);
-    if (err < 0) {
-        hkl_report_set(rep, err, "%s", why);
-        return err;
-    }
-    /* The runtime takes the table over (and closes it on destroy). */
-    return hkl_runtime_create_with(out, opt, &d, rep);
+    if (err < 0)
+        hkl_report_set(rep ? &full : NULL, err, "%s", why);
+    else /* The runtime takes the table over (and closes it on destroy). */
+        err = hkl_runtime_create_with(out, opt, &d, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
 }
 
 static void module_free(hkl_module *m) {
@@ -597,11 +622,14 @@ int hk_runtime_arch(hk_runtime *rt) {
     return rt ? rt->arch : 0;
 }
 
-void hk_stats_get(hk_runtime *rt, hk_stats *out) {
-    if (!rt || !out)
-        return;
+int hk_stats_get(hk_runtime *rt, hk_stats *user) {
+    if (!rt || !user || hkl_size_of(user) < HKL_STATS_SIZE0)
+        return HK_ERR_INVALID;
+    hk_stats full;
+    hk_stats *out = &full;
     pthread_mutex_lock(&rt->stats_lock);
     *out = rt->stats;
+    out->size = sizeof *out;
     pthread_mutex_unlock(&rt->stats_lock);
     pthread_mutex_lock(&rt->rec_lock);
     out->retired_loaded = (uint64_t)rt->nretired;
@@ -615,6 +643,8 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
         out->cache_hits = h;
         out->cache_misses = m;
     }
+    hkl_sized_out(user, out, sizeof *out);
+    return 0;
 }
 
 /* 1 when device slot i's context is no longer the one we attached to. */
@@ -664,7 +694,7 @@ int hkl_check_reset(hk_runtime *rt) {
      * and reload into the new context by themselves. */
     for (hkl_module *m = rt->modules; m; m = m->next) {
         hkl_version *old = atomic_load(&m->current);
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         if (old && rt->opt.loader == HK_LOADER_MODULE) {
             hkl_version *nv = calloc(1, sizeof *nv);
             if (!nv)
@@ -733,7 +763,7 @@ int hkl_check_reset(hk_runtime *rt) {
 /* Tells the application about a reset that hkl_check_reset handled. Called
  * with no lock held, so the callback may call hotkern. */
 void hkl_emit_reset(hk_runtime *rt) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkl_report_set(&rep, HK_ERR_CONTEXT_RESET,
                    "CUDA context reset detected (cudaDeviceReset?): current versions are "
                    "loaded in the new context; buffers and __device__ state from before the "

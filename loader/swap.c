@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "loader/abi.h"
 #include "loader/loader.h"
 
 /* Errors after which an unload may succeed later: retry, never count. */
@@ -41,10 +42,12 @@ static int unload_retryable(CUresult r) {
 
 #define JIT_LOG_SIZE 16384
 
-void hk_swap_options_init(hk_swap_options *o) {
-    memset(o, 0, sizeof *o);
-    o->carry_globals = 1;
-    o->stage = HK_STAGE_AUTO;
+int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
+    hk_swap_options d;
+    memset(&d, 0, sizeof d);
+    d.carry_globals = 1;
+    d.stage = HK_STAGE_AUTO;
+    return hkl_sized_init(o, size, &d, sizeof d, HKL_SWAP_OPTIONS_SIZE0);
 }
 
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
@@ -819,10 +822,10 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
     if (!j)
         return HK_ERR_NOMEM;
     snprintf(j->name, sizeof j->name, "%s", name);
-    if (opt)
-        j->opt = *opt;
-    else
-        hk_swap_options_init(&j->opt);
+    if (hkl_swap_options_in(&j->opt, opt) < 0) {
+        free(j);
+        return HK_ERR_INVALID;
+    }
     j->data = malloc(size);
     j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
     j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
@@ -963,8 +966,8 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     return err;
 }
 
-int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
-            const hk_swap_options *opt, hk_report *rep) {
+static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t size,
+                     const hk_swap_options *opt, hk_report *rep) {
     double t_start = hkl_now_ms();
     if (rep)
         hk_report_clear(rep);
@@ -988,7 +991,7 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
     j->t_start = t_start;
-    hk_report local = {0};
+    hk_report local = HK_REPORT_INIT;
     hk_report *r = rep ? rep : &local;
     err = job_build(rt, j, r);
     if (err < 0) {
@@ -1002,6 +1005,22 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
     }
     hkl_job_free(j);
     hk_report_clear(&local);
+    return err;
+}
+
+int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
+            const hk_swap_options *opt, hk_report *rep) {
+    hk_report full;
+    hk_swap_options o;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err = HK_ERR_INVALID;
+    if (hkl_swap_options_in(&o, opt) < 0)
+        hkl_report_set(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
+                       hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
+    else
+        err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
     return err;
 }
 
@@ -1040,7 +1059,7 @@ int hk_module_global(hk_runtime *rt, const char *module, const char *name, int s
     return err;
 }
 
-int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
+static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     double t_start = hkl_now_ms();
     if (rep)
         hk_report_clear(rep);
@@ -1050,7 +1069,7 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
         hkl_report_set(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
         return HK_ERR_BUSY;
     }
-    hk_report local = {0};
+    hk_report local = HK_REPORT_INIT;
     hk_report *r = rep ? rep : &local;
     uint64_t oldv = 0;
     CUstreamCaptureMode mode = hkl_relax(rt);
@@ -1124,6 +1143,15 @@ out:
     return err;
 }
 
+int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err = rollback_call(rt, name, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
 /* ---- the worker and safe points ---------------------------------------- */
 
 /* Gives a waiting hk_swap its outcome; rep (may be NULL) is moved into the
@@ -1133,7 +1161,7 @@ static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
     if (rep && w->rep) {
         hk_report_clear(w->rep);
         *w->rep = *rep;
-        memset(rep, 0, sizeof *rep);
+        hk_report_init(rep);
     } else if (w->rep) {
         hkl_report_set(w->rep, err, "%s", hk_strerror(err));
     }
@@ -1171,7 +1199,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
     while (list) {
         hkl_job *j = list;
         list = j->next;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         hkl_swap_built(rt, j, 0, &rep);
         hk_report_clear(&rep);
         hkl_job_free(j);
@@ -1212,7 +1240,7 @@ static void *worker_main(void *arg) {
         rt->busy++;
         pthread_mutex_unlock(&rt->work_lock);
 
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         int err = job_build(rt, j, &rep);
         int deferred = 0;
         if (err < 0) {
@@ -1332,7 +1360,7 @@ int hk_safe_point(hk_runtime *rt) {
     while (list) {
         hkl_job *j = list;
         list = j->next;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         j->at_safe_point = 1;
         int err = hkl_swap_built(rt, j, 0, &rep);
         committed += err == 0;

@@ -14,6 +14,10 @@
  * stage mode is the template's (HK_STAGE_AUTO by default): in a program that
  * calls hk_safe_point, hk_swap waits for the next safe point, so a push never
  * stalls the program's launches.
+ *
+ * The public structures are sized (loader/abi.h): each entry point takes the
+ * caller's options and report into structures of its own layout first, so
+ * the code below reads every field without asking whether the caller has it.
  */
 #include <arpa/inet.h>
 #include <limits.h>
@@ -22,7 +26,13 @@
 #include <string.h>
 
 #include "hotkern/net.h"
+#include "loader/abi.h"
 #include "net/net.h"
+
+/* First layouts (see loader/abi.h). */
+#define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
+#define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
+#define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
 
 /* What the engine callbacks need; immutable once the source runs. */
 struct adapter {
@@ -128,10 +138,9 @@ static int dup_strv(const char *const *in, int n, char ***out) {
 static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_options *tpl,
                         hk_report *rep) {
     ad->rt = rt;
-    if (tpl)
-        ad->swap = *tpl;
-    else
-        hk_swap_options_init(&ad->swap);
+    if (hkl_swap_options_in(&ad->swap, tpl) < 0)
+        return hkn_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
+                        hkl_size_of(tpl));
     /* The caller's arrays are read during the call only: keep copies. */
     if (dup_strv(ad->swap.nvrtc_options, ad->swap.nnvrtc_options, &ad->nvrtc_options) ||
         dup_strv(ad->swap.name_expressions, ad->swap.nname_expressions, &ad->name_expressions))
@@ -139,12 +148,12 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
     ad->swap.name_expressions = (const char *const *)ad->name_expressions;
     int nh = ad->swap.nheaders > 0 && ad->swap.headers ? ad->swap.nheaders : 0;
+    const hk_header *src = ad->swap.headers;
     if (nh > 64)
         return hkn_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
     ad->swap.headers = NULL;
     ad->swap.nheaders = 0;
     if (nh) {
-        const hk_header *src = tpl->headers;
         if (!(ad->headers = calloc((size_t)nh, sizeof *ad->headers)))
             return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
         ad->swap.headers = ad->headers;
@@ -252,25 +261,26 @@ static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_repor
     return err ? hkn_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
 }
 
-void hk_endpoint_options_init(hk_endpoint_options *o) {
-    memset(o, 0, sizeof *o);
-    o->address = "127.0.0.1";
-    o->max_body_bytes = 64u << 20;
-    o->max_connections = 1024;
-    o->timeout_s = 30;
-    o->per_ip_connections = 128;
-    o->request_timeout_s = 60;
-    o->threads = 2;
+int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
+    hk_endpoint_options d;
+    memset(&d, 0, sizeof d);
+    d.address = "127.0.0.1";
+    d.max_body_bytes = 64u << 20;
+    d.max_connections = 1024;
+    d.timeout_s = 30;
+    d.per_ip_connections = 128;
+    d.request_timeout_s = 60;
+    d.threads = 2;
+    return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
 }
 
-int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
-                      hk_report *rep) {
+/* hk_endpoint_start with opt in the library's layout and a full report. */
+static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
+                          hk_report *rep) {
     int err;
     char *cert = NULL, *key = NULL, dirbuf[PATH_MAX];
     size_t len;
     hkn_endpoint_cfg cfg;
-    if (!rt || !opt || !out)
-        return hkn_fail(rep, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
     *out = NULL;
     if (opt->port > 65535)
         return hkn_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
@@ -341,6 +351,27 @@ fail:
     return err;
 }
 
+int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
+                      hk_report *rep) {
+    hk_report full;
+    hk_endpoint_options o;
+    if (out)
+        *out = NULL;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err;
+    hk_endpoint_options_init(&o);
+    if (!rt || !opt || !out)
+        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
+    else if (hkl_sized_in(&o, sizeof o, opt, HKN_ENDPOINT_OPTIONS_SIZE0) < 0)
+        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
+                       hkl_size_of(opt), (size_t)HKN_ENDPOINT_OPTIONS_SIZE0);
+    else
+        err = endpoint_start(rt, &o, out, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
 unsigned hk_endpoint_port(const hk_endpoint *ep) {
     return ep ? hkn_endpoint_port(ep->ep) : 0;
 }
@@ -358,19 +389,21 @@ void hk_endpoint_stop(hk_endpoint *ep) {
 
 /* ---- puller ------------------------------------------------------------ */
 
-void hk_pull_options_init(hk_pull_options *o) {
+int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
     hkn_pull_cfg c;
+    hk_pull_options d;
     hkn_pull_cfg_init(&c);
-    memset(o, 0, sizeof *o);
-    o->interval_ms = c.interval_ms;
-    o->jitter_pct = c.jitter_pct;
-    o->max_backoff_ms = c.max_backoff_ms;
-    o->connect_timeout_ms = c.connect_timeout_ms;
-    o->total_timeout_ms = c.total_timeout_ms;
-    o->low_speed_bytes = c.low_speed_bytes;
-    o->low_speed_s = c.low_speed_s;
-    o->max_manifest_bytes = c.max_manifest;
-    o->max_artifact_bytes = c.max_artifact;
+    memset(&d, 0, sizeof d);
+    d.interval_ms = c.interval_ms;
+    d.jitter_pct = c.jitter_pct;
+    d.max_backoff_ms = c.max_backoff_ms;
+    d.connect_timeout_ms = c.connect_timeout_ms;
+    d.total_timeout_ms = c.total_timeout_ms;
+    d.low_speed_bytes = c.low_speed_bytes;
+    d.low_speed_s = c.low_speed_s;
+    d.max_manifest_bytes = c.max_manifest;
+    d.max_artifact_bytes = c.max_artifact;
+    return hkl_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
 }
 
 static void puller_metrics(hk_metrics_writer *w, void *ud) {
@@ -378,13 +411,14 @@ static void puller_metrics(hk_metrics_writer *w, void *ud) {
     hkn_pull_metrics(h->p, w);
 }
 
-int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
+/* hk_pull_start with opt in the library's layout and a full report. */
+static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
     int err;
     char dirbuf[PATH_MAX];
     hkn_pull_cfg cfg;
-    if (!rt || !opt || !opt->url || !out)
-        return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: NULL argument");
     *out = NULL;
+    if (!opt->url)
+        return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
     if (hkn_crypto_init())
         return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     hk_puller *h = calloc(1, sizeof *h);
@@ -428,11 +462,31 @@ fail:
     return err;
 }
 
-void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out) {
+int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
+    hk_report full;
+    hk_pull_options o;
+    if (out)
+        *out = NULL;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err;
+    hk_pull_options_init(&o);
+    if (!rt || !opt || !out)
+        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
+    else if (hkl_sized_in(&o, sizeof o, opt, HKN_PULL_OPTIONS_SIZE0) < 0)
+        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
+                       hkl_size_of(opt), (size_t)HKN_PULL_OPTIONS_SIZE0);
+    else
+        err = pull_start(rt, &o, out, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
+int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
     hkn_pull_stats s;
-    memset(out, 0, sizeof *out);
-    if (!p)
-        return;
+    hk_pull_stats full = HK_PULL_STATS_INIT, *out = &full;
+    if (!p || !user || hkl_size_of(user) < HKN_PULL_STATS_SIZE0)
+        return HK_ERR_INVALID;
     hkn_pull_stats_get(p->p, &s);
     out->requests = s.requests;
     out->not_modified = s.not_modified;
@@ -443,6 +497,8 @@ void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out) {
     out->bytes = s.bytes;
     out->last_error = s.last_error;
     memcpy(out->last_message, s.last_message, sizeof out->last_message);
+    hkl_sized_out(user, out, sizeof *out);
+    return 0;
 }
 
 void hk_pull_stop(hk_puller *p) {

@@ -475,7 +475,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         goto out;
     size_t k = hkn_pick_artifact(&m, ep->eng.arch);
     *version = m.version;
-    hk_report arep = {0};
+    hk_report arep = HK_REPORT_INIT;
     hk_header hdrs[HKN_MAX_ARTIFACTS];
     int nh = hkn_release_headers(&m, (const void *const *)bytes, sizes, hdrs);
     err = ep->eng.apply(ep->eng.ud, m.module, m.version, m.artifacts[k].format, bytes[k], sizes[k],
@@ -494,7 +494,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         if (!rep->message[0])
             snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m.module,
                      (unsigned long long)m.version, hkn_error_name(err));
-        hk_report srep = {0};
+        hk_report srep = HK_REPORT_INIT;
         if (hkn_state_revert(ep->state, m.module, m.version, prev, &srep) != 0) {
             size_t n = strlen(rep->message);
             snprintf(rep->message + n, sizeof rep->message - n,
@@ -514,7 +514,7 @@ out:
 }
 
 static void run_release(hkn_endpoint *ep, struct req *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     uint64_t version = 0;
     int verified = 0;
     int err = do_release(ep, r, &rep, &version, &verified);
@@ -590,7 +590,7 @@ out:
 }
 
 static void run_rollback(hkn_endpoint *ep, struct req *r) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = 0;
     /* The token, when configured, was checked with the headers; without it
      * the request must carry its own signature. */

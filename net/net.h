@@ -66,7 +66,8 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 
 /* ---- reports ----------------------------------------------------------- */
 
-/* Frees rep->log and zeroes rep. The network layer does this itself instead
+/* Frees rep->log and empties rep (a full report of the library's layout, as
+ * every report inside the library is). The network layer does this itself instead
  * of calling hk_report_clear so it links without the engine's objects. */
 void hkn_report_reset(hk_report *rep);
 /* Sets rep->error and a printf-formatted message; returns err. rep may be NULL. */

@@ -231,7 +231,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     int in_txn = 0; /* 1: holding the shared state's transaction */
     int err;
     uint64_t prev = 0;
-    hk_report local = {0};
+    hk_report local = HK_REPORT_INIT;
     if (!rep)
         rep = &local;
     memset(arts, 0, sizeof arts);
@@ -329,7 +329,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         (err = hkn_state_accept(p->state, m.module, m.version, rep)))
         goto out;
     size_t k = hkn_pick_artifact(&m, p->eng.arch);
-    hk_report arep = {0};
+    hk_report arep = HK_REPORT_INIT;
     const void *abytes[HKN_MAX_ARTIFACTS];
     size_t asizes[HKN_MAX_ARTIFACTS];
     hk_header hdrs[HKN_MAX_ARTIFACTS];
@@ -349,7 +349,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
      * validators either way so a refused build is not retried every poll. */
     keep = 1;
     if (err) {
-        hk_report srep = {0};
+        hk_report srep = HK_REPORT_INIT;
         if (hkn_state_revert(p->state, m.module, m.version, prev, &srep) != 0)
             snprintf(rep->message + strlen(rep->message),
                      sizeof rep->message - strlen(rep->message),
@@ -432,7 +432,7 @@ static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned dela
 static void *poll_thread(void *arg) {
     hkn_puller *p = arg;
     for (;;) {
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         int err = hkn_pull_poll(p, &rep);
         unsigned delay = next_delay(p, err);
         log_next(p, err, &rep, delay);

@@ -43,7 +43,7 @@ void hkn_report_reset(hk_report *rep) {
     if (!rep)
         return;
     free(rep->log);
-    memset(rep, 0, sizeof *rep);
+    hk_report_init(rep);
 }
 
 int hkn_fail(hk_report *rep, int err, const char *fmt, ...) {

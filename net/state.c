@@ -123,7 +123,7 @@ static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
     *out = NULL;
-    hk_report rrep = {0};
+    hk_report rrep = HK_REPORT_INIT;
     int err = hkn_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
     if (err == HK_ERR_NOT_FOUND) {
         *out = cJSON_CreateObject();
@@ -387,7 +387,7 @@ int hkn_state_lookup(hkn_state *s, const char *module, uint64_t *out, hk_report 
 
 uint64_t hkn_state_get(hkn_state *s, const char *module) {
     uint64_t v;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hkn_state_lookup(s, module, &v, &rep);
     hkn_report_reset(&rep);
     /* Fail closed: an unreadable record refuses every version. */

@@ -311,7 +311,7 @@ static char base[64];
  * and an endpoint trusting hotkern.pub (with a bearer token when given). */
 static void net_setup(const char *token) {
     hkn_seckey key, other;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char p[PATH_MAX];
     ck_assert_int_eq(hkn_keygen(&key), 0);
     ck_assert_int_eq(hkn_keygen(&other), 0);

@@ -80,7 +80,7 @@ START_TEST(driver_lacking_uncalled_entries_binds) {
     hkl_driver_close(&d);
 
     hk_runtime *rt = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hk_runtime_create(&rt, NULL, &rep);
     ck_assert_msg(err != HK_ERR_NO_DRIVER, "%s", rep.message);
     ck_assert_msg(err < 0, "the stand-in driver has no device");

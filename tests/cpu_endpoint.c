@@ -130,7 +130,7 @@ static hkn_endpoint *ep;
 /* What GET /metrics answers with a runtime behind it: the engine's families
  * (from the recorder's counters) and the endpoint's. */
 static char *rec_metrics(void *ud, size_t *len) {
-    hk_stats s;
+    hk_stats s = HK_STATS_INIT;
     char *text = NULL;
     memset(&s, 0, sizeof s);
     rec_stats(ud, &s);
@@ -173,7 +173,7 @@ static void (*cfg_hook)(hkn_endpoint_cfg *);
 
 static void start(const char *token, size_t max_body, const char *cert, const char *pkey) {
     hkn_endpoint_cfg cfg;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_endpoint_cfg_init(&cfg);
     cfg.port = 0;
     cfg.token = token;
@@ -201,7 +201,7 @@ static void setup(void) {
     ck_assert_int_eq(hkn_keygen(&key), 0);
     snprintf(key_path, sizeof key_path, "%s/hotkern.key", tmp);
     snprintf(src_path, sizeof src_path, "%s/add.cu", tmp);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_seckey_save(key_path, &key, &rep), 0);
     ck_assert_int_eq(hkt_write_file(src_path, kernel_src), 0);
 }
@@ -332,7 +332,7 @@ static const char *body_file(const hkn_seckey *k, const char *module, uint64_t v
     char *path = paths[next++ % 16];
     char *manifest, *sig;
     size_t mlen;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_blob b = {.name = "add.cu", .bytes = kernel_src, .size = strlen(kernel_src)};
     ck_assert_int_eq(hkn_release_sign(k, module, version, time(NULL), expires, &b, 1, &manifest,
                                       &mlen, &sig, &rep),
@@ -821,7 +821,7 @@ static const char *rollback_file(const hkn_seckey *k, const char *module, uint64
     static char path[PATH_MAX];
     char *text, *sig;
     size_t len;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, &text, &len, &sig, &rep),
                      0);
     cJSON *o = cJSON_CreateObject();

@@ -46,7 +46,7 @@ static hk_runtime *make_rt(int ndev, hk_loader loader) {
     o.on_event = on_event;
     o.no_warm_start = 1; /* warm_start_runs_and_stops covers it */
     hk_runtime *r = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
     return r;
@@ -65,7 +65,7 @@ static void teardown(void) {
 
 /* Waits (5 s at most) until hotkern has handled n context resets. */
 static void wait_resets(uint64_t n) {
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     for (int i = 0; i < 500; i++) {
         hk_stats_get(rt, &st);
         if (st.context_resets >= n)
@@ -99,7 +99,7 @@ static int launch_tag(hk_kernel *k) {
 START_TEST(no_driver_is_reported) {
     setenv("HK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
     hk_runtime *r = (hk_runtime *)1;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_runtime_create(&r, NULL, &rep), HK_ERR_NO_DRIVER);
     ck_assert_ptr_null(r);
     ck_assert_int_eq(rep.error, HK_ERR_NO_DRIVER);
@@ -164,7 +164,7 @@ START_TEST(argument_checks) {
 END_TEST
 
 START_TEST(load_launch_swap_reclaim) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 1, 0, 0), &rep);
     ck_assert_int_eq(rep.version, 1);
     ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
@@ -183,7 +183,7 @@ START_TEST(load_launch_swap_reclaim) {
     }
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     ck_assert_int_eq(fake_live_images(), 1);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.swaps, 5);
     ck_assert_uint_eq(st.reclaimed, 4);
@@ -206,7 +206,7 @@ static void assert_still(hk_kernel *k, int tag, uint64_t version) {
 }
 
 START_TEST(refusals_keep_old_version) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 1, 0, 0), &rep);
     hk_kernel *k, *aux;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -248,7 +248,7 @@ START_TEST(refusals_keep_old_version) {
     swap_ok("sim", ptx(6, 1, 0, 0), &rep);
     ck_assert_uint_eq(rep.version, 2);
     ck_assert_int_eq(launch_tag(k), 6);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.refused, 5);
     ck_assert_int_eq(events[HK_EVENT_REFUSED], 5);
@@ -259,7 +259,7 @@ START_TEST(refusals_keep_old_version) {
 END_TEST
 
 START_TEST(layout_change_when_accepted) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 1, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -286,7 +286,7 @@ static int refuse_odd(const char *module, uint64_t version, void *ud, char *msg,
 }
 
 START_TEST(check_callback_refuses) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.check = refuse_odd;
@@ -302,7 +302,7 @@ END_TEST
 /* ---- state -------------------------------------------------------------- */
 
 START_TEST(globals_carried_over) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 1, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -338,7 +338,7 @@ START_TEST(globals_carried_over) {
 END_TEST
 
 START_TEST(rollback_walks_back) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     for (int i = 1; i <= 3; i++)
         swap_ok("sim", ptx(i * 10, 0, 0, 0), &rep);
     hk_kernel *k;
@@ -360,7 +360,7 @@ START_TEST(rollback_walks_back) {
     ck_assert_int_eq(launch_tag(k), 40);
     ck_assert_int_eq(hk_rollback(rt, "sim", &rep), 0);
     ck_assert_int_eq(launch_tag(k), 10);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.rollbacks, 3);
     ck_assert_int_eq(events[HK_EVENT_ROLLED_BACK], 3);
@@ -369,7 +369,7 @@ START_TEST(rollback_walks_back) {
 END_TEST
 
 START_TEST(history_is_bounded) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     for (int i = 1; i <= 10; i++)
         swap_ok("sim", ptx(i, 0, 0, 0), &rep);
     int n = 0;
@@ -391,14 +391,14 @@ static void *launch_thread(void *arg) {
 }
 
 static void *swap2_thread(void *arg) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     intptr_t err = swap_src("sim", ptx(2, 0, 0, 0), &rep);
     hk_report_clear(&rep);
     return (void *)err;
 }
 
 START_TEST(old_version_outlives_launch_in_flight) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &held_kernel), 0);
     fake_hold_next_launch();
@@ -426,7 +426,7 @@ START_TEST(old_version_outlives_launch_in_flight) {
 END_TEST
 
 START_TEST(pin_keeps_version) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 1, 0, 0), &rep);
     hk_kernel *k, *aux;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -474,7 +474,7 @@ static int count_slots(hk_runtime *r) {
 START_TEST(launch_slots_outlive_runtime_and_do_not_leak) {
     /* A thread that launched exits after the runtime was destroyed (checked
      * for use-after-free by the sanitizer build). */
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &exit_kernel), 0);
     pthread_barrier_init(&exit_bar, NULL, 2);
@@ -517,7 +517,7 @@ START_TEST(each_driver_failure_is_clean) {
         "cuLibraryLoadData", "cuLibraryGetKernel",   "cuKernelGetFunction",
         "cuFuncLoad",        "cuKernelGetParamInfo", "cuLibraryGetGlobal",
         "cuMemcpyDtoDAsync", "cuStreamSynchronize",  "cuCtxPushCurrent"};
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 1, 1, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -547,7 +547,7 @@ START_TEST(each_driver_failure_is_clean) {
 END_TEST
 
 START_TEST(launch_error_is_returned) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -564,7 +564,7 @@ END_TEST
 /* ---- context reset ------------------------------------------------------ */
 
 START_TEST(reset_with_library_loader) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -575,7 +575,7 @@ START_TEST(reset_with_library_loader) {
     /* The next swap notices the reset and reattaches. */
     swap_ok("sim", ptx(2, 0, 0, 0), &rep);
     ck_assert_int_eq(launch_tag(k), 2);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.context_resets, 1);
     ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
@@ -588,7 +588,7 @@ END_TEST
 START_TEST(reset_with_module_loader) {
     hk_runtime_destroy(rt);
     rt = make_rt(1, HK_LOADER_MODULE);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(7, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -625,7 +625,7 @@ START_TEST(reset_keeps_name_expressions) {
     hk_swap_options_init(&so);
     so.name_expressions = exprs;
     so.nname_expressions = 1;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_swap(rt, "t", src, strlen(src), &so, &rep) == 0, "%s", rep.message);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "t", "scale<int>", &k), 0);
@@ -638,7 +638,7 @@ START_TEST(reset_keeps_name_expressions) {
     wait_resets(1);
     ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu), 0);
     ck_assert_int_eq(events[HK_EVENT_CONTEXT_RESET], 1);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(hk_reclaim_wait(rt, 2000), 0);
     hk_stats_get(rt, &st);
@@ -674,7 +674,7 @@ START_TEST(swap_with_in_memory_headers) {
     hk_header rth = {"common.cuh", "#define K 4\n", 12};
     o.headers = &rth;
     o.nheaders = 1;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
     rth.data = "#define K 1000\n"; /* the runtime kept its own copy */
     rth.size = 15;
@@ -767,7 +767,7 @@ START_TEST(sources_hear_builds_and_destroy) {
     static const char kind_a[] = "a", kind_b[] = "b";
     static int released;
     test_source a = {0}, b = {0};
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hk_swap_options so;
 
     released = 0;
@@ -849,7 +849,7 @@ START_TEST(warm_start_runs_and_stops) {
     for (int i = 0; i < 6000 && !hkp_warm_done(rt->warm); i++)
         usleep(10000);
     ck_assert(hkp_warm_done(rt->warm));
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = "extern \"C\" __global__ void step(int *o, unsigned n) { o[0] = n; }\n";
     ck_assert_msg(hk_swap(rt, "w", src, strlen(src), NULL, &rep) == 0, "%s", rep.message);
     hk_report_clear(&rep);
@@ -903,7 +903,7 @@ static void *graph_register(hk_kernel *k, CUgraphExec *exec) {
 }
 
 START_TEST(graph_retargeted_on_commit) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -927,7 +927,7 @@ START_TEST(graph_retargeted_on_commit) {
 END_TEST
 
 START_TEST(graph_keeps_old_code_when_retarget_fails) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -953,7 +953,7 @@ START_TEST(graph_keeps_old_code_when_retarget_fails) {
 END_TEST
 
 START_TEST(older_submission_never_overrides_newer) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -977,7 +977,7 @@ END_TEST
 START_TEST(two_devices_all_or_nothing) {
     hk_runtime_destroy(rt);
     rt = make_rt(2, HK_LOADER_LIBRARY);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -1031,7 +1031,7 @@ static uint64_t swap_thread_version;
 static const char *swap_thread_src;
 static void *swap_thread(void *arg) {
     (void)arg;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_thread_result = hk_swap(rt, "sim", swap_thread_src, strlen(swap_thread_src), NULL, &rep);
     swap_thread_version = rep.version;
     hk_report_clear(&rep);
@@ -1039,7 +1039,7 @@ static void *swap_thread(void *arg) {
 }
 
 START_TEST(auto_stage_follows_safe_points) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep); /* no safe point yet: staged at once */
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -1084,7 +1084,7 @@ START_TEST(auto_stage_falls_back_without_safe_points) {
     o.cache_dir = "";
     o.safe_point_wait_ms = 100;
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     ck_assert_int_eq(hk_safe_point(rt), 0); /* frames once... then they stop */
     swap_thread_src = ptx(2, 0, 0, 0);
@@ -1121,7 +1121,7 @@ static void *stress_launcher(void *arg) {
 }
 
 START_TEST(swaps_under_concurrent_launches) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 1, 0), &rep);
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &stress_k), 0);
     atomic_store(&stop_flag, 0);
@@ -1145,7 +1145,7 @@ START_TEST(swaps_under_concurrent_launches) {
     ck_assert_int_eq(fake_live_images(), 1);
     ck_assert_int_eq(fake_violations(), 0);
     ck_assert_int_gt(fake_launches(), 300 * 8);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.reclaimed, 300);
     hk_report_clear(&rep);
@@ -1172,7 +1172,7 @@ static char *with_shared(int bytes, const char *src) {
 }
 
 START_TEST(attributes_survive_swaps) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -1199,7 +1199,7 @@ END_TEST
 /* A version whose static shared memory leaves no room for the dynamic size
  * the handle asked for is refused; the old version runs on. */
 START_TEST(attribute_that_does_not_fit_refuses_version) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(1, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -1231,7 +1231,7 @@ START_TEST(attribute_that_does_not_fit_refuses_version) {
 END_TEST
 
 START_TEST(launch_ex_passes_its_options) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("sim", ptx(4, 0, 0, 0), &rep);
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
@@ -1255,14 +1255,16 @@ START_TEST(launch_ex_passes_its_options) {
     ck_assert_int_eq(hk_launch_ex(k, &c, args, &cu), 0);
     ck_assert_int_eq(out, 5);
     hk_launch_config old = c;
-    old.size = sizeof old - 1; /* a config this build does not know */
+    old.size = offsetof(hk_launch_config, has_priority); /* below the first layout */
+    ck_assert_int_eq(hk_launch_ex(k, &old, args, &cu), HK_ERR_INVALID);
+    old.size = 0;
     ck_assert_int_eq(hk_launch_ex(k, &old, args, &cu), HK_ERR_INVALID);
     hk_report_clear(&rep);
 }
 END_TEST
 
 START_TEST(same_image_again_is_not_reloaded) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = ptx(3, 0, 0, 0);
     swap_ok("sim", src, &rep);
     int loads = fake_calls("cuLibraryLoadData");
@@ -1271,7 +1273,7 @@ START_TEST(same_image_again_is_not_reloaded) {
     ck_assert_msg(strstr(rep.message, "already runs this image"), "%s", rep.message);
     ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads);
     ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.swaps, 1);
     ck_assert_int_eq(events[HK_EVENT_COMMITTED], 1);

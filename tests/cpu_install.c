@@ -3,7 +3,7 @@
  * programs outside the tree built against the installed libraries, the way a
  * user builds them:
  *   - a core-only program with `pkg-config --cflags --libs hotkern`, which
- *     must not pull in the network libraries (neither it nor libhotkern.so.0
+ *     must not pull in the network libraries (neither it nor libhotkern.so.1
  *     needs libcurl, libmicrohttpd or libcjson; libsodium hashes the compile
  *     cache and stays);
  *   - a program of the network sources with `pkg-config ... hotkern-net`;
@@ -43,7 +43,7 @@ static char root[PATH_MAX], build[PATH_MAX], dest[PATH_MAX];
 static const char core_src[] = "#include <hotkern/hotkern.h>\n"
                                "#include <stdio.h>\n"
                                "int main(void) {\n"
-                               "  hk_runtime *rt; hk_report rep = {0};\n"
+                               "  hk_runtime *rt; hk_report rep = HK_REPORT_INIT;\n"
                                "  int e = hk_runtime_create(&rt, NULL, &rep);\n"
                                "  printf(\"hotkern %s: %d %s: %s\\n\", hk_version(), e, "
                                "hk_strerror(e), rep.message);\n"
@@ -57,7 +57,7 @@ static const char net_src[] = "#include <hotkern/net.h>\n"
                               "#include <stdio.h>\n"
                               "int main(void) {\n"
                               "  hk_endpoint_options o; hk_endpoint *ep = NULL;\n"
-                              "  hk_report rep = {0};\n"
+                              "  hk_report rep = HK_REPORT_INIT;\n"
                               "  hk_endpoint_options_init(&o);\n"
                               "  int e = hk_endpoint_start(NULL, &o, &ep, &rep);\n"
                               "  printf(\"%s %u: %s\\n\", o.address, o.threads, hk_strerror(e));\n"
@@ -122,10 +122,10 @@ START_TEST(installs_both_libraries_headers_and_packages) {
     const char *files[] = {"usr/include/hotkern/hotkern.h",
                            "usr/include/hotkern/net.h",
                            "usr/lib/libhotkern.a",
-                           "usr/lib/libhotkern.so.0",
+                           "usr/lib/libhotkern.so.1",
                            "usr/lib/libhotkern.so",
                            "usr/lib/libhotkern-net.a",
-                           "usr/lib/libhotkern-net.so.0",
+                           "usr/lib/libhotkern-net.so.1",
                            "usr/lib/libhotkern-net.so",
                            "usr/lib/pkgconfig/hotkern.pc",
                            "usr/lib/pkgconfig/hotkern-net.pc",
@@ -138,16 +138,16 @@ START_TEST(installs_both_libraries_headers_and_packages) {
         ck_assert_msg(access(p, R_OK) == 0, "%s not installed", files[i]);
     }
     /* The sonames, and the network library's dependency on the engine. */
-    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.0' | grep -q "
-                        "'SONAME.*\\[libhotkern.so.0\\]'",
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.1' | grep -q "
+                        "'SONAME.*\\[libhotkern.so.1\\]'",
                         dest),
                      0);
-    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.0' | grep -q "
-                        "'SONAME.*\\[libhotkern-net.so.0\\]'",
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.1' | grep -q "
+                        "'SONAME.*\\[libhotkern-net.so.1\\]'",
                         dest),
                      0);
-    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.0' | grep -q "
-                        "'NEEDED.*\\[libhotkern.so.0\\]'",
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern-net.so.1' | grep -q "
+                        "'NEEDED.*\\[libhotkern.so.1\\]'",
                         dest),
                      0);
     /* The engine's package names none of the network packages. */
@@ -171,19 +171,19 @@ START_TEST(core_consumer_needs_no_network_library) {
                      0);
     /* It ran against the installed shared library, not a static copy. */
     ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd core | grep -q "
-                        "'libhotkern.so.0 => %s/usr/lib/'",
+                        "'libhotkern.so.1 => %s/usr/lib/'",
                         dest, dest, dest),
                      0);
-    /* Nothing of the network sources, directly or through libhotkern.so.0. */
+    /* Nothing of the network sources, directly or through libhotkern.so.1. */
     ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd core | grep -E " NET_LIBS_RE
                         " && exit 1 || exit 0",
                         dest, dest),
                      0);
-    ck_assert_int_eq(sh("cd '%s' && readelf -d core usr/lib/libhotkern.so.0 | grep NEEDED | "
+    ck_assert_int_eq(sh("cd '%s' && readelf -d core usr/lib/libhotkern.so.1 | grep NEEDED | "
                         "grep -E " NET_LIBS_RE " && exit 1 || exit 0",
                         dest),
                      0);
-    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.0' | grep -q NEEDED.*libnvrtc", dest),
+    ck_assert_int_eq(sh("readelf -d '%s/usr/lib/libhotkern.so.1' | grep -q NEEDED.*libnvrtc", dest),
                      0);
 }
 END_TEST
@@ -201,7 +201,7 @@ START_TEST(net_consumer_links_and_runs) {
                         dest, dest),
                      0);
     ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd net | grep -q "
-                        "'libhotkern-net.so.0 => %s/usr/lib/'",
+                        "'libhotkern-net.so.1 => %s/usr/lib/'",
                         dest, dest, dest),
                      0);
 }
@@ -218,7 +218,7 @@ START_TEST(cmake_consumers_build_and_run) {
     put("cm/net.c", net_src);
     put("cm/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
                              "project(consumer C)\n"
-                             "find_package(hotkern 0.1 REQUIRED)\n"
+                             "find_package(hotkern 1.0 REQUIRED)\n"
                              "add_executable(core core.c)\n"
                              "target_link_libraries(core PRIVATE hotkern::hotkern)\n"
                              "add_executable(net net.c)\n"
@@ -231,9 +231,9 @@ START_TEST(cmake_consumers_build_and_run) {
     /* The imported locations are the installed libraries: the programs find
      * them by the build RPATH CMake gives them, without LD_LIBRARY_PATH. */
     ck_assert_int_eq(
-        sh("cd '%s/cm/build' && ldd core | grep -q 'libhotkern.so.0 => %s/usr/lib/' && "
-           "ldd net | grep -q 'libhotkern-net.so.0 => %s/usr/lib/' && "
-           "ldd net | grep -q 'libhotkern.so.0 => %s/usr/lib/'",
+        sh("cd '%s/cm/build' && ldd core | grep -q 'libhotkern.so.1 => %s/usr/lib/' && "
+           "ldd net | grep -q 'libhotkern-net.so.1 => %s/usr/lib/' && "
+           "ldd net | grep -q 'libhotkern.so.1 => %s/usr/lib/'",
            dest, dest, dest, dest),
         0);
     ck_assert_int_eq(
@@ -243,12 +243,20 @@ START_TEST(cmake_consumers_build_and_run) {
                         "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./net",
                         dest),
                      0);
-    /* A newer major version than installed is refused. */
+    /* A newer major version than installed is refused, and so is an older
+     * one: 0.x had another ABI (no size in its structures). */
     put("cm-new/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
                                  "project(consumer NONE)\n"
-                                 "find_package(hotkern 1 REQUIRED)\n");
+                                 "find_package(hotkern 2 REQUIRED)\n");
     ck_assert_int_ne(sh("cd '%s' && cmake -S cm-new -B cm-new/build "
                         "-DCMAKE_PREFIX_PATH='%s/usr' >cmake-new.log 2>&1",
+                        dest, dest),
+                     0);
+    put("cm-new/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
+                                 "project(consumer NONE)\n"
+                                 "find_package(hotkern 0.2 REQUIRED)\n");
+    ck_assert_int_ne(sh("cd '%s' && rm -rf cm-new/build && cmake -S cm-new -B cm-new/build "
+                        "-DCMAKE_PREFIX_PATH='%s/usr' >cmake-old.log 2>&1",
                         dest, dest),
                      0);
 }
@@ -270,8 +278,8 @@ static void exports_only(const char *lib, const char *node, const char *has, con
 
 START_TEST(exports_only_hk_symbols) {
     ck_assert_msg(dest[0], "make install failed");
-    exports_only("libhotkern.so.0", "HOTKERN_0", "hk_swap", "hk_endpoint_start");
-    exports_only("libhotkern-net.so.0", "HOTKERN_NET_0", "hk_endpoint_start", "hk_swap");
+    exports_only("libhotkern.so.1", "HOTKERN_1", "hk_swap", "hk_endpoint_start");
+    exports_only("libhotkern-net.so.1", "HOTKERN_NET_1", "hk_endpoint_start", "hk_swap");
 }
 END_TEST
 

@@ -50,7 +50,7 @@ static hk_runtime *make_rt_with(hk_options *o) {
     o->cache_dir = "";
     o->on_event = on_event;
     hk_runtime *r = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hkl_runtime_create_with(&r, o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
     return r;
@@ -76,7 +76,7 @@ static void teardown(void) {
 }
 
 static void swap_ok(const char *src) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hk_swap(rt, "sim", src, strlen(src), NULL, &rep);
     ck_assert_msg(err == 0, "swap refused: %s: %s", hk_strerror(err), rep.message);
     hk_report_clear(&rep);
@@ -102,7 +102,7 @@ static int launch_tag(hk_kernel *k) {
 }
 
 static uint64_t stat_reclaimed(void) {
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     return st.reclaimed;
 }
@@ -221,7 +221,7 @@ static void hook_go(void) {
 
 static void *swap_tag2(void *arg) {
     (void)arg;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = fake_ptx(2, 0, 0, 0);
     intptr_t err = hk_swap(rt, "sim", src, strlen(src), NULL, &rep);
     hk_report_clear(&rep);
@@ -244,7 +244,7 @@ START_TEST(launch_wait_at_gate_is_bounded) {
     hook_wait_inside(); /* the swap holds the gate closed */
     ck_assert_int_eq(atomic_load(&rt->gate), 1);
     ck_assert_int_eq(launch_tag(k), 1); /* returned: waited, then went on */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_ge(st.launch_hold_timeouts, 1);
     hook_go();
@@ -277,7 +277,7 @@ START_TEST(captured_graph_keeps_its_version) {
         swap_ok(fake_ptx(2 + i % 2, 0, 0, 0));
     WAIT_FOR(stat_reclaimed() == 19);
     ck_assert_int_eq(hk_reclaim_wait(rt, 200), HK_ERR_TIMEOUT); /* v1 is held */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.retired_loaded, 1);
     ck_assert_int_eq(reclaimed_per_version[1], 0);
@@ -373,7 +373,7 @@ START_TEST(batched_unloads_open_the_gate_between_versions) {
     swap_ok(fake_ptx(1, 0, 0, 0));
     for (int i = 0; i < 6; i++)
         swap_ok(fake_ptx(2 + i % 2, 0, 0, 0) /* alternate: never the same image */);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     uint64_t closes0 = st.gate_closes, reclaimed0 = st.reclaimed;
     WAIT_FOR(stat_reclaimed() == 6);
@@ -483,7 +483,7 @@ START_TEST(callbacks_may_call_back) {
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.check = calling_check;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = fake_ptx(2, 0, 0, 0);
     ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), &so, &rep), 0);
     ck_assert_uint_eq(seen_version, 1);
@@ -610,7 +610,7 @@ START_TEST(context_read_during_reset) {
     }
     atomic_store(&ctx_stop, 1);
     pthread_join(t, NULL);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.context_resets, 5);
 }
@@ -642,7 +642,7 @@ START_TEST(safe_point_never_waits_for_the_gpu) {
     fake_wait_sync_held();                  /* reclaim thread stuck on the GPU */
     for (int i = 0; i < 3; i++)
         ck_assert_int_ge(hk_safe_point(rt), 0); /* returns */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.retired_loaded, 1);
     fake_hold_sync(0);
@@ -713,7 +713,7 @@ START_TEST(report_accounts_for_waiting) {
     pthread_create(&t, NULL, slow_swap, NULL);
     hook_wait_inside(); /* it holds the swap lock */
     hook_go();
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = fake_ptx(2, 0, 0, 0);
     ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), NULL, &rep), 0);
     pthread_join(t, NULL);

@@ -121,7 +121,7 @@ static hk_runtime *make_rt(void) {
     o.cache_dir = "";
     o.no_warm_start = 1;
     hk_runtime *r = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
     return r;
@@ -145,7 +145,7 @@ static void teardown(void) {
 }
 
 static void swap_ok(const char *mod, int tag) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *src = fake_ptx(tag, 0, 0, 0);
     int err = hk_swap(rt, mod, src, strlen(src), NULL, &rep);
     ck_assert_msg(err == 0, "swap: %s", rep.message);
@@ -154,7 +154,7 @@ static void swap_ok(const char *mod, int tag) {
 
 static void swap_bad(const char *mod) {
     static const char bad[] = ".version 8.0\n.target sm_90\n// SYNTAX ERROR\n";
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_ne(hk_swap(rt, mod, bad, strlen(bad), NULL, &rep), 0);
     hk_report_clear(&rep);
 }
@@ -510,7 +510,7 @@ static void write_file(const char *name, const char *text) {
 
 START_TEST(watcher_says_why_it_skips) {
     char line[1024];
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_runtime_set_log(rt, on_log, NULL, HK_LOG_INFO), 0);
     ck_assert_int_eq(hk_watch_dir(rt, tmp, NULL, &rep), 0);
     write_file("notes.txt", "remember the milk\n");
@@ -649,7 +649,7 @@ static char *release_body(const hkn_seckey *k, const char *module, uint64_t vers
     hkn_blob b = {.name = "m.ptx", .bytes = ptx, .size = strlen(ptx)};
     char *manifest, *sig, hex[65], *b64 = malloc(strlen(ptx) * 2 + 8);
     size_t mlen;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int64_t now = (int64_t)time(NULL);
     ck_assert_int_eq(
         hkn_release_sign(k, module, version, now, now + 600, &b, 1, &manifest, &mlen, &sig, &rep),
@@ -674,7 +674,7 @@ static hkn_seckey trusted, stranger;
 static char pub_path[PATH_MAX];
 
 static void make_keys(void) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_keygen(&trusted), 0);
     ck_assert_int_eq(hkn_keygen(&stranger), 0);
     snprintf(pub_path, sizeof pub_path, "%s/trusted.pub", tmp);
@@ -686,7 +686,7 @@ static hk_endpoint *start_endpoint(unsigned *port) {
     const char *keys[] = {pub_path};
     hk_endpoint_options o;
     hk_endpoint *ep = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     snprintf(state, sizeof state, "%s/state", tmp);
     hk_endpoint_options_init(&o);
     o.token = "tok";
@@ -827,7 +827,7 @@ static int closed_port(unsigned *port) {
 static hk_puller *start_puller(const char *url, const char *key) {
     hk_pull_options o;
     hk_puller *p = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *keys[] = {key};
     hk_pull_options_init(&o);
     o.url = url;
@@ -896,7 +896,7 @@ static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *ur
 START_TEST(puller_says_why_it_refuses) {
     char url[128];
     size_t mlen;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     make_keys();
     const char *ptx = fake_ptx(1, 0, 0, 0);
     hkn_blob b = {.name = "m.ptx", .bytes = ptx, .size = strlen(ptx)};
@@ -925,7 +925,7 @@ END_TEST
 /* ---- tests: the metrics text ------------------------------------------- */
 
 START_TEST(metrics_text_is_exposition) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     swap_ok("m", 1);
     swap_ok("m", 2);
     swap_bad("m");
@@ -961,7 +961,7 @@ END_TEST
 
 START_TEST(histogram_buckets_are_fixed) {
     hkl_hist h;
-    hk_stats s;
+    hk_stats s = HK_STATS_INIT;
     char *text = NULL;
     memset(&h, 0, sizeof h);
     memset(&s, 0, sizeof s);

@@ -126,7 +126,7 @@ static void publish(uint64_t version, const char *body, int64_t expires_in) {
 /* Writes the signature file of the last publish (a late upload). */
 static void write_last_sig(void) {
     char path[PATH_MAX + 64];
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
     ck_assert_int_eq(hkn_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
 }
@@ -134,7 +134,7 @@ static void write_last_sig(void) {
 static void publish_sig(uint64_t version, const char *body, int64_t expires_in, enum sig_mode sm) {
     char *manifest, *sig, path[PATH_MAX + 64];
     size_t len;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_blob b = {.name = "add.ptx", .bytes = body, .size = strlen(body)};
     int64_t now = (int64_t)time(NULL);
     ck_assert_int_eq(hkn_release_sign(&key, "add", version, now, now + expires_in, &b, 1, &manifest,
@@ -178,7 +178,7 @@ static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_a
     cfg.trust.keys[0] = key.pub;
     cfg.trust.nkeys = 1;
     hkn_puller *p;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hkn_pull_create(&cfg, &engine, &p, &rep) == 0, "%s", rep.message);
     return p;
 }
@@ -221,7 +221,7 @@ static const char ptx_v3[] = ".version 8.0\n.target sm_90\n// v3\n";
 START_TEST(picks_up_releases_with_304s_between) {
     publish(1, ptx_v1, 600);
     hkn_puller *p = puller(url, 0, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
     ck_assert_uint_eq(rec_version(), 1);
     pthread_mutex_lock(&rec.lock);
@@ -271,7 +271,7 @@ END_TEST
 START_TEST(truncated_artifact_changes_nothing) {
     publish(1, ptx_v1, 600);
     hkn_puller *p = puller(url, 0, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(poll_once(p, &rep), 0);
     publish(2, ptx_v2, 600);
     char cut[sizeof ptx_v2];
@@ -294,7 +294,7 @@ END_TEST
 START_TEST(oversized_artifact_changes_nothing) {
     publish(1, ptx_v1, 600);
     hkn_puller *p = puller(url, 0, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(poll_once(p, &rep), 0);
     /* Served larger than the manifest declares: cut off at the declared size. */
     publish(2, ptx_v2, 600);
@@ -321,7 +321,7 @@ END_TEST
 
 START_TEST(server_errors_change_nothing) {
     publish(1, ptx_v1, 600);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char u500[256];
     snprintf(u500, sizeof u500, "http://127.0.0.1:%d/err/manifest.json", port);
     hkn_puller *p = puller(u500, 0, 0);
@@ -379,7 +379,7 @@ START_TEST(stalled_server_times_out) {
     char u[256];
     snprintf(u, sizeof u, "http://127.0.0.1:%d/rel/manifest.json", ntohs(a.sin_port));
     hkn_puller *p = puller(u, 800, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_TIMEOUT);
@@ -416,7 +416,7 @@ START_TEST(cli_sign_publishes) {
     snprintf(kpath, sizeof kpath, "%s/hotkern.key", tmp);
     snprintf(src, sizeof src, "%s/add.ptx", tmp);
     snprintf(out, sizeof out, "%s/rel", www);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_seckey_save(kpath, &key, &rep), 0);
     ck_assert_int_eq(hkt_write_file(src, ptx_v1), 0);
     pid_t pid = fork();
@@ -445,7 +445,7 @@ END_TEST
 START_TEST(late_signature_retried) {
     publish(1, ptx_v1, 600);
     hkn_puller *p = puller(url, 0, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(poll_once(p, &rep), 0);
     /* v2's manifest with v1's signature still in place. */
     publish_sig(2, ptx_v2, 600, SIG_KEEP_OLD);
@@ -485,7 +485,7 @@ END_TEST
 static int push_release(uint16_t eport, uint64_t version, const char *body) {
     char *manifest, *sig, hex[65], path[PATH_MAX], data[PATH_MAX + 1], u[128], code[16];
     size_t len;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_blob b = {.name = "add.ptx", .bytes = body, .size = strlen(body)};
     int64_t now = (int64_t)time(NULL);
     ck_assert_int_eq(
@@ -531,7 +531,7 @@ static int push_release(uint16_t eport, uint64_t version, const char *body) {
 START_TEST(push_and_pull_share_one_record) {
     hkn_endpoint_cfg cfg;
     hkn_endpoint *ep;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_endpoint_cfg_init(&cfg);
     cfg.trust.keys[0] = key.pub;
     cfg.trust.nkeys = 1;

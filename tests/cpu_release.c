@@ -29,7 +29,7 @@ struct rel {
 static void make_release(const hkn_seckey *k, const char *module, uint64_t version, int64_t expires,
                          const void *bytes, size_t size, struct rel *r) {
     hkn_blob b = {.name = "add.cu", .bytes = bytes, .size = size};
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int64_t now = (int64_t)time(NULL);
     int err = hkn_release_sign(k, module, version, now, expires, &b, 1, &r->manifest, &r->len,
                                &r->sig, &rep);
@@ -65,7 +65,7 @@ START_TEST(sign_and_verify) {
     make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&k);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(verify(&t, NULL, &r, &rep, &m) == 0, "%s", rep.message);
     ck_assert_str_eq(m.module, "add");
     ck_assert_uint_eq(m.version, 3);
@@ -97,7 +97,7 @@ START_TEST(bad_signature) {
     make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&k);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     /* Flip the version 3 -> 4: the bytes no longer match the signature. */
     char *v = strstr(r.manifest, "\"version\":");
     ck_assert_ptr_nonnull(v);
@@ -126,7 +126,7 @@ START_TEST(missing_signature) {
     make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&k);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char *sig = r.sig;
     r.sig = NULL;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
@@ -153,7 +153,7 @@ START_TEST(unknown_key) {
     make_release(&signer, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&trusted);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
     ck_assert_msg(strstr(rep.message, "unknown signing key") &&
                       strstr(rep.message, signer.pub.id) && strstr(rep.message, trusted.pub.id),
@@ -175,7 +175,7 @@ START_TEST(expired) {
     make_release(&k, "add", 3, time(NULL) - 10, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&k);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_EXPIRED);
     ck_assert_msg(strstr(rep.message, "expired"), "%s", rep.message);
     hkn_report_reset(&rep);
@@ -188,7 +188,7 @@ START_TEST(replay_same_and_lower) {
     hkn_keygen(&k);
     hkn_trust t = trust_of(&k);
     hkn_state *s;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_state_open(NULL, &s, &rep), 0);
     ck_assert_int_eq(hkn_state_accept(s, "add", 5, &rep), 0);
     struct rel same, lower, higher;
@@ -222,7 +222,7 @@ START_TEST(hash_and_size_mismatch) {
     make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
     hkn_trust t = trust_of(&k);
     hkn_manifest m;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), 0);
     char *copy = strdup(kernel_src);
     copy[0] = 'X'; /* same size, other content */
@@ -256,7 +256,7 @@ START_TEST(state_survives_restart) {
     hkn_seckey k;
     hkn_keygen(&k);
     hkn_trust t = trust_of(&k);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_state *s;
     ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
     ck_assert_int_eq(hkn_state_accept(s, "add", 7, &rep), 0);
@@ -299,7 +299,7 @@ START_TEST(key_files) {
     snprintf(b64p, sizeof b64p, "%s/k64.pub", dir);
     hkn_seckey k, k2;
     hkn_pubkey p, p64;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_keygen(&k);
     ck_assert_int_eq(hkn_seckey_save(skp, &k, &rep), 0);
     ck_assert_int_eq(hkn_pubkey_save(pkp, &k.pub, &rep), 0);
@@ -347,7 +347,7 @@ START_TEST(manifest_fields_checked) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         hkn_manifest m;
-        hk_report rep = {0};
+        hk_report rep = HK_REPORT_INIT;
         ck_assert_msg(hkn_manifest_parse(bad[i], strlen(bad[i]), &m, &rep) == HK_ERR_INVALID,
                       "accepted %s", bad[i]);
         ck_assert(rep.message[0]);
@@ -416,7 +416,7 @@ START_TEST(two_processes_merge) {
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "B: status %d", WEXITSTATUS(st));
     /* "A restarts": both records are there, and a4 is a replay. */
     hkn_state *s;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
     ck_assert_uint_eq(hkn_state_get(s, "a"), 5);
     ck_assert_uint_eq(hkn_state_get(s, "b"), 3);
@@ -457,7 +457,7 @@ START_TEST(corrupt_state_fails_closed) {
     char *dir = hkt_tmpdir();
     char path[600];
     snprintf(path, sizeof path, "%s/accepted.json", dir);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_state *s;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(hkt_write_file(path, bad[i].text), 0);
@@ -496,7 +496,7 @@ START_TEST(stale_temp_files_cleaned) {
     ck_assert_int_eq(hkt_write_file(p1, "{"), 0);
     ck_assert_int_eq(hkt_write_file(p2, ""), 0);
     hkn_state *s;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
     ck_assert_int_ne(access(p1, F_OK), 0);
     ck_assert_int_ne(access(p2, F_OK), 0);
@@ -521,7 +521,7 @@ START_TEST(strict_manifest_text) {
     hkn_trust t = trust_of(&k);
     struct rel r;
     make_release(&k, "add", 3, time(NULL) + 60, kernel_src, strlen(kernel_src), &r);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_manifest m;
     char sig[128];
     /* Trailing bytes after the object, signed: refused. */
@@ -559,7 +559,7 @@ START_TEST(lifetime_and_future_creation) {
     hkn_keygen(&k);
     hkn_trust t = trust_of(&k);
     hkn_blob b = {.name = "add.cu", .bytes = kernel_src, .size = strlen(kernel_src)};
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_manifest m;
     struct rel r;
     int64_t now = (int64_t)time(NULL);
@@ -602,7 +602,7 @@ START_TEST(key_file_kinds_and_modes) {
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     hkn_seckey k, k2;
     hkn_pubkey p;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkn_seckey_load(fifo, &k2, &rep), HK_ERR_IO);
     ck_assert_msg(strstr(rep.message, "not a regular file"), "%s", rep.message);
     ck_assert_int_eq(hkn_pubkey_load(fifo, &p, &rep), HK_ERR_IO);
@@ -629,7 +629,7 @@ START_TEST(signed_rollback_requests) {
     hkn_trust t = trust_of(&k);
     char *text, *sig;
     size_t len;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_rollback_req rq;
     int64_t now = (int64_t)time(NULL);
     ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
@@ -671,7 +671,7 @@ START_TEST(release_carries_headers) {
     hkn_blob b[2] = {{.name = "dir/common.cuh", .bytes = hdr, .size = strlen(hdr)},
                      {.name = "k.cu", .bytes = src, .size = strlen(src)}};
     struct rel r;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int64_t now = (int64_t)time(NULL);
     ck_assert_int_eq(
         hkn_release_sign(&k, "k", 1, now, now + 60, b, 2, &r.manifest, &r.len, &r.sig, &rep), 0);
@@ -729,7 +729,7 @@ START_TEST(large_versions_recorded_exactly) {
     char path[600];
     snprintf(path, sizeof path, "%s/accepted.json", dir);
     ck_assert_int_eq(hkt_write_file(path, "{\"modules\":{\"add\":8888888888888880}}"), 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_state *s;
     ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
     uint64_t v = 0;

@@ -1107,7 +1107,7 @@ static const char *ptx_text(int tag) {
 
 static void rt_setup(void) {
     hk_options o;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err;
 
     setup();
@@ -1133,7 +1133,7 @@ static void rt_teardown(void) {
 }
 
 START_TEST(api_watch_dir) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     char p[PATH_MAX], origin[PATH_MAX + 16];
 
     write_file("step.ptx", ptx_text(1));

@@ -76,14 +76,14 @@ static hk_runtime *new_rt(hk_loader loader, hk_ptx_mode mode) {
     o.ptx_mode = mode;
     o.cache_dir = "";
     hk_runtime *rt = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hk_runtime_create(&rt, &o, &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
     return rt;
 }
 
 static void swap_ok(hk_runtime *rt, const char *mod, const void *img, size_t n) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hk_swap(rt, mod, img, n, NULL, &rep);
     ck_assert_msg(err == 0, "swap: %s: %s %s", hk_strerror(err), rep.message,
                   rep.log ? rep.log : "");
@@ -184,7 +184,7 @@ START_TEST(ptx_error_returns_jit_log) {
     int line = 1;
     for (char *q = bad; q < ret; q++)
         line += *q == '\n';
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_swap(rt, "m", bad, n, NULL, &rep), HK_ERR_COMPILE);
     ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_INVALID_PTX");
     ck_assert_ptr_nonnull(rep.log);
@@ -335,7 +335,7 @@ START_TEST(thousand_swaps_four_threads) {
         checked += ls[t].checked;
     }
     free(host);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(srt, &st);
     ck_assert_uint_eq(st.swaps, (uint64_t)nswaps + 1);
     ck_assert_uint_eq(st.reclaimed, (uint64_t)nswaps);
@@ -353,7 +353,7 @@ END_TEST
 
 START_TEST(refusals_while_launching) {
     atomic_store(&gen, 0); /* the current version (tag 1) stays throughout */
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_module_version(srt, "sim") % 2, 1); /* v1 runs (odd count of swaps) */
     hk_kernel *aff;
     ck_assert_int_eq(hk_kernel_get(srt, "sim", "affine", &aff), 0);
@@ -438,7 +438,7 @@ START_TEST(graph_runs_new_version) {
         want = 3 - want;
         /* Old code unloaded now, but for the version the graph captured:
          * the CUgraph itself still names it, until it is destroyed. */
-        hk_stats st;
+        hk_stats st = HK_STATS_INIT;
         for (int i = 0; i < 500; i++) {
             hk_stats_get(srt, &st);
             if (st.retired_loaded <= 1)
@@ -522,7 +522,7 @@ START_TEST(swaps_finish_under_unpaced_launchers) {
     printf("  %d swaps under %d unpaced launchers in %.0f ms (max %.2f ms), %ld launches\n", SWAPS,
            UNPACED, total, max, atomic_load(&unpaced_launches));
     ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(srt, &st);
     ck_assert_uint_eq(st.live_versions, 1);
 }
@@ -546,7 +546,7 @@ START_TEST(captured_graph_survives_20_swaps) {
     for (int i = 0; i < 20; i++)
         swap_other();
     ck_assert_int_eq(hk_reclaim_wait(srt, 500), HK_ERR_TIMEOUT); /* the captured one stays */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(srt, &st);
     ck_assert_uint_eq(st.retired_loaded, 1);
     CK_CUDA(cudaMemset(d_tags, 0, sizeof(int)));
@@ -632,7 +632,7 @@ START_TEST(global_capture_survives_100_swaps) {
                   cudaGetErrorName(cap_end_err));
     ck_assert_msg(cap_run_err == cudaSuccess, "captured graph: %s", cudaGetErrorName(cap_run_err));
     ck_assert_int_eq(hk_reclaim_wait(srt, 10000), 0); /* after the capture, all go */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(srt, &st);
     ck_assert_uint_eq(st.retired_loaded, 0);
     ck_assert_uint_eq(st.live_versions, 1);
@@ -704,7 +704,7 @@ static int swap_attr_src(hk_runtime *rt, int tag, int static_smem, hk_report *re
  * and a cooperative grid-sync launch go through hk_launch_ex across them. */
 START_TEST(attributes_and_launch_ex_across_swaps) {
     hk_runtime *rt = new_rt(HK_LOADER_LIBRARY, HK_PTX_NVJITLINK);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(swap_attr_src(rt, 1, 0, &rep) == 0, "%s %s", rep.message, rep.log ? rep.log : "");
     hk_kernel *big, *coop, *clus;
     ck_assert_int_eq(hk_kernel_get(rt, "attr", "big", &big), 0);
@@ -776,7 +776,7 @@ START_TEST(device_reset_survived) {
     check_affine(srt, "sim", 3); /* library: survived as is */
     /* Module: dead with the context; hotkern's thread notices (at once after
      * a failed launch, else within its 200 ms poll) and reloads it. */
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     for (int i = 0; i < 500; i++) {
         hk_stats_get(mrt, &st);
         if (st.context_resets)

@@ -80,7 +80,7 @@ START_TEST(swap_on_both_or_neither) {
     o.ndevices = 2;
     o.cache_dir = "";
     hk_runtime *rt;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, &wrapped, &rep), 0);
     /* Each slot holds its device's primary context, the one the runtime API uses. */
     for (int d = 0; d < 2; d++) {
@@ -118,7 +118,7 @@ START_TEST(swap_on_both_or_neither) {
     ck_assert_int_eq(t0, 2);
     ck_assert_int_eq(t1, 2);
     ck_assert_int_eq(hk_reclaim_wait(rt, 10000), 0);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_uint_eq(st.live_versions, 1);
     ck_assert_uint_eq(st.refused, 1);

@@ -118,7 +118,7 @@ static void check_buffer(void) {
 
 START_TEST(watch_save_and_broken_save) {
     write_file("particles.cu", 1, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, &rep), 0);
     pthread_create(&launcher, NULL, launch_loop, NULL);
     launcher_started = 1;
@@ -180,7 +180,7 @@ START_TEST(push_with_cli) {
     eo.trusted_keys = trusted;
     eo.ntrusted_keys = 1;
     eo.state_dir = state;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_endpoint_start(rt, &eo, &ep, &rep), 0);
     snprintf(url, sizeof url, "http://127.0.0.1:%u", hk_endpoint_port(ep));
     char src[1024];
@@ -236,10 +236,10 @@ START_TEST(pull_from_nginx) {
     po.ntrusted_keys = 1;
     po.state_dir = "";
     hk_puller *p;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_pull_start(rt, &po, &p, &rep), 0);
     printf("  pulled release running after %.1f ms\n", wait_tag(6, 20000));
-    hk_pull_stats st;
+    hk_pull_stats st = HK_PULL_STATS_INIT;
     hk_pull_stats_get(p, &st);
     ck_assert_uint_eq(st.applied, 1);
     hk_pull_stop(p);
@@ -267,7 +267,7 @@ int main(void) {
     hk_options_init(&o);
     o.cache_dir = cache;
     o.on_event = on_event;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep)) {
         printf("runtime: %s\n", rep.message);
         return 1;

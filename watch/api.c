@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "loader/abi.h"
 #include "loader/loader.h"
 #include "ptx/ptx.h"
 
@@ -321,7 +322,7 @@ static void hkn_watch_api_deps_built(void *ctx, const char *source_name, const c
 static void hkn_watch_api_refused(hk_runtime *rt, const char *module, const char *path, int err,
                                   const char *why) {
     char origin[PATH_MAX + 16];
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
 
     snprintf(origin, sizeof origin, "watch:%s", path);
     rep.error = err;
@@ -613,18 +614,15 @@ static hkl_source *hkn_watch_make(void *arg) {
     return &r->src;
 }
 
-int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
+/* hk_watch_dir with opt in the library's layout and a full report. */
+static int hkn_watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
+                              hk_report *rep) {
     char real[PATH_MAX];
-    hk_swap_options defaults;
     hkl_source *src;
     int err, made;
 
     if (!rt || !dir || !*dir)
         return hkn_watch_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
-    if (!opt) {
-        hk_swap_options_init(&defaults);
-        opt = &defaults;
-    }
     if (!realpath(dir, real))
         return hkn_watch_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
 
@@ -640,4 +638,21 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
     if (rep)
         hk_report_clear(rep);
     return 0;
+}
+
+int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
+    hk_report full;
+    hk_swap_options o;
+    int err;
+
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    if (hkl_swap_options_in(&o, opt) < 0)
+        err = hkn_watch_fail(&full, HK_ERR_INVALID,
+                             "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
+                             hkl_size_of(opt));
+    else
+        err = hkn_watch_dir_call(rt, dir, &o, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
 }

@@ -19,12 +19,33 @@
  * - Not thread-safe unless stated. The launch path (hk_launch and friends) and
  *   hk_swap/hk_submit are safe from any thread.
  * - Structures passed in by the caller are read during the call only.
+ *
+ * Sized structures (the ABI rule)
+ *   Every structure the caller allocates and hotkern reads or fills (hk_report,
+ *   hk_options, hk_swap_options, hk_launch_config, hk_stats and those of
+ *   net.h) starts with `size_t size`, the caller's sizeof, set by its _init()
+ *   function or HK_<NAME>_INIT macro. Fields are only ever added at the end,
+ *   each at or beyond the previous sizeof, so a program built against older
+ *   headers keeps working with a newer library of the same soname:
+ *   - hotkern reads only the fields that lie wholly within `size`; the others
+ *     take their defaults (those documented at each field);
+ *   - hotkern writes only within `size`: bytes past it are never touched;
+ *   - a size below the structure's first published layout (0 included) is
+ *     refused with HK_ERR_INVALID before anything is done or written; a size
+ *     beyond hotkern's own layout (a program built against newer headers) is
+ *     accepted, and the fields hotkern does not know are ignored.
+ *   The _init() functions are static inline, so they set the size of the
+ *   layout the program was compiled with; the defaults come from the library
+ *   (hk_*_init_size). hk_event (handed to callbacks) carries the size hotkern
+ *   filled. hk_dim3 and hk_header are small value types passed by value or in
+ *   arrays: they are frozen and never grow (a new need gets a new type).
  */
 #ifndef HOTKERN_H
 #define HOTKERN_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,8 +63,19 @@ extern "C" {
 #define HK_PRINTF(f, a)
 #endif
 
-#define HK_VERSION_MAJOR 0
-#define HK_VERSION_MINOR 2
+/* An initialiser of a sized structure: its size, every other field zero
+ * (hk_report r = HK_REPORT_INIT). In C++, g++ -Wextra warns about the fields
+ * it leaves out: the hk_*_init() functions do the same without a warning. */
+/* clang-format off */
+#ifndef __cplusplus
+#define HK_SIZED_INIT(type) {.size = sizeof(type)}
+#else
+#define HK_SIZED_INIT(type) {sizeof(type)}
+#endif
+/* clang-format on */
+
+#define HK_VERSION_MAJOR 1
+#define HK_VERSION_MINOR 0
 #define HK_VERSION_PATCH 0
 
 /* ---- errors ------------------------------------------------------------ */
@@ -86,7 +118,9 @@ HK_API const char *hk_strerror(int err);
 
 /* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
  * static (HK_VERSION_* above are the headers' it was built with). Builds of
- * one major version (and soname) keep the ABI; minor versions only add. */
+ * one major version (and soname, libhotkern.so.MAJOR) keep the ABI; minor
+ * versions only add (functions, codes, fields at the end of sized
+ * structures). 1.0 put `size` first in every caller-allocated structure. */
 HK_API const char *hk_version(void);
 
 /* ---- kernel image formats ---------------------------------------------- */
@@ -103,9 +137,12 @@ HK_API const char *hk_format_name(hk_format fmt);
 
 /* ---- reports ----------------------------------------------------------- */
 
-/* What happened in one call. Zero-initialise before the first use; the
- * callee overwrites it. Fields are only ever added at the end. */
+/* What happened in one call. Initialise with HK_REPORT_INIT or
+ * hk_report_init() before the first use; the callee overwrites it (within
+ * size). A call given a report whose size is below the first layout returns
+ * HK_ERR_INVALID and does nothing. The first layout ends at cache_hit. */
 typedef struct hk_report {
+    size_t size;       /* sizeof(hk_report) as the caller was built */
     int error;         /* HK_OK or the HK_ERR_* returned */
     int cu_result;     /* CUresult of the failing driver call, else 0 */
     char cu_name[48];  /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
@@ -123,7 +160,17 @@ typedef struct hk_report {
     double total_ms;   /* wall time from the call (or submission) to the outcome */
 } hk_report;
 
-/* Frees r->log and zeroes the report. r may be NULL. */
+#define HK_REPORT_INIT HK_SIZED_INIT(hk_report)
+
+/* Sets r to an empty report of the caller's layout. */
+static inline void hk_report_init(hk_report *r) {
+    memset(r, 0, sizeof *r);
+    r->size = sizeof *r;
+}
+
+/* Frees r->log and zeroes the report's fields within r->size, keeping size,
+ * so the report can be used again. r may be NULL; a report whose size is
+ * below the first layout is left alone. */
 HK_API void hk_report_clear(hk_report *r);
 
 /* ---- runtime ----------------------------------------------------------- */
@@ -166,7 +213,11 @@ typedef enum hk_event_kind {
                                  * the application's buffers are gone */
 } hk_event_kind;
 
+/* Filled by hotkern, valid during the callback only. `size` is the sizeof
+ * hotkern was built with: a callback built against newer headers reads a
+ * field only when size covers it. */
 typedef struct hk_event {
+    size_t size;
     hk_event_kind kind;
     const char *module;   /* NULL when the event concerns no module (a context
                            * reset, a watched file whose name makes none) */
@@ -199,14 +250,18 @@ typedef int (*hk_check_cb)(const char *module, uint64_t version, void *userdata,
  * in an #include ("common.cuh" or <common.cuh>) before any file, so kernels
  * that include their own headers build where those files do not exist (a
  * server receiving a push, a test). `data` is text and need not be
- * NUL-terminated; it is copied by the call that takes it. */
+ * NUL-terminated; it is copied by the call that takes it.
+ * Frozen: given in arrays, it never grows (its `size` is the data's). */
 typedef struct hk_header {
     const char *name; /* e.g. "common.cuh"; not empty */
     const void *data;
     size_t size;
 } hk_header;
 
+/* The first layout ends at userdata: later fields take their defaults when a
+ * caller's size stops before them. */
 typedef struct hk_options {
+    size_t size;              /* set by hk_options_init */
     const int *devices;       /* CUDA device ordinals; NULL means {0} */
     int ndevices;             /* entries in devices; 0 means 1 */
     hk_loader loader;         /* default HK_LOADER_LIBRARY */
@@ -238,8 +293,15 @@ typedef struct hk_options {
                              * still running hotkern's code; default 5000 */
 } hk_options;
 
-/* Fills o with the defaults above. */
-HK_API void hk_options_init(hk_options *o);
+/* Sets o->size = size and every field within it to the defaults above.
+ * Returns HK_ERR_INVALID, writing nothing, for a size below the first
+ * layout. Call it through hk_options_init. */
+HK_API int hk_options_init_size(hk_options *o, size_t size);
+
+/* Fills o with the defaults above, for the layout the program is built with. */
+static inline void hk_options_init(hk_options *o) {
+    (void)hk_options_init_size(o, sizeof *o);
+}
 
 /* Attaches to the primary context of each device and starts the background
  * reclaim thread. Works whether or not the application used the CUDA runtime
@@ -271,7 +333,9 @@ HK_API int hk_runtime_arch(hk_runtime *rt);
 
 /* ---- swapping in new versions ----------------------------------------- */
 
+/* The first layout ends at origin. */
 typedef struct hk_swap_options {
+    size_t size;                      /* set by hk_swap_options_init */
     hk_format format;                 /* default AUTO */
     const char *const *nvrtc_options; /* extra NVRTC options (-D, -I, -std...) */
     int nnvrtc_options;
@@ -289,7 +353,12 @@ typedef struct hk_swap_options {
     int nheaders;
 } hk_swap_options;
 
-HK_API void hk_swap_options_init(hk_swap_options *o);
+/* As hk_options_init_size, for swap options. */
+HK_API int hk_swap_options_init_size(hk_swap_options *o, size_t size);
+
+static inline void hk_swap_options_init(hk_swap_options *o) {
+    (void)hk_swap_options_init_size(o, sizeof *o);
+}
 
 /* Builds, stages, validates and commits a new version of module `name` from
  * `size` bytes at `image` (copied; the caller keeps ownership). The first
@@ -351,6 +420,7 @@ HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name
  * the same name twice returns the same handle. Safe from any thread. */
 HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out);
 
+/* Frozen: passed by value, it never grows. */
 typedef struct hk_dim3 {
     unsigned x, y, z;
 } hk_dim3;
@@ -409,7 +479,8 @@ HK_API int hk_kernel_set_attribute(hk_kernel *k, int attribute, int value, hk_re
 HK_API int hk_kernel_set_cache_config(hk_kernel *k, int config, hk_report *rep);
 
 /* A launch with the options of cuLaunchKernelEx. Initialise with
- * hk_launch_config_init (it sets size, so fields can be added later). */
+ * hk_launch_config_init (it sets size, so fields can be added later). Its
+ * first layout is the whole 1.0 structure. */
 typedef struct hk_launch_config {
     size_t size;                    /* sizeof(hk_launch_config), set by init */
     hk_dim3 grid, block;            /* default 1,1,1 */
@@ -422,11 +493,16 @@ typedef struct hk_launch_config {
     int has_priority;
 } hk_launch_config;
 
-HK_API void hk_launch_config_init(hk_launch_config *c);
+/* As hk_options_init_size, for launch configurations. */
+HK_API int hk_launch_config_init_size(hk_launch_config *c, size_t size);
+
+static inline void hk_launch_config_init(hk_launch_config *c) {
+    (void)hk_launch_config_init_size(c, sizeof *c);
+}
 
 /* Launches k's current version with cuLaunchKernelEx and c's options, with
  * hk_launch's guarantees (epochs, the launch gate, stream capture), and no
- * allocation. Returns 0, HK_ERR_INVALID for a config of unknown size, or
+ * allocation. Returns 0, HK_ERR_INVALID for a size below the first layout, or
  * HK_ERR_CUDA with the CUresult in *cu_result. */
 HK_API int hk_launch_ex(hk_kernel *k, const hk_launch_config *c, void **args, int *cu_result);
 
@@ -445,7 +521,9 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
 
 /* ---- counters ---------------------------------------------------------- */
 
+/* The first layout ends at last_swap_ms. */
 typedef struct hk_stats {
+    size_t size;    /* set by HK_STATS_INIT / hk_stats_init */
     uint64_t swaps; /* versions committed (rollbacks included) */
     uint64_t rollbacks;
     uint64_t refused;
@@ -464,8 +542,18 @@ typedef struct hk_stats {
                                     * at the gate and then went on */
 } hk_stats;
 
-/* Snapshot of the counters. Safe from any thread. */
-HK_API void hk_stats_get(hk_runtime *rt, hk_stats *out);
+#define HK_STATS_INIT HK_SIZED_INIT(hk_stats)
+
+static inline void hk_stats_init(hk_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+}
+
+/* Snapshot of the counters into out, within out->size (set it with
+ * HK_STATS_INIT or hk_stats_init). Returns 0, or HK_ERR_INVALID for a NULL
+ * argument or a size below the first layout (nothing written). Safe from any
+ * thread. */
+HK_API int hk_stats_get(hk_runtime *rt, hk_stats *out);
 
 /* Waits until every retired version is unloaded, or timeout_ms passes.
  * Versions replaced at a safe point are unloaded at the next one, so this

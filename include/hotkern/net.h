@@ -65,6 +65,10 @@
  *   than the endpoint's own: web pages cannot drive the endpoint by
  *   cross-origin requests or DNS rebinding.
  *
+ * Sized structures: hk_endpoint_options, hk_pull_options and hk_pull_stats
+ * follow hotkern.h's rule (size first, set by their _init; hotkern reads and
+ * writes only within it; a size below the first layout is HK_ERR_INVALID).
+ *
  * Threads: every function here is safe from any thread unless stated. The
  * endpoint and the puller run on threads of their own and apply releases
  * with hk_swap; outcomes also reach hk_options.on_event with origin "push"
@@ -93,7 +97,9 @@ extern "C" {
 
 typedef struct hk_endpoint hk_endpoint;
 
+/* The first layout ends at swap. */
 typedef struct hk_endpoint_options {
+    size_t size;               /* set by hk_endpoint_options_init */
     const char *address;       /* numeric IPv4/IPv6; default "127.0.0.1" */
     unsigned port;             /* default 0: ephemeral, see hk_endpoint_port */
     const char *token;         /* bearer token required on every route but
@@ -124,8 +130,15 @@ typedef struct hk_endpoint_options {
     unsigned threads; /* event-loop threads, default 2 */
 } hk_endpoint_options;
 
-/* Fills o with the defaults above. */
-HK_API void hk_endpoint_options_init(hk_endpoint_options *o);
+/* Sets o->size = size and every field within it to the defaults above;
+ * HK_ERR_INVALID, writing nothing, for a size below the first layout. Call
+ * it through hk_endpoint_options_init. */
+HK_API int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size);
+
+/* Fills o with the defaults above, for the layout the program is built with. */
+static inline void hk_endpoint_options_init(hk_endpoint_options *o) {
+    (void)hk_endpoint_options_init_size(o, sizeof *o);
+}
 
 /* Starts the HTTP endpoint on its own threads, applying releases to rt. Key
  * and certificate files are read during the call. rt must outlive the
@@ -146,7 +159,9 @@ HK_API void hk_endpoint_stop(hk_endpoint *ep);
 
 typedef struct hk_puller hk_puller;
 
+/* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_options {
+    size_t size;                     /* set by hk_pull_options_init */
     const char *url;                 /* manifest URL (http or https); the signature
                                       * is at url + ".sig" */
     const char *artifact_base;       /* artifacts at base/artifacts/<sha256>;
@@ -170,7 +185,12 @@ typedef struct hk_pull_options {
     const hk_swap_options *swap;     /* template for each swap (copied) */
 } hk_pull_options;
 
-HK_API void hk_pull_options_init(hk_pull_options *o);
+/* As hk_endpoint_options_init_size, for puller options. */
+HK_API int hk_pull_options_init_size(hk_pull_options *o, size_t size);
+
+static inline void hk_pull_options_init(hk_pull_options *o) {
+    (void)hk_pull_options_init_size(o, sizeof *o);
+}
 
 /* Starts polling opt->url on a thread of its own (first poll at once),
  * applying each new verified release to rt. Conditional requests make an
@@ -180,7 +200,9 @@ HK_API void hk_pull_options_init(hk_pull_options *o);
 HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
                          hk_report *rep);
 
+/* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_stats {
+    size_t size;           /* set by HK_PULL_STATS_INIT / hk_pull_stats_init */
     uint64_t requests;     /* HTTP requests made */
     uint64_t not_modified; /* 304 answers to the manifest */
     uint64_t errors;       /* failed transfers */
@@ -192,8 +214,17 @@ typedef struct hk_pull_stats {
     char last_message[512];
 } hk_pull_stats;
 
-/* Snapshot of the puller's counters. */
-HK_API void hk_pull_stats_get(hk_puller *p, hk_pull_stats *out);
+#define HK_PULL_STATS_INIT HK_SIZED_INIT(hk_pull_stats)
+
+static inline void hk_pull_stats_init(hk_pull_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+}
+
+/* Snapshot of the puller's counters into out, within out->size. Returns 0,
+ * or HK_ERR_INVALID for a NULL argument or a size below the first layout
+ * (nothing written). */
+HK_API int hk_pull_stats_get(hk_puller *p, hk_pull_stats *out);
 
 /* Stops the thread (a transfer in progress is aborted; a swap in progress
  * finishes) and frees p. Call before hk_runtime_destroy. p may be NULL. */

@@ -54,7 +54,7 @@ static void init(void) {
     cfg.max_body = 1 << 20;
     cfg.request_timeout_s = 2;
     cfg.timeout_s = 2;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hkn_endpoint_start(&cfg, &eng, &ep, &rep) != 0) {
         fprintf(stderr, "endpoint: %s\n", rep.message);
         abort();

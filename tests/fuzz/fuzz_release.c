@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     memcpy(text, data, size);
     text[size] = '\0';
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     hkn_manifest m;
     int64_t now = (int64_t)time(NULL);
     if (hkn_verify_manifest(&open_trust, state, text, size, NULL, 0, now, &m, &rep) == 0) {

@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0)
         abort();
     hkn_state *s;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hkn_state_open(dir, &s, &rep) == 0) {
         uint64_t v = 0, w = 0;
         if (hkn_state_lookup(s, "add", &v, &rep) != 0)
