@@ -53,6 +53,11 @@ DEMO_SRC := $(sort $(wildcard demo/*.c))
 DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
 
 STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
+# The fake driver as a loadable libcuda (HK_LIBCUDA=), for CPU-only runs of
+# any hotkern program; installed for applications' CI.
+FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
+FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
+            $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
 NET_STATIC := $(BUILD)/lib/libhotkern-net.a
@@ -71,7 +76,7 @@ all: build
 
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) \
-       $(BENCH_BIN) $(DEMO_BIN)
+       $(FAKE_CUDA) $(BENCH_BIN) $(DEMO_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -150,6 +155,10 @@ $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
 
+$(FAKE_CUDA): $(FAKE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
+
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
 $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
@@ -168,11 +177,11 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI)
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(FAKE_CUDA)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
-	install -m 755 $(SHARED) $(NET_SHARED) $(LIBDIR)/
+	install -m 755 $(SHARED) $(NET_SHARED) $(FAKE_CUDA) $(LIBDIR)/
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
