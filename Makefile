@@ -23,7 +23,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 OPT      ?= -O2 -g
 SAN      ?=
-CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. -I$(CUDA)/include \
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
 CORE_LIBS := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
@@ -35,7 +35,7 @@ LIBS     := $(NET_LIBS) $(CORE_LIBS)
 NO_UNDEF := $(if $(SAN),,-Wl,--no-undefined)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c))
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o)
@@ -65,6 +65,8 @@ NET_SHARED := $(BUILD)/lib/$(NET_SONAME)
 # What programs link, in link order: the network library before the engine.
 ARCHIVES := $(NET_STATIC) $(STATIC)
 CLI      := $(BUILD)/bin/hotkern
+# The canary helper process (canary/helper.c), started by libhotkern.
+CANARY   := $(BUILD)/bin/hotkern-canary
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt sanitize tsan demo demo-tour \
         bench bench-prebuilt install lint format clean fuzz fuzz-build
@@ -75,7 +77,7 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) \
+build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(TEST_BIN) $(STUB_CUDA) \
        $(FAKE_CUDA) $(BENCH_BIN) $(DEMO_BIN)
 
 deps:
@@ -145,6 +147,10 @@ $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(LIBS)
 
+$(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
@@ -177,7 +183,7 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(FAKE_CUDA)
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(FAKE_CUDA)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
@@ -185,7 +191,7 @@ install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(FAKE_CUDA)
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
-	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(CLI) $(CANARY) $(DESTDIR)$(PREFIX)/bin/
 	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
 	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
 	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake
@@ -238,7 +244,7 @@ fuzz: fuzz-build
 	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
 	done
 
-FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
+FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] canary/*.[ch] \
                cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch])
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)

@@ -54,6 +54,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "canary/canary.h"
 #include "hotkern/hotkern.h"
 #include "loader/driver.h"
 #include "ptx/ptx.h"
@@ -331,6 +332,8 @@ struct hk_runtime {
 
     hk_header *headers; /* immutable after create: copy of opt.headers */
     hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
+    hkc_canary *canary; /* immutable after create: test declarations and the
+                         * canary helper (canary/; its own locks) */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
@@ -391,6 +394,14 @@ void hkl_source_detach(hk_runtime *rt, hkl_source *src);
 /* Calls deps_built of every attached source (worker thread, no lock held). */
 void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
                             int n);
+
+/* canary.c: the canary between build and stage. hkl_canary_start makes
+ * rt->canary at create (starting the helper when options.canary is set);
+ * hkl_canary_check runs a built job's test launches as its policy says, on
+ * the building thread with no lock held (it takes swap_lock only to copy the
+ * running version), and returns 0 or the refusal. */
+int hkl_canary_start(hk_runtime *rt, hk_report *rep);
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */

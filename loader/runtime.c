@@ -88,6 +88,8 @@ const char *hk_strerror(int err) {
         return "a newer version was committed first";
     case HK_ERR_ATTRIBUTE:
         return "a kernel attribute does not fit the new version";
+    case HK_ERR_CANARY:
+        return "the version failed its canary run";
     default:
         return "unknown error";
     }
@@ -137,6 +139,7 @@ void hk_options_init(hk_options *o) {
     o->safe_point_wait_ms = 2000;
     o->launch_hold_max_us = 1000;
     o->destroy_wait_ms = 5000;
+    o->canary_timeout_ms = 2000;
 }
 
 /* The runtime whose swap_lock this thread holds (one at a time). */
@@ -367,6 +370,8 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_d
     if (!o.no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
 
+    if ((err = hkl_canary_start(rt, rep)) < 0)
+        goto fail;
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
         hkl_report_set(rep, err, "cannot start hotkern threads");
         goto fail;
@@ -563,6 +568,8 @@ void hk_runtime_destroy(hk_runtime *rt) {
     sources_release(rt);
     hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
+    hkc_destroy(rt->canary); /* no build runs any more: kills the helper */
+    rt->canary = NULL;
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */
     pthread_mutex_lock(&rt->ref->lock);
@@ -613,6 +620,9 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
         out->cache_hits = h;
         out->cache_misses = m;
     }
+    if (rt->canary)
+        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused,
+                   &out->canary_helper_starts);
 }
 
 /* 1 when device slot i's context is no longer the one we attached to. */

@@ -893,7 +893,9 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
-    return 0;
+    /* Between build and stage: the version's test launches run in the
+     * canary process, on this thread, with no lock held. */
+    return hkl_canary_check(rt, j, rep);
 }
 
 /* What AUTO means for a swap requested on this thread now. */
