@@ -56,6 +56,8 @@ STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
 # The fake driver as a loadable libcuda (HK_LIBCUDA=), for CPU-only runs of
 # any hotkern program; installed for applications' CI.
 FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
+# A misbehaving canary helper for tests/cpu_canary.c.
+BAD_CANARY := $(BUILD)/stub/hotkern-canary-bad
 FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
             $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
 STATIC   := $(BUILD)/lib/libhotkern.a
@@ -78,7 +80,7 @@ all: build
 
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(TEST_BIN) $(STUB_CUDA) \
-       $(FAKE_CUDA) $(BENCH_BIN) $(DEMO_BIN)
+       $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -160,6 +162,10 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
+
+$(BAD_CANARY): $(BUILD)/obj/tests/stub/canary_bad.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(FAKE_CUDA): $(FAKE_OBJ)
 	@mkdir -p $(dir $@)

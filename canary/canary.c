@@ -119,8 +119,7 @@ int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param, const
 }
 
 int hk_test_compare(hk_test *t, hk_compare mode, double atol, double rtol) {
-    if (!t || (int)mode < HK_COMPARE_NONE || mode > HK_COMPARE_F64 || !(atol >= 0) ||
-        !(rtol >= 0))
+    if (!t || (int)mode < HK_COMPARE_NONE || mode > HK_COMPARE_F64 || !(atol >= 0) || !(rtol >= 0))
         return HK_ERR_INVALID;
     t->compare = mode;
     t->atol = atol;
@@ -519,8 +518,7 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
 
 /* Loads im into slot. 0; 1 when the helper's driver refused it (cu, name and
  * log say why); or a negative HKC_RECV_* when the exchange failed. */
-static int load_slot(hkc_canary *c, int slot, const hkc_image *im, int *cu, char *name,
-                     char *log) {
+static int load_slot(hkc_canary *c, int slot, const hkc_image *im, int *cu, char *name, char *log) {
     hkc_buf b;
     hkc_buf_init(&b, HKC_LOAD);
     hkc_put_u32(&b, (uint32_t)slot);
@@ -646,8 +644,9 @@ static void parse_result(const hk_test *t, outcome *o, size_t len) {
         uint32_t idx = hkc_get_u32(&rd);
         uint64_t size = hkc_get_u64(&rd);
         if (rd.bad || idx != (uint32_t)i || size != t->args[i].size) {
-            snprintf(o->detail, sizeof o->detail, "buffer %u of %llu bytes where argument %d has %llu",
-                     idx, (unsigned long long)size, i, (unsigned long long)t->args[i].size);
+            snprintf(o->detail, sizeof o->detail,
+                     "buffer %u of %llu bytes where argument %d has %llu", idx,
+                     (unsigned long long)size, i, (unsigned long long)t->args[i].size);
             o->transport = HKC_RECV_MALFORMED;
             return;
         }

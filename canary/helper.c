@@ -66,8 +66,7 @@ static void *orphan_watch(void *arg) {
 static int bind_extras(void) {
     gpa_fn gpa = (gpa_fn)dlsym(D.dl, "cuGetProcAddress_v2");
     CUdriverProcAddressQueryResult found;
-    return !gpa ||
-           gpa("cuMemcpyHtoD", (void **)&X.MemcpyHtoD, CUDA_VERSION, 0, &found) ||
+    return !gpa || gpa("cuMemcpyHtoD", (void **)&X.MemcpyHtoD, CUDA_VERSION, 0, &found) ||
            gpa("cuMemcpyDtoH", (void **)&X.MemcpyDtoH, CUDA_VERSION, 0, &found) ||
            gpa("cuMemFree", (void **)&X.MemFree, CUDA_VERSION, 0, &found) || !X.MemcpyHtoD ||
            !X.MemcpyDtoH || !X.MemFree;

@@ -120,8 +120,8 @@ static char *dup_bytes(const void *p, size_t n) {
 static int ref_take(const hkl_version *v, ref_copy *r) {
     memset(r, 0, sizeof *r);
     int ok = (r->data = dup_bytes(v->image, v->size)) != NULL;
-    r->im = (hkc_image){
-        .data = r->data, .size = v->size, .format = v->format, .version = v->number};
+    r->im =
+        (hkc_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
     if (ok && v->nexpr > 0) {
         /* Counts are set once the arrays exist: ref_free frees what is in them. */
         ok = (r->expr = calloc((size_t)v->nexpr, sizeof *r->expr)) &&
@@ -137,8 +137,8 @@ static int ref_take(const hkl_version *v, ref_copy *r) {
         const hkp_entry *e = &v->entries[i];
         r->entries[i].nparams = e->nparams;
         ok = (r->entries[i].name = strdup(e->name)) &&
-             (r->entries[i].params = (hkp_param *)dup_bytes(
-                  e->params, (size_t)e->nparams * sizeof *e->params));
+             (r->entries[i].params =
+                  (hkp_param *)dup_bytes(e->params, (size_t)e->nparams * sizeof *e->params));
     }
     r->im.expr = r->expr;
     r->im.lowered = r->lowered;
@@ -151,7 +151,8 @@ static int ref_take(const hkl_version *v, ref_copy *r) {
 /* Between build and stage: runs the built job's canary as its policy says.
  * Returns 0 to go on, or the refusal (rep filled). */
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
-    hk_canary_policy policy = j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
+    hk_canary_policy policy =
+        j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
     if (policy == HK_CANARY_SKIP || hkl_swap_held(rt)) {
         /* (From a check callback the swap is refused as busy anyway.) */
         if (rep && policy == HK_CANARY_SKIP)

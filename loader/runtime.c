@@ -621,8 +621,7 @@ void hk_stats_get(hk_runtime *rt, hk_stats *out) {
         out->cache_misses = m;
     }
     if (rt->canary)
-        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused,
-                   &out->canary_helper_starts);
+        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
 }
 
 /* 1 when device slot i's context is no longer the one we attached to. */

@@ -367,7 +367,8 @@ static CUresult f_DriverGetVersion(int *v) {
     *v = CUDA_VERSION;
     return CUDA_SUCCESS;
 }
-#define FAKE_NAME(e) {e, #e}
+#define FAKE_NAME(e)                                                                               \
+    { e, #e }
 static const struct {
     CUresult r;
     const char *name;
@@ -497,9 +498,19 @@ static CUresult f_CtxSynchronize(CUcontext ctx) {
 static hk_format image_format(const void *image, size_t *size) {
     const unsigned char *b = image;
     if (!memcmp(b, ELFMAG, SELFMAG) && b[EI_CLASS] == ELFCLASS64) {
+        /* The furthest of the header tables and the sections' contents. */
         Elf64_Ehdr eh;
         memcpy(&eh, b, sizeof eh);
-        *size = (size_t)eh.e_shoff + (size_t)eh.e_shnum * eh.e_shentsize;
+        size_t end = (size_t)eh.e_shoff + (size_t)eh.e_shnum * eh.e_shentsize;
+        size_t ph = (size_t)eh.e_phoff + (size_t)eh.e_phnum * eh.e_phentsize;
+        end = ph > end ? ph : end;
+        for (int i = 0; i < eh.e_shnum; i++) {
+            Elf64_Shdr sh;
+            memcpy(&sh, b + eh.e_shoff + (size_t)i * eh.e_shentsize, sizeof sh);
+            if (sh.sh_type != SHT_NOBITS && sh.sh_offset + sh.sh_size > end)
+                end = sh.sh_offset + sh.sh_size;
+        }
+        *size = end;
         return HK_FORMAT_CUBIN;
     }
     uint32_t magic;
@@ -1198,8 +1209,9 @@ int fake_kernel_control(const char *spec, int kind, CUresult err) {
     if (ok) {
         snprintf(F.kctl[F.nkctl].name, sizeof F.kctl[F.nkctl].name, "%s", name);
         F.kctl[F.nkctl].tag = tag;
-        F.kctl[F.nkctl].kind = kind == FAKE_FAULT ? KCTL_FAULT : kind == FAKE_HANG ? KCTL_HANG
-                                                                                   : KCTL_WRONG;
+        F.kctl[F.nkctl].kind = kind == FAKE_FAULT  ? KCTL_FAULT
+                               : kind == FAKE_HANG ? KCTL_HANG
+                                                   : KCTL_WRONG;
         F.kctl[F.nkctl].err = err;
         F.nkctl++;
     }

@@ -229,15 +229,15 @@ typedef struct hk_options {
                                * the runtime (copied); a swap's own headers of
                                * the same name come first */
     int nheaders;
-    int no_warm_start;      /* 1: do not warm NVRTC up on a background thread at
-                             * create (default 0: the first CUDA C swap then
-                             * does not pay NVRTC's start-up) */
-    int launch_hold_max_us; /* longest a launch waits at the launch gate while
-                             * a swap or an unload has the driver; default 1000
-                             * (a launch that waited this long goes on, and
-                             * the driver then orders it) */
-    int destroy_wait_ms;    /* longest hk_runtime_destroy waits for kernels
-                             * still running hotkern's code; default 5000 */
+    int no_warm_start;         /* 1: do not warm NVRTC up on a background thread at
+                                * create (default 0: the first CUDA C swap then
+                                * does not pay NVRTC's start-up) */
+    int launch_hold_max_us;    /* longest a launch waits at the launch gate while
+                                * a swap or an unload has the driver; default 1000
+                                * (a launch that waited this long goes on, and
+                                * the driver then orders it) */
+    int destroy_wait_ms;       /* longest hk_runtime_destroy waits for kernels
+                                * still running hotkern's code; default 5000 */
     int canary;                /* 1: run new versions' test launches
                                 * (hk_kernel_add_test) in a canary process
                                 * before they commit; the helper starts at
@@ -529,8 +529,7 @@ HK_API int hk_test_scalar(hk_test *t, const void *value, size_t size);
  * filled as `fill` says: `param` is the byte value or the seed; `host`
  * (bytes long, copied) is read for HK_FILL_HOST only. A test's buffers hold
  * at most 64 MiB together. */
-HK_API int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param,
-                          const void *host);
+HK_API int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param, const void *host);
 /* After the launch, compares every buffer with the running version's run of
  * the same test (skipped for a module's first version). */
 HK_API int hk_test_compare(hk_test *t, hk_compare mode, double atol, double rtol);
