@@ -257,7 +257,9 @@ static void helper_kill(hkc_canary *c, char *how, size_t n) {
         return;
     int st = 0;
     pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
-    if (r == 0) {
+    if (r != c->pid) {
+        /* Also when waitpid fails (a program that ignores SIGCHLD has its
+         * children reaped for it): the helper may still run. */
         kill(c->pid, SIGKILL);
         for (int i = 0; i < 200 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
             usleep(10000);
@@ -851,8 +853,10 @@ static int session(run *r, const snap *s) {
         if (r->compared)
             snprintf(cmp, sizeof cmp, " (%d compared with version %llu)", r->compared,
                      (unsigned long long)r->ref->version);
-        snprintf(r->rep->canary, sizeof r->rep->canary, "%d launch%s passed%s%s%s", r->launches,
+        char text[256];
+        snprintf(text, sizeof text, "%d launch%s passed%s%s%s", r->launches,
                  r->launches == 1 ? "" : "es", cmp, r->note[0] ? "; " : "", r->note);
+        snprintf(r->rep->canary, sizeof r->rep->canary, "%.159s", text);
     }
     return 0;
 }

@@ -4,6 +4,8 @@
  * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
  *          compile cache). No driver call and no lock: it runs on the caller's
  *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
+ * canary   the version's declared test launches run in the canary helper
+ *          process (loader/canary.c, canary/), on the same thread, no lock held.
  * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
  *          with JIT options and log buffers) and uploads every function into
  *          every context (cuFuncLoad). Uploading waits for the context's
