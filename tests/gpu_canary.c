@@ -32,8 +32,10 @@
     "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
 
 static const char *GOOD = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
-/* The same computation written otherwise: another image, the same outputs. */
-static const char *GOOD2 = KERNEL_HEAD "  if (i < n) { float v = x[i]; x[i] = v + 1.0f; }\n}\n";
+/* The same computation beside another kernel: another image, the same
+ * outputs. */
+static const char *GOOD2 = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
+                                       "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
 static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
 static const char *ENDLESS = KERNEL_HEAD "  volatile int spin = 1;\n"
                                          "  while (spin) { if (i < 0) spin = 0; }\n"
