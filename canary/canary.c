@@ -195,6 +195,15 @@ int hkc_clear_tests(hkc_canary *c, const char *module, const char *kernel) {
     return 0;
 }
 
+int hkc_has_tests(hkc_canary *c, const char *module) {
+    int n = 0;
+    pthread_mutex_lock(&c->tests_lock);
+    for (ktests *k = c->tests; k && !n; k = k->next)
+        n = k->n && !strcmp(k->module, module);
+    pthread_mutex_unlock(&c->tests_lock);
+    return n;
+}
+
 /* A run's own copy of a module's tests, taken under tests_lock. */
 typedef struct snap {
     int n;

@@ -177,6 +177,8 @@ void hkc_destroy(hkc_canary *c);
 int hkc_add_test(hkc_canary *c, const char *module, const char *kernel, const hk_test *t,
                  hk_report *rep);
 int hkc_clear_tests(hkc_canary *c, const char *module, const char *kernel);
+/* 1 when some kernel of module has a test declared. */
+int hkc_has_tests(hkc_canary *c, const char *module);
 
 /* One version's image as the canary sees it. */
 typedef struct hkc_image {

@@ -159,6 +159,12 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
             snprintf(rep->canary, sizeof rep->canary, "skipped (policy)");
         return 0;
     }
+    if (!hkc_has_tests(rt->canary, j->name)) {
+        /* The common case: nothing to copy, nothing to run. */
+        if (rep)
+            snprintf(rep->canary, sizeof rep->canary, "no canary tests");
+        return 0;
+    }
     ref_copy ref;
     int have = 0, same = 0, err = 0;
     hkl_swap_lock(rt);
