@@ -4,6 +4,8 @@
  * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
  *          compile cache). No driver call and no lock: it runs on the caller's
  *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
+ * canary   the version's declared test launches run in the canary helper
+ *          process (loader/canary.c, canary/), on the same thread, no lock held.
  * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
  *          with JIT options and log buffers) and uploads every function into
  *          every context (cuFuncLoad). Uploading waits for the context's
@@ -898,7 +900,9 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
-    return 0;
+    /* Between build and stage: the version's test launches run in the
+     * canary process, on this thread, with no lock held. */
+    return hkl_canary_check(rt, j, rep);
 }
 
 /* What AUTO means for a swap requested on this thread now. */
