@@ -45,7 +45,7 @@ static int swap(const char *m, int *which, hk_canary_policy policy, hk_report *r
 }
 
 static void declare(const char *m, int floats, hk_compare cmp) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int which = 1;
     if (swap(m, &which, HK_CANARY_SKIP, &rep) < 0) {
         fprintf(stderr, "first version: %s\n", rep.message);
@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
     o.cache_dir = "";
     o.canary = 1;
     o.canary_helper = helper;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep) < 0) {
         fprintf(stderr, "runtime: %s\n", rep.message);
         return 1;
@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
     line("swap with canary (launch + compare)", v[2], rounds, base);
     line("  of which canary (launch only)", v[3], rounds, 0);
     line("  of which canary (launch + compare)", v[4], rounds, 0);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     printf("  canary runs %llu, refused %llu, helper starts %llu\n",
            (unsigned long long)st.canary_runs, (unsigned long long)st.canary_refused,

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "canary/canary.h"
+#include "loader/abi.h"
 #include "loader/loader.h"
 
 #ifndef HK_PREFIX
@@ -71,11 +72,15 @@ int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
 }
 
 int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep) {
-    if (rep)
-        hk_report_clear(rep);
-    if (!k || !t)
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
-    return hkc_add_test(k->rt->canary, k->mod->name, k->name, t, rep);
+    if (rep)
+        hk_report_clear(&full);
+    int err = !k || !t ? HK_ERR_INVALID
+                       : hkc_add_test(k->rt->canary, k->mod->name, k->name, t, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
 }
 
 int hk_kernel_clear_tests(hk_kernel *k) {

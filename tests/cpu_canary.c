@@ -49,7 +49,7 @@ static hk_runtime *make_rt(const char *helper, int timeout_ms, int canary) {
     o.canary_helper = helper ? helper : hkt_built_program("hotkern-canary");
     o.canary_timeout_ms = timeout_ms;
     hk_runtime *r = NULL;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
     return r;
@@ -60,7 +60,7 @@ static hk_kernel *k_step;
 /* Commits version 1 (tag 1) and declares one test of step(out, n): a
  * 16-byte buffer and n = 4, compared as `mode` says. */
 static void start_with_test(hk_compare mode, double atol) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     const char *v1 = fake_ptx(1, 0, 0, 0);
     ck_assert_int_eq(hk_swap(rt, "m", v1, strlen(v1) + 1, NULL, &rep), 0);
     ck_assert_str_eq(rep.canary, "no canary tests");
@@ -108,7 +108,7 @@ static void public_swap_and_launch(hk_ptx_mode mode, int want) {
     o.ptx_mode = mode;
     o.cache_dir = "";
     o.no_warm_start = 1;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
     const char *p = fake_ptx(5, 0, 0, 0);
     ck_assert_msg(hk_swap(rt, "m", p, strlen(p) + 1, NULL, &rep) == 0, "%s", rep.message);
@@ -171,13 +171,13 @@ END_TEST
 START_TEST(good_kernel_committed) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_EXACT, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     /* Same outputs (tag 1), another image (an extra kernel). */
     ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)"), "%s",
                   rep.canary);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_runs, 1);
     ck_assert_int_eq(st.canary_refused, 0);
@@ -191,7 +191,7 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_NONE, 0);
     pid_t before = hkc_helper_pid(rt->canary);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(7, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_ILLEGAL_ADDRESS");
     ck_assert_str_eq(rep.kernel, "step");
@@ -204,7 +204,7 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     ck_assert_int_ne(after, before);
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_refused, 1);
     ck_assert_int_eq(st.canary_helper_starts, 2);
@@ -217,7 +217,7 @@ START_TEST(hanging_kernel_refused_and_helper_restarted) {
     rt = make_rt(NULL, 300, 1);
     start_with_test(HK_COMPARE_NONE, 0);
     pid_t before = hkc_helper_pid(rt->canary);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "did not finish within 300 ms"), "%s", rep.message);
     ck_assert_str_eq(rep.kernel, "step");
@@ -234,7 +234,7 @@ END_TEST
 START_TEST(wrong_output_refused_on_compare) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_EXACT, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "buffer (argument 0) differs from version 1 at byte 0: "
                                       "0x02, running version 0x01"),
@@ -249,7 +249,7 @@ END_TEST
 START_TEST(float_tolerance_lets_close_outputs_through) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_F32, 1e-6);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     hk_report_clear(&rep);
@@ -266,11 +266,11 @@ END_TEST
 
 START_TEST(no_tests_committed_as_today) {
     rt = make_rt(NULL, 2000, 1);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_REQUIRE, &rep), 0);
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), 0);
     ck_assert_str_eq(rep.canary, "no canary tests");
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_runs, 0);
     ck_assert_int_eq(st.swaps, 2);
@@ -282,7 +282,7 @@ START_TEST(skip_policy_commits_a_faulting_kernel) {
     setenv("HKFAKE_FAULT", "step@7", 1);
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_NONE, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(7, 0, HK_CANARY_SKIP, &rep), 0);
     ck_assert_str_eq(rep.canary, "skipped (policy)");
     hk_report_clear(&rep);
@@ -295,7 +295,7 @@ START_TEST(no_canary_configured) {
     rt = make_rt(NULL, 2000, 0);
     start_with_test(HK_COMPARE_NONE, 0);
     ck_assert_int_eq(hkc_helper_pid(rt->canary), 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
     ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
@@ -308,7 +308,7 @@ END_TEST
 /* A test whose arguments do not fit the kernel refuses the version. */
 START_TEST(test_that_does_not_fit_refuses) {
     rt = make_rt(NULL, 2000, 1);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_DEFAULT, &rep), 0);
     ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k_step), 0);
     hk_test *t;
@@ -354,7 +354,7 @@ START_TEST(submitted_version_refused_by_worker) {
     o.canary = 1;
     o.canary_helper = hkt_built_program("hotkern-canary");
     o.on_event = on_event;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
     start_with_test(HK_COMPARE_NONE, 0);
     const char *p = fake_ptx(7, 0, 0, 0);
@@ -380,7 +380,7 @@ START_TEST(helper_killed_mid_run) {
     pid_t victim = hkc_helper_pid(rt->canary);
     pthread_t th;
     pthread_create(&th, NULL, kill_later, (void *)(intptr_t)victim);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
     pthread_join(th, NULL);
     ck_assert_msg(strstr(rep.message, "died"), "%s", rep.message);
@@ -395,7 +395,7 @@ END_TEST
 START_TEST(helper_dead_between_runs_is_replaced) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_EXACT, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
     pid_t victim = hkc_helper_pid(rt->canary);
     kill(victim, SIGKILL);
@@ -414,7 +414,7 @@ static void misbehaving(const char *mode, hk_canary_policy policy, int want, con
     setenv("HKBAD_MODE", mode, 1);
     rt = make_rt(bad_helper, 300, 1);
     start_with_test(HK_COMPARE_NONE, 0);
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, policy, &rep), want);
     const char *text = want ? rep.message : rep.canary;
     ck_assert_msg(strstr(text, says), "%s: %s", mode, text);
@@ -470,7 +470,7 @@ START_TEST(missing_helper_fails_create) {
     hk_options_init(&o);
     o.canary = 1;
     o.canary_helper = "/nonexistent/hotkern-canary";
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_IO);
     ck_assert_msg(strstr(rep.message, "cannot start the canary helper"), "%s", rep.message);
     ck_assert_ptr_null(rt);

@@ -78,7 +78,7 @@ START_TEST(setup_live_program) {
     o.canary = 1;
     o.canary_helper = hkt_built_program("hotkern-canary");
     o.canary_timeout_ms = 2000;
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
     ck_assert_msg(hk_swap(rt, "m", GOOD, strlen(GOOD), NULL, &rep) == 0, "%s", rep.message);
     ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &step), 0);
@@ -96,7 +96,7 @@ START_TEST(setup_live_program) {
 END_TEST
 
 static void refused(const char *src, const char *says) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     int err = hk_swap(rt, "m", src, strlen(src), NULL, &rep);
     ck_assert_msg(err == HK_ERR_CANARY, "%s: %s", hk_strerror(err), rep.message);
     ck_assert_msg(strstr(rep.message, says), "%s", rep.message);
@@ -124,13 +124,13 @@ START_TEST(wrong_output_refused) {
 END_TEST
 
 START_TEST(good_version_commits_after_refusals) {
-    hk_report rep = {0};
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_swap(rt, "m", GOOD2, strlen(GOOD2), NULL, &rep) == 0, "%s", rep.message);
     ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)"), "%s",
                   rep.canary);
     printf("committed: %s (canary %.1f ms)\n", rep.canary, rep.canary_ms);
     run_live_and_check();
-    hk_stats st;
+    hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_refused, 3);
     hk_runtime_destroy(rt);
