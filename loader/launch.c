@@ -20,7 +20,10 @@
  * A launch error takes the slow path: a context reset may be the cause
  * (modules die with their context). The error goes back to the caller at
  * once; the reclaim thread is asked to check for a reset now, and recovers
- * there, never on a launching thread.
+ * there, never on a launching thread. A sticky error (a kernel faulted: the
+ * context is lost for good) is handed to lkg.c on the launching thread, once
+ * per runtime: it quarantines the recent versions and writes their records
+ * before the error is returned (the only disk work a launch can do).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,8 +104,10 @@ out:
 /* A failed launch. If a context reset may explain it, the reclaim thread
  * checks now (and reloads modules); the caller gets the error at once. */
 static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {
-    if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
-        r == CUDA_ERROR_INVALID_CONTEXT) {
+    if (hkl_lkg_sticky((int)r))
+        hkl_lkg_lost(rt, (int)r, "a launch"); /* once; the caller still gets r */
+    else if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+             r == CUDA_ERROR_INVALID_CONTEXT) {
         atomic_store(&rt->reset_suspect, 1);
         hkl_reclaim_kick(rt);
     }
@@ -478,9 +483,16 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
     CUresult r = p->rt->drv->LaunchKernel((CUfunction)fn[k->slot], g.x, g.y, g.z, b.x, b.y, b.z,
                                           shm, (CUstream)stream, args, NULL);
     hkl_exit(s);
+    if (__builtin_expect(r == CUDA_SUCCESS, 1)) {
+        if (cu)
+            *cu = 0;
+        return 0;
+    }
+    if (hkl_lkg_sticky((int)r))
+        hkl_lkg_lost(p->rt, (int)r, "a launch");
     if (cu)
         *cu = (int)r;
-    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+    return HK_ERR_CUDA;
 }
 
 /* The CUfunction of version v's slot in the context current on this thread. */
@@ -649,7 +661,11 @@ int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
     hkl_exit(s);
     if (cu)
         *cu = (int)r;
-    return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
+    if (r == CUDA_SUCCESS)
+        return 0;
+    if (hkl_lkg_sticky((int)r))
+        hkl_lkg_lost(rt, (int)r, "a graph launch");
+    return HK_ERR_CUDA;
 }
 
 void hkl_graphs_free(hk_runtime *rt) {

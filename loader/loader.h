@@ -71,6 +71,7 @@ typedef struct hkl_module hkl_module;
 typedef struct hkl_version hkl_version;
 typedef struct hkl_job hkl_job;
 typedef struct hkl_graph hkl_graph;
+typedef struct hkl_lkg hkl_lkg;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
@@ -363,6 +364,8 @@ struct hk_runtime {
 
     hkc_canary *canary; /* immutable after create: test declarations and the
                          * canary helper (canary/; its own locks) */
+
+    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
@@ -526,5 +529,59 @@ void hkl_reclaim_kick(hk_runtime *rt);                /* a pin went, or a reset 
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
 int hkl_membarrier_register(void);
 void hkl_rtref_put(hkl_rtref *ref);
+
+/* record.c: one module's last-known-good record, parsed and formatted (the
+ * format is described there). */
+#define HKL_REC_MAXQ      32
+#define HKL_REC_MAXEXPR   64
+#define HKL_REC_MAX_BYTES (300 << 10)
+typedef struct hkl_rec_image {
+    int has;
+    uint8_t hash[32];
+    hk_format format;
+    uint64_t release;
+} hkl_rec_image;
+typedef struct hkl_rec_q {
+    uint8_t hash[32];
+    uint64_t release, version;
+} hkl_rec_q;
+typedef struct hkl_rec {
+    char module[HKL_NAME_MAX];
+    hkl_rec_image current, good;
+    int nexpr; /* name expressions of the good image */
+    char **expr, **lowered;
+    int nq; /* quarantined images, oldest first */
+    hkl_rec_q q[HKL_REC_MAXQ];
+} hkl_rec;
+/* 0, or HK_ERR_FORMAT with why set (r then holds nothing to free). */
+int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t whyn);
+/* *out: the text, malloc'd and NUL-terminated, *outlen bytes long. */
+int hkl_rec_format(const hkl_rec *r, char **out, size_t *outlen);
+void hkl_rec_free(hkl_rec *r);
+void hkl_hash_hex(const uint8_t h[32], char out[65]);
+int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
+
+/* lkg.c: last known good. lkg_lock (private to lkg.c) comes after swap_lock
+ * and before stats_lock and log_lock; it is taken on a launching thread only
+ * on the error path, after the driver returned a sticky error.
+ * - hkl_lkg_open at create (reads the records, locks the directory);
+ *   hkl_lkg_close at destroy (promotes what ran long enough, unlocks).
+ * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
+ *   (no engine lock needed).
+ * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
+ *   writes its image.
+ * - hkl_lkg_sticky: 1 for a CUresult that ends the context for good.
+ * - hkl_lkg_lost: handles a sticky error once (quarantine, records, log,
+ *   event); no engine lock may be held. */
+int hkl_lkg_open(hk_runtime *rt, hk_report *rep);
+void hkl_lkg_close(hk_runtime *rt);
+int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
+                  hk_report *rep);
+void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, uint64_t release);
+int hkl_lkg_sticky(int cu_result);
+void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);
+void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined);
+/* Tests: the clock the suspect window is measured with (ms). */
+void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void));
 
 #endif /* HK_LOADER_H */

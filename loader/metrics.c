@@ -104,6 +104,12 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
             s->retired_loaded);
     counter(w, "hotkern_context_resets_total", "counter", "Context resets detected.",
             s->context_resets);
+    counter(w, "hotkern_context_lost_total", "counter",
+            "Sticky CUDA errors seen (a kernel faulted: the process must restart).",
+            s->context_lost);
+    counter(w, "hotkern_quarantined_images", "gauge",
+            "Images quarantined (committed shortly before the context was lost), all modules.",
+            s->quarantined);
     counter(w, "hotkern_cache_hits_total", "counter", "Compile cache hits.", s->cache_hits);
     counter(w, "hotkern_cache_misses_total", "counter", "Compile cache misses.", s->cache_misses);
     seconds(w, "hotkern_build_seconds_total", "counter",

@@ -91,6 +91,8 @@ const char *hk_strerror(int err) {
         return "a kernel attribute does not fit the new version";
     case HK_ERR_CANARY:
         return "the version failed its canary run";
+    case HK_ERR_QUARANTINED:
+        return "the image is quarantined (it ran when the context was lost)";
     default:
         return "unknown error";
     }
@@ -143,6 +145,7 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.launch_hold_max_us = 1000;
     d.destroy_wait_ms = 5000;
     d.canary_timeout_ms = 2000;
+    d.suspect_window_ms = 60000;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
@@ -380,6 +383,8 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     if (!o.no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
 
+    if ((err = hkl_lkg_open(rt, rep)) < 0)
+        goto fail;
     if ((err = hkl_canary_start(rt, rep)) < 0)
         goto fail;
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
@@ -387,6 +392,13 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
         goto fail;
     }
     *out = rt;
+    if (o.restore && o.state_dir && *o.state_dir) {
+        /* Logged by restore; a module that cannot come back is the
+         * application's to load, as without a state directory. */
+        hk_report rr = HK_REPORT_INIT;
+        (void)hk_runtime_restore(rt, &rr);
+        hk_report_clear(&rr);
+    }
     return 0;
 fail:
     if (rep && !rep->error)
@@ -457,6 +469,8 @@ void hkl_rtref_put(hkl_rtref *ref) {
  * stopped waiting for it. */
 void hkl_runtime_free(hk_runtime *rt);
 void hkl_runtime_free(hk_runtime *rt) {
+    hkl_lkg_close(rt); /* no commit or launch any more: records what ran long
+                        * enough as known good, unlocks the state directory */
     hkl_graphs_free(rt);
     hkl_module *m = rt->modules;
     while (m) {
@@ -652,6 +666,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
     }
     if (rt->canary)
         hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
+    hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
     hkl_sized_out(user, out, sizeof *out);
     return 0;
 }

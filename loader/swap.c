@@ -780,12 +780,17 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, job, rollback, rep, &oldv);
+    if (err == 0) /* recorded in commit order, under swap_lock */
+        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current),
+                          job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
     if (reset)
         hkl_emit_reset(rt);
+    if (err < 0 && rep && hkl_lkg_sticky(rep->cu_result))
+        hkl_lkg_lost(rt, rep->cu_result, "a swap's driver call");
     report_times(rep, job->t_start);
     if (err == 1) {
         hk_log(rt, HK_LOG_DEBUG, "engine", "%s from %s: v%llu runs this image already", job->name,
@@ -900,6 +905,10 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
+    /* An image that ran when the context was lost is refused before its
+     * canary run and before the driver sees it (hashed with no lock held). */
+    if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
+        return err;
     /* Between build and stage: the version's test launches run in the
      * canary process, on this thread, with no lock held. */
     return hkl_canary_check(rt, j, rep);
@@ -1121,6 +1130,8 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     m->nhist -= 2;
     int pushed = hkl_ctx_push(rt, 0) == 0;
     err = swap_locked(rt, j, 1, r, &oldv);
+    if (err == 0)
+        hkl_lkg_committed(rt, atomic_load(&m->current), 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {

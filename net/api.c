@@ -69,6 +69,7 @@ static int apply_swap(void *ud, const char *module, uint64_t version, hk_format 
     snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
     o.format = fmt;
     o.origin = origin;
+    o.release_version = version; /* kept with the image by the engine's records */
     o.source_name = src;
     if (nheaders > 0) {
         /* The release's headers are the ones its kernel was written with:
@@ -87,6 +88,11 @@ static int apply_swap(void *ud, const char *module, uint64_t version, hk_format 
 static int rollback(void *ud, const char *module, hk_report *rep) {
     struct adapter *ad = ud;
     return hk_rollback(ad->rt, module, rep);
+}
+
+static int quarantine(void *ud, int index, hk_quarantine *out) {
+    struct adapter *ad = ud;
+    return hk_quarantine_get(ad->rt, index, out);
 }
 
 static uint64_t version(void *ud, const char *module) {
@@ -183,7 +189,8 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
                            .log = log_line,
                            .log_on = log_on,
                            .ud = ad,
-                           .arch = ad->arch};
+                           .arch = ad->arch,
+                           .quarantine = quarantine};
     return 0;
 }
 

@@ -277,6 +277,7 @@ static unsigned http_status(int err) {
     case HK_ERR_REPLAY:
     case HK_ERR_NO_HISTORY:
     case HK_ERR_SUPERSEDED:
+    case HK_ERR_QUARANTINED:
         return MHD_HTTP_CONFLICT;
     case HK_ERR_TOO_LARGE:
         return MHD_HTTP_CONTENT_TOO_LARGE;
@@ -681,6 +682,23 @@ static cJSON *module_json(const struct ep_module *m) {
     return o;
 }
 
+/* The engine's quarantined images (ran when the context was lost; refused
+ * until a different image comes), as "quarantine": [...]. */
+static void add_quarantine(hkn_endpoint *ep, cJSON *o) {
+    cJSON *arr = cJSON_AddArrayToObject(o, "quarantine");
+    for (int i = 0; ep->eng.quarantine && i < 4096; i++) {
+        hk_quarantine q = HK_QUARANTINE_INIT;
+        if (ep->eng.quarantine(ep->eng.ud, i, &q) != 0)
+            break;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "module", q.module);
+        cJSON_AddStringToObject(e, "image", q.image);
+        hkn_json_add_int(e, "release_version", (long long)q.release_version);
+        hkn_json_add_int(e, "version", (long long)q.version);
+        cJSON_AddItemToArray(arr, e);
+    }
+}
+
 static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON *mods = cJSON_AddArrayToObject(o, "modules");
@@ -714,6 +732,7 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
         hkn_json_add_int(cJSON_GetArrayItem(mods, (int)i), "engine_version",
                          (long long)ep->eng.version(ep->eng.ud, names[i]));
     free(names);
+    add_quarantine(ep, o);
     return reply_json(c, MHD_HTTP_OK, o);
 }
 

@@ -348,6 +348,15 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     /* The engine's verdict on this exact release is final: keep the
      * validators either way so a refused build is not retried every poll. */
     keep = 1;
+    if (err == HK_ERR_QUARANTINED) {
+        /* The image ran when the context was lost: this release stays
+         * recorded as seen, so that a restarted puller does not apply it
+         * again (a replay); a newer release is applied as usual. */
+        count(p, &p->stats.refused, 1);
+        hkn_log(&p->eng, HK_LOG_WARN, "pull", "%s v%llu from %s is quarantined: %s", m.module,
+                (unsigned long long)m.version, p->url, rep->message);
+        goto out;
+    }
     if (err) {
         hk_report srep = HK_REPORT_INIT;
         if (hkn_state_revert(p->state, m.module, m.version, prev, &srep) != 0)

@@ -99,6 +99,8 @@ const char *hkn_error_name(int err) {
         "HK_ERR_CONTEXT_RESET",
         "HK_ERR_SUPERSEDED",
         "HK_ERR_ATTRIBUTE",
+        "HK_ERR_CANARY",
+        "HK_ERR_QUARANTINED",
     };
     int i = -err;
     if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])

@@ -115,6 +115,9 @@ enum hk_error {
                                  * launch faulted, hung, gave other outputs than
                                  * the running version, or (required) could not
                                  * run; see report canary */
+    HK_ERR_QUARANTINED = -30,   /* the image is quarantined: it was committed
+                                 * shortly before the CUDA context was lost
+                                 * (see "Last known good") */
 };
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
@@ -219,6 +222,12 @@ typedef enum hk_event_kind {
     HK_EVENT_RECLAIMED = 4,     /* an old version's code was unloaded */
     HK_EVENT_CONTEXT_RESET = 5, /* context reset detected; versions reloaded;
                                  * the application's buffers are gone */
+    HK_EVENT_CONTEXT_LOST = 6,  /* a launch or synchronise returned a sticky
+                                 * error (illegal address, trap...): every
+                                 * later CUDA call of the process fails, so it
+                                 * must restart; the suspect versions are
+                                 * quarantined (once per runtime; module NULL,
+                                 * report cu_name the error) */
 } hk_event_kind;
 
 /* Filled by hotkern, valid during the callback only. `size` is the sizeof
@@ -310,6 +319,18 @@ typedef struct hk_options {
     int canary_timeout_ms;     /* longest one test launch may run before the
                                 * helper is killed, default 2000; the helper's
                                 * start and each image load get ten times this */
+    const char *state_dir;     /* last known good (see below): the directory
+                                * that keeps committed images and per-module
+                                * records across restarts (created; one
+                                * runtime at a time: locked while it lives);
+                                * NULL (default): kept in memory only */
+    int suspect_window_ms;     /* a version committed this shortly before the
+                                * context is lost is suspect, and one current
+                                * this long without a loss is known good;
+                                * default 60000 */
+    int restore;               /* 1: hk_runtime_create calls
+                                * hk_runtime_restore (a failure to restore is
+                                * then logged, not returned); default 0 */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
@@ -387,7 +408,10 @@ typedef struct hk_swap_options {
     const hk_header *headers; /* in-memory headers for this build (copied);
                                * they hide the runtime's of the same name */
     int nheaders;
-    hk_canary_policy canary; /* default HK_CANARY_DEFAULT */
+    hk_canary_policy canary;  /* default HK_CANARY_DEFAULT */
+    uint64_t release_version; /* the release this image belongs to (pushes
+                               * and pulls set it), kept with the image in the
+                               * last-known-good records; 0: none */
 } hk_swap_options;
 
 /* As hk_options_init_size, for swap options. */
@@ -624,6 +648,92 @@ HK_API int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep);
 /* Removes k's test launches. Safe from any thread. */
 HK_API int hk_kernel_clear_tests(hk_kernel *k);
 
+/* ---- last known good ---------------------------------------------------- */
+
+/* A kernel that faults leaves the CUDA error sticky for the whole process:
+ * the process must restart. hotkern remembers, per module, which image was
+ * running and which one last ran cleanly, so that the restarted process comes
+ * up on that one, without the network, and refuses the image that faulted.
+ *
+ * Context lost. When a launch through hotkern (hk_launch, hk_launch_ex,
+ * hk_launch_pinned, hk_graph_launch), a synchronise hotkern does, or a call
+ * of hk_runtime_note_error returns a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS,
+ * _LAUNCH_FAILED, _ILLEGAL_INSTRUCTION, _MISALIGNED_ADDRESS, _INVALID_PC,
+ * _HARDWARE_STACK_ERROR, _INVALID_ADDRESS_SPACE, _ASSERT, _LAUNCH_TIMEOUT,
+ * _ECC_UNCORRECTABLE, _CONTAINED, _TENSOR_MEMORY_LEAK), the runtime, once:
+ * - promotes each module's current version to known good when it has been
+ *   current for options.suspect_window_ms;
+ * - quarantines, per module, every image committed within the last
+ *   suspect_window_ms except the module's known-good one (a fault is
+ *   reported late and by no kernel in particular, so every recent commit is
+ *   suspect, and only those);
+ * - writes the records, logs the loss (error) and emits
+ *   HK_EVENT_CONTEXT_LOST on the thread that saw the error.
+ * A version also becomes known good when it is replaced or the runtime is
+ * destroyed after it was current for suspect_window_ms.
+ *
+ * Kept images. With options.state_dir, every committed image (as built:
+ * cubin, fatbin or PTX) is written to STATE_DIR/images/HASH (BLAKE2b-256 of
+ * the image, hex; temp file and rename), and each module's record,
+ * STATE_DIR/modules/NAME.rec (a line-based text, replaced atomically), names
+ * its current image, its known-good image (with its name expressions) and
+ * its quarantined images, with their release versions when known
+ * (hk_swap_options.release_version). Only the images a record names stay on
+ * disk, at most two per module; at most 32 quarantined hashes are kept per
+ * module (the oldest go). Disk work happens on the committing thread under
+ * the engine's swap lock, never on the launch path (a lost context writes
+ * on the thread that saw it).
+ *
+ * Quarantine. An image quarantined for a module is refused by hk_swap,
+ * hk_submit, pushes and pulls of that module with HK_ERR_QUARANTINED (the
+ * report names the image and the release); a different image is accepted. */
+
+/* Comes up on the last known good version of every module recorded in
+ * options.state_dir: each image is read, checked against its hash, and
+ * committed (origin "restore", no canary run: it ran) unless the module
+ * already runs it. A record that cannot be read (truncated, garbage, an
+ * image missing or altered) is skipped, and the report's message names it;
+ * the others are restored. Returns the number of modules restored (>= 0),
+ * HK_ERR_INVALID, or HK_ERR_UNSUPPORTED without a state directory. Safe from
+ * any thread; not from a callback of rt. */
+HK_API int hk_runtime_restore(hk_runtime *rt, hk_report *rep);
+
+/* Tells rt about a CUresult the application got from its own CUDA calls
+ * (cudaDeviceSynchronize, cudaMemcpy ...): a sticky error is handled as
+ * above (once). Returns 1 when cu_result is a sticky error, else 0. Safe from
+ * any thread, not from a callback of rt; it writes files only the first
+ * time. */
+HK_API int hk_runtime_note_error(hk_runtime *rt, int cu_result);
+
+/* One quarantined image. Initialise with HK_QUARANTINE_INIT or
+ * hk_quarantine_init; the first layout is the whole 1.0 structure. */
+typedef struct hk_quarantine {
+    size_t size;
+    char module[64];
+    char image[65];           /* BLAKE2b-256 of the image, hex */
+    uint64_t release_version; /* 0 when unknown */
+    uint64_t version;         /* the engine's version number it had, 0 when
+                               * quarantined by an earlier process */
+} hk_quarantine;
+
+#define HK_QUARANTINE_INIT HK_SIZED_INIT(hk_quarantine)
+
+static inline void hk_quarantine_init(hk_quarantine *q) {
+    memset(q, 0, sizeof *q);
+    q->size = sizeof *q;
+}
+
+/* The index-th quarantined image of rt (modules in name order, oldest
+ * first), written within out->size. Returns 0, HK_ERR_NOT_FOUND past the
+ * last, HK_ERR_INVALID. Safe from any thread. */
+HK_API int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out);
+
+/* The known-good image of `module` (hex into hash, 65 bytes) and its release
+ * version (may be NULL). Returns 0, HK_ERR_NOT_FOUND when the module has
+ * none, HK_ERR_INVALID. Safe from any thread. */
+HK_API int hk_module_known_good(hk_runtime *rt, const char *module, char hash[65],
+                                uint64_t *release_version);
+
 /* ---- counters ---------------------------------------------------------- */
 
 /* The first layout ends at last_swap_ms. */
@@ -650,6 +760,9 @@ typedef struct hk_stats {
     uint64_t canary_helper_starts; /* canary helper processes started (the
                                     * first, and one after each fault, hang
                                     * or death) */
+    uint64_t context_lost;         /* sticky CUDA errors seen (0 or 1: the
+                                    * first one ends the context) */
+    uint64_t quarantined;          /* images quarantined now, all modules */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)

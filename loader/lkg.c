@@ -1,0 +1,868 @@
+/*
+ * Last known good: which image of each module last ran cleanly, which ones
+ * are quarantined, kept across restarts (the rules are stated in
+ * include/hotkern/hotkern.h, "last known good").
+ *
+ * Why commit times. A sticky error (a kernel faulted) is reported late, by
+ * whatever CUDA call comes next, and names no kernel. What hotkern knows is
+ * when each version was committed: a version committed within the suspect
+ * window before the loss is suspect, and one that stayed current for the
+ * window without a loss is known good. The window is measured in this
+ * process only (hkl_now_ms); an earlier process's times are not trusted, so
+ * what a record says about a version committed by an earlier process is
+ * only what that process wrote (its good image, its quarantine).
+ *
+ * On disk (options.state_dir):
+ *   DIR/lock               flock'd for the life of the runtime: one runtime
+ *                          per directory (a second create gets HK_ERR_BUSY);
+ *                          the puller's state file may share the directory.
+ *   DIR/images/HASH        a committed image, content-addressed (BLAKE2b-256
+ *                          via libsodium's crypto_generichash, hex)
+ *   DIR/modules/NAME.rec   the module's record (loader/record.c); NAME with
+ *                          every byte outside [A-Za-z0-9_-] as %XX
+ * Every file is written to a temp name, fsync'd and renamed, then the
+ * directory is fsync'd, so a crash leaves the old file or the new one. After
+ * each change, images no record names (current or good) and stale temp files
+ * are removed: the disk holds at most two images per module.
+ *
+ * Threads. Everything here is under lkg_lock (a mutex private to this file):
+ * after swap_lock (commits record under it) and before stats_lock and
+ * log_lock. hkl_lkg_lost runs on whichever thread saw the sticky error (a
+ * launching thread, on the launch's error path only, or the reclaim thread)
+ * with no engine lock held; `lost` makes it happen once per runtime.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "loader/abi.h"
+#include "loader/loader.h"
+
+#define NRECENT 16
+
+/* A commit of this process, for the suspect window. */
+typedef struct lkg_recent {
+    uint8_t hash[32];
+    double t;
+    uint64_t release, version;
+} lkg_recent;
+
+typedef struct lkg_mod {
+    /* all lkg_lock */
+    hkl_rec rec; /* what goes to disk: current, good (+ its expressions), quarantine */
+    int ncur;    /* name expressions of the current image */
+    char **cur_expr, **cur_lowered;
+    double cur_t;               /* when current was committed here; < 0: by an earlier process */
+    lkg_recent recent[NRECENT]; /* this process's commits, newest last */
+    int nrecent;
+    struct lkg_mod *next; /* sorted by name */
+} lkg_mod;
+
+struct hkl_lkg {
+    /* immutable after open */
+    char *dir;  /* NULL: memory only */
+    int lockfd; /* DIR/lock, flock'd; -1 */
+    double window;
+    double (*now)(void);
+
+    pthread_mutex_t lock; /* lkg_lock */
+    lkg_mod *mods;        /* lkg_lock */
+    char refused[1024];   /* lkg_lock: records refused at open, for the report */
+    _Atomic int lost;     /* set once, by the first sticky error */
+    int frozen;           /* lkg_lock: the loss is recorded; nothing is
+                           * promoted any more */
+};
+
+int hkl_lkg_sticky(int r) {
+    switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTAINED:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void hash_of(const void *p, size_t n, uint8_t h[32]) {
+    crypto_generichash(h, 32, p, n, NULL, 0);
+}
+
+static void strv_free(char **v, int n) {
+    for (int i = 0; v && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static char **strv_dup(char *const *v, int n) {
+    if (n <= 0)
+        return NULL;
+    char **d = calloc((size_t)n, sizeof *d);
+    for (int i = 0; d && i < n; i++)
+        if (!(d[i] = strdup(v[i]))) {
+            strv_free(d, i);
+            return NULL;
+        }
+    return d;
+}
+
+static void mod_free(lkg_mod *m) {
+    hkl_rec_free(&m->rec);
+    strv_free(m->cur_expr, m->ncur);
+    strv_free(m->cur_lowered, m->ncur);
+    free(m);
+}
+
+static lkg_mod *mod_find(hkl_lkg *l, const char *name) {
+    for (lkg_mod *m = l->mods; m; m = m->next)
+        if (!strcmp(m->rec.module, name))
+            return m;
+    return NULL;
+}
+
+/* Inserts m in name order (lkg_lock). */
+static void mod_insert(hkl_lkg *l, lkg_mod *m) {
+    lkg_mod **pp = &l->mods;
+    while (*pp && strcmp((*pp)->rec.module, m->rec.module) < 0)
+        pp = &(*pp)->next;
+    m->next = *pp;
+    *pp = m;
+}
+
+static lkg_mod *mod_get(hkl_lkg *l, const char *name) {
+    lkg_mod *m = mod_find(l, name);
+    if (m || !(m = calloc(1, sizeof *m)))
+        return m;
+    snprintf(m->rec.module, sizeof m->rec.module, "%s", name);
+    m->cur_t = -1;
+    mod_insert(l, m);
+    return m;
+}
+
+/* ---- files ---------------------------------------------------------------- */
+
+static void file_name(const char *module, char *out, size_t n) {
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)module; *p && k + 4 < n; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+            *p == '_' || *p == '-')
+            out[k++] = (char)*p;
+        else
+            k += (size_t)snprintf(out + k, n - k, "%%%02X", *p);
+    }
+    out[k] = 0;
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* Writes path atomically (temp file in the same directory, fsync, rename,
+ * fsync of the directory). 0 or -errno. */
+static int write_atomic(const char *dir, const char *path, const void *data, size_t n) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    const char *p = data;
+    size_t off = 0;
+    int err = 0;
+    while (off < n) {
+        ssize_t w = write(fd, p + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            err = w < 0 ? -errno : -EIO;
+            break;
+        }
+        off += (size_t)w;
+    }
+    if (!err && fsync(fd) < 0)
+        err = -errno;
+    if (close(fd) < 0 && !err)
+        err = -errno;
+    if (!err && rename(tmp, path) < 0)
+        err = -errno;
+    if (err)
+        unlink(tmp);
+    else
+        fsync_dir(dir);
+    return err;
+}
+
+/* Reads a whole file of at most max bytes. 0, -errno, or -EFBIG. */
+static int read_all(const char *path, size_t max, char **out, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        int e = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
+        close(fd);
+        return e;
+    }
+    size_t n = (size_t)st.st_size, off = 0;
+    char *b = malloc(n + 1);
+    if (!b) {
+        close(fd);
+        return -ENOMEM;
+    }
+    while (off < n) {
+        ssize_t r = read(fd, b + off, n - off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        off += (size_t)r;
+    }
+    close(fd);
+    b[off] = 0;
+    *out = b;
+    *len = off;
+    return 0;
+}
+
+static void image_path(const hkl_lkg *l, const uint8_t h[32], char *out, size_t n) {
+    char hex[65];
+    hkl_hash_hex(h, hex);
+    snprintf(out, n, "%s/images/%s", l->dir, hex);
+}
+
+static void record_path(const hkl_lkg *l, const char *module, char *out, size_t n) {
+    char name[HKL_NAME_MAX * 3 + 1];
+    file_name(module, name, sizeof name);
+    snprintf(out, n, "%s/modules/%s.rec", l->dir, name);
+}
+
+/* Writes m's record (lkg_lock). */
+static int write_record(hk_runtime *rt, const lkg_mod *m) {
+    hkl_lkg *l = rt->lkg;
+    char *text, path[4096], dir[4096];
+    size_t n;
+    if (!l->dir)
+        return 0;
+    if (hkl_rec_format(&m->rec, &text, &n) < 0)
+        return -ENOMEM;
+    record_path(l, m->rec.module, path, sizeof path);
+    snprintf(dir, sizeof dir, "%s/modules", l->dir);
+    int err = write_atomic(dir, path, text, n);
+    free(text);
+    if (err)
+        hk_log(rt, HK_LOG_WARN, "engine", "cannot write the record of '%s' (%s): %s", m->rec.module,
+               path, strerror(-err));
+    return err;
+}
+
+static int named(const hkl_lkg *l, const char *hex) {
+    uint8_t h[32];
+    if (hkl_hash_parse(hex, strlen(hex), h) < 0)
+        return 0;
+    for (const lkg_mod *m = l->mods; m; m = m->next)
+        if ((m->rec.current.has && !memcmp(m->rec.current.hash, h, 32)) ||
+            (m->rec.good.has && !memcmp(m->rec.good.hash, h, 32)))
+            return 1;
+    return 0;
+}
+
+/* Removes the images no record names and temp files of this process's
+ * dead predecessors (lkg_lock; the directory lock keeps other runtimes
+ * out). */
+static void collect(hkl_lkg *l) {
+    char dir[4096], path[4400];
+    if (!l->dir)
+        return;
+    snprintf(dir, sizeof dir, "%s/images", l->dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.' && !named(l, e->d_name)) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+/* Writes v's image under its hash unless it is there already (lkg_lock). */
+static void write_image(hk_runtime *rt, const uint8_t h[32], const void *data, size_t n) {
+    hkl_lkg *l = rt->lkg;
+    char path[4400], dir[4096];
+    struct stat st;
+    if (!l->dir)
+        return;
+    image_path(l, h, path, sizeof path);
+    if (stat(path, &st) == 0 && (size_t)st.st_size == n)
+        return;
+    snprintf(dir, sizeof dir, "%s/images", l->dir);
+    int err = write_atomic(dir, path, data, n);
+    if (err)
+        hk_log(rt, HK_LOG_WARN, "engine", "cannot keep the image %s: %s", path, strerror(-err));
+}
+
+/* ---- open and close ------------------------------------------------------- */
+
+static void refused_add(hkl_lkg *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void refused_add(hkl_lkg *l, const char *fmt, ...) {
+    size_t n = strlen(l->refused);
+    if (n + 8 >= sizeof l->refused)
+        return;
+    if (n)
+        n += (size_t)snprintf(l->refused + n, sizeof l->refused - n, "; ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->refused + n, sizeof l->refused - n, fmt, ap);
+    va_end(ap);
+}
+
+/* Reads one record file; a bad one is refused (named in l->refused, left
+ * on disk until the module's next commit replaces it). */
+static void load_record(hk_runtime *rt, const char *dir, const char *fname) {
+    hkl_lkg *l = rt->lkg;
+    char path[4400], why[160], want[HKL_NAME_MAX * 3 + 8];
+    char *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    int err = read_all(path, HKL_REC_MAX_BYTES, &text, &len);
+    lkg_mod *m = err ? NULL : calloc(1, sizeof *m);
+    if (err || !m) {
+        refused_add(l, "modules/%s: %s", fname, strerror(err ? -err : ENOMEM));
+        free(text);
+        return;
+    }
+    if (hkl_rec_parse(text, len, &m->rec, why, sizeof why) < 0) {
+        refused_add(l, "modules/%s: %s", fname, why);
+    } else {
+        file_name(m->rec.module, want, sizeof want - 4);
+        strcat(want, ".rec");
+        if (strcmp(want, fname) || mod_find(l, m->rec.module)) {
+            refused_add(l, "modules/%s: names module '%s'", fname, m->rec.module);
+        } else {
+            m->cur_t = -1;
+            mod_insert(l, m);
+            m = NULL;
+        }
+    }
+    if (m)
+        mod_free(m);
+    free(text);
+}
+
+static int load_records(hk_runtime *rt, hk_report *rep) {
+    char dir[4096], path[4400];
+    snprintf(dir, sizeof dir, "%s/modules", rt->lkg->dir);
+    DIR *d = opendir(dir);
+    if (!d) {
+        hkl_report_set(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
+        return HK_ERR_IO;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (strstr(e->d_name, ".tmp.")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path); /* a write cut short by a crash */
+        } else if (n > 4 && !strcmp(e->d_name + n - 4, ".rec")) {
+            load_record(rt, dir, e->d_name);
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+static int make_dirs(const char *dir, hk_report *rep) {
+    char p[4096];
+    const char *sub[] = {"", "/images", "/modules"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", dir, sub[i]);
+        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+            hkl_report_set(rep, HK_ERR_IO, "state directory %s: %s", p, strerror(errno));
+            return HK_ERR_IO;
+        }
+    }
+    return 0;
+}
+
+static int lock_dir(hkl_lkg *l, hk_report *rep) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/lock", l->dir);
+    l->lockfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (l->lockfd < 0) {
+        hkl_report_set(rep, HK_ERR_IO, "state directory lock %s: %s", p, strerror(errno));
+        return HK_ERR_IO;
+    }
+    if (flock(l->lockfd, LOCK_EX | LOCK_NB) < 0) {
+        int busy = errno == EWOULDBLOCK;
+        hkl_report_set(rep, busy ? HK_ERR_BUSY : HK_ERR_IO, "state directory %s: %s", l->dir,
+                       busy ? "in use by another runtime" : strerror(errno));
+        return busy ? HK_ERR_BUSY : HK_ERR_IO;
+    }
+    return 0;
+}
+
+int hkl_lkg_open(hk_runtime *rt, hk_report *rep) {
+    hkl_lkg *l = calloc(1, sizeof *l);
+    if (!l || sodium_init() < 0) {
+        free(l);
+        return HK_ERR_NOMEM;
+    }
+    rt->lkg = l;
+    pthread_mutex_init(&l->lock, NULL);
+    l->lockfd = -1;
+    l->now = hkl_now_ms;
+    l->window = rt->opt.suspect_window_ms > 0 ? rt->opt.suspect_window_ms : 60000;
+    if (!rt->opt.state_dir || !rt->opt.state_dir[0])
+        return 0;
+    if (strlen(rt->opt.state_dir) > 3000) {
+        hkl_report_set(rep, HK_ERR_INVALID, "state directory path too long");
+        return HK_ERR_INVALID;
+    }
+    if (!(l->dir = strdup(rt->opt.state_dir)))
+        return HK_ERR_NOMEM;
+    int err;
+    if ((err = make_dirs(l->dir, rep)) < 0 || (err = lock_dir(l, rep)) < 0 ||
+        (err = load_records(rt, rep)) < 0)
+        return err;
+    collect(l);
+    if (l->refused[0])
+        hk_log(rt, HK_LOG_WARN, "engine", "state directory %s: records refused: %s", l->dir,
+               l->refused);
+    return 0;
+}
+
+/* Promotes m's current image to known good when it has been current for the
+ * window without a loss (lkg_lock). Returns 1 when the good image changed. */
+static int promote(hkl_lkg *l, lkg_mod *m, double now) {
+    if (!m->rec.current.has || m->cur_t < 0 || now - m->cur_t < l->window || l->frozen)
+        return 0;
+    if (m->rec.good.has && !memcmp(m->rec.good.hash, m->rec.current.hash, 32))
+        return 0;
+    char **e = strv_dup(m->cur_expr, m->ncur), **w = strv_dup(m->cur_lowered, m->ncur);
+    if (m->ncur && (!e || !w)) {
+        strv_free(e, m->ncur);
+        strv_free(w, m->ncur);
+        return 0; /* no memory: stays unproven, which is safe */
+    }
+    hkl_rec_free(&m->rec);
+    m->rec.good = m->rec.current;
+    m->rec.expr = e;
+    m->rec.lowered = w;
+    m->rec.nexpr = m->ncur;
+    return 1;
+}
+
+void hkl_lkg_close(hk_runtime *rt) {
+    hkl_lkg *l = rt->lkg;
+    if (!l)
+        return;
+    double now = l->now();
+    pthread_mutex_lock(&l->lock);
+    int changed = 0;
+    for (lkg_mod *m = l->mods; m; m = m->next)
+        if (promote(l, m, now)) {
+            write_record(rt, m);
+            changed = 1;
+        }
+    if (changed)
+        collect(l);
+    while (l->mods) {
+        lkg_mod *m = l->mods;
+        l->mods = m->next;
+        mod_free(m);
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (l->lockfd >= 0)
+        close(l->lockfd); /* releases the flock */
+    pthread_mutex_destroy(&l->lock);
+    free(l->dir);
+    free(l);
+    rt->lkg = NULL;
+}
+
+void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void)) {
+    rt->lkg->now = now;
+}
+
+/* ---- commits and checks ------------------------------------------------- */
+
+void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, uint64_t release) {
+    hkl_lkg *l = rt->lkg;
+    uint8_t h[32];
+    hash_of(v->image, v->size, h);
+    char **e = strv_dup(v->expr, v->nexpr), **w = strv_dup(v->lowered, v->nexpr);
+    double now = l->now();
+    pthread_mutex_lock(&l->lock);
+    lkg_mod *m = mod_get(l, v->mod->name);
+    if (!m || (v->nexpr && (!e || !w))) {
+        pthread_mutex_unlock(&l->lock);
+        strv_free(e, v->nexpr);
+        strv_free(w, v->nexpr);
+        hk_log(rt, HK_LOG_WARN, "engine", "'%s' v%llu: out of memory, not recorded", v->mod->name,
+               (unsigned long long)v->number);
+        return;
+    }
+    promote(l, m, now); /* the version replaced ran long enough */
+    strv_free(m->cur_expr, m->ncur);
+    strv_free(m->cur_lowered, m->ncur);
+    m->cur_expr = e;
+    m->cur_lowered = w;
+    m->ncur = v->nexpr;
+    m->rec.current = (hkl_rec_image){.has = 1, .format = v->format, .release = release};
+    memcpy(m->rec.current.hash, h, 32);
+    m->cur_t = now;
+    if (m->nrecent == NRECENT)
+        memmove(m->recent, m->recent + 1, (NRECENT - 1) * sizeof *m->recent);
+    else
+        m->nrecent++;
+    lkg_recent *r = &m->recent[m->nrecent - 1];
+    memcpy(r->hash, h, 32);
+    r->t = now;
+    r->release = release;
+    r->version = v->number;
+    write_image(rt, h, v->image, v->size);
+    write_record(rt, m);
+    collect(l);
+    pthread_mutex_unlock(&l->lock);
+}
+
+int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
+                  hk_report *rep) {
+    hkl_lkg *l = rt->lkg;
+    hkl_rec_q q[HKL_REC_MAXQ];
+    int nq = 0;
+    pthread_mutex_lock(&l->lock);
+    lkg_mod *m = mod_find(l, module);
+    if (m) {
+        nq = m->rec.nq;
+        memcpy(q, m->rec.q, (size_t)nq * sizeof *q);
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!nq)
+        return 0;
+    uint8_t h[32];
+    hash_of(image, size, h);
+    for (int i = 0; i < nq; i++)
+        if (!memcmp(q[i].hash, h, 32)) {
+            char hex[65], rel[48] = "";
+            hkl_hash_hex(h, hex);
+            if (q[i].release)
+                snprintf(rel, sizeof rel, " (release %llu)", (unsigned long long)q[i].release);
+            hkl_report_set(rep, HK_ERR_QUARANTINED,
+                           "'%s': image %.16s%s is quarantined: it was committed shortly before "
+                           "the CUDA context was lost; publish a different image",
+                           module, hex, rel);
+            if (rep)
+                snprintf(rep->module, sizeof rep->module, "%s", module);
+            return HK_ERR_QUARANTINED;
+        }
+    return 0;
+}
+
+/* ---- context lost ------------------------------------------------------- */
+
+static int quarantine_add(lkg_mod *m, const lkg_recent *r) {
+    for (int i = 0; i < m->rec.nq; i++)
+        if (!memcmp(m->rec.q[i].hash, r->hash, 32))
+            return 0;
+    if (m->rec.nq == HKL_REC_MAXQ) {
+        memmove(m->rec.q, m->rec.q + 1, (HKL_REC_MAXQ - 1) * sizeof *m->rec.q);
+        m->rec.nq--;
+    }
+    hkl_rec_q *q = &m->rec.q[m->rec.nq++];
+    memcpy(q->hash, r->hash, 32);
+    q->release = r->release;
+    q->version = r->version;
+    return 1;
+}
+
+/* Applies the rule to every module (lkg_lock) and says what it did in msg. */
+static void quarantine_recent(hk_runtime *rt, double now, char *msg, size_t n) {
+    hkl_lkg *l = rt->lkg;
+    size_t k = strlen(msg);
+    int any = 0;
+    for (lkg_mod *m = l->mods; m; m = m->next) {
+        promote(l, m, now);
+        int changed = 0;
+        for (int i = 0; i < m->nrecent; i++) {
+            const lkg_recent *r = &m->recent[i];
+            if (now - r->t >= l->window ||
+                (m->rec.good.has && !memcmp(m->rec.good.hash, r->hash, 32)) ||
+                !quarantine_add(m, r))
+                continue;
+            changed = 1;
+            if (k + 2 < n)
+                k += (size_t)snprintf(msg + k, n - k, "%s%s v%llu", any++ ? ", " : "",
+                                      m->rec.module, (unsigned long long)r->version);
+        }
+        if (changed)
+            write_record(rt, m);
+    }
+    if (!any && k + 2 < n)
+        snprintf(msg + k, n - k, "nothing (no version committed within %.0f ms)", l->window);
+    collect(l);
+}
+
+void hkl_lkg_lost(hk_runtime *rt, int cu, const char *where) {
+    hkl_lkg *l = rt->lkg;
+    if (!l || atomic_exchange(&l->lost, 1))
+        return;
+    hk_report rep = HK_REPORT_INIT;
+    hkl_report_cu(&rep, rt, (CUresult)cu, where);
+    char msg[sizeof rep.message];
+    snprintf(msg, sizeof msg,
+             "context lost: %s in %s; the process must restart; quarantined: ", rep.cu_name, where);
+    double now = l->now();
+    pthread_mutex_lock(&l->lock);
+    quarantine_recent(rt, now, msg, sizeof msg); /* promotes first */
+    l->frozen = 1;
+    pthread_mutex_unlock(&l->lock);
+    snprintf(rep.message, sizeof rep.message, "%s", msg);
+    rep.error = HK_ERR_CUDA;
+    hkl_emit(rt, HK_EVENT_CONTEXT_LOST, NULL, 0, 0, where, &rep);
+    hk_report_clear(&rep);
+}
+
+int hk_runtime_note_error(hk_runtime *rt, int cu_result) {
+    if (!rt || !hkl_lkg_sticky(cu_result))
+        return 0;
+    hkl_lkg_lost(rt, cu_result, "the application's call");
+    return 1;
+}
+
+/* ---- restore and queries ------------------------------------------------ */
+
+/* What restore takes out of a record, under lkg_lock. */
+typedef struct restore_item {
+    char module[HKL_NAME_MAX];
+    hkl_rec_image good;
+    int nexpr;
+    char **expr, **lowered;
+    int runs; /* this process runs it already */
+} restore_item;
+
+/* Reads and checks one kept image. 0, or an error with why set. */
+static int read_image(hkl_lkg *l, const restore_item *it, char **data, size_t *n, char *why,
+                      size_t whyn) {
+    char path[4400];
+    uint8_t h[32];
+    image_path(l, it->good.hash, path, sizeof path);
+    int err = read_all(path, (size_t)1 << 30, data, n);
+    if (err) {
+        snprintf(why, whyn, "%.400s: %s", path, strerror(-err));
+        return HK_ERR_IO;
+    }
+    hash_of(*data, *n, h);
+    if (!*n || memcmp(h, it->good.hash, 32)) {
+        snprintf(why, whyn, "%.400s: content does not match its hash", path);
+        free(*data);
+        return HK_ERR_HASH;
+    }
+    return 0;
+}
+
+/* Commits one module's known-good image. */
+static int restore_one(hk_runtime *rt, const restore_item *it, hk_report *r) {
+    char why[512];
+    char *data;
+    size_t n;
+    int err = read_image(rt->lkg, it, &data, &n, why, sizeof why);
+    if (err) {
+        hkl_report_set(r, err, "%s", why);
+        return err;
+    }
+    hkl_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(data);
+        return HK_ERR_NOMEM;
+    }
+    snprintf(j->name, sizeof j->name, "%s", it->module);
+    hk_swap_options_init(&j->opt);
+    j->opt.release_version = it->good.release;
+    j->opt.canary = HK_CANARY_SKIP; /* it ran */
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->t_start = hkl_now_ms();
+    j->origin = strdup("restore");
+    j->art.image = data;
+    j->art.size = n;
+    j->art.format = it->good.format;
+    j->name_expressions = strv_dup(it->expr, it->nexpr);
+    j->art.lowered_names = strv_dup(it->lowered, it->nexpr);
+    if (!j->origin || (it->nexpr && (!j->name_expressions || !j->art.lowered_names))) {
+        hkl_job_free(j);
+        return HK_ERR_NOMEM;
+    }
+    j->opt.nname_expressions = j->art.nlowered = it->nexpr;
+    j->opt.name_expressions = (const char *const *)j->name_expressions;
+    j->opt.origin = j->origin;
+    if (hkp_meta_read(data, n, it->good.format, &j->art.meta, why, sizeof why) < 0) {
+        hkl_report_set(r, HK_ERR_FORMAT, "kept image of '%s': %s", it->module, why);
+        hkl_job_free(j);
+        return HK_ERR_FORMAT;
+    }
+    j->built = 1;
+    err = hkl_swap_built(rt, j, 0, r);
+    hkl_job_free(j);
+    return err;
+}
+
+/* Copies what restore needs (lkg_lock taken here). *out malloc'd. */
+static int restore_items(hkl_lkg *l, restore_item **out, char *refused, size_t rn) {
+    int n = 0, cap = 0;
+    restore_item *v = NULL;
+    pthread_mutex_lock(&l->lock);
+    snprintf(refused, rn, "%s", l->refused);
+    for (lkg_mod *m = l->mods; m; m = m->next) {
+        if (!m->rec.good.has)
+            continue;
+        if (n == cap) {
+            restore_item *g = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *g);
+            if (!g)
+                break;
+            v = g;
+        }
+        restore_item *it = &v[n++];
+        memset(it, 0, sizeof *it);
+        snprintf(it->module, sizeof it->module, "%s", m->rec.module);
+        it->good = m->rec.good;
+        it->nexpr = m->rec.nexpr;
+        it->expr = strv_dup(m->rec.expr, m->rec.nexpr);
+        it->lowered = strv_dup(m->rec.lowered, m->rec.nexpr);
+        it->runs = m->cur_t >= 0 && m->rec.current.has &&
+                   !memcmp(m->rec.current.hash, m->rec.good.hash, 32);
+    }
+    pthread_mutex_unlock(&l->lock);
+    *out = v;
+    return n;
+}
+
+static void msg_add(char *msg, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void msg_add(char *msg, size_t n, const char *fmt, ...) {
+    size_t k = strlen(msg);
+    if (k + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg + k, n - k, fmt, ap);
+    va_end(ap);
+}
+
+int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
+    hk_report full;
+    if (!rt || hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    hk_report_clear(&full);
+    if (!rt->lkg->dir) {
+        hkl_report_set(&full, HK_ERR_UNSUPPORTED, "no state directory (options.state_dir)");
+        hkl_report_out(rep, &full);
+        return HK_ERR_UNSUPPORTED;
+    }
+    if (hkl_swap_held(rt)) {
+        hkl_report_set(&full, HK_ERR_BUSY, "restore cannot run inside a check callback");
+        hkl_report_out(rep, &full);
+        return HK_ERR_BUSY;
+    }
+    restore_item *items;
+    char refused[1024], msg[sizeof full.message] = "";
+    int n = restore_items(rt->lkg, &items, refused, sizeof refused), done = 0;
+    for (int i = 0; i < n; i++) {
+        restore_item *it = &items[i];
+        hk_report r = HK_REPORT_INIT;
+        int err = it->runs ? 0 : restore_one(rt, it, &r);
+        if (err == 0)
+            done++;
+        msg_add(msg, sizeof msg, "%s%s: %s", msg[0] ? "; " : "", it->module,
+                err        ? r.message
+                : it->runs ? "runs its known-good image"
+                           : "restored");
+        if (err)
+            hk_log(rt, HK_LOG_WARN, "engine", "restore of '%s' failed: %s", it->module, r.message);
+        hk_report_clear(&r);
+        strv_free(it->expr, it->nexpr);
+        strv_free(it->lowered, it->nexpr);
+    }
+    free(items);
+    if (refused[0])
+        msg_add(msg, sizeof msg, "%srecords refused: %s", msg[0] ? "; " : "", refused);
+    if (!msg[0])
+        snprintf(msg, sizeof msg, "no known-good image recorded");
+    hkl_report_set(&full, 0, "%s", msg);
+    hk_log(rt, HK_LOG_INFO, "engine", "restored %d module(s) from %s: %s", done, rt->lkg->dir, msg);
+    hkl_report_out(rep, &full);
+    return done;
+}
+
+int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out) {
+    if (!rt || !out || index < 0 || hkl_size_of(out) < HKL_QUARANTINE_SIZE0)
+        return HK_ERR_INVALID;
+    hk_quarantine q;
+    hk_quarantine_init(&q);
+    int err = HK_ERR_NOT_FOUND;
+    pthread_mutex_lock(&rt->lkg->lock);
+    for (lkg_mod *m = rt->lkg->mods; m && err; m = m->next) {
+        if (index >= m->rec.nq) {
+            index -= m->rec.nq;
+            continue;
+        }
+        snprintf(q.module, sizeof q.module, "%s", m->rec.module);
+        hkl_hash_hex(m->rec.q[index].hash, q.image);
+        q.release_version = m->rec.q[index].release;
+        q.version = m->rec.q[index].version;
+        err = 0;
+    }
+    pthread_mutex_unlock(&rt->lkg->lock);
+    if (!err)
+        hkl_sized_out(out, &q, sizeof q);
+    return err;
+}
+
+int hk_module_known_good(hk_runtime *rt, const char *module, char hash[65], uint64_t *release) {
+    if (!rt || !module || !hash)
+        return HK_ERR_INVALID;
+    int err = HK_ERR_NOT_FOUND;
+    pthread_mutex_lock(&rt->lkg->lock);
+    lkg_mod *m = mod_find(rt->lkg, module);
+    if (m && m->rec.good.has) {
+        hkl_hash_hex(m->rec.good.hash, hash);
+        if (release)
+            *release = m->rec.good.release;
+        err = 0;
+    }
+    pthread_mutex_unlock(&rt->lkg->lock);
+    return err;
+}
+
+void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined) {
+    uint64_t q = 0;
+    if (!rt->lkg)
+        return;
+    pthread_mutex_lock(&rt->lkg->lock);
+    for (lkg_mod *m = rt->lkg->mods; m; m = m->next)
+        q += (uint64_t)m->rec.nq;
+    pthread_mutex_unlock(&rt->lkg->lock);
+    *lost = (uint64_t)atomic_load(&rt->lkg->lost);
+    *quarantined = q;
+}
