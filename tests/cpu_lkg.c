@@ -1,0 +1,490 @@
+/*
+ * Last known good on the fake driver: a sticky launch error quarantines the
+ * versions committed within the suspect window, once; a new runtime on the
+ * same state directory comes back on the known-good image and refuses the
+ * quarantined one; damaged records and images are refused with a report;
+ * the disk keeps only what records name. The record parser is also driven
+ * with every truncation and with random damage of a valid record.
+ *
+ * The suspect window is measured with a clock the tests set
+ * (hkl_lkg_set_clock), so no test depends on how fast the machine is.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "loader/loader.h"
+#include "tests/fakecuda.h"
+#include "tests/harness.h"
+
+static char *dir;
+static double clock_ms;
+static int lost_events, refused_events;
+static char lost_msg[512];
+
+static double test_clock(void) {
+    return clock_ms;
+}
+
+static void on_event(const hk_event *ev, void *ud) {
+    (void)ud;
+    if (ev->kind == HK_EVENT_CONTEXT_LOST) {
+        lost_events++;
+        snprintf(lost_msg, sizeof lost_msg, "%s", ev->report ? ev->report->message : "");
+        ck_assert_ptr_null(ev->module);
+        ck_assert_str_eq(ev->report->cu_name, "CUDA_ERROR_ILLEGAL_ADDRESS");
+    } else if (ev->kind == HK_EVENT_REFUSED) {
+        refused_events++;
+    }
+}
+
+static int make_rt_opts(hk_runtime **out, const char *state, int restore, hk_report *rep) {
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.on_event = on_event;
+    o.state_dir = state;
+    o.suspect_window_ms = 1000;
+    o.restore = restore;
+    int err = hkl_runtime_create_with(out, &o, fake_driver(), rep);
+    if (err == 0)
+        hkl_lkg_set_clock(*out, test_clock);
+    return err;
+}
+
+static hk_runtime *make_rt(int restore) {
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    int err = make_rt_opts(&r, dir, restore, &rep);
+    ck_assert_msg(err == 0, "create: %s", rep.message);
+    hk_report_clear(&rep);
+    return r;
+}
+
+static void setup(void) {
+    dir = hkt_tmpdir();
+    ck_assert_ptr_nonnull(dir);
+    clock_ms = 0;
+    lost_events = refused_events = 0;
+    lost_msg[0] = 0;
+}
+
+static void teardown(void) {
+    hkt_rmtree(dir);
+    free(dir);
+}
+
+static int swap_tag(hk_runtime *r, const char *mod, int tag, hk_report *rep) {
+    const char *src = fake_ptx(tag, 0, 0, 0);
+    return hk_swap(r, mod, src, strlen(src), NULL, rep);
+}
+
+static void swap_ok(hk_runtime *r, const char *mod, int tag) {
+    hk_report rep = HK_REPORT_INIT;
+    int err = swap_tag(r, mod, tag, &rep);
+    ck_assert_msg(err == 0, "swap %s tag %d: %s", mod, tag, rep.message);
+    hk_report_clear(&rep);
+}
+
+static int launch_tag(hk_kernel *k, int *cu) {
+    int out = -1, *dptr = &out;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    int err = hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, cu);
+    return err ? err : out;
+}
+
+static int count_files(const char *sub) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    DIR *d = opendir(p);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The hash hotkern gives the image the fake builds from tag's PTX (driver
+ * JIT mode keeps the PTX, NUL included). */
+static void ptx_hash(int tag, char hex[65]) {
+    const char *src = fake_ptx(tag, 0, 0, 0);
+    uint8_t h[32];
+    crypto_generichash(h, 32, (const unsigned char *)src, strlen(src) + 1, NULL, 0);
+    hkl_hash_hex(h, hex);
+}
+
+/* v1 runs past the window (known good), v2 is committed and a launch of it
+ * faults: v2 is quarantined. Leaves the runtime destroyed. */
+static void crash_after_v2(void) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
+    int cu = 0;
+    ck_assert_int_eq(launch_tag(k, &cu), 1);
+    clock_ms = 5000; /* v1 ran for 5 s: known good once replaced */
+    swap_ok(r, "m", 2);
+    clock_ms = 5100;
+    ck_assert_int_eq(launch_tag(k, &cu), 2);
+    fake_fail("cuLaunchKernel", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+    fake_fail("cuLaunchKernel", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+    ck_assert_int_eq(launch_tag(k, &cu), HK_ERR_CUDA);
+    ck_assert_int_eq(cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+    ck_assert_int_eq(launch_tag(k, &cu), HK_ERR_CUDA); /* sticky: every later call fails */
+    ck_assert_int_eq(lost_events, 1);                  /* once */
+    ck_assert_msg(strstr(lost_msg, "m v2") && !strstr(lost_msg, "m v1"), "%s", lost_msg);
+
+    hk_stats st = HK_STATS_INIT;
+    ck_assert_int_eq(hk_stats_get(r, &st), 0);
+    ck_assert_uint_eq(st.context_lost, 1);
+    ck_assert_uint_eq(st.quarantined, 1);
+    hk_quarantine q = HK_QUARANTINE_INIT;
+    char want[65], good[65];
+    ck_assert_int_eq(hk_quarantine_get(r, 0, &q), 0);
+    ptx_hash(2, want);
+    ck_assert_str_eq(q.module, "m");
+    ck_assert_str_eq(q.image, want);
+    ck_assert_uint_eq(q.version, 2);
+    ck_assert_int_eq(hk_quarantine_get(r, 1, &q), HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(hk_module_known_good(r, "m", good, NULL), 0);
+    ptx_hash(1, want);
+    ck_assert_str_eq(good, want);
+    /* The process is done for; the image is refused already. */
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(r, "m", 2, &rep), HK_ERR_QUARANTINED);
+    hk_report_clear(&rep);
+    char *text = NULL;
+    ck_assert_int_eq(hk_metrics_text_alloc(r, &text, NULL), 0);
+    ck_assert_msg(strstr(text, "\nhotkern_context_lost_total 1\n") &&
+                      strstr(text, "\nhotkern_quarantined_images 1\n"),
+                  "%s", text);
+    free(text);
+    hk_runtime_destroy(r);
+}
+
+START_TEST(sticky_launch_quarantines_the_recent_version_once) {
+    crash_after_v2();
+    /* The record says so on disk. */
+    char path[4096], *rec = NULL;
+    snprintf(path, sizeof path, "%s/modules/m.rec", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    rec = calloc(1, 4096);
+    ck_assert_uint_gt(fread(rec, 1, 4095, f), 0);
+    fclose(f);
+    char h1[65], h2[65], line[128];
+    ptx_hash(1, h1);
+    ptx_hash(2, h2);
+    snprintf(line, sizeof line, "\ngood %s ptx 0\n", h1);
+    ck_assert_msg(strstr(rec, line), "%s", rec);
+    snprintf(line, sizeof line, "\nquarantined %s 0 2\n", h2);
+    ck_assert_msg(strstr(rec, line), "%s", rec);
+    free(rec);
+}
+END_TEST
+
+START_TEST(restart_restores_known_good_and_refuses_quarantined) {
+    crash_after_v2();
+    hk_runtime *r = make_rt(0);
+    ck_assert_uint_eq(hk_module_version(r, "m"), 0); /* nothing until restored */
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hk_runtime_restore(r, &rep), 1);
+    ck_assert_msg(strstr(rep.message, "m: restored"), "%s", rep.message);
+    hk_report_clear(&rep);
+    hk_kernel *k;
+    int cu = 0;
+    ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
+    ck_assert_int_eq(launch_tag(k, &cu), 1); /* the known-good code runs */
+    /* The image that faulted is refused, with its name in the report. */
+    ck_assert_int_eq(swap_tag(r, "m", 2, &rep), HK_ERR_QUARANTINED);
+    ck_assert_msg(strstr(rep.message, "quarantined"), "%s", rep.message);
+    hk_report_clear(&rep);
+    ck_assert_int_eq(launch_tag(k, &cu), 1);
+    hk_quarantine q = HK_QUARANTINE_INIT;
+    ck_assert_int_eq(hk_quarantine_get(r, 0, &q), 0);
+    ck_assert_uint_eq(q.version, 2);
+    /* A different image is accepted. */
+    swap_ok(r, "m", 3);
+    ck_assert_int_eq(launch_tag(k, &cu), 3);
+    /* Restoring again goes back to the known good (v3 has not proven itself). */
+    ck_assert_int_eq(hk_runtime_restore(r, NULL), 1);
+    ck_assert_int_eq(launch_tag(k, &cu), 1);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+START_TEST(restore_at_create_and_one_runtime_per_directory) {
+    crash_after_v2();
+    hk_runtime *r = make_rt(1);
+    ck_assert_uint_eq(hk_module_version(r, "m"), 1);
+    hk_runtime *r2 = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.state_dir = dir;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), &rep), HK_ERR_BUSY);
+    ck_assert_msg(strstr(rep.message, "in use"), "%s", rep.message);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(r);
+    /* Without a state directory there is nothing to restore. */
+    o.state_dir = NULL;
+    ck_assert_int_eq(hkl_runtime_create_with(&r2, &o, fake_driver(), NULL), 0);
+    ck_assert_int_eq(hk_runtime_restore(r2, NULL), HK_ERR_UNSUPPORTED);
+    hk_runtime_destroy(r2);
+}
+END_TEST
+
+START_TEST(loss_after_the_window_quarantines_nothing) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    clock_ms = 3000;
+    ck_assert_int_eq(hk_runtime_note_error(r, CUDA_ERROR_INVALID_VALUE), 0);
+    ck_assert_int_eq(lost_events, 0);
+    ck_assert_int_eq(hk_runtime_note_error(r, CUDA_ERROR_ILLEGAL_ADDRESS), 1);
+    ck_assert_int_eq(hk_runtime_note_error(r, CUDA_ERROR_ILLEGAL_ADDRESS), 1);
+    ck_assert_int_eq(lost_events, 1);
+    ck_assert_msg(strstr(lost_msg, "nothing"), "%s", lost_msg);
+    hk_quarantine q = HK_QUARANTINE_INIT;
+    ck_assert_int_eq(hk_quarantine_get(r, 0, &q), HK_ERR_NOT_FOUND);
+    char good[65];
+    ck_assert_int_eq(hk_module_known_good(r, "m", good, NULL), 0); /* it ran 3 s */
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* Writes DIR/sub with text (len bytes). */
+static void put_file(const char *sub, const char *text, size_t len) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+START_TEST(damaged_records_are_refused_with_a_report) {
+    /* A good state for module m (v1 known good), then damage around it. */
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    swap_ok(r, "n", 4);
+    clock_ms = 5000;
+    hk_runtime_destroy(r); /* clean end: both ran 5 s, both known good */
+    char h[65], rec[512], p[4096];
+    ptx_hash(4, h);
+    int n = snprintf(rec, sizeof rec, "hotkern-record 1\nmodule n\ngood %s ptx 0\nend\n", h);
+    put_file("modules/n.rec", rec, (size_t)n - 1); /* cut short */
+    put_file("modules/g.rec",
+             "\x7f"
+             "ELF garbage\0\n",
+             14);
+    put_file("modules/x.rec", "hotkern-record 1\nmodule y\nend\n", 30); /* wrong name */
+    /* m's image altered on disk. */
+    ptx_hash(1, h);
+    snprintf(p, sizeof p, "images/%s", h);
+    put_file(p, "not the image", 13);
+
+    r = make_rt(0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hk_runtime_restore(r, &rep), 0);
+    ck_assert_msg(strstr(rep.message, "m: ") && strstr(rep.message, "does not match its hash"),
+                  "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "n.rec: line 4: cut short"), "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "g.rec: line 1"), "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "x.rec: names module 'y'"), "%s", rep.message);
+    hk_report_clear(&rep);
+    ck_assert_uint_eq(hk_module_version(r, "m"), 0);
+    /* The runtime works on: a new commit replaces the damaged record. */
+    swap_ok(r, "n", 5);
+    hk_runtime_destroy(r);
+    r = make_rt(0);
+    char good[65];
+    ck_assert_int_eq(hk_module_known_good(r, "n", good, NULL), HK_ERR_NOT_FOUND);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+START_TEST(disk_holds_only_what_records_name) {
+    hk_runtime *r = make_rt(0);
+    for (int i = 1; i <= 12; i++) {
+        clock_ms += 2000;
+        swap_ok(r, "m", i);
+        swap_ok(r, "n", 100 + i);
+        /* current and known good of two modules at most */
+        ck_assert_int_le(count_files("images"), 4);
+    }
+    ck_assert_int_eq(count_files("images"), 4);
+    ck_assert_int_eq(count_files("modules"), 2);
+    hk_runtime_destroy(r);
+    /* A leftover temp file of a crashed write goes at the next open. */
+    put_file("modules/m.rec.tmp.123", "half", 4);
+    put_file("images/0123", "stray", 5);
+    r = make_rt(0);
+    ck_assert_int_eq(count_files("modules"), 2);
+    ck_assert_int_eq(count_files("images"), 4);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* ---- the record parser -------------------------------------------------- */
+
+static const char *valid_record(void) {
+    return "hotkern-record 1\n"
+           "module scale\n"
+           "current 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff cubin 7\n"
+           "good ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100 fatbin 6\n"
+           "expr _Z5scaleIfEvPT_ scale<float, 2>\n"
+           "quarantined 0000000000000000000000000000000000000000000000000000000000000001 8 3\n"
+           "end\n";
+}
+
+START_TEST(record_round_trip) {
+    hkl_rec r;
+    char why[160];
+    const char *t = valid_record();
+    ck_assert_int_eq(hkl_rec_parse(t, strlen(t), &r, why, sizeof why), 0);
+    ck_assert_str_eq(r.module, "scale");
+    ck_assert_int_eq(r.current.format, HK_FORMAT_CUBIN);
+    ck_assert_uint_eq(r.good.release, 6);
+    ck_assert_int_eq(r.nexpr, 1);
+    ck_assert_str_eq(r.expr[0], "scale<float, 2>");
+    ck_assert_int_eq(r.nq, 1);
+    ck_assert_uint_eq(r.q[0].version, 3);
+    char *out;
+    size_t n;
+    ck_assert_int_eq(hkl_rec_format(&r, &out, &n), 0);
+    ck_assert_str_eq(out, t);
+    free(out);
+    hkl_rec_free(&r);
+}
+END_TEST
+
+START_TEST(record_every_truncation_is_refused) {
+    const char *t = valid_record();
+    size_t len = strlen(t);
+    for (size_t i = 0; i < len; i++) {
+        hkl_rec r;
+        char why[160] = "";
+        ck_assert_msg(hkl_rec_parse(t, i, &r, why, sizeof why) == HK_ERR_FORMAT,
+                      "a record cut at %zu was accepted", i);
+        ck_assert_msg(why[0], "no reason at %zu", i);
+    }
+}
+END_TEST
+
+START_TEST(record_bad_lines_are_refused) {
+    static const char *const bad[] = {
+        "hotkern-record 2\nmodule m\nend\n",
+        "hotkern-record 1\nmodule \nend\n",
+        "hotkern-record 1\nmodule m\nend\nend\n",
+        "hotkern-record 1\nmodule m\nfoo\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent 00 ptx 1\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff elf 1\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff ptx 1\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff ptx +1\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff ptx "
+        "12345678901234567890\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff ptx 1 2\nend\n",
+        "hotkern-record 1\nmodule m\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff ptx 1\ncurrent "
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff ptx 1\nend\n",
+        "hotkern-record 1\nmodule m\nexpr a b\nend\n", /* no good image */
+        "hotkern-record 1\nmodule m\nend\r\n",
+        "hotkern-record 1\nmodule m\nend",
+        "hotkern-record 1\nmodule m\nquarantined  1 1\nend\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hkl_rec r;
+        char why[160] = "";
+        ck_assert_msg(hkl_rec_parse(bad[i], strlen(bad[i]), &r, why, sizeof why) == HK_ERR_FORMAT,
+                      "accepted bad record %zu", i);
+    }
+    /* A NUL inside. */
+    hkl_rec r;
+    char why[160];
+    ck_assert_int_eq(hkl_rec_parse("hotkern-record 1\nmodule m\0\nend\n", 30, &r, why, sizeof why),
+                     HK_ERR_FORMAT);
+    /* More quarantined entries than the bound. */
+    char *big = malloc(8192);
+    size_t n = (size_t)sprintf(big, "hotkern-record 1\nmodule m\n");
+    for (int i = 0; i <= HKL_REC_MAXQ; i++)
+        n += (size_t)sprintf(big + n, "quarantined %064x 0 %d\n", i, i);
+    n += (size_t)sprintf(big + n, "end\n");
+    ck_assert_int_eq(hkl_rec_parse(big, n, &r, why, sizeof why), HK_ERR_FORMAT);
+    free(big);
+}
+END_TEST
+
+START_TEST(record_random_damage_never_crashes) {
+    const char *t = valid_record();
+    size_t len = strlen(t);
+    char *buf = malloc(len);
+    unsigned seed = 12345;
+    int accepted = 0;
+    for (int round = 0; round < 20000; round++) {
+        memcpy(buf, t, len);
+        int flips = 1 + (int)(rand_r(&seed) % 4);
+        for (int f = 0; f < flips; f++)
+            buf[rand_r(&seed) % len] = (char)(rand_r(&seed) & 0xff);
+        size_t n = len - (size_t)(rand_r(&seed) % 3 == 0 ? rand_r(&seed) % len : 0);
+        hkl_rec r;
+        char why[160];
+        if (hkl_rec_parse(buf, n, &r, why, sizeof why) == 0) {
+            accepted++;
+            char *out;
+            size_t m;
+            /* What is accepted formats back to a record that parses. */
+            ck_assert_int_eq(hkl_rec_format(&r, &out, &m), 0);
+            hkl_rec r2;
+            ck_assert_int_eq(hkl_rec_parse(out, m, &r2, why, sizeof why), 0);
+            hkl_rec_free(&r2);
+            free(out);
+            hkl_rec_free(&r);
+        }
+    }
+    ck_assert_int_lt(accepted, 20000);
+    free(buf);
+}
+END_TEST
+
+int main(void) {
+    if (sodium_init() < 0)
+        return 1;
+    Suite *s = suite_create("last known good (fake driver)");
+    TCase *tc = tcase_create("lkg");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, sticky_launch_quarantines_the_recent_version_once);
+    tcase_add_test(tc, restart_restores_known_good_and_refuses_quarantined);
+    tcase_add_test(tc, restore_at_create_and_one_runtime_per_directory);
+    tcase_add_test(tc, loss_after_the_window_quarantines_nothing);
+    tcase_add_test(tc, damaged_records_are_refused_with_a_report);
+    tcase_add_test(tc, disk_holds_only_what_records_name);
+    suite_add_tcase(s, tc);
+    TCase *rc = tcase_create("record");
+    tcase_add_test(rc, record_round_trip);
+    tcase_add_test(rc, record_every_truncation_is_refused);
+    tcase_add_test(rc, record_bad_lines_are_refused);
+    tcase_add_test(rc, record_random_damage_never_crashes);
+    suite_add_tcase(s, rc);
+    return hkt_run(s);
+}
