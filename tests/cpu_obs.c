@@ -761,6 +761,48 @@ static void drop_volatile(char *text) {
     *out = '\0';
 }
 
+/* A lost context quarantines the release just pushed: /v1/status lists it
+ * with its release version, and the same image under a newer release
+ * version is refused (409), while a different image goes in. */
+START_TEST(endpoint_status_shows_the_quarantine) {
+    unsigned port;
+    make_keys();
+    hk_endpoint *ep = start_endpoint(&port);
+    char *body = release_body(&trusted, "m", 3, 2);
+    ck_assert_int_eq(http(port, "POST", "/v1/release", "tok", body, strlen(body), NULL), 200);
+    free(body);
+    ck_assert_int_eq(hk_runtime_note_error(rt, CUDA_ERROR_ILLEGAL_ADDRESS), 1);
+
+    char *status = NULL;
+    ck_assert_int_eq(http(port, "GET", "/v1/status", "tok", NULL, 0, &status), 200);
+    cJSON *j = cJSON_Parse(status);
+    ck_assert_ptr_nonnull(j);
+    cJSON *q = cJSON_GetObjectItem(j, "quarantine");
+    ck_assert_msg(cJSON_IsArray(q) && cJSON_GetArraySize(q) == 1, "%s", status);
+    cJSON *e = cJSON_GetArrayItem(q, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(e, "module")->valuestring, "m");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(e, "release_version")->valuedouble, 3);
+    ck_assert_int_eq(strlen(cJSON_GetObjectItem(e, "image")->valuestring), 64);
+    cJSON_Delete(j);
+    free(status);
+
+    char *answer = NULL;
+    body = release_body(&trusted, "m", 4, 2);
+    ck_assert_int_eq(http(port, "POST", "/v1/release", "tok", body, strlen(body), &answer), 409);
+    ck_assert_msg(strstr(answer, "HK_ERR_QUARANTINED"), "%s", answer);
+    free(answer);
+    free(body);
+    body = release_body(&trusted, "m", 5, 3);
+    ck_assert_int_eq(http(port, "POST", "/v1/release", "tok", body, strlen(body), NULL), 200);
+    free(body);
+    char *text = metrics();
+    ck_assert_msg(sample_value(text, "hotkern_quarantined_images") == 1, "%s", text);
+    ck_assert_msg(sample_value(text, "hotkern_context_lost_total") == 1, "%s", text);
+    free(text);
+    hk_endpoint_stop(ep);
+}
+END_TEST
+
 START_TEST(endpoint_metrics_are_the_runtimes) {
     unsigned port;
     char series[256];
@@ -1082,6 +1124,7 @@ int main(void) {
     tcase_add_test(tc, watcher_trace_debounce_and_headers);
     tcase_add_test(tc, endpoint_says_why_it_refuses);
     tcase_add_test(tc, endpoint_metrics_are_the_runtimes);
+    tcase_add_test(tc, endpoint_status_shows_the_quarantine);
     tcase_add_test(tc, puller_says_when_it_retries);
     tcase_add_test(tc, puller_says_why_it_refuses);
     tcase_add_test(tc, metrics_text_is_exposition);
