@@ -67,6 +67,18 @@ static uint64_t rec_version(void) {
 
 static const hkn_engine engine = {.apply = rec_apply};
 
+/* An engine that has quarantined ptx_v2's image (declared below). */
+static const char ptx_v2[64];
+static int quarantining_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                              const void *bytes, size_t size, const hk_header *headers,
+                              int nheaders, const char *origin, hk_report *rep) {
+    rec_apply(ud, module, version, fmt, bytes, size, headers, nheaders, origin, rep);
+    if (size == strlen(ptx_v2) && !memcmp(bytes, ptx_v2, size))
+        return hkn_fail(rep, HK_ERR_QUARANTINED, "image quarantined");
+    return 0;
+}
+static const hkn_engine quarantining = {.apply = quarantining_apply};
+
 /* ---- fixture: nginx ---------------------------------------------------- */
 
 static char *tmp;
@@ -165,7 +177,8 @@ static void replace_artifact(const char *content) {
     ck_assert_int_eq(hkt_write_file(path, content), 0);
 }
 
-static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_artifact) {
+static hkn_puller *puller_with(const hkn_engine *eng, const char *u, unsigned total_timeout_ms,
+                               size_t max_artifact) {
     hkn_pull_cfg cfg;
     hkn_pull_cfg_init(&cfg);
     cfg.url = u;
@@ -179,8 +192,12 @@ static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_a
     cfg.trust.nkeys = 1;
     hkn_puller *p;
     hk_report rep = HK_REPORT_INIT;
-    ck_assert_msg(hkn_pull_create(&cfg, &engine, &p, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(hkn_pull_create(&cfg, eng, &p, &rep) == 0, "%s", rep.message);
     return p;
+}
+
+static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_artifact) {
+    return puller_with(&engine, u, total_timeout_ms, max_artifact);
 }
 
 static int poll_once(hkn_puller *p, hk_report *rep) {
@@ -213,10 +230,31 @@ static int log_count_wait(const char *a, const char *b, int want) {
 }
 
 static const char ptx_v1[] = ".version 8.0\n.target sm_90\n// v1\n";
-static const char ptx_v2[] = ".version 8.0\n.target sm_90\n// v2 is longer\n";
+static const char ptx_v2[64] = ".version 8.0\n.target sm_90\n// v2 is longer\n";
 static const char ptx_v3[] = ".version 8.0\n.target sm_90\n// v3\n";
 
 /* ---- tests ------------------------------------------------------------- */
+
+/* The engine quarantined the release's image: the release stays recorded,
+ * so a restarted puller does not apply it again; a newer one is applied. */
+START_TEST(quarantined_release_is_not_applied_again) {
+    hk_report rep = HK_REPORT_INIT;
+    publish(2, ptx_v2, 600);
+    hkn_puller *p = puller_with(&quarantining, url, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_QUARANTINED);
+    ck_assert_int_eq(rec.calls, 1);
+    hkn_pull_destroy(p);
+    p = puller_with(&quarantining, url, 0, 0); /* a restart: no validators */
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    ck_assert_int_eq(rec.calls, 1);
+    publish(3, ptx_v3, 600);
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    ck_assert_int_eq(rec.calls, 2);
+    ck_assert_uint_eq(rec_version(), 3);
+    hkn_pull_destroy(p);
+    hkn_report_reset(&rep);
+}
+END_TEST
 
 START_TEST(picks_up_releases_with_304s_between) {
     publish(1, ptx_v1, 600);
@@ -565,6 +603,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, picks_up_releases_with_304s_between);
+    tcase_add_test(tc, quarantined_release_is_not_applied_again);
     tcase_add_test(tc, truncated_artifact_changes_nothing);
     tcase_add_test(tc, oversized_artifact_changes_nothing);
     tcase_add_test(tc, server_errors_change_nothing);
