@@ -281,6 +281,8 @@ static int sync_contexts(hk_runtime *rt) {
         return 0; /* see the top of this file */
     for (int i = 0; i < rt->ndev; i++) {
         CUresult r = rt->drv->CtxSynchronize(hkl_ctx(rt, i));
+        if (hkl_lkg_sticky((int)r))
+            hkl_lkg_lost(rt, (int)r, "a context synchronise"); /* once; no lock held */
         if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
             r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
             return -1;
