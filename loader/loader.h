@@ -24,6 +24,10 @@
  *                        histories and handles' layouts. Its owner is kept in
  *                        a thread-local, so that a callback run under it can
  *                        be answered at once instead of waiting for itself.
+ *   lkg_lock (lkg.c)     last-known-good records and quarantine. Taken under
+ *                        swap_lock by commits, and alone by the thread that
+ *                        saw a sticky error (a launching thread, on the error
+ *                        path only) and by the query functions.
  *   the launch gate      not a lock: while closed, hotkern's launches wait at
  *                        hkl_enter (see "launch gate" below). Closed by
  *                        swap_lock holders and by the reclaim thread.

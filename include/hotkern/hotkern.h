@@ -22,8 +22,8 @@
  *
  * Sized structures (the ABI rule)
  *   Every structure the caller allocates and hotkern reads or fills (hk_report,
- *   hk_options, hk_swap_options, hk_launch_config, hk_stats and those of
- *   net.h) starts with `size_t size`, the caller's sizeof, set by its _init()
+ *   hk_options, hk_swap_options, hk_launch_config, hk_stats, hk_quarantine and
+ *   those of net.h) starts with `size_t size`, the caller's sizeof, set by its _init()
  *   function or HK_<NAME>_INIT macro. Fields are only ever added at the end,
  *   each at or beyond the previous sizeof, so a program built against older
  *   headers keeps working with a newer library of the same soname:

@@ -34,7 +34,11 @@
  *                                    "signature": "<base64>",
  *                                    "artifacts": {"<sha256>": "<base64>", ...}}
  *   GET  /v1/status           modules, release and engine versions, the last
- *                             outcome, message and build log of each
+ *                             outcome, message and build log of each, and
+ *                             "quarantine": [{"module", "image",
+ *                             "release_version", "version"}] (images that
+ *                             ran when the CUDA context was lost; see
+ *                             hotkern.h, "last known good")
  *   POST /v1/rollback/MODULE  hk_rollback; needs the token, or the body
  *                             {"request": "<rollback request text>",
  *                              "signature": "<base64>"} signed by a trusted
@@ -52,7 +56,8 @@
  *   missing or wrong bearer token (HK_ERR_REJECTED); 403 bad/missing/unknown
  *   signature, expired release, a foreign Host or Origin (HK_ERR_REJECTED),
  *   or rollback off; 404 no such route or module; 409 replay, a rollback
- *   request used twice, or nothing to roll back to; 413 body over the cap
+ *   request used twice, nothing to roll back to, or a quarantined image
+ *   (HK_ERR_QUARANTINED); 413 body over the cap
  *   (before the body is read when it has a Content-Length, as soon as it
  *   passes the cap when chunked); 422 artifact hash or size mismatch,
  *   compile or validation refusal, a rollback target that is not the
