@@ -442,6 +442,7 @@ int hkl_lkg_open(hk_runtime *rt, hk_report *rep) {
     }
     if (!(l->dir = strdup(rt->opt.state_dir)))
         return HK_ERR_NOMEM;
+    rt->opt.state_dir = l->dir; /* the caller's string dies with the call */
     int err;
     if ((err = make_dirs(l->dir, rep)) < 0 || (err = lock_dir(l, rep)) < 0 ||
         (err = load_records(rt, rep)) < 0)
