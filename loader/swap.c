@@ -530,30 +530,6 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
     pthread_mutex_unlock(&rt->stats_lock);
 }
 
-/* The driver side of stage and validate: load v, upload its code to every
- * context, resolve every handle's kernel and check its layout (collecting
- * the new layouts in newlay when a change is accepted). Gate closed. */
-static int stage_and_validate(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_job *job,
-                              hkl_param_layout *newlay, hk_report *rep) {
-    int err;
-    if ((err = hkl_load_version(rt, v, rep)) < 0)
-        return err;
-    if ((err = upload_all(rt, v, rep)) < 0)
-        return err;
-    for (int i = 0; i < m->nkernels; i++) {
-        hk_kernel *k = m->kernels[i];
-        if ((err = hkl_resolve_slot(rt, v, k, rep)) < 0)
-            return err;
-        if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
-            return err;
-        if (newlay && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
-            return err;
-        if ((err = hkl_apply_attrs(rt, v, k, rep)) < 0)
-            return err;
-    }
-    return 0;
-}
-
 /* 1 when old holds exactly the image (and name expressions) job built. */
 static int same_image(const hkl_version *old, const hkl_job *job) {
     if (!old || old->size != job->art.size || old->format != job->art.format ||
@@ -565,18 +541,11 @@ static int same_image(const hkl_version *old, const hkl_job *job) {
     return 1;
 }
 
-/* Stage, validate and commit a built job. swap_lock held. On return the job's
- * artifact image has been moved into the version (or freed with the job).
- * Returns 0 (committed), 1 (the current version already is this image; not a
- * rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
-    hkl_module *m = module_get_or_create(rt, job->name);
-    if (!m)
-        return HK_ERR_NOMEM;
-    hkl_version *old = atomic_load(&m->current);
-    *oldv = old ? old->number : 0;
-    double t0 = hkl_now_ms();
-    int err = 0;
+/* Whether job should become a version of m at all, decided before anything
+ * is loaded. Returns 0 (go on), 1 (the running version already is this
+ * image; a rollback always goes on) or HK_ERR_SUPERSEDED. */
+static int swap_needed(hkl_module *m, const hkl_version *old, const hkl_job *job, int rollback,
+                       hk_report *rep) {
     if (job->seq && job->seq < m->last_seq) {
         /* Submitted before the version that runs now (a safe point can take
          * jobs out of order with synchronous swaps): never go back. */
@@ -586,23 +555,50 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
             snprintf(rep->module, sizeof rep->module, "%s", m->name);
         return HK_ERR_SUPERSEDED;
     }
-    if (!rollback && same_image(old, job)) {
-        /* The running version already is this image: nothing to load. */
-        if (rep) {
-            rep->version = old->number;
-            snprintf(rep->module, sizeof rep->module, "%s", m->name);
-            hkl_report_set(rep, 0, "'%s' version %llu already runs this image", m->name,
-                           (unsigned long long)old->number);
-        }
-        if (job->seq)
-            m->last_seq = job->seq;
-        return 1;
+    if (rollback || !same_image(old, job))
+        return 0;
+    /* The running version already is this image: nothing to load. */
+    if (rep) {
+        rep->version = old->number;
+        snprintf(rep->module, sizeof rep->module, "%s", m->name);
+        hkl_report_set(rep, 0, "'%s' version %llu already runs this image", m->name,
+                       (unsigned long long)old->number);
     }
-    hkl_param_layout *newlay = NULL;
-    int gated = 0;
+    if (job->seq)
+        m->last_seq = job->seq;
+    return 1;
+}
+
+/* One swap in flight: what its steps share, and what a roll back undoes.
+ * Everything here is the swapping thread's, under swap_lock. */
+typedef struct swap_txn {
+    hk_runtime *rt;
+    hkl_job *job;
+    hk_report *rep; /* may be NULL */
+    hkl_module *m;
+    hkl_version *old;         /* the running version, or NULL */
+    hkl_version *v;           /* the new version */
+    hkl_param_layout *newlay; /* new layouts of an accepted change, or NULL */
+    int gated;                /* the launch gate is closed */
+    double t0, t1;            /* when stage and commit began (hkl_now_ms) */
+} swap_txn;
+
+static void txn_gate_close(swap_txn *t) {
+    hkl_gate_close(t->rt);
+    t->gated = 1;
+}
+
+static void txn_gate_open(swap_txn *t) {
+    hkl_gate_open(t->rt);
+    t->gated = 0;
+}
+
+/* The end of the build step: a new version of t->m takes over the job's
+ * image and metadata (the job keeps none of them). NULL: out of memory. */
+static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *job) {
     hkl_version *v = calloc(1, sizeof *v);
     if (!v)
-        return HK_ERR_NOMEM;
+        return NULL;
     atomic_init(&v->fn, NULL);
     atomic_init(&v->cap, 0);
     atomic_init(&v->pins, 0);
@@ -626,129 +622,203 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     v->lowered = job->art.lowered_names;
     job->art.lowered_names = NULL;
     job->art.nlowered = 0;
-    if (v->nexpr != job->opt.nname_expressions || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
-        /* Lowered names missing for some expression, or no memory for the
-         * copy: without the mapping, handles taken by expression cannot be
-         * resolved, so the version is refused rather than half-described. */
-        free_strv(v->expr, job->opt.nname_expressions);
+    return v;
+}
+
+/* Checks that every name expression of the job has its lowered name in the
+ * new version, and starts the version's part of the report. Lowered names
+ * missing for some expression, or no memory for the copy: without the
+ * mapping, handles taken by expression cannot be resolved, so the version
+ * is refused rather than half-described. */
+static int adopt_build(swap_txn *t) {
+    hkl_version *v = t->v;
+    int nexpr = t->job->opt.nname_expressions;
+    if (v->nexpr != nexpr || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
+        free_strv(v->expr, nexpr);
         free_strv(v->lowered, v->nexpr);
         v->expr = v->lowered = NULL;
-        int had = job->opt.nname_expressions > 0;
         v->nexpr = 0;
-        if (had) {
-            hkl_report_set(rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
-            err = HK_ERR_NOMEM;
-            goto refuse;
+        if (nexpr > 0) {
+            hkl_report_set(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
+            return HK_ERR_NOMEM;
         }
     }
-    if (rep) {
-        rep->version = v->number;
-        snprintf(rep->module, sizeof rep->module, "%s", m->name);
+    if (t->rep) {
+        t->rep->version = v->number;
+        snprintf(t->rep->module, sizeof t->rep->module, "%s", t->m->name);
         /* The build may have run on another thread, long before (safe points). */
-        rep->build_ms = job->art.ms;
-        rep->cache_hit = job->art.cache_hit;
-    }
-
-    if (m->nkernels && job->opt.accept_layout_change) {
-        newlay = calloc((size_t)m->nkernels, sizeof *newlay);
-        if (!newlay) {
-            err = HK_ERR_NOMEM;
-            goto refuse;
-        }
-    }
-    hkl_gate_close(rt);
-    gated = 1;
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_GATED);
-    if ((err = stage_and_validate(rt, m, v, job, newlay, rep)) < 0)
-        goto refuse;
-    hkl_gate_open(rt);
-    gated = 0;
-    if (job->opt.check) {
-        char msg[256] = "";
-        if (job->opt.check(m->name, v->number, rt->opt.userdata, msg, sizeof msg) != 0) {
-            hkl_report_set(rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
-                           (unsigned long long)v->number, msg[0] ? msg : "(no reason given)");
-            err = HK_ERR_REJECTED;
-            goto refuse;
-        }
-    }
-    double t1 = hkl_now_ms();
-    hkl_gate_close(rt);
-    gated = 1;
-    if (old && job->opt.carry_globals && (err = carry_globals(rt, old, v, rep)) < 0)
-        goto refuse;
-    if ((err = history_push(rt, m, v)) < 0)
-        goto refuse;
-
-    /* Commit. seq_cst pairs with the launch path's epoch announcement (see
-     * reclaim.c): a launcher that read the old pointer is visible to the
-     * grace period that frees it. */
-    atomic_store(&m->current, v);
-    m->last_version = v->number;
-    if (job->seq)
-        m->last_seq = job->seq;
-    if (newlay)
-        for (int i = 0; i < m->nkernels; i++) {
-            hkl_layout_free(&m->kernels[i]->layout);
-            m->kernels[i]->layout = newlay[i];
-        }
-    free(newlay);
-    newlay = NULL;
-    hkl_graphs_retarget(rt, m, v, old, rep);
-    hkl_gate_open(rt);
-    if (old) {
-        /* A program that stages at safe points wants no driver work outside
-         * them: the old code is unloaded at a later safe point too. */
-        old->unload_at_safe_point = job->at_safe_point;
-        hkl_retire(rt, old);
-    }
-    m->last_error = 0;
-    snprintf(m->last_message, sizeof m->last_message, "version %llu committed",
-             (unsigned long long)v->number);
-    if (rep) {
-        rep->stage_ms = t1 - t0;
-        rep->commit_ms = hkl_now_ms() - t1;
-        rep->version = v->number;
+        t->rep->build_ms = t->job->art.ms;
+        t->rep->cache_hit = t->job->art.cache_hit;
     }
     return 0;
+}
 
-refuse:
-    if (gated)
-        hkl_gate_open(rt);
-    if (newlay) {
-        for (int i = 0; i < m->nkernels; i++)
-            hkl_layout_free(&newlay[i]);
-        free(newlay);
+/* Stage: the driver loads the new version and uploads its code into every
+ * context. Closes the launch gate and leaves it closed for validate. */
+static int stage(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    if (t->m->nkernels && t->job->opt.accept_layout_change) {
+        t->newlay = calloc((size_t)t->m->nkernels, sizeof *t->newlay);
+        if (!t->newlay)
+            return HK_ERR_NOMEM;
     }
-    if (hkl_unload_version(rt, v) == CUDA_SUCCESS) {
-        hkl_version_free(v);
+    txn_gate_close(t);
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_GATED);
+    int err = hkl_load_version(rt, t->v, t->rep);
+    if (err < 0)
+        return err;
+    return upload_all(rt, t->v, t->rep);
+}
+
+/* Validate: every handle's kernel is in the new version, with the layout it
+ * had (or, when a change is accepted, its new layout is collected in
+ * t->newlay) and the attributes set through the handle; then, with the gate
+ * open again, the caller's check callback agrees. */
+static int validate(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    hkl_module *m = t->m;
+    int err;
+    for (int i = 0; i < m->nkernels; i++) {
+        hk_kernel *k = m->kernels[i];
+        if ((err = hkl_resolve_slot(rt, t->v, k, t->rep)) < 0)
+            return err;
+        if ((err = check_layout(rt, t->v, k, t->job->opt.accept_layout_change, t->rep)) < 0)
+            return err;
+        if (t->newlay && (err = hkl_read_layout(rt, t->v, k, &t->newlay[i])) < 0)
+            return err;
+        if ((err = hkl_apply_attrs(rt, t->v, k, t->rep)) < 0)
+            return err;
+    }
+    txn_gate_open(t);
+    if (!t->job->opt.check)
+        return 0;
+    char msg[256] = "";
+    if (t->job->opt.check(m->name, t->v->number, rt->opt.userdata, msg, sizeof msg) == 0)
+        return 0;
+    hkl_report_set(t->rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
+                   (unsigned long long)t->v->number, msg[0] ? msg : "(no reason given)");
+    return HK_ERR_REJECTED;
+}
+
+/* Makes the new version the module's current one, with the gate closed.
+ * Cannot fail. seq_cst pairs with the launch path's epoch announcement (see
+ * reclaim.c): a launcher that read the old pointer is visible to the grace
+ * period that frees it. */
+static void publish(swap_txn *t) {
+    hkl_module *m = t->m;
+    atomic_store(&m->current, t->v);
+    m->last_version = t->v->number;
+    if (t->job->seq)
+        m->last_seq = t->job->seq;
+    if (t->newlay)
+        for (int i = 0; i < m->nkernels; i++) {
+            hkl_layout_free(&m->kernels[i]->layout);
+            m->kernels[i]->layout = t->newlay[i];
+        }
+    free(t->newlay);
+    t->newlay = NULL;
+    hkl_graphs_retarget(t->rt, m, t->v, t->old, t->rep);
+}
+
+/* Commit: globals carried over and the image kept for rollback (either may
+ * still fail and roll back), then the new version published and the old one
+ * handed to the reclaim thread. */
+static int commit(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    int err;
+    t->t1 = hkl_now_ms();
+    txn_gate_close(t);
+    if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
+        return err;
+    if ((err = history_push(rt, t->m, t->v)) < 0)
+        return err;
+    publish(t);
+    txn_gate_open(t);
+    if (t->old) {
+        /* A program that stages at safe points wants no driver work outside
+         * them: the old code is unloaded at a later safe point too. */
+        t->old->unload_at_safe_point = t->job->at_safe_point;
+        hkl_retire(rt, t->old);
+    }
+    t->m->last_error = 0;
+    snprintf(t->m->last_message, sizeof t->m->last_message, "version %llu committed",
+             (unsigned long long)t->v->number);
+    if (t->rep) {
+        t->rep->stage_ms = t->t1 - t->t0;
+        t->rep->commit_ms = hkl_now_ms() - t->t1;
+        t->rep->version = t->v->number;
+    }
+    return 0;
+}
+
+/* A module whose first version failed does not exist: unlinks and frees m
+ * when nothing was ever committed to it. */
+static void module_drop_if_unused(hk_runtime *rt, hkl_module *m) {
+    if (atomic_load(&m->current) || m->nkernels || m->nhist)
+        return;
+    hkl_module **pp = &rt->modules;
+    while (*pp != m)
+        pp = &(*pp)->next;
+    *pp = m->next;
+    free(m->hist);
+    free(m->kernels);
+    free(m);
+}
+
+/* Roll back: undoes whatever the steps did before err (the running version
+ * never stopped), records the failure and returns err. */
+static int roll_back(swap_txn *t, int err) {
+    hk_runtime *rt = t->rt;
+    if (t->gated)
+        txn_gate_open(t);
+    if (t->newlay) {
+        for (int i = 0; i < t->m->nkernels; i++)
+            hkl_layout_free(&t->newlay[i]);
+        free(t->newlay);
+    }
+    if (hkl_unload_version(rt, t->v) == CUDA_SUCCESS) {
+        hkl_version_free(t->v);
     } else {
         /* The driver would not unload it now: the reclaim thread will. */
-        v->dead = 1;
+        t->v->dead = 1;
         pthread_mutex_lock(&rt->stats_lock);
         rt->stats.live_versions++;
         pthread_mutex_unlock(&rt->stats_lock);
-        hkl_retire(rt, v);
+        hkl_retire(rt, t->v);
     }
-    m->last_error = err;
-    snprintf(m->last_message, sizeof m->last_message, "%s",
-             rep && rep->message[0] ? rep->message : hk_strerror(err));
-    if (rep) {
-        rep->error = err;
-        rep->stage_ms = hkl_now_ms() - t0;
+    t->m->last_error = err;
+    snprintf(t->m->last_message, sizeof t->m->last_message, "%s",
+             t->rep && t->rep->message[0] ? t->rep->message : hk_strerror(err));
+    if (t->rep) {
+        t->rep->error = err;
+        t->rep->stage_ms = hkl_now_ms() - t->t0;
     }
-    if (!old && !m->nkernels && !m->nhist) {
-        /* A module whose first version failed does not exist. */
-        hkl_module **pp = &rt->modules;
-        while (*pp != m)
-            pp = &(*pp)->next;
-        *pp = m->next;
-        free(m->hist);
-        free(m->kernels);
-        free(m);
-    }
+    module_drop_if_unused(rt, t->m);
     return err;
+}
+
+/* The swap transaction for a built job (the header of this file): stage,
+ * validate and commit, or roll back. swap_lock held. On return the job's
+ * artifact image has been moved into the version (or freed with the job).
+ * Returns 0 (committed), 1 (the current version already is this image; not
+ * a rollback) or an error. */
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
+    hkl_module *m = module_get_or_create(rt, job->name);
+    if (!m)
+        return HK_ERR_NOMEM;
+    hkl_version *old = atomic_load(&m->current);
+    *oldv = old ? old->number : 0;
+    int err = swap_needed(m, old, job, rollback, rep);
+    if (err)
+        return err;
+    swap_txn t = {.rt = rt, .job = job, .rep = rep, .m = m, .old = old, .t0 = hkl_now_ms()};
+    if (!(t.v = version_from_build(rt, m, job)))
+        return HK_ERR_NOMEM;
+    if ((err = adopt_build(&t)) < 0 || (err = stage(&t)) < 0 || (err = validate(&t)) < 0 ||
+        (err = commit(&t)) < 0)
+        return roll_back(&t, err);
+    return 0;
 }
 
 /* Fills the report's total and the part of it no step accounts for
