@@ -436,7 +436,6 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */
-int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep);
 void hkl_job_free(hkl_job *job);
 int hkl_worker_start(hk_runtime *rt);
 void hkl_worker_stop(hk_runtime *rt);

@@ -831,7 +831,10 @@ static void report_times(hk_report *rep, double t_start) {
     rep->wait_ms = w > 0 ? w : 0;
 }
 
-int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
+/* Swaps a built job in (never a rollback: hk_rollback runs its own). Takes
+ * swap_lock, unless this thread holds it already (a check callback):
+ * HK_ERR_BUSY then. */
+static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
@@ -847,7 +850,7 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, job, rollback, rep, &oldv);
+    int err = swap_locked(rt, job, 0, rep, &oldv);
     if (pushed)
         hkl_ctx_pop(rt);
     hkl_swap_unlock(rt, 0);
@@ -860,12 +863,9 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
                job->origin ? job->origin : "api", (unsigned long long)oldv);
         return 0; /* unchanged: no new version, no event */
     }
-    count(rt, err == 0, rollback, rep);
-    hkl_emit(rt,
-             err        ? HK_EVENT_REFUSED
-             : rollback ? HK_EVENT_ROLLED_BACK
-                        : HK_EVENT_COMMITTED,
-             job->name, oldv, err ? 0 : rep->version, job->origin, rep);
+    count(rt, err == 0, 0, rep);
+    hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_COMMITTED, job->name, oldv,
+             err ? 0 : rep->version, job->origin, rep);
     return err;
 }
 
@@ -1022,7 +1022,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
         pthread_mutex_unlock(&rt->work_lock);
         if (taken) {
             j->waiter = NULL;
-            err = hkl_swap_built(rt, j, 0, r);
+            err = swap_built(rt, j, r);
         } else {
             pthread_mutex_lock(&w.lock);
             while (!w.done)
@@ -1071,7 +1071,7 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     } else if (stage == HK_STAGE_AT_SAFE_POINT) {
         err = swap_at_safe_point(rt, j, r);
     } else {
-        err = hkl_swap_built(rt, j, 0, r);
+        err = swap_built(rt, j, r);
     }
     hkl_job_free(j);
     hk_report_clear(&local);
@@ -1270,7 +1270,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
         hkl_job *j = list;
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
-        hkl_swap_built(rt, j, 0, &rep);
+        swap_built(rt, j, &rep);
         hk_report_clear(&rep);
         hkl_job_free(j);
     }
@@ -1320,7 +1320,7 @@ static void *worker_main(void *arg) {
         } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
             deferred = 1;
         } else {
-            hkl_swap_built(rt, j, 0, &rep);
+            swap_built(rt, j, &rep);
         }
         hk_report_clear(&rep);
 
@@ -1432,7 +1432,7 @@ int hk_safe_point(hk_runtime *rt) {
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
         j->at_safe_point = 1;
-        int err = hkl_swap_built(rt, j, 0, &rep);
+        int err = swap_built(rt, j, &rep);
         committed += err == 0;
         if (j->waiter) {
             /* The waiting hk_swap owns the job and takes the report. */
