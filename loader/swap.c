@@ -1129,6 +1129,57 @@ int hk_module_global(hk_runtime *rt, const char *module, const char *name, int s
     return err;
 }
 
+/* A job that builds nothing: the kept image prev, with its name expressions
+ * and globals, ready for the swap transaction. *out is set even when this
+ * fails (HK_ERR_NOMEM), for the caller to free. */
+static int rollback_job(hk_runtime *rt, const char *name, const hkl_image *prev, hkl_job **out) {
+    hkl_job *j = *out = calloc(1, sizeof *j);
+    if (!j)
+        return HK_ERR_NOMEM;
+    snprintf(j->name, sizeof j->name, "%s", name);
+    hk_swap_options_init(&j->opt);
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
+    j->origin = strdup("rollback");
+    j->art.image = malloc(prev->size);
+    j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
+    j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
+    if (!j->origin || !j->art.image ||
+        (prev->nexpr && (!j->name_expressions || !j->art.lowered_names)))
+        return HK_ERR_NOMEM;
+    j->opt.nname_expressions = j->art.nlowered = prev->nexpr;
+    memcpy(j->art.image, prev->data, prev->size);
+    j->art.size = prev->size;
+    j->art.format = prev->format;
+    /* Globals are read again from the image: rollback carries state too. */
+    char why[256];
+    if (hkp_meta_read(prev->data, prev->size, prev->format, &j->art.meta, why, sizeof why) < 0)
+        memset(&j->art.meta, 0, sizeof j->art.meta);
+    return 0;
+}
+
+/* Swaps m back to the image before its newest (j, from rollback_job).
+ * swap_lock held. The version rolled away from leaves the history, so
+ * successive rollbacks walk further back; the image rolled to is pushed
+ * anew. A failure leaves the history as it was. */
+static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report *r,
+                           uint64_t *oldv) {
+    hkl_image top = m->hist[m->nhist - 1];
+    hkl_image prev = m->hist[m->nhist - 2];
+    m->nhist -= 2;
+    int pushed = hkl_ctx_push(rt, 0) == 0;
+    int err = swap_locked(rt, j, 1, r, oldv);
+    if (pushed)
+        hkl_ctx_pop(rt);
+    if (err < 0) {
+        m->hist[m->nhist++] = prev;
+        m->hist[m->nhist++] = top;
+    } else {
+        hkl_image_clear(&top);
+        hkl_image_clear(&prev);
+    }
+    return err;
+}
+
 static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     double t_start = hkl_now_ms();
     if (rep)
@@ -1142,62 +1193,19 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     hk_report local = HK_REPORT_INIT;
     hk_report *r = rep ? rep : &local;
     uint64_t oldv = 0;
+    hkl_job *j = NULL;
+    int err;
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
     int reset = hkl_check_reset(rt);
     hkl_module *m = hkl_module_find(rt, name);
-    int err = 0;
-    hkl_job *j = NULL;
     if (!m || m->nhist < 2) {
         err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
         hkl_report_set(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'",
                        name);
-        goto out;
+    } else if ((err = rollback_job(rt, name, &m->hist[m->nhist - 2], &j)) == 0) {
+        err = rollback_locked(rt, m, j, r, &oldv);
     }
-    hkl_image *prev = &m->hist[m->nhist - 2];
-    j = calloc(1, sizeof *j);
-    if (!j) {
-        err = HK_ERR_NOMEM;
-        goto out;
-    }
-    snprintf(j->name, sizeof j->name, "%s", name);
-    hk_swap_options_init(&j->opt);
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
-    j->origin = strdup("rollback");
-    j->art.image = malloc(prev->size);
-    j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
-    j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
-    if (!j->origin || !j->art.image ||
-        (prev->nexpr && (!j->name_expressions || !j->art.lowered_names))) {
-        err = HK_ERR_NOMEM;
-        goto out;
-    }
-    j->opt.nname_expressions = j->art.nlowered = prev->nexpr;
-    memcpy(j->art.image, prev->data, prev->size);
-    j->art.size = prev->size;
-    j->art.format = prev->format;
-    /* Globals are read again from the image: rollback carries state too. */
-    char why[256];
-    if (hkp_meta_read(prev->data, prev->size, prev->format, &j->art.meta, why, sizeof why) < 0)
-        memset(&j->art.meta, 0, sizeof j->art.meta);
-    /* The version rolled away from leaves the history, so successive
-     * rollbacks walk further back; the image rolled to is pushed anew. */
-    hkl_image top = m->hist[m->nhist - 1];
-    hkl_image prev_copy = *prev;
-    m->nhist -= 2;
-    int pushed = hkl_ctx_push(rt, 0) == 0;
-    err = swap_locked(rt, j, 1, r, &oldv);
-    if (pushed)
-        hkl_ctx_pop(rt);
-    if (err < 0) {
-        /* Put the history back as it was. */
-        m->hist[m->nhist++] = prev_copy;
-        m->hist[m->nhist++] = top;
-    } else {
-        hkl_image_clear(&top);
-        hkl_image_clear(&prev_copy);
-    }
-out:
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
     if (reset)
@@ -1276,31 +1284,82 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
     }
 }
 
+/* Waits until there is a job to build or the worker is told to stop,
+ * staging meanwhile the pending jobs whose safe point never came. work_lock
+ * held (dropped while staging and waiting). */
+static void wait_for_jobs(hk_runtime *rt) {
+    while (!rt->jobs && !rt->work_stop) {
+        hkl_job *expired = NULL;
+        double next = take_expired(rt, &expired);
+        if (expired) {
+            rt->busy++;
+            pthread_mutex_unlock(&rt->work_lock);
+            stage_expired(rt, expired);
+            pthread_mutex_lock(&rt->work_lock);
+            rt->busy--;
+            pthread_cond_broadcast(&rt->idle_cond);
+            continue;
+        }
+        if (!next) {
+            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+            continue;
+        }
+        struct timespec ts;
+        hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
+        pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
+    }
+}
+
+/* Builds a submitted job and swaps it in now, unless it is to be staged at
+ * a safe point: returns 1 then, and the job is still to be queued. No lock
+ * held. */
+static int run_job(hk_runtime *rt, hkl_job *j) {
+    hk_report rep = HK_REPORT_INIT;
+    int err = job_build(rt, j, &rep);
+    int deferred = 0;
+    if (err < 0) {
+        count(rt, 0, 0, &rep);
+        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
+    } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
+        deferred = 1;
+    } else {
+        swap_built(rt, j, &rep);
+    }
+    hk_report_clear(&rep);
+    return deferred;
+}
+
+/* Queues a built job for the next safe point. A newer build of the same
+ * module replaces a pending one (not one a synchronous hk_swap waits for:
+ * that one gets its outcome), and goes last, after everything submitted
+ * before it. work_lock held (dropped to free the replaced job). */
+static void defer_job(hk_runtime *rt, hkl_job *j) {
+    hkl_job *stale = NULL;
+    for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
+            stale = *pp;
+            *pp = stale->next;
+            break;
+        }
+    hkl_job **tail = &rt->pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    j->next = NULL;
+    j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
+    *tail = j;
+    if (stale) {
+        pthread_mutex_unlock(&rt->work_lock);
+        hkl_job_free(stale);
+        pthread_mutex_lock(&rt->work_lock);
+    }
+}
+
 static void *worker_main(void *arg) {
     hk_runtime *rt = arg;
     hkl_relax(rt); /* for the life of this thread */
     pthread_mutex_lock(&rt->work_lock);
     for (;;) {
-        while (!rt->jobs && !rt->work_stop) {
-            hkl_job *expired = NULL;
-            double next = take_expired(rt, &expired);
-            if (expired) {
-                rt->busy++;
-                pthread_mutex_unlock(&rt->work_lock);
-                stage_expired(rt, expired);
-                pthread_mutex_lock(&rt->work_lock);
-                rt->busy--;
-                pthread_cond_broadcast(&rt->idle_cond);
-                continue;
-            }
-            if (!next) {
-                pthread_cond_wait(&rt->work_cond, &rt->work_lock);
-                continue;
-            }
-            struct timespec ts;
-            hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
-            pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
-        }
+        wait_for_jobs(rt);
         if (rt->work_stop)
             break;
         hkl_job *j = rt->jobs;
@@ -1309,45 +1368,10 @@ static void *worker_main(void *arg) {
             rt->jobs_tail = NULL;
         rt->busy++;
         pthread_mutex_unlock(&rt->work_lock);
-
-        hk_report rep = HK_REPORT_INIT;
-        int err = job_build(rt, j, &rep);
-        int deferred = 0;
-        if (err < 0) {
-            count(rt, 0, 0, &rep);
-            hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
-                     &rep);
-        } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
-            deferred = 1;
-        } else {
-            swap_built(rt, j, &rep);
-        }
-        hk_report_clear(&rep);
-
+        int deferred = run_job(rt, j);
         pthread_mutex_lock(&rt->work_lock);
         if (deferred) {
-            /* A newer build of the same module replaces a pending one (not
-             * one a synchronous hk_swap waits for: that one gets its outcome),
-             * and goes last, after everything submitted before it. */
-            hkl_job *stale = NULL;
-            for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
-                if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
-                    stale = *pp;
-                    *pp = stale->next;
-                    break;
-                }
-            hkl_job **tail = &rt->pending;
-            while (*tail)
-                tail = &(*tail)->next;
-            j->next = NULL;
-            j->deadline =
-                hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-            *tail = j;
-            if (stale) {
-                pthread_mutex_unlock(&rt->work_lock);
-                hkl_job_free(stale);
-                pthread_mutex_lock(&rt->work_lock);
-            }
+            defer_job(rt, j);
         } else {
             pthread_mutex_unlock(&rt->work_lock);
             hkl_job_free(j);
