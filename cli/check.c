@@ -23,8 +23,7 @@
 #include "cli/cli.h"
 #include "net/net.h"
 #include "ptx/ptx.h"
-
-#define MAX_FILE_BYTES (256u << 20)
+#include "util/util.h"
 
 static const char check_help[] =
     "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
@@ -398,7 +397,7 @@ static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
     hk_format fmt = HK_FORMAT_AUTO;
     hkp_artifact art;
     int failed = 1;
-    if (hkn_read_file(path, MAX_FILE_BYTES, &data, &size, &rep)) {
+    if (hku_read_file(path, HKC_MAX_INPUT, &data, &size, &rep)) {
         snprintf(msg, sizeof msg, "cannot read: %s", rep.message);
         report_error(&fr, rep.error, NULL, msg);
         hkn_report_reset(&rep);

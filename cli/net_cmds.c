@@ -24,8 +24,6 @@
 #include "cli/cli.h"
 #include "net/net.h"
 
-#define HKC_MAX_INPUT (256u << 20) /* largest kernel file the tool reads */
-
 /* --release N and the refusal of --version N, shared by sign and push. A
  * release lives at least a second and at most HKN_MAX_LIFETIME_S: a larger
  * value would overflow the expiry or sign a release no verifier accepts. */

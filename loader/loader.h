@@ -61,6 +61,7 @@
 #include "loader/driver.h"
 #include "loader/expo.h"
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define HKL_MAX_DEVICES 16
 #define HKL_NAME_MAX    64
@@ -254,7 +255,7 @@ struct hkl_job {
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
-    hk_header *headers; /* owned copy behind opt.headers (hkp_headers_dup) */
+    hk_header *headers; /* owned copy behind opt.headers (hku_headers_dup) */
 };
 
 /* Outlives its runtime: the destructor of a graph's user object (a captured

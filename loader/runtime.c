@@ -366,7 +366,7 @@ static void open_cache(hk_runtime *rt, const char *dir) {
  * and the reclaim and worker threads. */
 static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     open_cache(rt, o->cache_dir);
-    int err = hkp_headers_dup(o->headers, o->nheaders > 0 ? o->nheaders : 0, &rt->headers);
+    int err = hku_headers_dup(o->headers, o->nheaders > 0 ? o->nheaders : 0, &rt->headers);
     if (err < 0) {
         hkl_report_set(rep, err, "options.headers: %s",
                        err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");

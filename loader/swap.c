@@ -63,28 +63,6 @@ hkl_module *hkl_module_find(hk_runtime *rt, const char *name) {
     return NULL;
 }
 
-static void free_strv(char **v, int n) {
-    if (!v)
-        return;
-    for (int i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
-static char **dup_strv(const char *const *v, int n) {
-    if (n <= 0 || !v)
-        return NULL;
-    char **out = calloc((size_t)n, sizeof *out);
-    if (!out)
-        return NULL;
-    for (int i = 0; i < n; i++)
-        if (!(out[i] = strdup(v[i] ? v[i] : ""))) {
-            free_strv(out, n);
-            return NULL;
-        }
-    return out;
-}
-
 void hkl_version_free(hkl_version *v) {
     if (!v)
         return;
@@ -97,8 +75,8 @@ void hkl_version_free(hkl_version *v) {
         free(v->entries[i].params);
     }
     free(v->entries);
-    free_strv(v->expr, v->nexpr);
-    free_strv(v->lowered, v->nexpr);
+    hku_strv_free(v->expr, v->nexpr);
+    hku_strv_free(v->lowered, v->nexpr);
     void **fn = atomic_load(&v->fn);
     free(fn ? fn - 1 : NULL);
     void **o = v->old_fn;
@@ -466,8 +444,8 @@ static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_r
 /* Adds image to the module's history ring (rollback pops instead). */
 void hkl_image_clear(hkl_image *im) {
     free(im->data);
-    free_strv(im->expr, im->nexpr);
-    free_strv(im->lowered, im->nexpr);
+    hku_strv_free(im->expr, im->nexpr);
+    hku_strv_free(im->lowered, im->nexpr);
     memset(im, 0, sizeof *im);
 }
 
@@ -476,8 +454,8 @@ void hkl_image_clear(hkl_image *im) {
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
     hkl_image im = {.size = v->size, .format = v->format, .version = v->number, .nexpr = v->nexpr};
     im.data = malloc(v->size);
-    im.expr = dup_strv((const char *const *)v->expr, v->nexpr);
-    im.lowered = dup_strv((const char *const *)v->lowered, v->nexpr);
+    im.expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
+    im.lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
     if (!im.data || (v->nexpr > 0 && (!im.expr || !im.lowered))) {
         hkl_image_clear(&im);
         return HK_ERR_NOMEM;
@@ -618,7 +596,7 @@ static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *j
     job->art.meta.entries = NULL;
     job->art.meta.nentries = 0;
     v->nexpr = job->art.nlowered;
-    v->expr = dup_strv((const char *const *)job->name_expressions, job->opt.nname_expressions);
+    v->expr = hku_strv_dup((const char *const *)job->name_expressions, job->opt.nname_expressions);
     v->lowered = job->art.lowered_names;
     job->art.lowered_names = NULL;
     job->art.nlowered = 0;
@@ -634,8 +612,8 @@ static int adopt_build(swap_txn *t) {
     hkl_version *v = t->v;
     int nexpr = t->job->opt.nname_expressions;
     if (v->nexpr != nexpr || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
-        free_strv(v->expr, nexpr);
-        free_strv(v->lowered, v->nexpr);
+        hku_strv_free(v->expr, nexpr);
+        hku_strv_free(v->lowered, v->nexpr);
         v->expr = v->lowered = NULL;
         v->nexpr = 0;
         if (nexpr > 0) {
@@ -877,8 +855,8 @@ void hkl_job_free(hkl_job *job) {
     free(job->data);
     free(job->origin);
     free(job->source_name);
-    free_strv(job->nvrtc_options, job->opt.nnvrtc_options);
-    free_strv(job->name_expressions, job->opt.nname_expressions);
+    hku_strv_free(job->nvrtc_options, job->opt.nnvrtc_options);
+    hku_strv_free(job->name_expressions, job->opt.nname_expressions);
     free(job->headers);
     hkp_artifact_free(&job->art);
     free(job);
@@ -899,8 +877,8 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
     j->data = malloc(size);
     j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
     j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
-    j->nvrtc_options = dup_strv(j->opt.nvrtc_options, j->opt.nnvrtc_options);
-    j->name_expressions = dup_strv(j->opt.name_expressions, j->opt.nname_expressions);
+    j->nvrtc_options = hku_strv_dup(j->opt.nvrtc_options, j->opt.nnvrtc_options);
+    j->name_expressions = hku_strv_dup(j->opt.name_expressions, j->opt.nname_expressions);
     if (!j->data || !j->origin || (j->opt.source_name && !j->source_name) ||
         (j->opt.nnvrtc_options > 0 && !j->nvrtc_options) ||
         (j->opt.nname_expressions > 0 && !j->name_expressions)) {
@@ -912,7 +890,7 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
         return HK_ERR_NOMEM;
     }
     int herr =
-        hkp_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
+        hku_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
     if (herr < 0) {
         hkl_job_free(j);
         return herr;
@@ -1141,8 +1119,8 @@ static int rollback_job(hk_runtime *rt, const char *name, const hkl_image *prev,
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
     j->origin = strdup("rollback");
     j->art.image = malloc(prev->size);
-    j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
-    j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
+    j->name_expressions = hku_strv_dup((const char *const *)prev->expr, prev->nexpr);
+    j->art.lowered_names = hku_strv_dup((const char *const *)prev->lowered, prev->nexpr);
     if (!j->origin || !j->art.image ||
         (prev->nexpr && (!j->name_expressions || !j->art.lowered_names)))
         return HK_ERR_NOMEM;

@@ -46,17 +46,6 @@ void hkn_report_reset(hk_report *rep) {
     hk_report_init(rep);
 }
 
-int hkn_fail(hk_report *rep, int err, const char *fmt, ...) {
-    if (!rep)
-        return err;
-    rep->error = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-    va_end(ap);
-    return err;
-}
-
 void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, const char *fmt, ...) {
     char line[1024];
     va_list ap;
@@ -104,154 +93,6 @@ const char *hkn_error_name(int err) {
     if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])
         return "HK_ERR_UNKNOWN";
     return names[i];
-}
-
-/* ---- files ------------------------------------------------------------- */
-
-int hkn_mkdir_p(const char *dir, hk_report *rep) {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", dir);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-                return hkn_fail(rep, HK_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
-            *p = c;
-            if (c == '\0')
-                break;
-        }
-    }
-    return 0;
-}
-
-int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep) {
-    static unsigned counter;
-    char tmp[PATH_MAX];
-    unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), n) >= (int)sizeof tmp)
-        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (fd < 0)
-        return hkn_fail(rep, HK_ERR_IO, "create %s: %s", tmp, strerror(errno));
-    const char *p = bytes;
-    size_t left = size;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            goto fail;
-        p += w;
-        left -= (size_t)w;
-    }
-    /* The data must be on disk before the rename makes it visible, or a crash
-     * could leave the new name pointing at an empty file. */
-    if (fsync(fd) != 0)
-        goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0)
-        goto fail;
-    /* And the directory entry itself, so the rename survives a crash. */
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return 0;
-fail:;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    return hkn_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
-}
-
-/* Opens path for reading only if it is a regular file. O_NONBLOCK keeps a
- * FIFO (or a device) given by mistake from hanging the open; a regular file
- * never blocks on read, so the flag is harmless afterwards. */
-static int open_regular(const char *path, struct stat *st, hk_report *rep) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return hkn_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "open %s: %s", path,
-                        strerror(errno));
-    if (fstat(fd, st) != 0) {
-        int e = errno;
-        close(fd);
-        return hkn_fail(rep, HK_ERR_IO, "stat %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st->st_mode)) {
-        close(fd);
-        return hkn_fail(rep, HK_ERR_IO, "%s is not a regular file", path);
-    }
-    return fd;
-}
-
-static int read_fd(int fd, const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-    for (;;) {
-        if (n == cap) {
-            if (cap > max) {
-                free(buf);
-                return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-            }
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            return hkn_fail(rep, HK_ERR_IO, "read %s: %s", path, strerror(e));
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-    }
-    if (n > max) {
-        free(buf);
-        return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
-    struct stat st;
-    *out = NULL;
-    *len = 0;
-    int fd = open_regular(path, &st, rep);
-    if (fd < 0)
-        return fd;
-    int err = read_fd(fd, path, max, out, len, rep);
-    close(fd);
-    return err;
 }
 
 /* ---- JSON strictness --------------------------------------------------- */
@@ -353,7 +194,7 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
     if (hkn_crypto_init())
         return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     struct stat st;
-    int fd = open_regular(path, &st, rep);
+    int fd = hku_open_regular(path, &st, rep);
     if (fd < 0)
         return fd;
     if (st.st_mode & 077) {
@@ -365,7 +206,7 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
                         "'chmod 600 %s'",
                         path, (unsigned)(st.st_mode & 07777), path);
     }
-    int err = read_fd(fd, path, 1024, &text, &len, rep);
+    int err = hku_read_fd(fd, path, 1024, &text, &len, rep);
     close(fd);
     if (err)
         return err;

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define MAX_HEADER_BYTES  (64u << 20)
 #define MAX_DEPS          4096
@@ -149,51 +150,10 @@ static int deps_has(const dep_list *d, const char *path, int mem) {
     return 0;
 }
 
-/* Reads a whole regular file (up to MAX_HEADER_BYTES). */
-static int read_file(const char *path, char **data, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    if (!f)
-        return HK_ERR_IO;
-    for (;;) {
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 8192;
-            if (ncap > MAX_HEADER_BYTES + 1) {
-                free(buf);
-                fclose(f);
-                return HK_ERR_TOO_LARGE;
-            }
-            char *nb = realloc(buf, ncap + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return HK_ERR_NOMEM;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return HK_ERR_IO;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *size = n;
-    return 0;
-}
-
 static int hash_file(const char *path, uint8_t out[HKP_KEY_BYTES]) {
     char *data;
     size_t n;
-    int rc = read_file(path, &data, &n);
+    int rc = hku_read_file(path, MAX_HEADER_BYTES, &data, &n, NULL);
     if (rc)
         return rc;
     crypto_generichash(out, HKP_KEY_BYTES, (const unsigned char *)data, n, NULL, 0);
@@ -271,7 +231,7 @@ static int scan_header(const char *path, const search_path *sp, dep_list *d, int
         return 0;
     char *data;
     size_t n;
-    if (read_file(path, &data, &n) != 0)
+    if (hku_read_file(path, MAX_HEADER_BYTES, &data, &n, NULL) != 0)
         return 0; /* unreadable: NVRTC will say so if it needs it */
     uint8_t h[HKP_KEY_BYTES];
     crypto_generichash(h, sizeof h, (const unsigned char *)data, n, NULL, 0);
@@ -1216,53 +1176,10 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
 static int take_deps(hkp_artifact *a, dep_list *d) {
     if (!d->n)
         return 0;
-    a->deps = calloc((size_t)d->n, sizeof(char *));
+    a->deps = hku_strv_dup((const char *const *)d->paths, d->n);
     if (!a->deps)
         return HK_ERR_NOMEM;
-    for (int i = 0; i < d->n; i++) {
-        a->deps[i] = strdup(d->paths[i]);
-        if (!a->deps[i])
-            return HK_ERR_NOMEM;
-        a->ndeps = i + 1;
-    }
-    return 0;
-}
-
-int hkp_headers_dup(const hk_header *h, int n, hk_header **out) {
-    size_t bytes = 0;
-    if (!out || n < 0 || (n > 0 && !h))
-        return HK_ERR_INVALID;
-    *out = NULL;
-    if (n == 0)
-        return 0;
-    for (int i = 0; i < n; i++) {
-        if (!h[i].name || !h[i].name[0] || (!h[i].data && h[i].size))
-            return HK_ERR_INVALID;
-        size_t add = strlen(h[i].name) + 1 + h[i].size + 1;
-        if (add < h[i].size || bytes + add < bytes)
-            return HK_ERR_TOO_LARGE;
-        bytes += add;
-    }
-    size_t head = (size_t)n * sizeof **out;
-    if (bytes + head < bytes)
-        return HK_ERR_TOO_LARGE;
-    hk_header *v = malloc(head + bytes);
-    if (!v)
-        return HK_ERR_NOMEM;
-    char *p = (char *)(v + n);
-    for (int i = 0; i < n; i++) {
-        size_t nl = strlen(h[i].name) + 1;
-        memcpy(p, h[i].name, nl);
-        v[i].name = p;
-        p += nl;
-        if (h[i].size)
-            memcpy(p, h[i].data, h[i].size);
-        p[h[i].size] = '\0';
-        v[i].data = p;
-        v[i].size = h[i].size;
-        p += h[i].size + 1;
-    }
-    *out = v;
+    a->ndeps = d->n;
     return 0;
 }
 
@@ -1288,7 +1205,7 @@ static int merge_headers(const hkp_build_opts *o, hk_header **out, int *n) {
         if (!hidden)
             all[k++] = o->base_headers[i];
     }
-    int rc = hkp_headers_dup(all, k, out);
+    int rc = hku_headers_dup(all, k, out);
     free(all);
     if (!rc)
         *n = k;

@@ -180,12 +180,6 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
               hkp_artifact *out, char *why, size_t why_size);
 void hkp_artifact_free(hkp_artifact *a);
 
-/* Copies n in-memory headers into one allocation (the array, then each
- * name and text, NUL-terminated) that the caller releases with free(). n may
- * be 0 (*out NULL). Returns 0, HK_ERR_INVALID (a NULL or empty name, NULL
- * data with a size, n < 0) or HK_ERR_NOMEM. */
-int hkp_headers_dup(const hk_header *h, int n, hk_header **out);
-
 /* Process-wide PCH counters: PCHs NVRTC created for hkp_build, and PCH heap
  * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */
 void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
