@@ -40,7 +40,7 @@ struct adapter {
     hk_swap_options swap; /* pointer fields point into the copies below */
     char **nvrtc_options;
     char **name_expressions;
-    hk_header *headers; /* copies behind swap.headers: names and data */
+    hk_header *headers; /* copy behind swap.headers (hku_headers_dup) */
     char arch[16];
     hkn_engine eng;
 };
@@ -112,29 +112,6 @@ static int log_on(void *ud, hk_log_level level) {
 
 /* ---- configuration ----------------------------------------------------- */
 
-static void free_strv(char **v) {
-    for (size_t i = 0; v && v[i]; i++)
-        free(v[i]);
-    free(v);
-}
-
-static int dup_strv(const char *const *in, int n, char ***out) {
-    *out = NULL;
-    if (!in || n <= 0)
-        return 0;
-    char **v = calloc((size_t)n + 1, sizeof *v);
-    if (!v)
-        return HK_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        if (!(v[i] = strdup(in[i] ? in[i] : ""))) {
-            free_strv(v);
-            return HK_ERR_NOMEM;
-        }
-    }
-    *out = v;
-    return 0;
-}
-
 static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_options *tpl,
                         hk_report *rep) {
     ad->rt = rt;
@@ -142,8 +119,11 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
         return hkn_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
                         hkl_size_of(tpl));
     /* The caller's arrays are read during the call only: keep copies. */
-    if (dup_strv(ad->swap.nvrtc_options, ad->swap.nnvrtc_options, &ad->nvrtc_options) ||
-        dup_strv(ad->swap.name_expressions, ad->swap.nname_expressions, &ad->name_expressions))
+    int nopt = ad->swap.nvrtc_options ? ad->swap.nnvrtc_options : 0;
+    int nexpr = ad->swap.name_expressions ? ad->swap.nname_expressions : 0;
+    ad->nvrtc_options = hku_strv_dup(ad->swap.nvrtc_options, nopt);
+    ad->name_expressions = hku_strv_dup(ad->swap.name_expressions, nexpr);
+    if ((nopt > 0 && !ad->nvrtc_options) || (nexpr > 0 && !ad->name_expressions))
         return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
     ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
     ad->swap.name_expressions = (const char *const *)ad->name_expressions;
@@ -153,22 +133,12 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
         return hkn_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
     ad->swap.headers = NULL;
     ad->swap.nheaders = 0;
-    if (nh) {
-        if (!(ad->headers = calloc((size_t)nh, sizeof *ad->headers)))
-            return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        ad->swap.headers = ad->headers;
-        for (int i = 0; i < nh; i++) {
-            if (!src[i].name || (!src[i].data && src[i].size))
-                return hkn_fail(rep, HK_ERR_INVALID, "template header %d has no name or data", i);
-            char *name = strdup(src[i].name), *data = malloc(src[i].size + 1);
-            ad->headers[i] = (hk_header){.name = name, .data = data, .size = src[i].size};
-            ad->swap.nheaders = i + 1;
-            if (!name || !data)
-                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-            if (src[i].size)
-                memcpy(data, src[i].data, src[i].size);
-        }
-    }
+    int err = hku_headers_dup(src, nh, &ad->headers);
+    if (err)
+        return hkn_fail(rep, err, "template headers: %s",
+                        err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+    ad->swap.headers = ad->headers;
+    ad->swap.nheaders = nh;
     int arch = hk_runtime_arch(rt);
     if (arch > 0)
         snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
@@ -184,12 +154,8 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
 }
 
 static void adapter_finish(struct adapter *ad) {
-    free_strv(ad->nvrtc_options);
-    free_strv(ad->name_expressions);
-    for (int i = 0; ad->headers && i < ad->swap.nheaders; i++) {
-        free((char *)ad->headers[i].name);
-        free((void *)ad->headers[i].data);
-    }
+    hku_strv_free(ad->nvrtc_options, ad->swap.nnvrtc_options);
+    hku_strv_free(ad->name_expressions, ad->swap.nname_expressions);
     free(ad->headers);
 }
 

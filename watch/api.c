@@ -54,6 +54,7 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 typedef struct hkn_watch_dir_opts {
     struct hkn_watch_dir_opts *next;
@@ -61,7 +62,7 @@ typedef struct hkn_watch_dir_opts {
     hk_swap_options opt;     /* deep copy; source_name and origin unused */
     char **nvrtc_options;    /* owned copies behind opt.nvrtc_options */
     char **name_expressions; /* owned copies behind opt.name_expressions */
-    hk_header *headers;      /* owned copies behind opt.headers */
+    hk_header *headers;      /* owned copy behind opt.headers (hku_headers_dup) */
 } hkn_watch_dir_opts;
 
 /* The watcher of one runtime, attached to it through src. */
@@ -78,34 +79,6 @@ typedef struct hkn_watch_reg {
 /* The kind of source this file attaches (its address is what counts). */
 static const char hkn_watch_source_kind[] = "watch";
 
-static void hkn_watch_strv_free(char **v, int n) {
-    if (!v)
-        return;
-    for (int i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
-static int hkn_watch_strv_copy(const char *const *src, int n, char ***out) {
-    char **v;
-
-    *out = NULL;
-    if (n <= 0 || !src)
-        return 0;
-    v = calloc((size_t)n, sizeof *v);
-    if (!v)
-        return HK_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        v[i] = strdup(src[i] ? src[i] : "");
-        if (!v[i]) {
-            hkn_watch_strv_free(v, i);
-            return HK_ERR_NOMEM;
-        }
-    }
-    *out = v;
-    return 0;
-}
-
 void hkn_watch_headers_free(hk_header *h, int n) {
     if (!h)
         return;
@@ -114,34 +87,6 @@ void hkn_watch_headers_free(hk_header *h, int n) {
         free((void *)h[i].data);
     }
     free(h);
-}
-
-/* Copies n headers (names and contents) into *out; n <= 0 gives NULL. */
-static int hkn_watch_headers_copy(const hk_header *src, int n, hk_header **out) {
-    hk_header *v;
-
-    *out = NULL;
-    if (n <= 0 || !src)
-        return 0;
-    v = calloc((size_t)n, sizeof *v);
-    if (!v)
-        return HK_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        char *name = src[i].name ? strdup(src[i].name) : NULL;
-        char *data = malloc(src[i].size + 1);
-        v[i].name = name;
-        v[i].data = data;
-        if (!name || !data || (!src[i].data && src[i].size)) {
-            hkn_watch_headers_free(v, i + 1);
-            return !src[i].name || (!src[i].data && src[i].size) ? HK_ERR_INVALID : HK_ERR_NOMEM;
-        }
-        if (src[i].size)
-            memcpy(data, src[i].data, src[i].size);
-        data[src[i].size] = '\0';
-        v[i].size = src[i].size;
-    }
-    *out = v;
-    return 0;
 }
 
 static int hkn_watch_header_cmp(const void *a, const void *b) {
@@ -240,9 +185,9 @@ nomem:
 static void hkn_watch_dir_opts_free(hkn_watch_dir_opts *d) {
     if (!d)
         return;
-    hkn_watch_headers_free(d->headers, d->opt.nheaders);
-    hkn_watch_strv_free(d->nvrtc_options, d->opt.nnvrtc_options);
-    hkn_watch_strv_free(d->name_expressions, d->opt.nname_expressions);
+    free(d->headers);
+    hku_strv_free(d->nvrtc_options, d->opt.nnvrtc_options);
+    hku_strv_free(d->name_expressions, d->opt.nname_expressions);
     free(d->dir);
     free(d);
 }
@@ -262,21 +207,15 @@ static hkn_watch_dir_opts *hkn_watch_dir_opts_new(const char *dir, const hk_swap
     d->opt.nheaders = 0;
     d->opt.headers = NULL;
     d->dir = strdup(dir);
-    if (!d->dir)
+    d->nvrtc_options = hku_strv_dup(opt->nvrtc_options, d->opt.nnvrtc_options);
+    d->name_expressions = hku_strv_dup(opt->name_expressions, d->opt.nname_expressions);
+    if (!d->dir || (d->opt.nnvrtc_options > 0 && !d->nvrtc_options) ||
+        (d->opt.nname_expressions > 0 && !d->name_expressions))
         goto fail;
-    if (hkn_watch_strv_copy(opt->nvrtc_options, d->opt.nnvrtc_options, &d->nvrtc_options) < 0) {
-        d->opt.nnvrtc_options = 0;
-        d->opt.nname_expressions = 0;
+    int nh = opt->headers && opt->nheaders > 0 ? opt->nheaders : 0;
+    if (hku_headers_dup(opt->headers, nh, &d->headers) < 0)
         goto fail;
-    }
-    if (hkn_watch_strv_copy(opt->name_expressions, d->opt.nname_expressions, &d->name_expressions) <
-        0) {
-        d->opt.nname_expressions = 0;
-        goto fail;
-    }
-    if (hkn_watch_headers_copy(opt->headers, opt->nheaders, &d->headers) < 0)
-        goto fail;
-    d->opt.nheaders = d->headers ? opt->nheaders : 0;
+    d->opt.nheaders = nh;
     d->opt.nvrtc_options = (const char *const *)d->nvrtc_options;
     d->opt.name_expressions = (const char *const *)d->name_expressions;
     d->opt.headers = d->headers;
