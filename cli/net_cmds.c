@@ -120,7 +120,7 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     for (int i = 0; i < nfiles; i++) {
         size_t len;
-        if (hkn_read_file(files[i], HKC_MAX_INPUT, &r->bytes[i], &len, &rep)) {
+        if (hku_read_file(files[i], HKC_MAX_INPUT, &r->bytes[i], &len, &rep)) {
             int rc = hkc_fail_report(o, &rep);
             hkn_report_reset(&rep);
             return rc;
@@ -193,17 +193,17 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
         char hex[65];
         hkn_sha256_hex(r->blobs[i].bytes, r->blobs[i].size, hex);
         snprintf(path, sizeof path, "%s/artifacts/%s", dir, hex);
-        if (hkn_write_atomic(path, r->blobs[i].bytes, r->blobs[i].size, 0644, &rep))
+        if (hku_write_atomic(path, r->blobs[i].bytes, r->blobs[i].size, 0644, &rep))
             rc = hkc_fail_report(o, &rep);
         else
             printf("artifact %s  %s (%zu bytes)\n", hex, r->blobs[i].name, r->blobs[i].size);
     }
     snprintf(sigline, sizeof sigline, "%s\n", r->sig);
     snprintf(path, sizeof path, "%s/manifest.json.sig", dir);
-    if (!rc && hkn_write_atomic(path, sigline, strlen(sigline), 0644, &rep))
+    if (!rc && hku_write_atomic(path, sigline, strlen(sigline), 0644, &rep))
         rc = hkc_fail_report(o, &rep);
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    if (!rc && hkn_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
+    if (!rc && hku_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
         rc = hkc_fail_report(o, &rep);
     hkn_report_reset(&rep);
     return rc;
@@ -426,7 +426,7 @@ static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
         cfg->trust.nkeys = 1;
     }
     if (pa->out && mkdir(pa->out, 0755) != 0 && errno != EEXIST) {
-        hkn_fail(&rep, HK_ERR_IO, "mkdir %s: %s", pa->out, strerror(errno));
+        hku_fail(&rep, HK_ERR_IO, "mkdir %s: %s", pa->out, strerror(errno));
         goto out;
     }
     if (hkn_pull_create(cfg, &eng, &p, &rep))

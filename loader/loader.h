@@ -386,8 +386,6 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 /* runtime.c */
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep);
-void hkl_report_set(hk_report *rep, int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 double hkl_now_ms(void);
 /* *ts = now + us on CLOCK_REALTIME, for pthread_cond_timedwait. */

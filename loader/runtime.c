@@ -18,7 +18,6 @@
  * thread's periodic pass, and on a launch error.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,16 +101,6 @@ void hk_report_clear(hk_report *r) {
     memset((char *)r + sizeof r->size, 0, n - sizeof r->size);
 }
 
-void hkl_report_set(hk_report *rep, int err, const char *fmt, ...) {
-    if (!rep)
-        return;
-    rep->error = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-    va_end(ap);
-}
-
 /* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
     const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);
@@ -119,7 +108,7 @@ int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *
         rep->cu_result = (int)r;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
     }
-    hkl_report_set(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
+    hku_fail(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
     return HK_ERR_CUDA;
 }
 
@@ -204,7 +193,7 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     dv->ordinal = ordinal;
     if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
         hkl_report_cu(rep, rt, r, "cuDeviceGet");
-        hkl_report_set(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
         return HK_ERR_NO_DEVICE;
     }
     int major = 0, minor = 0;
@@ -238,13 +227,13 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
 static int check_args(hk_runtime **out, const hk_options *o, int ndev, hk_report *rep) {
     if (!out || ndev > HKL_MAX_DEVICES || o->jit_opt_level < 0 || o->jit_opt_level > 4 ||
         o->history < 0 || o->launch_hold_max_us < 0 || o->destroy_wait_ms < 0) {
-        hkl_report_set(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
-                       HKL_MAX_DEVICES);
+        hku_fail(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
+                 HKL_MAX_DEVICES);
         return HK_ERR_INVALID;
     }
     if (o->loader == HK_LOADER_MODULE && ndev != 1) {
-        hkl_report_set(rep, HK_ERR_UNSUPPORTED,
-                       "the module loader attaches one device; use the library loader");
+        hku_fail(rep, HK_ERR_UNSUPPORTED,
+                 "the module loader attaches one device; use the library loader");
         return HK_ERR_UNSUPPORTED;
     }
     return 0;
@@ -327,16 +316,16 @@ static int attach_devices(hk_runtime *rt, const int *devs, int ndev, hk_report *
     for (int i = 0; i < ndev; i++) {
         for (int j = 0; j < i; j++)
             if (devs[j] == devs[i]) {
-                hkl_report_set(rep, HK_ERR_INVALID, "device %d listed twice", devs[i]);
+                hku_fail(rep, HK_ERR_INVALID, "device %d listed twice", devs[i]);
                 return HK_ERR_INVALID;
             }
         if ((err = attach_device(rt, i, devs[i], rep)) < 0)
             return err;
         if (i > 0 && rt->dev[i].arch != rt->dev[0].arch && !rt->opt.arch) {
-            hkl_report_set(rep, HK_ERR_UNSUPPORTED,
-                           "devices of different architectures (sm_%d, sm_%d): set "
-                           "options.arch and give fatbins, or attach them separately",
-                           rt->dev[0].arch, rt->dev[i].arch);
+            hku_fail(rep, HK_ERR_UNSUPPORTED,
+                     "devices of different architectures (sm_%d, sm_%d): set "
+                     "options.arch and give fatbins, or attach them separately",
+                     rt->dev[0].arch, rt->dev[i].arch);
             return HK_ERR_UNSUPPORTED;
         }
     }
@@ -368,8 +357,8 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     open_cache(rt, o->cache_dir);
     int err = hku_headers_dup(o->headers, o->nheaders > 0 ? o->nheaders : 0, &rt->headers);
     if (err < 0) {
-        hkl_report_set(rep, err, "options.headers: %s",
-                       err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+        hku_fail(rep, err, "options.headers: %s",
+                 err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
         return err;
     }
     rt->opt.headers = rt->headers;
@@ -378,7 +367,7 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     if (!o->no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
-        hkl_report_set(rep, err, "cannot start hotkern threads");
+        hku_fail(rep, err, "cannot start hotkern threads");
         return err;
     }
     return 0;
@@ -393,8 +382,8 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
         *out = NULL;
     hk_options_init(&o);
     if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
-        hkl_report_set(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
-                       hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
+        hku_fail(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
+                 hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
         err = HK_ERR_INVALID;
     }
     const int *devs = o.devices ? o.devices : &dev0;
@@ -445,7 +434,7 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     char why[512];
     int err = hkl_driver_open(&d, why, sizeof why);
     if (err < 0)
-        hkl_report_set(rep ? &full : NULL, err, "%s", why);
+        hku_fail(rep ? &full : NULL, err, "%s", why);
     else /* The runtime takes the table over (and closes it on destroy). */
         err = hkl_runtime_create_with(out, opt, &d, rep ? &full : NULL);
     hkl_report_out(rep, &full);
@@ -810,9 +799,9 @@ int hkl_check_reset(hk_runtime *rt) {
  * with no lock held, so the callback may call hotkern. */
 void hkl_emit_reset(hk_runtime *rt) {
     hk_report rep = HK_REPORT_INIT;
-    hkl_report_set(&rep, HK_ERR_CONTEXT_RESET,
-                   "CUDA context reset detected (cudaDeviceReset?): current versions are "
-                   "loaded in the new context; buffers and __device__ state from before the "
-                   "reset are gone");
+    hku_fail(&rep, HK_ERR_CONTEXT_RESET,
+             "CUDA context reset detected (cudaDeviceReset?): current versions are "
+             "loaded in the new context; buffers and __device__ state from before the "
+             "reset are gone");
     hkl_emit(rt, HK_EVENT_CONTEXT_RESET, NULL, 0, 0, "reset", &rep);
 }

@@ -343,9 +343,9 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
             rep->cu_result = (int)r;
             snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
         }
-        hkl_report_set(rep, HK_ERR_MISSING_KERNEL,
-                       "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
-                       k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_MISSING_KERNEL,
+                 "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
+                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
         return HK_ERR_MISSING_KERNEL;
     }
     int err = fn_reserve(v, k->slot);
@@ -367,9 +367,8 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
         if (!accept) {
             if (rep)
                 snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
-            hkl_report_set(rep, HK_ERR_LAYOUT,
-                           "kernel '%s': %s (pass accept_layout_change to allow it)", k->name,
-                           diff);
+            hku_fail(rep, HK_ERR_LAYOUT, "kernel '%s': %s (pass accept_layout_change to allow it)",
+                     k->name, diff);
             hkl_layout_free(&now);
             return HK_ERR_LAYOUT;
         }
@@ -437,7 +436,7 @@ static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_r
         }
     }
     if (skipped[0])
-        hkl_report_set(rep, 0, "globals not carried over (size changed): %s", skipped);
+        hku_fail(rep, 0, "globals not carried over (size changed): %s", skipped);
     return 0;
 }
 
@@ -527,8 +526,8 @@ static int swap_needed(hkl_module *m, const hkl_version *old, const hkl_job *job
     if (job->seq && job->seq < m->last_seq) {
         /* Submitted before the version that runs now (a safe point can take
          * jobs out of order with synchronous swaps): never go back. */
-        hkl_report_set(rep, HK_ERR_SUPERSEDED,
-                       "'%s': a version submitted later was committed first", m->name);
+        hku_fail(rep, HK_ERR_SUPERSEDED, "'%s': a version submitted later was committed first",
+                 m->name);
         if (rep)
             snprintf(rep->module, sizeof rep->module, "%s", m->name);
         return HK_ERR_SUPERSEDED;
@@ -539,8 +538,8 @@ static int swap_needed(hkl_module *m, const hkl_version *old, const hkl_job *job
     if (rep) {
         rep->version = old->number;
         snprintf(rep->module, sizeof rep->module, "%s", m->name);
-        hkl_report_set(rep, 0, "'%s' version %llu already runs this image", m->name,
-                       (unsigned long long)old->number);
+        hku_fail(rep, 0, "'%s' version %llu already runs this image", m->name,
+                 (unsigned long long)old->number);
     }
     if (job->seq)
         m->last_seq = job->seq;
@@ -617,7 +616,7 @@ static int adopt_build(swap_txn *t) {
         v->expr = v->lowered = NULL;
         v->nexpr = 0;
         if (nexpr > 0) {
-            hkl_report_set(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
+            hku_fail(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
             return HK_ERR_NOMEM;
         }
     }
@@ -674,8 +673,8 @@ static int validate(swap_txn *t) {
     char msg[256] = "";
     if (t->job->opt.check(m->name, t->v->number, rt->opt.userdata, msg, sizeof msg) == 0)
         return 0;
-    hkl_report_set(t->rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
-                   (unsigned long long)t->v->number, msg[0] ? msg : "(no reason given)");
+    hku_fail(t->rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
+             (unsigned long long)t->v->number, msg[0] ? msg : "(no reason given)");
     return HK_ERR_REJECTED;
 }
 
@@ -816,10 +815,10 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
-        hkl_report_set(rep, HK_ERR_BUSY,
-                       "'%s': a swap cannot be started from a check callback of the same "
-                       "runtime (it would wait for itself); use hk_submit",
-                       job->name);
+        hku_fail(rep, HK_ERR_BUSY,
+                 "'%s': a swap cannot be started from a check callback of the same "
+                 "runtime (it would wait for itself); use hk_submit",
+                 job->name);
         return HK_ERR_BUSY;
     }
     CUstreamCaptureMode mode = hkl_relax(rt);
@@ -937,8 +936,8 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     if (j->art.ndeps && j->source_name)
         hkl_sources_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
     if (err < 0) {
-        hkl_report_set(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
-                       why[0] ? why : hk_strerror(err));
+        hku_fail(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
+                 why[0] ? why : hk_strerror(err));
         if (rep && j->art.log) {
             free(rep->log);
             rep->log = strdup(j->art.log);
@@ -1024,17 +1023,17 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     int on_sp_thread = 0;
     hk_stage_mode stage = resolve_stage(rt, opt ? opt->stage : HK_STAGE_AUTO, &on_sp_thread);
     if (stage == HK_STAGE_AT_SAFE_POINT && on_sp_thread) {
-        hkl_report_set(rep, HK_ERR_INVALID,
-                       "hk_swap for a safe point from the thread that calls hk_safe_point "
-                       "would wait for itself: use HK_STAGE_AUTO or hk_submit");
+        hku_fail(rep, HK_ERR_INVALID,
+                 "hk_swap for a safe point from the thread that calls hk_safe_point "
+                 "would wait for itself: use HK_STAGE_AUTO or hk_submit");
         return HK_ERR_INVALID;
     }
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
     if (err < 0) {
-        hkl_report_set(rep, err,
-                       "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
-                       HKL_NAME_MAX - 1);
+        hku_fail(rep, err,
+                 "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
+                 HKL_NAME_MAX - 1);
         return err;
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
@@ -1064,8 +1063,8 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
         return HK_ERR_INVALID;
     int err = HK_ERR_INVALID;
     if (hkl_swap_options_in(&o, opt) < 0)
-        hkl_report_set(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
-                       hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
+        hku_fail(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
+                 hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
     else
         err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
     hkl_report_out(rep, &full);
@@ -1165,7 +1164,7 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     if (!rt || !name)
         return HK_ERR_INVALID;
     if (hkl_swap_held(rt)) {
-        hkl_report_set(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
+        hku_fail(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
         return HK_ERR_BUSY;
     }
     hk_report local = HK_REPORT_INIT;
@@ -1179,8 +1178,7 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     hkl_module *m = hkl_module_find(rt, name);
     if (!m || m->nhist < 2) {
         err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
-        hkl_report_set(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'",
-                       name);
+        hku_fail(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'", name);
     } else if ((err = rollback_job(rt, name, &m->hist[m->nhist - 2], &j)) == 0) {
         err = rollback_locked(rt, m, j, r, &oldv);
     }
@@ -1219,7 +1217,7 @@ static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
         *w->rep = *rep;
         hk_report_init(rep);
     } else if (w->rep) {
-        hkl_report_set(w->rep, err, "%s", hk_strerror(err));
+        hku_fail(w->rep, err, "%s", hk_strerror(err));
     }
     w->err = err;
     w->done = 1;

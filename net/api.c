@@ -116,7 +116,7 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
                         hk_report *rep) {
     ad->rt = rt;
     if (hkl_swap_options_in(&ad->swap, tpl) < 0)
-        return hkn_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
+        return hku_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
                         hkl_size_of(tpl));
     /* The caller's arrays are read during the call only: keep copies. */
     int nopt = ad->swap.nvrtc_options ? ad->swap.nnvrtc_options : 0;
@@ -124,18 +124,18 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     ad->nvrtc_options = hku_strv_dup(ad->swap.nvrtc_options, nopt);
     ad->name_expressions = hku_strv_dup(ad->swap.name_expressions, nexpr);
     if ((nopt > 0 && !ad->nvrtc_options) || (nexpr > 0 && !ad->name_expressions))
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
     ad->swap.name_expressions = (const char *const *)ad->name_expressions;
     int nh = ad->swap.nheaders > 0 && ad->swap.headers ? ad->swap.nheaders : 0;
     const hk_header *src = ad->swap.headers;
     if (nh > 64)
-        return hkn_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
+        return hku_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
     ad->swap.headers = NULL;
     ad->swap.nheaders = 0;
     int err = hku_headers_dup(src, nh, &ad->headers);
     if (err)
-        return hkn_fail(rep, err, "template headers: %s",
+        return hku_fail(rep, err, "template headers: %s",
                         err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
     ad->swap.headers = ad->headers;
     ad->swap.nheaders = nh;
@@ -163,7 +163,7 @@ static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_t
                       hk_report *rep) {
     memset(t, 0, sizeof *t);
     if (n < 0 || n > HKN_MAX_KEYS)
-        return hkn_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
+        return hku_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
     for (int i = 0; i < n; i++) {
         int err = hkn_pubkey_load(files[i], &t->keys[i], rep);
         if (err)
@@ -187,11 +187,11 @@ int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep) {
     else if (home && home[0])
         n = snprintf(buf, cap, "%s/.local/state/hotkern/releases", home);
     else
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "no state_dir given and neither XDG_STATE_HOME "
                         "nor HOME is set");
     if (n < 0 || (size_t)n >= cap)
-        return hkn_fail(rep, HK_ERR_INVALID, "state directory path too long");
+        return hku_fail(rep, HK_ERR_INVALID, "state directory path too long");
     return 0;
 }
 
@@ -224,7 +224,7 @@ static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_repor
     snprintf(label, sizeof label, "%s%s%s:%u", v6 ? "[" : "", address, v6 ? "]" : "",
              (unsigned)hkn_endpoint_port(h->ep));
     int err = hk_metrics_attach(h->ad.rt, endpoint_metrics, h, "endpoint", label, &h->metrics);
-    return err ? hkn_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
+    return err ? hku_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
 }
 
 int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
@@ -249,10 +249,10 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
     hkn_endpoint_cfg cfg;
     *out = NULL;
     if (opt->port > 65535)
-        return hkn_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
+        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
     hk_endpoint *h = calloc(1, sizeof *h);
     if (!h)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
         goto fail;
     hkn_endpoint_cfg_init(&cfg);
@@ -281,11 +281,11 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
         goto fail;
     if (opt->tls_cert_file || opt->tls_key_file) {
         if (!opt->tls_cert_file || !opt->tls_key_file) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
+            err = hku_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
             goto fail;
         }
-        if ((err = hkn_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
-            (err = hkn_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
+        if ((err = hku_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
+            (err = hku_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
             goto fail;
         cfg.tls_cert_pem = cert;
         cfg.tls_key_pem = key;
@@ -298,7 +298,7 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
         /* Started, but say so: the caller may show the message. */
         hk_log(rt, HK_LOG_WARN, "endpoint",
                "listening on every address (%s) with no token and no TLS", cfg.address);
-        hkn_fail(rep, 0,
+        hku_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "
                  "who can reach the port can push signed releases and read status; put a "
                  "reverse proxy in front or set a token and TLS",
@@ -328,9 +328,9 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
     int err;
     hk_endpoint_options_init(&o);
     if (!rt || !opt || !out)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
     else if (hkl_sized_in(&o, sizeof o, opt, HKN_ENDPOINT_OPTIONS_SIZE0) < 0)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
                        hkl_size_of(opt), (size_t)HKN_ENDPOINT_OPTIONS_SIZE0);
     else
         err = endpoint_start(rt, &o, out, rep ? &full : NULL);
@@ -384,12 +384,12 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
     hkn_pull_cfg cfg;
     *out = NULL;
     if (!opt->url)
-        return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
+        return hku_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     hk_puller *h = calloc(1, sizeof *h);
     if (!h)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
         goto fail;
     hkn_pull_cfg_init(&cfg);
@@ -411,11 +411,11 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
         (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
         goto fail;
     if ((err = hk_metrics_attach(rt, puller_metrics, h, "url", opt->url, &h->metrics))) {
-        hkn_fail(rep, err, "cannot attach the puller's metrics");
+        hku_fail(rep, err, "cannot attach the puller's metrics");
         goto fail;
     }
     if ((err = hkn_pull_run(h->p))) {
-        hkn_fail(rep, err, "could not start the puller thread");
+        hku_fail(rep, err, "could not start the puller thread");
         goto fail;
     }
     *out = h;
@@ -438,9 +438,9 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
     int err;
     hk_pull_options_init(&o);
     if (!rt || !opt || !out)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
     else if (hkl_sized_in(&o, sizeof o, opt, HKN_PULL_OPTIONS_SIZE0) < 0)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
                        hkl_size_of(opt), (size_t)HKN_PULL_OPTIONS_SIZE0);
     else
         err = pull_start(rt, &o, out, rep ? &full : NULL);

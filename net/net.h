@@ -71,12 +71,8 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
  * every report inside the library is). The network layer does this itself instead
  * of calling hk_report_clear so it links without the engine's objects. */
 void hkn_report_reset(hk_report *rep);
-/* Reports, whole files and copies shared with libhotkern live in util/
- * (hku_fail, hku_read_file, hku_write_atomic, hku_mkdir_p). */
-#define hkn_fail         hku_fail
-#define hkn_read_file    hku_read_file
-#define hkn_write_atomic hku_write_atomic
-#define hkn_mkdir_p      hku_mkdir_p
+/* Reports (hku_fail), whole files and copies are shared with libhotkern:
+ * util/util.h. */
 /* Static name of an error code, e.g. "HK_ERR_REPLAY"; for protocol fields. */
 const char *hkn_error_name(int err);
 

@@ -175,11 +175,11 @@ int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t l
 int hkn_pubkey_load(const char *path, hkn_pubkey *out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
-    int err = hkn_read_file(path, 1024, &text, &len, rep);
+    int err = hku_read_file(path, 1024, &text, &len, rep);
     if (err)
         return err;
     if (hkn_decode_fixed(text, len, out->pk, HKN_PK_BYTES) != 0)
-        err = hkn_fail(rep, HK_ERR_INVALID, "%s: expected a public key (64 hex or 44 base64 chars)",
+        err = hku_fail(rep, HK_ERR_INVALID, "%s: expected a public key (64 hex or 44 base64 chars)",
                        path);
     else
         key_id(out->pk, out->id);
@@ -192,7 +192,7 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     struct stat st;
     int fd = hku_open_regular(path, &st, rep);
     if (fd < 0)
@@ -201,7 +201,7 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
         /* As ssh does with private keys: a secret others can read is no
          * longer one, and using it silently hides that. */
         close(fd);
-        return hkn_fail(rep, HK_ERR_IO,
+        return hku_fail(rep, HK_ERR_IO,
                         "%s: secret key is readable by group or others (mode %04o); run "
                         "'chmod 600 %s'",
                         path, (unsigned)(st.st_mode & 07777), path);
@@ -211,7 +211,7 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
     if (err)
         return err;
     if (hkn_decode_fixed(text, len, out->sk, HKN_SK_BYTES) != 0) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "%s: expected a secret key (128 hex or 88 base64 chars)", path);
     } else {
         crypto_sign_ed25519_sk_to_pk(out->pub.pk, out->sk);
@@ -226,14 +226,14 @@ int hkn_pubkey_save(const char *path, const hkn_pubkey *k, hk_report *rep) {
     char hex[2 * HKN_PK_BYTES + 2];
     sodium_bin2hex(hex, sizeof hex - 1, k->pk, HKN_PK_BYTES);
     strcat(hex, "\n");
-    return hkn_write_atomic(path, hex, strlen(hex), 0644, rep);
+    return hku_write_atomic(path, hex, strlen(hex), 0644, rep);
 }
 
 int hkn_seckey_save(const char *path, const hkn_seckey *k, hk_report *rep) {
     char hex[2 * HKN_SK_BYTES + 2];
     sodium_bin2hex(hex, sizeof hex - 1, k->sk, HKN_SK_BYTES);
     strcat(hex, "\n");
-    int err = hkn_write_atomic(path, hex, strlen(hex), 0600, rep);
+    int err = hku_write_atomic(path, hex, strlen(hex), 0600, rep);
     sodium_memzero(hex, sizeof hex);
     return err;
 }
@@ -292,7 +292,7 @@ static int sign_b64(const hkn_seckey *key, const char *text, size_t len, char **
     size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     char *b64 = malloc(b64len);
     if (!b64)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     *sig_b64 = b64;
     return 0;
@@ -316,10 +316,10 @@ int hkn_valid_name(const char *s, size_t max) {
 static int get_uint(const cJSON *obj, const char *key, uint64_t *out, hk_report *rep) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!cJSON_IsNumber(v))
-        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a number", key);
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a number", key);
     double d = v->valuedouble;
     if (!(d >= 0) || d > HKN_MAX_JSON_INT || floor(d) != d)
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "manifest: '%s' must be an integer in [0, 2^53), got %.17g", key, d);
     *out = (uint64_t)d;
     return 0;
@@ -333,7 +333,7 @@ static int get_str(const cJSON *obj, const char *key, char *out, size_t cap, int
         return 0;
     }
     if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
-        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a string of under %zu chars",
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a string of under %zu chars",
                         key, cap);
     memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
     return 0;
@@ -352,7 +352,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     uint64_t u;
     cJSON *root = hkn_json_parse_strict(json, len);
     if (!cJSON_IsObject(root)) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "manifest is not one JSON object (nothing may follow it, and no string "
                        "may hold a NUL)");
         goto out;
@@ -360,14 +360,14 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     if ((err = get_str(root, "module", out->module, sizeof out->module, 1, rep)))
         goto out;
     if (!hkn_valid_name(out->module, sizeof out->module)) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
                        out->module);
         goto out;
     }
     if ((err = get_uint(root, "version", &out->version, rep)))
         goto out;
     if (out->version == 0) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: version must be at least 1");
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: version must be at least 1");
         goto out;
     }
     if ((err = get_uint(root, "created", &u, rep)))
@@ -381,13 +381,13 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
     int n = cJSON_GetArraySize(arts);
     if (!cJSON_IsArray(arts) || n < 1 || n > HKN_MAX_ARTIFACTS) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
                        HKN_MAX_ARTIFACTS);
         goto out;
     }
     out->artifacts = calloc((size_t)n, sizeof *out->artifacts);
     if (!out->artifacts) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
     const cJSON *a;
@@ -395,7 +395,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         hkn_artifact *d = &out->artifacts[out->nartifacts];
         char fmt[16];
         if (!cJSON_IsObject(a)) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
+            err = hku_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
                            out->nartifacts);
             goto out;
         }
@@ -406,7 +406,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
             (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
             goto out;
         if (!hkn_valid_name(d->name, sizeof d->name)) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact name '%s' is not a plain "
                            "file name",
                            d->name);
@@ -415,7 +415,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         unsigned char bin[32];
         if (strlen(d->sha256) != 64 ||
             sodium_hex2bin(bin, sizeof bin, d->sha256, 64, NULL, NULL, NULL) != 0) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact '%s': sha256 is not 64 hex "
                            "chars",
                            d->name);
@@ -426,7 +426,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         d->format = hkn_format_parse(fmt);
         d->header = !strcmp(fmt, "header");
         if (d->format == HK_FORMAT_AUTO && !d->header) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin, "
                            "fatbin or header",
                            d->name, fmt);
@@ -440,13 +440,13 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         for (size_t j = 0; j < i; j++)
             if (out->artifacts[i].header && out->artifacts[j].header &&
                 !strcmp(out->artifacts[i].name, out->artifacts[j].name)) {
-                err = hkn_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
+                err = hku_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
                                out->artifacts[i].name);
                 goto out;
             }
     }
     if (nheaders == out->nartifacts) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
         goto out;
     }
 out:
@@ -504,26 +504,26 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     *manifest = *sig_b64 = NULL;
     *manifest_len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
-        return hkn_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
+        return hku_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
                         HKN_MAX_ARTIFACTS);
     if (strlen(module) >= 64 || !hkn_valid_name(module, 64))
-        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
     if (version == 0 || (double)version > HKN_MAX_JSON_INT)
-        return hkn_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
+        return hku_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
     size_t nheaders = 0;
     for (size_t i = 0; i < nblobs; i++)
         nheaders += blobs[i].header ||
                     (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(blobs[i].name));
     if (nheaders == nblobs)
-        return hkn_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
+        return hku_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
     /* An already expired release can be signed (tests of the refusal need
      * one); the CLI refuses to make one. */
     if (created < 0 || (double)created > HKN_MAX_JSON_INT || expires < 0 ||
         (double)expires > HKN_MAX_JSON_INT || expires - created > HKN_MAX_LIFETIME_S)
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "created and expires must be unix times in [0, 2^53), expiring within %d "
                         "days of creation",
                         HKN_MAX_LIFETIME_S / 86400);
@@ -540,7 +540,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
         const char *base = strrchr(blobs[i].name, '/');
         base = base ? base + 1 : blobs[i].name;
         if (!hkn_valid_name(base, sizeof arts[i].name))
-            return hkn_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
+            return hku_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
         snprintf(arts[i].name, sizeof arts[i].name, "%s", base);
         hkn_sha256_hex(blobs[i].bytes, blobs[i].size, arts[i].sha256);
         arts[i].size = blobs[i].size;
@@ -550,7 +550,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                          : blobs[i].format != HK_FORMAT_AUTO ? blobs[i].format
                                                              : hkn_format_from_name(base);
         if (arts[i].format == HK_FORMAT_AUTO && !arts[i].header)
-            return hkn_fail(rep, HK_ERR_FORMAT,
+            return hku_fail(rep, HK_ERR_FORMAT,
                             "%s: cannot tell the format from the name (.cu .ptx .cubin .fatbin, "
                             "or .h .cuh .hpp for a header)",
                             base);
@@ -559,7 +559,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     char *json = NULL;
     size_t len = 0;
     if (hkn_manifest_write(&m, &json, &len))
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
     if (sign_b64(key, json, len, sig_b64, rep) < 0) {
         free(json);
         return HK_ERR_NOMEM;
@@ -587,18 +587,18 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
     char ids[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 2) + 1];
     trusted_ids(t, ids, sizeof ids);
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (t->nkeys > 0 || !t->allow_unsigned) {
         unsigned char bin[HKN_SIG_BYTES];
         if (t->nkeys == 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "no trusted public key is configured and unsigned releases are "
                             "not allowed");
         if (!sig || sig_len == 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "release has no signature (expected Ed25519 by key %s)", ids);
         if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "signature is not 64 bytes in base64 or hex (got %zu chars)", sig_len);
         for (int i = 0; i < t->nkeys && !signer; i++)
             if (crypto_sign_verify_detached(bin, (const unsigned char *)json, len, t->keys[i].pk) ==
@@ -617,9 +617,9 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
             for (int i = 0; i < t->nkeys; i++)
                 known |= !strcmp(kid, t->keys[i].id);
             if (!known)
-                return hkn_fail(rep, HK_ERR_SIGNATURE, "unknown signing key '%s' (trusted: %s)",
+                return hku_fail(rep, HK_ERR_SIGNATURE, "unknown signing key '%s' (trusted: %s)",
                                 kid, ids);
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "bad signature: manifest does not verify with key %s", kid);
         }
     }
@@ -631,19 +631,19 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
         rep->version = out->version;
     }
     if (signer && strcmp(out->key_id, signer->id)) {
-        err = hkn_fail(rep, HK_ERR_SIGNATURE, "manifest names key '%s' but was signed by %s",
+        err = hku_fail(rep, HK_ERR_SIGNATURE, "manifest names key '%s' but was signed by %s",
                        out->key_id, signer->id);
         goto fail;
     }
     if (out->expires <= now) {
         err =
-            hkn_fail(rep, HK_ERR_EXPIRED, "release %s v%llu expired at %lld, %lld s ago (now %lld)",
+            hku_fail(rep, HK_ERR_EXPIRED, "release %s v%llu expired at %lld, %lld s ago (now %lld)",
                      out->module, (unsigned long long)out->version, (long long)out->expires,
                      (long long)(now - out->expires), (long long)now);
         goto fail;
     }
     if (out->created > now + HKN_CLOCK_SKEW_S) {
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "release %s v%llu is not valid yet: created at %lld, %lld s from now "
                        "(clock skew allowed: %d s)",
                        out->module, (unsigned long long)out->version, (long long)out->created,
@@ -651,7 +651,7 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
         goto fail;
     }
     if (out->expires - out->created > HKN_MAX_LIFETIME_S) {
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "release %s v%llu claims a lifetime of %lld s, over the limit of %d days",
                        out->module, (unsigned long long)out->version,
                        (long long)(out->expires - out->created), HKN_MAX_LIFETIME_S / 86400);
@@ -661,7 +661,7 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
     if (s && (err = hkn_state_lookup(s, out->module, &have, rep)))
         goto fail;
     if (out->version <= have) {
-        err = hkn_fail(rep, HK_ERR_REPLAY,
+        err = hku_fail(rep, HK_ERR_REPLAY,
                        "release %s v%llu is not newer than the accepted v%llu (%s)", out->module,
                        (unsigned long long)out->version, (unsigned long long)have,
                        out->version == have ? "same version" : "older version");
@@ -675,12 +675,12 @@ fail:
 
 int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep) {
     if (size != a->size)
-        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': size %zu, manifest says %llu bytes",
+        return hku_fail(rep, HK_ERR_HASH, "artifact '%s': size %zu, manifest says %llu bytes",
                         a->name, size, (unsigned long long)a->size);
     char hex[65];
     hkn_sha256_hex(bytes, size, hex);
     if (sodium_memcmp(hex, a->sha256, 64) != 0)
-        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
+        return hku_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
                         hex, a->sha256);
     return 0;
 }
@@ -708,12 +708,12 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
     *text = *sig_b64 = NULL;
     *len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (!hkn_valid_name(module, 64))
-        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
     if ((double)target > HKN_MAX_JSON_INT || expires < 0 || (double)expires > HKN_MAX_JSON_INT)
-        return hkn_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
+        return hku_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
     unsigned char raw[16];
     char nonce[33];
     randombytes_buf(raw, sizeof raw);
@@ -727,7 +727,7 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
         !cJSON_AddStringToObject(o, "nonce", nonce) ||
         !cJSON_AddStringToObject(o, "key_id", key->pub.id) || !(json = cJSON_PrintUnformatted(o))) {
         cJSON_Delete(o);
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
     cJSON_Delete(o);
     if (sign_b64(key, json, strlen(json), sig_b64, rep) < 0) {
@@ -745,19 +745,19 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
     unsigned char bin[HKN_SIG_BYTES];
     const hkn_pubkey *signer = NULL;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (t->nkeys == 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE, "no trusted key is configured for rollbacks");
+        return hku_fail(rep, HK_ERR_SIGNATURE, "no trusted key is configured for rollbacks");
     if (!text || !sig || sig_len == 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE,
+        return hku_fail(rep, HK_ERR_SIGNATURE,
                         "rollback needs a signed request (hotkern rollback --key) or the token");
     if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE, "rollback signature is not 64 bytes");
+        return hku_fail(rep, HK_ERR_SIGNATURE, "rollback signature is not 64 bytes");
     for (int i = 0; i < t->nkeys && !signer; i++)
         if (crypto_sign_verify_detached(bin, (const unsigned char *)text, len, t->keys[i].pk) == 0)
             signer = &t->keys[i];
     if (!signer)
-        return hkn_fail(rep, HK_ERR_SIGNATURE,
+        return hku_fail(rep, HK_ERR_SIGNATURE,
                         "rollback request does not verify with any trusted key");
     int err = 0;
     cJSON *root = hkn_json_parse_strict(text, len);
@@ -776,7 +776,7 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
         floor(exp->valuedouble) != exp->valuedouble || !cJSON_IsString(nonce) ||
         strlen(nonce->valuestring) != 32 || strspn(nonce->valuestring, "0123456789abcdef") != 32 ||
         !cJSON_IsString(kid) || strcmp(kid->valuestring, signer->id)) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "rollback request is not {\"type\": \"hotkern-rollback\", \"module\", "
                        "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer}");
         goto out;
@@ -787,10 +787,10 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
     snprintf(out->nonce, sizeof out->nonce, "%s", nonce->valuestring);
     snprintf(out->key_id, sizeof out->key_id, "%s", signer->id);
     if (out->expires <= now)
-        err = hkn_fail(rep, HK_ERR_EXPIRED, "rollback request expired %lld s ago",
+        err = hku_fail(rep, HK_ERR_EXPIRED, "rollback request expired %lld s ago",
                        (long long)(now - out->expires));
     else if (out->expires > now + HKN_ROLLBACK_MAX_S + HKN_CLOCK_SKEW_S)
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "rollback request expires in %lld s, over the limit of %d s",
                        (long long)(out->expires - now), HKN_ROLLBACK_MAX_S);
 out:

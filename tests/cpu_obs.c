@@ -445,7 +445,7 @@ static char *capture_stderr(void (*fn)(void)) {
     close(saved);
     char *text = NULL;
     size_t len;
-    ck_assert_int_eq(hkn_read_file(path, 1 << 20, &text, &len, NULL), 0);
+    ck_assert_int_eq(hku_read_file(path, 1 << 20, &text, &len, NULL), 0);
     return text;
 }
 

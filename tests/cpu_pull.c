@@ -128,7 +128,7 @@ static void write_last_sig(void) {
     char path[PATH_MAX + 64];
     hk_report rep = HK_REPORT_INIT;
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
-    ck_assert_int_eq(hkn_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
 }
 
 static void publish_sig(uint64_t version, const char *body, int64_t expires_in, enum sig_mode sm) {
@@ -142,15 +142,15 @@ static void publish_sig(uint64_t version, const char *body, int64_t expires_in, 
                      0);
     hkn_sha256_hex(body, strlen(body), published_sha);
     snprintf(path, sizeof path, "%s/rel/artifacts/%s", www, published_sha);
-    ck_assert_int_eq(hkn_write_atomic(path, body, strlen(body), 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, body, strlen(body), 0644, &rep), 0);
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
     snprintf(last_sig, sizeof last_sig, "%s", sig);
     if (sm == SIG_WRITE)
-        ck_assert_int_eq(hkn_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
+        ck_assert_int_eq(hku_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
     else if (sm == SIG_REMOVE)
         unlink(path);
     snprintf(path, sizeof path, "%s/rel/manifest.json", www);
-    ck_assert_int_eq(hkn_write_atomic(path, manifest, len, 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, manifest, len, 0644, &rep), 0);
     struct timespec ts[2] = {{.tv_sec = 1700000000 + (time_t)version},
                              {.tv_sec = 1700000000 + (time_t)version}};
     utimensat(AT_FDCWD, path, ts, 0);

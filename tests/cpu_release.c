@@ -608,7 +608,7 @@ START_TEST(key_file_kinds_and_modes) {
     ck_assert_int_eq(hkn_pubkey_load(fifo, &p, &rep), HK_ERR_IO);
     char *text;
     size_t len;
-    ck_assert_int_eq(hkn_read_file(dir, 1024, &text, &len, &rep), HK_ERR_IO);
+    ck_assert_int_eq(hku_read_file(dir, 1024, &text, &len, &rep), HK_ERR_IO);
     hkn_keygen(&k);
     ck_assert_int_eq(hkn_seckey_save(skp, &k, &rep), 0);
     ck_assert_int_eq(chmod(skp, 0644), 0);
