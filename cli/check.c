@@ -400,7 +400,7 @@ static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
     if (hku_read_file(path, HKC_MAX_INPUT, &data, &size, &rep)) {
         snprintf(msg, sizeof msg, "cannot read: %s", rep.message);
         report_error(&fr, rep.error, NULL, msg);
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         return 1;
     }
     if (hkp_detect(data, size, &fmt, NULL, 0) == 0 && fr.rec)

@@ -64,7 +64,7 @@ static int write_keys(hkc_out *o, const char *sk_path, const char *pk_path) {
     else
         printf("key id: %s\nsecret: %s\npublic: %s\n", k.pub.id, sk_path, pk_path);
     sodium_memzero(&k, sizeof k);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 
@@ -122,7 +122,7 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
         size_t len;
         if (hku_read_file(files[i], HKC_MAX_INPUT, &r->bytes[i], &len, &rep)) {
             int rc = hkc_fail_report(o, &rep);
-            hkn_report_reset(&rep);
+            hk_report_clear(&rep);
             return rc;
         }
         r->n = (size_t)i + 1;
@@ -155,7 +155,7 @@ static int build_release(hkc_out *o, const char *key_path, uint64_t expires_in, 
             rc = hkc_fail_report(o, &rep);
     }
     sodium_memzero(&key, sizeof key);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     if (rc)
         release_free(r);
     return rc;
@@ -205,7 +205,7 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     if (!rc && hku_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
         rc = hkc_fail_report(o, &rep);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 
@@ -432,7 +432,7 @@ static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
     if (hkn_pull_create(cfg, &eng, &p, &rep))
         goto out;
     for (uint64_t i = 0; i < pa->count; i++) {
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         if ((err = hkn_pull_poll(p, &rep)) != 0)
             poll_error(o, pa, i + 1, &rep);
         if (i + 1 < pa->count)
@@ -440,11 +440,11 @@ static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
     }
     report_stats(o, p);
     if (!err)
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
 out:
     rc = rep.error ? hkc_fail_report(o, &rep) : 0;
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 

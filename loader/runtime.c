@@ -93,14 +93,6 @@ const char *hk_strerror(int err) {
     }
 }
 
-void hk_report_clear(hk_report *r) {
-    if (!r || r->size < HKL_REPORT_SIZE0)
-        return;
-    free(r->log);
-    size_t n = r->size < sizeof *r ? r->size : sizeof *r;
-    memset((char *)r + sizeof r->size, 0, n - sizeof r->size);
-}
-
 /* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
     const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);

@@ -501,7 +501,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
                      " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m.version,
                      srep.message);
         }
-        hkn_report_reset(&srep);
+        hk_report_clear(&srep);
     }
 out:
     if (in_txn)
@@ -526,7 +526,7 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
         hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "release", &rep, err, ev);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     r->answer = json_text(o);
 }
 
@@ -616,7 +616,7 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
         hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "rollback", &rep, err, ev);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     r->answer = json_text(o);
 }
 

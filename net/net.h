@@ -67,12 +67,10 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 
 /* ---- reports ----------------------------------------------------------- */
 
-/* Frees rep->log and empties rep (a full report of the library's layout, as
- * every report inside the library is). The network layer does this itself instead
- * of calling hk_report_clear so it links without the engine's objects. */
-void hkn_report_reset(hk_report *rep);
-/* Reports (hku_fail), whole files and copies are shared with libhotkern:
- * util/util.h. */
+/* Reports are filled with hku_fail and cleared with hk_report_clear (in
+ * loader/format.c, which the fuzz targets build with net/); whole files and
+ * copies are shared with libhotkern too (util/util.h). */
+
 /* Static name of an error code, e.g. "HK_ERR_REPLAY"; for protocol fields. */
 const char *hkn_error_name(int err);
 

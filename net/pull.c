@@ -257,7 +257,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     if (err && status == 404) {
         /* A missing signature is the release's fault, not the network's:
          * verification below words the refusal. */
-        hkn_report_reset(rep);
+        hk_report_clear(rep);
         sig.len = 0;
         err = 0;
     } else if (err) {
@@ -272,7 +272,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
          * without validators): nothing to do. */
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s v%llu, the release that runs", p->url,
                 rep->module, (unsigned long long)rep->version);
-        hkn_report_reset(rep);
+        hk_report_clear(rep);
         err = 0;
         keep = 1;
         goto out;
@@ -340,7 +340,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     int nh = hkn_release_headers(&m, abytes, asizes, hdrs);
     err = p->eng.apply(p->eng.ud, m.module, m.version, m.artifacts[k].format,
                        arts[k].data ? arts[k].data : "", arts[k].len, hdrs, nh, p->origin, &arep);
-    hkn_report_reset(rep);
+    hk_report_clear(rep);
     *rep = arep;
     snprintf(rep->module, sizeof rep->module, "%s", m.module);
     rep->version = m.version;
@@ -355,7 +355,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
                      sizeof rep->message - strlen(rep->message),
                      " (and v%llu stays recorded as accepted: %.200s)",
                      (unsigned long long)m.version, srep.message);
-        hkn_report_reset(&srep);
+        hk_report_clear(&srep);
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
                 m.module, (unsigned long long)m.version, p->url, hkn_error_name(err), rep->message);
@@ -385,7 +385,7 @@ out:
     for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
         free(arts[i].data);
     hkn_manifest_free(&m);
-    hkn_report_reset(&local);
+    hk_report_clear(&local);
     return err;
 }
 
@@ -436,7 +436,7 @@ static void *poll_thread(void *arg) {
         int err = hkn_pull_poll(p, &rep);
         unsigned delay = next_delay(p, err);
         log_next(p, err, &rep, delay);
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += delay / 1000;

@@ -39,13 +39,6 @@
 
 /* ---- reports and errors ------------------------------------------------ */
 
-void hkn_report_reset(hk_report *rep) {
-    if (!rep)
-        return;
-    free(rep->log);
-    hk_report_init(rep);
-}
-
 void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, const char *fmt, ...) {
     char line[1024];
     va_list ap;

@@ -389,7 +389,7 @@ uint64_t hkn_state_get(hkn_state *s, const char *module) {
     uint64_t v;
     hk_report rep = HK_REPORT_INIT;
     int err = hkn_state_lookup(s, module, &v, &rep);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     /* Fail closed: an unreadable record refuses every version. */
     return err ? UINT64_MAX : v;
 }

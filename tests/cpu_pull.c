@@ -184,7 +184,7 @@ static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_a
 }
 
 static int poll_once(hkn_puller *p, hk_report *rep) {
-    hkn_report_reset(rep);
+    hk_report_clear(rep);
     return hkn_pull_poll(p, rep);
 }
 
@@ -264,7 +264,7 @@ START_TEST(picks_up_releases_with_304s_between) {
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
     ck_assert_uint_eq(rec_version(), 3);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -287,7 +287,7 @@ START_TEST(truncated_artifact_changes_nothing) {
     ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
     ck_assert_uint_eq(rec_version(), 2);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -315,7 +315,7 @@ START_TEST(oversized_artifact_changes_nothing) {
     snprintf(get, sizeof get, "GET /rel/artifacts/%s ", published_sha);
     ck_assert_int_eq(log_count(get, "HTTP"), 0);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -347,7 +347,7 @@ START_TEST(server_errors_change_nothing) {
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_NETWORK);
     ck_assert_int_eq(rec.calls, 0);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -401,7 +401,7 @@ START_TEST(stalled_server_times_out) {
     shutdown(stall_fd, SHUT_RDWR);
     close(stall_fd);
     pthread_join(t, NULL);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -435,7 +435,7 @@ START_TEST(cli_sign_publishes) {
     ck_assert_uint_eq(rec_version(), 9);
     ck_assert_mem_eq(rec.bytes, ptx_v1, strlen(ptx_v1));
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -476,7 +476,7 @@ START_TEST(late_signature_retried) {
     hkn_pull_stats_get(p, &s);
     ck_assert_int_eq(s.last_error, HK_ERR_REPLAY);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -555,7 +555,7 @@ START_TEST(push_and_pull_share_one_record) {
     publish(3, ptx_v3, 600);
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
