@@ -19,7 +19,7 @@
  * (hk_swap_options.headers), read in the same moment as the source, so the
  * build sees the headers as they were when the save was handed over, and
  * `#include <common.cuh>` works without -I. The build reports them as
- * dependencies by name, which hkn_watch_set_deps resolves in the source's
+ * dependencies by name, which hkw_set_deps resolves in the source's
  * directory: an edit to a header still hands its sources over again.
  *
  * What cannot become a version never reaches the engine: the watcher refuses
@@ -56,30 +56,30 @@
 #include "ptx/ptx.h"
 #include "util/util.h"
 
-typedef struct hkn_watch_dir_opts {
-    struct hkn_watch_dir_opts *next;
+typedef struct dir_opts {
+    struct dir_opts *next;
     char *dir;               /* canonical path */
     hk_swap_options opt;     /* deep copy; source_name and origin unused */
     char **nvrtc_options;    /* owned copies behind opt.nvrtc_options */
     char **name_expressions; /* owned copies behind opt.name_expressions */
     hk_header *headers;      /* owned copy behind opt.headers (hku_headers_dup) */
-} hkn_watch_dir_opts;
+} dir_opts;
 
 /* The watcher of one runtime, attached to it through src. */
-typedef struct hkn_watch_reg {
+typedef struct watch_source {
     hkl_source src; /* immutable once attached (the runtime links it) */
     hk_runtime *rt; /* immutable */
-    hkn_watch *w;   /* immutable once attached */
+    hkw_watcher *w; /* immutable once attached */
     pthread_mutex_t add_mu;
     pthread_mutex_t mu;
-    hkn_watch_dir_opts *dirs; /* mu, changed under add_mu too: newest first;
-                               * records immutable */
-} hkn_watch_reg;
+    dir_opts *dirs; /* mu, changed under add_mu too: newest first;
+                     * records immutable */
+} watch_source;
 
 /* The kind of source this file attaches (its address is what counts). */
-static const char hkn_watch_source_kind[] = "watch";
+static const char source_kind[] = "watch";
 
-void hkn_watch_headers_free(hk_header *h, int n) {
+void hkw_headers_free(hk_header *h, int n) {
     if (!h)
         return;
     for (int i = 0; i < n; i++) {
@@ -89,11 +89,11 @@ void hkn_watch_headers_free(hk_header *h, int n) {
     free(h);
 }
 
-static int hkn_watch_header_cmp(const void *a, const void *b) {
+static int header_cmp(const void *a, const void *b) {
     return strcmp(((const hk_header *)a)->name, ((const hk_header *)b)->name);
 }
 
-int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
+int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     hk_header *v = NULL;
     int cnt = 0;
     DIR *dh;
@@ -104,7 +104,7 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
     dh = opendir(dir);
     if (!dh)
         return HK_ERR_IO;
-    while ((de = readdir(dh)) != NULL && cnt < HKN_WATCH_MAX_HEADERS) {
+    while ((de = readdir(dh)) != NULL && cnt < HKW_MAX_HEADERS) {
         char path[PATH_MAX], real[PATH_MAX];
         const char *stub = NULL;
         size_t dlen = strlen(dir);
@@ -112,7 +112,7 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
         FILE *f;
         char *data;
 
-        if (hkn_watch_classify(de->d_name, NULL, 0) != HKN_WATCH_HEADER)
+        if (hkw_classify(de->d_name, NULL, 0) != HKW_HEADER)
             continue;
         if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
             lstat(path, &st) != 0)
@@ -125,9 +125,9 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
             continue;
         else if (!S_ISREG(st.st_mode))
             stub = "#error \"header refused: not a regular file\"\n";
-        else if ((size_t)st.st_size > HKN_WATCH_MAX_HEADER_BYTES)
+        else if ((size_t)st.st_size > HKW_MAX_HEADER_BYTES)
             continue;
-        if (!v && !(v = calloc(HKN_WATCH_MAX_HEADERS, sizeof *v)))
+        if (!v && !(v = calloc(HKW_MAX_HEADERS, sizeof *v)))
             goto nomem;
         if (stub) {
             /* In memory, it hides the file: the compiler must not open it
@@ -168,7 +168,7 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
     }
     closedir(dh);
     if (cnt)
-        qsort(v, (size_t)cnt, sizeof *v, hkn_watch_header_cmp);
+        qsort(v, (size_t)cnt, sizeof *v, header_cmp);
     else {
         free(v);
         v = NULL;
@@ -178,11 +178,11 @@ int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n) {
     return 0;
 nomem:
     closedir(dh);
-    hkn_watch_headers_free(v, cnt);
+    hkw_headers_free(v, cnt);
     return HK_ERR_NOMEM;
 }
 
-static void hkn_watch_dir_opts_free(hkn_watch_dir_opts *d) {
+static void dir_opts_free(dir_opts *d) {
     if (!d)
         return;
     free(d->headers);
@@ -192,8 +192,8 @@ static void hkn_watch_dir_opts_free(hkn_watch_dir_opts *d) {
     free(d);
 }
 
-static hkn_watch_dir_opts *hkn_watch_dir_opts_new(const char *dir, const hk_swap_options *opt) {
-    hkn_watch_dir_opts *d = calloc(1, sizeof *d);
+static dir_opts *dir_opts_new(const char *dir, const hk_swap_options *opt) {
+    dir_opts *d = calloc(1, sizeof *d);
 
     if (!d)
         return NULL;
@@ -222,19 +222,19 @@ static hkn_watch_dir_opts *hkn_watch_dir_opts_new(const char *dir, const hk_swap
     return d;
 
 fail:
-    hkn_watch_dir_opts_free(d);
+    dir_opts_free(d);
     return NULL;
 }
 
-static void hkn_watch_reg_free(hkn_watch_reg *r) {
-    hkn_watch_dir_opts *d, *next;
+static void source_free(watch_source *r) {
+    dir_opts *d, *next;
 
     if (!r)
         return;
-    hkn_watch_destroy(r->w);
+    hkw_destroy(r->w);
     for (d = r->dirs; d; d = next) {
         next = d->next;
-        hkn_watch_dir_opts_free(d);
+        dir_opts_free(d);
     }
     pthread_mutex_destroy(&r->add_mu);
     pthread_mutex_destroy(&r->mu);
@@ -244,22 +244,21 @@ static void hkn_watch_reg_free(hkn_watch_reg *r) {
 /* The release hook: the runtime is being destroyed. Stops the watcher
  * thread (a callback in progress, which may be submitting, is finished
  * first) and frees the entry. */
-static void hkn_watch_api_release(void *ctx) {
-    hkn_watch_reg_free(ctx);
+static void on_release(void *ctx) {
+    source_free(ctx);
 }
 
 /* The deps_built hook, on the engine's worker with the runtime's src_lock
  * held, which keeps the entry alive; set_deps only takes the watcher's own
  * lock, briefly. A source the watcher does not know is left alone there. */
-static void hkn_watch_api_deps_built(void *ctx, const char *source_name, const char *const *deps,
-                                     int n) {
-    hkn_watch_reg *r = ctx;
-    hkn_watch_set_deps(r->w, source_name, deps, n);
+static void on_deps_built(void *ctx, const char *source_name, const char *const *deps, int n) {
+    watch_source *r = ctx;
+    hkw_set_deps(r->w, source_name, deps, n);
 }
 
 /* Tells the application that path was not submitted, and why. */
-static void hkn_watch_api_refused(hk_runtime *rt, const char *module, const char *path, int err,
-                                  const char *why) {
+static void report_refused(hk_runtime *rt, const char *module, const char *path, int err,
+                           const char *why) {
     char origin[PATH_MAX + 16];
     hk_report rep = HK_REPORT_INIT;
 
@@ -274,15 +273,14 @@ static void hkn_watch_api_refused(hk_runtime *rt, const char *module, const char
 }
 
 /* Runs on the watcher thread: the watcher refused a file. */
-static void hkn_watch_api_refuse(void *ud, const char *module, const char *path, int err,
-                                 const char *why) {
-    hkn_watch_reg *r = ud;
-    hkn_watch_api_refused(r->rt, module, path, err, why);
+static void on_refuse(void *ud, const char *module, const char *path, int err, const char *why) {
+    watch_source *r = ud;
+    report_refused(r->rt, module, path, err, why);
 }
 
 /* The format a watched source must hold: the directory's when it names one,
  * else the one its extension names. */
-static hk_format hkn_watch_api_expect(const char *path, hk_format dir_format) {
+static hk_format expected_format(const char *path, hk_format dir_format) {
     static const struct {
         const char *ext;
         hk_format fmt;
@@ -306,7 +304,7 @@ static hk_format hkn_watch_api_expect(const char *path, hk_format dir_format) {
     return HK_FORMAT_AUTO;
 }
 
-static const char *hkn_watch_api_kind(hk_format f) {
+static const char *format_words(hk_format f) {
     return f == HK_FORMAT_CUDA_C  ? "CUDA C"
            : f == HK_FORMAT_PTX   ? "PTX"
            : f == HK_FORMAT_CUBIN ? "a cubin"
@@ -315,8 +313,8 @@ static const char *hkn_watch_api_kind(hk_format f) {
 
 /* 0 when bytes hold the format want (AUTO: any); otherwise writes why (no
  * content) and returns HK_ERR_FORMAT. */
-static int hkn_watch_api_check(hk_format want, const void *bytes, size_t size, char *why,
-                               size_t why_size) {
+static int check_format(hk_format want, const void *bytes, size_t size, char *why,
+                        size_t why_size) {
     char detail[256] = "";
     hk_format got = HK_FORMAT_AUTO;
 
@@ -328,7 +326,7 @@ static int hkn_watch_api_check(hk_format want, const void *bytes, size_t size, c
     if (want != HK_FORMAT_AUTO && got != want) {
         snprintf(why, why_size,
                  "not %s as its name says: it looks like %s (%zu bytes): not submitted",
-                 hkn_watch_api_kind(want), hkn_watch_api_kind(got), size);
+                 format_words(want), format_words(got), size);
         return HK_ERR_FORMAT;
     }
     return 0;
@@ -336,50 +334,48 @@ static int hkn_watch_api_check(hk_format want, const void *bytes, size_t size, c
 
 /* The watcher's trace becomes the runtime's log (watcher lock held: hk_log
  * takes only the log lock). */
-static void hkn_watch_api_log(void *ud, hk_log_level level, const char *line) {
-    hkn_watch_reg *r = ud;
+static void on_log(void *ud, hk_log_level level, const char *line) {
+    watch_source *r = ud;
     hk_log(r->rt, level, "watch", "%s", line);
 }
 
-static int hkn_watch_api_log_on(void *ud, hk_log_level level) {
-    hkn_watch_reg *r = ud;
+static int on_log_enabled(void *ud, hk_log_level level) {
+    watch_source *r = ud;
     return hk_log_enabled(r->rt, level);
 }
 
 /* The metrics hook, from hk_metrics_text with src_lock held (which keeps
  * the entry alive); takes the watcher's lock briefly. */
-static void hkn_watch_api_metrics(void *ctx, hk_metrics_writer *mw) {
+static void on_metrics(void *ctx, hk_metrics_writer *mw) {
     static const struct {
         const char *name, *help;
         size_t off;
     } fams[] = {
         {"hotkern_watch_events_total", "inotify events read by the watcher.",
-         offsetof(hkn_watch_stats, events)},
+         offsetof(hkw_stats, events)},
         {"hotkern_watch_handovers_total", "Watched files handed over to be built.",
-         offsetof(hkn_watch_stats, handovers)},
+         offsetof(hkw_stats, handovers)},
         {"hotkern_watch_unchanged_total",
          "Reads of a watched source whose content had not changed: not handed over.",
-         offsetof(hkn_watch_stats, unchanged)},
+         offsetof(hkw_stats, unchanged)},
         {"hotkern_watch_partial_reads_total",
-         "Reads repeated because the file changed while being read.",
-         offsetof(hkn_watch_stats, retries)},
+         "Reads repeated because the file changed while being read.", offsetof(hkw_stats, retries)},
         {"hotkern_watch_refusals_total", "Watched files refused, with an HK_EVENT_REFUSED.",
-         offsetof(hkn_watch_stats, refusals)},
+         offsetof(hkw_stats, refusals)},
         {"hotkern_watch_dependency_rebuilds_total",
          "Sources due again because a header their build read changed.",
-         offsetof(hkn_watch_stats, dep_rebuilds)},
+         offsetof(hkw_stats, dep_rebuilds)},
         {"hotkern_watch_overflows_total", "inotify queue overflows (events lost, rescanned).",
-         offsetof(hkn_watch_stats, overflows)},
-        {"hotkern_watch_rescans_total", "Directory listings.", offsetof(hkn_watch_stats, rescans)},
+         offsetof(hkw_stats, overflows)},
+        {"hotkern_watch_rescans_total", "Directory listings.", offsetof(hkw_stats, rescans)},
         {"hotkern_watch_dirs_lost_total", "Watched directories that disappeared.",
-         offsetof(hkn_watch_stats, dirs_lost)},
-        {"hotkern_watch_opens_total", "Files opened for reading.",
-         offsetof(hkn_watch_stats, opens)},
+         offsetof(hkw_stats, dirs_lost)},
+        {"hotkern_watch_opens_total", "Files opened for reading.", offsetof(hkw_stats, opens)},
     };
-    hkn_watch_reg *r = ctx;
-    hkn_watch_stats st;
+    watch_source *r = ctx;
+    hkw_stats st;
 
-    hkn_watch_stats_get(r->w, &st);
+    hkw_stats_get(r->w, &st);
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         uint64_t v;
         memcpy(&v, (const char *)&st + fams[i].off, sizeof v);
@@ -389,10 +385,10 @@ static void hkn_watch_api_metrics(void *ctx, hk_metrics_writer *mw) {
 }
 
 /* Runs on the watcher thread: one finished file becomes one submission. */
-static void hkn_watch_api_cb(void *ud, const char *module, const char *path, const void *bytes,
-                             size_t size) {
-    hkn_watch_reg *r = ud;
-    const hkn_watch_dir_opts *d;
+static void on_file(void *ud, const char *module, const char *path, const void *bytes,
+                    size_t size) {
+    watch_source *r = ud;
+    const dir_opts *d;
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) : 0;
     char origin[PATH_MAX + 16];
@@ -407,12 +403,12 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     if (!d)
         return; /* Not a directory added through hk_watch_dir. */
     opt = d->opt;
-    opt.format = hkn_watch_api_expect(path, d->opt.format);
+    opt.format = expected_format(path, d->opt.format);
     char why[384];
-    int err = hkn_watch_api_check(opt.format, bytes, size, why, sizeof why);
+    int err = check_format(opt.format, bytes, size, why, sizeof why);
     if (err < 0) {
         hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
-        hkn_watch_api_refused(r->rt, module, path, err, why);
+        report_refused(r->rt, module, path, err, why);
         return;
     }
     snprintf(origin, sizeof origin, "watch:%s", path);
@@ -422,7 +418,7 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     int ndirh = 0;
     size_t plen = strlen(path);
     if (plen > 3 && strcmp(path + plen - 3, ".cu") == 0 &&
-        hkn_watch_dir_headers(d->dir, &dirh, &ndirh) == 0 && ndirh > 0 &&
+        hkw_dir_headers(d->dir, &dirh, &ndirh) == 0 && ndirh > 0 &&
         (all = calloc((size_t)ndirh + (size_t)d->opt.nheaders, sizeof *all)) != NULL) {
         /* The directory's options name headers first: they hide its files. */
         for (int i = 0; i < d->opt.nheaders; i++)
@@ -439,14 +435,14 @@ static void hkn_watch_api_cb(void *ud, const char *module, const char *path, con
     if (err < 0) {
         snprintf(why, sizeof why, "not submitted: %s", hk_strerror(err));
         hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
-        hkn_watch_api_refused(r->rt, module, path, err, why);
+        report_refused(r->rt, module, path, err, why);
     }
     free(all);
-    hkn_watch_headers_free(dirh, ndirh);
+    hkw_headers_free(dirh, ndirh);
 }
 
-__attribute__((format(printf, 3, 4))) static int hkn_watch_fail(hk_report *rep, int err,
-                                                                const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static int fail(hk_report *rep, int err, const char *fmt,
+                                                      ...) {
     va_list ap;
 
     if (!rep)
@@ -461,14 +457,14 @@ __attribute__((format(printf, 3, 4))) static int hkn_watch_fail(hk_report *rep, 
 
 /* Watches real (canonical) with the swap options opt, on r's watcher. One
  * call at a time per entry (add_mu): a failed add unlinks its own record. */
-static int hkn_watch_reg_add(hkn_watch_reg *r, const char *real, const hk_swap_options *opt,
-                             hk_report *rep) {
-    hkn_watch_dir_opts *d, **pp;
+static int source_add_dir(watch_source *r, const char *real, const hk_swap_options *opt,
+                          hk_report *rep) {
+    dir_opts *d, **pp;
     int err;
 
-    d = hkn_watch_dir_opts_new(real, opt);
+    d = dir_opts_new(real, opt);
     if (!d)
-        return hkn_watch_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&r->add_mu);
     /* Visible to the callback before the first file of dir can arrive. */
     pthread_mutex_lock(&r->mu);
@@ -476,101 +472,100 @@ static int hkn_watch_reg_add(hkn_watch_reg *r, const char *real, const hk_swap_o
     r->dirs = d;
     pthread_mutex_unlock(&r->mu);
 
-    err = hkn_watch_add_dir(r->w, real);
+    err = hkw_add_dir(r->w, real);
     if (err < 0) {
-        err = hkn_watch_fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
+        err = fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
         /* The directory is not watched, so no callback can hold d. */
         pthread_mutex_lock(&r->mu);
         for (pp = &r->dirs; *pp != d; pp = &(*pp)->next) {
         }
         *pp = d->next;
         pthread_mutex_unlock(&r->mu);
-        hkn_watch_dir_opts_free(d);
+        dir_opts_free(d);
     }
     pthread_mutex_unlock(&r->add_mu);
     return err;
 }
 
-/* What hk_watch_dir hands to hkn_watch_make. */
-typedef struct hkn_watch_first {
+/* What hk_watch_dir hands to source_make. */
+typedef struct first_dir {
     hk_runtime *rt;
     const char *real;
     const hk_swap_options *opt;
     hk_report *rep;
     int err;
-} hkn_watch_first;
+} first_dir;
 
 /* Makes rt's watcher and watches its first directory; called under the
  * runtime's src_lock, so that concurrent first calls make one watcher. On
  * failure nothing is left behind and a->err says why. */
-static hkl_source *hkn_watch_make(void *arg) {
-    hkn_watch_first *a = arg;
-    hkn_watch_reg *r;
-    hkn_watch_opts wo;
+static hkl_source *source_make(void *arg) {
+    first_dir *a = arg;
+    watch_source *r;
+    hkw_opts wo;
     int err;
 
     r = calloc(1, sizeof *r);
     if (!r) {
-        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "out of memory");
+        a->err = fail(a->rep, HK_ERR_NOMEM, "out of memory");
         return NULL;
     }
     r->rt = a->rt;
     if (pthread_mutex_init(&r->mu, NULL) != 0) {
         free(r);
-        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        a->err = fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
         return NULL;
     }
     if (pthread_mutex_init(&r->add_mu, NULL) != 0) {
         pthread_mutex_destroy(&r->mu);
         free(r);
-        a->err = hkn_watch_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        a->err = fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
         return NULL;
     }
-    hkn_watch_opts_init(&wo);
-    wo.fn = hkn_watch_api_cb;
-    wo.refuse = hkn_watch_api_refuse;
+    hkw_opts_init(&wo);
+    wo.fn = on_file;
+    wo.refuse = on_refuse;
     wo.ud = r;
-    wo.log = hkn_watch_api_log;
-    wo.log_on = hkn_watch_api_log_on;
+    wo.log = on_log;
+    wo.log_on = on_log_enabled;
     wo.log_ud = r;
-    err = hkn_watch_create(&r->w, &wo);
+    err = hkw_create(&r->w, &wo);
     if (err < 0) {
-        a->err =
-            hkn_watch_fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
-        hkn_watch_reg_free(r);
+        a->err = fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
+        source_free(r);
         return NULL;
     }
-    err = hkn_watch_reg_add(r, a->real, a->opt, a->rep);
+    err = source_add_dir(r, a->real, a->opt, a->rep);
     if (err < 0) {
         a->err = err;
-        hkn_watch_reg_free(r);
+        source_free(r);
         return NULL;
     }
     r->src.ctx = r;
-    r->src.deps_built = hkn_watch_api_deps_built;
-    r->src.release = hkn_watch_api_release;
-    r->src.metrics = hkn_watch_api_metrics;
+    r->src.deps_built = on_deps_built;
+    r->src.release = on_release;
+    r->src.metrics = on_metrics;
     return &r->src;
 }
 
 /* hk_watch_dir with opt in the library's layout and a full report. */
-static int hkn_watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
-                              hk_report *rep) {
+static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
+                          hk_report *rep) {
     char real[PATH_MAX];
     hkl_source *src;
     int err, made;
 
     if (!rt || !dir || !*dir)
-        return hkn_watch_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
+        return fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
     if (!realpath(dir, real))
-        return hkn_watch_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
+        return fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
 
-    hkn_watch_first first = {rt, real, opt, rep, 0};
-    src = hkl_source_get(rt, hkn_watch_source_kind, hkn_watch_make, &first, &made);
+    first_dir first = {rt, real, opt, rep, 0};
+    src = hkl_source_get(rt, source_kind, source_make, &first, &made);
     if (!src)
         return first.err < 0 ? first.err : HK_ERR_NOMEM;
     if (!made) {
-        err = hkn_watch_reg_add(src->ctx, real, opt, rep);
+        err = source_add_dir(src->ctx, real, opt, rep);
         if (err < 0)
             return err;
     }
@@ -587,11 +582,11 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     if (hkl_swap_options_in(&o, opt) < 0)
-        err = hkn_watch_fail(&full, HK_ERR_INVALID,
-                             "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
-                             hkl_size_of(opt));
+        err = fail(&full, HK_ERR_INVALID,
+                   "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
+                   hkl_size_of(opt));
     else
-        err = hkn_watch_dir_call(rt, dir, &o, rep ? &full : NULL);
+        err = watch_dir_call(rt, dir, &o, rep ? &full : NULL);
     hkl_report_out(rep, &full);
     return err;
 }

@@ -13,7 +13,7 @@
  *   period, so a half-written file never leaves the watcher.
  * - Entries (directories and files) are never freed before destroy. The thread
  *   may therefore keep a pointer to an entry while it reads the file and runs
- *   the callback without the lock, and hkn_watch_set_deps may link entries
+ *   the callback without the lock, and hkw_set_deps may link entries
  *   to each other by pointer.
  * - Directories the application did not add, but where dependencies live, are
  *   watched for those dependencies only; nothing there becomes a module.
@@ -54,48 +54,48 @@
 
 #include <sodium.h>
 
-#define HKN_WATCH_HASH  32
-#define HKN_WATCH_EVBUF 65536
-#define HKN_WATCH_MASK                                                                             \
+#define HASH_BYTES  32
+#define EVBUF_BYTES 65536
+#define WATCH_MASK                                                                                 \
     (IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_MODIFY |            \
      IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 /* File times come from a coarse clock that may lag the wall clock by a tick;
  * comparisons against a wall-clock threshold allow this much slack, erring
  * towards a rebuild too many. */
-#define HKN_WATCH_SLACK_NS 20000000LL
+#define SLACK_NS 20000000LL
 /* Shortest postponement, so that a debounce of 0 cannot spin. */
-#define HKN_WATCH_MIN_WAIT_MS 10
+#define MIN_WAIT_MS 10
 
-typedef struct hkn_watch_dir {
+typedef struct watch_dir {
     char *path; /* immutable: canonical, no trailing '/' */
     /* All below: mu. */
-    int modules;           /* 1 when added by hkn_watch_add_dir: sources here are modules */
+    int modules;           /* 1 when added by hkw_add_dir: sources here are modules */
     int wd;                /* inotify watch descriptor, -1 while not watched */
     int64_t next_poll_ms;  /* while wd < 0: when to try to place the watch */
     int need_scan;         /* list the directory on the next loop */
-    int scan_initial;      /* that listing is the first since hkn_watch_add_dir */
+    int scan_initial;      /* that listing is the first since hkw_add_dir */
     struct timespec added; /* wall time the watch was last placed */
-} hkn_watch_dir;
+} watch_dir;
 
 /* What a name was when it was last refused. */
-typedef struct hkn_watch_sig {
+typedef struct file_sig {
     dev_t dev;
     ino_t ino;
     mode_t mode;
     off_t size;
     struct timespec mtime, ctime;
-} hkn_watch_sig;
+} file_sig;
 
-typedef struct hkn_watch_file {
-    hkn_watch_dir *dir; /* immutable */
-    char *name;         /* immutable: bare file name */
-    char *path;         /* immutable: dir->path + '/' + name */
-    char *module;       /* immutable: module name of a source, else NULL */
-    int source_name;    /* immutable: named like a module source (module may not fit) */
-    int name_err;       /* immutable: HK_ERR_* when the name itself is refused, else 0 */
-    char *name_why;     /* immutable: why, when name_err */
+typedef struct watch_file {
+    watch_dir *dir;  /* immutable */
+    char *name;      /* immutable: bare file name */
+    char *path;      /* immutable: dir->path + '/' + name */
+    char *module;    /* immutable: module name of a source, else NULL */
+    int source_name; /* immutable: named like a module source (module may not fit) */
+    int name_err;    /* immutable: HK_ERR_* when the name itself is refused, else 0 */
+    char *name_why;  /* immutable: why, when name_err */
     /* All below: mu. */
-    unsigned char hash[HKN_WATCH_HASH]; /* content last read */
+    unsigned char hash[HASH_BYTES]; /* content last read */
     int has_hash;
     int pending;           /* a read is due at due_ms */
     int events;            /* inotify events since the last read */
@@ -106,20 +106,20 @@ typedef struct hkn_watch_file {
                             * file was modified at or after `since` */
     int since_set;
     struct timespec since;
-    uint64_t changed_seq;         /* w->seq at the last change of a known content, else 0 */
-    uint64_t handed_seq;          /* w->seq at the last handover, else 0 */
-    struct timespec handed_wall;  /* wall clock of the last handover */
-    struct hkn_watch_file **deps; /* what its last build read */
+    uint64_t changed_seq;        /* w->seq at the last change of a known content, else 0 */
+    uint64_t handed_seq;         /* w->seq at the last handover, else 0 */
+    struct timespec handed_wall; /* wall clock of the last handover */
+    struct watch_file **deps;    /* what its last build read */
     int ndeps;
-    int dep;     /* named by hkn_watch_set_deps: never refused for its name */
+    int dep;     /* named by hkw_set_deps: never refused for its name */
     int refused; /* `refused_sig` holds the name's identity at the last refusal */
-    hkn_watch_sig refused_sig;
+    file_sig refused_sig;
     char *target; /* a followed link: its canonical target, else NULL */
-} hkn_watch_file;
+} watch_file;
 
-struct hkn_watch {
+struct hkw_watcher {
     /* Immutable after create. */
-    hkn_watch_opts o;
+    hkw_opts o;
     int ifd; /* inotify, non-blocking */
     int efd; /* eventfd that wakes the thread */
     pthread_t thread;
@@ -129,41 +129,41 @@ struct hkn_watch {
     /* All below: mu. */
     int stop;
     int paused, paused_ack;
-    hkn_watch_dir **dirs;
+    watch_dir **dirs;
     int ndirs, capdirs;
-    hkn_watch_file **files;
+    watch_file **files;
     int nfiles, capfiles;
-    hkn_watch_stats st;
+    hkw_stats st;
     uint64_t seq; /* orders content changes against handovers */
 
     /* Watcher thread only. */
-    char evbuf[HKN_WATCH_EVBUF] __attribute__((aligned(__alignof__(struct inotify_event))));
+    char evbuf[EVBUF_BYTES] __attribute__((aligned(__alignof__(struct inotify_event))));
 };
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static int64_t hkn_watch_now_ms(void) {
+static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static struct timespec hkn_watch_wall(void) {
+static struct timespec wall_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts;
 }
 
-static long long hkn_watch_ts_ns(struct timespec ts) {
+static long long ts_ns(struct timespec ts) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int hkn_watch_ts_eq(struct timespec a, struct timespec b) {
+static int ts_eq(struct timespec a, struct timespec b) {
     return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
-__attribute__((format(printf, 3, 4))) static void hkn_watch_logf(hkn_watch *w, hk_log_level level,
-                                                                 const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void log_at(hkw_watcher *w, hk_log_level level,
+                                                         const char *fmt, ...) {
     char line[512];
     va_list ap;
 
@@ -175,7 +175,7 @@ __attribute__((format(printf, 3, 4))) static void hkn_watch_logf(hkn_watch *w, h
     w->o.log(w->o.log_ud, level, line);
 }
 
-static void hkn_watch_wake(hkn_watch *w) {
+static void wake_thread(hkw_watcher *w) {
     uint64_t one = 1;
 
     /* A full counter (EAGAIN) already means "wake up". */
@@ -184,13 +184,13 @@ static void hkn_watch_wake(hkn_watch *w) {
     }
 }
 
-static int hkn_watch_ends_with(const char *s, const char *suffix) {
+static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* Files that editors write next to the real one while saving. */
-static int hkn_watch_dropping(const char *name) {
+static int is_dropping(const char *name) {
     size_t n = strlen(name);
 
     if (n == 0 || name[0] == '.' || name[n - 1] == '~')
@@ -199,22 +199,22 @@ static int hkn_watch_dropping(const char *name) {
         return 1;
     if (strcmp(name, "4913") == 0)
         return 1;
-    return hkn_watch_ends_with(name, ".swp") || hkn_watch_ends_with(name, ".swx") ||
-           hkn_watch_ends_with(name, ".swo") || hkn_watch_ends_with(name, ".tmp") ||
-           hkn_watch_ends_with(name, "___jb_tmp___") || hkn_watch_ends_with(name, "___jb_old___");
+    return ends_with(name, ".swp") || ends_with(name, ".swx") || ends_with(name, ".swo") ||
+           ends_with(name, ".tmp") || ends_with(name, "___jb_tmp___") ||
+           ends_with(name, "___jb_old___");
 }
 
-hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size) {
+hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     static const char *const sources[] = {"cu", "ptx", "cubin", "fatbin"};
     static const char *const headers[] = {"h", "cuh", "hpp"};
     const char *first, *ext;
     size_t i, len;
 
-    if (!name || strchr(name, '/') || hkn_watch_dropping(name))
-        return HKN_WATCH_IGNORED;
+    if (!name || strchr(name, '/') || is_dropping(name))
+        return HKW_IGNORED;
     first = strchr(name, '.');
     if (!first)
-        return HKN_WATCH_OTHER;
+        return HKW_OTHER;
     ext = strrchr(name, '.') + 1;
     for (i = 0; i < sizeof sources / sizeof sources[0]; i++) {
         if (strcmp(ext, sources[i]) != 0)
@@ -222,24 +222,24 @@ hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_
         len = (size_t)(first - name);
         if (module) {
             if (len >= module_size)
-                return HKN_WATCH_IGNORED;
+                return HKW_IGNORED;
             memcpy(module, name, len);
             module[len] = '\0';
         }
-        return HKN_WATCH_SOURCE;
+        return HKW_SOURCE;
     }
     for (i = 0; i < sizeof headers / sizeof headers[0]; i++) {
         if (strcmp(ext, headers[i]) == 0)
-            return HKN_WATCH_HEADER;
+            return HKW_HEADER;
     }
-    return HKN_WATCH_OTHER;
+    return HKW_OTHER;
 }
 
 /* Writes the canonical form of path to out: the real path of its directory,
  * '/', its last component. A relative path is taken relative to base (or the
  * working directory when base is NULL). The file itself need not exist; when
  * its directory does not either, the path is kept as written. */
-static int hkn_watch_canon(const char *path, const char *base, char *out, size_t out_size) {
+static int canon_path(const char *path, const char *base, char *out, size_t out_size) {
     char joined[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
     const char *slash, *name;
     int n;
@@ -276,7 +276,7 @@ static int hkn_watch_canon(const char *path, const char *base, char *out, size_t
 
 /* ---- entries (mu held) -------------------------------------------------- */
 
-static hkn_watch_dir *hkn_watch_dir_by_path(hkn_watch *w, const char *path) {
+static watch_dir *dir_by_path(hkw_watcher *w, const char *path) {
     for (int i = 0; i < w->ndirs; i++) {
         if (strcmp(w->dirs[i]->path, path) == 0)
             return w->dirs[i];
@@ -284,7 +284,7 @@ static hkn_watch_dir *hkn_watch_dir_by_path(hkn_watch *w, const char *path) {
     return NULL;
 }
 
-static hkn_watch_dir *hkn_watch_dir_by_wd(hkn_watch *w, int wd) {
+static watch_dir *dir_by_wd(hkw_watcher *w, int wd) {
     for (int i = 0; i < w->ndirs; i++) {
         if (w->dirs[i]->wd == wd)
             return w->dirs[i];
@@ -293,12 +293,12 @@ static hkn_watch_dir *hkn_watch_dir_by_wd(hkn_watch *w, int wd) {
 }
 
 /* A new, unwatched directory entry, appended to w->dirs. */
-static hkn_watch_dir *hkn_watch_dir_new(hkn_watch *w, const char *path) {
-    hkn_watch_dir *d;
+static watch_dir *dir_new(hkw_watcher *w, const char *path) {
+    watch_dir *d;
 
     if (w->ndirs == w->capdirs) {
         int cap = w->capdirs ? w->capdirs * 2 : 4;
-        hkn_watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
+        watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
         if (!nd)
             return NULL;
         w->dirs = nd;
@@ -317,7 +317,7 @@ static hkn_watch_dir *hkn_watch_dir_new(hkn_watch *w, const char *path) {
     return d;
 }
 
-static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d, const char *name) {
+static watch_file *file_find(hkw_watcher *w, const watch_dir *d, const char *name) {
     for (int i = 0; i < w->nfiles; i++) {
         if (w->files[i]->dir == d && strcmp(w->files[i]->name, name) == 0)
             return w->files[i];
@@ -325,15 +325,15 @@ static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d,
     return NULL;
 }
 
-static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const char *name) {
-    char module[HKN_WATCH_MODULE_MAX], why[256];
-    hkn_watch_file *f;
-    hkn_watch_kind k;
+static watch_file *file_new(hkw_watcher *w, watch_dir *d, const char *name) {
+    char module[HKW_MODULE_MAX], why[256];
+    watch_file *f;
+    hkw_kind k;
     size_t len;
 
     if (w->nfiles == w->capfiles) {
         int cap = w->capfiles ? w->capfiles * 2 : 16;
-        hkn_watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
+        watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
         if (!nf)
             return NULL;
         w->files = nf;
@@ -349,21 +349,21 @@ static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const 
     if (!f->name || !f->path)
         goto fail;
     snprintf(f->path, len, "%s/%s", d->path, name);
-    k = hkn_watch_classify(name, NULL, 0);
-    f->source_name = k == HKN_WATCH_SOURCE;
+    k = hkw_classify(name, NULL, 0);
+    f->source_name = k == HKW_SOURCE;
     why[0] = '\0';
-    if (k == HKN_WATCH_SOURCE && hkn_watch_classify(name, module, sizeof module) != k) {
+    if (k == HKW_SOURCE && hkw_classify(name, module, sizeof module) != k) {
         /* The engine would refuse the name without an event; say so here. */
         f->name_err = HK_ERR_INVALID;
         snprintf(why, sizeof why,
                  "module name (the file name up to its first '.') is %zu characters long, "
                  "the most is %d: not read",
-                 strcspn(name, "."), HKN_WATCH_MODULE_MAX - 1);
-    } else if (k == HKN_WATCH_SOURCE) {
+                 strcspn(name, "."), HKW_MODULE_MAX - 1);
+    } else if (k == HKW_SOURCE) {
         f->module = strdup(module);
         if (!f->module)
             goto fail;
-    } else if (k == HKN_WATCH_OTHER) {
+    } else if (k == HKW_OTHER) {
         f->name_err = HK_ERR_FORMAT;
         snprintf(why, sizeof why,
                  "not a kernel source or header name (sources end in .cu, .ptx, .cubin or "
@@ -385,28 +385,28 @@ fail:
 
 /* The entry for an event or a listing in d, created when the name is one the
  * watcher tracks there. NULL when the name is of no interest. */
-static hkn_watch_file *hkn_watch_file_get(hkn_watch *w, hkn_watch_dir *d, const char *name) {
-    hkn_watch_file *f = hkn_watch_file_find(w, d, name);
-    hkn_watch_kind k;
+static watch_file *file_get(hkw_watcher *w, watch_dir *d, const char *name) {
+    watch_file *f = file_find(w, d, name);
+    hkw_kind k;
 
     if (f || !d->modules)
         return f;
-    k = hkn_watch_classify(name, NULL, 0);
-    if (k == HKN_WATCH_IGNORED)
+    k = hkw_classify(name, NULL, 0);
+    if (k == HKW_IGNORED)
         return NULL; /* an editor dropping: silently */
-    return hkn_watch_file_new(w, d, name);
+    return file_new(w, d, name);
 }
 
-static void hkn_watch_schedule(hkn_watch_file *f, int64_t due_ms) {
+static void schedule(watch_file *f, int64_t due_ms) {
     if (!f->pending || f->due_ms < due_ms)
         f->due_ms = due_ms;
     f->pending = 1;
 }
 
 /* f's content changed: every file whose build read f is handed over again. */
-static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, int64_t now) {
+static void force_dependents(hkw_watcher *w, const watch_file *f, int64_t now) {
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *g = w->files[i];
+        watch_file *g = w->files[i];
         for (int j = 0; j < g->ndeps; j++) {
             if (g->deps[j] != f)
                 continue;
@@ -416,8 +416,8 @@ static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, in
                 g->due_ms = now;
             g->pending = 1;
             w->st.dep_rebuilds++;
-            hkn_watch_logf(w, HK_LOG_INFO, "%s changed: %s, whose build read it, is due again",
-                           f->path, g->path);
+            log_at(w, HK_LOG_INFO, "%s changed: %s, whose build read it, is due again", f->path,
+                   g->path);
             break;
         }
     }
@@ -425,21 +425,20 @@ static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, in
 
 /* ---- events, listings, watches (mu held) -------------------------------- */
 
-static void hkn_watch_lose_dir(hkn_watch *w, hkn_watch_dir *d, int64_t now, const char *why) {
+static void lose_dir(hkw_watcher *w, watch_dir *d, int64_t now, const char *why) {
     d->wd = -1;
     d->next_poll_ms = now + w->o.dir_poll_ms;
     w->st.dirs_lost++;
-    hkn_watch_logf(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
+    log_at(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
 }
 
 /* An event for name in d: every followed link that resolved to it is due too,
  * since its content is the target's. */
-static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const char *name,
-                                   int64_t now) {
+static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, int64_t now) {
     size_t dlen = strlen(d->path);
 
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *g = w->files[i];
+        watch_file *g = w->files[i];
         if (!g->target || strncmp(g->target, d->path, dlen) != 0 || g->target[dlen] != '/' ||
             strcmp(g->target + dlen + 1, name) != 0)
             continue;
@@ -449,7 +448,7 @@ static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const c
     }
 }
 
-static const char *hkn_watch_event_name(uint32_t mask) {
+static const char *event_name(uint32_t mask) {
     return (mask & IN_CLOSE_WRITE)  ? "closed after writing"
            : (mask & IN_MOVED_TO)   ? "moved in"
            : (mask & IN_MOVED_FROM) ? "moved away"
@@ -459,9 +458,9 @@ static const char *hkn_watch_event_name(uint32_t mask) {
                                     : "changed";
 }
 
-static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_t now) {
-    hkn_watch_dir *d;
-    hkn_watch_file *f;
+static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now) {
+    watch_dir *d;
+    watch_file *f;
 
     w->st.events++;
     if (ev->mask & IN_Q_OVERFLOW) {
@@ -470,12 +469,11 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
             if (w->dirs[i]->wd >= 0)
                 w->dirs[i]->need_scan = 1;
         }
-        hkn_watch_logf(w, HK_LOG_WARN,
-                       "event queue overflow: events were lost, rescanning %d directories",
-                       w->ndirs);
+        log_at(w, HK_LOG_WARN, "event queue overflow: events were lost, rescanning %d directories",
+               w->ndirs);
         return;
     }
-    d = hkn_watch_dir_by_wd(w, ev->wd);
+    d = dir_by_wd(w, ev->wd);
     if (!d)
         return; /* A late event of a watch already given up. */
     if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) {
@@ -483,13 +481,13 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
          * that the path, not the inode, is what is watched. */
         if (ev->mask & IN_MOVE_SELF)
             inotify_rm_watch(w->ifd, d->wd);
-        hkn_watch_lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
+        lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
         return;
     }
     if (ev->len == 0 || (ev->mask & IN_ISDIR))
         return;
-    hkn_watch_link_targets(w, d, ev->name, now);
-    f = hkn_watch_file_get(w, d, ev->name);
+    link_targets(w, d, ev->name, now);
+    f = file_get(w, d, ev->name);
     if (!f)
         return;
     if (ev->mask & (IN_CREATE | IN_MODIFY)) {
@@ -502,11 +500,11 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
     f->pending = 1;
     f->due_ms = now + w->o.debounce_ms;
     f->events++;
-    hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path,
-                   hkn_watch_event_name(ev->mask), w->o.debounce_ms);
+    log_at(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path, event_name(ev->mask),
+           w->o.debounce_ms);
 }
 
-static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
+static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
     struct dirent *de;
     DIR *dh;
     int initial = d->scan_initial;
@@ -515,21 +513,21 @@ static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
     d->need_scan = 0;
     d->scan_initial = 0;
     w->st.rescans++;
-    since.tv_nsec -= HKN_WATCH_SLACK_NS;
+    since.tv_nsec -= SLACK_NS;
     if (since.tv_nsec < 0) {
         since.tv_nsec += 1000000000L;
         since.tv_sec--;
     }
     dh = opendir(d->path);
     if (!dh) {
-        hkn_watch_logf(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
+        log_at(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
         return;
     }
     while ((de = readdir(dh)) != NULL) {
-        hkn_watch_file *f;
+        watch_file *f;
         if (de->d_type == DT_DIR)
             continue;
-        f = hkn_watch_file_get(w, d, de->d_name);
+        f = file_get(w, d, de->d_name);
         if (!f)
             continue;
         /* A file seen for the first time is handed over (or refused) when it
@@ -539,58 +537,58 @@ static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
          * change. */
         if (!f->has_hash && (!f->source_name || !d->modules || (initial && w->o.no_initial_scan))) {
             f->baseline = 1;
-            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
+            if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
                 f->since = since;
                 f->since_set = 1;
             }
         }
-        hkn_watch_schedule(f, now + w->o.debounce_ms);
+        schedule(f, now + w->o.debounce_ms);
     }
     closedir(dh);
 }
 
 /* Places missing watches whose time has come, then lists what needs it. */
-static void hkn_watch_dirs_tick(hkn_watch *w, int64_t now) {
+static void dirs_tick(hkw_watcher *w, int64_t now) {
     for (int i = 0; i < w->ndirs; i++) {
-        hkn_watch_dir *d = w->dirs[i];
+        watch_dir *d = w->dirs[i];
         if (d->wd < 0 && now >= d->next_poll_ms) {
-            d->added = hkn_watch_wall();
-            d->wd = inotify_add_watch(w->ifd, d->path, HKN_WATCH_MASK);
+            d->added = wall_now();
+            d->wd = inotify_add_watch(w->ifd, d->path, WATCH_MASK);
             if (d->wd < 0) {
                 d->next_poll_ms = now + w->o.dir_poll_ms;
                 continue;
             }
             d->need_scan = 1;
-            hkn_watch_logf(w, d->modules ? HK_LOG_INFO : HK_LOG_DEBUG, "watching %s", d->path);
+            log_at(w, d->modules ? HK_LOG_INFO : HK_LOG_DEBUG, "watching %s", d->path);
         }
         if (d->wd >= 0 && d->need_scan)
-            hkn_watch_scan(w, d, now);
+            scan_dir(w, d, now);
     }
 }
 
 /* ---- reading a file (no lock) ------------------------------------------- */
 
-enum hkn_watch_read_result {
-    HKN_WATCH_READ_OK,
-    HKN_WATCH_READ_GONE,     /* no such file (any more) */
-    HKN_WATCH_READ_UNSTABLE, /* changed during the read */
-    HKN_WATCH_READ_REFUSED,  /* cannot be handed over: see err and why */
+enum read_result {
+    READ_OK,
+    READ_GONE,     /* no such file (any more) */
+    READ_UNSTABLE, /* changed during the read */
+    READ_REFUSED,  /* cannot be handed over: see err and why */
 };
 
 /* What one look at a file found. */
-typedef struct hkn_watch_look {
+typedef struct look {
     int err;                  /* REFUSED: the HK_ERR_* that fits */
     char why[PATH_MAX + 192]; /* REFUSED: the reason, no content */
-    hkn_watch_sig sig;        /* the name's own identity (lstat) */
+    file_sig sig;             /* the name's own identity (lstat) */
     char target[PATH_MAX];    /* a followed link: its canonical target, else "" */
     unsigned char *bytes;     /* OK: the content (caller frees) */
     size_t size;
     struct timespec mtime;
     int opened; /* the file was opened */
-} hkn_watch_look;
+} look;
 
-static hkn_watch_sig hkn_watch_sig_of(const struct stat *st) {
-    hkn_watch_sig g;
+static file_sig sig_of(const struct stat *st) {
+    file_sig g;
 
     memset(&g, 0, sizeof g);
     g.dev = st->st_dev;
@@ -602,12 +600,12 @@ static hkn_watch_sig hkn_watch_sig_of(const struct stat *st) {
     return g;
 }
 
-static int hkn_watch_sig_eq(const hkn_watch_sig *a, const hkn_watch_sig *b) {
+static int sig_eq(const file_sig *a, const file_sig *b) {
     return a->dev == b->dev && a->ino == b->ino && a->mode == b->mode && a->size == b->size &&
-           hkn_watch_ts_eq(a->mtime, b->mtime) && hkn_watch_ts_eq(a->ctime, b->ctime);
+           ts_eq(a->mtime, b->mtime) && ts_eq(a->ctime, b->ctime);
 }
 
-static const char *hkn_watch_type_name(mode_t m) {
+static const char *type_name(mode_t m) {
     return S_ISFIFO(m)   ? "a FIFO"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
@@ -616,15 +614,14 @@ static const char *hkn_watch_type_name(mode_t m) {
                          : "not a regular file";
 }
 
-__attribute__((format(printf, 3, 4))) static int hkn_watch_refusal(hkn_watch_look *lk, int err,
-                                                                   const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static int refusal(look *lk, int err, const char *fmt, ...) {
     va_list ap;
 
     lk->err = err;
     va_start(ap, fmt);
     vsnprintf(lk->why, sizeof lk->why, fmt, ap);
     va_end(ap);
-    return HKN_WATCH_READ_REFUSED;
+    return READ_REFUSED;
 }
 
 /* Looks at the name path of directory dir (canonical). With links set, a
@@ -632,8 +629,8 @@ __attribute__((format(printf, 3, 4))) static int hkn_watch_refusal(hkn_watch_loo
  * anywhere with outside set; without it links are followed as open() does
  * (a dependency named by a build). Reads the file only when it is regular
  * and at most max bytes. */
-static int hkn_watch_read(const char *path, const char *dir, int links, int outside, size_t max,
-                          hkn_watch_look *lk) {
+static int read_stable(const char *path, const char *dir, int links, int outside, size_t max,
+                       look *lk) {
     struct stat l, s, a, b, c;
     const char *from = path;
     char real[PATH_MAX];
@@ -643,20 +640,20 @@ static int hkn_watch_read(const char *path, const char *dir, int links, int outs
 
     if (lstat(path, &l) < 0)
         return (errno == ENOENT || errno == ENOTDIR)
-                   ? HKN_WATCH_READ_GONE
-                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-    lk->sig = hkn_watch_sig_of(&l);
+                   ? READ_GONE
+                   : refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+    lk->sig = sig_of(&l);
     s = l;
     if (S_ISLNK(l.st_mode)) {
         if (links) {
             if (!realpath(path, real))
-                return hkn_watch_refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
-                                         strerror(errno));
+                return refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
+                               strerror(errno));
             if (!outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
-                return hkn_watch_refusal(lk, HK_ERR_IO,
-                                         "symbolic link to %s, outside the watched directory: "
-                                         "not read (only links to files inside it are followed)",
-                                         real);
+                return refusal(lk, HK_ERR_IO,
+                               "symbolic link to %s, outside the watched directory: "
+                               "not read (only links to files inside it are followed)",
+                               real);
             snprintf(lk->target, sizeof lk->target, "%s", real);
             /* The resolved path, no link left in it: what was checked is
              * what gets opened. */
@@ -665,29 +662,27 @@ static int hkn_watch_read(const char *path, const char *dir, int links, int outs
         }
         if (stat(from, &s) < 0)
             return (errno == ENOENT || errno == ENOTDIR)
-                       ? HKN_WATCH_READ_GONE
-                       : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+                       ? READ_GONE
+                       : refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
     }
     /* Decided before open(): opening a FIFO or a device may block or act. */
     if (!S_ISREG(s.st_mode))
-        return hkn_watch_refusal(lk, HK_ERR_IO, "%s, not a regular file: not read",
-                                 hkn_watch_type_name(s.st_mode));
+        return refusal(lk, HK_ERR_IO, "%s, not a regular file: not read", type_name(s.st_mode));
     if ((uint64_t)s.st_size > (uint64_t)max)
-        return hkn_watch_refusal(lk, HK_ERR_TOO_LARGE,
-                                 "%lld bytes, over the %zu-byte cap: not read",
-                                 (long long)s.st_size, max);
+        return refusal(lk, HK_ERR_TOO_LARGE, "%lld bytes, over the %zu-byte cap: not read",
+                       (long long)s.st_size, max);
     fd = open(from, flags);
     if (fd < 0)
         return (errno == ENOENT || errno == ENOTDIR)
-                   ? HKN_WATCH_READ_GONE
-                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot open it: %s", strerror(errno));
+                   ? READ_GONE
+                   : refusal(lk, HK_ERR_IO, "cannot open it: %s", strerror(errno));
     lk->opened = 1;
     if (fstat(fd, &a) < 0) {
-        rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+        rc = refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
         goto out;
     }
     /* Swapped between the look and the open. */
-    rc = HKN_WATCH_READ_UNSTABLE;
+    rc = READ_UNSTABLE;
     if (a.st_ino != s.st_ino || a.st_dev != s.st_dev)
         goto out;
     if (!S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
@@ -695,8 +690,7 @@ static int hkn_watch_read(const char *path, const char *dir, int links, int outs
     /* One byte more than the size, to notice a file that grows meanwhile. */
     buf = malloc((size_t)a.st_size + 1);
     if (!buf) {
-        rc = hkn_watch_refusal(lk, HK_ERR_NOMEM, "out of memory for %lld bytes",
-                               (long long)a.st_size);
+        rc = refusal(lk, HK_ERR_NOMEM, "out of memory for %lld bytes", (long long)a.st_size);
         goto out;
     }
     for (;;) {
@@ -704,7 +698,7 @@ static int hkn_watch_read(const char *path, const char *dir, int links, int outs
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
+            rc = refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
             goto out;
         }
         if (n == 0)
@@ -716,28 +710,28 @@ static int hkn_watch_read(const char *path, const char *dir, int links, int outs
     if (a.st_size == 0 && got > 0) {
         /* procfs, sysfs and the like: the size is made up, and the content
          * is generated on every read, so it would never look settled. */
-        rc = hkn_watch_refusal(lk, HK_ERR_IO,
-                               "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
-                               "not a regular file: not read");
+        rc = refusal(lk, HK_ERR_IO,
+                     "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
+                     "not a regular file: not read");
         goto out;
     }
-    rc = HKN_WATCH_READ_UNSTABLE;
+    rc = READ_UNSTABLE;
     if (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
-        !hkn_watch_ts_eq(b.st_mtim, a.st_mtim) || !hkn_watch_ts_eq(b.st_ctim, a.st_ctim))
+        !ts_eq(b.st_mtim, a.st_mtim) || !ts_eq(b.st_ctim, a.st_ctim))
         goto out;
     /* Renamed over (or the link retargeted) while we read: what we hold is
      * no longer the file. */
     if (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev)
         goto out;
     if (got == 0) {
-        rc = hkn_watch_refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
+        rc = refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
         goto out;
     }
     lk->mtime = a.st_mtim;
     lk->bytes = buf;
     lk->size = got;
     buf = NULL;
-    rc = HKN_WATCH_READ_OK;
+    rc = READ_OK;
 out:
     free(buf);
     close(fd);
@@ -748,7 +742,7 @@ out:
 
 /* Watches the directory of a followed link's target (for the link only), so
  * that an edit of the target is seen. */
-static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *target) {
+static void track_target(hkw_watcher *w, watch_file *f, const char *target) {
     char dpath[PATH_MAX];
     const char *slash;
 
@@ -766,32 +760,30 @@ static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *
     }
     slash = strrchr(target, '/');
     snprintf(dpath, sizeof dpath, "%.*s", slash == target ? 1 : (int)(slash - target), target);
-    if (!hkn_watch_dir_by_path(w, dpath) && hkn_watch_dir_new(w, dpath))
-        hkn_watch_logf(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
+    if (!dir_by_path(w, dpath) && dir_new(w, dpath))
+        log_at(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
 }
 
 /* f could not be handed over: tells the application, unless this is the
  * same refusal again (nothing about the name changed) or a file recorded
  * before the watch was placed. Called and returns with mu held. */
-static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_look *lk) {
-    int quiet =
-        f->baseline && f->since_set && hkn_watch_ts_ns(lk->sig.mtime) < hkn_watch_ts_ns(f->since);
+static void refuse(hkw_watcher *w, watch_file *f, const look *lk) {
+    int quiet = f->baseline && f->since_set && ts_ns(lk->sig.mtime) < ts_ns(f->since);
 
     f->baseline = 0;
     if (!f->dir->modules) {
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
+        log_at(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
         return;
     }
-    if (f->refused && hkn_watch_sig_eq(&f->refused_sig, &lk->sig))
+    if (f->refused && sig_eq(&f->refused_sig, &lk->sig))
         return;
     f->refused = 1;
     f->refused_sig = lk->sig;
     if (quiet) {
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s, there before the watch, is not usable: %s", f->path,
-                       lk->why);
+        log_at(w, HK_LOG_DEBUG, "%s, there before the watch, is not usable: %s", f->path, lk->why);
         return;
     }
-    hkn_watch_logf(w, HK_LOG_WARN, "%s refused: %s", f->path, lk->why);
+    log_at(w, HK_LOG_WARN, "%s refused: %s", f->path, lk->why);
     if (!w->o.refuse)
         return;
     w->st.refusals++;
@@ -802,100 +794,99 @@ static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_lo
 
 /* Looks at f without the lock: its identity only when its name is refused
  * (by_name), else its content, hashed into hash. */
-static int hkn_watch_look_at(hkn_watch *w, const hkn_watch_file *f, int links, int by_name,
-                             hkn_watch_look *lk, unsigned char *hash) {
+static int look_at(hkw_watcher *w, const watch_file *f, int links, int by_name, look *lk,
+                   unsigned char *hash) {
     struct stat st;
     int rc;
 
     if (!by_name) {
-        rc = hkn_watch_read(f->path, f->dir->path, links, w->o.follow_outside_links,
-                            w->o.max_file_size, lk);
-        if (rc == HKN_WATCH_READ_OK)
-            crypto_generichash(hash, HKN_WATCH_HASH, lk->bytes, lk->size, NULL, 0);
+        rc = read_stable(f->path, f->dir->path, links, w->o.follow_outside_links,
+                         w->o.max_file_size, lk);
+        if (rc == READ_OK)
+            crypto_generichash(hash, HASH_BYTES, lk->bytes, lk->size, NULL, 0);
         return rc;
     }
     if (lstat(f->path, &st) < 0)
-        return HKN_WATCH_READ_GONE;
-    lk->sig = hkn_watch_sig_of(&st);
+        return READ_GONE;
+    lk->sig = sig_of(&st);
     lk->err = f->name_err;
     snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
-    return HKN_WATCH_READ_REFUSED;
+    return READ_REFUSED;
 }
 
 /* f was read and not handed over: says why. */
-static void hkn_watch_kept(hkn_watch *w, const hkn_watch_file *f, int same) {
+static void note_kept(hkw_watcher *w, const watch_file *f, int same) {
     int source = f->module && f->dir->modules;
     if (same && source)
         w->st.unchanged++;
     if (same)
-        hkn_watch_logf(w, source ? HK_LOG_INFO : HK_LOG_DEBUG,
-                       "%s: content unchanged since it was last read: %s", f->path,
-                       source ? "not handed over" : "nothing to do");
+        log_at(w, source ? HK_LOG_INFO : HK_LOG_DEBUG,
+               "%s: content unchanged since it was last read: %s", f->path,
+               source ? "not handed over" : "nothing to do");
     else
-        hkn_watch_logf(w, HK_LOG_DEBUG,
-                       "%s: content recorded, unchanged since the watch began or since a build "
-                       "read it",
-                       f->path);
+        log_at(w, HK_LOG_DEBUG,
+               "%s: content recorded, unchanged since the watch began or since a build "
+               "read it",
+               f->path);
 }
 
 /* Reads f, whose time has come, and hands it over if it changed. Called and
  * returns with mu held; drops it for the read and the callback. */
-static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
-    unsigned char hash[HKN_WATCH_HASH];
-    hkn_watch_look *lk;
+static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
+    unsigned char hash[HASH_BYTES];
+    look *lk;
     int rc, changed, hand, links, by_name, had_hash;
-    int64_t wait =
-        w->o.debounce_ms > HKN_WATCH_MIN_WAIT_MS ? w->o.debounce_ms : HKN_WATCH_MIN_WAIT_MS;
+    int64_t wait = w->o.debounce_ms > MIN_WAIT_MS ? w->o.debounce_ms : MIN_WAIT_MS;
 
     if (f->open_since_ms && now < f->open_since_ms + w->o.open_wait_ms) {
         /* Still open for writing: wait for the close, but not forever (a
          * program may keep it open and never write again). */
         int64_t limit = f->open_since_ms + w->o.open_wait_ms;
         f->due_ms = now + wait < limit ? now + wait : limit;
-        hkn_watch_logf(w, HK_LOG_DEBUG,
-                       "%s is still open for writing: not read before its close "
-                       "(or %lld ms more)",
-                       f->path, (long long)(limit - now));
+        log_at(w, HK_LOG_DEBUG,
+               "%s is still open for writing: not read before its close "
+               "(or %lld ms more)",
+               f->path, (long long)(limit - now));
         return;
     }
     /* Too large for the stack of a thread the application may size. */
     lk = calloc(1, sizeof *lk);
     if (!lk) {
-        hkn_watch_schedule(f, now + wait);
+        schedule(f, now + wait);
         return;
     }
     f->pending = 0;
     f->open_since_ms = 0;
     if (f->events > 1)
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read",
-                       f->path, f->events);
+        log_at(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read", f->path,
+               f->events);
     f->events = 0;
     /* The link policy holds for every file of an added directory, a
      * dependency included: its target would be read to hash it. */
     links = f->dir->modules;
     by_name = f->name_err && !f->dep;
     pthread_mutex_unlock(&w->mu);
-    rc = hkn_watch_look_at(w, f, links, by_name, lk, hash);
+    rc = look_at(w, f, links, by_name, lk, hash);
     pthread_mutex_lock(&w->mu);
-    now = hkn_watch_now_ms();
+    now = now_ms();
     w->st.opens += (uint64_t)lk->opened;
-    if (links && rc != HKN_WATCH_READ_GONE)
-        hkn_watch_track_target(w, f, lk->target);
+    if (links && rc != READ_GONE)
+        track_target(w, f, lk->target);
 
     switch (rc) {
-    case HKN_WATCH_READ_OK:
+    case READ_OK:
         f->refused = 0;
         break;
-    case HKN_WATCH_READ_UNSTABLE:
+    case READ_UNSTABLE:
         w->st.retries++;
-        hkn_watch_schedule(f, now + wait);
-        hkn_watch_logf(w, HK_LOG_INFO,
-                       "%s changed while being read (a save in progress): read again in %lld ms",
-                       f->path, (long long)wait);
+        schedule(f, now + wait);
+        log_at(w, HK_LOG_INFO,
+               "%s changed while being read (a save in progress): read again in %lld ms", f->path,
+               (long long)wait);
         free(lk);
         return;
-    case HKN_WATCH_READ_REFUSED:
-        hkn_watch_refuse(w, f, lk);
+    case READ_REFUSED:
+        refuse(w, f, lk);
         free(lk);
         return;
     default: /* Gone: a later event brings it back if it reappears. */
@@ -906,8 +897,7 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
 
     had_hash = f->has_hash;
     changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
-    if (changed && f->baseline && f->since_set &&
-        hkn_watch_ts_ns(lk->mtime) < hkn_watch_ts_ns(f->since)) {
+    if (changed && f->baseline && f->since_set && ts_ns(lk->mtime) < ts_ns(f->since)) {
         /* Recorded as it was before we were watching, or before a dependent
          * build read it: not a change. */
         changed = 0;
@@ -920,21 +910,21 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
             f->changed_seq = ++w->seq;
         memcpy(f->hash, hash, sizeof hash);
         f->has_hash = 1;
-        hkn_watch_force_dependents(w, f, now);
+        force_dependents(w, f, now);
     }
     hand = f->module && f->dir->modules && (changed || f->force);
     if (hand) {
         f->force = 0;
         f->handed_seq = ++w->seq;
-        f->handed_wall = hkn_watch_wall();
+        f->handed_wall = wall_now();
         w->st.handovers++;
-        hkn_watch_logf(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path,
-                       f->module, lk->size);
+        log_at(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path, f->module,
+               lk->size);
         pthread_mutex_unlock(&w->mu);
         w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
         pthread_mutex_lock(&w->mu);
     } else {
-        hkn_watch_kept(w, f, had_hash && !changed);
+        note_kept(w, f, had_hash && !changed);
     }
     free(lk->bytes);
     free(lk);
@@ -942,11 +932,11 @@ static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
 
 /* The first file whose read is due, else NULL with *deadline set to the
  * earliest moment something will be (-1: nothing scheduled). */
-static hkn_watch_file *hkn_watch_next(hkn_watch *w, int64_t now, int64_t *deadline) {
+static watch_file *next_due(hkw_watcher *w, int64_t now, int64_t *deadline) {
     int64_t best = -1;
 
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *f = w->files[i];
+        watch_file *f = w->files[i];
         if (!f->pending)
             continue;
         if (f->due_ms <= now)
@@ -962,13 +952,13 @@ static hkn_watch_file *hkn_watch_next(hkn_watch *w, int64_t now, int64_t *deadli
     return NULL;
 }
 
-static void *hkn_watch_main(void *arg) {
-    hkn_watch *w = arg;
+static void *watch_main(void *arg) {
+    hkw_watcher *w = arg;
 
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
         struct pollfd pfd[2];
-        hkn_watch_file *f;
+        watch_file *f;
         int64_t now, deadline;
         ssize_t n = 0;
         int timeout;
@@ -980,11 +970,11 @@ static void *hkn_watch_main(void *arg) {
             continue;
         }
         w->paused_ack = 0;
-        now = hkn_watch_now_ms();
-        hkn_watch_dirs_tick(w, now);
-        f = hkn_watch_next(w, now, &deadline);
+        now = now_ms();
+        dirs_tick(w, now);
+        f = next_due(w, now, &deadline);
         if (f) {
-            hkn_watch_due(w, f, now);
+            read_due(w, f, now);
             continue;
         }
         timeout = -1;
@@ -1009,10 +999,10 @@ static void *hkn_watch_main(void *arg) {
         }
         pthread_mutex_lock(&w->mu);
         if (n > 0) {
-            int64_t t = hkn_watch_now_ms();
+            int64_t t = now_ms();
             for (char *p = w->evbuf; p < w->evbuf + n;) {
                 const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
-                hkn_watch_event(w, ev, t);
+                on_event(w, ev, t);
                 p += sizeof *ev + ev->len;
             }
         }
@@ -1023,7 +1013,7 @@ static void *hkn_watch_main(void *arg) {
 
 /* ---- API ---------------------------------------------------------------- */
 
-void hkn_watch_opts_init(hkn_watch_opts *o) {
+void hkw_opts_init(hkw_opts *o) {
     if (!o)
         return;
     memset(o, 0, sizeof *o);
@@ -1033,8 +1023,8 @@ void hkn_watch_opts_init(hkn_watch_opts *o) {
     o->max_file_size = (size_t)64 << 20;
 }
 
-int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
-    hkn_watch *w;
+int hkw_create(hkw_watcher **out, const hkw_opts *o) {
+    hkw_watcher *w;
     int err, saved;
 
     if (!out || !o || !o->fn)
@@ -1066,7 +1056,7 @@ int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
         goto fail_efd;
     if (pthread_cond_init(&w->cv, NULL) != 0)
         goto fail_mu;
-    errno = pthread_create(&w->thread, NULL, hkn_watch_main, w);
+    errno = pthread_create(&w->thread, NULL, watch_main, w);
     if (errno != 0)
         goto fail_cv;
     *out = w;
@@ -1089,14 +1079,14 @@ fail_free:
     return err;
 }
 
-void hkn_watch_destroy(hkn_watch *w) {
+void hkw_destroy(hkw_watcher *w) {
     if (!w)
         return;
     pthread_mutex_lock(&w->mu);
     w->stop = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    hkn_watch_wake(w);
+    wake_thread(w);
     pthread_join(w->thread, NULL);
 
     close(w->efd);
@@ -1121,10 +1111,10 @@ void hkn_watch_destroy(hkn_watch *w) {
     free(w);
 }
 
-int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
+int hkw_add_dir(hkw_watcher *w, const char *dir) {
     char real[PATH_MAX];
     struct stat st;
-    hkn_watch_dir *d;
+    watch_dir *d;
     int fresh = 0, wd, saved;
 
     if (!w || !dir || !*dir)
@@ -1137,13 +1127,13 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     }
 
     pthread_mutex_lock(&w->mu);
-    d = hkn_watch_dir_by_path(w, real);
+    d = dir_by_path(w, real);
     if (d && d->modules) {
         pthread_mutex_unlock(&w->mu);
         return 0;
     }
     if (!d) {
-        d = hkn_watch_dir_new(w, real);
+        d = dir_new(w, real);
         if (!d) {
             pthread_mutex_unlock(&w->mu);
             return HK_ERR_NOMEM;
@@ -1153,8 +1143,8 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     if (d->wd < 0) {
         /* Placed here rather than on the thread so that every change made
          * after this call returns produces events. */
-        struct timespec added = hkn_watch_wall();
-        wd = inotify_add_watch(w->ifd, real, HKN_WATCH_MASK);
+        struct timespec added = wall_now();
+        wd = inotify_add_watch(w->ifd, real, WATCH_MASK);
         if (wd < 0) {
             saved = errno;
             if (fresh) {
@@ -1173,19 +1163,19 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     d->need_scan = 1;
     d->scan_initial = 1;
     pthread_mutex_unlock(&w->mu);
-    hkn_watch_wake(w);
+    wake_thread(w);
     return 0;
 }
 
-int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const *dep_paths, int n) {
+int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep_paths, int n) {
     char canon[PATH_MAX];
-    hkn_watch_file *src = NULL, **deps = NULL;
+    watch_file *src = NULL, **deps = NULL;
     int m = 0, force = 0, wake = 0;
     int64_t now;
 
     if (!w || !source_path || n < 0 || (n > 0 && !dep_paths))
         return HK_ERR_INVALID;
-    if (hkn_watch_canon(source_path, NULL, canon, sizeof canon) < 0)
+    if (canon_path(source_path, NULL, canon, sizeof canon) < 0)
         return HK_ERR_INVALID;
     if (n > 0) {
         deps = calloc((size_t)n, sizeof *deps);
@@ -1194,7 +1184,7 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
     }
 
     pthread_mutex_lock(&w->mu);
-    now = hkn_watch_now_ms();
+    now = now_ms();
     for (int i = 0; i < w->nfiles && !src; i++) {
         if (strcmp(w->files[i]->path, canon) == 0)
             src = w->files[i];
@@ -1206,28 +1196,28 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
     }
     for (int i = 0; i < n; i++) {
         char path[PATH_MAX];
-        hkn_watch_dir *d;
-        hkn_watch_file *f;
+        watch_dir *d;
+        watch_file *f;
         char *slash;
         int dup = 0;
 
-        if (!dep_paths[i] || hkn_watch_canon(dep_paths[i], src->dir->path, path, sizeof path) < 0)
+        if (!dep_paths[i] || canon_path(dep_paths[i], src->dir->path, path, sizeof path) < 0)
             continue;
         slash = strrchr(path, '/');
-        if (strcmp(path, src->path) == 0 || hkn_watch_dropping(slash + 1))
+        if (strcmp(path, src->path) == 0 || is_dropping(slash + 1))
             continue;
         *slash = '\0';
-        d = hkn_watch_dir_by_path(w, path[0] ? path : "/");
+        d = dir_by_path(w, path[0] ? path : "/");
         if (!d) {
             /* Watched for this dependency's sake; the thread places it. */
-            d = hkn_watch_dir_new(w, path[0] ? path : "/");
+            d = dir_new(w, path[0] ? path : "/");
             if (!d)
                 continue;
             wake = 1;
         }
-        f = hkn_watch_file_find(w, d, slash + 1);
+        f = file_find(w, d, slash + 1);
         if (!f)
-            f = hkn_watch_file_new(w, d, slash + 1);
+            f = file_new(w, d, slash + 1);
         if (!f)
             continue;
         for (int j = 0; j < m; j++)
@@ -1238,19 +1228,19 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
         if (!f->has_hash) {
             /* Its content is unknown yet: it is read soon, and counts as a
              * change if it was modified after the source was handed over. */
-            struct timespec since = src->handed_seq ? src->handed_wall : hkn_watch_wall();
-            since.tv_nsec -= HKN_WATCH_SLACK_NS;
+            struct timespec since = src->handed_seq ? src->handed_wall : wall_now();
+            since.tv_nsec -= SLACK_NS;
             if (since.tv_nsec < 0) {
                 since.tv_nsec += 1000000000L;
                 since.tv_sec--;
             }
-            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
+            if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
                 f->since = since;
                 f->since_set = 1;
             }
             if (!f->pending) {
                 f->baseline = 1;
-                hkn_watch_schedule(f, now);
+                schedule(f, now);
                 wake = 1;
             }
         } else if (src->handed_seq && f->changed_seq > src->handed_seq) {
@@ -1266,16 +1256,16 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
     if (force) {
         src->force = 1;
         src->baseline = 0;
-        hkn_watch_schedule(src, now);
+        schedule(src, now);
         wake = 1;
     }
     pthread_mutex_unlock(&w->mu);
     if (wake)
-        hkn_watch_wake(w);
+        wake_thread(w);
     return 0;
 }
 
-void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out) {
+void hkw_stats_get(hkw_watcher *w, hkw_stats *out) {
     if (!out)
         return;
     memset(out, 0, sizeof *out);
@@ -1286,7 +1276,7 @@ void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out) {
     pthread_mutex_unlock(&w->mu);
 }
 
-void hkn_watch_pause(hkn_watch *w, int on) {
+void hkw_pause(hkw_watcher *w, int on) {
     if (!w)
         return;
     pthread_mutex_lock(&w->mu);
@@ -1294,7 +1284,7 @@ void hkn_watch_pause(hkn_watch *w, int on) {
     pthread_cond_broadcast(&w->cv);
     if (on) {
         pthread_mutex_unlock(&w->mu);
-        hkn_watch_wake(w);
+        wake_thread(w);
         pthread_mutex_lock(&w->mu);
         while (w->paused && !w->paused_ack && !w->stop)
             pthread_cond_wait(&w->cv, &w->mu);
