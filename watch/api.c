@@ -194,7 +194,6 @@ static void dir_opts_free(dir_opts *d) {
 
 static dir_opts *dir_opts_new(const char *dir, const hk_swap_options *opt) {
     dir_opts *d = calloc(1, sizeof *d);
-
     if (!d)
         return NULL;
     d->opt = *opt;
@@ -227,12 +226,10 @@ fail:
 }
 
 static void source_free(watch_source *r) {
-    dir_opts *d, *next;
-
     if (!r)
         return;
     hkw_destroy(r->w);
-    for (d = r->dirs; d; d = next) {
+    for (dir_opts *d = r->dirs, *next; d; d = next) {
         next = d->next;
         dir_opts_free(d);
     }
@@ -260,9 +257,8 @@ static void on_deps_built(void *ctx, const char *source_name, const char *const 
 static void report_refused(hk_runtime *rt, const char *module, const char *path, int err,
                            const char *why) {
     char origin[PATH_MAX + 16];
-    hk_report rep = HK_REPORT_INIT;
-
     snprintf(origin, sizeof origin, "watch:%s", path);
+    hk_report rep = HK_REPORT_INIT;
     rep.error = err;
     if (module)
         snprintf(rep.module, sizeof rep.module, "%s", module);
@@ -290,14 +286,13 @@ static hk_format expected_format(const char *path, hk_format dir_format) {
                  {"fatbin", HK_FORMAT_FATBIN}};
     const char *dot = strrchr(path, '.');
     char ext[8];
-    size_t i;
-
     if (dir_format != HK_FORMAT_AUTO || !dot || strlen(dot + 1) >= sizeof ext)
         return dir_format;
-    for (i = 0; dot[1 + i]; i++)
-        ext[i] = (char)tolower((unsigned char)dot[1 + i]);
-    ext[i] = '\0';
-    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    size_t n = 0;
+    for (; dot[1 + n]; n++)
+        ext[n] = (char)tolower((unsigned char)dot[1 + n]);
+    ext[n] = '\0';
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (strcmp(ext, kinds[i].ext) == 0)
             return kinds[i].fmt;
     }
@@ -317,7 +312,6 @@ static int check_format(hk_format want, const void *bytes, size_t size, char *wh
                         size_t why_size) {
     char detail[256] = "";
     hk_format got = HK_FORMAT_AUTO;
-
     if (hkp_detect(bytes, size, &got, detail, sizeof detail) < 0) {
         snprintf(why, why_size, "not CUDA C, PTX, cubin or fatbin (%s; %zu bytes): not submitted",
                  detail[0] ? detail : "unrecognised", size);
@@ -374,7 +368,6 @@ static void on_metrics(void *ctx, hk_metrics_writer *mw) {
     };
     watch_source *r = ctx;
     hkw_stats st;
-
     hkw_stats_get(r->w, &st);
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         uint64_t v;
@@ -388,12 +381,9 @@ static void on_metrics(void *ctx, hk_metrics_writer *mw) {
 static void on_file(void *ud, const char *module, const char *path, const void *bytes,
                     size_t size) {
     watch_source *r = ud;
-    const dir_opts *d;
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) : 0;
-    char origin[PATH_MAX + 16];
-    hk_swap_options opt;
-
+    const dir_opts *d;
     pthread_mutex_lock(&r->mu);
     for (d = r->dirs; d; d = d->next) {
         if (strlen(d->dir) == dlen && strncmp(d->dir, path, dlen) == 0)
@@ -402,7 +392,7 @@ static void on_file(void *ud, const char *module, const char *path, const void *
     pthread_mutex_unlock(&r->mu);
     if (!d)
         return; /* Not a directory added through hk_watch_dir. */
-    opt = d->opt;
+    hk_swap_options opt = d->opt;
     opt.format = expected_format(path, d->opt.format);
     char why[384];
     int err = check_format(opt.format, bytes, size, why, sizeof why);
@@ -411,6 +401,7 @@ static void on_file(void *ud, const char *module, const char *path, const void *
         report_refused(r->rt, module, path, err, why);
         return;
     }
+    char origin[PATH_MAX + 16];
     snprintf(origin, sizeof origin, "watch:%s", path);
     opt.origin = origin;
     opt.source_name = path;
@@ -443,12 +434,11 @@ static void on_file(void *ud, const char *module, const char *path, const void *
 
 __attribute__((format(printf, 3, 4))) static int fail(hk_report *rep, int err, const char *fmt,
                                                       ...) {
-    va_list ap;
-
     if (!rep)
         return err;
     hk_report_clear(rep);
     rep->error = err;
+    va_list ap;
     va_start(ap, fmt);
     vsnprintf(rep->message, sizeof rep->message, fmt, ap);
     va_end(ap);
@@ -459,10 +449,7 @@ __attribute__((format(printf, 3, 4))) static int fail(hk_report *rep, int err, c
  * call at a time per entry (add_mu): a failed add unlinks its own record. */
 static int source_add_dir(watch_source *r, const char *real, const hk_swap_options *opt,
                           hk_report *rep) {
-    dir_opts *d, **pp;
-    int err;
-
-    d = dir_opts_new(real, opt);
+    dir_opts *d = dir_opts_new(real, opt);
     if (!d)
         return fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&r->add_mu);
@@ -471,14 +458,14 @@ static int source_add_dir(watch_source *r, const char *real, const hk_swap_optio
     d->next = r->dirs;
     r->dirs = d;
     pthread_mutex_unlock(&r->mu);
-
-    err = hkw_add_dir(r->w, real);
+    int err = hkw_add_dir(r->w, real);
     if (err < 0) {
         err = fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
         /* The directory is not watched, so no callback can hold d. */
         pthread_mutex_lock(&r->mu);
-        for (pp = &r->dirs; *pp != d; pp = &(*pp)->next) {
-        }
+        dir_opts **pp = &r->dirs;
+        while (*pp != d)
+            pp = &(*pp)->next;
         *pp = d->next;
         pthread_mutex_unlock(&r->mu);
         dir_opts_free(d);
@@ -501,11 +488,7 @@ typedef struct first_dir {
  * failure nothing is left behind and a->err says why. */
 static hkl_source *source_make(void *arg) {
     first_dir *a = arg;
-    watch_source *r;
-    hkw_opts wo;
-    int err;
-
-    r = calloc(1, sizeof *r);
+    watch_source *r = calloc(1, sizeof *r);
     if (!r) {
         a->err = fail(a->rep, HK_ERR_NOMEM, "out of memory");
         return NULL;
@@ -522,6 +505,7 @@ static hkl_source *source_make(void *arg) {
         a->err = fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
         return NULL;
     }
+    hkw_opts wo;
     hkw_opts_init(&wo);
     wo.fn = on_file;
     wo.refuse = on_refuse;
@@ -529,7 +513,7 @@ static hkl_source *source_make(void *arg) {
     wo.log = on_log;
     wo.log_on = on_log_enabled;
     wo.log_ud = r;
-    err = hkw_create(&r->w, &wo);
+    int err = hkw_create(&r->w, &wo);
     if (err < 0) {
         a->err = fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
         source_free(r);
@@ -551,21 +535,18 @@ static hkl_source *source_make(void *arg) {
 /* hk_watch_dir with opt in the library's layout and a full report. */
 static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
                           hk_report *rep) {
-    char real[PATH_MAX];
-    hkl_source *src;
-    int err, made;
-
     if (!rt || !dir || !*dir)
         return fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
+    char real[PATH_MAX];
     if (!realpath(dir, real))
         return fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
-
     first_dir first = {rt, real, opt, rep, 0};
-    src = hkl_source_get(rt, source_kind, source_make, &first, &made);
+    int made;
+    hkl_source *src = hkl_source_get(rt, source_kind, source_make, &first, &made);
     if (!src)
         return first.err < 0 ? first.err : HK_ERR_NOMEM;
     if (!made) {
-        err = source_add_dir(src->ctx, real, opt, rep);
+        int err = source_add_dir(src->ctx, real, opt, rep);
         if (err < 0)
             return err;
     }
@@ -576,11 +557,10 @@ static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options
 
 int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
     hk_report full;
-    hk_swap_options o;
-    int err;
-
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
+    hk_swap_options o;
+    int err;
     if (hkl_swap_options_in(&o, opt) < 0)
         err = fail(&full, HK_ERR_INVALID,
                    "hk_watch_dir: hk_swap_options.size %zu is below the first layout",

@@ -164,11 +164,10 @@ static int ts_eq(struct timespec a, struct timespec b) {
 
 __attribute__((format(printf, 3, 4))) static void log_at(hkw_watcher *w, hk_log_level level,
                                                          const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-
     if (!w->o.log || (w->o.log_on && !w->o.log_on(w->o.log_ud, level)))
         return;
+    char line[512];
+    va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
@@ -177,7 +176,6 @@ __attribute__((format(printf, 3, 4))) static void log_at(hkw_watcher *w, hk_log_
 
 static void wake_thread(hkw_watcher *w) {
     uint64_t one = 1;
-
     /* A full counter (EAGAIN) already means "wake up". */
     if (write(w->efd, &one, sizeof one) < 0) {
         return;
@@ -192,7 +190,6 @@ static int ends_with(const char *s, const char *suffix) {
 /* Files that editors write next to the real one while saving. */
 static int is_dropping(const char *name) {
     size_t n = strlen(name);
-
     if (n == 0 || name[0] == '.' || name[n - 1] == '~')
         return 1;
     if (name[0] == '#' && name[n - 1] == '#')
@@ -207,19 +204,16 @@ static int is_dropping(const char *name) {
 hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     static const char *const sources[] = {"cu", "ptx", "cubin", "fatbin"};
     static const char *const headers[] = {"h", "cuh", "hpp"};
-    const char *first, *ext;
-    size_t i, len;
-
     if (!name || strchr(name, '/') || is_dropping(name))
         return HKW_IGNORED;
-    first = strchr(name, '.');
+    const char *first = strchr(name, '.');
     if (!first)
         return HKW_OTHER;
-    ext = strrchr(name, '.') + 1;
-    for (i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+    const char *ext = strrchr(name, '.') + 1;
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
         if (strcmp(ext, sources[i]) != 0)
             continue;
-        len = (size_t)(first - name);
+        size_t len = (size_t)(first - name);
         if (module) {
             if (len >= module_size)
                 return HKW_IGNORED;
@@ -228,7 +222,7 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
         }
         return HKW_SOURCE;
     }
-    for (i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
         if (strcmp(ext, headers[i]) == 0)
             return HKW_HEADER;
     }
@@ -241,16 +235,14 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
  * its directory does not either, the path is kept as written. */
 static int canon_path(const char *path, const char *base, char *out, size_t out_size) {
     char joined[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
-    const char *slash, *name;
     int n;
-
     if (path[0] != '/' && base)
         n = snprintf(joined, sizeof joined, "%s/%s", base, path);
     else
         n = snprintf(joined, sizeof joined, "%s", path);
     if (n < 0 || (size_t)n >= sizeof joined)
         return HK_ERR_INVALID;
-    slash = strrchr(joined, '/');
+    const char *slash = strrchr(joined, '/'), *name;
     if (!slash) {
         snprintf(dir, sizeof dir, ".");
         name = joined;
@@ -294,8 +286,6 @@ static watch_dir *dir_by_wd(hkw_watcher *w, int wd) {
 
 /* A new, unwatched directory entry, appended to w->dirs. */
 static watch_dir *dir_new(hkw_watcher *w, const char *path) {
-    watch_dir *d;
-
     if (w->ndirs == w->capdirs) {
         int cap = w->capdirs ? w->capdirs * 2 : 4;
         watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
@@ -304,7 +294,7 @@ static watch_dir *dir_new(hkw_watcher *w, const char *path) {
         w->dirs = nd;
         w->capdirs = cap;
     }
-    d = calloc(1, sizeof *d);
+    watch_dir *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
     d->path = strdup(path);
@@ -326,11 +316,6 @@ static watch_file *file_find(hkw_watcher *w, const watch_dir *d, const char *nam
 }
 
 static watch_file *file_new(hkw_watcher *w, watch_dir *d, const char *name) {
-    char module[HKW_MODULE_MAX], why[256];
-    watch_file *f;
-    hkw_kind k;
-    size_t len;
-
     if (w->nfiles == w->capfiles) {
         int cap = w->capfiles ? w->capfiles * 2 : 16;
         watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
@@ -339,19 +324,19 @@ static watch_file *file_new(hkw_watcher *w, watch_dir *d, const char *name) {
         w->files = nf;
         w->capfiles = cap;
     }
-    f = calloc(1, sizeof *f);
+    watch_file *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
     f->dir = d;
     f->name = strdup(name);
-    len = strlen(d->path) + 1 + strlen(name) + 1;
+    size_t len = strlen(d->path) + 1 + strlen(name) + 1;
     f->path = malloc(len);
     if (!f->name || !f->path)
         goto fail;
     snprintf(f->path, len, "%s/%s", d->path, name);
-    k = hkw_classify(name, NULL, 0);
+    hkw_kind k = hkw_classify(name, NULL, 0);
     f->source_name = k == HKW_SOURCE;
-    why[0] = '\0';
+    char module[HKW_MODULE_MAX], why[256] = "";
     if (k == HKW_SOURCE && hkw_classify(name, module, sizeof module) != k) {
         /* The engine would refuse the name without an event; say so here. */
         f->name_err = HK_ERR_INVALID;
@@ -387,12 +372,9 @@ fail:
  * watcher tracks there. NULL when the name is of no interest. */
 static watch_file *file_get(hkw_watcher *w, watch_dir *d, const char *name) {
     watch_file *f = file_find(w, d, name);
-    hkw_kind k;
-
     if (f || !d->modules)
         return f;
-    k = hkw_classify(name, NULL, 0);
-    if (k == HKW_IGNORED)
+    if (hkw_classify(name, NULL, 0) == HKW_IGNORED)
         return NULL; /* an editor dropping: silently */
     return file_new(w, d, name);
 }
@@ -436,7 +418,6 @@ static void lose_dir(hkw_watcher *w, watch_dir *d, int64_t now, const char *why)
  * since its content is the target's. */
 static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, int64_t now) {
     size_t dlen = strlen(d->path);
-
     for (int i = 0; i < w->nfiles; i++) {
         watch_file *g = w->files[i];
         if (!g->target || strncmp(g->target, d->path, dlen) != 0 || g->target[dlen] != '/' ||
@@ -459,9 +440,6 @@ static const char *event_name(uint32_t mask) {
 }
 
 static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now) {
-    watch_dir *d;
-    watch_file *f;
-
     w->st.events++;
     if (ev->mask & IN_Q_OVERFLOW) {
         w->st.overflows++;
@@ -473,7 +451,7 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
                w->ndirs);
         return;
     }
-    d = dir_by_wd(w, ev->wd);
+    watch_dir *d = dir_by_wd(w, ev->wd);
     if (!d)
         return; /* A late event of a watch already given up. */
     if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) {
@@ -487,7 +465,7 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
     if (ev->len == 0 || (ev->mask & IN_ISDIR))
         return;
     link_targets(w, d, ev->name, now);
-    f = file_get(w, d, ev->name);
+    watch_file *f = file_get(w, d, ev->name);
     if (!f)
         return;
     if (ev->mask & (IN_CREATE | IN_MODIFY)) {
@@ -505,11 +483,8 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
 }
 
 static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
-    struct dirent *de;
-    DIR *dh;
     int initial = d->scan_initial;
     struct timespec since = d->added;
-
     d->need_scan = 0;
     d->scan_initial = 0;
     w->st.rescans++;
@@ -518,16 +493,16 @@ static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
         since.tv_nsec += 1000000000L;
         since.tv_sec--;
     }
-    dh = opendir(d->path);
+    DIR *dh = opendir(d->path);
     if (!dh) {
         log_at(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
         return;
     }
+    struct dirent *de;
     while ((de = readdir(dh)) != NULL) {
-        watch_file *f;
         if (de->d_type == DT_DIR)
             continue;
-        f = file_get(w, d, de->d_name);
+        watch_file *f = file_get(w, d, de->d_name);
         if (!f)
             continue;
         /* A file seen for the first time is handed over (or refused) when it
@@ -588,16 +563,12 @@ typedef struct look {
 } look;
 
 static file_sig sig_of(const struct stat *st) {
-    file_sig g;
-
-    memset(&g, 0, sizeof g);
-    g.dev = st->st_dev;
-    g.ino = st->st_ino;
-    g.mode = st->st_mode;
-    g.size = st->st_size;
-    g.mtime = st->st_mtim;
-    g.ctime = st->st_ctim;
-    return g;
+    return (file_sig){.dev = st->st_dev,
+                      .ino = st->st_ino,
+                      .mode = st->st_mode,
+                      .size = st->st_size,
+                      .mtime = st->st_mtim,
+                      .ctime = st->st_ctim};
 }
 
 static int sig_eq(const file_sig *a, const file_sig *b) {
@@ -615,9 +586,8 @@ static const char *type_name(mode_t m) {
 }
 
 __attribute__((format(printf, 3, 4))) static int refusal(look *lk, int err, const char *fmt, ...) {
-    va_list ap;
-
     lk->err = err;
+    va_list ap;
     va_start(ap, fmt);
     vsnprintf(lk->why, sizeof lk->why, fmt, ap);
     va_end(ap);
@@ -743,9 +713,6 @@ out:
 /* Watches the directory of a followed link's target (for the link only), so
  * that an edit of the target is seen. */
 static void track_target(hkw_watcher *w, watch_file *f, const char *target) {
-    char dpath[PATH_MAX];
-    const char *slash;
-
     if (!*target) {
         free(f->target);
         f->target = NULL;
@@ -758,7 +725,8 @@ static void track_target(hkw_watcher *w, watch_file *f, const char *target) {
         free(f->target);
         f->target = t;
     }
-    slash = strrchr(target, '/');
+    const char *slash = strrchr(target, '/');
+    char dpath[PATH_MAX];
     snprintf(dpath, sizeof dpath, "%.*s", slash == target ? 1 : (int)(slash - target), target);
     if (!dir_by_path(w, dpath) && dir_new(w, dpath))
         log_at(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
@@ -769,7 +737,6 @@ static void track_target(hkw_watcher *w, watch_file *f, const char *target) {
  * before the watch was placed. Called and returns with mu held. */
 static void refuse(hkw_watcher *w, watch_file *f, const look *lk) {
     int quiet = f->baseline && f->since_set && ts_ns(lk->sig.mtime) < ts_ns(f->since);
-
     f->baseline = 0;
     if (!f->dir->modules) {
         log_at(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
@@ -934,7 +901,6 @@ static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
  * earliest moment something will be (-1: nothing scheduled). */
 static watch_file *next_due(hkw_watcher *w, int64_t now, int64_t *deadline) {
     int64_t best = -1;
-
     for (int i = 0; i < w->nfiles; i++) {
         watch_file *f = w->files[i];
         if (!f->pending)
@@ -952,17 +918,28 @@ static watch_file *next_due(hkw_watcher *w, int64_t now, int64_t *deadline) {
     return NULL;
 }
 
+/* Waits up to timeout ms (-1: no limit) for inotify events or a wake-up,
+ * and reads the events into w->evbuf. Returns their bytes (0: none). No
+ * lock held. */
+static ssize_t wait_events(hkw_watcher *w, int timeout) {
+    struct pollfd pfd[2] = {{.fd = w->ifd, .events = POLLIN}, {.fd = w->efd, .events = POLLIN}};
+    if (poll(pfd, 2, timeout) <= 0)
+        return 0;
+    if (pfd[1].revents & POLLIN) {
+        uint64_t v;
+        if (read(w->efd, &v, sizeof v) < 0) {
+            /* EAGAIN: another reader cannot exist; nothing to do. */
+        }
+    }
+    if (!(pfd[0].revents & POLLIN))
+        return 0;
+    return read(w->ifd, w->evbuf, sizeof w->evbuf);
+}
+
 static void *watch_main(void *arg) {
     hkw_watcher *w = arg;
-
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
-        struct pollfd pfd[2];
-        watch_file *f;
-        int64_t now, deadline;
-        ssize_t n = 0;
-        int timeout;
-
         if (w->paused) {
             w->paused_ack = 1;
             pthread_cond_broadcast(&w->cv);
@@ -970,41 +947,25 @@ static void *watch_main(void *arg) {
             continue;
         }
         w->paused_ack = 0;
-        now = now_ms();
+        int64_t now = now_ms(), deadline;
         dirs_tick(w, now);
-        f = next_due(w, now, &deadline);
+        watch_file *f = next_due(w, now, &deadline);
         if (f) {
             read_due(w, f, now);
             continue;
         }
-        timeout = -1;
-        if (deadline >= 0)
-            timeout = deadline <= now            ? 0
+        int timeout = deadline < 0               ? -1
+                      : deadline <= now          ? 0
                       : deadline - now > INT_MAX ? INT_MAX
                                                  : (int)(deadline - now);
-        pfd[0].fd = w->ifd;
-        pfd[0].events = POLLIN;
-        pfd[1].fd = w->efd;
-        pfd[1].events = POLLIN;
         pthread_mutex_unlock(&w->mu);
-        if (poll(pfd, 2, timeout) > 0) {
-            if (pfd[1].revents & POLLIN) {
-                uint64_t v;
-                if (read(w->efd, &v, sizeof v) < 0) {
-                    /* EAGAIN: another reader cannot exist; nothing to do. */
-                }
-            }
-            if (pfd[0].revents & POLLIN)
-                n = read(w->ifd, w->evbuf, sizeof w->evbuf);
-        }
+        ssize_t n = wait_events(w, timeout);
         pthread_mutex_lock(&w->mu);
-        if (n > 0) {
-            int64_t t = now_ms();
-            for (char *p = w->evbuf; p < w->evbuf + n;) {
-                const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
-                on_event(w, ev, t);
-                p += sizeof *ev + ev->len;
-            }
+        int64_t t = now_ms();
+        for (char *p = w->evbuf; n > 0 && p < w->evbuf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+            on_event(w, ev, t);
+            p += sizeof *ev + ev->len;
         }
     }
     pthread_mutex_unlock(&w->mu);
@@ -1023,16 +984,20 @@ void hkw_opts_init(hkw_opts *o) {
     o->max_file_size = (size_t)64 << 20;
 }
 
-int hkw_create(hkw_watcher **out, const hkw_opts *o) {
-    hkw_watcher *w;
-    int err, saved;
+/* close() that leaves errno as it was: the caller reports an earlier error. */
+static void close_keep_errno(int fd) {
+    int saved = errno;
+    close(fd);
+    errno = saved;
+}
 
+int hkw_create(hkw_watcher **out, const hkw_opts *o) {
     if (!out || !o || !o->fn)
         return HK_ERR_INVALID;
     *out = NULL;
     if (sodium_init() < 0)
         return HK_ERR_IO;
-    w = calloc(1, sizeof *w);
+    hkw_watcher *w = calloc(1, sizeof *w);
     if (!w)
         return HK_ERR_NOMEM;
     w->o = *o;
@@ -1044,8 +1009,6 @@ int hkw_create(hkw_watcher **out, const hkw_opts *o) {
         w->o.open_wait_ms = 1000;
     if (w->o.max_file_size == 0)
         w->o.max_file_size = (size_t)64 << 20;
-
-    err = HK_ERR_IO;
     w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->ifd < 0)
         goto fail_free;
@@ -1067,16 +1030,12 @@ fail_cv:
 fail_mu:
     pthread_mutex_destroy(&w->mu);
 fail_efd:
-    saved = errno;
-    close(w->efd);
-    errno = saved;
+    close_keep_errno(w->efd);
 fail_ifd:
-    saved = errno;
-    close(w->ifd);
-    errno = saved;
+    close_keep_errno(w->ifd);
 fail_free:
     free(w);
-    return err;
+    return HK_ERR_IO;
 }
 
 void hkw_destroy(hkw_watcher *w) {
@@ -1112,13 +1071,10 @@ void hkw_destroy(hkw_watcher *w) {
 }
 
 int hkw_add_dir(hkw_watcher *w, const char *dir) {
-    char real[PATH_MAX];
-    struct stat st;
-    watch_dir *d;
-    int fresh = 0, wd, saved;
-
     if (!w || !dir || !*dir)
         return HK_ERR_INVALID;
+    char real[PATH_MAX];
+    struct stat st;
     if (!realpath(dir, real) || stat(real, &st) < 0)
         return HK_ERR_IO;
     if (!S_ISDIR(st.st_mode)) {
@@ -1127,7 +1083,8 @@ int hkw_add_dir(hkw_watcher *w, const char *dir) {
     }
 
     pthread_mutex_lock(&w->mu);
-    d = dir_by_path(w, real);
+    watch_dir *d = dir_by_path(w, real);
+    int fresh = 0;
     if (d && d->modules) {
         pthread_mutex_unlock(&w->mu);
         return 0;
@@ -1144,9 +1101,9 @@ int hkw_add_dir(hkw_watcher *w, const char *dir) {
         /* Placed here rather than on the thread so that every change made
          * after this call returns produces events. */
         struct timespec added = wall_now();
-        wd = inotify_add_watch(w->ifd, real, WATCH_MASK);
+        int wd = inotify_add_watch(w->ifd, real, WATCH_MASK);
         if (wd < 0) {
-            saved = errno;
+            int saved = errno;
             if (fresh) {
                 w->ndirs--;
                 free(d->path);
