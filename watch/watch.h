@@ -55,6 +55,8 @@
 
 #include "hotkern/hotkern.h"
 
+/* ---- the watcher (watch/watch.c) ---------------------------------------- */
+
 typedef struct hkw_watcher hkw_watcher;
 
 /* Receives one finished change: module `module` now has the `size` bytes at
@@ -82,7 +84,7 @@ typedef void (*hkw_refuse_fn)(void *ud, const char *module, const char *path, in
  * during the read, content unchanged, refused) and each source handed over
  * again for a changed header. On the watcher thread, or the caller's of
  * hkw_set_deps, with the watcher's lock held: it must return quickly
- * and not call hkw_watcher functions. log_on (optional) says whether a level
+ * and not call hkw_ functions. log_on (optional) says whether a level
  * is wanted, so that a line nobody reads is not formatted. */
 typedef void (*hkw_log_fn)(void *ud, hk_log_level level, const char *line);
 typedef int (*hkw_log_on_fn)(void *ud, hk_log_level level);
@@ -177,18 +179,19 @@ typedef enum hkw_kind {
  * that does not fit makes the file HKW_IGNORED. module may be NULL. */
 hkw_kind hkw_classify(const char *name, char *module, size_t module_size);
 
-/* ---- runtime glue (watch/api.c) ----------------------------------------- */
+/* ---- runtime glue (watch/api.c, which also implements hk_watch_dir) ------- */
 
 /* Most headers, and bytes per header, that a handover carries in memory. */
 #define HKW_MAX_HEADERS      256
 #define HKW_MAX_HEADER_BYTES ((size_t)4 << 20)
 
-/* Reads the headers of directory dir (canonical: files that
- * hkw_classify calls HKW_HEADER, up to the limits above; larger
- * or unreadable ones are left to the file system; one that is a symbolic link
- * resolving outside dir, or not a regular file, is not read and comes as an
- * #error saying so, to hide the file from the compiler), sorted by name so that the
- * same files give the same build key. On success *out (n entries, *n) is the
+/* Reads the headers of directory dir (canonical): the files hkw_classify
+ * calls HKW_HEADER, up to the limits above. Larger or unreadable ones are
+ * left to the file system; one that is a symbolic link resolving outside dir,
+ * or not a regular file, is not read and comes as an #error saying so, to
+ * hide the file from the compiler. Sorted by name, so that the same files
+ * give the same build key. Returns 0, HK_ERR_IO (dir cannot be listed) or
+ * HK_ERR_NOMEM; on success *out (*n entries, NULL when none) is the
  * caller's: hkw_headers_free(*out, *n). */
 int hkw_dir_headers(const char *dir, hk_header **out, int *n);
 void hkw_headers_free(hk_header *h, int n);
