@@ -44,7 +44,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,80 +92,76 @@ static int header_cmp(const void *a, const void *b) {
     return strcmp(((const hk_header *)a)->name, ((const hk_header *)b)->name);
 }
 
-int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
-    hk_header *v = NULL;
-    int cnt = 0;
-    DIR *dh;
-    struct dirent *de;
+/* Reads header name of directory dir into *h (name and data the caller's).
+ * One that is a symbolic link resolving outside dir, or not a regular file,
+ * becomes an #error: in memory, it hides the file, which the compiler then
+ * never opens (and quotes in its log); the watcher reports why. Returns 1
+ * when *h was filled, 0 when the file is left to the file system (gone, too
+ * large, or growing while read: its change hands the source over again), or
+ * HK_ERR_NOMEM. */
+static int read_header(const char *dir, const char *name, hk_header *h) {
+    char path[PATH_MAX], real[PATH_MAX];
+    size_t dlen = strlen(dir);
+    struct stat st;
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path ||
+        lstat(path, &st) != 0)
+        return 0;
+    const char *stub = NULL;
+    if (S_ISLNK(st.st_mode) &&
+        (!realpath(path, real) || strncmp(real, dir, dlen) != 0 || real[dlen] != '/'))
+        stub = "#error \"header refused: a symbolic link that does not resolve inside the "
+               "watched directory\"\n";
+    else if (stat(path, &st) != 0)
+        return 0;
+    else if (!S_ISREG(st.st_mode))
+        stub = "#error \"header refused: not a regular file\"\n";
+    else if ((size_t)st.st_size > HKW_MAX_HEADER_BYTES)
+        return 0;
+    char *data = NULL;
+    size_t size = 0;
+    if (stub) {
+        data = strdup(stub);
+        size = strlen(stub);
+    } else {
+        int err = hku_read_file(path, (size_t)st.st_size, &data, &size, NULL);
+        if (err < 0)
+            return err == HK_ERR_NOMEM ? err : 0;
+    }
+    char *copy = strdup(name);
+    if (!data || !copy) {
+        free(data);
+        free(copy);
+        return HK_ERR_NOMEM;
+    }
+    *h = (hk_header){.name = copy, .data = data, .size = size};
+    return 1;
+}
 
+int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     *out = NULL;
     *n = 0;
-    dh = opendir(dir);
+    DIR *dh = opendir(dir);
     if (!dh)
         return HK_ERR_IO;
-    while ((de = readdir(dh)) != NULL && cnt < HKW_MAX_HEADERS) {
-        char path[PATH_MAX], real[PATH_MAX];
-        const char *stub = NULL;
-        size_t dlen = strlen(dir);
-        struct stat st;
-        FILE *f;
-        char *data;
-
+    hk_header *v = NULL;
+    int cnt = 0, err = 0;
+    struct dirent *de;
+    while (!err && (de = readdir(dh)) != NULL && cnt < HKW_MAX_HEADERS) {
         if (hkw_classify(de->d_name, NULL, 0) != HKW_HEADER)
             continue;
-        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
-            lstat(path, &st) != 0)
-            continue;
-        if (S_ISLNK(st.st_mode) &&
-            (!realpath(path, real) || strncmp(real, dir, dlen) != 0 || real[dlen] != '/'))
-            stub = "#error \"header refused: a symbolic link that does not resolve inside the "
-                   "watched directory\"\n";
-        else if (stat(path, &st) != 0)
-            continue;
-        else if (!S_ISREG(st.st_mode))
-            stub = "#error \"header refused: not a regular file\"\n";
-        else if ((size_t)st.st_size > HKW_MAX_HEADER_BYTES)
-            continue;
         if (!v && !(v = calloc(HKW_MAX_HEADERS, sizeof *v)))
-            goto nomem;
-        if (stub) {
-            /* In memory, it hides the file: the compiler must not open it
-             * either (and quote it in its log). The watcher reports why. */
-            v[cnt].name = strdup(de->d_name);
-            v[cnt].data = strdup(stub);
-            v[cnt].size = strlen(stub);
-            if (!v[cnt].name || !v[cnt].data) {
-                cnt++;
-                goto nomem;
-            }
-            cnt++;
-            continue;
-        }
-        f = fopen(path, "rb");
-        if (!f)
-            continue;
-        data = malloc((size_t)st.st_size + 1);
-        size_t got = data ? fread(data, 1, (size_t)st.st_size + 1, f) : 0;
-        fclose(f);
-        if (!data)
-            goto nomem;
-        if (got > (size_t)st.st_size) {
-            /* Grew while read: leave it to the file system this time; its
-             * change hands the source over again. */
-            free(data);
-            continue;
-        }
-        data[got] = '\0';
-        v[cnt].name = strdup(de->d_name);
-        v[cnt].data = data;
-        v[cnt].size = got;
-        if (!v[cnt].name) {
-            free(data);
-            goto nomem;
-        }
-        cnt++;
+            err = HK_ERR_NOMEM;
+        int got = err ? 0 : read_header(dir, de->d_name, &v[cnt]);
+        if (got < 0)
+            err = got;
+        else
+            cnt += got;
     }
     closedir(dh);
+    if (err < 0) {
+        hkw_headers_free(v, cnt);
+        return err;
+    }
     if (cnt)
         qsort(v, (size_t)cnt, sizeof *v, header_cmp);
     else {
@@ -176,10 +171,6 @@ int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     *out = v;
     *n = cnt;
     return 0;
-nomem:
-    closedir(dh);
-    hkw_headers_free(v, cnt);
-    return HK_ERR_NOMEM;
 }
 
 static void dir_opts_free(dir_opts *d) {
@@ -432,26 +423,13 @@ static void on_file(void *ud, const char *module, const char *path, const void *
     hkw_headers_free(dirh, ndirh);
 }
 
-__attribute__((format(printf, 3, 4))) static int fail(hk_report *rep, int err, const char *fmt,
-                                                      ...) {
-    if (!rep)
-        return err;
-    hk_report_clear(rep);
-    rep->error = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-    va_end(ap);
-    return err;
-}
-
 /* Watches real (canonical) with the swap options opt, on r's watcher. One
  * call at a time per entry (add_mu): a failed add unlinks its own record. */
 static int source_add_dir(watch_source *r, const char *real, const hk_swap_options *opt,
                           hk_report *rep) {
     dir_opts *d = dir_opts_new(real, opt);
     if (!d)
-        return fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&r->add_mu);
     /* Visible to the callback before the first file of dir can arrive. */
     pthread_mutex_lock(&r->mu);
@@ -460,7 +438,7 @@ static int source_add_dir(watch_source *r, const char *real, const hk_swap_optio
     pthread_mutex_unlock(&r->mu);
     int err = hkw_add_dir(r->w, real);
     if (err < 0) {
-        err = fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
+        err = hku_fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
         /* The directory is not watched, so no callback can hold d. */
         pthread_mutex_lock(&r->mu);
         dir_opts **pp = &r->dirs;
@@ -490,19 +468,19 @@ static hkl_source *source_make(void *arg) {
     first_dir *a = arg;
     watch_source *r = calloc(1, sizeof *r);
     if (!r) {
-        a->err = fail(a->rep, HK_ERR_NOMEM, "out of memory");
+        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "out of memory");
         return NULL;
     }
     r->rt = a->rt;
     if (pthread_mutex_init(&r->mu, NULL) != 0) {
         free(r);
-        a->err = fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
         return NULL;
     }
     if (pthread_mutex_init(&r->add_mu, NULL) != 0) {
         pthread_mutex_destroy(&r->mu);
         free(r);
-        a->err = fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
+        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
         return NULL;
     }
     hkw_opts wo;
@@ -515,7 +493,7 @@ static hkl_source *source_make(void *arg) {
     wo.log_ud = r;
     int err = hkw_create(&r->w, &wo);
     if (err < 0) {
-        a->err = fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
+        a->err = hku_fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
         source_free(r);
         return NULL;
     }
@@ -532,14 +510,15 @@ static hkl_source *source_make(void *arg) {
     return &r->src;
 }
 
-/* hk_watch_dir with opt in the library's layout and a full report. */
+/* hk_watch_dir with opt in the library's layout and a full report, already
+ * cleared. */
 static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
                           hk_report *rep) {
     if (!rt || !dir || !*dir)
-        return fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
+        return hku_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
     char real[PATH_MAX];
     if (!realpath(dir, real))
-        return fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
+        return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
     first_dir first = {rt, real, opt, rep, 0};
     int made;
     hkl_source *src = hkl_source_get(rt, source_kind, source_make, &first, &made);
@@ -559,12 +538,13 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
     hk_report full;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
+    hk_report_clear(&full);
     hk_swap_options o;
     int err;
     if (hkl_swap_options_in(&o, opt) < 0)
-        err = fail(&full, HK_ERR_INVALID,
-                   "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
-                   hkl_size_of(opt));
+        err = hku_fail(&full, HK_ERR_INVALID,
+                       "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
+                       hkl_size_of(opt));
     else
         err = watch_dir_call(rt, dir, &o, rep ? &full : NULL);
     hkl_report_out(rep, &full);

@@ -385,6 +385,25 @@ static void schedule(watch_file *f, int64_t due_ms) {
     f->pending = 1;
 }
 
+/* t less the file-time slack (SLACK_NS). */
+static struct timespec minus_slack(struct timespec t) {
+    t.tv_nsec -= SLACK_NS;
+    if (t.tv_nsec < 0) {
+        t.tv_nsec += 1000000000L;
+        t.tv_sec--;
+    }
+    return t;
+}
+
+/* f's next read records its hash only (a baseline), unless f was modified
+ * at or after since; an earlier since than the one noted wins. */
+static void note_since(watch_file *f, struct timespec since) {
+    if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
+        f->since = since;
+        f->since_set = 1;
+    }
+}
+
 /* f's content changed: every file whose build read f is handed over again. */
 static void force_dependents(hkw_watcher *w, const watch_file *f, int64_t now) {
     for (int i = 0; i < w->nfiles; i++) {
@@ -484,15 +503,10 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
 
 static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
     int initial = d->scan_initial;
-    struct timespec since = d->added;
+    struct timespec since = minus_slack(d->added);
     d->need_scan = 0;
     d->scan_initial = 0;
     w->st.rescans++;
-    since.tv_nsec -= SLACK_NS;
-    if (since.tv_nsec < 0) {
-        since.tv_nsec += 1000000000L;
-        since.tv_sec--;
-    }
     DIR *dh = opendir(d->path);
     if (!dh) {
         log_at(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
@@ -512,10 +526,7 @@ static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
          * change. */
         if (!f->has_hash && (!f->source_name || !d->modules || (initial && w->o.no_initial_scan))) {
             f->baseline = 1;
-            if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
-                f->since = since;
-                f->since_set = 1;
-            }
+            note_since(f, since);
         }
         schedule(f, now + w->o.debounce_ms);
     }
@@ -594,6 +605,113 @@ __attribute__((format(printf, 3, 4))) static int refusal(look *lk, int err, cons
     return READ_REFUSED;
 }
 
+/* After a failed lstat, stat or open: READ_GONE when the name is gone,
+ * else a refusal saying what could not be done. */
+static int gone_or_refused(look *lk, const char *what) {
+    if (errno == ENOENT || errno == ENOTDIR)
+        return READ_GONE;
+    return refusal(lk, HK_ERR_IO, "%s: %s", what, strerror(errno));
+}
+
+/* The look at path before anything is opened: its identity (lk->sig), the
+ * link policy (a followed link's target goes to lk->target), and whether it
+ * is a regular file of at most max bytes, decided before open() because
+ * opening a FIFO or a device may block or act. Returns READ_OK with *st
+ * describing what will be opened, or READ_GONE or READ_REFUSED. */
+static int look_before_open(const char *path, const char *dir, int links, int outside, size_t max,
+                            look *lk, struct stat *st) {
+    struct stat l;
+    lk->target[0] = '\0';
+    if (lstat(path, &l) < 0)
+        return gone_or_refused(lk, "cannot look at it");
+    lk->sig = sig_of(&l);
+    *st = l;
+    if (S_ISLNK(l.st_mode)) {
+        char real[PATH_MAX];
+        size_t dlen = strlen(dir);
+        if (links && !realpath(path, real))
+            return refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
+                           strerror(errno));
+        if (links && !outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
+            return refusal(lk, HK_ERR_IO,
+                           "symbolic link to %s, outside the watched directory: "
+                           "not read (only links to files inside it are followed)",
+                           real);
+        /* The resolved path, no link left in it: what was checked is what
+         * gets opened. */
+        if (links)
+            snprintf(lk->target, sizeof lk->target, "%s", real);
+        if (stat(links ? lk->target : path, st) < 0)
+            return gone_or_refused(lk, "cannot look at it");
+    }
+    if (!S_ISREG(st->st_mode))
+        return refusal(lk, HK_ERR_IO, "%s, not a regular file: not read", type_name(st->st_mode));
+    if ((uint64_t)st->st_size > (uint64_t)max)
+        return refusal(lk, HK_ERR_TOO_LARGE, "%lld bytes, over the %zu-byte cap: not read",
+                       (long long)st->st_size, max);
+    return READ_OK;
+}
+
+/* Reads fd whole into *buf (size + 1 bytes: one more than the size, to
+ * notice a file that grows meanwhile); *got is what was read. */
+static int read_whole(int fd, size_t size, look *lk, unsigned char **buf, size_t *got) {
+    *got = 0;
+    *buf = malloc(size + 1);
+    if (!*buf)
+        return refusal(lk, HK_ERR_NOMEM, "out of memory for %zu bytes", size);
+    while (*got <= size) {
+        ssize_t n = read(fd, *buf + *got, size + 1 - *got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
+        if (n == 0)
+            break;
+        *got += (size_t)n;
+    }
+    return READ_OK;
+}
+
+/* Reads the open file fd, which should be the one path named when st was
+ * taken, and keeps its content in lk only if it stayed the same file, of the
+ * same size and times, from before the read to after it. */
+static int read_open(int fd, const char *path, const struct stat *st, size_t max, look *lk) {
+    struct stat a, b, c;
+    if (fstat(fd, &a) < 0)
+        return refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+    /* Swapped between the look and the open. */
+    if (a.st_ino != st->st_ino || a.st_dev != st->st_dev || !S_ISREG(a.st_mode) ||
+        (uint64_t)a.st_size > (uint64_t)max)
+        return READ_UNSTABLE;
+    unsigned char *buf = NULL;
+    size_t got = 0;
+    int rc = read_whole(fd, (size_t)a.st_size, lk, &buf, &got);
+    if (rc == READ_OK && a.st_size == 0 && got > 0)
+        /* procfs, sysfs and the like: the size is made up, and the content
+         * is generated on every read, so it would never look settled. */
+        rc = refusal(lk, HK_ERR_IO,
+                     "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
+                     "not a regular file: not read");
+    else if (rc == READ_OK &&
+             (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
+              !ts_eq(b.st_mtim, a.st_mtim) || !ts_eq(b.st_ctim, a.st_ctim)))
+        rc = READ_UNSTABLE;
+    /* Renamed over (or the link retargeted) while we read: what we hold is
+     * no longer the file. */
+    else if (rc == READ_OK && (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev))
+        rc = READ_UNSTABLE;
+    else if (rc == READ_OK && got == 0)
+        rc = refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
+    if (rc != READ_OK) {
+        free(buf);
+        return rc;
+    }
+    lk->mtime = a.st_mtim;
+    lk->bytes = buf;
+    lk->size = got;
+    return READ_OK;
+}
+
 /* Looks at the name path of directory dir (canonical). With links set, a
  * symbolic link is followed only when its target resolves inside dir, or
  * anywhere with outside set; without it links are followed as open() does
@@ -601,109 +719,17 @@ __attribute__((format(printf, 3, 4))) static int refusal(look *lk, int err, cons
  * and at most max bytes. */
 static int read_stable(const char *path, const char *dir, int links, int outside, size_t max,
                        look *lk) {
-    struct stat l, s, a, b, c;
-    const char *from = path;
-    char real[PATH_MAX];
-    unsigned char *buf = NULL;
-    size_t got = 0, dlen = strlen(dir);
-    int fd, rc, flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
-
-    if (lstat(path, &l) < 0)
-        return (errno == ENOENT || errno == ENOTDIR)
-                   ? READ_GONE
-                   : refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-    lk->sig = sig_of(&l);
-    s = l;
-    if (S_ISLNK(l.st_mode)) {
-        if (links) {
-            if (!realpath(path, real))
-                return refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
-                               strerror(errno));
-            if (!outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
-                return refusal(lk, HK_ERR_IO,
-                               "symbolic link to %s, outside the watched directory: "
-                               "not read (only links to files inside it are followed)",
-                               real);
-            snprintf(lk->target, sizeof lk->target, "%s", real);
-            /* The resolved path, no link left in it: what was checked is
-             * what gets opened. */
-            from = lk->target;
-            flags |= O_NOFOLLOW;
-        }
-        if (stat(from, &s) < 0)
-            return (errno == ENOENT || errno == ENOTDIR)
-                       ? READ_GONE
-                       : refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-    }
-    /* Decided before open(): opening a FIFO or a device may block or act. */
-    if (!S_ISREG(s.st_mode))
-        return refusal(lk, HK_ERR_IO, "%s, not a regular file: not read", type_name(s.st_mode));
-    if ((uint64_t)s.st_size > (uint64_t)max)
-        return refusal(lk, HK_ERR_TOO_LARGE, "%lld bytes, over the %zu-byte cap: not read",
-                       (long long)s.st_size, max);
-    fd = open(from, flags);
+    struct stat st;
+    int rc = look_before_open(path, dir, links, outside, max, lk, &st);
+    if (rc != READ_OK)
+        return rc;
+    int followed = lk->target[0] != '\0';
+    int fd = open(followed ? lk->target : path,
+                  O_RDONLY | O_CLOEXEC | O_NONBLOCK | (followed ? O_NOFOLLOW : 0));
     if (fd < 0)
-        return (errno == ENOENT || errno == ENOTDIR)
-                   ? READ_GONE
-                   : refusal(lk, HK_ERR_IO, "cannot open it: %s", strerror(errno));
+        return gone_or_refused(lk, "cannot open it");
     lk->opened = 1;
-    if (fstat(fd, &a) < 0) {
-        rc = refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-        goto out;
-    }
-    /* Swapped between the look and the open. */
-    rc = READ_UNSTABLE;
-    if (a.st_ino != s.st_ino || a.st_dev != s.st_dev)
-        goto out;
-    if (!S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
-        goto out;
-    /* One byte more than the size, to notice a file that grows meanwhile. */
-    buf = malloc((size_t)a.st_size + 1);
-    if (!buf) {
-        rc = refusal(lk, HK_ERR_NOMEM, "out of memory for %lld bytes", (long long)a.st_size);
-        goto out;
-    }
-    for (;;) {
-        ssize_t n = read(fd, buf + got, (size_t)a.st_size + 1 - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
-        if (got > (size_t)a.st_size)
-            break;
-    }
-    if (a.st_size == 0 && got > 0) {
-        /* procfs, sysfs and the like: the size is made up, and the content
-         * is generated on every read, so it would never look settled. */
-        rc = refusal(lk, HK_ERR_IO,
-                     "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
-                     "not a regular file: not read");
-        goto out;
-    }
-    rc = READ_UNSTABLE;
-    if (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
-        !ts_eq(b.st_mtim, a.st_mtim) || !ts_eq(b.st_ctim, a.st_ctim))
-        goto out;
-    /* Renamed over (or the link retargeted) while we read: what we hold is
-     * no longer the file. */
-    if (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev)
-        goto out;
-    if (got == 0) {
-        rc = refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
-        goto out;
-    }
-    lk->mtime = a.st_mtim;
-    lk->bytes = buf;
-    lk->size = got;
-    buf = NULL;
-    rc = READ_OK;
-out:
-    free(buf);
+    rc = read_open(fd, path, &st, max, lk);
     close(fd);
     return rc;
 }
@@ -759,26 +785,81 @@ static void refuse(hkw_watcher *w, watch_file *f, const look *lk) {
     pthread_mutex_lock(&w->mu);
 }
 
-/* Looks at f without the lock: its identity only when its name is refused
- * (by_name), else its content, hashed into hash. */
-static int look_at(hkw_watcher *w, const watch_file *f, int links, int by_name, look *lk,
-                   unsigned char *hash) {
-    struct stat st;
-    int rc;
-
-    if (!by_name) {
-        rc = read_stable(f->path, f->dir->path, links, w->o.follow_outside_links,
-                         w->o.max_file_size, lk);
-        if (rc == READ_OK)
-            crypto_generichash(hash, HASH_BYTES, lk->bytes, lk->size, NULL, 0);
-        return rc;
+/* Looks at f with no lock held: only at its identity when its name is
+ * refused (by_name), else through a stable read, whose content is hashed
+ * into hash. Returns a read_result. */
+static int look_at_file(const hkw_watcher *w, const watch_file *f, int by_name, int links, look *lk,
+                        unsigned char hash[HASH_BYTES]) {
+    if (by_name) {
+        struct stat st;
+        if (lstat(f->path, &st) < 0)
+            return READ_GONE;
+        lk->sig = sig_of(&st);
+        lk->err = f->name_err;
+        snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
+        return READ_REFUSED;
     }
-    if (lstat(f->path, &st) < 0)
-        return READ_GONE;
-    lk->sig = sig_of(&st);
-    lk->err = f->name_err;
-    snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
-    return READ_REFUSED;
+    int rc = read_stable(f->path, f->dir->path, links, w->o.follow_outside_links,
+                         w->o.max_file_size, lk);
+    if (rc == READ_OK)
+        crypto_generichash(hash, HASH_BYTES, lk->bytes, lk->size, NULL, 0);
+    return rc;
+}
+
+/* A read that gave no content: try again in wait ms, refuse, or forget. */
+static void read_failed(hkw_watcher *w, watch_file *f, int rc, const look *lk, int64_t now,
+                        int64_t wait) {
+    switch (rc) {
+    case READ_UNSTABLE:
+        w->st.retries++;
+        schedule(f, now + wait);
+        log_at(w, HK_LOG_INFO,
+               "%s changed while being read (a save in progress): read again in %lld ms", f->path,
+               (long long)wait);
+        break;
+    case READ_REFUSED:
+        refuse(w, f, lk);
+        break;
+    default: /* Gone: a later event brings it back if it reappears. */
+        f->refused = 0;
+        break;
+    }
+}
+
+/* Records the hash of f's content just read. Returns 1 when the content
+ * changed, after making every file whose build read f due again. */
+static int note_content(hkw_watcher *w, watch_file *f, const unsigned char hash[HASH_BYTES],
+                        const look *lk, int64_t now) {
+    int changed = !f->has_hash || memcmp(hash, f->hash, HASH_BYTES) != 0;
+    if (changed && f->baseline && f->since_set && ts_ns(lk->mtime) < ts_ns(f->since)) {
+        /* Recorded as it was before we were watching, or before a dependent
+         * build read it: not a change. */
+        changed = 0;
+        memcpy(f->hash, hash, HASH_BYTES);
+        f->has_hash = 1;
+    }
+    f->baseline = 0;
+    if (changed) {
+        if (f->has_hash || f->since_set)
+            f->changed_seq = ++w->seq;
+        memcpy(f->hash, hash, HASH_BYTES);
+        f->has_hash = 1;
+        force_dependents(w, f, now);
+    }
+    return changed;
+}
+
+/* Hands f's content to the callback, which runs without the lock. */
+static void hand_over(hkw_watcher *w, watch_file *f, const look *lk) {
+    f->force = 0;
+    f->handed_seq = ++w->seq;
+    f->handed_wall = wall_now();
+    w->st.handovers++;
+    log_at(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path, f->module,
+           lk->size);
+    pthread_mutex_unlock(&w->mu);
+    w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
+    pthread_mutex_lock(&w->mu);
 }
 
 /* f was read and not handed over: says why. */
@@ -800,11 +881,7 @@ static void note_kept(hkw_watcher *w, const watch_file *f, int same) {
 /* Reads f, whose time has come, and hands it over if it changed. Called and
  * returns with mu held; drops it for the read and the callback. */
 static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
-    unsigned char hash[HASH_BYTES];
-    look *lk;
-    int rc, changed, hand, links, by_name, had_hash;
     int64_t wait = w->o.debounce_ms > MIN_WAIT_MS ? w->o.debounce_ms : MIN_WAIT_MS;
-
     if (f->open_since_ms && now < f->open_since_ms + w->o.open_wait_ms) {
         /* Still open for writing: wait for the close, but not forever (a
          * program may keep it open and never write again). */
@@ -817,7 +894,7 @@ static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
         return;
     }
     /* Too large for the stack of a thread the application may size. */
-    lk = calloc(1, sizeof *lk);
+    look *lk = calloc(1, sizeof *lk);
     if (!lk) {
         schedule(f, now + wait);
         return;
@@ -830,70 +907,27 @@ static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
     f->events = 0;
     /* The link policy holds for every file of an added directory, a
      * dependency included: its target would be read to hash it. */
-    links = f->dir->modules;
-    by_name = f->name_err && !f->dep;
+    int links = f->dir->modules, by_name = f->name_err && !f->dep;
+    unsigned char hash[HASH_BYTES];
     pthread_mutex_unlock(&w->mu);
-    rc = look_at(w, f, links, by_name, lk, hash);
+    int rc = look_at_file(w, f, by_name, links, lk, hash);
     pthread_mutex_lock(&w->mu);
     now = now_ms();
     w->st.opens += (uint64_t)lk->opened;
     if (links && rc != READ_GONE)
         track_target(w, f, lk->target);
-
-    switch (rc) {
-    case READ_OK:
-        f->refused = 0;
-        break;
-    case READ_UNSTABLE:
-        w->st.retries++;
-        schedule(f, now + wait);
-        log_at(w, HK_LOG_INFO,
-               "%s changed while being read (a save in progress): read again in %lld ms", f->path,
-               (long long)wait);
-        free(lk);
-        return;
-    case READ_REFUSED:
-        refuse(w, f, lk);
-        free(lk);
-        return;
-    default: /* Gone: a later event brings it back if it reappears. */
-        f->refused = 0;
-        free(lk);
-        return;
-    }
-
-    had_hash = f->has_hash;
-    changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
-    if (changed && f->baseline && f->since_set && ts_ns(lk->mtime) < ts_ns(f->since)) {
-        /* Recorded as it was before we were watching, or before a dependent
-         * build read it: not a change. */
-        changed = 0;
-        memcpy(f->hash, hash, sizeof hash);
-        f->has_hash = 1;
-    }
-    f->baseline = 0;
-    if (changed) {
-        if (f->has_hash || f->since_set)
-            f->changed_seq = ++w->seq;
-        memcpy(f->hash, hash, sizeof hash);
-        f->has_hash = 1;
-        force_dependents(w, f, now);
-    }
-    hand = f->module && f->dir->modules && (changed || f->force);
-    if (hand) {
-        f->force = 0;
-        f->handed_seq = ++w->seq;
-        f->handed_wall = wall_now();
-        w->st.handovers++;
-        log_at(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path, f->module,
-               lk->size);
-        pthread_mutex_unlock(&w->mu);
-        w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
-        pthread_mutex_lock(&w->mu);
+    if (rc != READ_OK) {
+        read_failed(w, f, rc, lk, now, wait);
     } else {
-        note_kept(w, f, had_hash && !changed);
+        f->refused = 0;
+        int had_hash = f->has_hash;
+        int changed = note_content(w, f, hash, lk, now);
+        if (f->module && f->dir->modules && (changed || f->force))
+            hand_over(w, f, lk);
+        else
+            note_kept(w, f, had_hash && !changed);
+        free(lk->bytes);
     }
-    free(lk->bytes);
     free(lk);
 }
 
@@ -1124,24 +1158,62 @@ int hkw_add_dir(hkw_watcher *w, const char *dir) {
     return 0;
 }
 
-int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep_paths, int n) {
-    char canon[PATH_MAX];
-    watch_file *src = NULL, **deps = NULL;
-    int m = 0, force = 0, wake = 0;
-    int64_t now;
+/* The entry of dependency dep_path of src (relative paths are taken in
+ * src's directory), created with its directory entry when new (*wake set:
+ * the thread places the watch). NULL when the path is src itself, an
+ * editor dropping, or cannot be had. */
+static watch_file *dep_entry(hkw_watcher *w, const watch_file *src, const char *dep_path,
+                             int *wake) {
+    char path[PATH_MAX];
+    if (!dep_path || canon_path(dep_path, src->dir->path, path, sizeof path) < 0)
+        return NULL;
+    char *slash = strrchr(path, '/');
+    if (strcmp(path, src->path) == 0 || is_dropping(slash + 1))
+        return NULL;
+    *slash = '\0';
+    watch_dir *d = dir_by_path(w, path[0] ? path : "/");
+    if (!d) {
+        /* Watched for this dependency's sake; the thread places it. */
+        d = dir_new(w, path[0] ? path : "/");
+        if (!d)
+            return NULL;
+        *wake = 1;
+    }
+    watch_file *f = file_find(w, d, slash + 1);
+    return f ? f : file_new(w, d, slash + 1);
+}
 
+/* Marks f a dependency of src. Returns 1 when src must be handed over
+ * again: f changed after src was handed over, so the build that reports it
+ * may have read the old content. A dependency whose content is unknown yet
+ * is read soon (*wake set), and counts as a change if it was modified after
+ * src was handed over. */
+static int dep_track(hkw_watcher *w, const watch_file *src, watch_file *f, int64_t now, int *wake) {
+    f->dep = 1;
+    if (f->has_hash)
+        return src->handed_seq && f->changed_seq > src->handed_seq;
+    note_since(f, minus_slack(src->handed_seq ? src->handed_wall : wall_now()));
+    if (!f->pending) {
+        f->baseline = 1;
+        schedule(f, now);
+        *wake = 1;
+    }
+    return 0;
+}
+
+int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep_paths, int n) {
     if (!w || !source_path || n < 0 || (n > 0 && !dep_paths))
         return HK_ERR_INVALID;
+    char canon[PATH_MAX];
     if (canon_path(source_path, NULL, canon, sizeof canon) < 0)
         return HK_ERR_INVALID;
-    if (n > 0) {
-        deps = calloc((size_t)n, sizeof *deps);
-        if (!deps)
-            return HK_ERR_NOMEM;
-    }
+    watch_file **deps = NULL;
+    if (n > 0 && !(deps = calloc((size_t)n, sizeof *deps)))
+        return HK_ERR_NOMEM;
 
     pthread_mutex_lock(&w->mu);
-    now = now_ms();
+    int64_t now = now_ms();
+    watch_file *src = NULL;
     for (int i = 0; i < w->nfiles && !src; i++) {
         if (strcmp(w->files[i]->path, canon) == 0)
             src = w->files[i];
@@ -1151,60 +1223,15 @@ int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep
         free(deps);
         return HK_ERR_NOT_FOUND;
     }
+    int m = 0, force = 0, wake = 0;
     for (int i = 0; i < n; i++) {
-        char path[PATH_MAX];
-        watch_dir *d;
-        watch_file *f;
-        char *slash;
+        watch_file *f = dep_entry(w, src, dep_paths[i], &wake);
         int dup = 0;
-
-        if (!dep_paths[i] || canon_path(dep_paths[i], src->dir->path, path, sizeof path) < 0)
-            continue;
-        slash = strrchr(path, '/');
-        if (strcmp(path, src->path) == 0 || is_dropping(slash + 1))
-            continue;
-        *slash = '\0';
-        d = dir_by_path(w, path[0] ? path : "/");
-        if (!d) {
-            /* Watched for this dependency's sake; the thread places it. */
-            d = dir_new(w, path[0] ? path : "/");
-            if (!d)
-                continue;
-            wake = 1;
-        }
-        f = file_find(w, d, slash + 1);
-        if (!f)
-            f = file_new(w, d, slash + 1);
-        if (!f)
-            continue;
-        for (int j = 0; j < m; j++)
+        for (int j = 0; f && j < m; j++)
             dup |= deps[j] == f;
-        if (dup)
+        if (!f || dup)
             continue;
-        f->dep = 1;
-        if (!f->has_hash) {
-            /* Its content is unknown yet: it is read soon, and counts as a
-             * change if it was modified after the source was handed over. */
-            struct timespec since = src->handed_seq ? src->handed_wall : wall_now();
-            since.tv_nsec -= SLACK_NS;
-            if (since.tv_nsec < 0) {
-                since.tv_nsec += 1000000000L;
-                since.tv_sec--;
-            }
-            if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
-                f->since = since;
-                f->since_set = 1;
-            }
-            if (!f->pending) {
-                f->baseline = 1;
-                schedule(f, now);
-                wake = 1;
-            }
-        } else if (src->handed_seq && f->changed_seq > src->handed_seq) {
-            /* It changed after the source was handed over: the build that
-             * reports it may have read the old content. */
-            force = 1;
-        }
+        force |= dep_track(w, src, f, now, &wake);
         deps[m++] = f;
     }
     free(src->deps);
