@@ -969,6 +969,7 @@ static void fake_table_fill(void) {
 #define FAKE_BIND(field, sym)             fake_table.field = f_##field;
 #define FAKE_BIND_TYPED(field, sym, type) fake_table.field = f_##field;
     HKL_DRIVER_ENTRIES(FAKE_BIND)
+    HKL_DRIVER_ENTRIES_EXTRA(FAKE_BIND)
     HKL_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)
 #undef FAKE_BIND_TYPED
 #undef FAKE_BIND
