@@ -251,4 +251,11 @@ void hkp_why(char *why, size_t why_size, const char *fmt, ...)
  * with a reason. */
 int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size);
 
+/* Skips blanks (whitespace and NUL) and C/PTX comments in s[i..n); returns
+ * the offset of what follows. *newline is set to 1 when a line ended in
+ * what was skipped, *unterminated when a block comment runs to the end
+ * (both may be NULL; neither is cleared). detect.c, shared with meta.c's
+ * lexer. */
+size_t hkp_skip_blank(const char *s, size_t n, size_t i, int *newline, int *unterminated);
+
 #endif /* HK_PTX_H */
