@@ -227,16 +227,20 @@ static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_repor
     return err ? hku_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
 }
 
+/* The defaults are the endpoint's own (hkn_endpoint_cfg_init), as the
+ * puller's are below. */
 int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
+    hkn_endpoint_cfg c;
     hk_endpoint_options d;
+    hkn_endpoint_cfg_init(&c);
     memset(&d, 0, sizeof d);
-    d.address = "127.0.0.1";
-    d.max_body_bytes = 64u << 20;
-    d.max_connections = 1024;
-    d.timeout_s = 30;
-    d.per_ip_connections = 128;
-    d.request_timeout_s = 60;
-    d.threads = 2;
+    d.address = c.address;
+    d.max_body_bytes = c.max_body;
+    d.max_connections = c.max_connections;
+    d.timeout_s = c.timeout_s;
+    d.per_ip_connections = c.per_ip_connections;
+    d.request_timeout_s = c.request_timeout_s;
+    d.threads = c.threads;
     return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
 }
 
