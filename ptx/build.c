@@ -527,6 +527,27 @@ static char *r_str(rbuf *r) {
     return s;
 }
 
+/* A count, then that many strings. */
+static void w_strv(wbuf *w, char *const *v, int n) {
+    w_u64(w, (uint64_t)n);
+    for (int i = 0; i < n; i++)
+        w_str(w, v[i]);
+}
+
+/* Reads what w_strv wrote into *out (NULL-terminated), counting in *n the
+ * strings read so far, so that a failure leaves them for the caller to
+ * free. Returns -1 when they cannot be read or there are over max. */
+static int r_strv(rbuf *r, uint64_t max, char ***out, int *n) {
+    uint64_t cnt = r_u64(r);
+    if (r->err || cnt > max || !(*out = calloc((size_t)cnt + 1, sizeof **out)))
+        return -1;
+    for (uint64_t i = 0; i < cnt && !r->err; i++) {
+        (*out)[i] = r_str(r);
+        *n = (int)i + ((*out)[i] != NULL);
+    }
+    return r->err ? -1 : 0;
+}
+
 #define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
 #define MANIFEST_MAGIC 0x324d4b48ull   /* "HKM2" */
 
@@ -536,12 +557,8 @@ static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
     w_u64(&w, (uint64_t)a->format);
     w_u64(&w, a->size);
     w_bytes(&w, a->image, a->size);
-    w_u64(&w, (uint64_t)a->nlowered);
-    for (int i = 0; i < a->nlowered; i++)
-        w_str(&w, a->lowered_names[i]);
-    w_u64(&w, (uint64_t)a->ndeps);
-    for (int i = 0; i < a->ndeps; i++)
-        w_str(&w, a->deps[i]);
+    w_strv(&w, a->lowered_names, a->nlowered);
+    w_strv(&w, a->deps, a->ndeps);
     w_str(&w, a->log);
     int rc = w.err ? HK_ERR_NOMEM : hkp_cache_put(c, key, w.p, w.n);
     free(w.p);
@@ -568,26 +585,9 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
     memcpy(a->image, r.p + r.i, (size_t)isz);
     a->size = (size_t)isz;
     r.i += (size_t)isz;
-    uint64_t nl = r_u64(&r);
-    if (r.err || nl > size / 8)
+    if (r_strv(&r, size / 8, &a->lowered_names, &a->nlowered) < 0 ||
+        r_strv(&r, size / 8, &a->deps, &a->ndeps) < 0)
         goto out;
-    a->lowered_names = calloc((size_t)nl + 1, sizeof(char *));
-    if (!a->lowered_names)
-        goto out;
-    for (uint64_t i = 0; i < nl && !r.err; i++) {
-        a->lowered_names[i] = r_str(&r);
-        a->nlowered = (int)i + (a->lowered_names[i] != NULL);
-    }
-    uint64_t nd = r_u64(&r);
-    if (r.err || nd > size / 8)
-        goto out;
-    a->deps = calloc((size_t)nd + 1, sizeof(char *));
-    if (!a->deps)
-        goto out;
-    for (uint64_t i = 0; i < nd && !r.err; i++) {
-        a->deps[i] = r_str(&r);
-        a->ndeps = (int)i + (a->deps[i] != NULL);
-    }
     char *log = r_str(&r);
     if (r.err || r.i != r.n) {
         free(log);
