@@ -19,6 +19,11 @@
  * Any failure before commit unloads the new version; the old one never
  * stopped running. Swaps of one runtime are serialised by swap_lock.
  *
+ * In the code: job_build is the build; swap_locked runs the rest as one
+ * function per step (stage, validate, commit, roll_back) over a swap_txn,
+ * after version_from_build and adopt_build have made the built artifact a
+ * version.
+ *
  * The driver sections of stage/validate and of commit run with the launch
  * gate closed (loader.h): under continuous launches the driver would make
  * them wait for ever. The check callback runs with the gate open. All of it
