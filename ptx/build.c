@@ -1212,6 +1212,21 @@ static int merge_headers(const hkp_build_opts *o, hk_header **out, int *n) {
     return rc;
 }
 
+/* Looks the artifact that ctx and deps key (written to akey) up in cache c.
+ * Returns 1 on a hit, counted, with out filled; 0 on a miss, out empty. */
+static int cached(hkp_cache *c, const crypto_generichash_state *ctx, const dep_list *deps,
+                  uint8_t akey[HKP_KEY_BYTES], hkp_artifact *out) {
+    artifact_key(ctx, deps, akey);
+    if (artifact_load(c, akey, out) == 0 &&
+        hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
+        out->cache_hit = 1;
+        hkp_cache_note(c, 1);
+        return 1;
+    }
+    hkp_artifact_free(out);
+    return 0;
+}
+
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size) {
     double t0 = now_ms();
@@ -1281,28 +1296,15 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
             crypto_generichash_state m = ctx;
             h_str(&m, "manifest");
             crypto_generichash_final(&m, mkey, sizeof mkey);
-            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0) {
-                artifact_key(&ctx, &deps, akey);
-                if (artifact_load(opts->cache, akey, out) == 0 &&
-                    hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
-                    out->cache_hit = 1;
-                    hkp_cache_note(opts->cache, 1);
-                    rc = 0;
-                    goto out;
-                }
-                hkp_artifact_free(out);
-            }
-            deps_free(&deps);
-        } else {
-            artifact_key(&ctx, &deps, akey);
-            if (artifact_load(opts->cache, akey, out) == 0 &&
-                hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
-                out->cache_hit = 1;
-                hkp_cache_note(opts->cache, 1);
+            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0 &&
+                cached(opts->cache, &ctx, &deps, akey, out)) {
                 rc = 0;
                 goto out;
             }
-            hkp_artifact_free(out);
+            deps_free(&deps);
+        } else if (cached(opts->cache, &ctx, &deps, akey, out)) {
+            rc = 0;
+            goto out;
         }
         hkp_cache_note(opts->cache, 0);
     }
