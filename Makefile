@@ -25,7 +25,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 OPT      ?= -O2 -g
 SAN      ?=
-CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. -I$(CUDA)/include \
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
 CORE_LIBS := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
@@ -40,7 +40,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 # util/ is compiled into both libraries, hidden in each (util/util.h).
 UTIL_SRC := $(sort $(wildcard util/*.c))
 UTIL_OBJ := $(UTIL_SRC:%.c=$(BUILD)/obj/%.o)
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c))
+LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
@@ -58,6 +58,13 @@ DEMO_SRC := $(sort $(wildcard demo/*.c))
 DEMO_BIN := $(if $(DEMO_SRC),$(BUILD)/bin/hotkern-demo)
 
 STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
+# The fake driver as a loadable libcuda (HK_LIBCUDA=), for CPU-only runs of
+# any hotkern program; installed for applications' CI.
+FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
+# A misbehaving canary helper for tests/cpu_canary.c.
+BAD_CANARY := $(BUILD)/stub/hotkern-canary-bad
+FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
+            $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
 NET_STATIC := $(BUILD)/lib/libhotkern-net.a
@@ -76,6 +83,9 @@ EX_CFLAGS := -std=c11 $(OPT) $(WARN) -pthread $(SAN) -Iinclude -I$(CUDA)/include
 EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 \
             -lcudart
 
+# The canary helper process (canary/helper.c), started by libhotkern.
+CANARY   := $(BUILD)/bin/hotkern-canary
+
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
         demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
         abi-baseline
@@ -86,8 +96,8 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(TEST_BIN) $(STUB_CUDA) \
-       $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
+build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(TEST_BIN) $(STUB_CUDA) \
+       $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -177,6 +187,10 @@ $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(LIBS)
 
+$(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
@@ -186,6 +200,14 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
+
+$(BAD_CANARY): $(BUILD)/obj/tests/stub/canary_bad.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+
+$(FAKE_CUDA): $(FAKE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
 
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
 $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(ARCHIVES)
@@ -213,15 +235,15 @@ LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
               -e 's|@MAJOR@|$(MAJOR)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI)
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(FAKE_CUDA)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
-	install -m 755 $(SHARED) $(NET_SHARED) $(LIBDIR)/
+	install -m 755 $(SHARED) $(NET_SHARED) $(FAKE_CUDA) $(LIBDIR)/
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
-	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(CLI) $(CANARY) $(DESTDIR)$(PREFIX)/bin/
 	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
 	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
 	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake
@@ -273,7 +295,8 @@ fuzz: fuzz-build
 	done
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
-               net/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch] examples/*.c)
+               net/*.[ch] canary/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
+               demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh

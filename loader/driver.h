@@ -14,10 +14,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-/* X(field, driver symbol): every entry point the engine calls, and nothing
- * else: each entry is bound by hkl_driver_open, and a driver that lacks one
- * fails it (and hk_runtime_create with it), so an entry the engine does not
- * call would only narrow the drivers hotkern runs on. */
+/* X(field, driver symbol): every entry point the engine calls, or its
+ * canary helper (canary/helper.c, which binds the driver through this table:
+ * cuCtxSetCurrent, cuMemAlloc), and nothing else: each entry is bound by
+ * hkl_driver_open, and a driver that lacks one fails it (and
+ * hk_runtime_create with it), so an entry hotkern does not call would only
+ * narrow the drivers it runs on. */
 #define HKL_DRIVER_ENTRIES(X)                                                                      \
     X(Init, cuInit)                                                                                \
     X(DriverGetVersion, cuDriverGetVersion)                                                        \
@@ -28,6 +30,7 @@
     X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease)                                          \
     X(DevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)                                        \
     X(CtxGetCurrent, cuCtxGetCurrent)                                                              \
+    X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
     X(CtxPushCurrent, cuCtxPushCurrent)                                                            \
     X(CtxPopCurrent, cuCtxPopCurrent)                                                              \
     X(CtxGetId, cuCtxGetId)                                                                        \
@@ -48,6 +51,7 @@
     X(FuncGetParamInfo, cuFuncGetParamInfo)                                                        \
     X(FuncLoad, cuFuncLoad)                                                                        \
     X(LaunchKernel, cuLaunchKernel)                                                                \
+    X(MemAlloc, cuMemAlloc)                                                                        \
     X(StreamSynchronize, cuStreamSynchronize)                                                      \
     X(StreamCreate, cuStreamCreate)                                                                \
     X(StreamDestroy, cuStreamDestroy)                                                              \
@@ -68,16 +72,15 @@
     X(FuncSetCacheConfig, cuFuncSetCacheConfig)                                                    \
     X(LaunchKernelEx, cuLaunchKernelEx)
 
-/* Entry points the engine never calls, for the benchmarks and the test
- * harness that share the table: bound when the driver has them and NULL
- * when it does not, which never fails hkl_driver_open. */
+/* Entry points neither the engine nor its canary helper calls, for the
+ * benchmarks and the test harness that share the table: bound when the
+ * driver has them and NULL when it does not, which never fails
+ * hkl_driver_open. */
 #define HKL_DRIVER_ENTRIES_EXTRA(X)                                                                \
     X(DeviceGetCount, cuDeviceGetCount)                                                            \
     X(DeviceGetName, cuDeviceGetName)                                                              \
-    X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
     X(MemGetInfo, cuMemGetInfo)                                                                    \
-    X(ModuleLoadData, cuModuleLoadData)                                                            \
-    X(MemAlloc, cuMemAlloc)
+    X(ModuleLoadData, cuModuleLoadData)
 
 /* Entry points whose CUDA 13 ABI differs from the prototype cuda.h still
  * declares under the plain name: cuGetProcAddress(sym, CUDA_VERSION) returns

@@ -57,6 +57,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "canary/canary.h"
 #include "hotkern/hotkern.h"
 #include "loader/driver.h"
 #include "loader/expo.h"
@@ -360,6 +361,9 @@ struct hk_runtime {
     int log_cb_min;      /* log_lock: the callback's least level */
     int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
     _Atomic int log_min; /* least level delivered now; read without the lock */
+
+    hkc_canary *canary; /* immutable after create: test declarations and the
+                         * canary helper (canary/; its own locks) */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
@@ -432,6 +436,14 @@ void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint
 void hkl_hist_observe(hkl_hist *h, double total_ms);
 /* The engine's families from a snapshot of its counters (h may be NULL). */
 void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
+
+/* canary.c: the canary between build and stage. hkl_canary_start makes
+ * rt->canary at create (starting the helper when options.canary is set);
+ * hkl_canary_check runs a built job's test launches as its policy says, on
+ * the building thread with no lock held (it takes swap_lock only to copy the
+ * running version), and returns 0 or the refusal. */
+int hkl_canary_start(hk_runtime *rt, hk_report *rep);
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */

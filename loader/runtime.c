@@ -88,6 +88,8 @@ const char *hk_strerror(int err) {
         return "a newer version was committed first";
     case HK_ERR_ATTRIBUTE:
         return "a kernel attribute does not fit the new version";
+    case HK_ERR_CANARY:
+        return "the version failed its canary run";
     default:
         return "unknown error";
     }
@@ -121,6 +123,7 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.safe_point_wait_ms = 2000;
     d.launch_hold_max_us = 1000;
     d.destroy_wait_ms = 5000;
+    d.canary_timeout_ms = 2000;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
@@ -358,6 +361,8 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     /* A runtime that cannot warm up still works: its first build pays. */
     if (!o->no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
+    if ((err = hkl_canary_start(rt, rep)) < 0)
+        return err;
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
         hku_fail(rep, err, "cannot start hotkern threads");
         return err;
@@ -598,6 +603,8 @@ void hk_runtime_destroy(hk_runtime *rt) {
     sources_release(rt);
     hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
+    hkc_destroy(rt->canary); /* no build runs any more: kills the helper */
+    rt->canary = NULL;
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */
     pthread_mutex_lock(&rt->ref->lock);
@@ -651,6 +658,8 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
         out->cache_hits = h;
         out->cache_misses = m;
     }
+    if (rt->canary)
+        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
     hkl_sized_out(user, out, sizeof *out);
     return 0;
 }

@@ -4,6 +4,8 @@
  * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
  *          compile cache). No driver call and no lock: it runs on the caller's
  *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
+ * canary   the version's declared test launches run in the canary helper
+ *          process (loader/canary.c, canary/), on the same thread, no lock held.
  * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
  *          with JIT options and log buffers) and uploads every function into
  *          every context (cuFuncLoad). Uploading waits for the context's
@@ -19,10 +21,10 @@
  * Any failure before commit unloads the new version; the old one never
  * stopped running. Swaps of one runtime are serialised by swap_lock.
  *
- * In the code: job_build is the build; swap_locked runs the rest as one
- * function per step (stage, validate, commit, roll_back) over a swap_txn,
- * after version_from_build and adopt_build have made the built artifact a
- * version.
+ * In the code: job_build is the build, ending with the canary
+ * (hkl_canary_check); swap_locked runs the rest as one function per step
+ * (stage, validate, commit, roll_back) over a swap_txn, after
+ * version_from_build and adopt_build have made the built artifact a version.
  *
  * The driver sections of stage/validate and of commit run with the launch
  * gate closed (loader.h): under continuous launches the driver would make
@@ -950,7 +952,9 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
-    return 0;
+    /* Between build and stage: the version's test launches run in the
+     * canary process, on this thread, with no lock held. */
+    return hkl_canary_check(rt, j, rep);
 }
 
 /* What AUTO means for a swap requested on this thread now. */

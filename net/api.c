@@ -118,6 +118,10 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     if (hkl_swap_options_in(&ad->swap, tpl) < 0)
         return hku_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
                         hkl_size_of(tpl));
+    /* What arrives over the network runs its canary tests before it runs
+     * here, unless the template says otherwise. */
+    if (ad->swap.canary == HK_CANARY_DEFAULT)
+        ad->swap.canary = HK_CANARY_REQUIRE;
     /* The caller's arrays are read during the call only: keep copies. */
     int nopt = ad->swap.nvrtc_options ? ad->swap.nnvrtc_options : 0;
     int nexpr = ad->swap.name_expressions ? ad->swap.nname_expressions : 0;

@@ -83,7 +83,8 @@ struct ep_module {
     int last_error;
     char last_outcome[16]; /* "committed", "refused", "rolled_back" */
     char last_message[512];
-    char *last_log; /* owned */
+    char last_canary[160]; /* hk_report.canary of the last outcome */
+    char *last_log;        /* owned */
     int64_t updated;
 };
 
@@ -324,6 +325,7 @@ static void set_outcome(struct ep_module *m, const char *outcome, const hk_repor
     snprintf(m->last_outcome, sizeof m->last_outcome, "%s", outcome);
     m->last_error = err;
     snprintf(m->last_message, sizeof m->last_message, "%s", rep->message);
+    snprintf(m->last_canary, sizeof m->last_canary, "%s", rep->canary);
     free(m->last_log);
     m->last_log = rep->log ? strndup(rep->log, MAX_LOG_KEPT) : NULL;
     m->updated = (int64_t)time(NULL);
@@ -670,6 +672,7 @@ static cJSON *module_json(const struct ep_module *m) {
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
     cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
+    cJSON_AddStringToObject(o, "last_canary", m->last_canary);
     if (m->last_log)
         cJSON_AddStringToObject(o, "last_log", m->last_log);
     else

@@ -63,7 +63,7 @@ START_TEST(every_entry_called_with_its_abi) {
 }
 END_TEST
 
-/* A driver that lacks entry points the engine never calls still binds (the
+/* A driver that lacks entry points hotkern never calls still binds (the
  * benchmarks' extras are left NULL), and runtime creation gets past the
  * binding (the stand-in has no devices). */
 START_TEST(driver_lacking_uncalled_entries_binds) {

@@ -4,6 +4,7 @@
  * Unloaded images are kept (marked dead) until fake_init, so a late launch is
  * detected instead of touching freed memory.
  */
+#include <elf.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -103,6 +104,17 @@ static struct {
     int bad_unloads;
     int hold_sync, sync_held; /* CtxSynchronize blocks while hold_sync */
     int graph_launch_us;
+    /* Kernel controls (fake_kernel_control): a launch of a matching kernel
+     * faults, hangs or writes a wrong value. */
+    struct {
+        char name[64];
+        int tag; /* -1: any image */
+        int kind;
+        CUresult err;
+    } kctl[16];
+    int nkctl;
+    CUresult sticky; /* a kernel faulted: every later call fails with it */
+    int hung;        /* a kernel hangs: synchronising never returns */
 } F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 /* The driver's reader-preferring lock (fake_set_launch_model). */
@@ -161,6 +173,8 @@ static CUresult enter(const char *entry) {
     }
     if (i < 64)
         F.calls[i].n++;
+    if (F.sticky != CUDA_SUCCESS)
+        return F.sticky; /* as on the device: the context is unusable */
     fctx *c = current();
     for (int f = 0; f < F.nfault; f++) {
         if (strcmp(F.faults[f].entry, entry))
@@ -277,6 +291,10 @@ void fake_init(int ndev, int arch) {
         F.active[i] = 0;
     }
     F.violations = F.launches = 0;
+    F.nkctl = 0;
+    F.sticky = CUDA_SUCCESS;
+    F.hung = 0;
+    pthread_cond_broadcast(&F.cond);
     F.hold_next = F.held = F.release = 0;
     F.nfault = 0;
     F.ncalls = 0;
@@ -349,35 +367,50 @@ static CUresult f_DriverGetVersion(int *v) {
     *v = CUDA_VERSION;
     return CUDA_SUCCESS;
 }
+#define FAKE_NAME(e)                                                                               \
+    { e, #e }
+static const struct {
+    CUresult r;
+    const char *name;
+} cu_names[] = {
+    FAKE_NAME(CUDA_ERROR_INVALID_PTX),         FAKE_NAME(CUDA_ERROR_OUT_OF_MEMORY),
+    FAKE_NAME(CUDA_ERROR_NOT_FOUND),           FAKE_NAME(CUDA_ERROR_INVALID_HANDLE),
+    FAKE_NAME(CUDA_ERROR_INVALID_VALUE),       FAKE_NAME(CUDA_ERROR_LAUNCH_FAILED),
+    FAKE_NAME(CUDA_ERROR_NO_BINARY_FOR_GPU),   FAKE_NAME(CUDA_ERROR_INVALID_CONTEXT),
+    FAKE_NAME(CUDA_ERROR_ILLEGAL_ADDRESS),     FAKE_NAME(CUDA_ERROR_ASSERT),
+    FAKE_NAME(CUDA_ERROR_ILLEGAL_INSTRUCTION), FAKE_NAME(CUDA_ERROR_MISALIGNED_ADDRESS),
+    FAKE_NAME(CUDA_ERROR_INVALID_PC),          FAKE_NAME(CUDA_ERROR_HARDWARE_STACK_ERROR),
+    FAKE_NAME(CUDA_ERROR_LAUNCH_TIMEOUT),      FAKE_NAME(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+    FAKE_NAME(CUDA_ERROR_INVALID_IMAGE),       FAKE_NAME(CUDA_ERROR_INVALID_DEVICE),
+};
+#undef FAKE_NAME
+
+const char *fake_cu_name(CUresult r) {
+    for (size_t i = 0; i < sizeof cu_names / sizeof cu_names[0]; i++)
+        if (cu_names[i].r == r)
+            return cu_names[i].name;
+    return NULL;
+}
+
+int fake_cu_parse(const char *name, CUresult *r) {
+    for (size_t i = 0; i < sizeof cu_names / sizeof cu_names[0]; i++)
+        if (!strcmp(cu_names[i].name, name)) {
+            *r = cu_names[i].r;
+            return 0;
+        }
+    char *end;
+    long v = strtol(name, &end, 10);
+    if (end == name || *end || v <= 0)
+        return -1;
+    *r = (CUresult)v;
+    return 0;
+}
+
 static CUresult f_GetErrorName(CUresult r, const char **s) {
-    switch (r) {
-    case CUDA_ERROR_INVALID_PTX:
-        *s = "CUDA_ERROR_INVALID_PTX";
-        break;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-        *s = "CUDA_ERROR_OUT_OF_MEMORY";
-        break;
-    case CUDA_ERROR_NOT_FOUND:
-        *s = "CUDA_ERROR_NOT_FOUND";
-        break;
-    case CUDA_ERROR_INVALID_HANDLE:
-        *s = "CUDA_ERROR_INVALID_HANDLE";
-        break;
-    case CUDA_ERROR_INVALID_VALUE:
-        *s = "CUDA_ERROR_INVALID_VALUE";
-        break;
-    case CUDA_ERROR_LAUNCH_FAILED:
-        *s = "CUDA_ERROR_LAUNCH_FAILED";
-        break;
-    case CUDA_ERROR_NO_BINARY_FOR_GPU:
-        *s = "CUDA_ERROR_NO_BINARY_FOR_GPU";
-        break;
-    case CUDA_ERROR_INVALID_CONTEXT:
-        *s = "CUDA_ERROR_INVALID_CONTEXT";
-        break;
-    default:
+    const char *n = fake_cu_name(r);
+    if (!n)
         return CUDA_ERROR_INVALID_VALUE;
-    }
+    *s = n;
     return CUDA_SUCCESS;
 }
 static CUresult f_DeviceGet(CUdevice *d, int ordinal) {
@@ -454,9 +487,44 @@ static CUresult f_CtxSynchronize(CUcontext ctx) {
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     F.sync_held += F.hold_sync;
     pthread_cond_broadcast(&F.cond);
-    while (F.hold_sync)
+    while (F.hold_sync || F.hung)
         pthread_cond_wait(&F.cond, &F.lock);
-    LEAVE(CUDA_SUCCESS);
+    LEAVE(F.sticky);
+}
+
+/* The format and size of an image handed over without its size, as the
+ * driver sees it: a cubin's size from its ELF header, a fatbin's from its
+ * header, PTX up to its NUL. 0 when it is none of them. */
+static hk_format image_format(const void *image, size_t *size) {
+    const unsigned char *b = image;
+    if (!memcmp(b, ELFMAG, SELFMAG) && b[EI_CLASS] == ELFCLASS64) {
+        /* The furthest of the header tables and the sections' contents. */
+        Elf64_Ehdr eh;
+        memcpy(&eh, b, sizeof eh);
+        size_t end = (size_t)eh.e_shoff + (size_t)eh.e_shnum * eh.e_shentsize;
+        size_t ph = (size_t)eh.e_phoff + (size_t)eh.e_phnum * eh.e_phentsize;
+        end = ph > end ? ph : end;
+        for (int i = 0; i < eh.e_shnum; i++) {
+            Elf64_Shdr sh;
+            memcpy(&sh, b + eh.e_shoff + (size_t)i * eh.e_shentsize, sizeof sh);
+            if (sh.sh_type != SHT_NOBITS && sh.sh_offset + sh.sh_size > end)
+                end = sh.sh_offset + sh.sh_size;
+        }
+        *size = end;
+        return HK_FORMAT_CUBIN;
+    }
+    uint32_t magic;
+    memcpy(&magic, b, sizeof magic);
+    if (magic == HKP_FATBIN_MAGIC) {
+        uint16_t hsize;
+        uint64_t fsize;
+        memcpy(&hsize, b + 6, sizeof hsize);
+        memcpy(&fsize, b + 8, sizeof fsize);
+        *size = (size_t)hsize + (size_t)fsize;
+        return HK_FORMAT_FATBIN;
+    }
+    *size = strlen(image);
+    return HK_FORMAT_PTX;
 }
 
 /* Parses an image into a new fimage. Lock held. */
@@ -471,7 +539,9 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
         if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
             errsize = (size_t)(uintptr_t)v[i];
     }
-    const char *bad = strstr(text, "SYNTAX ERROR");
+    size_t size;
+    hk_format fmt = image_format(image, &size);
+    const char *bad = fmt == HK_FORMAT_PTX ? strstr(text, "SYNTAX ERROR") : NULL;
     if (bad) {
         int line = 1;
         for (const char *p = text; p < bad; p++)
@@ -485,15 +555,15 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     }
     fimage *im = calloc(1, sizeof *im);
     char why[256];
-    if (!im || hkp_meta_read(image, strlen(text), HK_FORMAT_PTX, &im->meta, why, sizeof why)) {
+    if (!im || !fmt || hkp_meta_read(image, size, fmt, &im->meta, why, sizeof why)) {
         if (errbuf && errsize)
             snprintf(errbuf, errsize, "fake driver cannot read image: %s", im ? why : "nomem");
         free(im);
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    const char *t = strstr(text, "tag:");
+    const char *t = fmt == HK_FORMAT_PTX ? strstr(text, "tag:") : NULL;
     im->tag = t ? atoi(t + 4) : 0;
-    const char *sh = strstr(text, "shared:");
+    const char *sh = fmt == HK_FORMAT_PTX ? strstr(text, "shared:") : NULL;
     im->shared = sh ? atoi(sh + 7) : 0;
     im->is_module = is_module;
     im->kerns = calloc((size_t)im->meta.nentries + 1, sizeof *im->kerns);
@@ -676,6 +746,19 @@ static CUresult f_FuncLoad(CUfunction f) {
     return r;
 }
 
+enum { KCTL_NONE, KCTL_FAULT, KCTL_HANG, KCTL_WRONG };
+static CUresult kctl_err; /* lock: the error of the last FAULT match */
+
+/* The control matching kernel `name` of an image tagged `tag`. Lock held. */
+static int kernel_control(const char *name, int tag) {
+    for (int i = 0; i < F.nkctl; i++)
+        if (!strcmp(F.kctl[i].name, name) && (F.kctl[i].tag < 0 || F.kctl[i].tag == tag)) {
+            kctl_err = F.kctl[i].err;
+            return F.kctl[i].kind;
+        }
+    return KCTL_NONE;
+}
+
 /* Runs a fake kernel. Lock held. */
 static CUresult run(fkern *fk, void **args) {
     fimage *im = fk->img;
@@ -685,10 +768,21 @@ static CUresult run(fkern *fk, void **args) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
     hkp_entry *e = &im->meta.entries[fk->entry];
+    int kind = kernel_control(e->name, im->tag);
+    if (kind == KCTL_HANG) {
+        F.hung = 1; /* the launch is queued; it never ends */
+        return CUDA_SUCCESS;
+    }
+    if (kind == KCTL_FAULT) {
+        /* Asynchronous, as on the device: the launch is accepted and the
+         * fault reaches the next call, and every one after it. */
+        F.sticky = kctl_err;
+        return CUDA_SUCCESS;
+    }
     if (args && e->nparams > 0 && e->params[0].size == 8 && args[0]) {
         int *outp = *(int **)args[0];
         if (outp)
-            *outp = im->tag;
+            *outp = kind == KCTL_WRONG ? ~im->tag : im->tag;
     }
     CUdeviceptr p;
     size_t s;
@@ -752,7 +846,9 @@ static CUresult f_StreamSynchronize(CUstream s) {
     ENTER("cuStreamSynchronize");
     if (!s && capture_unsafe())
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    LEAVE(CUDA_SUCCESS);
+    while (F.hung)
+        pthread_cond_wait(&F.cond, &F.lock);
+    LEAVE(F.sticky);
 }
 static CUresult f_MemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
     ENTER("cuMemcpyDtoDAsync");
@@ -1089,4 +1185,92 @@ char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout) {
              tag, with_counter ? ".visible .global .align 4 .u32 counter;\n" : "", params,
              with_aux ? ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n" : "");
     return b;
+}
+
+/* ---- kernel controls and the loadable library's extra entry points ----- */
+
+int fake_kernel_control(const char *spec, int kind, CUresult err) {
+    char name[64];
+    int tag = -1;
+    const char *at = strchr(spec, '@');
+    size_t n = at ? (size_t)(at - spec) : strlen(spec);
+    if (!n || n >= sizeof name || (kind != FAKE_FAULT && kind != FAKE_HANG && kind != FAKE_WRONG))
+        return -1;
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    if (at) {
+        char *end;
+        long t = strtol(at + 1, &end, 10);
+        if (end == at + 1 || *end)
+            return -1;
+        tag = (int)t;
+    }
+    pthread_mutex_lock(&F.lock);
+    int ok = F.nkctl < (int)(sizeof F.kctl / sizeof F.kctl[0]);
+    if (ok) {
+        snprintf(F.kctl[F.nkctl].name, sizeof F.kctl[F.nkctl].name, "%s", name);
+        F.kctl[F.nkctl].tag = tag;
+        F.kctl[F.nkctl].kind = kind == FAKE_FAULT  ? KCTL_FAULT
+                               : kind == FAKE_HANG ? KCTL_HANG
+                                                   : KCTL_WRONG;
+        F.kctl[F.nkctl].err = err;
+        F.nkctl++;
+    }
+    pthread_mutex_unlock(&F.lock);
+    return ok ? 0 : -1;
+}
+
+void fake_kernel_controls_clear(void) {
+    pthread_mutex_lock(&F.lock);
+    F.nkctl = 0;
+    pthread_mutex_unlock(&F.lock);
+}
+
+CUresult fake_sticky_error(void) {
+    pthread_mutex_lock(&F.lock);
+    CUresult r = F.sticky;
+    pthread_mutex_unlock(&F.lock);
+    return r;
+}
+
+/* Copies are synchronous, as cuMemcpyHtoD/DtoH are: behind a hanging
+ * kernel they never return. */
+static CUresult f_MemcpyHtoD(CUdeviceptr d, const void *h, size_t n) {
+    ENTER("cuMemcpyHtoD");
+    while (F.hung)
+        pthread_cond_wait(&F.cond, &F.lock);
+    memcpy((void *)(uintptr_t)d, h, n);
+    LEAVE(F.sticky);
+}
+static CUresult f_MemcpyDtoH(void *h, CUdeviceptr d, size_t n) {
+    ENTER("cuMemcpyDtoH");
+    while (F.hung)
+        pthread_cond_wait(&F.cond, &F.lock);
+    memcpy(h, (const void *)(uintptr_t)d, n);
+    LEAVE(F.sticky);
+}
+static CUresult f_MemFree(CUdeviceptr d) {
+    ENTER("cuMemFree");
+    free((void *)(uintptr_t)d);
+    LEAVE(CUDA_SUCCESS);
+}
+
+void *fake_entry(const char *sym) {
+    const hkl_driver *t = fake_driver();
+#define FAKE_ENTRY(field, name)                                                                    \
+    if (!strcmp(sym, #name))                                                                       \
+        return (void *)t->field;
+#define FAKE_ENTRY_TYPED(field, name, type) FAKE_ENTRY(field, name)
+    HKL_DRIVER_ENTRIES(FAKE_ENTRY)
+    HKL_DRIVER_ENTRIES_EXTRA(FAKE_ENTRY)
+    HKL_DRIVER_ENTRIES_TYPED(FAKE_ENTRY_TYPED)
+#undef FAKE_ENTRY_TYPED
+#undef FAKE_ENTRY
+    if (!strcmp(sym, "cuMemcpyHtoD"))
+        return (void *)f_MemcpyHtoD;
+    if (!strcmp(sym, "cuMemcpyDtoH"))
+        return (void *)f_MemcpyDtoH;
+    if (!strcmp(sym, "cuMemFree"))
+        return (void *)f_MemFree;
+    return NULL;
 }

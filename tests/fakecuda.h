@@ -11,7 +11,13 @@
  * is 8 bytes gets it stored through that pointer (an int *), and a global
  * named "counter" (4 bytes) is incremented by every launch. An image
  * containing "SYNTAX ERROR" fails to load with CUDA_ERROR_INVALID_PTX and a
- * JIT error log naming the line.
+ * JIT error log naming the line. Cubins and fatbins are read for their
+ * kernels too (with no tag).
+ *
+ * Kernel controls (fake_kernel_control) make a named kernel fault with a
+ * sticky error, hang, or store a wrong value. The same source is built as
+ * libhotkern-fakecuda.so (tests/stub/fakecuda_lib.c), a libcuda that any
+ * hotkern program loads with HK_LIBCUDA=path.
  */
 #ifndef HK_FAKECUDA_H
 #define HK_FAKECUDA_H
@@ -94,5 +100,28 @@ CUresult fake_capture_end(CUstream s, CUgraph *graph); /* INVALIDATED or SUCCESS
 int fake_captured_graph_launch(CUgraph graph, int *tag);
 /* Destroys the graph: its user objects' destructors run. */
 void fake_captured_graph_destroy(CUgraph graph);
+
+/* Kernel controls, by kernel (entry) name: "step" matches that kernel in
+ * every image, "step@3" only in images tagged 3. A launch of a FAKE_FAULT
+ * kernel is accepted and the fault `err` reaches the next call, and every
+ * later one (the error is sticky, as a device fault is for its process); a
+ * FAKE_HANG kernel never ends (synchronising and copies block for ever); a
+ * FAKE_WRONG kernel stores ~tag instead of its tag. Returns 0, or -1 for a
+ * bad spec or too many controls (16). fake_init clears them. */
+enum { FAKE_FAULT = 1, FAKE_HANG = 2, FAKE_WRONG = 3 };
+int fake_kernel_control(const char *spec, int kind, CUresult err);
+void fake_kernel_controls_clear(void);
+/* The sticky error a faulting kernel left, or CUDA_SUCCESS. */
+CUresult fake_sticky_error(void);
+
+/* The fake's entry point for driver symbol `sym` (its base name, as
+ * cuGetProcAddress takes it): every entry of the driver table and the copies
+ * a canary helper needs (cuMemcpyHtoD, cuMemcpyDtoH, cuMemFree); NULL for
+ * anything else. For the loadable library (tests/stub/fakecuda_lib.c). */
+void *fake_entry(const char *sym);
+/* Names of the CUresults the fake knows ("CUDA_ERROR_ILLEGAL_ADDRESS"), and
+ * back (a name or a decimal number); NULL / -1 when unknown. */
+const char *fake_cu_name(CUresult r);
+int fake_cu_parse(const char *name, CUresult *r);
 
 #endif

@@ -111,6 +111,10 @@ enum hk_error {
     HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first */
     HK_ERR_ATTRIBUTE = -28,     /* a kernel attribute set through its handle does
                                  * not fit the new version */
+    HK_ERR_CANARY = -29,        /* the version failed its canary run: a test
+                                 * launch faulted, hung, gave other outputs than
+                                 * the running version, or (required) could not
+                                 * run; see report canary */
 };
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
@@ -158,6 +162,10 @@ typedef struct hk_report {
     double wait_ms;    /* the rest of total_ms: waiting for another swap, a
                         * safe point, or reset recovery */
     double total_ms;   /* wall time from the call (or submission) to the outcome */
+    char canary[160];  /* what the canary run found: "no canary tests", "3
+                        * launches passed (2 compared with version 4)", why
+                        * it could not run, or the failure; "" when none ran */
+    double canary_ms;  /* time spent in the canary run (part of total_ms) */
 } hk_report;
 
 #define HK_REPORT_INIT HK_SIZED_INIT(hk_report)
@@ -282,15 +290,26 @@ typedef struct hk_options {
                                * the runtime (copied); a swap's own headers of
                                * the same name come first */
     int nheaders;
-    int no_warm_start;      /* 1: do not warm NVRTC up on a background thread at
-                             * create (default 0: the first CUDA C swap then
-                             * does not pay NVRTC's start-up) */
-    int launch_hold_max_us; /* longest a launch waits at the launch gate while
-                             * a swap or an unload has the driver; default 1000
-                             * (a launch that waited this long goes on, and
-                             * the driver then orders it) */
-    int destroy_wait_ms;    /* longest hk_runtime_destroy waits for kernels
-                             * still running hotkern's code; default 5000 */
+    int no_warm_start;         /* 1: do not warm NVRTC up on a background thread at
+                                * create (default 0: the first CUDA C swap then
+                                * does not pay NVRTC's start-up) */
+    int launch_hold_max_us;    /* longest a launch waits at the launch gate while
+                                * a swap or an unload has the driver; default 1000
+                                * (a launch that waited this long goes on, and
+                                * the driver then orders it) */
+    int destroy_wait_ms;       /* longest hk_runtime_destroy waits for kernels
+                                * still running hotkern's code; default 5000 */
+    int canary;                /* 1: run new versions' test launches
+                                * (hk_kernel_add_test) in a canary process
+                                * before they commit; the helper starts at
+                                * create. Default 0 */
+    const char *canary_helper; /* path of the hotkern-canary executable; NULL:
+                                * $HK_CANARY_HELPER, else hotkern-canary in
+                                * ../bin from the library (or program) that
+                                * holds hotkern, else PREFIX/bin */
+    int canary_timeout_ms;     /* longest one test launch may run before the
+                                * helper is killed, default 2000; the helper's
+                                * start and each image load get ten times this */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
@@ -333,6 +352,23 @@ HK_API int hk_runtime_arch(hk_runtime *rt);
 
 /* ---- swapping in new versions ----------------------------------------- */
 
+/* Whether a swap runs its version's test launches in the canary process
+ * first (see "canary runs" below). A version whose kernels have no test
+ * launch declared commits as before, whatever the policy ("no canary tests"
+ * in the report). */
+typedef enum hk_canary_policy {
+    HK_CANARY_DEFAULT = 0,  /* the source's default: OPTIONAL for hk_swap,
+                             * hk_submit and watched files; REQUIRE for pushes
+                             * and pulls (net.h) */
+    HK_CANARY_SKIP = 1,     /* no canary run */
+    HK_CANARY_OPTIONAL = 2, /* run the tests when the runtime has a canary;
+                             * if it cannot run (no helper, helper not
+                             * starting) the version goes on, and the report
+                             * says so */
+    HK_CANARY_REQUIRE = 3,  /* a version with tests that cannot be run in the
+                             * canary is refused with HK_ERR_CANARY */
+} hk_canary_policy;
+
 /* The first layout ends at origin. */
 typedef struct hk_swap_options {
     size_t size;                      /* set by hk_swap_options_init */
@@ -351,6 +387,7 @@ typedef struct hk_swap_options {
     const hk_header *headers; /* in-memory headers for this build (copied);
                                * they hide the runtime's of the same name */
     int nheaders;
+    hk_canary_policy canary; /* default HK_CANARY_DEFAULT */
 } hk_swap_options;
 
 /* As hk_options_init_size, for swap options. */
@@ -519,6 +556,74 @@ HK_API int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *
 HK_API int hk_graph_unregister(hk_runtime *rt, void *exec);
 HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_result);
 
+/* ---- canary runs ------------------------------------------------------- */
+
+/* A kernel that faults (illegal address, trap) leaves the CUDA error sticky
+ * for the whole process: every later CUDA call fails and the application's
+ * buffers are gone; a kernel stuck in a loop holds its stream for good. So
+ * before a version commits, the launches the application declared for its
+ * kernels can run in a canary process: `hotkern-canary`, a helper hotkern
+ * starts (options.canary) with a CUDA context of its own on the runtime's
+ * first device. Each declared launch runs on the new version; a fault (its
+ * CUresult name), a launch that outlives options.canary_timeout_ms (the
+ * helper is killed, and started again) or, when the test compares, outputs
+ * that differ from the running version's on the same inputs, refuse the
+ * version with HK_ERR_CANARY; the report names the kernel and what happened,
+ * and the running version goes on. The run happens on the thread that built
+ * the version (the caller of hk_swap, or the worker), holding no lock that
+ * launches or other hotkern calls wait for, between build and stage.
+ * Rollbacks run no canary (they return to a version that ran). */
+
+/* A test launch under construction: grid, block, dynamic shared memory and
+ * the kernel's arguments in order. Opaque; not thread-safe. */
+typedef struct hk_test hk_test;
+
+/* How a test buffer is filled before the launch. */
+typedef enum hk_fill {
+    HK_FILL_ZERO = 0,
+    HK_FILL_BYTE = 1,     /* every byte = param & 0xff */
+    HK_FILL_RANDOM = 2,   /* pseudo-random bytes from seed param */
+    HK_FILL_IOTA_I32 = 3, /* int32 i + param at element i */
+    HK_FILL_IOTA_F32 = 4, /* float i + param at element i */
+    HK_FILL_HOST = 5,     /* a copy of the caller's bytes */
+} hk_fill;
+
+/* How the buffers after the launch are compared with the running version's
+ * on the same inputs. */
+typedef enum hk_compare {
+    HK_COMPARE_NONE = 0,  /* only faults and hangs refuse (default) */
+    HK_COMPARE_EXACT = 1, /* byte for byte */
+    HK_COMPARE_F32 = 2,   /* as floats: |new - old| <= atol + rtol * |old|;
+                           * NaN equals only NaN */
+    HK_COMPARE_F64 = 3,   /* as doubles, likewise */
+} hk_compare;
+
+/* Makes a test launch with no arguments yet. *out is the caller's:
+ * hk_test_destroy. Returns 0, HK_ERR_INVALID (a zero dimension) or
+ * HK_ERR_NOMEM. */
+HK_API int hk_test_create(hk_test **out, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes);
+/* Frees t; t may be NULL. */
+HK_API void hk_test_destroy(hk_test *t);
+/* Appends an argument passed by value: `size` bytes at `value` (copied),
+ * 1..4096. */
+HK_API int hk_test_scalar(hk_test *t, const void *value, size_t size);
+/* Appends a device buffer of `bytes` bytes (the kernel gets its address),
+ * filled as `fill` says: `param` is the byte value or the seed; `host`
+ * (bytes long, copied) is read for HK_FILL_HOST only. A test's buffers hold
+ * at most 64 MiB together. */
+HK_API int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param, const void *host);
+/* After the launch, compares every buffer with the running version's run of
+ * the same test (skipped for a module's first version). */
+HK_API int hk_test_compare(hk_test *t, hk_compare mode, double atol, double rtol);
+
+/* Declares t (copied; the caller keeps it) as a test launch of k: every
+ * later version of k's module runs it in the canary before commit (as its
+ * swap's canary policy says). At most 16 per kernel. Safe from any thread;
+ * does not wait for a running canary or swap. */
+HK_API int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep);
+/* Removes k's test launches. Safe from any thread. */
+HK_API int hk_kernel_clear_tests(hk_kernel *k);
+
 /* ---- counters ---------------------------------------------------------- */
 
 /* The first layout ends at last_swap_ms. */
@@ -540,6 +645,11 @@ typedef struct hk_stats {
     double gate_closed_max_ms;     /* longest it stayed closed */
     uint64_t launch_hold_timeouts; /* launches that waited launch_hold_max_us
                                     * at the gate and then went on */
+    uint64_t canary_runs;          /* versions whose tests ran in the canary */
+    uint64_t canary_refused;       /* versions the canary refused */
+    uint64_t canary_helper_starts; /* canary helper processes started (the
+                                    * first, and one after each fault, hang
+                                    * or death) */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)

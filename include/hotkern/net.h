@@ -117,7 +117,9 @@ typedef struct hk_endpoint_options {
     unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
     unsigned timeout_s;               /* idle timeout per connection, default 30 */
     const hk_swap_options *swap;      /* template for each swap (copied); format,
-                                       * origin and stage are set per release */
+                                       * origin and stage are set per release; a
+                                       * canary policy left at DEFAULT means
+                                       * HK_CANARY_REQUIRE */
     unsigned per_ip_connections;      /* open at once from one address, default 128;
                                        * beyond: 503 */
     unsigned request_timeout_s;       /* whole request (headers and body), default 60 */
@@ -182,7 +184,9 @@ typedef struct hk_pull_options {
     int allow_unsigned;              /* as for the endpoint */
     const char *state_dir;           /* NULL = $XDG_STATE_HOME/hotkern/releases, the
                                       * endpoint's default too; "" = memory only */
-    const hk_swap_options *swap;     /* template for each swap (copied) */
+    const hk_swap_options *swap;     /* template for each swap (copied); a canary
+                                      * policy left at DEFAULT means
+                                      * HK_CANARY_REQUIRE */
 } hk_pull_options;
 
 /* As hk_endpoint_options_init_size, for puller options. */

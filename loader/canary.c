@@ -1,0 +1,204 @@
+/*
+ * The engine's side of canary runs (canary/ does the running): where the
+ * helper executable is, the per-kernel test declarations of the public API,
+ * and the one call between build and stage (hkl_canary_check) that decides
+ * whether a built version runs its tests, gathers the running version's
+ * image for comparisons and hands both to canary/.
+ *
+ * Threads: hkl_canary_check runs on the thread that built the job (the caller
+ * of hk_swap, or the worker), with no engine lock held while the helper
+ * works. swap_lock is taken only to copy the running version's image and
+ * metadata, before the run, and released before it starts.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "canary/canary.h"
+#include "loader/abi.h"
+#include "loader/loader.h"
+
+#ifndef HK_PREFIX
+#define HK_PREFIX "/usr/local"
+#endif
+
+#define HELPER_NAME "hotkern-canary"
+
+/* The helper's path: options.canary_helper, else $HK_CANARY_HELPER, else
+ * ../bin/hotkern-canary from the object that holds this code (libhotkern.so
+ * in PREFIX/lib, or a program linked with the static library in a bin/ or
+ * tests/ folder beside bin/), else PREFIX/bin. Returns a malloc'd path. */
+static char *helper_path(const hk_options *o) {
+    if (o->canary_helper && *o->canary_helper)
+        return strdup(o->canary_helper);
+    const char *env = getenv("HK_CANARY_HELPER");
+    if (env && *env)
+        return strdup(env);
+    char self[PATH_MAX] = "", cand[PATH_MAX + 64];
+    Dl_info info;
+    if (dladdr((void *)helper_path, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
+        snprintf(self, sizeof self, "%s", info.dli_fname);
+    else {
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+    }
+    char *slash = strrchr(self, '/');
+    if (slash) {
+        *slash = '\0';
+        snprintf(cand, sizeof cand, "%s/../bin/%s", self, HELPER_NAME);
+        if (access(cand, X_OK) == 0)
+            return strdup(cand);
+    }
+    return strdup(HK_PREFIX "/bin/" HELPER_NAME);
+}
+
+int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
+    char *path = rt->opt.canary ? helper_path(&rt->opt) : NULL;
+    if (rt->opt.canary && !path)
+        return HK_ERR_NOMEM;
+    hkc_config cfg = {.helper = path,
+                      .device = rt->dev[0].ordinal,
+                      .timeout_ms = rt->opt.canary_timeout_ms,
+                      .start = 1};
+    char why[512] = "";
+    int err = hkc_create(&rt->canary, &cfg, why, sizeof why);
+    free(path);
+    if (err == HK_ERR_IO)
+        hku_fail(rep, err, "%s", why);
+    return err;
+}
+
+int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    if (rep)
+        hk_report_clear(&full);
+    int err = !k || !t ? HK_ERR_INVALID
+                       : hkc_add_test(k->rt->canary, k->mod->name, k->name, t, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
+int hk_kernel_clear_tests(hk_kernel *k) {
+    if (!k)
+        return HK_ERR_INVALID;
+    return hkc_clear_tests(k->rt->canary, k->mod->name, k->name);
+}
+
+/* The running version's image and metadata, copied under swap_lock so the
+ * run needs no lock. */
+typedef struct ref_copy {
+    hkc_image im;
+    void *data;
+    char **expr, **lowered;
+    hkp_entry *entries;
+} ref_copy;
+
+static void ref_free(ref_copy *r) {
+    free(r->data);
+    for (int i = 0; i < r->im.nexpr; i++) {
+        free(r->expr ? r->expr[i] : NULL);
+        free(r->lowered ? r->lowered[i] : NULL);
+    }
+    free(r->expr);
+    free(r->lowered);
+    for (int i = 0; i < r->im.nentries; i++) {
+        free(r->entries[i].name);
+        free(r->entries[i].params);
+    }
+    free(r->entries);
+    memset(r, 0, sizeof *r);
+}
+
+static char *dup_bytes(const void *p, size_t n) {
+    char *d = malloc(n ? n : 1);
+    if (d && n)
+        memcpy(d, p, n);
+    return d;
+}
+
+/* Copies v (not NULL) into r. 0 or HK_ERR_NOMEM. */
+static int ref_take(const hkl_version *v, ref_copy *r) {
+    memset(r, 0, sizeof *r);
+    int ok = (r->data = dup_bytes(v->image, v->size)) != NULL;
+    r->im =
+        (hkc_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
+    if (ok && v->nexpr > 0) {
+        /* Counts are set once the arrays exist: ref_free frees what is in them. */
+        ok = (r->expr = calloc((size_t)v->nexpr, sizeof *r->expr)) &&
+             (r->lowered = calloc((size_t)v->nexpr, sizeof *r->lowered));
+        r->im.nexpr = ok ? v->nexpr : 0;
+        for (int i = 0; ok && i < v->nexpr; i++)
+            ok = (r->expr[i] = strdup(v->expr[i])) && (r->lowered[i] = strdup(v->lowered[i]));
+    }
+    if (ok && v->nentries > 0)
+        ok = (r->entries = calloc((size_t)v->nentries, sizeof *r->entries)) != NULL;
+    r->im.nentries = ok ? v->nentries : 0;
+    for (int i = 0; ok && i < v->nentries; i++) {
+        const hkp_entry *e = &v->entries[i];
+        r->entries[i].nparams = e->nparams;
+        ok = (r->entries[i].name = strdup(e->name)) &&
+             (r->entries[i].params =
+                  (hkp_param *)dup_bytes(e->params, (size_t)e->nparams * sizeof *e->params));
+    }
+    r->im.expr = r->expr;
+    r->im.lowered = r->lowered;
+    r->im.entries = r->entries;
+    if (!ok)
+        ref_free(r);
+    return ok ? 0 : HK_ERR_NOMEM;
+}
+
+/* Between build and stage: runs the built job's canary as its policy says.
+ * Returns 0 to go on, or the refusal (rep filled). */
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
+    hk_canary_policy policy =
+        j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
+    if (policy == HK_CANARY_SKIP || hkl_swap_held(rt)) {
+        /* (From a check callback the swap is refused as busy anyway.) */
+        if (rep && policy == HK_CANARY_SKIP)
+            snprintf(rep->canary, sizeof rep->canary, "skipped (policy)");
+        return 0;
+    }
+    if (!hkc_has_tests(rt->canary, j->name)) {
+        /* The common case: nothing to copy, nothing to run. */
+        if (rep)
+            snprintf(rep->canary, sizeof rep->canary, "no canary tests");
+        return 0;
+    }
+    ref_copy ref;
+    int have = 0, same = 0, err = 0;
+    hkl_swap_lock(rt);
+    hkl_module *m = hkl_module_find(rt, j->name);
+    hkl_version *cur = m ? atomic_load(&m->current) : NULL;
+    if (cur && cur->size == j->art.size && !memcmp(cur->image, j->art.image, cur->size))
+        same = 1;
+    else if (cur)
+        err = ref_take(cur, &ref), have = err == 0;
+    hkl_swap_unlock(rt, 0);
+    if (same) {
+        if (rep)
+            snprintf(rep->canary, sizeof rep->canary, "not run: the running version's image");
+        return 0;
+    }
+    if (err < 0)
+        return err;
+    hkc_image img = {.data = j->art.image,
+                     .size = j->art.size,
+                     .format = j->art.format,
+                     .nexpr = j->art.nlowered,
+                     .expr = j->name_expressions,
+                     .lowered = j->art.lowered_names,
+                     .nentries = j->art.meta.nentries,
+                     .entries = j->art.meta.entries};
+    if (img.nexpr > j->opt.nname_expressions)
+        img.nexpr = j->opt.nname_expressions;
+    err = hkc_run(rt->canary, j->name, &img, have ? &ref.im : NULL, policy, rep);
+    if (have)
+        ref_free(&ref);
+    return err;
+}

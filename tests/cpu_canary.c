@@ -1,0 +1,524 @@
+/*
+ * Canary runs on the CPU. The engine runs on the in-process fake driver; the
+ * canary helper (BUILD/bin/hotkern-canary) is a real child process that
+ * binds the loadable fake (BUILD/lib/libhotkern-fakecuda.so, through
+ * HK_LIBCUDA), whose HKFAKE_* variables make a kernel fault, hang or store a
+ * wrong value there. A misbehaving helper (BUILD/stub/hotkern-canary-bad)
+ * covers malformed, oversized, missing and late replies. The first tests
+ * drive the loadable fake through the public API alone, as an application's
+ * CI would.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loader/loader.h"
+#include "tests/fakecuda.h"
+#include "tests/harness.h"
+
+static char fake_lib[PATH_MAX], bad_helper[PATH_MAX];
+
+/* BUILD/tests/cpu_canary -> BUILD/<rel> */
+static void built_path(char *out, const char *rel) {
+    char self[PATH_MAX] = "";
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+    snprintf(out, PATH_MAX, "%s/%s", dirname(dirname(self)), rel);
+}
+
+static hk_runtime *rt;
+
+/* A runtime on the in-process fake with a canary whose helper binds the
+ * loadable fake. helper NULL: the real one. */
+static hk_runtime *make_rt(const char *helper, int timeout_ms, int canary) {
+    fake_init(1, 90);
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fakes read the PTX's tag */
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.canary = canary;
+    o.canary_helper = helper ? helper : hkt_built_program("hotkern-canary");
+    o.canary_timeout_ms = timeout_ms;
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
+    ck_assert_msg(err == 0, "create: %s", rep.message);
+    return r;
+}
+
+static hk_kernel *k_step;
+
+/* Commits version 1 (tag 1) and declares one test of step(out, n): a
+ * 16-byte buffer and n = 4, compared as `mode` says. */
+static void start_with_test(hk_compare mode, double atol) {
+    hk_report rep = HK_REPORT_INIT;
+    const char *v1 = fake_ptx(1, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "m", v1, strlen(v1) + 1, NULL, &rep), 0);
+    ck_assert_str_eq(rep.canary, "no canary tests");
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k_step), 0);
+    hk_test *t;
+    unsigned n = 4;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){32, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 16, HK_FILL_RANDOM, 7, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_test_compare(t, mode, atol, 0), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k_step, t, &rep), 0);
+    hk_test_destroy(t);
+    hk_report_clear(&rep);
+}
+
+static int swap_tag(int tag, int with_aux, hk_canary_policy policy, hk_report *rep) {
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.canary = policy;
+    const char *p = fake_ptx(tag, with_aux, 0, 0);
+    return hk_swap(rt, "m", p, strlen(p) + 1, &so, rep);
+}
+
+static void teardown(void) {
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    unsetenv("HKFAKE_FAULT");
+    unsetenv("HKFAKE_HANG");
+    unsetenv("HKFAKE_WRONG");
+    unsetenv("HKBAD_MODE");
+}
+
+static int alive(pid_t p) {
+    return p > 0 && kill(p, 0) == 0;
+}
+
+/* ---- the loadable fake through the public API ------------------------- */
+
+/* A program that knows nothing of the fake: create, swap, take a handle,
+ * launch. Device memory is host memory in the fake. */
+static void public_swap_and_launch(hk_ptx_mode mode, int want) {
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = mode;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
+    const char *p = fake_ptx(5, 0, 0, 0);
+    ck_assert_msg(hk_swap(rt, "m", p, strlen(p) + 1, NULL, &rep) == 0, "%s", rep.message);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k), 0);
+    int out = -1;
+    int *dptr = &out;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
+    ck_assert_int_eq(out, want);
+    hk_report_clear(&rep);
+}
+
+START_TEST(loadable_fake_runs_a_program) {
+    public_swap_and_launch(HK_PTX_DRIVER_JIT, 5);
+}
+END_TEST
+
+/* The default PTX path links a cubin with nvJitLink; the fake reads its
+ * kernels too (no tag in a cubin: 0). */
+START_TEST(loadable_fake_takes_cubins) {
+    public_swap_and_launch(HK_PTX_NVJITLINK, 0);
+}
+END_TEST
+
+/* The controls by dlsym: a wrong value, then a fault that sticks. */
+START_TEST(loadable_fake_controls_by_dlsym) {
+    public_swap_and_launch(HK_PTX_DRIVER_JIT, 5);
+    void *h = dlopen(fake_lib, RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_ptr_nonnull(h);
+    int (*wrong)(const char *) = (int (*)(const char *))dlsym(h, "hkfake_wrong_kernel");
+    int (*fault)(const char *, int) = (int (*)(const char *, int))dlsym(h, "hkfake_fault_kernel");
+    ck_assert_ptr_nonnull(wrong);
+    ck_assert_ptr_nonnull(fault);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k), 0);
+    int out = 0, *dptr = &out, cu = 0;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    ck_assert_int_eq(wrong("step@5"), 0);
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, NULL), 0);
+    ck_assert_int_eq(out, ~5);
+    ck_assert_int_eq(fault("step", CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    /* The wrong-value control matches first; a fresh control list shows the
+     * fault: accepted, then every call fails. */
+    void (*clear)(void) = (void (*)(void))dlsym(h, "hkfake_clear_kernels");
+    clear();
+    ck_assert_int_eq(fault("step", CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu), 0);
+    ck_assert_int_eq(hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu),
+                     HK_ERR_CUDA);
+    ck_assert_int_eq(cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+    dlclose(h);
+}
+END_TEST
+
+/* ---- canary runs ------------------------------------------------------ */
+
+START_TEST(good_kernel_committed) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_EXACT, 0);
+    hk_report rep = HK_REPORT_INIT;
+    /* Same outputs (tag 1), another image (an extra kernel). */
+    ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)"), "%s",
+                  rep.canary);
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    ck_assert_int_eq(st.canary_runs, 1);
+    ck_assert_int_eq(st.canary_refused, 0);
+    ck_assert_int_eq(st.canary_helper_starts, 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(faulting_kernel_refused_with_cuname) {
+    setenv("HKFAKE_FAULT", "step@7=CUDA_ERROR_ILLEGAL_ADDRESS", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    pid_t before = hkc_helper_pid(rt->canary);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(7, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_ILLEGAL_ADDRESS");
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 faulted: CUDA_ERROR_ILLEGAL_ADDRESS"),
+                  "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    /* The poisoned helper was replaced, and the next version runs there. */
+    pid_t after = hkc_helper_pid(rt->canary);
+    ck_assert_int_gt(after, 0);
+    ck_assert_int_ne(after, before);
+    ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    ck_assert_int_eq(st.canary_refused, 1);
+    ck_assert_int_eq(st.canary_helper_starts, 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(hanging_kernel_refused_and_helper_restarted) {
+    setenv("HKFAKE_HANG", "step@8", 1);
+    rt = make_rt(NULL, 300, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    pid_t before = hkc_helper_pid(rt->canary);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "did not finish within 300 ms"), "%s", rep.message);
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    pid_t after = hkc_helper_pid(rt->canary);
+    ck_assert_int_ne(after, before);
+    ck_assert(!alive(before)); /* killed and reaped */
+    ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_OPTIONAL, &rep), 0);
+    ck_assert_msg(strstr(rep.canary, "passed"), "%s", rep.canary);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(wrong_output_refused_on_compare) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_EXACT, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "buffer (argument 0) differs from version 1 at byte 0: "
+                                      "0x02, running version 0x01"),
+                  "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The fake's outputs read as floats: tags 1 and 2 are denormals 1.4e-45
+ * apart, different bytes but well within a tolerance. */
+START_TEST(float_tolerance_lets_close_outputs_through) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_F32, 1e-6);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* HKFAKE_* variables reach a program that loads the library: here a
+ * wrong value (the canary tests use the fault and hang variables). */
+START_TEST(loadable_fake_controls_by_environment) {
+    setenv("HKFAKE_WRONG", "step@5", 1);
+    public_swap_and_launch(HK_PTX_DRIVER_JIT, ~5);
+}
+END_TEST
+
+START_TEST(no_tests_committed_as_today) {
+    rt = make_rt(NULL, 2000, 1);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_REQUIRE, &rep), 0);
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), 0);
+    ck_assert_str_eq(rep.canary, "no canary tests");
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    ck_assert_int_eq(st.canary_runs, 0);
+    ck_assert_int_eq(st.swaps, 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+START_TEST(skip_policy_commits_a_faulting_kernel) {
+    setenv("HKFAKE_FAULT", "step@7", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(7, 0, HK_CANARY_SKIP, &rep), 0);
+    ck_assert_str_eq(rep.canary, "skipped (policy)");
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* Tests declared on a runtime without a canary: optional lets the version
+ * through saying so, required refuses it. */
+START_TEST(no_canary_configured) {
+    rt = make_rt(NULL, 2000, 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(hkc_helper_pid(rt->canary), 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), 0);
+    ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
+    ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "required but could not run"), "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A test whose arguments do not fit the kernel refuses the version. */
+START_TEST(test_that_does_not_fit_refuses) {
+    rt = make_rt(NULL, 2000, 1);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_DEFAULT, &rep), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k_step), 0);
+    hk_test *t;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){0, 1, 1}, (hk_dim3){1, 1, 1}, 0), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 8, HK_FILL_HOST, 0, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_test_buffer(t, (64u << 20) + 1, HK_FILL_ZERO, 0, NULL), HK_ERR_TOO_LARGE);
+    ck_assert_int_eq(hk_test_buffer(t, 8, HK_FILL_ZERO, 0, NULL), 0); /* n missing */
+    ck_assert_int_eq(hk_kernel_add_test(k_step, t, NULL), 0);
+    for (int i = 1; i < 16; i++)
+        ck_assert_int_eq(hk_kernel_add_test(k_step, t, NULL), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k_step, t, &rep), HK_ERR_TOO_LARGE);
+    hk_test_destroy(t);
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "the kernel takes 2 parameters, the test gives 1"), "%s",
+                  rep.message);
+    ck_assert_int_eq(hk_kernel_clear_tests(k_step), 0);
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), 0);
+    ck_assert_str_eq(rep.canary, "no canary tests");
+    hk_report_clear(&rep);
+}
+END_TEST
+
+static int refused_err;
+static char refused_msg[512];
+static void on_event(const hk_event *ev, void *ud) {
+    if (ev->kind == HK_EVENT_REFUSED && ev->report) {
+        refused_err = ev->report->error;
+        snprintf(refused_msg, sizeof refused_msg, "%s", ev->report->message);
+    }
+}
+
+/* hk_submit: the worker runs the canary; the refusal comes as an event. */
+START_TEST(submitted_version_refused_by_worker) {
+    setenv("HKFAKE_FAULT", "step@7=CUDA_ERROR_ASSERT", 1);
+    fake_init(1, 90);
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.canary = 1;
+    o.canary_helper = hkt_built_program("hotkern-canary");
+    o.on_event = on_event;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    const char *p = fake_ptx(7, 0, 0, 0);
+    ck_assert_int_eq(hk_submit(rt, "m", p, strlen(p) + 1, NULL), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 20000), 0);
+    ck_assert_int_eq(refused_err, HK_ERR_CANARY);
+    ck_assert_msg(strstr(refused_msg, "CUDA_ERROR_ASSERT"), "%s", refused_msg);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+}
+END_TEST
+
+static void *kill_later(void *arg) {
+    usleep(1000 * 1000);
+    kill((pid_t)(intptr_t)arg, SIGKILL);
+    return NULL;
+}
+
+/* The helper dies while a launch runs (here: hangs): refused, restarted. */
+START_TEST(helper_killed_mid_run) {
+    setenv("HKFAKE_HANG", "step@8", 1);
+    rt = make_rt(NULL, 20000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    pid_t victim = hkc_helper_pid(rt->canary);
+    pthread_t th;
+    pthread_create(&th, NULL, kill_later, (void *)(intptr_t)victim);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+    pthread_join(th, NULL);
+    ck_assert_msg(strstr(rep.message, "died"), "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "signal 9"), "%s", rep.message);
+    ck_assert_int_ne(hkc_helper_pid(rt->canary), victim);
+    ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A helper that died while idle is replaced before the next run. */
+START_TEST(helper_dead_between_runs_is_replaced) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_EXACT, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
+    pid_t victim = hkc_helper_pid(rt->canary);
+    kill(victim, SIGKILL);
+    usleep(100 * 1000);
+    ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_REQUIRE, &rep), 0);
+    ck_assert_msg(strstr(rep.canary, "passed"), "%s", rep.canary);
+    ck_assert_int_ne(hkc_helper_pid(rt->canary), victim);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A misbehaving helper: the version is refused (or, where the canary could
+ * not run at all and the policy is optional, let through saying so), the
+ * parent neither hangs nor crashes, and the runtime goes on. */
+static void misbehaving(const char *mode, hk_canary_policy policy, int want, const char *says) {
+    setenv("HKBAD_MODE", mode, 1);
+    rt = make_rt(bad_helper, 300, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(2, 0, policy, &rep), want);
+    const char *text = want ? rep.message : rep.canary;
+    ck_assert_msg(strstr(text, says), "%s: %s", mode, text);
+    ck_assert_int_eq(hk_module_version(rt, "m"), want ? 1 : 2);
+    hk_report_clear(&rep);
+}
+
+START_TEST(bad_helper_garbage) {
+    misbehaving("garbage", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+}
+END_TEST
+START_TEST(bad_helper_oversize) {
+    misbehaving("oversize", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+}
+END_TEST
+START_TEST(bad_helper_silent_optional) {
+    misbehaving("silent", HK_CANARY_OPTIONAL, 0, "not run: the helper did not answer in time");
+}
+END_TEST
+START_TEST(bad_helper_silent_required) {
+    misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not answer in time");
+}
+END_TEST
+START_TEST(bad_helper_no_ready) {
+    misbehaving("noready", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not start (no answer in time");
+}
+END_TEST
+START_TEST(bad_helper_fail_ready) {
+    misbehaving("failready", HK_CANARY_OPTIONAL, 0, "could not start: no device here");
+}
+END_TEST
+START_TEST(bad_helper_exits) {
+    misbehaving("exit", HK_CANARY_REQUIRE, HK_ERR_CANARY, "died while loading");
+}
+END_TEST
+START_TEST(bad_helper_wrong_type) {
+    misbehaving("badtype", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply from the helper");
+}
+END_TEST
+START_TEST(bad_helper_wrong_size) {
+    misbehaving("wrongsize", HK_CANARY_OPTIONAL, HK_ERR_CANARY, "buffer 0 of 3 bytes");
+}
+END_TEST
+START_TEST(bad_helper_extra_bytes) {
+    misbehaving("extra", HK_CANARY_OPTIONAL, HK_ERR_CANARY, "bytes left over");
+}
+END_TEST
+
+/* A helper that cannot be executed fails runtime creation, saying so. */
+START_TEST(missing_helper_fails_create) {
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.canary = 1;
+    o.canary_helper = "/nonexistent/hotkern-canary";
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "cannot start the canary helper"), "%s", rep.message);
+    ck_assert_ptr_null(rt);
+}
+END_TEST
+
+int main(void) {
+    built_path(fake_lib, "lib/libhotkern-fakecuda.so");
+    built_path(bad_helper, "stub/hotkern-canary-bad");
+    Suite *s = suite_create("canary");
+    TCase *tc = tcase_create("fake");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, loadable_fake_runs_a_program);
+    tcase_add_test(tc, loadable_fake_takes_cubins);
+    tcase_add_test(tc, loadable_fake_controls_by_dlsym);
+    tcase_add_test(tc, loadable_fake_controls_by_environment);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("runs");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, good_kernel_committed);
+    tcase_add_test(tc, faulting_kernel_refused_with_cuname);
+    tcase_add_test(tc, hanging_kernel_refused_and_helper_restarted);
+    tcase_add_test(tc, wrong_output_refused_on_compare);
+    tcase_add_test(tc, float_tolerance_lets_close_outputs_through);
+    tcase_add_test(tc, no_tests_committed_as_today);
+    tcase_add_test(tc, skip_policy_commits_a_faulting_kernel);
+    tcase_add_test(tc, no_canary_configured);
+    tcase_add_test(tc, test_that_does_not_fit_refuses);
+    tcase_add_test(tc, submitted_version_refused_by_worker);
+    tcase_add_test(tc, helper_killed_mid_run);
+    tcase_add_test(tc, helper_dead_between_runs_is_replaced);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("untrusted helper");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, bad_helper_garbage);
+    tcase_add_test(tc, bad_helper_oversize);
+    tcase_add_test(tc, bad_helper_silent_optional);
+    tcase_add_test(tc, bad_helper_silent_required);
+    tcase_add_test(tc, bad_helper_no_ready);
+    tcase_add_test(tc, bad_helper_fail_ready);
+    tcase_add_test(tc, bad_helper_exits);
+    tcase_add_test(tc, bad_helper_wrong_type);
+    tcase_add_test(tc, bad_helper_wrong_size);
+    tcase_add_test(tc, bad_helper_extra_bytes);
+    tcase_add_test(tc, missing_helper_fails_create);
+    suite_add_tcase(s, tc);
+    return hkt_run(s);
+}

@@ -1,0 +1,155 @@
+/*
+ * GPU suite: canary runs on a real device. A program that uses the CUDA
+ * runtime API keeps a live buffer that its kernel updates; versions that
+ * fault (illegal address), never end (a spin loop) or compute something else
+ * are pushed through hk_swap with a declared test launch. Each must be
+ * refused by the canary with the live runtime's version, context and buffer
+ * untouched: after every refusal the buffer holds exactly what the running
+ * version has made of it, and the application's own CUDA calls still work.
+ *
+ * SKIP without a device; one process, no fork (CUDA does not survive fork).
+ * The helper is BUILD/bin/hotkern-canary.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/loader.h"
+#include "tests/harness.h"
+
+#define N 4096
+
+#define CK_CUDA(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
+    } while (0)
+
+#define KERNEL_HEAD                                                                                \
+    "extern \"C\" __global__ void step(float *x, int n) {\n"                                       \
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+
+static const char *GOOD = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
+/* The same computation beside another kernel: another image, the same
+ * outputs. */
+static const char *GOOD2 = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
+                                       "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
+static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
+static const char *ENDLESS = KERNEL_HEAD "  volatile int spin = 1;\n"
+                                         "  while (spin) { if (i < 0) spin = 0; }\n"
+                                         "  if (i < n) x[i] = 0.0f;\n}\n";
+static const char *WRONG = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
+
+static hk_runtime *rt;
+static hk_kernel *step;
+static float *live;     /* the application's buffer */
+static float expect[N]; /* what it must hold */
+static int launches;    /* of the running version on `live` */
+
+/* Launches the running version on the live buffer and checks every element
+ * is exactly what the running version makes of it. */
+static void run_live_and_check(void) {
+    int n = N;
+    void *args[] = {&live, &n};
+    int cu = 0;
+    ck_assert_int_eq(
+        hk_launch(step, (hk_dim3){N / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0, NULL, args, &cu), 0);
+    CK_CUDA(cudaDeviceSynchronize());
+    launches++;
+    for (int i = 0; i < N; i++)
+        expect[i] += 1.0f;
+    static float got[N];
+    CK_CUDA(cudaMemcpy(got, live, sizeof got, cudaMemcpyDeviceToHost));
+    ck_assert_msg(!memcmp(got, expect, sizeof got), "live buffer changed after %d launches",
+                  launches);
+}
+
+START_TEST(setup_live_program) {
+    CK_CUDA(cudaSetDevice(0));
+    CK_CUDA(cudaMalloc((void **)&live, N * sizeof(float)));
+    for (int i = 0; i < N; i++)
+        expect[i] = (float)i * 0.5f;
+    CK_CUDA(cudaMemcpy(live, expect, sizeof expect, cudaMemcpyHostToDevice));
+    hk_options o;
+    hk_options_init(&o);
+    o.cache_dir = "";
+    o.canary = 1;
+    o.canary_helper = hkt_built_program("hotkern-canary");
+    o.canary_timeout_ms = 2000;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(hk_swap(rt, "m", GOOD, strlen(GOOD), NULL, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &step), 0);
+    hk_test *t;
+    int n = N;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){N / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, N * sizeof(float), HK_FILL_IOTA_F32, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_test_compare(t, HK_COMPARE_F32, 0, 0), 0);
+    ck_assert_int_eq(hk_kernel_add_test(step, t, &rep), 0);
+    hk_test_destroy(t);
+    run_live_and_check();
+    hk_report_clear(&rep);
+}
+END_TEST
+
+static void refused(const char *src, const char *says) {
+    hk_report rep = HK_REPORT_INIT;
+    int err = hk_swap(rt, "m", src, strlen(src), NULL, &rep);
+    ck_assert_msg(err == HK_ERR_CANARY, "%s: %s", hk_strerror(err), rep.message);
+    ck_assert_msg(strstr(rep.message, says), "%s", rep.message);
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    printf("refused as expected: %s\n", rep.message);
+    CK_CUDA(cudaGetLastError());
+    run_live_and_check();
+    hk_report_clear(&rep);
+}
+
+START_TEST(faulting_kernel_refused) {
+    refused(FAULTS, "CUDA_ERROR_ILLEGAL_ADDRESS");
+}
+END_TEST
+
+START_TEST(endless_kernel_refused) {
+    refused(ENDLESS, "did not finish within 2000 ms");
+}
+END_TEST
+
+START_TEST(wrong_output_refused) {
+    refused(WRONG, "differs from version 1");
+}
+END_TEST
+
+START_TEST(good_version_commits_after_refusals) {
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_swap(rt, "m", GOOD2, strlen(GOOD2), NULL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)"), "%s",
+                  rep.canary);
+    printf("committed: %s (canary %.1f ms)\n", rep.canary, rep.canary_ms);
+    run_live_and_check();
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    ck_assert_int_eq(st.canary_refused, 3);
+    hk_runtime_destroy(rt);
+    CK_CUDA(cudaFree(live));
+    hk_report_clear(&rep);
+}
+END_TEST
+
+int main(void) {
+    if (!hkt_gpu_or_skip("gpu_canary"))
+        return HKT_SKIP;
+    Suite *s = suite_create("canary (GPU)");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, setup_live_program);
+    tcase_add_test(tc, faulting_kernel_refused);
+    tcase_add_test(tc, endless_kernel_refused);
+    tcase_add_test(tc, wrong_output_refused);
+    tcase_add_test(tc, good_version_commits_after_refusals);
+    suite_add_tcase(s, tc);
+    return hkt_run(s);
+}

@@ -1,0 +1,107 @@
+/*
+ * A canary helper that misbehaves, for tests/cpu_canary.c: it takes the
+ * arguments of hotkern-canary and, as HKBAD_MODE says,
+ *   noready    never says READY (sleeps)
+ *   failready  says FAIL instead of READY
+ *   exit       says READY, then exits at the first request
+ *   silent     says READY, then never answers
+ *   garbage    says READY, then answers with bytes that are no message
+ *   oversize   says READY, then announces a 4 GiB reply
+ *   badtype    answers LOAD properly, LAUNCH with a LOADED message
+ *   wrongsize  answers LOAD properly, LAUNCH with a buffer of the wrong size
+ *   extra      answers LOAD properly, LAUNCH with bytes left over
+ * Built as BUILD/stub/hotkern-canary-bad (not a suite).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "canary/canary.h"
+
+static int fd = 3;
+
+static void say(hkc_buf *b) {
+    hkc_send(fd, b);
+    hkc_buf_free(b);
+}
+
+static void loaded(void) {
+    hkc_buf b;
+    hkc_buf_init(&b, HKC_LOADED);
+    hkc_put_u32(&b, 0);
+    hkc_put_str(&b, "");
+    hkc_put_str(&b, "");
+    say(&b);
+}
+
+/* A RESULT claiming one finished buffer of `size` bytes, plus `extra`. */
+static void result(uint64_t size, size_t extra) {
+    hkc_buf b;
+    hkc_buf_init(&b, HKC_RESULT);
+    hkc_put_u32(&b, HKC_STAGE_DONE);
+    hkc_put_u32(&b, 0);
+    hkc_put_str(&b, "");
+    hkc_put_u32(&b, 1);
+    hkc_put_u32(&b, 0);
+    hkc_put_u64(&b, size);
+    for (uint64_t i = 0; i < size + extra; i++)
+        hkc_put(&b, "x", 1);
+    say(&b);
+}
+
+static void answer(const char *mode, uint32_t type) {
+    if (!strcmp(mode, "exit"))
+        exit(0);
+    if (!strcmp(mode, "silent"))
+        for (;;)
+            pause();
+    if (!strcmp(mode, "garbage")) {
+        char junk[64];
+        memset(junk, 0x5a, sizeof junk);
+        send(fd, junk, sizeof junk, MSG_NOSIGNAL);
+        return;
+    }
+    if (!strcmp(mode, "oversize")) {
+        hkc_msg_hdr h = {HKC_MAGIC, HKC_RESULT, 0xfffffff0u};
+        send(fd, &h, sizeof h, MSG_NOSIGNAL);
+        return;
+    }
+    if (type == HKC_LOAD) {
+        loaded();
+        return;
+    }
+    if (!strcmp(mode, "badtype"))
+        loaded();
+    else if (!strcmp(mode, "wrongsize"))
+        result(3, 0);
+    else
+        result(16, 5); /* extra */
+}
+
+int main(int argc, char **argv) {
+    const char *mode = getenv("HKBAD_MODE");
+    mode = mode ? mode : "garbage";
+    if (!strcmp(mode, "noready"))
+        for (;;)
+            pause();
+    hkc_buf b;
+    if (!strcmp(mode, "failready")) {
+        hkc_buf_init(&b, HKC_FAIL);
+        hkc_put_str(&b, "no device here");
+        say(&b);
+        return 1;
+    }
+    hkc_buf_init(&b, HKC_READY);
+    hkc_put_u32(&b, HKC_PROTOCOL);
+    say(&b);
+    for (;;) {
+        uint32_t type;
+        unsigned char *d;
+        size_t len;
+        if (hkc_recv(fd, HKC_MAX_MSG, 0, &type, &d, &len) < 0)
+            return 0;
+        free(d);
+        answer(mode, type);
+    }
+}
