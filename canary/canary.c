@@ -29,6 +29,7 @@
 
 #include "canary/canary.h"
 #include "loader/driver.h"
+#include "util/util.h"
 
 extern char **environ;
 
@@ -474,16 +475,14 @@ static int refuse(run *r, const char *kernel, int cu, const char *cu_name, const
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    rep->error = HK_ERR_CANARY;
     if (kernel)
         snprintf(rep->kernel, sizeof rep->kernel, "%s", kernel);
     if (cu) {
         rep->cu_result = cu;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", cu_name);
     }
-    snprintf(rep->message, sizeof rep->message, "canary: %s; the running version stays", text);
     snprintf(rep->canary, sizeof rep->canary, "refused: %.150s", text);
-    return HK_ERR_CANARY;
+    return hku_fail(rep, HK_ERR_CANARY, "canary: %s; the running version stays", text);
 }
 
 /* The canary could not run: refused under REQUIRE, else let through. */

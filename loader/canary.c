@@ -100,12 +100,8 @@ typedef struct ref_copy {
 
 static void ref_free(ref_copy *r) {
     free(r->data);
-    for (int i = 0; i < r->im.nexpr; i++) {
-        free(r->expr ? r->expr[i] : NULL);
-        free(r->lowered ? r->lowered[i] : NULL);
-    }
-    free(r->expr);
-    free(r->lowered);
+    hku_strv_free(r->expr, r->im.nexpr);
+    hku_strv_free(r->lowered, r->im.nexpr);
     for (int i = 0; i < r->im.nentries; i++) {
         free(r->entries[i].name);
         free(r->entries[i].params);
@@ -128,12 +124,10 @@ static int ref_take(const hkl_version *v, ref_copy *r) {
     r->im =
         (hkc_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
     if (ok && v->nexpr > 0) {
-        /* Counts are set once the arrays exist: ref_free frees what is in them. */
-        ok = (r->expr = calloc((size_t)v->nexpr, sizeof *r->expr)) &&
-             (r->lowered = calloc((size_t)v->nexpr, sizeof *r->lowered));
-        r->im.nexpr = ok ? v->nexpr : 0;
-        for (int i = 0; ok && i < v->nexpr; i++)
-            ok = (r->expr[i] = strdup(v->expr[i])) && (r->lowered[i] = strdup(v->lowered[i]));
+        r->expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
+        r->lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
+        r->im.nexpr = v->nexpr; /* ref_free frees whichever copy was made */
+        ok = r->expr && r->lowered;
     }
     if (ok && v->nentries > 0)
         ok = (r->entries = calloc((size_t)v->nentries, sizeof *r->entries)) != NULL;
