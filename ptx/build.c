@@ -565,19 +565,30 @@ static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
     return rc;
 }
 
-/* Fills a from a cached entry; any inconsistency is a miss. */
-static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_artifact *a) {
+/* Opens the cache entry of key, which must start with magic: 0 with *r
+ * over it, past the magic (free((void *)r->p) when done), or
+ * HK_ERR_NOT_FOUND for a miss or an entry of another kind. */
+static int entry_open(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], uint64_t magic, rbuf *r) {
     void *data;
     size_t size;
     if (hkp_cache_get(c, key, &data, &size) != 0)
         return HK_ERR_NOT_FOUND;
-    rbuf r = {.p = data, .n = size};
+    *r = (rbuf){.p = data, .n = size};
+    if (r_u64(r) == magic)
+        return 0;
+    free(data);
+    return HK_ERR_NOT_FOUND;
+}
+
+/* Fills a from a cached entry; any inconsistency is a miss. */
+static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_artifact *a) {
+    rbuf r;
+    if (entry_open(c, key, ARTIFACT_MAGIC, &r) != 0)
+        return HK_ERR_NOT_FOUND;
     int rc = HK_ERR_NOT_FOUND;
-    if (r_u64(&r) != ARTIFACT_MAGIC)
-        goto out;
     a->format = (hk_format)r_u64(&r);
     uint64_t isz = r_u64(&r);
-    if (r.err || isz > size - r.i || isz == 0)
+    if (r.err || isz > r.n - r.i || isz == 0)
         goto out;
     a->image = malloc((size_t)isz);
     if (!a->image)
@@ -585,8 +596,8 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
     memcpy(a->image, r.p + r.i, (size_t)isz);
     a->size = (size_t)isz;
     r.i += (size_t)isz;
-    if (r_strv(&r, size / 8, &a->lowered_names, &a->nlowered) < 0 ||
-        r_strv(&r, size / 8, &a->deps, &a->ndeps) < 0)
+    if (r_strv(&r, r.n / 8, &a->lowered_names, &a->nlowered) < 0 ||
+        r_strv(&r, r.n / 8, &a->deps, &a->ndeps) < 0)
         goto out;
     char *log = r_str(&r);
     if (r.err || r.i != r.n) {
@@ -600,7 +611,7 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
     a->log = log;
     rc = 0;
 out:
-    free(data);
+    free((void *)r.p);
     return rc;
 }
 
@@ -622,14 +633,10 @@ static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
  * from disk, in-memory headers from this build's set. */
 static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const search_path *sp,
                          dep_list *d) {
-    void *data;
-    size_t size;
-    if (hkp_cache_get(c, key, &data, &size) != 0)
+    rbuf r;
+    if (entry_open(c, key, MANIFEST_MAGIC, &r) != 0)
         return HK_ERR_NOT_FOUND;
-    rbuf r = {.p = data, .n = size};
     int rc = HK_ERR_NOT_FOUND;
-    if (r_u64(&r) != MANIFEST_MAGIC)
-        goto out;
     uint64_t n = r_u64(&r);
     if (r.err || n > MAX_DEPS)
         goto out;
@@ -657,7 +664,7 @@ static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const s
     }
     rc = r.i == r.n ? 0 : HK_ERR_NOT_FOUND;
 out:
-    free(data);
+    free((void *)r.p);
     if (rc)
         deps_free(d);
     return rc;
