@@ -1252,10 +1252,9 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     ep->per_ip = cfg->per_ip_connections ? cfg->per_ip_connections : 128;
     ep->deadline_ms = 1000 * (int64_t)(cfg->request_timeout_s ? cfg->request_timeout_s : 60);
     ep->mods = calloc(MAX_MODULES, sizeof *ep->mods);
-    ep->hosts = cfg->nhosts ? calloc((size_t)cfg->nhosts, sizeof *ep->hosts) : NULL;
+    ep->hosts = hku_strv_dup(cfg->hosts, cfg->nhosts);
+    ep->nhosts = ep->hosts ? cfg->nhosts : 0;
     int oom = !ep->mods || (cfg->nhosts && !ep->hosts);
-    for (int i = 0; !oom && i < cfg->nhosts; i++, ep->nhosts++)
-        oom = !(ep->hosts[i] = strdup(cfg->hosts[i] ? cfg->hosts[i] : ""));
     if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
         (cfg->tls_cert_pem && !(ep->cert_pem = strdup(cfg->tls_cert_pem))) ||
         (cfg->tls_key_pem && !(ep->key_pem = strdup(cfg->tls_key_pem)))) {
@@ -1374,9 +1373,7 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
         free(ep->mods[i].last_log);
     free(ep->last.last_log);
     free(ep->mods);
-    for (int i = 0; i < ep->nhosts; i++)
-        free(ep->hosts[i]);
-    free(ep->hosts);
+    hku_strv_free(ep->hosts, ep->nhosts);
     hkn_state_close(ep->state);
     free(ep->token);
     free(ep->cert_pem);
