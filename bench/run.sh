@@ -14,3 +14,6 @@ for load in idle busy; do
     "$B/bench/bench_stall" "$mode" "$load" | grep -v '^==\|^machine' || true
   done
 done
+# Under load (section 7) and the soak (section 9): long; run on their own.
+HK_LOAD_PHASES=hk HK_LOAD_CAP_S=15 "$B/bench/bench_load" 8 32 || echo "bench: bench_load exited $?"
+"$B/bench/bench_soak" 600 || echo "bench: bench_soak exited $?"

@@ -43,6 +43,10 @@ kernel() {
 }
 
 # finish NAME PID LOG: stops a background example and checks it stopped well.
+# The examples in the background run under `timeout --foreground`: without
+# it, timeout passes a SIGTERM on to the example twice (to it and to its
+# process group), and once killed an example on the way out (exit 143 after
+# printing "stopped", on the H200).
 finish() {
   kill -TERM "$2" 2>/dev/null
   wait "$2"
@@ -102,7 +106,7 @@ log=$tmp/watch.log
 : >"$log" # before the background start, for wait_for
 mkdir "$tmp/k"
 kernel "$tmp/k/scale.cu" 1.0f
-timeout "$LIMIT" "$EX/watch_dir" "$tmp/k" scale fill "$LIMIT" >"$log" 2>&1 &
+timeout --foreground "$LIMIT" "$EX/watch_dir" "$tmp/k" scale fill "$LIMIT" >"$log" 2>&1 &
 pid=$!
 wait_for "$log" '^(SKIP: |watching )'
 if skipped watch_dir "$log"; then
@@ -126,7 +130,7 @@ kernel "$tmp/v1.cu" 1.0f
 kernel "$tmp/v2.cu" 2.0f
 kernel "$tmp/broken.cu" 'undefined_name'
 "$HOTKERN" keygen --out "$tmp/keys" >/dev/null || fail receive_pushes "hotkern keygen failed"
-XDG_STATE_HOME=$tmp/state timeout "$LIMIT" "$EX/receive_pushes" "$tmp/keys/hotkern.pub" \
+XDG_STATE_HOME=$tmp/state timeout --foreground "$LIMIT" "$EX/receive_pushes" "$tmp/keys/hotkern.pub" \
   scale fill "$LIMIT" >"$log" 2>&1 &
 pid=$!
 wait_for "$log" '^(SKIP: |listening on )'
