@@ -362,7 +362,7 @@ struct hk_runtime {
     int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
     _Atomic int log_min; /* least level delivered now; read without the lock */
 
-    hkc_canary *canary; /* immutable after create: test declarations and the
+    hka_canary *canary; /* immutable after create: test declarations and the
                          * canary helper (canary/; its own locks) */
 };
 

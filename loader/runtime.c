@@ -603,7 +603,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
     sources_release(rt);
     hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
-    hkc_destroy(rt->canary); /* no build runs any more: kills the helper */
+    hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */
@@ -659,7 +659,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
         out->cache_misses = m;
     }
     if (rt->canary)
-        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
+        hka_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
     hkl_sized_out(user, out, sizeof *out);
     return 0;
 }
