@@ -37,10 +37,13 @@ LIBS     := $(NET_LIBS) $(CORE_LIBS)
 NO_UNDEF := $(if $(SAN),,-Wl,--no-undefined)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
+# util/ is compiled into both libraries, hidden in each (util/util.h).
+UTIL_SRC := $(sort $(wildcard util/*.c))
+UTIL_OBJ := $(UTIL_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 NET_SRC  := $(sort $(wildcard net/*.c))
-NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o)
+NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
@@ -265,15 +268,13 @@ fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  loader/format.c \
-	  $(FUZZ_NET_LIBS)
+	  loader/format.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  loader/format.c \
-	  $(FUZZ_NET_LIBS)
+	  loader/format.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
 	  loader/record.c loader/format.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c \
-	  net/state.c loader/format.c loader/expo.c $(FUZZ_NET_LIBS)
+	  net/state.c loader/format.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin
@@ -297,9 +298,9 @@ fuzz: fuzz-build
 	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
 	done
 
-FORMAT_SRC = $(wildcard include/hotkern/*.h loader/*.[ch] ptx/*.[ch] watch/*.[ch] net/*.[ch] \
-               canary/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] demo/*.[ch] \
-               examples/*.c)
+FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
+               net/*.[ch] canary/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
+               demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh

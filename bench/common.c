@@ -121,6 +121,14 @@ void bench_init(const char *name) {
         printf("SKIP %s: no usable CUDA device (%s)\n", name, why);
         exit(77);
     }
+    /* Entries the engine does not call are NULL on a driver without them. */
+#define BENCH_NEED(field, sym)                                                                     \
+    if (!bd.field) {                                                                               \
+        printf("SKIP %s: the CUDA driver lacks %s\n", name, #sym);                                 \
+        exit(77);                                                                                  \
+    }
+    HKL_DRIVER_ENTRIES_EXTRA(BENCH_NEED)
+#undef BENCH_NEED
     CUcontext ctx;
     bd.DevicePrimaryCtxRetain(&ctx, 0);
     bd.CtxSetCurrent(ctx);

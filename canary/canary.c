@@ -29,6 +29,7 @@
 
 #include "canary/canary.h"
 #include "loader/driver.h"
+#include "util/util.h"
 
 extern char **environ;
 
@@ -39,11 +40,11 @@ extern char **environ;
 typedef struct ktests {
     char module[64], kernel[128];
     int n;
-    hk_test *t[HKC_MAX_TESTS];
+    hk_test *t[HKA_MAX_TESTS];
     struct ktests *next;
 } ktests;
 
-struct hkc_canary {
+struct hka_canary {
     /* immutable */
     char *helper;
     int device, timeout_ms, enabled;
@@ -87,8 +88,8 @@ void hk_test_destroy(hk_test *t) {
     free(t);
 }
 
-static int add_arg(hk_test *t, hkc_arg a, const void *bytes, size_t n) {
-    if (t->nargs == HKC_MAX_ARGS)
+static int add_arg(hk_test *t, hka_arg a, const void *bytes, size_t n) {
+    if (t->nargs == HKA_MAX_ARGS)
         return HK_ERR_INVALID;
     if (bytes) {
         if (!(a.data = malloc(n ? n : 1)))
@@ -100,18 +101,18 @@ static int add_arg(hk_test *t, hkc_arg a, const void *bytes, size_t n) {
 }
 
 int hk_test_scalar(hk_test *t, const void *value, size_t size) {
-    if (!t || !value || !size || size > HKC_MAX_SCALAR)
+    if (!t || !value || !size || size > HKA_MAX_SCALAR)
         return HK_ERR_INVALID;
-    return add_arg(t, (hkc_arg){.kind = HKC_ARG_SCALAR, .size = size}, value, size);
+    return add_arg(t, (hka_arg){.kind = HKA_ARG_SCALAR, .size = size}, value, size);
 }
 
 int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param, const void *host) {
     if (!t || !bytes || (int)fill < HK_FILL_ZERO || fill > HK_FILL_HOST ||
         (fill == HK_FILL_HOST && !host))
         return HK_ERR_INVALID;
-    if (bytes > HKC_MAX_TEST_BYTES - t->buffer_bytes)
+    if (bytes > HKA_MAX_TEST_BYTES - t->buffer_bytes)
         return HK_ERR_TOO_LARGE;
-    hkc_arg a = {.kind = HKC_ARG_BUFFER, .size = bytes, .fill = fill, .param = param};
+    hka_arg a = {.kind = HKA_ARG_BUFFER, .size = bytes, .fill = fill, .param = param};
     int err = add_arg(t, a, fill == HK_FILL_HOST ? host : NULL, bytes);
     if (!err)
         t->buffer_bytes += bytes;
@@ -146,7 +147,7 @@ static hk_test *test_dup(const hk_test *t) {
     return c;
 }
 
-int hkc_add_test(hkc_canary *c, const char *module, const char *kernel, const hk_test *t,
+int hka_add_test(hka_canary *c, const char *module, const char *kernel, const hk_test *t,
                  hk_report *rep) {
     hk_test *copy = test_dup(t);
     if (!copy)
@@ -164,7 +165,7 @@ int hkc_add_test(hkc_canary *c, const char *module, const char *kernel, const hk
     }
     if (!k)
         err = HK_ERR_NOMEM;
-    else if (k->n == HKC_MAX_TESTS)
+    else if (k->n == HKA_MAX_TESTS)
         err = HK_ERR_TOO_LARGE;
     else
         k->t[k->n++] = copy;
@@ -174,13 +175,13 @@ int hkc_add_test(hkc_canary *c, const char *module, const char *kernel, const hk
         if (rep && err == HK_ERR_TOO_LARGE) {
             rep->error = err;
             snprintf(rep->message, sizeof rep->message,
-                     "kernel '%s' has %d test launches already (the most)", kernel, HKC_MAX_TESTS);
+                     "kernel '%s' has %d test launches already (the most)", kernel, HKA_MAX_TESTS);
         }
     }
     return err;
 }
 
-int hkc_clear_tests(hkc_canary *c, const char *module, const char *kernel) {
+int hka_clear_tests(hka_canary *c, const char *module, const char *kernel) {
     pthread_mutex_lock(&c->tests_lock);
     for (ktests **pp = &c->tests; *pp; pp = &(*pp)->next)
         if (!strcmp((*pp)->module, module) && !strcmp((*pp)->kernel, kernel)) {
@@ -195,7 +196,7 @@ int hkc_clear_tests(hkc_canary *c, const char *module, const char *kernel) {
     return 0;
 }
 
-int hkc_has_tests(hkc_canary *c, const char *module) {
+int hka_has_tests(hka_canary *c, const char *module) {
     int n = 0;
     pthread_mutex_lock(&c->tests_lock);
     for (ktests *k = c->tests; k && !n; k = k->next)
@@ -219,7 +220,7 @@ static void snap_free(snap *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int snap_take(hkc_canary *c, const char *module, snap *s) {
+static int snap_take(hka_canary *c, const char *module, snap *s) {
     memset(s, 0, sizeof *s);
     int err = 0, n = 0;
     pthread_mutex_lock(&c->tests_lock);
@@ -245,7 +246,7 @@ static int snap_take(hkc_canary *c, const char *module, snap *s) {
 /* ---- the helper process -------------------------------------------------- */
 
 /* Reaps killed helpers that have gone; never waits. run_lock held. */
-static void reap_zombies(hkc_canary *c) {
+static void reap_zombies(hka_canary *c) {
     for (int i = 0; i < MAX_ZOMBIES; i++)
         if (c->zombies[i] > 0 && waitpid(c->zombies[i], NULL, WNOHANG) != 0)
             c->zombies[i] = 0;
@@ -255,7 +256,7 @@ static void reap_zombies(hkc_canary *c) {
  * it go (a process inside a driver call can take a moment); one that takes
  * longer is reaped later. Describes how it ended in `how` (may be NULL).
  * run_lock held. */
-static void helper_kill(hkc_canary *c, char *how, size_t n) {
+static void helper_kill(hka_canary *c, char *how, size_t n) {
     if (how && n)
         how[0] = '\0';
     if (c->fd >= 0)
@@ -289,7 +290,7 @@ static void helper_kill(hkc_canary *c, char *how, size_t n) {
 }
 
 /* Starts a helper; its READY is read by helper_ready. run_lock held. */
-static int helper_start(hkc_canary *c, char *why, size_t n) {
+static int helper_start(hka_canary *c, char *why, size_t n) {
     reap_zombies(c);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
@@ -336,7 +337,7 @@ static int helper_start(hkc_canary *c, char *why, size_t n) {
 }
 
 /* Starts the helper if none runs and reads its READY. run_lock held. */
-static int helper_ready(hkc_canary *c, char *why, size_t n) {
+static int helper_ready(hka_canary *c, char *why, size_t n) {
     if (c->pid <= 0 && helper_start(c, why, n) < 0)
         return HK_ERR_IO;
     if (c->ready)
@@ -344,17 +345,17 @@ static int helper_ready(hkc_canary *c, char *why, size_t n) {
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hkc_now_ms() + (double)c->timeout_ms * START_FACTOR;
-    int r = hkc_recv(c->fd, HKC_MAX_TEXT + 8, deadline, &type, &d, &len);
-    hkc_rd rd = {d, len, 0};
-    char text[HKC_MAX_TEXT + 1] = "";
-    if (r == 0 && type == HKC_READY && hkc_get_u32(&rd) == HKC_PROTOCOL && !hkc_end(&rd)) {
+    double deadline = hka_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    int r = hka_recv(c->fd, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
+    hka_rd rd = {d, len, 0};
+    char text[HKA_MAX_TEXT + 1] = "";
+    if (r == 0 && type == HKA_READY && hka_get_u32(&rd) == HKA_PROTOCOL && !hka_end(&rd)) {
         free(d);
         c->ready = 1;
         return 0;
     }
-    if (r == 0 && type == HKC_FAIL)
-        hkc_get_str(&rd, text, sizeof text, HKC_MAX_TEXT);
+    if (r == 0 && type == HKA_FAIL)
+        hka_get_str(&rd, text, sizeof text, HKA_MAX_TEXT);
     free(d);
     char how[64];
     helper_kill(c, how, sizeof how);
@@ -362,15 +363,15 @@ static int helper_ready(hkc_canary *c, char *why, size_t n) {
         snprintf(why, n, "the canary helper could not start: %.200s", text);
     else
         snprintf(why, n, "the canary helper did not start (%s%s%s)",
-                 r == HKC_RECV_TIMEOUT ? "no answer in time"
-                 : r == HKC_RECV_EOF   ? "it ended"
+                 r == HKA_RECV_TIMEOUT ? "no answer in time"
+                 : r == HKA_RECV_EOF   ? "it ended"
                                        : "malformed greeting",
                  how[0] ? ", " : "", how);
     return HK_ERR_IO;
 }
 
-int hkc_create(hkc_canary **out, const hkc_config *cfg, char *why, size_t why_size) {
-    hkc_canary *c = calloc(1, sizeof *c);
+int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_size) {
+    hka_canary *c = calloc(1, sizeof *c);
     if (!c)
         return HK_ERR_NOMEM;
     c->fd = -1;
@@ -379,19 +380,19 @@ int hkc_create(hkc_canary **out, const hkc_config *cfg, char *why, size_t why_si
     pthread_mutex_init(&c->run_lock, NULL);
     pthread_mutex_init(&c->tests_lock, NULL);
     if (cfg->helper && !(c->helper = strdup(cfg->helper))) {
-        hkc_destroy(c);
+        hka_destroy(c);
         return HK_ERR_NOMEM;
     }
     c->enabled = c->helper != NULL;
     if (cfg->start && c->enabled && helper_start(c, why, why_size) < 0) {
-        hkc_destroy(c);
+        hka_destroy(c);
         return HK_ERR_IO;
     }
     *out = c;
     return 0;
 }
 
-void hkc_destroy(hkc_canary *c) {
+void hka_destroy(hka_canary *c) {
     if (!c)
         return;
     pthread_mutex_lock(&c->run_lock);
@@ -411,28 +412,28 @@ void hkc_destroy(hkc_canary *c) {
     free(c);
 }
 
-pid_t hkc_helper_pid(hkc_canary *c) {
+pid_t hka_helper_pid(hka_canary *c) {
     pthread_mutex_lock(&c->run_lock);
     pid_t p = c->pid;
     pthread_mutex_unlock(&c->run_lock);
     return p;
 }
 
-void hkc_counts(hkc_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts) {
+void hka_counts(hka_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts) {
     *runs = atomic_load(&c->runs);
     *refused = atomic_load(&c->refused);
     *starts = atomic_load(&c->starts);
 }
 
-int hkc_enabled(const hkc_canary *c) {
+int hka_enabled(const hka_canary *c) {
     return c && c->enabled;
 }
 
 /* ---- one run ------------------------------------------------------------- */
 
 typedef struct run {
-    hkc_canary *c;
-    const hkc_image *img, *ref;
+    hka_canary *c;
+    const hka_image *img, *ref;
     int policy;
     int cmp; /* the running version is loaded in slot 1 */
     int launches, compared;
@@ -442,13 +443,13 @@ typedef struct run {
 
 /* What a test launch came back with. */
 typedef struct outcome {
-    int transport;    /* 0, or an HKC_RECV_* code (a failed send is EOF) */
+    int transport;    /* 0, or an HKA_RECV_* code (a failed send is EOF) */
     char detail[96];  /* what was malformed */
-    uint32_t stage;   /* hkc_stage */
+    uint32_t stage;   /* hka_stage */
     int cu;           /* CUresult where it stopped */
     char cu_name[64]; /* its name, as the helper's driver says */
     unsigned char *payload;
-    const unsigned char *buf[HKC_MAX_ARGS]; /* by argument index: buffers after */
+    const unsigned char *buf[HKA_MAX_ARGS]; /* by argument index: buffers after */
 } outcome;
 
 static void note(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -474,16 +475,14 @@ static int refuse(run *r, const char *kernel, int cu, const char *cu_name, const
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    rep->error = HK_ERR_CANARY;
     if (kernel)
         snprintf(rep->kernel, sizeof rep->kernel, "%s", kernel);
     if (cu) {
         rep->cu_result = cu;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", cu_name);
     }
-    snprintf(rep->message, sizeof rep->message, "canary: %s; the running version stays", text);
     snprintf(rep->canary, sizeof rep->canary, "refused: %.150s", text);
-    return HK_ERR_CANARY;
+    return hku_fail(rep, HK_ERR_CANARY, "canary: %s; the running version stays", text);
 }
 
 /* The canary could not run: refused under REQUIRE, else let through. */
@@ -495,7 +494,7 @@ static int unavailable(run *r, const char *why) {
     return 0;
 }
 
-static const char *entry_of(const hkc_image *im, const char *kernel) {
+static const char *entry_of(const hka_image *im, const char *kernel) {
     for (int i = 0; i < im->nexpr; i++)
         if (!strcmp(im->expr[i], kernel))
             return im->lowered[i];
@@ -503,7 +502,7 @@ static const char *entry_of(const hkc_image *im, const char *kernel) {
 }
 
 /* The image's description of the entry (NULL: absent, or no metadata). */
-static const hkp_entry *find_entry(const hkc_image *im, const char *entry) {
+static const hkp_entry *find_entry(const hka_image *im, const char *entry) {
     for (int i = 0; i < im->nentries; i++)
         if (!strcmp(im->entries[i].name, entry))
             return &im->entries[i];
@@ -517,7 +516,7 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
         return 1;
     }
     for (int i = 0; i < t->nargs; i++) {
-        uint64_t want = t->args[i].kind == HKC_ARG_BUFFER ? sizeof(void *) : t->args[i].size;
+        uint64_t want = t->args[i].kind == HKA_ARG_BUFFER ? sizeof(void *) : t->args[i].size;
         if (e->params[i].size != want) {
             snprintf(why, n, "parameter %d is %u bytes, the test gives %llu", i, e->params[i].size,
                      (unsigned long long)want);
@@ -528,36 +527,36 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
 }
 
 /* Loads im into slot. 0; 1 when the helper's driver refused it (cu, name and
- * log say why); or a negative HKC_RECV_* when the exchange failed. */
-static int load_slot(hkc_canary *c, int slot, const hkc_image *im, int *cu, char *name, char *log) {
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_LOAD);
-    hkc_put_u32(&b, (uint32_t)slot);
-    hkc_put_u32(&b, (uint32_t)im->format);
-    hkc_put(&b, im->data, im->size);
-    int sent = hkc_send(c->fd, &b);
-    hkc_buf_free(&b);
+ * log say why); or a negative HKA_RECV_* when the exchange failed. */
+static int load_slot(hka_canary *c, int slot, const hka_image *im, int *cu, char *name, char *log) {
+    hka_buf b;
+    hka_buf_init(&b, HKA_LOAD);
+    hka_put_u32(&b, (uint32_t)slot);
+    hka_put_u32(&b, (uint32_t)im->format);
+    hka_put(&b, im->data, im->size);
+    int sent = hka_send(c->fd, &b);
+    hka_buf_free(&b);
     if (sent < 0)
-        return HKC_RECV_EOF;
+        return HKA_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hkc_now_ms() + (double)c->timeout_ms * START_FACTOR;
-    int r = hkc_recv(c->fd, 16 + 2 * HKC_MAX_TEXT, deadline, &type, &d, &len);
+    double deadline = hka_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    int r = hka_recv(c->fd, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
     if (r < 0)
         return r;
-    hkc_rd rd = {d, len, 0};
-    *cu = (int)hkc_get_u32(&rd);
-    hkc_get_str(&rd, name, 64, 63);
-    hkc_get_str(&rd, log, HKC_MAX_TEXT + 1, HKC_MAX_TEXT);
-    int bad = type != HKC_LOADED || hkc_end(&rd);
+    hka_rd rd = {d, len, 0};
+    *cu = (int)hka_get_u32(&rd);
+    hka_get_str(&rd, name, 64, 63);
+    hka_get_str(&rd, log, HKA_MAX_TEXT + 1, HKA_MAX_TEXT);
+    int bad = type != HKA_LOADED || hka_end(&rd);
     free(d);
-    return bad ? HKC_RECV_MALFORMED : *cu ? 1 : 0;
+    return bad ? HKA_RECV_MALFORMED : *cu ? 1 : 0;
 }
 
 static const char *recv_what(int r) {
-    return r == HKC_RECV_TIMEOUT ? "did not answer in time"
-           : r == HKC_RECV_EOF   ? "died"
+    return r == HKA_RECV_TIMEOUT ? "did not answer in time"
+           : r == HKA_RECV_EOF   ? "died"
                                  : "answered nonsense";
 }
 
@@ -565,8 +564,8 @@ static const char *recv_what(int r) {
  * r->cmp, the running one (slot 1; a failure there only turns comparisons
  * off). A helper that died while idle is replaced once. 0, or -1 with why. */
 static int prepare(run *r, char *why, size_t n) {
-    hkc_canary *c = r->c;
-    char name[64], log[HKC_MAX_TEXT + 1], how[64];
+    hka_canary *c = r->c;
+    char name[64], log[HKA_MAX_TEXT + 1], how[64];
     for (int attempt = 0; attempt < 2; attempt++) {
         if (helper_ready(c, why, n) < 0)
             return -1;
@@ -588,7 +587,7 @@ static int prepare(run *r, char *why, size_t n) {
         helper_kill(c, how, sizeof how);
         snprintf(why, n, "the helper %s while loading an image%s%s", recv_what(lr),
                  how[0] ? ": " : "", how);
-        if (lr != HKC_RECV_EOF)
+        if (lr != HKA_RECV_EOF)
             break;
     }
     char ignored[8];
@@ -596,28 +595,28 @@ static int prepare(run *r, char *why, size_t n) {
     return -1;
 }
 
-static int send_launch(hkc_canary *c, int slot, const char *entry, const hk_test *t) {
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_LAUNCH);
-    hkc_put_u32(&b, (uint32_t)slot);
-    hkc_put_str(&b, entry);
+static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t) {
+    hka_buf b;
+    hka_buf_init(&b, HKA_LAUNCH);
+    hka_put_u32(&b, (uint32_t)slot);
+    hka_put_str(&b, entry);
     for (int i = 0; i < 3; i++)
-        hkc_put_u32(&b, t->grid[i]);
+        hka_put_u32(&b, t->grid[i]);
     for (int i = 0; i < 3; i++)
-        hkc_put_u32(&b, t->block[i]);
-    hkc_put_u32(&b, t->shared);
-    hkc_put_u32(&b, (uint32_t)t->nargs);
+        hka_put_u32(&b, t->block[i]);
+    hka_put_u32(&b, t->shared);
+    hka_put_u32(&b, (uint32_t)t->nargs);
     for (int i = 0; i < t->nargs; i++) {
-        const hkc_arg *a = &t->args[i];
-        hkc_put_u32(&b, a->kind);
-        hkc_put_u64(&b, a->size);
-        hkc_put_u32(&b, a->fill);
-        hkc_put_u64(&b, a->param);
+        const hka_arg *a = &t->args[i];
+        hka_put_u32(&b, a->kind);
+        hka_put_u64(&b, a->size);
+        hka_put_u32(&b, a->fill);
+        hka_put_u64(&b, a->param);
         if (a->data)
-            hkc_put(&b, a->data, a->size);
+            hka_put(&b, a->data, a->size);
     }
-    int err = hkc_send(c->fd, &b);
-    hkc_buf_free(&b);
+    int err = hka_send(c->fd, &b);
+    hka_buf_free(&b);
     return err;
 }
 
@@ -633,67 +632,67 @@ static void sane_cu_name(char *name, size_t n, int cu) {
 /* Reads a RESULT strictly: a finished launch returns every buffer at its
  * declared size, in order, and nothing else. */
 static void parse_result(const hk_test *t, outcome *o, size_t len) {
-    hkc_rd rd = {o->payload, len, 0};
-    o->stage = hkc_get_u32(&rd);
-    o->cu = (int)hkc_get_u32(&rd);
-    hkc_get_str(&rd, o->cu_name, sizeof o->cu_name, sizeof o->cu_name - 1);
-    uint32_t nout = hkc_get_u32(&rd);
+    hka_rd rd = {o->payload, len, 0};
+    o->stage = hka_get_u32(&rd);
+    o->cu = (int)hka_get_u32(&rd);
+    hka_get_str(&rd, o->cu_name, sizeof o->cu_name, sizeof o->cu_name - 1);
+    uint32_t nout = hka_get_u32(&rd);
     int nbuf = 0;
     for (int i = 0; i < t->nargs; i++)
-        nbuf += t->args[i].kind == HKC_ARG_BUFFER;
-    uint32_t want = o->stage == HKC_STAGE_DONE ? (uint32_t)nbuf : 0;
-    if (rd.bad || o->stage > HKC_STAGE_DONE || nout != want ||
-        (o->stage == HKC_STAGE_DONE) != (o->cu == 0)) {
+        nbuf += t->args[i].kind == HKA_ARG_BUFFER;
+    uint32_t want = o->stage == HKA_STAGE_DONE ? (uint32_t)nbuf : 0;
+    if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want ||
+        (o->stage == HKA_STAGE_DONE) != (o->cu == 0)) {
         snprintf(o->detail, sizeof o->detail, "stage %u, result %d, %u buffers for %u", o->stage,
                  o->cu, nout, want);
-        o->transport = HKC_RECV_MALFORMED;
+        o->transport = HKA_RECV_MALFORMED;
         return;
     }
     for (int i = 0; i < t->nargs && nout; i++) {
-        if (t->args[i].kind != HKC_ARG_BUFFER)
+        if (t->args[i].kind != HKA_ARG_BUFFER)
             continue;
-        uint32_t idx = hkc_get_u32(&rd);
-        uint64_t size = hkc_get_u64(&rd);
+        uint32_t idx = hka_get_u32(&rd);
+        uint64_t size = hka_get_u64(&rd);
         if (rd.bad || idx != (uint32_t)i || size != t->args[i].size) {
             snprintf(o->detail, sizeof o->detail,
                      "buffer %u of %llu bytes where argument %d has %llu", idx,
                      (unsigned long long)size, i, (unsigned long long)t->args[i].size);
-            o->transport = HKC_RECV_MALFORMED;
+            o->transport = HKA_RECV_MALFORMED;
             return;
         }
-        o->buf[i] = hkc_get(&rd, size);
+        o->buf[i] = hka_get(&rd, size);
     }
-    if (hkc_end(&rd)) {
+    if (hka_end(&rd)) {
         snprintf(o->detail, sizeof o->detail, "%s", rd.bad ? "truncated" : "bytes left over");
-        o->transport = HKC_RECV_MALFORMED;
+        o->transport = HKA_RECV_MALFORMED;
         return;
     }
     sane_cu_name(o->cu_name, sizeof o->cu_name, o->cu);
 }
 
 /* Runs test t on the image in slot under the launch timeout. */
-static void do_launch(hkc_canary *c, int slot, const char *entry, const hk_test *t, outcome *o) {
+static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, outcome *o) {
     memset(o, 0, sizeof *o);
     if (send_launch(c, slot, entry, t) < 0) {
-        o->transport = HKC_RECV_EOF;
+        o->transport = HKA_RECV_EOF;
         return;
     }
     int nbuf = 0;
     for (int i = 0; i < t->nargs; i++)
-        nbuf += t->args[i].kind == HKC_ARG_BUFFER;
+        nbuf += t->args[i].kind == HKA_ARG_BUFFER;
     /* The largest honest reply: header fields, a name, each buffer. */
     size_t max = 16 + 64 + (size_t)nbuf * 12 + t->buffer_bytes;
     uint32_t type = 0;
     size_t len = 0;
-    int r = hkc_recv(c->fd, max, hkc_now_ms() + c->timeout_ms, &type, &o->payload, &len);
+    int r = hka_recv(c->fd, max, hka_now_ms() + c->timeout_ms, &type, &o->payload, &len);
     if (r < 0) {
         o->transport = r;
         snprintf(o->detail, sizeof o->detail, "a reply over %zu bytes or with a bad header", max);
         return;
     }
-    if (type != HKC_RESULT) {
+    if (type != HKA_RESULT) {
         snprintf(o->detail, sizeof o->detail, "a message of type %u", type);
-        o->transport = HKC_RECV_MALFORMED;
+        o->transport = HKA_RECV_MALFORMED;
         return;
     }
     parse_result(t, o, len);
@@ -701,11 +700,11 @@ static void do_launch(hkc_canary *c, int slot, const char *entry, const hk_test 
 
 static const char *stage_name(uint32_t stage) {
     switch (stage) {
-    case HKC_STAGE_SETUP:
+    case HKA_STAGE_SETUP:
         return "setting up";
-    case HKC_STAGE_LAUNCH:
+    case HKA_STAGE_LAUNCH:
         return "launching";
-    case HKC_STAGE_SYNC:
+    case HKA_STAGE_SYNC:
         return "running";
     default:
         return "copying results";
@@ -716,18 +715,18 @@ static const char *stage_name(uint32_t stage) {
  * refuses it. The helper is replaced after every failure: a fault leaves
  * its context unusable, and a helper that hung or misbehaved is not reused. */
 static int judge(run *r, const char *kernel, int no, outcome *o) {
-    hkc_canary *c = r->c;
-    if (!o->transport && o->stage == HKC_STAGE_DONE)
+    hka_canary *c = r->c;
+    if (!o->transport && o->stage == HKA_STAGE_DONE)
         return 0;
     char how[64] = "", ignored[8];
     helper_kill(c, how, sizeof how);
     helper_start(c, ignored, sizeof ignored);
-    if (o->transport == HKC_RECV_TIMEOUT)
+    if (o->transport == HKA_RECV_TIMEOUT)
         return refuse(r, kernel, 0, NULL,
                       "kernel '%s' test %d did not finish within %d ms (a hang?); the helper was "
                       "killed and restarted",
                       kernel, no, c->timeout_ms);
-    if (o->transport == HKC_RECV_MALFORMED)
+    if (o->transport == HKA_RECV_MALFORMED)
         return refuse(r, kernel, 0, NULL,
                       "malformed reply from the helper on kernel '%s' test %d (%s); the helper "
                       "was killed and restarted",
@@ -797,7 +796,7 @@ static int compare_with_running(run *r, const char *kernel, int no, const hk_tes
     outcome old;
     do_launch(r->c, 1, entry, t, &old);
     int err = 0;
-    if (old.transport || old.stage != HKC_STAGE_DONE) {
+    if (old.transport || old.stage != HKA_STAGE_DONE) {
         note(r, "kernel '%s' test %d fails on the running version too: not compared", kernel, no);
         helper_kill(r->c, NULL, 0);
         r->cmp = 0;
@@ -805,7 +804,7 @@ static int compare_with_running(run *r, const char *kernel, int no, const hk_tes
             err = unavailable(r, why);
     } else {
         for (int i = 0; i < t->nargs && !err; i++)
-            if (t->args[i].kind == HKC_ARG_BUFFER &&
+            if (t->args[i].kind == HKA_ARG_BUFFER &&
                 differs(t, on->buf[i], old.buf[i], t->args[i].size, why, sizeof why))
                 err = refuse(r, kernel, 0, NULL,
                              "kernel '%s' test %d: buffer (argument %d) differs from version %llu "
@@ -845,7 +844,7 @@ static int session(run *r, const snap *s) {
     char why[256];
     for (int i = 0; i < s->n && r->ref; i++)
         r->cmp |= s->t[i]->compare != HK_COMPARE_NONE;
-    if (r->img->size > HKC_MAX_IMAGE || (r->cmp && r->ref->size > HKC_MAX_IMAGE))
+    if (r->img->size > HKA_MAX_IMAGE || (r->cmp && r->ref->size > HKA_MAX_IMAGE))
         return unavailable(r, "an image is over the canary's 64 MiB");
     if (prepare(r, why, sizeof why) < 0)
         return unavailable(r, why);
@@ -870,9 +869,9 @@ static int session(run *r, const snap *s) {
     return 0;
 }
 
-int hkc_run(hkc_canary *c, const char *module, const hkc_image *img, const hkc_image *ref,
+int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
             int policy, hk_report *rep) {
-    double t0 = hkc_now_ms();
+    double t0 = hka_now_ms();
     snap s;
     if (snap_take(c, module, &s) < 0)
         return HK_ERR_NOMEM;
@@ -892,6 +891,6 @@ int hkc_run(hkc_canary *c, const char *module, const hkc_image *img, const hkc_i
     atomic_fetch_add(&c->refused, err < 0);
     snap_free(&s);
     if (rep)
-        rep->canary_ms = hkc_now_ms() - t0;
+        rep->canary_ms = hka_now_ms() - t0;
     return err;
 }

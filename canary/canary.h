@@ -13,7 +13,7 @@
  * timeout.
  *
  * The exchange. Parent and helper talk over a socketpair in length-prefixed
- * messages (hkc_msg_hdr), one request and one reply at a time. Each side
+ * messages (hka_msg_hdr), one request and one reply at a time. Each side
  * treats the other as untrusted: sizes are bounded before anything is
  * allocated, replies are parsed strictly (a field too many or too few is a
  * malformed reply), and the parent waits for every reply with a deadline.
@@ -30,7 +30,7 @@
  * comparisons). A fault poisons the helper's context, so after one the parent
  * kills the helper and starts another.
  *
- * Threads and locks (hkc_canary):
+ * Threads and locks (hka_canary):
  *   run_lock    one canary run at a time: held for a whole run, which its
  *               timeouts bound. Taken by the thread that builds the version
  *               (the caller of hk_swap or the worker), never with an engine
@@ -47,58 +47,58 @@
 #include "hotkern/hotkern.h"
 #include "ptx/ptx.h"
 
-#define HKC_PROTOCOL 1
-#define HKC_MAGIC    0x4e4b4348u /* "HCKN" */
+#define HKA_PROTOCOL 1
+#define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
 
 /* Bounds of the protocol, checked by both sides before allocating. */
-#define HKC_MAX_IMAGE      (64u << 20) /* bytes of one image */
-#define HKC_MAX_TEST_BYTES (64u << 20) /* all buffers of one test launch */
-#define HKC_MAX_MSG        (HKC_MAX_IMAGE + (1u << 16))
-#define HKC_MAX_ARGS       64
-#define HKC_MAX_SCALAR     4096 /* bytes of one by-value argument */
-#define HKC_MAX_TESTS      16   /* per kernel */
-#define HKC_MAX_TEXT       4096 /* names and logs in replies */
+#define HKA_MAX_IMAGE      (64u << 20) /* bytes of one image */
+#define HKA_MAX_TEST_BYTES (64u << 20) /* all buffers of one test launch */
+#define HKA_MAX_MSG        (HKA_MAX_IMAGE + (1u << 16))
+#define HKA_MAX_ARGS       64
+#define HKA_MAX_SCALAR     4096 /* bytes of one by-value argument */
+#define HKA_MAX_TESTS      16   /* per kernel */
+#define HKA_MAX_TEXT       4096 /* names and logs in replies */
 
-enum hkc_msg_type {
-    HKC_READY = 1,
-    HKC_FAIL = 2,
-    HKC_LOAD = 3,
-    HKC_LOADED = 4,
-    HKC_LAUNCH = 5,
-    HKC_RESULT = 6,
+enum hka_msg_type {
+    HKA_READY = 1,
+    HKA_FAIL = 2,
+    HKA_LOAD = 3,
+    HKA_LOADED = 4,
+    HKA_LAUNCH = 5,
+    HKA_RESULT = 6,
 };
 
-typedef struct hkc_msg_hdr {
+typedef struct hka_msg_hdr {
     uint32_t magic;
     uint32_t type;
     uint32_t length; /* bytes of payload after the header */
-} hkc_msg_hdr;
+} hka_msg_hdr;
 
 /* Where a test launch stopped (RESULT.stage). */
-enum hkc_stage {
-    HKC_STAGE_SETUP = 0,  /* kernel lookup, buffers, copies in */
-    HKC_STAGE_LAUNCH = 1, /* cuLaunchKernel */
-    HKC_STAGE_SYNC = 2,   /* the kernel ran: synchronise */
-    HKC_STAGE_COPY = 3,   /* copies out */
-    HKC_STAGE_DONE = 4,   /* ran; buffers follow */
+enum hka_stage {
+    HKA_STAGE_SETUP = 0,  /* kernel lookup, buffers, copies in */
+    HKA_STAGE_LAUNCH = 1, /* cuLaunchKernel */
+    HKA_STAGE_SYNC = 2,   /* the kernel ran: synchronise */
+    HKA_STAGE_COPY = 3,   /* copies out */
+    HKA_STAGE_DONE = 4,   /* ran; buffers follow */
 };
 
-enum hkc_arg_kind { HKC_ARG_SCALAR = 0, HKC_ARG_BUFFER = 1 };
+enum hka_arg_kind { HKA_ARG_SCALAR = 0, HKA_ARG_BUFFER = 1 };
 
 /* One argument of a test launch. */
-typedef struct hkc_arg {
-    uint32_t kind;  /* hkc_arg_kind */
+typedef struct hka_arg {
+    uint32_t kind;  /* hka_arg_kind */
     uint64_t size;  /* scalar bytes, or buffer bytes */
     uint32_t fill;  /* hk_fill, buffers */
     uint64_t param; /* byte value or seed, buffers */
     void *data;     /* scalar value, or HK_FILL_HOST contents; owned */
-} hkc_arg;
+} hka_arg;
 
 /* A declared test launch (the public hk_test). */
 struct hk_test {
     uint32_t grid[3], block[3], shared;
     int nargs;
-    hkc_arg args[HKC_MAX_ARGS];
+    hka_arg args[HKA_MAX_ARGS];
     uint64_t buffer_bytes; /* all buffers together */
     int compare;           /* hk_compare */
     double atol, rtol;
@@ -107,81 +107,81 @@ struct hk_test {
 /* ---- proto.c: framing and fills, both sides ----------------------------- */
 
 /* A growable message being written. */
-typedef struct hkc_buf {
+typedef struct hka_buf {
     unsigned char *data;
     size_t len, cap;
     int oom;
-} hkc_buf;
+} hka_buf;
 
-void hkc_buf_init(hkc_buf *b, uint32_t type);
-void hkc_put(hkc_buf *b, const void *p, size_t n);
-void hkc_put_u32(hkc_buf *b, uint32_t v);
-void hkc_put_u64(hkc_buf *b, uint64_t v);
-void hkc_put_str(hkc_buf *b, const char *s); /* u32 length + bytes */
-void hkc_buf_free(hkc_buf *b);
+void hka_buf_init(hka_buf *b, uint32_t type);
+void hka_put(hka_buf *b, const void *p, size_t n);
+void hka_put_u32(hka_buf *b, uint32_t v);
+void hka_put_u64(hka_buf *b, uint64_t v);
+void hka_put_str(hka_buf *b, const char *s); /* u32 length + bytes */
+void hka_buf_free(hka_buf *b);
 
 /* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
  * peer never raises SIGPIPE). */
-int hkc_send(int fd, hkc_buf *b);
+int hka_send(int fd, hka_buf *b);
 
 /* Receives one message of at most max payload bytes before deadline_ms
  * (hkl-style monotonic ms; <= 0: no deadline). Returns 0 with *type, *data
- * (malloc'd, the caller frees) and *len; or a negative HKC_RECV_* code. */
+ * (malloc'd, the caller frees) and *len; or a negative HKA_RECV_* code. */
 enum {
-    HKC_RECV_EOF = -1,       /* the peer closed (died) */
-    HKC_RECV_TIMEOUT = -2,   /* nothing complete before the deadline */
-    HKC_RECV_MALFORMED = -3, /* bad magic, or over max */
-    HKC_RECV_ERROR = -4,     /* read error, or no memory */
+    HKA_RECV_EOF = -1,       /* the peer closed (died) */
+    HKA_RECV_TIMEOUT = -2,   /* nothing complete before the deadline */
+    HKA_RECV_MALFORMED = -3, /* bad magic, or over max */
+    HKA_RECV_ERROR = -4,     /* read error, or no memory */
 };
-int hkc_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned char **data,
+int hka_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned char **data,
              size_t *len);
-double hkc_now_ms(void);
+double hka_now_ms(void);
 
 /* A bounds-checked reader over a received payload: every get fails (and
- * sets bad) past the end, and hkc_end checks nothing is left over. */
-typedef struct hkc_rd {
+ * sets bad) past the end, and hka_end checks nothing is left over. */
+typedef struct hka_rd {
     const unsigned char *p;
     size_t left;
     int bad;
-} hkc_rd;
+} hka_rd;
 
-uint32_t hkc_get_u32(hkc_rd *r);
-uint64_t hkc_get_u64(hkc_rd *r);
-const void *hkc_get(hkc_rd *r, size_t n);
+uint32_t hka_get_u32(hka_rd *r);
+uint64_t hka_get_u64(hka_rd *r);
+const void *hka_get(hka_rd *r, size_t n);
 /* A string of at most max bytes, copied into out (out_size > max), NUL
  * ended; non-printable bytes become '?'. */
-void hkc_get_str(hkc_rd *r, char *out, size_t out_size, size_t max);
-int hkc_end(const hkc_rd *r); /* 0 when fully and validly read */
+void hka_get_str(hka_rd *r, char *out, size_t out_size, size_t max);
+int hka_end(const hka_rd *r); /* 0 when fully and validly read */
 
 /* Fills n bytes at p as fill/param say (HK_FILL_HOST excepted). */
-void hkc_fill(void *p, size_t n, uint32_t fill, uint64_t param);
+void hka_fill(void *p, size_t n, uint32_t fill, uint64_t param);
 
 /* ---- canary.c: the parent side ------------------------------------------ */
 
-typedef struct hkc_canary hkc_canary;
+typedef struct hka_canary hka_canary;
 
-typedef struct hkc_config {
+typedef struct hka_config {
     const char *helper; /* path of hotkern-canary (resolved by the caller) */
     int device;         /* CUDA ordinal the helper attaches to */
     int timeout_ms;     /* per test launch; start and loads get 10x */
     int start;          /* 1: start the helper now (a runtime with canaries) */
-} hkc_config;
+} hka_config;
 
 /* Makes the canary of a runtime. With cfg->start, the helper is started at
  * once (its READY is read by the first run). Returns 0, HK_ERR_NOMEM, or
  * HK_ERR_IO with why when the helper cannot be started. */
-int hkc_create(hkc_canary **out, const hkc_config *cfg, char *why, size_t why_size);
+int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_size);
 /* Kills the helper and frees everything; c may be NULL. */
-void hkc_destroy(hkc_canary *c);
+void hka_destroy(hka_canary *c);
 
-int hkc_add_test(hkc_canary *c, const char *module, const char *kernel, const hk_test *t,
+int hka_add_test(hka_canary *c, const char *module, const char *kernel, const hk_test *t,
                  hk_report *rep);
-int hkc_clear_tests(hkc_canary *c, const char *module, const char *kernel);
+int hka_clear_tests(hka_canary *c, const char *module, const char *kernel);
 /* 1 when some kernel of module has a test declared. */
-int hkc_has_tests(hkc_canary *c, const char *module);
+int hka_has_tests(hka_canary *c, const char *module);
 
 /* One version's image as the canary sees it. */
-typedef struct hkc_image {
+typedef struct hka_image {
     const void *data;
     size_t size;
     hk_format format;
@@ -190,7 +190,7 @@ typedef struct hkc_image {
     char *const *expr, *const *lowered;
     int nentries; /* parameter layouts from the image's metadata */
     const hkp_entry *entries;
-} hkc_image;
+} hka_image;
 
 /* Runs every test of module's kernels on img and, where a test compares,
  * on ref (the running version; NULL when none) with the same inputs.
@@ -200,12 +200,12 @@ typedef struct hkc_image {
  * HK_ERR_MISSING_KERNEL / HK_ERR_LAYOUT for a test that does not fit) with
  * rep->message, rep->kernel, rep->cu_name and rep->canary saying what happened.
  * Blocks the calling thread for at most the run's timeouts. */
-int hkc_run(hkc_canary *c, const char *module, const hkc_image *img, const hkc_image *ref,
+int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
             int policy, hk_report *rep);
 
 /* The helper's pid (0: none running), and counters; for tests and stats. */
-pid_t hkc_helper_pid(hkc_canary *c);
-void hkc_counts(hkc_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts);
-int hkc_enabled(const hkc_canary *c); /* configured with a helper */
+pid_t hka_helper_pid(hka_canary *c);
+void hka_counts(hka_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts);
+int hka_enabled(const hka_canary *c); /* configured with a helper */
 
 #endif /* HK_CANARY_H */

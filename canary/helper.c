@@ -42,11 +42,11 @@ typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
 static void fail(const char *what, const char *detail) {
     char text[600];
     snprintf(text, sizeof text, "%s%s", what, detail);
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_FAIL);
-    hkc_put_str(&b, text);
-    hkc_send(fd, &b);
-    hkc_buf_free(&b);
+    hka_buf b;
+    hka_buf_init(&b, HKA_FAIL);
+    hka_put_str(&b, text);
+    hka_send(fd, &b);
+    hka_buf_free(&b);
     exit(1);
 }
 
@@ -89,15 +89,15 @@ static void attach(int device) {
 }
 
 /* LOAD {slot, format, image}: (re)loads a slot. */
-static void do_load(hkc_rd *rd) {
-    uint32_t slot = hkc_get_u32(rd);
-    hkc_get_u32(rd); /* format: the driver detects it */
+static void do_load(hka_rd *rd) {
+    uint32_t slot = hka_get_u32(rd);
+    hka_get_u32(rd); /* format: the driver detects it */
     size_t n = rd->left;
-    const void *img = hkc_get(rd, n);
-    if (rd->bad || slot > 1 || !n || n > HKC_MAX_IMAGE)
+    const void *img = hka_get(rd, n);
+    if (rd->bad || slot > 1 || !n || n > HKA_MAX_IMAGE)
         exit(2);
     char *copy = calloc(1, n + 1); /* PTX must end with a NUL */
-    char *log = calloc(1, HKC_MAX_TEXT);
+    char *log = calloc(1, HKA_MAX_TEXT);
     if (!copy || !log)
         exit(4);
     memcpy(copy, img, n);
@@ -105,16 +105,16 @@ static void do_load(hkc_rd *rd) {
         D.ModuleUnload(slots[slot]);
     slots[slot] = NULL;
     CUjit_option o[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-    void *v[] = {log, (void *)(uintptr_t)(HKC_MAX_TEXT - 1)};
+    void *v[] = {log, (void *)(uintptr_t)(HKA_MAX_TEXT - 1)};
     CUresult r = D.ModuleLoadDataEx(&slots[slot], copy, 2, o, v);
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_LOADED);
-    hkc_put_u32(&b, (uint32_t)r);
-    hkc_put_str(&b, r ? hkl_cu_name(&D, r) : "");
-    hkc_put_str(&b, r ? log : "");
-    if (hkc_send(fd, &b) < 0)
+    hka_buf b;
+    hka_buf_init(&b, HKA_LOADED);
+    hka_put_u32(&b, (uint32_t)r);
+    hka_put_str(&b, r ? hkl_cu_name(&D, r) : "");
+    hka_put_str(&b, r ? log : "");
+    if (hka_send(fd, &b) < 0)
         exit(0);
-    hkc_buf_free(&b);
+    hka_buf_free(&b);
     free(copy);
     free(log);
 }
@@ -123,40 +123,40 @@ static void do_load(hkc_rd *rd) {
 typedef struct req {
     uint32_t slot, grid[3], block[3], shared, nargs;
     char entry[256];
-    hkc_arg args[HKC_MAX_ARGS];
-    const void *bytes[HKC_MAX_ARGS]; /* scalar values, host contents */
-    CUdeviceptr dev[HKC_MAX_ARGS];
-    void *params[HKC_MAX_ARGS];
+    hka_arg args[HKA_MAX_ARGS];
+    const void *bytes[HKA_MAX_ARGS]; /* scalar values, host contents */
+    CUdeviceptr dev[HKA_MAX_ARGS];
+    void *params[HKA_MAX_ARGS];
 } req;
 
-static void parse_launch(hkc_rd *rd, req *q) {
+static void parse_launch(hka_rd *rd, req *q) {
     uint64_t total = 0;
-    q->slot = hkc_get_u32(rd);
-    hkc_get_str(rd, q->entry, sizeof q->entry, sizeof q->entry - 1);
+    q->slot = hka_get_u32(rd);
+    hka_get_str(rd, q->entry, sizeof q->entry, sizeof q->entry - 1);
     for (int i = 0; i < 3; i++)
-        q->grid[i] = hkc_get_u32(rd);
+        q->grid[i] = hka_get_u32(rd);
     for (int i = 0; i < 3; i++)
-        q->block[i] = hkc_get_u32(rd);
-    q->shared = hkc_get_u32(rd);
-    q->nargs = hkc_get_u32(rd);
-    if (rd->bad || q->slot > 1 || q->nargs > HKC_MAX_ARGS)
+        q->block[i] = hka_get_u32(rd);
+    q->shared = hka_get_u32(rd);
+    q->nargs = hka_get_u32(rd);
+    if (rd->bad || q->slot > 1 || q->nargs > HKA_MAX_ARGS)
         exit(2);
     for (uint32_t i = 0; i < q->nargs; i++) {
-        hkc_arg *a = &q->args[i];
-        a->kind = hkc_get_u32(rd);
-        a->size = hkc_get_u64(rd);
-        a->fill = hkc_get_u32(rd);
-        a->param = hkc_get_u64(rd);
-        int scalar = a->kind == HKC_ARG_SCALAR;
-        if (rd->bad || a->kind > HKC_ARG_BUFFER || !a->size ||
-            (scalar && a->size > HKC_MAX_SCALAR) ||
-            (!scalar && a->size > HKC_MAX_TEST_BYTES - total))
+        hka_arg *a = &q->args[i];
+        a->kind = hka_get_u32(rd);
+        a->size = hka_get_u64(rd);
+        a->fill = hka_get_u32(rd);
+        a->param = hka_get_u64(rd);
+        int scalar = a->kind == HKA_ARG_SCALAR;
+        if (rd->bad || a->kind > HKA_ARG_BUFFER || !a->size ||
+            (scalar && a->size > HKA_MAX_SCALAR) ||
+            (!scalar && a->size > HKA_MAX_TEST_BYTES - total))
             exit(2);
         total += scalar ? 0 : a->size;
         if (scalar || a->fill == HK_FILL_HOST)
-            q->bytes[i] = hkc_get(rd, a->size);
+            q->bytes[i] = hka_get(rd, a->size);
     }
-    if (hkc_end(rd))
+    if (hka_end(rd))
         exit(2);
 }
 
@@ -165,75 +165,75 @@ static uint32_t execute(req *q, CUresult *r) {
     CUfunction f;
     void *host = NULL;
     if (!slots[q->slot] || (*r = D.ModuleGetFunction(&f, slots[q->slot], q->entry)))
-        return *r = *r ? *r : CUDA_ERROR_NOT_FOUND, HKC_STAGE_SETUP;
+        return *r = *r ? *r : CUDA_ERROR_NOT_FOUND, HKA_STAGE_SETUP;
     for (uint32_t i = 0; i < q->nargs; i++) {
-        hkc_arg *a = &q->args[i];
-        if (a->kind == HKC_ARG_SCALAR) {
+        hka_arg *a = &q->args[i];
+        if (a->kind == HKA_ARG_SCALAR) {
             q->params[i] = (void *)q->bytes[i];
             continue;
         }
         if ((*r = D.MemAlloc(&q->dev[i], a->size)))
-            return HKC_STAGE_SETUP;
+            return HKA_STAGE_SETUP;
         const void *src = q->bytes[i];
         if (!src) {
             if (!(host = malloc(a->size)))
-                return *r = CUDA_ERROR_OUT_OF_MEMORY, HKC_STAGE_SETUP;
-            hkc_fill(host, a->size, a->fill, a->param);
+                return *r = CUDA_ERROR_OUT_OF_MEMORY, HKA_STAGE_SETUP;
+            hka_fill(host, a->size, a->fill, a->param);
             src = host;
         }
         *r = X.MemcpyHtoD(q->dev[i], src, a->size);
         free(host);
         host = NULL;
         if (*r)
-            return HKC_STAGE_SETUP;
+            return HKA_STAGE_SETUP;
         q->params[i] = &q->dev[i];
     }
     if ((*r = D.LaunchKernel(f, q->grid[0], q->grid[1], q->grid[2], q->block[0], q->block[1],
                              q->block[2], q->shared, NULL, q->params, NULL)))
-        return HKC_STAGE_LAUNCH;
+        return HKA_STAGE_LAUNCH;
     if ((*r = D.CtxSynchronize(ctx)))
-        return HKC_STAGE_SYNC;
-    return HKC_STAGE_DONE;
+        return HKA_STAGE_SYNC;
+    return HKA_STAGE_DONE;
 }
 
 /* Copies the buffers out and sends RESULT; a failed copy is reported as
  * such, with no buffers. */
 static void reply(req *q, uint32_t stage, CUresult r) {
-    unsigned char *out[HKC_MAX_ARGS] = {0};
-    for (uint32_t i = 0; i < q->nargs && stage == HKC_STAGE_DONE; i++) {
-        if (q->args[i].kind != HKC_ARG_BUFFER)
+    unsigned char *out[HKA_MAX_ARGS] = {0};
+    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++) {
+        if (q->args[i].kind != HKA_ARG_BUFFER)
             continue;
         if (!(out[i] = malloc(q->args[i].size)))
             r = CUDA_ERROR_OUT_OF_MEMORY;
         else
             r = X.MemcpyDtoH(out[i], q->dev[i], q->args[i].size);
         if (r)
-            stage = HKC_STAGE_COPY;
+            stage = HKA_STAGE_COPY;
     }
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_RESULT);
-    hkc_put_u32(&b, stage);
-    hkc_put_u32(&b, (uint32_t)r);
-    hkc_put_str(&b, r ? hkl_cu_name(&D, r) : "");
+    hka_buf b;
+    hka_buf_init(&b, HKA_RESULT);
+    hka_put_u32(&b, stage);
+    hka_put_u32(&b, (uint32_t)r);
+    hka_put_str(&b, r ? hkl_cu_name(&D, r) : "");
     uint32_t nout = 0;
-    for (uint32_t i = 0; i < q->nargs && stage == HKC_STAGE_DONE; i++)
-        nout += q->args[i].kind == HKC_ARG_BUFFER;
-    hkc_put_u32(&b, nout);
-    for (uint32_t i = 0; i < q->nargs && stage == HKC_STAGE_DONE; i++) {
-        if (q->args[i].kind != HKC_ARG_BUFFER)
+    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++)
+        nout += q->args[i].kind == HKA_ARG_BUFFER;
+    hka_put_u32(&b, nout);
+    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++) {
+        if (q->args[i].kind != HKA_ARG_BUFFER)
             continue;
-        hkc_put_u32(&b, i);
-        hkc_put_u64(&b, q->args[i].size);
-        hkc_put(&b, out[i], q->args[i].size);
+        hka_put_u32(&b, i);
+        hka_put_u64(&b, q->args[i].size);
+        hka_put(&b, out[i], q->args[i].size);
     }
     for (uint32_t i = 0; i < q->nargs; i++)
         free(out[i]);
-    if (hkc_send(fd, &b) < 0)
+    if (hka_send(fd, &b) < 0)
         exit(0);
-    hkc_buf_free(&b);
+    hka_buf_free(&b);
 }
 
-static void do_launch(hkc_rd *rd) {
+static void do_launch(hka_rd *rd) {
     req *q = calloc(1, sizeof *q);
     if (!q)
         exit(4);
@@ -263,25 +263,25 @@ int main(int argc, char **argv) {
     pthread_t watch;
     pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());
     attach(device);
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_READY);
-    hkc_put_u32(&b, HKC_PROTOCOL);
-    if (hkc_send(fd, &b) < 0)
+    hka_buf b;
+    hka_buf_init(&b, HKA_READY);
+    hka_put_u32(&b, HKA_PROTOCOL);
+    if (hka_send(fd, &b) < 0)
         return 0;
-    hkc_buf_free(&b);
+    hka_buf_free(&b);
     for (;;) {
         uint32_t type;
         unsigned char *d;
         size_t len;
-        int r = hkc_recv(fd, HKC_MAX_MSG, 0, &type, &d, &len);
-        if (r == HKC_RECV_EOF)
+        int r = hka_recv(fd, HKA_MAX_MSG, 0, &type, &d, &len);
+        if (r == HKA_RECV_EOF)
             return 0; /* the parent is done with us */
         if (r < 0)
             return 2;
-        hkc_rd rd = {d, len, 0};
-        if (type == HKC_LOAD)
+        hka_rd rd = {d, len, 0};
+        if (type == HKA_LOAD)
             do_load(&rd);
-        else if (type == HKC_LAUNCH)
+        else if (type == HKA_LAUNCH)
             do_launch(&rd);
         else
             return 2;

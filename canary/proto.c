@@ -15,19 +15,19 @@
 
 #include "canary/canary.h"
 
-double hkc_now_ms(void) {
+double hka_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-void hkc_buf_init(hkc_buf *b, uint32_t type) {
+void hka_buf_init(hka_buf *b, uint32_t type) {
     memset(b, 0, sizeof *b);
-    hkc_msg_hdr h = {HKC_MAGIC, type, 0};
-    hkc_put(b, &h, sizeof h);
+    hka_msg_hdr h = {HKA_MAGIC, type, 0};
+    hka_put(b, &h, sizeof h);
 }
 
-void hkc_put(hkc_buf *b, const void *p, size_t n) {
+void hka_put(hka_buf *b, const void *p, size_t n) {
     if (b->oom)
         return;
     if (b->len + n > b->cap) {
@@ -47,34 +47,34 @@ void hkc_put(hkc_buf *b, const void *p, size_t n) {
     b->len += n;
 }
 
-void hkc_put_u32(hkc_buf *b, uint32_t v) {
-    hkc_put(b, &v, sizeof v);
+void hka_put_u32(hka_buf *b, uint32_t v) {
+    hka_put(b, &v, sizeof v);
 }
 
-void hkc_put_u64(hkc_buf *b, uint64_t v) {
-    hkc_put(b, &v, sizeof v);
+void hka_put_u64(hka_buf *b, uint64_t v) {
+    hka_put(b, &v, sizeof v);
 }
 
-void hkc_put_str(hkc_buf *b, const char *s) {
+void hka_put_str(hka_buf *b, const char *s) {
     size_t n = s ? strlen(s) : 0;
-    if (n > HKC_MAX_TEXT)
-        n = HKC_MAX_TEXT;
-    hkc_put_u32(b, (uint32_t)n);
-    hkc_put(b, s, n);
+    if (n > HKA_MAX_TEXT)
+        n = HKA_MAX_TEXT;
+    hka_put_u32(b, (uint32_t)n);
+    hka_put(b, s, n);
 }
 
-void hkc_buf_free(hkc_buf *b) {
+void hka_buf_free(hka_buf *b) {
     free(b->data);
     memset(b, 0, sizeof *b);
 }
 
-int hkc_send(int fd, hkc_buf *b) {
-    if (b->oom || b->len < sizeof(hkc_msg_hdr) || b->len - sizeof(hkc_msg_hdr) > HKC_MAX_MSG) {
+int hka_send(int fd, hka_buf *b) {
+    if (b->oom || b->len < sizeof(hka_msg_hdr) || b->len - sizeof(hka_msg_hdr) > HKA_MAX_MSG) {
         errno = ENOMEM;
         return -1;
     }
-    uint32_t len = (uint32_t)(b->len - sizeof(hkc_msg_hdr));
-    memcpy(b->data + offsetof(hkc_msg_hdr, length), &len, sizeof len);
+    uint32_t len = (uint32_t)(b->len - sizeof(hka_msg_hdr));
+    memcpy(b->data + offsetof(hka_msg_hdr, length), &len, sizeof len);
     size_t off = 0;
     while (off < b->len) {
         /* MSG_NOSIGNAL: a dead peer is an EPIPE, never a SIGPIPE that would
@@ -94,15 +94,15 @@ static int read_full(int fd, void *p, size_t n, double deadline_ms) {
     size_t off = 0;
     while (off < n) {
         if (deadline_ms > 0) {
-            double left = deadline_ms - hkc_now_ms();
+            double left = deadline_ms - hka_now_ms();
             if (left <= 0)
-                return HKC_RECV_TIMEOUT;
+                return HKA_RECV_TIMEOUT;
             struct pollfd pfd = {.fd = fd, .events = POLLIN};
             int pr = poll(&pfd, 1, left > 1e6 ? 1000000 : (int)left + 1);
             if (pr < 0 && errno == EINTR)
                 continue;
             if (pr < 0)
-                return HKC_RECV_ERROR;
+                return HKA_RECV_ERROR;
             if (pr == 0)
                 continue; /* the loop re-checks the deadline */
         }
@@ -110,27 +110,27 @@ static int read_full(int fd, void *p, size_t n, double deadline_ms) {
         if (r < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (r < 0)
-            return errno == ECONNRESET ? HKC_RECV_EOF : HKC_RECV_ERROR;
+            return errno == ECONNRESET ? HKA_RECV_EOF : HKA_RECV_ERROR;
         if (r == 0)
-            return HKC_RECV_EOF;
+            return HKA_RECV_EOF;
         off += (size_t)r;
     }
     return 0;
 }
 
-int hkc_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned char **data,
+int hka_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned char **data,
              size_t *len) {
     *data = NULL;
     *len = 0;
-    hkc_msg_hdr h;
+    hka_msg_hdr h;
     int err = read_full(fd, &h, sizeof h, deadline_ms);
     if (err < 0)
         return err;
-    if (h.magic != HKC_MAGIC || h.length > max || h.length > HKC_MAX_MSG)
-        return HKC_RECV_MALFORMED;
+    if (h.magic != HKA_MAGIC || h.length > max || h.length > HKA_MAX_MSG)
+        return HKA_RECV_MALFORMED;
     unsigned char *d = malloc(h.length ? h.length : 1);
     if (!d)
-        return HKC_RECV_ERROR;
+        return HKA_RECV_ERROR;
     if ((err = read_full(fd, d, h.length, deadline_ms)) < 0) {
         free(d);
         return err;
@@ -141,7 +141,7 @@ int hkc_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned ch
     return 0;
 }
 
-const void *hkc_get(hkc_rd *r, size_t n) {
+const void *hka_get(hka_rd *r, size_t n) {
     if (r->bad || n > r->left) {
         r->bad = 1;
         return NULL;
@@ -152,30 +152,30 @@ const void *hkc_get(hkc_rd *r, size_t n) {
     return p;
 }
 
-uint32_t hkc_get_u32(hkc_rd *r) {
+uint32_t hka_get_u32(hka_rd *r) {
     uint32_t v = 0;
-    const void *p = hkc_get(r, sizeof v);
+    const void *p = hka_get(r, sizeof v);
     if (p)
         memcpy(&v, p, sizeof v);
     return v;
 }
 
-uint64_t hkc_get_u64(hkc_rd *r) {
+uint64_t hka_get_u64(hka_rd *r) {
     uint64_t v = 0;
-    const void *p = hkc_get(r, sizeof v);
+    const void *p = hka_get(r, sizeof v);
     if (p)
         memcpy(&v, p, sizeof v);
     return v;
 }
 
-void hkc_get_str(hkc_rd *r, char *out, size_t out_size, size_t max) {
+void hka_get_str(hka_rd *r, char *out, size_t out_size, size_t max) {
     out[0] = '\0';
-    uint32_t n = hkc_get_u32(r);
+    uint32_t n = hka_get_u32(r);
     if (r->bad || n > max || n >= out_size) {
         r->bad = 1;
         return;
     }
-    const unsigned char *p = hkc_get(r, n);
+    const unsigned char *p = hka_get(r, n);
     if (!p)
         return;
     for (uint32_t i = 0; i < n; i++)
@@ -183,7 +183,7 @@ void hkc_get_str(hkc_rd *r, char *out, size_t out_size, size_t max) {
     out[n] = '\0';
 }
 
-int hkc_end(const hkc_rd *r) {
+int hka_end(const hka_rd *r) {
     return r->bad || r->left ? -1 : 0;
 }
 
@@ -195,7 +195,7 @@ static uint64_t next_rand(uint64_t *s) {
     return *s * 0x2545F4914F6CDD1DULL;
 }
 
-void hkc_fill(void *p, size_t n, uint32_t fill, uint64_t param) {
+void hka_fill(void *p, size_t n, uint32_t fill, uint64_t param) {
     unsigned char *b = p;
     switch (fill) {
     case HK_FILL_BYTE:

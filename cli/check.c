@@ -23,8 +23,7 @@
 #include "cli/cli.h"
 #include "net/net.h"
 #include "ptx/ptx.h"
-
-#define MAX_FILE_BYTES (256u << 20)
+#include "util/util.h"
 
 static const char check_help[] =
     "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
@@ -171,7 +170,9 @@ static void emit_log(const char *file, const char *log, cJSON *diags) {
     for (const char *p = log; *p;) {
         const char *eol = strchr(p, '\n');
         size_t len = eol ? (size_t)(eol - p) : strlen(p);
-        struct diag d;
+        /* Filled by the parser that returns 1; zeroed because GCC at -O1 (the
+         * thread-sanitizer build) cannot tell and warns. */
+        struct diag d = {0};
         int is_diag = ptxas_diag(file, p, len, &d) || nvrtc_diag(p, len, &d);
         if (diags && is_diag)
             cJSON_AddItemToArray(diags, diag_json(&d));
@@ -398,10 +399,10 @@ static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
     hk_format fmt = HK_FORMAT_AUTO;
     hkp_artifact art;
     int failed = 1;
-    if (hkn_read_file(path, MAX_FILE_BYTES, &data, &size, &rep)) {
+    if (hku_read_file(path, HKC_MAX_INPUT, &data, &size, &rep)) {
         snprintf(msg, sizeof msg, "cannot read: %s", rep.message);
         report_error(&fr, rep.error, NULL, msg);
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         return 1;
     }
     if (hkp_detect(data, size, &fmt, NULL, 0) == 0 && fr.rec)

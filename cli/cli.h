@@ -21,6 +21,8 @@ struct cJSON;
 /* Release versions are JSON integers: at most 2^53 - 1. */
 #define HKC_MAX_RELEASE 9007199254740991ull
 
+#define HKC_MAX_INPUT (256u << 20) /* largest kernel file the tool reads */
+
 int hkc_cmd_check(int argc, char **argv);    /* cli/check.c */
 int hkc_cmd_keygen(int argc, char **argv);   /* cli/net_cmds.c */
 int hkc_cmd_sign(int argc, char **argv);     /* cli/net_cmds.c (alias publish) */

@@ -273,7 +273,7 @@ static int signed_rollback(hkc_out *o, const char *key_path, const char *module,
         cJSON_Delete(b);
         rc = *body ? 0 : hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     }
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     free(text);
     free(sig);
     return rc;

@@ -24,8 +24,6 @@
 #include "cli/cli.h"
 #include "net/net.h"
 
-#define HKC_MAX_INPUT (256u << 20) /* largest kernel file the tool reads */
-
 /* --release N and the refusal of --version N, shared by sign and push. A
  * release lives at least a second and at most HKN_MAX_LIFETIME_S: a larger
  * value would overflow the expiry or sign a release no verifier accepts. */
@@ -66,7 +64,7 @@ static int write_keys(hkc_out *o, const char *sk_path, const char *pk_path) {
     else
         printf("key id: %s\nsecret: %s\npublic: %s\n", k.pub.id, sk_path, pk_path);
     sodium_memzero(&k, sizeof k);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 
@@ -122,9 +120,9 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     for (int i = 0; i < nfiles; i++) {
         size_t len;
-        if (hkn_read_file(files[i], HKC_MAX_INPUT, &r->bytes[i], &len, &rep)) {
+        if (hku_read_file(files[i], HKC_MAX_INPUT, &r->bytes[i], &len, &rep)) {
             int rc = hkc_fail_report(o, &rep);
-            hkn_report_reset(&rep);
+            hk_report_clear(&rep);
             return rc;
         }
         r->n = (size_t)i + 1;
@@ -157,7 +155,7 @@ static int build_release(hkc_out *o, const char *key_path, uint64_t expires_in, 
             rc = hkc_fail_report(o, &rep);
     }
     sodium_memzero(&key, sizeof key);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     if (rc)
         release_free(r);
     return rc;
@@ -195,19 +193,19 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
         char hex[65];
         hkn_sha256_hex(r->blobs[i].bytes, r->blobs[i].size, hex);
         snprintf(path, sizeof path, "%s/artifacts/%s", dir, hex);
-        if (hkn_write_atomic(path, r->blobs[i].bytes, r->blobs[i].size, 0644, &rep))
+        if (hku_write_atomic(path, r->blobs[i].bytes, r->blobs[i].size, 0644, &rep))
             rc = hkc_fail_report(o, &rep);
         else
             printf("artifact %s  %s (%zu bytes)\n", hex, r->blobs[i].name, r->blobs[i].size);
     }
     snprintf(sigline, sizeof sigline, "%s\n", r->sig);
     snprintf(path, sizeof path, "%s/manifest.json.sig", dir);
-    if (!rc && hkn_write_atomic(path, sigline, strlen(sigline), 0644, &rep))
+    if (!rc && hku_write_atomic(path, sigline, strlen(sigline), 0644, &rep))
         rc = hkc_fail_report(o, &rep);
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    if (!rc && hkn_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
+    if (!rc && hku_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
         rc = hkc_fail_report(o, &rep);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 
@@ -428,13 +426,13 @@ static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
         cfg->trust.nkeys = 1;
     }
     if (pa->out && mkdir(pa->out, 0755) != 0 && errno != EEXIST) {
-        hkn_fail(&rep, HK_ERR_IO, "mkdir %s: %s", pa->out, strerror(errno));
+        hku_fail(&rep, HK_ERR_IO, "mkdir %s: %s", pa->out, strerror(errno));
         goto out;
     }
     if (hkn_pull_create(cfg, &eng, &p, &rep))
         goto out;
     for (uint64_t i = 0; i < pa->count; i++) {
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         if ((err = hkn_pull_poll(p, &rep)) != 0)
             poll_error(o, pa, i + 1, &rep);
         if (i + 1 < pa->count)
@@ -442,11 +440,11 @@ static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
     }
     report_stats(o, p);
     if (!err)
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
 out:
     rc = rep.error ? hkc_fail_report(o, &rep) : 0;
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     return rc;
 }
 

@@ -59,15 +59,15 @@ int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
     char *path = rt->opt.canary ? helper_path(&rt->opt) : NULL;
     if (rt->opt.canary && !path)
         return HK_ERR_NOMEM;
-    hkc_config cfg = {.helper = path,
+    hka_config cfg = {.helper = path,
                       .device = rt->dev[0].ordinal,
                       .timeout_ms = rt->opt.canary_timeout_ms,
                       .start = 1};
     char why[512] = "";
-    int err = hkc_create(&rt->canary, &cfg, why, sizeof why);
+    int err = hka_create(&rt->canary, &cfg, why, sizeof why);
     free(path);
     if (err == HK_ERR_IO)
-        hkl_report_set(rep, err, "%s", why);
+        hku_fail(rep, err, "%s", why);
     return err;
 }
 
@@ -78,7 +78,7 @@ int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep) {
     if (rep)
         hk_report_clear(&full);
     int err = !k || !t ? HK_ERR_INVALID
-                       : hkc_add_test(k->rt->canary, k->mod->name, k->name, t, rep ? &full : NULL);
+                       : hka_add_test(k->rt->canary, k->mod->name, k->name, t, rep ? &full : NULL);
     hkl_report_out(rep, &full);
     return err;
 }
@@ -86,13 +86,13 @@ int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep) {
 int hk_kernel_clear_tests(hk_kernel *k) {
     if (!k)
         return HK_ERR_INVALID;
-    return hkc_clear_tests(k->rt->canary, k->mod->name, k->name);
+    return hka_clear_tests(k->rt->canary, k->mod->name, k->name);
 }
 
 /* The running version's image and metadata, copied under swap_lock so the
  * run needs no lock. */
 typedef struct ref_copy {
-    hkc_image im;
+    hka_image im;
     void *data;
     char **expr, **lowered;
     hkp_entry *entries;
@@ -100,12 +100,8 @@ typedef struct ref_copy {
 
 static void ref_free(ref_copy *r) {
     free(r->data);
-    for (int i = 0; i < r->im.nexpr; i++) {
-        free(r->expr ? r->expr[i] : NULL);
-        free(r->lowered ? r->lowered[i] : NULL);
-    }
-    free(r->expr);
-    free(r->lowered);
+    hku_strv_free(r->expr, r->im.nexpr);
+    hku_strv_free(r->lowered, r->im.nexpr);
     for (int i = 0; i < r->im.nentries; i++) {
         free(r->entries[i].name);
         free(r->entries[i].params);
@@ -126,14 +122,12 @@ static int ref_take(const hkl_version *v, ref_copy *r) {
     memset(r, 0, sizeof *r);
     int ok = (r->data = dup_bytes(v->image, v->size)) != NULL;
     r->im =
-        (hkc_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
+        (hka_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
     if (ok && v->nexpr > 0) {
-        /* Counts are set once the arrays exist: ref_free frees what is in them. */
-        ok = (r->expr = calloc((size_t)v->nexpr, sizeof *r->expr)) &&
-             (r->lowered = calloc((size_t)v->nexpr, sizeof *r->lowered));
-        r->im.nexpr = ok ? v->nexpr : 0;
-        for (int i = 0; ok && i < v->nexpr; i++)
-            ok = (r->expr[i] = strdup(v->expr[i])) && (r->lowered[i] = strdup(v->lowered[i]));
+        r->expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
+        r->lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
+        r->im.nexpr = v->nexpr; /* ref_free frees whichever copy was made */
+        ok = r->expr && r->lowered;
     }
     if (ok && v->nentries > 0)
         ok = (r->entries = calloc((size_t)v->nentries, sizeof *r->entries)) != NULL;
@@ -164,7 +158,7 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
             snprintf(rep->canary, sizeof rep->canary, "skipped (policy)");
         return 0;
     }
-    if (!hkc_has_tests(rt->canary, j->name)) {
+    if (!hka_has_tests(rt->canary, j->name)) {
         /* The common case: nothing to copy, nothing to run. */
         if (rep)
             snprintf(rep->canary, sizeof rep->canary, "no canary tests");
@@ -187,7 +181,7 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     }
     if (err < 0)
         return err;
-    hkc_image img = {.data = j->art.image,
+    hka_image img = {.data = j->art.image,
                      .size = j->art.size,
                      .format = j->art.format,
                      .nexpr = j->art.nlowered,
@@ -197,7 +191,7 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
                      .entries = j->art.meta.entries};
     if (img.nexpr > j->opt.nname_expressions)
         img.nexpr = j->opt.nname_expressions;
-    err = hkc_run(rt->canary, j->name, &img, have ? &ref.im : NULL, policy, rep);
+    err = hka_run(rt->canary, j->name, &img, have ? &ref.im : NULL, policy, rep);
     if (have)
         ref_free(&ref);
     return err;

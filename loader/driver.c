@@ -44,6 +44,12 @@ int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
     HKL_DRIVER_ENTRIES(HKL_BIND)
 #define HKL_BIND_TYPED(field, sym, type) HKL_BIND(field, sym)
     HKL_DRIVER_ENTRIES_TYPED(HKL_BIND_TYPED)
+#define HKL_BIND_EXTRA(field, sym)                                                                 \
+    if (gpa(#sym, (void **)&d->field, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=        \
+        CUDA_SUCCESS)                                                                              \
+        d->field = NULL;
+    HKL_DRIVER_ENTRIES_EXTRA(HKL_BIND_EXTRA)
+#undef HKL_BIND_EXTRA
 #undef HKL_BIND_TYPED
 #undef HKL_BIND
     CUresult r = d->Init(0);

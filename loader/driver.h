@@ -14,18 +14,18 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-/* X(field, driver symbol): every entry point hotkern calls (the engine, and the
- * benchmarks through the same table), and nothing else: each entry is bound
- * by hkl_driver_open, and a driver that lacks one fails it, so an entry that
- * nothing calls would only narrow the drivers hotkern runs on. */
+/* X(field, driver symbol): every entry point the engine calls, or its
+ * canary helper (canary/helper.c, which binds the driver through this table:
+ * cuCtxSetCurrent, cuMemAlloc), and nothing else: each entry is bound by
+ * hkl_driver_open, and a driver that lacks one fails it (and
+ * hk_runtime_create with it), so an entry hotkern does not call would only
+ * narrow the drivers it runs on. */
 #define HKL_DRIVER_ENTRIES(X)                                                                      \
     X(Init, cuInit)                                                                                \
     X(DriverGetVersion, cuDriverGetVersion)                                                        \
     X(GetErrorName, cuGetErrorName)                                                                \
     X(DeviceGet, cuDeviceGet)                                                                      \
-    X(DeviceGetCount, cuDeviceGetCount)                                                            \
     X(DeviceGetAttribute, cuDeviceGetAttribute)                                                    \
-    X(DeviceGetName, cuDeviceGetName)                                                              \
     X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                            \
     X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease)                                          \
     X(DevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)                                        \
@@ -51,12 +51,10 @@
     X(FuncGetParamInfo, cuFuncGetParamInfo)                                                        \
     X(FuncLoad, cuFuncLoad)                                                                        \
     X(LaunchKernel, cuLaunchKernel)                                                                \
-    X(MemGetInfo, cuMemGetInfo)                                                                    \
+    X(MemAlloc, cuMemAlloc)                                                                        \
     X(StreamSynchronize, cuStreamSynchronize)                                                      \
     X(StreamCreate, cuStreamCreate)                                                                \
     X(StreamDestroy, cuStreamDestroy)                                                              \
-    X(ModuleLoadData, cuModuleLoadData)                                                            \
-    X(MemAlloc, cuMemAlloc)                                                                        \
     X(GraphKernelNodeGetParams, cuGraphKernelNodeGetParams)                                        \
     X(GraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams)                                \
     X(GraphLaunch, cuGraphLaunch)                                                                  \
@@ -74,6 +72,16 @@
     X(FuncSetCacheConfig, cuFuncSetCacheConfig)                                                    \
     X(LaunchKernelEx, cuLaunchKernelEx)
 
+/* Entry points neither the engine nor its canary helper calls, for the
+ * benchmarks and the test harness that share the table: bound when the
+ * driver has them and NULL when it does not, which never fails
+ * hkl_driver_open. */
+#define HKL_DRIVER_ENTRIES_EXTRA(X)                                                                \
+    X(DeviceGetCount, cuDeviceGetCount)                                                            \
+    X(DeviceGetName, cuDeviceGetName)                                                              \
+    X(MemGetInfo, cuMemGetInfo)                                                                    \
+    X(ModuleLoadData, cuModuleLoadData)
+
 /* Entry points whose CUDA 13 ABI differs from the prototype cuda.h still
  * declares under the plain name: cuGetProcAddress(sym, CUDA_VERSION) returns
  * the newer function, so it is called through the matching PFN type from
@@ -88,13 +96,15 @@
 
 typedef struct hkl_driver {
     HKL_DRIVER_ENTRIES(HKL_DRIVER_FIELD)
+    HKL_DRIVER_ENTRIES_EXTRA(HKL_DRIVER_FIELD)
     HKL_DRIVER_ENTRIES_TYPED(HKL_DRIVER_FIELD_TYPED)
     void *dl;    /* dlopen handle of the real driver, NULL for a fake */
     int version; /* cuDriverGetVersion */
 } hkl_driver;
 
 /* Fills d from libcuda. Returns 0, or HK_ERR_NO_DRIVER with the reason in why
- * (library missing, entry point missing, cuInit's error name). */
+ * (library missing, an entry point the engine calls missing, cuInit's error
+ * name). */
 int hkl_driver_open(hkl_driver *d, char *why, size_t why_size);
 void hkl_driver_close(hkl_driver *d);
 

@@ -1,9 +1,14 @@
 /*
- * Names of the kernel image formats, and the library's version. A file of
- * its own because the release code in net/ writes format names into
- * manifests and is also built (for fuzzing) without the rest of the engine.
+ * Names of the kernel image formats, the library's version, and
+ * hk_report_clear. A file of its own because the release code in net/
+ * writes format names into manifests and clears reports, and is also built
+ * (for fuzzing) without the rest of the engine.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "hotkern/hotkern.h"
+#include "loader/abi.h"
 
 #define HK_STR_(x) #x
 #define HK_STR(x)  HK_STR_(x)
@@ -26,4 +31,14 @@ const char *hk_format_name(hk_format fmt) {
         return "fatbin";
     }
     return "unknown";
+}
+
+/* Within the report's own size only (a caller built against an older
+ * layout has nothing past it), and never below the first layout. */
+void hk_report_clear(hk_report *r) {
+    if (!r || r->size < HKL_REPORT_SIZE0)
+        return;
+    free(r->log);
+    size_t n = r->size < sizeof *r ? r->size : sizeof *r;
+    memset((char *)r + sizeof r->size, 0, n - sizeof r->size);
 }

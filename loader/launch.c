@@ -342,10 +342,10 @@ static int attr_refused(hk_runtime *rt, hkl_version *v, const hk_kernel *k, int 
     snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
     rep->cu_result = (int)r;
     snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(rt->drv, r));
-    hkl_report_set(rep, HK_ERR_ATTRIBUTE,
-                   "kernel '%s' of '%s' version %llu does not take %s = %d on device %d: %s%s",
-                   k->name, k->mod->name, (unsigned long long)v->number, attr_name(attr), value,
-                   rt->dev[d].ordinal, hkl_cu_name(rt->drv, r), extra);
+    hku_fail(rep, HK_ERR_ATTRIBUTE,
+             "kernel '%s' of '%s' version %llu does not take %s = %d on device %d: %s%s", k->name,
+             k->mod->name, (unsigned long long)v->number, attr_name(attr), value,
+             rt->dev[d].ordinal, hkl_cu_name(rt->drv, r), extra);
     return HK_ERR_ATTRIBUTE;
 }
 
@@ -382,7 +382,7 @@ static int kernel_set_locked(hk_kernel *k, int attr, int value, hk_report *rep) 
         for (; i < k->nattrs && k->attrs[i].attr != attr; i++)
             ;
     if (attr >= 0 && i == HKL_MAX_ATTRS) {
-        hkl_report_set(rep, HK_ERR_INVALID, "at most %d attributes per kernel", HKL_MAX_ATTRS);
+        hku_fail(rep, HK_ERR_INVALID, "at most %d attributes per kernel", HKL_MAX_ATTRS);
         err = HK_ERR_INVALID;
     } else {
         hkl_gate_close(rt);
@@ -566,10 +566,10 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
             }
             if (!err) {
                 err = e;
-                hkl_report_set(rep, 0,
-                               "a registered graph still runs version %llu (%s); it stays "
-                               "loaded until the graph is retargeted or unregistered",
-                               (unsigned long long)(g->held ? g->held->number : 0), local.message);
+                hku_fail(rep, 0,
+                         "a registered graph still runs version %llu (%s); it stays "
+                         "loaded until the graph is retargeted or unregistered",
+                         (unsigned long long)(g->held ? g->held->number : 0), local.message);
             }
         } else if (g->held) {
             hkl_version_unpin(rt, g->held);

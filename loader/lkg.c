@@ -46,6 +46,7 @@
 
 #include "loader/abi.h"
 #include "loader/loader.h"
+#include "util/util.h"
 
 #define NRECENT 16
 
@@ -106,28 +107,15 @@ static void hash_of(const void *p, size_t n, uint8_t h[32]) {
     crypto_generichash(h, 32, p, n, NULL, 0);
 }
 
-static void strv_free(char **v, int n) {
-    for (int i = 0; v && i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
+/* hku_strv_dup of a library-owned array. */
 static char **strv_dup(char *const *v, int n) {
-    if (n <= 0)
-        return NULL;
-    char **d = calloc((size_t)n, sizeof *d);
-    for (int i = 0; d && i < n; i++)
-        if (!(d[i] = strdup(v[i]))) {
-            strv_free(d, i);
-            return NULL;
-        }
-    return d;
+    return hku_strv_dup((const char *const *)v, n);
 }
 
 static void mod_free(lkg_mod *m) {
     hkl_rec_free(&m->rec);
-    strv_free(m->cur_expr, m->ncur);
-    strv_free(m->cur_lowered, m->ncur);
+    hku_strv_free(m->cur_expr, m->ncur);
+    hku_strv_free(m->cur_lowered, m->ncur);
     free(m);
 }
 
@@ -171,80 +159,6 @@ static void file_name(const char *module, char *out, size_t n) {
     out[k] = 0;
 }
 
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
-/* Writes path atomically (temp file in the same directory, fsync, rename,
- * fsync of the directory). 0 or -errno. */
-static int write_atomic(const char *dir, const char *path, const void *data, size_t n) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -errno;
-    const char *p = data;
-    size_t off = 0;
-    int err = 0;
-    while (off < n) {
-        ssize_t w = write(fd, p + off, n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            err = w < 0 ? -errno : -EIO;
-            break;
-        }
-        off += (size_t)w;
-    }
-    if (!err && fsync(fd) < 0)
-        err = -errno;
-    if (close(fd) < 0 && !err)
-        err = -errno;
-    if (!err && rename(tmp, path) < 0)
-        err = -errno;
-    if (err)
-        unlink(tmp);
-    else
-        fsync_dir(dir);
-    return err;
-}
-
-/* Reads a whole file of at most max bytes. 0, -errno, or -EFBIG. */
-static int read_all(const char *path, size_t max, char **out, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return -errno;
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-        int e = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
-        close(fd);
-        return e;
-    }
-    size_t n = (size_t)st.st_size, off = 0;
-    char *b = malloc(n + 1);
-    if (!b) {
-        close(fd);
-        return -ENOMEM;
-    }
-    while (off < n) {
-        ssize_t r = read(fd, b + off, n - off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        off += (size_t)r;
-    }
-    close(fd);
-    b[off] = 0;
-    *out = b;
-    *len = off;
-    return 0;
-}
-
 static void image_path(const hkl_lkg *l, const uint8_t h[32], char *out, size_t n) {
     char hex[65];
     hkl_hash_hex(h, hex);
@@ -260,19 +174,19 @@ static void record_path(const hkl_lkg *l, const char *module, char *out, size_t 
 /* Writes m's record (lkg_lock). */
 static int write_record(hk_runtime *rt, const lkg_mod *m) {
     hkl_lkg *l = rt->lkg;
-    char *text, path[4096], dir[4096];
+    char *text, path[4096];
     size_t n;
+    hk_report r = HK_REPORT_INIT;
     if (!l->dir)
         return 0;
     if (hkl_rec_format(&m->rec, &text, &n) < 0)
-        return -ENOMEM;
+        return HK_ERR_NOMEM;
     record_path(l, m->rec.module, path, sizeof path);
-    snprintf(dir, sizeof dir, "%s/modules", l->dir);
-    int err = write_atomic(dir, path, text, n);
+    int err = hku_write_atomic(path, text, n, 0600, &r);
     free(text);
     if (err)
-        hk_log(rt, HK_LOG_WARN, "engine", "cannot write the record of '%s' (%s): %s", m->rec.module,
-               path, strerror(-err));
+        hk_log(rt, HK_LOG_WARN, "engine", "cannot write the record of '%s': %s", m->rec.module,
+               r.message);
     return err;
 }
 
@@ -310,17 +224,16 @@ static void collect(hkl_lkg *l) {
 /* Writes v's image under its hash unless it is there already (lkg_lock). */
 static void write_image(hk_runtime *rt, const uint8_t h[32], const void *data, size_t n) {
     hkl_lkg *l = rt->lkg;
-    char path[4400], dir[4096];
+    char path[4400];
     struct stat st;
+    hk_report r = HK_REPORT_INIT;
     if (!l->dir)
         return;
     image_path(l, h, path, sizeof path);
     if (stat(path, &st) == 0 && (size_t)st.st_size == n)
         return;
-    snprintf(dir, sizeof dir, "%s/images", l->dir);
-    int err = write_atomic(dir, path, data, n);
-    if (err)
-        hk_log(rt, HK_LOG_WARN, "engine", "cannot keep the image %s: %s", path, strerror(-err));
+    if (hku_write_atomic(path, data, n, 0600, &r) < 0)
+        hk_log(rt, HK_LOG_WARN, "engine", "cannot keep an image: %s", r.message);
 }
 
 /* ---- open and close ------------------------------------------------------- */
@@ -346,10 +259,11 @@ static void load_record(hk_runtime *rt, const char *dir, const char *fname) {
     char *text = NULL;
     size_t len = 0;
     snprintf(path, sizeof path, "%s/%s", dir, fname);
-    int err = read_all(path, HKL_REC_MAX_BYTES, &text, &len);
+    hk_report r = HK_REPORT_INIT;
+    int err = hku_read_file(path, HKL_REC_MAX_BYTES, &text, &len, &r);
     lkg_mod *m = err ? NULL : calloc(1, sizeof *m);
     if (err || !m) {
-        refused_add(l, "modules/%s: %s", fname, strerror(err ? -err : ENOMEM));
+        refused_add(l, "modules/%s: %s", fname, err ? r.message : "out of memory");
         free(text);
         return;
     }
@@ -376,7 +290,7 @@ static int load_records(hk_runtime *rt, hk_report *rep) {
     snprintf(dir, sizeof dir, "%s/modules", rt->lkg->dir);
     DIR *d = opendir(dir);
     if (!d) {
-        hkl_report_set(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
+        hku_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
         return HK_ERR_IO;
     }
     struct dirent *e;
@@ -395,13 +309,12 @@ static int load_records(hk_runtime *rt, hk_report *rep) {
 
 static int make_dirs(const char *dir, hk_report *rep) {
     char p[4096];
-    const char *sub[] = {"", "/images", "/modules"};
-    for (int i = 0; i < 3; i++) {
+    const char *sub[] = {"/images", "/modules"};
+    for (int i = 0; i < 2; i++) {
         snprintf(p, sizeof p, "%s%s", dir, sub[i]);
-        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-            hkl_report_set(rep, HK_ERR_IO, "state directory %s: %s", p, strerror(errno));
-            return HK_ERR_IO;
-        }
+        int err = hku_mkdir_p(p, rep);
+        if (err)
+            return err;
     }
     return 0;
 }
@@ -411,13 +324,13 @@ static int lock_dir(hkl_lkg *l, hk_report *rep) {
     snprintf(p, sizeof p, "%s/lock", l->dir);
     l->lockfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (l->lockfd < 0) {
-        hkl_report_set(rep, HK_ERR_IO, "state directory lock %s: %s", p, strerror(errno));
+        hku_fail(rep, HK_ERR_IO, "state directory lock %s: %s", p, strerror(errno));
         return HK_ERR_IO;
     }
     if (flock(l->lockfd, LOCK_EX | LOCK_NB) < 0) {
         int busy = errno == EWOULDBLOCK;
-        hkl_report_set(rep, busy ? HK_ERR_BUSY : HK_ERR_IO, "state directory %s: %s", l->dir,
-                       busy ? "in use by another runtime" : strerror(errno));
+        hku_fail(rep, busy ? HK_ERR_BUSY : HK_ERR_IO, "state directory %s: %s", l->dir,
+                 busy ? "in use by another runtime" : strerror(errno));
         return busy ? HK_ERR_BUSY : HK_ERR_IO;
     }
     return 0;
@@ -437,7 +350,7 @@ int hkl_lkg_open(hk_runtime *rt, hk_report *rep) {
     if (!rt->opt.state_dir || !rt->opt.state_dir[0])
         return 0;
     if (strlen(rt->opt.state_dir) > 3000) {
-        hkl_report_set(rep, HK_ERR_INVALID, "state directory path too long");
+        hku_fail(rep, HK_ERR_INVALID, "state directory path too long");
         return HK_ERR_INVALID;
     }
     if (!(l->dir = strdup(rt->opt.state_dir)))
@@ -463,8 +376,8 @@ static int promote(hkl_lkg *l, lkg_mod *m, double now) {
         return 0;
     char **e = strv_dup(m->cur_expr, m->ncur), **w = strv_dup(m->cur_lowered, m->ncur);
     if (m->ncur && (!e || !w)) {
-        strv_free(e, m->ncur);
-        strv_free(w, m->ncur);
+        hku_strv_free(e, m->ncur);
+        hku_strv_free(w, m->ncur);
         return 0; /* no memory: stays unproven, which is safe */
     }
     hkl_rec_free(&m->rec);
@@ -519,15 +432,15 @@ void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, uint64_t release) {
     lkg_mod *m = mod_get(l, v->mod->name);
     if (!m || (v->nexpr && (!e || !w))) {
         pthread_mutex_unlock(&l->lock);
-        strv_free(e, v->nexpr);
-        strv_free(w, v->nexpr);
+        hku_strv_free(e, v->nexpr);
+        hku_strv_free(w, v->nexpr);
         hk_log(rt, HK_LOG_WARN, "engine", "'%s' v%llu: out of memory, not recorded", v->mod->name,
                (unsigned long long)v->number);
         return;
     }
     promote(l, m, now); /* the version replaced ran long enough */
-    strv_free(m->cur_expr, m->ncur);
-    strv_free(m->cur_lowered, m->ncur);
+    hku_strv_free(m->cur_expr, m->ncur);
+    hku_strv_free(m->cur_lowered, m->ncur);
     m->cur_expr = e;
     m->cur_lowered = w;
     m->ncur = v->nexpr;
@@ -571,10 +484,10 @@ int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t 
             hkl_hash_hex(h, hex);
             if (q[i].release)
                 snprintf(rel, sizeof rel, " (release %llu)", (unsigned long long)q[i].release);
-            hkl_report_set(rep, HK_ERR_QUARANTINED,
-                           "'%s': image %.16s%s is quarantined: it was committed shortly before "
-                           "the CUDA context was lost; publish a different image",
-                           module, hex, rel);
+            hku_fail(rep, HK_ERR_QUARANTINED,
+                     "'%s': image %.16s%s is quarantined: it was committed shortly before "
+                     "the CUDA context was lost; publish a different image",
+                     module, hex, rel);
             if (rep)
                 snprintf(rep->module, sizeof rep->module, "%s", module);
             return HK_ERR_QUARANTINED;
@@ -670,10 +583,11 @@ static int read_image(hkl_lkg *l, const restore_item *it, char **data, size_t *n
     char path[4400];
     uint8_t h[32];
     image_path(l, it->good.hash, path, sizeof path);
-    int err = read_all(path, (size_t)1 << 30, data, n);
+    hk_report r = HK_REPORT_INIT;
+    int err = hku_read_file(path, (size_t)1 << 30, data, n, &r);
     if (err) {
-        snprintf(why, whyn, "%.400s: %s", path, strerror(-err));
-        return HK_ERR_IO;
+        snprintf(why, whyn, "%s", r.message);
+        return err;
     }
     hash_of(*data, *n, h);
     if (!*n || memcmp(h, it->good.hash, 32)) {
@@ -691,7 +605,7 @@ static int restore_one(hk_runtime *rt, const restore_item *it, hk_report *r) {
     size_t n;
     int err = read_image(rt->lkg, it, &data, &n, why, sizeof why);
     if (err) {
-        hkl_report_set(r, err, "%s", why);
+        hku_fail(r, err, "%s", why);
         return err;
     }
     hkl_job *j = calloc(1, sizeof *j);
@@ -719,12 +633,12 @@ static int restore_one(hk_runtime *rt, const restore_item *it, hk_report *r) {
     j->opt.name_expressions = (const char *const *)j->name_expressions;
     j->opt.origin = j->origin;
     if (hkp_meta_read(data, n, it->good.format, &j->art.meta, why, sizeof why) < 0) {
-        hkl_report_set(r, HK_ERR_FORMAT, "kept image of '%s': %s", it->module, why);
+        hku_fail(r, HK_ERR_FORMAT, "kept image of '%s': %s", it->module, why);
         hkl_job_free(j);
         return HK_ERR_FORMAT;
     }
     j->built = 1;
-    err = hkl_swap_built(rt, j, 0, r);
+    err = hkl_swap_job(rt, j, r);
     hkl_job_free(j);
     return err;
 }
@@ -777,12 +691,12 @@ int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     if (!rt->lkg->dir) {
-        hkl_report_set(&full, HK_ERR_UNSUPPORTED, "no state directory (options.state_dir)");
+        hku_fail(&full, HK_ERR_UNSUPPORTED, "no state directory (options.state_dir)");
         hkl_report_out(rep, &full);
         return HK_ERR_UNSUPPORTED;
     }
     if (hkl_swap_held(rt)) {
-        hkl_report_set(&full, HK_ERR_BUSY, "restore cannot run inside a check callback");
+        hku_fail(&full, HK_ERR_BUSY, "restore cannot run inside a check callback");
         hkl_report_out(rep, &full);
         return HK_ERR_BUSY;
     }
@@ -802,15 +716,15 @@ int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
         if (err)
             hk_log(rt, HK_LOG_WARN, "engine", "restore of '%s' failed: %s", it->module, r.message);
         hk_report_clear(&r);
-        strv_free(it->expr, it->nexpr);
-        strv_free(it->lowered, it->nexpr);
+        hku_strv_free(it->expr, it->nexpr);
+        hku_strv_free(it->lowered, it->nexpr);
     }
     free(items);
     if (refused[0])
         msg_add(msg, sizeof msg, "%srecords refused: %s", msg[0] ? "; " : "", refused);
     if (!msg[0])
         snprintf(msg, sizeof msg, "no known-good image recorded");
-    hkl_report_set(&full, 0, "%s", msg);
+    hku_fail(&full, 0, "%s", msg);
     hk_log(rt, HK_LOG_INFO, "engine", "restored %d module(s) from %s: %s", done, rt->lkg->dir, msg);
     hkl_report_out(rep, &full);
     return done;

@@ -66,6 +66,7 @@
 #include "loader/driver.h"
 #include "loader/expo.h"
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define HKL_MAX_DEVICES 16
 #define HKL_NAME_MAX    64
@@ -260,7 +261,7 @@ struct hkl_job {
     hkl_waiter *waiter; /* set: owned by a waiting hk_swap, never freed by the
                          * safe point (which signals it instead) */
     hkl_job *next;
-    hk_header *headers; /* owned copy behind opt.headers (hkp_headers_dup) */
+    hk_header *headers; /* owned copy behind opt.headers (hku_headers_dup) */
 };
 
 /* Outlives its runtime: the destructor of a graph's user object (a captured
@@ -366,7 +367,7 @@ struct hk_runtime {
     int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
     _Atomic int log_min; /* least level delivered now; read without the lock */
 
-    hkc_canary *canary; /* immutable after create: test declarations and the
+    hka_canary *canary; /* immutable after create: test declarations and the
                          * canary helper (canary/; its own locks) */
 
     hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
@@ -396,8 +397,6 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 /* runtime.c */
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep);
-void hkl_report_set(hk_report *rep, int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 double hkl_now_ms(void);
 /* *ts = now + us on CLOCK_REALTIME, for pthread_cond_timedwait. */
@@ -455,8 +454,10 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */
-int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep);
 void hkl_job_free(hkl_job *job);
+/* Swaps in a job whose artifact is filled already (lkg.c's restore), as a
+ * built hk_swap is: swap_lock taken here, outcome emitted. */
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
 int hkl_worker_start(hk_runtime *rt);
 void hkl_worker_stop(hk_runtime *rt);
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,

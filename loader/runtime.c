@@ -18,7 +18,6 @@
  * thread's periodic pass, and on a launch error.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,24 +97,6 @@ const char *hk_strerror(int err) {
     }
 }
 
-void hk_report_clear(hk_report *r) {
-    if (!r || r->size < HKL_REPORT_SIZE0)
-        return;
-    free(r->log);
-    size_t n = r->size < sizeof *r ? r->size : sizeof *r;
-    memset((char *)r + sizeof r->size, 0, n - sizeof r->size);
-}
-
-void hkl_report_set(hk_report *rep, int err, const char *fmt, ...) {
-    if (!rep)
-        return;
-    rep->error = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-    va_end(ap);
-}
-
 /* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
     const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);
@@ -123,7 +104,7 @@ int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *
         rep->cu_result = (int)r;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
     }
-    hkl_report_set(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
+    hku_fail(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
     return HK_ERR_CUDA;
 }
 
@@ -210,7 +191,7 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     dv->ordinal = ordinal;
     if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
         hkl_report_cu(rep, rt, r, "cuDeviceGet");
-        hkl_report_set(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
         return HK_ERR_NO_DEVICE;
     }
     int major = 0, minor = 0;
@@ -239,55 +220,65 @@ static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) 
     return 0;
 }
 
-static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
-                       hk_report *rep) {
-    static const int dev0 = 0;
-    int err = 0;
-    hk_runtime *rt = NULL;
-    hk_options o;
-    if (out)
-        *out = NULL;
-    hk_options_init(&o);
-    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
-        hkl_report_set(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
-                       hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
-        err = HK_ERR_INVALID;
-        goto early;
+/* Arguments a runtime cannot be made with. Returns 0 or the error, with rep
+ * saying why. */
+static int check_args(hk_runtime **out, const hk_options *o, int ndev, hk_report *rep) {
+    if (!out || ndev > HKL_MAX_DEVICES || o->jit_opt_level < 0 || o->jit_opt_level > 4 ||
+        o->history < 0 || o->launch_hold_max_us < 0 || o->destroy_wait_ms < 0) {
+        hku_fail(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
+                 HKL_MAX_DEVICES);
+        return HK_ERR_INVALID;
     }
-    const int *devs = o.devices ? o.devices : &dev0;
-    int ndev = o.ndevices > 0 ? o.ndevices : 1;
-    if (!out || ndev > HKL_MAX_DEVICES || o.jit_opt_level < 0 || o.jit_opt_level > 4 ||
-        o.history < 0 || o.launch_hold_max_us < 0 || o.destroy_wait_ms < 0) {
-        hkl_report_set(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
-                       HKL_MAX_DEVICES);
-        err = HK_ERR_INVALID;
-        goto early;
+    if (o->loader == HK_LOADER_MODULE && ndev != 1) {
+        hku_fail(rep, HK_ERR_UNSUPPORTED,
+                 "the module loader attaches one device; use the library loader");
+        return HK_ERR_UNSUPPORTED;
     }
-    *out = NULL;
-    if (o.loader == HK_LOADER_MODULE && ndev != 1) {
-        hkl_report_set(rep, HK_ERR_UNSUPPORTED,
-                       "the module loader attaches one device; use the library loader");
-        err = HK_ERR_UNSUPPORTED;
-        goto early;
+    return 0;
+}
+
+/* The locks and condition variables of a new runtime. */
+static void runtime_init_locks(hk_runtime *rt) {
+    pthread_mutex_init(&rt->swap_lock, NULL);
+    /* Writers first: a commit's retarget must not wait behind a stream of
+     * graph launches (glibc's default lets new readers overtake a writer). */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&rt->graph_lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&rt->gate_lock, NULL);
+    pthread_cond_init(&rt->gate_cond, NULL);
+    pthread_mutex_init(&rt->unload_lock, NULL);
+    pthread_mutex_init(&rt->rec_lock, NULL);
+    pthread_cond_init(&rt->rec_cond, NULL);
+    pthread_cond_init(&rt->rec_done, NULL);
+    pthread_mutex_init(&rt->work_lock, NULL);
+    pthread_cond_init(&rt->work_cond, NULL);
+    pthread_cond_init(&rt->idle_cond, NULL);
+    pthread_mutex_init(&rt->stats_lock, NULL);
+    pthread_mutex_init(&rt->src_lock, NULL);
+}
+
+/* A runtime with checked options o and nothing attached yet; NULL when out
+ * of memory. A real driver table (one with a library handle) is owned by
+ * the runtime from here on, before any thread can read it; a fake one stays
+ * the caller's. */
+static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkl_driver *drv) {
+    hk_runtime *rt = calloc(1, sizeof *rt);
+    hkl_rtref *ref = calloc(1, sizeof *ref);
+    if (!rt || !ref) {
+        free(rt);
+        free(ref);
+        return NULL;
     }
-    if (o.history == 0)
-        o.history = 1;
-    if (o.launch_hold_max_us == 0)
-        o.launch_hold_max_us = 1000;
-    if (!(rt = calloc(1, sizeof *rt))) {
-        err = HK_ERR_NOMEM;
-        goto early;
-    }
-    /* A real driver table (one with a library handle) is owned by the
-     * runtime from here on, before any thread can read it; a fake one stays
-     * the caller's. */
     if (drv->dl) {
         rt->drv_own = *drv;
         rt->drv = &rt->drv_own;
     } else {
         rt->drv = drv;
     }
-    rt->opt = o;
+    rt->opt = *o;
     rt->opt.devices = NULL;
     rt->ndev = ndev;
     atomic_init(&rt->epoch, 1);
@@ -307,89 +298,115 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     atomic_init(&rt->reset_suspect, 0);
     rt->pin_poll_ms = 50;
     rt->unload_gap_ms = 20;
-    pthread_mutex_init(&rt->swap_lock, NULL);
-    /* Writers first: a commit's retarget must not wait behind a stream of
-     * graph launches (glibc's default lets new readers overtake a writer). */
-    pthread_rwlockattr_t ra;
-    pthread_rwlockattr_init(&ra);
-    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&rt->graph_lock, &ra);
-    pthread_rwlockattr_destroy(&ra);
-    pthread_mutex_init(&rt->gate_lock, NULL);
-    pthread_cond_init(&rt->gate_cond, NULL);
-    pthread_mutex_init(&rt->unload_lock, NULL);
-    if (!(rt->ref = calloc(1, sizeof *rt->ref))) {
-        free(rt);
-        rt = NULL;
-        err = HK_ERR_NOMEM;
-        goto early;
-    }
-    pthread_mutex_init(&rt->ref->lock, NULL);
-    rt->ref->rt = rt;
-    atomic_init(&rt->ref->refs, 1);
-    pthread_mutex_init(&rt->rec_lock, NULL);
-    pthread_cond_init(&rt->rec_cond, NULL);
-    pthread_cond_init(&rt->rec_done, NULL);
-    pthread_mutex_init(&rt->work_lock, NULL);
-    pthread_cond_init(&rt->work_cond, NULL);
-    pthread_cond_init(&rt->idle_cond, NULL);
-    pthread_mutex_init(&rt->stats_lock, NULL);
-    pthread_mutex_init(&rt->src_lock, NULL);
+    runtime_init_locks(rt);
     hkl_log_init(rt);
+    rt->ref = ref;
+    pthread_mutex_init(&ref->lock, NULL);
+    ref->rt = rt;
+    atomic_init(&ref->refs, 1);
+    return rt;
+}
 
+/* Attaches the ndev devices of devs, which must be distinct and, unless
+ * options.arch says which code to load, of one architecture. */
+static int attach_devices(hk_runtime *rt, const int *devs, int ndev, hk_report *rep) {
+    int err;
     for (int i = 0; i < ndev; i++) {
         for (int j = 0; j < i; j++)
             if (devs[j] == devs[i]) {
-                hkl_report_set(rep, HK_ERR_INVALID, "device %d listed twice", devs[i]);
-                err = HK_ERR_INVALID;
-                goto fail;
+                hku_fail(rep, HK_ERR_INVALID, "device %d listed twice", devs[i]);
+                return HK_ERR_INVALID;
             }
         if ((err = attach_device(rt, i, devs[i], rep)) < 0)
-            goto fail;
-        if (i > 0 && rt->dev[i].arch != rt->dev[0].arch && !o.arch) {
-            hkl_report_set(rep, HK_ERR_UNSUPPORTED,
-                           "devices of different architectures (sm_%d, sm_%d): set "
-                           "options.arch and give fatbins, or attach them separately",
-                           rt->dev[0].arch, rt->dev[i].arch);
-            err = HK_ERR_UNSUPPORTED;
-            goto fail;
+            return err;
+        if (i > 0 && rt->dev[i].arch != rt->dev[0].arch && !rt->opt.arch) {
+            hku_fail(rep, HK_ERR_UNSUPPORTED,
+                     "devices of different architectures (sm_%d, sm_%d): set "
+                     "options.arch and give fatbins, or attach them separately",
+                     rt->dev[0].arch, rt->dev[i].arch);
+            return HK_ERR_UNSUPPORTED;
         }
     }
-    rt->arch = o.arch ? o.arch : rt->dev[0].arch;
+    rt->arch = rt->opt.arch ? rt->opt.arch : rt->dev[0].arch;
+    return 0;
+}
 
-    if (!o.cache_dir || *o.cache_dir) {
+/* Opens the compile cache options.cache_dir names (NULL: the default one,
+ * "": none). A cache that cannot be opened costs speed, not correctness. */
+static void open_cache(hk_runtime *rt, const char *dir) {
+    if (!dir || *dir) {
         char buf[4096];
         int have = 0;
-        if (o.cache_dir)
-            have = snprintf(buf, sizeof buf, "%s", o.cache_dir) < (int)sizeof buf;
+        if (dir)
+            have = snprintf(buf, sizeof buf, "%s", dir) < (int)sizeof buf;
         else
             have = hkp_cache_default_dir(buf, sizeof buf) == 0;
-        /* A cache that cannot be opened costs speed, not correctness. */
-        if (have && hkp_cache_open(&rt->cache, buf, o.cache_max_bytes) == 0)
+        if (have && hkp_cache_open(&rt->cache, buf, rt->opt.cache_max_bytes) == 0)
             rt->cache_dir = strdup(buf);
         else
             rt->cache = NULL;
     }
     rt->opt.cache_dir = rt->cache_dir;
+}
 
-    if ((err = hkp_headers_dup(o.headers, o.nheaders > 0 ? o.nheaders : 0, &rt->headers)) < 0) {
-        hkl_report_set(rep, err, "options.headers: %s",
-                       err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
-        goto fail;
+/* Everything of a runtime after its devices: cache, headers, the warm-up
+ * and the reclaim and worker threads. */
+static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
+    open_cache(rt, o->cache_dir);
+    int err = hku_headers_dup(o->headers, o->nheaders > 0 ? o->nheaders : 0, &rt->headers);
+    if (err < 0) {
+        hku_fail(rep, err, "options.headers: %s",
+                 err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+        return err;
     }
     rt->opt.headers = rt->headers;
-    rt->opt.nheaders = rt->headers ? o.nheaders : 0;
+    rt->opt.nheaders = rt->headers ? o->nheaders : 0;
     /* A runtime that cannot warm up still works: its first build pays. */
-    if (!o.no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
+    if (!o->no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
-
     if ((err = hkl_lkg_open(rt, rep)) < 0)
-        goto fail;
+        return err;
     if ((err = hkl_canary_start(rt, rep)) < 0)
-        goto fail;
+        return err;
     if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
-        hkl_report_set(rep, err, "cannot start hotkern threads");
-        goto fail;
+        hku_fail(rep, err, "cannot start hotkern threads");
+        return err;
+    }
+    return 0;
+}
+
+static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+                       hk_report *rep) {
+    static const int dev0 = 0;
+    hk_options o;
+    int err = 0;
+    if (out)
+        *out = NULL;
+    hk_options_init(&o);
+    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
+        hku_fail(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
+                 hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
+        err = HK_ERR_INVALID;
+    }
+    const int *devs = o.devices ? o.devices : &dev0;
+    int ndev = o.ndevices > 0 ? o.ndevices : 1;
+    if (!err)
+        err = check_args(out, &o, ndev, rep);
+    if (o.history == 0)
+        o.history = 1;
+    if (o.launch_hold_max_us == 0)
+        o.launch_hold_max_us = 1000;
+    hk_runtime *rt = err ? NULL : runtime_new(&o, ndev, drv);
+    if (!rt) {
+        if (drv->dl)
+            hkl_driver_close((hkl_driver *)drv);
+        return err ? err : HK_ERR_NOMEM;
+    }
+    if ((err = attach_devices(rt, devs, ndev, rep)) < 0 || (err = runtime_start(rt, &o, rep)) < 0) {
+        if (rep && !rep->error)
+            rep->error = err;
+        hk_runtime_destroy(rt); /* closes an owned driver table */
+        return err;
     }
     *out = rt;
     if (o.restore && o.state_dir && *o.state_dir) {
@@ -400,15 +417,6 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
         hk_report_clear(&rr);
     }
     return 0;
-fail:
-    if (rep && !rep->error)
-        rep->error = err;
-    hk_runtime_destroy(rt); /* closes an owned driver table */
-    return err;
-early:
-    if (drv->dl)
-        hkl_driver_close((hkl_driver *)drv);
-    return err;
 }
 
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
@@ -435,7 +443,7 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     char why[512];
     int err = hkl_driver_open(&d, why, sizeof why);
     if (err < 0)
-        hkl_report_set(rep ? &full : NULL, err, "%s", why);
+        hku_fail(rep ? &full : NULL, err, "%s", why);
     else /* The runtime takes the table over (and closes it on destroy). */
         err = hkl_runtime_create_with(out, opt, &d, rep ? &full : NULL);
     hkl_report_out(rep, &full);
@@ -609,7 +617,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
     sources_release(rt);
     hkp_warm_stop(rt->warm);
     hkl_worker_stop(rt);
-    hkc_destroy(rt->canary); /* no build runs any more: kills the helper */
+    hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */
@@ -665,7 +673,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
         out->cache_misses = m;
     }
     if (rt->canary)
-        hkc_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
+        hka_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
     hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
     hkl_sized_out(user, out, sizeof *out);
     return 0;
@@ -689,7 +697,9 @@ static int context_was_reset(hk_runtime *rt, int i) {
     return d->CtxGetId(hkl_ctx(rt, i), &id) != CUDA_SUCCESS || id != rt->dev[i].ctx_id;
 }
 
-int hkl_check_reset(hk_runtime *rt) {
+/* Takes the new primary context of every device whose context was reset.
+ * Returns 1 when there was one. */
+static int replace_contexts(hk_runtime *rt) {
     int reset = 0;
     for (int i = 0; i < rt->ndev; i++) {
         if (!context_was_reset(rt, i))
@@ -709,75 +719,92 @@ int hkl_check_reset(hk_runtime *rt) {
         pthread_mutex_unlock(&rt->unload_lock);
         reset = 1;
     }
-    if (!reset)
-        return 0;
-    if (rt->opt.loader == HK_LOADER_MODULE)
-        hkl_gate_close(rt);
-    /* Modules died with the context: load the current image of each module
-     * again and publish it in place of the dead version. Libraries live on
-     * and reload into the new context by themselves. */
-    for (hkl_module *m = rt->modules; m; m = m->next) {
-        hkl_version *old = atomic_load(&m->current);
-        hk_report rep = HK_REPORT_INIT;
-        if (old && rt->opt.loader == HK_LOADER_MODULE) {
-            hkl_version *nv = calloc(1, sizeof *nv);
-            if (!nv)
-                continue;
-            *nv = (hkl_version){.number = old->number,
-                                .mod = m,
-                                .format = old->format,
-                                .ctx_gen = atomic_load(&rt->reset_gen)};
-            nv->image = malloc(old->size);
-            if (!nv->image) {
-                free(nv);
-                continue;
-            }
-            memcpy(nv->image, old->image, old->size);
-            nv->size = old->size;
-            atomic_init(&nv->fn, NULL);
-            atomic_init(&nv->cap, 0);
-            atomic_init(&nv->pins, 0);
-            if (hkl_load_version(rt, nv, &rep) < 0) {
-                hkl_version_free(nv);
-                hk_report_clear(&rep);
-                continue;
-            }
-            /* The old version is dead: its metadata (name expressions,
-             * globals, kernel layouts) moves to the reloaded one. */
-            nv->nexpr = old->nexpr;
-            nv->expr = old->expr;
-            nv->lowered = old->lowered;
-            nv->nglobals = old->nglobals;
-            nv->globals = old->globals;
-            nv->nentries = old->nentries;
-            nv->entries = old->entries;
-            old->nexpr = old->nglobals = old->nentries = 0;
-            old->expr = old->lowered = NULL;
-            old->globals = NULL;
-            old->entries = NULL;
-            int ok = 1;
-            for (int k = 0; k < m->nkernels && ok; k++)
-                ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
-            if (!ok) {
-                hkl_unload_version(rt, nv);
-                hkl_version_free(nv);
-                hk_report_clear(&rep);
-                continue;
-            }
-            atomic_store(&m->current, nv);
-            old->dead = 1; /* its module died with the context: no event */
-            hkl_retire(rt, old);
-            pthread_mutex_lock(&rt->stats_lock);
-            rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
-            pthread_mutex_unlock(&rt->stats_lock);
-        }
-        hk_report_clear(&rep);
+    return reset;
+}
+
+/* A new version holding a copy of old's image, loaded in the new context;
+ * NULL when that fails. */
+static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_version *old,
+                                   hk_report *rep) {
+    hkl_version *nv = calloc(1, sizeof *nv);
+    if (!nv)
+        return NULL;
+    *nv = (hkl_version){.number = old->number,
+                        .mod = m,
+                        .format = old->format,
+                        .ctx_gen = atomic_load(&rt->reset_gen)};
+    nv->image = malloc(old->size);
+    if (!nv->image) {
+        free(nv);
+        return NULL;
     }
-    /* Versions already retired hold dead modules too: their generation tells
-     * hkl_unload_version to leave them (a recycled handle could name live
-     * code in the new context). */
-    if (rt->opt.loader == HK_LOADER_MODULE)
+    memcpy(nv->image, old->image, old->size);
+    nv->size = old->size;
+    atomic_init(&nv->fn, NULL);
+    atomic_init(&nv->cap, 0);
+    atomic_init(&nv->pins, 0);
+    if (hkl_load_version(rt, nv, rep) < 0) {
+        hkl_version_free(nv);
+        return NULL;
+    }
+    return nv;
+}
+
+/* Module loader: m's current module died with the context. Loads its image
+ * again and publishes it in place of the dead version; when that fails, the
+ * dead version stays current. */
+static void reload_module(hk_runtime *rt, hkl_module *m) {
+    hkl_version *old = atomic_load(&m->current);
+    hk_report rep = HK_REPORT_INIT;
+    hkl_version *nv = old ? version_reload(rt, m, old, &rep) : NULL;
+    if (!nv) {
+        hk_report_clear(&rep);
+        return;
+    }
+    /* The old version is dead: its metadata (name expressions, globals,
+     * kernel layouts) moves to the reloaded one. */
+    nv->nexpr = old->nexpr;
+    nv->expr = old->expr;
+    nv->lowered = old->lowered;
+    nv->nglobals = old->nglobals;
+    nv->globals = old->globals;
+    nv->nentries = old->nentries;
+    nv->entries = old->entries;
+    old->nexpr = old->nglobals = old->nentries = 0;
+    old->expr = old->lowered = NULL;
+    old->globals = NULL;
+    old->entries = NULL;
+    int ok = 1;
+    for (int k = 0; k < m->nkernels && ok; k++)
+        ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
+    if (!ok) {
+        hkl_unload_version(rt, nv);
+        hkl_version_free(nv);
+    } else {
+        atomic_store(&m->current, nv);
+        old->dead = 1; /* its module died with the context: no event */
+        hkl_retire(rt, old);
+        pthread_mutex_lock(&rt->stats_lock);
+        rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
+        pthread_mutex_unlock(&rt->stats_lock);
+    }
+    hk_report_clear(&rep);
+}
+
+int hkl_check_reset(hk_runtime *rt) {
+    if (!replace_contexts(rt))
+        return 0;
+    /* Modules died with the context: each module's current image is loaded
+     * again. Libraries live on and reload into the new context by
+     * themselves. Versions already retired hold dead modules too: their
+     * generation tells hkl_unload_version to leave them (a recycled handle
+     * could name live code in the new context). */
+    if (rt->opt.loader == HK_LOADER_MODULE) {
+        hkl_gate_close(rt);
+        for (hkl_module *m = rt->modules; m; m = m->next)
+            reload_module(rt, m);
         hkl_gate_open(rt);
+    }
     pthread_mutex_lock(&rt->stats_lock);
     rt->stats.context_resets++;
     pthread_mutex_unlock(&rt->stats_lock);
@@ -788,9 +815,9 @@ int hkl_check_reset(hk_runtime *rt) {
  * with no lock held, so the callback may call hotkern. */
 void hkl_emit_reset(hk_runtime *rt) {
     hk_report rep = HK_REPORT_INIT;
-    hkl_report_set(&rep, HK_ERR_CONTEXT_RESET,
-                   "CUDA context reset detected (cudaDeviceReset?): current versions are "
-                   "loaded in the new context; buffers and __device__ state from before the "
-                   "reset are gone");
+    hku_fail(&rep, HK_ERR_CONTEXT_RESET,
+             "CUDA context reset detected (cudaDeviceReset?): current versions are "
+             "loaded in the new context; buffers and __device__ state from before the "
+             "reset are gone");
     hkl_emit(rt, HK_EVENT_CONTEXT_RESET, NULL, 0, 0, "reset", &rep);
 }

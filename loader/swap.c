@@ -21,6 +21,11 @@
  * Any failure before commit unloads the new version; the old one never
  * stopped running. Swaps of one runtime are serialised by swap_lock.
  *
+ * In the code: job_build is the build, ending with the canary
+ * (hkl_canary_check); swap_locked runs the rest as one function per step
+ * (stage, validate, commit, roll_back) over a swap_txn, after
+ * version_from_build and adopt_build have made the built artifact a version.
+ *
  * The driver sections of stage/validate and of commit run with the launch
  * gate closed (loader.h): under continuous launches the driver would make
  * them wait for ever. The check callback runs with the gate open. All of it
@@ -65,28 +70,6 @@ hkl_module *hkl_module_find(hk_runtime *rt, const char *name) {
     return NULL;
 }
 
-static void free_strv(char **v, int n) {
-    if (!v)
-        return;
-    for (int i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
-static char **dup_strv(const char *const *v, int n) {
-    if (n <= 0 || !v)
-        return NULL;
-    char **out = calloc((size_t)n, sizeof *out);
-    if (!out)
-        return NULL;
-    for (int i = 0; i < n; i++)
-        if (!(out[i] = strdup(v[i] ? v[i] : ""))) {
-            free_strv(out, n);
-            return NULL;
-        }
-    return out;
-}
-
 void hkl_version_free(hkl_version *v) {
     if (!v)
         return;
@@ -99,8 +82,8 @@ void hkl_version_free(hkl_version *v) {
         free(v->entries[i].params);
     }
     free(v->entries);
-    free_strv(v->expr, v->nexpr);
-    free_strv(v->lowered, v->nexpr);
+    hku_strv_free(v->expr, v->nexpr);
+    hku_strv_free(v->lowered, v->nexpr);
     void **fn = atomic_load(&v->fn);
     free(fn ? fn - 1 : NULL);
     void **o = v->old_fn;
@@ -367,9 +350,9 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
             rep->cu_result = (int)r;
             snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
         }
-        hkl_report_set(rep, HK_ERR_MISSING_KERNEL,
-                       "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
-                       k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_MISSING_KERNEL,
+                 "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
+                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
         return HK_ERR_MISSING_KERNEL;
     }
     int err = fn_reserve(v, k->slot);
@@ -391,9 +374,8 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
         if (!accept) {
             if (rep)
                 snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
-            hkl_report_set(rep, HK_ERR_LAYOUT,
-                           "kernel '%s': %s (pass accept_layout_change to allow it)", k->name,
-                           diff);
+            hku_fail(rep, HK_ERR_LAYOUT, "kernel '%s': %s (pass accept_layout_change to allow it)",
+                     k->name, diff);
             hkl_layout_free(&now);
             return HK_ERR_LAYOUT;
         }
@@ -461,15 +443,15 @@ static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_r
         }
     }
     if (skipped[0])
-        hkl_report_set(rep, 0, "globals not carried over (size changed): %s", skipped);
+        hku_fail(rep, 0, "globals not carried over (size changed): %s", skipped);
     return 0;
 }
 
 /* Adds image to the module's history ring (rollback pops instead). */
 void hkl_image_clear(hkl_image *im) {
     free(im->data);
-    free_strv(im->expr, im->nexpr);
-    free_strv(im->lowered, im->nexpr);
+    hku_strv_free(im->expr, im->nexpr);
+    hku_strv_free(im->lowered, im->nexpr);
     memset(im, 0, sizeof *im);
 }
 
@@ -478,8 +460,8 @@ void hkl_image_clear(hkl_image *im) {
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
     hkl_image im = {.size = v->size, .format = v->format, .version = v->number, .nexpr = v->nexpr};
     im.data = malloc(v->size);
-    im.expr = dup_strv((const char *const *)v->expr, v->nexpr);
-    im.lowered = dup_strv((const char *const *)v->lowered, v->nexpr);
+    im.expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
+    im.lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
     if (!im.data || (v->nexpr > 0 && (!im.expr || !im.lowered))) {
         hkl_image_clear(&im);
         return HK_ERR_NOMEM;
@@ -532,30 +514,6 @@ static void count(hk_runtime *rt, int committed, int rollback, const hk_report *
     pthread_mutex_unlock(&rt->stats_lock);
 }
 
-/* The driver side of stage and validate: load v, upload its code to every
- * context, resolve every handle's kernel and check its layout (collecting
- * the new layouts in newlay when a change is accepted). Gate closed. */
-static int stage_and_validate(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_job *job,
-                              hkl_param_layout *newlay, hk_report *rep) {
-    int err;
-    if ((err = hkl_load_version(rt, v, rep)) < 0)
-        return err;
-    if ((err = upload_all(rt, v, rep)) < 0)
-        return err;
-    for (int i = 0; i < m->nkernels; i++) {
-        hk_kernel *k = m->kernels[i];
-        if ((err = hkl_resolve_slot(rt, v, k, rep)) < 0)
-            return err;
-        if ((err = check_layout(rt, v, k, job->opt.accept_layout_change, rep)) < 0)
-            return err;
-        if (newlay && (err = hkl_read_layout(rt, v, k, &newlay[i])) < 0)
-            return err;
-        if ((err = hkl_apply_attrs(rt, v, k, rep)) < 0)
-            return err;
-    }
-    return 0;
-}
-
 /* 1 when old holds exactly the image (and name expressions) job built. */
 static int same_image(const hkl_version *old, const hkl_job *job) {
     if (!old || old->size != job->art.size || old->format != job->art.format ||
@@ -567,44 +525,64 @@ static int same_image(const hkl_version *old, const hkl_job *job) {
     return 1;
 }
 
-/* Stage, validate and commit a built job. swap_lock held. On return the job's
- * artifact image has been moved into the version (or freed with the job).
- * Returns 0 (committed), 1 (the current version already is this image; not a
- * rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
-    hkl_module *m = module_get_or_create(rt, job->name);
-    if (!m)
-        return HK_ERR_NOMEM;
-    hkl_version *old = atomic_load(&m->current);
-    *oldv = old ? old->number : 0;
-    double t0 = hkl_now_ms();
-    int err = 0;
+/* Whether job should become a version of m at all, decided before anything
+ * is loaded. Returns 0 (go on), 1 (the running version already is this
+ * image; a rollback always goes on) or HK_ERR_SUPERSEDED. */
+static int swap_needed(hkl_module *m, const hkl_version *old, const hkl_job *job, int rollback,
+                       hk_report *rep) {
     if (job->seq && job->seq < m->last_seq) {
         /* Submitted before the version that runs now (a safe point can take
          * jobs out of order with synchronous swaps): never go back. */
-        hkl_report_set(rep, HK_ERR_SUPERSEDED,
-                       "'%s': a version submitted later was committed first", m->name);
+        hku_fail(rep, HK_ERR_SUPERSEDED, "'%s': a version submitted later was committed first",
+                 m->name);
         if (rep)
             snprintf(rep->module, sizeof rep->module, "%s", m->name);
         return HK_ERR_SUPERSEDED;
     }
-    if (!rollback && same_image(old, job)) {
-        /* The running version already is this image: nothing to load. */
-        if (rep) {
-            rep->version = old->number;
-            snprintf(rep->module, sizeof rep->module, "%s", m->name);
-            hkl_report_set(rep, 0, "'%s' version %llu already runs this image", m->name,
-                           (unsigned long long)old->number);
-        }
-        if (job->seq)
-            m->last_seq = job->seq;
-        return 1;
+    if (rollback || !same_image(old, job))
+        return 0;
+    /* The running version already is this image: nothing to load. */
+    if (rep) {
+        rep->version = old->number;
+        snprintf(rep->module, sizeof rep->module, "%s", m->name);
+        hku_fail(rep, 0, "'%s' version %llu already runs this image", m->name,
+                 (unsigned long long)old->number);
     }
-    hkl_param_layout *newlay = NULL;
-    int gated = 0;
+    if (job->seq)
+        m->last_seq = job->seq;
+    return 1;
+}
+
+/* One swap in flight: what its steps share, and what a roll back undoes.
+ * Everything here is the swapping thread's, under swap_lock. */
+typedef struct swap_txn {
+    hk_runtime *rt;
+    hkl_job *job;
+    hk_report *rep; /* may be NULL */
+    hkl_module *m;
+    hkl_version *old;         /* the running version, or NULL */
+    hkl_version *v;           /* the new version */
+    hkl_param_layout *newlay; /* new layouts of an accepted change, or NULL */
+    int gated;                /* the launch gate is closed */
+    double t0, t1;            /* when stage and commit began (hkl_now_ms) */
+} swap_txn;
+
+static void txn_gate_close(swap_txn *t) {
+    hkl_gate_close(t->rt);
+    t->gated = 1;
+}
+
+static void txn_gate_open(swap_txn *t) {
+    hkl_gate_open(t->rt);
+    t->gated = 0;
+}
+
+/* The end of the build step: a new version of t->m takes over the job's
+ * image and metadata (the job keeps none of them). NULL: out of memory. */
+static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *job) {
     hkl_version *v = calloc(1, sizeof *v);
     if (!v)
-        return HK_ERR_NOMEM;
+        return NULL;
     atomic_init(&v->fn, NULL);
     atomic_init(&v->cap, 0);
     atomic_init(&v->pins, 0);
@@ -624,133 +602,207 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     job->art.meta.entries = NULL;
     job->art.meta.nentries = 0;
     v->nexpr = job->art.nlowered;
-    v->expr = dup_strv((const char *const *)job->name_expressions, job->opt.nname_expressions);
+    v->expr = hku_strv_dup((const char *const *)job->name_expressions, job->opt.nname_expressions);
     v->lowered = job->art.lowered_names;
     job->art.lowered_names = NULL;
     job->art.nlowered = 0;
-    if (v->nexpr != job->opt.nname_expressions || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
-        /* Lowered names missing for some expression, or no memory for the
-         * copy: without the mapping, handles taken by expression cannot be
-         * resolved, so the version is refused rather than half-described. */
-        free_strv(v->expr, job->opt.nname_expressions);
-        free_strv(v->lowered, v->nexpr);
+    return v;
+}
+
+/* Checks that every name expression of the job has its lowered name in the
+ * new version, and starts the version's part of the report. Lowered names
+ * missing for some expression, or no memory for the copy: without the
+ * mapping, handles taken by expression cannot be resolved, so the version
+ * is refused rather than half-described. */
+static int adopt_build(swap_txn *t) {
+    hkl_version *v = t->v;
+    int nexpr = t->job->opt.nname_expressions;
+    if (v->nexpr != nexpr || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
+        hku_strv_free(v->expr, nexpr);
+        hku_strv_free(v->lowered, v->nexpr);
         v->expr = v->lowered = NULL;
-        int had = job->opt.nname_expressions > 0;
         v->nexpr = 0;
-        if (had) {
-            hkl_report_set(rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
-            err = HK_ERR_NOMEM;
-            goto refuse;
+        if (nexpr > 0) {
+            hku_fail(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
+            return HK_ERR_NOMEM;
         }
     }
-    if (rep) {
-        rep->version = v->number;
-        snprintf(rep->module, sizeof rep->module, "%s", m->name);
+    if (t->rep) {
+        t->rep->version = v->number;
+        snprintf(t->rep->module, sizeof t->rep->module, "%s", t->m->name);
         /* The build may have run on another thread, long before (safe points). */
-        rep->build_ms = job->art.ms;
-        rep->cache_hit = job->art.cache_hit;
-    }
-
-    if (m->nkernels && job->opt.accept_layout_change) {
-        newlay = calloc((size_t)m->nkernels, sizeof *newlay);
-        if (!newlay) {
-            err = HK_ERR_NOMEM;
-            goto refuse;
-        }
-    }
-    hkl_gate_close(rt);
-    gated = 1;
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_GATED);
-    if ((err = stage_and_validate(rt, m, v, job, newlay, rep)) < 0)
-        goto refuse;
-    hkl_gate_open(rt);
-    gated = 0;
-    if (job->opt.check) {
-        char msg[256] = "";
-        if (job->opt.check(m->name, v->number, rt->opt.userdata, msg, sizeof msg) != 0) {
-            hkl_report_set(rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
-                           (unsigned long long)v->number, msg[0] ? msg : "(no reason given)");
-            err = HK_ERR_REJECTED;
-            goto refuse;
-        }
-    }
-    double t1 = hkl_now_ms();
-    hkl_gate_close(rt);
-    gated = 1;
-    if (old && job->opt.carry_globals && (err = carry_globals(rt, old, v, rep)) < 0)
-        goto refuse;
-    if ((err = history_push(rt, m, v)) < 0)
-        goto refuse;
-
-    /* Commit. seq_cst pairs with the launch path's epoch announcement (see
-     * reclaim.c): a launcher that read the old pointer is visible to the
-     * grace period that frees it. */
-    atomic_store(&m->current, v);
-    m->last_version = v->number;
-    if (job->seq)
-        m->last_seq = job->seq;
-    if (newlay)
-        for (int i = 0; i < m->nkernels; i++) {
-            hkl_layout_free(&m->kernels[i]->layout);
-            m->kernels[i]->layout = newlay[i];
-        }
-    free(newlay);
-    newlay = NULL;
-    hkl_graphs_retarget(rt, m, v, old, rep);
-    hkl_gate_open(rt);
-    if (old) {
-        /* A program that stages at safe points wants no driver work outside
-         * them: the old code is unloaded at a later safe point too. */
-        old->unload_at_safe_point = job->at_safe_point;
-        hkl_retire(rt, old);
-    }
-    m->last_error = 0;
-    snprintf(m->last_message, sizeof m->last_message, "version %llu committed",
-             (unsigned long long)v->number);
-    if (rep) {
-        rep->stage_ms = t1 - t0;
-        rep->commit_ms = hkl_now_ms() - t1;
-        rep->version = v->number;
+        t->rep->build_ms = t->job->art.ms;
+        t->rep->cache_hit = t->job->art.cache_hit;
     }
     return 0;
+}
 
-refuse:
-    if (gated)
-        hkl_gate_open(rt);
-    if (newlay) {
-        for (int i = 0; i < m->nkernels; i++)
-            hkl_layout_free(&newlay[i]);
-        free(newlay);
+/* Stage: the driver loads the new version and uploads its code into every
+ * context. Closes the launch gate and leaves it closed for validate. */
+static int stage(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    if (t->m->nkernels && t->job->opt.accept_layout_change) {
+        t->newlay = calloc((size_t)t->m->nkernels, sizeof *t->newlay);
+        if (!t->newlay)
+            return HK_ERR_NOMEM;
     }
-    if (hkl_unload_version(rt, v) == CUDA_SUCCESS) {
-        hkl_version_free(v);
+    txn_gate_close(t);
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_GATED);
+    int err = hkl_load_version(rt, t->v, t->rep);
+    if (err < 0)
+        return err;
+    return upload_all(rt, t->v, t->rep);
+}
+
+/* Validate: every handle's kernel is in the new version, with the layout it
+ * had (or, when a change is accepted, its new layout is collected in
+ * t->newlay) and the attributes set through the handle; then, with the gate
+ * open again, the caller's check callback agrees. */
+static int validate(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    hkl_module *m = t->m;
+    int err;
+    for (int i = 0; i < m->nkernels; i++) {
+        hk_kernel *k = m->kernels[i];
+        if ((err = hkl_resolve_slot(rt, t->v, k, t->rep)) < 0)
+            return err;
+        if ((err = check_layout(rt, t->v, k, t->job->opt.accept_layout_change, t->rep)) < 0)
+            return err;
+        if (t->newlay && (err = hkl_read_layout(rt, t->v, k, &t->newlay[i])) < 0)
+            return err;
+        if ((err = hkl_apply_attrs(rt, t->v, k, t->rep)) < 0)
+            return err;
+    }
+    txn_gate_open(t);
+    if (!t->job->opt.check)
+        return 0;
+    char msg[256] = "";
+    if (t->job->opt.check(m->name, t->v->number, rt->opt.userdata, msg, sizeof msg) == 0)
+        return 0;
+    hku_fail(t->rep, HK_ERR_REJECTED, "check callback refused version %llu: %s",
+             (unsigned long long)t->v->number, msg[0] ? msg : "(no reason given)");
+    return HK_ERR_REJECTED;
+}
+
+/* Makes the new version the module's current one, with the gate closed.
+ * Cannot fail. seq_cst pairs with the launch path's epoch announcement (see
+ * reclaim.c): a launcher that read the old pointer is visible to the grace
+ * period that frees it. */
+static void publish(swap_txn *t) {
+    hkl_module *m = t->m;
+    atomic_store(&m->current, t->v);
+    m->last_version = t->v->number;
+    if (t->job->seq)
+        m->last_seq = t->job->seq;
+    if (t->newlay)
+        for (int i = 0; i < m->nkernels; i++) {
+            hkl_layout_free(&m->kernels[i]->layout);
+            m->kernels[i]->layout = t->newlay[i];
+        }
+    free(t->newlay);
+    t->newlay = NULL;
+    hkl_graphs_retarget(t->rt, m, t->v, t->old, t->rep);
+}
+
+/* Commit: globals carried over and the image kept for rollback (either may
+ * still fail and roll back), then the new version published and the old one
+ * handed to the reclaim thread. */
+static int commit(swap_txn *t) {
+    hk_runtime *rt = t->rt;
+    int err;
+    t->t1 = hkl_now_ms();
+    txn_gate_close(t);
+    if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
+        return err;
+    if ((err = history_push(rt, t->m, t->v)) < 0)
+        return err;
+    publish(t);
+    txn_gate_open(t);
+    if (t->old) {
+        /* A program that stages at safe points wants no driver work outside
+         * them: the old code is unloaded at a later safe point too. */
+        t->old->unload_at_safe_point = t->job->at_safe_point;
+        hkl_retire(rt, t->old);
+    }
+    t->m->last_error = 0;
+    snprintf(t->m->last_message, sizeof t->m->last_message, "version %llu committed",
+             (unsigned long long)t->v->number);
+    if (t->rep) {
+        t->rep->stage_ms = t->t1 - t->t0;
+        t->rep->commit_ms = hkl_now_ms() - t->t1;
+        t->rep->version = t->v->number;
+    }
+    return 0;
+}
+
+/* A module whose first version failed does not exist: unlinks and frees m
+ * when nothing was ever committed to it. */
+static void module_drop_if_unused(hk_runtime *rt, hkl_module *m) {
+    if (atomic_load(&m->current) || m->nkernels || m->nhist)
+        return;
+    hkl_module **pp = &rt->modules;
+    while (*pp != m)
+        pp = &(*pp)->next;
+    *pp = m->next;
+    free(m->hist);
+    free(m->kernels);
+    free(m);
+}
+
+/* Roll back: undoes whatever the steps did before err (the running version
+ * never stopped), records the failure and returns err. */
+static int roll_back(swap_txn *t, int err) {
+    hk_runtime *rt = t->rt;
+    if (t->gated)
+        txn_gate_open(t);
+    if (t->newlay) {
+        for (int i = 0; i < t->m->nkernels; i++)
+            hkl_layout_free(&t->newlay[i]);
+        free(t->newlay);
+    }
+    if (hkl_unload_version(rt, t->v) == CUDA_SUCCESS) {
+        hkl_version_free(t->v);
     } else {
         /* The driver would not unload it now: the reclaim thread will. */
-        v->dead = 1;
+        t->v->dead = 1;
         pthread_mutex_lock(&rt->stats_lock);
         rt->stats.live_versions++;
         pthread_mutex_unlock(&rt->stats_lock);
-        hkl_retire(rt, v);
+        hkl_retire(rt, t->v);
     }
-    m->last_error = err;
-    snprintf(m->last_message, sizeof m->last_message, "%s",
-             rep && rep->message[0] ? rep->message : hk_strerror(err));
-    if (rep) {
-        rep->error = err;
-        rep->stage_ms = hkl_now_ms() - t0;
+    t->m->last_error = err;
+    snprintf(t->m->last_message, sizeof t->m->last_message, "%s",
+             t->rep && t->rep->message[0] ? t->rep->message : hk_strerror(err));
+    if (t->rep) {
+        t->rep->error = err;
+        t->rep->stage_ms = hkl_now_ms() - t->t0;
     }
-    if (!old && !m->nkernels && !m->nhist) {
-        /* A module whose first version failed does not exist. */
-        hkl_module **pp = &rt->modules;
-        while (*pp != m)
-            pp = &(*pp)->next;
-        *pp = m->next;
-        free(m->hist);
-        free(m->kernels);
-        free(m);
-    }
+    module_drop_if_unused(rt, t->m);
     return err;
+}
+
+/* The swap transaction for a built job (the header of this file): stage,
+ * validate and commit, or roll back. swap_lock held. On return the job's
+ * artifact image has been moved into the version (or freed with the job).
+ * Returns 0 (committed), 1 (the current version already is this image; not
+ * a rollback) or an error. */
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
+    hkl_module *m = module_get_or_create(rt, job->name);
+    if (!m)
+        return HK_ERR_NOMEM;
+    hkl_version *old = atomic_load(&m->current);
+    *oldv = old ? old->number : 0;
+    int err = swap_needed(m, old, job, rollback, rep);
+    if (err)
+        return err;
+    swap_txn t = {.rt = rt, .job = job, .rep = rep, .m = m, .old = old, .t0 = hkl_now_ms()};
+    if (!(t.v = version_from_build(rt, m, job)))
+        return HK_ERR_NOMEM;
+    if ((err = adopt_build(&t)) < 0 || (err = stage(&t)) < 0 || (err = validate(&t)) < 0 ||
+        (err = commit(&t)) < 0)
+        return roll_back(&t, err);
+    return 0;
 }
 
 /* Fills the report's total and the part of it no step accounts for
@@ -763,14 +815,17 @@ static void report_times(hk_report *rep, double t_start) {
     rep->wait_ms = w > 0 ? w : 0;
 }
 
-int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
+/* Swaps a built job in (never a rollback: hk_rollback runs its own). Takes
+ * swap_lock, unless this thread holds it already (a check callback):
+ * HK_ERR_BUSY then. */
+static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
-        hkl_report_set(rep, HK_ERR_BUSY,
-                       "'%s': a swap cannot be started from a check callback of the same "
-                       "runtime (it would wait for itself); use hk_submit",
-                       job->name);
+        hku_fail(rep, HK_ERR_BUSY,
+                 "'%s': a swap cannot be started from a check callback of the same "
+                 "runtime (it would wait for itself); use hk_submit",
+                 job->name);
         return HK_ERR_BUSY;
     }
     CUstreamCaptureMode mode = hkl_relax(rt);
@@ -779,7 +834,7 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, job, rollback, rep, &oldv);
+    int err = swap_locked(rt, job, 0, rep, &oldv);
     if (err == 0) /* recorded in commit order, under swap_lock */
         hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current),
                           job->opt.release_version);
@@ -797,13 +852,14 @@ int hkl_swap_built(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep) {
                job->origin ? job->origin : "api", (unsigned long long)oldv);
         return 0; /* unchanged: no new version, no event */
     }
-    count(rt, err == 0, rollback, rep);
-    hkl_emit(rt,
-             err        ? HK_EVENT_REFUSED
-             : rollback ? HK_EVENT_ROLLED_BACK
-                        : HK_EVENT_COMMITTED,
-             job->name, oldv, err ? 0 : rep->version, job->origin, rep);
+    count(rt, err == 0, 0, rep);
+    hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_COMMITTED, job->name, oldv,
+             err ? 0 : rep->version, job->origin, rep);
     return err;
+}
+
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
+    return swap_built(rt, job, rep);
 }
 
 /* ---- jobs ------------------------------------------------------------- */
@@ -814,8 +870,8 @@ void hkl_job_free(hkl_job *job) {
     free(job->data);
     free(job->origin);
     free(job->source_name);
-    free_strv(job->nvrtc_options, job->opt.nnvrtc_options);
-    free_strv(job->name_expressions, job->opt.nname_expressions);
+    hku_strv_free(job->nvrtc_options, job->opt.nnvrtc_options);
+    hku_strv_free(job->name_expressions, job->opt.nname_expressions);
     free(job->headers);
     hkp_artifact_free(&job->art);
     free(job);
@@ -836,8 +892,8 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
     j->data = malloc(size);
     j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
     j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
-    j->nvrtc_options = dup_strv(j->opt.nvrtc_options, j->opt.nnvrtc_options);
-    j->name_expressions = dup_strv(j->opt.name_expressions, j->opt.nname_expressions);
+    j->nvrtc_options = hku_strv_dup(j->opt.nvrtc_options, j->opt.nnvrtc_options);
+    j->name_expressions = hku_strv_dup(j->opt.name_expressions, j->opt.nname_expressions);
     if (!j->data || !j->origin || (j->opt.source_name && !j->source_name) ||
         (j->opt.nnvrtc_options > 0 && !j->nvrtc_options) ||
         (j->opt.nname_expressions > 0 && !j->name_expressions)) {
@@ -849,7 +905,7 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
         return HK_ERR_NOMEM;
     }
     int herr =
-        hkp_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
+        hku_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
     if (herr < 0) {
         hkl_job_free(j);
         return herr;
@@ -896,8 +952,8 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     if (j->art.ndeps && j->source_name)
         hkl_sources_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
     if (err < 0) {
-        hkl_report_set(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
-                       why[0] ? why : hk_strerror(err));
+        hku_fail(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
+                 why[0] ? why : hk_strerror(err));
         if (rep && j->art.log) {
             free(rep->log);
             rep->log = strdup(j->art.log);
@@ -965,7 +1021,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
         pthread_mutex_unlock(&rt->work_lock);
         if (taken) {
             j->waiter = NULL;
-            err = hkl_swap_built(rt, j, 0, r);
+            err = swap_built(rt, j, r);
         } else {
             pthread_mutex_lock(&w.lock);
             while (!w.done)
@@ -989,17 +1045,17 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     int on_sp_thread = 0;
     hk_stage_mode stage = resolve_stage(rt, opt ? opt->stage : HK_STAGE_AUTO, &on_sp_thread);
     if (stage == HK_STAGE_AT_SAFE_POINT && on_sp_thread) {
-        hkl_report_set(rep, HK_ERR_INVALID,
-                       "hk_swap for a safe point from the thread that calls hk_safe_point "
-                       "would wait for itself: use HK_STAGE_AUTO or hk_submit");
+        hku_fail(rep, HK_ERR_INVALID,
+                 "hk_swap for a safe point from the thread that calls hk_safe_point "
+                 "would wait for itself: use HK_STAGE_AUTO or hk_submit");
         return HK_ERR_INVALID;
     }
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
     if (err < 0) {
-        hkl_report_set(rep, err,
-                       "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
-                       HKL_NAME_MAX - 1);
+        hku_fail(rep, err,
+                 "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
+                 HKL_NAME_MAX - 1);
         return err;
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
@@ -1014,7 +1070,7 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     } else if (stage == HK_STAGE_AT_SAFE_POINT) {
         err = swap_at_safe_point(rt, j, r);
     } else {
-        err = hkl_swap_built(rt, j, 0, r);
+        err = swap_built(rt, j, r);
     }
     hkl_job_free(j);
     hk_report_clear(&local);
@@ -1029,8 +1085,8 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
         return HK_ERR_INVALID;
     int err = HK_ERR_INVALID;
     if (hkl_swap_options_in(&o, opt) < 0)
-        hkl_report_set(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
-                       hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
+        hku_fail(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
+                 hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
     else
         err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
     hkl_report_out(rep, &full);
@@ -1072,49 +1128,23 @@ int hk_module_global(hk_runtime *rt, const char *module, const char *name, int s
     return err;
 }
 
-static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
-    double t_start = hkl_now_ms();
-    if (rep)
-        hk_report_clear(rep);
-    if (!rt || !name)
-        return HK_ERR_INVALID;
-    if (hkl_swap_held(rt)) {
-        hkl_report_set(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
-        return HK_ERR_BUSY;
-    }
-    hk_report local = HK_REPORT_INIT;
-    hk_report *r = rep ? rep : &local;
-    uint64_t oldv = 0;
-    CUstreamCaptureMode mode = hkl_relax(rt);
-    hkl_swap_lock(rt);
-    int reset = hkl_check_reset(rt);
-    hkl_module *m = hkl_module_find(rt, name);
-    int err = 0;
-    hkl_job *j = NULL;
-    if (!m || m->nhist < 2) {
-        err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
-        hkl_report_set(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'",
-                       name);
-        goto out;
-    }
-    hkl_image *prev = &m->hist[m->nhist - 2];
-    j = calloc(1, sizeof *j);
-    if (!j) {
-        err = HK_ERR_NOMEM;
-        goto out;
-    }
+/* A job that builds nothing: the kept image prev, with its name expressions
+ * and globals, ready for the swap transaction. *out is set even when this
+ * fails (HK_ERR_NOMEM), for the caller to free. */
+static int rollback_job(hk_runtime *rt, const char *name, const hkl_image *prev, hkl_job **out) {
+    hkl_job *j = *out = calloc(1, sizeof *j);
+    if (!j)
+        return HK_ERR_NOMEM;
     snprintf(j->name, sizeof j->name, "%s", name);
     hk_swap_options_init(&j->opt);
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
     j->origin = strdup("rollback");
     j->art.image = malloc(prev->size);
-    j->name_expressions = dup_strv((const char *const *)prev->expr, prev->nexpr);
-    j->art.lowered_names = dup_strv((const char *const *)prev->lowered, prev->nexpr);
+    j->name_expressions = hku_strv_dup((const char *const *)prev->expr, prev->nexpr);
+    j->art.lowered_names = hku_strv_dup((const char *const *)prev->lowered, prev->nexpr);
     if (!j->origin || !j->art.image ||
-        (prev->nexpr && (!j->name_expressions || !j->art.lowered_names))) {
-        err = HK_ERR_NOMEM;
-        goto out;
-    }
+        (prev->nexpr && (!j->name_expressions || !j->art.lowered_names)))
+        return HK_ERR_NOMEM;
     j->opt.nname_expressions = j->art.nlowered = prev->nexpr;
     memcpy(j->art.image, prev->data, prev->size);
     j->art.size = prev->size;
@@ -1123,26 +1153,59 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     char why[256];
     if (hkp_meta_read(prev->data, prev->size, prev->format, &j->art.meta, why, sizeof why) < 0)
         memset(&j->art.meta, 0, sizeof j->art.meta);
-    /* The version rolled away from leaves the history, so successive
-     * rollbacks walk further back; the image rolled to is pushed anew. */
+    return 0;
+}
+
+/* Swaps m back to the image before its newest (j, from rollback_job).
+ * swap_lock held. The version rolled away from leaves the history, so
+ * successive rollbacks walk further back; the image rolled to is pushed
+ * anew. A failure leaves the history as it was. */
+static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report *r,
+                           uint64_t *oldv) {
     hkl_image top = m->hist[m->nhist - 1];
-    hkl_image prev_copy = *prev;
+    hkl_image prev = m->hist[m->nhist - 2];
     m->nhist -= 2;
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    err = swap_locked(rt, j, 1, r, &oldv);
+    int err = swap_locked(rt, j, 1, r, oldv);
     if (err == 0)
         hkl_lkg_committed(rt, atomic_load(&m->current), 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {
-        /* Put the history back as it was. */
-        m->hist[m->nhist++] = prev_copy;
+        m->hist[m->nhist++] = prev;
         m->hist[m->nhist++] = top;
     } else {
         hkl_image_clear(&top);
-        hkl_image_clear(&prev_copy);
+        hkl_image_clear(&prev);
     }
-out:
+    return err;
+}
+
+static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
+    double t_start = hkl_now_ms();
+    if (rep)
+        hk_report_clear(rep);
+    if (!rt || !name)
+        return HK_ERR_INVALID;
+    if (hkl_swap_held(rt)) {
+        hku_fail(rep, HK_ERR_BUSY, "a rollback cannot run inside a check callback");
+        return HK_ERR_BUSY;
+    }
+    hk_report local = HK_REPORT_INIT;
+    hk_report *r = rep ? rep : &local;
+    uint64_t oldv = 0;
+    hkl_job *j = NULL;
+    int err;
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
+    int reset = hkl_check_reset(rt);
+    hkl_module *m = hkl_module_find(rt, name);
+    if (!m || m->nhist < 2) {
+        err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
+        hku_fail(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'", name);
+    } else if ((err = rollback_job(rt, name, &m->hist[m->nhist - 2], &j)) == 0) {
+        err = rollback_locked(rt, m, j, r, &oldv);
+    }
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
     if (reset)
@@ -1178,7 +1241,7 @@ static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
         *w->rep = *rep;
         hk_report_init(rep);
     } else if (w->rep) {
-        hkl_report_set(w->rep, err, "%s", hk_strerror(err));
+        hku_fail(w->rep, err, "%s", hk_strerror(err));
     }
     w->err = err;
     w->done = 1;
@@ -1215,9 +1278,79 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
         hkl_job *j = list;
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
-        hkl_swap_built(rt, j, 0, &rep);
+        swap_built(rt, j, &rep);
         hk_report_clear(&rep);
         hkl_job_free(j);
+    }
+}
+
+/* Waits until there is a job to build or the worker is told to stop,
+ * staging meanwhile the pending jobs whose safe point never came. work_lock
+ * held (dropped while staging and waiting). */
+static void wait_for_jobs(hk_runtime *rt) {
+    while (!rt->jobs && !rt->work_stop) {
+        hkl_job *expired = NULL;
+        double next = take_expired(rt, &expired);
+        if (expired) {
+            rt->busy++;
+            pthread_mutex_unlock(&rt->work_lock);
+            stage_expired(rt, expired);
+            pthread_mutex_lock(&rt->work_lock);
+            rt->busy--;
+            pthread_cond_broadcast(&rt->idle_cond);
+            continue;
+        }
+        if (!next) {
+            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+            continue;
+        }
+        struct timespec ts;
+        hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
+        pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
+    }
+}
+
+/* Builds a submitted job and swaps it in now, unless it is to be staged at
+ * a safe point: returns 1 then, and the job is still to be queued. No lock
+ * held. */
+static int run_job(hk_runtime *rt, hkl_job *j) {
+    hk_report rep = HK_REPORT_INIT;
+    int err = job_build(rt, j, &rep);
+    int deferred = 0;
+    if (err < 0) {
+        count(rt, 0, 0, &rep);
+        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
+    } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
+        deferred = 1;
+    } else {
+        swap_built(rt, j, &rep);
+    }
+    hk_report_clear(&rep);
+    return deferred;
+}
+
+/* Queues a built job for the next safe point. A newer build of the same
+ * module replaces a pending one (not one a synchronous hk_swap waits for:
+ * that one gets its outcome), and goes last, after everything submitted
+ * before it. work_lock held (dropped to free the replaced job). */
+static void defer_job(hk_runtime *rt, hkl_job *j) {
+    hkl_job *stale = NULL;
+    for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
+            stale = *pp;
+            *pp = stale->next;
+            break;
+        }
+    hkl_job **tail = &rt->pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    j->next = NULL;
+    j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
+    *tail = j;
+    if (stale) {
+        pthread_mutex_unlock(&rt->work_lock);
+        hkl_job_free(stale);
+        pthread_mutex_lock(&rt->work_lock);
     }
 }
 
@@ -1226,26 +1359,7 @@ static void *worker_main(void *arg) {
     hkl_relax(rt); /* for the life of this thread */
     pthread_mutex_lock(&rt->work_lock);
     for (;;) {
-        while (!rt->jobs && !rt->work_stop) {
-            hkl_job *expired = NULL;
-            double next = take_expired(rt, &expired);
-            if (expired) {
-                rt->busy++;
-                pthread_mutex_unlock(&rt->work_lock);
-                stage_expired(rt, expired);
-                pthread_mutex_lock(&rt->work_lock);
-                rt->busy--;
-                pthread_cond_broadcast(&rt->idle_cond);
-                continue;
-            }
-            if (!next) {
-                pthread_cond_wait(&rt->work_cond, &rt->work_lock);
-                continue;
-            }
-            struct timespec ts;
-            hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
-            pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
-        }
+        wait_for_jobs(rt);
         if (rt->work_stop)
             break;
         hkl_job *j = rt->jobs;
@@ -1254,45 +1368,10 @@ static void *worker_main(void *arg) {
             rt->jobs_tail = NULL;
         rt->busy++;
         pthread_mutex_unlock(&rt->work_lock);
-
-        hk_report rep = HK_REPORT_INIT;
-        int err = job_build(rt, j, &rep);
-        int deferred = 0;
-        if (err < 0) {
-            count(rt, 0, 0, &rep);
-            hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin,
-                     &rep);
-        } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
-            deferred = 1;
-        } else {
-            hkl_swap_built(rt, j, 0, &rep);
-        }
-        hk_report_clear(&rep);
-
+        int deferred = run_job(rt, j);
         pthread_mutex_lock(&rt->work_lock);
         if (deferred) {
-            /* A newer build of the same module replaces a pending one (not
-             * one a synchronous hk_swap waits for: that one gets its outcome),
-             * and goes last, after everything submitted before it. */
-            hkl_job *stale = NULL;
-            for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
-                if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
-                    stale = *pp;
-                    *pp = stale->next;
-                    break;
-                }
-            hkl_job **tail = &rt->pending;
-            while (*tail)
-                tail = &(*tail)->next;
-            j->next = NULL;
-            j->deadline =
-                hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-            *tail = j;
-            if (stale) {
-                pthread_mutex_unlock(&rt->work_lock);
-                hkl_job_free(stale);
-                pthread_mutex_lock(&rt->work_lock);
-            }
+            defer_job(rt, j);
         } else {
             pthread_mutex_unlock(&rt->work_lock);
             hkl_job_free(j);
@@ -1377,7 +1456,7 @@ int hk_safe_point(hk_runtime *rt) {
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
         j->at_safe_point = 1;
-        int err = hkl_swap_built(rt, j, 0, &rep);
+        int err = swap_built(rt, j, &rep);
         committed += err == 0;
         if (j->waiter) {
             /* The waiting hk_swap owns the job and takes the report. */

@@ -40,7 +40,7 @@ struct adapter {
     hk_swap_options swap; /* pointer fields point into the copies below */
     char **nvrtc_options;
     char **name_expressions;
-    hk_header *headers; /* copies behind swap.headers: names and data */
+    hk_header *headers; /* copy behind swap.headers (hku_headers_dup) */
     char arch[16];
     hkn_engine eng;
 };
@@ -118,67 +118,37 @@ static int log_on(void *ud, hk_log_level level) {
 
 /* ---- configuration ----------------------------------------------------- */
 
-static void free_strv(char **v) {
-    for (size_t i = 0; v && v[i]; i++)
-        free(v[i]);
-    free(v);
-}
-
-static int dup_strv(const char *const *in, int n, char ***out) {
-    *out = NULL;
-    if (!in || n <= 0)
-        return 0;
-    char **v = calloc((size_t)n + 1, sizeof *v);
-    if (!v)
-        return HK_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        if (!(v[i] = strdup(in[i] ? in[i] : ""))) {
-            free_strv(v);
-            return HK_ERR_NOMEM;
-        }
-    }
-    *out = v;
-    return 0;
-}
-
 static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_options *tpl,
                         hk_report *rep) {
     ad->rt = rt;
     if (hkl_swap_options_in(&ad->swap, tpl) < 0)
-        return hkn_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
+        return hku_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
                         hkl_size_of(tpl));
     /* What arrives over the network runs its canary tests before it runs
      * here, unless the template says otherwise. */
     if (ad->swap.canary == HK_CANARY_DEFAULT)
         ad->swap.canary = HK_CANARY_REQUIRE;
     /* The caller's arrays are read during the call only: keep copies. */
-    if (dup_strv(ad->swap.nvrtc_options, ad->swap.nnvrtc_options, &ad->nvrtc_options) ||
-        dup_strv(ad->swap.name_expressions, ad->swap.nname_expressions, &ad->name_expressions))
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+    int nopt = ad->swap.nvrtc_options ? ad->swap.nnvrtc_options : 0;
+    int nexpr = ad->swap.name_expressions ? ad->swap.nname_expressions : 0;
+    ad->nvrtc_options = hku_strv_dup(ad->swap.nvrtc_options, nopt);
+    ad->name_expressions = hku_strv_dup(ad->swap.name_expressions, nexpr);
+    if ((nopt > 0 && !ad->nvrtc_options) || (nexpr > 0 && !ad->name_expressions))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     ad->swap.nvrtc_options = (const char *const *)ad->nvrtc_options;
     ad->swap.name_expressions = (const char *const *)ad->name_expressions;
     int nh = ad->swap.nheaders > 0 && ad->swap.headers ? ad->swap.nheaders : 0;
     const hk_header *src = ad->swap.headers;
     if (nh > 64)
-        return hkn_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
+        return hku_fail(rep, HK_ERR_INVALID, "at most 64 template headers");
     ad->swap.headers = NULL;
     ad->swap.nheaders = 0;
-    if (nh) {
-        if (!(ad->headers = calloc((size_t)nh, sizeof *ad->headers)))
-            return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-        ad->swap.headers = ad->headers;
-        for (int i = 0; i < nh; i++) {
-            if (!src[i].name || (!src[i].data && src[i].size))
-                return hkn_fail(rep, HK_ERR_INVALID, "template header %d has no name or data", i);
-            char *name = strdup(src[i].name), *data = malloc(src[i].size + 1);
-            ad->headers[i] = (hk_header){.name = name, .data = data, .size = src[i].size};
-            ad->swap.nheaders = i + 1;
-            if (!name || !data)
-                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
-            if (src[i].size)
-                memcpy(data, src[i].data, src[i].size);
-        }
-    }
+    int err = hku_headers_dup(src, nh, &ad->headers);
+    if (err)
+        return hku_fail(rep, err, "template headers: %s",
+                        err == HK_ERR_INVALID ? "a header without a name or data" : "no memory");
+    ad->swap.headers = ad->headers;
+    ad->swap.nheaders = nh;
     int arch = hk_runtime_arch(rt);
     if (arch > 0)
         snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
@@ -195,12 +165,8 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
 }
 
 static void adapter_finish(struct adapter *ad) {
-    free_strv(ad->nvrtc_options);
-    free_strv(ad->name_expressions);
-    for (int i = 0; ad->headers && i < ad->swap.nheaders; i++) {
-        free((char *)ad->headers[i].name);
-        free((void *)ad->headers[i].data);
-    }
+    hku_strv_free(ad->nvrtc_options, ad->swap.nnvrtc_options);
+    hku_strv_free(ad->name_expressions, ad->swap.nname_expressions);
     free(ad->headers);
 }
 
@@ -208,7 +174,7 @@ static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_t
                       hk_report *rep) {
     memset(t, 0, sizeof *t);
     if (n < 0 || n > HKN_MAX_KEYS)
-        return hkn_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
+        return hku_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
     for (int i = 0; i < n; i++) {
         int err = hkn_pubkey_load(files[i], &t->keys[i], rep);
         if (err)
@@ -232,11 +198,11 @@ int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep) {
     else if (home && home[0])
         n = snprintf(buf, cap, "%s/.local/state/hotkern/releases", home);
     else
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "no state_dir given and neither XDG_STATE_HOME "
                         "nor HOME is set");
     if (n < 0 || (size_t)n >= cap)
-        return hkn_fail(rep, HK_ERR_INVALID, "state directory path too long");
+        return hku_fail(rep, HK_ERR_INVALID, "state directory path too long");
     return 0;
 }
 
@@ -269,19 +235,23 @@ static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_repor
     snprintf(label, sizeof label, "%s%s%s:%u", v6 ? "[" : "", address, v6 ? "]" : "",
              (unsigned)hkn_endpoint_port(h->ep));
     int err = hk_metrics_attach(h->ad.rt, endpoint_metrics, h, "endpoint", label, &h->metrics);
-    return err ? hkn_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
+    return err ? hku_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
 }
 
+/* The defaults are the endpoint's own (hkn_endpoint_cfg_init), as the
+ * puller's are below. */
 int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
+    hkn_endpoint_cfg c;
     hk_endpoint_options d;
+    hkn_endpoint_cfg_init(&c);
     memset(&d, 0, sizeof d);
-    d.address = "127.0.0.1";
-    d.max_body_bytes = 64u << 20;
-    d.max_connections = 1024;
-    d.timeout_s = 30;
-    d.per_ip_connections = 128;
-    d.request_timeout_s = 60;
-    d.threads = 2;
+    d.address = c.address;
+    d.max_body_bytes = c.max_body;
+    d.max_connections = c.max_connections;
+    d.timeout_s = c.timeout_s;
+    d.per_ip_connections = c.per_ip_connections;
+    d.request_timeout_s = c.request_timeout_s;
+    d.threads = c.threads;
     return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
 }
 
@@ -294,10 +264,10 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
     hkn_endpoint_cfg cfg;
     *out = NULL;
     if (opt->port > 65535)
-        return hkn_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
+        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
     hk_endpoint *h = calloc(1, sizeof *h);
     if (!h)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
         goto fail;
     hkn_endpoint_cfg_init(&cfg);
@@ -326,11 +296,11 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
         goto fail;
     if (opt->tls_cert_file || opt->tls_key_file) {
         if (!opt->tls_cert_file || !opt->tls_key_file) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
+            err = hku_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
             goto fail;
         }
-        if ((err = hkn_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
-            (err = hkn_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
+        if ((err = hku_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
+            (err = hku_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
             goto fail;
         cfg.tls_cert_pem = cert;
         cfg.tls_key_pem = key;
@@ -343,7 +313,7 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
         /* Started, but say so: the caller may show the message. */
         hk_log(rt, HK_LOG_WARN, "endpoint",
                "listening on every address (%s) with no token and no TLS", cfg.address);
-        hkn_fail(rep, 0,
+        hku_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "
                  "who can reach the port can push signed releases and read status; put a "
                  "reverse proxy in front or set a token and TLS",
@@ -373,9 +343,9 @@ int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoin
     int err;
     hk_endpoint_options_init(&o);
     if (!rt || !opt || !out)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
     else if (hkl_sized_in(&o, sizeof o, opt, HKN_ENDPOINT_OPTIONS_SIZE0) < 0)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
                        hkl_size_of(opt), (size_t)HKN_ENDPOINT_OPTIONS_SIZE0);
     else
         err = endpoint_start(rt, &o, out, rep ? &full : NULL);
@@ -429,12 +399,12 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
     hkn_pull_cfg cfg;
     *out = NULL;
     if (!opt->url)
-        return hkn_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
+        return hku_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     hk_puller *h = calloc(1, sizeof *h);
     if (!h)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
         goto fail;
     hkn_pull_cfg_init(&cfg);
@@ -456,11 +426,11 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
         (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
         goto fail;
     if ((err = hk_metrics_attach(rt, puller_metrics, h, "url", opt->url, &h->metrics))) {
-        hkn_fail(rep, err, "cannot attach the puller's metrics");
+        hku_fail(rep, err, "cannot attach the puller's metrics");
         goto fail;
     }
     if ((err = hkn_pull_run(h->p))) {
-        hkn_fail(rep, err, "could not start the puller thread");
+        hku_fail(rep, err, "could not start the puller thread");
         goto fail;
     }
     *out = h;
@@ -483,9 +453,9 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
     int err;
     hk_pull_options_init(&o);
     if (!rt || !opt || !out)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
     else if (hkl_sized_in(&o, sizeof o, opt, HKN_PULL_OPTIONS_SIZE0) < 0)
-        err = hkn_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
+        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
                        hkl_size_of(opt), (size_t)HKN_PULL_OPTIONS_SIZE0);
     else
         err = pull_start(rt, &o, out, rep ? &full : NULL);

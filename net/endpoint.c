@@ -438,7 +438,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
     if (!cJSON_IsObject(root) || !cJSON_IsString(man) || !cJSON_IsObject(arts) ||
         (sig && !cJSON_IsString(sig) && !cJSON_IsNull(sig))) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "body must be one JSON object {\"manifest\": string, \"signature\": "
                        "string, \"artifacts\": {sha256: base64}}");
         goto out;
@@ -456,12 +456,12 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         const hkn_artifact *a = &m.artifacts[i];
         cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
         if (!cJSON_IsString(b)) {
-            err = hkn_fail(rep, HK_ERR_HASH, "artifact '%s' (sha256 %s) is missing from the body",
+            err = hku_fail(rep, HK_ERR_HASH, "artifact '%s' (sha256 %s) is missing from the body",
                            a->name, a->sha256);
             goto out;
         }
         if (decode_artifact(b->valuestring, &bytes[i], &sizes[i]) != 0) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "artifact '%s' is not valid base64", a->name);
+            err = hku_fail(rep, HK_ERR_INVALID, "artifact '%s' is not valid base64", a->name);
             goto out;
         }
         cJSON_DeleteItemFromObjectCaseSensitive(arts, a->sha256);
@@ -504,7 +504,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
                      " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m.version,
                      srep.message);
         }
-        hkn_report_reset(&srep);
+        hk_report_clear(&srep);
     }
 out:
     if (in_txn)
@@ -529,7 +529,7 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
         hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "release", &rep, err, ev);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     r->answer = json_text(o);
 }
 
@@ -544,7 +544,7 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
     const cJSON *sig = cJSON_GetObjectItemCaseSensitive(root, "signature");
     int err;
     if (!cJSON_IsObject(root) || !cJSON_IsString(text) || !cJSON_IsString(sig)) {
-        err = hkn_fail(rep, HK_ERR_SIGNATURE,
+        err = hku_fail(rep, HK_ERR_SIGNATURE,
                        "rollback needs the bearer token or a signed request "
                        "{\"request\": string, \"signature\": base64} (hotkern rollback --key)");
         goto out;
@@ -554,7 +554,7 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
                                    sig->valuestring, strlen(sig->valuestring), now, &rq, rep)))
         goto out;
     if (strcmp(rq.module, r->module)) {
-        err = hkn_fail(rep, HK_ERR_SIGNATURE, "the signed request is for module '%s', not '%s'",
+        err = hku_fail(rep, HK_ERR_SIGNATURE, "the signed request is for module '%s', not '%s'",
                        rq.module, r->module);
         goto out;
     }
@@ -570,18 +570,18 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
     uint64_t prev = m && m->nhistory >= 2 ? m->history[m->nhistory - 2] : 0;
     int known = m && m->nhistory >= 1;
     if (seen)
-        err = hkn_fail(rep, HK_ERR_REPLAY, "this signed rollback request was already used");
+        err = hku_fail(rep, HK_ERR_REPLAY, "this signed rollback request was already used");
     else if (free_slot < 0)
-        err = hkn_fail(rep, HK_ERR_BUSY, "too many rollback requests in flight; retry later");
+        err = hku_fail(rep, HK_ERR_BUSY, "too many rollback requests in flight; retry later");
     if (!err) {
         /* Spent once verified, whatever the outcome: it cannot be tried twice. */
         snprintf(ep->nonces[free_slot].text, sizeof ep->nonces[free_slot].text, "%s", rq.nonce);
         ep->nonces[free_slot].expires = rq.expires;
         if (!known)
-            err = hkn_fail(rep, HK_ERR_NO_HISTORY,
+            err = hku_fail(rep, HK_ERR_NO_HISTORY,
                            "no release of '%s' was committed through this endpoint", r->module);
         else if (rq.target != prev)
-            err = hkn_fail(rep, HK_ERR_REJECTED,
+            err = hku_fail(rep, HK_ERR_REJECTED,
                            "the request rolls '%s' back to v%llu, but the previous release is "
                            "v%llu",
                            r->module, (unsigned long long)rq.target, (unsigned long long)prev);
@@ -600,7 +600,7 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     if (!ep->token)
         err = check_signed_rollback(ep, r, &rep);
     if (!err && !ep->eng.rollback)
-        err = hkn_fail(&rep, HK_ERR_UNSUPPORTED, "this endpoint has no rollback");
+        err = hku_fail(&rep, HK_ERR_UNSUPPORTED, "this endpoint has no rollback");
     if (!err) {
         hkn_state_begin(ep->state);
         err = ep->eng.rollback(ep->eng.ud, r->module, &rep);
@@ -619,7 +619,7 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
         hkn_json_add_int(o, "engine_version", (long long)ev);
     r->status = http_status(err);
     log_outcome(ep, r, "rollback", &rep, err, ev);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     r->answer = json_text(o);
 }
 
@@ -1241,23 +1241,23 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     *out = NULL;
     int err = 0;
     if (!cfg || !e || !e->apply)
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "endpoint needs a configuration and an apply "
                         "function");
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if ((cfg->tls_cert_pem != NULL) != (cfg->tls_key_pem != NULL))
-        return hkn_fail(rep, HK_ERR_INVALID, "TLS needs both a certificate and a key");
+        return hku_fail(rep, HK_ERR_INVALID, "TLS needs both a certificate and a key");
     if (cfg->tls_cert_pem && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
     if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES)
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
     if (cfg->nhosts < 0 || (cfg->nhosts > 0 && !cfg->hosts))
-        return hkn_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", cfg->nhosts);
+        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", cfg->nhosts);
 
     hkn_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&ep->lock, NULL);
     pthread_mutex_init(&ep->conn_lock, NULL);
     pthread_mutex_init(&ep->job_lock, NULL);
@@ -1271,14 +1271,13 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     ep->per_ip = cfg->per_ip_connections ? cfg->per_ip_connections : 128;
     ep->deadline_ms = 1000 * (int64_t)(cfg->request_timeout_s ? cfg->request_timeout_s : 60);
     ep->mods = calloc(MAX_MODULES, sizeof *ep->mods);
-    ep->hosts = cfg->nhosts ? calloc((size_t)cfg->nhosts, sizeof *ep->hosts) : NULL;
+    ep->hosts = hku_strv_dup(cfg->hosts, cfg->nhosts);
+    ep->nhosts = ep->hosts ? cfg->nhosts : 0;
     int oom = !ep->mods || (cfg->nhosts && !ep->hosts);
-    for (int i = 0; !oom && i < cfg->nhosts; i++, ep->nhosts++)
-        oom = !(ep->hosts[i] = strdup(cfg->hosts[i] ? cfg->hosts[i] : ""));
     if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
         (cfg->tls_cert_pem && !(ep->cert_pem = strdup(cfg->tls_cert_pem))) ||
         (cfg->tls_key_pem && !(ep->key_pem = strdup(cfg->tls_key_pem)))) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if ((err = hkn_state_open(cfg->state_dir, &ep->state, rep)))
@@ -1302,7 +1301,7 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
         ep->wildcard = IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
         ep->loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
     } else {
-        err = hkn_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
+        err = hku_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
                        addr);
         goto fail;
     }
@@ -1310,7 +1309,7 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     if (ep->cert_pem)
         flags |= MHD_USE_TLS;
     if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
+        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
         goto fail;
     }
     if (pthread_create(&ep->reaper, NULL, reaper_main, ep) != 0) {
@@ -1319,7 +1318,7 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
         pthread_cond_broadcast(&ep->job_cv);
         pthread_mutex_unlock(&ep->job_lock);
         pthread_join(ep->worker, NULL);
-        err = hkn_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
+        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
         goto fail;
     }
     ep->threads_started = 1;
@@ -1344,7 +1343,7 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     ep->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, ep, MHD_OPTION_ARRAY, opts,
                                   MHD_OPTION_END);
     if (!ep->daemon) {
-        err = hkn_fail(rep, HK_ERR_NETWORK,
+        err = hku_fail(rep, HK_ERR_NETWORK,
                        "could not listen on %s port %u (in use, no permission, or a bad TLS "
                        "certificate/key)",
                        addr, (unsigned)cfg->port);
@@ -1393,9 +1392,7 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
         free(ep->mods[i].last_log);
     free(ep->last.last_log);
     free(ep->mods);
-    for (int i = 0; i < ep->nhosts; i++)
-        free(ep->hosts[i]);
-    free(ep->hosts);
+    hku_strv_free(ep->hosts, ep->nhosts);
     hkn_state_close(ep->state);
     free(ep->token);
     free(ep->cert_pem);

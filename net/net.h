@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "hotkern/hotkern.h"
+#include "util/util.h"
 
 /* ---- the engine seen from the network ---------------------------------- */
 
@@ -70,12 +71,10 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 
 /* ---- reports ----------------------------------------------------------- */
 
-/* Frees rep->log and empties rep (a full report of the library's layout, as
- * every report inside the library is). The network layer does this itself instead
- * of calling hk_report_clear so it links without the engine's objects. */
-void hkn_report_reset(hk_report *rep);
-/* Sets rep->error and a printf-formatted message; returns err. rep may be NULL. */
-int hkn_fail(hk_report *rep, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Reports are filled with hku_fail and cleared with hk_report_clear (in
+ * loader/format.c, which the fuzz targets build with net/); whole files and
+ * copies are shared with libhotkern too (util/util.h). */
+
 /* Static name of an error code, e.g. "HK_ERR_REPLAY"; for protocol fields. */
 const char *hkn_error_name(int err);
 
@@ -227,14 +226,6 @@ int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, h
 /* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
  * fatbin, then PTX, then CUDA C; never a header. */
 size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
-
-/* Writes bytes to path through a temp file + fsync + rename. */
-int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep);
-/* Reads a whole regular file (up to max bytes) into a NUL-terminated buffer;
- * anything else (a FIFO, a device, a directory) is refused without blocking. */
-int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep);
-/* mkdir -p with mode 0700 for the directories it creates. */
-int hkn_mkdir_p(const char *dir, hk_report *rep);
 
 /* ---- names and JSON ---------------------------------------------------- */
 

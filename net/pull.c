@@ -173,16 +173,16 @@ static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b,
     count(p, &p->stats.bytes, b->len);
     if (rc == CURLE_OK) {
         if (*status != 200 && *status != 304)
-            err = hkn_fail(rep, HK_ERR_NETWORK, "GET %s: HTTP %ld", url, *status);
+            err = hku_fail(rep, HK_ERR_NETWORK, "GET %s: HTTP %ld", url, *status);
     } else if (rc == CURLE_OPERATION_TIMEDOUT) {
-        err = hkn_fail(rep, HK_ERR_TIMEOUT, "GET %s: timed out (%s)", url,
+        err = hku_fail(rep, HK_ERR_TIMEOUT, "GET %s: timed out (%s)", url,
                        p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
     } else if (b->over || rc == CURLE_FILESIZE_EXCEEDED) {
-        err = hkn_fail(rep, HK_ERR_TOO_LARGE, "GET %s: more than %zu bytes", url, b->limit);
+        err = hku_fail(rep, HK_ERR_TOO_LARGE, "GET %s: more than %zu bytes", url, b->limit);
     } else if (rc == CURLE_ABORTED_BY_CALLBACK) {
-        err = hkn_fail(rep, HK_ERR_CLOSED, "GET %s: stopped", url);
+        err = hku_fail(rep, HK_ERR_CLOSED, "GET %s: stopped", url);
     } else {
-        err = hkn_fail(rep, HK_ERR_NETWORK, "GET %s: %s", url,
+        err = hku_fail(rep, HK_ERR_NETWORK, "GET %s: %s", url,
                        p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
     }
     curl_slist_free_all(hdrs);
@@ -212,8 +212,8 @@ static int save_artifacts(hkn_puller *p, const hkn_manifest *m, struct buf *arts
     for (size_t i = 0; i < m->nartifacts; i++) {
         if (snprintf(path, sizeof path, "%s/%s", p->save_dir, m->artifacts[i].name) >=
             (int)sizeof path)
-            return hkn_fail(rep, HK_ERR_INVALID, "save path too long");
-        int err = hkn_write_atomic(path, arts[i].data ? arts[i].data : "", arts[i].len, 0644, rep);
+            return hku_fail(rep, HK_ERR_INVALID, "save path too long");
+        int err = hku_write_atomic(path, arts[i].data ? arts[i].data : "", arts[i].len, 0644, rep);
         if (err)
             return err;
     }
@@ -246,7 +246,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         count(p, &p->stats.not_modified, 1);
         err = p->kept_err;
         if (err)
-            hkn_fail(rep, err, "%s", p->kept_message);
+            hku_fail(rep, err, "%s", p->kept_message);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: 304 not modified%s%s", p->url,
                 err ? ": still refused: " : "", err ? p->kept_message : "");
         goto out;
@@ -257,7 +257,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     if (err && status == 404) {
         /* A missing signature is the release's fault, not the network's:
          * verification below words the refusal. */
-        hkn_report_reset(rep);
+        hk_report_clear(rep);
         sig.len = 0;
         err = 0;
     } else if (err) {
@@ -272,7 +272,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
          * without validators): nothing to do. */
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s v%llu, the release that runs", p->url,
                 rep->module, (unsigned long long)rep->version);
-        hkn_report_reset(rep);
+        hk_report_clear(rep);
         err = 0;
         keep = 1;
         goto out;
@@ -294,7 +294,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         const hkn_artifact *a = &m.artifacts[i];
         char url[4096];
         if (a->size > p->cfg.max_artifact) {
-            err = hkn_fail(rep, HK_ERR_TOO_LARGE,
+            err = hku_fail(rep, HK_ERR_TOO_LARGE,
                            "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
                            (unsigned long long)a->size, p->cfg.max_artifact);
             keep = 1;
@@ -302,7 +302,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
             goto out;
         }
         if (snprintf(url, sizeof url, "%s/artifacts/%s", p->base, a->sha256) >= (int)sizeof url) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "artifact URL too long");
+            err = hku_fail(rep, HK_ERR_INVALID, "artifact URL too long");
             goto out;
         }
         /* The declared size is the cap: a server sending more is wrong. */
@@ -310,7 +310,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         arts[i].limit = (size_t)a->size;
         err = fetch(p, url, 0, &arts[i], &status, rep);
         if (err == HK_ERR_TOO_LARGE)
-            err = hkn_fail(rep, HK_ERR_HASH,
+            err = hku_fail(rep, HK_ERR_HASH,
                            "artifact '%s': served more than the declared %llu "
                            "bytes",
                            a->name, (unsigned long long)a->size);
@@ -340,7 +340,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     int nh = hkn_release_headers(&m, abytes, asizes, hdrs);
     err = p->eng.apply(p->eng.ud, m.module, m.version, m.artifacts[k].format,
                        arts[k].data ? arts[k].data : "", arts[k].len, hdrs, nh, p->origin, &arep);
-    hkn_report_reset(rep);
+    hk_report_clear(rep);
     *rep = arep;
     snprintf(rep->module, sizeof rep->module, "%s", m.module);
     rep->version = m.version;
@@ -364,7 +364,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
                      sizeof rep->message - strlen(rep->message),
                      " (and v%llu stays recorded as accepted: %.200s)",
                      (unsigned long long)m.version, srep.message);
-        hkn_report_reset(&srep);
+        hk_report_clear(&srep);
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
                 m.module, (unsigned long long)m.version, p->url, hkn_error_name(err), rep->message);
@@ -394,7 +394,7 @@ out:
     for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
         free(arts[i].data);
     hkn_manifest_free(&m);
-    hkn_report_reset(&local);
+    hk_report_clear(&local);
     return err;
 }
 
@@ -445,7 +445,7 @@ static void *poll_thread(void *arg) {
         int err = hkn_pull_poll(p, &rep);
         unsigned delay = next_delay(p, err);
         log_next(p, err, &rep, delay);
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += delay / 1000;
@@ -481,18 +481,18 @@ int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **o
     *out = NULL;
     int err = 0, oom = 0;
     if (!cfg || !cfg->url || !e || !e->apply)
-        return hkn_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
+        return hku_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
     if (strncmp(cfg->url, "http://", 7) && strncmp(cfg->url, "https://", 8))
-        return hkn_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", cfg->url);
+        return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", cfg->url);
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     /* Process-wide and idempotent; not thread-safe before 7.84, so it runs
      * here, on the caller's thread, before any puller thread exists. */
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "curl_global_init failed");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "curl_global_init failed");
     hkn_puller *p = calloc(1, sizeof *p);
     if (!p)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&p->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -525,7 +525,7 @@ int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **o
     if (p->url && asprintf(&p->origin, "pull:%s", p->url) < 0)
         p->origin = NULL, oom = 1;
     if (oom || !(p->curl = curl_easy_init())) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
     p->cfg.url = p->url;

@@ -39,24 +39,6 @@
 
 /* ---- reports and errors ------------------------------------------------ */
 
-void hkn_report_reset(hk_report *rep) {
-    if (!rep)
-        return;
-    free(rep->log);
-    hk_report_init(rep);
-}
-
-int hkn_fail(hk_report *rep, int err, const char *fmt, ...) {
-    if (!rep)
-        return err;
-    rep->error = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-    va_end(ap);
-    return err;
-}
-
 void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, const char *fmt, ...) {
     char line[1024];
     va_list ap;
@@ -106,154 +88,6 @@ const char *hkn_error_name(int err) {
     if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])
         return "HK_ERR_UNKNOWN";
     return names[i];
-}
-
-/* ---- files ------------------------------------------------------------- */
-
-int hkn_mkdir_p(const char *dir, hk_report *rep) {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", dir);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-                return hkn_fail(rep, HK_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
-            *p = c;
-            if (c == '\0')
-                break;
-        }
-    }
-    return 0;
-}
-
-int hkn_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep) {
-    static unsigned counter;
-    char tmp[PATH_MAX];
-    unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), n) >= (int)sizeof tmp)
-        return hkn_fail(rep, HK_ERR_INVALID, "path too long: %s", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (fd < 0)
-        return hkn_fail(rep, HK_ERR_IO, "create %s: %s", tmp, strerror(errno));
-    const char *p = bytes;
-    size_t left = size;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            goto fail;
-        p += w;
-        left -= (size_t)w;
-    }
-    /* The data must be on disk before the rename makes it visible, or a crash
-     * could leave the new name pointing at an empty file. */
-    if (fsync(fd) != 0)
-        goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0)
-        goto fail;
-    /* And the directory entry itself, so the rename survives a crash. */
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return 0;
-fail:;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    return hkn_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
-}
-
-/* Opens path for reading only if it is a regular file. O_NONBLOCK keeps a
- * FIFO (or a device) given by mistake from hanging the open; a regular file
- * never blocks on read, so the flag is harmless afterwards. */
-static int open_regular(const char *path, struct stat *st, hk_report *rep) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return hkn_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "open %s: %s", path,
-                        strerror(errno));
-    if (fstat(fd, st) != 0) {
-        int e = errno;
-        close(fd);
-        return hkn_fail(rep, HK_ERR_IO, "stat %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st->st_mode)) {
-        close(fd);
-        return hkn_fail(rep, HK_ERR_IO, "%s is not a regular file", path);
-    }
-    return fd;
-}
-
-static int read_fd(int fd, const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-    for (;;) {
-        if (n == cap) {
-            if (cap > max) {
-                free(buf);
-                return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-            }
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                return hkn_fail(rep, HK_ERR_NOMEM, "out of memory reading %s", path);
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            return hkn_fail(rep, HK_ERR_IO, "read %s: %s", path, strerror(e));
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-    }
-    if (n > max) {
-        free(buf);
-        return hkn_fail(rep, HK_ERR_TOO_LARGE, "%s is larger than %zu bytes", path, max);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-int hkn_read_file(const char *path, size_t max, char **out, size_t *len, hk_report *rep) {
-    struct stat st;
-    *out = NULL;
-    *len = 0;
-    int fd = open_regular(path, &st, rep);
-    if (fd < 0)
-        return fd;
-    int err = read_fd(fd, path, max, out, len, rep);
-    close(fd);
-    return err;
 }
 
 /* ---- JSON strictness --------------------------------------------------- */
@@ -336,11 +170,11 @@ int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t l
 int hkn_pubkey_load(const char *path, hkn_pubkey *out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
-    int err = hkn_read_file(path, 1024, &text, &len, rep);
+    int err = hku_read_file(path, 1024, &text, &len, rep);
     if (err)
         return err;
     if (hkn_decode_fixed(text, len, out->pk, HKN_PK_BYTES) != 0)
-        err = hkn_fail(rep, HK_ERR_INVALID, "%s: expected a public key (64 hex or 44 base64 chars)",
+        err = hku_fail(rep, HK_ERR_INVALID, "%s: expected a public key (64 hex or 44 base64 chars)",
                        path);
     else
         key_id(out->pk, out->id);
@@ -353,26 +187,26 @@ int hkn_seckey_load(const char *path, hkn_seckey *out, hk_report *rep) {
     char *text = NULL;
     size_t len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     struct stat st;
-    int fd = open_regular(path, &st, rep);
+    int fd = hku_open_regular(path, &st, rep);
     if (fd < 0)
         return fd;
     if (st.st_mode & 077) {
         /* As ssh does with private keys: a secret others can read is no
          * longer one, and using it silently hides that. */
         close(fd);
-        return hkn_fail(rep, HK_ERR_IO,
+        return hku_fail(rep, HK_ERR_IO,
                         "%s: secret key is readable by group or others (mode %04o); run "
                         "'chmod 600 %s'",
                         path, (unsigned)(st.st_mode & 07777), path);
     }
-    int err = read_fd(fd, path, 1024, &text, &len, rep);
+    int err = hku_read_fd(fd, path, 1024, &text, &len, rep);
     close(fd);
     if (err)
         return err;
     if (hkn_decode_fixed(text, len, out->sk, HKN_SK_BYTES) != 0) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "%s: expected a secret key (128 hex or 88 base64 chars)", path);
     } else {
         crypto_sign_ed25519_sk_to_pk(out->pub.pk, out->sk);
@@ -387,14 +221,14 @@ int hkn_pubkey_save(const char *path, const hkn_pubkey *k, hk_report *rep) {
     char hex[2 * HKN_PK_BYTES + 2];
     sodium_bin2hex(hex, sizeof hex - 1, k->pk, HKN_PK_BYTES);
     strcat(hex, "\n");
-    return hkn_write_atomic(path, hex, strlen(hex), 0644, rep);
+    return hku_write_atomic(path, hex, strlen(hex), 0644, rep);
 }
 
 int hkn_seckey_save(const char *path, const hkn_seckey *k, hk_report *rep) {
     char hex[2 * HKN_SK_BYTES + 2];
     sodium_bin2hex(hex, sizeof hex - 1, k->sk, HKN_SK_BYTES);
     strcat(hex, "\n");
-    int err = hkn_write_atomic(path, hex, strlen(hex), 0600, rep);
+    int err = hku_write_atomic(path, hex, strlen(hex), 0600, rep);
     sodium_memzero(hex, sizeof hex);
     return err;
 }
@@ -453,7 +287,7 @@ static int sign_b64(const hkn_seckey *key, const char *text, size_t len, char **
     size_t b64len = sodium_base64_ENCODED_LEN(sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     char *b64 = malloc(b64len);
     if (!b64)
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     sodium_bin2base64(b64, b64len, sig, sizeof sig, sodium_base64_VARIANT_ORIGINAL);
     *sig_b64 = b64;
     return 0;
@@ -477,10 +311,10 @@ int hkn_valid_name(const char *s, size_t max) {
 static int get_uint(const cJSON *obj, const char *key, uint64_t *out, hk_report *rep) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!cJSON_IsNumber(v))
-        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a number", key);
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a number", key);
     double d = v->valuedouble;
     if (!(d >= 0) || d > HKN_MAX_JSON_INT || floor(d) != d)
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "manifest: '%s' must be an integer in [0, 2^53), got %.17g", key, d);
     *out = (uint64_t)d;
     return 0;
@@ -494,7 +328,7 @@ static int get_str(const cJSON *obj, const char *key, char *out, size_t cap, int
         return 0;
     }
     if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
-        return hkn_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a string of under %zu chars",
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be a string of under %zu chars",
                         key, cap);
     memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
     return 0;
@@ -513,7 +347,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     uint64_t u;
     cJSON *root = hkn_json_parse_strict(json, len);
     if (!cJSON_IsObject(root)) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "manifest is not one JSON object (nothing may follow it, and no string "
                        "may hold a NUL)");
         goto out;
@@ -521,14 +355,14 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     if ((err = get_str(root, "module", out->module, sizeof out->module, 1, rep)))
         goto out;
     if (!hkn_valid_name(out->module, sizeof out->module)) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: module name '%s' is not [A-Za-z0-9_.-]+",
                        out->module);
         goto out;
     }
     if ((err = get_uint(root, "version", &out->version, rep)))
         goto out;
     if (out->version == 0) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: version must be at least 1");
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: version must be at least 1");
         goto out;
     }
     if ((err = get_uint(root, "created", &u, rep)))
@@ -542,13 +376,13 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
     int n = cJSON_GetArraySize(arts);
     if (!cJSON_IsArray(arts) || n < 1 || n > HKN_MAX_ARTIFACTS) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
                        HKN_MAX_ARTIFACTS);
         goto out;
     }
     out->artifacts = calloc((size_t)n, sizeof *out->artifacts);
     if (!out->artifacts) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
     const cJSON *a;
@@ -556,7 +390,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         hkn_artifact *d = &out->artifacts[out->nartifacts];
         char fmt[16];
         if (!cJSON_IsObject(a)) {
-            err = hkn_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
+            err = hku_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
                            out->nartifacts);
             goto out;
         }
@@ -567,7 +401,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
             (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
             goto out;
         if (!hkn_valid_name(d->name, sizeof d->name)) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact name '%s' is not a plain "
                            "file name",
                            d->name);
@@ -576,7 +410,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         unsigned char bin[32];
         if (strlen(d->sha256) != 64 ||
             sodium_hex2bin(bin, sizeof bin, d->sha256, 64, NULL, NULL, NULL) != 0) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact '%s': sha256 is not 64 hex "
                            "chars",
                            d->name);
@@ -587,7 +421,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         d->format = hkn_format_parse(fmt);
         d->header = !strcmp(fmt, "header");
         if (d->format == HK_FORMAT_AUTO && !d->header) {
-            err = hkn_fail(rep, HK_ERR_INVALID,
+            err = hku_fail(rep, HK_ERR_INVALID,
                            "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin, "
                            "fatbin or header",
                            d->name, fmt);
@@ -601,13 +435,13 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
         for (size_t j = 0; j < i; j++)
             if (out->artifacts[i].header && out->artifacts[j].header &&
                 !strcmp(out->artifacts[i].name, out->artifacts[j].name)) {
-                err = hkn_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
+                err = hku_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
                                out->artifacts[i].name);
                 goto out;
             }
     }
     if (nheaders == out->nartifacts) {
-        err = hkn_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
+        err = hku_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
         goto out;
     }
 out:
@@ -665,26 +499,26 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     *manifest = *sig_b64 = NULL;
     *manifest_len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
-        return hkn_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
+        return hku_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
                         HKN_MAX_ARTIFACTS);
     if (strlen(module) >= 64 || !hkn_valid_name(module, 64))
-        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
     if (version == 0 || (double)version > HKN_MAX_JSON_INT)
-        return hkn_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
+        return hku_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
     size_t nheaders = 0;
     for (size_t i = 0; i < nblobs; i++)
         nheaders += blobs[i].header ||
                     (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(blobs[i].name));
     if (nheaders == nblobs)
-        return hkn_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
+        return hku_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
     /* An already expired release can be signed (tests of the refusal need
      * one); the CLI refuses to make one. */
     if (created < 0 || (double)created > HKN_MAX_JSON_INT || expires < 0 ||
         (double)expires > HKN_MAX_JSON_INT || expires - created > HKN_MAX_LIFETIME_S)
-        return hkn_fail(rep, HK_ERR_INVALID,
+        return hku_fail(rep, HK_ERR_INVALID,
                         "created and expires must be unix times in [0, 2^53), expiring within %d "
                         "days of creation",
                         HKN_MAX_LIFETIME_S / 86400);
@@ -701,7 +535,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
         const char *base = strrchr(blobs[i].name, '/');
         base = base ? base + 1 : blobs[i].name;
         if (!hkn_valid_name(base, sizeof arts[i].name))
-            return hkn_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
+            return hku_fail(rep, HK_ERR_INVALID, "artifact name '%s' is not [A-Za-z0-9_.-]+", base);
         snprintf(arts[i].name, sizeof arts[i].name, "%s", base);
         hkn_sha256_hex(blobs[i].bytes, blobs[i].size, arts[i].sha256);
         arts[i].size = blobs[i].size;
@@ -711,7 +545,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                          : blobs[i].format != HK_FORMAT_AUTO ? blobs[i].format
                                                              : hkn_format_from_name(base);
         if (arts[i].format == HK_FORMAT_AUTO && !arts[i].header)
-            return hkn_fail(rep, HK_ERR_FORMAT,
+            return hku_fail(rep, HK_ERR_FORMAT,
                             "%s: cannot tell the format from the name (.cu .ptx .cubin .fatbin, "
                             "or .h .cuh .hpp for a header)",
                             base);
@@ -720,7 +554,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
     char *json = NULL;
     size_t len = 0;
     if (hkn_manifest_write(&m, &json, &len))
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
     if (sign_b64(key, json, len, sig_b64, rep) < 0) {
         free(json);
         return HK_ERR_NOMEM;
@@ -748,18 +582,18 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
     char ids[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 2) + 1];
     trusted_ids(t, ids, sizeof ids);
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (t->nkeys > 0 || !t->allow_unsigned) {
         unsigned char bin[HKN_SIG_BYTES];
         if (t->nkeys == 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "no trusted public key is configured and unsigned releases are "
                             "not allowed");
         if (!sig || sig_len == 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "release has no signature (expected Ed25519 by key %s)", ids);
         if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "signature is not 64 bytes in base64 or hex (got %zu chars)", sig_len);
         for (int i = 0; i < t->nkeys && !signer; i++)
             if (crypto_sign_verify_detached(bin, (const unsigned char *)json, len, t->keys[i].pk) ==
@@ -778,9 +612,9 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
             for (int i = 0; i < t->nkeys; i++)
                 known |= !strcmp(kid, t->keys[i].id);
             if (!known)
-                return hkn_fail(rep, HK_ERR_SIGNATURE, "unknown signing key '%s' (trusted: %s)",
+                return hku_fail(rep, HK_ERR_SIGNATURE, "unknown signing key '%s' (trusted: %s)",
                                 kid, ids);
-            return hkn_fail(rep, HK_ERR_SIGNATURE,
+            return hku_fail(rep, HK_ERR_SIGNATURE,
                             "bad signature: manifest does not verify with key %s", kid);
         }
     }
@@ -792,19 +626,19 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
         rep->version = out->version;
     }
     if (signer && strcmp(out->key_id, signer->id)) {
-        err = hkn_fail(rep, HK_ERR_SIGNATURE, "manifest names key '%s' but was signed by %s",
+        err = hku_fail(rep, HK_ERR_SIGNATURE, "manifest names key '%s' but was signed by %s",
                        out->key_id, signer->id);
         goto fail;
     }
     if (out->expires <= now) {
         err =
-            hkn_fail(rep, HK_ERR_EXPIRED, "release %s v%llu expired at %lld, %lld s ago (now %lld)",
+            hku_fail(rep, HK_ERR_EXPIRED, "release %s v%llu expired at %lld, %lld s ago (now %lld)",
                      out->module, (unsigned long long)out->version, (long long)out->expires,
                      (long long)(now - out->expires), (long long)now);
         goto fail;
     }
     if (out->created > now + HKN_CLOCK_SKEW_S) {
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "release %s v%llu is not valid yet: created at %lld, %lld s from now "
                        "(clock skew allowed: %d s)",
                        out->module, (unsigned long long)out->version, (long long)out->created,
@@ -812,7 +646,7 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
         goto fail;
     }
     if (out->expires - out->created > HKN_MAX_LIFETIME_S) {
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "release %s v%llu claims a lifetime of %lld s, over the limit of %d days",
                        out->module, (unsigned long long)out->version,
                        (long long)(out->expires - out->created), HKN_MAX_LIFETIME_S / 86400);
@@ -822,7 +656,7 @@ int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size
     if (s && (err = hkn_state_lookup(s, out->module, &have, rep)))
         goto fail;
     if (out->version <= have) {
-        err = hkn_fail(rep, HK_ERR_REPLAY,
+        err = hku_fail(rep, HK_ERR_REPLAY,
                        "release %s v%llu is not newer than the accepted v%llu (%s)", out->module,
                        (unsigned long long)out->version, (unsigned long long)have,
                        out->version == have ? "same version" : "older version");
@@ -836,12 +670,12 @@ fail:
 
 int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep) {
     if (size != a->size)
-        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': size %zu, manifest says %llu bytes",
+        return hku_fail(rep, HK_ERR_HASH, "artifact '%s': size %zu, manifest says %llu bytes",
                         a->name, size, (unsigned long long)a->size);
     char hex[65];
     hkn_sha256_hex(bytes, size, hex);
     if (sodium_memcmp(hex, a->sha256, 64) != 0)
-        return hkn_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
+        return hku_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
                         hex, a->sha256);
     return 0;
 }
@@ -869,12 +703,12 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
     *text = *sig_b64 = NULL;
     *len = 0;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (!hkn_valid_name(module, 64))
-        return hkn_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
     if ((double)target > HKN_MAX_JSON_INT || expires < 0 || (double)expires > HKN_MAX_JSON_INT)
-        return hkn_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
+        return hku_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
     unsigned char raw[16];
     char nonce[33];
     randombytes_buf(raw, sizeof raw);
@@ -888,7 +722,7 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
         !cJSON_AddStringToObject(o, "nonce", nonce) ||
         !cJSON_AddStringToObject(o, "key_id", key->pub.id) || !(json = cJSON_PrintUnformatted(o))) {
         cJSON_Delete(o);
-        return hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
     cJSON_Delete(o);
     if (sign_b64(key, json, strlen(json), sig_b64, rep) < 0) {
@@ -906,19 +740,19 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
     unsigned char bin[HKN_SIG_BYTES];
     const hkn_pubkey *signer = NULL;
     if (hkn_crypto_init())
-        return hkn_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if (t->nkeys == 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE, "no trusted key is configured for rollbacks");
+        return hku_fail(rep, HK_ERR_SIGNATURE, "no trusted key is configured for rollbacks");
     if (!text || !sig || sig_len == 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE,
+        return hku_fail(rep, HK_ERR_SIGNATURE,
                         "rollback needs a signed request (hotkern rollback --key) or the token");
     if (hkn_decode_fixed(sig, sig_len, bin, sizeof bin) != 0)
-        return hkn_fail(rep, HK_ERR_SIGNATURE, "rollback signature is not 64 bytes");
+        return hku_fail(rep, HK_ERR_SIGNATURE, "rollback signature is not 64 bytes");
     for (int i = 0; i < t->nkeys && !signer; i++)
         if (crypto_sign_verify_detached(bin, (const unsigned char *)text, len, t->keys[i].pk) == 0)
             signer = &t->keys[i];
     if (!signer)
-        return hkn_fail(rep, HK_ERR_SIGNATURE,
+        return hku_fail(rep, HK_ERR_SIGNATURE,
                         "rollback request does not verify with any trusted key");
     int err = 0;
     cJSON *root = hkn_json_parse_strict(text, len);
@@ -937,7 +771,7 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
         floor(exp->valuedouble) != exp->valuedouble || !cJSON_IsString(nonce) ||
         strlen(nonce->valuestring) != 32 || strspn(nonce->valuestring, "0123456789abcdef") != 32 ||
         !cJSON_IsString(kid) || strcmp(kid->valuestring, signer->id)) {
-        err = hkn_fail(rep, HK_ERR_INVALID,
+        err = hku_fail(rep, HK_ERR_INVALID,
                        "rollback request is not {\"type\": \"hotkern-rollback\", \"module\", "
                        "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer}");
         goto out;
@@ -948,10 +782,10 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
     snprintf(out->nonce, sizeof out->nonce, "%s", nonce->valuestring);
     snprintf(out->key_id, sizeof out->key_id, "%s", signer->id);
     if (out->expires <= now)
-        err = hkn_fail(rep, HK_ERR_EXPIRED, "rollback request expired %lld s ago",
+        err = hku_fail(rep, HK_ERR_EXPIRED, "rollback request expired %lld s ago",
                        (long long)(now - out->expires));
     else if (out->expires > now + HKN_ROLLBACK_MAX_S + HKN_CLOCK_SKEW_S)
-        err = hkn_fail(rep, HK_ERR_EXPIRED,
+        err = hku_fail(rep, HK_ERR_EXPIRED,
                        "rollback request expires in %lld s, over the limit of %d s",
                        (long long)(out->expires - now), HKN_ROLLBACK_MAX_S);
 out:

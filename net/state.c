@@ -88,20 +88,20 @@ static hkn_state *registry; /* registry_lock: states with a directory */
 static cJSON *validate(const char *path, cJSON *root, hk_report *rep) {
     cJSON *mods = cJSON_GetObjectItemCaseSensitive(root, "modules");
     if (!cJSON_IsObject(root) || !cJSON_IsObject(mods)) {
-        hkn_fail(rep, HK_ERR_IO, "%s is corrupt (no \"modules\" object): fix or remove it", path);
+        hku_fail(rep, HK_ERR_IO, "%s is corrupt (no \"modules\" object): fix or remove it", path);
         return NULL;
     }
     for (const cJSON *m = mods->child; m; m = m->next) {
         const char *name = m->string ? m->string : "";
         if (!hkn_valid_name(name, 64)) {
-            hkn_fail(rep, HK_ERR_IO,
+            hku_fail(rep, HK_ERR_IO,
                      "%s is corrupt: '%.64s' is not a module name: fix or remove the entry", path,
                      name);
             return NULL;
         }
         double d = cJSON_IsNumber(m) ? m->valuedouble : NAN;
         if (!(d >= 1) || d > HKN_MAX_JSON_INT || floor(d) != d) {
-            hkn_fail(rep, HK_ERR_IO,
+            hku_fail(rep, HK_ERR_IO,
                      "%s is corrupt: module '%s' has no version in [1, 2^53) (releases of it "
                      "are refused until the entry is fixed or removed)",
                      path, name);
@@ -109,7 +109,7 @@ static cJSON *validate(const char *path, cJSON *root, hk_report *rep) {
         }
         for (const cJSON *o = mods->child; o != m; o = o->next)
             if (!strcmp(o->string, name)) {
-                hkn_fail(rep, HK_ERR_IO, "%s is corrupt: module '%s' appears twice: keep one entry",
+                hku_fail(rep, HK_ERR_IO, "%s is corrupt: module '%s' appears twice: keep one entry",
                          path, name);
                 return NULL;
             }
@@ -124,13 +124,13 @@ static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
     size_t len = 0;
     *out = NULL;
     hk_report rrep = HK_REPORT_INIT;
-    int err = hkn_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
+    int err = hku_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
     if (err == HK_ERR_NOT_FOUND) {
         *out = cJSON_CreateObject();
-        return *out ? 0 : hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        return *out ? 0 : hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
     if (err)
-        return hkn_fail(rep, err, "%s", rrep.message);
+        return hku_fail(rep, err, "%s", rrep.message);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (root && !hkn_json_rest_blank(end, text + len)) {
@@ -138,7 +138,7 @@ static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
         root = NULL;
     }
     if (!root) {
-        err = hkn_fail(rep, HK_ERR_IO, "%s is corrupt (not one JSON object): fix or remove it",
+        err = hku_fail(rep, HK_ERR_IO, "%s is corrupt (not one JSON object): fix or remove it",
                        s->path);
     } else if (validate(s->path, root, rep)) {
         *out = cJSON_DetachItemFromObjectCaseSensitive(root, "modules");
@@ -158,7 +158,7 @@ static uint64_t value_of(const cJSON *mods, const char *module) {
 static int flock_or_fail(hkn_state *s, int how, hk_report *rep) {
     while (flock(s->dirfd, how) != 0) {
         if (errno != EINTR)
-            return hkn_fail(rep, HK_ERR_IO, "lock %s: %s", s->dir, strerror(errno));
+            return hku_fail(rep, HK_ERR_IO, "lock %s: %s", s->dir, strerror(errno));
     }
     return 0;
 }
@@ -188,20 +188,20 @@ static int write_state(hkn_state *s, const cJSON *mods, hk_report *rep) {
     char *text = NULL;
     if (!root || !cJSON_AddNumberToObject(root, "format", 1) ||
         !(out_mods = cJSON_AddObjectToObject(root, "modules"))) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
     /* Versions printed exactly (see hkn_json_add_int). */
     for (const cJSON *m = mods->child; m; m = m->next)
         if (!hkn_json_add_int(out_mods, m->string, (long long)m->valuedouble)) {
-            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
             goto out;
         }
     if (!(text = cJSON_Print(root))) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
-    err = hkn_write_atomic(s->path, text, strlen(text), 0600, rep);
+    err = hku_write_atomic(s->path, text, strlen(text), 0600, rep);
 out:
     cJSON_Delete(root);
     free(text);
@@ -233,7 +233,7 @@ static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint6
     if (!s->dir) {
         uint64_t cur = value_of(s->modules, module);
         if ((cond == 1 && to > cur) || (cond == 2 && cur == expect))
-            err = set_value(s->modules, module, to) ? hkn_fail(rep, HK_ERR_NOMEM, "out of memory")
+            err = set_value(s->modules, module, to) ? hku_fail(rep, HK_ERR_NOMEM, "out of memory")
                                                     : 0;
         pthread_mutex_unlock(&s->lock);
         return err;
@@ -245,7 +245,7 @@ static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint6
     uint64_t cur = value_of(mods, module);
     if ((cond == 1 && to > cur) || (cond == 2 && cur == expect)) {
         if (set_value(mods, module, to)) {
-            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
             goto unlock;
         }
         if ((err = write_state(s, mods, rep)))
@@ -283,10 +283,10 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     char real[PATH_MAX];
     hkn_state *s = NULL;
     if (dir) {
-        if ((err = hkn_mkdir_p(dir, rep)))
+        if ((err = hku_mkdir_p(dir, rep)))
             return err;
         if (!realpath(dir, real))
-            return hkn_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
+            return hku_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
         pthread_mutex_lock(&registry_lock);
         for (s = registry; s; s = s->next)
             if (!strcmp(s->dir, real))
@@ -300,7 +300,7 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     }
     s = calloc(1, sizeof *s);
     if (!s) {
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
     s->dirfd = -1;
@@ -309,7 +309,7 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     pthread_mutex_init(&s->txn, NULL);
     if (!dir) {
         if (!(s->modules = cJSON_CreateObject())) {
-            err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+            err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
             goto fail;
         }
         *out = s;
@@ -317,11 +317,11 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     }
     if (!(s->dir = strdup(real)) || asprintf(&s->path, "%s/accepted.json", real) < 0) {
         s->path = NULL;
-        err = hkn_fail(rep, HK_ERR_NOMEM, "out of memory");
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if ((s->dirfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-        err = hkn_fail(rep, HK_ERR_IO, "open %s: %s", real, strerror(errno));
+        err = hku_fail(rep, HK_ERR_IO, "open %s: %s", real, strerror(errno));
         goto fail;
     }
     /* Refuse to start rather than forget what was accepted. */
@@ -389,7 +389,7 @@ uint64_t hkn_state_get(hkn_state *s, const char *module) {
     uint64_t v;
     hk_report rep = HK_REPORT_INIT;
     int err = hkn_state_lookup(s, module, &v, &rep);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     /* Fail closed: an unreadable record refuses every version. */
     return err ? UINT64_MAX : v;
 }
@@ -397,7 +397,7 @@ uint64_t hkn_state_get(hkn_state *s, const char *module) {
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
     /* What could not be read back must not be written. */
     if (!hkn_valid_name(module, 64) || version == 0 || (double)version > HKN_MAX_JSON_INT)
-        return hkn_fail(rep, HK_ERR_INVALID, "cannot record '%.64s' v%llu", module,
+        return hku_fail(rep, HK_ERR_INVALID, "cannot record '%.64s' v%llu", module,
                         (unsigned long long)version);
     return update(s, module, version, 1, 0, rep);
 }

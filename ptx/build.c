@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define MAX_HEADER_BYTES  (64u << 20)
 #define MAX_DEPS          4096
@@ -149,51 +150,10 @@ static int deps_has(const dep_list *d, const char *path, int mem) {
     return 0;
 }
 
-/* Reads a whole regular file (up to MAX_HEADER_BYTES). */
-static int read_file(const char *path, char **data, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    if (!f)
-        return HK_ERR_IO;
-    for (;;) {
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 8192;
-            if (ncap > MAX_HEADER_BYTES + 1) {
-                free(buf);
-                fclose(f);
-                return HK_ERR_TOO_LARGE;
-            }
-            char *nb = realloc(buf, ncap + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return HK_ERR_NOMEM;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return HK_ERR_IO;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *size = n;
-    return 0;
-}
-
 static int hash_file(const char *path, uint8_t out[HKP_KEY_BYTES]) {
     char *data;
     size_t n;
-    int rc = read_file(path, &data, &n);
+    int rc = hku_read_file(path, MAX_HEADER_BYTES, &data, &n, NULL);
     if (rc)
         return rc;
     crypto_generichash(out, HKP_KEY_BYTES, (const unsigned char *)data, n, NULL, 0);
@@ -271,7 +231,7 @@ static int scan_header(const char *path, const search_path *sp, dep_list *d, int
         return 0;
     char *data;
     size_t n;
-    if (read_file(path, &data, &n) != 0)
+    if (hku_read_file(path, MAX_HEADER_BYTES, &data, &n, NULL) != 0)
         return 0; /* unreadable: NVRTC will say so if it needs it */
     uint8_t h[HKP_KEY_BYTES];
     crypto_generichash(h, sizeof h, (const unsigned char *)data, n, NULL, 0);
@@ -567,6 +527,27 @@ static char *r_str(rbuf *r) {
     return s;
 }
 
+/* A count, then that many strings. */
+static void w_strv(wbuf *w, char *const *v, int n) {
+    w_u64(w, (uint64_t)n);
+    for (int i = 0; i < n; i++)
+        w_str(w, v[i]);
+}
+
+/* Reads what w_strv wrote into *out (NULL-terminated), counting in *n the
+ * strings read so far, so that a failure leaves them for the caller to
+ * free. Returns -1 when they cannot be read or there are over max. */
+static int r_strv(rbuf *r, uint64_t max, char ***out, int *n) {
+    uint64_t cnt = r_u64(r);
+    if (r->err || cnt > max || !(*out = calloc((size_t)cnt + 1, sizeof **out)))
+        return -1;
+    for (uint64_t i = 0; i < cnt && !r->err; i++) {
+        (*out)[i] = r_str(r);
+        *n = (int)i + ((*out)[i] != NULL);
+    }
+    return r->err ? -1 : 0;
+}
+
 #define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
 #define MANIFEST_MAGIC 0x324d4b48ull   /* "HKM2" */
 
@@ -576,31 +557,38 @@ static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
     w_u64(&w, (uint64_t)a->format);
     w_u64(&w, a->size);
     w_bytes(&w, a->image, a->size);
-    w_u64(&w, (uint64_t)a->nlowered);
-    for (int i = 0; i < a->nlowered; i++)
-        w_str(&w, a->lowered_names[i]);
-    w_u64(&w, (uint64_t)a->ndeps);
-    for (int i = 0; i < a->ndeps; i++)
-        w_str(&w, a->deps[i]);
+    w_strv(&w, a->lowered_names, a->nlowered);
+    w_strv(&w, a->deps, a->ndeps);
     w_str(&w, a->log);
     int rc = w.err ? HK_ERR_NOMEM : hkp_cache_put(c, key, w.p, w.n);
     free(w.p);
     return rc;
 }
 
-/* Fills a from a cached entry; any inconsistency is a miss. */
-static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_artifact *a) {
+/* Opens the cache entry of key, which must start with magic: 0 with *r
+ * over it, past the magic (free((void *)r->p) when done), or
+ * HK_ERR_NOT_FOUND for a miss or an entry of another kind. */
+static int entry_open(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], uint64_t magic, rbuf *r) {
     void *data;
     size_t size;
     if (hkp_cache_get(c, key, &data, &size) != 0)
         return HK_ERR_NOT_FOUND;
-    rbuf r = {.p = data, .n = size};
+    *r = (rbuf){.p = data, .n = size};
+    if (r_u64(r) == magic)
+        return 0;
+    free(data);
+    return HK_ERR_NOT_FOUND;
+}
+
+/* Fills a from a cached entry; any inconsistency is a miss. */
+static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_artifact *a) {
+    rbuf r;
+    if (entry_open(c, key, ARTIFACT_MAGIC, &r) != 0)
+        return HK_ERR_NOT_FOUND;
     int rc = HK_ERR_NOT_FOUND;
-    if (r_u64(&r) != ARTIFACT_MAGIC)
-        goto out;
     a->format = (hk_format)r_u64(&r);
     uint64_t isz = r_u64(&r);
-    if (r.err || isz > size - r.i || isz == 0)
+    if (r.err || isz > r.n - r.i || isz == 0)
         goto out;
     a->image = malloc((size_t)isz);
     if (!a->image)
@@ -608,26 +596,9 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
     memcpy(a->image, r.p + r.i, (size_t)isz);
     a->size = (size_t)isz;
     r.i += (size_t)isz;
-    uint64_t nl = r_u64(&r);
-    if (r.err || nl > size / 8)
+    if (r_strv(&r, r.n / 8, &a->lowered_names, &a->nlowered) < 0 ||
+        r_strv(&r, r.n / 8, &a->deps, &a->ndeps) < 0)
         goto out;
-    a->lowered_names = calloc((size_t)nl + 1, sizeof(char *));
-    if (!a->lowered_names)
-        goto out;
-    for (uint64_t i = 0; i < nl && !r.err; i++) {
-        a->lowered_names[i] = r_str(&r);
-        a->nlowered = (int)i + (a->lowered_names[i] != NULL);
-    }
-    uint64_t nd = r_u64(&r);
-    if (r.err || nd > size / 8)
-        goto out;
-    a->deps = calloc((size_t)nd + 1, sizeof(char *));
-    if (!a->deps)
-        goto out;
-    for (uint64_t i = 0; i < nd && !r.err; i++) {
-        a->deps[i] = r_str(&r);
-        a->ndeps = (int)i + (a->deps[i] != NULL);
-    }
     char *log = r_str(&r);
     if (r.err || r.i != r.n) {
         free(log);
@@ -640,7 +611,7 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
     a->log = log;
     rc = 0;
 out:
-    free(data);
+    free((void *)r.p);
     return rc;
 }
 
@@ -662,14 +633,10 @@ static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const 
  * from disk, in-memory headers from this build's set. */
 static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const search_path *sp,
                          dep_list *d) {
-    void *data;
-    size_t size;
-    if (hkp_cache_get(c, key, &data, &size) != 0)
+    rbuf r;
+    if (entry_open(c, key, MANIFEST_MAGIC, &r) != 0)
         return HK_ERR_NOT_FOUND;
-    rbuf r = {.p = data, .n = size};
     int rc = HK_ERR_NOT_FOUND;
-    if (r_u64(&r) != MANIFEST_MAGIC)
-        goto out;
     uint64_t n = r_u64(&r);
     if (r.err || n > MAX_DEPS)
         goto out;
@@ -697,7 +664,7 @@ static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const s
     }
     rc = r.i == r.n ? 0 : HK_ERR_NOT_FOUND;
 out:
-    free(data);
+    free((void *)r.p);
     if (rc)
         deps_free(d);
     return rc;
@@ -1219,53 +1186,10 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
 static int take_deps(hkp_artifact *a, dep_list *d) {
     if (!d->n)
         return 0;
-    a->deps = calloc((size_t)d->n, sizeof(char *));
+    a->deps = hku_strv_dup((const char *const *)d->paths, d->n);
     if (!a->deps)
         return HK_ERR_NOMEM;
-    for (int i = 0; i < d->n; i++) {
-        a->deps[i] = strdup(d->paths[i]);
-        if (!a->deps[i])
-            return HK_ERR_NOMEM;
-        a->ndeps = i + 1;
-    }
-    return 0;
-}
-
-int hkp_headers_dup(const hk_header *h, int n, hk_header **out) {
-    size_t bytes = 0;
-    if (!out || n < 0 || (n > 0 && !h))
-        return HK_ERR_INVALID;
-    *out = NULL;
-    if (n == 0)
-        return 0;
-    for (int i = 0; i < n; i++) {
-        if (!h[i].name || !h[i].name[0] || (!h[i].data && h[i].size))
-            return HK_ERR_INVALID;
-        size_t add = strlen(h[i].name) + 1 + h[i].size + 1;
-        if (add < h[i].size || bytes + add < bytes)
-            return HK_ERR_TOO_LARGE;
-        bytes += add;
-    }
-    size_t head = (size_t)n * sizeof **out;
-    if (bytes + head < bytes)
-        return HK_ERR_TOO_LARGE;
-    hk_header *v = malloc(head + bytes);
-    if (!v)
-        return HK_ERR_NOMEM;
-    char *p = (char *)(v + n);
-    for (int i = 0; i < n; i++) {
-        size_t nl = strlen(h[i].name) + 1;
-        memcpy(p, h[i].name, nl);
-        v[i].name = p;
-        p += nl;
-        if (h[i].size)
-            memcpy(p, h[i].data, h[i].size);
-        p[h[i].size] = '\0';
-        v[i].data = p;
-        v[i].size = h[i].size;
-        p += h[i].size + 1;
-    }
-    *out = v;
+    a->ndeps = d->n;
     return 0;
 }
 
@@ -1291,11 +1215,26 @@ static int merge_headers(const hkp_build_opts *o, hk_header **out, int *n) {
         if (!hidden)
             all[k++] = o->base_headers[i];
     }
-    int rc = hkp_headers_dup(all, k, out);
+    int rc = hku_headers_dup(all, k, out);
     free(all);
     if (!rc)
         *n = k;
     return rc;
+}
+
+/* Looks the artifact that ctx and deps key (written to akey) up in cache c.
+ * Returns 1 on a hit, counted, with out filled; 0 on a miss, out empty. */
+static int cached(hkp_cache *c, const crypto_generichash_state *ctx, const dep_list *deps,
+                  uint8_t akey[HKP_KEY_BYTES], hkp_artifact *out) {
+    artifact_key(ctx, deps, akey);
+    if (artifact_load(c, akey, out) == 0 &&
+        hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
+        out->cache_hit = 1;
+        hkp_cache_note(c, 1);
+        return 1;
+    }
+    hkp_artifact_free(out);
+    return 0;
 }
 
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
@@ -1367,28 +1306,15 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
             crypto_generichash_state m = ctx;
             h_str(&m, "manifest");
             crypto_generichash_final(&m, mkey, sizeof mkey);
-            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0) {
-                artifact_key(&ctx, &deps, akey);
-                if (artifact_load(opts->cache, akey, out) == 0 &&
-                    hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
-                    out->cache_hit = 1;
-                    hkp_cache_note(opts->cache, 1);
-                    rc = 0;
-                    goto out;
-                }
-                hkp_artifact_free(out);
-            }
-            deps_free(&deps);
-        } else {
-            artifact_key(&ctx, &deps, akey);
-            if (artifact_load(opts->cache, akey, out) == 0 &&
-                hkp_meta_read(out->image, out->size, out->format, &out->meta, NULL, 0) == 0) {
-                out->cache_hit = 1;
-                hkp_cache_note(opts->cache, 1);
+            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0 &&
+                cached(opts->cache, &ctx, &deps, akey, out)) {
                 rc = 0;
                 goto out;
             }
-            hkp_artifact_free(out);
+            deps_free(&deps);
+        } else if (cached(opts->cache, &ctx, &deps, akey, out)) {
+            rc = 0;
+            goto out;
         }
         hkp_cache_note(opts->cache, 0);
     }

@@ -33,11 +33,13 @@
 #include <unistd.h>
 
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define ENTRY_MAGIC  "HKCACHE1"
 #define HEADER_BYTES (8 + 8 + HKP_KEY_BYTES)
 #define ENTRY_SUFFIX ".hkc"
-#define TMP_PREFIX   ".tmp-"
+/* hku_write_atomicv's temporary files: ENTRY.tmp.PID.N */
+#define TMP_MARK ENTRY_SUFFIX ".tmp."
 /* Temporary files older than this belong to a writer that died. */
 #define STALE_TMP_SECONDS 3600
 
@@ -47,27 +49,6 @@ struct hkp_cache {
     pthread_mutex_t lock; /* protects the counters below */
     uint64_t hits, misses;
 };
-
-static int mkdir_p(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return HK_ERR_INVALID;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return HK_ERR_IO;
-        buf[i] = c;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return HK_ERR_IO;
-    return 0;
-}
 
 int hkp_cache_default_dir(char *buf, size_t n) {
     const char *xdg = getenv("XDG_CACHE_HOME");
@@ -92,7 +73,7 @@ int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes) {
     *out = NULL;
     if (sodium_init() < 0)
         return HK_ERR_UNSUPPORTED;
-    int rc = mkdir_p(dir);
+    int rc = hku_mkdir_p(dir, NULL);
     if (rc)
         return rc;
     hkp_cache *c = calloc(1, sizeof *c);
@@ -149,20 +130,6 @@ static int read_all(int fd, void *buf, size_t n) {
     unsigned char *p = buf;
     while (n) {
         ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-    const unsigned char *p = buf;
-    while (n) {
-        ssize_t r = write(fd, p, n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -263,7 +230,7 @@ static int scan_dir(const hkp_cache *c, int reap, struct scanned **list, size_t 
         struct stat st;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if (reap && strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
+        if (reap && strstr(de->d_name, TMP_MARK)) {
             if (now - st.st_mtime > STALE_TMP_SECONDS)
                 (void)unlinkat(dirfd(d), de->d_name, 0);
             continue;
@@ -338,9 +305,8 @@ out:
 }
 
 int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size) {
-    char path[4200], tmp[4200];
+    char path[4200];
     unsigned char header[HEADER_BYTES];
-    int fd = -1, rc = HK_ERR_IO;
 
     if (!c || !key || (!data && size))
         return HK_ERR_INVALID;
@@ -348,31 +314,13 @@ int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *da
         return 0; /* would evict everything else and still not fit */
     if (entry_path(c, key, path, sizeof path))
         return HK_ERR_INVALID;
-    snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "XXXXXX", c->dir);
     memcpy(header, ENTRY_MAGIC, 8);
     for (int i = 0; i < 8; i++)
         header[8 + i] = (unsigned char)((uint64_t)size >> (8 * i));
     crypto_generichash(header + 16, HKP_KEY_BYTES, data, size, NULL, 0);
-
-    fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0)
-        return HK_ERR_IO;
-    if (write_all(fd, header, sizeof header) != 0 || write_all(fd, data, size) != 0 ||
-        fsync(fd) != 0)
-        goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0)
-        goto fail;
-    return evict(c);
-fail:
-    if (fd >= 0)
-        close(fd);
-    (void)unlink(tmp);
-    return rc;
+    struct iovec iov[2] = {{header, sizeof header}, {(void *)data, size}};
+    int rc = hku_write_atomicv(path, iov, 2, 0600, NULL);
+    return rc ? rc : evict(c);
 }
 
 void hkp_cache_stats(hkp_cache *c, uint64_t *hits, uint64_t *misses, uint64_t *bytes) {

@@ -15,20 +15,31 @@
 
 #include "ptx/ptx.h"
 
-/* Skips whitespace and PTX/C comments; returns the offset of the next token. */
-static size_t skip_space_comments(const char *s, size_t n, size_t i) {
+size_t hkp_skip_blank(const char *s, size_t n, size_t i, int *newline, int *unterminated) {
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+        char c = s[i];
+        if (c == '\n') {
+            if (newline)
+                *newline = 1;
+            i++;
+        } else if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' || c == '\0') {
             i++;
         } else if (c == '/' && i + 1 < n && s[i + 1] == '/') {
             while (i < n && s[i] != '\n')
                 i++;
         } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
             i += 2;
-            while (i + 1 < n && !(s[i] == '*' && s[i + 1] == '/'))
+            while (i + 1 < n && !(s[i] == '*' && s[i + 1] == '/')) {
+                if (s[i] == '\n' && newline)
+                    *newline = 1;
                 i++;
-            i = i + 1 < n ? i + 2 : n;
+            }
+            if (i + 1 >= n) {
+                if (unterminated)
+                    *unterminated = 1;
+                return n;
+            }
+            i += 2;
         } else {
             break;
         }
@@ -91,9 +102,8 @@ int hkp_detect(const void *data, size_t size, hk_format *fmt, char *why, size_t 
         return HK_ERR_FORMAT;
     }
     const char *s = data;
-    size_t i = skip_space_comments(s, size, 0);
-    while (i < size && s[i] == '\0')
-        i++;
+    /* NUL counts as blank: looks_like_text allowed trailing ones only. */
+    size_t i = hkp_skip_blank(s, size, 0, NULL, NULL);
     if (i >= size) {
         hkp_why(why, why_size, "empty input (only whitespace and comments)");
         return HK_ERR_FORMAT;

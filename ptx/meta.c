@@ -250,36 +250,7 @@ static int tok_is(const tok *t, const char *word) {
 
 static int lex_next(lexer *lx, tok *t) {
     const char *s = lx->s;
-    size_t n = lx->n, i = lx->i;
-    for (;;) {
-        if (i >= n)
-            break;
-        char c = s[i];
-        if (c == '\n') {
-            lx->bol = 1;
-            i++;
-        } else if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' || c == '\0') {
-            i++;
-        } else if (c == '/' && i + 1 < n && s[i + 1] == '/') {
-            while (i < n && s[i] != '\n')
-                i++;
-        } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
-            i += 2;
-            while (i + 1 < n && !(s[i] == '*' && s[i + 1] == '/')) {
-                if (s[i] == '\n')
-                    lx->bol = 1;
-                i++;
-            }
-            if (i + 1 >= n) {
-                lx->bad = 1;
-                i = n;
-            } else {
-                i += 2;
-            }
-        } else {
-            break;
-        }
-    }
+    size_t n = lx->n, i = hkp_skip_blank(s, n, lx->i, &lx->bol, &lx->bad);
     if (i >= n) {
         lx->i = n;
         return 0;

@@ -180,12 +180,6 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
               hkp_artifact *out, char *why, size_t why_size);
 void hkp_artifact_free(hkp_artifact *a);
 
-/* Copies n in-memory headers into one allocation (the array, then each
- * name and text, NUL-terminated) that the caller releases with free(). n may
- * be 0 (*out NULL). Returns 0, HK_ERR_INVALID (a NULL or empty name, NULL
- * data with a size, n < 0) or HK_ERR_NOMEM. */
-int hkp_headers_dup(const hk_header *h, int n, hk_header **out);
-
 /* Process-wide PCH counters: PCHs NVRTC created for hkp_build, and PCH heap
  * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */
 void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
@@ -256,5 +250,12 @@ void hkp_why(char *why, size_t why_size, const char *fmt, ...)
  * header tables and segments inside the buffer. Returns 0 or HK_ERR_FORMAT
  * with a reason. */
 int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size);
+
+/* Skips blanks (whitespace and NUL) and C/PTX comments in s[i..n); returns
+ * the offset of what follows. *newline is set to 1 when a line ended in
+ * what was skipped, *unterminated when a block comment runs to the end
+ * (both may be NULL; neither is cleared). detect.c, shared with meta.c's
+ * lexer. */
+size_t hkp_skip_blank(const char *s, size_t n, size_t i, int *newline, int *unterminated);
 
 #endif /* HK_PTX_H */

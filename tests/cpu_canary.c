@@ -190,7 +190,7 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     setenv("HKFAKE_FAULT", "step@7=CUDA_ERROR_ILLEGAL_ADDRESS", 1);
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_NONE, 0);
-    pid_t before = hkc_helper_pid(rt->canary);
+    pid_t before = hka_helper_pid(rt->canary);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(7, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_ILLEGAL_ADDRESS");
@@ -199,7 +199,7 @@ START_TEST(faulting_kernel_refused_with_cuname) {
                   "%s", rep.message);
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     /* The poisoned helper was replaced, and the next version runs there. */
-    pid_t after = hkc_helper_pid(rt->canary);
+    pid_t after = hka_helper_pid(rt->canary);
     ck_assert_int_gt(after, 0);
     ck_assert_int_ne(after, before);
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
@@ -216,13 +216,13 @@ START_TEST(hanging_kernel_refused_and_helper_restarted) {
     setenv("HKFAKE_HANG", "step@8", 1);
     rt = make_rt(NULL, 300, 1);
     start_with_test(HK_COMPARE_NONE, 0);
-    pid_t before = hkc_helper_pid(rt->canary);
+    pid_t before = hka_helper_pid(rt->canary);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "did not finish within 300 ms"), "%s", rep.message);
     ck_assert_str_eq(rep.kernel, "step");
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
-    pid_t after = hkc_helper_pid(rt->canary);
+    pid_t after = hka_helper_pid(rt->canary);
     ck_assert_int_ne(after, before);
     ck_assert(!alive(before)); /* killed and reaped */
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_OPTIONAL, &rep), 0);
@@ -294,7 +294,7 @@ END_TEST
 START_TEST(no_canary_configured) {
     rt = make_rt(NULL, 2000, 0);
     start_with_test(HK_COMPARE_NONE, 0);
-    ck_assert_int_eq(hkc_helper_pid(rt->canary), 0);
+    ck_assert_int_eq(hka_helper_pid(rt->canary), 0);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
@@ -377,7 +377,7 @@ START_TEST(helper_killed_mid_run) {
     setenv("HKFAKE_HANG", "step@8", 1);
     rt = make_rt(NULL, 20000, 1);
     start_with_test(HK_COMPARE_NONE, 0);
-    pid_t victim = hkc_helper_pid(rt->canary);
+    pid_t victim = hka_helper_pid(rt->canary);
     pthread_t th;
     pthread_create(&th, NULL, kill_later, (void *)(intptr_t)victim);
     hk_report rep = HK_REPORT_INIT;
@@ -385,7 +385,7 @@ START_TEST(helper_killed_mid_run) {
     pthread_join(th, NULL);
     ck_assert_msg(strstr(rep.message, "died"), "%s", rep.message);
     ck_assert_msg(strstr(rep.message, "signal 9"), "%s", rep.message);
-    ck_assert_int_ne(hkc_helper_pid(rt->canary), victim);
+    ck_assert_int_ne(hka_helper_pid(rt->canary), victim);
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
     hk_report_clear(&rep);
 }
@@ -397,12 +397,12 @@ START_TEST(helper_dead_between_runs_is_replaced) {
     start_with_test(HK_COMPARE_EXACT, 0);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
-    pid_t victim = hkc_helper_pid(rt->canary);
+    pid_t victim = hka_helper_pid(rt->canary);
     kill(victim, SIGKILL);
     usleep(100 * 1000);
     ck_assert_int_eq(swap_tag(1, 0, HK_CANARY_REQUIRE, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "passed"), "%s", rep.canary);
-    ck_assert_int_ne(hkc_helper_pid(rt->canary), victim);
+    ck_assert_int_ne(hka_helper_pid(rt->canary), victim);
     hk_report_clear(&rep);
 }
 END_TEST

@@ -292,7 +292,7 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
     pthread_mutex_unlock(&rec.lock);
     if (err) {
         rep->log = strdup("add.cu(1): error: identifier \"y\" is undefined\n");
-        return hkn_fail(rep, err, "NVRTC refused it");
+        return hku_fail(rep, err, "NVRTC refused it");
     }
     return 0;
 }

@@ -7,7 +7,7 @@
  * version of this release that the table does not call through its own PFN
  * type, so the next such change is caught on a machine without a GPU. It
  * also binds a stand-in libcuda (tests/stub/libcuda.c) that lacks entry
- * points hotkern does not call: the table must not ask for them.
+ * points the engine does not call: the table must not require them.
  */
 #include <libgen.h>
 #include <limits.h>
@@ -22,7 +22,7 @@
 
 #define NAME(field, sym)             #sym,
 #define NAME_TYPED(field, sym, type) #sym,
-static const char *plain[] = {HKL_DRIVER_ENTRIES(NAME)};
+static const char *plain[] = {HKL_DRIVER_ENTRIES(NAME) HKL_DRIVER_ENTRIES_EXTRA(NAME)};
 static const char *typed[] = {HKL_DRIVER_ENTRIES_TYPED(NAME_TYPED)};
 
 static char *read_typedefs(void) {
@@ -63,8 +63,9 @@ START_TEST(every_entry_called_with_its_abi) {
 }
 END_TEST
 
-/* A driver that lacks entry points hotkern never calls still binds, and
- * runtime creation gets past the binding (the stand-in has no devices). */
+/* A driver that lacks entry points hotkern never calls still binds (the
+ * benchmarks' extras are left NULL), and runtime creation gets past the
+ * binding (the stand-in has no devices). */
 START_TEST(driver_lacking_uncalled_entries_binds) {
     char exe[PATH_MAX] = "", lib[PATH_MAX + 32], why[256] = "";
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -77,6 +78,11 @@ START_TEST(driver_lacking_uncalled_entries_binds) {
     hkl_driver d;
     ck_assert_msg(hkl_driver_open(&d, why, sizeof why) == 0, "%s", why);
     ck_assert_int_eq(d.version, CUDA_VERSION);
+#define EXTRA_UNBOUND(field, sym)                                                                  \
+    ck_assert_msg(d.field == NULL, "%s bound on a driver without it", #sym);
+    HKL_DRIVER_ENTRIES_EXTRA(EXTRA_UNBOUND)
+#undef EXTRA_UNBOUND
+    ck_assert_ptr_nonnull(d.LaunchKernel);
     hkl_driver_close(&d);
 
     hk_runtime *rt = NULL;

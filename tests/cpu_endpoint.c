@@ -55,7 +55,7 @@ static struct recorder {
 static int state_records(const char *path, const char *module, uint64_t version) {
     char *text = NULL;
     size_t len;
-    if (hkn_read_file(path, 1 << 20, &text, &len, NULL))
+    if (hku_read_file(path, 1 << 20, &text, &len, NULL))
         return 0;
     cJSON *o = cJSON_Parse(text);
     const cJSON *v =
@@ -72,7 +72,7 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
     if (err) {
-        hkn_fail(rep, err, "kernel 'add': compile failed");
+        hku_fail(rep, err, "kernel 'add': compile failed");
         rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
     } else {
         rec.calls++;
@@ -102,7 +102,7 @@ static int rec_rollback(void *ud, const char *module, hk_report *rep) {
     pthread_mutex_lock(&rec.lock);
     int err = 0;
     if (strcmp(module, rec.module) || rec.calls == 0)
-        err = hkn_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+        err = hku_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
     else
         rec.rollbacks++;
     pthread_mutex_unlock(&rec.lock);
@@ -703,7 +703,7 @@ START_TEST(hundred_concurrent_status) {
         char p[PATH_MAX], *text = NULL;
         size_t len;
         snprintf(p, sizeof p, "%s/status_%d.json", tmp, i);
-        ck_assert_int_eq(hkn_read_file(p, 1 << 20, &text, &len, NULL), 0);
+        ck_assert_int_eq(hku_read_file(p, 1 << 20, &text, &len, NULL), 0);
         cJSON *o = cJSON_Parse(text);
         ck_assert_msg(cJSON_IsArray(cJSON_GetObjectItem(o, "modules")), "%d: %s", i, text);
         cJSON_Delete(o);
@@ -791,8 +791,8 @@ START_TEST(tls_with_self_signed_cert) {
     ck_assert_msg(run(gen, out, sizeof out) == 0, "openssl: %s", out);
     char *cert_pem, *key_pem;
     size_t len;
-    ck_assert_int_eq(hkn_read_file(cert, 1 << 20, &cert_pem, &len, NULL), 0);
-    ck_assert_int_eq(hkn_read_file(pkey, 1 << 20, &key_pem, &len, NULL), 0);
+    ck_assert_int_eq(hku_read_file(cert, 1 << 20, &cert_pem, &len, NULL), 0);
+    ck_assert_int_eq(hku_read_file(pkey, 1 << 20, &key_pem, &len, NULL), 0);
     start("tok", 0, cert_pem, key_pem);
     free(cert_pem);
     free(key_pem);
@@ -1021,7 +1021,7 @@ static double timed_request(const char *head, const char *file, char *out, size_
     if (file) {
         char *text;
         size_t len;
-        ck_assert_int_eq(hkn_read_file(file, 1 << 20, &text, &len, NULL), 0);
+        ck_assert_int_eq(hku_read_file(file, 1 << 20, &text, &len, NULL), 0);
         ck_assert_int_eq(send(fd, text, len, MSG_NOSIGNAL), (ssize_t)len);
         free(text);
     }

@@ -445,7 +445,7 @@ static char *capture_stderr(void (*fn)(void)) {
     close(saved);
     char *text = NULL;
     size_t len;
-    ck_assert_int_eq(hkn_read_file(path, 1 << 20, &text, &len, NULL), 0);
+    ck_assert_int_eq(hku_read_file(path, 1 << 20, &text, &len, NULL), 0);
     return text;
 }
 
@@ -554,14 +554,14 @@ static void watch_sink(void *ud, const char *module, const char *path, const voi
                        size_t size) {}
 
 START_TEST(watcher_trace_debounce_and_headers) {
-    hkn_watch *w;
-    hkn_watch_opts o;
-    hkn_watch_opts_init(&o);
+    hkw_watcher *w;
+    hkw_opts o;
+    hkw_opts_init(&o);
     o.fn = watch_sink;
     o.debounce_ms = 300; /* the writes below land well within it */
     o.log = trace;
-    ck_assert_int_eq(hkn_watch_create(&w, &o), 0);
-    ck_assert_int_eq(hkn_watch_add_dir(w, tmp), 0);
+    ck_assert_int_eq(hkw_create(&w, &o), 0);
+    ck_assert_int_eq(hkw_add_dir(w, tmp), 0);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/s.ptx", tmp);
     FILE *f = fopen(path, "w");
@@ -575,14 +575,14 @@ START_TEST(watcher_trace_debounce_and_headers) {
     wait_line(HK_LOG_INFO, "trace", NEEDLES("s.ptx: handed over as module s"), NULL, 0);
     const char *deps[] = {"common.cuh"};
     write_file("common.cuh", "#define X 1\n");
-    ck_assert_int_eq(hkn_watch_set_deps(w, path, deps, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, path, deps, 1), 0);
     write_file("common.cuh", "#define X 2\n");
     wait_line(HK_LOG_INFO, "trace", NEEDLES("common.cuh changed", "s.ptx, whose build read it"),
               NULL, 0);
-    hkn_watch_stats st;
-    hkn_watch_stats_get(w, &st);
+    hkw_stats st;
+    hkw_stats_get(w, &st);
     ck_assert_uint_ge(st.dep_rebuilds, 1);
-    hkn_watch_destroy(w);
+    hkw_destroy(w);
 }
 END_TEST
 

@@ -127,11 +127,12 @@ static uint64_t dir_bytes(const char *dir, int *entries, int *tmps) {
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
         if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if (strstr(de->d_name, ".hkc")) {
+        if (strstr(de->d_name, ".hkc.tmp.")) {
+            if (tmps)
+                (*tmps)++;
+        } else if (strstr(de->d_name, ".hkc")) {
             (*entries)++;
             sum += (uint64_t)st.st_size;
-        } else if (tmps && strncmp(de->d_name, ".tmp-", 5) == 0) {
-            (*tmps)++;
         }
     }
     closedir(d);
@@ -949,7 +950,7 @@ START_TEST(cache_two_processes) {
     struct dirent *de;
     int checked = 0, tmps = 0;
     while ((de = readdir(d)) != NULL) {
-        if (strncmp(de->d_name, ".tmp-", 5) == 0)
+        if (strstr(de->d_name, ".hkc.tmp."))
             tmps++;
         if (strlen(de->d_name) != 68 || !strstr(de->d_name, ".hkc"))
             continue;

@@ -28,6 +28,7 @@
 #include <sodium.h>
 
 #include "net/net.h"
+#include "util/util.h"
 #include "tests/harness.h"
 
 /* ---- the recording engine ---------------------------------------------- */
@@ -74,7 +75,7 @@ static int quarantining_apply(void *ud, const char *module, uint64_t version, hk
                               int nheaders, const char *origin, hk_report *rep) {
     rec_apply(ud, module, version, fmt, bytes, size, headers, nheaders, origin, rep);
     if (size == strlen(ptx_v2) && !memcmp(bytes, ptx_v2, size))
-        return hkn_fail(rep, HK_ERR_QUARANTINED, "image quarantined");
+        return hku_fail(rep, HK_ERR_QUARANTINED, "image quarantined");
     return 0;
 }
 static const hkn_engine quarantining = {.apply = quarantining_apply};
@@ -140,7 +141,7 @@ static void write_last_sig(void) {
     char path[PATH_MAX + 64];
     hk_report rep = HK_REPORT_INIT;
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
-    ck_assert_int_eq(hkn_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, last_sig, strlen(last_sig), 0644, &rep), 0);
 }
 
 static void publish_sig(uint64_t version, const char *body, int64_t expires_in, enum sig_mode sm) {
@@ -154,15 +155,15 @@ static void publish_sig(uint64_t version, const char *body, int64_t expires_in, 
                      0);
     hkn_sha256_hex(body, strlen(body), published_sha);
     snprintf(path, sizeof path, "%s/rel/artifacts/%s", www, published_sha);
-    ck_assert_int_eq(hkn_write_atomic(path, body, strlen(body), 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, body, strlen(body), 0644, &rep), 0);
     snprintf(path, sizeof path, "%s/rel/manifest.json.sig", www);
     snprintf(last_sig, sizeof last_sig, "%s", sig);
     if (sm == SIG_WRITE)
-        ck_assert_int_eq(hkn_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
+        ck_assert_int_eq(hku_write_atomic(path, sig, strlen(sig), 0644, &rep), 0);
     else if (sm == SIG_REMOVE)
         unlink(path);
     snprintf(path, sizeof path, "%s/rel/manifest.json", www);
-    ck_assert_int_eq(hkn_write_atomic(path, manifest, len, 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, manifest, len, 0644, &rep), 0);
     struct timespec ts[2] = {{.tv_sec = 1700000000 + (time_t)version},
                              {.tv_sec = 1700000000 + (time_t)version}};
     utimensat(AT_FDCWD, path, ts, 0);
@@ -201,7 +202,7 @@ static hkn_puller *puller(const char *u, unsigned total_timeout_ms, size_t max_a
 }
 
 static int poll_once(hkn_puller *p, hk_report *rep) {
-    hkn_report_reset(rep);
+    hk_report_clear(rep);
     return hkn_pull_poll(p, rep);
 }
 
@@ -252,7 +253,7 @@ START_TEST(quarantined_release_is_not_applied_again) {
     ck_assert_int_eq(rec.calls, 2);
     ck_assert_uint_eq(rec_version(), 3);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -302,7 +303,7 @@ START_TEST(picks_up_releases_with_304s_between) {
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
     ck_assert_uint_eq(rec_version(), 3);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -325,7 +326,7 @@ START_TEST(truncated_artifact_changes_nothing) {
     ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
     ck_assert_uint_eq(rec_version(), 2);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -353,7 +354,7 @@ START_TEST(oversized_artifact_changes_nothing) {
     snprintf(get, sizeof get, "GET /rel/artifacts/%s ", published_sha);
     ck_assert_int_eq(log_count(get, "HTTP"), 0);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -385,7 +386,7 @@ START_TEST(server_errors_change_nothing) {
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_NETWORK);
     ck_assert_int_eq(rec.calls, 0);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -439,7 +440,7 @@ START_TEST(stalled_server_times_out) {
     shutdown(stall_fd, SHUT_RDWR);
     close(stall_fd);
     pthread_join(t, NULL);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -473,7 +474,7 @@ START_TEST(cli_sign_publishes) {
     ck_assert_uint_eq(rec_version(), 9);
     ck_assert_mem_eq(rec.bytes, ptx_v1, strlen(ptx_v1));
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -514,7 +515,7 @@ START_TEST(late_signature_retried) {
     hkn_pull_stats_get(p, &s);
     ck_assert_int_eq(s.last_error, HK_ERR_REPLAY);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -593,7 +594,7 @@ START_TEST(push_and_pull_share_one_record) {
     publish(3, ptx_v3, 600);
     ck_assert_int_eq(poll_once(p, &rep), HK_ERR_REPLAY);
     hkn_pull_destroy(p);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 

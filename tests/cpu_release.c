@@ -34,7 +34,7 @@ static void make_release(const hkn_seckey *k, const char *module, uint64_t versi
     int err = hkn_release_sign(k, module, version, now, expires, &b, 1, &r->manifest, &r->len,
                                &r->sig, &rep);
     ck_assert_msg(err == 0, "sign: %s", rep.message);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 
 static void rel_free(struct rel *r) {
@@ -52,7 +52,7 @@ static hkn_trust trust_of(const hkn_seckey *k) {
 
 static int verify(const hkn_trust *t, hkn_state *s, const struct rel *r, hk_report *rep,
                   hkn_manifest *m) {
-    hkn_report_reset(rep);
+    hk_report_clear(rep);
     return hkn_verify_manifest(t, s, r->manifest, r->len, r->sig, r->sig ? strlen(r->sig) : 0,
                                (int64_t)time(NULL), m, rep);
 }
@@ -85,7 +85,7 @@ START_TEST(sign_and_verify) {
         hkn_verify_manifest(&t, NULL, r.manifest, r.len, hex, strlen(hex), time(NULL), &m, &rep),
         0);
     hkn_manifest_free(&m);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -114,7 +114,7 @@ START_TEST(bad_signature) {
     r.sig = strdup("not-a-signature");
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_SIGNATURE);
     ck_assert_msg(strstr(rep.message, "64 bytes"), "%s", rep.message);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -140,7 +140,7 @@ START_TEST(missing_signature) {
     ck_assert_int_eq(verify(&none, NULL, &r, &rep, &m), 0);
     hkn_manifest_free(&m);
     r.sig = sig;
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -163,7 +163,7 @@ START_TEST(unknown_key) {
     t.nkeys = 2;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), 0);
     hkn_manifest_free(&m);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -178,7 +178,7 @@ START_TEST(expired) {
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(verify(&t, NULL, &r, &rep, &m), HK_ERR_EXPIRED);
     ck_assert_msg(strstr(rep.message, "expired"), "%s", rep.message);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -208,7 +208,7 @@ START_TEST(replay_same_and_lower) {
     ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), 0);
     ck_assert_uint_eq(hkn_state_get(s, "add"), 5);
     hkn_state_close(s);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&same);
     rel_free(&lower);
     rel_free(&higher);
@@ -233,7 +233,7 @@ START_TEST(hash_and_size_mismatch) {
     ck_assert_msg(strstr(rep.message, "size"), "%s", rep.message);
     free(copy);
     hkn_manifest_free(&m);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&r);
 }
 END_TEST
@@ -283,7 +283,7 @@ START_TEST(state_survives_restart) {
     snprintf(path, sizeof path, "%s/accepted.json", sdir);
     ck_assert_int_eq(hkt_write_file(path, "{ not json"), 0);
     ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), HK_ERR_IO);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     rel_free(&old);
     rel_free(&next);
     hkt_rmtree(dir);
@@ -321,7 +321,7 @@ START_TEST(key_files) {
     /* A truncated key is refused. */
     ck_assert_int_eq(hkt_write_file(b64p, "abcdef\n"), 0);
     ck_assert_int_eq(hkn_pubkey_load(b64p, &p64, &rep), HK_ERR_INVALID);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     hkt_rmtree(dir);
     free(dir);
 }
@@ -429,7 +429,7 @@ START_TEST(two_processes_merge) {
     ck_assert_int_eq(verify(&t, s, &r4, &rep, &m), HK_ERR_REPLAY);
     hkn_state_close(s);
     rel_free(&r4);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     for (int i = 0; i < 2; i++) {
         close(go_a[i]);
         close(go_b[i]);
@@ -461,7 +461,7 @@ START_TEST(corrupt_state_fails_closed) {
     hkn_state *s;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(hkt_write_file(path, bad[i].text), 0);
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         ck_assert_msg(hkn_state_open(dir, &s, &rep) == HK_ERR_IO, "accepted: %s", bad[i].text);
         ck_assert_msg(strstr(rep.message, bad[i].needle) && strstr(rep.message, "accepted.json"),
                       "%s: %s", bad[i].text, rep.message);
@@ -481,7 +481,7 @@ START_TEST(corrupt_state_fails_closed) {
     ck_assert_int_eq(hkn_state_accept(s, "add", 10, &rep), HK_ERR_IO);
     hkn_state_close(s);
     rel_free(&r);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     hkt_rmtree(dir);
     free(dir);
 }
@@ -550,7 +550,7 @@ START_TEST(strict_manifest_text) {
     free(trail);
     free(nul);
     rel_free(&r);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -588,7 +588,7 @@ START_TEST(lifetime_and_future_creation) {
         hkn_verify_manifest(&t, NULL, text, strlen(text), sig, strlen(sig), now, &m, &rep),
         HK_ERR_EXPIRED);
     ck_assert_msg(strstr(rep.message, "lifetime"), "%s", rep.message);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -608,7 +608,7 @@ START_TEST(key_file_kinds_and_modes) {
     ck_assert_int_eq(hkn_pubkey_load(fifo, &p, &rep), HK_ERR_IO);
     char *text;
     size_t len;
-    ck_assert_int_eq(hkn_read_file(dir, 1024, &text, &len, &rep), HK_ERR_IO);
+    ck_assert_int_eq(hku_read_file(dir, 1024, &text, &len, &rep), HK_ERR_IO);
     hkn_keygen(&k);
     ck_assert_int_eq(hkn_seckey_save(skp, &k, &rep), 0);
     ck_assert_int_eq(chmod(skp, 0644), 0);
@@ -616,7 +616,7 @@ START_TEST(key_file_kinds_and_modes) {
     ck_assert_msg(strstr(rep.message, "chmod 600"), "%s", rep.message);
     ck_assert_int_eq(chmod(skp, 0600), 0);
     ck_assert_int_eq(hkn_seckey_load(skp, &k2, &rep), 0);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     hkt_rmtree(dir);
     free(dir);
 }
@@ -659,7 +659,7 @@ START_TEST(signed_rollback_requests) {
         hkn_rollback_verify(&t, r.manifest, r.len, r.sig, strlen(r.sig), now, &rq, &rep),
         HK_ERR_INVALID);
     rel_free(&r);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
 }
 END_TEST
 
@@ -716,7 +716,7 @@ START_TEST(release_carries_headers) {
                                "000000000000\",\"size\":1,\"format\":\"header\"}]}";
     ck_assert_int_eq(hkn_manifest_parse(only, strlen(only), &m, &rep), HK_ERR_INVALID);
     ck_assert_msg(strstr(rep.message, "only headers"), "%s", rep.message);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     hkn_state_close(s);
 }
 END_TEST
@@ -758,7 +758,7 @@ START_TEST(large_versions_recorded_exactly) {
     hkn_manifest_free(&m);
     free(json);
     free(sig);
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     hkt_rmtree(dir);
     free(dir);
 }

@@ -61,7 +61,7 @@ typedef struct recorder {
 static recorder rec;
 static char dir[PATH_MAX];  /* the watched directory, canonical */
 static char root[PATH_MAX]; /* the temporary tree holding it */
-static hkn_watch *w;
+static hkw_watcher *w;
 
 /* ---- recorder ------------------------------------------------------------ */
 
@@ -261,7 +261,7 @@ static void rm_rf(const char *path) {
 
 /* ---- fixture ------------------------------------------------------------- */
 
-static void start_with(hkn_watch_opts *o) {
+static void start_with(hkw_opts *o) {
     /* Files written within a clock tick of the watch being placed count as
      * possibly changed after it (the watcher errs towards a rebuild too many);
      * the tests want those written before to be plainly older. */
@@ -269,12 +269,12 @@ static void start_with(hkn_watch_opts *o) {
     o->fn = rec_cb;
     o->refuse = rec_refuse_cb;
     o->ud = &rec;
-    ck_assert_int_eq(hkn_watch_create(&w, o), 0);
+    ck_assert_int_eq(hkw_create(&w, o), 0);
 }
 
 static void start(void) {
-    hkn_watch_opts o;
-    hkn_watch_opts_init(&o);
+    hkw_opts o;
+    hkw_opts_init(&o);
     o.dir_poll_ms = 50;
     start_with(&o);
 }
@@ -292,7 +292,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    hkn_watch_destroy(w);
+    hkw_destroy(w);
     w = NULL;
     rec_fini(&rec);
     rm_rf(root);
@@ -303,52 +303,52 @@ static void teardown(void) {
 START_TEST(classify_names) {
     char m[64];
 
-    ck_assert_int_eq(hkn_watch_classify("particles.cu", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_int_eq(hkw_classify("particles.cu", m, sizeof m), HKW_SOURCE);
     ck_assert_str_eq(m, "particles");
-    ck_assert_int_eq(hkn_watch_classify("a.v2.ptx", m, sizeof m), HKN_WATCH_SOURCE);
+    ck_assert_int_eq(hkw_classify("a.v2.ptx", m, sizeof m), HKW_SOURCE);
     ck_assert_str_eq(m, "a");
-    ck_assert_int_eq(hkn_watch_classify("k.cubin", m, sizeof m), HKN_WATCH_SOURCE);
-    ck_assert_int_eq(hkn_watch_classify("k.fatbin", m, sizeof m), HKN_WATCH_SOURCE);
-    ck_assert_int_eq(hkn_watch_classify("common.cuh", m, sizeof m), HKN_WATCH_HEADER);
-    ck_assert_int_eq(hkn_watch_classify("common.h", NULL, 0), HKN_WATCH_HEADER);
-    ck_assert_int_eq(hkn_watch_classify("common.hpp", NULL, 0), HKN_WATCH_HEADER);
-    ck_assert_int_eq(hkn_watch_classify("notes.txt", NULL, 0), HKN_WATCH_OTHER);
-    ck_assert_int_eq(hkn_watch_classify("Makefile", NULL, 0), HKN_WATCH_OTHER);
-    ck_assert_int_eq(hkn_watch_classify(".particles.cu", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify(".particles.cu.swp", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("particles.cu~", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("particles.cu.swp", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("particles.cu.swx", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("particles.cu.tmp", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("4913", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("#particles.cu#", m, sizeof m), HKN_WATCH_IGNORED);
-    ck_assert_int_eq(hkn_watch_classify("sub/particles.cu", m, sizeof m), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkw_classify("k.cubin", m, sizeof m), HKW_SOURCE);
+    ck_assert_int_eq(hkw_classify("k.fatbin", m, sizeof m), HKW_SOURCE);
+    ck_assert_int_eq(hkw_classify("common.cuh", m, sizeof m), HKW_HEADER);
+    ck_assert_int_eq(hkw_classify("common.h", NULL, 0), HKW_HEADER);
+    ck_assert_int_eq(hkw_classify("common.hpp", NULL, 0), HKW_HEADER);
+    ck_assert_int_eq(hkw_classify("notes.txt", NULL, 0), HKW_OTHER);
+    ck_assert_int_eq(hkw_classify("Makefile", NULL, 0), HKW_OTHER);
+    ck_assert_int_eq(hkw_classify(".particles.cu", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify(".particles.cu.swp", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("particles.cu~", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("particles.cu.swp", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("particles.cu.swx", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("particles.cu.tmp", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("4913", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("#particles.cu#", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("sub/particles.cu", m, sizeof m), HKW_IGNORED);
     /* A module name that does not fit the caller's buffer is refused. */
-    ck_assert_int_eq(hkn_watch_classify("abcdefgh.cu", m, 4), HKN_WATCH_IGNORED);
+    ck_assert_int_eq(hkw_classify("abcdefgh.cu", m, 4), HKW_IGNORED);
 }
 END_TEST
 
 START_TEST(bad_arguments) {
-    hkn_watch_opts o;
-    hkn_watch *x = NULL;
+    hkw_opts o;
+    hkw_watcher *x = NULL;
     char p[PATH_MAX];
 
-    hkn_watch_opts_init(&o);
-    ck_assert_int_eq(hkn_watch_create(&x, &o), HK_ERR_INVALID);
+    hkw_opts_init(&o);
+    ck_assert_int_eq(hkw_create(&x, &o), HK_ERR_INVALID);
     ck_assert_ptr_null(x);
     start();
     path_in(p, sizeof p, root, "missing");
-    ck_assert_int_eq(hkn_watch_add_dir(w, p), HK_ERR_IO);
+    ck_assert_int_eq(hkw_add_dir(w, p), HK_ERR_IO);
     path_in(p, sizeof p, root, "plain");
     write_at(p, "x");
-    ck_assert_int_eq(hkn_watch_add_dir(w, p), HK_ERR_IO);
-    ck_assert_int_eq(hkn_watch_add_dir(w, NULL), HK_ERR_INVALID);
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0); /* twice is harmless */
+    ck_assert_int_eq(hkw_add_dir(w, p), HK_ERR_IO);
+    ck_assert_int_eq(hkw_add_dir(w, NULL), HK_ERR_INVALID);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0); /* twice is harmless */
     path_in(p, sizeof p, dir, "nope.cu");
-    ck_assert_int_eq(hkn_watch_set_deps(w, p, NULL, 0), HK_ERR_NOT_FOUND);
-    ck_assert_int_eq(hkn_watch_set_deps(w, NULL, NULL, 0), HK_ERR_INVALID);
-    hkn_watch_destroy(NULL);
+    ck_assert_int_eq(hkw_set_deps(w, p, NULL, 0), HK_ERR_NOT_FOUND);
+    ck_assert_int_eq(hkw_set_deps(w, NULL, NULL, 0), HK_ERR_INVALID);
+    hkw_destroy(NULL);
 }
 END_TEST
 
@@ -362,7 +362,7 @@ START_TEST(initial_scan) {
     write_file("a.cu~", "backup");
     write_file("empty.cu", "");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(2);
     ck_assert_str_eq(rec_last("a"), "A");
     ck_assert_str_eq(rec_last("b"), "B");
@@ -374,14 +374,14 @@ START_TEST(initial_scan) {
 END_TEST
 
 START_TEST(no_initial_scan) {
-    hkn_watch_opts o;
+    hkw_opts o;
 
     write_file("a.cu", "A");
     write_file("b.cu", "B");
-    hkn_watch_opts_init(&o);
+    hkw_opts_init(&o);
     o.no_initial_scan = 1;
     start_with(&o);
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 0);
     write_file("b.cu", "B"); /* same content: still nothing */
@@ -394,7 +394,7 @@ END_TEST
 START_TEST(save_in_place) {
     write_file("particles.cu", "v1");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     write_file("particles.cu", "v2 in place");
     expect_total(2);
@@ -407,7 +407,7 @@ START_TEST(save_rename_over) {
 
     write_file("particles.cu", "v1");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     /* Both the hidden and the .tmp temporary names editors use. */
     path_in(tmp, sizeof tmp, dir, ".particles.cu.XXab12");
@@ -429,7 +429,7 @@ START_TEST(save_delete_create) {
 
     write_file("particles.cu", "v1");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     path_in(p, sizeof p, dir, "particles.cu");
     ck_assert_int_eq(unlink(p), 0);
@@ -444,7 +444,7 @@ START_TEST(save_vim_backup) {
 
     write_file("particles.cu", "v1");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     path_in(p, sizeof p, dir, "particles.cu");
     path_in(bak, sizeof bak, dir, "particles.cu~");
@@ -468,7 +468,7 @@ START_TEST(burst_of_writes) {
     char buf[64];
 
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     usleep(100 * 1000);
     for (int i = 0; i < 50; i++) {
         snprintf(buf, sizeof buf, "version %d", i);
@@ -484,7 +484,7 @@ START_TEST(slow_writer_not_handed_early) {
     int fd;
 
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     usleep(100 * 1000);
     path_in(p, sizeof p, dir, "particles.cu");
     fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -505,17 +505,17 @@ START_TEST(droppings_ignored) {
         "4913",          "#particles.cu#", "particles.cu.tmp", "notes.txt",
         "README",        "common.cuh",
     };
-    hkn_watch_stats st;
+    hkw_stats st;
 
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     usleep(100 * 1000);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         write_file(names[i], "junk");
     /* Droppings are silent; the two other names are refused, saying why. */
     expect_refusals(2);
     ck_assert_int_eq(rec_count(), 0);
-    hkn_watch_stats_get(w, &st);
+    hkw_stats_get(w, &st);
     ck_assert_uint_ge(st.events, 10);
     ck_assert_uint_eq(st.handovers, 0);
     ck_assert_uint_eq(st.opens, st.retries + 1); /* common.cuh, the header, only */
@@ -534,7 +534,7 @@ END_TEST
  * edits are not followed; it is reported again only when the link changes. */
 START_TEST(symlink_outside_refused) {
     char secret[PATH_MAX], link[PATH_MAX];
-    hkn_watch_stats st;
+    hkw_stats st;
     refusal f;
 
     path_in(secret, sizeof secret, root, "passwd");
@@ -542,7 +542,7 @@ START_TEST(symlink_outside_refused) {
     path_in(link, sizeof link, dir, "p.cu");
     ck_assert_int_eq(symlink(secret, link), 0);
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_refusals(1);
     ck_assert(refusal_of("p.cu", &f));
     ck_assert_str_eq(f.module, "p");
@@ -551,7 +551,7 @@ START_TEST(symlink_outside_refused) {
     write_at(secret, "root:x:0:0:SECRET-LINE-2:/root:/bin/bash\n");
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 0);
-    hkn_watch_stats_get(w, &st);
+    hkw_stats_get(w, &st);
     ck_assert_uint_eq(st.opens, 0);
     ck_assert_uint_eq(st.refusals, 1);
     /* Pointing the link elsewhere outside is a change: refused again. */
@@ -577,7 +577,7 @@ START_TEST(symlink_inside_followed) {
     path_in(p, sizeof p, dir, "alias.ptx");
     ck_assert_int_eq(symlink("base.ptx", p), 0);
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(3); /* k, base, alias */
     ck_assert_str_eq(rec_last("k"), "k v1");
     ck_assert_str_eq(rec_last("alias"), "b v1");
@@ -601,7 +601,7 @@ END_TEST
 START_TEST(special_files_refused_once) {
     char p[PATH_MAX];
     struct sockaddr_un sa;
-    hkn_watch_stats st;
+    hkw_stats st;
     refusal f;
     int sfd;
 
@@ -616,14 +616,14 @@ START_TEST(special_files_refused_once) {
     ck_assert_int_ge(sfd, 0);
     ck_assert_int_eq(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_refusals(2);
     ck_assert(refusal_of("f.cu", &f));
     ck_assert_ptr_nonnull(strstr(f.why, "FIFO"));
     ck_assert_int_eq(f.err, HK_ERR_IO);
     ck_assert(refusal_of("s.ptx", &f));
     ck_assert_ptr_nonnull(strstr(f.why, "socket"));
-    hkn_watch_stats_get(w, &st);
+    hkw_stats_get(w, &st);
     ck_assert_uint_eq(st.opens, 0);
     ck_assert_uint_eq(st.retries, 0);
     path_in(p, sizeof p, dir, "f.cu");
@@ -638,23 +638,23 @@ END_TEST
 /* A procfs file reports 0 bytes and then has content: it is refused once, not
  * re-read in a loop. Reached here through a link (outside links allowed). */
 START_TEST(procfs_file_refused_once) {
-    hkn_watch_opts o;
-    hkn_watch_stats st;
+    hkw_opts o;
+    hkw_stats st;
     char p[PATH_MAX];
     refusal f;
 
     path_in(p, sizeof p, dir, "status.cu");
     ck_assert_int_eq(symlink("/proc/self/status", p), 0);
-    hkn_watch_opts_init(&o);
+    hkw_opts_init(&o);
     o.follow_outside_links = 1;
     start_with(&o);
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_refusals(1);
     ck_assert(refusal_of("status.cu", &f));
     ck_assert_ptr_nonnull(strstr(f.why, "pseudo-file"));
     ck_assert_ptr_null(strstr(f.why, "Pid"));
     usleep(SETTLE_MS * 1000);
-    hkn_watch_stats_get(w, &st);
+    hkw_stats_get(w, &st);
     ck_assert_uint_eq(st.opens, 1);
     ck_assert_uint_eq(st.retries, 0);
     ck_assert_uint_eq(st.refusals, 1);
@@ -674,7 +674,7 @@ START_TEST(long_module_name_refused) {
     snprintf(okname + 63, sizeof okname - 63, ".cu");
     snprintf(okmodule, sizeof okmodule, "%.63s", okname);
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     usleep(100 * 1000);
     write_file(longname, "L1");
     write_file(okname, "OK");
@@ -697,7 +697,7 @@ START_TEST(unchanged_not_handed_again) {
 
     write_file("particles.cu", "same");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     write_file("particles.cu", "same");
     path_in(p, sizeof p, dir, "particles.cu");
@@ -725,7 +725,7 @@ START_TEST(header_rebuilds_dependents) {
     write_file("common.cuh", "#define X 1");
     write_file("other.cuh", "#define Y 1");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(3);
     path_in(a, sizeof a, dir, "a.cu");
     path_in(b, sizeof b, dir, "b.cu");
@@ -733,9 +733,9 @@ START_TEST(header_rebuilds_dependents) {
     path_in(common, sizeof common, dir, "common.cuh");
     deps_b[0] = common; /* absolute here, relative for a */
     deps_b[1] = "other.cuh";
-    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps_a, 1), 0);
-    ck_assert_int_eq(hkn_watch_set_deps(w, b, deps_b, 1), 0);
-    ck_assert_int_eq(hkn_watch_set_deps(w, c, deps_c, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, a, deps_a, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, b, deps_b, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, c, deps_c, 1), 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 3);
 
@@ -754,7 +754,7 @@ START_TEST(header_rebuilds_dependents) {
 
     /* Replaced dependencies: b no longer reads common.cuh, but other.cuh. */
     deps_b[0] = "other.cuh";
-    ck_assert_int_eq(hkn_watch_set_deps(w, b, deps_b, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, b, deps_b, 1), 0);
     write_file("other.cuh", "#define Y 2");
     expect_total(7);
     ck_assert_int_eq(rec_count_module("b", 5), 1);
@@ -773,11 +773,11 @@ START_TEST(header_in_other_directory) {
     write_file("a.cu", "A");
     write_file("b.cu", "B");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(2);
     path_in(a, sizeof a, dir, "a.cu");
     deps[0] = "../include/shared.cuh"; /* relative to the source's directory */
-    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, a, deps, 1), 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 2);
     write_at(hdr, "#define S 2");
@@ -798,7 +798,7 @@ START_TEST(dependency_changed_before_report) {
     write_file("a.cu", "A");
     write_file("h.cuh", "old");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
     /* The header changes while a's build is still running, before the build
      * reports what it read: a may have been built from the old header. */
@@ -806,11 +806,11 @@ START_TEST(dependency_changed_before_report) {
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 1);
     path_in(a, sizeof a, dir, "a.cu");
-    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, a, deps, 1), 0);
     expect_total(2);
     ck_assert_int_eq(rec_count_module("a", 1), 1);
     /* The rebuild's own report does not trigger another one. */
-    ck_assert_int_eq(hkn_watch_set_deps(w, a, deps, 1), 0);
+    ck_assert_int_eq(hkw_set_deps(w, a, deps, 1), 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 2);
 }
@@ -841,7 +841,7 @@ static int write_long(const char *path, long v) {
  * the changed ones, and only those, must come through once each. */
 static void overflow_round(long flood) {
     char name[32], content[64];
-    hkn_watch_stats st;
+    hkw_stats st;
     int changed = 6;
 
     for (int i = 0; i < 10; i++) {
@@ -849,10 +849,10 @@ static void overflow_round(long flood) {
         snprintf(content, sizeof content, "module %d v1", i);
         write_file(name, content);
     }
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(10);
 
-    hkn_watch_pause(w, 1);
+    hkw_pause(w, 1);
     for (int i = 0; i < changed / 2; i++) {
         snprintf(name, sizeof name, "m%d.cu", i);
         snprintf(content, sizeof content, "module %d v2", i);
@@ -866,7 +866,7 @@ static void overflow_round(long flood) {
         snprintf(content, sizeof content, "module %d v2", i);
         write_file(name, content);
     }
-    hkn_watch_pause(w, 0);
+    hkw_pause(w, 0);
 
     expect_total(10 + changed);
     for (int i = 0; i < 10; i++) {
@@ -875,7 +875,7 @@ static void overflow_round(long flood) {
         ck_assert_int_eq(rec_count_module(name, 10), i < changed ? 1 : 0);
         ck_assert_str_eq(rec_last(name), content);
     }
-    hkn_watch_stats_get(w, &st);
+    hkw_stats_get(w, &st);
     ck_assert_uint_ge(st.overflows, 1);
     ck_assert_uint_ge(st.rescans, 2);
 }
@@ -907,9 +907,9 @@ START_TEST(overflow_paused_flood) {
 END_TEST
 
 static void wait_lost(uint64_t n) {
-    hkn_watch_stats st;
+    hkw_stats st;
     for (int i = 0; i < WAIT_MS / 10; i++) {
-        hkn_watch_stats_get(w, &st);
+        hkw_stats_get(w, &st);
         if (st.dirs_lost >= n)
             return;
         usleep(10 * 1000);
@@ -922,7 +922,7 @@ START_TEST(directory_recreated) {
 
     write_file("a.cu", "A");
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     expect_total(1);
 
     rm_rf(dir);
@@ -967,20 +967,20 @@ static void *writer_main(void *arg) {
 }
 
 START_TEST(destroy_while_busy) {
-    hkn_watch_opts o;
+    hkw_opts o;
     pthread_t t;
     struct timespec t0, t1;
     long ms;
 
-    hkn_watch_opts_init(&o);
+    hkw_opts_init(&o);
     o.debounce_ms = 0; /* hand over as often as possible */
     start_with(&o);
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
     __atomic_store_n(&writer_stop, 0, __ATOMIC_RELAXED);
     ck_assert_int_eq(pthread_create(&t, NULL, writer_main, NULL), 0);
     usleep(300 * 1000);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    hkn_watch_destroy(w);
+    hkw_destroy(w);
     w = NULL;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     __atomic_store_n(&writer_stop, 1, __ATOMIC_RELAXED);
@@ -997,8 +997,8 @@ START_TEST(two_directories) {
     path_in(other, sizeof other, root, "more");
     ck_assert_int_eq(mkdir(other, 0755), 0);
     start();
-    ck_assert_int_eq(hkn_watch_add_dir(w, dir), 0);
-    ck_assert_int_eq(hkn_watch_add_dir(w, other), 0);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    ck_assert_int_eq(hkw_add_dir(w, other), 0);
     usleep(100 * 1000);
     write_file("x.cu", "X");
     path_in(p, sizeof p, other, "y.fatbin");
@@ -1019,7 +1019,7 @@ START_TEST(dir_headers_listing) {
     write_file("k.cu", "int x;\n");
     write_file(".a.cuh.swp", "junk");
     write_file("notes.txt", "text");
-    ck_assert_int_eq(hkn_watch_dir_headers(dir, &h, &n), 0);
+    ck_assert_int_eq(hkw_dir_headers(dir, &h, &n), 0);
     ck_assert_int_eq(n, 3);
     ck_assert_str_eq(h[0].name, "a.cuh");
     ck_assert_str_eq(h[1].name, "b.h");
@@ -1027,10 +1027,10 @@ START_TEST(dir_headers_listing) {
     ck_assert_uint_eq(h[1].size, 12);
     ck_assert_mem_eq(h[1].data, "#define B 2\n", 12);
     ck_assert_uint_eq(h[2].size, 0);
-    hkn_watch_headers_free(h, n);
+    hkw_headers_free(h, n);
     char missing[PATH_MAX];
     path_in(missing, sizeof missing, root, "missing");
-    ck_assert_int_eq(hkn_watch_dir_headers(missing, &h, &n), HK_ERR_IO);
+    ck_assert_int_eq(hkw_dir_headers(missing, &h, &n), HK_ERR_IO);
 }
 END_TEST
 

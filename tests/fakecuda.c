@@ -1065,6 +1065,7 @@ static void fake_table_fill(void) {
 #define FAKE_BIND(field, sym)             fake_table.field = f_##field;
 #define FAKE_BIND_TYPED(field, sym, type) fake_table.field = f_##field;
     HKL_DRIVER_ENTRIES(FAKE_BIND)
+    HKL_DRIVER_ENTRIES_EXTRA(FAKE_BIND)
     HKL_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)
 #undef FAKE_BIND_TYPED
 #undef FAKE_BIND
@@ -1261,6 +1262,7 @@ void *fake_entry(const char *sym) {
         return (void *)t->field;
 #define FAKE_ENTRY_TYPED(field, name, type) FAKE_ENTRY(field, name)
     HKL_DRIVER_ENTRIES(FAKE_ENTRY)
+    HKL_DRIVER_ENTRIES_EXTRA(FAKE_ENTRY)
     HKL_DRIVER_ENTRIES_TYPED(FAKE_ENTRY_TYPED)
 #undef FAKE_ENTRY_TYPED
 #undef FAKE_ENTRY

@@ -45,7 +45,8 @@ int hkt_gpu_or_skip(const char *suite) {
         return 0;
     }
     int n = 0;
-    d.DeviceGetCount(&n);
+    if (d.DeviceGetCount) /* not an entry the engine needs */
+        d.DeviceGetCount(&n);
     hkl_driver_close(&d);
     if (n < 1) {
         printf("SKIP %s: the CUDA driver reports no device\n", suite);

@@ -13,7 +13,7 @@
  *   period, so a half-written file never leaves the watcher.
  * - Entries (directories and files) are never freed before destroy. The thread
  *   may therefore keep a pointer to an entry while it reads the file and runs
- *   the callback without the lock, and hkn_watch_set_deps may link entries
+ *   the callback without the lock, and hkw_set_deps may link entries
  *   to each other by pointer.
  * - Directories the application did not add, but where dependencies live, are
  *   watched for those dependencies only; nothing there becomes a module.
@@ -54,48 +54,48 @@
 
 #include <sodium.h>
 
-#define HKN_WATCH_HASH  32
-#define HKN_WATCH_EVBUF 65536
-#define HKN_WATCH_MASK                                                                             \
+#define HASH_BYTES  32
+#define EVBUF_BYTES 65536
+#define WATCH_MASK                                                                                 \
     (IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_MODIFY |            \
      IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 /* File times come from a coarse clock that may lag the wall clock by a tick;
  * comparisons against a wall-clock threshold allow this much slack, erring
  * towards a rebuild too many. */
-#define HKN_WATCH_SLACK_NS 20000000LL
+#define SLACK_NS 20000000LL
 /* Shortest postponement, so that a debounce of 0 cannot spin. */
-#define HKN_WATCH_MIN_WAIT_MS 10
+#define MIN_WAIT_MS 10
 
-typedef struct hkn_watch_dir {
+typedef struct watch_dir {
     char *path; /* immutable: canonical, no trailing '/' */
     /* All below: mu. */
-    int modules;           /* 1 when added by hkn_watch_add_dir: sources here are modules */
+    int modules;           /* 1 when added by hkw_add_dir: sources here are modules */
     int wd;                /* inotify watch descriptor, -1 while not watched */
     int64_t next_poll_ms;  /* while wd < 0: when to try to place the watch */
     int need_scan;         /* list the directory on the next loop */
-    int scan_initial;      /* that listing is the first since hkn_watch_add_dir */
+    int scan_initial;      /* that listing is the first since hkw_add_dir */
     struct timespec added; /* wall time the watch was last placed */
-} hkn_watch_dir;
+} watch_dir;
 
 /* What a name was when it was last refused. */
-typedef struct hkn_watch_sig {
+typedef struct file_sig {
     dev_t dev;
     ino_t ino;
     mode_t mode;
     off_t size;
     struct timespec mtime, ctime;
-} hkn_watch_sig;
+} file_sig;
 
-typedef struct hkn_watch_file {
-    hkn_watch_dir *dir; /* immutable */
-    char *name;         /* immutable: bare file name */
-    char *path;         /* immutable: dir->path + '/' + name */
-    char *module;       /* immutable: module name of a source, else NULL */
-    int source_name;    /* immutable: named like a module source (module may not fit) */
-    int name_err;       /* immutable: HK_ERR_* when the name itself is refused, else 0 */
-    char *name_why;     /* immutable: why, when name_err */
+typedef struct watch_file {
+    watch_dir *dir;  /* immutable */
+    char *name;      /* immutable: bare file name */
+    char *path;      /* immutable: dir->path + '/' + name */
+    char *module;    /* immutable: module name of a source, else NULL */
+    int source_name; /* immutable: named like a module source (module may not fit) */
+    int name_err;    /* immutable: HK_ERR_* when the name itself is refused, else 0 */
+    char *name_why;  /* immutable: why, when name_err */
     /* All below: mu. */
-    unsigned char hash[HKN_WATCH_HASH]; /* content last read */
+    unsigned char hash[HASH_BYTES]; /* content last read */
     int has_hash;
     int pending;           /* a read is due at due_ms */
     int events;            /* inotify events since the last read */
@@ -106,20 +106,20 @@ typedef struct hkn_watch_file {
                             * file was modified at or after `since` */
     int since_set;
     struct timespec since;
-    uint64_t changed_seq;         /* w->seq at the last change of a known content, else 0 */
-    uint64_t handed_seq;          /* w->seq at the last handover, else 0 */
-    struct timespec handed_wall;  /* wall clock of the last handover */
-    struct hkn_watch_file **deps; /* what its last build read */
+    uint64_t changed_seq;        /* w->seq at the last change of a known content, else 0 */
+    uint64_t handed_seq;         /* w->seq at the last handover, else 0 */
+    struct timespec handed_wall; /* wall clock of the last handover */
+    struct watch_file **deps;    /* what its last build read */
     int ndeps;
-    int dep;     /* named by hkn_watch_set_deps: never refused for its name */
+    int dep;     /* named by hkw_set_deps: never refused for its name */
     int refused; /* `refused_sig` holds the name's identity at the last refusal */
-    hkn_watch_sig refused_sig;
+    file_sig refused_sig;
     char *target; /* a followed link: its canonical target, else NULL */
-} hkn_watch_file;
+} watch_file;
 
-struct hkn_watch {
+struct hkw_watcher {
     /* Immutable after create. */
-    hkn_watch_opts o;
+    hkw_opts o;
     int ifd; /* inotify, non-blocking */
     int efd; /* eventfd that wakes the thread */
     pthread_t thread;
@@ -129,128 +129,120 @@ struct hkn_watch {
     /* All below: mu. */
     int stop;
     int paused, paused_ack;
-    hkn_watch_dir **dirs;
+    watch_dir **dirs;
     int ndirs, capdirs;
-    hkn_watch_file **files;
+    watch_file **files;
     int nfiles, capfiles;
-    hkn_watch_stats st;
+    hkw_stats st;
     uint64_t seq; /* orders content changes against handovers */
 
     /* Watcher thread only. */
-    char evbuf[HKN_WATCH_EVBUF] __attribute__((aligned(__alignof__(struct inotify_event))));
+    char evbuf[EVBUF_BYTES] __attribute__((aligned(__alignof__(struct inotify_event))));
 };
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static int64_t hkn_watch_now_ms(void) {
+static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static struct timespec hkn_watch_wall(void) {
+static struct timespec wall_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts;
 }
 
-static long long hkn_watch_ts_ns(struct timespec ts) {
+static long long ts_ns(struct timespec ts) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int hkn_watch_ts_eq(struct timespec a, struct timespec b) {
+static int ts_eq(struct timespec a, struct timespec b) {
     return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
-__attribute__((format(printf, 3, 4))) static void hkn_watch_logf(hkn_watch *w, hk_log_level level,
-                                                                 const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-
+__attribute__((format(printf, 3, 4))) static void log_at(hkw_watcher *w, hk_log_level level,
+                                                         const char *fmt, ...) {
     if (!w->o.log || (w->o.log_on && !w->o.log_on(w->o.log_ud, level)))
         return;
+    char line[512];
+    va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     w->o.log(w->o.log_ud, level, line);
 }
 
-static void hkn_watch_wake(hkn_watch *w) {
+static void wake_thread(hkw_watcher *w) {
     uint64_t one = 1;
-
     /* A full counter (EAGAIN) already means "wake up". */
     if (write(w->efd, &one, sizeof one) < 0) {
         return;
     }
 }
 
-static int hkn_watch_ends_with(const char *s, const char *suffix) {
+static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* Files that editors write next to the real one while saving. */
-static int hkn_watch_dropping(const char *name) {
+static int is_dropping(const char *name) {
     size_t n = strlen(name);
-
     if (n == 0 || name[0] == '.' || name[n - 1] == '~')
         return 1;
     if (name[0] == '#' && name[n - 1] == '#')
         return 1;
     if (strcmp(name, "4913") == 0)
         return 1;
-    return hkn_watch_ends_with(name, ".swp") || hkn_watch_ends_with(name, ".swx") ||
-           hkn_watch_ends_with(name, ".swo") || hkn_watch_ends_with(name, ".tmp") ||
-           hkn_watch_ends_with(name, "___jb_tmp___") || hkn_watch_ends_with(name, "___jb_old___");
+    return ends_with(name, ".swp") || ends_with(name, ".swx") || ends_with(name, ".swo") ||
+           ends_with(name, ".tmp") || ends_with(name, "___jb_tmp___") ||
+           ends_with(name, "___jb_old___");
 }
 
-hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size) {
+hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     static const char *const sources[] = {"cu", "ptx", "cubin", "fatbin"};
     static const char *const headers[] = {"h", "cuh", "hpp"};
-    const char *first, *ext;
-    size_t i, len;
-
-    if (!name || strchr(name, '/') || hkn_watch_dropping(name))
-        return HKN_WATCH_IGNORED;
-    first = strchr(name, '.');
+    if (!name || strchr(name, '/') || is_dropping(name))
+        return HKW_IGNORED;
+    const char *first = strchr(name, '.');
     if (!first)
-        return HKN_WATCH_OTHER;
-    ext = strrchr(name, '.') + 1;
-    for (i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+        return HKW_OTHER;
+    const char *ext = strrchr(name, '.') + 1;
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
         if (strcmp(ext, sources[i]) != 0)
             continue;
-        len = (size_t)(first - name);
+        size_t len = (size_t)(first - name);
         if (module) {
             if (len >= module_size)
-                return HKN_WATCH_IGNORED;
+                return HKW_IGNORED;
             memcpy(module, name, len);
             module[len] = '\0';
         }
-        return HKN_WATCH_SOURCE;
+        return HKW_SOURCE;
     }
-    for (i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
         if (strcmp(ext, headers[i]) == 0)
-            return HKN_WATCH_HEADER;
+            return HKW_HEADER;
     }
-    return HKN_WATCH_OTHER;
+    return HKW_OTHER;
 }
 
 /* Writes the canonical form of path to out: the real path of its directory,
  * '/', its last component. A relative path is taken relative to base (or the
  * working directory when base is NULL). The file itself need not exist; when
  * its directory does not either, the path is kept as written. */
-static int hkn_watch_canon(const char *path, const char *base, char *out, size_t out_size) {
+static int canon_path(const char *path, const char *base, char *out, size_t out_size) {
     char joined[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
-    const char *slash, *name;
     int n;
-
     if (path[0] != '/' && base)
         n = snprintf(joined, sizeof joined, "%s/%s", base, path);
     else
         n = snprintf(joined, sizeof joined, "%s", path);
     if (n < 0 || (size_t)n >= sizeof joined)
         return HK_ERR_INVALID;
-    slash = strrchr(joined, '/');
+    const char *slash = strrchr(joined, '/'), *name;
     if (!slash) {
         snprintf(dir, sizeof dir, ".");
         name = joined;
@@ -276,7 +268,7 @@ static int hkn_watch_canon(const char *path, const char *base, char *out, size_t
 
 /* ---- entries (mu held) -------------------------------------------------- */
 
-static hkn_watch_dir *hkn_watch_dir_by_path(hkn_watch *w, const char *path) {
+static watch_dir *dir_by_path(hkw_watcher *w, const char *path) {
     for (int i = 0; i < w->ndirs; i++) {
         if (strcmp(w->dirs[i]->path, path) == 0)
             return w->dirs[i];
@@ -284,7 +276,7 @@ static hkn_watch_dir *hkn_watch_dir_by_path(hkn_watch *w, const char *path) {
     return NULL;
 }
 
-static hkn_watch_dir *hkn_watch_dir_by_wd(hkn_watch *w, int wd) {
+static watch_dir *dir_by_wd(hkw_watcher *w, int wd) {
     for (int i = 0; i < w->ndirs; i++) {
         if (w->dirs[i]->wd == wd)
             return w->dirs[i];
@@ -293,18 +285,16 @@ static hkn_watch_dir *hkn_watch_dir_by_wd(hkn_watch *w, int wd) {
 }
 
 /* A new, unwatched directory entry, appended to w->dirs. */
-static hkn_watch_dir *hkn_watch_dir_new(hkn_watch *w, const char *path) {
-    hkn_watch_dir *d;
-
+static watch_dir *dir_new(hkw_watcher *w, const char *path) {
     if (w->ndirs == w->capdirs) {
         int cap = w->capdirs ? w->capdirs * 2 : 4;
-        hkn_watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
+        watch_dir **nd = realloc(w->dirs, (size_t)cap * sizeof *nd);
         if (!nd)
             return NULL;
         w->dirs = nd;
         w->capdirs = cap;
     }
-    d = calloc(1, sizeof *d);
+    watch_dir *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
     d->path = strdup(path);
@@ -317,7 +307,7 @@ static hkn_watch_dir *hkn_watch_dir_new(hkn_watch *w, const char *path) {
     return d;
 }
 
-static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d, const char *name) {
+static watch_file *file_find(hkw_watcher *w, const watch_dir *d, const char *name) {
     for (int i = 0; i < w->nfiles; i++) {
         if (w->files[i]->dir == d && strcmp(w->files[i]->name, name) == 0)
             return w->files[i];
@@ -325,45 +315,40 @@ static hkn_watch_file *hkn_watch_file_find(hkn_watch *w, const hkn_watch_dir *d,
     return NULL;
 }
 
-static hkn_watch_file *hkn_watch_file_new(hkn_watch *w, hkn_watch_dir *d, const char *name) {
-    char module[HKN_WATCH_MODULE_MAX], why[256];
-    hkn_watch_file *f;
-    hkn_watch_kind k;
-    size_t len;
-
+static watch_file *file_new(hkw_watcher *w, watch_dir *d, const char *name) {
     if (w->nfiles == w->capfiles) {
         int cap = w->capfiles ? w->capfiles * 2 : 16;
-        hkn_watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
+        watch_file **nf = realloc(w->files, (size_t)cap * sizeof *nf);
         if (!nf)
             return NULL;
         w->files = nf;
         w->capfiles = cap;
     }
-    f = calloc(1, sizeof *f);
+    watch_file *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
     f->dir = d;
     f->name = strdup(name);
-    len = strlen(d->path) + 1 + strlen(name) + 1;
+    size_t len = strlen(d->path) + 1 + strlen(name) + 1;
     f->path = malloc(len);
     if (!f->name || !f->path)
         goto fail;
     snprintf(f->path, len, "%s/%s", d->path, name);
-    k = hkn_watch_classify(name, NULL, 0);
-    f->source_name = k == HKN_WATCH_SOURCE;
-    why[0] = '\0';
-    if (k == HKN_WATCH_SOURCE && hkn_watch_classify(name, module, sizeof module) != k) {
+    hkw_kind k = hkw_classify(name, NULL, 0);
+    f->source_name = k == HKW_SOURCE;
+    char module[HKW_MODULE_MAX], why[256] = "";
+    if (k == HKW_SOURCE && hkw_classify(name, module, sizeof module) != k) {
         /* The engine would refuse the name without an event; say so here. */
         f->name_err = HK_ERR_INVALID;
         snprintf(why, sizeof why,
                  "module name (the file name up to its first '.') is %zu characters long, "
                  "the most is %d: not read",
-                 strcspn(name, "."), HKN_WATCH_MODULE_MAX - 1);
-    } else if (k == HKN_WATCH_SOURCE) {
+                 strcspn(name, "."), HKW_MODULE_MAX - 1);
+    } else if (k == HKW_SOURCE) {
         f->module = strdup(module);
         if (!f->module)
             goto fail;
-    } else if (k == HKN_WATCH_OTHER) {
+    } else if (k == HKW_OTHER) {
         f->name_err = HK_ERR_FORMAT;
         snprintf(why, sizeof why,
                  "not a kernel source or header name (sources end in .cu, .ptx, .cubin or "
@@ -385,28 +370,44 @@ fail:
 
 /* The entry for an event or a listing in d, created when the name is one the
  * watcher tracks there. NULL when the name is of no interest. */
-static hkn_watch_file *hkn_watch_file_get(hkn_watch *w, hkn_watch_dir *d, const char *name) {
-    hkn_watch_file *f = hkn_watch_file_find(w, d, name);
-    hkn_watch_kind k;
-
+static watch_file *file_get(hkw_watcher *w, watch_dir *d, const char *name) {
+    watch_file *f = file_find(w, d, name);
     if (f || !d->modules)
         return f;
-    k = hkn_watch_classify(name, NULL, 0);
-    if (k == HKN_WATCH_IGNORED)
+    if (hkw_classify(name, NULL, 0) == HKW_IGNORED)
         return NULL; /* an editor dropping: silently */
-    return hkn_watch_file_new(w, d, name);
+    return file_new(w, d, name);
 }
 
-static void hkn_watch_schedule(hkn_watch_file *f, int64_t due_ms) {
+static void schedule(watch_file *f, int64_t due_ms) {
     if (!f->pending || f->due_ms < due_ms)
         f->due_ms = due_ms;
     f->pending = 1;
 }
 
+/* t less the file-time slack (SLACK_NS). */
+static struct timespec minus_slack(struct timespec t) {
+    t.tv_nsec -= SLACK_NS;
+    if (t.tv_nsec < 0) {
+        t.tv_nsec += 1000000000L;
+        t.tv_sec--;
+    }
+    return t;
+}
+
+/* f's next read records its hash only (a baseline), unless f was modified
+ * at or after since; an earlier since than the one noted wins. */
+static void note_since(watch_file *f, struct timespec since) {
+    if (!f->since_set || ts_ns(since) < ts_ns(f->since)) {
+        f->since = since;
+        f->since_set = 1;
+    }
+}
+
 /* f's content changed: every file whose build read f is handed over again. */
-static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, int64_t now) {
+static void force_dependents(hkw_watcher *w, const watch_file *f, int64_t now) {
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *g = w->files[i];
+        watch_file *g = w->files[i];
         for (int j = 0; j < g->ndeps; j++) {
             if (g->deps[j] != f)
                 continue;
@@ -416,8 +417,8 @@ static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, in
                 g->due_ms = now;
             g->pending = 1;
             w->st.dep_rebuilds++;
-            hkn_watch_logf(w, HK_LOG_INFO, "%s changed: %s, whose build read it, is due again",
-                           f->path, g->path);
+            log_at(w, HK_LOG_INFO, "%s changed: %s, whose build read it, is due again", f->path,
+                   g->path);
             break;
         }
     }
@@ -425,21 +426,19 @@ static void hkn_watch_force_dependents(hkn_watch *w, const hkn_watch_file *f, in
 
 /* ---- events, listings, watches (mu held) -------------------------------- */
 
-static void hkn_watch_lose_dir(hkn_watch *w, hkn_watch_dir *d, int64_t now, const char *why) {
+static void lose_dir(hkw_watcher *w, watch_dir *d, int64_t now, const char *why) {
     d->wd = -1;
     d->next_poll_ms = now + w->o.dir_poll_ms;
     w->st.dirs_lost++;
-    hkn_watch_logf(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
+    log_at(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
 }
 
 /* An event for name in d: every followed link that resolved to it is due too,
  * since its content is the target's. */
-static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const char *name,
-                                   int64_t now) {
+static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, int64_t now) {
     size_t dlen = strlen(d->path);
-
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *g = w->files[i];
+        watch_file *g = w->files[i];
         if (!g->target || strncmp(g->target, d->path, dlen) != 0 || g->target[dlen] != '/' ||
             strcmp(g->target + dlen + 1, name) != 0)
             continue;
@@ -449,7 +448,7 @@ static void hkn_watch_link_targets(hkn_watch *w, const hkn_watch_dir *d, const c
     }
 }
 
-static const char *hkn_watch_event_name(uint32_t mask) {
+static const char *event_name(uint32_t mask) {
     return (mask & IN_CLOSE_WRITE)  ? "closed after writing"
            : (mask & IN_MOVED_TO)   ? "moved in"
            : (mask & IN_MOVED_FROM) ? "moved away"
@@ -459,10 +458,7 @@ static const char *hkn_watch_event_name(uint32_t mask) {
                                     : "changed";
 }
 
-static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_t now) {
-    hkn_watch_dir *d;
-    hkn_watch_file *f;
-
+static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now) {
     w->st.events++;
     if (ev->mask & IN_Q_OVERFLOW) {
         w->st.overflows++;
@@ -470,12 +466,11 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
             if (w->dirs[i]->wd >= 0)
                 w->dirs[i]->need_scan = 1;
         }
-        hkn_watch_logf(w, HK_LOG_WARN,
-                       "event queue overflow: events were lost, rescanning %d directories",
-                       w->ndirs);
+        log_at(w, HK_LOG_WARN, "event queue overflow: events were lost, rescanning %d directories",
+               w->ndirs);
         return;
     }
-    d = hkn_watch_dir_by_wd(w, ev->wd);
+    watch_dir *d = dir_by_wd(w, ev->wd);
     if (!d)
         return; /* A late event of a watch already given up. */
     if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) {
@@ -483,13 +478,13 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
          * that the path, not the inode, is what is watched. */
         if (ev->mask & IN_MOVE_SELF)
             inotify_rm_watch(w->ifd, d->wd);
-        hkn_watch_lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
+        lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
         return;
     }
     if (ev->len == 0 || (ev->mask & IN_ISDIR))
         return;
-    hkn_watch_link_targets(w, d, ev->name, now);
-    f = hkn_watch_file_get(w, d, ev->name);
+    link_targets(w, d, ev->name, now);
+    watch_file *f = file_get(w, d, ev->name);
     if (!f)
         return;
     if (ev->mask & (IN_CREATE | IN_MODIFY)) {
@@ -502,34 +497,26 @@ static void hkn_watch_event(hkn_watch *w, const struct inotify_event *ev, int64_
     f->pending = 1;
     f->due_ms = now + w->o.debounce_ms;
     f->events++;
-    hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path,
-                   hkn_watch_event_name(ev->mask), w->o.debounce_ms);
+    log_at(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path, event_name(ev->mask),
+           w->o.debounce_ms);
 }
 
-static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
-    struct dirent *de;
-    DIR *dh;
+static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
     int initial = d->scan_initial;
-    struct timespec since = d->added;
-
+    struct timespec since = minus_slack(d->added);
     d->need_scan = 0;
     d->scan_initial = 0;
     w->st.rescans++;
-    since.tv_nsec -= HKN_WATCH_SLACK_NS;
-    if (since.tv_nsec < 0) {
-        since.tv_nsec += 1000000000L;
-        since.tv_sec--;
-    }
-    dh = opendir(d->path);
+    DIR *dh = opendir(d->path);
     if (!dh) {
-        hkn_watch_logf(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
+        log_at(w, HK_LOG_WARN, "cannot list %s: %s", d->path, strerror(errno));
         return;
     }
+    struct dirent *de;
     while ((de = readdir(dh)) != NULL) {
-        hkn_watch_file *f;
         if (de->d_type == DT_DIR)
             continue;
-        f = hkn_watch_file_get(w, d, de->d_name);
+        watch_file *f = file_get(w, d, de->d_name);
         if (!f)
             continue;
         /* A file seen for the first time is handed over (or refused) when it
@@ -539,75 +526,68 @@ static void hkn_watch_scan(hkn_watch *w, hkn_watch_dir *d, int64_t now) {
          * change. */
         if (!f->has_hash && (!f->source_name || !d->modules || (initial && w->o.no_initial_scan))) {
             f->baseline = 1;
-            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
-                f->since = since;
-                f->since_set = 1;
-            }
+            note_since(f, since);
         }
-        hkn_watch_schedule(f, now + w->o.debounce_ms);
+        schedule(f, now + w->o.debounce_ms);
     }
     closedir(dh);
 }
 
 /* Places missing watches whose time has come, then lists what needs it. */
-static void hkn_watch_dirs_tick(hkn_watch *w, int64_t now) {
+static void dirs_tick(hkw_watcher *w, int64_t now) {
     for (int i = 0; i < w->ndirs; i++) {
-        hkn_watch_dir *d = w->dirs[i];
+        watch_dir *d = w->dirs[i];
         if (d->wd < 0 && now >= d->next_poll_ms) {
-            d->added = hkn_watch_wall();
-            d->wd = inotify_add_watch(w->ifd, d->path, HKN_WATCH_MASK);
+            d->added = wall_now();
+            d->wd = inotify_add_watch(w->ifd, d->path, WATCH_MASK);
             if (d->wd < 0) {
                 d->next_poll_ms = now + w->o.dir_poll_ms;
                 continue;
             }
             d->need_scan = 1;
-            hkn_watch_logf(w, d->modules ? HK_LOG_INFO : HK_LOG_DEBUG, "watching %s", d->path);
+            log_at(w, d->modules ? HK_LOG_INFO : HK_LOG_DEBUG, "watching %s", d->path);
         }
         if (d->wd >= 0 && d->need_scan)
-            hkn_watch_scan(w, d, now);
+            scan_dir(w, d, now);
     }
 }
 
 /* ---- reading a file (no lock) ------------------------------------------- */
 
-enum hkn_watch_read_result {
-    HKN_WATCH_READ_OK,
-    HKN_WATCH_READ_GONE,     /* no such file (any more) */
-    HKN_WATCH_READ_UNSTABLE, /* changed during the read */
-    HKN_WATCH_READ_REFUSED,  /* cannot be handed over: see err and why */
+enum read_result {
+    READ_OK,
+    READ_GONE,     /* no such file (any more) */
+    READ_UNSTABLE, /* changed during the read */
+    READ_REFUSED,  /* cannot be handed over: see err and why */
 };
 
 /* What one look at a file found. */
-typedef struct hkn_watch_look {
+typedef struct look {
     int err;                  /* REFUSED: the HK_ERR_* that fits */
     char why[PATH_MAX + 192]; /* REFUSED: the reason, no content */
-    hkn_watch_sig sig;        /* the name's own identity (lstat) */
+    file_sig sig;             /* the name's own identity (lstat) */
     char target[PATH_MAX];    /* a followed link: its canonical target, else "" */
     unsigned char *bytes;     /* OK: the content (caller frees) */
     size_t size;
     struct timespec mtime;
     int opened; /* the file was opened */
-} hkn_watch_look;
+} look;
 
-static hkn_watch_sig hkn_watch_sig_of(const struct stat *st) {
-    hkn_watch_sig g;
-
-    memset(&g, 0, sizeof g);
-    g.dev = st->st_dev;
-    g.ino = st->st_ino;
-    g.mode = st->st_mode;
-    g.size = st->st_size;
-    g.mtime = st->st_mtim;
-    g.ctime = st->st_ctim;
-    return g;
+static file_sig sig_of(const struct stat *st) {
+    return (file_sig){.dev = st->st_dev,
+                      .ino = st->st_ino,
+                      .mode = st->st_mode,
+                      .size = st->st_size,
+                      .mtime = st->st_mtim,
+                      .ctime = st->st_ctim};
 }
 
-static int hkn_watch_sig_eq(const hkn_watch_sig *a, const hkn_watch_sig *b) {
+static int sig_eq(const file_sig *a, const file_sig *b) {
     return a->dev == b->dev && a->ino == b->ino && a->mode == b->mode && a->size == b->size &&
-           hkn_watch_ts_eq(a->mtime, b->mtime) && hkn_watch_ts_eq(a->ctime, b->ctime);
+           ts_eq(a->mtime, b->mtime) && ts_eq(a->ctime, b->ctime);
 }
 
-static const char *hkn_watch_type_name(mode_t m) {
+static const char *type_name(mode_t m) {
     return S_ISFIFO(m)   ? "a FIFO"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
@@ -616,15 +596,120 @@ static const char *hkn_watch_type_name(mode_t m) {
                          : "not a regular file";
 }
 
-__attribute__((format(printf, 3, 4))) static int hkn_watch_refusal(hkn_watch_look *lk, int err,
-                                                                   const char *fmt, ...) {
-    va_list ap;
-
+__attribute__((format(printf, 3, 4))) static int refusal(look *lk, int err, const char *fmt, ...) {
     lk->err = err;
+    va_list ap;
     va_start(ap, fmt);
     vsnprintf(lk->why, sizeof lk->why, fmt, ap);
     va_end(ap);
-    return HKN_WATCH_READ_REFUSED;
+    return READ_REFUSED;
+}
+
+/* After a failed lstat, stat or open: READ_GONE when the name is gone,
+ * else a refusal saying what could not be done. */
+static int gone_or_refused(look *lk, const char *what) {
+    if (errno == ENOENT || errno == ENOTDIR)
+        return READ_GONE;
+    return refusal(lk, HK_ERR_IO, "%s: %s", what, strerror(errno));
+}
+
+/* The look at path before anything is opened: its identity (lk->sig), the
+ * link policy (a followed link's target goes to lk->target), and whether it
+ * is a regular file of at most max bytes, decided before open() because
+ * opening a FIFO or a device may block or act. Returns READ_OK with *st
+ * describing what will be opened, or READ_GONE or READ_REFUSED. */
+static int look_before_open(const char *path, const char *dir, int links, int outside, size_t max,
+                            look *lk, struct stat *st) {
+    struct stat l;
+    lk->target[0] = '\0';
+    if (lstat(path, &l) < 0)
+        return gone_or_refused(lk, "cannot look at it");
+    lk->sig = sig_of(&l);
+    *st = l;
+    if (S_ISLNK(l.st_mode)) {
+        char real[PATH_MAX];
+        size_t dlen = strlen(dir);
+        if (links && !realpath(path, real))
+            return refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
+                           strerror(errno));
+        if (links && !outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
+            return refusal(lk, HK_ERR_IO,
+                           "symbolic link to %s, outside the watched directory: "
+                           "not read (only links to files inside it are followed)",
+                           real);
+        /* The resolved path, no link left in it: what was checked is what
+         * gets opened. */
+        if (links)
+            snprintf(lk->target, sizeof lk->target, "%s", real);
+        if (stat(links ? lk->target : path, st) < 0)
+            return gone_or_refused(lk, "cannot look at it");
+    }
+    if (!S_ISREG(st->st_mode))
+        return refusal(lk, HK_ERR_IO, "%s, not a regular file: not read", type_name(st->st_mode));
+    if ((uint64_t)st->st_size > (uint64_t)max)
+        return refusal(lk, HK_ERR_TOO_LARGE, "%lld bytes, over the %zu-byte cap: not read",
+                       (long long)st->st_size, max);
+    return READ_OK;
+}
+
+/* Reads fd whole into *buf (size + 1 bytes: one more than the size, to
+ * notice a file that grows meanwhile); *got is what was read. */
+static int read_whole(int fd, size_t size, look *lk, unsigned char **buf, size_t *got) {
+    *got = 0;
+    *buf = malloc(size + 1);
+    if (!*buf)
+        return refusal(lk, HK_ERR_NOMEM, "out of memory for %zu bytes", size);
+    while (*got <= size) {
+        ssize_t n = read(fd, *buf + *got, size + 1 - *got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
+        if (n == 0)
+            break;
+        *got += (size_t)n;
+    }
+    return READ_OK;
+}
+
+/* Reads the open file fd, which should be the one path named when st was
+ * taken, and keeps its content in lk only if it stayed the same file, of the
+ * same size and times, from before the read to after it. */
+static int read_open(int fd, const char *path, const struct stat *st, size_t max, look *lk) {
+    struct stat a, b, c;
+    if (fstat(fd, &a) < 0)
+        return refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
+    /* Swapped between the look and the open. */
+    if (a.st_ino != st->st_ino || a.st_dev != st->st_dev || !S_ISREG(a.st_mode) ||
+        (uint64_t)a.st_size > (uint64_t)max)
+        return READ_UNSTABLE;
+    unsigned char *buf = NULL;
+    size_t got = 0;
+    int rc = read_whole(fd, (size_t)a.st_size, lk, &buf, &got);
+    if (rc == READ_OK && a.st_size == 0 && got > 0)
+        /* procfs, sysfs and the like: the size is made up, and the content
+         * is generated on every read, so it would never look settled. */
+        rc = refusal(lk, HK_ERR_IO,
+                     "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
+                     "not a regular file: not read");
+    else if (rc == READ_OK &&
+             (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
+              !ts_eq(b.st_mtim, a.st_mtim) || !ts_eq(b.st_ctim, a.st_ctim)))
+        rc = READ_UNSTABLE;
+    /* Renamed over (or the link retargeted) while we read: what we hold is
+     * no longer the file. */
+    else if (rc == READ_OK && (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev))
+        rc = READ_UNSTABLE;
+    else if (rc == READ_OK && got == 0)
+        rc = refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
+    if (rc != READ_OK) {
+        free(buf);
+        return rc;
+    }
+    lk->mtime = a.st_mtim;
+    lk->bytes = buf;
+    lk->size = got;
+    return READ_OK;
 }
 
 /* Looks at the name path of directory dir (canonical). With links set, a
@@ -632,114 +717,19 @@ __attribute__((format(printf, 3, 4))) static int hkn_watch_refusal(hkn_watch_loo
  * anywhere with outside set; without it links are followed as open() does
  * (a dependency named by a build). Reads the file only when it is regular
  * and at most max bytes. */
-static int hkn_watch_read(const char *path, const char *dir, int links, int outside, size_t max,
-                          hkn_watch_look *lk) {
-    struct stat l, s, a, b, c;
-    const char *from = path;
-    char real[PATH_MAX];
-    unsigned char *buf = NULL;
-    size_t got = 0, dlen = strlen(dir);
-    int fd, rc, flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
-
-    if (lstat(path, &l) < 0)
-        return (errno == ENOENT || errno == ENOTDIR)
-                   ? HKN_WATCH_READ_GONE
-                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-    lk->sig = hkn_watch_sig_of(&l);
-    s = l;
-    if (S_ISLNK(l.st_mode)) {
-        if (links) {
-            if (!realpath(path, real))
-                return hkn_watch_refusal(lk, HK_ERR_IO, "symbolic link that does not resolve: %s",
-                                         strerror(errno));
-            if (!outside && !(strncmp(real, dir, dlen) == 0 && real[dlen] == '/'))
-                return hkn_watch_refusal(lk, HK_ERR_IO,
-                                         "symbolic link to %s, outside the watched directory: "
-                                         "not read (only links to files inside it are followed)",
-                                         real);
-            snprintf(lk->target, sizeof lk->target, "%s", real);
-            /* The resolved path, no link left in it: what was checked is
-             * what gets opened. */
-            from = lk->target;
-            flags |= O_NOFOLLOW;
-        }
-        if (stat(from, &s) < 0)
-            return (errno == ENOENT || errno == ENOTDIR)
-                       ? HKN_WATCH_READ_GONE
-                       : hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-    }
-    /* Decided before open(): opening a FIFO or a device may block or act. */
-    if (!S_ISREG(s.st_mode))
-        return hkn_watch_refusal(lk, HK_ERR_IO, "%s, not a regular file: not read",
-                                 hkn_watch_type_name(s.st_mode));
-    if ((uint64_t)s.st_size > (uint64_t)max)
-        return hkn_watch_refusal(lk, HK_ERR_TOO_LARGE,
-                                 "%lld bytes, over the %zu-byte cap: not read",
-                                 (long long)s.st_size, max);
-    fd = open(from, flags);
+static int read_stable(const char *path, const char *dir, int links, int outside, size_t max,
+                       look *lk) {
+    struct stat st;
+    int rc = look_before_open(path, dir, links, outside, max, lk, &st);
+    if (rc != READ_OK)
+        return rc;
+    int followed = lk->target[0] != '\0';
+    int fd = open(followed ? lk->target : path,
+                  O_RDONLY | O_CLOEXEC | O_NONBLOCK | (followed ? O_NOFOLLOW : 0));
     if (fd < 0)
-        return (errno == ENOENT || errno == ENOTDIR)
-                   ? HKN_WATCH_READ_GONE
-                   : hkn_watch_refusal(lk, HK_ERR_IO, "cannot open it: %s", strerror(errno));
+        return gone_or_refused(lk, "cannot open it");
     lk->opened = 1;
-    if (fstat(fd, &a) < 0) {
-        rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot look at it: %s", strerror(errno));
-        goto out;
-    }
-    /* Swapped between the look and the open. */
-    rc = HKN_WATCH_READ_UNSTABLE;
-    if (a.st_ino != s.st_ino || a.st_dev != s.st_dev)
-        goto out;
-    if (!S_ISREG(a.st_mode) || (uint64_t)a.st_size > (uint64_t)max)
-        goto out;
-    /* One byte more than the size, to notice a file that grows meanwhile. */
-    buf = malloc((size_t)a.st_size + 1);
-    if (!buf) {
-        rc = hkn_watch_refusal(lk, HK_ERR_NOMEM, "out of memory for %lld bytes",
-                               (long long)a.st_size);
-        goto out;
-    }
-    for (;;) {
-        ssize_t n = read(fd, buf + got, (size_t)a.st_size + 1 - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = hkn_watch_refusal(lk, HK_ERR_IO, "cannot read it: %s", strerror(errno));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
-        if (got > (size_t)a.st_size)
-            break;
-    }
-    if (a.st_size == 0 && got > 0) {
-        /* procfs, sysfs and the like: the size is made up, and the content
-         * is generated on every read, so it would never look settled. */
-        rc = hkn_watch_refusal(lk, HK_ERR_IO,
-                               "reports 0 bytes but has content: a pseudo-file (procfs, sysfs), "
-                               "not a regular file: not read");
-        goto out;
-    }
-    rc = HKN_WATCH_READ_UNSTABLE;
-    if (got != (size_t)a.st_size || fstat(fd, &b) < 0 || b.st_size != a.st_size ||
-        !hkn_watch_ts_eq(b.st_mtim, a.st_mtim) || !hkn_watch_ts_eq(b.st_ctim, a.st_ctim))
-        goto out;
-    /* Renamed over (or the link retargeted) while we read: what we hold is
-     * no longer the file. */
-    if (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev)
-        goto out;
-    if (got == 0) {
-        rc = hkn_watch_refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
-        goto out;
-    }
-    lk->mtime = a.st_mtim;
-    lk->bytes = buf;
-    lk->size = got;
-    buf = NULL;
-    rc = HKN_WATCH_READ_OK;
-out:
-    free(buf);
+    rc = read_open(fd, path, &st, max, lk);
     close(fd);
     return rc;
 }
@@ -748,10 +738,7 @@ out:
 
 /* Watches the directory of a followed link's target (for the link only), so
  * that an edit of the target is seen. */
-static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *target) {
-    char dpath[PATH_MAX];
-    const char *slash;
-
+static void track_target(hkw_watcher *w, watch_file *f, const char *target) {
     if (!*target) {
         free(f->target);
         f->target = NULL;
@@ -764,34 +751,32 @@ static void hkn_watch_track_target(hkn_watch *w, hkn_watch_file *f, const char *
         free(f->target);
         f->target = t;
     }
-    slash = strrchr(target, '/');
+    const char *slash = strrchr(target, '/');
+    char dpath[PATH_MAX];
     snprintf(dpath, sizeof dpath, "%.*s", slash == target ? 1 : (int)(slash - target), target);
-    if (!hkn_watch_dir_by_path(w, dpath) && hkn_watch_dir_new(w, dpath))
-        hkn_watch_logf(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
+    if (!dir_by_path(w, dpath) && dir_new(w, dpath))
+        log_at(w, HK_LOG_DEBUG, "watching %s for the link %s", dpath, f->path);
 }
 
 /* f could not be handed over: tells the application, unless this is the
  * same refusal again (nothing about the name changed) or a file recorded
  * before the watch was placed. Called and returns with mu held. */
-static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_look *lk) {
-    int quiet =
-        f->baseline && f->since_set && hkn_watch_ts_ns(lk->sig.mtime) < hkn_watch_ts_ns(f->since);
-
+static void refuse(hkw_watcher *w, watch_file *f, const look *lk) {
+    int quiet = f->baseline && f->since_set && ts_ns(lk->sig.mtime) < ts_ns(f->since);
     f->baseline = 0;
     if (!f->dir->modules) {
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
+        log_at(w, HK_LOG_DEBUG, "%s (a dependency): %s", f->path, lk->why);
         return;
     }
-    if (f->refused && hkn_watch_sig_eq(&f->refused_sig, &lk->sig))
+    if (f->refused && sig_eq(&f->refused_sig, &lk->sig))
         return;
     f->refused = 1;
     f->refused_sig = lk->sig;
     if (quiet) {
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s, there before the watch, is not usable: %s", f->path,
-                       lk->why);
+        log_at(w, HK_LOG_DEBUG, "%s, there before the watch, is not usable: %s", f->path, lk->why);
         return;
     }
-    hkn_watch_logf(w, HK_LOG_WARN, "%s refused: %s", f->path, lk->why);
+    log_at(w, HK_LOG_WARN, "%s refused: %s", f->path, lk->why);
     if (!w->o.refuse)
         return;
     w->st.refusals++;
@@ -800,153 +785,158 @@ static void hkn_watch_refuse(hkn_watch *w, hkn_watch_file *f, const hkn_watch_lo
     pthread_mutex_lock(&w->mu);
 }
 
-/* Looks at f without the lock: its identity only when its name is refused
- * (by_name), else its content, hashed into hash. */
-static int hkn_watch_look_at(hkn_watch *w, const hkn_watch_file *f, int links, int by_name,
-                             hkn_watch_look *lk, unsigned char *hash) {
-    struct stat st;
-    int rc;
-
-    if (!by_name) {
-        rc = hkn_watch_read(f->path, f->dir->path, links, w->o.follow_outside_links,
-                            w->o.max_file_size, lk);
-        if (rc == HKN_WATCH_READ_OK)
-            crypto_generichash(hash, HKN_WATCH_HASH, lk->bytes, lk->size, NULL, 0);
-        return rc;
+/* Looks at f with no lock held: only at its identity when its name is
+ * refused (by_name), else through a stable read, whose content is hashed
+ * into hash. Returns a read_result. */
+static int look_at_file(const hkw_watcher *w, const watch_file *f, int by_name, int links, look *lk,
+                        unsigned char hash[HASH_BYTES]) {
+    if (by_name) {
+        struct stat st;
+        if (lstat(f->path, &st) < 0)
+            return READ_GONE;
+        lk->sig = sig_of(&st);
+        lk->err = f->name_err;
+        snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
+        return READ_REFUSED;
     }
-    if (lstat(f->path, &st) < 0)
-        return HKN_WATCH_READ_GONE;
-    lk->sig = hkn_watch_sig_of(&st);
-    lk->err = f->name_err;
-    snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
-    return HKN_WATCH_READ_REFUSED;
+    int rc = read_stable(f->path, f->dir->path, links, w->o.follow_outside_links,
+                         w->o.max_file_size, lk);
+    if (rc == READ_OK)
+        crypto_generichash(hash, HASH_BYTES, lk->bytes, lk->size, NULL, 0);
+    return rc;
 }
 
-/* f was read and not handed over: says why. */
-static void hkn_watch_kept(hkn_watch *w, const hkn_watch_file *f, int same) {
-    int source = f->module && f->dir->modules;
-    if (same && source)
-        w->st.unchanged++;
-    if (same)
-        hkn_watch_logf(w, source ? HK_LOG_INFO : HK_LOG_DEBUG,
-                       "%s: content unchanged since it was last read: %s", f->path,
-                       source ? "not handed over" : "nothing to do");
-    else
-        hkn_watch_logf(w, HK_LOG_DEBUG,
-                       "%s: content recorded, unchanged since the watch began or since a build "
-                       "read it",
-                       f->path);
-}
-
-/* Reads f, whose time has come, and hands it over if it changed. Called and
- * returns with mu held; drops it for the read and the callback. */
-static void hkn_watch_due(hkn_watch *w, hkn_watch_file *f, int64_t now) {
-    unsigned char hash[HKN_WATCH_HASH];
-    hkn_watch_look *lk;
-    int rc, changed, hand, links, by_name, had_hash;
-    int64_t wait =
-        w->o.debounce_ms > HKN_WATCH_MIN_WAIT_MS ? w->o.debounce_ms : HKN_WATCH_MIN_WAIT_MS;
-
-    if (f->open_since_ms && now < f->open_since_ms + w->o.open_wait_ms) {
-        /* Still open for writing: wait for the close, but not forever (a
-         * program may keep it open and never write again). */
-        int64_t limit = f->open_since_ms + w->o.open_wait_ms;
-        f->due_ms = now + wait < limit ? now + wait : limit;
-        hkn_watch_logf(w, HK_LOG_DEBUG,
-                       "%s is still open for writing: not read before its close "
-                       "(or %lld ms more)",
-                       f->path, (long long)(limit - now));
-        return;
-    }
-    /* Too large for the stack of a thread the application may size. */
-    lk = calloc(1, sizeof *lk);
-    if (!lk) {
-        hkn_watch_schedule(f, now + wait);
-        return;
-    }
-    f->pending = 0;
-    f->open_since_ms = 0;
-    if (f->events > 1)
-        hkn_watch_logf(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read",
-                       f->path, f->events);
-    f->events = 0;
-    /* The link policy holds for every file of an added directory, a
-     * dependency included: its target would be read to hash it. */
-    links = f->dir->modules;
-    by_name = f->name_err && !f->dep;
-    pthread_mutex_unlock(&w->mu);
-    rc = hkn_watch_look_at(w, f, links, by_name, lk, hash);
-    pthread_mutex_lock(&w->mu);
-    now = hkn_watch_now_ms();
-    w->st.opens += (uint64_t)lk->opened;
-    if (links && rc != HKN_WATCH_READ_GONE)
-        hkn_watch_track_target(w, f, lk->target);
-
+/* A read that gave no content: try again in wait ms, refuse, or forget. */
+static void read_failed(hkw_watcher *w, watch_file *f, int rc, const look *lk, int64_t now,
+                        int64_t wait) {
     switch (rc) {
-    case HKN_WATCH_READ_OK:
-        f->refused = 0;
-        break;
-    case HKN_WATCH_READ_UNSTABLE:
+    case READ_UNSTABLE:
         w->st.retries++;
-        hkn_watch_schedule(f, now + wait);
-        hkn_watch_logf(w, HK_LOG_INFO,
-                       "%s changed while being read (a save in progress): read again in %lld ms",
-                       f->path, (long long)wait);
-        free(lk);
-        return;
-    case HKN_WATCH_READ_REFUSED:
-        hkn_watch_refuse(w, f, lk);
-        free(lk);
-        return;
+        schedule(f, now + wait);
+        log_at(w, HK_LOG_INFO,
+               "%s changed while being read (a save in progress): read again in %lld ms", f->path,
+               (long long)wait);
+        break;
+    case READ_REFUSED:
+        refuse(w, f, lk);
+        break;
     default: /* Gone: a later event brings it back if it reappears. */
         f->refused = 0;
-        free(lk);
-        return;
+        break;
     }
+}
 
-    had_hash = f->has_hash;
-    changed = !f->has_hash || memcmp(hash, f->hash, sizeof hash) != 0;
-    if (changed && f->baseline && f->since_set &&
-        hkn_watch_ts_ns(lk->mtime) < hkn_watch_ts_ns(f->since)) {
+/* Records the hash of f's content just read. Returns 1 when the content
+ * changed, after making every file whose build read f due again. */
+static int note_content(hkw_watcher *w, watch_file *f, const unsigned char hash[HASH_BYTES],
+                        const look *lk, int64_t now) {
+    int changed = !f->has_hash || memcmp(hash, f->hash, HASH_BYTES) != 0;
+    if (changed && f->baseline && f->since_set && ts_ns(lk->mtime) < ts_ns(f->since)) {
         /* Recorded as it was before we were watching, or before a dependent
          * build read it: not a change. */
         changed = 0;
-        memcpy(f->hash, hash, sizeof hash);
+        memcpy(f->hash, hash, HASH_BYTES);
         f->has_hash = 1;
     }
     f->baseline = 0;
     if (changed) {
         if (f->has_hash || f->since_set)
             f->changed_seq = ++w->seq;
-        memcpy(f->hash, hash, sizeof hash);
+        memcpy(f->hash, hash, HASH_BYTES);
         f->has_hash = 1;
-        hkn_watch_force_dependents(w, f, now);
+        force_dependents(w, f, now);
     }
-    hand = f->module && f->dir->modules && (changed || f->force);
-    if (hand) {
-        f->force = 0;
-        f->handed_seq = ++w->seq;
-        f->handed_wall = hkn_watch_wall();
-        w->st.handovers++;
-        hkn_watch_logf(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path,
-                       f->module, lk->size);
-        pthread_mutex_unlock(&w->mu);
-        w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
-        pthread_mutex_lock(&w->mu);
+    return changed;
+}
+
+/* Hands f's content to the callback, which runs without the lock. */
+static void hand_over(hkw_watcher *w, watch_file *f, const look *lk) {
+    f->force = 0;
+    f->handed_seq = ++w->seq;
+    f->handed_wall = wall_now();
+    w->st.handovers++;
+    log_at(w, HK_LOG_INFO, "%s: handed over as module %s (%zu bytes)", f->path, f->module,
+           lk->size);
+    pthread_mutex_unlock(&w->mu);
+    w->o.fn(w->o.ud, f->module, f->path, lk->bytes, lk->size);
+    pthread_mutex_lock(&w->mu);
+}
+
+/* f was read and not handed over: says why. */
+static void note_kept(hkw_watcher *w, const watch_file *f, int same) {
+    int source = f->module && f->dir->modules;
+    if (same && source)
+        w->st.unchanged++;
+    if (same)
+        log_at(w, source ? HK_LOG_INFO : HK_LOG_DEBUG,
+               "%s: content unchanged since it was last read: %s", f->path,
+               source ? "not handed over" : "nothing to do");
+    else
+        log_at(w, HK_LOG_DEBUG,
+               "%s: content recorded, unchanged since the watch began or since a build "
+               "read it",
+               f->path);
+}
+
+/* Reads f, whose time has come, and hands it over if it changed. Called and
+ * returns with mu held; drops it for the read and the callback. */
+static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
+    int64_t wait = w->o.debounce_ms > MIN_WAIT_MS ? w->o.debounce_ms : MIN_WAIT_MS;
+    if (f->open_since_ms && now < f->open_since_ms + w->o.open_wait_ms) {
+        /* Still open for writing: wait for the close, but not forever (a
+         * program may keep it open and never write again). */
+        int64_t limit = f->open_since_ms + w->o.open_wait_ms;
+        f->due_ms = now + wait < limit ? now + wait : limit;
+        log_at(w, HK_LOG_DEBUG,
+               "%s is still open for writing: not read before its close "
+               "(or %lld ms more)",
+               f->path, (long long)(limit - now));
+        return;
+    }
+    /* Too large for the stack of a thread the application may size. */
+    look *lk = calloc(1, sizeof *lk);
+    if (!lk) {
+        schedule(f, now + wait);
+        return;
+    }
+    f->pending = 0;
+    f->open_since_ms = 0;
+    if (f->events > 1)
+        log_at(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read", f->path,
+               f->events);
+    f->events = 0;
+    /* The link policy holds for every file of an added directory, a
+     * dependency included: its target would be read to hash it. */
+    int links = f->dir->modules, by_name = f->name_err && !f->dep;
+    unsigned char hash[HASH_BYTES];
+    pthread_mutex_unlock(&w->mu);
+    int rc = look_at_file(w, f, by_name, links, lk, hash);
+    pthread_mutex_lock(&w->mu);
+    now = now_ms();
+    w->st.opens += (uint64_t)lk->opened;
+    if (links && rc != READ_GONE)
+        track_target(w, f, lk->target);
+    if (rc != READ_OK) {
+        read_failed(w, f, rc, lk, now, wait);
     } else {
-        hkn_watch_kept(w, f, had_hash && !changed);
+        f->refused = 0;
+        int had_hash = f->has_hash;
+        int changed = note_content(w, f, hash, lk, now);
+        if (f->module && f->dir->modules && (changed || f->force))
+            hand_over(w, f, lk);
+        else
+            note_kept(w, f, had_hash && !changed);
+        free(lk->bytes);
     }
-    free(lk->bytes);
     free(lk);
 }
 
 /* The first file whose read is due, else NULL with *deadline set to the
  * earliest moment something will be (-1: nothing scheduled). */
-static hkn_watch_file *hkn_watch_next(hkn_watch *w, int64_t now, int64_t *deadline) {
+static watch_file *next_due(hkw_watcher *w, int64_t now, int64_t *deadline) {
     int64_t best = -1;
-
     for (int i = 0; i < w->nfiles; i++) {
-        hkn_watch_file *f = w->files[i];
+        watch_file *f = w->files[i];
         if (!f->pending)
             continue;
         if (f->due_ms <= now)
@@ -962,17 +952,28 @@ static hkn_watch_file *hkn_watch_next(hkn_watch *w, int64_t now, int64_t *deadli
     return NULL;
 }
 
-static void *hkn_watch_main(void *arg) {
-    hkn_watch *w = arg;
+/* Waits up to timeout ms (-1: no limit) for inotify events or a wake-up,
+ * and reads the events into w->evbuf. Returns their bytes (0: none). No
+ * lock held. */
+static ssize_t wait_events(hkw_watcher *w, int timeout) {
+    struct pollfd pfd[2] = {{.fd = w->ifd, .events = POLLIN}, {.fd = w->efd, .events = POLLIN}};
+    if (poll(pfd, 2, timeout) <= 0)
+        return 0;
+    if (pfd[1].revents & POLLIN) {
+        uint64_t v;
+        if (read(w->efd, &v, sizeof v) < 0) {
+            /* EAGAIN: another reader cannot exist; nothing to do. */
+        }
+    }
+    if (!(pfd[0].revents & POLLIN))
+        return 0;
+    return read(w->ifd, w->evbuf, sizeof w->evbuf);
+}
 
+static void *watch_main(void *arg) {
+    hkw_watcher *w = arg;
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
-        struct pollfd pfd[2];
-        hkn_watch_file *f;
-        int64_t now, deadline;
-        ssize_t n = 0;
-        int timeout;
-
         if (w->paused) {
             w->paused_ack = 1;
             pthread_cond_broadcast(&w->cv);
@@ -980,41 +981,25 @@ static void *hkn_watch_main(void *arg) {
             continue;
         }
         w->paused_ack = 0;
-        now = hkn_watch_now_ms();
-        hkn_watch_dirs_tick(w, now);
-        f = hkn_watch_next(w, now, &deadline);
+        int64_t now = now_ms(), deadline;
+        dirs_tick(w, now);
+        watch_file *f = next_due(w, now, &deadline);
         if (f) {
-            hkn_watch_due(w, f, now);
+            read_due(w, f, now);
             continue;
         }
-        timeout = -1;
-        if (deadline >= 0)
-            timeout = deadline <= now            ? 0
+        int timeout = deadline < 0               ? -1
+                      : deadline <= now          ? 0
                       : deadline - now > INT_MAX ? INT_MAX
                                                  : (int)(deadline - now);
-        pfd[0].fd = w->ifd;
-        pfd[0].events = POLLIN;
-        pfd[1].fd = w->efd;
-        pfd[1].events = POLLIN;
         pthread_mutex_unlock(&w->mu);
-        if (poll(pfd, 2, timeout) > 0) {
-            if (pfd[1].revents & POLLIN) {
-                uint64_t v;
-                if (read(w->efd, &v, sizeof v) < 0) {
-                    /* EAGAIN: another reader cannot exist; nothing to do. */
-                }
-            }
-            if (pfd[0].revents & POLLIN)
-                n = read(w->ifd, w->evbuf, sizeof w->evbuf);
-        }
+        ssize_t n = wait_events(w, timeout);
         pthread_mutex_lock(&w->mu);
-        if (n > 0) {
-            int64_t t = hkn_watch_now_ms();
-            for (char *p = w->evbuf; p < w->evbuf + n;) {
-                const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
-                hkn_watch_event(w, ev, t);
-                p += sizeof *ev + ev->len;
-            }
+        int64_t t = now_ms();
+        for (char *p = w->evbuf; n > 0 && p < w->evbuf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+            on_event(w, ev, t);
+            p += sizeof *ev + ev->len;
         }
     }
     pthread_mutex_unlock(&w->mu);
@@ -1023,7 +1008,7 @@ static void *hkn_watch_main(void *arg) {
 
 /* ---- API ---------------------------------------------------------------- */
 
-void hkn_watch_opts_init(hkn_watch_opts *o) {
+void hkw_opts_init(hkw_opts *o) {
     if (!o)
         return;
     memset(o, 0, sizeof *o);
@@ -1033,16 +1018,20 @@ void hkn_watch_opts_init(hkn_watch_opts *o) {
     o->max_file_size = (size_t)64 << 20;
 }
 
-int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
-    hkn_watch *w;
-    int err, saved;
+/* close() that leaves errno as it was: the caller reports an earlier error. */
+static void close_keep_errno(int fd) {
+    int saved = errno;
+    close(fd);
+    errno = saved;
+}
 
+int hkw_create(hkw_watcher **out, const hkw_opts *o) {
     if (!out || !o || !o->fn)
         return HK_ERR_INVALID;
     *out = NULL;
     if (sodium_init() < 0)
         return HK_ERR_IO;
-    w = calloc(1, sizeof *w);
+    hkw_watcher *w = calloc(1, sizeof *w);
     if (!w)
         return HK_ERR_NOMEM;
     w->o = *o;
@@ -1054,8 +1043,6 @@ int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
         w->o.open_wait_ms = 1000;
     if (w->o.max_file_size == 0)
         w->o.max_file_size = (size_t)64 << 20;
-
-    err = HK_ERR_IO;
     w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->ifd < 0)
         goto fail_free;
@@ -1066,7 +1053,7 @@ int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o) {
         goto fail_efd;
     if (pthread_cond_init(&w->cv, NULL) != 0)
         goto fail_mu;
-    errno = pthread_create(&w->thread, NULL, hkn_watch_main, w);
+    errno = pthread_create(&w->thread, NULL, watch_main, w);
     if (errno != 0)
         goto fail_cv;
     *out = w;
@@ -1077,26 +1064,22 @@ fail_cv:
 fail_mu:
     pthread_mutex_destroy(&w->mu);
 fail_efd:
-    saved = errno;
-    close(w->efd);
-    errno = saved;
+    close_keep_errno(w->efd);
 fail_ifd:
-    saved = errno;
-    close(w->ifd);
-    errno = saved;
+    close_keep_errno(w->ifd);
 fail_free:
     free(w);
-    return err;
+    return HK_ERR_IO;
 }
 
-void hkn_watch_destroy(hkn_watch *w) {
+void hkw_destroy(hkw_watcher *w) {
     if (!w)
         return;
     pthread_mutex_lock(&w->mu);
     w->stop = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    hkn_watch_wake(w);
+    wake_thread(w);
     pthread_join(w->thread, NULL);
 
     close(w->efd);
@@ -1121,14 +1104,11 @@ void hkn_watch_destroy(hkn_watch *w) {
     free(w);
 }
 
-int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
-    char real[PATH_MAX];
-    struct stat st;
-    hkn_watch_dir *d;
-    int fresh = 0, wd, saved;
-
+int hkw_add_dir(hkw_watcher *w, const char *dir) {
     if (!w || !dir || !*dir)
         return HK_ERR_INVALID;
+    char real[PATH_MAX];
+    struct stat st;
     if (!realpath(dir, real) || stat(real, &st) < 0)
         return HK_ERR_IO;
     if (!S_ISDIR(st.st_mode)) {
@@ -1137,13 +1117,14 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     }
 
     pthread_mutex_lock(&w->mu);
-    d = hkn_watch_dir_by_path(w, real);
+    watch_dir *d = dir_by_path(w, real);
+    int fresh = 0;
     if (d && d->modules) {
         pthread_mutex_unlock(&w->mu);
         return 0;
     }
     if (!d) {
-        d = hkn_watch_dir_new(w, real);
+        d = dir_new(w, real);
         if (!d) {
             pthread_mutex_unlock(&w->mu);
             return HK_ERR_NOMEM;
@@ -1153,10 +1134,10 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     if (d->wd < 0) {
         /* Placed here rather than on the thread so that every change made
          * after this call returns produces events. */
-        struct timespec added = hkn_watch_wall();
-        wd = inotify_add_watch(w->ifd, real, HKN_WATCH_MASK);
+        struct timespec added = wall_now();
+        int wd = inotify_add_watch(w->ifd, real, WATCH_MASK);
         if (wd < 0) {
-            saved = errno;
+            int saved = errno;
             if (fresh) {
                 w->ndirs--;
                 free(d->path);
@@ -1173,28 +1154,66 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir) {
     d->need_scan = 1;
     d->scan_initial = 1;
     pthread_mutex_unlock(&w->mu);
-    hkn_watch_wake(w);
+    wake_thread(w);
     return 0;
 }
 
-int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const *dep_paths, int n) {
-    char canon[PATH_MAX];
-    hkn_watch_file *src = NULL, **deps = NULL;
-    int m = 0, force = 0, wake = 0;
-    int64_t now;
+/* The entry of dependency dep_path of src (relative paths are taken in
+ * src's directory), created with its directory entry when new (*wake set:
+ * the thread places the watch). NULL when the path is src itself, an
+ * editor dropping, or cannot be had. */
+static watch_file *dep_entry(hkw_watcher *w, const watch_file *src, const char *dep_path,
+                             int *wake) {
+    char path[PATH_MAX];
+    if (!dep_path || canon_path(dep_path, src->dir->path, path, sizeof path) < 0)
+        return NULL;
+    char *slash = strrchr(path, '/');
+    if (strcmp(path, src->path) == 0 || is_dropping(slash + 1))
+        return NULL;
+    *slash = '\0';
+    watch_dir *d = dir_by_path(w, path[0] ? path : "/");
+    if (!d) {
+        /* Watched for this dependency's sake; the thread places it. */
+        d = dir_new(w, path[0] ? path : "/");
+        if (!d)
+            return NULL;
+        *wake = 1;
+    }
+    watch_file *f = file_find(w, d, slash + 1);
+    return f ? f : file_new(w, d, slash + 1);
+}
 
+/* Marks f a dependency of src. Returns 1 when src must be handed over
+ * again: f changed after src was handed over, so the build that reports it
+ * may have read the old content. A dependency whose content is unknown yet
+ * is read soon (*wake set), and counts as a change if it was modified after
+ * src was handed over. */
+static int dep_track(hkw_watcher *w, const watch_file *src, watch_file *f, int64_t now, int *wake) {
+    f->dep = 1;
+    if (f->has_hash)
+        return src->handed_seq && f->changed_seq > src->handed_seq;
+    note_since(f, minus_slack(src->handed_seq ? src->handed_wall : wall_now()));
+    if (!f->pending) {
+        f->baseline = 1;
+        schedule(f, now);
+        *wake = 1;
+    }
+    return 0;
+}
+
+int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep_paths, int n) {
     if (!w || !source_path || n < 0 || (n > 0 && !dep_paths))
         return HK_ERR_INVALID;
-    if (hkn_watch_canon(source_path, NULL, canon, sizeof canon) < 0)
+    char canon[PATH_MAX];
+    if (canon_path(source_path, NULL, canon, sizeof canon) < 0)
         return HK_ERR_INVALID;
-    if (n > 0) {
-        deps = calloc((size_t)n, sizeof *deps);
-        if (!deps)
-            return HK_ERR_NOMEM;
-    }
+    watch_file **deps = NULL;
+    if (n > 0 && !(deps = calloc((size_t)n, sizeof *deps)))
+        return HK_ERR_NOMEM;
 
     pthread_mutex_lock(&w->mu);
-    now = hkn_watch_now_ms();
+    int64_t now = now_ms();
+    watch_file *src = NULL;
     for (int i = 0; i < w->nfiles && !src; i++) {
         if (strcmp(w->files[i]->path, canon) == 0)
             src = w->files[i];
@@ -1204,60 +1223,15 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
         free(deps);
         return HK_ERR_NOT_FOUND;
     }
+    int m = 0, force = 0, wake = 0;
     for (int i = 0; i < n; i++) {
-        char path[PATH_MAX];
-        hkn_watch_dir *d;
-        hkn_watch_file *f;
-        char *slash;
+        watch_file *f = dep_entry(w, src, dep_paths[i], &wake);
         int dup = 0;
-
-        if (!dep_paths[i] || hkn_watch_canon(dep_paths[i], src->dir->path, path, sizeof path) < 0)
-            continue;
-        slash = strrchr(path, '/');
-        if (strcmp(path, src->path) == 0 || hkn_watch_dropping(slash + 1))
-            continue;
-        *slash = '\0';
-        d = hkn_watch_dir_by_path(w, path[0] ? path : "/");
-        if (!d) {
-            /* Watched for this dependency's sake; the thread places it. */
-            d = hkn_watch_dir_new(w, path[0] ? path : "/");
-            if (!d)
-                continue;
-            wake = 1;
-        }
-        f = hkn_watch_file_find(w, d, slash + 1);
-        if (!f)
-            f = hkn_watch_file_new(w, d, slash + 1);
-        if (!f)
-            continue;
-        for (int j = 0; j < m; j++)
+        for (int j = 0; f && j < m; j++)
             dup |= deps[j] == f;
-        if (dup)
+        if (!f || dup)
             continue;
-        f->dep = 1;
-        if (!f->has_hash) {
-            /* Its content is unknown yet: it is read soon, and counts as a
-             * change if it was modified after the source was handed over. */
-            struct timespec since = src->handed_seq ? src->handed_wall : hkn_watch_wall();
-            since.tv_nsec -= HKN_WATCH_SLACK_NS;
-            if (since.tv_nsec < 0) {
-                since.tv_nsec += 1000000000L;
-                since.tv_sec--;
-            }
-            if (!f->since_set || hkn_watch_ts_ns(since) < hkn_watch_ts_ns(f->since)) {
-                f->since = since;
-                f->since_set = 1;
-            }
-            if (!f->pending) {
-                f->baseline = 1;
-                hkn_watch_schedule(f, now);
-                wake = 1;
-            }
-        } else if (src->handed_seq && f->changed_seq > src->handed_seq) {
-            /* It changed after the source was handed over: the build that
-             * reports it may have read the old content. */
-            force = 1;
-        }
+        force |= dep_track(w, src, f, now, &wake);
         deps[m++] = f;
     }
     free(src->deps);
@@ -1266,16 +1240,16 @@ int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const 
     if (force) {
         src->force = 1;
         src->baseline = 0;
-        hkn_watch_schedule(src, now);
+        schedule(src, now);
         wake = 1;
     }
     pthread_mutex_unlock(&w->mu);
     if (wake)
-        hkn_watch_wake(w);
+        wake_thread(w);
     return 0;
 }
 
-void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out) {
+void hkw_stats_get(hkw_watcher *w, hkw_stats *out) {
     if (!out)
         return;
     memset(out, 0, sizeof *out);
@@ -1286,7 +1260,7 @@ void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out) {
     pthread_mutex_unlock(&w->mu);
 }
 
-void hkn_watch_pause(hkn_watch *w, int on) {
+void hkw_pause(hkw_watcher *w, int on) {
     if (!w)
         return;
     pthread_mutex_lock(&w->mu);
@@ -1294,7 +1268,7 @@ void hkn_watch_pause(hkn_watch *w, int on) {
     pthread_cond_broadcast(&w->cv);
     if (on) {
         pthread_mutex_unlock(&w->mu);
-        hkn_watch_wake(w);
+        wake_thread(w);
         pthread_mutex_lock(&w->mu);
         while (w->paused && !w->paused_ack && !w->stop)
             pthread_cond_wait(&w->cv, &w->mu);

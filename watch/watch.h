@@ -10,11 +10,11 @@
  * hash differs from the last one handed over. Headers are tracked as
  * dependencies: a changed header hands over again every source that read it.
  *
- * Private to libhotkern (prefix hkn_watch_). One watcher owns one inotify
+ * Private to libhotkern (prefix hkw_). One watcher owns one inotify
  * instance and one thread. That thread only reads files and hands them to the
  * callback; whoever receives them (the runtime's worker, through hk_submit)
  * does the building. Every function is safe from any thread; only
- * hkn_watch_destroy may not be called from the callback.
+ * hkw_destroy may not be called from the callback.
  *
  * File names and modules
  * - NAME.cu, NAME.ptx, NAME.cubin and NAME.fatbin are module sources: module
@@ -25,14 +25,14 @@
  * - Editor droppings are ignored silently, whatever else: dotfiles
  *   (".particles.cu.swp", ".#particles.cu"), names ending in '~' (backups),
  *   "*.swp", "*.swx", "*.tmp", vim's probe file "4913", emacs'
- *   "#particles.cu#". A file named by hkn_watch_set_deps is tracked whatever
+ *   "#particles.cu#". A file named by hkw_set_deps is tracked whatever
  *   its extension, unless it is one of these droppings.
  *
  * Refusals
  * Any other file of an added directory that cannot be handed over is
  * refused through opts.refuse, once per change (a change is a new inode,
  * size, mode or time of the name), with the reason: a name with another
- * extension, a module name of HKN_WATCH_MODULE_MAX characters or more, a
+ * extension, a module name of HKW_MODULE_MAX characters or more, a
  * file that is not regular (FIFO, device, socket, or a pseudo-file such as
  * procfs' that reports 0 bytes yet has content), an empty file, one over the
  * size cap, one that cannot be opened, and a symbolic link that resolves
@@ -55,62 +55,64 @@
 
 #include "hotkern/hotkern.h"
 
-typedef struct hkn_watch hkn_watch;
+/* ---- the watcher (watch/watch.c) ---------------------------------------- */
+
+typedef struct hkw_watcher hkw_watcher;
 
 /* Receives one finished change: module `module` now has the `size` bytes at
  * `bytes`, read from `path` (the watched directory's canonical path, '/', the
  * file name). Called on the watcher thread with no watcher lock held; every
  * pointer is valid during the call only, so the callback copies what it keeps.
- * It may call hkn_watch_add_dir and hkn_watch_set_deps, not hkn_watch_destroy. */
-typedef void (*hkn_watch_fn)(void *ud, const char *module, const char *path, const void *bytes,
-                             size_t size);
+ * It may call hkw_add_dir and hkw_set_deps, not hkw_destroy. */
+typedef void (*hkw_fn)(void *ud, const char *module, const char *path, const void *bytes,
+                       size_t size);
 
 /* Receives one refusal (see "Refusals" above): `path` could not be handed
  * over, for the reason in `why` (one line, naming no content), err being the
  * HK_ERR_* code that fits it. `module` is the module the file would feed, or
  * NULL when its name makes none. Called on the watcher thread with no watcher
  * lock held; the pointers are valid during the call only. */
-typedef void (*hkn_watch_refuse_fn)(void *ud, const char *module, const char *path, int err,
-                                    const char *why);
+typedef void (*hkw_refuse_fn)(void *ud, const char *module, const char *path, int err,
+                              const char *why);
 
 /* Module names are shorter than this: the engine's limit (hk_report.module). */
-#define HKN_WATCH_MODULE_MAX 64
+#define HKW_MODULE_MAX 64
 
 /* One line of trace ("event queue overflow: rescanning 2 directories") at a
  * level: what the watcher saw and decided, each skipped save with its reason
  * (still open for writing, more events within the debounce period, changed
  * during the read, content unchanged, refused) and each source handed over
  * again for a changed header. On the watcher thread, or the caller's of
- * hkn_watch_set_deps, with the watcher's lock held: it must return quickly
- * and not call hkn_watch functions. log_on (optional) says whether a level
+ * hkw_set_deps, with the watcher's lock held: it must return quickly
+ * and not call hkw_ functions. log_on (optional) says whether a level
  * is wanted, so that a line nobody reads is not formatted. */
-typedef void (*hkn_watch_log_fn)(void *ud, hk_log_level level, const char *line);
-typedef int (*hkn_watch_log_on_fn)(void *ud, hk_log_level level);
+typedef void (*hkw_log_fn)(void *ud, hk_log_level level, const char *line);
+typedef int (*hkw_log_on_fn)(void *ud, hk_log_level level);
 
-typedef struct hkn_watch_opts {
-    hkn_watch_fn fn;            /* required */
-    void *ud;                   /* passed to fn */
-    int debounce_ms;            /* quiet period after a file's last event; default 50 */
-    int no_initial_scan;        /* 1: files present when a directory is added are
-                                 * recorded, not handed over (default 0); one
-                                 * modified within a clock tick (20 ms) before the
-                                 * watch was placed is handed over all the same */
-    int dir_poll_ms;            /* how often a vanished directory is looked for;
-                                 * default 200 */
-    int open_wait_ms;           /* how much longer a file still open for writing
-                                 * (modified, not yet closed) is waited for; default 1000 */
-    size_t max_file_size;       /* larger files are skipped; default 64 MiB */
-    hkn_watch_refuse_fn refuse; /* optional; called with ud */
-    int follow_outside_links;   /* 1: follow symbolic links whose target is
-                                 * outside the added directory too (default 0:
-                                 * refuse them unread) */
-    hkn_watch_log_fn log;       /* optional trace */
-    hkn_watch_log_on_fn log_on; /* optional: NULL wants every level */
-    void *log_ud;               /* passed to log and log_on */
-} hkn_watch_opts;
+typedef struct hkw_opts {
+    hkw_fn fn;                /* required */
+    void *ud;                 /* passed to fn */
+    int debounce_ms;          /* quiet period after a file's last event; default 50 */
+    int no_initial_scan;      /* 1: files present when a directory is added are
+                               * recorded, not handed over (default 0); one
+                               * modified within a clock tick (20 ms) before the
+                               * watch was placed is handed over all the same */
+    int dir_poll_ms;          /* how often a vanished directory is looked for;
+                               * default 200 */
+    int open_wait_ms;         /* how much longer a file still open for writing
+                               * (modified, not yet closed) is waited for; default 1000 */
+    size_t max_file_size;     /* larger files are skipped; default 64 MiB */
+    hkw_refuse_fn refuse;     /* optional; called with ud */
+    int follow_outside_links; /* 1: follow symbolic links whose target is
+                               * outside the added directory too (default 0:
+                               * refuse them unread) */
+    hkw_log_fn log;           /* optional trace */
+    hkw_log_on_fn log_on;     /* optional: NULL wants every level */
+    void *log_ud;             /* passed to log and log_on */
+} hkw_opts;
 
 /* Counters, all monotonic. */
-typedef struct hkn_watch_stats {
+typedef struct hkw_stats {
     uint64_t events;       /* inotify events read */
     uint64_t handovers;    /* calls of the callback */
     uint64_t overflows;    /* IN_Q_OVERFLOW seen */
@@ -123,27 +125,27 @@ typedef struct hkn_watch_stats {
                             * last handed over: not handed over again */
     uint64_t dep_rebuilds; /* sources due again because a file their build
                             * read (a header) changed */
-} hkn_watch_stats;
+} hkw_stats;
 
 /* Fills o with the defaults above (fn NULL). */
-void hkn_watch_opts_init(hkn_watch_opts *o);
+void hkw_opts_init(hkw_opts *o);
 
 /* Creates the inotify instance and starts the watcher thread. Options are
  * copied. Returns 0, HK_ERR_INVALID (no callback), HK_ERR_NOMEM, or HK_ERR_IO
  * (inotify or thread creation failed; errno is left set). On success *out is
- * owned by the caller: hkn_watch_destroy(). */
-int hkn_watch_create(hkn_watch **out, const hkn_watch_opts *o);
+ * owned by the caller: hkw_destroy(). */
+int hkw_create(hkw_watcher **out, const hkw_opts *o);
 
 /* Stops the thread (promptly: a callback in progress is finished first), then
  * frees everything. Must not be called from the callback. w may be NULL. */
-void hkn_watch_destroy(hkn_watch *w);
+void hkw_destroy(hkw_watcher *w);
 
 /* Watches directory dir (not recursively). Its files are listed on the
  * watcher thread soon after: module sources present then are handed over once
  * (unless no_initial_scan). Adding a directory twice is harmless. Returns 0,
  * HK_ERR_INVALID, HK_ERR_NOMEM, or HK_ERR_IO when dir is not a reachable
  * directory or inotify refuses it (errno is left set). */
-int hkn_watch_add_dir(hkn_watch *w, const char *dir);
+int hkw_add_dir(hkw_watcher *w, const char *dir);
 
 /* Records that the last build of source_path read the n files in dep_paths
  * (replacing what was recorded before). When one of them changes content,
@@ -154,43 +156,44 @@ int hkn_watch_add_dir(hkn_watch *w, const char *dir);
  * over, the source is handed over again at once: its build may have read the
  * old content. Returns 0, HK_ERR_INVALID, HK_ERR_NOMEM, or HK_ERR_NOT_FOUND
  * when source_path is not a module source of a watched directory. */
-int hkn_watch_set_deps(hkn_watch *w, const char *source_path, const char *const *dep_paths, int n);
+int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep_paths, int n);
 
 /* Snapshot of the counters. */
-void hkn_watch_stats_get(hkn_watch *w, hkn_watch_stats *out);
+void hkw_stats_get(hkw_watcher *w, hkw_stats *out);
 
 /* Test and diagnostic hook: with on = 1 the watcher thread stops reading
  * events (the kernel queue then fills, and overflows) and this call returns
  * once it has stopped; on = 0 lets it go on. */
-void hkn_watch_pause(hkn_watch *w, int on);
+void hkw_pause(hkw_watcher *w, int on);
 
 /* What a file name is to the watcher. */
-typedef enum hkn_watch_kind {
-    HKN_WATCH_IGNORED = 0, /* editor dropping, or a module name that does not fit */
-    HKN_WATCH_SOURCE = 1,  /* module source: NAME.cu/.ptx/.cubin/.fatbin */
-    HKN_WATCH_HEADER = 2,  /* .h, .cuh, .hpp */
-    HKN_WATCH_OTHER = 3,   /* not a dropping, but only tracked as a dependency */
-} hkn_watch_kind;
+typedef enum hkw_kind {
+    HKW_IGNORED = 0, /* editor dropping, or a module name that does not fit */
+    HKW_SOURCE = 1,  /* module source: NAME.cu/.ptx/.cubin/.fatbin */
+    HKW_HEADER = 2,  /* .h, .cuh, .hpp */
+    HKW_OTHER = 3,   /* not a dropping, but only tracked as a dependency */
+} hkw_kind;
 
 /* Classifies a bare file name (no '/'). For a source, the module name is
  * written to module (NUL-terminated) when module_size allows; a module name
- * that does not fit makes the file HKN_WATCH_IGNORED. module may be NULL. */
-hkn_watch_kind hkn_watch_classify(const char *name, char *module, size_t module_size);
+ * that does not fit makes the file HKW_IGNORED. module may be NULL. */
+hkw_kind hkw_classify(const char *name, char *module, size_t module_size);
 
-/* ---- runtime glue (watch/api.c) ----------------------------------------- */
+/* ---- runtime glue (watch/api.c, which also implements hk_watch_dir) ------- */
 
 /* Most headers, and bytes per header, that a handover carries in memory. */
-#define HKN_WATCH_MAX_HEADERS      256
-#define HKN_WATCH_MAX_HEADER_BYTES ((size_t)4 << 20)
+#define HKW_MAX_HEADERS      256
+#define HKW_MAX_HEADER_BYTES ((size_t)4 << 20)
 
-/* Reads the headers of directory dir (canonical: files that
- * hkn_watch_classify calls HKN_WATCH_HEADER, up to the limits above; larger
- * or unreadable ones are left to the file system; one that is a symbolic link
- * resolving outside dir, or not a regular file, is not read and comes as an
- * #error saying so, to hide the file from the compiler), sorted by name so that the
- * same files give the same build key. On success *out (n entries, *n) is the
- * caller's: hkn_watch_headers_free(*out, *n). */
-int hkn_watch_dir_headers(const char *dir, hk_header **out, int *n);
-void hkn_watch_headers_free(hk_header *h, int n);
+/* Reads the headers of directory dir (canonical): the files hkw_classify
+ * calls HKW_HEADER, up to the limits above. Larger or unreadable ones are
+ * left to the file system; one that is a symbolic link resolving outside dir,
+ * or not a regular file, is not read and comes as an #error saying so, to
+ * hide the file from the compiler. Sorted by name, so that the same files
+ * give the same build key. Returns 0, HK_ERR_IO (dir cannot be listed) or
+ * HK_ERR_NOMEM; on success *out (*n entries, NULL when none) is the
+ * caller's: hkw_headers_free(*out, *n). */
+int hkw_dir_headers(const char *dir, hk_header **out, int *n);
+void hkw_headers_free(hk_header *h, int n);
 
 #endif /* HK_WATCH_H */

@@ -71,18 +71,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(out);
         hkn_manifest_free(&m);
     }
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     if (size > 64) {
         char sig[128];
         sodium_bin2base64(sig, sizeof sig, data + size - 64, 64, sodium_base64_VARIANT_ORIGINAL);
         if (hkn_verify_manifest(&keyed, state, text, size - 64, sig, strlen(sig), now, &m, &rep) ==
             0)
             abort(); /* a forged signature verified */
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
         hkn_rollback_req rq;
         if (hkn_rollback_verify(&keyed, text, size - 64, sig, strlen(sig), now, &rq, &rep) == 0)
             abort();
-        hkn_report_reset(&rep);
+        hk_report_clear(&rep);
     }
     unsigned char bin[64];
     (void)hkn_decode_fixed(text, size, bin, sizeof bin);

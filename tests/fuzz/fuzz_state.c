@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (!rep.message[0]) {
         abort(); /* refused without saying why */
     }
-    hkn_report_reset(&rep);
+    hk_report_clear(&rep);
     unlink(path);
     return 0;
 }

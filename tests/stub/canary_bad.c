@@ -21,32 +21,32 @@
 
 static int fd = 3;
 
-static void say(hkc_buf *b) {
-    hkc_send(fd, b);
-    hkc_buf_free(b);
+static void say(hka_buf *b) {
+    hka_send(fd, b);
+    hka_buf_free(b);
 }
 
 static void loaded(void) {
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_LOADED);
-    hkc_put_u32(&b, 0);
-    hkc_put_str(&b, "");
-    hkc_put_str(&b, "");
+    hka_buf b;
+    hka_buf_init(&b, HKA_LOADED);
+    hka_put_u32(&b, 0);
+    hka_put_str(&b, "");
+    hka_put_str(&b, "");
     say(&b);
 }
 
 /* A RESULT claiming one finished buffer of `size` bytes, plus `extra`. */
 static void result(uint64_t size, size_t extra) {
-    hkc_buf b;
-    hkc_buf_init(&b, HKC_RESULT);
-    hkc_put_u32(&b, HKC_STAGE_DONE);
-    hkc_put_u32(&b, 0);
-    hkc_put_str(&b, "");
-    hkc_put_u32(&b, 1);
-    hkc_put_u32(&b, 0);
-    hkc_put_u64(&b, size);
+    hka_buf b;
+    hka_buf_init(&b, HKA_RESULT);
+    hka_put_u32(&b, HKA_STAGE_DONE);
+    hka_put_u32(&b, 0);
+    hka_put_str(&b, "");
+    hka_put_u32(&b, 1);
+    hka_put_u32(&b, 0);
+    hka_put_u64(&b, size);
     for (uint64_t i = 0; i < size + extra; i++)
-        hkc_put(&b, "x", 1);
+        hka_put(&b, "x", 1);
     say(&b);
 }
 
@@ -63,11 +63,11 @@ static void answer(const char *mode, uint32_t type) {
         return;
     }
     if (!strcmp(mode, "oversize")) {
-        hkc_msg_hdr h = {HKC_MAGIC, HKC_RESULT, 0xfffffff0u};
+        hka_msg_hdr h = {HKA_MAGIC, HKA_RESULT, 0xfffffff0u};
         send(fd, &h, sizeof h, MSG_NOSIGNAL);
         return;
     }
-    if (type == HKC_LOAD) {
+    if (type == HKA_LOAD) {
         loaded();
         return;
     }
@@ -85,21 +85,21 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "noready"))
         for (;;)
             pause();
-    hkc_buf b;
+    hka_buf b;
     if (!strcmp(mode, "failready")) {
-        hkc_buf_init(&b, HKC_FAIL);
-        hkc_put_str(&b, "no device here");
+        hka_buf_init(&b, HKA_FAIL);
+        hka_put_str(&b, "no device here");
         say(&b);
         return 1;
     }
-    hkc_buf_init(&b, HKC_READY);
-    hkc_put_u32(&b, HKC_PROTOCOL);
+    hka_buf_init(&b, HKA_READY);
+    hka_put_u32(&b, HKA_PROTOCOL);
     say(&b);
     for (;;) {
         uint32_t type;
         unsigned char *d;
         size_t len;
-        if (hkc_recv(fd, HKC_MAX_MSG, 0, &type, &d, &len) < 0)
+        if (hka_recv(fd, HKA_MAX_MSG, 0, &type, &d, &len) < 0)
             return 0;
         free(d);
         answer(mode, type);
