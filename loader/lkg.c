@@ -422,10 +422,18 @@ void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void)) {
 
 /* ---- commits and checks ------------------------------------------------- */
 
-void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, uint64_t release) {
+void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]) {
+    hash_of(image, size, h);
+}
+
+void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash,
+                       uint64_t release) {
     hkl_lkg *l = rt->lkg;
     uint8_t h[32];
-    hash_of(v->image, v->size, h);
+    if (hash)
+        memcpy(h, hash, 32);
+    else
+        hash_of(v->image, v->size, h);
     char **e = strv_dup(v->expr, v->nexpr), **w = strv_dup(v->lowered, v->nexpr);
     double now = l->now();
     pthread_mutex_lock(&l->lock);

@@ -574,7 +574,8 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
  *   (no engine lock needed).
  * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
- *   writes its image.
+ *   writes its image; hash is v's image's (hkl_lkg_hash, taken before the
+ *   lock) or NULL to hash it here.
  * - hkl_lkg_sticky: 1 for a CUresult that ends the context for good.
  * - hkl_lkg_lost: handles a sticky error once (quarantine, records, log,
  *   event); no engine lock may be held. */
@@ -582,7 +583,8 @@ int hkl_lkg_open(hk_runtime *rt, hk_report *rep);
 void hkl_lkg_close(hk_runtime *rt);
 int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
                   hk_report *rep);
-void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, uint64_t release);
+void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]);
+void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash, uint64_t release);
 int hkl_lkg_sticky(int cu_result);
 void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);
 void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined);

@@ -828,6 +828,10 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
                  job->name);
         return HK_ERR_BUSY;
     }
+    /* The last-known-good record names the image by its hash: taken here,
+     * before swap_lock, so that no other swap waits for it. */
+    uint8_t hash[32];
+    hkl_lkg_hash(job->art.image, job->art.size, hash);
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt); /* not held by this thread: checked above */
     int reset = hkl_check_reset(rt);
@@ -836,7 +840,7 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, job, 0, rep, &oldv);
     if (err == 0) /* recorded in commit order, under swap_lock */
-        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current),
+        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
                           job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
@@ -1168,7 +1172,7 @@ static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report 
     int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, j, 1, r, oldv);
     if (err == 0)
-        hkl_lkg_committed(rt, atomic_load(&m->current), 0);
+        hkl_lkg_committed(rt, atomic_load(&m->current), NULL, 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {

@@ -665,6 +665,8 @@ START_TEST(submission_does_not_wait_for_ever) {
     const char *src = fake_ptx(2, 0, 0, 0);
     ck_assert_int_eq(hk_submit(rt, "sim", src, strlen(src), NULL), 0);
     WAIT_FOR(hk_module_version(rt, "sim") == 2);
+    /* The event follows the commit, on the worker, after swap_lock. */
+    WAIT_FOR(events[HK_EVENT_COMMITTED] == 2);
     ck_assert_int_eq(events[HK_EVENT_COMMITTED], 2);
 }
 END_TEST
