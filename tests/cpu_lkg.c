@@ -10,6 +10,8 @@
  * (hkl_lkg_set_clock), so no test depends on how fast the machine is.
  */
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +26,7 @@
 
 static char *dir;
 static double clock_ms;
-static int lost_events, refused_events;
+static _Atomic int lost_events, refused_events;
 static char lost_msg[512];
 
 static double test_clock(void) {
@@ -267,6 +269,37 @@ START_TEST(loss_after_the_window_quarantines_nothing) {
 }
 END_TEST
 
+static void *launch_failing(void *arg) {
+    for (int i = 0; i < 8; i++) {
+        int cu = 0;
+        ck_assert_int_eq(launch_tag(arg, &cu), HK_ERR_CUDA);
+        ck_assert_int_eq(cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+    return NULL;
+}
+
+/* Four threads see the sticky error at once: one event, one quarantine. */
+START_TEST(concurrent_sticky_errors_are_handled_once) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
+    for (int i = 0; i < 32; i++)
+        fake_fail("cuLaunchKernel", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, launch_failing, k);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(lost_events, 1);
+    hk_stats st = HK_STATS_INIT;
+    ck_assert_int_eq(hk_stats_get(r, &st), 0);
+    ck_assert_uint_eq(st.context_lost, 1);
+    ck_assert_uint_eq(st.quarantined, 1);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
 /* Writes DIR/sub with text (len bytes). */
 static void put_file(const char *sub, const char *text, size_t len) {
     char p[4096];
@@ -477,6 +510,7 @@ int main(void) {
     tcase_add_test(tc, restart_restores_known_good_and_refuses_quarantined);
     tcase_add_test(tc, restore_at_create_and_one_runtime_per_directory);
     tcase_add_test(tc, loss_after_the_window_quarantines_nothing);
+    tcase_add_test(tc, concurrent_sticky_errors_are_handled_once);
     tcase_add_test(tc, damaged_records_are_refused_with_a_report);
     tcase_add_test(tc, disk_holds_only_what_records_name);
     suite_add_tcase(s, tc);
