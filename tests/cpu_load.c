@@ -367,20 +367,25 @@ START_TEST(failed_unload_is_retried_not_counted) {
 END_TEST
 
 /* A pass that gathered many retired versions unloads them with one gate
- * closure each, so no launcher is held for the whole batch. */
+ * closure each, so no launcher is held for the whole batch. The reclaim
+ * thread is held while six versions retire, so that one pass finds them all. */
 START_TEST(batched_unloads_open_the_gate_between_versions) {
-    rt->unload_gap_ms = 500; /* the swaps below land within one gap */
     swap_ok(fake_ptx(1, 0, 0, 0));
-    for (int i = 0; i < 6; i++)
-        swap_ok(fake_ptx(2 + i % 2, 0, 0, 0) /* alternate: never the same image */);
+    hook_arm(HKL_HOOK_PASS_SNAPSHOT, NULL);
+    swap_ok(fake_ptx(2, 0, 0, 0)); /* v1 retired: a pass starts and is held */
+    hook_wait_inside();
+    for (int i = 0; i < 5; i++) /* v2..v6 retired while it is held */
+        swap_ok(fake_ptx(3 + i % 2, 0, 0, 0) /* alternate: never the same image */);
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     uint64_t closes0 = st.gate_closes, reclaimed0 = st.reclaimed;
-    WAIT_FOR(stat_reclaimed() == 6);
+    ck_assert_uint_eq(reclaimed0, 0);
+    hook_go();
+    ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
     hk_stats_get(rt, &st);
-    /* Every unload after the first snapshot had a closure of its own. */
-    ck_assert_uint_ge(st.gate_closes - closes0, st.reclaimed - reclaimed0);
-    ck_assert_uint_ge(st.reclaimed - reclaimed0, 4); /* a batch was gathered */
+    ck_assert_uint_eq(st.reclaimed - reclaimed0, 6);
+    /* Every unload had a closure of its own (one for all would give 2). */
+    ck_assert_uint_ge(st.gate_closes - closes0, 6);
     ck_assert_int_eq(fake_live_images(), 1);
 }
 END_TEST
