@@ -414,22 +414,25 @@ static void report_stats(hkc_out *o, hkn_puller *p) {
     hkc_set(o, "stats", st);
 }
 
-/* Polls cfg->url pa->count times; the exit status follows the last poll. */
-static int run_pull(hkc_out *o, hkn_pull_cfg *cfg, const struct pull_args *pa) {
+/* Polls opt->url pa->count times; the exit status follows the last poll.
+ * r holds the state directory; the trust is completed here. */
+static int run_pull(hkc_out *o, const hk_pull_options *opt, hkn_pull_resolved *r,
+                    const struct pull_args *pa) {
     hk_report rep = HK_REPORT_INIT;
     hkn_puller *p = NULL;
     int err = 0, rc;
     hkn_engine eng = {.apply = report_apply, .ud = o};
     if (pa->pubkey) {
-        if (hkn_pubkey_load(pa->pubkey, &cfg->trust.keys[0], &rep))
+        if (hkn_pubkey_load(pa->pubkey, &r->trust.keys[0], &rep))
             goto out;
-        cfg->trust.nkeys = 1;
+        r->trust.nkeys = 1;
     }
     if (pa->out && mkdir(pa->out, 0755) != 0 && errno != EEXIST) {
         hku_fail(&rep, HK_ERR_IO, "mkdir %s: %s", pa->out, strerror(errno));
         goto out;
     }
-    if (hkn_pull_create(cfg, &eng, &p, &rep))
+    r->trust.allow_unsigned = opt->allow_unsigned;
+    if (hkn_pull_create(opt, r, &eng, &p, &rep))
         goto out;
     for (uint64_t i = 0; i < pa->count; i++) {
         hk_report_clear(&rep);
@@ -449,21 +452,26 @@ out:
 }
 
 int hkc_cmd_pull(int argc, char **argv) {
-    hkn_pull_cfg cfg;
-    hkn_pull_cfg_init(&cfg);
+    /* The puller runs without a runtime: the options are the library's, and
+     * what hk_pull_start would resolve from them is resolved here, with the
+     * artifacts' copy in --out besides. */
+    hk_pull_options opt;
+    hkn_pull_resolved r;
+    hk_pull_options_init(&opt);
+    memset(&r, 0, sizeof r);
     struct pull_args pa = {.interval = 1000, .timeout = 10000};
     int once = 0, json = 0, nargs = 0;
     const hkc_opt opts[] = {
         HKC_STRING_OPT("--pubkey", &pa.pubkey),
-        HKC_STRING_OPT("--state", &cfg.state_dir),
+        HKC_STRING_OPT("--state", &opt.state_dir),
         HKC_STRING_OPT("--out", &pa.out),
         HKC_FLAG_OPT("--once", &once),
         HKC_UINT_OPT("--count", &pa.count, 1, 1000000, "--count needs 1 to 1000000"),
         HKC_UINT_OPT("--interval-ms", &pa.interval, 1, 86400000,
                      "--interval-ms needs 1 to 86400000"),
         HKC_UINT_OPT("--timeout-ms", &pa.timeout, 1, 3600000, "--timeout-ms needs 1 to 3600000"),
-        HKC_STRING_OPT("--cacert", &cfg.ca_file),
-        HKC_FLAG_OPT("--allow-unsigned", &cfg.trust.allow_unsigned),
+        HKC_STRING_OPT("--cacert", &opt.ca_file),
+        HKC_FLAG_OPT("--allow-unsigned", &opt.allow_unsigned),
         HKC_FLAG_OPT("--quiet", &pa.quiet),
         HKC_JSON_OPT(&json),
     };
@@ -477,23 +485,24 @@ int hkc_cmd_pull(int argc, char **argv) {
         return hkc_finish(&o, hkc_usage(&o, "URL is required"));
     if (!pa.count)
         return hkc_finish(&o, hkc_usage(&o, "--once or --count N is required"));
-    if (!pa.pubkey && !cfg.trust.allow_unsigned)
+    if (!pa.pubkey && !opt.allow_unsigned)
         return hkc_finish(&o, hkc_usage(&o, "--pubkey FILE is required"));
     char defdir[PATH_MAX];
-    if (!cfg.state_dir) {
+    r.state_dir = opt.state_dir;
+    if (!r.state_dir) {
         hk_report drep = HK_REPORT_INIT;
         if (hkn_default_state_dir(defdir, sizeof defdir, &drep))
             return hkc_finish(&o, hkc_usage(&o, "%s", drep.message));
-        cfg.state_dir = defdir;
+        r.state_dir = defdir;
     }
     hkc_declare(&o, "url", "stats", NULL);
     hkc_set_str(&o, "url", argv[1]);
     hkc_set(&o, "applied", cJSON_CreateArray());
     hkc_set(&o, "poll_errors", cJSON_CreateArray());
-    cfg.url = argv[1];
-    cfg.save_dir = pa.out;
-    cfg.interval_ms = (unsigned)pa.interval;
-    cfg.total_timeout_ms = (unsigned)pa.timeout;
-    cfg.connect_timeout_ms = (unsigned)(pa.timeout < 5000 ? pa.timeout : 5000);
-    return hkc_finish(&o, run_pull(&o, &cfg, &pa));
+    opt.url = argv[1];
+    opt.interval_ms = (unsigned)pa.interval;
+    opt.total_timeout_ms = (unsigned)pa.timeout;
+    opt.connect_timeout_ms = (unsigned)(pa.timeout < 5000 ? pa.timeout : 5000);
+    r.save_dir = pa.out;
+    return hkc_finish(&o, run_pull(&o, &opt, &r, &pa));
 }

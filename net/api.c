@@ -5,9 +5,12 @@
  * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version,
  * hk_metrics_text_alloc and hk_log, attaches each endpoint's and puller's
  * counters to the runtime's metrics (hk_metrics_attach, labelled with the
- * endpoint's address or the puller's URL), turns key and certificate files
- * into the in-memory configuration the endpoint and the puller take, and
- * picks the default state directories.
+ * endpoint's address or the puller's URL), and resolves what the options name
+ * by file or leave to a default (trusted keys, TLS certificate and key, the
+ * state directory) into the hkn_*_resolved the endpoint and the puller take
+ * beside the options themselves. The options' defaults live with the code
+ * that uses them (hk_endpoint_options_init_size in net/endpoint.c,
+ * hk_pull_options_init_size in net/pull.c).
  *
  * The swap is synchronous (hk_swap) because a pusher waits for the outcome
  * and the puller must know it before recording the release as accepted. Its
@@ -28,11 +31,6 @@
 #include "hotkern/net.h"
 #include "loader/abi.h"
 #include "net/net.h"
-
-/* First layouts (see loader/abi.h). */
-#define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
-#define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
-#define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
 
 /* What the engine callbacks need; immutable once the source runs. */
 struct adapter {
@@ -238,21 +236,22 @@ static int attach_endpoint_metrics(hk_endpoint *h, const char *address, hk_repor
     return err ? hku_fail(rep, err, "cannot attach the endpoint's metrics") : 0;
 }
 
-/* The defaults are the endpoint's own (hkn_endpoint_cfg_init), as the
- * puller's are below. */
-int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
-    hkn_endpoint_cfg c;
-    hk_endpoint_options d;
-    hkn_endpoint_cfg_init(&c);
-    memset(&d, 0, sizeof d);
-    d.address = c.address;
-    d.max_body_bytes = c.max_body;
-    d.max_connections = c.max_connections;
-    d.timeout_s = c.timeout_s;
-    d.per_ip_connections = c.per_ip_connections;
-    d.request_timeout_s = c.request_timeout_s;
-    d.threads = c.threads;
-    return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
+/* Reads the TLS files named by opt into r (both or neither); *cert and *key
+ * are the caller's to free, whatever the outcome. */
+static int read_tls(const hk_endpoint_options *opt, hkn_endpoint_resolved *r, char **cert,
+                    char **key, hk_report *rep) {
+    size_t len;
+    int err;
+    if (!opt->tls_cert_file && !opt->tls_key_file)
+        return 0;
+    if (!opt->tls_cert_file || !opt->tls_key_file)
+        return hku_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
+    if ((err = hku_read_file(opt->tls_cert_file, 1 << 20, cert, &len, rep)) ||
+        (err = hku_read_file(opt->tls_key_file, 1 << 20, key, &len, rep)))
+        return err;
+    r->tls_cert_pem = *cert;
+    r->tls_key_pem = *key;
+    return 0;
 }
 
 /* hk_endpoint_start with opt in the library's layout and a full report. */
@@ -260,64 +259,33 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
                           hk_report *rep) {
     int err;
     char *cert = NULL, *key = NULL, dirbuf[PATH_MAX];
-    size_t len;
-    hkn_endpoint_cfg cfg;
+    hkn_endpoint_resolved r;
+    memset(&r, 0, sizeof r);
     *out = NULL;
     if (opt->port > 65535)
         return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", opt->port);
     hk_endpoint *h = calloc(1, sizeof *h);
     if (!h)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
-        goto fail;
-    hkn_endpoint_cfg_init(&cfg);
-    if (opt->address)
-        cfg.address = opt->address;
-    cfg.port = (uint16_t)opt->port;
-    cfg.token = opt->token;
-    if (opt->max_body_bytes)
-        cfg.max_body = opt->max_body_bytes;
-    if (opt->max_connections)
-        cfg.max_connections = opt->max_connections;
-    if (opt->timeout_s)
-        cfg.timeout_s = opt->timeout_s;
-    if (opt->per_ip_connections)
-        cfg.per_ip_connections = opt->per_ip_connections;
-    if (opt->request_timeout_s)
-        cfg.request_timeout_s = opt->request_timeout_s;
-    if (opt->threads)
-        cfg.threads = opt->threads;
-    cfg.max_inflight = opt->max_inflight_bytes;
-    cfg.hosts = opt->allowed_hosts;
-    cfg.nhosts = opt->nallowed_hosts;
-    if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
+    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)) ||
+        (err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &r.trust,
                           rep)) ||
-        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)))
+        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &r.state_dir, rep)) ||
+        (err = read_tls(opt, &r, &cert, &key, rep)) ||
+        (err = hkn_endpoint_start(opt, &r, &h->ad.eng, &h->ep, rep)))
         goto fail;
-    if (opt->tls_cert_file || opt->tls_key_file) {
-        if (!opt->tls_cert_file || !opt->tls_key_file) {
-            err = hku_fail(rep, HK_ERR_INVALID, "TLS needs both tls_cert_file and tls_key_file");
-            goto fail;
-        }
-        if ((err = hku_read_file(opt->tls_cert_file, 1 << 20, &cert, &len, rep)) ||
-            (err = hku_read_file(opt->tls_key_file, 1 << 20, &key, &len, rep)))
-            goto fail;
-        cfg.tls_cert_pem = cert;
-        cfg.tls_key_pem = key;
-    }
-    if ((err = hkn_endpoint_start(&cfg, &h->ad.eng, &h->ep, rep)) ||
-        (err = attach_endpoint_metrics(h, cfg.address, rep)))
+    const char *address = hkn_endpoint_address(h->ep);
+    if ((err = attach_endpoint_metrics(h, address, rep)))
         goto fail;
-    if (!cfg.token && !cfg.tls_cert_pem &&
-        (!strcmp(cfg.address, "0.0.0.0") || !strcmp(cfg.address, "::"))) {
+    if (!opt->token && !r.tls_cert_pem && (!strcmp(address, "0.0.0.0") || !strcmp(address, "::"))) {
         /* Started, but say so: the caller may show the message. */
         hk_log(rt, HK_LOG_WARN, "endpoint",
-               "listening on every address (%s) with no token and no TLS", cfg.address);
+               "listening on every address (%s) with no token and no TLS", address);
         hku_fail(rep, 0,
                  "warning: listening on every address (%s) with no token and no TLS: anyone "
                  "who can reach the port can push signed releases and read status; put a "
                  "reverse proxy in front or set a token and TLS",
-                 cfg.address);
+                 address);
     }
     free(cert);
     free(key);
@@ -370,23 +338,6 @@ void hk_endpoint_stop(hk_endpoint *ep) {
 
 /* ---- puller ------------------------------------------------------------ */
 
-int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
-    hkn_pull_cfg c;
-    hk_pull_options d;
-    hkn_pull_cfg_init(&c);
-    memset(&d, 0, sizeof d);
-    d.interval_ms = c.interval_ms;
-    d.jitter_pct = c.jitter_pct;
-    d.max_backoff_ms = c.max_backoff_ms;
-    d.connect_timeout_ms = c.connect_timeout_ms;
-    d.total_timeout_ms = c.total_timeout_ms;
-    d.low_speed_bytes = c.low_speed_bytes;
-    d.low_speed_s = c.low_speed_s;
-    d.max_manifest_bytes = c.max_manifest;
-    d.max_artifact_bytes = c.max_artifact;
-    return hkl_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
-}
-
 static void puller_metrics(hk_metrics_writer *w, void *ud) {
     hk_puller *h = ud;
     hkn_pull_metrics(h->p, w);
@@ -396,7 +347,8 @@ static void puller_metrics(hk_metrics_writer *w, void *ud) {
 static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
     int err;
     char dirbuf[PATH_MAX];
-    hkn_pull_cfg cfg;
+    hkn_pull_resolved r;
+    memset(&r, 0, sizeof r);
     *out = NULL;
     if (!opt->url)
         return hku_fail(rep, HK_ERR_INVALID, "hk_pull_start: no url");
@@ -405,25 +357,11 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
     hk_puller *h = calloc(1, sizeof *h);
     if (!h)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)))
-        goto fail;
-    hkn_pull_cfg_init(&cfg);
-    cfg.url = opt->url;
-    cfg.artifact_base = opt->artifact_base;
-    cfg.interval_ms = opt->interval_ms;
-    cfg.jitter_pct = opt->jitter_pct;
-    cfg.max_backoff_ms = opt->max_backoff_ms;
-    cfg.connect_timeout_ms = opt->connect_timeout_ms;
-    cfg.total_timeout_ms = opt->total_timeout_ms;
-    cfg.low_speed_bytes = opt->low_speed_bytes;
-    cfg.low_speed_s = opt->low_speed_s;
-    cfg.max_manifest = opt->max_manifest_bytes;
-    cfg.max_artifact = opt->max_artifact_bytes;
-    cfg.ca_file = opt->ca_file;
-    if ((err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &cfg.trust,
+    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)) ||
+        (err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &r.trust,
                           rep)) ||
-        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &cfg.state_dir, rep)) ||
-        (err = hkn_pull_create(&cfg, &h->ad.eng, &h->p, rep)))
+        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &r.state_dir, rep)) ||
+        (err = hkn_pull_create(opt, &r, &h->ad.eng, &h->p, rep)))
         goto fail;
     if ((err = hk_metrics_attach(rt, puller_metrics, h, "url", opt->url, &h->metrics))) {
         hku_fail(rep, err, "cannot attach the puller's metrics");

@@ -3,7 +3,7 @@
  * releases, answers status, rollback, metrics and health requests.
  *
  * Threads. libmicrohttpd runs an epoll event loop on a small pool of threads
- * of its own (cfg.threads): a connection costs a socket and a little memory,
+ * of its own (hk_endpoint_options.threads): a connection costs a socket and a little memory,
  * never a thread, so a thousand slow clients cannot starve the others. The
  * loop threads never wait on the engine: a request that changes something
  * (a release, a rollback) is received in full, then its connection is
@@ -40,6 +40,11 @@
  * cross-origin request or by DNS rebinding. A release needs its signature; a
  * rollback needs the token or a signed rollback request, and with neither a
  * token nor a trusted key configured, rollback over HTTP is off.
+ *
+ * Configuration. The endpoint takes the public hk_endpoint_options, whose
+ * defaults live here (hk_endpoint_options_init_size), and what net/api.c
+ * resolved from them (hkn_endpoint_resolved: loaded keys, PEM texts, the
+ * state directory).
  *
  * Locks (private to this file), never nested:
  *   lock       the module table, the nonces and the counters;
@@ -174,15 +179,42 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c) {
-    memset(c, 0, sizeof *c);
-    c->address = "127.0.0.1";
-    c->max_body = 64u << 20;
-    c->max_connections = 1024;
-    c->per_ip_connections = 128;
-    c->timeout_s = 30;
-    c->request_timeout_s = 60;
-    c->threads = 2;
+/* The one place of the endpoint's defaults: hkn_endpoint_start falls back on
+ * them for a zero number or a NULL address. */
+int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
+    hk_endpoint_options d;
+    memset(&d, 0, sizeof d);
+    d.address = "127.0.0.1";
+    d.max_body_bytes = 64u << 20;
+    d.max_connections = 1024;
+    d.timeout_s = 30;
+    d.per_ip_connections = 128;
+    d.request_timeout_s = 60;
+    d.threads = 2;
+    return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
+}
+
+/* o with every zero number and a NULL address replaced by its default. */
+static hk_endpoint_options with_defaults(const hk_endpoint_options *o) {
+    hk_endpoint_options d, r = *o;
+    hk_endpoint_options_init(&d);
+    if (!r.address)
+        r.address = d.address;
+    if (!r.max_body_bytes)
+        r.max_body_bytes = d.max_body_bytes;
+    if (!r.max_connections)
+        r.max_connections = d.max_connections;
+    if (!r.timeout_s)
+        r.timeout_s = d.timeout_s;
+    if (!r.per_ip_connections)
+        r.per_ip_connections = d.per_ip_connections;
+    if (!r.request_timeout_s)
+        r.request_timeout_s = d.request_timeout_s;
+    if (!r.threads)
+        r.threads = d.threads;
+    if (!r.max_inflight_bytes)
+        r.max_inflight_bytes = 2 * r.max_body_bytes;
+    return r;
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -1236,24 +1268,28 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* ---- lifecycle --------------------------------------------------------- */
 
-int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_endpoint **out,
-                       hk_report *rep) {
+int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
+                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
     *out = NULL;
     int err = 0;
-    if (!cfg || !e || !e->apply)
+    if (!opt || !r || !e || !e->apply)
         return hku_fail(rep, HK_ERR_INVALID,
-                        "endpoint needs a configuration and an apply "
+                        "endpoint needs options, their resolved state and an apply "
                         "function");
+    hk_endpoint_options o = with_defaults(opt);
+    const hk_endpoint_options *cfg = &o;
+    if (o.port > 65535)
+        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", o.port);
     if (hkn_crypto_init())
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
-    if ((cfg->tls_cert_pem != NULL) != (cfg->tls_key_pem != NULL))
+    if ((r->tls_cert_pem != NULL) != (r->tls_key_pem != NULL))
         return hku_fail(rep, HK_ERR_INVALID, "TLS needs both a certificate and a key");
-    if (cfg->tls_cert_pem && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+    if (r->tls_cert_pem && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
     if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES)
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
-    if (cfg->nhosts < 0 || (cfg->nhosts > 0 && !cfg->hosts))
-        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", cfg->nhosts);
+    if (o.nallowed_hosts < 0 || (o.nallowed_hosts > 0 && !o.allowed_hosts))
+        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o.nallowed_hosts);
 
     hkn_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
@@ -1264,39 +1300,39 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
     pthread_cond_init(&ep->job_cv, NULL);
     ep->jobs_tail = &ep->jobs;
     ep->eng = *e;
-    ep->trust = cfg->trust;
-    ep->max_body = cfg->max_body ? cfg->max_body : 64u << 20;
-    ep->max_inflight = cfg->max_inflight ? cfg->max_inflight : 2 * ep->max_body;
-    ep->max_conns = cfg->max_connections ? cfg->max_connections : 1024;
-    ep->per_ip = cfg->per_ip_connections ? cfg->per_ip_connections : 128;
-    ep->deadline_ms = 1000 * (int64_t)(cfg->request_timeout_s ? cfg->request_timeout_s : 60);
+    ep->trust = r->trust;
+    ep->max_body = cfg->max_body_bytes;
+    ep->max_inflight = cfg->max_inflight_bytes;
+    ep->max_conns = cfg->max_connections;
+    ep->per_ip = cfg->per_ip_connections;
+    ep->deadline_ms = 1000 * (int64_t)cfg->request_timeout_s;
     ep->mods = calloc(MAX_MODULES, sizeof *ep->mods);
-    ep->hosts = hku_strv_dup(cfg->hosts, cfg->nhosts);
-    ep->nhosts = ep->hosts ? cfg->nhosts : 0;
-    int oom = !ep->mods || (cfg->nhosts && !ep->hosts);
+    ep->hosts = hku_strv_dup(cfg->allowed_hosts, cfg->nallowed_hosts);
+    ep->nhosts = ep->hosts ? cfg->nallowed_hosts : 0;
+    int oom = !ep->mods || (cfg->nallowed_hosts && !ep->hosts);
     if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
-        (cfg->tls_cert_pem && !(ep->cert_pem = strdup(cfg->tls_cert_pem))) ||
-        (cfg->tls_key_pem && !(ep->key_pem = strdup(cfg->tls_key_pem)))) {
+        (r->tls_cert_pem && !(ep->cert_pem = strdup(r->tls_cert_pem))) ||
+        (r->tls_key_pem && !(ep->key_pem = strdup(r->tls_key_pem)))) {
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((err = hkn_state_open(cfg->state_dir, &ep->state, rep)))
+    if ((err = hkn_state_open(r->state_dir, &ep->state, rep)))
         goto fail;
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    const char *addr = cfg->address ? cfg->address : "127.0.0.1";
+    const char *addr = cfg->address;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
     struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
     if (inet_pton(AF_INET, addr, &sin->sin_addr) == 1) {
         sin->sin_family = AF_INET;
-        sin->sin_port = htons(cfg->port);
+        sin->sin_port = htons((uint16_t)cfg->port);
         ep->wildcard = sin->sin_addr.s_addr == htonl(INADDR_ANY);
         ep->loopback = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
     } else if (inet_pton(AF_INET6, addr, &sin6->sin6_addr) == 1) {
         sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons(cfg->port);
+        sin6->sin6_port = htons((uint16_t)cfg->port);
         flags |= MHD_USE_IPv6;
         ep->wildcard = IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
         ep->loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
@@ -1326,13 +1362,13 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
      * connections outright only when a client is far past them. */
     unsigned hard = ep->max_conns + ep->max_conns / 4 + 16;
     unsigned hard_ip = ep->per_ip * 2 + 4;
-    unsigned threads = cfg->threads ? cfg->threads : 2;
+    unsigned threads = cfg->threads;
     struct MHD_OptionItem opts[] = {
         {MHD_OPTION_SOCK_ADDR, 0, &ss},
         {MHD_OPTION_THREAD_POOL_SIZE, threads, NULL},
         {MHD_OPTION_CONNECTION_LIMIT, hard, NULL},
         {MHD_OPTION_PER_IP_CONNECTION_LIMIT, hard_ip, NULL},
-        {MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s ? cfg->timeout_s : 30, NULL},
+        {MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s, NULL},
         {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL},
         {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, ep},
         {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, ep},
@@ -1350,7 +1386,7 @@ int hkn_endpoint_start(const hkn_endpoint_cfg *cfg, const hkn_engine *e, hkn_end
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    ep->port = di ? di->port : cfg->port;
+    ep->port = di ? di->port : (uint16_t)cfg->port;
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
             "listening on %s port %u (%s, %s, %d trusted key(s)%s)", ep->addr, (unsigned)ep->port,
             ep->cert_pem ? "https" : "http", ep->token ? "bearer token required" : "no token",
@@ -1364,6 +1400,10 @@ fail:
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {
     return ep ? ep->port : 0;
+}
+
+const char *hkn_endpoint_address(const hkn_endpoint *ep) {
+    return ep ? ep->addr : NULL;
 }
 
 void hkn_endpoint_stop(hkn_endpoint *ep) {

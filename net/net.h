@@ -22,7 +22,14 @@
 #include <stdint.h>
 
 #include "hotkern/hotkern.h"
+#include "hotkern/net.h"
+#include "loader/abi.h"
 #include "util/util.h"
+
+/* First layouts of the public network structures (see loader/abi.h). */
+#define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
+#define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
+#define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
 
 /* ---- the engine seen from the network ---------------------------------- */
 
@@ -272,31 +279,29 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
 
 /* ---- push endpoint ----------------------------------------------------- */
 
-typedef struct hkn_endpoint_cfg {
-    const char *address;      /* default "127.0.0.1"; IPv6 text allowed */
-    uint16_t port;            /* 0: ephemeral, see hkn_endpoint_port */
-    const char *token;        /* bearer token or NULL */
-    const char *tls_cert_pem; /* both or neither: PEM text */
+/* The endpoint takes the public hk_endpoint_options (include/hotkern/net.h)
+ * in the library's full layout for everything they describe, with zero
+ * numbers and a NULL address meaning the defaults of
+ * hk_endpoint_options_init_size. What the options name by file and the
+ * state directory, the caller resolves first into this: */
+typedef struct hkn_endpoint_resolved {
+    hkn_trust trust;          /* the keys loaded from trusted_keys, and allow_unsigned */
+    const char *tls_cert_pem; /* both or neither: the PEM texts of the TLS files */
     const char *tls_key_pem;
-    size_t max_body;             /* bytes; default 64 MiB */
-    unsigned max_connections;    /* open at once; default 1024, beyond: 503 */
-    unsigned per_ip_connections; /* open at once from one address; default 128, beyond: 503 */
-    unsigned timeout_s;          /* per connection idle; default 30 */
-    unsigned request_timeout_s;  /* whole request, headers and body; default 60 */
-    unsigned threads;            /* event-loop threads; default 2 */
-    size_t max_inflight;         /* request body bytes held at once; default 2 x max_body */
-    const char *const *hosts;    /* names accepted in Host and Origin besides the address */
-    int nhosts;
-    const char *state_dir; /* NULL: memory only */
-    hkn_trust trust;
-} hkn_endpoint_cfg;
+    const char *state_dir; /* the state directory resolved; NULL: memory only */
+} hkn_endpoint_resolved;
 
 typedef struct hkn_endpoint hkn_endpoint;
 
-void hkn_endpoint_cfg_init(hkn_endpoint_cfg *c);
-int hkn_endpoint_start(const hkn_endpoint_cfg *c, const hkn_engine *e, hkn_endpoint **out,
-                       hk_report *rep);
+/* Starts the endpoint. Of o, the fields trusted_keys, ntrusted_keys,
+ * allow_unsigned, tls_*_file, state_dir and swap are not read: r holds what
+ * they resolve to (and e applies releases). o and r are read during the call
+ * only. */
+int hkn_endpoint_start(const hk_endpoint_options *o, const hkn_endpoint_resolved *r,
+                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep);
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
+/* The address it listens on (o->address or the default). Valid until stop. */
+const char *hkn_endpoint_address(const hkn_endpoint *ep);
 /* Connections open now (for tests and status). */
 unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */
@@ -308,23 +313,17 @@ void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w);
 
 /* ---- puller ------------------------------------------------------------ */
 
-typedef struct hkn_pull_cfg {
-    const char *url;             /* manifest URL; signature at url + ".sig" */
-    const char *artifact_base;   /* default: url's directory; fetches base/artifacts/<sha256> */
-    unsigned interval_ms;        /* default 10000 */
-    unsigned jitter_pct;         /* +- percent of interval; default 10 */
-    unsigned max_backoff_ms;     /* default 300000 */
-    unsigned connect_timeout_ms; /* default 5000 */
-    unsigned total_timeout_ms;   /* per transfer; default 60000 */
-    unsigned low_speed_bytes;    /* abort below this rate ... default 1024 */
-    unsigned low_speed_s;        /* ... for this long; default 15 */
-    size_t max_manifest;         /* default 1 MiB */
-    size_t max_artifact;         /* default 64 MiB */
-    const char *ca_file;         /* NULL: the system CA store */
-    const char *state_dir;       /* NULL: memory only */
-    const char *save_dir;        /* optional: verified artifacts written here too */
-    hkn_trust trust;
-} hkn_pull_cfg;
+/* The puller takes the public hk_pull_options (include/hotkern/net.h) in
+ * the library's full layout for everything they describe; zero interval,
+ * backoff, timeouts and caps mean the defaults of hk_pull_options_init_size.
+ * What the options name by file and the state directory, the caller
+ * resolves first into this: */
+typedef struct hkn_pull_resolved {
+    hkn_trust trust;       /* the keys loaded from trusted_keys, and allow_unsigned */
+    const char *state_dir; /* the state directory resolved; NULL: memory only */
+    const char *save_dir;  /* `hotkern pull --out` only: verified artifacts are
+                            * written here too; NULL from hk_pull_start */
+} hkn_pull_resolved;
 
 typedef struct hkn_pull_stats {
     uint64_t requests;     /* HTTP requests made */
@@ -342,9 +341,12 @@ typedef struct hkn_pull_stats {
 
 typedef struct hkn_puller hkn_puller;
 
-void hkn_pull_cfg_init(hkn_pull_cfg *c);
-/* Creates a puller without a thread: hkn_pull_poll drives it. */
-int hkn_pull_create(const hkn_pull_cfg *c, const hkn_engine *e, hkn_puller **out, hk_report *rep);
+/* Creates a puller without a thread: hkn_pull_poll drives it. Of o, the
+ * fields trusted_keys, ntrusted_keys, allow_unsigned, state_dir and swap are
+ * not read: r holds what they resolve to (and e applies releases). o and r
+ * are read during the call only. */
+int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
+                    hkn_puller **out, hk_report *rep);
 /* One poll: manifest (conditional), signature, artifacts, verify, apply.
  * Returns 0 when nothing changed or a release was applied, else the error.
  * Not to be called while the puller's thread runs. */

@@ -24,6 +24,11 @@
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
  *
+ * Configuration. The puller takes the public hk_pull_options, whose defaults
+ * live here (hk_pull_options_init_size), and what its caller resolved from
+ * them (hkn_pull_resolved: loaded keys, the state directory), net/api.c for
+ * hk_pull_start, cli/net_cmds.c for `hotkern pull`.
+ *
  * Logs (eng.log, subsystem "pull"): each poll and 304 (debug), a new release
  * and its application (info), a refused manifest or release and each failed
  * poll with the retry's number and delay (warn).
@@ -47,7 +52,10 @@
 struct hkn_puller {
     /* Immutable after create. */
     hkn_engine eng;
-    hkn_pull_cfg cfg; /* string fields point at the copies below */
+    hk_pull_options opt; /* zeros replaced by the defaults; url, artifact_base
+                          * and ca_file point at the copies below; the
+                          * fields hkn_pull_resolved stands for are NULL */
+    hkn_trust trust;
     char *url, *sig_url, *base, *ca_file, *state_dir, *save_dir, *origin;
     hkn_state *state;
 
@@ -74,17 +82,48 @@ struct buf {
     int over; /* more bytes arrived than limit */
 };
 
-void hkn_pull_cfg_init(hkn_pull_cfg *c) {
-    memset(c, 0, sizeof *c);
-    c->interval_ms = 10000;
-    c->jitter_pct = 10;
-    c->max_backoff_ms = 300000;
-    c->connect_timeout_ms = 5000;
-    c->total_timeout_ms = 60000;
-    c->low_speed_bytes = 1024;
-    c->low_speed_s = 15;
-    c->max_manifest = 1u << 20;
-    c->max_artifact = 64u << 20;
+/* The one place of the puller's defaults: hkn_pull_create falls back on
+ * them for a zero interval, backoff, timeout or cap. */
+int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
+    hk_pull_options d;
+    memset(&d, 0, sizeof d);
+    d.interval_ms = 10000;
+    d.jitter_pct = 10;
+    d.max_backoff_ms = 300000;
+    d.connect_timeout_ms = 5000;
+    d.total_timeout_ms = 60000;
+    d.low_speed_bytes = 1024;
+    d.low_speed_s = 15;
+    d.max_manifest_bytes = 1u << 20;
+    d.max_artifact_bytes = 64u << 20;
+    return hkl_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
+}
+
+/* o as the puller keeps it: zeros replaced by the defaults, the jitter
+ * clamped, the pointers the caller owns cleared (the strings are copied by
+ * hkn_pull_create). */
+static hk_pull_options with_defaults(const hk_pull_options *o) {
+    hk_pull_options d, r = *o;
+    hk_pull_options_init(&d);
+    if (!r.interval_ms)
+        r.interval_ms = d.interval_ms;
+    if (!r.max_backoff_ms)
+        r.max_backoff_ms = d.max_backoff_ms;
+    if (!r.max_manifest_bytes)
+        r.max_manifest_bytes = d.max_manifest_bytes;
+    if (!r.max_artifact_bytes)
+        r.max_artifact_bytes = d.max_artifact_bytes;
+    if (!r.connect_timeout_ms)
+        r.connect_timeout_ms = d.connect_timeout_ms;
+    if (!r.total_timeout_ms)
+        r.total_timeout_ms = d.total_timeout_ms;
+    if (r.jitter_pct > 100)
+        r.jitter_pct = 100;
+    r.url = r.artifact_base = r.ca_file = r.state_dir = NULL;
+    r.trusted_keys = NULL;
+    r.ntrusted_keys = 0;
+    r.swap = NULL;
+    return r;
 }
 
 static void count(hkn_puller *p, uint64_t *field, uint64_t n) {
@@ -146,10 +185,10 @@ static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b,
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "hotkern/0.1");
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)p->cfg.connect_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)p->cfg.total_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, (long)p->cfg.low_speed_bytes);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)p->cfg.low_speed_s);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)p->opt.connect_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)p->opt.total_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, (long)p->opt.low_speed_bytes);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)p->opt.low_speed_s);
     curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)b->limit);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
@@ -221,7 +260,7 @@ static int save_artifacts(hkn_puller *p, const hkn_manifest *m, struct buf *arts
 }
 
 int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
-    struct buf man = {.p = p, .limit = p->cfg.max_manifest};
+    struct buf man = {.p = p, .limit = p->opt.max_manifest_bytes};
     struct buf sig = {.p = p, .limit = 4096};
     struct buf arts[HKN_MAX_ARTIFACTS];
     hkn_manifest m = {0};
@@ -265,7 +304,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     }
     hkn_state_begin(p->state);
     in_txn = 1;
-    err = hkn_verify_manifest(&p->cfg.trust, p->state, man.data, man.len, sig.data, sig.len,
+    err = hkn_verify_manifest(&p->trust, p->state, man.data, man.len, sig.data, sig.len,
                               (int64_t)time(NULL), &m, rep);
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
         /* The release already running, seen again (a restart, or an origin
@@ -293,10 +332,10 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     for (size_t i = 0; i < m.nartifacts; i++) {
         const hkn_artifact *a = &m.artifacts[i];
         char url[4096];
-        if (a->size > p->cfg.max_artifact) {
+        if (a->size > p->opt.max_artifact_bytes) {
             err = hku_fail(rep, HK_ERR_TOO_LARGE,
                            "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
-                           (unsigned long long)a->size, p->cfg.max_artifact);
+                           (unsigned long long)a->size, p->opt.max_artifact_bytes);
             keep = 1;
             count(p, &p->stats.refused, 1);
             goto out;
@@ -401,7 +440,7 @@ out:
 /* ---- the thread -------------------------------------------------------- */
 
 static unsigned next_delay(hkn_puller *p, int err) {
-    uint64_t d = p->cfg.interval_ms;
+    uint64_t d = p->opt.interval_ms;
     /* Transient trouble (network, timeouts, an origin mid-publish) backs off
      * exponentially so a fleet does not hammer a struggling origin. */
     if (err == HK_ERR_NETWORK || err == HK_ERR_TIMEOUT || err == HK_ERR_HASH ||
@@ -409,15 +448,15 @@ static unsigned next_delay(hkn_puller *p, int err) {
         err == HK_ERR_INVALID) {
         if (p->failures < 20)
             p->failures++;
-        for (unsigned i = 0; i < p->failures && d < p->cfg.max_backoff_ms; i++)
+        for (unsigned i = 0; i < p->failures && d < p->opt.max_backoff_ms; i++)
             d *= 2;
-        if (d > p->cfg.max_backoff_ms)
-            d = p->cfg.max_backoff_ms;
+        if (d > p->opt.max_backoff_ms)
+            d = p->opt.max_backoff_ms;
     } else {
         p->failures = 0;
     }
     /* Jitter spreads a fleet's polls so they do not arrive in lockstep. */
-    uint64_t j = d * p->cfg.jitter_pct / 100;
+    uint64_t j = d * p->opt.jitter_pct / 100;
     if (j > 0 && j < UINT32_MAX / 2)
         d = d - j + randombytes_uniform((uint32_t)(2 * j + 1));
     return (unsigned)(d ? d : 1);
@@ -433,7 +472,7 @@ static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned dela
     if (p->failures && err)
         hkn_log(&p->eng, HK_LOG_WARN, "pull",
                 "poll of %s failed (%s: %s): retry %u in %u ms (backoff up to %u ms)", p->url,
-                hkn_error_name(err), rep->message, p->failures, delay, p->cfg.max_backoff_ms);
+                hkn_error_name(err), rep->message, p->failures, delay, p->opt.max_backoff_ms);
     else
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "next poll of %s in %u ms", p->url, delay);
 }
@@ -476,14 +515,14 @@ static char *dup_or_null(const char *s, int *fail) {
     return d;
 }
 
-int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **out,
-                    hk_report *rep) {
+int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
+                    hkn_puller **out, hk_report *rep) {
     *out = NULL;
     int err = 0, oom = 0;
-    if (!cfg || !cfg->url || !e || !e->apply)
+    if (!o || !o->url || !r || !e || !e->apply)
         return hku_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
-    if (strncmp(cfg->url, "http://", 7) && strncmp(cfg->url, "https://", 8))
-        return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", cfg->url);
+    if (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))
+        return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", o->url);
     if (hkn_crypto_init())
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     /* Process-wide and idempotent; not thread-safe before 7.84, so it runs
@@ -500,13 +539,14 @@ int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **o
     pthread_cond_init(&p->wake, &ca);
     pthread_condattr_destroy(&ca);
     p->eng = *e;
-    p->cfg = *cfg;
-    p->url = dup_or_null(cfg->url, &oom);
-    p->ca_file = dup_or_null(cfg->ca_file, &oom);
-    p->state_dir = dup_or_null(cfg->state_dir, &oom);
-    p->save_dir = dup_or_null(cfg->save_dir, &oom);
-    if (cfg->artifact_base) {
-        p->base = dup_or_null(cfg->artifact_base, &oom);
+    p->opt = with_defaults(o);
+    p->trust = r->trust;
+    p->url = dup_or_null(o->url, &oom);
+    p->ca_file = dup_or_null(o->ca_file, &oom);
+    p->state_dir = dup_or_null(r->state_dir, &oom);
+    p->save_dir = dup_or_null(r->save_dir, &oom);
+    if (o->artifact_base) {
+        p->base = dup_or_null(o->artifact_base, &oom);
     } else if (p->url) {
         /* The manifest's directory: strip the last path segment. */
         p->base = strdup(p->url);
@@ -528,25 +568,9 @@ int hkn_pull_create(const hkn_pull_cfg *cfg, const hkn_engine *e, hkn_puller **o
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    p->cfg.url = p->url;
-    p->cfg.artifact_base = p->base;
-    p->cfg.ca_file = p->ca_file;
-    p->cfg.state_dir = p->state_dir;
-    p->cfg.save_dir = p->save_dir;
-    if (!p->cfg.interval_ms)
-        p->cfg.interval_ms = 10000;
-    if (!p->cfg.max_backoff_ms)
-        p->cfg.max_backoff_ms = 300000;
-    if (!p->cfg.max_manifest)
-        p->cfg.max_manifest = 1u << 20;
-    if (!p->cfg.max_artifact)
-        p->cfg.max_artifact = 64u << 20;
-    if (!p->cfg.connect_timeout_ms)
-        p->cfg.connect_timeout_ms = 5000;
-    if (!p->cfg.total_timeout_ms)
-        p->cfg.total_timeout_ms = 60000;
-    if (p->cfg.jitter_pct > 100)
-        p->cfg.jitter_pct = 100;
+    p->opt.url = p->url;
+    p->opt.artifact_base = p->base;
+    p->opt.ca_file = p->ca_file;
     if ((err = hkn_state_open(p->state_dir, &p->state, rep)))
         goto fail;
     *out = p;

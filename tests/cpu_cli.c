@@ -322,15 +322,16 @@ static void net_setup(const char *token) {
     snprintf(p, sizeof p, "%s/other.pub", dir);
     ck_assert_int_eq(hkn_pubkey_save(p, &other.pub, &rep), 0);
     put("add.cu", "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n");
-    hkn_endpoint_cfg cfg;
-    hkn_endpoint_cfg_init(&cfg);
-    cfg.token = token;
-    cfg.trust.keys[0] = key.pub;
-    cfg.trust.nkeys = 1;
+    hk_endpoint_options o;
+    hkn_endpoint_resolved r = {0};
+    hk_endpoint_options_init(&o);
+    o.token = token;
+    r.trust.keys[0] = key.pub;
+    r.trust.nkeys = 1;
     snprintf(p, sizeof p, "%s/state", dir);
-    cfg.state_dir = p;
+    r.state_dir = p;
     hkn_engine eng = {.apply = rec_apply, .version = rec_version};
-    ck_assert_msg(hkn_endpoint_start(&cfg, &eng, &ep, &rep) == 0, "endpoint: %s", rep.message);
+    ck_assert_msg(hkn_endpoint_start(&o, &r, &eng, &ep, &rep) == 0, "endpoint: %s", rep.message);
     snprintf(base, sizeof base, "http://127.0.0.1:%u", hkn_endpoint_port(ep));
 }
 

@@ -169,26 +169,27 @@ static char key_path[PATH_MAX], src_path[PATH_MAX];
 static const char kernel_src[] = "extern \"C\" __global__ void add(float *x) { x[0] += 1; }\n";
 
 /* When set, adjusts the configuration of the next start(). */
-static void (*cfg_hook)(hkn_endpoint_cfg *);
+static void (*cfg_hook)(hk_endpoint_options *, hkn_endpoint_resolved *);
 
 static void start(const char *token, size_t max_body, const char *cert, const char *pkey) {
-    hkn_endpoint_cfg cfg;
+    hk_endpoint_options o;
+    hkn_endpoint_resolved r = {0};
     hk_report rep = HK_REPORT_INIT;
-    hkn_endpoint_cfg_init(&cfg);
-    cfg.port = 0;
-    cfg.token = token;
+    hk_endpoint_options_init(&o);
+    o.port = 0;
+    o.token = token;
     if (max_body)
-        cfg.max_body = max_body;
-    cfg.tls_cert_pem = cert;
-    cfg.tls_key_pem = pkey;
-    cfg.trust.keys[0] = key.pub;
-    cfg.trust.nkeys = 1;
+        o.max_body_bytes = max_body;
+    r.tls_cert_pem = cert;
+    r.tls_key_pem = pkey;
+    r.trust.keys[0] = key.pub;
+    r.trust.nkeys = 1;
     char sdir[PATH_MAX];
     snprintf(sdir, sizeof sdir, "%s/state", tmp);
-    cfg.state_dir = sdir;
+    r.state_dir = sdir;
     if (cfg_hook)
-        cfg_hook(&cfg);
-    int err = hkn_endpoint_start(&cfg, &engine, &ep, &rep);
+        cfg_hook(&o, &r);
+    int err = hkn_endpoint_start(&o, &r, &engine, &ep, &rep);
     ck_assert_msg(err == 0, "endpoint: %s", rep.message);
     ck_assert_uint_ne(hkn_endpoint_port(ep), 0);
     snprintf(base, sizeof base, "%s://127.0.0.1:%u", cert ? "https" : "http",
@@ -844,9 +845,10 @@ static int rollbacks(void) {
     return n;
 }
 
-static void no_keys_unsigned(hkn_endpoint_cfg *c) {
-    c->trust.nkeys = 0;
-    c->trust.allow_unsigned = 1;
+static void no_keys_unsigned(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
+    (void)o;
+    r->trust.nkeys = 0;
+    r->trust.allow_unsigned = 1;
 }
 
 START_TEST(rollback_needs_authority) {
@@ -1147,8 +1149,9 @@ START_TEST(slowloris_does_not_lock_out) {
 }
 END_TEST
 
-static void short_deadline(hkn_endpoint_cfg *c) {
-    c->request_timeout_s = 2;
+static void short_deadline(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
+    (void)r;
+    o->request_timeout_s = 2;
 }
 
 /* A client trickling its headers a byte at a time is cut off at the whole-
@@ -1182,9 +1185,10 @@ START_TEST(request_deadline) {
 }
 END_TEST
 
-static void small_budget(hkn_endpoint_cfg *c) {
-    c->max_body = 256 * 1024;
-    c->max_inflight = 300 * 1024;
+static void small_budget(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
+    (void)r;
+    o->max_body_bytes = 256 * 1024;
+    o->max_inflight_bytes = 300 * 1024;
 }
 
 /* Bodies in flight are bounded: a second large body that does not fit is

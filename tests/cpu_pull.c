@@ -180,20 +180,21 @@ static void replace_artifact(const char *content) {
 
 static hkn_puller *puller_with(const hkn_engine *eng, const char *u, unsigned total_timeout_ms,
                                size_t max_artifact) {
-    hkn_pull_cfg cfg;
-    hkn_pull_cfg_init(&cfg);
-    cfg.url = u;
-    cfg.state_dir = state;
-    cfg.interval_ms = 100;
-    cfg.connect_timeout_ms = 2000;
-    cfg.total_timeout_ms = total_timeout_ms ? total_timeout_ms : 5000;
+    hk_pull_options o;
+    hkn_pull_resolved r = {0};
+    hk_pull_options_init(&o);
+    o.url = u;
+    o.interval_ms = 100;
+    o.connect_timeout_ms = 2000;
+    o.total_timeout_ms = total_timeout_ms ? total_timeout_ms : 5000;
     if (max_artifact)
-        cfg.max_artifact = max_artifact;
-    cfg.trust.keys[0] = key.pub;
-    cfg.trust.nkeys = 1;
+        o.max_artifact_bytes = max_artifact;
+    r.state_dir = state;
+    r.trust.keys[0] = key.pub;
+    r.trust.nkeys = 1;
     hkn_puller *p;
     hk_report rep = HK_REPORT_INIT;
-    ck_assert_msg(hkn_pull_create(&cfg, eng, &p, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(hkn_pull_create(&o, &r, eng, &p, &rep) == 0, "%s", rep.message);
     return p;
 }
 
@@ -568,14 +569,15 @@ static int push_release(uint16_t eport, uint64_t version, const char *body) {
 /* Push and pull keep one record per module: after a push of v5 the origin's
  * signed v3 is a replay, and after a pull of v7 a push of v6 is one. */
 START_TEST(push_and_pull_share_one_record) {
-    hkn_endpoint_cfg cfg;
+    hk_endpoint_options o;
+    hkn_endpoint_resolved r = {0};
     hkn_endpoint *ep;
     hk_report rep = HK_REPORT_INIT;
-    hkn_endpoint_cfg_init(&cfg);
-    cfg.trust.keys[0] = key.pub;
-    cfg.trust.nkeys = 1;
-    cfg.state_dir = state;
-    ck_assert_msg(hkn_endpoint_start(&cfg, &engine, &ep, &rep) == 0, "%s", rep.message);
+    hk_endpoint_options_init(&o);
+    r.trust.keys[0] = key.pub;
+    r.trust.nkeys = 1;
+    r.state_dir = state;
+    ck_assert_msg(hkn_endpoint_start(&o, &r, &engine, &ep, &rep) == 0, "%s", rep.message);
     hkn_puller *p = puller(url, 0, 0);
     ck_assert_int_eq(push_release(hkn_endpoint_port(ep), 5, ptx_v2), 200);
     ck_assert_uint_eq(rec_version(), 5);

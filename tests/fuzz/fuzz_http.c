@@ -46,16 +46,17 @@ static int rollback(void *ud, const char *module, hk_report *rep) {
 }
 
 static void init(void) {
-    hkn_endpoint_cfg cfg;
+    hk_endpoint_options o;
+    hkn_endpoint_resolved r = {0};
     static const hkn_engine eng = {.apply = apply, .rollback = rollback};
-    hkn_endpoint_cfg_init(&cfg);
-    cfg.trust.allow_unsigned = 1;
-    cfg.token = NULL;
-    cfg.max_body = 1 << 20;
-    cfg.request_timeout_s = 2;
-    cfg.timeout_s = 2;
+    hk_endpoint_options_init(&o);
+    r.trust.allow_unsigned = 1;
+    o.token = NULL;
+    o.max_body_bytes = 1 << 20;
+    o.request_timeout_s = 2;
+    o.timeout_s = 2;
     hk_report rep = HK_REPORT_INIT;
-    if (hkn_endpoint_start(&cfg, &eng, &ep, &rep) != 0) {
+    if (hkn_endpoint_start(&o, &r, &eng, &ep, &rep) != 0) {
         fprintf(stderr, "endpoint: %s\n", rep.message);
         abort();
     }
