@@ -8,12 +8,23 @@
  * HK_CANARY_SKIP is the baseline. Reported: hk_report.total_ms of each kind
  * and the canary_ms part.
  *
+ * Then what the canary's GPU work costs the live program: a thread of this
+ * process launches k0 of a third module over its own buffer on its own
+ * stream and synchronises after each launch, without pause, and records each
+ * launch-to-completion time. Three phases of the same length: no swaps; swaps
+ * back to back with the canary skipped; swaps back to back with the canary
+ * (launch only). The helper's context time-slices the GPU with this one, so
+ * the live thread's longest iteration in the third phase, against the second,
+ * is the gap the canary causes.
+ *
  *   bench_canary [rounds] [floats]
  *
  * Runs on a GPU; with HK_LIBCUDA=BUILD/lib/libhotkern-fakecuda.so it runs on
  * the CPU too (numbers then say nothing about a GPU).
  */
 #include <libgen.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +74,72 @@ static void declare(const char *m, int floats, hk_compare cmp) {
         exit(1);
     }
     hk_test_destroy(t);
+}
+
+/* ---- the live program -------------------------------------------------- */
+
+enum { LIVE_MAX = 1 << 21 };
+static atomic_int live_stop, live_on; /* live_on: record iterations */
+static double *live_ms;               /* owned by the live thread while it runs */
+static atomic_int live_n;
+static hk_kernel *live_k;
+static CUdeviceptr live_buf;
+static int live_floats;
+
+static void *live_loop(void *arg) {
+    (void)arg;
+    CUcontext ctx;
+    bd.DevicePrimaryCtxRetain(&ctx, 0);
+    bd.CtxSetCurrent(ctx);
+    CUstream st;
+    bd.StreamCreate(&st, CU_STREAM_NON_BLOCKING);
+    void *args[] = {&live_buf, &live_floats};
+    hk_dim3 g = {(unsigned)(live_floats + 255) / 256, 1, 1}, b = {256, 1, 1};
+    while (!atomic_load(&live_stop)) {
+        uint64_t t0 = bench_ns();
+        if (hk_launch(live_k, g, b, 0, st, args, NULL) != 0 || bd.StreamSynchronize(st) != 0) {
+            fprintf(stderr, "live launch failed\n");
+            exit(1);
+        }
+        double ms = (double)(bench_ns() - t0) / 1e6;
+        int i = atomic_load(&live_n);
+        if (atomic_load(&live_on) && i < LIVE_MAX) {
+            live_ms[i] = ms;
+            atomic_store(&live_n, i + 1);
+        }
+    }
+    bd.StreamDestroy(st);
+    bd.DevicePrimaryCtxRelease(0);
+    return NULL;
+}
+
+/* One phase of `secs` seconds: swaps of "plain" with `policy` back to back
+ * (or none when policy < 0) while the live thread's iterations are recorded;
+ * prints their median, p99 and max. */
+static void live_phase(const char *what, int policy, double secs) {
+    hk_report rep = HK_REPORT_INIT;
+    int which = 0, swaps = 0;
+    atomic_store(&live_n, 0);
+    atomic_store(&live_on, 1);
+    uint64_t until = bench_ns() + (uint64_t)(secs * 1e9);
+    while (bench_ns() < until) {
+        if (policy < 0) {
+            usleep(10000);
+            continue;
+        }
+        if (swap("plain", &which, (hk_canary_policy)policy, &rep) < 0) {
+            fprintf(stderr, "swap: %s\n", rep.message);
+            exit(1);
+        }
+        swaps++;
+    }
+    atomic_store(&live_on, 0);
+    usleep(20000); /* the live thread's last iteration is done with live_ms */
+    int n = atomic_load(&live_n);
+    double med = bench_median(live_ms, n);
+    printf("  live launch+sync, %-30s %7d iterations, median %.3f ms, p99 %.3f ms, max %.3f ms "
+           "(%d swaps)\n",
+           what, n, med, bench_pct(live_ms, n, 99), n ? live_ms[n - 1] : 0.0, swaps);
 }
 
 static void line(const char *what, double *v, int n, double base) {
@@ -123,6 +200,32 @@ int main(int argc, char **argv) {
     line("swap with canary (launch + compare)", v[2], rounds, base);
     line("  of which canary (launch only)", v[3], rounds, 0);
     line("  of which canary (launch + compare)", v[4], rounds, 0);
+
+    /* The live program beside the canary. */
+    hk_report lrep = HK_REPORT_INIT;
+    hk_swap_options lso;
+    hk_swap_options_init(&lso);
+    lso.canary = HK_CANARY_SKIP;
+    live_floats = floats;
+    live_ms = calloc(LIVE_MAX, sizeof(double));
+    if (!live_ms || hk_swap(rt, "live", img[0], img_size[0], &lso, &lrep) < 0 ||
+        hk_kernel_get(rt, "live", "k0", &live_k) < 0 ||
+        bd.MemAlloc(&live_buf, (size_t)floats * sizeof(float)) != 0) {
+        fprintf(stderr, "live program: %s\n", lrep.message);
+        return 1;
+    }
+    printf("live program: k0 over %d floats launched and synchronised back to back on its own "
+           "stream, 2 s per phase\n",
+           floats);
+    pthread_t lt;
+    pthread_create(&lt, NULL, live_loop, NULL);
+    live_phase("no swaps", -1, 2);
+    live_phase("swaps, canary skipped", HK_CANARY_SKIP, 2);
+    live_phase("swaps with canary", HK_CANARY_OPTIONAL, 2);
+    atomic_store(&live_stop, 1);
+    pthread_join(lt, NULL);
+    free(live_ms);
+
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     printf("  canary runs %llu, refused %llu, helper starts %llu\n",
