@@ -595,7 +595,7 @@ static int prepare(run *r, char *why, size_t n) {
     return -1;
 }
 
-static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t) {
+static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, int outputs) {
     hka_buf b;
     hka_buf_init(&b, HKA_LAUNCH);
     hka_put_u32(&b, (uint32_t)slot);
@@ -615,6 +615,7 @@ static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test
         if (a->data)
             hka_put(&b, a->data, a->size);
     }
+    hka_put_u32(&b, (uint32_t)outputs);
     int err = hka_send(c->fd, &b);
     hka_buf_free(&b);
     return err;
@@ -631,7 +632,7 @@ static void sane_cu_name(char *name, size_t n, int cu) {
 
 /* Reads a RESULT strictly: a finished launch returns every buffer at its
  * declared size, in order, and nothing else. */
-static void parse_result(const hk_test *t, outcome *o, size_t len) {
+static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) {
     hka_rd rd = {o->payload, len, 0};
     o->stage = hka_get_u32(&rd);
     o->cu = (int)hka_get_u32(&rd);
@@ -640,7 +641,7 @@ static void parse_result(const hk_test *t, outcome *o, size_t len) {
     int nbuf = 0;
     for (int i = 0; i < t->nargs; i++)
         nbuf += t->args[i].kind == HKA_ARG_BUFFER;
-    uint32_t want = o->stage == HKA_STAGE_DONE ? (uint32_t)nbuf : 0;
+    uint32_t want = o->stage == HKA_STAGE_DONE && outputs ? (uint32_t)nbuf : 0;
     if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want ||
         (o->stage == HKA_STAGE_DONE) != (o->cu == 0)) {
         snprintf(o->detail, sizeof o->detail, "stage %u, result %d, %u buffers for %u", o->stage,
@@ -673,7 +674,8 @@ static void parse_result(const hk_test *t, outcome *o, size_t len) {
 /* Runs test t on the image in slot under the launch timeout. */
 static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, outcome *o) {
     memset(o, 0, sizeof *o);
-    if (send_launch(c, slot, entry, t) < 0) {
+    int outputs = t->compare != HK_COMPARE_NONE;
+    if (send_launch(c, slot, entry, t, outputs) < 0) {
         o->transport = HKA_RECV_EOF;
         return;
     }
@@ -681,7 +683,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     for (int i = 0; i < t->nargs; i++)
         nbuf += t->args[i].kind == HKA_ARG_BUFFER;
     /* The largest honest reply: header fields, a name, each buffer. */
-    size_t max = 16 + 64 + (size_t)nbuf * 12 + t->buffer_bytes;
+    size_t max = 16 + 64 + (outputs ? (size_t)nbuf * 12 + t->buffer_bytes : 0);
     uint32_t type = 0;
     size_t len = 0;
     int r = hka_recv(c->fd, max, hka_now_ms() + c->timeout_ms, &type, &o->payload, &len);
@@ -695,7 +697,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
         o->transport = HKA_RECV_MALFORMED;
         return;
     }
-    parse_result(t, o, len);
+    parse_result(t, outputs, o, len);
 }
 
 static const char *stage_name(uint32_t stage) {

@@ -22,9 +22,13 @@
  *                    or FAIL {text} when it cannot make one
  *   LOAD   {u32 slot, u32 format, bytes}  -> LOADED {i32 cu, str name, str log}
  *   LAUNCH {u32 slot, str entry, u32 grid[3], block[3], shared, u32 nargs,
- *           per arg: u32 kind, u64 size, u32 fill, u64 param, [bytes]}
+ *           per arg: u32 kind, u64 size, u32 fill, u64 param, [bytes];
+ *           u32 outputs}
  *          -> RESULT {u32 stage, i32 cu, str name, u32 nout,
  *                     per buffer: u32 index, u64 size, bytes}
+ *   A finished launch returns every buffer when `outputs` is 1 (they are to
+ *   be compared) and none when it is 0: copying 4 MiB back and through the
+ *   socket was most of a canary run's cost (bench_canary).
  *
  * Slots: 0 holds the new version's image, 1 the running version's (for
  * comparisons). A fault poisons the helper's context, so after one the parent
@@ -47,7 +51,7 @@
 #include "hotkern/hotkern.h"
 #include "ptx/ptx.h"
 
-#define HKA_PROTOCOL 1
+#define HKA_PROTOCOL 2
 #define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
 
 /* Bounds of the protocol, checked by both sides before allocating. */

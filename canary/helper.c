@@ -121,7 +121,7 @@ static void do_load(hka_rd *rd) {
 
 /* One test launch, parsed. */
 typedef struct req {
-    uint32_t slot, grid[3], block[3], shared, nargs;
+    uint32_t slot, grid[3], block[3], shared, nargs, outputs;
     char entry[256];
     hka_arg args[HKA_MAX_ARGS];
     const void *bytes[HKA_MAX_ARGS]; /* scalar values, host contents */
@@ -156,7 +156,8 @@ static void parse_launch(hka_rd *rd, req *q) {
         if (scalar || a->fill == HK_FILL_HOST)
             q->bytes[i] = hka_get(rd, a->size);
     }
-    if (hka_end(rd))
+    q->outputs = hka_get_u32(rd);
+    if (rd->bad || q->outputs > 1 || hka_end(rd))
         exit(2);
 }
 
@@ -196,11 +197,12 @@ static uint32_t execute(req *q, CUresult *r) {
     return HKA_STAGE_DONE;
 }
 
-/* Copies the buffers out and sends RESULT; a failed copy is reported as
- * such, with no buffers. */
+/* Copies the buffers out when the parent asked for them (to compare) and
+ * sends RESULT; a failed copy is reported as such, with no buffers. */
 static void reply(req *q, uint32_t stage, CUresult r) {
     unsigned char *out[HKA_MAX_ARGS] = {0};
-    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++) {
+    int send_out = q->outputs && stage == HKA_STAGE_DONE;
+    for (uint32_t i = 0; i < q->nargs && send_out; i++) {
         if (q->args[i].kind != HKA_ARG_BUFFER)
             continue;
         if (!(out[i] = malloc(q->args[i].size)))
@@ -215,11 +217,12 @@ static void reply(req *q, uint32_t stage, CUresult r) {
     hka_put_u32(&b, stage);
     hka_put_u32(&b, (uint32_t)r);
     hka_put_str(&b, r ? hkl_cu_name(&D, r) : "");
+    send_out = q->outputs && stage == HKA_STAGE_DONE; /* not after a failed copy */
     uint32_t nout = 0;
-    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++)
+    for (uint32_t i = 0; i < q->nargs && send_out; i++)
         nout += q->args[i].kind == HKA_ARG_BUFFER;
     hka_put_u32(&b, nout);
-    for (uint32_t i = 0; i < q->nargs && stage == HKA_STAGE_DONE; i++) {
+    for (uint32_t i = 0; i < q->nargs && send_out; i++) {
         if (q->args[i].kind != HKA_ARG_BUFFER)
             continue;
         hka_put_u32(&b, i);

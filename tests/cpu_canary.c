@@ -410,16 +410,21 @@ END_TEST
 /* A misbehaving helper: the version is refused (or, where the canary could
  * not run at all and the policy is optional, let through saying so), the
  * parent neither hangs nor crashes, and the runtime goes on. */
-static void misbehaving(const char *mode, hk_canary_policy policy, int want, const char *says) {
+static void misbehaving_cmp(const char *mode, hk_compare cmp, hk_canary_policy policy, int want,
+                            const char *says) {
     setenv("HKBAD_MODE", mode, 1);
     rt = make_rt(bad_helper, 300, 1);
-    start_with_test(HK_COMPARE_NONE, 0);
+    start_with_test(cmp, 0);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, policy, &rep), want);
     const char *text = want ? rep.message : rep.canary;
     ck_assert_msg(strstr(text, says), "%s: %s", mode, text);
     ck_assert_int_eq(hk_module_version(rt, "m"), want ? 1 : 2);
     hk_report_clear(&rep);
+}
+
+static void misbehaving(const char *mode, hk_canary_policy policy, int want, const char *says) {
+    misbehaving_cmp(mode, HK_COMPARE_NONE, policy, want, says);
 }
 
 START_TEST(bad_helper_garbage) {
@@ -455,11 +460,20 @@ START_TEST(bad_helper_wrong_type) {
 }
 END_TEST
 START_TEST(bad_helper_wrong_size) {
-    misbehaving("wrongsize", HK_CANARY_OPTIONAL, HK_ERR_CANARY, "buffer 0 of 3 bytes");
+    /* Outputs are asked for only when they are to be compared. */
+    misbehaving_cmp("wrongsize", HK_COMPARE_EXACT, HK_CANARY_OPTIONAL, HK_ERR_CANARY,
+                    "buffer 0 of 3 bytes");
 }
 END_TEST
 START_TEST(bad_helper_extra_bytes) {
-    misbehaving("extra", HK_CANARY_OPTIONAL, HK_ERR_CANARY, "bytes left over");
+    misbehaving_cmp("extra", HK_COMPARE_EXACT, HK_CANARY_OPTIONAL, HK_ERR_CANARY,
+                    "bytes left over");
+}
+END_TEST
+/* A launch without comparison gets no buffers back; a helper that sends
+ * them anyway is malformed. */
+START_TEST(bad_helper_unasked_buffers) {
+    misbehaving("extra", HK_CANARY_OPTIONAL, HK_ERR_CANARY, "1 buffers for 0");
 }
 END_TEST
 
@@ -518,6 +532,7 @@ int main(void) {
     tcase_add_test(tc, bad_helper_wrong_type);
     tcase_add_test(tc, bad_helper_wrong_size);
     tcase_add_test(tc, bad_helper_extra_bytes);
+    tcase_add_test(tc, bad_helper_unasked_buffers);
     tcase_add_test(tc, missing_helper_fails_create);
     suite_add_tcase(s, tc);
     return hkt_run(s);
