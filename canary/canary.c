@@ -153,6 +153,14 @@ int hka_add_test(hka_canary *c, const char *module, const char *kernel, const hk
     if (!copy)
         return HK_ERR_NOMEM;
     int err = 0;
+    if (strlen(module) >= sizeof c->tests->module || strlen(kernel) >= sizeof c->tests->kernel) {
+        hk_test_destroy(copy);
+        if (rep)
+            hku_fail(rep, HK_ERR_INVALID,
+                     "kernel '%.60s...': canary tests take kernel names of at most %zu bytes",
+                     kernel, sizeof c->tests->kernel - 1);
+        return HK_ERR_INVALID;
+    }
     pthread_mutex_lock(&c->tests_lock);
     ktests *k = c->tests;
     while (k && (strcmp(k->module, module) || strcmp(k->kernel, kernel)))
@@ -267,9 +275,12 @@ static void helper_kill(hka_canary *c, char *how, size_t n) {
         return;
     int st = 0;
     pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
-    if (r != c->pid) {
-        /* Also when waitpid fails (a program that ignores SIGCHLD has its
-         * children reaped for it): the helper may still run. */
+    if (r == 0) {
+        /* Still running. When waitpid fails instead, the child is gone and
+         * was reaped by someone else (a program that ignores SIGCHLD, or
+         * reaps with waitpid(-1)): its pid may already name another
+         * process, which must not be killed. A live child always answers
+         * 0, even under SA_NOCLDWAIT. */
         kill(c->pid, SIGKILL);
         for (int i = 0; i < 200 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
             usleep(10000);

@@ -122,7 +122,7 @@ static void do_load(hka_rd *rd) {
 /* One test launch, parsed. */
 typedef struct req {
     uint32_t slot, grid[3], block[3], shared, nargs, outputs;
-    char entry[256];
+    char entry[HKA_MAX_TEXT + 1];
     hka_arg args[HKA_MAX_ARGS];
     const void *bytes[HKA_MAX_ARGS]; /* scalar values, host contents */
     CUdeviceptr dev[HKA_MAX_ARGS];
@@ -262,6 +262,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hotkern-canary: started by libhotkern, not by hand (--fd missing)\n");
         return 2;
     }
+    /* Nothing of the application's but our socket: an inherited pipe or
+     * listening socket held open by a helper that outlives the application's
+     * own use of it would keep its reader from EOF or its port bound. */
+    if (fd > 3)
+        close_range(3, (unsigned)fd - 1, 0);
+    close_range((unsigned)fd + 1, ~0u, 0);
     signal(SIGPIPE, SIG_IGN);
     pthread_t watch;
     pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());

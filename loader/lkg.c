@@ -78,6 +78,9 @@ struct hkl_lkg {
     pthread_mutex_t lock; /* lkg_lock */
     lkg_mod *mods;        /* lkg_lock */
     char refused[1024];   /* lkg_lock: records refused at open, for the report */
+    int write_failed;     /* lkg_lock: a record or image could not be written: the
+                           * disk may name what memory no longer does, so
+                           * nothing is collected from then on */
     _Atomic int lost;     /* set once, by the first sticky error */
     int frozen;           /* lkg_lock: the loss is recorded; nothing is
                            * promoted any more */
@@ -179,11 +182,20 @@ static int write_record(hk_runtime *rt, const lkg_mod *m) {
     hk_report r = HK_REPORT_INIT;
     if (!l->dir)
         return 0;
-    if (hkl_rec_format(&m->rec, &text, &n) < 0)
-        return HK_ERR_NOMEM;
+    int ferr = hkl_rec_format(&m->rec, &text, &n);
+    if (ferr < 0) {
+        l->write_failed = 1;
+        hk_log(rt, HK_LOG_WARN, "engine",
+               "cannot write the record of '%s': %s; its last record on disk stays", m->rec.module,
+               ferr == HK_ERR_NOMEM ? "out of memory"
+                                    : "the record would not read back (a control byte in the "
+                                      "name, or too many or too long name expressions)");
+        return ferr;
+    }
     record_path(l, m->rec.module, path, sizeof path);
     int err = hku_write_atomic(path, text, n, 0600, &r);
     free(text);
+    l->write_failed |= err != 0;
     if (err)
         hk_log(rt, HK_LOG_WARN, "engine", "cannot write the record of '%s': %s", m->rec.module,
                r.message);
@@ -204,9 +216,22 @@ static int named(const hkl_lkg *l, const char *hex) {
 /* Removes the images no record names and temp files of this process's
  * dead predecessors (lkg_lock; the directory lock keeps other runtimes
  * out). */
+static int is_image_name(const char *n) {
+    int i = 0;
+    for (; i < 64; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+            return 0;
+    /* An image, or a temporary file of one left by a crash. */
+    return n[64] == '\0' || !strncmp(n + 64, ".tmp.", 5);
+}
+
+/* Only files named as hotkern names images are ever removed (the directory
+ * may hold other things); nothing while a record refused at open may name
+ * images (they are kept until its module's next commit), nor once a write
+ * failed (the disk may still name an image memory has let go of). */
 static void collect(hkl_lkg *l) {
     char dir[4096], path[4400];
-    if (!l->dir)
+    if (!l->dir || l->refused[0] || l->write_failed)
         return;
     snprintf(dir, sizeof dir, "%s/images", l->dir);
     DIR *d = opendir(dir);
@@ -214,7 +239,7 @@ static void collect(hkl_lkg *l) {
         return;
     struct dirent *e;
     while ((e = readdir(d)))
-        if (e->d_name[0] != '.' && !named(l, e->d_name)) {
+        if (is_image_name(e->d_name) && !named(l, e->d_name)) {
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
             unlink(path);
         }
@@ -232,8 +257,10 @@ static void write_image(hk_runtime *rt, const uint8_t h[32], const void *data, s
     image_path(l, h, path, sizeof path);
     if (stat(path, &st) == 0 && (size_t)st.st_size == n)
         return;
-    if (hku_write_atomic(path, data, n, 0600, &r) < 0)
+    if (hku_write_atomic(path, data, n, 0600, &r) < 0) {
+        l->write_failed = 1;
         hk_log(rt, HK_LOG_WARN, "engine", "cannot keep an image: %s", r.message);
+    }
 }
 
 /* ---- open and close ------------------------------------------------------- */
@@ -276,6 +303,10 @@ static void load_record(hk_runtime *rt, const char *dir, const char *fname) {
             refused_add(l, "modules/%s: names module '%s'", fname, m->rec.module);
         } else {
             m->cur_t = -1;
+            /* Version numbers are this process's: an earlier one's mean
+             * nothing here (hk_quarantine.version says 0 for them). */
+            for (int i = 0; i < m->rec.nq; i++)
+                m->rec.q[i].version = 0;
             mod_insert(l, m);
             m = NULL;
         }

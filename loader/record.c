@@ -297,6 +297,19 @@ int hkl_rec_format(const hkl_rec *r, char **out, size_t *outlen) {
         free(b);
         return HK_ERR_NOMEM;
     }
+    /* Never write what the parser would refuse (a module name with a
+     * control byte, more name expressions or longer names than a record
+     * holds): that record would be lost at the next start, quarantine and
+     * all. The caller keeps the previous record instead. */
+    hkl_rec back;
+    char why[160];
+    memset(&back, 0, sizeof back);
+    int bad = hkl_rec_parse(b, len, &back, why, sizeof why) < 0;
+    hkl_rec_free(&back);
+    if (bad) {
+        free(b);
+        return HK_ERR_TOO_LARGE;
+    }
     *out = b;
     *outlen = len;
     return 0;

@@ -13,6 +13,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -392,6 +393,51 @@ START_TEST(helper_killed_mid_run) {
 END_TEST
 
 /* A helper that died while idle is replaced before the next run. */
+/* The helper holds its socket and nothing else of the application's: an
+ * fd opened without O_CLOEXEC before the runtime is not inherited. */
+START_TEST(helper_inherits_no_application_fd) {
+    int mine = open("/dev/null", O_RDONLY); /* no O_CLOEXEC on purpose */
+    ck_assert_int_ge(mine, 0);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), 0); /* the helper is up */
+    char path[64], target[256];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)hka_helper_pid(rt->canary), mine);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    ck_assert_msg(n < 0, "the helper holds fd %d (%.*s)", mine, (int)(n > 0 ? n : 0), target);
+    close(mine);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A kernel whose name a canary test cannot hold is refused when the test is
+ * declared, never skipped silently at the run. */
+START_TEST(long_kernel_name_refused_at_declaration) {
+    rt = make_rt(NULL, 2000, 1);
+    char name[200], *src = strdup(fake_ptx(1, 0, 0, 0));
+    memset(name, 'k', 150);
+    name[150] = '\0';
+    char *at = strstr(src, "step");
+    ck_assert_ptr_nonnull(at);
+    size_t n = strlen(src) + 200;
+    char *p = malloc(n);
+    snprintf(p, n, "%.*s%s%s", (int)(at - src), src, name, at + 4);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hk_swap(rt, "m", p, strlen(p) + 1, NULL, &rep), 0);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "m", name, &k), 0);
+    hk_test *t;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){32, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k, t, &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "kernel names of at most"), "%s", rep.message);
+    hk_test_destroy(t);
+    hk_report_clear(&rep);
+    free(p);
+    free(src);
+}
+END_TEST
+
 START_TEST(helper_dead_between_runs_is_replaced) {
     rt = make_rt(NULL, 2000, 1);
     start_with_test(HK_COMPARE_EXACT, 0);
@@ -533,6 +579,8 @@ int main(void) {
     tcase_add_test(tc, bad_helper_wrong_size);
     tcase_add_test(tc, bad_helper_extra_bytes);
     tcase_add_test(tc, bad_helper_unasked_buffers);
+    tcase_add_test(tc, long_kernel_name_refused_at_declaration);
+    tcase_add_test(tc, helper_inherits_no_application_fd);
     tcase_add_test(tc, missing_helper_fails_create);
     suite_add_tcase(s, tc);
     return hkt_run(s);
