@@ -5,7 +5,9 @@
  * cub/cuda::std kernel of bench_swap. Each build compiles a new constant into
  * the code (bench_variant), in one process, without the compile cache. The
  * first build of each series is shown apart: it pays NVRTC's start-up (the
- * very first) or the creation of the PCH.
+ * very first) or the creation of the PCH. Last, the small kernels with the
+ * NVRTC options that trade something for compile time (all CPUs for ptxas,
+ * a smaller implicit prefix, slower code), to show what each would buy.
  *
  * usage: bench_build [REPS]   (default 7)
  */
@@ -19,11 +21,21 @@
 
 #include "bench/common.h"
 
+/* Extra NVRTC options of the series being measured (NULL-terminated), and
+ * its ptxas level (-Ofc=max refuses ptxas -O1..3). */
+static const char *const *extra;
+static int opt_level = 3;
+
 static double build_ms(const char *fmt, int v, int pch, int via_ptx) {
     char *src = bench_variant(fmt, v);
+    int nextra = 0;
+    while (extra && extra[nextra])
+        nextra++;
     hkp_build_opts o = {.arch = 90,
+                        .nvrtc_options = extra,
+                        .nnvrtc_options = nextra,
                         .ptx_to_cubin = 1,
-                        .opt_level = 3,
+                        .opt_level = opt_level,
                         .pch = pch,
                         .nvrtc_via_ptx = via_ptx,
                         .source_name = pch ? "pch.cu" : "plain.cu"};
@@ -46,7 +58,7 @@ static void series(const char *what, const char *fmt, int pch, int via_ptx, int 
     for (int i = 0; i < reps; i++)
         v[i] = build_ms(fmt, (*next)++, pch, via_ptx);
     double med = bench_median(v, reps);
-    printf("  %-28s %-5s %-13s first %8.1f ms, then median %8.1f ms (min %.1f, max %.1f)\n", what,
+    printf("  %-30s %-5s %-13s first %8.1f ms, then median %8.1f ms (min %.1f, max %.1f)\n", what,
            pch ? "PCH" : "plain", via_ptx ? "PTX+nvJitLink" : "NVRTC cubin", first, med, v[0],
            v[reps - 1]);
 }
@@ -71,6 +83,27 @@ int main(int argc, char **argv) {
         series("small kernels (5)", bench_fmt_small, 1, via_ptx, reps, &next);
         series("cub BlockReduce + cuda::std", bench_fmt_cub, 0, via_ptx, reps, &next);
         series("cub BlockReduce + cuda::std", bench_fmt_cub, 1, via_ptx, reps, &next);
+    }
+    /* What NVRTC's own options do for the small kernels (PCH, cubin):
+     * --split-compile=0 lets ptxas use every CPU, -minimal leaves out the
+     * texture and device-runtime declarations, -Ofc=max trades the code's
+     * speed for the compile's (with ptxas -O0, as it refuses -O1..3). */
+    static const char *const split[] = {"--ptxas-options=--split-compile=0", NULL};
+    static const char *const minimal[] = {"-minimal", NULL};
+    static const char *const ofc[] = {"-Ofc=max", NULL};
+    static const char *const all[] = {"--ptxas-options=--split-compile=0", "-minimal", "-Ofc=max",
+                                      NULL};
+    const struct {
+        const char *what;
+        const char *const *opts;
+    } variants[] = {{"small + ptxas split-compile=0", split},
+                    {"small + -minimal", minimal},
+                    {"small + -Ofc=max", ofc},
+                    {"small + all three", all}};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        extra = variants[i].opts;
+        opt_level = variants[i].opts == ofc || variants[i].opts == all ? 0 : 3;
+        series(variants[i].what, bench_fmt_small, 1, 0, reps, &next);
     }
     return 0;
 }
