@@ -895,8 +895,10 @@ static void assert_app_handlers(const char *when) {
     for (int i = 0; i < 3; i++) {
         struct sigaction cur;
         ck_assert_int_eq(sigaction(sigs[i], NULL, &cur), 0);
-        ck_assert_msg(cur.sa_handler == app_handler, "%s: signal %d's handler is %p, not the "
-                      "application's", when, sigs[i], (void *)cur.sa_handler);
+        ck_assert_msg(cur.sa_handler == app_handler,
+                      "%s: signal %d's handler is %p, not the "
+                      "application's",
+                      when, sigs[i], (void *)cur.sa_handler);
     }
 }
 
