@@ -65,7 +65,7 @@ static char *tmp;
 static char url[64], key_path[4200], cli[4200];
 
 /* The launcher: its counters are atomics read by the test thread; error is
- * written by the launcher only, and read after the join. */
+ * written by the launcher only, and read once failures is non-zero. */
 static struct {
     pthread_t thread;
     atomic_int stop;
@@ -74,10 +74,13 @@ static struct {
     char error[256];      /* the first failure */
 } L;
 
+/* On the launcher only: the text is written before the count that makes
+ * other threads read it. */
 static void launcher_failed(const char *what, int code) {
-    if (atomic_fetch_add(&L.failures, 1) == 0)
+    if (atomic_load(&L.failures) == 0)
         snprintf(L.error, sizeof L.error, "%s (%d) after %ld launches", what, code,
                  atomic_load(&L.launches));
+    atomic_fetch_add(&L.failures, 1);
 }
 
 /* Launches step on the live buffer until told to stop, with no pause; stops
