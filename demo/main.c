@@ -562,6 +562,9 @@ int main(int argc, char **argv) {
     memcpy(d.out, real, strlen(real) + 1); /* length checked above */
     snprintf(cache, sizeof cache, "%s/cache", d.out);
 
+    /* Before hk_runtime_create, on purpose: NVRTC replaces the SIGINT, SIGTERM
+     * and SIGXFSZ handlers during each compile and restores the ones it saw
+     * when the compile began, and create starts a warm-up compile at once. */
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -36,6 +36,12 @@ static void on_event(const hk_event *ev, void *ud) {
 int main(int argc, char **argv) {
     if (argc < 4)
         return fprintf(stderr, "usage: receive_pushes PUBKEY MODULE KERNEL [SECONDS] [PORT]\n"), 2;
+    /* Handlers before hk_runtime_create: NVRTC replaces the SIGINT, SIGTERM and
+     * SIGXFSZ handlers during each compile and puts back the ones it saw when
+     * the compile began, and create starts a warm-up compile at once, so a
+     * handler installed after create can be undone when the warm-up ends. */
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
     hk_options opt;
     hk_options_init(&opt);
     opt.on_event = on_event;
@@ -53,8 +59,6 @@ int main(int argc, char **argv) {
     hk_endpoint *ep = NULL;
     if (rc || (rc = hk_endpoint_start(rt, &eo, &ep, &rep)) != 0)
         return fprintf(stderr, "%s: %s\n", hk_strerror(rc), rep.message), 1;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
     printf("listening on http://127.0.0.1:%u\n", hk_endpoint_port(ep));
     fflush(stdout);
     int n = 256, ticks = 10 * (argc > 4 ? atoi(argv[4]) : 60);

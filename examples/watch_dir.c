@@ -35,6 +35,12 @@ static void on_event(const hk_event *ev, void *ud) {
 int main(int argc, char **argv) {
     if (argc < 4)
         return fprintf(stderr, "usage: watch_dir DIR MODULE KERNEL [SECONDS]\n"), 2;
+    /* Handlers before hk_runtime_create: NVRTC replaces the SIGINT, SIGTERM and
+     * SIGXFSZ handlers during each compile and puts back the ones it saw when
+     * the compile began, and create starts a warm-up compile at once, so a
+     * handler installed after create can be undone when the warm-up ends. */
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
     hk_options opt;
     hk_options_init(&opt);
     opt.on_event = on_event;
@@ -45,8 +51,6 @@ int main(int argc, char **argv) {
         return printf("SKIP: no CUDA device: %s\n", rep.message), 0;
     if (rc || (rc = hk_watch_dir(rt, argv[1], NULL, &rep)) != 0)
         return fprintf(stderr, "%s: %s\n", hk_strerror(rc), rep.message), 1;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
     printf("watching %s for %s.cu\n", argv[1], argv[2]);
     fflush(stdout);
     int n = 256, ticks = 10 * (argc > 4 ? atoi(argv[4]) : 60);

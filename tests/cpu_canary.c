@@ -4,7 +4,8 @@
  * binds the loadable fake (BUILD/lib/libhotkern-fakecuda.so, through
  * HK_LIBCUDA), whose HKFAKE_* variables make a kernel fault, hang or store a
  * wrong value there. A misbehaving helper (BUILD/stub/hotkern-canary-bad)
- * covers malformed, oversized, missing and late replies. The first tests
+ * covers malformed, oversized, missing and late replies, and a push's
+ * default policy (an endpoint and the hotkern CLI). The first tests
  * drive the loadable fake through the public API alone, as an application's
  * CI would.
  */
@@ -18,9 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "hotkern/net.h"
 #include "loader/loader.h"
+#include "net/net.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
@@ -523,6 +527,87 @@ START_TEST(bad_helper_unasked_buffers) {
 }
 END_TEST
 
+/* ---- pushes ------------------------------------------------------------- */
+
+/* `hotkern push URL --key KEY --module m --release R --json FILE`: the exit
+ * status, stdout and stderr into out. */
+static int cli_push(const char *url, const char *key, int release, const char *file, char *out,
+                    size_t cap) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 '%s' push '%s' --key '%s' --module m --release %d --json '%s' 2>&1",
+             hkt_built_program("hotkern"), url, key, release, file);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t len = fread(out, 1, cap - 1, p);
+    out[len] = '\0';
+    int st = pclose(p);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Starts an endpoint on rt trusting tmp/hotkern.pub, with swap template tpl
+ * (NULL: none). */
+static hk_endpoint *push_endpoint(const char *tmp, const hk_swap_options *tpl, char *url,
+                                  size_t cap) {
+    char pub[PATH_MAX];
+    snprintf(pub, sizeof pub, "%s/hotkern.pub", tmp);
+    const char *keys[] = {pub};
+    hk_endpoint_options eo;
+    hk_endpoint_options_init(&eo);
+    eo.trusted_keys = keys;
+    eo.ntrusted_keys = 1;
+    eo.state_dir = "";
+    eo.swap = tpl;
+    hk_endpoint *ep = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_endpoint_start(rt, &eo, &ep, &rep) == 0, "%s", rep.message);
+    snprintf(url, cap, "http://127.0.0.1:%u", hk_endpoint_port(ep));
+    hk_report_clear(&rep);
+    return ep;
+}
+
+/* A push's canary policy, left to the default, is HK_CANARY_REQUIRE: with a
+ * helper that cannot start, hk_swap (OPTIONAL by default) lets a version
+ * with tests through, a push of one is refused with HK_ERR_CANARY, and the
+ * same push through a template that says OPTIONAL commits. */
+START_TEST(push_policy_defaults_to_required) {
+    setenv("HKBAD_MODE", "failready", 1);
+    rt = make_rt(bad_helper, 300, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), 0);
+    ck_assert_msg(strstr(rep.canary, "could not start"), "%s", rep.canary);
+    char *tmp = hkt_tmpdir(), key[PATH_MAX], pub[PATH_MAX], file[PATH_MAX], url[64], out[16384];
+    hkn_seckey k;
+    ck_assert_int_eq(hkn_keygen(&k), 0);
+    snprintf(key, sizeof key, "%s/hotkern.key", tmp);
+    snprintf(pub, sizeof pub, "%s/hotkern.pub", tmp);
+    snprintf(file, sizeof file, "%s/m.ptx", tmp);
+    ck_assert_int_eq(hkn_seckey_save(key, &k, &rep), 0);
+    ck_assert_int_eq(hkn_pubkey_save(pub, &k.pub, &rep), 0);
+    ck_assert_int_eq(hkt_write_file(file, fake_ptx(3, 0, 0, 0)), 0);
+
+    hk_endpoint *ep = push_endpoint(tmp, NULL, url, sizeof url);
+    int rc = cli_push(url, key, 1, file, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "\"error\":\"HK_ERR_CANARY\""), "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "could not start"), "%s", out);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_endpoint_stop(ep);
+
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.canary = HK_CANARY_OPTIONAL;
+    ep = push_endpoint(tmp, &so, url, sizeof url);
+    rc = cli_push(url, key, 2, file, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "\"outcome\":\"committed\""), "exit %d: %s", rc, out);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 3);
+    hk_endpoint_stop(ep);
+    hkt_rmtree(tmp);
+    free(tmp);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A helper that cannot be executed fails runtime creation, saying so. */
 START_TEST(missing_helper_fails_create) {
     fake_init(1, 90);
@@ -582,6 +667,7 @@ int main(void) {
     tcase_add_test(tc, long_kernel_name_refused_at_declaration);
     tcase_add_test(tc, helper_inherits_no_application_fd);
     tcase_add_test(tc, missing_helper_fails_create);
+    tcase_add_test(tc, push_policy_defaults_to_required);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -5,6 +5,7 @@
  * is GPU evidence (the GPU suites are); it pins down the engine's decisions.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -861,6 +862,88 @@ START_TEST(warm_start_runs_and_stops) {
 }
 END_TEST
 
+/* ---- signal handlers and NVRTC -------------------------------------------- */
+
+/* NVRTC (13.0) puts handlers of its own on SIGINT, SIGTERM and SIGXFSZ for
+ * the duration of each compile and then restores the ones it saw when the
+ * compile began. A program that installs its handlers before
+ * hk_runtime_create therefore keeps them through the warm-up compile and
+ * every build on hotkern's threads; these are what it must get back. */
+static volatile sig_atomic_t app_signals;
+static void app_handler(int sig) {
+    (void)sig;
+    app_signals++;
+}
+
+static atomic_int watching;
+static atomic_int saw_foreign; /* informational: NVRTC's handler seen mid-build */
+
+/* Polls SIGTERM's disposition while builds run on other threads. */
+static void *watch_handler(void *arg) {
+    (void)arg;
+    while (atomic_load(&watching)) {
+        struct sigaction cur;
+        if (sigaction(SIGTERM, NULL, &cur) == 0 && cur.sa_handler != app_handler)
+            atomic_store(&saw_foreign, 1);
+        usleep(100);
+    }
+    return NULL;
+}
+
+static void assert_app_handlers(const char *when) {
+    int sigs[] = {SIGINT, SIGTERM, SIGXFSZ};
+    for (int i = 0; i < 3; i++) {
+        struct sigaction cur;
+        ck_assert_int_eq(sigaction(sigs[i], NULL, &cur), 0);
+        ck_assert_msg(cur.sa_handler == app_handler,
+                      "%s: signal %d's handler is %p, not the "
+                      "application's",
+                      when, sigs[i], (void *)cur.sa_handler);
+    }
+}
+
+START_TEST(signal_handlers_installed_first_survive_builds) {
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = app_handler;
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGINT, &sa, NULL), 0);
+    ck_assert_int_eq(sigaction(SIGTERM, &sa, NULL), 0);
+    ck_assert_int_eq(sigaction(SIGXFSZ, &sa, NULL), 0);
+    atomic_store(&watching, 1);
+    atomic_store(&saw_foreign, 0);
+    pthread_t w;
+    ck_assert_int_eq(pthread_create(&w, NULL, watch_handler, NULL), 0);
+    /* Handlers first, then the runtime: its warm-up compiles on a thread of
+     * its own, and a real CUDA C build runs on the worker (hk_submit). */
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), NULL), 0);
+    ck_assert_ptr_nonnull(rt->warm);
+    for (int i = 0; i < 6000 && !hkp_warm_done(rt->warm); i++)
+        usleep(10000);
+    ck_assert(hkp_warm_done(rt->warm));
+    const char *src = "extern \"C\" __global__ void step(int *o, unsigned n) { o[0] = n + 7; }\n";
+    ck_assert_int_eq(hk_submit(rt, "sig", src, strlen(src), NULL), 0);
+    ck_assert_int_eq(hk_wait_idle(rt, 60000), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "sig"), 1);
+    atomic_store(&watching, 0);
+    pthread_join(w, NULL);
+    printf("signal handlers: NVRTC's own handler %s seen during the builds\n",
+           atomic_load(&saw_foreign) ? "was" : "was not");
+    assert_app_handlers("after the warm-up and a build on the worker");
+    /* And the signal reaches the application rather than ending it. */
+    app_signals = 0;
+    ck_assert_int_eq(raise(SIGTERM), 0);
+    ck_assert_int_eq(app_signals, 1);
+}
+END_TEST
+
 START_TEST(module_loader_single_device) {
     hk_runtime_destroy(rt);
     rt = NULL;
@@ -1309,6 +1392,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, swap_with_in_memory_headers);
     tcase_add_test(tc, sources_hear_builds_and_destroy);
     tcase_add_test(tc, warm_start_runs_and_stops);
+    tcase_add_test(tc, signal_handlers_installed_first_survive_builds);
     tcase_add_test(tc, module_loader_single_device);
     tcase_add_test(tc, graph_retargeted_on_commit);
     tcase_add_test(tc, graph_keeps_old_code_when_retarget_fails);

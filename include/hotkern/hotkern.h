@@ -351,7 +351,18 @@ static inline void hk_options_init(hk_options *o) {
  * will use. Never creates a non-primary context, never destroys one.
  * Returns HK_ERR_NO_DRIVER when libcuda is missing or cuInit fails (the report
  * says which), HK_ERR_NO_DEVICE for a bad ordinal.
- * On success *out is owned by the caller: hk_runtime_destroy(). */
+ * On success *out is owned by the caller: hk_runtime_destroy().
+ *
+ * Signal handlers: install yours before this call. NVRTC (measured with 13.0)
+ * replaces the process's SIGINT, SIGTERM and SIGXFSZ handlers for the
+ * duration of each compile and then restores the ones it saw when the
+ * compile began. Create starts a warm-up compile on a background thread
+ * (unless no_warm_start), so a handler installed after create can be put
+ * back to what came before (SIG_DFL) when the warm-up ends; one installed
+ * before survives it and every later build. A SIGINT or SIGTERM that arrives
+ * while a compile runs (a swap, a push, a watched save) goes to NVRTC's
+ * handler, which ends the process with status 4; hotkern cannot prevent
+ * that. */
 HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
 
 /* Waits for the worker, unloads every version, releases retained contexts.
