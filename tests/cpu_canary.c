@@ -567,14 +567,15 @@ static char proc_state(pid_t p) {
  * (Each refusal kills its helper and starts a fresh one for the next run.) */
 START_TEST(helpers_outliving_their_kill_are_all_reaped) {
     setenv("HKBAD_MODE", "linger", 1);
-    rt = make_rt(bad_helper, 20, 1);
+    rt = make_rt(bad_helper, 100, 1);
     hka_set_kill(rt->canary, SIGTERM, 0);
     start_with_test(HK_COMPARE_NONE, 0);
     hk_report rep = HK_REPORT_INIT;
-    enum { N = 20 };
+    enum { N = 12 };
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
-        ck_assert_msg(strstr(rep.message, "did not answer in time"), "%s", rep.message);
+        /* Its start or its load timed out: killed either way. */
+        ck_assert_msg(strstr(rep.message, "in time"), "%s", rep.message);
     }
     hk_report_clear(&rep);
     pid_t kids[4 * N];
