@@ -11,6 +11,14 @@
  * that overruns one, dies, or answers nonsense is killed (SIGKILL; reaped
  * without blocking for long) and a fresh one started. Nothing it sends can
  * make the parent wait longer than the run's timeouts or crash it.
+ *
+ * Killed helpers the kernel has not let go of yet (one inside a driver call
+ * can take a while to end) are kept in `dying` and reaped, by pid only,
+ * before each start and at destroy. The list grows as needed, and room for
+ * one more entry is made before a helper is started (a start that cannot
+ * get it fails), so a killed helper always has a slot and its pid is never
+ * dropped: a dropped pid would be a zombie for the life of the program.
+ * Never waitpid(-1): the application owns its other children.
  */
 #include <errno.h>
 #include <math.h>
@@ -33,8 +41,8 @@
 
 extern char **environ;
 
-#define START_FACTOR 10 /* helper start and image loads: timeout x 10 */
-#define MAX_ZOMBIES  8
+#define START_FACTOR 10   /* helper start and image loads: timeout x 10 */
+#define KILL_WAIT_MS 2000 /* helper_kill waits this long for the end */
 
 /* The tests of one kernel handle. */
 typedef struct ktests {
@@ -53,8 +61,10 @@ struct hka_canary {
     /* run_lock: the helper */
     pid_t pid;
     int fd;
-    int ready;                  /* its READY was read */
-    pid_t zombies[MAX_ZOMBIES]; /* killed, not reaped yet */
+    int ready;    /* its READY was read */
+    pid_t *dying; /* killed, not reaped yet (ndying of cap) */
+    int ndying, cap;
+    int kill_sig, kill_wait_ms; /* SIGKILL and KILL_WAIT_MS; tests change them */
 
     pthread_mutex_t tests_lock;
     ktests *tests; /* tests_lock */
@@ -253,17 +263,41 @@ static int snap_take(hka_canary *c, const char *module, snap *s) {
 
 /* ---- the helper process -------------------------------------------------- */
 
-/* Reaps killed helpers that have gone; never waits. run_lock held. */
-static void reap_zombies(hka_canary *c) {
-    for (int i = 0; i < MAX_ZOMBIES; i++)
-        if (c->zombies[i] > 0 && waitpid(c->zombies[i], NULL, WNOHANG) != 0)
-            c->zombies[i] = 0;
+/* Reaps killed helpers that have gone, waiting up to wait_ms for them in
+ * all (0: never waits). A pid waitpid refuses was reaped by someone else
+ * (a program that ignores SIGCHLD) and leaves the list too. run_lock held. */
+static void reap_dying(hka_canary *c, int wait_ms) {
+    double until = hka_now_ms() + wait_ms;
+    for (;;) {
+        int k = 0;
+        for (int i = 0; i < c->ndying; i++)
+            if (waitpid(c->dying[i], NULL, WNOHANG) == 0)
+                c->dying[k++] = c->dying[i];
+        c->ndying = k;
+        if (!k || hka_now_ms() >= until)
+            return;
+        usleep(10000);
+    }
+}
+
+/* Makes room for one more dying helper, before a helper is started, so
+ * that helper_kill never has to drop one. run_lock held. */
+static int dying_reserve(hka_canary *c) {
+    if (c->ndying < c->cap)
+        return 0;
+    int cap = c->cap ? 2 * c->cap : 8;
+    pid_t *d = realloc(c->dying, (size_t)cap * sizeof *d);
+    if (!d)
+        return HK_ERR_NOMEM;
+    c->dying = d;
+    c->cap = cap;
+    return 0;
 }
 
 /* Kills the helper and reaps it, waiting at most 2 s for the kernel to let
  * it go (a process inside a driver call can take a moment); one that takes
- * longer is reaped later. Describes how it ended in `how` (may be NULL).
- * run_lock held. */
+ * longer goes to `dying` (room was made at its start) and is reaped later. Describes how it ended
+ * in `how` (may be NULL). run_lock held. */
 static void helper_kill(hka_canary *c, char *how, size_t n) {
     if (how && n)
         how[0] = '\0';
@@ -281,8 +315,8 @@ static void helper_kill(hka_canary *c, char *how, size_t n) {
          * reaps with waitpid(-1)): its pid may already name another
          * process, which must not be killed. A live child always answers
          * 0, even under SA_NOCLDWAIT. */
-        kill(c->pid, SIGKILL);
-        for (int i = 0; i < 200 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
+        kill(c->pid, c->kill_sig);
+        for (int i = 0; i < c->kill_wait_ms / 10 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
             usleep(10000);
     }
     if (r == c->pid && how && n) {
@@ -292,17 +326,17 @@ static void helper_kill(hka_canary *c, char *how, size_t n) {
             snprintf(how, n, "exit status %d", WEXITSTATUS(st));
     }
     if (r == 0) /* still there: reap it later */
-        for (int i = 0; i < MAX_ZOMBIES; i++)
-            if (c->zombies[i] <= 0) {
-                c->zombies[i] = c->pid;
-                break;
-            }
+        c->dying[c->ndying++] = c->pid;
     c->pid = 0;
 }
 
 /* Starts a helper; its READY is read by helper_ready. run_lock held. */
 static int helper_start(hka_canary *c, char *why, size_t n) {
-    reap_zombies(c);
+    reap_dying(c, 0);
+    if (dying_reserve(c) < 0) {
+        snprintf(why, n, "cannot start the canary helper: out of memory");
+        return HK_ERR_NOMEM;
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
         snprintf(why, n, "socketpair: %s", strerror(errno));
@@ -386,6 +420,8 @@ int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_si
     if (!c)
         return HK_ERR_NOMEM;
     c->fd = -1;
+    c->kill_sig = SIGKILL;
+    c->kill_wait_ms = KILL_WAIT_MS;
     c->device = cfg->device;
     c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 2000;
     pthread_mutex_init(&c->run_lock, NULL);
@@ -408,7 +444,10 @@ void hka_destroy(hka_canary *c) {
         return;
     pthread_mutex_lock(&c->run_lock);
     helper_kill(c, NULL, 0);
-    reap_zombies(c);
+    /* What is still dying was SIGKILLed: give it the same bound once more.
+     * One the kernel holds longer than that cannot be reaped without
+     * blocking destroy for good, and stays a zombie. */
+    reap_dying(c, c->kill_wait_ms);
     pthread_mutex_unlock(&c->run_lock);
     while (c->tests) {
         ktests *k = c->tests;
@@ -419,8 +458,16 @@ void hka_destroy(hka_canary *c) {
     }
     pthread_mutex_destroy(&c->run_lock);
     pthread_mutex_destroy(&c->tests_lock);
+    free(c->dying);
     free(c->helper);
     free(c);
+}
+
+void hka_set_kill(hka_canary *c, int sig, int wait_ms) {
+    pthread_mutex_lock(&c->run_lock);
+    c->kill_sig = sig;
+    c->kill_wait_ms = wait_ms;
+    pthread_mutex_unlock(&c->run_lock);
 }
 
 pid_t hka_helper_pid(hka_canary *c) {

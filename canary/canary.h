@@ -211,5 +211,9 @@ int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_i
 pid_t hka_helper_pid(hka_canary *c);
 void hka_counts(hka_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts);
 int hka_enabled(const hka_canary *c); /* configured with a helper */
+/* Tests: the signal a helper is killed with (SIGKILL) and how long a kill
+ * waits for its end before the helper is left to be reaped later (2000 ms),
+ * so that a test can have helpers that outlive their kill. */
+void hka_set_kill(hka_canary *c, int sig, int wait_ms);
 
 #endif /* HK_CANARY_H */

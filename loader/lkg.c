@@ -25,11 +25,33 @@
  * each change, images no record names (current or good) and stale temp files
  * are removed: the disk holds at most two images per module.
  *
- * Threads. Everything here is under lkg_lock (a mutex private to this file):
+ * Pending commits. A swap notes its version (hkl_lkg_pending) before it
+ * publishes it, since a launch may use the version, and fault, as soon as
+ * it is published: a loss between the publication and hkl_lkg_committed
+ * still finds it among the recent commits and quarantines it. A version
+ * noted and then rolled back leaves the list again (hkl_lkg_unpending).
+ *
+ * Threads. The state in memory is under lkg_lock (a mutex private to this
+ * file), which is held for memory work only, never across a file write:
  * after swap_lock (commits record under it) and before stats_lock and
  * log_lock. hkl_lkg_lost runs on whichever thread saw the sticky error (a
  * launching thread, on the launch's error path only, or the reclaim thread)
  * with no engine lock held; `lost` makes it happen once per runtime.
+ *
+ * Writes. Every change of a module's record bumps its `gen` under lkg_lock;
+ * a writer takes the module's `wlock` (writers only), formats the record
+ * and notes its gen under lkg_lock, writes, fsyncs and renames with lkg_lock
+ * released, and sets `disk_gen` when it landed. A writer whose gen has
+ * landed already skips; one that waited for wlock formats the newest state,
+ * so an older snapshot never replaces a newer one. So a slow disk delays
+ * only the writers of the same record: a commit or a loss of another module,
+ * the check of a build and the queries never wait for it. Images are
+ * written, and unreferenced ones removed, under `img_lock` (writers only);
+ * collection takes it with trylock and is skipped while an image is being
+ * written (the next change collects), and removes nothing while any record
+ * on disk is behind memory (a record not yet written may still name the
+ * image memory has let go of). Lock order: swap_lock -> wlock or img_lock
+ * (never both) -> lkg_lock.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -58,9 +80,13 @@ typedef struct lkg_recent {
 } lkg_recent;
 
 typedef struct lkg_mod {
-    /* all lkg_lock */
-    hkl_rec rec; /* what goes to disk: current, good (+ its expressions), quarantine */
-    int ncur;    /* name expressions of the current image */
+    /* all lkg_lock, but for wlock and the name in rec (immutable) */
+    hkl_rec rec;           /* what goes to disk: current, good (+ its expressions), quarantine */
+    uint64_t gen;          /* bumped by every change of rec */
+    uint64_t disk_gen;     /* the gen the record file holds; set under wlock too */
+    pthread_mutex_t wlock; /* the record file: one writer at a time */
+    int qdirty;            /* a loss quarantined in it: written before the event */
+    int ncur;              /* name expressions of the current image */
     char **cur_expr, **cur_lowered;
     double cur_t;               /* when current was committed here; < 0: by an earlier process */
     lkg_recent recent[NRECENT]; /* this process's commits, newest last */
@@ -75,15 +101,16 @@ struct hkl_lkg {
     double window;
     double (*now)(void);
 
-    pthread_mutex_t lock; /* lkg_lock */
-    lkg_mod *mods;        /* lkg_lock */
-    char refused[1024];   /* lkg_lock: records refused at open, for the report */
-    int write_failed;     /* lkg_lock: a record or image could not be written: the
-                           * disk may name what memory no longer does, so
-                           * nothing is collected from then on */
-    _Atomic int lost;     /* set once, by the first sticky error */
-    int frozen;           /* lkg_lock: the loss is recorded; nothing is
-                           * promoted any more */
+    pthread_mutex_t lock;     /* lkg_lock */
+    pthread_mutex_t img_lock; /* writers only: image writes and collection */
+    lkg_mod *mods;            /* lkg_lock; never freed before close */
+    char refused[1024];       /* lkg_lock: records refused at open, for the report */
+    int write_failed;         /* lkg_lock: a record or image could not be written: the
+                               * disk may name what memory no longer does, so
+                               * nothing is collected from then on */
+    _Atomic int lost;         /* set once, by the first sticky error */
+    int frozen;               /* lkg_lock: the loss is recorded; nothing is
+                               * promoted any more */
 };
 
 int hkl_lkg_sticky(int r) {
@@ -119,7 +146,18 @@ static void mod_free(lkg_mod *m) {
     hkl_rec_free(&m->rec);
     hku_strv_free(m->cur_expr, m->ncur);
     hku_strv_free(m->cur_lowered, m->ncur);
+    pthread_mutex_destroy(&m->wlock);
     free(m);
+}
+
+/* A module entry with nothing in it; NULL: out of memory. */
+static lkg_mod *mod_new(void) {
+    lkg_mod *m = calloc(1, sizeof *m);
+    if (m) {
+        pthread_mutex_init(&m->wlock, NULL);
+        m->cur_t = -1;
+    }
+    return m;
 }
 
 static lkg_mod *mod_find(hkl_lkg *l, const char *name) {
@@ -140,10 +178,9 @@ static void mod_insert(hkl_lkg *l, lkg_mod *m) {
 
 static lkg_mod *mod_get(hkl_lkg *l, const char *name) {
     lkg_mod *m = mod_find(l, name);
-    if (m || !(m = calloc(1, sizeof *m)))
+    if (m || !(m = mod_new()))
         return m;
     snprintf(m->rec.module, sizeof m->rec.module, "%s", name);
-    m->cur_t = -1;
     mod_insert(l, m);
     return m;
 }
@@ -174,32 +211,69 @@ static void record_path(const hkl_lkg *l, const char *module, char *out, size_t 
     snprintf(out, n, "%s/modules/%s.rec", l->dir, name);
 }
 
-/* Writes m's record (lkg_lock). */
-static int write_record(hk_runtime *rt, const lkg_mod *m) {
+/* Writes m's record as it is now, unless that generation landed already
+ * (see "Writes" above). Takes m's wlock, and lkg_lock only around the
+ * snapshot and the result: never across the write. */
+static void flush(hk_runtime *rt, lkg_mod *m) {
     hkl_lkg *l = rt->lkg;
-    char *text, path[4096];
-    size_t n;
+    char *text = NULL, path[4096];
+    size_t n = 0;
     hk_report r = HK_REPORT_INIT;
     if (!l->dir)
-        return 0;
-    int ferr = hkl_rec_format(&m->rec, &text, &n);
-    if (ferr < 0) {
-        l->write_failed = 1;
+        return;
+    pthread_mutex_lock(&m->wlock);
+    pthread_mutex_lock(&l->lock);
+    uint64_t gen = m->gen;
+    int err = gen == m->disk_gen ? 1 : hkl_rec_format(&m->rec, &text, &n);
+    pthread_mutex_unlock(&l->lock);
+    if (err == 0) {
+        record_path(l, m->rec.module, path, sizeof path);
+        err = hku_write_atomic(path, text, n, 0600, &r);
+        free(text);
+    }
+    if (err <= 0) {
+        pthread_mutex_lock(&l->lock);
+        if (err == 0)
+            m->disk_gen = gen;
+        else
+            l->write_failed = 1;
+        pthread_mutex_unlock(&l->lock);
+    }
+    pthread_mutex_unlock(&m->wlock);
+    if (err < 0)
         hk_log(rt, HK_LOG_WARN, "engine",
                "cannot write the record of '%s': %s; its last record on disk stays", m->rec.module,
-               ferr == HK_ERR_NOMEM ? "out of memory"
-                                    : "the record would not read back (a control byte in the "
-                                      "name, or too many or too long name expressions)");
-        return ferr;
-    }
-    record_path(l, m->rec.module, path, sizeof path);
-    int err = hku_write_atomic(path, text, n, 0600, &r);
-    free(text);
-    l->write_failed |= err != 0;
-    if (err)
-        hk_log(rt, HK_LOG_WARN, "engine", "cannot write the record of '%s': %s", m->rec.module,
-               r.message);
-    return err;
+               err == HK_ERR_NOMEM       ? "out of memory"
+               : err == HK_ERR_TOO_LARGE ? "the record would not read back (a control byte in the "
+                                           "name, or too many or too long name expressions)"
+                                         : r.message);
+}
+
+/* Whether flush_dirty writes m (lkg_lock). */
+static int dirty(const lkg_mod *m, int quarantined) {
+    return quarantined ? m->qdirty : m->gen != m->disk_gen;
+}
+
+/* Writes the record of every module whose record on disk is behind, or
+ * only of those a loss quarantined in. */
+static void flush_dirty(hk_runtime *rt, int quarantined) {
+    hkl_lkg *l = rt->lkg;
+    int n = 0, k = 0;
+    if (!l->dir)
+        return;
+    pthread_mutex_lock(&l->lock);
+    for (lkg_mod *m = l->mods; m; m = m->next)
+        n += dirty(m, quarantined);
+    lkg_mod **v = n ? malloc((size_t)n * sizeof *v) : NULL;
+    for (lkg_mod *m = l->mods; v && m; m = m->next)
+        if (dirty(m, quarantined)) {
+            v[k++] = m;
+            m->qdirty = 0;
+        }
+    pthread_mutex_unlock(&l->lock);
+    for (int i = 0; i < k; i++)
+        flush(rt, v[i]); /* modules are freed at close only */
+    free(v);
 }
 
 static int named(const hkl_lkg *l, const char *hex) {
@@ -225,28 +299,51 @@ static int is_image_name(const char *n) {
     return n[64] == '\0' || !strncmp(n + 64, ".tmp.", 5);
 }
 
-/* Only files named as hotkern names images are ever removed (the directory
- * may hold other things); nothing while a record refused at open may name
- * images (they are kept until its module's next commit), nor once a write
- * failed (the disk may still name an image memory has let go of). */
-static void collect(hkl_lkg *l) {
+/* Whether unnamed images may go (lkg_lock): not while a record refused at
+ * open may name images (they are kept until its module's next commit), nor
+ * once a write failed, nor while a record on disk is behind memory (the
+ * disk may still name an image memory has let go of). */
+static int collectable(const hkl_lkg *l) {
+    if (l->refused[0] || l->write_failed)
+        return 0;
+    for (const lkg_mod *m = l->mods; m; m = m->next)
+        if (m->gen != m->disk_gen)
+            return 0;
+    return 1;
+}
+
+/* Removes images nothing names; only files named as hotkern names images
+ * (the directory may hold other things). Under img_lock, so no image is
+ * written meanwhile; skipped when an image is being written. An image a
+ * commit names after it was judged here is written again by that commit,
+ * which waits for img_lock. */
+static void collect(hk_runtime *rt) {
+    hkl_lkg *l = rt->lkg;
     char dir[4096], path[4400];
-    if (!l->dir || l->refused[0] || l->write_failed)
+    if (!l->dir || pthread_mutex_trylock(&l->img_lock) != 0)
         return;
     snprintf(dir, sizeof dir, "%s/images", l->dir);
     DIR *d = opendir(dir);
-    if (!d)
-        return;
     struct dirent *e;
-    while ((e = readdir(d)))
-        if (is_image_name(e->d_name) && !named(l, e->d_name)) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    while (d && (e = readdir(d))) {
+        if (!is_image_name(e->d_name))
+            continue;
+        pthread_mutex_lock(&l->lock);
+        int ok = collectable(l), drop = ok && !named(l, e->d_name);
+        pthread_mutex_unlock(&l->lock);
+        if (!ok)
+            break;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (drop)
             unlink(path);
-        }
-    closedir(d);
+    }
+    if (d)
+        closedir(d);
+    pthread_mutex_unlock(&l->img_lock);
 }
 
-/* Writes v's image under its hash unless it is there already (lkg_lock). */
+/* Writes v's image under its hash unless it is there already (img_lock,
+ * not lkg_lock). */
 static void write_image(hk_runtime *rt, const uint8_t h[32], const void *data, size_t n) {
     hkl_lkg *l = rt->lkg;
     char path[4400];
@@ -255,10 +352,15 @@ static void write_image(hk_runtime *rt, const uint8_t h[32], const void *data, s
     if (!l->dir)
         return;
     image_path(l, h, path, sizeof path);
-    if (stat(path, &st) == 0 && (size_t)st.st_size == n)
-        return;
-    if (hku_write_atomic(path, data, n, 0600, &r) < 0) {
+    pthread_mutex_lock(&l->img_lock);
+    int err = stat(path, &st) == 0 && (size_t)st.st_size == n
+                  ? 0
+                  : hku_write_atomic(path, data, n, 0600, &r);
+    pthread_mutex_unlock(&l->img_lock);
+    if (err < 0) {
+        pthread_mutex_lock(&l->lock);
         l->write_failed = 1;
+        pthread_mutex_unlock(&l->lock);
         hk_log(rt, HK_LOG_WARN, "engine", "cannot keep an image: %s", r.message);
     }
 }
@@ -288,7 +390,7 @@ static void load_record(hk_runtime *rt, const char *dir, const char *fname) {
     snprintf(path, sizeof path, "%s/%s", dir, fname);
     hk_report r = HK_REPORT_INIT;
     int err = hku_read_file(path, HKL_REC_MAX_BYTES, &text, &len, &r);
-    lkg_mod *m = err ? NULL : calloc(1, sizeof *m);
+    lkg_mod *m = err ? NULL : mod_new();
     if (err || !m) {
         refused_add(l, "modules/%s: %s", fname, err ? r.message : "out of memory");
         free(text);
@@ -302,7 +404,6 @@ static void load_record(hk_runtime *rt, const char *dir, const char *fname) {
         if (strcmp(want, fname) || mod_find(l, m->rec.module)) {
             refused_add(l, "modules/%s: names module '%s'", fname, m->rec.module);
         } else {
-            m->cur_t = -1;
             /* Version numbers are this process's: an earlier one's mean
              * nothing here (hk_quarantine.version says 0 for them). */
             for (int i = 0; i < m->rec.nq; i++)
@@ -375,6 +476,7 @@ int hkl_lkg_open(hk_runtime *rt, hk_report *rep) {
     }
     rt->lkg = l;
     pthread_mutex_init(&l->lock, NULL);
+    pthread_mutex_init(&l->img_lock, NULL);
     l->lockfd = -1;
     l->now = hkl_now_ms;
     l->window = rt->opt.suspect_window_ms > 0 ? rt->opt.suspect_window_ms : 60000;
@@ -391,7 +493,7 @@ int hkl_lkg_open(hk_runtime *rt, hk_report *rep) {
     if ((err = make_dirs(l->dir, rep)) < 0 || (err = lock_dir(l, rep)) < 0 ||
         (err = load_records(rt, rep)) < 0)
         return err;
-    collect(l);
+    collect(rt);
     if (l->refused[0])
         hk_log(rt, HK_LOG_WARN, "engine", "state directory %s: records refused: %s", l->dir,
                l->refused);
@@ -416,6 +518,7 @@ static int promote(hkl_lkg *l, lkg_mod *m, double now) {
     m->rec.expr = e;
     m->rec.lowered = w;
     m->rec.nexpr = m->ncur;
+    m->gen++;
     return 1;
 }
 
@@ -425,14 +528,12 @@ void hkl_lkg_close(hk_runtime *rt) {
         return;
     double now = l->now();
     pthread_mutex_lock(&l->lock);
-    int changed = 0;
     for (lkg_mod *m = l->mods; m; m = m->next)
-        if (promote(l, m, now)) {
-            write_record(rt, m);
-            changed = 1;
-        }
-    if (changed)
-        collect(l);
+        promote(l, m, now);
+    pthread_mutex_unlock(&l->lock);
+    flush_dirty(rt, 0);
+    collect(rt);
+    pthread_mutex_lock(&l->lock);
     while (l->mods) {
         lkg_mod *m = l->mods;
         l->mods = m->next;
@@ -442,6 +543,7 @@ void hkl_lkg_close(hk_runtime *rt) {
     if (l->lockfd >= 0)
         close(l->lockfd); /* releases the flock */
     pthread_mutex_destroy(&l->lock);
+    pthread_mutex_destroy(&l->img_lock);
     free(l->dir);
     free(l);
     rt->lkg = NULL;
@@ -455,6 +557,65 @@ void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void)) {
 
 void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]) {
     hash_of(image, size, h);
+}
+
+/* Notes a commit of this process for the suspect window (lkg_lock); an
+ * entry for the same version (noted while pending) is kept as it is. */
+static void recent_add(lkg_mod *m, const uint8_t h[32], double t, uint64_t release,
+                       uint64_t version) {
+    for (int i = 0; i < m->nrecent; i++)
+        if (m->recent[i].version == version)
+            return;
+    if (m->nrecent == NRECENT)
+        memmove(m->recent, m->recent + 1, (NRECENT - 1) * sizeof *m->recent);
+    else
+        m->nrecent++;
+    lkg_recent *r = &m->recent[m->nrecent - 1];
+    memcpy(r->hash, h, 32);
+    r->t = t;
+    r->release = release;
+    r->version = version;
+}
+
+void hkl_lkg_pending(hk_runtime *rt, const char *module, const uint8_t hash[32], uint64_t version,
+                     uint64_t release) {
+    hkl_lkg *l = rt->lkg;
+    double now = l->now();
+    pthread_mutex_lock(&l->lock);
+    lkg_mod *m = mod_get(l, module);
+    if (m)
+        recent_add(m, hash, now, release, version);
+    pthread_mutex_unlock(&l->lock);
+}
+
+void hkl_lkg_unpending(hk_runtime *rt, const char *module, uint64_t version) {
+    hkl_lkg *l = rt->lkg;
+    pthread_mutex_lock(&l->lock);
+    lkg_mod *m = mod_find(l, module);
+    for (int i = 0; m && i < m->nrecent; i++)
+        if (m->recent[i].version == version) {
+            memmove(m->recent + i, m->recent + i + 1,
+                    (size_t)(m->nrecent - i - 1) * sizeof *m->recent);
+            m->nrecent--;
+            break;
+        }
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Makes v m's current image in memory (lkg_lock); takes e and w. */
+static void set_current(hkl_lkg *l, lkg_mod *m, const hkl_version *v, const uint8_t h[32],
+                        uint64_t release, char **e, char **w, double now) {
+    promote(l, m, now); /* the version replaced ran long enough */
+    hku_strv_free(m->cur_expr, m->ncur);
+    hku_strv_free(m->cur_lowered, m->ncur);
+    m->cur_expr = e;
+    m->cur_lowered = w;
+    m->ncur = v->nexpr;
+    m->rec.current = (hkl_rec_image){.has = 1, .format = v->format, .release = release};
+    memcpy(m->rec.current.hash, h, 32);
+    m->cur_t = now;
+    recent_add(m, h, now, release, v->number);
+    m->gen++;
 }
 
 void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash,
@@ -477,28 +638,13 @@ void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash
                (unsigned long long)v->number);
         return;
     }
-    promote(l, m, now); /* the version replaced ran long enough */
-    hku_strv_free(m->cur_expr, m->ncur);
-    hku_strv_free(m->cur_lowered, m->ncur);
-    m->cur_expr = e;
-    m->cur_lowered = w;
-    m->ncur = v->nexpr;
-    m->rec.current = (hkl_rec_image){.has = 1, .format = v->format, .release = release};
-    memcpy(m->rec.current.hash, h, 32);
-    m->cur_t = now;
-    if (m->nrecent == NRECENT)
-        memmove(m->recent, m->recent + 1, (NRECENT - 1) * sizeof *m->recent);
-    else
-        m->nrecent++;
-    lkg_recent *r = &m->recent[m->nrecent - 1];
-    memcpy(r->hash, h, 32);
-    r->t = now;
-    r->release = release;
-    r->version = v->number;
-    write_image(rt, h, v->image, v->size);
-    write_record(rt, m);
-    collect(l);
+    set_current(l, m, v, h, release, e, w, now);
     pthread_mutex_unlock(&l->lock);
+    /* The disk work, outside lkg_lock: the image before the record that
+     * names it. v stays current (and loaded) while swap_lock is held. */
+    write_image(rt, h, v->image, v->size);
+    flush(rt, m);
+    collect(rt);
 }
 
 int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
@@ -551,31 +697,30 @@ static int quarantine_add(lkg_mod *m, const lkg_recent *r) {
     return 1;
 }
 
-/* Applies the rule to every module (lkg_lock) and says what it did in msg. */
+/* Applies the rule to every module in memory (lkg_lock; the caller writes
+ * the records) and says what it did in msg. A version noted as pending
+ * counts as committed when it was noted. */
 static void quarantine_recent(hk_runtime *rt, double now, char *msg, size_t n) {
     hkl_lkg *l = rt->lkg;
     size_t k = strlen(msg);
     int any = 0;
     for (lkg_mod *m = l->mods; m; m = m->next) {
         promote(l, m, now);
-        int changed = 0;
         for (int i = 0; i < m->nrecent; i++) {
             const lkg_recent *r = &m->recent[i];
             if (now - r->t >= l->window ||
                 (m->rec.good.has && !memcmp(m->rec.good.hash, r->hash, 32)) ||
                 !quarantine_add(m, r))
                 continue;
-            changed = 1;
+            m->gen++;
+            m->qdirty = 1;
             if (k + 2 < n)
                 k += (size_t)snprintf(msg + k, n - k, "%s%s v%llu", any++ ? ", " : "",
                                       m->rec.module, (unsigned long long)r->version);
         }
-        if (changed)
-            write_record(rt, m);
     }
     if (!any && k + 2 < n)
         snprintf(msg + k, n - k, "nothing (no version committed within %.0f ms)", l->window);
-    collect(l);
 }
 
 void hkl_lkg_lost(hk_runtime *rt, int cu, const char *where) {
@@ -592,6 +737,11 @@ void hkl_lkg_lost(hk_runtime *rt, int cu, const char *where) {
     quarantine_recent(rt, now, msg, sizeof msg); /* promotes first */
     l->frozen = 1;
     pthread_mutex_unlock(&l->lock);
+    /* The quarantine is on disk before the event (a program may end in its
+     * handler); only writers of these records are waited for. A promotion
+     * alone is written at the module's next write or at close. */
+    flush_dirty(rt, 1);
+    collect(rt);
     snprintf(rep.message, sizeof rep.message, "%s", msg);
     rep.error = HK_ERR_CUDA;
     hkl_emit(rt, HK_EVENT_CONTEXT_LOST, NULL, 0, 0, where, &rep);

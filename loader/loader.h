@@ -24,10 +24,13 @@
  *                        histories and handles' layouts. Its owner is kept in
  *                        a thread-local, so that a callback run under it can
  *                        be answered at once instead of waiting for itself.
- *   lkg_lock (lkg.c)     last-known-good records and quarantine. Taken under
- *                        swap_lock by commits, and alone by the thread that
- *                        saw a sticky error (a launching thread, on the error
- *                        path only) and by the query functions.
+ *   lkg_lock (lkg.c)     last-known-good records and quarantine, in memory:
+ *                        never held across a file write (lkg.c's writers
+ *                        take their own locks, after swap_lock and before
+ *                        lkg_lock). Taken under swap_lock by commits, and
+ *                        alone by the thread that saw a sticky error (a
+ *                        launching thread, on the error path only) and by
+ *                        the query functions.
  *   the launch gate      not a lock: while closed, hotkern's launches wait at
  *                        hkl_enter (see "launch gate" below). Closed by
  *                        swap_lock holders and by the reclaim thread.
@@ -573,9 +576,13 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  *   hkl_lkg_close at destroy (promotes what ran long enough, unlocks).
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
  *   (no engine lock needed).
+ * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
+ *   be published (swap_lock held, launch gate open): a loss from now on
+ *   counts it as committed. hkl_lkg_unpending takes it back (rolled back).
  * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
- *   writes its image; hash is v's image's (hkl_lkg_hash, taken before the
- *   lock) or NULL to hash it here.
+ *   writes its image and record, with lkg_lock released for the disk work;
+ *   hash is v's image's (hkl_lkg_hash, taken before the lock) or NULL to
+ *   hash it here.
  * - hkl_lkg_sticky: 1 for a CUresult that ends the context for good.
  * - hkl_lkg_lost: handles a sticky error once (quarantine, records, log,
  *   event); no engine lock may be held. */
@@ -584,6 +591,9 @@ void hkl_lkg_close(hk_runtime *rt);
 int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
                   hk_report *rep);
 void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]);
+void hkl_lkg_pending(hk_runtime *rt, const char *module, const uint8_t hash[32], uint64_t version,
+                     uint64_t release);
+void hkl_lkg_unpending(hk_runtime *rt, const char *module, uint64_t version);
 void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash, uint64_t release);
 int hkl_lkg_sticky(int cu_result);
 void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);

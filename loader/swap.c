@@ -564,6 +564,8 @@ typedef struct swap_txn {
     hkl_version *v;           /* the new version */
     hkl_param_layout *newlay; /* new layouts of an accepted change, or NULL */
     int gated;                /* the launch gate is closed */
+    int pending;              /* noted as pending in the last-known-good state */
+    const uint8_t *hash;      /* the image's hash (hkl_lkg_hash) */
     double t0, t1;            /* when stage and commit began (hkl_now_ms) */
 } swap_txn;
 
@@ -707,11 +709,16 @@ static void publish(swap_txn *t) {
 
 /* Commit: globals carried over and the image kept for rollback (either may
  * still fail and roll back), then the new version published and the old one
- * handed to the reclaim thread. */
+ * handed to the reclaim thread. The version is noted as pending in the
+ * last-known-good state first (before the gate closes: lkg_lock comes
+ * before it), so that a launch of it that faults right after the
+ * publication, before hkl_lkg_committed, still has it quarantined. */
 static int commit(swap_txn *t) {
     hk_runtime *rt = t->rt;
     int err;
     t->t1 = hkl_now_ms();
+    hkl_lkg_pending(rt, t->m->name, t->hash, t->v->number, t->job->opt.release_version);
+    t->pending = 1;
     txn_gate_close(t);
     if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
         return err;
@@ -756,6 +763,8 @@ static int roll_back(swap_txn *t, int err) {
     hk_runtime *rt = t->rt;
     if (t->gated)
         txn_gate_open(t);
+    if (t->pending)
+        hkl_lkg_unpending(rt, t->m->name, t->v->number);
     if (t->newlay) {
         for (int i = 0; i < t->m->nkernels; i++)
             hkl_layout_free(&t->newlay[i]);
@@ -787,7 +796,8 @@ static int roll_back(swap_txn *t, int err) {
  * artifact image has been moved into the version (or freed with the job).
  * Returns 0 (committed), 1 (the current version already is this image; not
  * a rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
+static int swap_locked(hk_runtime *rt, hkl_job *job, const uint8_t *hash, int rollback,
+                       hk_report *rep, uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
         return HK_ERR_NOMEM;
@@ -796,7 +806,8 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
     int err = swap_needed(m, old, job, rollback, rep);
     if (err)
         return err;
-    swap_txn t = {.rt = rt, .job = job, .rep = rep, .m = m, .old = old, .t0 = hkl_now_ms()};
+    swap_txn t = {
+        .rt = rt, .job = job, .rep = rep, .m = m, .old = old, .hash = hash, .t0 = hkl_now_ms()};
     if (!(t.v = version_from_build(rt, m, job)))
         return HK_ERR_NOMEM;
     if ((err = adopt_build(&t)) < 0 || (err = stage(&t)) < 0 || (err = validate(&t)) < 0 ||
@@ -838,7 +849,7 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, job, 0, rep, &oldv);
+    int err = swap_locked(rt, job, hash, 0, rep, &oldv);
     if (err == 0) /* recorded in commit order, under swap_lock */
         hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
                           job->opt.release_version);
@@ -1169,10 +1180,12 @@ static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report 
     hkl_image top = m->hist[m->nhist - 1];
     hkl_image prev = m->hist[m->nhist - 2];
     m->nhist -= 2;
+    uint8_t hash[32];
+    hkl_lkg_hash(j->art.image, j->art.size, hash);
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, j, 1, r, oldv);
+    int err = swap_locked(rt, j, hash, 1, r, oldv);
     if (err == 0)
-        hkl_lkg_committed(rt, atomic_load(&m->current), NULL, 0);
+        hkl_lkg_committed(rt, atomic_load(&m->current), hash, 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {

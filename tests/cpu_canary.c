@@ -9,6 +9,7 @@
  * drive the loadable fake through the public API alone, as an application's
  * CI would.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <libgen.h>
@@ -608,6 +609,76 @@ START_TEST(push_policy_defaults_to_required) {
 }
 END_TEST
 
+/* The children of this process, from every thread's children list; n of
+ * them in out. */
+static int children(pid_t *out, int max) {
+    int n = 0;
+    char path[300];
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            snprintf(path, sizeof path, "/proc/self/task/%s/children", e->d_name);
+            FILE *f = fopen(path, "r");
+            long p;
+            while (f && n < max && fscanf(f, "%ld", &p) == 1)
+                out[n++] = (pid_t)p;
+            if (f)
+                fclose(f);
+        }
+    closedir(d);
+    return n;
+}
+
+/* The state letter of /proc/PID/stat ('Z': a zombie), 0 when it is gone. */
+static char proc_state(pid_t p) {
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)p);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' ? paren[2] : 0;
+}
+
+/* Helpers that outlive their kill, more of them than the parent ever had
+ * room for in a fixed list: every one is reaped once it has ended, none is
+ * left a zombie, and nothing waits for them meanwhile. hotkern kills with
+ * SIGTERM here, which the lingering helper ignores; the test ends them.
+ * (Each refusal kills its helper and starts a fresh one for the next run.) */
+START_TEST(helpers_outliving_their_kill_are_all_reaped) {
+    setenv("HKBAD_MODE", "linger", 1);
+    rt = make_rt(bad_helper, 100, 1);
+    hka_set_kill(rt->canary, SIGTERM, 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    enum { N = 12 };
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+        /* Its start or its load timed out: killed either way. */
+        ck_assert_msg(strstr(rep.message, "in time"), "%s", rep.message);
+    }
+    hk_report_clear(&rep);
+    pid_t kids[4 * N];
+    int n = children(kids, 4 * N);
+    ck_assert_int_eq(n, N + 1); /* every killed helper lives on, and the fresh one */
+    for (int i = 0; i < n; i++)
+        kill(kids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        while (proc_state(kids[i]) != 'Z')
+            usleep(1000); /* a dead child stays a zombie until reaped */
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    n = children(kids, 4 * N);
+    ck_assert_msg(n == 0, "%d helpers left as zombies (first %ld, state %c)", n,
+                  n ? (long)kids[0] : 0L, n ? proc_state(kids[0]) : '-');
+}
+END_TEST
+
 /* A helper that cannot be executed fails runtime creation, saying so. */
 START_TEST(missing_helper_fails_create) {
     fake_init(1, 90);
@@ -664,6 +735,7 @@ int main(void) {
     tcase_add_test(tc, bad_helper_wrong_size);
     tcase_add_test(tc, bad_helper_extra_bytes);
     tcase_add_test(tc, bad_helper_unasked_buffers);
+    tcase_add_test(tc, helpers_outliving_their_kill_are_all_reaped);
     tcase_add_test(tc, long_kernel_name_refused_at_declaration);
     tcase_add_test(tc, helper_inherits_no_application_fd);
     tcase_add_test(tc, missing_helper_fails_create);

@@ -8,6 +8,11 @@
  *
  * The suspect window is measured with a clock the tests set
  * (hkl_lkg_set_clock), so no test depends on how fast the machine is.
+ *
+ * A slow disk is an fsync that this executable interposes (the libraries
+ * are linked in statically): an fsync of a file whose path holds
+ * `hold_path` blocks until the test lets it go, so a test can show what
+ * does not wait for a write in progress.
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -16,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -43,6 +49,55 @@ static void on_event(const hk_event *ev, void *ud) {
     } else if (ev->kind == HK_EVENT_REFUSED) {
         refused_events++;
     }
+}
+
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static char hold_path[128]; /* hold_mu: fsyncs of such files block while set */
+static int held;            /* hold_mu: an fsync is blocked */
+
+int fsync(int fd) {
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    path[n > 0 ? n : 0] = '\0';
+    pthread_mutex_lock(&hold_mu);
+    if (hold_path[0] && strstr(path, hold_path)) {
+        held = 1;
+        pthread_cond_broadcast(&hold_cv);
+        while (hold_path[0])
+            pthread_cond_wait(&hold_cv, &hold_mu);
+        held = 0;
+    }
+    pthread_mutex_unlock(&hold_mu);
+    return (int)syscall(SYS_fsync, fd);
+}
+
+static void hold_writes(const char *path_part) {
+    pthread_mutex_lock(&hold_mu);
+    snprintf(hold_path, sizeof hold_path, "%s", path_part);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+static void wait_held(void) {
+    pthread_mutex_lock(&hold_mu);
+    while (!held)
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+static int still_held(void) {
+    pthread_mutex_lock(&hold_mu);
+    int h = held;
+    pthread_mutex_unlock(&hold_mu);
+    return h;
+}
+
+static void release_writes(void) {
+    pthread_mutex_lock(&hold_mu);
+    hold_path[0] = '\0';
+    pthread_cond_broadcast(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
 }
 
 static int make_rt_opts(hk_runtime **out, const char *state, int restore, hk_report *rep) {
@@ -516,6 +571,126 @@ START_TEST(record_random_damage_never_crashes) {
 }
 END_TEST
 
+/* ---- the window between publication and record; a slow disk ---------- */
+
+static hk_runtime *fire_rt;
+static hk_kernel *fire_k;
+static uint64_t fire_at; /* the clock launches once the module runs this version */
+static int fired_tag, fired_err, fired_cu;
+
+/* The test clock, which also launches fire_k once fire_at is current: a
+ * launch of a just-published version, on the swapping thread, at the first
+ * clock reading after the publication (hkl_lkg_committed reads the clock
+ * before it records anything). */
+static double firing_clock(void) {
+    if (fire_at && hk_module_version(fire_rt, "m") == fire_at) {
+        fire_at = 0;
+        int cu = 0;
+        fired_tag = launch_tag(fire_k, &cu);
+        fake_fail("cuLaunchKernel", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+        fired_err = launch_tag(fire_k, &fired_cu);
+    }
+    return clock_ms;
+}
+
+START_TEST(fault_right_after_publication_quarantines_the_new_version) {
+    hk_runtime *r = fire_rt = make_rt(0);
+    hkl_lkg_set_clock(r, firing_clock);
+    swap_ok(r, "m", 1);
+    ck_assert_int_eq(hk_kernel_get(r, "m", "step", &fire_k), 0);
+    clock_ms = 5000; /* v1 ran for 5 s */
+    fire_at = 2;
+    swap_ok(r, "m", 2);
+    ck_assert_uint_eq(fire_at, 0);
+    ck_assert_int_eq(fired_tag, 2); /* the launch ran v2 */
+    ck_assert_int_eq(fired_err, HK_ERR_CUDA);
+    ck_assert_int_eq(fired_cu, CUDA_ERROR_ILLEGAL_ADDRESS);
+    ck_assert_int_eq(lost_events, 1);
+    ck_assert_msg(strstr(lost_msg, "m v2"), "%s", lost_msg);
+    hk_quarantine q = HK_QUARANTINE_INIT;
+    char want[65];
+    ck_assert_int_eq(hk_quarantine_get(r, 0, &q), 0);
+    ptx_hash(2, want);
+    ck_assert_str_eq(q.image, want);
+    ck_assert_uint_eq(q.version, 2);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(r, "m", 2, &rep), HK_ERR_QUARANTINED);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+typedef struct swap_arg {
+    hk_runtime *r;
+    const char *mod;
+    int tag, err;
+} swap_arg;
+
+static void *swap_thread(void *p) {
+    swap_arg *a = p;
+    a->err = swap_tag(a->r, a->mod, a->tag, NULL);
+    return NULL;
+}
+
+static void *lost_thread(void *p) {
+    hk_runtime_note_error(p, CUDA_ERROR_ILLEGAL_ADDRESS);
+    return NULL;
+}
+
+/* A commit of "a" whose record write hangs in fsync: the loss is handled,
+ * and "b" quarantined on disk, meanwhile. */
+START_TEST(loss_does_not_wait_for_another_modules_write) {
+    hk_runtime *r = make_rt(0);
+    clock_ms = 10000;
+    swap_ok(r, "b", 1);
+    clock_ms = 0; /* a's commit looks old at the loss: only b is suspect */
+    hold_writes("/modules/a.rec");
+    swap_arg a = {r, "a", 1, -1};
+    pthread_t t;
+    pthread_create(&t, NULL, swap_thread, &a);
+    wait_held();
+    clock_ms = 10500;
+    ck_assert_int_eq(hk_runtime_note_error(r, CUDA_ERROR_ILLEGAL_ADDRESS), 1);
+    ck_assert_int_eq(lost_events, 1);
+    ck_assert_msg(strstr(lost_msg, "b v1") && !strstr(lost_msg, "a v1"), "%s", lost_msg);
+    ck_assert_int_eq(still_held(), 1);
+    char path[4096], want[65];
+    snprintf(path, sizeof path, "%s/modules/b.rec", dir);
+    char *text = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(hku_read_file(path, 1 << 16, &text, &n, NULL), 0);
+    ptx_hash(1, want);
+    ck_assert_msg(strstr(text, "quarantined ") && strstr(text, want), "%s", text);
+    free(text);
+    release_writes();
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.err, 0);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* The loss's write of "a"'s quarantine hangs in fsync: a commit of "b",
+ * the check of its build and the queries go on meanwhile. */
+START_TEST(commit_does_not_wait_for_the_losss_write) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "a", 1);
+    hold_writes("/modules/a.rec");
+    pthread_t t;
+    pthread_create(&t, NULL, lost_thread, r);
+    wait_held();
+    swap_ok(r, "b", 1);
+    hk_quarantine q = HK_QUARANTINE_INIT;
+    ck_assert_int_eq(hk_quarantine_get(r, 0, &q), 0);
+    ck_assert_str_eq(q.module, "a");
+    ck_assert_int_eq(lost_events, 0); /* the event waits for a's record */
+    ck_assert_int_eq(still_held(), 1);
+    release_writes();
+    pthread_join(t, NULL);
+    ck_assert_int_eq(lost_events, 1);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
 int main(void) {
     if (sodium_init() < 0)
         return 1;
@@ -530,7 +705,16 @@ int main(void) {
     tcase_add_test(tc, concurrent_sticky_errors_are_handled_once);
     tcase_add_test(tc, damaged_records_are_refused_with_a_report);
     tcase_add_test(tc, disk_holds_only_what_records_name);
+    tcase_add_test(tc, fault_right_after_publication_quarantines_the_new_version);
     suite_add_tcase(s, tc);
+    /* A regression here hangs (a lock held across the held fsync): the
+     * timeout is what fails it. */
+    TCase *dc = tcase_create("slow disk");
+    tcase_add_checked_fixture(dc, setup, teardown);
+    tcase_set_timeout(dc, 20);
+    tcase_add_test(dc, loss_does_not_wait_for_another_modules_write);
+    tcase_add_test(dc, commit_does_not_wait_for_the_losss_write);
+    suite_add_tcase(s, dc);
     TCase *rc = tcase_create("record");
     tcase_add_test(rc, record_round_trip);
     tcase_add_test(rc, record_every_truncation_is_refused);

@@ -5,6 +5,8 @@
  *   failready  says FAIL instead of READY
  *   exit       says READY, then exits at the first request
  *   silent     says READY, then never answers
+ *   linger     as silent, and ignores SIGTERM (a helper that outlives its
+ *              kill once a test has hotkern kill with SIGTERM)
  *   garbage    says READY, then answers with bytes that are no message
  *   oversize   says READY, then announces a 4 GiB reply
  *   badtype    answers LOAD properly, LAUNCH with a LOADED message
@@ -12,6 +14,7 @@
  *   extra      answers LOAD properly, LAUNCH with bytes left over
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -53,7 +56,7 @@ static void result(uint64_t size, size_t extra) {
 static void answer(const char *mode, uint32_t type) {
     if (!strcmp(mode, "exit"))
         exit(0);
-    if (!strcmp(mode, "silent"))
+    if (!strcmp(mode, "silent") || !strcmp(mode, "linger"))
         for (;;)
             pause();
     if (!strcmp(mode, "garbage")) {
@@ -82,6 +85,8 @@ static void answer(const char *mode, uint32_t type) {
 int main(int argc, char **argv) {
     const char *mode = getenv("HKBAD_MODE");
     mode = mode ? mode : "garbage";
+    if (!strcmp(mode, "linger"))
+        signal(SIGTERM, SIG_IGN);
     if (!strcmp(mode, "noready"))
         for (;;)
             pause();
