@@ -85,6 +85,7 @@ typedef struct {
 /* Written before the launchers are created, read-only while they run. */
 static const phase *ph;
 static _Atomic uint64_t deadline;
+static uint64_t phase_t0; /* when the current phase's swaps began (main thread) */
 static atomic_int stop, ready, go, in_phase;
 static char label[64]; /* of the phase running */
 
@@ -186,6 +187,8 @@ typedef struct {
     double *lat, *stage, *commit; /* of swaps that returned before the cap */
     int late;                     /* a swap was in flight when the cap hit */
     double late_ms;
+    double worst[4]; /* the slowest swap: total, stage, commit, wait (ms) */
+    double worst_at; /* when it started, seconds into the phase */
 } swaps;
 
 typedef struct {
@@ -243,6 +246,13 @@ static void hk_swaps(swaps *w, int max, sampler *S) {
             w->stage[w->done] = rep.stage_ms;
             w->commit[w->done] = rep.commit_ms;
             w->done++;
+            if (ms > w->worst[0]) {
+                w->worst[0] = ms;
+                w->worst[1] = rep.stage_ms;
+                w->worst[2] = rep.commit_ms;
+                w->worst[3] = rep.wait_ms;
+                w->worst_at = (double)(t0 - phase_t0) / 1e9;
+            }
         }
         hk_report_clear(&rep);
         if (w->attempted % SAMPLE_EVERY == 0)
@@ -352,6 +362,9 @@ static void print_swaps(const phase *p, swaps *w, int max_swaps, double swap_s, 
                pct(w->commit, w->done, 99));
     }
     printf("\n");
+    if (!p->raw_swap && w->done)
+        printf("%s: slowest swap %.3f ms at %.2f s: stage %.3f, commit %.3f, waiting %.3f ms\n",
+               label, w->worst[0], w->worst_at, w->worst[1], w->worst[2], w->worst[3]);
 }
 
 /* Runs one phase with n launcher threads; returns the number of errors
@@ -379,7 +392,8 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     atomic_store(&stop, 0);
     atomic_store(&ready, 0);
     atomic_store(&go, 0);
-    atomic_store(&deadline, bench_ns() + (uint64_t)(cap_s * 1e9));
+    phase_t0 = bench_ns();
+    atomic_store(&deadline, phase_t0 + (uint64_t)(cap_s * 1e9));
     atomic_store(&in_phase, 1);
     for (int i = 0; i < n; i++) {
         L[i].ring = d_rings + (size_t)i * RING;
@@ -391,7 +405,8 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     }
     while (atomic_load(&ready) < n)
         usleep(100);
-    atomic_store(&deadline, bench_ns() + (uint64_t)(cap_s * 1e9));
+    phase_t0 = bench_ns();
+    atomic_store(&deadline, phase_t0 + (uint64_t)(cap_s * 1e9));
     atomic_store(&go, 1);
     uint64_t t0 = bench_ns();
     if (p->no_swap)
