@@ -796,8 +796,8 @@ static int roll_back(swap_txn *t, int err) {
  * artifact image has been moved into the version (or freed with the job).
  * Returns 0 (committed), 1 (the current version already is this image; not
  * a rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, const uint8_t *hash, int rollback,
-                       hk_report *rep, uint64_t *oldv) {
+static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback, hk_report *rep,
+                       uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
         return HK_ERR_NOMEM;
@@ -806,6 +806,11 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, const uint8_t *hash, int ro
     int err = swap_needed(m, old, job, rollback, rep);
     if (err)
         return err;
+    /* The last-known-good record names the image by its hash, taken only
+     * now that it is known to be new: the image already running costs no
+     * hash (a rollback's caller has taken it). */
+    if (!rollback)
+        hkl_lkg_hash(job->art.image, job->art.size, hash);
     swap_txn t = {
         .rt = rt, .job = job, .rep = rep, .m = m, .old = old, .hash = hash, .t0 = hkl_now_ms()};
     if (!(t.v = version_from_build(rt, m, job)))
@@ -839,10 +844,7 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
                  job->name);
         return HK_ERR_BUSY;
     }
-    /* The last-known-good record names the image by its hash: taken here,
-     * before swap_lock, so that no other swap waits for it. */
-    uint8_t hash[32];
-    hkl_lkg_hash(job->art.image, job->art.size, hash);
+    uint8_t hash[32]; /* filled by swap_locked when the image is new */
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt); /* not held by this thread: checked above */
     int reset = hkl_check_reset(rt);
