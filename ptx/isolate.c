@@ -173,6 +173,14 @@ static int request(hku_buf *b, const void *data, size_t size, hk_format fmt,
     return 0;
 }
 
+/* The errors a build may end with; anything else from the helper is
+ * nonsense (an engine code like HK_ERR_BUSY must not be made up by it). */
+static int build_error(uint32_t neg) {
+    int e = -(int)neg;
+    return e == HK_ERR_INVALID || e == HK_ERR_NOMEM || e == HK_ERR_FORMAT || e == HK_ERR_COMPILE ||
+           e == HK_ERR_ARCH || e == HK_ERR_TOO_LARGE || e == HK_ERR_IO;
+}
+
 /* Reads a BUILT strictly into a (image, format, log, lowered names) and
  * *rc / why. 0, or -1 when the reply is malformed (what says how). */
 static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts *o, int *rc,
@@ -183,7 +191,7 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
     hku_get_str(&rd, w, sizeof w, HKP_ISO_MAX_WHY);
     char *log = hku_get_strdup(&rd, HKP_ISO_MAX_LOG, 1);
     uint32_t fmt = hku_get_u32(&rd), nl = hku_get_u32(&rd);
-    if (rd.bad || neg > 1000 || (nl && nl != (uint32_t)o->nname_expressions) ||
+    if (rd.bad || (neg && !build_error(neg)) || (nl && nl != (uint32_t)o->nname_expressions) ||
         (fmt != HK_FORMAT_PTX && fmt != HK_FORMAT_CUBIN && fmt != HK_FORMAT_FATBIN && !neg)) {
         snprintf(what, wn, "result %u, format %u, %u lowered names", neg, fmt, nl);
         free(log);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -442,6 +443,52 @@ START_TEST(destroy_leaves_no_process_or_fd) {
 }
 END_TEST
 
+/* An untrusted helper: one that greets properly and then announces a reply
+ * of 4 GiB is killed before anything is allocated for it, and the build is
+ * refused; one that greets with the wrong magic likewise. */
+static void run_bad_helper(const char *script, const char *want) {
+    char *dir = hkt_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad-build", dir);
+    ck_assert_int_eq(hkt_write_file(path, script), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.build_isolated = 1;
+    o.build_helper = path;
+    o.build_timeout_ms = 10000;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    pid_t first = hkp_iso_pid(rt->iso);
+    ck_assert_int_eq(swap_src("m", good_src, &rep), HK_ERR_COMPILE);
+    ck_assert_msg(strstr(rep.message, want), "%s", rep.message);
+    ck_assert_int_ne(hkp_iso_pid(rt->iso), first); /* replaced */
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    hkt_rmtree(dir);
+}
+
+START_TEST(untrusted_helper_replies_are_refused) {
+    /* READY {protocol 1}, then a BUILT header claiming 0xffffffff bytes. */
+    run_bad_helper("#!/bin/sh\n"
+                   "printf 'HBLD\\001\\000\\000\\000\\004\\000\\000\\000\\001\\000\\000\\000' >&3\n"
+                   "sleep 0.3\n"
+                   "printf 'HBLD\\003\\000\\000\\000\\377\\377\\377\\377' >&3\n"
+                   "exec sleep 30\n",
+                   "the build helper answered nonsense; it was killed and restarted");
+    /* A greeting of another protocol. */
+    run_bad_helper("#!/bin/sh\n"
+                   "printf 'HCKN\\001\\000\\000\\000\\004\\000\\000\\000\\002\\000\\000\\000' >&3\n"
+                   "exec sleep 30\n",
+                   "answered nonsense: no greeting");
+}
+END_TEST
+
 /* A helper that cannot be started fails creation, saying so. */
 START_TEST(missing_helper_fails_create) {
     fake_init(1, 90);
@@ -479,6 +526,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, build_past_timeout_is_refused);
     tcase_add_test(tc, signal_dispositions_untouched_while_building);
     tcase_add_test(tc, destroy_leaves_no_process_or_fd);
+    tcase_add_test(tc, untrusted_helper_replies_are_refused);
     tcase_add_test(tc, missing_helper_fails_create);
     suite_add_tcase(s, tc);
     return s;

@@ -5,9 +5,12 @@
  * (Makefile), and each shared library keeps them hidden (-fvisibility=hidden,
  * the pkg/ version scripts export hk_* only): net/ needs none of libhotkern's private
  * symbols, and neither library exports these. A program linking both static
- * archives takes one copy. Prefix hku_. Nothing here keeps state, so every
- * function may be called from any thread; only libc and the public header's
- * types are used, so fuzz targets can compile a file of net/ with these.
+ * archives takes one copy. Prefix hku_. Nothing here keeps global state:
+ * every function may be called from any thread (an hku_child belongs to its
+ * owner's lock); only libc and the public header's types are used, so fuzz
+ * targets can compile a file of net/ with these. The helper-process parts
+ * (wire.c, proc.c) serve libhotkern's helpers (hotkern-canary,
+ * hotkern-build) and go unused in libhotkern-net.
  */
 #ifndef HK_UTIL_H
 #define HK_UTIL_H
