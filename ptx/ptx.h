@@ -5,7 +5,8 @@
  * NVRTC and nvJitLink run on the CPU, so every function is usable and tested
  * on machines without a device. All functions are thread-safe (no globals
  * besides the cache, which locks itself); NVRTC and nvJitLink are called from
- * the caller's thread, normally the runtime's worker.
+ * the caller's thread, normally the runtime's worker, or, with build
+ * isolation, in the hotkern-build helper process (isolate.c, helper.c).
  */
 #ifndef HK_PTX_H
 #define HK_PTX_H

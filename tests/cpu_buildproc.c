@@ -188,6 +188,7 @@ START_TEST(isolated_swap_works_and_cache_stays_here) {
     hk_runtime_destroy(rt);
     rt = NULL;
     hkt_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
@@ -471,6 +472,7 @@ static void run_bad_helper(const char *script, const char *want) {
     hk_runtime_destroy(rt);
     rt = NULL;
     hkt_rmtree(dir);
+    free(dir);
 }
 
 START_TEST(untrusted_helper_replies_are_refused) {
