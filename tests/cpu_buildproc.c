@@ -284,8 +284,9 @@ END_TEST
  * In process (HK_TEST_BUILD_IN_PROCESS=1) this fails: measured here with
  * NVRTC 13.0, the first compile of a process (the warm-up, or the first
  * build) swaps NVRTC's handler in, and the SIGTERM raised then ends the
- * process (measured: exit status 4 or 0, or SIGSEGV, from run to run). Each Check test runs in a fresh process, so
- * its first compile is covered (not with CK_FORK=no after other tests compiled). */
+ * process (measured: exit status 4 or 0, or SIGSEGV, from run to run).
+ * Each Check test runs in a fresh process, so its first compile is covered
+ * (not with CK_FORK=no after other tests compiled). */
 static volatile sig_atomic_t app_signals;
 static void app_handler(int sig) {
     (void)sig;
