@@ -40,7 +40,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 # util/ is compiled into both libraries, hidden in each (util/util.h).
 UTIL_SRC := $(sort $(wildcard util/*.c))
 UTIL_OBJ := $(UTIL_SRC:%.c=$(BUILD)/obj/%.o)
-LIB_SRC  := $(sort $(wildcard loader/*.c ptx/*.c watch/*.c) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
+LIB_SRC  := $(sort $(filter-out ptx/helper.c,$(wildcard loader/*.c ptx/*.c watch/*.c)) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
@@ -85,6 +85,9 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
+# The build helper process (ptx/helper.c), started by libhotkern when a
+# runtime isolates its builds (options.build_isolated).
+BUILDER  := $(BUILD)/bin/hotkern-build
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
         demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
@@ -96,7 +99,7 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(TEST_BIN) $(STUB_CUDA) \
+build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(BUILDER) $(TEST_BIN) $(STUB_CUDA) \
        $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
 
 deps:
@@ -191,6 +194,10 @@ $(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
+$(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
@@ -235,7 +242,7 @@ LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
               -e 's|@MAJOR@|$(MAJOR)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(FAKE_CUDA)
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(BUILDER) $(FAKE_CUDA)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
@@ -243,7 +250,7 @@ install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(FAKE
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
-	install -m 755 $(CLI) $(CANARY) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(CLI) $(CANARY) $(BUILDER) $(DESTDIR)$(PREFIX)/bin/
 	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
 	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
 	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake

@@ -12,19 +12,13 @@
  * without blocking for long) and a fresh one started. Nothing it sends can
  * make the parent wait longer than the run's timeouts or crash it.
  *
- * Killed helpers the kernel has not let go of yet (one inside a driver call
- * can take a while to end) are kept in `dying` and reaped, by pid only,
- * before each start and at destroy. The list grows as needed, and room for
- * one more entry is made before a helper is started (a start that cannot
- * get it fails), so a killed helper always has a slot and its pid is never
- * dropped: a dropped pid would be a zombie for the life of the program.
- * Never waitpid(-1): the application owns its other children.
+ * Starting, killing and reaping the process (never a zombie, never
+ * waitpid(-1)) are util/proc.c's, shared with the build helper.
  */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,10 +33,7 @@
 #include "loader/driver.h"
 #include "util/util.h"
 
-extern char **environ;
-
-#define START_FACTOR 10   /* helper start and image loads: timeout x 10 */
-#define KILL_WAIT_MS 2000 /* helper_kill waits this long for the end */
+#define START_FACTOR 10 /* helper start and image loads: timeout x 10 */
 
 /* The tests of one kernel handle. */
 typedef struct ktests {
@@ -59,12 +50,8 @@ struct hka_canary {
 
     pthread_mutex_t run_lock;
     /* run_lock: the helper */
-    pid_t pid;
-    int fd;
-    int ready;    /* its READY was read */
-    pid_t *dying; /* killed, not reaped yet (ndying of cap) */
-    int ndying, cap;
-    int kill_sig, kill_wait_ms; /* SIGKILL and KILL_WAIT_MS; tests change them */
+    hku_child proc; /* the process, and killed ones not reaped yet */
+    int ready;      /* its READY was read */
 
     pthread_mutex_t tests_lock;
     ktests *tests; /* tests_lock */
@@ -263,119 +250,20 @@ static int snap_take(hka_canary *c, const char *module, snap *s) {
 
 /* ---- the helper process -------------------------------------------------- */
 
-/* Reaps killed helpers that have gone, waiting up to wait_ms for them in
- * all (0: never waits). A pid waitpid refuses was reaped by someone else
- * (a program that ignores SIGCHLD) and leaves the list too. run_lock held. */
-static void reap_dying(hka_canary *c, int wait_ms) {
-    double until = hka_now_ms() + wait_ms;
-    for (;;) {
-        int k = 0;
-        for (int i = 0; i < c->ndying; i++)
-            if (waitpid(c->dying[i], NULL, WNOHANG) == 0)
-                c->dying[k++] = c->dying[i];
-        c->ndying = k;
-        if (!k || hka_now_ms() >= until)
-            return;
-        usleep(10000);
-    }
-}
-
-/* Makes room for one more dying helper, before a helper is started, so
- * that helper_kill never has to drop one. run_lock held. */
-static int dying_reserve(hka_canary *c) {
-    if (c->ndying < c->cap)
-        return 0;
-    int cap = c->cap ? 2 * c->cap : 8;
-    pid_t *d = realloc(c->dying, (size_t)cap * sizeof *d);
-    if (!d)
-        return HK_ERR_NOMEM;
-    c->dying = d;
-    c->cap = cap;
-    return 0;
-}
-
-/* Kills the helper and reaps it, waiting at most 2 s for the kernel to let
- * it go (a process inside a driver call can take a moment); one that takes
- * longer goes to `dying` (room was made at its start) and is reaped later. Describes how it ended
- * in `how` (may be NULL). run_lock held. */
+/* Kills the helper (hku_child_kill). run_lock held. */
 static void helper_kill(hka_canary *c, char *how, size_t n) {
-    if (how && n)
-        how[0] = '\0';
-    if (c->fd >= 0)
-        close(c->fd);
-    c->fd = -1;
+    hku_child_kill(&c->proc, how, n);
     c->ready = 0;
-    if (c->pid <= 0)
-        return;
-    int st = 0;
-    pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
-    if (r == 0) {
-        /* Still running. When waitpid fails instead, the child is gone and
-         * was reaped by someone else (a program that ignores SIGCHLD, or
-         * reaps with waitpid(-1)): its pid may already name another
-         * process, which must not be killed. A live child always answers
-         * 0, even under SA_NOCLDWAIT. */
-        kill(c->pid, c->kill_sig);
-        for (int i = 0; i < c->kill_wait_ms / 10 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
-            usleep(10000);
-    }
-    if (r == c->pid && how && n) {
-        if (WIFSIGNALED(st))
-            snprintf(how, n, "signal %d", WTERMSIG(st));
-        else if (WIFEXITED(st))
-            snprintf(how, n, "exit status %d", WEXITSTATUS(st));
-    }
-    if (r == 0) /* still there: reap it later */
-        c->dying[c->ndying++] = c->pid;
-    c->pid = 0;
 }
 
 /* Starts a helper; its READY is read by helper_ready. run_lock held. */
 static int helper_start(hka_canary *c, char *why, size_t n) {
-    reap_dying(c, 0);
-    if (dying_reserve(c) < 0) {
-        snprintf(why, n, "cannot start the canary helper: out of memory");
-        return HK_ERR_NOMEM;
-    }
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-        snprintf(why, n, "socketpair: %s", strerror(errno));
-        return HK_ERR_IO;
-    }
-    if (sv[1] == 3) { /* dup2(3, 3) would keep close-on-exec */
-        int fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
-        close(sv[1]);
-        sv[1] = fd;
-    }
     char dev[16];
     snprintf(dev, sizeof dev, "%d", c->device);
     char *argv[] = {c->helper, "--fd", "3", "--device", dev, NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
-    posix_spawnattr_init(&at);
-    sigset_t none, dfl;
-    sigemptyset(&none);
-    sigemptyset(&dfl);
-    sigaddset(&dfl, SIGPIPE);
-    sigaddset(&dfl, SIGTERM);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &dfl);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    pid_t pid = 0;
-    int rc = sv[1] < 0 ? errno : posix_spawn(&pid, c->helper, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (sv[1] >= 0)
-        close(sv[1]);
-    if (rc) {
-        close(sv[0]);
-        snprintf(why, n, "cannot start the canary helper %s: %s", c->helper, strerror(rc));
-        return HK_ERR_IO;
-    }
-    c->pid = pid;
-    c->fd = sv[0];
+    int err = hku_child_start(&c->proc, "the canary helper", argv, why, n);
+    if (err < 0)
+        return err;
     c->ready = 0;
     atomic_fetch_add(&c->starts, 1);
     return 0;
@@ -383,24 +271,24 @@ static int helper_start(hka_canary *c, char *why, size_t n) {
 
 /* Starts the helper if none runs and reads its READY. run_lock held. */
 static int helper_ready(hka_canary *c, char *why, size_t n) {
-    if (c->pid <= 0 && helper_start(c, why, n) < 0)
+    if (c->proc.pid <= 0 && helper_start(c, why, n) < 0)
         return HK_ERR_IO;
     if (c->ready)
         return 0;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hka_now_ms() + (double)c->timeout_ms * START_FACTOR;
-    int r = hka_recv(c->fd, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
-    hka_rd rd = {d, len, 0};
+    double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    int r = hku_recv(c->proc.fd, HKA_MAGIC, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
+    hku_rd rd = {d, len, 0};
     char text[HKA_MAX_TEXT + 1] = "";
-    if (r == 0 && type == HKA_READY && hka_get_u32(&rd) == HKA_PROTOCOL && !hka_end(&rd)) {
+    if (r == 0 && type == HKA_READY && hku_get_u32(&rd) == HKA_PROTOCOL && !hku_end(&rd)) {
         free(d);
         c->ready = 1;
         return 0;
     }
     if (r == 0 && type == HKA_FAIL)
-        hka_get_str(&rd, text, sizeof text, HKA_MAX_TEXT);
+        hku_get_str(&rd, text, sizeof text, HKA_MAX_TEXT);
     free(d);
     char how[64];
     helper_kill(c, how, sizeof how);
@@ -408,8 +296,8 @@ static int helper_ready(hka_canary *c, char *why, size_t n) {
         snprintf(why, n, "the canary helper could not start: %.200s", text);
     else
         snprintf(why, n, "the canary helper did not start (%s%s%s)",
-                 r == HKA_RECV_TIMEOUT ? "no answer in time"
-                 : r == HKA_RECV_EOF   ? "it ended"
+                 r == HKU_RECV_TIMEOUT ? "no answer in time"
+                 : r == HKU_RECV_EOF   ? "it ended"
                                        : "malformed greeting",
                  how[0] ? ", " : "", how);
     return HK_ERR_IO;
@@ -419,9 +307,7 @@ int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_si
     hka_canary *c = calloc(1, sizeof *c);
     if (!c)
         return HK_ERR_NOMEM;
-    c->fd = -1;
-    c->kill_sig = SIGKILL;
-    c->kill_wait_ms = KILL_WAIT_MS;
+    hku_child_init(&c->proc);
     c->device = cfg->device;
     c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 2000;
     pthread_mutex_init(&c->run_lock, NULL);
@@ -443,11 +329,7 @@ void hka_destroy(hka_canary *c) {
     if (!c)
         return;
     pthread_mutex_lock(&c->run_lock);
-    helper_kill(c, NULL, 0);
-    /* What is still dying was SIGKILLed: give it the same bound once more.
-     * One the kernel holds longer than that cannot be reaped without
-     * blocking destroy for good, and stays a zombie. */
-    reap_dying(c, c->kill_wait_ms);
+    hku_child_finish(&c->proc);
     pthread_mutex_unlock(&c->run_lock);
     while (c->tests) {
         ktests *k = c->tests;
@@ -458,21 +340,20 @@ void hka_destroy(hka_canary *c) {
     }
     pthread_mutex_destroy(&c->run_lock);
     pthread_mutex_destroy(&c->tests_lock);
-    free(c->dying);
     free(c->helper);
     free(c);
 }
 
 void hka_set_kill(hka_canary *c, int sig, int wait_ms) {
     pthread_mutex_lock(&c->run_lock);
-    c->kill_sig = sig;
-    c->kill_wait_ms = wait_ms;
+    c->proc.kill_sig = sig;
+    c->proc.kill_wait_ms = wait_ms;
     pthread_mutex_unlock(&c->run_lock);
 }
 
 pid_t hka_helper_pid(hka_canary *c) {
     pthread_mutex_lock(&c->run_lock);
-    pid_t p = c->pid;
+    pid_t p = c->proc.pid;
     pthread_mutex_unlock(&c->run_lock);
     return p;
 }
@@ -501,7 +382,7 @@ typedef struct run {
 
 /* What a test launch came back with. */
 typedef struct outcome {
-    int transport;    /* 0, or an HKA_RECV_* code (a failed send is EOF) */
+    int transport;    /* 0, or an HKU_RECV_* code (a failed send is EOF) */
     char detail[96];  /* what was malformed */
     uint32_t stage;   /* hka_stage */
     int cu;           /* CUresult where it stopped */
@@ -585,36 +466,36 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
 }
 
 /* Loads im into slot. 0; 1 when the helper's driver refused it (cu, name and
- * log say why); or a negative HKA_RECV_* when the exchange failed. */
+ * log say why); or a negative HKU_RECV_* when the exchange failed. */
 static int load_slot(hka_canary *c, int slot, const hka_image *im, int *cu, char *name, char *log) {
-    hka_buf b;
-    hka_buf_init(&b, HKA_LOAD);
-    hka_put_u32(&b, (uint32_t)slot);
-    hka_put_u32(&b, (uint32_t)im->format);
-    hka_put(&b, im->data, im->size);
-    int sent = hka_send(c->fd, &b);
-    hka_buf_free(&b);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LOAD);
+    hku_put_u32(&b, (uint32_t)slot);
+    hku_put_u32(&b, (uint32_t)im->format);
+    hku_put(&b, im->data, im->size);
+    int sent = hku_send(c->proc.fd, &b);
+    hku_buf_free(&b);
     if (sent < 0)
-        return HKA_RECV_EOF;
+        return HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hka_now_ms() + (double)c->timeout_ms * START_FACTOR;
-    int r = hka_recv(c->fd, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
+    double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    int r = hku_recv(c->proc.fd, HKA_MAGIC, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
     if (r < 0)
         return r;
-    hka_rd rd = {d, len, 0};
-    *cu = (int)hka_get_u32(&rd);
-    hka_get_str(&rd, name, 64, 63);
-    hka_get_str(&rd, log, HKA_MAX_TEXT + 1, HKA_MAX_TEXT);
-    int bad = type != HKA_LOADED || hka_end(&rd);
+    hku_rd rd = {d, len, 0};
+    *cu = (int)hku_get_u32(&rd);
+    hku_get_str(&rd, name, 64, 63);
+    hku_get_str(&rd, log, HKA_MAX_TEXT + 1, HKA_MAX_TEXT);
+    int bad = type != HKA_LOADED || hku_end(&rd);
     free(d);
-    return bad ? HKA_RECV_MALFORMED : *cu ? 1 : 0;
+    return bad ? HKU_RECV_MALFORMED : *cu ? 1 : 0;
 }
 
 static const char *recv_what(int r) {
-    return r == HKA_RECV_TIMEOUT ? "did not answer in time"
-           : r == HKA_RECV_EOF   ? "died"
+    return r == HKU_RECV_TIMEOUT ? "did not answer in time"
+           : r == HKU_RECV_EOF   ? "died"
                                  : "answered nonsense";
 }
 
@@ -645,7 +526,7 @@ static int prepare(run *r, char *why, size_t n) {
         helper_kill(c, how, sizeof how);
         snprintf(why, n, "the helper %s while loading an image%s%s", recv_what(lr),
                  how[0] ? ": " : "", how);
-        if (lr != HKA_RECV_EOF)
+        if (lr != HKU_RECV_EOF)
             break;
     }
     char ignored[8];
@@ -654,28 +535,28 @@ static int prepare(run *r, char *why, size_t n) {
 }
 
 static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, int outputs) {
-    hka_buf b;
-    hka_buf_init(&b, HKA_LAUNCH);
-    hka_put_u32(&b, (uint32_t)slot);
-    hka_put_str(&b, entry);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LAUNCH);
+    hku_put_u32(&b, (uint32_t)slot);
+    hku_put_str(&b, entry, HKA_MAX_TEXT);
     for (int i = 0; i < 3; i++)
-        hka_put_u32(&b, t->grid[i]);
+        hku_put_u32(&b, t->grid[i]);
     for (int i = 0; i < 3; i++)
-        hka_put_u32(&b, t->block[i]);
-    hka_put_u32(&b, t->shared);
-    hka_put_u32(&b, (uint32_t)t->nargs);
+        hku_put_u32(&b, t->block[i]);
+    hku_put_u32(&b, t->shared);
+    hku_put_u32(&b, (uint32_t)t->nargs);
     for (int i = 0; i < t->nargs; i++) {
         const hka_arg *a = &t->args[i];
-        hka_put_u32(&b, a->kind);
-        hka_put_u64(&b, a->size);
-        hka_put_u32(&b, a->fill);
-        hka_put_u64(&b, a->param);
+        hku_put_u32(&b, a->kind);
+        hku_put_u64(&b, a->size);
+        hku_put_u32(&b, a->fill);
+        hku_put_u64(&b, a->param);
         if (a->data)
-            hka_put(&b, a->data, a->size);
+            hku_put(&b, a->data, a->size);
     }
-    hka_put_u32(&b, (uint32_t)outputs);
-    int err = hka_send(c->fd, &b);
-    hka_buf_free(&b);
+    hku_put_u32(&b, (uint32_t)outputs);
+    int err = hku_send(c->proc.fd, &b);
+    hku_buf_free(&b);
     return err;
 }
 
@@ -691,11 +572,11 @@ static void sane_cu_name(char *name, size_t n, int cu) {
 /* Reads a RESULT strictly: a finished launch returns every buffer at its
  * declared size, in order, and nothing else. */
 static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) {
-    hka_rd rd = {o->payload, len, 0};
-    o->stage = hka_get_u32(&rd);
-    o->cu = (int)hka_get_u32(&rd);
-    hka_get_str(&rd, o->cu_name, sizeof o->cu_name, sizeof o->cu_name - 1);
-    uint32_t nout = hka_get_u32(&rd);
+    hku_rd rd = {o->payload, len, 0};
+    o->stage = hku_get_u32(&rd);
+    o->cu = (int)hku_get_u32(&rd);
+    hku_get_str(&rd, o->cu_name, sizeof o->cu_name, sizeof o->cu_name - 1);
+    uint32_t nout = hku_get_u32(&rd);
     int nbuf = 0;
     for (int i = 0; i < t->nargs; i++)
         nbuf += t->args[i].kind == HKA_ARG_BUFFER;
@@ -704,26 +585,26 @@ static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) 
         (o->stage == HKA_STAGE_DONE) != (o->cu == 0)) {
         snprintf(o->detail, sizeof o->detail, "stage %u, result %d, %u buffers for %u", o->stage,
                  o->cu, nout, want);
-        o->transport = HKA_RECV_MALFORMED;
+        o->transport = HKU_RECV_MALFORMED;
         return;
     }
     for (int i = 0; i < t->nargs && nout; i++) {
         if (t->args[i].kind != HKA_ARG_BUFFER)
             continue;
-        uint32_t idx = hka_get_u32(&rd);
-        uint64_t size = hka_get_u64(&rd);
+        uint32_t idx = hku_get_u32(&rd);
+        uint64_t size = hku_get_u64(&rd);
         if (rd.bad || idx != (uint32_t)i || size != t->args[i].size) {
             snprintf(o->detail, sizeof o->detail,
                      "buffer %u of %llu bytes where argument %d has %llu", idx,
                      (unsigned long long)size, i, (unsigned long long)t->args[i].size);
-            o->transport = HKA_RECV_MALFORMED;
+            o->transport = HKU_RECV_MALFORMED;
             return;
         }
-        o->buf[i] = hka_get(&rd, size);
+        o->buf[i] = hku_get(&rd, size);
     }
-    if (hka_end(&rd)) {
+    if (hku_end(&rd)) {
         snprintf(o->detail, sizeof o->detail, "%s", rd.bad ? "truncated" : "bytes left over");
-        o->transport = HKA_RECV_MALFORMED;
+        o->transport = HKU_RECV_MALFORMED;
         return;
     }
     sane_cu_name(o->cu_name, sizeof o->cu_name, o->cu);
@@ -734,7 +615,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     memset(o, 0, sizeof *o);
     int outputs = t->compare != HK_COMPARE_NONE;
     if (send_launch(c, slot, entry, t, outputs) < 0) {
-        o->transport = HKA_RECV_EOF;
+        o->transport = HKU_RECV_EOF;
         return;
     }
     int nbuf = 0;
@@ -744,7 +625,8 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     size_t max = 16 + 64 + (outputs ? (size_t)nbuf * 12 + t->buffer_bytes : 0);
     uint32_t type = 0;
     size_t len = 0;
-    int r = hka_recv(c->fd, max, hka_now_ms() + c->timeout_ms, &type, &o->payload, &len);
+    int r = hku_recv(c->proc.fd, HKA_MAGIC, max, hku_now_ms() + c->timeout_ms, &type, &o->payload,
+                     &len);
     if (r < 0) {
         o->transport = r;
         snprintf(o->detail, sizeof o->detail, "a reply over %zu bytes or with a bad header", max);
@@ -752,7 +634,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     }
     if (type != HKA_RESULT) {
         snprintf(o->detail, sizeof o->detail, "a message of type %u", type);
-        o->transport = HKA_RECV_MALFORMED;
+        o->transport = HKU_RECV_MALFORMED;
         return;
     }
     parse_result(t, outputs, o, len);
@@ -781,12 +663,12 @@ static int judge(run *r, const char *kernel, int no, outcome *o) {
     char how[64] = "", ignored[8];
     helper_kill(c, how, sizeof how);
     helper_start(c, ignored, sizeof ignored);
-    if (o->transport == HKA_RECV_TIMEOUT)
+    if (o->transport == HKU_RECV_TIMEOUT)
         return refuse(r, kernel, 0, NULL,
                       "kernel '%s' test %d did not finish within %d ms (a hang?); the helper was "
                       "killed and restarted",
                       kernel, no, c->timeout_ms);
-    if (o->transport == HKA_RECV_MALFORMED)
+    if (o->transport == HKU_RECV_MALFORMED)
         return refuse(r, kernel, 0, NULL,
                       "malformed reply from the helper on kernel '%s' test %d (%s); the helper "
                       "was killed and restarted",
@@ -931,7 +813,7 @@ static int session(run *r, const snap *s) {
 
 int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
             int policy, hk_report *rep) {
-    double t0 = hka_now_ms();
+    double t0 = hku_now_ms();
     snap s;
     if (snap_take(c, module, &s) < 0)
         return HK_ERR_NOMEM;
@@ -951,6 +833,6 @@ int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_i
     atomic_fetch_add(&c->refused, err < 0);
     snap_free(&s);
     if (rep)
-        rep->canary_ms = hka_now_ms() - t0;
+        rep->canary_ms = hku_now_ms() - t0;
     return err;
 }

@@ -13,10 +13,10 @@
  * timeout.
  *
  * The exchange. Parent and helper talk over a socketpair in length-prefixed
- * messages (hka_msg_hdr), one request and one reply at a time. Each side
- * treats the other as untrusted: sizes are bounded before anything is
- * allocated, replies are parsed strictly (a field too many or too few is a
- * malformed reply), and the parent waits for every reply with a deadline.
+ * messages (hku_msg_hdr, util/wire.c, magic HKA_MAGIC), one request and one reply at a time. Each
+ * side treats the other as untrusted: sizes are bounded before anything is allocated, replies are
+ * parsed strictly (a field too many or too few is a malformed reply), and the parent waits for
+ * every reply with a deadline.
  *
  *   helper -> READY  {u32 protocol, i32 arch}   once, after its context exists
  *                    or FAIL {text} when it cannot make one
@@ -50,6 +50,7 @@
 
 #include "hotkern/hotkern.h"
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define HKA_PROTOCOL 2
 #define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
@@ -71,12 +72,6 @@ enum hka_msg_type {
     HKA_LAUNCH = 5,
     HKA_RESULT = 6,
 };
-
-typedef struct hka_msg_hdr {
-    uint32_t magic;
-    uint32_t type;
-    uint32_t length; /* bytes of payload after the header */
-} hka_msg_hdr;
 
 /* Where a test launch stopped (RESULT.stage). */
 enum hka_stage {
@@ -108,54 +103,7 @@ struct hk_test {
     double atol, rtol;
 };
 
-/* ---- proto.c: framing and fills, both sides ----------------------------- */
-
-/* A growable message being written. */
-typedef struct hka_buf {
-    unsigned char *data;
-    size_t len, cap;
-    int oom;
-} hka_buf;
-
-void hka_buf_init(hka_buf *b, uint32_t type);
-void hka_put(hka_buf *b, const void *p, size_t n);
-void hka_put_u32(hka_buf *b, uint32_t v);
-void hka_put_u64(hka_buf *b, uint64_t v);
-void hka_put_str(hka_buf *b, const char *s); /* u32 length + bytes */
-void hka_buf_free(hka_buf *b);
-
-/* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
- * peer never raises SIGPIPE). */
-int hka_send(int fd, hka_buf *b);
-
-/* Receives one message of at most max payload bytes before deadline_ms
- * (hkl-style monotonic ms; <= 0: no deadline). Returns 0 with *type, *data
- * (malloc'd, the caller frees) and *len; or a negative HKA_RECV_* code. */
-enum {
-    HKA_RECV_EOF = -1,       /* the peer closed (died) */
-    HKA_RECV_TIMEOUT = -2,   /* nothing complete before the deadline */
-    HKA_RECV_MALFORMED = -3, /* bad magic, or over max */
-    HKA_RECV_ERROR = -4,     /* read error, or no memory */
-};
-int hka_recv(int fd, size_t max, double deadline_ms, uint32_t *type, unsigned char **data,
-             size_t *len);
-double hka_now_ms(void);
-
-/* A bounds-checked reader over a received payload: every get fails (and
- * sets bad) past the end, and hka_end checks nothing is left over. */
-typedef struct hka_rd {
-    const unsigned char *p;
-    size_t left;
-    int bad;
-} hka_rd;
-
-uint32_t hka_get_u32(hka_rd *r);
-uint64_t hka_get_u64(hka_rd *r);
-const void *hka_get(hka_rd *r, size_t n);
-/* A string of at most max bytes, copied into out (out_size > max), NUL
- * ended; non-printable bytes become '?'. */
-void hka_get_str(hka_rd *r, char *out, size_t out_size, size_t max);
-int hka_end(const hka_rd *r); /* 0 when fully and validly read */
+/* ---- proto.c: fills, both sides (framing: util/wire.c) ------------------ */
 
 /* Fills n bytes at p as fill/param say (HK_FILL_HOST excepted). */
 void hka_fill(void *p, size_t n, uint32_t fill, uint64_t param);

@@ -42,11 +42,11 @@ typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
 static void fail(const char *what, const char *detail) {
     char text[600];
     snprintf(text, sizeof text, "%s%s", what, detail);
-    hka_buf b;
-    hka_buf_init(&b, HKA_FAIL);
-    hka_put_str(&b, text);
-    hka_send(fd, &b);
-    hka_buf_free(&b);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_FAIL);
+    hku_put_str(&b, text, HKA_MAX_TEXT);
+    hku_send(fd, &b);
+    hku_buf_free(&b);
     exit(1);
 }
 
@@ -89,11 +89,11 @@ static void attach(int device) {
 }
 
 /* LOAD {slot, format, image}: (re)loads a slot. */
-static void do_load(hka_rd *rd) {
-    uint32_t slot = hka_get_u32(rd);
-    hka_get_u32(rd); /* format: the driver detects it */
+static void do_load(hku_rd *rd) {
+    uint32_t slot = hku_get_u32(rd);
+    hku_get_u32(rd); /* format: the driver detects it */
     size_t n = rd->left;
-    const void *img = hka_get(rd, n);
+    const void *img = hku_get(rd, n);
     if (rd->bad || slot > 1 || !n || n > HKA_MAX_IMAGE)
         exit(2);
     char *copy = calloc(1, n + 1); /* PTX must end with a NUL */
@@ -107,14 +107,14 @@ static void do_load(hka_rd *rd) {
     CUjit_option o[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *v[] = {log, (void *)(uintptr_t)(HKA_MAX_TEXT - 1)};
     CUresult r = D.ModuleLoadDataEx(&slots[slot], copy, 2, o, v);
-    hka_buf b;
-    hka_buf_init(&b, HKA_LOADED);
-    hka_put_u32(&b, (uint32_t)r);
-    hka_put_str(&b, r ? hkl_cu_name(&D, r) : "");
-    hka_put_str(&b, r ? log : "");
-    if (hka_send(fd, &b) < 0)
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LOADED);
+    hku_put_u32(&b, (uint32_t)r);
+    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_str(&b, r ? log : "", HKA_MAX_TEXT);
+    if (hku_send(fd, &b) < 0)
         exit(0);
-    hka_buf_free(&b);
+    hku_buf_free(&b);
     free(copy);
     free(log);
 }
@@ -129,24 +129,24 @@ typedef struct req {
     void *params[HKA_MAX_ARGS];
 } req;
 
-static void parse_launch(hka_rd *rd, req *q) {
+static void parse_launch(hku_rd *rd, req *q) {
     uint64_t total = 0;
-    q->slot = hka_get_u32(rd);
-    hka_get_str(rd, q->entry, sizeof q->entry, sizeof q->entry - 1);
+    q->slot = hku_get_u32(rd);
+    hku_get_str(rd, q->entry, sizeof q->entry, sizeof q->entry - 1);
     for (int i = 0; i < 3; i++)
-        q->grid[i] = hka_get_u32(rd);
+        q->grid[i] = hku_get_u32(rd);
     for (int i = 0; i < 3; i++)
-        q->block[i] = hka_get_u32(rd);
-    q->shared = hka_get_u32(rd);
-    q->nargs = hka_get_u32(rd);
+        q->block[i] = hku_get_u32(rd);
+    q->shared = hku_get_u32(rd);
+    q->nargs = hku_get_u32(rd);
     if (rd->bad || q->slot > 1 || q->nargs > HKA_MAX_ARGS)
         exit(2);
     for (uint32_t i = 0; i < q->nargs; i++) {
         hka_arg *a = &q->args[i];
-        a->kind = hka_get_u32(rd);
-        a->size = hka_get_u64(rd);
-        a->fill = hka_get_u32(rd);
-        a->param = hka_get_u64(rd);
+        a->kind = hku_get_u32(rd);
+        a->size = hku_get_u64(rd);
+        a->fill = hku_get_u32(rd);
+        a->param = hku_get_u64(rd);
         int scalar = a->kind == HKA_ARG_SCALAR;
         if (rd->bad || a->kind > HKA_ARG_BUFFER || !a->size ||
             (scalar && a->size > HKA_MAX_SCALAR) ||
@@ -154,10 +154,10 @@ static void parse_launch(hka_rd *rd, req *q) {
             exit(2);
         total += scalar ? 0 : a->size;
         if (scalar || a->fill == HK_FILL_HOST)
-            q->bytes[i] = hka_get(rd, a->size);
+            q->bytes[i] = hku_get(rd, a->size);
     }
-    q->outputs = hka_get_u32(rd);
-    if (rd->bad || q->outputs > 1 || hka_end(rd))
+    q->outputs = hku_get_u32(rd);
+    if (rd->bad || q->outputs > 1 || hku_end(rd))
         exit(2);
 }
 
@@ -212,31 +212,31 @@ static void reply(req *q, uint32_t stage, CUresult r) {
         if (r)
             stage = HKA_STAGE_COPY;
     }
-    hka_buf b;
-    hka_buf_init(&b, HKA_RESULT);
-    hka_put_u32(&b, stage);
-    hka_put_u32(&b, (uint32_t)r);
-    hka_put_str(&b, r ? hkl_cu_name(&D, r) : "");
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_RESULT);
+    hku_put_u32(&b, stage);
+    hku_put_u32(&b, (uint32_t)r);
+    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
     send_out = q->outputs && stage == HKA_STAGE_DONE; /* not after a failed copy */
     uint32_t nout = 0;
     for (uint32_t i = 0; i < q->nargs && send_out; i++)
         nout += q->args[i].kind == HKA_ARG_BUFFER;
-    hka_put_u32(&b, nout);
+    hku_put_u32(&b, nout);
     for (uint32_t i = 0; i < q->nargs && send_out; i++) {
         if (q->args[i].kind != HKA_ARG_BUFFER)
             continue;
-        hka_put_u32(&b, i);
-        hka_put_u64(&b, q->args[i].size);
-        hka_put(&b, out[i], q->args[i].size);
+        hku_put_u32(&b, i);
+        hku_put_u64(&b, q->args[i].size);
+        hku_put(&b, out[i], q->args[i].size);
     }
     for (uint32_t i = 0; i < q->nargs; i++)
         free(out[i]);
-    if (hka_send(fd, &b) < 0)
+    if (hku_send(fd, &b) < 0)
         exit(0);
-    hka_buf_free(&b);
+    hku_buf_free(&b);
 }
 
-static void do_launch(hka_rd *rd) {
+static void do_launch(hku_rd *rd) {
     req *q = calloc(1, sizeof *q);
     if (!q)
         exit(4);
@@ -272,22 +272,22 @@ int main(int argc, char **argv) {
     pthread_t watch;
     pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());
     attach(device);
-    hka_buf b;
-    hka_buf_init(&b, HKA_READY);
-    hka_put_u32(&b, HKA_PROTOCOL);
-    if (hka_send(fd, &b) < 0)
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_READY);
+    hku_put_u32(&b, HKA_PROTOCOL);
+    if (hku_send(fd, &b) < 0)
         return 0;
-    hka_buf_free(&b);
+    hku_buf_free(&b);
     for (;;) {
         uint32_t type;
         unsigned char *d;
         size_t len;
-        int r = hka_recv(fd, HKA_MAX_MSG, 0, &type, &d, &len);
-        if (r == HKA_RECV_EOF)
+        int r = hku_recv(fd, HKA_MAGIC, HKA_MAX_MSG, 0, &type, &d, &len);
+        if (r == HKU_RECV_EOF)
             return 0; /* the parent is done with us */
         if (r < 0)
             return 2;
-        hka_rd rd = {d, len, 0};
+        hku_rd rd = {d, len, 0};
         if (type == HKA_LOAD)
             do_load(&rd);
         else if (type == HKA_LAUNCH)

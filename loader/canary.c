@@ -25,21 +25,19 @@
 #define HK_PREFIX "/usr/local"
 #endif
 
-#define HELPER_NAME "hotkern-canary"
-
-/* The helper's path: options.canary_helper, else $HK_CANARY_HELPER, else
- * ../bin/hotkern-canary from the object that holds this code (libhotkern.so
- * in PREFIX/lib, or a program linked with the static library in a bin/ or
- * tests/ folder beside bin/), else PREFIX/bin. Returns a malloc'd path. */
-static char *helper_path(const hk_options *o) {
-    if (o->canary_helper && *o->canary_helper)
-        return strdup(o->canary_helper);
-    const char *env = getenv("HK_CANARY_HELPER");
+/* A helper's path (hkl_helper_path): opt, else $env, else ../bin/name from
+ * the object that holds this code (libhotkern.so in PREFIX/lib, or a
+ * program linked with the static library in a bin/ or tests/ folder beside
+ * bin/), else PREFIX/bin/name. */
+char *hkl_helper_path(const char *opt, const char *env_name, const char *name) {
+    if (opt && *opt)
+        return strdup(opt);
+    const char *env = getenv(env_name);
     if (env && *env)
         return strdup(env);
     char self[PATH_MAX] = "", cand[PATH_MAX + 64];
     Dl_info info;
-    if (dladdr((void *)helper_path, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
+    if (dladdr((void *)hkl_helper_path, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
         snprintf(self, sizeof self, "%s", info.dli_fname);
     else {
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -48,15 +46,33 @@ static char *helper_path(const hk_options *o) {
     char *slash = strrchr(self, '/');
     if (slash) {
         *slash = '\0';
-        snprintf(cand, sizeof cand, "%s/../bin/%s", self, HELPER_NAME);
+        snprintf(cand, sizeof cand, "%s/../bin/%s", self, name);
         if (access(cand, X_OK) == 0)
             return strdup(cand);
     }
-    return strdup(HK_PREFIX "/bin/" HELPER_NAME);
+    snprintf(cand, sizeof cand, "%s/bin/%s", HK_PREFIX, name);
+    return strdup(cand);
+}
+
+int hkl_build_start(hk_runtime *rt, hk_report *rep) {
+    if (!rt->opt.build_isolated)
+        return 0;
+    char *path = hkl_helper_path(rt->opt.build_helper, "HK_BUILD_HELPER", "hotkern-build");
+    if (!path)
+        return HK_ERR_NOMEM;
+    char why[512] = "";
+    int warm = rt->opt.no_warm_start ? 0 : rt->arch;
+    int err = hkp_iso_create(&rt->iso, path, rt->opt.build_timeout_ms, warm, why, sizeof why);
+    free(path);
+    if (err == HK_ERR_IO)
+        hku_fail(rep, err, "%s", why);
+    return err;
 }
 
 int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
-    char *path = rt->opt.canary ? helper_path(&rt->opt) : NULL;
+    char *path = rt->opt.canary
+                     ? hkl_helper_path(rt->opt.canary_helper, "HK_CANARY_HELPER", "hotkern-canary")
+                     : NULL;
     if (rt->opt.canary && !path)
         return HK_ERR_NOMEM;
     hka_config cfg = {.helper = path,

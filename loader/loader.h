@@ -372,6 +372,9 @@ struct hk_runtime {
 
     hka_canary *canary; /* immutable after create: test declarations and the
                          * canary helper (canary/; its own locks) */
+    hkp_iso *iso;       /* immutable after create: the build helper when
+                         * options.build_isolated, else NULL (ptx/isolate.c;
+                         * its own lock) */
 
     hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
 };
@@ -454,6 +457,13 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
  * running version), and returns 0 or the refusal. */
 int hkl_canary_start(hk_runtime *rt, hk_report *rep);
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
+/* hkl_build_start starts rt->iso, the build helper, when
+ * options.build_isolated is set (0, or HK_ERR_IO with the report saying
+ * why); hkl_helper_path resolves a helper executable: opt when set, else
+ * $env, else ../bin/name from the object holding libhotkern, else
+ * PREFIX/bin/name (malloc'd, NULL without memory). */
+int hkl_build_start(hk_runtime *rt, hk_report *rep);
+char *hkl_helper_path(const char *opt, const char *env, const char *name);
 
 /* swap.c */
 hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */

@@ -127,6 +127,7 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.destroy_wait_ms = 5000;
     d.canary_timeout_ms = 2000;
     d.suspect_window_ms = 60000;
+    d.build_timeout_ms = 120000;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
@@ -361,9 +362,12 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     }
     rt->opt.headers = rt->headers;
     rt->opt.nheaders = rt->headers ? o->nheaders : 0;
-    /* A runtime that cannot warm up still works: its first build pays. */
-    if (!o->no_warm_start && hkp_warm_start(&rt->warm, rt->arch) < 0)
+    /* A runtime that cannot warm up still works: its first build pays.
+     * Isolated, the helper warms itself up (hkl_build_start). */
+    if (!o->no_warm_start && !o->build_isolated && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
+    if ((err = hkl_build_start(rt, rep)) < 0)
+        return err;
     if ((err = hkl_lkg_open(rt, rep)) < 0)
         return err;
     if ((err = hkl_canary_start(rt, rep)) < 0)
@@ -619,6 +623,8 @@ void hk_runtime_destroy(hk_runtime *rt) {
     hkl_worker_stop(rt);
     hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
+    hkp_iso_destroy(rt->iso); /* likewise */
+    rt->iso = NULL;
     /* Graphs destroyed from now on find no runtime behind their pins (the
      * final pass unloads pinned versions too). */
     pthread_mutex_lock(&rt->ref->lock);

@@ -958,6 +958,7 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         .base_headers = rt->opt.headers,
         .nbase_headers = rt->opt.nheaders,
         .pch = 1, /* a runtime compiles again and again */
+        .iso = rt->iso,
     };
     char why[512] = "";
     int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);

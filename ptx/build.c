@@ -1154,6 +1154,11 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
                        const search_path *sp, const char *source_name, hkp_artifact *a, char *why,
                        size_t why_size) {
     int rc = 0;
+    /* Isolated: the compile steps (NVRTC, nvJitLink) run in the helper,
+     * which does the same as below; only PTX left for the driver stays. */
+    if (o->iso && (fmt == HK_FORMAT_CUDA_C || o->ptx_to_cubin))
+        return hkp_iso_build(o->iso, data, size, fmt, o, sp->mem, sp->nmem, source_name, a, why,
+                             why_size);
     if (fmt == HK_FORMAT_CUDA_C) {
         /* data is NUL-terminated here (hkp_build made it so). */
         int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx;

@@ -5,13 +5,15 @@
  * NVRTC and nvJitLink run on the CPU, so every function is usable and tested
  * on machines without a device. All functions are thread-safe (no globals
  * besides the cache, which locks itself); NVRTC and nvJitLink are called from
- * the caller's thread, normally the runtime's worker.
+ * the caller's thread, normally the runtime's worker, or, with build
+ * isolation, in the hotkern-build helper process (isolate.c, helper.c).
  */
 #ifndef HK_PTX_H
 #define HK_PTX_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "hotkern/hotkern.h"
 
@@ -88,6 +90,7 @@ int hkp_meta_runs_on(const hkp_meta *m, int device_arch);
 /* ---- compile cache ------------------------------------------------------ */
 
 typedef struct hkp_cache hkp_cache;
+typedef struct hkp_iso hkp_iso; /* a build helper process (isolate.c) */
 
 /* Opens (creating) a content-addressed cache in dir, bounded to max_bytes
  * (0: HKP_CACHE_DEFAULT_BYTES) with least-recently-used eviction. Several
@@ -148,6 +151,9 @@ typedef struct hkp_build_opts {
     int pch;        /* 1: NVRTC's automatic precompiled headers, over the
                      * toolkit headers that open the source; for processes
                      * that compile more than once */
+    hkp_iso *iso;   /* non-NULL: NVRTC and nvJitLink run in this helper
+                     * process (isolate.c); detection, the include scan,
+                     * the metadata and the cache stay in this process */
 } hkp_build_opts;
 
 typedef struct hkp_artifact {
@@ -183,6 +189,65 @@ void hkp_artifact_free(hkp_artifact *a);
 /* Process-wide PCH counters: PCHs NVRTC created for hkp_build, and PCH heap
  * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */
 void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
+
+/* ---- build isolation (isolate.c, helper.c) ------------------------------ */
+
+/*
+ * A build helper: `hotkern-build`, a long-lived child process in which
+ * hkp_build's compile steps run (NVRTC for CUDA C, nvJitLink for PTX), so
+ * that NVRTC never changes this process's signal dispositions and a compiler
+ * that crashes or hangs costs one refused build, never the process. Set
+ * hkp_build_opts.iso; hkp_build then does everything else here (format
+ * detection, cubin/fatbin checks, the include scan, the compile cache, the
+ * metadata of the returned image, which is parsed as untrusted input) and
+ * sends the helper only what a compile needs.
+ *
+ * Protocol (util/wire.c framing, magic HKP_ISO_MAGIC), one request and one
+ * reply at a time over a socketpair:
+ *   helper -> READY {u32 protocol}           once, after it started
+ *   BUILD {u32 format, u32 arch, u32 ptx_to_cubin, u32 opt_level,
+ *          u32 nvrtc_via_ptx, u32 no_toolkit, u32 pch, str cwd,
+ *          str source_name, u32 noptions, str * n, u32 nexpr, str * n,
+ *          u32 nheaders, {str name, u64 size, bytes} * n, u64 size, bytes}
+ *     -> BUILT {u32 rc (negated HK_ERR_*), str why, str log, u32 format,
+ *               u32 nlowered, str * n, u64 size, bytes image}
+ * Both sides bound every count and size before allocating (HKP_ISO_MAX_*)
+ * and parse strictly: a byte too many or too few is a malformed message.
+ * The helper ends on a malformed request or EOF; the parent kills and
+ * restarts a helper that misses its deadline, dies or answers nonsense, and
+ * refuses that build with HK_ERR_COMPILE.
+ */
+#define HKP_ISO_MAGIC     0x444c4248u /* "HBLD" */
+#define HKP_ISO_PROTOCOL  1
+#define HKP_ISO_MAX_BYTES (256u << 20) /* a source or an image */
+#define HKP_ISO_MAX_MSG   (512u << 20) /* a whole request or reply */
+#define HKP_ISO_MAX_STR   (64u << 10)  /* an option, a name, a path */
+#define HKP_ISO_MAX_LOG   (4u << 20)   /* the compile log */
+#define HKP_ISO_MAX_COUNT 4096         /* options, names, headers */
+#define HKP_ISO_MAX_WHY   1024
+enum { HKP_ISO_READY = 1, HKP_ISO_BUILD = 2, HKP_ISO_BUILT = 3 };
+
+/* Starts the helper at `helper` (a path). timeout_ms bounds each build
+ * (<= 0: 120000); warm_arch > 0 has the helper warm NVRTC up for that arch
+ * (ptx/warm.c) as soon as it runs. Returns 0; HK_ERR_IO with why when it
+ * cannot be started; HK_ERR_NOMEM. *out is the caller's: hkp_iso_destroy. */
+int hkp_iso_create(hkp_iso **out, const char *helper, int timeout_ms, int warm_arch, char *why,
+                   size_t why_size);
+/* Kills the helper and reaps it (and any killed one); iso may be NULL. No
+ * build may be running. */
+void hkp_iso_destroy(hkp_iso *iso);
+/* Called by hkp_build for the compile step: data (fmt CUDA C or PTX) with o
+ * and the merged in-memory headers mem. Builds of one helper take turns on
+ * its lock, so calls from several threads queue. Fills a's image, format,
+ * log and lowered names; returns 0 or the build's error with why. */
+int hkp_iso_build(hkp_iso *iso, const void *data, size_t size, hk_format fmt,
+                  const hkp_build_opts *o, const hk_header *mem, int nmem, const char *source_name,
+                  hkp_artifact *a, char *why, size_t why_size);
+/* For tests and stats: the helper's pid (0: none), 1 while a request is
+ * with the helper, and the builds it served and the helpers started. */
+pid_t hkp_iso_pid(hkp_iso *iso);
+int hkp_iso_busy(hkp_iso *iso);
+void hkp_iso_counts(hkp_iso *iso, uint64_t *builds, uint64_t *starts);
 
 /* ---- the toolkit ------------------------------------------------------- */
 

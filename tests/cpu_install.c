@@ -131,7 +131,9 @@ START_TEST(installs_both_libraries_headers_and_packages) {
                            "usr/lib/pkgconfig/hotkern-net.pc",
                            "usr/lib/cmake/hotkern/hotkernConfig.cmake",
                            "usr/lib/cmake/hotkern/hotkernConfigVersion.cmake",
-                           "usr/bin/hotkern"};
+                           "usr/bin/hotkern",
+                           "usr/bin/hotkern-canary",
+                           "usr/bin/hotkern-build"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[PATH_MAX + 64];
         snprintf(p, sizeof p, "%s/%s", dest, files[i]);

@@ -5,14 +5,19 @@
  * (Makefile), and each shared library keeps them hidden (-fvisibility=hidden,
  * the pkg/ version scripts export hk_* only): net/ needs none of libhotkern's private
  * symbols, and neither library exports these. A program linking both static
- * archives takes one copy. Prefix hku_. Nothing here keeps state, so every
- * function may be called from any thread; only libc and the public header's
- * types are used, so fuzz targets can compile a file of net/ with these.
+ * archives takes one copy. Prefix hku_. Nothing here keeps global state:
+ * every function may be called from any thread (an hku_child belongs to its
+ * owner's lock); only libc and the public header's types are used, so fuzz
+ * targets can compile a file of net/ with these. The helper-process parts
+ * (wire.c, proc.c) serve libhotkern's helpers (hotkern-canary,
+ * hotkern-build) and go unused in libhotkern-net.
  */
 #ifndef HK_UTIL_H
 #define HK_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 
@@ -75,5 +80,98 @@ int hku_write_atomic(const char *path, const void *bytes, size_t size, int mode,
  * and checks that dir is a directory. Returns 0, HK_ERR_INVALID (empty or
  * too long) or HK_ERR_IO, with rep (may be NULL) saying why. */
 int hku_mkdir_p(const char *dir, hk_report *rep);
+
+/* ---- messages with helper processes (util/wire.c) ------------------------ */
+
+/* Every message: this header, then `length` bytes of payload. */
+typedef struct hku_msg_hdr {
+    uint32_t magic; /* one per protocol */
+    uint32_t type;
+    uint32_t length; /* bytes of payload after the header */
+} hku_msg_hdr;
+
+/* A growable message being written; a failed allocation sets oom, and
+ * hku_send then refuses it. */
+typedef struct hku_buf {
+    unsigned char *data;
+    size_t len, cap;
+    int oom;
+} hku_buf;
+
+void hku_buf_init(hku_buf *b, uint32_t magic, uint32_t type);
+void hku_put(hku_buf *b, const void *p, size_t n);
+void hku_put_u32(hku_buf *b, uint32_t v);
+void hku_put_u64(hku_buf *b, uint64_t v);
+/* u32 length + bytes, the string cut to at most max bytes. */
+void hku_put_str(hku_buf *b, const char *s, size_t max);
+void hku_buf_free(hku_buf *b);
+
+/* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
+ * peer never raises SIGPIPE). */
+int hku_send(int fd, hku_buf *b);
+
+/* Receives one message with the given magic and at most max payload bytes
+ * before deadline_ms (hku_now_ms() time; <= 0: no deadline). Returns 0 with
+ * *type, *data (malloc'd, the caller frees) and *len; or a negative
+ * HKU_RECV_* code. The size is checked before anything is allocated. */
+enum {
+    HKU_RECV_EOF = -1,       /* the peer closed (died) */
+    HKU_RECV_TIMEOUT = -2,   /* nothing complete before the deadline */
+    HKU_RECV_MALFORMED = -3, /* bad magic, or over max */
+    HKU_RECV_ERROR = -4,     /* read error, or no memory */
+};
+int hku_recv(int fd, uint32_t magic, size_t max, double deadline_ms, uint32_t *type,
+             unsigned char **data, size_t *len);
+double hku_now_ms(void); /* CLOCK_MONOTONIC in ms */
+
+/* A bounds-checked reader over a received payload: every get fails (and
+ * sets bad) past the end, and hku_end checks nothing is left over. */
+typedef struct hku_rd {
+    const unsigned char *p;
+    size_t left;
+    int bad;
+} hku_rd;
+
+uint32_t hku_get_u32(hku_rd *r);
+uint64_t hku_get_u64(hku_rd *r);
+const void *hku_get(hku_rd *r, size_t n);
+/* A string of at most max bytes, copied into out (out_size > max), NUL
+ * ended; non-printable bytes become '?'. */
+void hku_get_str(hku_rd *r, char *out, size_t out_size, size_t max);
+/* A string of at most max bytes as a malloc'd C string (the caller frees),
+ * or NULL with bad set. A NUL inside is malformed; with printable, other
+ * non-printable bytes become '?' (text for people), else they are kept
+ * (paths, options). */
+char *hku_get_strdup(hku_rd *r, size_t max, int printable);
+int hku_end(const hku_rd *r); /* 0 when fully and validly read */
+
+/* ---- helper processes (util/proc.c) ------------------------------------- */
+
+/* One helper process and the killed ones not reaped yet. Not locked: its
+ * owner's lock covers it. */
+typedef struct hku_child {
+    pid_t pid;    /* 0: none */
+    int fd;       /* the parent's end of the socket; -1: none */
+    pid_t *dying; /* killed, not reaped yet (ndying of cap) */
+    int ndying, cap;
+    int kill_sig, kill_wait_ms; /* SIGKILL and 2000 ms; tests change them */
+} hku_child;
+
+void hku_child_init(hku_child *c);
+/* Starts argv[0] (a path; `what` names it in messages) with argv, its end of a socketpair as fd 3,
+ * an empty signal mask and SIGPIPE and SIGTERM at their defaults. 0, or HK_ERR_IO / HK_ERR_NOMEM
+ * with why. The child must close its inherited descriptors but 3 itself. */
+int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n);
+/* Closes the socket, kills the child (kill_sig) unless it ended already and
+ * reaps it, waiting at most kill_wait_ms; one that takes longer goes to
+ * `dying`. Says how it ended in how (may be NULL). */
+void hku_child_kill(hku_child *c, char *how, size_t n);
+/* 1 when no child runs (it ended, and was reaped now: socket closed, pid
+ * cleared), 0 while it runs. */
+int hku_child_gone(hku_child *c);
+/* Reaps killed children that have gone, waiting up to wait_ms for them. */
+void hku_child_reap(hku_child *c, int wait_ms);
+/* Kills the child, gives the dying ones kill_wait_ms more, frees the list. */
+void hku_child_finish(hku_child *c);
 
 #endif /* HK_UTIL_H */

@@ -331,6 +331,22 @@ typedef struct hk_options {
     int restore;               /* 1: hk_runtime_create calls
                                 * hk_runtime_restore (a failure to restore is
                                 * then logged, not returned); default 0 */
+    int build_isolated;        /* 1: compile CUDA C (NVRTC) and PTX (nvJitLink)
+                                * in `hotkern-build`, a helper process started
+                                * at create, so that NVRTC never touches this
+                                * process's signal handlers and a compiler
+                                * crash or hang refuses one version instead of
+                                * ending the program (see hk_runtime_create);
+                                * 0 (default): in this process. The compile
+                                * cache stays in this process: a cache hit
+                                * never reaches the helper */
+    const char *build_helper;  /* path of the hotkern-build executable; NULL:
+                                * $HK_BUILD_HELPER, else hotkern-build found as
+                                * canary_helper's default is */
+    int build_timeout_ms;      /* longest one isolated build may run; past it
+                                * the helper is killed (and restarted for the
+                                * next build) and the version refused with
+                                * HK_ERR_COMPILE; default 120000 */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
@@ -361,8 +377,13 @@ static inline void hk_options_init(hk_options *o) {
  * back to what came before (SIG_DFL) when the warm-up ends; one installed
  * before survives it and every later build. A SIGINT or SIGTERM that arrives
  * while a compile runs (a swap, a push, a watched save) goes to NVRTC's
- * handler, which ends the process with status 4; hotkern cannot prevent
- * that. */
+ * handler, which ends the process with status 4, and SIGINT is ignored
+ * meanwhile. To avoid all of this, set options.build_isolated: compiles
+ * (and the warm-up) then run in the `hotkern-build` helper process, NVRTC
+ * never touches this process's handlers, and a compiler that crashes or
+ * hangs (past build_timeout_ms) costs one refused version. The helper is
+ * started here; create fails with HK_ERR_IO, the report saying why, when it
+ * cannot be. */
 HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
 
 /* Waits for the worker, unloads every version, releases retained contexts.

@@ -24,32 +24,32 @@
 
 static int fd = 3;
 
-static void say(hka_buf *b) {
-    hka_send(fd, b);
-    hka_buf_free(b);
+static void say(hku_buf *b) {
+    hku_send(fd, b);
+    hku_buf_free(b);
 }
 
 static void loaded(void) {
-    hka_buf b;
-    hka_buf_init(&b, HKA_LOADED);
-    hka_put_u32(&b, 0);
-    hka_put_str(&b, "");
-    hka_put_str(&b, "");
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LOADED);
+    hku_put_u32(&b, 0);
+    hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_str(&b, "", HKA_MAX_TEXT);
     say(&b);
 }
 
 /* A RESULT claiming one finished buffer of `size` bytes, plus `extra`. */
 static void result(uint64_t size, size_t extra) {
-    hka_buf b;
-    hka_buf_init(&b, HKA_RESULT);
-    hka_put_u32(&b, HKA_STAGE_DONE);
-    hka_put_u32(&b, 0);
-    hka_put_str(&b, "");
-    hka_put_u32(&b, 1);
-    hka_put_u32(&b, 0);
-    hka_put_u64(&b, size);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_RESULT);
+    hku_put_u32(&b, HKA_STAGE_DONE);
+    hku_put_u32(&b, 0);
+    hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, 1);
+    hku_put_u32(&b, 0);
+    hku_put_u64(&b, size);
     for (uint64_t i = 0; i < size + extra; i++)
-        hka_put(&b, "x", 1);
+        hku_put(&b, "x", 1);
     say(&b);
 }
 
@@ -66,7 +66,7 @@ static void answer(const char *mode, uint32_t type) {
         return;
     }
     if (!strcmp(mode, "oversize")) {
-        hka_msg_hdr h = {HKA_MAGIC, HKA_RESULT, 0xfffffff0u};
+        hku_msg_hdr h = {HKA_MAGIC, HKA_RESULT, 0xfffffff0u};
         send(fd, &h, sizeof h, MSG_NOSIGNAL);
         return;
     }
@@ -90,21 +90,21 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "noready"))
         for (;;)
             pause();
-    hka_buf b;
+    hku_buf b;
     if (!strcmp(mode, "failready")) {
-        hka_buf_init(&b, HKA_FAIL);
-        hka_put_str(&b, "no device here");
+        hku_buf_init(&b, HKA_MAGIC, HKA_FAIL);
+        hku_put_str(&b, "no device here", HKA_MAX_TEXT);
         say(&b);
         return 1;
     }
-    hka_buf_init(&b, HKA_READY);
-    hka_put_u32(&b, HKA_PROTOCOL);
+    hku_buf_init(&b, HKA_MAGIC, HKA_READY);
+    hku_put_u32(&b, HKA_PROTOCOL);
     say(&b);
     for (;;) {
         uint32_t type;
         unsigned char *d;
         size_t len;
-        if (hka_recv(fd, HKA_MAX_MSG, 0, &type, &d, &len) < 0)
+        if (hku_recv(fd, HKA_MAGIC, HKA_MAX_MSG, 0, &type, &d, &len) < 0)
             return 0;
         free(d);
         answer(mode, type);

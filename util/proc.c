@@ -1,0 +1,175 @@
+/*
+ * Helper processes (hotkern-canary, hotkern-build): start one with
+ * posix_spawn on one end of a socketpair, kill it, and reap it without ever
+ * leaving a zombie or touching the application's other children.
+ *
+ * Start: the child gets its end of the socket as fd 3, an empty signal mask
+ * and SIGPIPE and SIGTERM at their defaults (whatever the application
+ * ignores or blocks), and closes every other descriptor itself first thing
+ * (the helpers' main functions; an inherited pipe or listening socket held
+ * open by a helper would keep its reader from EOF or its port bound). The
+ * parent's end is close-on-exec.
+ *
+ * Kill and reap: a killed child the kernel has not let go of within
+ * kill_wait_ms (one inside a driver call can take a while to end) is kept in
+ * `dying` and reaped, by pid only, before each start and at the end. The
+ * list grows as needed, and room for one more entry is made before a child
+ * is started (a start that cannot get it fails), so a killed child always
+ * has a slot and its pid is never dropped: a dropped pid would be a zombie
+ * for the life of the program. Never waitpid(-1): the application owns its
+ * other children.
+ *
+ * Threads: an hku_child is owned by whoever holds its owner's lock (the
+ * canary's run_lock, the build helper's lock); nothing here locks.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util/util.h"
+
+extern char **environ;
+
+#define KILL_WAIT_MS 2000
+
+void hku_child_init(hku_child *c) {
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    c->kill_sig = SIGKILL;
+    c->kill_wait_ms = KILL_WAIT_MS;
+}
+
+void hku_child_reap(hku_child *c, int wait_ms) {
+    double until = hku_now_ms() + wait_ms;
+    for (;;) {
+        int k = 0;
+        for (int i = 0; i < c->ndying; i++)
+            if (waitpid(c->dying[i], NULL, WNOHANG) == 0)
+                c->dying[k++] = c->dying[i];
+        c->ndying = k;
+        if (!k || hku_now_ms() >= until)
+            return;
+        usleep(10000);
+    }
+}
+
+/* Makes room for one more dying child, before one is started, so that
+ * hku_child_kill never has to drop one. */
+static int dying_reserve(hku_child *c) {
+    if (c->ndying < c->cap)
+        return 0;
+    int cap = c->cap ? 2 * c->cap : 8;
+    pid_t *d = realloc(c->dying, (size_t)cap * sizeof *d);
+    if (!d)
+        return HK_ERR_NOMEM;
+    c->dying = d;
+    c->cap = cap;
+    return 0;
+}
+
+void hku_child_kill(hku_child *c, char *how, size_t n) {
+    if (how && n)
+        how[0] = '\0';
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->pid <= 0)
+        return;
+    int st = 0;
+    pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
+    if (r == 0) {
+        /* Still running. When waitpid fails instead, the child is gone and
+         * was reaped by someone else (a program that ignores SIGCHLD, or
+         * reaps with waitpid(-1)): its pid may already name another
+         * process, which must not be killed. A live child always answers
+         * 0, even under SA_NOCLDWAIT. */
+        kill(c->pid, c->kill_sig);
+        for (int i = 0; i < c->kill_wait_ms / 10 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
+            usleep(10000);
+    }
+    if (r == c->pid && how && n) {
+        if (WIFSIGNALED(st))
+            snprintf(how, n, "signal %d", WTERMSIG(st));
+        else if (WIFEXITED(st))
+            snprintf(how, n, "exit status %d", WEXITSTATUS(st));
+    }
+    if (r == 0) /* still there: reap it later */
+        c->dying[c->ndying++] = c->pid;
+    c->pid = 0;
+}
+
+int hku_child_gone(hku_child *c) {
+    if (c->pid <= 0)
+        return 1;
+    if (waitpid(c->pid, NULL, WNOHANG) == 0)
+        return 0;
+    /* Reaped now, or by someone else (then the pid must not be used). */
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->pid = 0;
+    return 1;
+}
+
+int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n) {
+    hku_child_reap(c, 0);
+    if (dying_reserve(c) < 0) {
+        snprintf(why, n, "cannot start %s: out of memory", what);
+        return HK_ERR_NOMEM;
+    }
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        snprintf(why, n, "socketpair: %s", strerror(errno));
+        return HK_ERR_IO;
+    }
+    if (sv[1] == 3) { /* dup2(3, 3) would keep close-on-exec */
+        int fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+        close(sv[1]);
+        sv[1] = fd;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+    posix_spawnattr_init(&at);
+    sigset_t none, dfl;
+    sigemptyset(&none);
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGPIPE);
+    sigaddset(&dfl, SIGTERM);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &dfl);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t pid = 0;
+    int rc = sv[1] < 0 ? errno : posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (sv[1] >= 0)
+        close(sv[1]);
+    if (rc) {
+        close(sv[0]);
+        snprintf(why, n, "cannot start %s %s: %s", what, argv[0], strerror(rc));
+        return HK_ERR_IO;
+    }
+    c->pid = pid;
+    c->fd = sv[0];
+    return 0;
+}
+
+void hku_child_finish(hku_child *c) {
+    hku_child_kill(c, NULL, 0);
+    /* What is still dying was killed: give it the same bound once more. One
+     * the kernel holds longer than that cannot be reaped without blocking
+     * for good, and stays a zombie. */
+    hku_child_reap(c, c->kill_wait_ms);
+    free(c->dying);
+    c->dying = NULL;
+    c->ndying = c->cap = 0;
+}

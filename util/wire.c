@@ -1,0 +1,217 @@
+/*
+ * Length-prefixed messages between hotkern and its helper processes
+ * (hotkern-canary, hotkern-build), used by both sides of each: framing with a
+ * size bound checked before any allocation, receive with a deadline (poll),
+ * and a bounds-checked reader. Each protocol has its own magic, so a peer of
+ * the wrong kind is a malformed message at its first header.
+ *
+ * Neither side trusts the other: hku_recv refuses a header over the bound
+ * the caller derives from what it asked, and every hku_get fails, rather
+ * than reads, past the end of what arrived.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/util.h"
+
+double hku_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void hku_buf_init(hku_buf *b, uint32_t magic, uint32_t type) {
+    memset(b, 0, sizeof *b);
+    hku_msg_hdr h = {magic, type, 0};
+    hku_put(b, &h, sizeof h);
+}
+
+void hku_put(hku_buf *b, const void *p, size_t n) {
+    if (b->oom)
+        return;
+    if (n > SIZE_MAX / 4 - b->len) {
+        b->oom = 1;
+        return;
+    }
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n)
+            cap *= 2;
+        unsigned char *d = realloc(b->data, cap);
+        if (!d) {
+            b->oom = 1;
+            return;
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+void hku_put_u32(hku_buf *b, uint32_t v) {
+    hku_put(b, &v, sizeof v);
+}
+
+void hku_put_u64(hku_buf *b, uint64_t v) {
+    hku_put(b, &v, sizeof v);
+}
+
+void hku_put_str(hku_buf *b, const char *s, size_t max) {
+    size_t n = s ? strlen(s) : 0;
+    if (n > max)
+        n = max;
+    hku_put_u32(b, (uint32_t)n);
+    hku_put(b, s, n);
+}
+
+void hku_buf_free(hku_buf *b) {
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+int hku_send(int fd, hku_buf *b) {
+    if (b->oom || b->len < sizeof(hku_msg_hdr) || b->len - sizeof(hku_msg_hdr) > UINT32_MAX) {
+        errno = ENOMEM;
+        return -1;
+    }
+    uint32_t len = (uint32_t)(b->len - sizeof(hku_msg_hdr));
+    memcpy(b->data + offsetof(hku_msg_hdr, length), &len, sizeof len);
+    size_t off = 0;
+    while (off < b->len) {
+        /* MSG_NOSIGNAL: a dead peer is an EPIPE, never a SIGPIPE that would
+         * end the application. */
+        ssize_t n = send(fd, b->data + off, b->len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes before the deadline. */
+static int read_full(int fd, void *p, size_t n, double deadline_ms) {
+    size_t off = 0;
+    while (off < n) {
+        if (deadline_ms > 0) {
+            double left = deadline_ms - hku_now_ms();
+            if (left <= 0)
+                return HKU_RECV_TIMEOUT;
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            int pr = poll(&pfd, 1, left > 1e6 ? 1000000 : (int)left + 1);
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr < 0)
+                return HKU_RECV_ERROR;
+            if (pr == 0)
+                continue; /* the loop re-checks the deadline */
+        }
+        ssize_t r = recv(fd, (char *)p + off, n - off, 0);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r < 0)
+            return errno == ECONNRESET ? HKU_RECV_EOF : HKU_RECV_ERROR;
+        if (r == 0)
+            return HKU_RECV_EOF;
+        off += (size_t)r;
+    }
+    return 0;
+}
+
+int hku_recv(int fd, uint32_t magic, size_t max, double deadline_ms, uint32_t *type,
+             unsigned char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    hku_msg_hdr h;
+    int err = read_full(fd, &h, sizeof h, deadline_ms);
+    if (err < 0)
+        return err;
+    if (h.magic != magic || h.length > max)
+        return HKU_RECV_MALFORMED;
+    unsigned char *d = malloc(h.length ? h.length : 1);
+    if (!d)
+        return HKU_RECV_ERROR;
+    if ((err = read_full(fd, d, h.length, deadline_ms)) < 0) {
+        free(d);
+        return err;
+    }
+    *type = h.type;
+    *data = d;
+    *len = h.length;
+    return 0;
+}
+
+const void *hku_get(hku_rd *r, size_t n) {
+    if (r->bad || n > r->left) {
+        r->bad = 1;
+        return NULL;
+    }
+    const void *p = r->p;
+    r->p += n;
+    r->left -= n;
+    return p;
+}
+
+uint32_t hku_get_u32(hku_rd *r) {
+    uint32_t v = 0;
+    const void *p = hku_get(r, sizeof v);
+    if (p)
+        memcpy(&v, p, sizeof v);
+    return v;
+}
+
+uint64_t hku_get_u64(hku_rd *r) {
+    uint64_t v = 0;
+    const void *p = hku_get(r, sizeof v);
+    if (p)
+        memcpy(&v, p, sizeof v);
+    return v;
+}
+
+void hku_get_str(hku_rd *r, char *out, size_t out_size, size_t max) {
+    out[0] = '\0';
+    uint32_t n = hku_get_u32(r);
+    if (r->bad || n > max || n >= out_size) {
+        r->bad = 1;
+        return;
+    }
+    const unsigned char *p = hku_get(r, n);
+    if (!p)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = (p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\t' ? (char)p[i] : '?';
+    out[n] = '\0';
+}
+
+char *hku_get_strdup(hku_rd *r, size_t max, int printable) {
+    uint32_t n = hku_get_u32(r);
+    const unsigned char *p = r->bad || n > max ? NULL : hku_get(r, n);
+    char *s = p ? malloc((size_t)n + 1) : NULL;
+    if (!s) {
+        r->bad = 1;
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int ok = (p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\t';
+        if (!p[i]) { /* a C string cannot hold it: malformed */
+            free(s);
+            r->bad = 1;
+            return NULL;
+        }
+        s[i] = printable && !ok ? '?' : (char)p[i];
+    }
+    s[n] = '\0';
+    return s;
+}
+
+int hku_end(const hku_rd *r) {
+    return r->bad || r->left ? -1 : 0;
+}
