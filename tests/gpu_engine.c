@@ -169,6 +169,33 @@ START_TEST(ptx_and_cubin_update_runtime_buffer) {
 }
 END_TEST
 
+/* With options.build_isolated the compiles run in hotkern-build: CUDA C
+ * built there, loaded here, runs on the application's buffer; an edit too. */
+START_TEST(isolated_builds_run_on_the_device) {
+    const char *helper = hkt_built_program("hotkern-build");
+    ck_assert_msg(access(helper, X_OK) == 0, "no build helper at %s", helper);
+    hk_options o;
+    hk_options_init(&o);
+    o.cache_dir = "";
+    o.build_isolated = 1;
+    o.build_helper = helper;
+    hk_runtime *rt = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "create: %s", rep.message);
+    for (int mul = 7; mul <= 9; mul += 2) {
+        char src[256];
+        snprintf(src, sizeof src,
+                 "extern \"C\" __global__ void affine(int *x, int n) {\n"
+                 "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                 "  if (i < n) x[i] = %d * x[i] + 1;\n}\n",
+                 mul);
+        swap_ok(rt, "iso", src, strlen(src));
+        check_affine(rt, "iso", mul);
+    }
+    hk_runtime_destroy(rt);
+}
+END_TEST
+
 START_TEST(ptx_error_returns_jit_log) {
     hk_runtime *rt = new_rt(HK_LOADER_MODULE, HK_PTX_DRIVER_JIT);
     void *img;
@@ -819,6 +846,7 @@ int main(void) {
     tcase_add_test(tc, global_capture_survives_100_swaps);
     tcase_add_test(tc, safe_point_staging);
     tcase_add_test(tc, attributes_and_launch_ex_across_swaps);
+    tcase_add_test(tc, isolated_builds_run_on_the_device);
     tcase_add_test(tc, device_reset_survived);
     suite_add_tcase(s, tc);
     return hkt_run(s);
