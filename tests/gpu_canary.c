@@ -17,32 +17,11 @@
 #include <string.h>
 
 #include "loader/loader.h"
+#include "tests/canary_kernels.h"
+#include "tests/gpu.h"
 #include "tests/harness.h"
 
 #define N 4096
-
-#define CK_CUDA(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
-    } while (0)
-
-#define KERNEL_HEAD                                                                                \
-    "extern \"C\" __global__ void step(float *x, int n) {\n"                                       \
-    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-
-static const char *GOOD = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
-/* The same computation beside another kernel: another image, the same
- * outputs. */
-static const char *GOOD2 = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
-                                       "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
-static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
-/* Spins on a global value the test's input never holds (x[0] is 0): a
- * volatile load each time round, so the compiler cannot drop the loop (a
- * volatile local did not keep it on the H200). */
-static const char *ENDLESS = KERNEL_HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n"
-                                         "  if (i < n) x[i] = 0.0f;\n}\n";
-static const char *WRONG = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
 
 static hk_runtime *rt;
 static hk_kernel *step;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "loader/loader.h"
+#include "tests/gpu.h"
 #include "tests/harness.h"
 
 static const char *SRC =
@@ -39,12 +40,6 @@ static const char *SRC_MISSING = "extern \"C\" __global__ void step(int *r, int 
                                  "extern \"C\" __global__ void bump(int *out) {}\n";
 
 static hkl_driver drv; /* our own view of the driver, for checks */
-
-#define CK_CUDA(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
-    } while (0)
 
 /* Builds SRC with -DTAG=tag -DMUL=mul into `fmt` (PTX or cubin) for arch. */
 static void build(int tag, int mul, int want_ptx, int arch, void **img, size_t *size) {

@@ -12,13 +12,8 @@
 #include <string.h>
 
 #include "loader/loader.h"
+#include "tests/gpu.h"
 #include "tests/harness.h"
-
-#define CK_CUDA(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
-    } while (0)
 
 static hkl_driver real;
 static CUcontext bad_ctx;

@@ -18,13 +18,8 @@
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
 #include "loader/loader.h"
+#include "tests/gpu.h"
 #include "tests/harness.h"
-
-#define CK_CUDA(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
-    } while (0)
 
 enum { N = 1 << 14 };
 

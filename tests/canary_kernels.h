@@ -1,0 +1,27 @@
+/*
+ * The versions of `step(float *x, int n)` the canary suites submit
+ * (tests/gpu_canary.c through hk_swap, tests/gpu_canary_push.c through
+ * `hotkern push`): good ones add 1.0f to every element; the others fault,
+ * never end, or compute something else.
+ */
+#ifndef HK_TESTS_CANARY_KERNELS_H
+#define HK_TESTS_CANARY_KERNELS_H
+
+#define KERNEL_HEAD                                                                                \
+    "extern \"C\" __global__ void step(float *x, int n) {\n"                                       \
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+
+static const char *GOOD = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
+/* The same computation beside another kernel: another image, the same
+ * outputs. */
+static const char *GOOD2 = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
+                                       "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
+static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
+/* Spins on a global value the test's input never holds (x[0] is 0): a
+ * volatile load each time round, so the compiler cannot drop the loop (a
+ * volatile local did not keep it on the H200). */
+static const char *ENDLESS = KERNEL_HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n"
+                                         "  if (i < n) x[i] = 0.0f;\n}\n";
+static const char *WRONG = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
+
+#endif
