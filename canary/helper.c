@@ -53,16 +53,6 @@ static void fail(const char *what, const char *detail) {
 /* The parent's end of the socket stays open while it lives, but this
  * process may be blocked in the driver behind a hanging kernel when the
  * parent goes: a watch thread ends it then. */
-static void *orphan_watch(void *arg) {
-    pid_t parent = (pid_t)(intptr_t)arg;
-    for (;;) {
-        usleep(200000);
-        if (getppid() != parent)
-            _exit(3);
-    }
-    return NULL;
-}
-
 static int bind_extras(void) {
     gpa_fn gpa = (gpa_fn)dlsym(D.dl, "cuGetProcAddress_v2");
     CUdriverProcAddressQueryResult found;
@@ -252,25 +242,8 @@ static void do_launch(hku_rd *rd) {
 
 int main(int argc, char **argv) {
     int device = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--fd"))
-            fd = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--device"))
-            device = atoi(argv[i + 1]);
-    }
-    if (fd < 0) {
-        fprintf(stderr, "hotkern-canary: started by libhotkern, not by hand (--fd missing)\n");
+    if ((fd = hku_helper_init(argc, argv, "hotkern-canary", "--device", &device)) < 0)
         return 2;
-    }
-    /* Nothing of the application's but our socket: an inherited pipe or
-     * listening socket held open by a helper that outlives the application's
-     * own use of it would keep its reader from EOF or its port bound. */
-    if (fd > 3)
-        close_range(3, (unsigned)fd - 1, 0);
-    close_range((unsigned)fd + 1, ~0u, 0);
-    signal(SIGPIPE, SIG_IGN);
-    pthread_t watch;
-    pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());
     attach(device);
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_READY);

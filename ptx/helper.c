@@ -42,16 +42,6 @@ static int stall_ms;
 /* The socket stays open while the parent lives, but a compile that hangs
  * never reads it again: a watch thread ends this process when the parent
  * goes. */
-static void *orphan_watch(void *arg) {
-    pid_t parent = (pid_t)(intptr_t)arg;
-    for (;;) {
-        usleep(200000);
-        if (getppid() != parent)
-            _exit(3);
-    }
-    return NULL;
-}
-
 /* One BUILD request, parsed; pointers into the received payload or owned
  * copies (freed by req_free). */
 typedef struct req {
@@ -175,25 +165,10 @@ static void serve(hku_rd *rd) {
 
 int main(int argc, char **argv) {
     int warm = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--fd"))
-            fd = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--warm"))
-            warm = atoi(argv[i + 1]);
-    }
-    if (fd < 0) {
-        fprintf(stderr, "hotkern-build: started by libhotkern, not by hand (--fd missing)\n");
+    if ((fd = hku_helper_init(argc, argv, "hotkern-build", "--warm", &warm)) < 0)
         return 2;
-    }
-    /* Nothing of the application's but our socket (util/proc.c says why). */
-    if (fd > 3)
-        close_range(3, (unsigned)fd - 1, 0);
-    close_range((unsigned)fd + 1, ~0u, 0);
-    signal(SIGPIPE, SIG_IGN);
     const char *stall = getenv("HK_BUILD_TEST_STALL_MS");
     stall_ms = stall ? atoi(stall) : 0;
-    pthread_t watch;
-    pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());
     hku_buf b;
     hku_buf_init(&b, HKP_ISO_MAGIC, HKP_ISO_READY);
     hku_put_u32(&b, HKP_ISO_PROTOCOL);

@@ -24,6 +24,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -172,4 +174,41 @@ void hku_child_finish(hku_child *c) {
     free(c->dying);
     c->dying = NULL;
     c->ndying = c->cap = 0;
+}
+
+/* ---- the helper's side -------------------------------------------------- */
+
+static void *orphan_watch(void *arg) {
+    pid_t parent = (pid_t)(intptr_t)arg;
+    for (;;) {
+        usleep(200000);
+        if (getppid() != parent)
+            _exit(3);
+    }
+    return NULL;
+}
+
+int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val) {
+    int fd = -1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--fd"))
+            fd = atoi(argv[i + 1]);
+        else if (opt && val && !strcmp(argv[i], opt))
+            *val = atoi(argv[i + 1]);
+    }
+    if (fd < 0) {
+        fprintf(stderr, "%s: started by libhotkern, not by hand (--fd missing)\n", name);
+        return -1;
+    }
+    /* Nothing of the application's but our socket: an inherited pipe or
+     * listening socket held open by a helper that outlives the application's
+     * own use of it would keep its reader from EOF or its port bound. */
+    if (fd > 3)
+        close_range(3, (unsigned)fd - 1, 0);
+    close_range((unsigned)fd + 1, ~0u, 0);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_t watch;
+    if (pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid()) == 0)
+        pthread_detach(watch);
+    return fd;
 }

@@ -173,5 +173,11 @@ int hku_child_gone(hku_child *c);
 void hku_child_reap(hku_child *c, int wait_ms);
 /* Kills the child, gives the dying ones kill_wait_ms more, frees the list. */
 void hku_child_finish(hku_child *c);
+/* The helper's side, first thing in its main: reads `--fd N` and the one
+ * integer option named opt (into *val, untouched when absent) from argv;
+ * closes every inherited descriptor but N; ignores SIGPIPE; and starts a
+ * thread that ends the helper (status 3) once its parent is gone. Returns
+ * N, or -1 (with a message naming `name` on stderr) when --fd is missing. */
+int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val);
 
 #endif /* HK_UTIL_H */
