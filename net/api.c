@@ -255,6 +255,33 @@ static int read_tls(const hk_endpoint_options *opt, hkn_endpoint_resolved *r, ch
 }
 
 /* hk_endpoint_start with opt in the library's layout and a full report. */
+/* The frame of a public start function: its names and option sizes. */
+typedef struct {
+    const char *fn, *type; /* "hk_pull_start", "hk_pull_options" */
+    size_t size0, size;    /* the first layout's size, this build's */
+} sized_start;
+
+typedef int (*start_fn)(hk_runtime *rt, const void *o, void *out, hk_report *rep);
+
+/* Checks the arguments, copies the caller's options (o holds the defaults)
+ * within their size, runs start and carries its report back. */
+static int start_sized(sized_start f, hk_runtime *rt, void *o, const void *opt, void *out,
+                       start_fn start, hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err;
+    if (!rt || !opt || !out)
+        err = hku_fail(&full, HK_ERR_INVALID, "%s: NULL argument", f.fn);
+    else if (hkl_sized_in(o, f.size, opt, f.size0) < 0)
+        err = hku_fail(&full, HK_ERR_INVALID, "%s.size %zu is below %zu", f.type, hkl_size_of(opt),
+                       f.size0);
+    else
+        err = start(rt, o, out, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
 static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
                           hk_report *rep) {
     int err;
@@ -300,25 +327,19 @@ fail:
     return err;
 }
 
+static int endpoint_start_v(hk_runtime *rt, const void *o, void *out, hk_report *rep) {
+    return endpoint_start(rt, o, out, rep);
+}
+
 int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
                       hk_report *rep) {
-    hk_report full;
     hk_endpoint_options o;
+    hk_endpoint_options_init(&o);
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
-        return HK_ERR_INVALID;
-    int err;
-    hk_endpoint_options_init(&o);
-    if (!rt || !opt || !out)
-        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_start: NULL argument");
-    else if (hkl_sized_in(&o, sizeof o, opt, HKN_ENDPOINT_OPTIONS_SIZE0) < 0)
-        err = hku_fail(&full, HK_ERR_INVALID, "hk_endpoint_options.size %zu is below %zu",
-                       hkl_size_of(opt), (size_t)HKN_ENDPOINT_OPTIONS_SIZE0);
-    else
-        err = endpoint_start(rt, &o, out, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
-    return err;
+    return start_sized((sized_start){"hk_endpoint_start", "hk_endpoint_options",
+                                     HKN_ENDPOINT_OPTIONS_SIZE0, sizeof o},
+                       rt, &o, opt, out, endpoint_start_v, rep);
 }
 
 unsigned hk_endpoint_port(const hk_endpoint *ep) {
@@ -381,24 +402,18 @@ fail:
     return err;
 }
 
+static int pull_start_v(hk_runtime *rt, const void *o, void *out, hk_report *rep) {
+    return pull_start(rt, o, out, rep);
+}
+
 int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, hk_report *rep) {
-    hk_report full;
     hk_pull_options o;
+    hk_pull_options_init(&o);
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
-        return HK_ERR_INVALID;
-    int err;
-    hk_pull_options_init(&o);
-    if (!rt || !opt || !out)
-        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_start: NULL argument");
-    else if (hkl_sized_in(&o, sizeof o, opt, HKN_PULL_OPTIONS_SIZE0) < 0)
-        err = hku_fail(&full, HK_ERR_INVALID, "hk_pull_options.size %zu is below %zu",
-                       hkl_size_of(opt), (size_t)HKN_PULL_OPTIONS_SIZE0);
-    else
-        err = pull_start(rt, &o, out, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
-    return err;
+    return start_sized(
+        (sized_start){"hk_pull_start", "hk_pull_options", HKN_PULL_OPTIONS_SIZE0, sizeof o}, rt, &o,
+        opt, out, pull_start_v, rep);
 }
 
 int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
