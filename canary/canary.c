@@ -473,14 +473,14 @@ static int load_slot(hka_canary *c, int slot, const hka_image *im, int *cu, char
     hku_put_u32(&b, (uint32_t)slot);
     hku_put_u32(&b, (uint32_t)im->format);
     hku_put(&b, im->data, im->size);
-    int sent = hku_send(c->proc.fd, &b);
+    double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    int sent = hku_send_by(c->proc.fd, &b, deadline);
     hku_buf_free(&b);
     if (sent < 0)
-        return HKU_RECV_EOF;
+        return errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
     int r = hku_recv(c->proc.fd, HKA_MAGIC, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
     if (r < 0)
         return r;
@@ -534,7 +534,8 @@ static int prepare(run *r, char *why, size_t n) {
     return -1;
 }
 
-static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, int outputs) {
+static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, int outputs,
+                       double deadline) {
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LAUNCH);
     hku_put_u32(&b, (uint32_t)slot);
@@ -555,7 +556,7 @@ static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test
             hku_put(&b, a->data, a->size);
     }
     hku_put_u32(&b, (uint32_t)outputs);
-    int err = hku_send(c->proc.fd, &b);
+    int err = hku_send_by(c->proc.fd, &b, deadline);
     hku_buf_free(&b);
     return err;
 }
@@ -614,8 +615,9 @@ static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) 
 static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, outcome *o) {
     memset(o, 0, sizeof *o);
     int outputs = t->compare != HK_COMPARE_NONE;
-    if (send_launch(c, slot, entry, t, outputs) < 0) {
-        o->transport = HKU_RECV_EOF;
+    double deadline = hku_now_ms() + c->timeout_ms;
+    if (send_launch(c, slot, entry, t, outputs, deadline) < 0) {
+        o->transport = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
         return;
     }
     int nbuf = 0;
@@ -625,8 +627,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     size_t max = 16 + 64 + (outputs ? (size_t)nbuf * 12 + t->buffer_bytes : 0);
     uint32_t type = 0;
     size_t len = 0;
-    int r = hku_recv(c->proc.fd, HKA_MAGIC, max, hku_now_ms() + c->timeout_ms, &type, &o->payload,
-                     &len);
+    int r = hku_recv(c->proc.fd, HKA_MAGIC, max, deadline, &type, &o->payload, &len);
     if (r < 0) {
         o->transport = r;
         snprintf(o->detail, sizeof o->detail, "a reply over %zu bytes or with a bad header", max);

@@ -37,7 +37,8 @@
 #include "util/util.h"
 
 static int fd = -1;
-static int stall_ms;
+static int stall_ms; /* test-only: sleep after reading a request */
+static int deaf_ms;  /* test-only: sleep before reading one */
 
 /* The socket stays open while the parent lives, but a compile that hangs
  * never reads it again: a watch thread ends this process when the parent
@@ -167,8 +168,9 @@ int main(int argc, char **argv) {
     int warm = 0;
     if ((fd = hku_helper_init(argc, argv, "hotkern-build", "--warm", &warm)) < 0)
         return 2;
-    const char *stall = getenv("HK_BUILD_TEST_STALL_MS");
+    const char *stall = getenv("HK_BUILD_TEST_STALL_MS"), *deaf = getenv("HK_BUILD_TEST_DEAF_MS");
     stall_ms = stall ? atoi(stall) : 0;
+    deaf_ms = deaf ? atoi(deaf) : 0;
     hku_buf b;
     hku_buf_init(&b, HKP_ISO_MAGIC, HKP_ISO_READY);
     hku_put_u32(&b, HKP_ISO_PROTOCOL);
@@ -182,6 +184,8 @@ int main(int argc, char **argv) {
         uint32_t type;
         unsigned char *d;
         size_t len;
+        if (deaf_ms > 0)
+            usleep((useconds_t)deaf_ms * 1000);
         int r = hku_recv(fd, HKP_ISO_MAGIC, HKP_ISO_MAX_MSG, 0, &type, &d, &len);
         if (r == HKU_RECV_EOF)
             break; /* the parent is done with us */

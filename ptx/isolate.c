@@ -126,16 +126,33 @@ static void put_strv(hku_buf *b, const char *const *v, int n) {
         hku_put_str(b, v[i] ? v[i] : "", HKP_ISO_MAX_STR);
 }
 
+/* 1 when a string the request carries would not fit its bound (the helper
+ * would see another build than the one asked for), or a header is larger
+ * than a source may be. */
+static int strings_too_long(const hkp_build_opts *o, const hk_header *mem, int nmem,
+                            const char *source_name) {
+    const size_t max = HKP_ISO_MAX_STR;
+    int bad = source_name && strlen(source_name) > max;
+    for (int i = 0; !bad && i < o->nnvrtc_options; i++)
+        bad = o->nvrtc_options[i] && strlen(o->nvrtc_options[i]) > max;
+    for (int i = 0; !bad && i < o->nname_expressions; i++)
+        bad = o->name_expressions[i] && strlen(o->name_expressions[i]) > max;
+    for (int i = 0; !bad && i < nmem; i++)
+        bad = (mem[i].name && strlen(mem[i].name) > max) || mem[i].size > HKP_ISO_MAX_BYTES;
+    return bad;
+}
+
 /* The BUILD request; 0, or HK_ERR_TOO_LARGE / HK_ERR_NOMEM with why. */
 static int request(hku_buf *b, const void *data, size_t size, hk_format fmt,
                    const hkp_build_opts *o, const hk_header *mem, int nmem, const char *source_name,
                    char *why, size_t n) {
     if (size > HKP_ISO_MAX_BYTES || o->nnvrtc_options > HKP_ISO_MAX_COUNT ||
-        o->nname_expressions > HKP_ISO_MAX_COUNT || nmem > HKP_ISO_MAX_COUNT) {
+        o->nname_expressions > HKP_ISO_MAX_COUNT || nmem > HKP_ISO_MAX_COUNT ||
+        strings_too_long(o, mem, nmem, source_name)) {
         hkp_why(why, n,
-                "too large for the build helper (source over %u MiB, or over %d options, "
-                "names or headers)",
-                HKP_ISO_MAX_BYTES >> 20, HKP_ISO_MAX_COUNT);
+                "too large for the build helper (a source or header over %u MiB, over %d "
+                "options, names or headers, or one of them over %u bytes)",
+                HKP_ISO_MAX_BYTES >> 20, HKP_ISO_MAX_COUNT, (unsigned)HKP_ISO_MAX_STR);
         return HK_ERR_TOO_LARGE;
     }
     char cwd[4096];
@@ -162,7 +179,8 @@ static int request(hku_buf *b, const void *data, size_t size, hk_format fmt,
     }
     hku_put_u64(b, size);
     hku_put(b, data, size);
-    if (b->oom || total > HKP_ISO_MAX_MSG - (64u << 20)) {
+    if (b->oom || total > HKP_ISO_MAX_MSG - (64u << 20) ||
+        b->len - sizeof(hku_msg_hdr) > HKP_ISO_MAX_MSG) {
         int oom = b->oom;
         hkp_why(why, n, "%s",
                 oom ? "no memory for the build request"
@@ -222,6 +240,13 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
     if (!(a->image = malloc((size_t)size))) {
         *rc = HK_ERR_NOMEM;
         return 0;
+    }
+    if (fmt == HK_FORMAT_PTX && ((const char *)img)[size - 1] != '\0') {
+        /* The driver reads PTX as a C string. */
+        free(a->image);
+        a->image = NULL;
+        snprintf(what, wn, "PTX that does not end in a NUL");
+        return -1;
     }
     memcpy(a->image, img, (size_t)size);
     a->size = (size_t)size;
@@ -286,7 +311,8 @@ static int exchange(hkp_iso *iso, hku_buf *req, const hkp_build_opts *o, hkp_art
     if (r < 0)
         return give_up(iso, r, "no greeting", why, n);
     atomic_store(&iso->busy, 1);
-    r = hku_send(iso->proc.fd, req) < 0 ? HKU_RECV_EOF : 0;
+    if (hku_send_by(iso->proc.fd, req, deadline) < 0)
+        r = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
@@ -303,7 +329,15 @@ static int exchange(hkp_iso *iso, hku_buf *req, const hkp_build_opts *o, hkp_art
         r = HKU_RECV_MALFORMED;
     free(d);
     if (r < 0) {
+        /* What the reply set goes; the headers hkp_build found stay, so the
+         * watcher still rebuilds when one of them changes. */
+        char **deps = a->deps;
+        int ndeps = a->ndeps;
+        a->deps = NULL;
+        a->ndeps = 0;
         hkp_artifact_free(a);
+        a->deps = deps;
+        a->ndeps = ndeps;
         return give_up(iso, r, what, why, n);
     }
     atomic_fetch_add(&iso->builds, 1);

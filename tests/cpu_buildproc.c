@@ -59,6 +59,7 @@ static void teardown(void) {
     hk_runtime_destroy(rt);
     rt = NULL;
     unsetenv("HK_BUILD_TEST_STALL_MS");
+    unsetenv("HK_BUILD_TEST_DEAF_MS");
 }
 
 static int swap_src(const char *mod, const char *src, hk_report *rep) {
@@ -273,6 +274,33 @@ START_TEST(build_past_timeout_is_refused) {
     uint64_t builds, starts;
     hkp_iso_counts(rt->iso, &builds, &starts);
     ck_assert_uint_eq(starts, 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A helper that stops reading cannot hold the application: a request far
+ * larger than the socket's buffer (a 4 MiB source) to a helper that does not
+ * read for 30 s is refused at build_timeout_ms, not when the helper wakes. */
+START_TEST(helper_that_stops_reading_cannot_hold_a_build) {
+    setenv("HK_BUILD_TEST_DEAF_MS", "30000", 1);
+    rt = make_rt(1, 300, NULL);
+    size_t pad = 4u << 20, n = strlen(good_src);
+    char *src = malloc(pad + n + 1);
+    ck_assert_ptr_nonnull(src);
+    memset(src, ' ', pad);
+    memcpy(src + pad, good_src, n + 1);
+    hk_report rep = HK_REPORT_INIT;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(hk_swap(rt, "big", src, pad + n, NULL, &rep), HK_ERR_COMPILE);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(strstr(rep.message, "did not finish within 300 ms"), "%s", rep.message);
+    /* Not a speed check: before the send had a deadline this call returned
+     * only when the helper read again, 30 s later. */
+    ck_assert_msg(s < 20.0, "the build was held %.1f s by a helper that did not read", s);
+    ck_assert_uint_eq(hk_module_version(rt, "big"), 0);
+    free(src);
     hk_report_clear(&rep);
 }
 END_TEST
@@ -527,6 +555,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, compile_error_reports_nvrtc_log);
     tcase_add_test(tc, helper_killed_mid_build_is_replaced);
     tcase_add_test(tc, build_past_timeout_is_refused);
+    tcase_add_test(tc, helper_that_stops_reading_cannot_hold_a_build);
     tcase_add_test(tc, signal_dispositions_untouched_while_building);
     tcase_add_test(tc, destroy_leaves_no_process_or_fd);
     tcase_add_test(tc, untrusted_helper_replies_are_refused);

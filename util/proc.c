@@ -5,7 +5,8 @@
  *
  * Start: the child gets its end of the socket as fd 3, an empty signal mask
  * and SIGPIPE and SIGTERM at their defaults (whatever the application
- * ignores or blocks), and closes every other descriptor itself first thing
+ * ignores or blocks), a process group of its own (the terminal's SIGINT is
+ * the application's to handle), and closes every other descriptor itself first thing
  * (the helpers' main functions; an inherited pipe or listening socket held
  * open by a helper would keep its reader from EOF or its port bound). The
  * parent's end is close-on-exec.
@@ -148,7 +149,12 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
     sigaddset(&dfl, SIGTERM);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setsigdefault(&at, &dfl);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    /* A process group of its own: a Ctrl-C at the application's terminal
+     * (SIGINT to the foreground group) that the application handles must not
+     * kill its helpers; the orphan watch ends them when the parent goes. */
+    posix_spawnattr_setpgroup(&at, 0);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETPGROUP);
     pid_t pid = 0;
     int rc = sv[1] < 0 ? errno : posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);

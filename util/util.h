@@ -109,6 +109,10 @@ void hku_buf_free(hku_buf *b);
 /* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
  * peer never raises SIGPIPE). */
 int hku_send(int fd, hku_buf *b);
+/* hku_send that gives up at deadline_ms (hku_now_ms time; 0: none): -1 with
+ * ETIMEDOUT when the peer has not taken the whole message by then. The
+ * parents' sends use it, so a helper that stops reading never holds them. */
+int hku_send_by(int fd, hku_buf *b, double deadline_ms);
 
 /* Receives one message with the given magic and at most max payload bytes
  * before deadline_ms (hku_now_ms() time; <= 0: no deadline). Returns 0 with

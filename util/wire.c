@@ -77,19 +77,48 @@ void hku_buf_free(hku_buf *b) {
 }
 
 int hku_send(int fd, hku_buf *b) {
+    return hku_send_by(fd, b, 0);
+}
+
+/* Waits until fd can take more bytes or the deadline passes: 0, or -1
+ * (ETIMEDOUT at the deadline). */
+static int wait_writable(int fd, double deadline_ms) {
+    for (;;) {
+        double left = deadline_ms - hku_now_ms();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        int pr = poll(&pfd, 1, left > 1e6 ? 1000000 : (int)left + 1);
+        if (pr > 0)
+            return 0;
+        if (pr < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+int hku_send_by(int fd, hku_buf *b, double deadline_ms) {
     if (b->oom || b->len < sizeof(hku_msg_hdr) || b->len - sizeof(hku_msg_hdr) > UINT32_MAX) {
         errno = ENOMEM;
         return -1;
     }
     uint32_t len = (uint32_t)(b->len - sizeof(hku_msg_hdr));
     memcpy(b->data + offsetof(hku_msg_hdr, length), &len, sizeof len);
+    /* MSG_NOSIGNAL: a dead peer is an EPIPE, never a SIGPIPE that would end
+     * the application. With a deadline, MSG_DONTWAIT: a peer that stops
+     * reading cannot hold the sender past it. */
+    int flags = MSG_NOSIGNAL | (deadline_ms > 0 ? MSG_DONTWAIT : 0);
     size_t off = 0;
     while (off < b->len) {
-        /* MSG_NOSIGNAL: a dead peer is an EPIPE, never a SIGPIPE that would
-         * end the application. */
-        ssize_t n = send(fd, b->data + off, b->len - off, MSG_NOSIGNAL);
+        ssize_t n = send(fd, b->data + off, b->len - off, flags);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && deadline_ms > 0) {
+            if (wait_writable(fd, deadline_ms) < 0)
+                return -1;
+            continue;
+        }
         if (n <= 0)
             return -1;
         off += (size_t)n;
