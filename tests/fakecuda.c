@@ -152,12 +152,16 @@ static fstream *find_stream(CUstream s) {
     return NULL;
 }
 
-static void drv_write_begin(void) {
-    if (atomic_load(&launch_us) >= 0)
+/* The model may be switched on or off while a call runs: end releases
+ * what begin took, whatever the model says by then. */
+static int drv_write_begin(void) {
+    int on = atomic_load(&launch_us) >= 0;
+    if (on)
         pthread_rwlock_wrlock(&drv_rw);
+    return on;
 }
-static void drv_write_end(void) {
-    if (atomic_load(&launch_us) >= 0)
+static void drv_write_end(int locked) {
+    if (locked)
         pthread_rwlock_unlock(&drv_rw);
 }
 
@@ -591,9 +595,9 @@ static CUresult module_load(CUmodule *m, const void *image, unsigned n, CUjit_op
 }
 static CUresult f_ModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o,
                                    void **v) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = module_load(m, image, n, o, v);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 static CUresult library_load(CUlibrary *l, const void *code, unsigned n, CUjit_option *o,
@@ -607,9 +611,9 @@ static CUresult library_load(CUlibrary *l, const void *code, unsigned n, CUjit_o
 }
 static CUresult f_LibraryLoadData(CUlibrary *l, const void *code, CUjit_option *o, void **v,
                                   unsigned n, CUlibraryOption *lo, void **lv, unsigned ln) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = library_load(l, code, n, o, v);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 /* Lock held. */
@@ -628,9 +632,9 @@ static CUresult module_unload(CUmodule m) {
     LEAVE(unload((fimage *)m));
 }
 static CUresult f_ModuleUnload(CUmodule m) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = module_unload(m);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 static CUresult library_unload(CUlibrary l) {
@@ -638,9 +642,9 @@ static CUresult library_unload(CUlibrary l) {
     LEAVE(unload((fimage *)l));
 }
 static CUresult f_LibraryUnload(CUlibrary l) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = library_unload(l);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 static int find_entry(fimage *im, const char *name) {
@@ -730,9 +734,9 @@ static CUresult f_FuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *
     LEAVE(param_info((fkern *)f, i, off, size));
 }
 static CUresult f_KernelGetFunction(CUfunction *f, CUkernel k) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = kernel_get_function(f, k);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 static CUresult func_load(CUfunction f) {
@@ -740,9 +744,9 @@ static CUresult func_load(CUfunction f) {
     LEAVE(((fkern *)f)->img->dead ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS);
 }
 static CUresult f_FuncLoad(CUfunction f) {
-    drv_write_begin();
+    int locked = drv_write_begin();
     CUresult r = func_load(f);
-    drv_write_end();
+    drv_write_end(locked);
     return r;
 }
 
