@@ -132,7 +132,7 @@ sanitize: deps
 
 tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g" SAN="-fsanitize=thread" build
-	@TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh build-tsan cpu
+	@TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" sh tests/run.sh build-tsan cpu
 
 demo: deps
 	@$(MAKE) --no-print-directory build
