@@ -7,6 +7,10 @@
 #ifndef HK_TESTS_CANARY_KERNELS_H
 #define HK_TESTS_CANARY_KERNELS_H
 
+#include <check.h>
+
+#include "hotkern/hotkern.h"
+
 #define KERNEL_HEAD                                                                                \
     "extern \"C\" __global__ void step(float *x, int n) {\n"                                       \
     "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -23,5 +27,21 @@ static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i
 static const char *ENDLESS = KERNEL_HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n"
                                          "  if (i < n) x[i] = 0.0f;\n}\n";
 static const char *WRONG = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
+
+/* Declares the test launch both suites give `step`: n floats counting up from
+ * 0 and n, on a grid of n / 256 blocks of 256, the outputs compared with the
+ * running version's. */
+static void declare_step_test(hk_kernel *step, int n) {
+    hk_report rep = HK_REPORT_INIT;
+    hk_test *t;
+    ck_assert_int_eq(
+        hk_test_create(&t, (hk_dim3){(unsigned)n / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, (size_t)n * sizeof(float), HK_FILL_IOTA_F32, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_test_compare(t, HK_COMPARE_F32, 0, 0), 0);
+    ck_assert_msg(hk_kernel_add_test(step, t, &rep) == 0, "%s", rep.message);
+    hk_test_destroy(t);
+    hk_report_clear(&rep);
+}
 
 #endif

@@ -63,14 +63,7 @@ START_TEST(setup_live_program) {
     ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
     ck_assert_msg(hk_swap(rt, "m", GOOD, strlen(GOOD), NULL, &rep) == 0, "%s", rep.message);
     ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &step), 0);
-    hk_test *t;
-    int n = N;
-    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){N / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0), 0);
-    ck_assert_int_eq(hk_test_buffer(t, N * sizeof(float), HK_FILL_IOTA_F32, 0, NULL), 0);
-    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
-    ck_assert_int_eq(hk_test_compare(t, HK_COMPARE_F32, 0, 0), 0);
-    ck_assert_int_eq(hk_kernel_add_test(step, t, &rep), 0);
-    hk_test_destroy(t);
+    declare_step_test(step, N);
     run_live_and_check();
     hk_report_clear(&rep);
 }

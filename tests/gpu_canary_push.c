@@ -188,17 +188,8 @@ static void start_program(void) {
 /* Once v1 runs: its handle and the test launch that compares a new
  * version's outputs with the running one's. */
 static void declare_test(void) {
-    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &step), 0);
-    hk_test *t;
-    int n = N;
-    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){N / 256, 1, 1}, (hk_dim3){256, 1, 1}, 0), 0);
-    ck_assert_int_eq(hk_test_buffer(t, N * sizeof(float), HK_FILL_IOTA_F32, 0, NULL), 0);
-    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
-    ck_assert_int_eq(hk_test_compare(t, HK_COMPARE_F32, 0, 0), 0);
-    ck_assert_int_eq(hk_kernel_add_test(step, t, &rep), 0);
-    hk_test_destroy(t);
-    hk_report_clear(&rep);
+    declare_step_test(step, N);
 }
 
 /* Every element holds the launches' sum, added in float one launch at a
