@@ -75,7 +75,7 @@ extern "C" {
 /* clang-format on */
 
 #define HK_VERSION_MAJOR 1
-#define HK_VERSION_MINOR 0
+#define HK_VERSION_MINOR 1
 #define HK_VERSION_PATCH 0
 
 /* ---- errors ------------------------------------------------------------ */
