@@ -70,6 +70,11 @@ static int helper_start(hkp_iso *iso, char *why, size_t n) {
     return 0;
 }
 
+/* How long creation waits for a new helper's greeting. */
+#define READY_WAIT_MS 10000
+
+static int ensure_ready(hkp_iso *iso, double deadline, char *why, size_t n);
+
 int hkp_iso_create(hkp_iso **out, const char *helper, int timeout_ms, int warm_arch, char *why,
                    size_t why_size) {
     *out = NULL;
@@ -83,6 +88,20 @@ int hkp_iso_create(hkp_iso **out, const char *helper, int timeout_ms, int warm_a
     hku_child_init(&iso->proc);
     pthread_mutex_init(&iso->lock, NULL);
     int err = helper_start(iso, why, why_size);
+    /* Its greeting, at once: a helper that cannot run at all (a missing
+     * library, the wrong protocol) fails the runtime's creation, saying so,
+     * rather than every build. It greets before it loads NVRTC. */
+    int r = err < 0 ? 0 : ensure_ready(iso, hku_now_ms() + READY_WAIT_MS, why, why_size);
+    if (err == 0 && r < 0) {
+        char how[64] = "";
+        hku_child_kill(&iso->proc, how, sizeof how);
+        hkp_why(why, why_size, "the build helper %s did not start: %s%s%s", helper,
+                r == HKU_RECV_TIMEOUT ? "no greeting within 10 s"
+                : r == HKU_RECV_EOF   ? "it ended"
+                                      : "a greeting hotkern does not understand",
+                how[0] ? ", " : "", how);
+        err = HK_ERR_IO;
+    }
     if (err < 0) {
         hkp_iso_destroy(iso);
         return err;

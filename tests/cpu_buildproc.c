@@ -476,8 +476,9 @@ END_TEST
 /* An untrusted helper: one that greets properly and then announces a reply
  * of 4 GiB is killed before anything is allocated for it, and the build is
  * refused; one that greets with the wrong magic likewise. */
-static void run_bad_helper(const char *script, const char *want) {
-    char *dir = hkt_tmpdir();
+/* A runtime whose build helper is the shell script; the result of creating
+ * it (rt set on success), its report's message in msg. */
+static int create_with_script(const char *dir, const char *script, char *msg, size_t n) {
     char path[512];
     snprintf(path, sizeof path, "%s/bad-build", dir);
     ck_assert_int_eq(hkt_write_file(path, script), 0);
@@ -492,8 +493,18 @@ static void run_bad_helper(const char *script, const char *want) {
     o.build_helper = path;
     o.build_timeout_ms = 10000;
     hk_report rep = HK_REPORT_INIT;
-    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    int err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
+    snprintf(msg, n, "%s", rep.message);
+    hk_report_clear(&rep);
+    return err;
+}
+
+static void run_bad_helper(const char *script, const char *want) {
+    char *dir = hkt_tmpdir();
+    char msg[512];
+    ck_assert_msg(create_with_script(dir, script, msg, sizeof msg) == 0, "%s", msg);
     pid_t first = hkp_iso_pid(rt->iso);
+    hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_src("m", good_src, &rep), HK_ERR_COMPILE);
     ck_assert_msg(strstr(rep.message, want), "%s", rep.message);
     ck_assert_int_ne(hkp_iso_pid(rt->iso), first); /* replaced */
@@ -512,11 +523,32 @@ START_TEST(untrusted_helper_replies_are_refused) {
                    "printf 'HBLD\\003\\000\\000\\000\\377\\377\\377\\377' >&3\n"
                    "exec sleep 30\n",
                    "the build helper answered nonsense; it was killed and restarted");
-    /* A greeting of another protocol. */
-    run_bad_helper("#!/bin/sh\n"
-                   "printf 'HCKN\\001\\000\\000\\000\\004\\000\\000\\000\\002\\000\\000\\000' >&3\n"
-                   "exec sleep 30\n",
-                   "answered nonsense: no greeting");
+}
+END_TEST
+
+/* A helper that cannot serve at all fails the runtime's creation, saying
+ * why, instead of every build: one that greets in another protocol, one
+ * that ends at once. */
+START_TEST(helper_without_a_greeting_fails_create) {
+    char *dir = hkt_tmpdir();
+    char msg[512];
+    ck_assert_int_eq(
+        create_with_script(
+            dir,
+            "#!/bin/sh\n"
+            "printf 'HCKN\\001\\000\\000\\000\\004\\000\\000\\000\\002\\000\\000\\000' "
+            ">&3\n"
+            "exec sleep 30\n",
+            msg, sizeof msg),
+        HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "did not start: a greeting hotkern does not understand"), "%s", msg);
+    ck_assert_ptr_null(rt);
+    ck_assert_int_eq(create_with_script(dir, "#!/bin/sh\nexit 127\n", msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "did not start: it ended"), "%s", msg);
+    ck_assert_msg(strstr(msg, "127"), "%s", msg);
+    ck_assert_ptr_null(rt);
+    hkt_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
@@ -560,6 +592,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, destroy_leaves_no_process_or_fd);
     tcase_add_test(tc, untrusted_helper_replies_are_refused);
     tcase_add_test(tc, missing_helper_fails_create);
+    tcase_add_test(tc, helper_without_a_greeting_fails_create);
     suite_add_tcase(s, tc);
     return s;
 }

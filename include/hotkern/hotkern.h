@@ -342,7 +342,9 @@ typedef struct hk_options {
                                 * never reaches the helper */
     const char *build_helper;  /* path of the hotkern-build executable; NULL:
                                 * $HK_BUILD_HELPER, else hotkern-build found as
-                                * canary_helper's default is */
+                                * canary_helper's default is. Create fails with
+                                * HK_ERR_IO, saying why, when it cannot be
+                                * started or does not greet within 10 s */
     int build_timeout_ms;      /* longest one isolated build may run; past it
                                 * the helper is killed (and restarted for the
                                 * next build) and the version refused with
