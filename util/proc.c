@@ -194,6 +194,16 @@ static void *orphan_watch(void *arg) {
     return NULL;
 }
 
+/* Closes every descriptor above lo and below hi (-1: no bound), with
+ * close_range where the kernel has it (5.9) and one by one where not. */
+static void close_above(int lo, int hi) {
+    if (close_range((unsigned)lo + 1, hi < 0 ? ~0u : (unsigned)hi - 1, 0) == 0)
+        return;
+    long max = sysconf(_SC_OPEN_MAX);
+    for (long i = lo + 1; i < (hi < 0 ? (max > 0 ? max : 1024) : hi); i++)
+        close((int)i);
+}
+
 int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val) {
     int fd = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -210,8 +220,8 @@ int hku_helper_init(int argc, char **argv, const char *name, const char *opt, in
      * listening socket held open by a helper that outlives the application's
      * own use of it would keep its reader from EOF or its port bound. */
     if (fd > 3)
-        close_range(3, (unsigned)fd - 1, 0);
-    close_range((unsigned)fd + 1, ~0u, 0);
+        close_above(2, fd);
+    close_above(fd, -1);
     signal(SIGPIPE, SIG_IGN);
     pthread_t watch;
     if (pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid()) == 0)
