@@ -5,9 +5,9 @@
  *
  * Start: the child gets its end of the socket as fd 3, an empty signal mask
  * and SIGPIPE and SIGTERM at their defaults (whatever the application
- * ignores or blocks), a process group of its own (the terminal's SIGINT is
- * the application's to handle), and closes every other descriptor itself first thing
- * (the helpers' main functions; an inherited pipe or listening socket held
+ * ignores or blocks) and a process group of its own (the terminal's SIGINT
+ * is the application's to handle). First thing, it closes every other
+ * descriptor (hku_helper_init: an inherited pipe or listening socket held
  * open by a helper would keep its reader from EOF or its port bound). The
  * parent's end is close-on-exec.
  *
