@@ -493,6 +493,16 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
 
 /* A phase that has not ended a minute after its cap is hung (launchers or a
  * swap stuck in the driver): say so and exit rather than wait forever. */
+/* The engine's message about a gate closing longer than any before (rare:
+ * a few per run) is printed as it comes, with the time into the run, so a
+ * long launcher pause can be matched to the driver work that caused it. */
+static void on_log(hk_log_level level, const char *subsystem, const char *message, void *ud) {
+    (void)level;
+    (void)subsystem;
+    if (strstr(message, "launch gate"))
+        printf("  [%.2f s] %s\n", (double)(bench_ns() - *(uint64_t *)ud) / 1e9, message);
+}
+
 static void *watchdog(void *arg) {
     for (;;) {
         sleep(1);
@@ -560,6 +570,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     cur_tag = 1;
+    static uint64_t t_create;
+    t_create = bench_ns();
+    hk_runtime_set_log(rt, on_log, &t_create, HK_LOG_INFO);
     if (cudaMalloc((void **)&d_rings, ((size_t)MAXT * RING + 1) * sizeof(int)) != cudaSuccess ||
         cudaMallocHost((void **)&h_rings, (size_t)MAXT * RING * sizeof(int)) != cudaSuccess) {
         fprintf(stderr, "cudaMalloc failed\n");

@@ -21,9 +21,13 @@ static int arch;
     "extern \"C\" __global__ void k4(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
     "threadIdx.x; if (i < n) x[i] = expf(-x[i] * x[i]); }\n"
 
-const char *bench_fmt_small =
-    "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
-    "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + %d.0f; }\n" SMALL_K1_K4;
+#define TINY_K0                                                                                    \
+    "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "        \
+    "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + %d.0f; }\n"
+
+const char *bench_fmt_tiny = TINY_K0;
+
+const char *bench_fmt_small = TINY_K0 SMALL_K1_K4;
 
 const char *bench_fmt_cub = "#include <cub/block/block_reduce.cuh>\n"
                             "#include <cuda/std/cstdint>\n"

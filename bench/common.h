@@ -32,6 +32,7 @@ extern const char *bench_src_small; /* 5 small kernels: k0..k4(float*, int) */
 /* printf formats of one int: the same code with a constant that changes
  * from variant to variant, for compile benchmarks (an edit of the code,
  * never of a comment, which NVRTC compiles several times faster). */
+extern const char *bench_fmt_tiny;  /* k0 alone (one line), its "+ 1.0f" varies */
 extern const char *bench_fmt_small; /* bench_src_small, k0's "+ 1.0f" varies */
 extern const char *bench_fmt_cub;   /* a cub::BlockReduce + cuda::std kernel k0(float*, int) */
 /* bench_fmt_* with the constant v; malloc'd. */

@@ -23,6 +23,7 @@ def source_fmt(kind):
 
 
 small = source_fmt("small")
+tiny = source_fmt("tiny")
 cub = source_fmt("cub")
 cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
 # cub and cuda::std need the toolkit's headers; RawModule is given them as a
@@ -56,6 +57,8 @@ miss = sorted(once(variant(small, 2)) for _ in range(15))
 same = variant(small, 3)
 once(same)
 hit = sorted(once(same) for _ in range(15))
+once(variant(tiny, 6))
+tiny_miss = sorted(once(variant(tiny, 7)) for _ in range(15))
 once(variant(cub, 4), cub_options)
 cub_miss = sorted(once(variant(cub, 5), cub_options) for _ in range(7))
 print("== cupy_peer (CuPy %s)" % cp.__version__)
@@ -64,5 +67,7 @@ print("  cupy RawModule(new source)+get_function+launch   median %8.3f ms  (min 
       % (statistics.median(miss), miss[0], miss[-1]))
 print("  cupy RawModule(same source)+get_function+launch  median %8.3f ms  (min %.3f, max %.3f)"
       % (statistics.median(hit), hit[0], hit[-1]))
+print("  cupy RawModule(one-line kernel, new source)+launch median %8.3f ms  (min %.3f, max %.3f)"
+      % (statistics.median(tiny_miss), tiny_miss[0], tiny_miss[-1]))
 print("  cupy RawModule(cub kernel, new source)+launch    median %8.3f ms  (min %.3f, max %.3f)"
       % (statistics.median(cub_miss), cub_miss[0], cub_miss[-1]))

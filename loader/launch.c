@@ -40,7 +40,7 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
         return HK_ERR_BUSY; /* from a check callback: the swap is using the list */
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
-    hkl_gate_close(rt);
+    hkl_gate_close(rt, "taking a kernel handle");
     int pushed = hkl_ctx_push(rt, 0) == 0; /* parameter queries need a context */
     int err = 0;
     hk_kernel *k = NULL;
@@ -385,7 +385,7 @@ static int kernel_set_locked(hk_kernel *k, int attr, int value, hk_report *rep) 
         hku_fail(rep, HK_ERR_INVALID, "at most %d attributes per kernel", HKL_MAX_ATTRS);
         err = HK_ERR_INVALID;
     } else {
-        hkl_gate_close(rt);
+        hkl_gate_close(rt, "setting a kernel attribute");
         int pushed = hkl_ctx_push(rt, 0) == 0;
         hkl_version *v = atomic_load(&k->mod->current);
         int ndev = rt->opt.loader == HK_LOADER_LIBRARY ? rt->ndev : 1;
@@ -606,7 +606,7 @@ int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
     hk_report rep = HK_REPORT_INIT;
-    hkl_gate_close(rt);
+    hkl_gate_close(rt, "registering a graph");
     int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
     hkl_gate_open(rt);
     if (err == 0) {

@@ -304,11 +304,14 @@ struct hk_runtime {
 
     /* launch-side epochs and the launch gate */
     _Atomic uint64_t epoch;
-    _Atomic(hkl_tslot *) slots; /* push-only list */
-    _Atomic int gate;           /* closers inside; launchers wait while > 0 */
-    _Atomic int gate_waiters;   /* launchers waiting at the gate */
-    _Atomic uint64_t gate_gen;  /* openings so far */
-    _Atomic uint64_t gate_t0;   /* when the gate last went from open to closed (ns) */
+    _Atomic(hkl_tslot *) slots;      /* push-only list */
+    _Atomic int gate;                /* closers inside; launchers wait while > 0 */
+    _Atomic int gate_waiters;        /* launchers waiting at the gate */
+    _Atomic uint64_t gate_gen;       /* openings so far */
+    _Atomic uint64_t gate_t0;        /* when the gate last went from open to closed (ns) */
+    _Atomic uint64_t gate_in_ns;     /* how long that closer waited for launchers
+                                      * already inside the driver (ns) */
+    _Atomic(const char *) gate_what; /* what that closer does (a literal) */
     _Atomic uint64_t gate_closes, gate_max_ns, hold_timeouts; /* for hk_stats */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
@@ -391,8 +394,10 @@ int hkl_swap_held(const hk_runtime *rt);
 CUstreamCaptureMode hkl_relax(hk_runtime *rt);
 void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
 
-/* The launch gate (reclaim.c). */
-void hkl_gate_close(hk_runtime *rt);
+/* The launch gate (reclaim.c). `what` (a string literal) names the driver
+ * work done while it is closed, for the message logged when a closing
+ * lasts longer than launch_hold_max_us and longer than any before. */
+void hkl_gate_close(hk_runtime *rt, const char *what);
 void hkl_gate_open(hk_runtime *rt);
 void hkl_gate_wait(hk_runtime *rt);
 

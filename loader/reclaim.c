@@ -98,9 +98,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void hkl_gate_close(hk_runtime *rt) {
-    if (atomic_fetch_add(&rt->gate, 1) == 0) {
-        atomic_store(&rt->gate_t0, now_ns());
+void hkl_gate_close(hk_runtime *rt, const char *what) {
+    int first = atomic_fetch_add(&rt->gate, 1) == 0;
+    uint64_t t0 = first ? now_ns() : 0;
+    if (first) {
+        atomic_store(&rt->gate_t0, t0);
+        atomic_store(&rt->gate_what, what);
         atomic_fetch_add(&rt->gate_closes, 1);
     }
     heavy_fence(rt);
@@ -111,17 +114,25 @@ void hkl_gate_close(hk_runtime *rt) {
             else
                 sched_yield();
         }
+    if (first)
+        atomic_store(&rt->gate_in_ns, now_ns() - t0);
 }
 
 /* Every opening (even one that leaves another closer inside) starts a new
  * generation: a launcher that saw one since it began to wait goes on, so
  * back-to-back swaps cannot keep it out; at worst it then waits in the driver
- * for the one gated section in progress. */
+ * for the one gated section in progress. A closing longer than launchers
+ * are held (launch_hold_max_us) and than any before is logged, with what it
+ * did and how much of it was waiting for launchers already in the driver:
+ * a handful of lines in a runtime's life, which say where a pause came from. */
 void hkl_gate_open(hk_runtime *rt) {
     atomic_fetch_add(&rt->gate_gen, 1);
-    uint64_t t0 = atomic_load(&rt->gate_t0);
+    uint64_t t0 = atomic_load(&rt->gate_t0), in = atomic_load(&rt->gate_in_ns);
+    const char *what = atomic_load(&rt->gate_what);
+    uint64_t d = 0, max = 0;
     if (atomic_fetch_sub(&rt->gate, 1) == 1) {
-        uint64_t d = now_ns() - t0, max = atomic_load(&rt->gate_max_ns);
+        d = now_ns() - t0;
+        max = atomic_load(&rt->gate_max_ns);
         while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
             ;
     }
@@ -130,6 +141,11 @@ void hkl_gate_open(hk_runtime *rt) {
         pthread_cond_broadcast(&rt->gate_cond);
         pthread_mutex_unlock(&rt->gate_lock);
     }
+    if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u)
+        hk_log(rt, HK_LOG_INFO, "engine",
+               "the launch gate stayed closed %.3f ms (%s; %.3f ms of it waiting for launches "
+               "already in the driver), the longest so far",
+               (double)d / 1e6, what ? what : "?", (double)(in < d ? in : d) / 1e6);
 }
 
 /* A launcher at a closed gate: spins a little (gated sections are short),
@@ -304,7 +320,7 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        hkl_gate_close(rt);
+        hkl_gate_close(rt, "unloading a replaced version");
         CUresult r = hkl_unload_version(rt, v);
         hkl_gate_open(rt);
         if (r != CUDA_SUCCESS && !final) {

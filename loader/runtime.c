@@ -292,6 +292,8 @@ static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkl_driver *
     atomic_init(&rt->gate_waiters, 0);
     atomic_init(&rt->gate_gen, 0);
     atomic_init(&rt->gate_t0, 0);
+    atomic_init(&rt->gate_in_ns, 0);
+    atomic_init(&rt->gate_what, NULL);
     atomic_init(&rt->gate_closes, 0);
     atomic_init(&rt->gate_max_ns, 0);
     atomic_init(&rt->hold_timeouts, 0);
@@ -806,7 +808,7 @@ int hkl_check_reset(hk_runtime *rt) {
      * generation tells hkl_unload_version to leave them (a recycled handle
      * could name live code in the new context). */
     if (rt->opt.loader == HK_LOADER_MODULE) {
-        hkl_gate_close(rt);
+        hkl_gate_close(rt, "reloading modules after a context reset");
         for (hkl_module *m = rt->modules; m; m = m->next)
             reload_module(rt, m);
         hkl_gate_open(rt);

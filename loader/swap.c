@@ -569,8 +569,8 @@ typedef struct swap_txn {
     double t0, t1;            /* when stage and commit began (hkl_now_ms) */
 } swap_txn;
 
-static void txn_gate_close(swap_txn *t) {
-    hkl_gate_close(t->rt);
+static void txn_gate_close(swap_txn *t, const char *what) {
+    hkl_gate_close(t->rt, what);
     t->gated = 1;
 }
 
@@ -648,7 +648,7 @@ static int stage(swap_txn *t) {
         if (!t->newlay)
             return HK_ERR_NOMEM;
     }
-    txn_gate_close(t);
+    txn_gate_close(t, "a swap's load and validation");
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_GATED);
     int err = hkl_load_version(rt, t->v, t->rep);
@@ -719,7 +719,7 @@ static int commit(swap_txn *t) {
     t->t1 = hkl_now_ms();
     hkl_lkg_pending(rt, t->m->name, t->hash, t->v->number, t->job->opt.release_version);
     t->pending = 1;
-    txn_gate_close(t);
+    txn_gate_close(t, "a swap's commit");
     if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
         return err;
     if ((err = history_push(rt, t->m, t->v)) < 0)
@@ -1133,7 +1133,7 @@ int hk_module_global(hk_runtime *rt, const char *module, const char *name, int s
     if (v && hkl_ctx_push(rt, slot) == 0) {
         CUdeviceptr p = 0;
         CUstreamCaptureMode mode = hkl_relax(rt);
-        hkl_gate_close(rt);
+        hkl_gate_close(rt, "looking up a global");
         CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, size, v->lib, name)
                             : rt->drv->ModuleGetGlobal(&p, size, v->cumod[0], name);
         hkl_gate_open(rt);

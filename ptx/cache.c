@@ -5,9 +5,11 @@
  * processes loading the same sources, skip NVRTC (tens of milliseconds per
  * module). Its directory is shared by every process of the user, so nothing
  * here may trust what it reads or assume it is alone:
- * - An entry is written to a temporary file in the same directory, fsync'd and
+ * - An entry is written to a temporary file in the same directory and
  *   renamed over its final name. rename() is atomic, so a reader sees the old
- *   entry, the new one, or none, never half a file.
+ *   entry, the new one, or none, never half a file. Nothing is fsync'd (two
+ *   syncs cost a compile about 2 ms): after a crash an entry may be empty or
+ *   partial, which its header's length and hash expose.
  * - Each entry carries a header (magic, payload length, BLAKE2b of the
  *   payload). A short or corrupt file is a miss and is deleted; the build
  *   that follows writes a good one.
@@ -319,7 +321,7 @@ int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *da
         header[8 + i] = (unsigned char)((uint64_t)size >> (8 * i));
     crypto_generichash(header + 16, HKP_KEY_BYTES, data, size, NULL, 0);
     struct iovec iov[2] = {{header, sizeof header}, {(void *)data, size}};
-    int rc = hku_write_atomicv(path, iov, 2, 0600, NULL);
+    int rc = hku_write_replace(path, iov, 2, 0600);
     return rc ? rc : evict(c);
 }
 

@@ -7,6 +7,7 @@
  * a chosen point (test hooks, held driver calls) instead of hoping for a
  * schedule. None of this is GPU evidence; tests/gpu_engine.c is.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -228,14 +229,28 @@ static void *swap_tag2(void *arg) {
     return (void *)err;
 }
 
+static char gate_msg[1024];
+static _Atomic int gate_msgs;
+
+static void on_gate_log(hk_log_level level, const char *subsystem, const char *message, void *ud) {
+    (void)ud;
+    if (level == HK_LOG_INFO && !strcmp(subsystem, "engine") && strstr(message, "launch gate")) {
+        snprintf(gate_msg, sizeof gate_msg, "%s", message); /* the latest: the longest */
+        atomic_fetch_add(&gate_msgs, 1);
+    }
+}
+
 /* A launch waits at the gate at most launch_hold_max_us, however long the
- * swap holds the gate closed: here the swap is held inside it. */
+ * swap holds the gate closed: here the swap is held inside it. The closing,
+ * longer than the hold, is logged with the section that held it. */
 START_TEST(launch_wait_at_gate_is_bounded) {
     hk_runtime_destroy(rt);
     hk_options o;
     hk_options_init(&o);
     o.launch_hold_max_us = 20000;
     rt = make_rt_with(&o);
+    atomic_store(&gate_msgs, 0);
+    ck_assert_int_eq(hk_runtime_set_log(rt, on_gate_log, NULL, HK_LOG_INFO), 0);
     swap_ok(fake_ptx(1, 0, 0, 0));
     hk_kernel *k = step_kernel();
     hook_arm(HKL_HOOK_GATED, NULL);
@@ -256,6 +271,12 @@ START_TEST(launch_wait_at_gate_is_bounded) {
     ck_assert_uint_ge(st.gate_closes, 2);
     /* Closed at least as long as the launch waited before going on. */
     ck_assert_msg(st.gate_closed_max_ms >= 19.0, "%.3f ms", st.gate_closed_max_ms);
+    /* Logged, the longest last, naming the section: the swap's load. */
+    ck_assert_int_ge(atomic_load(&gate_msgs), 1);
+    ck_assert_msg(strstr(gate_msg, "a swap's load and validation"), "%s", gate_msg);
+    double ms = 0;
+    ck_assert_int_eq(sscanf(gate_msg, "the launch gate stayed closed %lf ms", &ms), 1);
+    ck_assert_msg(ms >= 19.0 && fabs(ms - st.gate_closed_max_ms) < 0.001, "%s", gate_msg);
 }
 END_TEST
 

@@ -74,7 +74,8 @@ static void sync_parent(const char *path) {
     }
 }
 
-int hku_write_atomicv(const char *path, const struct iovec *iov, int n, int mode, hk_report *rep) {
+static int write_replace(const char *path, const struct iovec *iov, int n, int mode, int durable,
+                         hk_report *rep) {
     static unsigned counter;
     char tmp[PATH_MAX];
     unsigned k = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
@@ -88,13 +89,14 @@ int hku_write_atomicv(const char *path, const struct iovec *iov, int n, int mode
             goto fail;
     /* The data must be on disk before the rename makes it visible, or a crash
      * could leave the new name pointing at an empty file. */
-    if (fsync(fd) != 0)
+    if (durable && fsync(fd) != 0)
         goto fail;
     int closed = close(fd);
     fd = -1;
     if (closed != 0 || rename(tmp, path) != 0)
         goto fail;
-    sync_parent(path);
+    if (durable)
+        sync_parent(path);
     return 0;
 fail:;
     int e = errno;
@@ -102,6 +104,14 @@ fail:;
         close(fd);
     unlink(tmp);
     return hku_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
+}
+
+int hku_write_atomicv(const char *path, const struct iovec *iov, int n, int mode, hk_report *rep) {
+    return write_replace(path, iov, n, mode, 1, rep);
+}
+
+int hku_write_replace(const char *path, const struct iovec *iov, int n, int mode) {
+    return write_replace(path, iov, n, mode, 0, NULL);
 }
 
 int hku_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep) {

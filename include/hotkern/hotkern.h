@@ -529,7 +529,10 @@ typedef struct hk_dim3 {
  * Launch gate: while a swap or an unload needs the driver (typically well
  * under a millisecond), launches wait here, at most
  * options.launch_hold_max_us; without it the driver would let continuous
- * launches starve every load.
+ * launches starve every load. A launch released then waits in the driver
+ * for the load or unload in progress, which may itself wait for work queued
+ * on the GPU; a closing longer than the hold and than any before is logged
+ * (info, "engine") with what it did.
  * Stream capture: a launch into a capturing stream is recorded in the
  * application's graph with the version current at that moment; that version
  * stays loaded until the graph and every exec instantiated from it are
