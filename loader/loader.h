@@ -309,9 +309,7 @@ struct hk_runtime {
     _Atomic int gate_waiters;        /* launchers waiting at the gate */
     _Atomic uint64_t gate_gen;       /* openings so far */
     _Atomic uint64_t gate_t0;        /* when the gate last went from open to closed (ns) */
-    _Atomic uint64_t gate_in_ns;     /* how long that closer waited for launchers
-                                      * already inside the driver (ns) */
-    _Atomic(const char *) gate_what; /* what that closer does (a literal) */
+    _Atomic uint64_t section_max_ns; /* longest one thread's close..open (ns) */
     _Atomic uint64_t gate_closes, gate_max_ns, hold_timeouts; /* for hk_stats */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */

@@ -98,12 +98,18 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* This thread's own gated section (closers on several threads overlap, and
+ * the gate stays closed across them; a section is one thread's close..open). */
+static __thread struct {
+    int depth;
+    uint64_t t0, in; /* when it began; how long it waited for launchers (ns) */
+    const char *what;
+} section;
+
 void hkl_gate_close(hk_runtime *rt, const char *what) {
-    int first = atomic_fetch_add(&rt->gate, 1) == 0;
-    uint64_t t0 = first ? now_ns() : 0;
-    if (first) {
+    uint64_t t0 = now_ns();
+    if (atomic_fetch_add(&rt->gate, 1) == 0) {
         atomic_store(&rt->gate_t0, t0);
-        atomic_store(&rt->gate_what, what);
         atomic_fetch_add(&rt->gate_closes, 1);
     }
     heavy_fence(rt);
@@ -114,25 +120,25 @@ void hkl_gate_close(hk_runtime *rt, const char *what) {
             else
                 sched_yield();
         }
-    if (first)
-        atomic_store(&rt->gate_in_ns, now_ns() - t0);
+    if (section.depth++ == 0) {
+        section.t0 = t0;
+        section.in = now_ns() - t0;
+        section.what = what;
+    }
 }
 
 /* Every opening (even one that leaves another closer inside) starts a new
  * generation: a launcher that saw one since it began to wait goes on, so
  * back-to-back swaps cannot keep it out; at worst it then waits in the driver
- * for the one gated section in progress. A closing longer than launchers
+ * for the one gated section in progress. A section longer than launchers
  * are held (launch_hold_max_us) and than any before is logged, with what it
  * did and how much of it was waiting for launchers already in the driver:
  * a handful of lines in a runtime's life, which say where a pause came from. */
 void hkl_gate_open(hk_runtime *rt) {
     atomic_fetch_add(&rt->gate_gen, 1);
-    uint64_t t0 = atomic_load(&rt->gate_t0), in = atomic_load(&rt->gate_in_ns);
-    const char *what = atomic_load(&rt->gate_what);
-    uint64_t d = 0, max = 0;
+    uint64_t t0 = atomic_load(&rt->gate_t0), now = now_ns();
     if (atomic_fetch_sub(&rt->gate, 1) == 1) {
-        d = now_ns() - t0;
-        max = atomic_load(&rt->gate_max_ns);
+        uint64_t d = now - t0, max = atomic_load(&rt->gate_max_ns);
         while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
             ;
     }
@@ -141,11 +147,16 @@ void hkl_gate_open(hk_runtime *rt) {
         pthread_cond_broadcast(&rt->gate_cond);
         pthread_mutex_unlock(&rt->gate_lock);
     }
+    if (--section.depth > 0)
+        return;
+    uint64_t d = now - section.t0, max = atomic_load(&rt->section_max_ns);
+    while (d > max && !atomic_compare_exchange_weak(&rt->section_max_ns, &max, d))
+        ;
     if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u)
         hk_log(rt, HK_LOG_INFO, "engine",
-               "the launch gate stayed closed %.3f ms (%s; %.3f ms of it waiting for launches "
-               "already in the driver), the longest so far",
-               (double)d / 1e6, what ? what : "?", (double)(in < d ? in : d) / 1e6);
+               "the launch gate stayed closed %.3f ms for %s (%.3f ms of it waiting for launches "
+               "already in the driver), the longest section so far",
+               (double)d / 1e6, section.what, (double)section.in / 1e6);
 }
 
 /* A launcher at a closed gate: spins a little (gated sections are short),

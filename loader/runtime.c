@@ -292,8 +292,7 @@ static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkl_driver *
     atomic_init(&rt->gate_waiters, 0);
     atomic_init(&rt->gate_gen, 0);
     atomic_init(&rt->gate_t0, 0);
-    atomic_init(&rt->gate_in_ns, 0);
-    atomic_init(&rt->gate_what, NULL);
+    atomic_init(&rt->section_max_ns, 0);
     atomic_init(&rt->gate_closes, 0);
     atomic_init(&rt->gate_max_ns, 0);
     atomic_init(&rt->hold_timeouts, 0);
