@@ -648,7 +648,8 @@ static int stage(swap_txn *t) {
         if (!t->newlay)
             return HK_ERR_NOMEM;
     }
-    txn_gate_close(t, "a swap's load and validation");
+    txn_gate_close(t, t->job->opt.check ? "a swap's load and validation"
+                                        : "a swap's load, validation and commit");
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_GATED);
     int err = hkl_load_version(rt, t->v, t->rep);
@@ -660,7 +661,8 @@ static int stage(swap_txn *t) {
 /* Validate: every handle's kernel is in the new version, with the layout it
  * had (or, when a change is accepted, its new layout is collected in
  * t->newlay) and the attributes set through the handle; then, with the gate
- * open again, the caller's check callback agrees. */
+ * open again, the caller's check callback agrees. Without a callback the
+ * gate stays closed through the commit: one closing per swap, not two. */
 static int validate(swap_txn *t) {
     hk_runtime *rt = t->rt;
     hkl_module *m = t->m;
@@ -676,9 +678,9 @@ static int validate(swap_txn *t) {
         if ((err = hkl_apply_attrs(rt, t->v, k, t->rep)) < 0)
             return err;
     }
-    txn_gate_open(t);
     if (!t->job->opt.check)
         return 0;
+    txn_gate_open(t);
     char msg[256] = "";
     if (t->job->opt.check(m->name, t->v->number, rt->opt.userdata, msg, sizeof msg) == 0)
         return 0;
@@ -710,16 +712,18 @@ static void publish(swap_txn *t) {
 /* Commit: globals carried over and the image kept for rollback (either may
  * still fail and roll back), then the new version published and the old one
  * handed to the reclaim thread. The version is noted as pending in the
- * last-known-good state first (before the gate closes: lkg_lock comes
- * before it), so that a launch of it that faults right after the
- * publication, before hkl_lkg_committed, still has it quarantined. */
+ * last-known-good state first (lkg_lock is a leaf, held for memory work
+ * only, so this may happen with the gate closed), so that a launch of it
+ * that faults right after the publication, before hkl_lkg_committed, still
+ * has it quarantined. The gate is closed still when no check callback ran. */
 static int commit(swap_txn *t) {
     hk_runtime *rt = t->rt;
     int err;
     t->t1 = hkl_now_ms();
     hkl_lkg_pending(rt, t->m->name, t->hash, t->v->number, t->job->opt.release_version);
     t->pending = 1;
-    txn_gate_close(t, "a swap's commit");
+    if (!t->gated)
+        txn_gate_close(t, "a swap's commit");
     if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
         return err;
     if ((err = history_push(rt, t->m, t->v)) < 0)

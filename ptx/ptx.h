@@ -113,9 +113,15 @@ int hkp_cache_default_dir(char *buf, size_t n);
  * get: 0 and a malloc'd copy of the payload in *data (caller frees), or
  * HK_ERR_NOT_FOUND when absent, truncated or corrupt (a bad entry is removed).
  * A hit marks the entry as recently used. put: written atomically (temporary
- * file, fsync, rename); afterwards the oldest entries are evicted until the
- * directory is within max_bytes. An entry larger than max_bytes is not kept. */
-#define HKP_KEY_BYTES 32
+ * file, rename; not synced); afterwards the oldest entries are evicted until
+ * the directory is within max_bytes. An entry larger than max_bytes is not
+ * kept. The handle also keeps the entries it read or wrote last in memory
+ * (HKP_CACHE_MEM_ENTRIES, at most an eighth of max_bytes): a get of one of
+ * them reads no file and touches none, so it is served even once the file is
+ * gone; the same key always names the same payload, except manifests, whose
+ * put replaces the copy in memory too. */
+#define HKP_CACHE_MEM_ENTRIES 32
+#define HKP_KEY_BYTES         32
 int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size);
 int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size);
 /* Counts one build as a hit (1) or a miss (0) for hkp_cache_stats. */

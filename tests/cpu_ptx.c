@@ -863,6 +863,10 @@ START_TEST(cache_truncated_entry_is_replaced) {
     closedir(d);
     ck_assert_int_eq(damaged, 2); /* manifest + artifact */
 
+    /* A new handle (another process's view): this one would serve its own
+     * entries from memory. */
+    hkp_cache_close(c);
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
     ck_assert_int_eq(build_file(src, c, NULL, &a), 0); /* miss, rebuilt */
     ck_assert_int_eq(a.meta.nentries, 3);
     hkp_artifact_free(&a);
@@ -884,8 +888,92 @@ START_TEST(cache_truncated_entry_is_replaced) {
     snprintf(p, sizeof p, "%s/0102030000000000000000000000000000000000000000000000000000000000.hkc",
              cdir);
     ck_assert_int_eq(truncate(p, 20), 0);
+    hkp_cache_close(c);
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
     ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), HK_ERR_NOT_FOUND);
     ck_assert_int_ne(access(p, F_OK), 0);
+    hkp_cache_close(c);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Removes every entry file of cache directory cdir; returns how many. */
+static int remove_entries(const char *cdir) {
+    DIR *d = opendir(cdir);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)) != NULL) {
+        char p[1024];
+        if (!strstr(de->d_name, ".hkc"))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", cdir, de->d_name);
+        n += unlink(p) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+static void expect_entry(hkp_cache *c, const uint8_t *key, const void *want, size_t n) {
+    void *got = NULL;
+    size_t gn = 0;
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), 0);
+    ck_assert_uint_eq(gn, n);
+    ck_assert_int_eq(memcmp(got, want, n), 0);
+    free(got);
+}
+
+/* The entries a handle read or wrote last are served from memory (no file
+ * read: they survive the file's removal), within both bounds; a put of a
+ * key replaces its copy (manifests change under their key). */
+START_TEST(cache_memory_tier) {
+    char *dir = hkt_tmpdir();
+    char cdir[512];
+    snprintf(cdir, sizeof cdir, "%s/cache", dir);
+    hkp_cache *c, *other;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    unsigned char buf[3000];
+    uint8_t key[HKP_KEY_BYTES] = {0x42};
+    for (int i = 0; i <= HKP_CACHE_MEM_ENTRIES; i++) {
+        key[1] = (uint8_t)i;
+        memset(buf, i, sizeof buf);
+        ck_assert_int_eq(hkp_cache_put(c, key, buf, sizeof buf), 0);
+    }
+    ck_assert_int_eq(remove_entries(cdir), HKP_CACHE_MEM_ENTRIES + 1);
+    void *got;
+    size_t gn;
+    key[1] = 0; /* the oldest: past the count bound */
+    ck_assert_int_eq(hkp_cache_get(c, key, &got, &gn), HK_ERR_NOT_FOUND);
+    for (int i = 1; i <= HKP_CACHE_MEM_ENTRIES; i++) {
+        key[1] = (uint8_t)i;
+        memset(buf, i, sizeof buf);
+        expect_entry(c, key, buf, sizeof buf);
+    }
+    /* Another handle has nothing in memory: the files are gone. */
+    ck_assert_int_eq(hkp_cache_open(&other, cdir, 64 << 20), 0);
+    ck_assert_int_eq(hkp_cache_get(other, key, &got, &gn), HK_ERR_NOT_FOUND);
+    /* A disk hit is kept too. */
+    uint8_t k2[HKP_KEY_BYTES] = {0x43};
+    ck_assert_int_eq(hkp_cache_put(other, k2, "disk", 5), 0);
+    ck_assert_int_eq(remove_entries(cdir), 1);
+    ck_assert_int_eq(hkp_cache_put(other, k2, "disk", 5), 0); /* file back */
+    expect_entry(c, k2, "disk", 5);                           /* read from disk */
+    ck_assert_int_eq(remove_entries(cdir), 1);
+    expect_entry(c, k2, "disk", 5); /* now from memory */
+    /* A put replaces the copy of its key. */
+    ck_assert_int_eq(hkp_cache_put(c, k2, "newer", 6), 0);
+    ck_assert_int_eq(remove_entries(cdir), 1);
+    expect_entry(c, k2, "newer", 6);
+    hkp_cache_close(other);
+    hkp_cache_close(c);
+    /* The byte bound: an eighth of max_bytes. */
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 16000), 0);
+    uint8_t k3[HKP_KEY_BYTES] = {0x44}, k4[HKP_KEY_BYTES] = {0x45};
+    ck_assert_int_eq(hkp_cache_put(c, k3, buf, 2000), 0); /* > 16000 / 8 */
+    ck_assert_int_eq(hkp_cache_put(c, k4, buf, 1500), 0);
+    ck_assert_int_eq(remove_entries(cdir), 2);
+    ck_assert_int_eq(hkp_cache_get(c, k3, &got, &gn), HK_ERR_NOT_FOUND);
+    expect_entry(c, k4, buf, 1500);
     hkp_cache_close(c);
     hkt_rmtree(dir);
     free(dir);
@@ -1445,6 +1533,7 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, cache_tracks_headers);
     tcase_add_test(tc, cache_ptx_builds);
     tcase_add_test(tc, cache_truncated_entry_is_replaced);
+    tcase_add_test(tc, cache_memory_tier);
     tcase_add_test(tc, cache_two_processes);
     tcase_add_test(tc, cache_eviction_bound);
     tcase_add_test(tc, cache_default_dir);
