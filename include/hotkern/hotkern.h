@@ -288,7 +288,8 @@ typedef struct hk_options {
     int history;              /* images kept per module for rollback, default 4 */
     const char *cache_dir;    /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
                                * "" disables the cache */
-    uint64_t cache_max_bytes; /* default 256 MiB */
+    uint64_t cache_max_bytes; /* default 256 MiB; the 32 entries used last are
+                               * also kept in memory, at most an eighth of it */
     hk_event_cb on_event;
     void *userdata;           /* passed to on_event and check callbacks */
     int safe_point_wait_ms;   /* how long hk_swap waits for a safe point before
