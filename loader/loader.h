@@ -394,7 +394,8 @@ void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
 
 /* The launch gate (reclaim.c). `what` (a string literal) names the driver
  * work done while it is closed, for the message logged when a closing
- * lasts longer than launch_hold_max_us and longer than any before. */
+ * lasts longer than launch_hold_max_us and longer than any before; NULL
+ * logs nothing. */
 void hkl_gate_close(hk_runtime *rt, const char *what);
 void hkl_gate_open(hk_runtime *rt);
 void hkl_gate_wait(hk_runtime *rt);
@@ -590,8 +591,9 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
  *   (no engine lock needed).
  * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
- *   be published (swap_lock held, launch gate open): a loss from now on
- *   counts it as committed. hkl_lkg_unpending takes it back (rolled back).
+ *   be published (swap_lock held; the launch gate may be closed: lkg_lock is
+ *   only ever held for memory work, and never by a thread inside a launch):
+ *   a loss from now on counts it as committed. hkl_lkg_unpending takes it back (rolled back).
  * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
  *   writes its image and record, with lkg_lock released for the disk work;
  *   hash is v's image's (hkl_lkg_hash, taken before the lock) or NULL to

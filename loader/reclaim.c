@@ -102,8 +102,8 @@ static uint64_t now_ns(void) {
  * the gate stays closed across them; a section is one thread's close..open). */
 static __thread struct {
     int depth;
-    uint64_t t0, in; /* when it began; how long it waited for launchers (ns) */
-    const char *what;
+    uint64_t t0, in;  /* when it began; the fence and the wait for launchers (ns) */
+    const char *what; /* NULL: not to be logged */
 } section;
 
 void hkl_gate_close(hk_runtime *rt, const char *what) {
@@ -152,10 +152,10 @@ void hkl_gate_open(hk_runtime *rt) {
     uint64_t d = now - section.t0, max = atomic_load(&rt->section_max_ns);
     while (d > max && !atomic_compare_exchange_weak(&rt->section_max_ns, &max, d))
         ;
-    if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u)
+    if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u && section.what)
         hk_log(rt, HK_LOG_INFO, "engine",
-               "the launch gate stayed closed %.3f ms for %s (%.3f ms of it waiting for launches "
-               "already in the driver), the longest section so far",
+               "the launch gate stayed closed %.3f ms for %s (%.3f ms of it fencing and waiting "
+               "for launches already in the driver), the longest section so far",
                (double)d / 1e6, section.what, (double)section.in / 1e6);
 }
 
@@ -331,7 +331,9 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        hkl_gate_close(rt, "unloading a replaced version");
+        /* At destroy nothing is logged: the program's log callback may be
+         * gone once destroy stopped waiting for this thread. */
+        hkl_gate_close(rt, final ? NULL : "unloading a replaced version");
         CUresult r = hkl_unload_version(rt, v);
         hkl_gate_open(rt);
         if (r != CUDA_SUCCESS && !final) {

@@ -649,7 +649,7 @@ static int stage(swap_txn *t) {
             return HK_ERR_NOMEM;
     }
     txn_gate_close(t, t->job->opt.check ? "a swap's load and validation"
-                                        : "a swap's load, validation and commit");
+                                        : "a swap (load through publication)");
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_GATED);
     int err = hkl_load_version(rt, t->v, t->rep);

@@ -23,8 +23,9 @@
  *   list in least-recently-used order, HKP_CACHE_MEM_ENTRIES and an eighth of
  *   the bound at most), so a program that goes back and forth between a few
  *   versions reads no file for them (a disk hit costs a swap 0.05-0.1 ms:
- *   open, read, hash, touch). Memory hits do not touch the file: another
- *   process may evict it first, which costs this handle nothing.
+ *   open, read, hash, touch). A memory hit refreshes the file's LRU time at
+ *   most once a minute per entry, so the entries used most are not the
+ *   first evicted from disk.
  * The in-process state (counters, the memory list) is under a mutex.
  */
 #include <dirent.h>
@@ -54,6 +55,7 @@
 typedef struct memo {
     struct memo *prev, *next; /* lock: most recently used first */
     uint8_t key[HKP_KEY_BYTES];
+    time_t touched; /* lock: when the file's LRU time was last refreshed */
     size_t size;
     unsigned char data[]; /* size bytes */
 } memo;
@@ -187,21 +189,26 @@ static memo *memo_find(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES]) {
     return NULL;
 }
 
-/* Keeps a copy of (key, data) as the most recent entry, replacing any with
- * the same key, and lets the oldest go past the bounds. Too large, or no
- * memory: not kept (and no older copy of key either). */
-static void memo_keep(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data,
-                      size_t size) {
+/* Keeps a copy of (key, data) as the most recent entry and lets the oldest
+ * go past the bounds. A put (replace) drops any older copy of key, even when
+ * this one is too large or there is no memory for it; a disk hit leaves a
+ * copy already there (a put of new contents may have raced with the read). */
+static void memo_keep(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size,
+                      int replace) {
     uint64_t cap = c->max_bytes / 8;
     memo *m = size <= cap ? malloc(sizeof *m + size) : NULL;
     if (m) {
         memcpy(m->key, key, HKP_KEY_BYTES);
+        m->touched = time(NULL);
         m->size = size;
         memcpy(m->data, data, size);
     }
     pthread_mutex_lock(&c->lock);
     memo *old = memo_find(c, key);
-    if (old) {
+    if (old && !replace) {
+        free(m);
+        m = NULL;
+    } else if (old) {
         memo_unlink(c, old);
         free(old);
     }
@@ -215,9 +222,15 @@ static void memo_keep(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void
     pthread_mutex_unlock(&c->lock);
 }
 
-/* A copy of key's payload from memory: 0, HK_ERR_NOT_FOUND or HK_ERR_NOMEM. */
-static int memo_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size) {
+/* A copy of key's payload from memory: 0, HK_ERR_NOT_FOUND or HK_ERR_NOMEM.
+ * *touch is set when the entry's file is due for an LRU refresh (at most once
+ * a MEMO_TOUCH_SECONDS per entry), so that the entries this handle uses most
+ * do not look the oldest on disk. */
+#define MEMO_TOUCH_SECONDS 60
+static int memo_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size,
+                    int *touch) {
     int rc = HK_ERR_NOT_FOUND;
+    time_t now = time(NULL);
     pthread_mutex_lock(&c->lock);
     memo *m = memo_find(c, key);
     if (m) {
@@ -229,6 +242,8 @@ static int memo_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data,
             memcpy(*data, m->data, m->size);
             *size = m->size;
         }
+        if ((*touch = now - m->touched >= MEMO_TOUCH_SECONDS))
+            m->touched = now;
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -243,10 +258,14 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
         return HK_ERR_INVALID;
     *data = NULL;
     *size = 0;
-    if ((rc = memo_get(c, key, data, size)) != HK_ERR_NOT_FOUND)
-        return rc;
+    int touch = 0;
     if (entry_path(c, key, path, sizeof path))
         return HK_ERR_INVALID;
+    if ((rc = memo_get(c, key, data, size, &touch)) != HK_ERR_NOT_FOUND) {
+        if (touch)
+            (void)utimensat(AT_FDCWD, path, NULL, 0); /* gone already: nothing to do */
+        return rc;
+    }
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         goto out;
@@ -280,7 +299,7 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
     /* Touch for LRU; a failure only makes the entry look older. */
     (void)futimens(fd, NULL);
     memmove(buf, buf + HEADER_BYTES, len);
-    memo_keep(c, key, buf, len);
+    memo_keep(c, key, buf, len, 0);
     *data = buf;
     *size = len;
     buf = NULL;
@@ -407,8 +426,10 @@ int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *da
 
     if (!c || !key || (!data && size))
         return HK_ERR_INVALID;
-    if ((uint64_t)size + HEADER_BYTES > c->max_bytes)
-        return 0; /* would evict everything else and still not fit */
+    if ((uint64_t)size + HEADER_BYTES > c->max_bytes) {
+        memo_keep(c, key, data, size, 1); /* drops an older copy of key */
+        return 0;                         /* would evict everything else and still not fit */
+    }
     if (entry_path(c, key, path, sizeof path))
         return HK_ERR_INVALID;
     memcpy(header, ENTRY_MAGIC, 8);
@@ -416,7 +437,7 @@ int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *da
         header[8 + i] = (unsigned char)((uint64_t)size >> (8 * i));
     crypto_generichash(header + 16, HKP_KEY_BYTES, data, size, NULL, 0);
     struct iovec iov[2] = {{header, sizeof header}, {(void *)data, size}};
-    memo_keep(c, key, data, size);
+    memo_keep(c, key, data, size, 1);
     int rc = hku_write_replace(path, iov, 2, 0600);
     return rc ? rc : evict(c);
 }

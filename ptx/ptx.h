@@ -117,9 +117,10 @@ int hkp_cache_default_dir(char *buf, size_t n);
  * the directory is within max_bytes. An entry larger than max_bytes is not
  * kept. The handle also keeps the entries it read or wrote last in memory
  * (HKP_CACHE_MEM_ENTRIES, at most an eighth of max_bytes): a get of one of
- * them reads no file and touches none, so it is served even once the file is
- * gone; the same key always names the same payload, except manifests, whose
- * put replaces the copy in memory too. */
+ * them reads no file (it refreshes the file's LRU time at most once a
+ * minute), so it is served even once the file is gone; the same key always
+ * names the same payload, except manifests, whose put replaces the copy in
+ * memory too. */
 #define HKP_CACHE_MEM_ENTRIES 32
 #define HKP_KEY_BYTES         32
 int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size);

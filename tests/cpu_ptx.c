@@ -974,6 +974,11 @@ START_TEST(cache_memory_tier) {
     ck_assert_int_eq(remove_entries(cdir), 2);
     ck_assert_int_eq(hkp_cache_get(c, k3, &got, &gn), HK_ERR_NOT_FOUND);
     expect_entry(c, k4, buf, 1500);
+    /* A put too large to keep anywhere drops the older copy of its key. */
+    unsigned char *big = calloc(1, 16000);
+    ck_assert_int_eq(hkp_cache_put(c, k4, big, 16000), 0);
+    ck_assert_int_eq(hkp_cache_get(c, k4, &got, &gn), HK_ERR_NOT_FOUND);
+    free(big);
     hkp_cache_close(c);
     hkt_rmtree(dir);
     free(dir);
