@@ -482,7 +482,9 @@ static CUresult f_CtxGetDevice(CUdevice *d, CUcontext ctx) {
     return CUDA_SUCCESS;
 }
 static CUresult f_CtxGetId(CUcontext c, unsigned long long *id) {
+    pthread_mutex_lock(&F.lock); /* fake_reset_device renews ids under it */
     *id = ((fctx *)c)->id;
+    pthread_mutex_unlock(&F.lock);
     return CUDA_SUCCESS;
 }
 static CUresult f_CtxSynchronize(CUcontext ctx) {
