@@ -593,7 +593,8 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
  *   be published (swap_lock held; the launch gate may be closed: lkg_lock is
  *   only ever held for memory work, and never by a thread inside a launch):
- *   a loss from now on counts it as committed. hkl_lkg_unpending takes it back (rolled back).
+ *   a loss from now on counts it as committed. hkl_lkg_unpending takes it
+ *   back (rolled back).
  * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
  *   writes its image and record, with lkg_lock released for the disk work;
  *   hash is v's image's (hkl_lkg_hash, taken before the lock) or NULL to

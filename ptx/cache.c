@@ -8,8 +8,9 @@
  * - An entry is written to a temporary file in the same directory and
  *   renamed over its final name. rename() is atomic, so a reader sees the old
  *   entry, the new one, or none, never half a file. Nothing is fsync'd (two
- *   syncs cost a compile about 2 ms): after a crash an entry may be empty or
- *   partial, which its header's length and hash expose.
+ *   syncs cost a compile about 1.5 ms on the CI machine's disk): after a
+ *   crash an entry may be empty or partial, which its header's length and
+ *   hash expose.
  * - Each entry carries a header (magic, payload length, BLAKE2b of the
  *   payload). A short or corrupt file is a miss and is deleted; the build
  *   that follows writes a good one.
@@ -22,7 +23,7 @@
  * - The handle keeps the entries it read or wrote last in memory (a small
  *   list in least-recently-used order, HKP_CACHE_MEM_ENTRIES and an eighth of
  *   the bound at most), so a program that goes back and forth between a few
- *   versions reads no file for them (a disk hit costs a swap 0.05-0.1 ms:
+ *   versions reads no file for them (a disk hit costs a swap 0.02-0.1 ms:
  *   open, read, hash, touch). A memory hit refreshes the file's LRU time at
  *   most once a minute per entry, so the entries used most are not the
  *   first evicted from disk.
