@@ -1409,12 +1409,11 @@ const char *hkn_endpoint_address(const hkn_endpoint *ep) {
 void hkn_endpoint_stop(hkn_endpoint *ep) {
     if (!ep)
         return;
-    if (ep->daemon) {
-        /* Stop accepting; the listening socket is then ours to close. */
-        MHD_socket ls = MHD_quiesce_daemon(ep->daemon);
-        if (ls != MHD_INVALID_SOCKET)
-            close(ls);
-    }
+    /* Stop accepting; the listening socket is then ours to close, but only
+     * after MHD_stop_daemon: until then MHD's threads may still use it
+     * (libmicrohttpd's MHD_quiesce_daemon; closing it earlier raced with the
+     * worker's epoll_ctl). */
+    MHD_socket ls = ep->daemon ? MHD_quiesce_daemon(ep->daemon) : MHD_INVALID_SOCKET;
     if (ep->threads_started) {
         /* The worker finishes the request in hand (a swap in progress
          * completes), answers the queued ones 503 and resumes each, so no
@@ -1428,6 +1427,8 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
     }
     if (ep->daemon)
         MHD_stop_daemon(ep->daemon);
+    if (ls != MHD_INVALID_SOCKET)
+        close(ls);
     for (size_t i = 0; ep->mods && i < ep->nmods; i++)
         free(ep->mods[i].last_log);
     free(ep->last.last_log);
