@@ -323,17 +323,26 @@ static int sync_contexts(hk_runtime *rt) {
  * closure for a list of 300 held launchers for 13 ms on the H200). One whose
  * unload failed (a capture in progress, a busy driver) goes back to the
  * retired list to be tried again. Returns how many were freed. */
+/* 1 once hk_runtime_destroy has begun: from then on this thread calls none
+ * of the program's callbacks (log or event), since destroy may return before
+ * this thread is done and the program may then free what they use. */
+static int stopping(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->rec_lock);
+    int s = rt->rec_stop;
+    pthread_mutex_unlock(&rt->rec_lock);
+    return s;
+}
+
 static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     if (!list)
         return 0;
-    int n = 0;
+    int n = 0, quiet = final;
     hkl_version *failed = NULL, *gone = NULL;
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        /* At destroy nothing is logged: the program's log callback may be
-         * gone once destroy stopped waiting for this thread. */
-        hkl_gate_close(rt, final ? NULL : "unloading a replaced version");
+        quiet = quiet || stopping(rt);
+        hkl_gate_close(rt, quiet ? NULL : "unloading a replaced version");
         CUresult r = hkl_unload_version(rt, v);
         hkl_gate_open(rt);
         if (r != CUDA_SUCCESS && !final) {
@@ -349,7 +358,7 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     while (gone) {
         hkl_version *v = gone;
         gone = v->next;
-        if (!final && !v->dead)
+        if (!(quiet = quiet || stopping(rt)) && !v->dead)
             hkl_emit(rt, HK_EVENT_RECLAIMED, v->mod->name, v->number, 0, "reclaim", NULL);
         hkl_version_free(v);
     }

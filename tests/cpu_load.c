@@ -699,6 +699,11 @@ END_TEST
 
 /* Destroy while the GPU never finishes: it returns after destroy_wait_ms,
  * and the reclaim thread releases everything once the GPU does. */
+/* The reclaim work that outlives destroy (here the pass that was held in
+ * its synchronise, then the final one) never calls the program's callbacks:
+ * the program may have freed what they use once destroy returned. Its
+ * unloads here are slow (5 ms, longer than the launch hold), which a running
+ * runtime would log, and each would be a RECLAIMED event. */
 START_TEST(destroy_is_bounded) {
     hk_runtime_destroy(rt);
     hk_options o;
@@ -706,6 +711,8 @@ START_TEST(destroy_is_bounded) {
     o.destroy_wait_ms = 200;
     o.loader = HK_LOADER_MODULE; /* the loader that synchronises */
     rt = make_rt_with(&o);
+    atomic_store(&gate_msgs, 0);
+    ck_assert_int_eq(hk_runtime_set_log(rt, on_gate_log, NULL, HK_LOG_INFO), 0);
     fake_hold_sync(1);
     swap_ok(fake_ptx(1, 0, 0, 0));
     swap_ok(fake_ptx(2, 0, 0, 0));
@@ -713,8 +720,14 @@ START_TEST(destroy_is_bounded) {
     hk_runtime_destroy(rt); /* returns */
     rt = NULL;
     ck_assert_int_ge(fake_live_images(), 1);
+    int before = atomic_load(&gate_msgs), reclaimed = atomic_load(&events[HK_EVENT_RECLAIMED]);
+    fake_set_unload_us(5000);
     fake_hold_sync(0);
     WAIT_FOR(fake_live_images() == 0);
+    usleep(20 * 1000); /* the thread's last steps after its unloads */
+    fake_set_unload_us(0);
+    ck_assert_msg(atomic_load(&gate_msgs) == before, "logged after destroy: %s", gate_msg);
+    ck_assert_int_eq(atomic_load(&events[HK_EVENT_RECLAIMED]), reclaimed);
 }
 END_TEST
 

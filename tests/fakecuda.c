@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ptx/ptx.h"
 #include "tests/fakecuda.h"
@@ -633,8 +634,17 @@ static CUresult module_unload(CUmodule m) {
     ENTER("cuModuleUnload");
     LEAVE(unload((fimage *)m));
 }
+static _Atomic int unload_us; /* fake_set_unload_us */
+
+static void unload_delay(void) {
+    int us = atomic_load(&unload_us);
+    if (us > 0)
+        usleep((useconds_t)us);
+}
+
 static CUresult f_ModuleUnload(CUmodule m) {
     int locked = drv_write_begin();
+    unload_delay();
     CUresult r = module_unload(m);
     drv_write_end(locked);
     return r;
@@ -645,6 +655,7 @@ static CUresult library_unload(CUlibrary l) {
 }
 static CUresult f_LibraryUnload(CUlibrary l) {
     int locked = drv_write_begin();
+    unload_delay();
     CUresult r = library_unload(l);
     drv_write_end(locked);
     return r;
@@ -1093,6 +1104,10 @@ void fake_set_launch_model(int us) {
 
 void fake_set_graph_launch_us(int us) {
     F.graph_launch_us = us;
+}
+
+void fake_set_unload_us(int us) {
+    atomic_store(&unload_us, us);
 }
 
 int fake_bad_unloads(void) {

@@ -82,6 +82,9 @@ int fake_last_launch_ex(int *ids, int max);
 void fake_set_launch_model(int us);
 /* Every cuGraphLaunch spins this long before it runs (default 0). */
 void fake_set_graph_launch_us(int us);
+/* Every module or library unload takes this long, inside the driver's
+ * write lock (default 0). */
+void fake_set_unload_us(int us);
 /* Unloads of images already unloaded or dead with their context. */
 int fake_bad_unloads(void);
 /* While on, cuCtxSynchronize blocks (a persistent kernel runs). */

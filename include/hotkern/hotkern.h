@@ -397,7 +397,8 @@ HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report 
  * so), so destroy returns after those kernels end or after
  * options.destroy_wait_ms, whichever comes first; in the second case the code
  * and the runtime's memory are released by hotkern's reclaim thread when the
- * kernels end. */
+ * kernels end. Once destroy has begun, that thread calls neither the event
+ * nor the log callback, so their userdata may be freed when it returns. */
 HK_API void hk_runtime_destroy(hk_runtime *rt);
 
 /* The CUcontext used for device slot i (cast from void *), or NULL. */
