@@ -260,13 +260,13 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
     *data = NULL;
     *size = 0;
     int touch = 0;
-    if (entry_path(c, key, path, sizeof path))
-        return HK_ERR_INVALID;
     if ((rc = memo_get(c, key, data, size, &touch)) != HK_ERR_NOT_FOUND) {
-        if (touch)
+        if (touch && entry_path(c, key, path, sizeof path) == 0)
             (void)utimensat(AT_FDCWD, path, NULL, 0); /* gone already: nothing to do */
         return rc;
     }
+    if (entry_path(c, key, path, sizeof path))
+        return HK_ERR_INVALID;
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         goto out;
