@@ -505,17 +505,63 @@ static CUresult function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction
     return rt->drv->KernelGetFunction(f, (CUkernel)fn);
 }
 
+/* The device slot whose context is current on this thread (0 when none
+ * is), or -1 for a context that is not the runtime's. */
+static int current_slot(hk_runtime *rt) {
+    CUcontext cur = NULL;
+    if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        return 0;
+    for (int i = 0; i < rt->ndev; i++)
+        if (hkl_ctx(rt, i) == cur)
+            return i;
+    return -1;
+}
+
+/* The function is read from the version's table, filled when its slot was
+ * resolved with the launch gate closed: cuKernelGetFunction takes the
+ * driver's lock for writing, which under continuous launches it would wait
+ * for without end. Only a context the table does not cover (another
+ * context, or one renewed by a reset) asks the driver, then with the gate
+ * closed; the version is pinned meanwhile, since a closer cannot wait inside
+ * a launch epoch. */
 int hk_kernel_function(hk_kernel *k, void **cufunction) {
     if (!k || !cufunction)
         return HK_ERR_INVALID;
+    *cufunction = NULL;
     hk_runtime *rt = k->rt;
     hkl_tslot *s = hkl_enter(rt);
     if (!s)
         return HK_ERR_NOMEM;
-    CUfunction f = NULL;
-    CUresult r = function_of(rt, atomic_load(&k->mod->current), k->slot, &f);
+    hkl_version *v = atomic_load(&k->mod->current);
+    if (!v->lib) {
+        *cufunction = atomic_load(&v->fn)[k->slot];
+        hkl_exit(s);
+        return 0;
+    }
+    int d = current_slot(rt);
+    void **funcs = atomic_load_explicit(&v->funcs, memory_order_acquire);
+    void *f = d >= 0 && funcs && v->ctx_gen == atomic_load(&rt->reset_gen)
+                  ? funcs[(size_t)k->slot * (size_t)rt->ndev + (size_t)d]
+                  : NULL;
+    if (f) {
+        hkl_exit(s);
+        *cufunction = f;
+        return 0;
+    }
+    atomic_fetch_add(&v->pins, 1);
     hkl_exit(s);
-    *cufunction = f;
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    CUcontext cur = NULL;
+    int pushed = (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && hkl_ctx_push(rt, 0) == 0;
+    hkl_gate_close(rt, "looking up a kernel's function");
+    CUfunction cf = NULL;
+    CUresult r = function_of(rt, v, k->slot, &cf);
+    hkl_gate_open(rt);
+    if (pushed)
+        hkl_ctx_pop(rt);
+    hkl_unrelax(rt, mode);
+    hkl_version_unpin(rt, v);
+    *cufunction = cf;
     return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
 }
 

@@ -131,7 +131,14 @@ struct hkl_version {
      * freed with the version, after the grace period. */
     _Atomic(void **) fn;
     _Atomic int cap; /* written under swap_lock, after fn */
-    void **old_fn;   /* swap_lock: chain of replaced arrays */
+    /* Library loader: funcs[slot * ndev + d], the CUfunction of each slot's
+     * kernel in device d's context, taken when the slot is resolved (with
+     * the launch gate closed), so that hk_kernel_function needs no driver
+     * call that takes the driver's lock for writing. NULL entries: not
+     * known. Grown with fn, published before it. Valid for the context
+     * generation ctx_gen only. */
+    _Atomic(void **) funcs;
+    void **old_fn; /* swap_lock: chain of replaced arrays (fn and funcs) */
 
     _Atomic int pins;         /* hk_pin, graph and capture references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
@@ -479,6 +486,8 @@ int hkl_worker_start(hk_runtime *rt);
 void hkl_worker_stop(hk_runtime *rt);
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
               const char *origin, const hk_report *rep);
+/* Finds k's kernel in v and fills its slot (and, library loader, the slot's
+ * CUfunction in every context). swap_lock held and the launch gate closed. */
 int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
 int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
 CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);

@@ -748,6 +748,7 @@ static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_vers
     memcpy(nv->image, old->image, old->size);
     nv->size = old->size;
     atomic_init(&nv->fn, NULL);
+    atomic_init(&nv->funcs, NULL);
     atomic_init(&nv->cap, 0);
     atomic_init(&nv->pins, 0);
     if (hkl_load_version(rt, nv, rep) < 0) {

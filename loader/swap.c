@@ -84,8 +84,9 @@ void hkl_version_free(hkl_version *v) {
     free(v->entries);
     hku_strv_free(v->expr, v->nexpr);
     hku_strv_free(v->lowered, v->nexpr);
-    void **fn = atomic_load(&v->fn);
+    void **fn = atomic_load(&v->fn), **funcs = atomic_load(&v->funcs);
     free(fn ? fn - 1 : NULL);
+    free(funcs ? funcs - 1 : NULL);
     void **o = v->old_fn;
     while (o) {
         void **next = (void **)o[0];
@@ -301,28 +302,41 @@ static int layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, cha
     return 0;
 }
 
-/* Makes room for slot k->slot in v's function table. */
-static int fn_reserve(hkl_version *v, int slot) {
+/* Readers may still hold a replaced array: it is chained (by the extra
+ * leading word of its block) to be freed with the version. */
+static void fn_chain(hkl_version *v, void **old) {
+    if (!old)
+        return;
+    void **base = old - 1;
+    base[0] = v->old_fn;
+    v->old_fn = base;
+}
+
+/* Makes room for slot `slot` in v's function tables. */
+static int fn_reserve(hk_runtime *rt, hkl_version *v, int slot) {
     int have = atomic_load(&v->cap);
     if (slot < have)
         return 0;
     int cap = have ? have : 8;
     while (cap <= slot)
         cap *= 2;
-    /* One extra leading word chains replaced arrays for freeing later. */
+    size_t nd = (size_t)rt->ndev;
+    /* One extra leading word each chains replaced arrays for freeing later. */
     void **raw = calloc((size_t)cap + 1, sizeof *raw);
-    if (!raw)
+    void **rawf = calloc((size_t)cap * nd + 1, sizeof *rawf);
+    if (!raw || !rawf) {
+        free(raw);
+        free(rawf);
         return HK_ERR_NOMEM;
-    void **old = atomic_load(&v->fn);
-    if (old) {
-        memcpy(raw + 1, old, (size_t)have * sizeof *old);
-        /* Readers may still hold `old`: keep it until the version dies. The
-         * array we free at the end is the published one, so chain the old
-         * block by its own base. */
-        void **old_base = old - 1;
-        old_base[0] = v->old_fn;
-        v->old_fn = old_base;
     }
+    void **old = atomic_load(&v->fn), **oldf = atomic_load(&v->funcs);
+    if (old)
+        memcpy(raw + 1, old, (size_t)have * sizeof *old);
+    if (oldf)
+        memcpy(rawf + 1, oldf, (size_t)have * nd * sizeof *oldf);
+    fn_chain(v, old);
+    fn_chain(v, oldf);
+    atomic_store(&v->funcs, rawf + 1); /* before fn: see loader.h */
     atomic_store(&v->fn, raw + 1);
     atomic_store(&v->cap, cap); /* after fn: readers load cap, then fn */
     return 0;
@@ -355,10 +369,24 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
                  k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
         return HK_ERR_MISSING_KERNEL;
     }
-    int err = fn_reserve(v, k->slot);
+    int err = fn_reserve(rt, v, k->slot);
     if (err < 0)
         return err;
     atomic_load(&v->fn)[k->slot] = fn;
+    if (v->lib) {
+        /* cuKernelGetFunction takes the driver's lock for writing: asked
+         * here, with the gate closed, never on a launching thread. A context
+         * that cannot say leaves its entry NULL (asked later, gated). */
+        void **funcs = atomic_load(&v->funcs) + (size_t)k->slot * (size_t)rt->ndev;
+        for (int i = 0; i < rt->ndev; i++) {
+            CUfunction f = NULL;
+            if (hkl_ctx_push(rt, i) != 0)
+                continue;
+            if (d->KernelGetFunction(&f, (CUkernel)fn) == CUDA_SUCCESS)
+                funcs[i] = f;
+            hkl_ctx_pop(rt);
+        }
+    }
     return 0;
 }
 
@@ -586,6 +614,7 @@ static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *j
     if (!v)
         return NULL;
     atomic_init(&v->fn, NULL);
+    atomic_init(&v->funcs, NULL);
     atomic_init(&v->cap, 0);
     atomic_init(&v->pins, 0);
     v->number = m->last_version + 1;
@@ -765,8 +794,6 @@ static void module_drop_if_unused(hk_runtime *rt, hkl_module *m) {
  * never stopped), records the failure and returns err. */
 static int roll_back(swap_txn *t, int err) {
     hk_runtime *rt = t->rt;
-    if (t->gated)
-        txn_gate_open(t);
     if (t->pending)
         hkl_lkg_unpending(rt, t->m->name, t->v->number);
     if (t->newlay) {
@@ -774,7 +801,16 @@ static int roll_back(swap_txn *t, int err) {
             hkl_layout_free(&t->newlay[i]);
         free(t->newlay);
     }
-    if (hkl_unload_version(rt, t->v) == CUDA_SUCCESS) {
+    /* The refused image is unloaded inside the swap's gated section (closed
+     * again after a check callback): an unload takes the driver's lock for
+     * writing, which under continuous launches it would never get with the
+     * gate open. Nothing of it ever ran, so the unload does not wait. */
+    if (!t->gated && (t->v->lib || t->v->cumod[0]))
+        txn_gate_close(t, "unloading a refused version");
+    CUresult ur = hkl_unload_version(rt, t->v);
+    if (t->gated)
+        txn_gate_open(t);
+    if (ur == CUDA_SUCCESS) {
         hkl_version_free(t->v);
     } else {
         /* The driver would not unload it now: the reclaim thread will. */

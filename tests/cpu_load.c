@@ -167,6 +167,112 @@ START_TEST(swaps_finish_under_continuous_launches) {
 }
 END_TEST
 
+/* ---- every unhappy path under load -------------------------------------- */
+
+static int refuse_check(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
+    (void)module, (void)version, (void)ud;
+    snprintf(msg, n, "not this one");
+    return -1;
+}
+
+static _Atomic int unhappy_done;
+
+/* Refusals of every kind, rollbacks and function lookups, in turn: each
+ * touches the driver's write side (an unload of the refused image, a
+ * cuKernelGetFunction). */
+static void *unhappy_ops(void *arg) {
+    (void)arg;
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.check = refuse_check;
+    for (int i = 0; i < 60; i++) {
+        hk_report rep = HK_REPORT_INIT;
+        const char *src;
+        int err, want;
+        switch (i % 5) {
+        case 0: /* a kernel in use removed */
+            src = fake_ptx(2, 0, 0, 0);
+            want = HK_ERR_MISSING_KERNEL;
+            err = hk_swap(rt, "sim", src, strlen(src), NULL, &rep);
+            break;
+        case 1: /* a parameter layout changed */
+            src = fake_ptx(2, 1, 0, 1);
+            want = HK_ERR_LAYOUT;
+            err = hk_swap(rt, "sim", src, strlen(src), NULL, &rep);
+            break;
+        case 2: /* the check callback says no */
+            src = fake_ptx(2, 1, 0, 0);
+            want = HK_ERR_REJECTED;
+            err = hk_swap(rt, "sim", src, strlen(src), &so, &rep);
+            break;
+        case 3: /* a good one, then back */
+            src = fake_ptx(2, 1, 0, 0);
+            want = 0;
+            err = hk_swap(rt, "sim", src, strlen(src), NULL, &rep);
+            if (err == 0)
+                err = hk_rollback(rt, "sim", &rep);
+            break;
+        default: {
+            void *f = NULL;
+            want = 0;
+            err = hk_kernel_function(load_k, &f);
+            if (err == 0 && !f)
+                err = HK_ERR_NOT_FOUND;
+        }
+        }
+        if (err != want) {
+            fprintf(stderr, "operation %d: %s: %s\n", i, hk_strerror(err), rep.message);
+            hk_report_clear(&rep);
+            atomic_store(&unhappy_done, 1);
+            return (void *)(intptr_t)(err ? err : -1000);
+        }
+        hk_report_clear(&rep);
+    }
+    atomic_store(&unhappy_done, 1);
+    return NULL;
+}
+
+/* Eight threads launch with no pause, holding the driver's lock for reading
+ * as the real driver does, while refused swaps, rollbacks and function
+ * lookups run: every one of them completes (the driver's writer side is
+ * only ever taken with the launch gate closed), and no launch fails. */
+START_TEST(refusals_finish_under_continuous_launches) {
+    swap_ok(fake_ptx(1, 1, 0, 0));
+    load_k = step_kernel();
+    hk_kernel *aux = NULL;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "aux", &aux), 0);
+    fake_set_launch_model(20);
+    atomic_store(&stop_flag, 0);
+    atomic_store(&launch_failures, 0);
+    atomic_store(&bad_tags, 0);
+    atomic_store(&launches_done, 0);
+    atomic_store(&unhappy_done, 0);
+    pthread_t t[8], ops;
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, continuous_launcher, NULL);
+    WAIT_FOR(atomic_load(&launches_done) > 100);
+    pthread_create(&ops, NULL, unhappy_ops, NULL);
+    /* Liveness, not timing: on the driver's write lock without the gate,
+     * these wait until the launchers stop, which they do not. */
+    int i;
+    for (i = 0; i < 3000 && !atomic_load(&unhappy_done); i++)
+        usleep(10 * 1000);
+    int done = atomic_load(&unhappy_done);
+    atomic_store(&stop_flag, 1);
+    for (int j = 0; j < 8; j++)
+        pthread_join(t[j], NULL);
+    void *res;
+    pthread_join(ops, &res);
+    fake_set_launch_model(-1);
+    ck_assert_msg(done, "refused swaps still waiting after 30 s of continuous launches");
+    ck_assert_msg(res == NULL, "an operation returned %d", (int)(intptr_t)res);
+    ck_assert_int_eq(atomic_load(&launch_failures), 0);
+    ck_assert_int_eq(atomic_load(&bad_tags), 0);
+    ck_assert_int_eq(hk_reclaim_wait(rt, 10000), 0);
+    ck_assert_int_eq(fake_live_images(), 1);
+}
+END_TEST
+
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hook_cond = PTHREAD_COND_INITIALIZER;
 static hkl_hook_point hook_at;
@@ -773,6 +879,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, swaps_finish_under_continuous_launches);
+    tcase_add_test(tc, refusals_finish_under_continuous_launches);
     tcase_add_test(tc, launch_wait_at_gate_is_bounded);
     tcase_add_test(tc, captured_graph_keeps_its_version);
     tcase_add_test(tc, captured_graph_may_outlive_runtime);

@@ -557,8 +557,10 @@ HK_API uint64_t hk_pin_version(const hk_pin *p);
 HK_API void hk_unpin(hk_pin *p);
 
 /* The CUfunction of k's current version in the calling thread's current
- * context, for code that launches by itself (valid until the next commit of
- * its module plus one reclaim cycle: prefer hk_launch or a pin). */
+ * context (device slot 0's when the thread has none), for code that launches
+ * by itself (valid until the next commit of its module plus one reclaim
+ * cycle: prefer hk_launch or a pin). Safe from any thread; it does not wait
+ * for launches in progress. */
 HK_API int hk_kernel_function(hk_kernel *k, void **cufunction);
 
 /* ---- kernel attributes and extended launches ---------------------------- */
