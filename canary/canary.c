@@ -33,7 +33,8 @@
 #include "loader/driver.h"
 #include "util/util.h"
 
-#define START_FACTOR 10 /* helper start and image loads: timeout x 10 */
+#define START_FACTOR  10    /* helper start and image loads: timeout x 10 */
+#define READY_WAIT_MS 10000 /* at create: as the build helper (ptx/isolate.c) */
 
 /* The tests of one kernel handle. */
 typedef struct ktests {
@@ -269,8 +270,9 @@ static int helper_start(hka_canary *c, char *why, size_t n) {
     return 0;
 }
 
-/* Starts the helper if none runs and reads its READY. run_lock held. */
-static int helper_ready(hka_canary *c, char *why, size_t n) {
+/* Starts the helper if none runs and reads its READY, waiting at most
+ * wait_ms for it. run_lock held (or, at create, no other thread). */
+static int helper_ready(hka_canary *c, char *why, size_t n, double wait_ms) {
     if (c->proc.pid <= 0 && helper_start(c, why, n) < 0)
         return HK_ERR_IO;
     if (c->ready)
@@ -278,7 +280,7 @@ static int helper_ready(hka_canary *c, char *why, size_t n) {
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
+    double deadline = hku_now_ms() + wait_ms;
     int r = hku_recv(c->proc.fd, HKA_MAGIC, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
     hku_rd rd = {d, len, 0};
     char text[HKA_MAX_TEXT + 1] = "";
@@ -317,7 +319,13 @@ int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_si
         return HK_ERR_NOMEM;
     }
     c->enabled = c->helper != NULL;
-    if (cfg->start && c->enabled && helper_start(c, why, why_size) < 0) {
+    /* Its greeting, at once, as the build helper's: a helper that cannot
+     * run (no device, a missing library, another protocol) or never greets
+     * fails the creation, saying why, rather than each run; and no later
+     * run (nor a destroy waiting for one) waits for a greeting. */
+    double wait = (double)c->timeout_ms * START_FACTOR;
+    if (cfg->start && c->enabled &&
+        helper_ready(c, why, why_size, wait < READY_WAIT_MS ? wait : READY_WAIT_MS) < 0) {
         hka_destroy(c);
         return HK_ERR_IO;
     }
@@ -342,6 +350,11 @@ void hka_destroy(hka_canary *c) {
     pthread_mutex_destroy(&c->tests_lock);
     free(c->helper);
     free(c);
+}
+
+void hka_cancel(hka_canary *c) {
+    if (c)
+        hku_child_cancel(&c->proc); /* without run_lock: a run may hold it */
 }
 
 void hka_set_kill(hka_canary *c, int sig, int wait_ms) {
@@ -506,7 +519,7 @@ static int prepare(run *r, char *why, size_t n) {
     hka_canary *c = r->c;
     char name[64], log[HKA_MAX_TEXT + 1], how[64];
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (helper_ready(c, why, n) < 0)
+        if (helper_ready(c, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
             return -1;
         int cu = 0, lr = load_slot(c, 0, r->img, &cu, name, log);
         if (lr > 0) {

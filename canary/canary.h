@@ -125,6 +125,9 @@ typedef struct hka_config {
 int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_size);
 /* Kills the helper and frees everything; c may be NULL. */
 void hka_destroy(hka_canary *c);
+/* From any thread, before hka_destroy: a run waiting on the helper ends at
+ * once (as if the helper had died), and no helper is started again. */
+void hka_cancel(hka_canary *c);
 
 int hka_add_test(hka_canary *c, const char *module, const char *kernel, const hk_test *t,
                  hk_report *rep);

@@ -287,6 +287,8 @@ typedef enum hkl_hook_point {
     HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
     HKL_HOOK_PASS_SYNC = 2,     /* reclaim pass: contexts read, before synchronising */
     HKL_HOOK_GATED = 3,         /* swap: launch gate closed, before staging */
+    HKL_HOOK_RESET_RELOAD = 4,  /* reset recovery: a module's version read, before reloading */
+    HKL_HOOK_BUILT = 5,         /* a job built (and through its canary), not yet staged */
 } hkl_hook_point;
 
 struct hk_runtime {
@@ -356,6 +358,9 @@ struct hk_runtime {
     pthread_t safe_point_thread; /* work_lock: its latest caller */
     pthread_t worker;            /* immutable once started */
     int worker_started;
+    int worker_exited;    /* work_lock: the worker left its loop */
+    int worker_abandoned; /* work_lock: destroy stopped waiting for it:
+                           * the worker finishes the teardown */
 
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
@@ -377,6 +382,10 @@ struct hk_runtime {
     int log_cb_min;      /* log_lock: the callback's least level */
     int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
     _Atomic int log_min; /* least level delivered now; read without the lock */
+    /* Callbacks after destroy (log.c): set once by hkl_callbacks_close. */
+    _Atomic int cb_closed;
+    pthread_t cb_closer;     /* written before cb_closed, read after it */
+    _Atomic int cb_inflight; /* callbacks being called now */
 
     hka_canary *canary; /* immutable after create: test declarations and the
                          * canary helper (canary/; its own locks) */
@@ -412,12 +421,13 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 }
 
 /* runtime.c */
+/* The part of hk_runtime_destroy after the worker has stopped: on the
+ * destroying thread, or on the worker when destroy stopped waiting for it. */
+void hkl_runtime_finish(hk_runtime *rt, double until_ms);
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep);
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 double hkl_now_ms(void);
-/* *ts = now + us on CLOCK_REALTIME, for pthread_cond_timedwait. */
-void hkl_abstime(struct timespec *ts, long us);
 int hkl_ctx_push(hk_runtime *rt, int slot);
 void hkl_ctx_pop(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
@@ -451,6 +461,10 @@ void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char 
  * through hkl_emit_quiet, which a source that logged already uses. */
 void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
 void hkl_log_fini(hk_runtime *rt);
+/* From hk_runtime_destroy: from now on no callback of rt (log or event) is
+ * called, except on this thread; waits until those in progress on other
+ * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
+int hkl_callbacks_close(hk_runtime *rt, double until_ms);
 void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                    uint64_t newv, const char *origin, const hk_report *rep);
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
@@ -483,7 +497,12 @@ void hkl_job_free(hkl_job *job);
  * built hk_swap is: swap_lock taken here, outcome emitted. */
 int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
 int hkl_worker_start(hk_runtime *rt);
-void hkl_worker_stop(hk_runtime *rt);
+/* Stops the worker, waiting for a build in progress until until_ms
+ * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
+ * hkl_runtime_finish itself when its build returns). */
+int hkl_worker_stop(hk_runtime *rt, double until_ms);
+/* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
+void hkl_worker_drain(hk_runtime *rt);
 void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
               const char *origin, const hk_report *rep);
 /* Finds k's kernel in v and fills its slot (and, library loader, the slot's

@@ -14,12 +14,23 @@
  * Engine events (commits, refusals, rollbacks, reclaims, resets) are logged
  * here from hkl_emit, on the thread that emits them, before the application's
  * on_event sees them.
+ *
+ * Callbacks end with destroy. hk_runtime_destroy may return while one of
+ * hotkern's threads still finishes (the reclaim thread's last unloads, a
+ * build that cannot be interrupted), and the program may then free what its
+ * callbacks use. So every call of a callback (log or event) passes cb_enter:
+ * once hkl_callbacks_close has run, only the destroying thread's own calls
+ * go through, and close waits (bounded) for the calls already in progress.
+ * The pair is Dekker's: cb_enter counts itself in, then reads cb_closed;
+ * close sets cb_closed, then reads the count; both seq_cst, so at least one
+ * of the two sees the other.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "loader/loader.h"
 
@@ -27,6 +38,41 @@
 
 /* Set while this thread delivers a message. */
 static __thread int in_log;
+/* Callbacks of any runtime this thread is inside now (nested: a callback
+ * that logs to another runtime). */
+static __thread int cb_depth;
+
+/* 1 when a callback may be called now on this thread; then cb_exit after it. */
+static int cb_enter(hk_runtime *rt) {
+    if (atomic_load(&rt->cb_closed) && !pthread_equal(rt->cb_closer, pthread_self()))
+        return 0;
+    atomic_fetch_add(&rt->cb_inflight, 1);
+    if (atomic_load(&rt->cb_closed) && !pthread_equal(rt->cb_closer, pthread_self())) {
+        atomic_fetch_sub(&rt->cb_inflight, 1);
+        return 0;
+    }
+    cb_depth++;
+    return 1;
+}
+
+static void cb_exit(hk_runtime *rt) {
+    cb_depth--;
+    atomic_fetch_sub(&rt->cb_inflight, 1);
+}
+
+int hkl_callbacks_close(hk_runtime *rt, double until_ms) {
+    rt->cb_closer = pthread_self(); /* before cb_closed: read after it */
+    atomic_store(&rt->cb_closed, 1);
+    /* A destroy called from a callback of this runtime does not wait for
+     * itself. */
+    int own = cb_depth;
+    while (atomic_load(&rt->cb_inflight) > own) {
+        if (hkl_now_ms() >= until_ms)
+            return HK_ERR_TIMEOUT;
+        usleep(200);
+    }
+    return 0;
+}
 
 const char *hk_log_level_name(hk_log_level level) {
     switch (level) {
@@ -100,8 +146,10 @@ static void deliver(hk_runtime *rt, hk_log_level level, const char *subsystem, c
     pthread_rwlock_rdlock(&rt->log_lock);
     /* Checked again under the lock: the callback may have changed. */
     if (rt->log_cb) {
-        if ((int)level >= rt->log_cb_min)
+        if ((int)level >= rt->log_cb_min && cb_enter(rt)) {
             rt->log_cb(level, subsystem, text, rt->log_ud);
+            cb_exit(rt);
+        }
     } else if ((int)level >= rt->log_env_min) {
         /* One call, so that threads' lines do not interleave. */
         fprintf(stderr, "hotkern: %s %s: %s\n", hk_log_level_name(level), subsystem, text);
@@ -129,10 +177,11 @@ void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const cha
 
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                     uint64_t newv, const char *origin, const hk_report *rep) {
-    if (!rt->opt.on_event)
+    if (!rt->opt.on_event || !cb_enter(rt))
         return;
     hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};
     rt->opt.on_event(&ev, rt->opt.userdata);
+    cb_exit(rt);
 }
 
 /* "v3" or, for 0, what that means here. */

@@ -173,7 +173,7 @@ void hkl_gate_wait(hk_runtime *rt) {
         cpu_relax();
     }
     struct timespec ts;
-    hkl_abstime(&ts, rt->opt.launch_hold_max_us);
+    hku_deadline(&ts, rt->opt.launch_hold_max_us);
     pthread_mutex_lock(&rt->gate_lock);
     while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
         if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
@@ -323,26 +323,17 @@ static int sync_contexts(hk_runtime *rt) {
  * closure for a list of 300 held launchers for 13 ms on the H200). One whose
  * unload failed (a capture in progress, a busy driver) goes back to the
  * retired list to be tried again. Returns how many were freed. */
-/* 1 once hk_runtime_destroy has begun: from then on this thread calls none
- * of the program's callbacks (log or event), since destroy may return before
- * this thread is done and the program may then free what they use. */
-static int stopping(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    int s = rt->rec_stop;
-    pthread_mutex_unlock(&rt->rec_lock);
-    return s;
-}
-
 static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     if (!list)
         return 0;
-    int n = 0, quiet = final;
+    /* Once destroy has begun, no callback is called from here (log.c):
+     * destroy may return before this thread is done. */
+    int n = 0;
     hkl_version *failed = NULL, *gone = NULL;
     while (list) {
         hkl_version *v = list;
         list = v->next;
-        quiet = quiet || stopping(rt);
-        hkl_gate_close(rt, quiet ? NULL : "unloading a replaced version");
+        hkl_gate_close(rt, final ? NULL : "unloading a replaced version");
         CUresult r = hkl_unload_version(rt, v);
         hkl_gate_open(rt);
         if (r != CUDA_SUCCESS && !final) {
@@ -358,7 +349,7 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     while (gone) {
         hkl_version *v = gone;
         gone = v->next;
-        if (!(quiet = quiet || stopping(rt)) && !v->dead)
+        if (!final && !v->dead)
             hkl_emit(rt, HK_EVENT_RECLAIMED, v->mod->name, v->number, 0, "reclaim", NULL);
         hkl_version_free(v);
     }
@@ -479,7 +470,7 @@ void hkl_reclaim_deferred(hk_runtime *rt) {
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     struct timespec ts;
-    hkl_abstime(&ts, ms * 1000);
+    hku_deadline(&ts, ms * 1000);
     pthread_cond_timedwait(c, m, &ts);
 }
 

@@ -165,16 +165,6 @@ void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old) {
         rt->drv->ThreadExchangeStreamCaptureMode(&old);
 }
 
-void hkl_abstime(struct timespec *ts, long us) {
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += us / 1000000;
-    ts->tv_nsec += (us % 1000000) * 1000;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 int hkl_ctx_push(hk_runtime *rt, int slot) {
     CUresult r = rt->drv->CtxPushCurrent(hkl_ctx(rt, slot));
     return r == CUDA_SUCCESS ? 0 : (int)r;
@@ -249,14 +239,14 @@ static void runtime_init_locks(hk_runtime *rt) {
     pthread_rwlock_init(&rt->graph_lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&rt->gate_lock, NULL);
-    pthread_cond_init(&rt->gate_cond, NULL);
+    hku_cond_init(&rt->gate_cond);
     pthread_mutex_init(&rt->unload_lock, NULL);
     pthread_mutex_init(&rt->rec_lock, NULL);
-    pthread_cond_init(&rt->rec_cond, NULL);
-    pthread_cond_init(&rt->rec_done, NULL);
+    hku_cond_init(&rt->rec_cond);
+    hku_cond_init(&rt->rec_done);
     pthread_mutex_init(&rt->work_lock, NULL);
-    pthread_cond_init(&rt->work_cond, NULL);
-    pthread_cond_init(&rt->idle_cond, NULL);
+    hku_cond_init(&rt->work_cond);
+    hku_cond_init(&rt->idle_cond);
     pthread_mutex_init(&rt->stats_lock, NULL);
     pthread_mutex_init(&rt->src_lock, NULL);
 }
@@ -613,15 +603,31 @@ static void sources_release(hk_runtime *rt) {
     }
 }
 
-/* Unloading waits for kernels that still run the code (measured: 1.5 s for a
- * running kernel), so it happens on the reclaim thread, and destroy waits for
- * it at most destroy_wait_ms. */
+/* Destroy is bounded by destroy_wait_ms in every state. What can take
+ * longer does not hold it: a canary run or an isolated build in progress is
+ * cut short (its helper's socket shut down); an in-process NVRTC compile,
+ * which cannot be interrupted, is left to the worker, which finishes the
+ * teardown when it returns (hkl_runtime_finish); unloads that wait for
+ * running kernels are left to the reclaim thread, which frees the runtime
+ * when its final pass ends. From the start no callback is called from any
+ * of hotkern's threads (log.c), so none runs after destroy returns. */
 void hk_runtime_destroy(hk_runtime *rt) {
     if (!rt)
         return;
+    double until = hkl_now_ms() + rt->opt.destroy_wait_ms;
+    hkl_callbacks_close(rt, until);
     sources_release(rt);
-    hkp_warm_stop(rt->warm);
-    hkl_worker_stop(rt);
+    hka_cancel(rt->canary);
+    hkp_iso_cancel(rt->iso);
+    hkp_warm_stop_by(rt->warm, until);
+    rt->warm = NULL;
+    if (hkl_worker_stop(rt, until) < 0)
+        return; /* the worker finishes the teardown when its build returns */
+    hkl_runtime_finish(rt, until);
+}
+
+void hkl_runtime_finish(hk_runtime *rt, double until) {
+    hkl_worker_drain(rt);
     hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
     hkp_iso_destroy(rt->iso); /* likewise */
@@ -631,7 +637,12 @@ void hk_runtime_destroy(hk_runtime *rt) {
     pthread_mutex_lock(&rt->ref->lock);
     rt->ref->rt = NULL;
     pthread_mutex_unlock(&rt->ref->lock);
-    /* Every current version joins the retired ones for the final pass. */
+    /* Every current version joins the retired ones for the final pass,
+     * under swap_lock: reset recovery on the reclaim thread replaces
+     * `current` under it, and must either have done so (its version is
+     * retired here) or find no version left (it then reloads nothing); a
+     * version moved here and again by a reload would be retired twice. */
+    hkl_swap_lock(rt);
     pthread_mutex_lock(&rt->rec_lock);
     for (hkl_module *m = rt->modules; m; m = m->next) {
         hkl_version *v = atomic_exchange(&m->current, NULL);
@@ -642,8 +653,10 @@ void hk_runtime_destroy(hk_runtime *rt) {
         }
     }
     pthread_mutex_unlock(&rt->rec_lock);
+    hkl_swap_unlock(rt, 0);
     hkl_reclaim_stop(rt);
-    if (hkl_reclaim_join(rt, rt->opt.destroy_wait_ms) == 0)
+    double left = until - hkl_now_ms();
+    if (hkl_reclaim_join(rt, left > 0 ? (int)left : 0) == 0)
         hkl_runtime_free(rt);
     /* else the reclaim thread frees the runtime when its synchronise returns */
 }
@@ -763,6 +776,8 @@ static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_vers
  * dead version stays current. */
 static void reload_module(hk_runtime *rt, hkl_module *m) {
     hkl_version *old = atomic_load(&m->current);
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_RESET_RELOAD);
     hk_report rep = HK_REPORT_INIT;
     hkl_version *nv = old ? version_reload(rt, m, old, &rep) : NULL;
     if (!nv) {

@@ -1045,7 +1045,7 @@ static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_s
 static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     hkl_waiter w = {.done = 0, .err = 0, .rep = r};
     pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    hku_cond_init(&w.cond);
     j->waiter = &w;
     j->next = NULL;
     pthread_mutex_lock(&rt->work_lock);
@@ -1059,7 +1059,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     pthread_mutex_lock(&w.lock);
     while (!w.done && hkl_now_ms() < end) {
         struct timespec ts;
-        hkl_abstime(&ts, 5000);
+        hku_deadline(&ts, 5000);
         pthread_cond_timedwait(&w.cond, &w.lock, &ts);
     }
     int done = w.done;
@@ -1365,7 +1365,7 @@ static void wait_for_jobs(hk_runtime *rt) {
             continue;
         }
         struct timespec ts;
-        hkl_abstime(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
+        hku_deadline(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
         pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
     }
 }
@@ -1376,8 +1376,16 @@ static void wait_for_jobs(hk_runtime *rt) {
 static int run_job(hk_runtime *rt, hkl_job *j) {
     hk_report rep = HK_REPORT_INIT;
     int err = job_build(rt, j, &rep);
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_BUILT);
     int deferred = 0;
-    if (err < 0) {
+    pthread_mutex_lock(&rt->work_lock);
+    int stop = rt->work_stop;
+    pthread_mutex_unlock(&rt->work_lock);
+    if (stop) {
+        /* Destroy began during the build: nothing reaches the driver or
+         * the program any more. */
+    } else if (err < 0) {
         count(rt, 0, 0, &rep);
         hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
     } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
@@ -1440,7 +1448,16 @@ static void *worker_main(void *arg) {
         rt->busy--;
         pthread_cond_broadcast(&rt->idle_cond);
     }
+    /* Destroy stopped waiting for this thread (a build NVRTC would not
+     * cut short): the rest of the teardown is this thread's. */
+    rt->worker_exited = 1;
+    pthread_cond_broadcast(&rt->idle_cond);
+    int abandoned = rt->worker_abandoned;
     pthread_mutex_unlock(&rt->work_lock);
+    if (abandoned) {
+        pthread_detach(pthread_self());
+        hkl_runtime_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
+    }
     return NULL;
 }
 
@@ -1451,14 +1468,27 @@ int hkl_worker_start(hk_runtime *rt) {
     return 0;
 }
 
-void hkl_worker_stop(hk_runtime *rt) {
+int hkl_worker_stop(hk_runtime *rt, double until_ms) {
     pthread_mutex_lock(&rt->work_lock);
     rt->work_stop = 1;
     pthread_cond_broadcast(&rt->work_cond);
+    while (rt->worker_started && !rt->worker_exited && hkl_now_ms() < until_ms) {
+        struct timespec ts;
+        hku_deadline(&ts, 10 * 1000);
+        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
+    }
+    int left = rt->worker_started && !rt->worker_exited;
+    rt->worker_abandoned = left;
     pthread_mutex_unlock(&rt->work_lock);
+    if (left)
+        return HK_ERR_TIMEOUT;
     if (rt->worker_started)
         pthread_join(rt->worker, NULL);
     rt->worker_started = 0;
+    return 0;
+}
+
+void hkl_worker_drain(hk_runtime *rt) {
     hkl_job *lists[2] = {rt->jobs, rt->pending};
     for (int i = 0; i < 2; i++)
         while (lists[i]) {
@@ -1544,7 +1574,7 @@ int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
             return HK_ERR_TIMEOUT;
         }
         struct timespec ts;
-        hkl_abstime(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
+        hku_deadline(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
         pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
     }
     pthread_mutex_unlock(&rt->work_lock);

@@ -122,6 +122,11 @@ void hkp_iso_destroy(hkp_iso *iso) {
     free(iso);
 }
 
+void hkp_iso_cancel(hkp_iso *iso) {
+    if (iso)
+        hku_child_cancel(&iso->proc); /* without lock: a build may hold it */
+}
+
 pid_t hkp_iso_pid(hkp_iso *iso) {
     /* Not under the lock: a build holds it for its whole length, and a test
      * kills the helper in the middle of one. */

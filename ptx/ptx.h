@@ -243,6 +243,9 @@ int hkp_iso_create(hkp_iso **out, const char *helper, int timeout_ms, int warm_a
 /* Kills the helper and reaps it (and any killed one); iso may be NULL. No
  * build may be running. */
 void hkp_iso_destroy(hkp_iso *iso);
+/* From any thread, before hkp_iso_destroy: a build waiting on the helper
+ * ends at once (refused), and no helper is started again. */
+void hkp_iso_cancel(hkp_iso *iso);
 /* Called by hkp_build for the compile step: data (fmt CUDA C or PTX) with o
  * and the merged in-memory headers mem. Builds of one helper take turns on
  * its lock, so calls from several threads queue. Fills a's image, format,
@@ -285,6 +288,10 @@ int hkp_warm_start(hkp_warm **out, int arch);
 /* Skips what has not started, waits for a compile in progress, frees w.
  * w may be NULL. */
 void hkp_warm_stop(hkp_warm *w);
+/* As hkp_warm_stop, waiting for a compile in progress until until_ms
+ * (hku_now_ms) only: then the thread is left to end by itself (NVRTC cannot
+ * be interrupted) and frees w when it does. */
+void hkp_warm_stop_by(hkp_warm *w, double until_ms);
 /* 1 once the warm-up compiles have finished, 0 before. */
 int hkp_warm_done(hkp_warm *w);
 

@@ -13,21 +13,31 @@
  * at most the one compile in progress (NVRTC cannot be interrupted).
  *
  * Threads: the warm thread owns nothing but its programs; `stop` and `done`
- * are atomics, read and written by both sides.
+ * are atomics, read and written by both sides. A stop that may not wait for
+ * the compile (a runtime's bounded destroy) leaves the thread detached: then
+ * whichever of the two lets go of the struct last frees it (`refs`).
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 struct hkp_warm {
     pthread_t thread; /* immutable after start */
     int arch;         /* immutable */
     _Atomic int stop; /* set by hkp_warm_stop */
     _Atomic int done; /* set by the thread when it has finished */
+    _Atomic int refs; /* the thread and its stopper: the last one frees */
 };
+
+static void warm_put(hkp_warm *w) {
+    if (atomic_fetch_sub(&w->refs, 1) == 1)
+        free(w);
+}
 
 static const char *const warm_src[] = {
     "extern \"C\" __global__ void hk_warm(int *x) { x[threadIdx.x] = 1; }\n",
@@ -49,6 +59,7 @@ static void *warm_main(void *arg) {
         hkp_artifact_free(&a);
     }
     atomic_store(&w->done, 1);
+    warm_put(w);
     return NULL;
 }
 
@@ -62,6 +73,7 @@ int hkp_warm_start(hkp_warm **out, int arch) {
     w->arch = arch;
     atomic_init(&w->stop, 0);
     atomic_init(&w->done, 0);
+    atomic_init(&w->refs, 2);
     if (pthread_create(&w->thread, NULL, warm_main, w) != 0) {
         free(w);
         return HK_ERR_NOMEM;
@@ -75,7 +87,20 @@ void hkp_warm_stop(hkp_warm *w) {
         return;
     atomic_store(&w->stop, 1);
     pthread_join(w->thread, NULL);
-    free(w);
+    warm_put(w);
+}
+
+void hkp_warm_stop_by(hkp_warm *w, double until_ms) {
+    if (!w)
+        return;
+    atomic_store(&w->stop, 1);
+    while (!atomic_load(&w->done) && hku_now_ms() < until_ms)
+        usleep(1000);
+    if (atomic_load(&w->done))
+        pthread_join(w->thread, NULL);
+    else
+        pthread_detach(w->thread);
+    warm_put(w);
 }
 
 int hkp_warm_done(hkp_warm *w) {

@@ -278,6 +278,40 @@ START_TEST(build_past_timeout_is_refused) {
 }
 END_TEST
 
+static _Atomic int destroyed;
+
+static void *destroy_and_flag(void *arg) {
+    hk_runtime_destroy(arg);
+    atomic_store(&destroyed, 1);
+    return NULL;
+}
+
+/* Destroy is bounded by destroy_wait_ms, not by build_timeout_ms: a build
+ * the worker is waiting for in a helper that stalls for a minute is cut
+ * short (the helper's socket shut down) and nothing is committed. */
+START_TEST(destroy_does_not_wait_for_an_isolated_build) {
+    setenv("HK_BUILD_TEST_STALL_MS", "60000", 1);
+    rt = make_rt(1, 120000, NULL);
+    ck_assert_int_eq(hk_submit(rt, "slow", good_src, strlen(good_src), NULL), 0);
+    /* The request is with the helper. */
+    for (int i = 0; i < 1000 && !hkp_iso_busy(rt->iso); i++)
+        usleep(10 * 1000);
+    ck_assert(hkp_iso_busy(rt->iso));
+    pid_t helper = hkp_iso_pid(rt->iso);
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_and_flag, rt);
+    int i;
+    for (i = 0; i < 1000 && !atomic_load(&destroyed); i++)
+        usleep(10 * 1000);
+    ck_assert_msg(atomic_load(&destroyed), "destroy still waiting for the build after 10 s");
+    pthread_join(t, NULL);
+    rt = NULL;
+    /* The helper is gone and reaped. */
+    ck_assert_int_eq(waitpid(helper, NULL, WNOHANG), -1);
+}
+END_TEST
+
 /* A helper that stops reading cannot hold the application: a request far
  * larger than the socket's buffer (a 4 MiB source) to a helper that does not
  * read for 30 s is refused at build_timeout_ms, not when the helper wakes. */
@@ -587,6 +621,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, compile_error_reports_nvrtc_log);
     tcase_add_test(tc, helper_killed_mid_build_is_replaced);
     tcase_add_test(tc, build_past_timeout_is_refused);
+    tcase_add_test(tc, destroy_does_not_wait_for_an_isolated_build);
     tcase_add_test(tc, helper_that_stops_reading_cannot_hold_a_build);
     tcase_add_test(tc, signal_dispositions_untouched_while_building);
     tcase_add_test(tc, destroy_leaves_no_process_or_fd);

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -494,12 +495,68 @@ START_TEST(bad_helper_silent_required) {
     misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not answer in time");
 }
 END_TEST
+/* A helper that never greets, or says it cannot run, fails the runtime's
+ * creation with the reason, as the build helper does: no run, and no
+ * destroy waiting for one, ever waits for a greeting. */
+static void create_fails(const char *mode, const char *says) {
+    setenv("HKBAD_MODE", mode, 1);
+    fake_init(1, 90);
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.canary = 1;
+    o.canary_helper = bad_helper;
+    o.canary_timeout_ms = 300;
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&r, &o, fake_driver(), &rep), HK_ERR_IO);
+    ck_assert_ptr_null(r);
+    ck_assert_msg(strstr(rep.message, says), "%s: %s", mode, rep.message);
+    hk_report_clear(&rep);
+}
+
+static _Atomic int destroyed;
+
+static void *destroy_and_flag(void *arg) {
+    hk_runtime_destroy(arg);
+    atomic_store(&destroyed, 1);
+    return NULL;
+}
+
+/* Destroy while the worker waits for a canary helper that never answers
+ * (its timeout a minute): destroy does not wait for the run's timeout. */
+START_TEST(destroy_does_not_wait_for_a_canary_run) {
+    setenv("HKBAD_MODE", "silent", 1);
+    rt = make_rt(bad_helper, 60000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.canary = HK_CANARY_REQUIRE;
+    pid_t helper = hka_helper_pid(rt->canary); /* not while a run holds it */
+    const char *p = fake_ptx(2, 0, 0, 0);
+    ck_assert_int_eq(hk_submit(rt, "m", p, strlen(p) + 1, &so), 0);
+    usleep(200 * 1000); /* the worker sends its load, and waits */
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_and_flag, rt);
+    for (int i = 0; i < 1000 && !atomic_load(&destroyed); i++)
+        usleep(10 * 1000);
+    ck_assert_msg(atomic_load(&destroyed), "destroy still waiting for the canary after 10 s");
+    pthread_join(t, NULL);
+    rt = NULL;
+    ck_assert(!alive(helper));
+}
+END_TEST
+
 START_TEST(bad_helper_no_ready) {
-    misbehaving("noready", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not start (no answer in time");
+    create_fails("noready", "did not start (no answer in time");
 }
 END_TEST
 START_TEST(bad_helper_fail_ready) {
-    misbehaving("failready", HK_CANARY_OPTIONAL, 0, "could not start: no device here");
+    create_fails("failready", "could not start: no device here");
 }
 END_TEST
 START_TEST(bad_helper_exits) {
@@ -572,13 +629,16 @@ static hk_endpoint *push_endpoint(const char *tmp, const hk_swap_options *tpl, c
  * with tests through, a push of one is refused with HK_ERR_CANARY, and the
  * same push through a template that says OPTIONAL commits. */
 START_TEST(push_policy_defaults_to_required) {
-    setenv("HKBAD_MODE", "failready", 1);
+    char *tmp = hkt_tmpdir(), key[PATH_MAX], pub[PATH_MAX], file[PATH_MAX], url[64], out[16384];
+    char state[PATH_MAX];
+    snprintf(state, sizeof state, "%s/helper-started", tmp);
+    setenv("HKBAD_STATE", state, 1);
+    setenv("HKBAD_MODE", "failagain", 1); /* greets at create, then cannot start again */
     rt = make_rt(bad_helper, 300, 1);
     start_with_test(HK_COMPARE_NONE, 0);
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "could not start"), "%s", rep.canary);
-    char *tmp = hkt_tmpdir(), key[PATH_MAX], pub[PATH_MAX], file[PATH_MAX], url[64], out[16384];
     hkn_seckey k;
     ck_assert_int_eq(hkn_keygen(&k), 0);
     snprintf(key, sizeof key, "%s/hotkern.key", tmp);
@@ -728,6 +788,7 @@ int main(void) {
     tcase_add_test(tc, bad_helper_oversize);
     tcase_add_test(tc, bad_helper_silent_optional);
     tcase_add_test(tc, bad_helper_silent_required);
+    tcase_add_test(tc, destroy_does_not_wait_for_a_canary_run);
     tcase_add_test(tc, bad_helper_no_ready);
     tcase_add_test(tc, bad_helper_fail_ready);
     tcase_add_test(tc, bad_helper_exits);

@@ -837,6 +837,86 @@ START_TEST(destroy_is_bounded) {
 }
 END_TEST
 
+static void *destroy_thread(void *arg) {
+    hk_runtime_destroy(arg);
+    return NULL;
+}
+
+static _Atomic int destroyed;
+
+static void *destroy_and_flag(void *arg) {
+    hk_runtime_destroy(arg);
+    atomic_store(&destroyed, 1);
+    return NULL;
+}
+
+/* Reset recovery (module loader) holds a module's version on the reclaim
+ * thread, about to reload it, while destroy runs: the version is retired
+ * once, not by both (a retired list that loops makes the final pass spin
+ * for ever and the runtime is never freed), everything is unloaded, and the
+ * CONTEXT_RESET of that recovery, which ends after destroy began, reaches
+ * no callback. */
+START_TEST(reset_recovery_during_destroy) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.loader = HK_LOADER_MODULE;
+    o.destroy_wait_ms = 200;
+    rt = make_rt_with(&o);
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    (void)step_kernel();
+    swap_ok(fake_ptx(2, 0, 0, 0));
+    ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
+    hook_arm(HKL_HOOK_RESET_RELOAD, NULL);
+    fake_reset_device(0);
+    atomic_store(&rt->reset_suspect, 1);
+    hkl_reclaim_kick(rt);
+    hook_wait_inside(); /* recovery read version 2 and holds it */
+    int loads = fake_calls("cuModuleLoadDataEx");
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_thread, rt);
+    usleep(400 * 1000); /* longer than destroy_wait_ms */
+    hook_go();
+    pthread_join(t, NULL);
+    rt = NULL;
+    WAIT_FOR(fake_calls("cuModuleLoadDataEx") == loads + 1); /* the reload */
+    WAIT_FOR(fake_live_images() == 0);
+    ck_assert_int_eq(fake_bad_unloads(), 0);
+    usleep(20 * 1000); /* the reclaim thread's last steps */
+    ck_assert_int_eq(atomic_load(&events[HK_EVENT_CONTEXT_RESET]), 0);
+}
+END_TEST
+
+/* Destroy while a build holds the worker (NVRTC cannot be interrupted; here
+ * a hook holds it): destroy returns within destroy_wait_ms, and the worker
+ * finishes the teardown when its build returns, committing nothing and
+ * calling no callback. */
+START_TEST(destroy_does_not_wait_for_a_build) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.destroy_wait_ms = 100;
+    rt = make_rt_with(&o);
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    hook_arm(HKL_HOOK_BUILT, NULL);
+    const char *src = fake_ptx(2, 0, 0, 0);
+    ck_assert_int_eq(hk_submit(rt, "sim", src, strlen(src), NULL), 0);
+    hook_wait_inside();
+    int committed = atomic_load(&events[HK_EVENT_COMMITTED]);
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_and_flag, rt);
+    WAIT_FOR(atomic_load(&destroyed));
+    pthread_join(t, NULL);
+    rt = NULL;
+    ck_assert_int_ge(fake_live_images(), 1); /* the worker still has the runtime */
+    hook_go();
+    WAIT_FOR(fake_live_images() == 0);
+    usleep(20 * 1000);
+    ck_assert_int_eq(atomic_load(&events[HK_EVENT_COMMITTED]), committed);
+}
+END_TEST
+
 /* A swap that waited for another one says so: its report accounts for the
  * whole call. */
 static int slow_check(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
@@ -896,6 +976,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, safe_point_never_waits_for_the_gpu);
     tcase_add_test(tc, submission_does_not_wait_for_ever);
     tcase_add_test(tc, destroy_is_bounded);
+    tcase_add_test(tc, reset_recovery_during_destroy);
+    tcase_add_test(tc, destroy_does_not_wait_for_a_build);
     tcase_add_test(tc, report_accounts_for_waiting);
     suite_add_tcase(s, tc);
     return s;

@@ -21,7 +21,14 @@
  * other children.
  *
  * Threads: an hku_child is owned by whoever holds its owner's lock (the
- * canary's run_lock, the build helper's lock); nothing here locks.
+ * canary's run_lock, the build helper's lock); nothing here locks, except
+ * cancellation. hku_child_cancel comes from another thread (a destroy) while
+ * the owner may be waiting on the helper with its lock held: it shuts down a
+ * second descriptor of the parent's end of the socket, which ends the
+ * owner's poll at once, under cancel_lock, which the owner takes only to
+ * open or close that descriptor. A descriptor, not the pid: a pid may be
+ * reaped and reused under the canceller's feet, a descriptor it holds under
+ * the lock cannot.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +54,25 @@ void hku_child_init(hku_child *c) {
     c->fd = -1;
     c->kill_sig = SIGKILL;
     c->kill_wait_ms = KILL_WAIT_MS;
+    c->cancel_fd = -1;
+    pthread_mutex_init(&c->cancel_lock, NULL);
+}
+
+void hku_child_cancel(hku_child *c) {
+    pthread_mutex_lock(&c->cancel_lock);
+    c->cancelled = 1;
+    if (c->cancel_fd >= 0)
+        shutdown(c->cancel_fd, SHUT_RDWR);
+    pthread_mutex_unlock(&c->cancel_lock);
+}
+
+/* The socket is gone: so is its cancellation descriptor. */
+static void cancel_fd_close(hku_child *c) {
+    pthread_mutex_lock(&c->cancel_lock);
+    if (c->cancel_fd >= 0)
+        close(c->cancel_fd);
+    c->cancel_fd = -1;
+    pthread_mutex_unlock(&c->cancel_lock);
 }
 
 void hku_child_reap(hku_child *c, int wait_ms) {
@@ -83,6 +109,7 @@ void hku_child_kill(hku_child *c, char *how, size_t n) {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    cancel_fd_close(c);
     if (c->pid <= 0)
         return;
     int st = 0;
@@ -117,12 +144,20 @@ int hku_child_gone(hku_child *c) {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    cancel_fd_close(c);
     c->pid = 0;
     return 1;
 }
 
 int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n) {
     hku_child_reap(c, 0);
+    pthread_mutex_lock(&c->cancel_lock);
+    int cancelled = c->cancelled;
+    pthread_mutex_unlock(&c->cancel_lock);
+    if (cancelled) {
+        snprintf(why, n, "%s is not started again: hotkern is shutting down", what);
+        return HK_ERR_CLOSED;
+    }
     if (dying_reserve(c) < 0) {
         snprintf(why, n, "cannot start %s: out of memory", what);
         return HK_ERR_NOMEM;
@@ -168,6 +203,12 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
     }
     c->pid = pid;
     c->fd = sv[0];
+    /* Cancelled meanwhile: the new helper's socket is shut down at once. */
+    pthread_mutex_lock(&c->cancel_lock);
+    c->cancel_fd = fcntl(sv[0], F_DUPFD_CLOEXEC, 3);
+    if (c->cancelled && c->cancel_fd >= 0)
+        shutdown(c->cancel_fd, SHUT_RDWR);
+    pthread_mutex_unlock(&c->cancel_lock);
     return 0;
 }
 
@@ -180,6 +221,7 @@ void hku_child_finish(hku_child *c) {
     free(c->dying);
     c->dying = NULL;
     c->ndying = c->cap = 0;
+    pthread_mutex_destroy(&c->cancel_lock);
 }
 
 /* ---- the helper's side -------------------------------------------------- */

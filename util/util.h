@@ -15,6 +15,7 @@
 #ifndef HK_UTIL_H
 #define HK_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -134,6 +135,11 @@ enum {
 int hku_recv(int fd, uint32_t magic, size_t max, double deadline_ms, uint32_t *type,
              unsigned char **data, size_t *len);
 double hku_now_ms(void); /* CLOCK_MONOTONIC in ms */
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC, so that a
+ * step of the wall clock neither stretches nor cuts them short; and the
+ * deadline `us` microseconds from now for pthread_cond_timedwait on one. */
+int hku_cond_init(pthread_cond_t *c);
+void hku_deadline(struct timespec *ts, long us);
 
 /* A bounds-checked reader over a received payload: every get fails (and
  * sets bad) past the end, and hku_end checks nothing is left over. */
@@ -159,13 +165,17 @@ int hku_end(const hku_rd *r); /* 0 when fully and validly read */
 /* ---- helper processes (util/proc.c) ------------------------------------- */
 
 /* One helper process and the killed ones not reaped yet. Not locked: its
- * owner's lock covers it. */
+ * owner's lock covers it, except for cancellation (hku_child_cancel), which
+ * any thread may call while the owner waits on the helper. */
 typedef struct hku_child {
     pid_t pid;    /* 0: none */
     int fd;       /* the parent's end of the socket; -1: none */
     pid_t *dying; /* killed, not reaped yet (ndying of cap) */
     int ndying, cap;
-    int kill_sig, kill_wait_ms; /* SIGKILL and 2000 ms; tests change them */
+    int kill_sig, kill_wait_ms;  /* SIGKILL and 2000 ms; tests change them */
+    pthread_mutex_t cancel_lock; /* a leaf: covers the two fields below */
+    int cancel_fd;               /* cancel_lock: a second descriptor of the socket; -1: none */
+    int cancelled;               /* cancel_lock: no helper starts any more */
 } hku_child;
 
 void hku_child_init(hku_child *c);
@@ -184,6 +194,10 @@ int hku_child_gone(hku_child *c);
 void hku_child_reap(hku_child *c, int wait_ms);
 /* Kills the child, gives the dying ones kill_wait_ms more, frees the list. */
 void hku_child_finish(hku_child *c);
+/* From any thread: shuts the socket down, so that the owner's wait for the
+ * helper ends at once (end of file), and keeps any helper from starting
+ * again (hku_child_start: HK_ERR_CLOSED). The owner still kills and reaps. */
+void hku_child_cancel(hku_child *c);
 /* The helper's side, first thing in its main: reads `--fd N` and the one
  * integer option named opt (into *val, untouched when absent) from argv;
  * closes every inherited descriptor but N; ignores SIGPIPE; and starts a

@@ -25,6 +25,25 @@ double hku_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+int hku_cond_init(pthread_cond_t *c) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int r = pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+    return r;
+}
+
+void hku_deadline(struct timespec *ts, long us) {
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += us / 1000000;
+    ts->tv_nsec += (us % 1000000) * 1000;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 void hku_buf_init(hku_buf *b, uint32_t magic, uint32_t type) {
     memset(b, 0, sizeof *b);
     hku_msg_hdr h = {magic, type, 0};

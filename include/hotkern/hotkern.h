@@ -307,8 +307,9 @@ typedef struct hk_options {
                                 * a swap or an unload has the driver; default 1000
                                 * (a launch that waited this long goes on, and
                                 * the driver then orders it) */
-    int destroy_wait_ms;       /* longest hk_runtime_destroy waits for kernels
-                                * still running hotkern's code; default 5000 */
+    int destroy_wait_ms;       /* longest hk_runtime_destroy waits (for kernels
+                                * still running hotkern's code, a build, a
+                                * canary run, a callback); default 5000 */
     int canary;                /* 1: run new versions' test launches
                                 * (hk_kernel_add_test) in a canary process
                                 * before they commit; the helper starts at
@@ -389,16 +390,21 @@ static inline void hk_options_init(hk_options *o) {
  * cannot be. */
 HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
 
-/* Waits for the worker, unloads every version, releases retained contexts.
- * All kernel handles and pins become invalid; graphs that captured hk_launch
- * must not be launched afterwards. No other thread may be inside a hotkern
- * call on rt. rt may be NULL.
- * Bound: unloading code waits for kernels still running it (the driver does
- * so), so destroy returns after those kernels end or after
- * options.destroy_wait_ms, whichever comes first; in the second case the code
- * and the runtime's memory are released by hotkern's reclaim thread when the
- * kernels end. Once destroy has begun, that thread calls neither the event
- * nor the log callback, so their userdata may be freed when it returns. */
+/* Stops the sources and the worker, unloads every version, releases
+ * retained contexts. All kernel handles and pins become invalid; graphs that
+ * captured hk_launch must not be launched afterwards. No other thread may be
+ * inside a hotkern call on rt. rt may be NULL.
+ * Bound: destroy returns within options.destroy_wait_ms (plus the time the
+ * sources take to stop), whatever runs. A canary run or an isolated build in
+ * progress is cut short (nothing of it is committed). An in-process NVRTC
+ * compile cannot be interrupted: the worker is left to finish it, commits
+ * nothing, and completes the teardown itself. Unloading code waits for
+ * kernels still running it (the driver does so): those unloads, and the
+ * release of the runtime's memory, are left to hotkern's reclaim thread.
+ * Callbacks: once destroy has begun, no event or log callback is called from
+ * any of hotkern's threads (only from the destroying thread itself), and
+ * destroy waits, within the same bound, for those already running; their
+ * userdata may be freed when it returns. */
 HK_API void hk_runtime_destroy(hk_runtime *rt);
 
 /* The CUcontext used for device slot i (cast from void *), or NULL. */

@@ -3,6 +3,9 @@
  * arguments of hotkern-canary and, as HKBAD_MODE says,
  *   noready    never says READY (sleeps)
  *   failready  says FAIL instead of READY
+ *   failagain  the first helper (HKBAD_STATE, a file, does not exist yet:
+ *              it creates it) says READY and exits at the first request;
+ *              every later one says FAIL (a helper that cannot start again)
  *   exit       says READY, then exits at the first request
  *   silent     says READY, then never answers
  *   linger     as silent, and ignores SIGTERM (a helper that outlives its
@@ -15,6 +18,7 @@
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -91,6 +95,17 @@ int main(int argc, char **argv) {
         for (;;)
             pause();
     hku_buf b;
+    if (!strcmp(mode, "failagain")) {
+        const char *state = getenv("HKBAD_STATE");
+        if (state && access(state, F_OK) != 0) {
+            FILE *f = fopen(state, "w");
+            if (f)
+                fclose(f);
+            mode = "exit";
+        } else {
+            mode = "failready";
+        }
+    }
     if (!strcmp(mode, "failready")) {
         hku_buf_init(&b, HKA_MAGIC, HKA_FAIL);
         hku_put_str(&b, "no device here", HKA_MAX_TEXT);
