@@ -200,7 +200,10 @@ $(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+
+# cpu_load steps the wall clock as the library reads it.
+$(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
 
 # A stand-in libcuda for tests/cpu_driver.c's binding test (HK_LIBCUDA=); outside
 # BUILD/tests, whose every executable tests/run.sh runs as a suite.

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loader/loader.h"
@@ -837,12 +838,19 @@ START_TEST(destroy_is_bounded) {
 }
 END_TEST
 
+static _Atomic int destroyed;
+
+static void *launch_once(void *arg) {
+    int out = -1;
+    launch_on(arg, NULL, &out);
+    atomic_store(&destroyed, 1);
+    return NULL;
+}
+
 static void *destroy_thread(void *arg) {
     hk_runtime_destroy(arg);
     return NULL;
 }
-
-static _Atomic int destroyed;
 
 static void *destroy_and_flag(void *arg) {
     hk_runtime_destroy(arg);
@@ -917,6 +925,71 @@ START_TEST(destroy_does_not_wait_for_a_build) {
 }
 END_TEST
 
+/* The wall clock as hotkern's code reads it can be stepped: this binary is
+ * linked with --wrap=clock_gettime (Makefile). */
+int __real_clock_gettime(clockid_t c, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t c, struct timespec *ts);
+static _Atomic long wall_step_s;
+
+int __wrap_clock_gettime(clockid_t c, struct timespec *ts) {
+    int r = __real_clock_gettime(c, ts);
+    if (r == 0 && c == CLOCK_REALTIME)
+        ts->tv_sec += atomic_load(&wall_step_s);
+    return r;
+}
+
+static void *swap_for_safe_point(void *arg) {
+    (void)arg;
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_AT_SAFE_POINT;
+    hk_report rep = HK_REPORT_INIT;
+    const char *src = fake_ptx(2, 0, 0, 0);
+    intptr_t err = hk_swap(rt, "sim", src, strlen(src), &so, &rep);
+    hk_report_clear(&rep);
+    atomic_store(&destroyed, 1);
+    return (void *)err;
+}
+
+/* Timed waits run on the monotonic clock: with the wall clock stepped an
+ * hour ahead, a swap waiting for a safe point that never comes still stages
+ * itself after safe_point_wait_ms, and a launch at a closed gate still goes
+ * on after launch_hold_max_us (deadlines on the wall clock would each be an
+ * hour away). */
+START_TEST(waits_ignore_wall_clock_steps) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.safe_point_wait_ms = 100;
+    o.launch_hold_max_us = 20000;
+    rt = make_rt_with(&o);
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    hk_kernel *k = step_kernel();
+    atomic_store(&wall_step_s, 3600);
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, swap_for_safe_point, NULL);
+    WAIT_FOR(atomic_load(&destroyed));
+    void *err;
+    pthread_join(t, &err);
+    ck_assert_int_eq((intptr_t)err, 0);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 2);
+
+    swap_ok(fake_ptx(1, 0, 0, 0)); /* the held swap below brings tag 2 again */
+    hook_arm(HKL_HOOK_GATED, NULL);
+    pthread_create(&t, NULL, swap_tag2, NULL);
+    hook_wait_inside(); /* the gate is closed and stays so */
+    atomic_store(&destroyed, 0);
+    pthread_t l;
+    pthread_create(&l, NULL, launch_once, k);
+    WAIT_FOR(atomic_load(&destroyed));
+    pthread_join(l, NULL);
+    hook_go();
+    pthread_join(t, NULL);
+    atomic_store(&wall_step_s, 0);
+}
+END_TEST
+
 /* A swap that waited for another one says so: its report accounts for the
  * whole call. */
 static int slow_check(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
@@ -978,6 +1051,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, destroy_is_bounded);
     tcase_add_test(tc, reset_recovery_during_destroy);
     tcase_add_test(tc, destroy_does_not_wait_for_a_build);
+    tcase_add_test(tc, waits_ignore_wall_clock_steps);
     tcase_add_test(tc, report_accounts_for_waiting);
     suite_add_tcase(s, tc);
     return s;
