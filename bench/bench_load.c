@@ -26,6 +26,12 @@
  *   own launches N threads         raw cuLaunchKernel launchers (the
  *                                  application's own, which hotkern cannot
  *                                  hold) while the main thread hk_swaps
+ *   unhappy N threads              hk_launch launchers, no synchronize, while
+ *                                  the main thread cycles through five
+ *                                  operations: a swap, a swap, a rollback,
+ *                                  hk_kernel_function, and a swap refused in
+ *                                  validation (its image lacks tagk); each
+ *                                  kind's latency is reported on its own
  *
  * Two more phases come first, as the baseline for launcher pauses: the same
  * launchers (raw cuLaunchKernel, then hk_launch) with no swap at all, for
@@ -65,7 +71,7 @@ enum { RING = 4096, MAXT = 256, SAMPLE_EVERY = 1000, RAW_CYCLES = 2000 };
 static const double RAW_CAP_S = 20;
 static const hk_dim3 one = {1, 1, 1};
 
-static void *img[3]; /* by tag: img[1], img[2] */
+static void *img[3]; /* by tag: img[1], img[2]; img[0] lacks tagk */
 static size_t nimg[3];
 static hk_runtime *rt;
 static hk_kernel *hk_k;
@@ -80,6 +86,7 @@ typedef struct {
     int sync;                  /* launchers synchronize their stream every RING launches */
     int raw_swap;              /* main thread: raw driver load cycles instead of hk_swap */
     int no_swap;               /* main thread: nothing (the launchers' own pauses) */
+    int unhappy;               /* main thread: refusals, rollbacks, function lookups too */
 } phase;
 
 /* Written before the launchers are created, read-only while they run. */
@@ -182,10 +189,16 @@ static void *launch_loop(void *arg) {
 
 /* ---- what the main thread does meanwhile ---------------------------------- */
 
+/* The unhappy phase's other operations: latencies by kind. */
+enum { OP_REFUSED, OP_ROLLBACK, OP_FUNCTION, NOPS };
+static const char *const op_name[NOPS] = {"refused swap", "rollback", "hk_kernel_function"};
+
 typedef struct {
     int attempted, done, failed;
     double *lat, *stage, *commit; /* of swaps that returned before the cap */
-    int late;                     /* a swap was in flight when the cap hit */
+    double *op_lat[NOPS];         /* unhappy phase: by kind */
+    int op_done[NOPS], no_history;
+    int late; /* a swap was in flight when the cap hit */
     double late_ms;
     double worst[4]; /* the slowest swap: total, stage, commit, wait (ms) */
     double worst_at; /* when it started, seconds into the phase */
@@ -220,11 +233,50 @@ static void sample(sampler *S, int with_mem) {
 
 static int gap_us; /* the swapper's pause between swaps */
 
+/* One of the unhappy phase's other operations (i % 5: 2 rollback, 3
+ * hk_kernel_function, 4 a refused swap). Returns 0 when it did what it
+ * should, else 1 (printed once). */
+static int unhappy_op(swaps *w, int i, const hk_swap_options *so) {
+    hk_report rep = HK_REPORT_INIT;
+    int kind = i % 5 == 2 ? OP_ROLLBACK : i % 5 == 3 ? OP_FUNCTION : OP_REFUSED, rc, ok;
+    uint64_t t0 = bench_ns();
+    if (kind == OP_ROLLBACK) {
+        rc = hk_rollback(rt, "tag", &rep);
+        ok = rc == 0 || rc == HK_ERR_NO_HISTORY;
+        if (rc == 0)
+            cur_tag = 3 - cur_tag; /* versions alternate: the one before is the other tag */
+        w->no_history += rc == HK_ERR_NO_HISTORY;
+    } else if (kind == OP_FUNCTION) {
+        void *f = NULL;
+        rc = hk_kernel_function(hk_k, &f);
+        ok = rc == 0 && f;
+    } else {
+        rc = hk_swap(rt, "tag", img[0], nimg[0], so, &rep);
+        ok = rc == HK_ERR_MISSING_KERNEL;
+    }
+    uint64_t t1 = bench_ns();
+    if (!ok && !w->failed++)
+        printf("  first failed %s: %s: %s\n", op_name[kind], hk_strerror(rc), rep.message);
+    if (ok && t1 < deadline)
+        w->op_lat[kind][w->op_done[kind]++] = (double)(t1 - t0) / 1e6;
+    if (t1 >= deadline) {
+        w->late = 1;
+        w->late_ms = (double)(t1 - t0) / 1e6;
+    }
+    hk_report_clear(&rep);
+    return !ok;
+}
+
 static void hk_swaps(swaps *w, int max, sampler *S) {
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.stage = HK_STAGE_NOW;
-    while (w->attempted < max && bench_ns() < deadline) {
+    for (int i = 0; w->attempted < max && bench_ns() < deadline; i++) {
+        if (ph->unhappy && i % 5 >= 2) {
+            w->attempted++;
+            unhappy_op(w, i, &so);
+            continue;
+        }
         int tag = 3 - cur_tag;
         hk_report rep = HK_REPORT_INIT;
         if (gap_us)
@@ -365,6 +417,14 @@ static void print_swaps(const phase *p, swaps *w, int max_swaps, double swap_s, 
     if (!p->raw_swap && w->done)
         printf("%s: slowest swap %.3f ms at %.2f s: stage %.3f, commit %.3f, waiting %.3f ms\n",
                label, w->worst[0], w->worst_at, w->worst[1], w->worst[2], w->worst[3]);
+    for (int k = 0; p->unhappy && k < NOPS; k++) {
+        int n = w->op_done[k];
+        if (n)
+            bench_median(w->op_lat[k], n); /* sorts */
+        printf("%s: %s x %d: p50 %.3f ms, p99 %.3f ms, max %.3f ms%s\n", label, op_name[k], n,
+               pct(w->op_lat[k], n, 50), pct(w->op_lat[k], n, 99), pct(w->op_lat[k], n, 100),
+               k == OP_ROLLBACK && w->no_history ? " (some found no history)" : "");
+    }
 }
 
 /* Runs one phase with n launcher threads; returns the number of errors
@@ -381,8 +441,11 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     swaps w = {.lat = calloc((size_t)max_swaps + 1, sizeof(double)),
                .stage = calloc((size_t)max_swaps + 1, sizeof(double)),
                .commit = calloc((size_t)max_swaps + 1, sizeof(double))};
+    for (int k = 0; k < NOPS; k++)
+        w.op_lat[k] = calloc((size_t)max_swaps + 1, sizeof(double));
     sampler S = {0};
-    if (!L || !gaps || !w.lat || !w.stage || !w.commit) {
+    if (!L || !gaps || !w.lat || !w.stage || !w.commit || !w.op_lat[0] || !w.op_lat[1] ||
+        !w.op_lat[2]) {
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
@@ -487,6 +550,8 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     free(w.lat);
     free(w.stage);
     free(w.commit);
+    for (int k = 0; k < NOPS; k++)
+        free(w.op_lat[k]);
     free(L);
     return errors;
 }
@@ -546,6 +611,9 @@ int main(int argc, char **argv) {
         snprintf(src, sizeof src, TAG_SRC, tag);
         img[tag] = bench_build(src, 1, &nimg[tag]);
     }
+    /* img[0]: a version without tagk, refused in validation. */
+    img[0] = bench_build("extern \"C\" __global__ void other(int *s, int i) { s[i] = 7; }\n", 1,
+                         &nimg[0]);
     CUlibrary lib;
     if (bd.LibraryLoadData(&lib, img[1], NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS ||
         bd.LibraryGetKernel(&raw_k, lib, "tagk") != CUDA_SUCCESS) {
@@ -593,12 +661,13 @@ int main(int argc, char **argv) {
            "most %d and %.0f s\n",
            max_swaps, cap_s, RAW_CYCLES, RAW_CAP_S);
     static const phase phases[] = {
-        {"no swap, raw launches", "", 1, 0, 0, 1},
-        {"no swap, hk_launch", "", 0, 0, 0, 1},
-        {"load", "", 0, 0, 0, 0},
-        {"load", " (sync/4096)", 0, 1, 0, 0},
-        {"raw driver", "", 1, 0, 1, 0},
-        {"own launches", "", 1, 0, 0, 0},
+        {"no swap, raw launches", "", 1, 0, 0, 1, 0},
+        {"no swap, hk_launch", "", 0, 0, 0, 1, 0},
+        {"load", "", 0, 0, 0, 0, 0},
+        {"load", " (sync/4096)", 0, 1, 0, 0, 0},
+        {"raw driver", "", 1, 0, 1, 0, 0},
+        {"own launches", "", 1, 0, 0, 0, 0},
+        {"unhappy", "", 0, 0, 0, 0, 1},
     };
     pthread_t wd;
     pthread_create(&wd, NULL, watchdog, NULL);
@@ -618,6 +687,7 @@ int main(int argc, char **argv) {
     bd.LibraryUnload(lib);
     cudaFree(d_rings);
     cudaFreeHost(h_rings);
+    free(img[0]);
     free(img[1]);
     free(img[2]);
     if (errors)
