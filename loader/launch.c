@@ -101,6 +101,62 @@ out:
     return err;
 }
 
+static int require_locked(hk_kernel *k, const size_t *offsets, const size_t *sizes, int n,
+                          hk_report *rep) {
+    hk_runtime *rt = k->rt;
+    hkl_param_layout want = {0, NULL, NULL};
+    int err = 0;
+    if (n > 0) {
+        want.offset = malloc((size_t)n * sizeof *want.offset);
+        want.size = malloc((size_t)n * sizeof *want.size);
+        if (!want.offset || !want.size) {
+            hkl_layout_free(&want);
+            return HK_ERR_NOMEM;
+        }
+        for (int i = 0; i < n; i++) {
+            want.offset[i] = (uint32_t)offsets[i];
+            want.size[i] = (uint32_t)sizes[i];
+        }
+        want.n = n;
+    }
+    char diff[200];
+    hkl_swap_lock(rt);
+    /* The handle's layout is its current version's (every commit keeps
+     * them equal): "had" is what the caller requires. */
+    if (hkl_layout_diff(&want, &k->layout, diff, sizeof diff)) {
+        if (rep)
+            snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
+        err = hku_fail(rep, HK_ERR_LAYOUT,
+                       "kernel '%s' of '%s' does not take the arguments it is called with: the "
+                       "caller's layout %s in version %llu",
+                       k->name, k->mod->name, diff,
+                       (unsigned long long)atomic_load(&k->mod->current)->number);
+    } else {
+        k->fixed_layout = 1;
+    }
+    hkl_swap_unlock(rt, 0);
+    hkl_layout_free(&want);
+    return err;
+}
+
+int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *sizes, int n,
+                             hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    if (rep)
+        hk_report_clear(&full);
+    int err;
+    if (!k || n < 0 || (n > 0 && (!offsets || !sizes)))
+        err = HK_ERR_INVALID;
+    else if (hkl_swap_held(k->rt))
+        err = HK_ERR_BUSY; /* from a check callback */
+    else
+        err = require_locked(k, offsets, sizes, n, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
 /* A failed launch. If a context reset may explain it, the reclaim thread
  * checks now (and reloads modules); the caller gets the error at once. */
 static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {

@@ -183,6 +183,8 @@ struct hk_kernel {
     char *name;
     /* swap_lock: the layout every new version must match */
     hkl_param_layout layout;
+    int fixed_layout; /* swap_lock: 1: required (hk_kernel_require_layout, a
+                       * program's kernel): no version may change it */
     /* swap_lock: attributes set through the handle, applied to every new
      * version before its commit; cache_config < 0: none */
     struct {
@@ -516,6 +518,9 @@ const char *hkl_entry_name(const hkl_version *v, const char *name);
 int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
 int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
 void hkl_layout_free(hkl_param_layout *l);
+/* Describes how two layouts differ into buf ("had 2 parameters, now 3"), or
+ * returns 0 when they are equal. */
+int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
 
 /* launch.c */
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,

@@ -288,7 +288,7 @@ void hkl_layout_free(hkl_param_layout *l) {
 }
 
 /* Describes how two layouts differ, or returns 0 when they are equal. */
-static int layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n) {
+int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n) {
     if (a->n != b->n) {
         snprintf(buf, n, "had %d parameters, now %d", a->n, b->n);
         return 1;
@@ -398,12 +398,18 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
         return err;
     }
     char diff[200];
-    if (layout_diff(&k->layout, &now, diff, sizeof diff)) {
-        if (!accept) {
+    if (hkl_layout_diff(&k->layout, &now, diff, sizeof diff)) {
+        if (!accept || k->fixed_layout) {
             if (rep)
                 snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
-            hku_fail(rep, HK_ERR_LAYOUT, "kernel '%s': %s (pass accept_layout_change to allow it)",
-                     k->name, diff);
+            if (k->fixed_layout)
+                hku_fail(rep, HK_ERR_LAYOUT,
+                         "kernel '%s': %s; its callers pass arguments in the layout they were "
+                         "compiled with, which no version may change",
+                         k->name, diff);
+            else
+                hku_fail(rep, HK_ERR_LAYOUT,
+                         "kernel '%s': %s (pass accept_layout_change to allow it)", k->name, diff);
             hkl_layout_free(&now);
             return HK_ERR_LAYOUT;
         }

@@ -277,6 +277,35 @@ START_TEST(layout_change_when_accepted) {
 }
 END_TEST
 
+/* A layout required by the caller (hotkern.hpp, the <<<>>> interposition)
+ * is checked now and holds for good: accept_layout_change cannot change it. */
+START_TEST(required_layout_holds) {
+    hk_report rep = HK_REPORT_INIT;
+    swap_ok("sim", ptx(1, 1, 0, 0), &rep);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
+    /* step(u64 out, u32 n) */
+    size_t off[] = {0, 8}, size[] = {8, 4}, bad_size[] = {8, 8};
+    ck_assert_int_eq(hk_kernel_require_layout(k, off, bad_size, 2, &rep), HK_ERR_LAYOUT);
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_msg(strstr(rep.message, "parameter 1 was 8 bytes at offset 8, now 4 bytes"), "%s",
+                  rep.message);
+    ck_assert_int_eq(hk_kernel_require_layout(k, off, size, 1, &rep), HK_ERR_LAYOUT);
+    ck_assert_int_eq(hk_kernel_require_layout(k, off, size, 2, &rep), 0);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.accept_layout_change = 1;
+    const char *src = ptx(2, 1, 0, 1);
+    ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), &so, &rep), HK_ERR_LAYOUT);
+    ck_assert_msg(strstr(rep.message, "no version may change"), "%s", rep.message);
+    ck_assert_int_eq(launch_tag(k), 1);
+    swap_ok("sim", ptx(3, 1, 0, 0), &rep);
+    ck_assert_int_eq(launch_tag(k), 3);
+    ck_assert_int_eq(hk_kernel_require_layout(NULL, off, size, 2, &rep), HK_ERR_INVALID);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static int refuse_odd(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
     (void)module;
     (void)ud;
@@ -1377,6 +1406,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, load_launch_swap_reclaim);
     tcase_add_test(tc, refusals_keep_old_version);
     tcase_add_test(tc, layout_change_when_accepted);
+    tcase_add_test(tc, required_layout_holds);
     tcase_add_test(tc, check_callback_refuses);
     tcase_add_test(tc, globals_carried_over);
     tcase_add_test(tc, rollback_walks_back);

@@ -523,6 +523,18 @@ HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name
  * the same name twice returns the same handle. Safe from any thread. */
 HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out);
 
+/* Requires k's parameter layout to be exactly n parameters, parameter i of
+ * sizes[i] bytes at byte offset offsets[i], now and in every later version
+ * (for callers that pass arguments laid out at compile time: hotkern.hpp,
+ * the <<<>>> interposition). Returns 0 when the current version has that
+ * layout; from then on a version with another is refused with
+ * HK_ERR_LAYOUT, accept_layout_change or not. Returns HK_ERR_LAYOUT, the
+ * report naming the kernel and the first difference, when it does not (the
+ * handle is unchanged); HK_ERR_INVALID for bad arguments. Safe from any
+ * thread; not from a check callback (HK_ERR_BUSY). */
+HK_API int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *sizes, int n,
+                                    hk_report *rep);
+
 /* Frozen: passed by value, it never grows. */
 typedef struct hk_dim3 {
     unsigned x, y, z;
