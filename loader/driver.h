@@ -48,6 +48,8 @@
     X(LibraryGetGlobal, cuLibraryGetGlobal)                                                        \
     X(KernelGetFunction, cuKernelGetFunction)                                                      \
     X(KernelGetParamInfo, cuKernelGetParamInfo)                                                    \
+    X(KernelGetName, cuKernelGetName)                                                              \
+    X(KernelGetLibrary, cuKernelGetLibrary)                                                        \
     X(FuncGetParamInfo, cuFuncGetParamInfo)                                                        \
     X(FuncLoad, cuFuncLoad)                                                                        \
     X(LaunchKernel, cuLaunchKernel)                                                                \

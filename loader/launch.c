@@ -335,6 +335,33 @@ int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *c
     return launch_failed(rt, r, cu);
 }
 
+int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu) {
+    launch_req q = {lc,
+                    {lc->gridDimX, lc->gridDimY, lc->gridDimZ},
+                    {lc->blockDimX, lc->blockDimY, lc->blockDimZ},
+                    lc->sharedMemBytes,
+                    lc->hStream,
+                    args};
+    hk_runtime *rt = k->rt;
+    hkl_tslot *s = hkl_enter(rt);
+    if (!s)
+        return HK_ERR_NOMEM;
+    hkl_version *v = atomic_load(&k->mod->current);
+    void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (rt->drv->StreamIsCapturing(q.stream, &cs) == CUDA_SUCCESS &&
+        cs == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return launch_captured(rt, s, v, f, &q, cu);
+    CUresult r = raw_launch(rt, f, &q);
+    hkl_exit(s);
+    if (r == CUDA_SUCCESS) {
+        if (cu)
+            *cu = 0;
+        return 0;
+    }
+    return launch_failed(rt, r, cu);
+}
+
 /* ---- attributes ---------------------------------------------------------- */
 
 static const char *attr_name(int a) {

@@ -284,6 +284,46 @@ typedef struct hkl_rtref {
     _Atomic int refs;
 } hkl_rtref;
 
+/* expect.c: the program's own kernels and globals (for the <<<>>>
+ * interposition). See the top of expect.c.
+ * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
+ *   or mangled), the layout its call sites pass and the name expression that
+ *   instantiates it in a hot build (NULL: none needed), and binds it at once
+ *   to a committed version that has it; returns the entry (valid until
+ *   destroy; the same for the same name) or NULL. Takes swap_lock.
+ * - hkl_expect_handle: the handle the program's launches of it go to, or
+ *   NULL while no hot version has it. No lock: one acquire load.
+ * - hkl_expect_global registers the program's global `name` (its copy at
+ *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
+ *   the running version uses (1 with *dptr and *size set, 0 when none has it).
+ * - hkl_expect_exprs: the name expressions to add to a build of src (a
+ *   malloc'd vector of *n strings). No engine lock held.
+ * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
+ *   expected kernels v has (before validation, which then checks them as any
+ *   handle); hkl_expect_unadopt takes them back (roll back);
+ *   hkl_expect_seed gives v the program's globals (commit, gate closed);
+ *   hkl_expect_publish publishes the adopted handles (after the commit). */
+#define HKL_MAX_ADOPT 64
+typedef struct hkl_expect hkl_expect;
+typedef struct hkl_adopted {
+    int n, nnew;
+    hkl_expect *e[HKL_MAX_ADOPT];
+    hk_kernel *k[HKL_MAX_ADOPT];
+    int was_fixed[HKL_MAX_ADOPT];
+} hkl_adopted;
+hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
+                              const hkl_param_layout *layout);
+hk_kernel *hkl_expect_handle(const hkl_expect *e);
+const char *hkl_expect_name(const hkl_expect *e);
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
+int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
+int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
+int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
+int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
+void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_free(hk_runtime *rt); /* at free */
+
 /* Test hooks: points where a test may hold a thread (tests/cpu_engine.c). */
 typedef enum hkl_hook_point {
     HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
@@ -396,6 +436,11 @@ struct hk_runtime {
                          * its own lock) */
 
     hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
+
+    pthread_mutex_t expect_lock; /* a leaf: the program's kernels and globals (expect.c) */
+    hkl_expect *expects;         /* expect_lock */
+    struct hkl_xglobal *xglobals; /* expect_lock */
+    _Atomic int nexpects;        /* entries of both lists: 0 costs swaps nothing */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
@@ -523,6 +568,9 @@ void hkl_layout_free(hkl_param_layout *l);
 int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
 
 /* launch.c */
+/* hk_launch_ex with a driver launch configuration as the caller has it (its
+ * attributes passed on as they are): for the <<<>>> interposition. */
+int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
                         hk_report *rep);
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v);

@@ -247,6 +247,8 @@ static void runtime_init_locks(hk_runtime *rt) {
     pthread_mutex_init(&rt->work_lock, NULL);
     hku_cond_init(&rt->work_cond);
     hku_cond_init(&rt->idle_cond);
+    pthread_mutex_init(&rt->expect_lock, NULL);
+    atomic_init(&rt->nexpects, 0);
     pthread_mutex_init(&rt->stats_lock, NULL);
     pthread_mutex_init(&rt->src_lock, NULL);
 }
@@ -514,6 +516,8 @@ void hkl_runtime_free(hk_runtime *rt) {
     pthread_cond_destroy(&rt->idle_cond);
     pthread_mutex_destroy(&rt->stats_lock);
     pthread_mutex_destroy(&rt->src_lock);
+    hkl_expect_free(rt);
+    pthread_mutex_destroy(&rt->expect_lock);
     hkl_log_fini(rt);
     free(rt);
 }

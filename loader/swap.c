@@ -598,6 +598,7 @@ typedef struct swap_txn {
     hkl_version *v;           /* the new version */
     hkl_param_layout *newlay; /* new layouts of an accepted change, or NULL */
     int gated;                /* the launch gate is closed */
+    hkl_adopted adopted;      /* the program's kernels this version takes over */
     int pending;              /* noted as pending in the last-known-good state */
     const uint8_t *hash;      /* the image's hash (hkl_lkg_hash) */
     double t0, t1;            /* when stage and commit began (hkl_now_ms) */
@@ -678,6 +679,11 @@ static int adopt_build(swap_txn *t) {
  * context. Closes the launch gate and leaves it closed for validate. */
 static int stage(swap_txn *t) {
     hk_runtime *rt = t->rt;
+    /* The program's kernels this version has become handles first, so that
+     * they are validated as every handle is. */
+    int err = hkl_expect_adopt(rt, t->m, t->v, &t->adopted);
+    if (err < 0)
+        return err;
     if (t->m->nkernels && t->job->opt.accept_layout_change) {
         t->newlay = calloc((size_t)t->m->nkernels, sizeof *t->newlay);
         if (!t->newlay)
@@ -687,8 +693,7 @@ static int stage(swap_txn *t) {
                                         : "a swap (load through publication)");
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_GATED);
-    int err = hkl_load_version(rt, t->v, t->rep);
-    if (err < 0)
+    if ((err = hkl_load_version(rt, t->v, t->rep)) < 0)
         return err;
     return upload_all(rt, t->v, t->rep);
 }
@@ -763,8 +768,13 @@ static int commit(swap_txn *t) {
         return err;
     if ((err = history_push(rt, t->m, t->v)) < 0)
         return err;
+    if ((err = hkl_expect_seed(rt, t->m, t->v, t->old == NULL, t->rep)) < 0) {
+        hkl_image_clear(&t->m->hist[--t->m->nhist]); /* the push above */
+        return err;
+    }
     publish(t);
     txn_gate_open(t);
+    hkl_expect_publish(rt, t->m, t->v, &t->adopted);
     if (t->old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too. */
@@ -800,6 +810,7 @@ static void module_drop_if_unused(hk_runtime *rt, hkl_module *m) {
  * never stopped), records the failure and returns err. */
 static int roll_back(swap_txn *t, int err) {
     hk_runtime *rt = t->rt;
+    hkl_expect_unadopt(t->m, &t->adopted);
     if (t->pending)
         hkl_lkg_unpending(rt, t->m->name, t->v->number);
     if (t->newlay) {
@@ -987,8 +998,40 @@ static int job_new(hkl_job **out, const char *name, const void *data, size_t siz
     return 0;
 }
 
+/* Adds to a CUDA C job the name expressions that instantiate the
+ * program's template kernels its source declares (expect.c), after the
+ * caller's own. */
+static int add_program_exprs(hk_runtime *rt, hkl_job *j) {
+    hk_format fmt = j->opt.format;
+    char why[64];
+    if (fmt == HK_FORMAT_AUTO && hkp_detect(j->data, j->size, &fmt, why, sizeof why) < 0)
+        return 0;
+    if (fmt != HK_FORMAT_CUDA_C)
+        return 0;
+    char **extra = NULL;
+    int n = 0, have = j->opt.nname_expressions;
+    hkl_expect_exprs(rt, j->data, j->size, &extra, &n);
+    int added = 0;
+    for (int i = 0; i < n; i++) {
+        int dup = 0;
+        for (int k = 0; k < have + added && !dup; k++)
+            dup = !strcmp(j->name_expressions[k], extra[i]);
+        char **v = dup ? NULL : realloc(j->name_expressions, (size_t)(have + added + 1) * sizeof *v);
+        if (v) {
+            v[have + added++] = extra[i];
+            j->name_expressions = v;
+            extra[i] = NULL;
+        }
+    }
+    hku_strv_free(extra, n);
+    j->opt.nname_expressions = have + added;
+    j->opt.name_expressions = (const char *const *)j->name_expressions;
+    return 0;
+}
+
 /* Runs the build step of a job. No lock held. */
 static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
+    add_program_exprs(rt, j);
     hkp_build_opts bo = {
         .arch = rt->arch,
         .ptx_to_cubin = rt->opt.ptx_mode == HK_PTX_NVJITLINK,

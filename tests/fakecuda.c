@@ -742,6 +742,18 @@ static CUresult f_KernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *
     ENTER("cuKernelGetParamInfo");
     LEAVE(param_info((fkern *)k, i, off, size));
 }
+static CUresult f_KernelGetName(const char **name, CUkernel k) {
+    ENTER("cuKernelGetName");
+    fkern *fk = (fkern *)k;
+    *name = fk->img->meta.entries[fk->entry].name;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_KernelGetLibrary(CUlibrary *l, CUkernel k) {
+    ENTER("cuKernelGetLibrary");
+    fkern *fk = (fkern *)k;
+    *l = (CUlibrary)fk->img;
+    LEAVE(fk->img->is_module ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS);
+}
 static CUresult f_FuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
     ENTER("cuFuncGetParamInfo");
     LEAVE(param_info((fkern *)f, i, off, size));

@@ -1,0 +1,500 @@
+/*
+ * The program's own kernels and globals ("expected"): what a source that
+ * routes the program's launches (interpose/, the <<<>>> interposition) tells
+ * the engine about the code the program was built with, so that a hot
+ * version of one of those kernels is held to the program's parameter layout
+ * and takes over the program's globals.
+ *
+ * A kernel is expected by its entry name as the driver reports it (a C name,
+ * or a mangled C++ name) with the layout the program's call sites pass. A
+ * version of any module that has an entry of that name adopts the kernel in
+ * its swap: the swap makes it a handle of that module with the expected,
+ * fixed layout (hk_kernel_require_layout's rule), so the validation that
+ * every handle gets refuses a version whose layout differs, naming the kernel
+ * and the difference; the commit publishes the handle (hkl_expect_handle),
+ * and from then on that module must keep the kernel. The first module to
+ * commit such a version owns the kernel; a same-named kernel in another
+ * module is ignored, and said so once.
+ *
+ * A global is expected by its name, with the address and size of the
+ * program's own copy. The first version of a module that has a global of
+ * that name takes the program's current value (later versions carry it over
+ * as any global); hkl_expect_global_hot gives the address of the copy the
+ * running version uses, for the host's writes and reads.
+ *
+ * Template kernels: the program launches an instantiation (scale<float>),
+ * which a hot build compiles only when it is named. A kernel expected with a
+ * name expression gets that expression added to the builds of CUDA C that
+ * declare a __global__ template of that name (hkl_expect_exprs).
+ *
+ * Locks: expect_lock (runtime) is a leaf that covers the lists and each
+ * entry's mutable fields; the adoption and the binding run under swap_lock
+ * too (they make handles). `k` is published with a release store and read
+ * without a lock by the launching thread.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/loader.h"
+
+struct hkl_expect {
+    /* immutable */
+    char *name; /* entry name: C or mangled */
+    char *expr; /* name expression that instantiates it, or NULL */
+    char *base; /* expr's template name (scale for scale<float>), or NULL */
+    hkl_param_layout layout;
+    _Atomic(hk_kernel *) k; /* written once (swap_lock), read without a lock */
+    int warned;             /* expect_lock: a same-named kernel elsewhere was reported */
+    hkl_expect *next;       /* expect_lock */
+};
+
+typedef struct hkl_xglobal {
+    /* immutable */
+    char *name;
+    uint64_t orig; /* the program's copy, device slot 0 */
+    size_t size;
+    hkl_module *mod;          /* expect_lock: the module whose versions hold it */
+    struct hkl_xglobal *next; /* expect_lock */
+} hkl_xglobal;
+
+hk_kernel *hkl_expect_handle(const hkl_expect *e) {
+    return atomic_load_explicit(&((hkl_expect *)e)->k, memory_order_acquire);
+}
+
+const char *hkl_expect_name(const hkl_expect *e) {
+    return e->name;
+}
+
+static int layout_copy(hkl_param_layout *to, const hkl_param_layout *from) {
+    memset(to, 0, sizeof *to);
+    if (from->n <= 0)
+        return 0;
+    to->offset = malloc((size_t)from->n * sizeof *to->offset);
+    to->size = malloc((size_t)from->n * sizeof *to->size);
+    if (!to->offset || !to->size) {
+        hkl_layout_free(to);
+        return HK_ERR_NOMEM;
+    }
+    memcpy(to->offset, from->offset, (size_t)from->n * sizeof *to->offset);
+    memcpy(to->size, from->size, (size_t)from->n * sizeof *to->size);
+    to->n = from->n;
+    return 0;
+}
+
+/* The template name of a name expression: "scale" for "scale<float>" or
+ * "ns::scale<float, 2>"; NULL when it names no template. */
+static char *expr_base(const char *expr) {
+    const char *lt = strchr(expr, '<');
+    if (!lt)
+        return NULL;
+    const char *end = lt;
+    while (end > expr && isspace((unsigned char)end[-1]))
+        end--;
+    const char *start = end;
+    while (start > expr && (isalnum((unsigned char)start[-1]) || start[-1] == '_'))
+        start--;
+    if (start == end)
+        return NULL;
+    return strndup(start, (size_t)(end - start));
+}
+
+static hkl_expect *find_kernel(hk_runtime *rt, const char *name) {
+    for (hkl_expect *e = rt->expects; e; e = e->next)
+        if (!strcmp(e->name, name))
+            return e;
+    return NULL;
+}
+
+/* v's metadata entry called name, or NULL. */
+static const hkp_entry *entry_of(const hkl_version *v, const char *name) {
+    for (int i = 0; i < v->nentries; i++)
+        if (!strcmp(v->entries[i].name, name))
+            return &v->entries[i];
+    return NULL;
+}
+
+static hk_kernel *handle_in(const hkl_module *m, const char *name) {
+    for (int i = 0; i < m->nkernels; i++)
+        if (!strcmp(m->kernels[i]->name, name))
+            return m->kernels[i];
+    return NULL;
+}
+
+/* A new handle of m for e, with e's fixed layout, appended to m's handles
+ * (slot resolved by the caller). swap_lock held. NULL: no memory. */
+static hk_kernel *handle_new(hkl_module *m, const hkl_expect *e) {
+    if (m->nkernels == m->capkernels) {
+        int cap = m->capkernels ? 2 * m->capkernels : 8;
+        hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
+        if (!ks)
+            return NULL;
+        m->kernels = ks;
+        m->capkernels = cap;
+    }
+    hk_kernel *k = calloc(1, sizeof *k);
+    if (!k || !(k->name = strdup(e->name)) || layout_copy(&k->layout, &e->layout) < 0) {
+        if (k)
+            free(k->name);
+        free(k);
+        return NULL;
+    }
+    k->mod = m;
+    k->slot = m->nkernels;
+    k->cache_config = -1;
+    k->fixed_layout = 1;
+    m->kernels[m->nkernels++] = k;
+    return k;
+}
+
+static void handle_free(hk_kernel *k) {
+    free(k->name);
+    hkl_layout_free(&k->layout);
+    free(k);
+}
+
+/* Which module, other than m, owns e already (its handle's), or NULL. */
+static const hkl_module *owner(const hkl_expect *e) {
+    hk_kernel *k = atomic_load(&((hkl_expect *)e)->k);
+    return k ? k->mod : NULL;
+}
+
+/* ---- registration ------------------------------------------------------- */
+
+/* Binds e to the current version of a module that has its entry, when one
+ * has (a hot version committed before the program first launched the
+ * kernel). The version is committed already: one whose layout differs is
+ * not refused but left alone, and the program's own kernel keeps running.
+ * swap_lock held, launch gate closed, a context current. */
+static void bind_now(hk_runtime *rt, hkl_expect *e) {
+    for (hkl_module *m = rt->modules; m; m = m->next) {
+        hkl_version *v = atomic_load(&m->current);
+        const hkp_entry *en = v ? entry_of(v, e->name) : NULL;
+        if (!en)
+            continue;
+        hk_kernel *k = handle_in(m, e->name);
+        char diff[200];
+        if (k) {
+            if (hkl_layout_diff(&e->layout, &k->layout, diff, sizeof diff)) {
+                hk_log(rt, HK_LOG_WARN, "engine",
+                       "kernel '%s' of module '%s' does not take the program's arguments (the "
+                       "program's layout %s): the program's own code runs",
+                       e->name, m->name, diff);
+                return;
+            }
+            k->fixed_layout = 1;
+        } else {
+            if (!(k = handle_new(m, e)))
+                return;
+            hk_report rep = HK_REPORT_INIT;
+            hkl_param_layout now;
+            int err = hkl_resolve_slot(rt, v, k, &rep);
+            if (!err && (err = hkl_read_layout(rt, v, k, &now)) == 0) {
+                if (hkl_layout_diff(&e->layout, &now, diff, sizeof diff)) {
+                    hk_log(rt, HK_LOG_WARN, "engine",
+                           "kernel '%s' of module '%s' v%llu does not take the program's "
+                           "arguments (the program's layout %s): the program's own code runs",
+                           e->name, m->name, (unsigned long long)v->number, diff);
+                    err = HK_ERR_LAYOUT;
+                }
+                hkl_layout_free(&now);
+            }
+            if (!err)
+                err = hkl_apply_attrs(rt, v, k, &rep);
+            hk_report_clear(&rep);
+            if (err) {
+                m->nkernels--;
+                handle_free(k);
+                return;
+            }
+        }
+        atomic_store_explicit(&e->k, k, memory_order_release);
+        hk_log(rt, HK_LOG_INFO, "engine", "the program's kernel '%s' runs module '%s' v%llu",
+               e->name, m->name, (unsigned long long)v->number);
+        return;
+    }
+}
+
+hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
+                              const hkl_param_layout *layout) {
+    if (!rt || !name || !*name || !layout || hkl_swap_held(rt))
+        return NULL;
+    CUstreamCaptureMode mode = hkl_relax(rt);
+    hkl_swap_lock(rt);
+    pthread_mutex_lock(&rt->expect_lock);
+    hkl_expect *e = find_kernel(rt, name);
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+        e->name = strdup(name);
+        e->expr = expr ? strdup(expr) : NULL;
+        e->base = expr ? expr_base(expr) : NULL;
+        atomic_init(&e->k, NULL);
+        if (!e->name || (expr && !e->expr) || layout_copy(&e->layout, layout) < 0) {
+            free(e->name);
+            free(e->expr);
+            free(e->base);
+            free(e);
+            e = NULL;
+        } else {
+            hkl_gate_close(rt, "binding a program's kernel");
+            int pushed = hkl_ctx_push(rt, 0) == 0;
+            bind_now(rt, e);
+            if (pushed)
+                hkl_ctx_pop(rt);
+            hkl_gate_open(rt);
+            pthread_mutex_lock(&rt->expect_lock);
+            e->next = rt->expects;
+            rt->expects = e;
+            atomic_fetch_add(&rt->nexpects, 1);
+            pthread_mutex_unlock(&rt->expect_lock);
+        }
+    }
+    hkl_swap_unlock(rt, 0);
+    hkl_unrelax(rt, mode);
+    return e;
+}
+
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size) {
+    if (!rt || !name || !*name || !orig || !size)
+        return HK_ERR_INVALID;
+    hkl_xglobal *g = calloc(1, sizeof *g);
+    if (!g || !(g->name = strdup(name))) {
+        free(g);
+        return HK_ERR_NOMEM;
+    }
+    g->orig = orig;
+    g->size = size;
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_xglobal *o = rt->xglobals; o; o = o->next)
+        if (!strcmp(o->name, name)) {
+            pthread_mutex_unlock(&rt->expect_lock);
+            free(g->name);
+            free(g);
+            return 0; /* the first registration stands */
+        }
+    g->next = rt->xglobals;
+    rt->xglobals = g;
+    atomic_fetch_add(&rt->nexpects, 1);
+    pthread_mutex_unlock(&rt->expect_lock);
+    return 0;
+}
+
+int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size) {
+    pthread_mutex_lock(&rt->expect_lock);
+    hkl_xglobal *g = rt->xglobals;
+    while (g && strcmp(g->name, name))
+        g = g->next;
+    hkl_module *m = g ? g->mod : NULL;
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (!m)
+        return 0;
+    return hk_module_global(rt, m->name, name, 0, dptr, size) == 0;
+}
+
+void hkl_expect_free(hk_runtime *rt) {
+    while (rt->expects) {
+        hkl_expect *e = rt->expects;
+        rt->expects = e->next;
+        free(e->name);
+        free(e->expr);
+        free(e->base);
+        hkl_layout_free(&e->layout);
+        free(e);
+    }
+    while (rt->xglobals) {
+        hkl_xglobal *g = rt->xglobals;
+        rt->xglobals = g->next;
+        free(g->name);
+        free(g);
+    }
+}
+
+/* ---- builds ------------------------------------------------------------- */
+
+static int ident_char(char c) {
+    return isalnum((unsigned char)c) || c == '_';
+}
+
+/* 1 when src declares a __global__ function template called base: the
+ * declaration that holds `base (` also holds `template` and `__global__`
+ * since the last `;`, `{` or `}` before it. A name expression for a
+ * template the source does not declare would fail the whole build. */
+static int declares_template(const char *src, size_t len, const char *base) {
+    size_t bl = strlen(base);
+    for (size_t i = 0; i + bl <= len; i++) {
+        if (memcmp(src + i, base, bl) || (i && ident_char(src[i - 1])) ||
+            (i + bl < len && ident_char(src[i + bl])))
+            continue;
+        size_t j = i + bl;
+        while (j < len && isspace((unsigned char)src[j]))
+            j++;
+        if (j >= len || src[j] != '(')
+            continue;
+        size_t s = i;
+        while (s > 0 && src[s - 1] != ';' && src[s - 1] != '{' && src[s - 1] != '}')
+            s--;
+        int tmpl = 0, global = 0;
+        for (size_t k = s; k < i; k++) {
+            if (!ident_char(src[k]) || (k > s && ident_char(src[k - 1])))
+                continue;
+            if (i - k >= 8 && !memcmp(src + k, "template", 8) && !ident_char(src[k + 8]))
+                tmpl = 1;
+            if (i - k >= 10 && !memcmp(src + k, "__global__", 10) && !ident_char(src[k + 10]))
+                global = 1;
+        }
+        if (tmpl && global)
+            return 1;
+    }
+    return 0;
+}
+
+int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (!atomic_load(&rt->nexpects))
+        return 0;
+    int cap = 0;
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_expect *e = rt->expects; e; e = e->next) {
+        if (!e->expr || !e->base || !declares_template(src, len, e->base))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **v = realloc(*out, (size_t)cap * sizeof *v);
+            if (!v)
+                break;
+            *out = v;
+        }
+        if (!((*out)[*n] = strdup(e->expr)))
+            break;
+        (*n)++;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    return 0;
+}
+
+/* ---- swaps -------------------------------------------------------------- */
+
+int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
+    memset(a, 0, sizeof *a);
+    if (!atomic_load(&rt->nexpects))
+        return 0;
+    int err = 0;
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_expect *e = rt->expects; e && !err; e = e->next) {
+        if (!entry_of(v, e->name))
+            continue;
+        const hkl_module *own = owner(e);
+        if (own && own != m) {
+            if (!e->warned) {
+                e->warned = 1;
+                hk_log(rt, HK_LOG_WARN, "engine",
+                       "kernel '%s' of module '%s' is not used: the program's '%s' runs "
+                       "module '%s'",
+                       e->name, m->name, e->name, own->name);
+            }
+            continue;
+        }
+        if (own)
+            continue; /* this module's handle already: validated as any handle */
+        hk_kernel *k = handle_in(m, e->name);
+        if (k) {
+            /* Taken by hand before: it becomes the program's if it already
+             * takes the program's arguments (validation checks the new
+             * version against it). */
+            char diff[200];
+            if (hkl_layout_diff(&e->layout, &k->layout, diff, sizeof diff))
+                continue;
+        } else if (!(k = handle_new(m, e))) {
+            err = HK_ERR_NOMEM;
+            break;
+        } else {
+            a->nnew++;
+        }
+        if (a->n == HKL_MAX_ADOPT)
+            break;
+        a->e[a->n] = e;
+        a->k[a->n] = k;
+        a->was_fixed[a->n] = k->fixed_layout;
+        k->fixed_layout = 1;
+        a->n++;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    return err;
+}
+
+void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a) {
+    /* New handles are the last ones of m: nothing else was added since. */
+    for (int i = a->n - 1; i >= 0; i--) {
+        if (m->nkernels && m->kernels[m->nkernels - 1] == a->k[i]) {
+            m->nkernels--;
+            handle_free(a->k[i]);
+        } else {
+            a->k[i]->fixed_layout = a->was_fixed[i];
+        }
+    }
+    a->n = a->nnew = 0;
+}
+
+void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
+    for (int i = 0; i < a->n; i++) {
+        atomic_store_explicit(&a->e[i]->k, a->k[i], memory_order_release);
+        hk_log(rt, HK_LOG_INFO, "engine", "the program's kernel '%s' runs module '%s' v%llu",
+               a->e[i]->name, m->name, (unsigned long long)v->number);
+    }
+    a->n = a->nnew = 0;
+}
+
+int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
+    if (!atomic_load(&rt->nexpects) || !v->nglobals)
+        return 0;
+    const hkl_driver *d = rt->drv;
+    char skipped[256] = "";
+    int err = 0;
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next) {
+        int in = 0;
+        for (int i = 0; i < v->nglobals && !in; i++)
+            in = !strcmp(v->globals[i].name, g->name);
+        if (!in || (g->mod && g->mod != m))
+            continue;
+        int bind = !g->mod;
+        if (first || bind) {
+            /* The program's value goes into the module's first version. */
+            CUdeviceptr p = 0;
+            size_t size = 0;
+            CUresult r = v->lib ? d->LibraryGetGlobal(&p, &size, v->lib, g->name)
+                                : d->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
+            if (r == CUDA_SUCCESS && size != g->size) {
+                size_t n = strlen(skipped);
+                snprintf(skipped + n, sizeof skipped - n, "%s%s (the program's %zu bytes, %zu here)",
+                         n ? ", " : "", g->name, g->size, size);
+                continue; /* not bound: the host's writes stay the program's */
+            }
+            CUstream *cs = &rt->dev[0].copy_stream;
+            if (r == CUDA_SUCCESS && !*cs)
+                r = d->StreamCreate(cs, CU_STREAM_NON_BLOCKING);
+            if (r == CUDA_SUCCESS)
+                r = d->MemcpyDtoDAsync(p, (CUdeviceptr)g->orig, size, *cs);
+            if (r == CUDA_SUCCESS)
+                r = d->StreamSynchronize(*cs);
+            if (r != CUDA_SUCCESS) {
+                hkl_report_cu(rep, rt, r, "copying the program's global to the new version");
+                size_t n = strlen(rep ? rep->message : "");
+                if (rep)
+                    snprintf(rep->message + n, sizeof rep->message - n, " ('%s')", g->name);
+                err = HK_ERR_CUDA;
+                break;
+            }
+        }
+        if (bind)
+            g->mod = m;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (skipped[0])
+        hk_log(rt, HK_LOG_WARN, "engine",
+               "'%s' v%llu: the program's globals not taken over (their size differs): %s",
+               m->name, (unsigned long long)v->number, skipped);
+    return err;
+}
