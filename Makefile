@@ -83,6 +83,21 @@ EX_CFLAGS := -std=c11 $(OPT) $(WARN) -pthread $(SAN) -Iinclude -I$(CUDA)/include
 EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 \
             -lcudart
 
+# The <<<>>> interposition (interpose/): its core, and the two ways in: a
+# library for LD_PRELOAD (programs linked with -cudart shared) and an archive
+# for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
+# such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
+ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
+WRAP     := $(BUILD)/lib/libhotkern-wrap.a
+WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
+             cudaLaunchKernelExC cudaLaunchKernelExC_ptsz __cudaRegisterVar cudaMemcpyToSymbol \
+             cudaMemcpyToSymbol_ptds cudaMemcpyToSymbolAsync cudaMemcpyToSymbolAsync_ptsz \
+             cudaMemcpyFromSymbol cudaMemcpyFromSymbol_ptds cudaMemcpyFromSymbolAsync \
+             cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
+comma    := ,
+WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
+
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
 # The build helper process (ptx/helper.c), started by libhotkern when a
@@ -99,7 +114,8 @@ all: build
 .SECONDARY:
 
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(BUILDER) $(TEST_BIN) $(STUB_CUDA) \
+build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) $(BUILDER) \
+       $(TEST_BIN) $(STUB_CUDA) \
        $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
 
 deps:
@@ -186,6 +202,15 @@ $(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map $(SHARED)
 	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(NET_OBJ) -L$(BUILD)/lib -lhotkern $(NET_LIBS)
 	ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
 
+$(PRELOAD): $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) pkg/hotkern-preload.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
+	  $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) $(LIBS) -lstdc++
+
+$(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(LIBS)
@@ -198,9 +223,13 @@ $(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+
+# cpu_interpose drives the interposition's core with the fake driver.
+$(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
 
 # cpu_load steps the wall clock as the library reads it.
 $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
@@ -309,7 +338,7 @@ fuzz: fuzz-build
 	done
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
-               net/*.[ch] canary/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
+               net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)

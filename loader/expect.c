@@ -124,7 +124,7 @@ static hk_kernel *handle_in(const hkl_module *m, const char *name) {
 
 /* A new handle of m for e, with e's fixed layout, appended to m's handles
  * (slot resolved by the caller). swap_lock held. NULL: no memory. */
-static hk_kernel *handle_new(hkl_module *m, const hkl_expect *e) {
+static hk_kernel *handle_new(hk_runtime *rt, hkl_module *m, const hkl_expect *e) {
     if (m->nkernels == m->capkernels) {
         int cap = m->capkernels ? 2 * m->capkernels : 8;
         hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
@@ -140,6 +140,7 @@ static hk_kernel *handle_new(hkl_module *m, const hkl_expect *e) {
         free(k);
         return NULL;
     }
+    k->rt = rt;
     k->mod = m;
     k->slot = m->nkernels;
     k->cache_config = -1;
@@ -185,7 +186,7 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
             }
             k->fixed_layout = 1;
         } else {
-            if (!(k = handle_new(m, e)))
+            if (!(k = handle_new(rt, m, e)))
                 return;
             hk_report rep = HK_REPORT_INIT;
             hkl_param_layout now;
@@ -406,7 +407,7 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
             char diff[200];
             if (hkl_layout_diff(&e->layout, &k->layout, diff, sizeof diff))
                 continue;
-        } else if (!(k = handle_new(m, e))) {
+        } else if (!(k = handle_new(rt, m, e))) {
             err = HK_ERR_NOMEM;
             break;
         } else {
@@ -468,8 +469,9 @@ int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk
                                 : d->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
             if (r == CUDA_SUCCESS && size != g->size) {
                 size_t n = strlen(skipped);
-                snprintf(skipped + n, sizeof skipped - n, "%s%s (the program's %zu bytes, %zu here)",
-                         n ? ", " : "", g->name, g->size, size);
+                snprintf(skipped + n, sizeof skipped - n,
+                         "%s%s (the program's %zu bytes, %zu here)", n ? ", " : "", g->name,
+                         g->size, size);
                 continue; /* not bound: the host's writes stay the program's */
             }
             CUstream *cs = &rt->dev[0].copy_stream;
@@ -494,7 +496,7 @@ int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk
     pthread_mutex_unlock(&rt->expect_lock);
     if (skipped[0])
         hk_log(rt, HK_LOG_WARN, "engine",
-               "'%s' v%llu: the program's globals not taken over (their size differs): %s",
-               m->name, (unsigned long long)v->number, skipped);
+               "'%s' v%llu: the program's globals not taken over (their size differs): %s", m->name,
+               (unsigned long long)v->number, skipped);
     return err;
 }

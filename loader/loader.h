@@ -437,10 +437,10 @@ struct hk_runtime {
 
     hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
 
-    pthread_mutex_t expect_lock; /* a leaf: the program's kernels and globals (expect.c) */
-    hkl_expect *expects;         /* expect_lock */
+    pthread_mutex_t expect_lock;  /* a leaf: the program's kernels and globals (expect.c) */
+    hkl_expect *expects;          /* expect_lock */
     struct hkl_xglobal *xglobals; /* expect_lock */
-    _Atomic int nexpects;        /* entries of both lists: 0 costs swaps nothing */
+    _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
 };
 
 /* swap_lock with its owner recorded. hkl_swap_lock returns 1 without

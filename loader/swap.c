@@ -1016,7 +1016,8 @@ static int add_program_exprs(hk_runtime *rt, hkl_job *j) {
         int dup = 0;
         for (int k = 0; k < have + added && !dup; k++)
             dup = !strcmp(j->name_expressions[k], extra[i]);
-        char **v = dup ? NULL : realloc(j->name_expressions, (size_t)(have + added + 1) * sizeof *v);
+        char **v =
+            dup ? NULL : realloc(j->name_expressions, (size_t)(have + added + 1) * sizeof *v);
         if (v) {
             v[have + added++] = extra[i];
             j->name_expressions = v;

@@ -1,0 +1,57 @@
+/*
+ * The runtime entry points the interposition takes over, once, for both
+ * ways in: X(return type, name, parameters, arguments, the core's call).
+ * preload.c defines each under its own name and forwards to the next
+ * definition; wrap.c defines __wrap_<name> and forwards to __real_<name>.
+ */
+#ifndef HK_INTERPOSE_ENTRIES_H
+#define HK_INTERPOSE_ENTRIES_H
+
+#define HKI_LAUNCH_ARGS(t, k) t k, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s
+#define HKI_ENTRIES(X)                                                                             \
+    X(klaunch, __cudaLaunchKernel, (HKI_LAUNCH_ARGS(cudaKernel_t, k)),                             \
+      hki_klaunch(0, k, g, b, a, sh, s))                                                           \
+    X(klaunch_ptsz, __cudaLaunchKernel_ptsz, (HKI_LAUNCH_ARGS(cudaKernel_t, k)),                   \
+      hki_klaunch(1, k, g, b, a, sh, s))                                                           \
+    X(launch, cudaLaunchKernel, (HKI_LAUNCH_ARGS(const void *, f)),                                \
+      hki_launch(0, f, g, b, a, sh, s))                                                            \
+    X(launch_ptsz, cudaLaunchKernel_ptsz, (HKI_LAUNCH_ARGS(const void *, f)),                      \
+      hki_launch(1, f, g, b, a, sh, s))                                                            \
+    X(xlaunch, cudaLaunchKernelExC, (const cudaLaunchConfig_t *c, const void *f, void **a),        \
+      hki_xlaunch(0, c, f, a))                                                                     \
+    X(xlaunch_ptsz, cudaLaunchKernelExC_ptsz,                                                      \
+      (const cudaLaunchConfig_t *c, const void *f, void **a), hki_xlaunch(1, c, f, a))             \
+    X(to_symbol, cudaMemcpyToSymbol,                                                               \
+      (const void *y, const void *src, size_t n, size_t off, enum cudaMemcpyKind kind),            \
+      hki_to_symbol(0, 0, y, src, n, off, kind, 0))                                                \
+    X(to_symbol_ptds, cudaMemcpyToSymbol_ptds,                                                     \
+      (const void *y, const void *src, size_t n, size_t off, enum cudaMemcpyKind kind),            \
+      hki_to_symbol(0, 1, y, src, n, off, kind, 0))                                                \
+    X(to_symbol_async, cudaMemcpyToSymbolAsync,                                                    \
+      (const void *y, const void *src, size_t n, size_t off, enum cudaMemcpyKind kind,             \
+       cudaStream_t s),                                                                            \
+      hki_to_symbol(1, 0, y, src, n, off, kind, s))                                                \
+    X(to_symbol_async_ptsz, cudaMemcpyToSymbolAsync_ptsz,                                          \
+      (const void *y, const void *src, size_t n, size_t off, enum cudaMemcpyKind kind,             \
+       cudaStream_t s),                                                                            \
+      hki_to_symbol(1, 1, y, src, n, off, kind, s))                                                \
+    X(from_symbol, cudaMemcpyFromSymbol,                                                           \
+      (void *dst, const void *y, size_t n, size_t off, enum cudaMemcpyKind kind),                  \
+      hki_from_symbol(0, 0, dst, y, n, off, kind, 0))                                              \
+    X(from_symbol_ptds, cudaMemcpyFromSymbol_ptds,                                                 \
+      (void *dst, const void *y, size_t n, size_t off, enum cudaMemcpyKind kind),                  \
+      hki_from_symbol(0, 1, dst, y, n, off, kind, 0))                                              \
+    X(from_symbol_async, cudaMemcpyFromSymbolAsync,                                                \
+      (void *dst, const void *y, size_t n, size_t off, enum cudaMemcpyKind kind, cudaStream_t s),  \
+      hki_from_symbol(1, 0, dst, y, n, off, kind, s))                                              \
+    X(from_symbol_async_ptsz, cudaMemcpyFromSymbolAsync_ptsz,                                      \
+      (void *dst, const void *y, size_t n, size_t off, enum cudaMemcpyKind kind, cudaStream_t s),  \
+      hki_from_symbol(1, 1, dst, y, n, off, kind, s))                                              \
+    X(symbol_address, cudaGetSymbolAddress, (void **p, const void *y), hki_symbol_address(p, y))
+
+/* __cudaRegisterVar returns nothing: taken apart from the list above. */
+#define HKI_REGVAR_PARAMS                                                                          \
+    (void **fb, char *hv, char *da, const char *nm, int ext, size_t sz, int cst, int glb)
+#define HKI_REGVAR_CALL hki_register_var(fb, hv, da, nm, ext, sz, cst, glb)
+
+#endif

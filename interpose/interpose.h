@@ -1,0 +1,101 @@
+/*
+ * interpose/: hot reload for programs as they are. The program's kernels are
+ * nvcc-built and launched with <<<>>> (and cudaLaunchKernel[Ex]); this room
+ * sits between those launches and the CUDA runtime, as a source of launches
+ * above the engine (like hk_launch's callers), and routes each launch of a
+ * kernel that has a hot version to that version, every other one to the
+ * program's own code, untouched.
+ *
+ * Two ways in, one core:
+ *   preload.c  libhotkern-preload.so, named in LD_PRELOAD, for programs
+ *              linked with -cudart shared: it defines the runtime's entry
+ *              points and forwards to the next definition (dlsym RTLD_NEXT);
+ *   wrap.c     libhotkern-wrap.a, for nvcc's default static cudart: the
+ *              program links with -Wl,--wrap=... and the __wrap_ functions
+ *              forward to __real_.
+ * Both fill an hki_real table with the functions they forward to, and call
+ * the core (route.c), which never calls a runtime entry point by name (in
+ * the preload library that name is its own).
+ *
+ * The core keys everything by the handle a launch passes: the cudaKernel_t
+ * of __cudaLaunchKernel (nvcc's stub takes it once, by __cudaGetKernel) or
+ * the function pointer of cudaLaunchKernel. The first launch of a handle
+ * registers the kernel with the engine (loader/expect.c: its name as the
+ * driver reports it, its parameter layout, the name expression of a
+ * template instantiation); every launch after that is one lock-free table
+ * lookup and one load of the hot handle, NULL while no hot version exists.
+ */
+#ifndef HK_INTERPOSE_H
+#define HK_INTERPOSE_H
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "hotkern/hotkern.h"
+
+typedef cudaError_t (*hki_klaunch_fn)(cudaKernel_t, dim3, dim3, void **, size_t, cudaStream_t);
+typedef cudaError_t (*hki_flaunch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+typedef cudaError_t (*hki_xlaunch_fn)(const cudaLaunchConfig_t *, const void *, void **);
+typedef void (*hki_regvar_fn)(void **, char *, char *, const char *, int, size_t, int, int);
+typedef cudaError_t (*hki_tosym_fn)(const void *, const void *, size_t, size_t,
+                                    enum cudaMemcpyKind);
+typedef cudaError_t (*hki_tosym_async_fn)(const void *, const void *, size_t, size_t,
+                                          enum cudaMemcpyKind, cudaStream_t);
+typedef cudaError_t (*hki_fromsym_fn)(void *, const void *, size_t, size_t, enum cudaMemcpyKind);
+typedef cudaError_t (*hki_fromsym_async_fn)(void *, const void *, size_t, size_t,
+                                            enum cudaMemcpyKind, cudaStream_t);
+typedef cudaError_t (*hki_symaddr_fn)(void **, const void *);
+typedef cudaError_t (*hki_getkernel_fn)(cudaKernel_t *, const void *);
+typedef cudaError_t (*hki_memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind);
+typedef cudaError_t (*hki_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind,
+                                           cudaStream_t);
+
+/* What the way in forwards to: the program's runtime. Every field is set
+ * (the preload library resolves them at its first call; a missing one makes
+ * it forward only, never route). */
+typedef struct hki_real {
+    hki_klaunch_fn klaunch, klaunch_ptsz;   /* __cudaLaunchKernel[_ptsz] */
+    hki_flaunch_fn launch, launch_ptsz;     /* cudaLaunchKernel[_ptsz] */
+    hki_xlaunch_fn xlaunch, xlaunch_ptsz;   /* cudaLaunchKernelExC[_ptsz] */
+    hki_regvar_fn register_var;             /* __cudaRegisterVar */
+    hki_tosym_fn to_symbol, to_symbol_ptds; /* cudaMemcpyToSymbol[_ptds] */
+    hki_tosym_async_fn to_symbol_async, to_symbol_async_ptsz;
+    hki_fromsym_fn from_symbol, from_symbol_ptds; /* cudaMemcpyFromSymbol[_ptds] */
+    hki_fromsym_async_fn from_symbol_async, from_symbol_async_ptsz;
+    hki_symaddr_fn symbol_address; /* cudaGetSymbolAddress */
+    /* called, never interposed */
+    hki_getkernel_fn get_kernel; /* cudaGetKernel */
+    hki_memcpy_fn memcpy;        /* cudaMemcpy */
+    hki_memcpy_async_fn memcpy_async;
+} hki_real;
+
+/* The core (route.c). hki_real_set is called once, before anything else,
+ * by the way in; the rest are its entry points, one per interposed runtime
+ * function, `ptsz` saying which variant was called (_ptsz, or for the
+ * synchronous symbol copies _ptds: the per-thread default stream's). */
+void hki_real_set(const hki_real *real);
+cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
+                        cudaStream_t s);
+cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
+                       cudaStream_t s);
+cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, void **args);
+void hki_register_var(void **fatbin, char *host_var, char *device_addr, const char *name, int ext,
+                      size_t size, int constant, int global);
+cudaError_t hki_to_symbol(int async, int ptsz, const void *sym, const void *src, size_t count,
+                          size_t offset, enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, size_t count,
+                            size_t offset, enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t hki_symbol_address(void **p, const void *sym);
+
+/* demangle.c: the name expression that makes NVRTC instantiate the kernel
+ * the driver calls `name` ("scale<float>" for _Z5scaleIfEvPT_S0_i), or NULL
+ * for a kernel that needs none (a C name, a C++ function that is no
+ * template) or a name it cannot read. malloc'd. */
+char *hki_name_expression(const char *name);
+
+/* For tests: the runtime launches route through (an attached one or the
+ * one made from the environment), and how many handles were registered. */
+hk_runtime *hki_runtime(void);
+int hki_registered(void);
+
+#endif /* HK_INTERPOSE_H */

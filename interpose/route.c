@@ -1,0 +1,459 @@
+/*
+ * The core of the <<<>>> interposition (interpose.h): which launches go to
+ * a hot version, and where the host's symbol copies land.
+ *
+ * The table. Every handle a launch passes (a cudaKernel_t, or the function
+ * pointer of cudaLaunchKernel) gets one slot, filled on its first launch and
+ * never changed: key, then the engine's entry for that kernel (or NULL: not
+ * one to route). The launch path hashes the handle, probes (acquire loads
+ * only), loads the entry's hot handle (one acquire load: NULL while no hot
+ * version exists) and either calls hk_launch or forwards to the program's
+ * runtime, untouched. No lock, no allocation. Slots are written under
+ * table_lock, the entry before the key (release), so a reader that sees the
+ * key sees the entry. A program with more handles than slots still works:
+ * the handles past the table take the slow path at every launch.
+ *
+ * The runtime. hk_interpose_attach makes launches route through the
+ * program's own runtime; without one, the first launch makes one from the
+ * environment (HOTKERN_*, see include/hotkern/interpose.h), once, while the
+ * other first launches wait: none of the program's launches can then keep
+ * the creation's driver calls waiting. A runtime that cannot be made (no
+ * driver, HOTKERN_OFF) leaves every launch forwarded: the program runs as
+ * if hotkern were not there.
+ *
+ * Hot launches go through hk_launch (the launch gate, capture pins, reclaim
+ * epochs apply as to any hk_launch) when the launching thread's context is
+ * the runtime's (device 0's primary context, the runtime API's); a thread
+ * with no context gets that one, as the runtime API would give it; a launch
+ * in another context is the program's own.
+ *
+ * Globals. nvcc's registration code names every __device__/__constant__
+ * variable of the program (__cudaRegisterVar: host shadow, name, size); the
+ * engine learns each one with the address of the program's copy, so the
+ * first hot version of a module takes its value (loader/expect.c). The
+ * host's later copies go to the program's copy as before and also to the
+ * hot version's, so that both its kernels and the program's own see them;
+ * reads come from the hot version's; cudaGetSymbolAddress gives the hot
+ * copy's address (valid until the next swap of its module: logged once).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hotkern/interpose.h"
+#include "hotkern/net.h"
+#include "interpose/interpose.h"
+#include "loader/loader.h"
+
+static hki_real R;
+
+static _Atomic(hk_runtime *) g_rt;
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void hki_real_set(const hki_real *real) {
+    R = *real;
+}
+
+/* ---- the table ---------------------------------------------------------- */
+
+#define SLOTS 16384 /* a power of two */
+
+typedef struct slot {
+    _Atomic(const void *) key;
+    _Atomic(hkl_expect *) e;
+} slot;
+
+static slot table[SLOTS];
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int nregistered;
+
+static inline size_t hash_ptr(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 29;
+    x *= 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 50); /* 14 bits */
+}
+
+static inline const slot *find(const void *key) {
+    size_t h = hash_ptr(key);
+    for (size_t i = 0; i < SLOTS; i++) {
+        const slot *s = &table[(h + i) & (SLOTS - 1)];
+        const void *k = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (k == key)
+            return s;
+        if (!k)
+            return NULL;
+    }
+    return NULL;
+}
+
+static void insert(const void *key, hkl_expect *e) {
+    pthread_mutex_lock(&table_lock);
+    if (!find(key)) {
+        size_t h = hash_ptr(key);
+        for (size_t i = 0; i < SLOTS; i++) {
+            slot *s = &table[(h + i) & (SLOTS - 1)];
+            if (!atomic_load_explicit(&s->key, memory_order_relaxed)) {
+                atomic_store_explicit(&s->e, e, memory_order_relaxed);
+                atomic_store_explicit(&s->key, key, memory_order_release);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* The engine's entry for the program's kernel ck: its name as the driver
+ * reports it, its parameter layout (the driver has no count: indices are
+ * asked until it says there are no more) and, for a template instance, the
+ * name expression a hot build needs. */
+static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
+    const char *name = NULL;
+    if (rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
+        return NULL;
+    uint32_t off[256], size[256];
+    hkl_param_layout l = {0, off, size};
+    for (size_t i = 0; i < 256; i++) {
+        size_t o = 0, z = 0;
+        if (rt->drv->KernelGetParamInfo(ck, i, &o, &z) != CUDA_SUCCESS)
+            break;
+        off[l.n] = (uint32_t)o;
+        size[l.n++] = (uint32_t)z;
+    }
+    char *expr = hki_name_expression(name);
+    hkl_expect *e = hkl_expect_kernel(rt, name, expr, &l);
+    free(expr);
+    return e;
+}
+
+/* First launch of handle key: which kernel it is, registered, kept. */
+static hkl_expect *register_key(hk_runtime *rt, const void *key, int is_func) {
+    cudaKernel_t ck = (cudaKernel_t)key;
+    hkl_expect *e = NULL;
+    if (!is_func || (R.get_kernel && R.get_kernel(&ck, key) == cudaSuccess && ck))
+        e = register_kernel(rt, (CUkernel)ck);
+    insert(key, e);
+    atomic_fetch_add(&nregistered, 1);
+    return e;
+}
+
+/* ---- the runtime -------------------------------------------------------- */
+
+typedef struct var {
+    const void *host; /* the program's shadow variable */
+    char *name;
+    size_t size;
+    int known;  /* told to the engine */
+    int warned; /* cudaGetSymbolAddress of its hot copy logged */
+    struct var *next;
+} var;
+
+static var *vars; /* vars_lock */
+static pthread_mutex_t vars_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Tells the engine where the program's copy of v is. vars_lock held. */
+static void var_tell(hk_runtime *rt, var *v) {
+    void *p = NULL;
+    if (v->known || !R.symbol_address || R.symbol_address(&p, v->host) != cudaSuccess || !p)
+        return;
+    v->known = hkl_expect_global(rt, v->name, (uint64_t)(uintptr_t)p, v->size) == 0;
+}
+
+static void vars_tell(hk_runtime *rt) {
+    pthread_mutex_lock(&vars_lock);
+    for (var *v = vars; v; v = v->next)
+        var_tell(rt, v);
+    pthread_mutex_unlock(&vars_lock);
+}
+
+int hk_interpose_attach(hk_runtime *rt) {
+    if (!rt)
+        return HK_ERR_INVALID;
+    pthread_mutex_lock(&attach_lock);
+    int err = atomic_load(&g_rt) ? HK_ERR_BUSY : 0;
+    if (!err) {
+        vars_tell(rt);
+        atomic_store_explicit(&g_rt, rt, memory_order_release);
+    }
+    pthread_mutex_unlock(&attach_lock);
+    return err;
+}
+
+hk_runtime *hk_interpose_runtime(void) {
+    return atomic_load(&g_rt);
+}
+
+hk_runtime *hki_runtime(void) {
+    return atomic_load(&g_rt);
+}
+
+int hki_registered(void) {
+    return atomic_load(&nregistered);
+}
+
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0");
+}
+
+static void say(const char *what, const hk_report *rep) {
+    fprintf(stderr, "hotkern: %s: %s\n", what, rep->message);
+}
+
+/* The sources HOTKERN_* ask for: each that fails says so and is left out. */
+static void env_sources(hk_runtime *rt) {
+    hk_report rep = HK_REPORT_INIT;
+    const char *w = getenv("HOTKERN_WATCH");
+    if (w && *w) {
+        char *dirs = strdup(w), *save = NULL;
+        for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save))
+            if (hk_watch_dir(rt, d, NULL, &rep) < 0)
+                say("HOTKERN_WATCH", &rep);
+        free(dirs);
+    }
+    const char *key = getenv("HOTKERN_TRUSTED_KEY");
+    const char *keys[] = {key};
+    int unsigned_ok = env_flag("HOTKERN_ALLOW_UNSIGNED");
+    const char *ep = getenv("HOTKERN_ENDPOINT");
+    if (ep && *ep) {
+        hk_endpoint_options o;
+        hk_endpoint_options_init(&o);
+        char addr[64] = "127.0.0.1";
+        const char *colon = strrchr(ep, ':');
+        if (colon && (size_t)(colon - ep) < sizeof addr) {
+            memcpy(addr, ep, (size_t)(colon - ep));
+            addr[colon - ep] = '\0';
+        }
+        o.address = addr;
+        o.port = (unsigned)atoi(colon ? colon + 1 : ep);
+        o.trusted_keys = key ? keys : NULL;
+        o.ntrusted_keys = key ? 1 : 0;
+        o.allow_unsigned = unsigned_ok;
+        o.token = getenv("HOTKERN_TOKEN");
+        hk_endpoint *h;
+        if (hk_endpoint_start(rt, &o, &h, &rep) < 0)
+            say("HOTKERN_ENDPOINT", &rep);
+        else
+            fprintf(stderr, "hotkern: pushes on %s port %u\n", addr, hk_endpoint_port(h));
+    }
+    const char *origin = getenv("HOTKERN_ORIGIN");
+    if (origin && *origin) {
+        hk_pull_options o;
+        hk_pull_options_init(&o);
+        o.url = origin;
+        o.trusted_keys = key ? keys : NULL;
+        o.ntrusted_keys = key ? 1 : 0;
+        o.allow_unsigned = unsigned_ok;
+        hk_puller *p;
+        if (hk_pull_start(rt, &o, &p, &rep) < 0)
+            say("HOTKERN_ORIGIN", &rep);
+    }
+    hk_report_clear(&rep);
+}
+
+/* Once, at the first launch, unless the program attached its own runtime.
+ * The runtime lives as long as the process: at exit the program's runtime
+ * and driver go their own way, and a teardown racing them would only add
+ * risk (the state directory's lock goes with the process). */
+static void from_env(void) {
+    if (atomic_load(&g_rt) || env_flag("HOTKERN_OFF"))
+        return;
+    hk_options o;
+    hk_options_init(&o);
+    o.state_dir = getenv("HOTKERN_STATE_DIR");
+    o.cache_dir = getenv("HOTKERN_CACHE_DIR");
+    o.canary = env_flag("HOTKERN_CANARY");
+    o.restore = o.state_dir != NULL && env_flag("HOTKERN_RESTORE");
+    hk_report rep = HK_REPORT_INIT;
+    hk_runtime *rt = NULL;
+    if (hk_runtime_create(&rt, &o, &rep) < 0) {
+        say("not enabled, the program's own kernels run", &rep);
+        hk_report_clear(&rep);
+        return;
+    }
+    hk_report_clear(&rep);
+    if (hk_interpose_attach(rt) < 0) { /* the program attached one meanwhile */
+        hk_runtime_destroy(rt);
+        return;
+    }
+    env_sources(rt);
+}
+
+static inline hk_runtime *runtime(void) {
+    hk_runtime *rt = atomic_load_explicit(&g_rt, memory_order_acquire);
+    if (__builtin_expect(rt != NULL, 1))
+        return rt;
+    pthread_once(&env_once, from_env);
+    return atomic_load_explicit(&g_rt, memory_order_acquire);
+}
+
+/* The hot handle for launches of key, or NULL: the program's own code. */
+static inline hk_kernel *hot(const void *key, int is_func) {
+    hk_runtime *rt = runtime();
+    if (__builtin_expect(!rt || !key, 0))
+        return NULL;
+    const slot *s = find(key);
+    hkl_expect *e =
+        s ? atomic_load_explicit(&s->e, memory_order_relaxed) : register_key(rt, key, is_func);
+    return e ? hkl_expect_handle(e) : NULL;
+}
+
+/* The launching thread's context is the runtime's (or none, which then
+ * becomes the runtime's, as the runtime API would make it). */
+static int in_context(hk_runtime *rt) {
+    CUcontext cur = NULL, mine = hkl_ctx(rt, 0);
+    if (rt->drv->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == mine)
+        return 1;
+    return !cur && rt->drv->CtxSetCurrent(mine) == CUDA_SUCCESS;
+}
+
+/* A _ptsz entry point's stream 0 is the per-thread default stream. */
+static inline CUstream stream_of(int ptsz, cudaStream_t s) {
+    return !s && ptsz ? CU_STREAM_PER_THREAD : (CUstream)s;
+}
+
+/* The runtime's error for a failed hot launch: CUresult and cudaError_t
+ * share their values for every launch error. */
+static cudaError_t launch_error(int err, int cu) {
+    if (cu)
+        return (cudaError_t)cu;
+    return err == HK_ERR_NOMEM ? cudaErrorMemoryAllocation : cudaErrorUnknown;
+}
+
+_Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute),
+               "cudaLaunchAttribute and CUlaunchAttribute share their layout");
+
+cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
+                        cudaStream_t s) {
+    hk_kernel *h = hot(k, 0);
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+        int cu = 0;
+        int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
+                            stream_of(ptsz, s), args, &cu);
+        return err ? launch_error(err, cu) : cudaSuccess;
+    }
+    return (ptsz ? R.klaunch_ptsz : R.klaunch)(k, g, b, args, shm, s);
+}
+
+cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
+                       cudaStream_t s) {
+    hk_kernel *h = hot(f, 1);
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+        int cu = 0;
+        int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
+                            stream_of(ptsz, s), args, &cu);
+        return err ? launch_error(err, cu) : cudaSuccess;
+    }
+    return (ptsz ? R.launch_ptsz : R.launch)(f, g, b, args, shm, s);
+}
+
+cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, void **args) {
+    hk_kernel *h = c ? hot(f, 1) : NULL;
+    if (h && in_context(h->rt)) {
+        CUlaunchConfig lc = {.gridDimX = c->gridDim.x,
+                             .gridDimY = c->gridDim.y,
+                             .gridDimZ = c->gridDim.z,
+                             .blockDimX = c->blockDim.x,
+                             .blockDimY = c->blockDim.y,
+                             .blockDimZ = c->blockDim.z,
+                             .sharedMemBytes = (unsigned)c->dynamicSmemBytes,
+                             .hStream = stream_of(ptsz, c->stream),
+                             .attrs = (CUlaunchAttribute *)c->attrs,
+                             .numAttrs = c->numAttrs};
+        int cu = 0;
+        int err = hkl_launch_lc(h, &lc, args, &cu);
+        return err ? launch_error(err, cu) : cudaSuccess;
+    }
+    return (ptsz ? R.xlaunch_ptsz : R.xlaunch)(c, f, args);
+}
+
+/* ---- globals ------------------------------------------------------------ */
+
+void hki_register_var(void **fatbin, char *host_var, char *device_addr, const char *name, int ext,
+                      size_t size, int constant, int global) {
+    var *v = calloc(1, sizeof *v);
+    if (v && name && (v->name = strdup(name))) {
+        v->host = host_var;
+        v->size = size;
+        pthread_mutex_lock(&vars_lock);
+        v->next = vars;
+        vars = v;
+        pthread_mutex_unlock(&vars_lock);
+    } else {
+        free(v);
+    }
+    if (R.register_var)
+        R.register_var(fatbin, host_var, device_addr, name, ext, size, constant, global);
+}
+
+/* The hot copy of the program's variable sym: 1 with its address and size
+ * (device slot 0) and its name in *v, 0 when none runs. A variable the
+ * engine has not heard of yet (registered after the runtime came up) is
+ * told now. */
+static int hot_var(const void *sym, uint64_t *p, size_t *size, var **out) {
+    hk_runtime *rt = atomic_load_explicit(&g_rt, memory_order_acquire);
+    if (!rt)
+        return 0;
+    pthread_mutex_lock(&vars_lock);
+    var *v = vars;
+    while (v && v->host != sym)
+        v = v->next;
+    if (v)
+        var_tell(rt, v);
+    pthread_mutex_unlock(&vars_lock);
+    *out = v;
+    return v && hkl_expect_global_hot(rt, v->name, p, size);
+}
+
+cudaError_t hki_to_symbol(int async, int ptsz, const void *sym, const void *src, size_t count,
+                          size_t offset, enum cudaMemcpyKind kind, cudaStream_t s) {
+    cudaError_t r = !async ? (ptsz ? R.to_symbol_ptds : R.to_symbol)(sym, src, count, offset, kind)
+                    : ptsz ? R.to_symbol_async_ptsz(sym, src, count, offset, kind, s)
+                           : R.to_symbol_async(sym, src, count, offset, kind, s);
+    uint64_t p = 0;
+    size_t size = 0;
+    var *v;
+    if (r != cudaSuccess || !hot_var(sym, &p, &size, &v) || offset + count > size)
+        return r;
+    void *dst = (void *)(uintptr_t)(p + offset);
+    return async ? R.memcpy_async(dst, src, count, kind, ptsz && !s ? cudaStreamPerThread : s)
+                 : R.memcpy(dst, src, count, kind);
+}
+
+cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, size_t count,
+                            size_t offset, enum cudaMemcpyKind kind, cudaStream_t s) {
+    uint64_t p = 0;
+    size_t size = 0;
+    var *v;
+    if (hot_var(sym, &p, &size, &v) && offset + count <= size) {
+        const void *from = (const void *)(uintptr_t)(p + offset);
+        return async ? R.memcpy_async(dst, from, count, kind, ptsz && !s ? cudaStreamPerThread : s)
+                     : R.memcpy(dst, from, count, kind);
+    }
+    return !async ? (ptsz ? R.from_symbol_ptds : R.from_symbol)(dst, sym, count, offset, kind)
+           : ptsz ? R.from_symbol_async_ptsz(dst, sym, count, offset, kind, s)
+                  : R.from_symbol_async(dst, sym, count, offset, kind, s);
+}
+
+cudaError_t hki_symbol_address(void **out, const void *sym) {
+    uint64_t p = 0;
+    size_t size = 0;
+    var *v;
+    if (!out || !hot_var(sym, &p, &size, &v))
+        return R.symbol_address(out, sym);
+    *out = (void *)(uintptr_t)p;
+    pthread_mutex_lock(&vars_lock);
+    int first = !v->warned;
+    v->warned = 1;
+    pthread_mutex_unlock(&vars_lock);
+    if (first)
+        hk_log(atomic_load(&g_rt), HK_LOG_WARN, "interpose",
+               "cudaGetSymbolAddress('%s') gives the running hot version's copy: the address is "
+               "valid until the next swap of its module (cudaMemcpyToSymbol follows swaps)",
+               v->name);
+    return cudaSuccess;
+}

@@ -1,0 +1,49 @@
+/*
+ * libhotkern-wrap.a: the interposition for programs linked with nvcc's
+ * default static cudart. The program links with -Wl,--wrap=NAME for every
+ * entry point of entries.h and __cudaRegisterVar (pkg-config's wrap_ldflags
+ * variable, or hotkern_enable_hot_reload() in CMake): the linker sends its
+ * references to NAME to __wrap_NAME here, and __real_NAME to the runtime's.
+ * Every name must be wrapped: this file refers to each __real_NAME.
+ */
+#include <pthread.h>
+
+#include "interpose/entries.h"
+#include "interpose/interpose.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define DECLARE(field, name, params, call)                                                         \
+    cudaError_t __real_##name params;                                                              \
+    EXPORT cudaError_t __wrap_##name params;
+HKI_ENTRIES(DECLARE)
+#undef DECLARE
+void __real___cudaRegisterVar HKI_REGVAR_PARAMS;
+EXPORT void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void resolve(void) {
+    hki_real r = {0};
+#define RESOLVE(field, name, params, call) r.field = __real_##name;
+    HKI_ENTRIES(RESOLVE)
+#undef RESOLVE
+    r.register_var = __real___cudaRegisterVar;
+    r.get_kernel = cudaGetKernel;
+    r.memcpy = cudaMemcpy;
+    r.memcpy_async = cudaMemcpyAsync;
+    hki_real_set(&r);
+}
+
+#define DEFINE(field, name, params, call)                                                          \
+    cudaError_t __wrap_##name params {                                                             \
+        pthread_once(&once, resolve);                                                              \
+        return call;                                                                               \
+    }
+HKI_ENTRIES(DEFINE)
+#undef DEFINE
+
+void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS {
+    pthread_once(&once, resolve);
+    HKI_REGVAR_CALL;
+}
