@@ -97,6 +97,12 @@ WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLau
              cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
+WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
+# An ordinary nvcc program, built both ways (tests/gpu_interpose.cu).
+NVCC     := $(CUDA)/bin/nvcc
+NVCC_FLAGS := -O2 -arch=sm_90 -std=c++17 -Iinclude -Xcompiler -Wall,-Wextra,-Werror
+NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -lpthread
+GPU_INTERPOSE := $(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static
 
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
@@ -115,7 +121,7 @@ all: build
 
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) $(BUILDER) \
-       $(TEST_BIN) $(STUB_CUDA) \
+       $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) \
        $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
 
 deps:
@@ -206,6 +212,15 @@ $(PRELOAD): $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) pkg/hotker
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
 	  $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) $(LIBS) -lstdc++
+
+$(BUILD)/tests/gpu_interpose_shared: tests/gpu_interpose.cu $(PRELOAD) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload \
+	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/tests/gpu_interpose_static: tests/gpu_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o
 	@mkdir -p $(dir $@)

@@ -1,0 +1,309 @@
+// GPU suite: an ordinary nvcc program, its kernels launched with <<<>>> only,
+// hot-reloaded through the interposition. Built twice (Makefile):
+//   gpu_interpose_shared  -cudart shared, run under LD_PRELOAD=libhotkern-preload.so
+//   gpu_interpose_static  nvcc's static cudart, linked with the --wrap flags
+// The program's kernels: an extern "C" kernel reading a __constant__ the host
+// sets, a C++ kernel, a template kernel, and a tag kernel for the load test.
+// The test writes hot versions of them into a watched directory (HOTKERN_WATCH,
+// set before the first launch) and checks what the next launches compute; it
+// uses hotkern's API only to look (versions, refusals) and, for the load part,
+// to swap fast (hk_swap with the compile cache), never to launch.
+// Prints one line per check and a Check-style summary; exits 77 (SKIP) without
+// a device, as the other suites do.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hotkern/hotkern.h"
+#include "hotkern/interpose.h"
+
+__constant__ float gain;
+
+extern "C" __global__ void step(float *x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * gain + 1.0f;
+}
+
+__global__ void cxx_kernel(int *p, int v) {
+    if (threadIdx.x == 0) *p = v;
+}
+
+template <typename T> __global__ void scale(T *x, T a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+}
+
+extern "C" __global__ void tagk(int *ring, int idx) { ring[idx] = 1; }
+
+// Hot versions: the same kernels, edited. OFF is what step adds, CXX what
+// cxx_kernel adds, MUL what scale multiplies its factor by.
+static std::string hot_source(int off, int cxx, int mul, bool extra_param) {
+    char b[2048];
+    snprintf(b, sizeof b,
+             "__constant__ float gain;\n"
+             "extern \"C\" __global__ void step(float *x, int n%s) {\n"
+             "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+             "    if (i < n) x[i] = x[i] * gain + %d.0f;\n"
+             "}\n"
+             "__global__ void cxx_kernel(int *p, int v) { if (threadIdx.x == 0) *p = v + %d; }\n"
+             "template <typename T> __global__ void scale(T *x, T a, int n) {\n"
+             "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+             "    if (i < n) x[i] *= a * (T)%d;\n"
+             "}\n",
+             extra_param ? ", float extra" : "", off, cxx, mul);
+    return b;
+}
+
+static const char *TAG_SRC = "extern \"C\" __global__ void tagk(int *ring, int idx) { ring[idx] = %d; }\n";
+
+static int passed, failed;
+static void check(bool ok, const char *what) {
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    fflush(stdout);
+    (ok ? passed : failed)++;
+}
+
+static float *d_x;
+static int *d_p;
+
+static float run_step(float x0) {
+    cudaMemcpy(d_x, &x0, sizeof x0, cudaMemcpyHostToDevice);
+    step<<<1, 32>>>(d_x, 1);
+    float h = -1;
+    cudaMemcpy(&h, d_x, sizeof h, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+static int run_cxx(int v) {
+    cxx_kernel<<<1, 32>>>(d_p, v);
+    int h = -1;
+    cudaMemcpy(&h, d_p, sizeof h, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+static float run_scale(float x0, float a) {
+    cudaMemcpy(d_x, &x0, sizeof x0, cudaMemcpyHostToDevice);
+    scale<float><<<1, 32>>>(d_x, a, 1);
+    float h = -1;
+    cudaMemcpy(&h, d_x, sizeof h, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+static void write_file(const std::string &path, const std::string &text) {
+    std::string tmp = path + ".tmp";
+    FILE *f = fopen(tmp.c_str(), "w");
+    fputs(text.c_str(), f);
+    fclose(f);
+    rename(tmp.c_str(), path.c_str()); // a rename-over save
+}
+
+// Polls until step(1) gives want (a new version runs), up to 60 s.
+static bool wait_step(float want) {
+    for (int i = 0; i < 6000; i++) {
+        if (run_step(1.0f) == want) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+static uint64_t refused(hk_runtime *rt) {
+    hk_stats st;
+    hk_stats_init(&st);
+    hk_stats_get(rt, &st);
+    return st.refused;
+}
+
+// ---- under load -------------------------------------------------------------
+
+enum { RING = 4096, THREADS = 8 };
+static std::atomic<int> stop_flag{0};
+
+static void launcher(int *ring, long *launches) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    long n = 0;
+    while (!stop_flag.load(std::memory_order_relaxed)) {
+        tagk<<<1, 1, 0, s>>>(ring, (int)(n % RING));
+        n++;
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    *launches = n;
+}
+
+static void load_test(hk_runtime *rt) {
+    // The first launch registers tagk; the program's own code writes 1.
+    int *d_rings;
+    cudaMalloc(&d_rings, sizeof(int) * RING * THREADS);
+    cudaMemset(d_rings, 0, sizeof(int) * RING * THREADS);
+    tagk<<<1, 1>>>(d_rings, 0);
+    cudaDeviceSynchronize();
+    char src[2][256];
+    for (int i = 0; i < 2; i++) snprintf(src[i], sizeof src[i], TAG_SRC, 2 + i);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_NOW;
+    hk_report rep;
+    hk_report_init(&rep);
+    for (int i = 0; i < 2; i++) // warm the compile cache with both versions
+        if (hk_swap(rt, "load", src[i], strlen(src[i]), &so, &rep) != 0)
+            printf("  warm-up swap refused: %s\n", rep.message);
+    std::vector<std::thread> t;
+    long launches[THREADS] = {0};
+    stop_flag = 0;
+    for (int i = 0; i < THREADS; i++) t.emplace_back(launcher, d_rings + i * RING, &launches[i]);
+    usleep(100000);
+    int done = 0, bad = 0;
+    double worst = 0;
+    for (int i = 0; i < 10000; i++) {
+        timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        int err = hk_swap(rt, "load", src[i % 2], strlen(src[i % 2]), &so, &rep);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+        if (ms > worst) worst = ms;
+        if (err == 0) done++;
+        else if (!bad++) printf("  swap refused: %s: %s\n", hk_strerror(err), rep.message);
+    }
+    stop_flag = 1;
+    for (auto &th : t) th.join();
+    cudaError_t sync = cudaDeviceSynchronize();
+    std::vector<int> h(RING * THREADS);
+    cudaMemcpy(h.data(), d_rings, sizeof(int) * RING * THREADS, cudaMemcpyDeviceToHost);
+    long total = 0, wrong = 0, unwritten = 0;
+    for (int i = 0; i < THREADS; i++) total += launches[i];
+    for (int i = 0; i < RING * THREADS; i++) {
+        if (h[i] == 0) unwritten++;
+        else if (h[i] < 1 || h[i] > 3) wrong++;
+    }
+    printf("  load: %d of 10000 swaps committed (slowest %.3f ms), %ld <<<>>> launches from %d "
+           "threads, %ld slots never written, %ld from no committed version, sync %s\n",
+           done, worst, total, THREADS, unwritten, wrong, cudaGetErrorName(sync));
+    check(done == 10000, "10000 swaps complete under 8 threads launching <<<>>> without pause");
+    check(sync == cudaSuccess && unwritten == 0 && wrong == 0,
+          "every <<<>>> launch ran, each from a committed version");
+    int last = -1;
+    tagk<<<1, 1>>>(d_rings, 0);
+    cudaMemcpy(&last, d_rings, sizeof last, cudaMemcpyDeviceToHost);
+    check(last == 2 + (9999 % 2), "after the swaps <<<>>> runs the last committed version");
+    hk_report_clear(&rep);
+    cudaFree(d_rings);
+}
+
+// ---- a graph captured from <<<>>> ------------------------------------------
+
+static void capture_test(const std::string &file) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float x0 = 2.0f;
+    cudaMemcpy(d_x, &x0, sizeof x0, cudaMemcpyHostToDevice);
+    cudaGraph_t g;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    scale<float><<<1, 32, 0, s>>>(d_x, 0.5f, 1);
+    cudaError_t ce = cudaStreamEndCapture(s, &g);
+    cudaGraphExec_t ge = nullptr;
+    if (ce == cudaSuccess) ce = cudaGraphInstantiate(&ge, g, 0);
+    // A new version now; the graph keeps the one it captured (mul 4).
+    write_file(file, hot_source(30, 300, 8, false));
+    bool swapped = wait_step(1.0f * 3.0f + 30.0f);
+    cudaMemcpy(d_x, &x0, sizeof x0, cudaMemcpyHostToDevice);
+    cudaError_t le = ge ? cudaGraphLaunch(ge, s) : ce;
+    cudaStreamSynchronize(s);
+    float h = -1;
+    cudaMemcpy(&h, d_x, sizeof h, cudaMemcpyDeviceToHost);
+    printf("  capture: %s, graph launch %s, x = %g (captured version: 2 * 0.5 * 4 = 4)\n",
+           cudaGetErrorName(ce), cudaGetErrorName(le), h);
+    check(ce == cudaSuccess && swapped && le == cudaSuccess && h == 4.0f,
+          "a graph captured from <<<>>> runs the version it captured after a swap");
+    if (ge) cudaGraphExecDestroy(ge);
+    if (ce == cudaSuccess) cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+}
+
+int main(int, char **argv) {
+    const char *name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+#ifdef HK_PRELOAD
+    // Run as users do: under LD_PRELOAD (re-executed with it when not set).
+    if (!getenv("HK_TEST_PRELOADED")) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+        std::string lib = self;
+        lib = lib.substr(0, lib.rfind('/') + 1) + "../lib/libhotkern-preload.so";
+        setenv("LD_PRELOAD", lib.c_str(), 1);
+        setenv("HK_TEST_PRELOADED", "1", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 1;
+    }
+#endif
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("SKIP %s: no usable CUDA device (%s)\n", name, cudaGetErrorString(cudaGetLastError()));
+        return 77;
+    }
+    char tmpl[] = "/tmp/hotkern-interpose-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    std::string kdir = dir + "/kernels", file = kdir + "/kern.cu";
+    mkdir(kdir.c_str(), 0700);
+    mkdir((dir + "/cache").c_str(), 0700);
+    setenv("HOTKERN_WATCH", kdir.c_str(), 1);
+    setenv("HOTKERN_CACHE_DIR", (dir + "/cache").c_str(), 1);
+
+    cudaMalloc(&d_x, sizeof(float) * 32);
+    cudaMalloc(&d_p, sizeof(int));
+    float g = 2.0f;
+    cudaMemcpyToSymbol(gain, &g, sizeof g);
+    // The program's own code (each first launch registers its kernel).
+    check(run_step(1.0f) == 3.0f, "step before any hot version: the program's code (1*2+1)");
+    check(run_cxx(7) == 7, "cxx_kernel before any hot version: the program's code");
+    check(run_scale(3.0f, 0.5f) == 1.5f, "scale<float> before any hot version: the program's code");
+    hk_runtime *rt = hk_interpose_runtime();
+    check(rt != nullptr, "the runtime made from the environment at the first launch");
+    if (!rt) return 1;
+
+    // A save of the hot source: each kernel follows it.
+    write_file(file, hot_source(10, 100, 2, false));
+    check(wait_step(1.0f * 2.0f + 10.0f), "step runs the hot version, with the program's gain (1*2+10)");
+    check(run_cxx(7) == 107, "cxx_kernel (mangled C++ name) runs the hot version");
+    check(run_scale(3.0f, 0.5f) == 3.0f, "scale<float> (template instance) runs the hot version");
+    // An edit.
+    write_file(file, hot_source(20, 200, 4, false));
+    check(wait_step(1.0f * 2.0f + 20.0f), "step follows an edit of the watched source");
+    check(run_cxx(7) == 207, "cxx_kernel follows the edit");
+    check(run_scale(3.0f, 0.5f) == 6.0f, "scale<float> follows the edit");
+    // The host's later write reaches the hot version.
+    g = 3.0f;
+    cudaMemcpyToSymbol(gain, &g, sizeof g);
+    check(run_step(1.0f) == 1.0f * 3.0f + 20.0f, "cudaMemcpyToSymbol reaches the running hot version");
+    float back = 0;
+    cudaMemcpyFromSymbol(&back, gain, sizeof back);
+    check(back == 3.0f, "cudaMemcpyFromSymbol reads it back");
+    // A layout change is refused; the old code keeps running.
+    uint64_t v = hk_module_version(rt, "kern"), r0 = refused(rt);
+    write_file(file, hot_source(40, 400, 16, true));
+    bool was_refused = false;
+    for (int i = 0; i < 6000 && !was_refused; i++, usleep(10000)) was_refused = refused(rt) > r0;
+    check(was_refused && hk_module_version(rt, "kern") == v,
+          "a version that changes step's parameters is refused");
+    check(run_step(1.0f) == 23.0f && run_cxx(7) == 207, "the version before it keeps running");
+
+    capture_test(file);
+    load_test(rt);
+
+    // The summary line tests/run.sh reads.
+    printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", passed * 100 / (passed + failed),
+           passed + failed, failed);
+    std::string rm = "rm -rf " + dir;
+    if (system(rm.c_str())) {}
+    return failed ? 1 : 0;
+}
