@@ -102,7 +102,9 @@ WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS
 NVCC     := $(CUDA)/bin/nvcc
 NVCC_FLAGS := -O2 -arch=sm_90 -std=c++17 -Iinclude -Xcompiler -Wall,-Wextra,-Werror
 NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -lpthread
-GPU_INTERPOSE := $(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static
+# (Not in sanitizer builds: their suites are the CPU ones.)
+GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static \
+                 $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static)
 
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
@@ -222,9 +224,20 @@ $(BUILD)/tests/gpu_interpose_static: tests/gpu_interpose.cu $(WRAP) $(ARCHIVES) 
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
-$(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o
+$(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+
+# Self-contained: the interposition reaches into the engine's internals,
+# which libhotkern.so does not export, so the archive holds the engine too.
+$(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(NET_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $(sort $^)
 
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
@@ -288,18 +301,21 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 LIBDIR   := $(DESTDIR)$(PREFIX)/lib
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
-              -e 's|@MAJOR@|$(MAJOR)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(CLI) $(CANARY) $(BUILDER) $(FAKE_CUDA)
+              -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@WRAP_SYMS@|$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))|g' \
+              -e 's|@NET_LIBS@|$(shell pkg-config --libs $(NET_PKGS) 2>/dev/null)|g'
+install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) \
+         $(BUILDER) $(FAKE_CUDA)
 	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
 	  $(DESTDIR)$(PREFIX)/bin
-	install -m 644 $(STATIC) $(NET_STATIC) $(LIBDIR)/
-	install -m 755 $(SHARED) $(NET_SHARED) $(FAKE_CUDA) $(LIBDIR)/
+	install -m 644 $(STATIC) $(NET_STATIC) $(WRAP) $(LIBDIR)/
+	install -m 755 $(SHARED) $(NET_SHARED) $(PRELOAD) $(FAKE_CUDA) $(LIBDIR)/
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
 	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
 	install -m 755 $(CLI) $(CANARY) $(BUILDER) $(DESTDIR)$(PREFIX)/bin/
 	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
 	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
+	$(SUBST) pkg/hotkern-wrap.pc.in > $(LIBDIR)/pkgconfig/hotkern-wrap.pc
 	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake
 	$(SUBST) pkg/hotkernConfigVersion.cmake.in > $(CMAKEDIR)/hotkernConfigVersion.cmake
 

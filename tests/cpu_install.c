@@ -9,7 +9,12 @@
  *   - a program of the network sources with `pkg-config ... hotkern-net`;
  *   - both again through the CMake package (find_package(hotkern),
  *     hotkern::hotkern and hotkern::net), SKIP when cmake is missing;
- * and each shared library's exported symbols checked (hk_ only).
+ * and each shared library's exported symbols checked (hk_ only); and an
+ * ordinary nvcc program made hot-reloadable both ways: with static cudart
+ * through pkg-config's nvcc_libs and through hotkern_enable_hot_reload() in
+ * CMake, and with -cudart shared under LD_PRELOAD of the installed preload
+ * library (without a driver each says once that it is not enabled and runs
+ * the program's own code: the interposition is in place).
  */
 #include <libgen.h>
 #include <stdarg.h>
@@ -65,6 +70,24 @@ static const char net_src[] = "#include <hotkern/net.h>\n"
                               "  hk_pull_stop(NULL);\n"
                               "  return e == HK_ERR_INVALID && o.threads == 2 ? 0 : 1;\n"
                               "}\n";
+
+/* An ordinary nvcc program: a __constant__ the host sets, a <<<>>> launch. */
+static const char nvcc_src[] = "#include <cstdio>\n"
+                               "#include <cuda_runtime.h>\n"
+                               "__constant__ float gain;\n"
+                               "extern \"C\" __global__ void step(float *x) { *x = gain; }\n"
+                               "int main() {\n"
+                               "  int n = 0;\n"
+                               "  cudaError_t e = cudaGetDeviceCount(&n);\n"
+                               "  float g = 2;\n"
+                               "  cudaMemcpyToSymbol(gain, &g, sizeof g);\n"
+                               "  step<<<1, 1>>>(nullptr);\n"
+                               "  printf(\"app ran: %s\\n\", cudaGetErrorName(e));\n"
+                               "  return 0;\n"
+                               "}\n";
+
+/* What the interposition says when it cannot make a runtime. */
+#define NOT_ENABLED "hotkern: not enabled, the program"
 
 /* The repository root and build directory, from BUILD/tests/cpu_install. */
 static void locate(void) {
@@ -133,7 +156,11 @@ START_TEST(installs_both_libraries_headers_and_packages) {
                            "usr/lib/cmake/hotkern/hotkernConfigVersion.cmake",
                            "usr/bin/hotkern",
                            "usr/bin/hotkern-canary",
-                           "usr/bin/hotkern-build"};
+                           "usr/bin/hotkern-build",
+                           "usr/include/hotkern/interpose.h",
+                           "usr/lib/libhotkern-preload.so",
+                           "usr/lib/libhotkern-wrap.a",
+                           "usr/lib/pkgconfig/hotkern-wrap.pc"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[PATH_MAX + 64];
         snprintf(p, sizeof p, "%s/%s", dest, files[i]);
@@ -285,6 +312,96 @@ START_TEST(exports_only_hk_symbols) {
 }
 END_TEST
 
+/* Under `make sanitize` / `make tsan` the installed libraries carry the
+ * sanitizer: the nvcc programs link its runtime too. */
+#if defined(__SANITIZE_THREAD__)
+#define NVCC_SAN " -Xcompiler=-fsanitize=thread"
+#elif defined(__SANITIZE_ADDRESS__)
+#define NVCC_SAN " -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined"
+#else
+#define NVCC_SAN ""
+#endif
+#define NVCC "/usr/local/cuda/bin/nvcc -arch=sm_90" NVCC_SAN
+
+START_TEST(nvcc_program_links_the_interposition) {
+    ck_assert_msg(dest[0], "make install failed");
+    put("app.cu", nvcc_src);
+    /* Static cudart, --wrap from pkg-config. */
+    ck_assert_int_eq(sh("cd '%s' && " NVCC " -o app-static app.cu $(" PKG_ENV
+                        " pkg-config --cflags hotkern-wrap) $(" PKG_ENV
+                        " pkg-config --variable=nvcc_libs hotkern-wrap) >nvcc-static.log 2>&1 || "
+                        "{ cat nvcc-static.log; exit 1; }",
+                        dest, dest, dest, dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && HK_LIBCUDA=/nonexistent/libcuda.so.1 ./app-static "
+                        ">run-static.log 2>&1; cat run-static.log; grep -q '" NOT_ENABLED
+                        "' run-static.log && grep -q 'app ran' run-static.log",
+                        dest),
+                     0);
+    /* -cudart shared, LD_PRELOAD. */
+    ck_assert_int_eq(sh("cd '%s' && " NVCC " -cudart shared -o app-shared app.cu "
+                        "-Xlinker -rpath=/usr/local/cuda/lib64 >nvcc-shared.log 2>&1 || "
+                        "{ cat nvcc-shared.log; exit 1; }",
+                        dest),
+                     0);
+    ck_assert_int_eq(
+        sh("cd '%s' && HK_LIBCUDA=/nonexistent/libcuda.so.1 "
+           "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 "
+           "LD_PRELOAD=\"$(" PKG_ENV " pkg-config --variable=preload hotkern-wrap)\" "
+           "./app-shared >run-shared.log 2>&1; cat run-shared.log; grep -q '" NOT_ENABLED
+           "' run-shared.log && grep -q 'app ran' run-shared.log",
+           dest, dest, dest),
+        0);
+    /* Without the preload, the same binary is the program alone. */
+    ck_assert_int_eq(
+        sh("cd '%s' && ./app-shared 2>&1 | grep -q 'hotkern' && exit 1 || exit 0", dest), 0);
+}
+END_TEST
+
+START_TEST(cmake_enables_hot_reload) {
+    ck_assert_msg(dest[0], "make install failed");
+    if (sh("command -v cmake >/dev/null 2>&1")) {
+        printf("SKIP install: cmake not found, hotkern_enable_hot_reload is not tested\n");
+        return;
+    }
+    ck_assert_int_eq(sh("mkdir -p '%s/cm-cuda'", dest), 0);
+    put("cm-cuda/app.cu", nvcc_src);
+    put("cm-cuda/CMakeLists.txt", "cmake_minimum_required(VERSION 3.18)\n"
+                                  "project(game CUDA)\n"
+                                  "find_package(hotkern 1.0 REQUIRED)\n"
+                                  "add_executable(game app.cu)\n"
+                                  "hotkern_enable_hot_reload(game)\n");
+    ck_assert_int_eq(sh("cd '%s' && cmake -S cm-cuda -B cm-cuda/build -DCMAKE_PREFIX_PATH='%s/usr' "
+                        "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc "
+                        "-DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS='" NVCC_SAN "' "
+                        ">cmake-cuda.log 2>&1 && "
+                        "cmake --build cm-cuda/build >>cmake-cuda.log 2>&1 || "
+                        "{ cat cmake-cuda.log; exit 1; }",
+                        dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s/cm-cuda/build' && HK_LIBCUDA=/nonexistent/libcuda.so.1 ./game "
+                        ">run.log 2>&1; cat run.log; grep -q '" NOT_ENABLED "' run.log",
+                        dest),
+                     0);
+}
+END_TEST
+
+START_TEST(preload_exports_runtime_entry_points_and_hk_only) {
+    ck_assert_msg(dest[0], "make install failed");
+    ck_assert_int_eq(
+        sh("nm -D --defined-only '%s/usr/lib/libhotkern-preload.so' | awk '{print $3}' "
+           "| grep -Ev '^(hk_|__cudaLaunchKernel|__cudaRegisterVar|cuda(LaunchKernel|"
+           "MemcpyToSymbol|MemcpyFromSymbol|GetSymbolAddress))' | grep . && exit 1 || "
+           "exit 0",
+           dest),
+        0);
+    ck_assert_int_eq(sh("nm -D --defined-only '%s/usr/lib/libhotkern-preload.so' | "
+                        "grep -q ' __cudaLaunchKernel$'",
+                        dest),
+                     0);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("install");
     TCase *tc = tcase_create("install");
@@ -295,6 +412,9 @@ int main(void) {
     tcase_add_test(tc, net_consumer_links_and_runs);
     tcase_add_test(tc, cmake_consumers_build_and_run);
     tcase_add_test(tc, exports_only_hk_symbols);
+    tcase_add_test(tc, nvcc_program_links_the_interposition);
+    tcase_add_test(tc, cmake_enables_hot_reload);
+    tcase_add_test(tc, preload_exports_runtime_entry_points_and_hk_only);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }
