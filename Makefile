@@ -104,7 +104,9 @@ NVCC_FLAGS := -O2 -arch=sm_90 -std=c++17 -Iinclude -Xcompiler -Wall,-Wextra,-Wer
 NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -lpthread
 # (Not in sanitizer builds: their suites are the CPU ones.)
 GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static \
-                 $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static)
+                 $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
+                 $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
+                 $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
 
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
@@ -113,7 +115,7 @@ CANARY   := $(BUILD)/bin/hotkern-canary
 BUILDER  := $(BUILD)/bin/hotkern-build
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
-        demo-tour bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
+        demo-tour demo-nvcc bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
         abi-baseline
 
 all: build
@@ -165,6 +167,12 @@ demo: deps
 demo-tour: deps
 	@$(MAKE) --no-print-directory build
 	@sh demo/run.sh $(BUILD) --tour
+
+# The existing-program demo: an nvcc program with <<<>>> launches, unchanged,
+# edited while it runs (demo/nvcc/).
+demo-nvcc: deps
+	@$(MAKE) --no-print-directory build
+	@sh demo/nvcc/tour.sh $(BUILD)
 
 bench: deps
 	@$(MAKE) --no-print-directory build
@@ -235,6 +243,25 @@ $(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIV
 
 # Self-contained: the interposition reaches into the engine's internals,
 # which libhotkern.so does not export, so the archive holds the engine too.
+# The program as it is, -cudart shared (the interposition comes with
+# LD_PRELOAD at run time) and static cudart linked with the --wrap flags;
+# nothing of hotkern in their sources.
+$(BUILD)/examples/existing_program_shared: examples/existing_program.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/examples/existing_program_static: examples/existing_program.cu $(WRAP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(NET_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $(sort $^)
@@ -373,7 +400,7 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch]
                demo/*.[ch] examples/*.c)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh
+	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh demo/nvcc/tour.sh
 
 format:
 	clang-format -i $(FORMAT_SRC)

@@ -157,6 +157,40 @@ else
 fi
 grep -q '^SKIP: ' "$log" || show receive_pushes "$log"
 
+# (d) an existing program, unchanged, both ways in: it watches a copy of its
+# own source; an edit of fill() changes x[0], a broken save is refused.
+for way in shared static; do
+  e=existing_program_$way
+  [ -x "$EX/$e" ] || { fail "$e" "not built"; continue; }
+  log=$tmp/$e.log
+  : >"$log"
+  rm -rf "$tmp/ep" && mkdir "$tmp/ep"
+  cp examples/existing_program.cu "$tmp/ep/"
+  pre=
+  [ "$way" = shared ] && pre=$BUILD/lib/libhotkern-preload.so
+  LD_PRELOAD=$pre HOTKERN_WATCH=$tmp/ep HOTKERN_CACHE_DIR=$tmp/ep-cache HOTKERN_LOG=warn \
+    timeout --foreground "$LIMIT" "$EX/$e" "$LIMIT" >"$log" 2>&1 &
+  pid=$!
+  wait_for "$log" '^(SKIP: |running)'
+  if skipped "$e" "$log"; then
+    wait "$pid"
+    continue
+  fi
+  if ! wait_for "$log" '^x\[0\] = 2$'; then
+    fail "$e" "the program's own code did not run"
+    kill "$pid"
+  else
+    sed 's/x\[i\] = gain;/x[i] = gain * 10.0f;/' examples/existing_program.cu >"$tmp/ep/e.tmp" &&
+      mv "$tmp/ep/e.tmp" "$tmp/ep/existing_program.cu"
+    wait_for "$log" '^x\[0\] = 20$' || fail "$e" "the edit did not run"
+    sed 's/x\[i\] = gain;/x[i] = gain * 10.0f/' examples/existing_program.cu >"$tmp/ep/e.tmp" &&
+      mv "$tmp/ep/e.tmp" "$tmp/ep/existing_program.cu"
+    wait_for "$log" 'refused existing_program' || fail "$e" "the broken save was not refused"
+    finish "$e" "$pid" "$log"
+  fi
+  show "$e" "$log"
+done
+
 [ -n "$bad" ] && echo "FAILED examples:$bad"
 echo "examples: $passed passed, $failed failed, $skipped skipped"
 [ -z "$bad" ]
