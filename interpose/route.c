@@ -113,8 +113,8 @@ static void insert(const void *key, hkl_expect *e) {
  * name expression a hot build needs. */
 static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
     const char *name = NULL;
-    if (rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
-        return NULL;
+    if (!rt->drv->KernelGetName || rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
+        return NULL; /* a driver without kernel names: the program's own code */
     uint32_t off[256], size[256];
     hkl_param_layout l = {0, off, size};
     for (size_t i = 0; i < 256; i++) {

@@ -48,8 +48,6 @@
     X(LibraryGetGlobal, cuLibraryGetGlobal)                                                        \
     X(KernelGetFunction, cuKernelGetFunction)                                                      \
     X(KernelGetParamInfo, cuKernelGetParamInfo)                                                    \
-    X(KernelGetName, cuKernelGetName)                                                              \
-    X(KernelGetLibrary, cuKernelGetLibrary)                                                        \
     X(FuncGetParamInfo, cuFuncGetParamInfo)                                                        \
     X(FuncLoad, cuFuncLoad)                                                                        \
     X(LaunchKernel, cuLaunchKernel)                                                                \
@@ -75,10 +73,13 @@
     X(LaunchKernelEx, cuLaunchKernelEx)
 
 /* Entry points neither the engine nor its canary helper calls, for the
- * benchmarks and the test harness that share the table: bound when the
- * driver has them and NULL when it does not, which never fails
+ * benchmarks and the test harness that share the table, and for the <<<>>>
+ * interposition (kernel names: without them it routes nothing): bound when
+ * the driver has them and NULL when it does not, which never fails
  * hkl_driver_open. */
 #define HKL_DRIVER_ENTRIES_EXTRA(X)                                                                \
+    X(KernelGetName, cuKernelGetName)                                                              \
+    X(KernelGetLibrary, cuKernelGetLibrary)                                                        \
     X(DeviceGetCount, cuDeviceGetCount)                                                            \
     X(DeviceGetName, cuDeviceGetName)                                                              \
     X(MemGetInfo, cuMemGetInfo)                                                                    \
