@@ -40,7 +40,8 @@
  *                        context the module lived in.
  *   work_lock (runtime)  the worker's job queue and the safe-point queue.
  *   rec_lock (runtime)   the retired list and the reclaim thread's wake-ups.
- *   gate_lock, stats_lock (runtime) leaves.
+ *   gate_lock, stats_lock, expect_lock (runtime) leaves (expect_lock: the
+ *                        program's kernels and globals, expect.c).
  *   log_lock (runtime)   rwlock, innermost of all: messages are delivered
  *                        under it (read), from under any other lock, the
  *                        sources' included; hk_runtime_set_log writes.
