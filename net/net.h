@@ -201,9 +201,11 @@ void hkn_state_close(hkn_state *s);
 int hkn_state_lookup(hkn_state *s, const char *module, uint64_t *out, hk_report *rep);
 /* The same, failing closed: UINT64_MAX when the state cannot be read. */
 uint64_t hkn_state_get(hkn_state *s, const char *module);
-/* Records version as accepted if higher, merged into the file as it is now,
- * persisted atomically (temp file, fsync, rename, fsync of the directory)
- * before returning 0. */
+/* Records version as accepted, merged into the file as it is now, persisted
+ * atomically (temp file, fsync, rename, fsync of the directory) before
+ * returning 0. A record at or above version, as the file has it now (another
+ * process accepted a release since this one's check), refuses with
+ * HK_ERR_REPLAY and writes nothing: the caller must not commit. */
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep);
 /* Takes back a record made by hkn_state_accept for a release the engine then
  * refused: sets module to `previous` only if its record is still `version`. */

@@ -204,8 +204,10 @@ START_TEST(replay_same_and_lower) {
     hkn_manifest_free(&m);
     /* Other modules are independent. */
     ck_assert_uint_eq(hkn_state_get(s, "other"), 0);
-    /* Accepting a lower version never lowers the mark. */
-    ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), 0);
+    /* Accepting a lower or the same version never lowers the mark, and is
+     * refused: its caller must not commit it. */
+    ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), HK_ERR_REPLAY);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 5, &rep), HK_ERR_REPLAY);
     ck_assert_uint_eq(hkn_state_get(s, "add"), 5);
     hkn_state_close(s);
     hk_report_clear(&rep);
@@ -433,6 +435,70 @@ START_TEST(two_processes_merge) {
     for (int i = 0; i < 2; i++) {
         close(go_a[i]);
         close(go_b[i]);
+    }
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Two processes on one state directory check the same module, and the one
+ * with the newer release records first: the slower one's acceptance of its
+ * older release is refused (it would commit after the newer one), and the
+ * record keeps the newer version. */
+START_TEST(slower_process_refused) {
+    char *dir = hkt_tmpdir();
+    char sdir[512];
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    int go[2], done[2];
+    ck_assert_int_eq(pipe(go), 0);
+    ck_assert_int_eq(pipe(done), 0);
+    /* A checks v5 against an empty record, then waits. */
+    pid_t a = fork();
+    if (a == 0) {
+        hkn_state *s;
+        hk_report rep = HK_REPORT_INIT;
+        uint64_t have = 1;
+        char ch;
+        if (hkn_state_open(sdir, &s, NULL) || hkn_state_lookup(s, "add", &have, NULL) ||
+            have != 0 || write(done[1], "c", 1) != 1 || read(go[0], &ch, 1) != 1)
+            _exit(1);
+        int err = hkn_state_accept(s, "add", 5, &rep);
+        if (err != HK_ERR_REPLAY)
+            _exit(err == 0 ? 2 : 3);
+        if (!strstr(rep.message, "v6") || !strstr(rep.message, "another process"))
+            _exit(4);
+        if (hkn_state_accept(s, "add", 6, NULL) != HK_ERR_REPLAY)
+            _exit(5);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    char ch;
+    ck_assert_int_eq(read(done[0], &ch, 1), 1);
+    /* B checks and records v6 in the meantime. */
+    pid_t b = fork();
+    if (b == 0) {
+        hkn_state *s;
+        uint64_t have = 1;
+        if (hkn_state_open(sdir, &s, NULL) || hkn_state_lookup(s, "add", &have, NULL) ||
+            have != 0 || hkn_state_accept(s, "add", 6, NULL))
+            _exit(1);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(b, &st, 0), b);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_eq(write(go[1], "x", 1), 1);
+    ck_assert_int_eq(waitpid(a, &st, 0), a);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "A: status %d", WEXITSTATUS(st));
+    hkn_state *s;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 6);
+    hkn_state_close(s);
+    for (int i = 0; i < 2; i++) {
+        close(go[i]);
+        close(done[i]);
     }
     hkt_rmtree(dir);
     free(dir);
@@ -781,6 +847,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, artifact_choice);
     tcase_add_test(tc, release_carries_headers);
     tcase_add_test(tc, two_processes_merge);
+    tcase_add_test(tc, slower_process_refused);
     tcase_add_test(tc, corrupt_state_fails_closed);
     tcase_add_test(tc, large_versions_recorded_exactly);
     tcase_add_test(tc, stale_temp_files_cleaned);
