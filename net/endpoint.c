@@ -321,6 +321,7 @@ static unsigned http_status(int err) {
     case HK_ERR_LAYOUT:
     case HK_ERR_GLOBAL_SIZE:
     case HK_ERR_REJECTED:
+    case HK_ERR_CANARY:
         return MHD_HTTP_UNPROCESSABLE_CONTENT;
     case HK_ERR_BUSY:
     case HK_ERR_CLOSED:

@@ -575,6 +575,31 @@ START_TEST(refusals_change_nothing) {
 }
 END_TEST
 
+/* The engine's verdicts have the statuses net.h documents: a canary's
+ * refusal is the release's fault (422), a quarantined image a conflict with
+ * what the engine knows (409). */
+START_TEST(engine_refusal_statuses) {
+    start(NULL, 0, NULL, NULL);
+    static const struct {
+        int err;
+        int code;
+    } cases[] = {{HK_ERR_CANARY, 422}, {HK_ERR_QUARANTINED, 409}, {HK_ERR_COMPILE, 422}};
+    char body[8192], name[32];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pthread_mutex_lock(&rec.lock);
+        rec.fail_with = cases[i].err;
+        pthread_mutex_unlock(&rec.lock);
+        snprintf(name, sizeof name, "r%zu.json", i);
+        int code = curl_req("POST", "/v1/release",
+                            body_file(&key, "add", 5 + i, time(NULL) + 60, T_NONE, name), NULL,
+                            body, sizeof body);
+        ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s",
+                      hkn_error_name(cases[i].err), code, cases[i].code, body);
+        ck_assert(json_has(body, "error", hkn_error_name(cases[i].err)));
+    }
+}
+END_TEST
+
 START_TEST(replay_state_survives_restart) {
     start(NULL, 0, NULL, NULL);
     const char *f = body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "b.json");
@@ -1310,6 +1335,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, refusals_change_nothing);
     tcase_add_test(tc, push_carries_headers);
     tcase_add_test(tc, replay_state_survives_restart);
+    tcase_add_test(tc, engine_refusal_statuses);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);
     tcase_add_test(tc, hundred_concurrent_status);

@@ -60,7 +60,8 @@
  *   (HK_ERR_QUARANTINED); 413 body over the cap
  *   (before the body is read when it has a Content-Length, as soon as it
  *   passes the cap when chunked); 422 artifact hash or size mismatch,
- *   compile or validation refusal, a rollback target that is not the
+ *   compile or validation refusal, a canary run's refusal (HK_ERR_CANARY),
+ *   a rollback target that is not the
  *   previous release; 503 over a connection or memory limit, runtime busy
  *   or closing; 500 other failures.
  *
