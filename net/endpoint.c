@@ -36,8 +36,11 @@
  *
  * Authority. Every route but /healthz needs the bearer token when one is
  * configured, a Host that names the bound address (or a configured name) and
- * no foreign Origin: a web page cannot reach a loopback endpoint, by a
- * cross-origin request or by DNS rebinding. A release needs its signature; a
+ * no foreign Origin (scheme, host and port all the endpoint's own), and a
+ * POST with a body needs Content-Type: application/json, which a web page
+ * cannot send across origins without a preflight this endpoint never
+ * answers: a web page cannot reach a loopback endpoint, by a cross-origin
+ * request, a "simple" form or text POST, or DNS rebinding. A release needs its signature; a
  * rollback needs the token or a signed rollback request, and with neither a
  * token nor a trusted key configured, rollback over HTTP is off.
  *
@@ -151,7 +154,7 @@ struct hkn_endpoint {
     uint64_t unauthorized;           /* lock */
     uint64_t too_large;              /* lock */
     uint64_t overloaded;             /* lock: 503 for limits */
-    uint64_t foreign;                /* lock: refused Host or Origin */
+    uint64_t foreign;                /* lock: refused Host, Origin or body type */
     uint64_t deadline_cut;           /* lock */
     uint64_t committed;              /* lock */
     uint64_t rolled_back;            /* lock */
@@ -288,7 +291,8 @@ static enum MHD_Result refuse(hkn_endpoint *ep, struct MHD_Connection *c, const 
                               const char *method, const char *url, unsigned status, int err,
                               const char *why) {
     int warn = status == MHD_HTTP_UNAUTHORIZED || status == MHD_HTTP_FORBIDDEN ||
-               status == MHD_HTTP_CONTENT_TOO_LARGE || status == MHD_HTTP_SERVICE_UNAVAILABLE;
+               status == MHD_HTTP_UNSUPPORTED_MEDIA_TYPE || status == MHD_HTTP_CONTENT_TOO_LARGE ||
+               status == MHD_HTTP_SERVICE_UNAVAILABLE;
     hkn_log(&ep->eng, warn ? HK_LOG_WARN : HK_LOG_INFO, "endpoint", "refused %s %s from %s: %u %s",
             method, url, peer(k), status, why);
     return reply_error(c, status, err, why);
@@ -802,7 +806,8 @@ void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
     sample(w, "hotkern_push_overloaded_total", "counter",
            "Requests answered 503 for a connection or memory limit.", ep->overloaded);
     sample(w, "hotkern_push_foreign_total", "counter",
-           "Requests refused for a foreign Host or Origin.", ep->foreign);
+           "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
+           ep->foreign);
     sample(w, "hotkern_push_deadline_total", "counter",
            "Connections closed for a request past its deadline.", ep->deadline_cut);
     hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
@@ -1007,6 +1012,40 @@ static int host_ok(const hkn_endpoint *ep, const char *host, size_t n) {
     return 0;
 }
 
+/* 1 when an Origin header names this endpoint's own origin: its scheme
+ * (https exactly when it serves TLS), a name host_ok accepts and its port
+ * (the scheme's default when the Origin names none). Another port of the
+ * same host is another origin: a page served there (a notebook, a dev
+ * server) must not drive the endpoint. */
+static int origin_ok(const hkn_endpoint *ep, const char *origin) {
+    const char *scheme = ep->cert_pem ? "https://" : "http://";
+    size_t sl = strlen(scheme);
+    if (strncasecmp(origin, scheme, sl))
+        return 0;
+    const char *auth = origin + sl;
+    size_t n = strcspn(auth, "/");
+    if (auth[n] != '\0' || n == 0)
+        return 0;
+    /* The port follows the last ':' after the name (an IPv6 literal is in
+     * brackets, so its colons come before the ']'). */
+    const char *rb = auth[0] == '[' ? memchr(auth, ']', n) : NULL;
+    const char *from = rb ? rb : auth;
+    const char *colon = memrchr(from, ':', n - (size_t)(from - auth));
+    unsigned long port = ep->cert_pem ? 443 : 80;
+    size_t hlen = n;
+    if (colon) {
+        char *end;
+        hlen = (size_t)(colon - auth);
+        if (colon[1] < '0' || colon[1] > '9')
+            return 0;
+        errno = 0;
+        port = strtoul(colon + 1, &end, 10);
+        if (errno || end != auth + n || port > 65535)
+            return 0;
+    }
+    return port == ep->port && host_ok(ep, auth, hlen);
+}
+
 /* NULL when Host and Origin are acceptable, else why not. */
 static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
@@ -1014,18 +1053,31 @@ static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
     if (host && !host_ok(ep, host, strlen(host)))
         return "the Host header does not name this endpoint (configure the name with "
                "allowed_hosts)";
-    if (origin) {
-        /* A browser names the page's origin: only this endpoint's own. */
-        const char *p = NULL;
-        if (!strncasecmp(origin, "http://", 7))
-            p = origin + 7;
-        else if (!strncasecmp(origin, "https://", 8))
-            p = origin + 8;
-        size_t n = p ? strcspn(p, "/") : 0;
-        if (!p || p[n] != '\0' || !host_ok(ep, p, n))
-            return "cross-origin requests are refused";
-    }
+    /* A browser names the page's origin: only this endpoint's own. */
+    if (origin && !origin_ok(ep, origin))
+        return "cross-origin requests are refused (an Origin must be this endpoint's scheme, "
+               "host and port)";
     return NULL;
+}
+
+/* NULL when a POST's body is declared as JSON (or there is no body), else
+ * why not. A web page can send text/plain, form and multipart bodies, or
+ * none declared at all, to any origin without asking first (a "simple"
+ * request, no CORS preflight), so such a body must not be able to push a
+ * release: with allow_unsigned and no token nothing else would stop it. */
+static const char *not_json(struct MHD_Connection *c) {
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *te =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (!te && (!cl || !strcmp(cl, "0")))
+        return NULL;
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    size_t n = ct ? strcspn(ct, "; \t") : 0;
+    if (ct && n == 16 && !strncasecmp(ct, "application/json", 16))
+        return NULL;
+    return "a request body must be sent as Content-Type: application/json (a web page can "
+           "send text/plain, form or multipart bodies, or none declared, across origins)";
 }
 
 static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
@@ -1088,6 +1140,10 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         count(ep, &ep->unauthorized);
         return refuse(ep, c, k, method, url, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
                       "missing or wrong bearer token");
+    }
+    if (post && (why = not_json(c))) {
+        count(ep, &ep->foreign);
+        return refuse(ep, c, k, method, url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, HK_ERR_REJECTED, why);
     }
     int want_post = route == R_RELEASE || route == R_ROLLBACK;
     if ((want_post && !post) || (!want_post && !get))

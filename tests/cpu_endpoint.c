@@ -660,6 +660,8 @@ START_TEST(oversized_body_413) {
                     "%{http_code}",
                     "-H",
                     "Transfer-Encoding: chunked",
+                    "-H",
+                    "Content-Type: application/json",
                     "--data-binary",
                     data,
                     url,
@@ -1062,6 +1064,79 @@ static double timed_request(const char *head, const char *file, char *out, size_
     return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
 
+/* A web page on another port of the same host (a notebook, a dev server)
+ * is another origin: with unsigned releases allowed and no token, neither
+ * its cross-origin requests nor its "simple" POSTs (text/plain, forms,
+ * multipart, no type at all, which browsers send without a preflight) push
+ * anything; the endpoint's own origin and JSON bodies still do. */
+START_TEST(other_origins_and_simple_posts_refused) {
+    cfg_hook = no_keys_unsigned;
+    start(NULL, 0, NULL, NULL);
+    unsigned port = hkn_endpoint_port(ep);
+    const char *f = body_file(&key, "add", 5, time(NULL) + 60, T_NO_SIG, "u.json");
+    char body[8192], hdr[160];
+    /* Each: a scheme and host, and the port after them (-1: none). */
+    const struct {
+        const char *prefix;
+        long port;
+        const char *suffix;
+    } origins[] = {{"http://localhost:", 8888, ""},  {"http://127.0.0.1:", 8888, ""},
+                   {"https://127.0.0.1:", port, ""}, {"http://127.0.0.1:", port * 10L, ""},
+                   {"http://127.0.0.1:", -1, ""},    {"http://localhost:", port, "/x"},
+                   {"http://localhost", -1, ""},     {"http://[::1]:", port, ""}};
+    for (size_t i = 0; i < sizeof origins / sizeof origins[0]; i++) {
+        char o[96], pnum[24] = "";
+        if (origins[i].port >= 0)
+            snprintf(pnum, sizeof pnum, "%ld", origins[i].port);
+        snprintf(o, sizeof o, "%s%s%s", origins[i].prefix, pnum, origins[i].suffix);
+        snprintf(hdr, sizeof hdr, "Origin: %s", o);
+        extra_header = hdr;
+        int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+        ck_assert_msg(code == 403 && strstr(body, "port"), "Origin %s: HTTP %d: %s", o, code, body);
+        ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    }
+    snprintf(hdr, sizeof hdr, "Origin: http://localhost:%u", port);
+    extra_header = hdr;
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 200);
+    extra_header = NULL;
+    ck_assert_int_eq(rec_calls(), 0);
+
+    struct stat st;
+    ck_assert_int_eq(stat(f, &st), 0);
+    const char *types[] = {"Content-Type: text/plain\r\n",
+                           "Content-Type: text/plain; charset=utf-8\r\n",
+                           "Content-Type: application/x-www-form-urlencoded\r\n",
+                           "Content-Type: multipart/form-data; boundary=x\r\n",
+                           "Content-Type: application/jsonx\r\n",
+                           ""};
+    char head[512], out[8192];
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        snprintf(head, sizeof head,
+                 "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %lld\r\n"
+                 "Connection: close\r\n\r\n",
+                 types[i], (long long)st.st_size);
+        timed_request(head, f, out, sizeof out);
+        ck_assert_msg(!strncmp(out, "HTTP/1.1 415", 12) && strstr(out, "application/json"),
+                      "'%s': %s", types[i], out);
+    }
+    /* The same as a signed rollback request's body. */
+    snprintf(head, sizeof head,
+             "POST /v1/rollback/add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+    timed_request(head, NULL, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 415", 12), "%s", out);
+    ck_assert_int_eq(rec_calls(), 0);
+    snprintf(head, sizeof head,
+             "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: Application/JSON; charset=utf-8\r\nContent-Length: %lld\r\n"
+             "Connection: close\r\n\r\n",
+             (long long)st.st_size);
+    timed_request(head, f, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
+    ck_assert_int_eq(rec_calls(), 1);
+}
+END_TEST
+
 /* Opens a connection from source address `src` and sends an incomplete
  * request head; returns the socket. */
 static int slow_connection(const char *src) {
@@ -1346,6 +1421,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, recorded_before_commit);
     tcase_add_test(tc, slowloris_does_not_lock_out);
     tcase_add_test(tc, request_deadline);
+    tcase_add_test(tc, other_origins_and_simple_posts_refused);
     tcase_add_test(tc, inflight_bodies_bounded);
     tcase_add_test(tc, cli_expiry_range);
     tcase_add_test(tc, behind_the_sample_nginx_proxy);

@@ -555,7 +555,7 @@ static int push_release(uint16_t eport, uint64_t version, const char *body) {
         dup2(pfd[1], 1);
         close(pfd[0]);
         execlp("timeout", "timeout", "30", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-               "--data-binary", data, u, (char *)NULL);
+               "-H", "Content-Type: application/json", "--data-binary", data, u, (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);

@@ -59,7 +59,8 @@
  *   request used twice, nothing to roll back to, or a quarantined image
  *   (HK_ERR_QUARANTINED); 413 body over the cap
  *   (before the body is read when it has a Content-Length, as soon as it
- *   passes the cap when chunked); 422 artifact hash or size mismatch,
+ *   passes the cap when chunked); 415 a POST body not declared as
+ *   application/json; 422 artifact hash or size mismatch,
  *   compile or validation refusal, a canary run's refusal (HK_ERR_CANARY),
  *   a rollback target that is not the
  *   previous release; 503 over a connection or memory limit, runtime busy
@@ -68,8 +69,11 @@
  *   Every route but /healthz needs a Host that names the bound address
  *   ("localhost" too on a loopback address, any address literal when bound
  *   to 0.0.0.0 or ::) or one of allowed_hosts, and refuses an Origin other
- *   than the endpoint's own: web pages cannot drive the endpoint by
- *   cross-origin requests or DNS rebinding.
+ *   than the endpoint's own (scheme, host and port: another port of the same
+ *   host is another origin); a POST with a body needs Content-Type:
+ *   application/json (415 otherwise, HK_ERR_REJECTED). Web pages cannot
+ *   drive the endpoint by cross-origin requests, "simple" form or text POSTs,
+ *   or DNS rebinding.
  *
  * Sized structures: hk_endpoint_options, hk_pull_options and hk_pull_stats
  * follow hotkern.h's rule (size first, set by their _init; hotkern reads and

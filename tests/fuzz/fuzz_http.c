@@ -108,7 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 0 && data[0] == 'B') {
         char head[256];
         int n = snprintf(head, sizeof head,
-                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %zu\r\n"
+                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
                          "Connection: close\r\n\r\n",
                          size - 1);
         char *req = malloc((size_t)n + size);
