@@ -14,6 +14,13 @@
  * loop threads at once; metrics are the runtime's whole text (eng.metrics),
  * into which hkn_endpoint_metrics adds this endpoint's counters.
  *
+ * Refusals are remembered. A release the engine refuses has its anti-
+ * rollback record taken back (a fixed kernel may reuse the version), so the
+ * same signed bytes would verify again: the worker remembers the refusals
+ * (net/refused.c) and answers a replay with the first refusal's error and
+ * status, before any artifact is decoded, instead of building it again on
+ * the one worker every other push waits for.
+ *
  * Logs (eng.log, subsystem "endpoint"): each request refused before its body
  * is read or after it, with the status and the reason; each release or
  * rollback received, and its outcome. Never under this file's locks.
@@ -144,6 +151,7 @@ struct hkn_endpoint {
     int nhosts;
     hkn_state *state;
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
+    hkn_refused *refused;     /* worker only: the releases the engine refused */
 
     pthread_mutex_t lock;
     struct ep_module *mods;          /* lock */
@@ -158,6 +166,7 @@ struct hkn_endpoint {
     uint64_t deadline_cut;           /* lock */
     uint64_t committed;              /* lock */
     uint64_t rolled_back;            /* lock */
+    uint64_t refused_again;          /* lock: releases answered from `refused` */
     uint64_t refusals[NERRORS];      /* lock: by -error */
 
     pthread_mutex_t conn_lock;
@@ -175,6 +184,12 @@ struct hkn_endpoint {
 
 /* Marks a request already answered from the first callback. */
 static struct req answered;
+
+static void count(hkn_endpoint *ep, uint64_t *field) {
+    pthread_mutex_lock(&ep->lock);
+    (*field)++;
+    pthread_mutex_unlock(&ep->lock);
+}
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -462,7 +477,7 @@ static int decode_artifact(const char *b64, unsigned char **out, size_t *len) {
  * memory held beyond the body is about one decoded release. *verified is set
  * once the manifest's signature (and form) checked out. */
 static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t *version,
-                      int *verified) {
+                      int *verified, int *again) {
     int err = 0, in_txn = 0;
     hkn_manifest m = {0};
     unsigned char *bytes[HKN_MAX_ARTIFACTS] = {0};
@@ -489,6 +504,20 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     *verified = rep->module[0] != '\0';
     if (err)
         goto out;
+    /* Signed bytes the engine refused already are answered as then, with no
+     * artifact decoded and no build or canary run (net/refused.c). */
+    char mhash[65], before[HKN_REFUSED_MSG];
+    hkn_sha256_hex(man->valuestring, strlen(man->valuestring), mhash);
+    int prior = hkn_refused_find(ep->refused, m.module, m.version, mhash, before, sizeof before);
+    if (prior) {
+        *again = 1;
+        *version = m.version;
+        err = hku_fail(rep, prior,
+                       "%s v%llu was refused before (%s): %s (the same signed bytes are not "
+                       "applied again; publish the release signed anew to retry)",
+                       m.module, (unsigned long long)m.version, hkn_error_name(prior), before);
+        goto out;
+    }
     for (size_t i = 0; i < m.nartifacts; i++) {
         const hkn_artifact *a = &m.artifacts[i];
         cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
@@ -542,6 +571,8 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
                      srep.message);
         }
         hk_report_clear(&srep);
+        if (hkn_refusal_is_final(err))
+            hkn_refused_add(ep->refused, m.module, m.version, mhash, err, rep->message);
     }
 out:
     if (in_txn)
@@ -556,11 +587,15 @@ out:
 static void run_release(hkn_endpoint *ep, struct req *r) {
     hk_report rep = HK_REPORT_INIT;
     uint64_t version = 0;
-    int verified = 0;
-    int err = do_release(ep, r, &rep, &version, &verified);
+    int verified = 0, again = 0;
+    int err = do_release(ep, r, &rep, &version, &verified, &again);
     const char *outcome = err ? "refused" : "committed";
     record(ep, rep.module, outcome, err, version, verified, &rep);
+    if (again)
+        count(ep, &ep->refused_again);
     cJSON *o = outcome_json(outcome, err, &rep);
+    if (err)
+        cJSON_AddBoolToObject(o, "refused_before", again);
     uint64_t ev = !err && ep->eng.version ? ep->eng.version(ep->eng.ud, rep.module) : 0;
     if (!err && ep->eng.version)
         hkn_json_add_int(o, "engine_version", (long long)ev);
@@ -810,6 +845,9 @@ void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
            ep->foreign);
     sample(w, "hotkern_push_deadline_total", "counter",
            "Connections closed for a request past its deadline.", ep->deadline_cut);
+    sample(w, "hotkern_push_refused_again_total", "counter",
+           "Releases the engine had refused, seen again and answered without a build.",
+           ep->refused_again);
     hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "committed", ep->committed);
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "rolled_back", ep->rolled_back);
@@ -1092,12 +1130,6 @@ static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
     return n == m && sodium_memcmp(h, ep->token, n) == 0;
 }
 
-static void count(hkn_endpoint *ep, uint64_t *field) {
-    pthread_mutex_lock(&ep->lock);
-    (*field)++;
-    pthread_mutex_unlock(&ep->lock);
-}
-
 /* ---- dispatch ---------------------------------------------------------- */
 
 static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, const char *url,
@@ -1375,6 +1407,10 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     }
     if ((err = hkn_state_open(r->state_dir, &ep->state, rep)))
         goto fail;
+    if (hkn_refused_create(&ep->refused)) {
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -1492,6 +1528,7 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
     free(ep->mods);
     hku_strv_free(ep->hosts, ep->nhosts);
     hkn_state_close(ep->state);
+    hkn_refused_destroy(ep->refused);
     free(ep->token);
     free(ep->cert_pem);
     if (ep->key_pem)

@@ -3,7 +3,8 @@
  *
  * Three layers, bottom up:
  *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
- *               persisted highest accepted version per module (anti-replay);
+ *               persisted highest accepted version per module (anti-replay,
+ *               state.c), and the releases the engine refused (refused.c);
  *   endpoint.c  the libmicrohttpd push/status/metrics server;
  *   pull.c      the libcurl poller of a static origin.
  * None of them calls the swap engine. They hand verified artifacts to an
@@ -235,6 +236,35 @@ int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, h
 /* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
  * fatbin, then PTX, then CUDA C; never a header. */
 size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
+
+/* ---- refused releases (net/refused.c) ---------------------------------- */
+
+/* The releases a source's engine refused for good, so that the same signed
+ * bytes seen again are answered without a build or canary run. Bounded (the
+ * least recently used entry goes); memory only; not thread-safe: one per
+ * source, used from its applying thread. */
+#define HKN_REFUSED_MAX 256
+#define HKN_REFUSED_MSG 320 /* bytes of the first refusal's message kept */
+
+typedef struct hkn_refused hkn_refused;
+
+/* 0 or HK_ERR_NOMEM. */
+int hkn_refused_create(hkn_refused **out);
+/* r may be NULL. */
+void hkn_refused_destroy(hkn_refused *r);
+/* 1 when err is the engine's verdict on the release's bytes (a build, a
+ * validation, a canary or a quarantine refusal, a build or canary that
+ * timed out), which the same bytes would get again; 0 for the state of the
+ * host (busy, closing, memory, disk, driver, device). */
+int hkn_refusal_is_final(int err);
+/* The error of the remembered refusal of release `version` of module whose
+ * manifest's SHA-256 is `hash` (64 hex chars), with its message into
+ * message (cap bytes), or 0 when none is remembered. r may be NULL. */
+int hkn_refused_find(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     char *message, size_t cap);
+/* Remembers a refusal (err != 0) of that release; r may be NULL. */
+void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     int err, const char *message);
 
 /* ---- names and JSON ---------------------------------------------------- */
 

@@ -44,6 +44,7 @@ static struct recorder {
     unsigned char *bytes;
     size_t size;
     int fail_with; /* when set, apply refuses with this error and a log */
+    int attempts;  /* apply calls, refused ones included */
     int nheaders;  /* headers given to the last apply, copied */
     char hname[4][64];
     char hdata[4][256];
@@ -71,6 +72,7 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
                      const char *origin, hk_report *rep) {
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
+    rec.attempts++;
     if (err) {
         hku_fail(rep, err, "kernel 'add': compile failed");
         rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
@@ -565,10 +567,15 @@ START_TEST(refusals_change_nothing) {
     /* Status keeps the last outcome and log. */
     ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
     ck_assert_ptr_nonnull(strstr(body, "expected a"));
-    /* A refused build did not burn the version: it can be pushed again. */
+    /* A refused build did not burn the version: the fixed kernel can be
+     * pushed under it. */
     pthread_mutex_lock(&rec.lock);
     rec.fail_with = 0;
     pthread_mutex_unlock(&rec.lock);
+    char fixed[PATH_MAX + 16];
+    snprintf(fixed, sizeof fixed, "%s/fixed.cu", tmp);
+    ck_assert_int_eq(hkt_write_file(fixed, "extern \"C\" __global__ void add(float *x) {}\n"), 0);
+    push[9] = fixed;
     rc = run(push, out, sizeof out);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
     ck_assert_uint_eq(rec_current(), 11);
@@ -597,6 +604,67 @@ START_TEST(engine_refusal_statuses) {
                       hkn_error_name(cases[i].err), code, cases[i].code, body);
         ck_assert(json_has(body, "error", hkn_error_name(cases[i].err)));
     }
+}
+END_TEST
+
+static int rec_attempts(void) {
+    pthread_mutex_lock(&rec.lock);
+    int n = rec.attempts;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
+}
+
+/* A release the engine refused (its record taken back, so that a fixed
+ * kernel may reuse the version) is not built again when the same signed
+ * bytes come back: each replay is answered at once with the first
+ * refusal's error, status and reason. A transient refusal is not
+ * remembered, and a release signed anew is a new release. */
+START_TEST(refused_release_not_rebuilt) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    static const int verdicts[] = {HK_ERR_COMPILE, HK_ERR_CANARY, HK_ERR_MISSING_KERNEL};
+    for (size_t v = 0; v < sizeof verdicts / sizeof verdicts[0]; v++) {
+        pthread_mutex_lock(&rec.lock);
+        rec.fail_with = verdicts[v];
+        pthread_mutex_unlock(&rec.lock);
+        int before = rec_attempts();
+        char name[32];
+        snprintf(name, sizeof name, "v%zu.json", v);
+        const char *f = body_file(&key, "add", 10 + v, time(NULL) + 60, T_NONE, name);
+        int first = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+        ck_assert_msg(first == 422, "%d %s", first, body);
+        ck_assert_int_eq(rec_attempts(), before + 1);
+        for (int i = 0; i < 20; i++) {
+            int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+            ck_assert_msg(code == first, "replay %d: HTTP %d (first %d): %s", i, code, first, body);
+            ck_assert(json_has(body, "error", hkn_error_name(verdicts[v])));
+            ck_assert(json_has(body, "outcome", "refused"));
+            ck_assert_msg(strstr(body, "refused before") && strstr(body, "compile failed"), "%s",
+                          body);
+            cJSON *o = cJSON_Parse(body);
+            ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(o, "refused_before")));
+            cJSON_Delete(o);
+        }
+        ck_assert_int_eq(rec_attempts(), before + 1);
+    }
+    /* Signed anew (another expiry, so other bytes): built again. */
+    int before = rec_attempts();
+    const char *again = body_file(&key, "add", 12, time(NULL) + 61, T_NONE, "again.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", again, NULL, body, sizeof body), 422);
+    ck_assert_int_eq(rec_attempts(), before + 1);
+    /* Busy is the host's state, not the release's: tried again. */
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_BUSY;
+    pthread_mutex_unlock(&rec.lock);
+    const char *busy = body_file(&key, "add", 13, time(NULL) + 60, T_NONE, "busy.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", busy, NULL, body, sizeof body), 503);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = 0;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", busy, NULL, body, sizeof body), 200);
+    ck_assert_uint_eq(rec_current(), 13);
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, NULL, body, sizeof body), 200);
+    ck_assert_msg(strstr(body, "hotkern_push_refused_again_total 60\n"), "%s", body);
 }
 END_TEST
 
@@ -1411,6 +1479,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, push_carries_headers);
     tcase_add_test(tc, replay_state_survives_restart);
     tcase_add_test(tc, engine_refusal_statuses);
+    tcase_add_test(tc, refused_release_not_rebuilt);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);
     tcase_add_test(tc, hundred_concurrent_status);

@@ -51,7 +51,15 @@
  *   GET  /healthz             "ok", never needs the token
  *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
  *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
- *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"}.
+ *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"};
+ *   a refusal also has "refused_before": true when the engine refused these
+ *   same signed bytes already (a build, validation, canary or quarantine
+ *   refusal, or a build or canary that timed out): such a release is
+ *   answered with the first refusal's error and status and its message,
+ *   without a build or canary run, as long as the endpoint remembers it
+ *   (the last 256 such releases, in memory). A release signed anew is tried
+ *   again. Pullers remember refused manifests the same way, whatever the
+ *   origin's ETag.
  *   Status codes: 200 done; 400 malformed request or module name; 401
  *   missing or wrong bearer token (HK_ERR_REJECTED); 403 bad/missing/unknown
  *   signature, expired release, a foreign Host or Origin (HK_ERR_REJECTED),
