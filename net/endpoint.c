@@ -41,6 +41,14 @@
  *     the 413 sent when it ends (libmicrohttpd takes no answer mid-upload),
  *     the request deadline bounding how long that can take.
  *
+ * Rollbacks. A signed rollback request names this endpoint's id (so that a
+ * request captured on its way to one host of a fleet rolls back no other)
+ * and the release to be running afterwards. That release is checked by the
+ * engine against the image it would commit, in the same step as the
+ * rollback (hkn_rollback_fn with check), not against what was pushed here:
+ * a puller, the watcher or the program may have committed since. Status
+ * reports the engine's releases for the same reason.
+ *
  * Authority. Every route but /healthz needs the bearer token when one is
  * configured, a Host that names the bound address (or a configured name) and
  * no foreign Origin (scheme, host and port all the endpoint's own), and a
@@ -85,16 +93,13 @@
 #define MAX_LOG_KEPT  (64 * 1024)
 #define ROLLBACK_BODY 4096
 #define NERRORS       32
-#define MAX_HISTORY   16
 #define MAX_NONCES    1024
 
 enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH };
 
 struct ep_module {
     char name[64];
-    uint64_t release_version;      /* highest release committed through this endpoint */
-    uint64_t history[MAX_HISTORY]; /* releases committed here, oldest first; the last runs */
-    int nhistory;
+    uint64_t release_version; /* highest release committed through this endpoint */
     int last_error;
     char last_outcome[16]; /* "committed", "refused", "rolled_back" */
     char last_message[512];
@@ -145,9 +150,10 @@ struct hkn_endpoint {
     unsigned max_conns, per_ip;
     int64_t deadline_ms;
     uint16_t port;
-    char addr[INET6_ADDRSTRLEN]; /* as bound, for Host */
-    int wildcard, loopback;      /* the bound address is any / a loopback one */
-    char **hosts;                /* configured names */
+    char addr[INET6_ADDRSTRLEN];  /* as bound, for Host */
+    char id[HKN_ENDPOINT_ID_MAX]; /* named by signed rollback requests */
+    int wildcard, loopback;       /* the bound address is any / a loopback one */
+    char **hosts;                 /* configured names */
     int nhosts;
     hkn_state *state;
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
@@ -402,17 +408,8 @@ static void record(hkn_endpoint *ep, const char *module, const char *outcome, in
         m = create ? module_locked(ep, module) : find_locked(ep, module);
     if (m) {
         set_outcome(m, outcome, rep, err);
-        if (!err && !strcmp(outcome, "committed")) {
-            if (version > m->release_version)
-                m->release_version = version;
-            if (m->nhistory == MAX_HISTORY) {
-                memmove(m->history, m->history + 1, (MAX_HISTORY - 1) * sizeof *m->history);
-                m->nhistory--;
-            }
-            m->history[m->nhistory++] = version;
-        } else if (!err && m->nhistory > 0) {
-            m->nhistory--;
-        }
+        if (!err && !strcmp(outcome, "committed") && version > m->release_version)
+            m->release_version = version;
     }
     pthread_mutex_unlock(&ep->lock);
 }
@@ -607,9 +604,13 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
 
 /* ---- POST /v1/rollback/MODULE (on the worker) -------------------------- */
 
-/* Checks a signed rollback request against the URL, the nonces seen and the
- * releases committed here. Called with no lock held. */
-static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep) {
+/* Checks a signed rollback request against the URL, this endpoint's id and
+ * the nonces seen; *target is the release it asks for, which the engine
+ * checks against its own history when it rolls back (a puller or another
+ * source may have committed since this endpoint's last push). Called with
+ * no lock held. */
+static int check_signed_rollback(hkn_endpoint *ep, struct req *r, uint64_t *target,
+                                 hk_report *rep) {
     hkn_rollback_req rq;
     cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "request");
@@ -630,6 +631,12 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
                        rq.module, r->module);
         goto out;
     }
+    if (strcmp(rq.endpoint, ep->id)) {
+        err = hku_fail(rep, HK_ERR_SIGNATURE,
+                       "the signed request is for endpoint '%s', not this one ('%s')", rq.endpoint,
+                       ep->id);
+        goto out;
+    }
     pthread_mutex_lock(&ep->lock);
     int free_slot = -1, seen = 0;
     for (int i = 0; i < MAX_NONCES; i++) {
@@ -638,9 +645,6 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
         else if (!strcmp(ep->nonces[i].text, rq.nonce))
             seen = 1;
     }
-    const struct ep_module *m = find_locked(ep, r->module);
-    uint64_t prev = m && m->nhistory >= 2 ? m->history[m->nhistory - 2] : 0;
-    int known = m && m->nhistory >= 1;
     if (seen)
         err = hku_fail(rep, HK_ERR_REPLAY, "this signed rollback request was already used");
     else if (free_slot < 0)
@@ -649,14 +653,7 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
         /* Spent once verified, whatever the outcome: it cannot be tried twice. */
         snprintf(ep->nonces[free_slot].text, sizeof ep->nonces[free_slot].text, "%s", rq.nonce);
         ep->nonces[free_slot].expires = rq.expires;
-        if (!known)
-            err = hku_fail(rep, HK_ERR_NO_HISTORY,
-                           "no release of '%s' was committed through this endpoint", r->module);
-        else if (rq.target != prev)
-            err = hku_fail(rep, HK_ERR_REJECTED,
-                           "the request rolls '%s' back to v%llu, but the previous release is "
-                           "v%llu",
-                           r->module, (unsigned long long)rq.target, (unsigned long long)prev);
+        *target = rq.target;
     }
     pthread_mutex_unlock(&ep->lock);
 out:
@@ -666,16 +663,18 @@ out:
 
 static void run_rollback(hkn_endpoint *ep, struct req *r) {
     hk_report rep = HK_REPORT_INIT;
-    int err = 0;
+    int err = 0, check = !ep->token;
+    uint64_t target = 0;
     /* The token, when configured, was checked with the headers; without it
-     * the request must carry its own signature. */
-    if (!ep->token)
-        err = check_signed_rollback(ep, r, &rep);
+     * the request must carry its own signature, whose target the engine
+     * checks against the image it would commit. */
+    if (check)
+        err = check_signed_rollback(ep, r, &target, &rep);
     if (!err && !ep->eng.rollback)
         err = hku_fail(&rep, HK_ERR_UNSUPPORTED, "this endpoint has no rollback");
     if (!err) {
         hkn_state_begin(ep->state);
-        err = ep->eng.rollback(ep->eng.ud, r->module, &rep);
+        err = ep->eng.rollback(ep->eng.ud, r->module, check, target, &rep);
         hkn_state_end(ep->state);
     }
     rep.error = err;
@@ -738,10 +737,6 @@ static cJSON *module_json(const struct ep_module *m) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "module", m->name);
     hkn_json_add_int(o, "release_version", (long long)m->release_version);
-    hkn_json_add_int(o, "running_release_version",
-                     m->nhistory ? (long long)m->history[m->nhistory - 1] : 0);
-    hkn_json_add_int(o, "previous_release_version",
-                     m->nhistory >= 2 ? (long long)m->history[m->nhistory - 2] : 0);
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
     cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
@@ -790,6 +785,7 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
         cJSON_AddItemToObject(o, "last", module_json(&ep->last));
     hkn_json_add_int(o, "requests", (long long)ep->requests);
     pthread_mutex_unlock(&ep->lock);
+    cJSON_AddStringToObject(o, "endpoint_id", ep->id);
     cJSON_AddNumberToObject(o, "connections", hkn_endpoint_connections(ep));
     /* Where the anti-rollback record lives; the record is written before a
      * release is committed, so it never lags behind the engine. */
@@ -799,10 +795,25 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     else
         cJSON_AddNullToObject(o, "state_file");
     cJSON_AddStringToObject(o, "state_persisted", "before commit");
-    /* Outside the lock: the engine takes its own. */
-    for (size_t i = 0; i < n && ep->eng.version; i++)
-        hkn_json_add_int(cJSON_GetArrayItem(mods, (int)i), "engine_version",
-                         (long long)ep->eng.version(ep->eng.ud, names[i]));
+    /* Outside the lock: the engine takes its own. What runs and what a
+     * rollback would commit are the engine's, whichever source committed
+     * them (a puller, the watcher, the program), so that a signed rollback's
+     * target is named as the engine will check it. */
+    for (size_t i = 0; i < n; i++) {
+        cJSON *mj = cJSON_GetArrayItem(mods, (int)i);
+        if (ep->eng.version)
+            hkn_json_add_int(mj, "engine_version",
+                             (long long)ep->eng.version(ep->eng.ud, names[i]));
+        static const char *const rel_fields[] = {"running_release_version",
+                                                 "previous_release_version"};
+        for (int back = 0; back < 2; back++) {
+            uint64_t rel = 0;
+            if (ep->eng.release && ep->eng.release(ep->eng.ud, names[i], back, &rel) == 0)
+                hkn_json_add_int(mj, rel_fields[back], (long long)rel);
+            else
+                cJSON_AddNullToObject(mj, rel_fields[back]);
+        }
+    }
     free(names);
     add_quarantine(ep, o);
     return reply_json(c, MHD_HTTP_OK, o);
@@ -1355,6 +1366,26 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* Without a configured id: HOSTNAME:PORT, which differs between the hosts
+ * of a fleet and between endpoints of one host, and stays the same across
+ * restarts on a fixed port. Bytes of the host name outside the id's
+ * alphabet are left out. */
+static void default_id(hkn_endpoint *ep) {
+    char host[256] = "", clean[HKN_ENDPOINT_ID_MAX - 8];
+    size_t n = 0;
+    if (ep->id[0])
+        return;
+    if (gethostname(host, sizeof host - 1) != 0)
+        host[0] = '\0';
+    for (const char *p = host; *p && n + 1 < sizeof clean; p++) {
+        char one[2] = {*p, '\0'};
+        if (hkn_valid_endpoint_id(one))
+            clean[n++] = *p;
+    }
+    clean[n] = '\0';
+    snprintf(ep->id, sizeof ep->id, "%s:%u", n ? clean : "localhost", (unsigned)ep->port);
+}
+
 /* ---- lifecycle --------------------------------------------------------- */
 
 int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
@@ -1379,6 +1410,9 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
     if (o.nallowed_hosts < 0 || (o.nallowed_hosts > 0 && !o.allowed_hosts))
         return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o.nallowed_hosts);
+    if (o.endpoint_id && !hkn_valid_endpoint_id(o.endpoint_id))
+        return hku_fail(rep, HK_ERR_INVALID, "endpoint_id '%.128s' is not [A-Za-z0-9_.:@-]{1,%d}",
+                        o.endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
 
     hkn_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
@@ -1435,6 +1469,8 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         goto fail;
     }
     snprintf(ep->addr, sizeof ep->addr, "%s", addr);
+    if (o.endpoint_id)
+        snprintf(ep->id, sizeof ep->id, "%s", o.endpoint_id);
     if (ep->cert_pem)
         flags |= MHD_USE_TLS;
     if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
@@ -1480,10 +1516,12 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
     ep->port = di ? di->port : (uint16_t)cfg->port;
+    default_id(ep);
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
-            "listening on %s port %u (%s, %s, %d trusted key(s)%s)", ep->addr, (unsigned)ep->port,
-            ep->cert_pem ? "https" : "http", ep->token ? "bearer token required" : "no token",
-            ep->trust.nkeys, ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
+            "listening on %s port %u as '%s' (%s, %s, %d trusted key(s)%s)", ep->addr,
+            (unsigned)ep->port, ep->id, ep->cert_pem ? "https" : "http",
+            ep->token ? "bearer token required" : "no token", ep->trust.nkeys,
+            ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
     return 0;
 fail:
@@ -1493,6 +1531,10 @@ fail:
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {
     return ep ? ep->port : 0;
+}
+
+const char *hkn_endpoint_id(const hkn_endpoint *ep) {
+    return ep ? ep->id : NULL;
 }
 
 const char *hkn_endpoint_address(const hkn_endpoint *ep) {

@@ -43,8 +43,15 @@
 typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
                             const void *bytes, size_t size, const hk_header *headers, int nheaders,
                             const char *origin, hk_report *rep);
-/* Rolls `module` back to its previous image; 0 or a negative HK_ERR_*. */
-typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
+/* Rolls `module` back to its previous image; with `check`, only when that
+ * image belongs to release `target` (else HK_ERR_REJECTED, nothing changed),
+ * checked by the engine in the same step. 0 or a negative HK_ERR_*. */
+typedef int (*hkn_rollback_fn)(void *ud, const char *module, int check, uint64_t target,
+                               hk_report *rep);
+/* The release of `module`'s image `back` steps back in the engine's kept
+ * history (0: the one it runs, 1: the one a rollback commits), as
+ * hk_module_release: 0, HK_ERR_NOT_FOUND or HK_ERR_NO_HISTORY. */
+typedef int (*hkn_release_fn)(void *ud, const char *module, int back, uint64_t *release);
 /* The engine's current version number of `module` (0 when none). */
 typedef uint64_t (*hkn_version_fn)(void *ud, const char *module);
 /* The whole metrics text (hk_metrics_text_alloc), malloc'd: the caller
@@ -70,6 +77,8 @@ typedef struct hkn_engine {
     void *ud;                     /* passed to each */
     const char *arch;             /* preferred artifact arch, e.g. "sm_90"; may be NULL */
     hkn_quarantine_fn quarantine; /* optional: /v1/status lists the quarantine */
+    hkn_release_fn release;       /* optional: /v1/status names the releases the
+                                   * engine runs and would roll back to */
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and
@@ -287,10 +296,13 @@ struct cJSON *hkn_json_parse_strict(const char *text, size_t len);
 
 /* A rollback carries the same authority as a release: a JSON request signed
  * like a manifest, {"type": "hotkern-rollback", "module", "target" (the
- * release version to be running afterwards; 0: the image from before the
- * first pushed release), "expires", "nonce" (32 hex chars), "key_id"}. It
- * can never parse as a manifest, nor a manifest as a rollback. */
-#define HKN_ROLLBACK_MAX_S 3600 /* a request may live at most an hour */
+ * release version to be running afterwards, as the engine knows its images'
+ * releases; 0: an image that has no release), "expires", "nonce" (32 hex
+ * chars), "key_id", "endpoint" (the id of the one endpoint it is for, see
+ * hk_endpoint_options.endpoint_id)}. It can never parse as a manifest, nor a
+ * manifest as a rollback. */
+#define HKN_ROLLBACK_MAX_S  3600 /* a request may live at most an hour */
+#define HKN_ENDPOINT_ID_MAX 128  /* an endpoint id is shorter than this */
 
 typedef struct hkn_rollback_req {
     char module[64];
@@ -298,14 +310,21 @@ typedef struct hkn_rollback_req {
     int64_t expires;
     char nonce[33];
     char key_id[HKN_KEY_ID_CHARS + 1];
+    char endpoint[HKN_ENDPOINT_ID_MAX];
 } hkn_rollback_req;
 
-/* Signs a rollback request of module to `target`, expiring at `expires`,
- * with a fresh random nonce. *text and *sig_b64 are the caller's to free(). */
+/* 1: s is an endpoint id, [A-Za-z0-9_.:@-], 1 to HKN_ENDPOINT_ID_MAX - 1
+ * bytes (it reaches JSON, logs and terminals). */
+int hkn_valid_endpoint_id(const char *s);
+/* Signs a rollback request of module to `target` for the endpoint whose id
+ * is `endpoint`, expiring at `expires`, with a fresh random nonce. *text and
+ * *sig_b64 are the caller's to free(). */
 int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target, int64_t expires,
-                      char **text, size_t *len, char **sig_b64, hk_report *rep);
-/* Verifies signature (by a trusted key), form and freshness against now;
- * the nonce's single use is the caller's to enforce. */
+                      const char *endpoint, char **text, size_t *len, char **sig_b64,
+                      hk_report *rep);
+/* Verifies signature (by a trusted key), form (an endpoint named) and
+ * freshness against now; which endpoint it names and the nonce's single use
+ * are the caller's to enforce. */
 int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const char *sig,
                         size_t sig_len, int64_t now, hkn_rollback_req *out, hk_report *rep);
 
@@ -334,6 +353,9 @@ int hkn_endpoint_start(const hk_endpoint_options *o, const hkn_endpoint_resolved
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
 /* The address it listens on (o->address or the default). Valid until stop. */
 const char *hkn_endpoint_address(const hkn_endpoint *ep);
+/* The id signed rollback requests must name (o->endpoint_id or
+ * HOSTNAME:PORT). Valid until stop. */
+const char *hkn_endpoint_id(const hkn_endpoint *ep);
 /* Connections open now (for tests and status). */
 unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */

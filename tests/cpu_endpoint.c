@@ -50,6 +50,8 @@ static struct recorder {
     char hdata[4][256];
     char state_file[PATH_MAX]; /* when set, apply notes whether the release is */
     int recorded_first;        /* ... already recorded there */
+    uint64_t hist[16];         /* releases of the kept images, as the engine's ring: */
+    int nhist;                 /* the last runs, a rollback commits the one before */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* 1 when the state file records module at version. */
@@ -88,6 +90,11 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
             rec.recorded_first = state_records(rec.state_file, module, version);
         snprintf(rec.module, sizeof rec.module, "%s", module);
         rec.version = version;
+        if (rec.nhist == 16) {
+            memmove(rec.hist, rec.hist + 1, 15 * sizeof *rec.hist);
+            rec.nhist--;
+        }
+        rec.hist[rec.nhist++] = version;
         rec.fmt = fmt;
         snprintf(rec.origin, sizeof rec.origin, "%s", origin);
         free(rec.bytes);
@@ -100,13 +107,36 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
     return err;
 }
 
-static int rec_rollback(void *ud, const char *module, hk_report *rep) {
+/* As hk_rollback and hk_rollback_release: the image before the running one
+ * is committed again, with its release, if it is the one asked for. */
+static int rec_rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int err = 0;
+    if (strcmp(module, rec.module) || rec.calls == 0) {
+        err = hku_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+    } else if (rec.nhist < 2) {
+        err = hku_fail(rep, HK_ERR_NO_HISTORY, "module '%s' has no earlier version kept", module);
+    } else if (check && rec.hist[rec.nhist - 2] != target) {
+        err = hku_fail(rep, HK_ERR_REJECTED, "module '%s' would roll back to release v%llu", module,
+                       (unsigned long long)rec.hist[rec.nhist - 2]);
+    } else {
+        rec.nhist--;
+        rec.version = rec.hist[rec.nhist - 1];
+        rec.rollbacks++;
+    }
+    pthread_mutex_unlock(&rec.lock);
+    return err;
+}
+
+static int rec_release(void *ud, const char *module, int back, uint64_t *out) {
     pthread_mutex_lock(&rec.lock);
     int err = 0;
     if (strcmp(module, rec.module) || rec.calls == 0)
-        err = hku_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+        err = HK_ERR_NOT_FOUND;
+    else if (back >= rec.nhist)
+        err = HK_ERR_NO_HISTORY;
     else
-        rec.rollbacks++;
+        *out = rec.hist[rec.nhist - 1 - back];
     pthread_mutex_unlock(&rec.lock);
     return err;
 }
@@ -160,7 +190,8 @@ static const hkn_engine engine = {.apply = rec_apply,
                                   .rollback = rec_rollback,
                                   .version = rec_version,
                                   .metrics = rec_metrics,
-                                  .ud = NULL};
+                                  .ud = NULL,
+                                  .release = rec_release};
 
 /* ---- fixture ----------------------------------------------------------- */
 
@@ -443,7 +474,7 @@ START_TEST(push_with_cli_commits) {
     ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
     char *rb2[] = {(char *)cli, "rollback", base, "nosuch", "--key", key_path, "--to", "1", NULL};
     rc = run(rb2, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NO_HISTORY"), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NOT_FOUND"), "exit %d: %s", rc, out);
     char *help[] = {(char *)cli, "push", "--help", NULL};
     ck_assert_int_eq(run(help, out, sizeof out), 0);
     char *bad[] = {(char *)cli, "push", base, NULL};
@@ -918,7 +949,8 @@ static const char *rollback_file(const hkn_seckey *k, const char *module, uint64
     char *text, *sig;
     size_t len;
     hk_report rep = HK_REPORT_INIT;
-    ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, &text, &len, &sig, &rep),
+    ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, hkn_endpoint_id(ep),
+                                       &text, &len, &sig, &rep),
                      0);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "request", text);
@@ -957,6 +989,10 @@ START_TEST(rollback_needs_authority) {
                               body_file(&key, "add", 6, time(NULL) + 60, T_NONE, "6.json"), NULL,
                               NULL, 0),
                      200);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "7.json"), NULL,
+                              NULL, 0),
+                     200);
     /* No token configured, trusted keys are: an unsigned rollback is refused. */
     int code = curl_req("POST", "/v1/rollback/add", NULL, NULL, body, sizeof body);
     ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_SIGNATURE"), "%d %s", code, body);
@@ -972,14 +1008,14 @@ START_TEST(rollback_needs_authority) {
     ck_assert_msg(code == 403, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 0);
     /* Signed, to the previous release: done, once. */
-    const char *ok = rollback_file(&key, "add", 5, "r5.json");
+    const char *ok = rollback_file(&key, "add", 6, "r6.json");
     code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
     ck_assert_msg(code == 200 && json_has(body, "outcome", "rolled_back"), "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 1);
     code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
     ck_assert_msg(code == 409 && json_has(body, "error", "HK_ERR_REPLAY"), "%d %s", code, body);
-    /* Now v5 runs; a request for v5 again names the wrong target. */
-    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 5, "r5b.json"), NULL,
+    /* Now v6 runs; a request for v6 again names the wrong target. */
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 6, "r6b.json"), NULL,
                     body, sizeof body);
     ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 1);
@@ -994,7 +1030,7 @@ START_TEST(rollback_needs_authority) {
     /* The endpoint's own origin is fine. */
     snprintf(hdr, sizeof hdr, "Origin: %s", base);
     extra_header = hdr;
-    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 0, "o2.json"), NULL,
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 5, "o2.json"), NULL,
                     body, sizeof body);
     ck_assert_msg(code == 200, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 2);
@@ -1013,7 +1049,7 @@ START_TEST(rollback_needs_authority) {
     extra_header = "Host: evil.example";
     ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
     extra_header = NULL;
-    ck_assert_int_eq(rec_calls(), 2);
+    ck_assert_int_eq(rec_calls(), 3);
 
     /* Neither a token nor a trusted key: rollback over HTTP is off. */
     hkn_endpoint_stop(ep);
@@ -1025,10 +1061,143 @@ START_TEST(rollback_needs_authority) {
     /* The token is enough authority on its own. */
     hkn_endpoint_stop(ep);
     start("tok", 0, NULL, NULL);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 8, time(NULL) + 60, T_NONE, "8.json"), "tok",
+                              NULL, 0),
+                     200);
     ck_assert_int_eq(curl_req("POST", "/v1/rollback/add", NULL, NULL, NULL, 0), 401);
     code = curl_req("POST", "/v1/rollback/add", NULL, "tok", body, sizeof body);
     ck_assert_msg(code == 200, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 3);
+}
+END_TEST
+
+static void fleet_id(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
+    (void)r;
+    o->endpoint_id = "gpu-17.fleet:7070";
+}
+
+/* A signed rollback request is for one endpoint: one signed for another
+ * host of the fleet (or for none) is refused here, and the CLI signs for
+ * the id the endpoint's status names, or the one it is given. */
+START_TEST(rollback_bound_to_endpoint) {
+    char body[8192], out[8192], host[256] = "", want[300];
+    start(NULL, 0, NULL, NULL);
+    gethostname(host, sizeof host - 1);
+    snprintf(want, sizeof want, "%s:%u", host, hkn_endpoint_port(ep));
+    /* The default id: host name and port. */
+    if (hkn_valid_endpoint_id(want))
+        ck_assert_str_eq(hkn_endpoint_id(ep), want);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    ck_assert_msg(json_has(body, "endpoint_id", hkn_endpoint_id(ep)), "%s", body);
+    hkn_endpoint_stop(ep);
+    cfg_hook = fleet_id;
+    start(NULL, 0, NULL, NULL);
+    ck_assert_str_eq(hkn_endpoint_id(ep), "gpu-17.fleet:7070");
+    for (int v = 1; v <= 3; v++) {
+        char name[16];
+        snprintf(name, sizeof name, "%d.json", v);
+        ck_assert_int_eq(
+            curl_req("POST", "/v1/release",
+                     body_file(&key, "add", (uint64_t)v, time(NULL) + 60, T_NONE, name), NULL, NULL,
+                     0),
+            200);
+    }
+    /* Signed for another endpoint (as captured on its way to another host):
+     * refused, nothing rolled back. */
+    char *text, *sig;
+    size_t len;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkn_rollback_sign(&key, "add", 2, time(NULL) + 60, "gpu-18.fleet:7070", &text,
+                                       &len, &sig, &rep),
+                     0);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "request", text);
+    cJSON_AddStringToObject(o, "signature", sig);
+    char *b = cJSON_PrintUnformatted(o), other[PATH_MAX];
+    snprintf(other, sizeof other, "%s/other.json", tmp);
+    ck_assert_int_eq(hkt_write_file(other, b), 0);
+    free(b);
+    cJSON_Delete(o);
+    free(text);
+    free(sig);
+    int code = curl_req("POST", "/v1/rollback/add", other, NULL, body, sizeof body);
+    ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_SIGNATURE") &&
+                      strstr(body, "gpu-18.fleet:7070"),
+                  "%d %s", code, body);
+    const char *cli = cli_path();
+    char *rb_other[] = {(char *)cli,     "rollback",          base, "add", "--key", key_path,
+                        "--endpoint-id", "gpu-18.fleet:7070", NULL};
+    int rc = run(rb_other, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_SIGNATURE"), "exit %d: %s", rc, out);
+    ck_assert_int_eq(rollbacks(), 0);
+    /* The CLI takes the id and the target from the status, or is given them. */
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 2);
+    char *rb_given[] = {(char *)cli, "rollback", base, "add",           "--key",
+                        key_path,    "--to",     "1",  "--endpoint-id", "gpu-17.fleet:7070",
+                        NULL};
+    rc = run(rb_given, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 1);
+    ck_assert_int_eq(rollbacks(), 2);
+    char *rb_bad[] = {(char *)cli, "rollback",      base,  "add", "--key",
+                      key_path,    "--endpoint-id", "a b", NULL};
+    ck_assert_int_eq(run(rb_bad, out, sizeof out), 2);
+    /* An id outside the alphabet is refused at start. */
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+    hk_endpoint_options eo;
+    hkn_endpoint_resolved r = {0};
+    hk_endpoint_options_init(&eo);
+    eo.endpoint_id = "gpu 17\n";
+    ck_assert_int_eq(hkn_endpoint_start(&eo, &r, &engine, &ep, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(ep);
+    ck_assert_msg(strstr(rep.message, "endpoint_id"), "%s", rep.message);
+}
+END_TEST
+
+/* Status and the signed rollback's target are the engine's: after another
+ * source committed (a puller moved the engine on), status names what the
+ * engine runs and would roll back to, and a request for a release the
+ * engine would not commit is refused by the engine. */
+START_TEST(rollback_target_is_the_engines) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    for (int v = 1; v <= 2; v++) {
+        char name[16];
+        snprintf(name, sizeof name, "%d.json", v);
+        ck_assert_int_eq(
+            curl_req("POST", "/v1/release",
+                     body_file(&key, "add", (uint64_t)v, time(NULL) + 60, T_NONE, name), NULL, NULL,
+                     0),
+            200);
+    }
+    /* v3 committed by another source of the engine. */
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(rec_apply(NULL, "add", 3, HK_FORMAT_PTX, "x", 1, NULL, 0, "pull:x", &rep), 0);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "modules"), 0);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "running_release_version")->valuedouble, 3);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "previous_release_version")->valuedouble, 2);
+    cJSON_Delete(o);
+    int code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 1, "r1.json"), NULL,
+                        body, sizeof body);
+    ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
+    ck_assert_uint_eq(rec_current(), 3);
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 2, "r2.json"), NULL,
+                    body, sizeof body);
+    ck_assert_msg(code == 200, "%d %s", code, body);
+    ck_assert_uint_eq(rec_current(), 2);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    o = cJSON_Parse(body);
+    m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "modules"), 0);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "running_release_version")->valuedouble, 2);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "previous_release_version")->valuedouble, 1);
+    cJSON_Delete(o);
 }
 END_TEST
 
@@ -1487,6 +1656,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, tls_with_self_signed_cert);
     tcase_add_test(tc, rollback_needs_authority);
     tcase_add_test(tc, rollback_names_cannot_poison);
+    tcase_add_test(tc, rollback_bound_to_endpoint);
+    tcase_add_test(tc, rollback_target_is_the_engines);
     tcase_add_test(tc, recorded_before_commit);
     tcase_add_test(tc, slowloris_does_not_lock_out);
     tcase_add_test(tc, request_deadline);

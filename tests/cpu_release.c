@@ -698,26 +698,50 @@ START_TEST(signed_rollback_requests) {
     hk_report rep = HK_REPORT_INIT;
     hkn_rollback_req rq;
     int64_t now = (int64_t)time(NULL);
-    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&k, "add", 4, now + 60, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep), 0);
     ck_assert_str_eq(rq.module, "add");
     ck_assert_uint_eq(rq.target, 4);
     ck_assert_uint_eq(strlen(rq.nonce), 32);
+    ck_assert_str_eq(rq.endpoint, "gpu-7:7070");
     /* Expired, too long-lived, or by another key: refused. */
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now + 61, &rq, &rep),
                      HK_ERR_EXPIRED);
     free(text);
     free(sig);
-    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 86400, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&k, "add", 4, now + 86400, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
                      HK_ERR_EXPIRED);
     free(text);
     free(sig);
-    ck_assert_int_eq(hkn_rollback_sign(&other, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&other, "add", 4, now + 60, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
                      HK_ERR_SIGNATURE);
     free(text);
     free(sig);
+    /* A request must name the endpoint it is for: one that names none (as
+     * requests did before they were bound to an endpoint) is refused, and
+     * no id outside the alphabet can be signed. */
+    const char *tails[] = {"", ",\"endpoint\":\"\"", ",\"endpoint\":\"a b\"", ",\"endpoint\":7"};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        char req[512], usig[128];
+        snprintf(req, sizeof req,
+                 "{\"type\":\"hotkern-rollback\",\"module\":\"add\",\"target\":4,\"expires\":%lld,"
+                 "\"nonce\":\"0123456789abcdef0123456789abcdef\",\"key_id\":\"%s\"%s}",
+                 (long long)now + 60, k.pub.id, tails[i]);
+        sign_text(&k, req, usig);
+        ck_assert_int_eq(
+            hkn_rollback_verify(&t, req, strlen(req), usig, strlen(usig), now, &rq, &rep),
+            HK_ERR_SIGNATURE);
+        ck_assert_msg(strstr(rep.message, "endpoint"), "%s", rep.message);
+    }
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, "a\x1b[2J", &text, &len, &sig, &rep),
+                     HK_ERR_INVALID);
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, NULL, &text, &len, &sig, &rep),
+                     HK_ERR_INVALID);
     /* A signed manifest is not a rollback request. */
     struct rel r;
     make_release(&k, "add", 3, now + 60, kernel_src, strlen(kernel_src), &r);

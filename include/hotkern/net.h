@@ -33,7 +33,12 @@
  *   POST /v1/release          body: {"manifest": "<manifest.json text>",
  *                                    "signature": "<base64>",
  *                                    "artifacts": {"<sha256>": "<base64>", ...}}
- *   GET  /v1/status           modules, release and engine versions, the last
+ *   GET  /v1/status           "endpoint_id"; modules: the highest release
+ *                             committed through this endpoint, the engine's
+ *                             version and the releases the engine runs and
+ *                             would roll back to ("running_release_version",
+ *                             "previous_release_version": whichever source
+ *                             committed them; null when unknown), the last
  *                             outcome, message and build log of each, and
  *                             "quarantine": [{"module", "image",
  *                             "release_version", "version"}] (images that
@@ -44,7 +49,13 @@
  *                              "signature": "<base64>"} signed by a trusted
  *                             key (see `hotkern rollback --key`); with
  *                             neither a token nor a trusted key, rollback
- *                             over HTTP is off (403)
+ *                             over HTTP is off (403). A signed request
+ *                             names this endpoint's id (endpoint_id; one
+ *                             for another endpoint, or none, is 403) and
+ *                             the release to be running afterwards, which
+ *                             the engine checks against the image it would
+ *                             commit (hk_rollback_release: 422 when that
+ *                             image is another release)
  *   GET  /metrics             Prometheus text: exactly hk_metrics_text of the
  *                             runtime (engine, watcher, every endpoint and puller
  *                             attached to it)
@@ -147,7 +158,10 @@ typedef struct hk_endpoint_options {
                                        * the bound address ("localhost" is, on a
                                        * loopback address) */
     int nallowed_hosts;
-    unsigned threads; /* event-loop threads, default 2 */
+    unsigned threads;        /* event-loop threads, default 2 */
+    const char *endpoint_id; /* the id signed rollback requests must name,
+                              * [A-Za-z0-9_.:@-]{1,127}; NULL: HOSTNAME:PORT
+                              * (set one where host names repeat) */
 } hk_endpoint_options;
 
 /* Sets o->size = size and every field within it to the defaults above;

@@ -39,7 +39,7 @@ static int apply(void *ud, const char *module, uint64_t version, hk_format fmt, 
     return 0;
 }
 
-static int rollback(void *ud, const char *module, hk_report *rep) {
+static int rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
     if (!hkn_valid_name(module, 64))
         abort();
     return HK_ERR_NO_HISTORY;
