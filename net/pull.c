@@ -538,12 +538,32 @@ static char *dup_or_null(const char *s, int *fail) {
     return d;
 }
 
+/* 0 when every byte of a URL is printable ASCII (what RFC 3986 allows; other
+ * bytes are percent-encoded), else HK_ERR_INVALID naming the first other
+ * one. The URL labels the puller's metrics and reaches its logs: a CR, LF or
+ * a byte that is no UTF-8 there would break the /metrics text and the log
+ * lines. */
+static int url_bytes_ok(const char *what, const char *url, hk_report *rep) {
+    for (size_t i = 0; url && url[i]; i++) {
+        unsigned char c = (unsigned char)url[i];
+        if (c <= 0x20 || c >= 0x7f)
+            return hku_fail(rep, HK_ERR_INVALID,
+                            "%s has byte 0x%02x at offset %zu: a URL is printable ASCII "
+                            "without spaces (percent-encode other bytes)",
+                            what, c, i);
+    }
+    return 0;
+}
+
 int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
                     hkn_puller **out, hk_report *rep) {
     *out = NULL;
     int err = 0, oom = 0;
     if (!o || !o->url || !r || !e || !e->apply)
         return hku_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
+    if ((err = url_bytes_ok("the URL", o->url, rep)) ||
+        (err = url_bytes_ok("artifact_base", o->artifact_base, rep)))
+        return err;
     if (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))
         return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", o->url);
     if (hkn_crypto_init())

@@ -196,8 +196,10 @@ typedef struct hk_puller hk_puller;
 /* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_options {
     size_t size;                     /* set by hk_pull_options_init */
-    const char *url;                 /* manifest URL (http or https); the signature
-                                      * is at url + ".sig" */
+    const char *url;                 /* manifest URL (http or https, printable
+                                      * ASCII: other bytes percent-encoded, or
+                                      * HK_ERR_INVALID); the signature is at
+                                      * url + ".sig" */
     const char *artifact_base;       /* artifacts at base/artifacts/<sha256>;
                                       * default: url's directory */
     unsigned interval_ms;            /* default 10000 */
