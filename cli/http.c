@@ -131,18 +131,30 @@ static void print_outcome(const hkc_resp *r, const cJSON *a) {
     const char *msg = str_field(a, "message"), *log = str_field(a, "log");
     const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
     FILE *f = r->status == 200 ? stdout : stderr;
-    fprintf(f, "%s (HTTP %ld): module %s", str_field(a, "outcome"), r->status, mod ? mod : "?");
+    /* Every string is the endpoint's: cleaned of terminal escapes. */
+    hkc_put_clean(f, str_field(a, "outcome"), 0);
+    fprintf(f, " (HTTP %ld): module ", r->status);
+    hkc_put_clean(f, mod ? mod : "?", 0);
     if (ver && ver->valuedouble > 0)
         fprintf(f, " release v%.0f", ver->valuedouble);
     if (ev)
         fprintf(f, ", engine version %.0f", ev->valuedouble);
     fprintf(f, "\n");
-    if (r->status != 200 && err)
-        fprintf(f, "error: %s\n", err);
-    if (msg && msg[0])
-        fprintf(f, "message: %s\n", msg);
-    if (log && log[0])
-        fprintf(f, "log:\n%s%s", log, log[strlen(log) - 1] == '\n' ? "" : "\n");
+    if (r->status != 200 && err) {
+        fprintf(f, "error: ");
+        hkc_put_clean(f, err, 0);
+        fprintf(f, "\n");
+    }
+    if (msg && msg[0]) {
+        fprintf(f, "message: ");
+        hkc_put_clean(f, msg, 0);
+        fprintf(f, "\n");
+    }
+    if (log && log[0]) {
+        fprintf(f, "log:\n");
+        hkc_put_clean(f, log, 1);
+        fprintf(f, "%s", log[strlen(log) - 1] == '\n' ? "" : "\n");
+    }
 }
 
 /* The same as fields of the JSON document. A release already set (push
@@ -215,7 +227,8 @@ int hkc_cmd_status(int argc, char **argv) {
             a = NULL;
         } else {
             char *pretty = cJSON_Print(a);
-            printf("%s\n", pretty ? pretty : r.data);
+            hkc_put_clean(stdout, pretty ? pretty : r.data, 1);
+            printf("\n");
             free(pretty);
         }
         cJSON_Delete(a);

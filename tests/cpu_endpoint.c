@@ -45,6 +45,7 @@ static struct recorder {
     size_t size;
     int fail_with; /* when set, apply refuses with this error and a log */
     int attempts;  /* apply calls, refused ones included */
+    int hostile;   /* the refusal's message and log carry terminal escapes */
     int nheaders;  /* headers given to the last apply, copied */
     char hname[4][64];
     char hdata[4][256];
@@ -75,7 +76,13 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
     rec.attempts++;
-    if (err) {
+    if (err && rec.hostile) {
+        hku_fail(rep, err,
+                 "kernel 'add': compile failed\x1b[2J\x1b]0;owned\x07 \xc2\x9b"
+                 "31m \xff");
+        rep->log = strdup("add.cu(1): error\x1b[31m red\r\n\xc2\x9b"
+                          "2J\n");
+    } else if (err) {
         hku_fail(rep, err, "kernel 'add': compile failed");
         rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
     } else {
@@ -635,6 +642,44 @@ START_TEST(engine_refusal_statuses) {
                       hkn_error_name(cases[i].err), code, cases[i].code, body);
         ck_assert(json_has(body, "error", hkn_error_name(cases[i].err)));
     }
+}
+END_TEST
+
+/* 1 when out holds a byte that drives a terminal: C0 but LF and tab, DEL,
+ * a C1 control (UTF-8 C2 80..9F), or 0xff. */
+static int has_escape(const char *out) {
+    for (const unsigned char *p = (const unsigned char *)out; *p; p++)
+        if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f || *p == 0xff ||
+            (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+            return 1;
+    return 0;
+}
+
+/* A hostile endpoint's strings (a refusal's message and log, the status) are
+ * printed by the CLI with their control bytes shown, never sent to the
+ * terminal. */
+START_TEST(cli_prints_no_terminal_escapes) {
+    start(NULL, 0, NULL, NULL);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    rec.hostile = 1;
+    pthread_mutex_unlock(&rec.lock);
+    const char *cli = cli_path();
+    char out[16384];
+    char *push[] = {(char *)cli, "push",      base, "--key",  key_path, "--module",
+                    "add",       "--release", "3",  src_path, NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "compile failed"), "exit %d: %s", rc, out);
+    ck_assert_msg(!has_escape(out), "raw control bytes printed: %s", out);
+    ck_assert_msg(strstr(out, "\\x1b[2J") && strstr(out, "\\xc2\\x9b31m") && strstr(out, "\\xff"),
+                  "%s", out);
+    char *status[] = {(char *)cli, "status", base, NULL};
+    rc = run(status, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "compile failed"), "exit %d: %s", rc, out);
+    ck_assert_msg(!has_escape(out), "raw control bytes printed: %s", out);
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, "--to", "1", NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 1 && !has_escape(out), "exit %d: %s", rc, out);
 }
 END_TEST
 
@@ -1649,6 +1694,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, replay_state_survives_restart);
     tcase_add_test(tc, engine_refusal_statuses);
     tcase_add_test(tc, refused_release_not_rebuilt);
+    tcase_add_test(tc, cli_prints_no_terminal_escapes);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);
     tcase_add_test(tc, hundred_concurrent_status);
