@@ -1140,7 +1140,7 @@ START_TEST(rollback_bound_to_endpoint) {
     start(NULL, 0, NULL, NULL);
     ck_assert_str_eq(hkn_endpoint_id(ep), "gpu-17.fleet:7070");
     for (int v = 1; v <= 3; v++) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "%d.json", v);
         ck_assert_int_eq(
             curl_req("POST", "/v1/release",
@@ -1212,7 +1212,7 @@ START_TEST(rollback_target_is_the_engines) {
     start(NULL, 0, NULL, NULL);
     char body[16384];
     for (int v = 1; v <= 2; v++) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "%d.json", v);
         ck_assert_int_eq(
             curl_req("POST", "/v1/release",
