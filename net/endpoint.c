@@ -75,6 +75,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,11 +150,15 @@ struct hkn_endpoint {
     size_t max_body, max_inflight;
     unsigned max_conns, per_ip;
     int64_t deadline_ms;
-    uint16_t port;
-    char addr[INET6_ADDRSTRLEN];  /* as bound, for Host */
+    /* Set once, right after the daemon started (a port of 0 is chosen when
+     * it binds), while its threads may already serve: atomic. id is written
+     * before id_set, and read only once id_set is (endpoint_id()). */
+    _Atomic uint16_t port;
     char id[HKN_ENDPOINT_ID_MAX]; /* named by signed rollback requests */
-    int wildcard, loopback;       /* the bound address is any / a loopback one */
-    char **hosts;                 /* configured names */
+    _Atomic int id_set;
+    char addr[INET6_ADDRSTRLEN]; /* as bound, for Host */
+    int wildcard, loopback;      /* the bound address is any / a loopback one */
+    char **hosts;                /* configured names */
     int nhosts;
     hkn_state *state;
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
@@ -190,6 +195,12 @@ struct hkn_endpoint {
 
 /* Marks a request already answered from the first callback. */
 static struct req answered;
+
+/* The endpoint's id; "" in the moment between the daemon's start and the
+ * id's (no request can name it then). */
+static const char *endpoint_id(hkn_endpoint *ep) {
+    return atomic_load(&ep->id_set) ? ep->id : "";
+}
 
 static void count(hkn_endpoint *ep, uint64_t *field) {
     pthread_mutex_lock(&ep->lock);
@@ -631,10 +642,10 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, uint64_t *targ
                        rq.module, r->module);
         goto out;
     }
-    if (strcmp(rq.endpoint, ep->id)) {
+    if (strcmp(rq.endpoint, endpoint_id(ep))) {
         err = hku_fail(rep, HK_ERR_SIGNATURE,
                        "the signed request is for endpoint '%s', not this one ('%s')", rq.endpoint,
-                       ep->id);
+                       endpoint_id(ep));
         goto out;
     }
     pthread_mutex_lock(&ep->lock);
@@ -785,7 +796,7 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
         cJSON_AddItemToObject(o, "last", module_json(&ep->last));
     hkn_json_add_int(o, "requests", (long long)ep->requests);
     pthread_mutex_unlock(&ep->lock);
-    cJSON_AddStringToObject(o, "endpoint_id", ep->id);
+    cJSON_AddStringToObject(o, "endpoint_id", endpoint_id(ep));
     cJSON_AddNumberToObject(o, "connections", hkn_endpoint_connections(ep));
     /* Where the anti-rollback record lives; the record is written before a
      * release is committed, so it never lags behind the engine. */
@@ -1092,7 +1103,7 @@ static int origin_ok(const hkn_endpoint *ep, const char *origin) {
         if (errno || end != auth + n || port > 65535)
             return 0;
     }
-    return port == ep->port && host_ok(ep, auth, hlen);
+    return port == atomic_load(&ep->port) && host_ok(ep, auth, hlen);
 }
 
 /* NULL when Host and Origin are acceptable, else why not. */
@@ -1373,7 +1384,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 static void default_id(hkn_endpoint *ep) {
     char host[256] = "", clean[HKN_ENDPOINT_ID_MAX - 8];
     size_t n = 0;
-    if (ep->id[0])
+    if (atomic_load(&ep->id_set))
         return;
     if (gethostname(host, sizeof host - 1) != 0)
         host[0] = '\0';
@@ -1383,7 +1394,9 @@ static void default_id(hkn_endpoint *ep) {
             clean[n++] = *p;
     }
     clean[n] = '\0';
-    snprintf(ep->id, sizeof ep->id, "%s:%u", n ? clean : "localhost", (unsigned)ep->port);
+    snprintf(ep->id, sizeof ep->id, "%s:%u", n ? clean : "localhost",
+             (unsigned)atomic_load(&ep->port));
+    atomic_store(&ep->id_set, 1);
 }
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -1469,8 +1482,10 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         goto fail;
     }
     snprintf(ep->addr, sizeof ep->addr, "%s", addr);
-    if (o.endpoint_id)
+    if (o.endpoint_id) {
         snprintf(ep->id, sizeof ep->id, "%s", o.endpoint_id);
+        atomic_store(&ep->id_set, 1);
+    }
     if (ep->cert_pem)
         flags |= MHD_USE_TLS;
     if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
@@ -1515,11 +1530,11 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    ep->port = di ? di->port : (uint16_t)cfg->port;
+    atomic_store(&ep->port, di ? di->port : (uint16_t)cfg->port);
     default_id(ep);
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
             "listening on %s port %u as '%s' (%s, %s, %d trusted key(s)%s)", ep->addr,
-            (unsigned)ep->port, ep->id, ep->cert_pem ? "https" : "http",
+            (unsigned)atomic_load(&ep->port), ep->id, ep->cert_pem ? "https" : "http",
             ep->token ? "bearer token required" : "no token", ep->trust.nkeys,
             ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
@@ -1530,11 +1545,11 @@ fail:
 }
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {
-    return ep ? ep->port : 0;
+    return ep ? atomic_load(&ep->port) : 0;
 }
 
-const char *hkn_endpoint_id(const hkn_endpoint *ep) {
-    return ep ? ep->id : NULL;
+const char *hkn_endpoint_id(hkn_endpoint *ep) {
+    return ep ? endpoint_id(ep) : NULL;
 }
 
 const char *hkn_endpoint_address(const hkn_endpoint *ep) {

@@ -355,7 +355,7 @@ uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
 const char *hkn_endpoint_address(const hkn_endpoint *ep);
 /* The id signed rollback requests must name (o->endpoint_id or
  * HOSTNAME:PORT). Valid until stop. */
-const char *hkn_endpoint_id(const hkn_endpoint *ep);
+const char *hkn_endpoint_id(hkn_endpoint *ep);
 /* Connections open now (for tests and status). */
 unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */
