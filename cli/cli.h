@@ -13,6 +13,7 @@
 #define HK_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "hotkern/hotkern.h"
 
@@ -74,6 +75,11 @@ struct cJSON *hkc_int(long long v);
 /* Sets each listed field to null, so that a document always carries them;
  * the list ends with NULL. */
 void hkc_declare(hkc_out *o, ...);
+/* Writes text (NULL: nothing) to f with every byte that could drive a
+ * terminal shown as \xNN instead: C0 controls (but LF and tab when
+ * multiline), DEL, C1 controls and bytes that are no well-formed UTF-8. For
+ * strings that come from a server. */
+void hkc_put_clean(FILE *f, const char *text, int multiline);
 /* Writes the JSON document (JSON mode) and frees it. Returns status. */
 int hkc_finish(hkc_out *o, int status);
 

@@ -131,18 +131,30 @@ static void print_outcome(const hkc_resp *r, const cJSON *a) {
     const char *msg = str_field(a, "message"), *log = str_field(a, "log");
     const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
     FILE *f = r->status == 200 ? stdout : stderr;
-    fprintf(f, "%s (HTTP %ld): module %s", str_field(a, "outcome"), r->status, mod ? mod : "?");
+    /* Every string is the endpoint's: cleaned of terminal escapes. */
+    hkc_put_clean(f, str_field(a, "outcome"), 0);
+    fprintf(f, " (HTTP %ld): module ", r->status);
+    hkc_put_clean(f, mod ? mod : "?", 0);
     if (ver && ver->valuedouble > 0)
         fprintf(f, " release v%.0f", ver->valuedouble);
     if (ev)
         fprintf(f, ", engine version %.0f", ev->valuedouble);
     fprintf(f, "\n");
-    if (r->status != 200 && err)
-        fprintf(f, "error: %s\n", err);
-    if (msg && msg[0])
-        fprintf(f, "message: %s\n", msg);
-    if (log && log[0])
-        fprintf(f, "log:\n%s%s", log, log[strlen(log) - 1] == '\n' ? "" : "\n");
+    if (r->status != 200 && err) {
+        fprintf(f, "error: ");
+        hkc_put_clean(f, err, 0);
+        fprintf(f, "\n");
+    }
+    if (msg && msg[0]) {
+        fprintf(f, "message: ");
+        hkc_put_clean(f, msg, 0);
+        fprintf(f, "\n");
+    }
+    if (log && log[0]) {
+        fprintf(f, "log:\n");
+        hkc_put_clean(f, log, 1);
+        fprintf(f, "%s", log[strlen(log) - 1] == '\n' ? "" : "\n");
+    }
 }
 
 /* The same as fields of the JSON document. A release already set (push
@@ -215,7 +227,8 @@ int hkc_cmd_status(int argc, char **argv) {
             a = NULL;
         } else {
             char *pretty = cJSON_Print(a);
-            printf("%s\n", pretty ? pretty : r.data);
+            hkc_put_clean(stdout, pretty ? pretty : r.data, 1);
+            printf("\n");
             free(pretty);
         }
         cJSON_Delete(a);
@@ -226,42 +239,62 @@ int hkc_cmd_status(int argc, char **argv) {
 
 /* ---- rollback ---------------------------------------------------------- */
 
-/* The previous release of module as the endpoint reports it. */
-static int previous_release(hkc_out *o, const char *base, const char *module,
-                            const hkc_http_opts *ho, uint64_t *out) {
+/* What a signed rollback request names that only the endpoint knows, from
+ * its GET /v1/status: its id (into id, when id[0] is still empty) and, when
+ * *target is UINT64_MAX, the release the engine would roll module back to. */
+static int endpoint_facts(hkc_out *o, const char *base, const char *module, const hkc_http_opts *ho,
+                          char id[HKN_ENDPOINT_ID_MAX], uint64_t *target) {
     hkc_resp r;
-    int found = 0;
+    int rc = 0;
     if (hkc_http(o, "GET", base, "/v1/status", NULL, ho, &r)) {
         free(r.data);
         return 1;
     }
     cJSON *a = r.status == 200 && r.data ? cJSON_ParseWithLength(r.data, r.len) : NULL;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(a, "modules")) {
-        const char *name = str_field(m, "module");
-        const cJSON *prev = num_field(m, "previous_release_version");
-        if (name && !strcmp(name, module) && prev) {
-            *out = (uint64_t)prev->valuedouble;
-            found = 1;
-        }
+    if (!cJSON_IsObject(a)) {
+        rc = answer_error(o, &r, a);
+        goto out;
     }
+    const char *eid = str_field(a, "endpoint_id");
+    if (!id[0]) {
+        if (!eid || !hkn_valid_endpoint_id(eid)) {
+            rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                          "the endpoint's status names no endpoint id to sign the request "
+                          "for; give --endpoint-id");
+            goto out;
+        }
+        snprintf(id, HKN_ENDPOINT_ID_MAX, "%s", eid);
+    }
+    if (*target == UINT64_MAX) {
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(a, "modules")) {
+            const char *name = str_field(m, "module");
+            const cJSON *prev = num_field(m, "previous_release_version");
+            if (name && !strcmp(name, module) && prev)
+                *target = (uint64_t)prev->valuedouble;
+        }
+        if (*target == UINT64_MAX)
+            rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                          "the endpoint's status names no image of '%s' to roll back to; give "
+                          "--to",
+                          module);
+    }
+out:
     cJSON_Delete(a);
     free(r.data);
-    return found ? 0
-                 : hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
-                            "the endpoint's status names no release of '%s'; give --to", module);
+    return rc;
 }
 
 /* The body of a rollback request signed with the key at key_path. */
 static int signed_rollback(hkc_out *o, const char *key_path, const char *module, uint64_t target,
-                           uint64_t expires_in, char **body) {
+                           const char *endpoint, uint64_t expires_in, char **body) {
     hkn_seckey key;
     hk_report rep = HK_REPORT_INIT;
     char *text = NULL, *sig = NULL;
     size_t tlen = 0;
     int rc = hkn_seckey_load(key_path, &key, &rep) ||
              hkn_rollback_sign(&key, module, target, (int64_t)time(NULL) + (int64_t)expires_in,
-                               &text, &tlen, &sig, &rep);
+                               endpoint, &text, &tlen, &sig, &rep);
     sodium_memzero(&key, sizeof key);
     if (rc) {
         rc = hkc_fail_report(o, &rep);
@@ -280,24 +313,27 @@ static int signed_rollback(hkc_out *o, const char *key_path, const char *module,
 }
 
 static const char rollback_help[] =
-    "usage: hotkern rollback URL MODULE (--token T | --key SECRET [--to N])\n"
-    "       [--expires-in SECONDS] [--json]\n\n"
+    "usage: hotkern rollback URL MODULE (--token T | --key SECRET [--to N]\n"
+    "       [--endpoint-id ID]) [--expires-in SECONDS] [--json]\n\n"
     "Asks the endpoint at URL to commit MODULE's previous image again\n"
     "(POST URL/v1/rollback/MODULE) and prints the outcome. A rollback needs\n"
     "the same authority as a release: the endpoint's token, or a request\n"
-    "signed with --key, naming the release N to be running afterwards\n"
-    "(default: the previous release the endpoint reports) and expiring\n"
-    "after --expires-in seconds (default 300, at most 3600). A signed\n"
-    "request is good for one use.\n" HKC_HTTP_HELP HKC_JSON_HELP
+    "signed with --key for that one endpoint (--endpoint-id, default the id\n"
+    "its status reports), naming the release N to be running afterwards\n"
+    "(default: the release the endpoint's engine would roll back to; the\n"
+    "engine refuses the rollback if its previous image is another release)\n"
+    "and expiring after --expires-in seconds (default 300, at most 3600). A\n"
+    "signed request is good for one use.\n" HKC_HTTP_HELP HKC_JSON_HELP
     "Exit status: 0 rolled back, 1 refused or failed, 2 usage.\n";
 
 int hkc_cmd_rollback(int argc, char **argv) {
     hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
-    const char *key_path = NULL;
+    const char *key_path = NULL, *endpoint_id = NULL;
     uint64_t target = UINT64_MAX, expires_in = 300;
     int json = 0, nargs = 0;
     const hkc_opt opts[] = {
         HKC_STRING_OPT("--key", &key_path),
+        HKC_STRING_OPT("--endpoint-id", &endpoint_id),
         HKC_UINT_OPT("--to", &target, 0, HKC_MAX_RELEASE, "--to needs a release version"),
         HKC_UINT_OPT("--expires-in", &expires_in, 1, HKN_ROLLBACK_MAX_S,
                      "--expires-in needs seconds from 1 to 3600"),
@@ -313,12 +349,19 @@ int hkc_cmd_rollback(int argc, char **argv) {
     const char *base = argv[1], *module = argv[2];
     if (!hkn_valid_name(module, 64))
         return hkc_finish(&o, hkc_usage(&o, "MODULE must be [A-Za-z0-9_.-]{1,63}"));
+    if (endpoint_id && !hkn_valid_endpoint_id(endpoint_id))
+        return hkc_finish(&o, hkc_usage(&o, "--endpoint-id must be [A-Za-z0-9_.:@-]{1,127}"));
+    if (endpoint_id && !key_path)
+        return hkc_finish(&o, hkc_usage(&o, "--endpoint-id names what --key signs for"));
     hkc_declare(&o, "outcome", "http_status", "module", "release", "engine_version", NULL);
-    char *body = NULL, path[128];
+    char *body = NULL, path[128], id[HKN_ENDPOINT_ID_MAX] = "";
     hkc_resp r = {0};
     rc = 1;
-    if (key_path && ((target == UINT64_MAX && previous_release(&o, base, module, &ho, &target)) ||
-                     signed_rollback(&o, key_path, module, target, expires_in, &body)))
+    if (endpoint_id)
+        snprintf(id, sizeof id, "%s", endpoint_id);
+    if (key_path &&
+        (((!id[0] || target == UINT64_MAX) && endpoint_facts(&o, base, module, &ho, id, &target)) ||
+         signed_rollback(&o, key_path, module, target, id, expires_in, &body)))
         goto out;
     /* The name is checked above: [A-Za-z0-9_.-] needs no escaping in a path. */
     snprintf(path, sizeof path, "/v1/rollback/%s", module);

@@ -391,7 +391,10 @@ static void poll_error(hkc_out *o, const struct pull_args *pa, uint64_t poll,
         cJSON_AddStringToObject(e, "message", rep->message);
         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o->doc, "poll_errors"), e);
     } else if (!pa->quiet) {
-        fprintf(stderr, "hotkern pull: %s: %s\n", hkn_error_name(rep->error), rep->message);
+        /* The message may quote the origin's bytes (a key id, a name). */
+        fprintf(stderr, "hotkern pull: %s: ", hkn_error_name(rep->error));
+        hkc_put_clean(stderr, rep->message, 0);
+        fputc('\n', stderr);
     }
 }
 

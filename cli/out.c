@@ -7,6 +7,11 @@
  * they fill the document's error fields, and hkc_finish prints the document
  * once at the end. A document is built with cJSON and printed unformatted on
  * one line, so that a script can also read a stream of them line by line.
+ *
+ * Text for people may carry strings of an endpoint or an origin (messages,
+ * build logs, status), which a hostile or on-path server could fill with
+ * terminal escapes: text goes out through hkc_put_clean, which shows every
+ * control byte and malformed UTF-8 as \xNN instead of sending it.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +22,40 @@
 
 #include "cli/cli.h"
 #include "net/net.h"
+
+/* Length of the well-formed UTF-8 sequence at s (2 to 4 bytes, no overlong
+ * form, no surrogate, at most U+10FFFF, not a C1 control), or 0. */
+static size_t utf8_len(const unsigned char *s) {
+    unsigned c = s[0];
+    size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (c >= 0xf5 || n == 0)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
+        (c == 0xf4 && s[1] >= 0x90))
+        return 0;
+    if (c == 0xc2 && s[1] < 0xa0) /* U+0080..U+009F: C1 controls (CSI is U+009B) */
+        return 0;
+    return n;
+}
+
+void hkc_put_clean(FILE *f, const char *text, int multiline) {
+    const unsigned char *s = (const unsigned char *)(text ? text : "");
+    while (*s) {
+        size_t n = *s < 0x80 ? 1 : utf8_len(s);
+        int ok = n > 1 || (n == 1 && *s >= 0x20 && *s != 0x7f) ||
+                 (multiline && (*s == '\n' || *s == '\t'));
+        if (ok) {
+            fwrite(s, 1, n, f);
+            s += n;
+        } else {
+            fprintf(f, "\\x%02x", *s);
+            s++;
+        }
+    }
+}
 
 void hkc_set(hkc_out *o, const char *key, cJSON *item) {
     if (!o->doc) {
@@ -99,13 +138,22 @@ static void record(hkc_out *o, int err, const char *log, const char *msg) {
 static void verror(hkc_out *o, int err, int usage, const char *log, const char *fmt, va_list ap) {
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    if (o->json)
+    if (o->json) {
         record(o, err, log, msg);
-    else if (usage)
-        fprintf(stderr, "hotkern %s: %s (see 'hotkern %s --help')\n", o->cmd, msg, o->cmd);
-    else
-        fprintf(stderr, "hotkern %s: %s: %s\n%s%s", o->cmd, hkn_error_name(err), msg,
-                log ? log : "", log && log[0] && log[strlen(log) - 1] != '\n' ? "\n" : "");
+    } else if (usage) {
+        fprintf(stderr, "hotkern %s: ", o->cmd);
+        hkc_put_clean(stderr, msg, 0);
+        fprintf(stderr, " (see 'hotkern %s --help')\n", o->cmd);
+    } else {
+        /* Messages and logs may come from an endpoint or an origin: no
+         * terminal escape of theirs reaches the terminal. */
+        fprintf(stderr, "hotkern %s: %s: ", o->cmd, hkn_error_name(err));
+        hkc_put_clean(stderr, msg, 0);
+        fputc('\n', stderr);
+        hkc_put_clean(stderr, log, 1);
+        if (log && log[0] && log[strlen(log) - 1] != '\n')
+            fputc('\n', stderr);
+    }
 }
 
 int hkc_usage(hkc_out *o, const char *fmt, ...) {

@@ -113,6 +113,7 @@ typedef struct hkl_param_layout {
 struct hkl_version {
     /* immutable once committed */
     uint64_t number;
+    uint64_t release; /* hk_swap_options.release_version of its image; 0: none */
     hkl_module *mod;
     void *image; /* the loaded image (after build); owned */
     size_t size;
@@ -157,6 +158,7 @@ typedef struct hkl_image {
     size_t size;
     hk_format format; /* after build: PTX, CUBIN or FATBIN */
     uint64_t version;
+    uint64_t release; /* the release the image belongs to; 0: none */
     int nexpr;
     char **expr, **lowered;
 } hkl_image;

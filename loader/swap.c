@@ -492,7 +492,11 @@ void hkl_image_clear(hkl_image *im) {
 /* Adds v's image to the module's history ring (rollback pops instead). The
  * copy is made first, so a failure leaves the history as it was. */
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
-    hkl_image im = {.size = v->size, .format = v->format, .version = v->number, .nexpr = v->nexpr};
+    hkl_image im = {.size = v->size,
+                    .format = v->format,
+                    .version = v->number,
+                    .release = v->release,
+                    .nexpr = v->nexpr};
     im.data = malloc(v->size);
     im.expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
     im.lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
@@ -625,6 +629,7 @@ static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *j
     atomic_init(&v->cap, 0);
     atomic_init(&v->pins, 0);
     v->number = m->last_version + 1;
+    v->release = job->opt.release_version;
     v->mod = m;
     v->ctx_gen = atomic_load(&rt->reset_gen);
     v->image = job->art.image;
@@ -1247,6 +1252,8 @@ static int rollback_job(hk_runtime *rt, const char *name, const hkl_image *prev,
     hk_swap_options_init(&j->opt);
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
     j->origin = strdup("rollback");
+    /* The image keeps its release: status and the records name it. */
+    j->opt.release_version = prev->release;
     j->art.image = malloc(prev->size);
     j->name_expressions = hku_strv_dup((const char *const *)prev->expr, prev->nexpr);
     j->art.lowered_names = hku_strv_dup((const char *const *)prev->lowered, prev->nexpr);
@@ -1291,7 +1298,11 @@ static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report 
     return err;
 }
 
-static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
+/* Rolls name back; with `check`, only when the image it would commit
+ * belongs to release `release` (checked under swap_lock, so no commit from
+ * another source can come between the check and the rollback). */
+static int rollback_call(hk_runtime *rt, const char *name, int check, uint64_t release,
+                         hk_report *rep) {
     double t_start = hkl_now_ms();
     if (rep)
         hk_report_clear(rep);
@@ -1313,6 +1324,13 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     if (!m || m->nhist < 2) {
         err = m ? HK_ERR_NO_HISTORY : HK_ERR_NOT_FOUND;
         hku_fail(r, err, m ? "module '%s' has no earlier version kept" : "no module '%s'", name);
+    } else if (check && m->hist[m->nhist - 2].release != release) {
+        err = hku_fail(r, HK_ERR_REJECTED,
+                       "module '%s' would roll back to release v%llu (engine version %llu), not "
+                       "v%llu; nothing changed",
+                       name, (unsigned long long)m->hist[m->nhist - 2].release,
+                       (unsigned long long)m->hist[m->nhist - 2].version,
+                       (unsigned long long)release);
     } else if ((err = rollback_job(rt, name, &m->hist[m->nhist - 2], &j)) == 0) {
         err = rollback_locked(rt, m, j, r, &oldv);
     }
@@ -1335,8 +1353,38 @@ int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     hk_report full;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
-    int err = rollback_call(rt, name, rep ? &full : NULL);
+    int err = rollback_call(rt, name, 0, 0, rep ? &full : NULL);
     hkl_report_out(rep, &full);
+    return err;
+}
+
+int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_version,
+                        hk_report *rep) {
+    hk_report full;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    int err = rollback_call(rt, name, 1, release_version, rep ? &full : NULL);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
+int hk_module_release(hk_runtime *rt, const char *name, int back, uint64_t *release_version) {
+    if (!rt || !name || back < 0 || !release_version)
+        return HK_ERR_INVALID;
+    *release_version = 0;
+    int nested = hkl_swap_lock(rt); /* a check callback may ask: it holds it */
+    hkl_module *m = hkl_module_find(rt, name);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    int err = 0;
+    if (!v)
+        err = HK_ERR_NOT_FOUND;
+    else if (back == 0)
+        *release_version = v->release;
+    else if (back >= m->nhist)
+        err = HK_ERR_NO_HISTORY;
+    else /* the ring's newest is the current image; hk_rollback commits the one before */
+        *release_version = m->hist[m->nhist - 1 - back].release;
+    hkl_swap_unlock(rt, nested);
     return err;
 }
 

@@ -2,7 +2,8 @@
  * Public entry points of the network sources (include/hotkern/net.h).
  *
  * This file is the only one in net/ that calls the swap engine: it wires the
- * hkn_engine callbacks to hk_swap, hk_rollback, hk_module_version,
+ * hkn_engine callbacks to hk_swap, hk_rollback (hk_rollback_release for a
+ * signed request's target), hk_module_version, hk_module_release,
  * hk_metrics_text_alloc and hk_log, attaches each endpoint's and puller's
  * counters to the runtime's metrics (hk_metrics_attach, labelled with the
  * endpoint's address or the puller's URL), and resolves what the options name
@@ -83,9 +84,15 @@ static int apply_swap(void *ud, const char *module, uint64_t version, hk_format 
     return hk_swap(ad->rt, module, bytes, size, &o, rep);
 }
 
-static int rollback(void *ud, const char *module, hk_report *rep) {
+static int rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
     struct adapter *ad = ud;
-    return hk_rollback(ad->rt, module, rep);
+    return check ? hk_rollback_release(ad->rt, module, target, rep)
+                 : hk_rollback(ad->rt, module, rep);
+}
+
+static int release(void *ud, const char *module, int back, uint64_t *out) {
+    struct adapter *ad = ud;
+    return hk_module_release(ad->rt, module, back, out);
 }
 
 static int quarantine(void *ud, int index, hk_quarantine *out) {
@@ -158,7 +165,8 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
                            .log_on = log_on,
                            .ud = ad,
                            .arch = ad->arch,
-                           .quarantine = quarantine};
+                           .quarantine = quarantine,
+                           .release = release};
     return 0;
 }
 

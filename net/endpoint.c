@@ -14,6 +14,13 @@
  * loop threads at once; metrics are the runtime's whole text (eng.metrics),
  * into which hkn_endpoint_metrics adds this endpoint's counters.
  *
+ * Refusals are remembered. A release the engine refuses has its anti-
+ * rollback record taken back (a fixed kernel may reuse the version), so the
+ * same signed bytes would verify again: the worker remembers the refusals
+ * (net/refused.c) and answers a replay with the first refusal's error and
+ * status, before any artifact is decoded, instead of building it again on
+ * the one worker every other push waits for.
+ *
  * Logs (eng.log, subsystem "endpoint"): each request refused before its body
  * is read or after it, with the status and the reason; each release or
  * rollback received, and its outcome. Never under this file's locks.
@@ -34,10 +41,21 @@
  *     the 413 sent when it ends (libmicrohttpd takes no answer mid-upload),
  *     the request deadline bounding how long that can take.
  *
+ * Rollbacks. A signed rollback request names this endpoint's id (so that a
+ * request captured on its way to one host of a fleet rolls back no other)
+ * and the release to be running afterwards. That release is checked by the
+ * engine against the image it would commit, in the same step as the
+ * rollback (hkn_rollback_fn with check), not against what was pushed here:
+ * a puller, the watcher or the program may have committed since. Status
+ * reports the engine's releases for the same reason.
+ *
  * Authority. Every route but /healthz needs the bearer token when one is
  * configured, a Host that names the bound address (or a configured name) and
- * no foreign Origin: a web page cannot reach a loopback endpoint, by a
- * cross-origin request or by DNS rebinding. A release needs its signature; a
+ * no foreign Origin (scheme, host and port all the endpoint's own), and a
+ * POST with a body needs Content-Type: application/json, which a web page
+ * cannot send across origins without a preflight this endpoint never
+ * answers: a web page cannot reach a loopback endpoint, by a cross-origin
+ * request, a "simple" form or text POST, or DNS rebinding. A release needs its signature; a
  * rollback needs the token or a signed rollback request, and with neither a
  * token nor a trusted key configured, rollback over HTTP is off.
  *
@@ -57,6 +75,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,16 +94,13 @@
 #define MAX_LOG_KEPT  (64 * 1024)
 #define ROLLBACK_BODY 4096
 #define NERRORS       32
-#define MAX_HISTORY   16
 #define MAX_NONCES    1024
 
 enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH };
 
 struct ep_module {
     char name[64];
-    uint64_t release_version;      /* highest release committed through this endpoint */
-    uint64_t history[MAX_HISTORY]; /* releases committed here, oldest first; the last runs */
-    int nhistory;
+    uint64_t release_version; /* highest release committed through this endpoint */
     int last_error;
     char last_outcome[16]; /* "committed", "refused", "rolled_back" */
     char last_message[512];
@@ -134,13 +150,19 @@ struct hkn_endpoint {
     size_t max_body, max_inflight;
     unsigned max_conns, per_ip;
     int64_t deadline_ms;
-    uint16_t port;
+    /* Set once, right after the daemon started (a port of 0 is chosen when
+     * it binds), while its threads may already serve: atomic. id is written
+     * before id_set, and read only once id_set is (endpoint_id()). */
+    _Atomic uint16_t port;
+    char id[HKN_ENDPOINT_ID_MAX]; /* named by signed rollback requests */
+    _Atomic int id_set;
     char addr[INET6_ADDRSTRLEN]; /* as bound, for Host */
     int wildcard, loopback;      /* the bound address is any / a loopback one */
     char **hosts;                /* configured names */
     int nhosts;
     hkn_state *state;
     char *cert_pem, *key_pem; /* libmicrohttpd reads them for the daemon's life */
+    hkn_refused *refused;     /* worker only: the releases the engine refused */
 
     pthread_mutex_t lock;
     struct ep_module *mods;          /* lock */
@@ -151,10 +173,11 @@ struct hkn_endpoint {
     uint64_t unauthorized;           /* lock */
     uint64_t too_large;              /* lock */
     uint64_t overloaded;             /* lock: 503 for limits */
-    uint64_t foreign;                /* lock: refused Host or Origin */
+    uint64_t foreign;                /* lock: refused Host, Origin or body type */
     uint64_t deadline_cut;           /* lock */
     uint64_t committed;              /* lock */
     uint64_t rolled_back;            /* lock */
+    uint64_t refused_again;          /* lock: releases answered from `refused` */
     uint64_t refusals[NERRORS];      /* lock: by -error */
 
     pthread_mutex_t conn_lock;
@@ -172,6 +195,18 @@ struct hkn_endpoint {
 
 /* Marks a request already answered from the first callback. */
 static struct req answered;
+
+/* The endpoint's id; "" in the moment between the daemon's start and the
+ * id's (no request can name it then). */
+static const char *endpoint_id(hkn_endpoint *ep) {
+    return atomic_load(&ep->id_set) ? ep->id : "";
+}
+
+static void count(hkn_endpoint *ep, uint64_t *field) {
+    pthread_mutex_lock(&ep->lock);
+    (*field)++;
+    pthread_mutex_unlock(&ep->lock);
+}
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -288,7 +323,8 @@ static enum MHD_Result refuse(hkn_endpoint *ep, struct MHD_Connection *c, const 
                               const char *method, const char *url, unsigned status, int err,
                               const char *why) {
     int warn = status == MHD_HTTP_UNAUTHORIZED || status == MHD_HTTP_FORBIDDEN ||
-               status == MHD_HTTP_CONTENT_TOO_LARGE || status == MHD_HTTP_SERVICE_UNAVAILABLE;
+               status == MHD_HTTP_UNSUPPORTED_MEDIA_TYPE || status == MHD_HTTP_CONTENT_TOO_LARGE ||
+               status == MHD_HTTP_SERVICE_UNAVAILABLE;
     hkn_log(&ep->eng, warn ? HK_LOG_WARN : HK_LOG_INFO, "endpoint", "refused %s %s from %s: %u %s",
             method, url, peer(k), status, why);
     return reply_error(c, status, err, why);
@@ -321,6 +357,7 @@ static unsigned http_status(int err) {
     case HK_ERR_LAYOUT:
     case HK_ERR_GLOBAL_SIZE:
     case HK_ERR_REJECTED:
+    case HK_ERR_CANARY:
         return MHD_HTTP_UNPROCESSABLE_CONTENT;
     case HK_ERR_BUSY:
     case HK_ERR_CLOSED:
@@ -382,17 +419,8 @@ static void record(hkn_endpoint *ep, const char *module, const char *outcome, in
         m = create ? module_locked(ep, module) : find_locked(ep, module);
     if (m) {
         set_outcome(m, outcome, rep, err);
-        if (!err && !strcmp(outcome, "committed")) {
-            if (version > m->release_version)
-                m->release_version = version;
-            if (m->nhistory == MAX_HISTORY) {
-                memmove(m->history, m->history + 1, (MAX_HISTORY - 1) * sizeof *m->history);
-                m->nhistory--;
-            }
-            m->history[m->nhistory++] = version;
-        } else if (!err && m->nhistory > 0) {
-            m->nhistory--;
-        }
+        if (!err && !strcmp(outcome, "committed") && version > m->release_version)
+            m->release_version = version;
     }
     pthread_mutex_unlock(&ep->lock);
 }
@@ -457,7 +485,7 @@ static int decode_artifact(const char *b64, unsigned char **out, size_t *len) {
  * memory held beyond the body is about one decoded release. *verified is set
  * once the manifest's signature (and form) checked out. */
 static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t *version,
-                      int *verified) {
+                      int *verified, int *again) {
     int err = 0, in_txn = 0;
     hkn_manifest m = {0};
     unsigned char *bytes[HKN_MAX_ARTIFACTS] = {0};
@@ -484,6 +512,20 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     *verified = rep->module[0] != '\0';
     if (err)
         goto out;
+    /* Signed bytes the engine refused already are answered as then, with no
+     * artifact decoded and no build or canary run (net/refused.c). */
+    char mhash[65], before[HKN_REFUSED_MSG];
+    hkn_sha256_hex(man->valuestring, strlen(man->valuestring), mhash);
+    int prior = hkn_refused_find(ep->refused, m.module, m.version, mhash, before, sizeof before);
+    if (prior) {
+        *again = 1;
+        *version = m.version;
+        err = hku_fail(rep, prior,
+                       "%s v%llu was refused before (%s): %s (the same signed bytes are not "
+                       "applied again; publish the release signed anew to retry)",
+                       m.module, (unsigned long long)m.version, hkn_error_name(prior), before);
+        goto out;
+    }
     for (size_t i = 0; i < m.nartifacts; i++) {
         const hkn_artifact *a = &m.artifacts[i];
         cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
@@ -537,6 +579,8 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
                      srep.message);
         }
         hk_report_clear(&srep);
+        if (hkn_refusal_is_final(err))
+            hkn_refused_add(ep->refused, m.module, m.version, mhash, err, rep->message);
     }
 out:
     if (in_txn)
@@ -551,11 +595,15 @@ out:
 static void run_release(hkn_endpoint *ep, struct req *r) {
     hk_report rep = HK_REPORT_INIT;
     uint64_t version = 0;
-    int verified = 0;
-    int err = do_release(ep, r, &rep, &version, &verified);
+    int verified = 0, again = 0;
+    int err = do_release(ep, r, &rep, &version, &verified, &again);
     const char *outcome = err ? "refused" : "committed";
     record(ep, rep.module, outcome, err, version, verified, &rep);
+    if (again)
+        count(ep, &ep->refused_again);
     cJSON *o = outcome_json(outcome, err, &rep);
+    if (err)
+        cJSON_AddBoolToObject(o, "refused_before", again);
     uint64_t ev = !err && ep->eng.version ? ep->eng.version(ep->eng.ud, rep.module) : 0;
     if (!err && ep->eng.version)
         hkn_json_add_int(o, "engine_version", (long long)ev);
@@ -567,9 +615,13 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
 
 /* ---- POST /v1/rollback/MODULE (on the worker) -------------------------- */
 
-/* Checks a signed rollback request against the URL, the nonces seen and the
- * releases committed here. Called with no lock held. */
-static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep) {
+/* Checks a signed rollback request against the URL, this endpoint's id and
+ * the nonces seen; *target is the release it asks for, which the engine
+ * checks against its own history when it rolls back (a puller or another
+ * source may have committed since this endpoint's last push). Called with
+ * no lock held. */
+static int check_signed_rollback(hkn_endpoint *ep, struct req *r, uint64_t *target,
+                                 hk_report *rep) {
     hkn_rollback_req rq;
     cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "request");
@@ -590,6 +642,12 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
                        rq.module, r->module);
         goto out;
     }
+    if (strcmp(rq.endpoint, endpoint_id(ep))) {
+        err = hku_fail(rep, HK_ERR_SIGNATURE,
+                       "the signed request is for endpoint '%s', not this one ('%s')", rq.endpoint,
+                       endpoint_id(ep));
+        goto out;
+    }
     pthread_mutex_lock(&ep->lock);
     int free_slot = -1, seen = 0;
     for (int i = 0; i < MAX_NONCES; i++) {
@@ -598,9 +656,6 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
         else if (!strcmp(ep->nonces[i].text, rq.nonce))
             seen = 1;
     }
-    const struct ep_module *m = find_locked(ep, r->module);
-    uint64_t prev = m && m->nhistory >= 2 ? m->history[m->nhistory - 2] : 0;
-    int known = m && m->nhistory >= 1;
     if (seen)
         err = hku_fail(rep, HK_ERR_REPLAY, "this signed rollback request was already used");
     else if (free_slot < 0)
@@ -609,14 +664,7 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, hk_report *rep
         /* Spent once verified, whatever the outcome: it cannot be tried twice. */
         snprintf(ep->nonces[free_slot].text, sizeof ep->nonces[free_slot].text, "%s", rq.nonce);
         ep->nonces[free_slot].expires = rq.expires;
-        if (!known)
-            err = hku_fail(rep, HK_ERR_NO_HISTORY,
-                           "no release of '%s' was committed through this endpoint", r->module);
-        else if (rq.target != prev)
-            err = hku_fail(rep, HK_ERR_REJECTED,
-                           "the request rolls '%s' back to v%llu, but the previous release is "
-                           "v%llu",
-                           r->module, (unsigned long long)rq.target, (unsigned long long)prev);
+        *target = rq.target;
     }
     pthread_mutex_unlock(&ep->lock);
 out:
@@ -626,16 +674,18 @@ out:
 
 static void run_rollback(hkn_endpoint *ep, struct req *r) {
     hk_report rep = HK_REPORT_INIT;
-    int err = 0;
+    int err = 0, check = !ep->token;
+    uint64_t target = 0;
     /* The token, when configured, was checked with the headers; without it
-     * the request must carry its own signature. */
-    if (!ep->token)
-        err = check_signed_rollback(ep, r, &rep);
+     * the request must carry its own signature, whose target the engine
+     * checks against the image it would commit. */
+    if (check)
+        err = check_signed_rollback(ep, r, &target, &rep);
     if (!err && !ep->eng.rollback)
         err = hku_fail(&rep, HK_ERR_UNSUPPORTED, "this endpoint has no rollback");
     if (!err) {
         hkn_state_begin(ep->state);
-        err = ep->eng.rollback(ep->eng.ud, r->module, &rep);
+        err = ep->eng.rollback(ep->eng.ud, r->module, check, target, &rep);
         hkn_state_end(ep->state);
     }
     rep.error = err;
@@ -698,10 +748,6 @@ static cJSON *module_json(const struct ep_module *m) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "module", m->name);
     hkn_json_add_int(o, "release_version", (long long)m->release_version);
-    hkn_json_add_int(o, "running_release_version",
-                     m->nhistory ? (long long)m->history[m->nhistory - 1] : 0);
-    hkn_json_add_int(o, "previous_release_version",
-                     m->nhistory >= 2 ? (long long)m->history[m->nhistory - 2] : 0);
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
     cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
@@ -750,6 +796,7 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
         cJSON_AddItemToObject(o, "last", module_json(&ep->last));
     hkn_json_add_int(o, "requests", (long long)ep->requests);
     pthread_mutex_unlock(&ep->lock);
+    cJSON_AddStringToObject(o, "endpoint_id", endpoint_id(ep));
     cJSON_AddNumberToObject(o, "connections", hkn_endpoint_connections(ep));
     /* Where the anti-rollback record lives; the record is written before a
      * release is committed, so it never lags behind the engine. */
@@ -759,10 +806,25 @@ static enum MHD_Result handle_status(hkn_endpoint *ep, struct MHD_Connection *c)
     else
         cJSON_AddNullToObject(o, "state_file");
     cJSON_AddStringToObject(o, "state_persisted", "before commit");
-    /* Outside the lock: the engine takes its own. */
-    for (size_t i = 0; i < n && ep->eng.version; i++)
-        hkn_json_add_int(cJSON_GetArrayItem(mods, (int)i), "engine_version",
-                         (long long)ep->eng.version(ep->eng.ud, names[i]));
+    /* Outside the lock: the engine takes its own. What runs and what a
+     * rollback would commit are the engine's, whichever source committed
+     * them (a puller, the watcher, the program), so that a signed rollback's
+     * target is named as the engine will check it. */
+    for (size_t i = 0; i < n; i++) {
+        cJSON *mj = cJSON_GetArrayItem(mods, (int)i);
+        if (ep->eng.version)
+            hkn_json_add_int(mj, "engine_version",
+                             (long long)ep->eng.version(ep->eng.ud, names[i]));
+        static const char *const rel_fields[] = {"running_release_version",
+                                                 "previous_release_version"};
+        for (int back = 0; back < 2; back++) {
+            uint64_t rel = 0;
+            if (ep->eng.release && ep->eng.release(ep->eng.ud, names[i], back, &rel) == 0)
+                hkn_json_add_int(mj, rel_fields[back], (long long)rel);
+            else
+                cJSON_AddNullToObject(mj, rel_fields[back]);
+        }
+    }
     free(names);
     add_quarantine(ep, o);
     return reply_json(c, MHD_HTTP_OK, o);
@@ -801,9 +863,13 @@ void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
     sample(w, "hotkern_push_overloaded_total", "counter",
            "Requests answered 503 for a connection or memory limit.", ep->overloaded);
     sample(w, "hotkern_push_foreign_total", "counter",
-           "Requests refused for a foreign Host or Origin.", ep->foreign);
+           "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
+           ep->foreign);
     sample(w, "hotkern_push_deadline_total", "counter",
            "Connections closed for a request past its deadline.", ep->deadline_cut);
+    sample(w, "hotkern_push_refused_again_total", "counter",
+           "Releases the engine had refused, seen again and answered without a build.",
+           ep->refused_again);
     hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "committed", ep->committed);
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "rolled_back", ep->rolled_back);
@@ -1006,6 +1072,40 @@ static int host_ok(const hkn_endpoint *ep, const char *host, size_t n) {
     return 0;
 }
 
+/* 1 when an Origin header names this endpoint's own origin: its scheme
+ * (https exactly when it serves TLS), a name host_ok accepts and its port
+ * (the scheme's default when the Origin names none). Another port of the
+ * same host is another origin: a page served there (a notebook, a dev
+ * server) must not drive the endpoint. */
+static int origin_ok(const hkn_endpoint *ep, const char *origin) {
+    const char *scheme = ep->cert_pem ? "https://" : "http://";
+    size_t sl = strlen(scheme);
+    if (strncasecmp(origin, scheme, sl))
+        return 0;
+    const char *auth = origin + sl;
+    size_t n = strcspn(auth, "/");
+    if (auth[n] != '\0' || n == 0)
+        return 0;
+    /* The port follows the last ':' after the name (an IPv6 literal is in
+     * brackets, so its colons come before the ']'). */
+    const char *rb = auth[0] == '[' ? memchr(auth, ']', n) : NULL;
+    const char *from = rb ? rb : auth;
+    const char *colon = memrchr(from, ':', n - (size_t)(from - auth));
+    unsigned long port = ep->cert_pem ? 443 : 80;
+    size_t hlen = n;
+    if (colon) {
+        char *end;
+        hlen = (size_t)(colon - auth);
+        if (colon[1] < '0' || colon[1] > '9')
+            return 0;
+        errno = 0;
+        port = strtoul(colon + 1, &end, 10);
+        if (errno || end != auth + n || port > 65535)
+            return 0;
+    }
+    return port == atomic_load(&ep->port) && host_ok(ep, auth, hlen);
+}
+
 /* NULL when Host and Origin are acceptable, else why not. */
 static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
@@ -1013,18 +1113,31 @@ static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
     if (host && !host_ok(ep, host, strlen(host)))
         return "the Host header does not name this endpoint (configure the name with "
                "allowed_hosts)";
-    if (origin) {
-        /* A browser names the page's origin: only this endpoint's own. */
-        const char *p = NULL;
-        if (!strncasecmp(origin, "http://", 7))
-            p = origin + 7;
-        else if (!strncasecmp(origin, "https://", 8))
-            p = origin + 8;
-        size_t n = p ? strcspn(p, "/") : 0;
-        if (!p || p[n] != '\0' || !host_ok(ep, p, n))
-            return "cross-origin requests are refused";
-    }
+    /* A browser names the page's origin: only this endpoint's own. */
+    if (origin && !origin_ok(ep, origin))
+        return "cross-origin requests are refused (an Origin must be this endpoint's scheme, "
+               "host and port)";
     return NULL;
+}
+
+/* NULL when a POST's body is declared as JSON (or there is no body), else
+ * why not. A web page can send text/plain, form and multipart bodies, or
+ * none declared at all, to any origin without asking first (a "simple"
+ * request, no CORS preflight), so such a body must not be able to push a
+ * release: with allow_unsigned and no token nothing else would stop it. */
+static const char *not_json(struct MHD_Connection *c) {
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *te =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (!te && (!cl || !strcmp(cl, "0")))
+        return NULL;
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    size_t n = ct ? strcspn(ct, "; \t") : 0;
+    if (ct && n == 16 && !strncasecmp(ct, "application/json", 16))
+        return NULL;
+    return "a request body must be sent as Content-Type: application/json (a web page can "
+           "send text/plain, form or multipart bodies, or none declared, across origins)";
 }
 
 static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
@@ -1037,12 +1150,6 @@ static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
     size_t n = strlen(h), m = strlen(ep->token);
     /* Constant time in the token's content; the length is not a secret. */
     return n == m && sodium_memcmp(h, ep->token, n) == 0;
-}
-
-static void count(hkn_endpoint *ep, uint64_t *field) {
-    pthread_mutex_lock(&ep->lock);
-    (*field)++;
-    pthread_mutex_unlock(&ep->lock);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
@@ -1087,6 +1194,10 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         count(ep, &ep->unauthorized);
         return refuse(ep, c, k, method, url, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
                       "missing or wrong bearer token");
+    }
+    if (post && (why = not_json(c))) {
+        count(ep, &ep->foreign);
+        return refuse(ep, c, k, method, url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, HK_ERR_REJECTED, why);
     }
     int want_post = route == R_RELEASE || route == R_ROLLBACK;
     if ((want_post && !post) || (!want_post && !get))
@@ -1266,6 +1377,28 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* Without a configured id: HOSTNAME:PORT, which differs between the hosts
+ * of a fleet and between endpoints of one host, and stays the same across
+ * restarts on a fixed port. Bytes of the host name outside the id's
+ * alphabet are left out. */
+static void default_id(hkn_endpoint *ep) {
+    char host[256] = "", clean[HKN_ENDPOINT_ID_MAX - 8];
+    size_t n = 0;
+    if (atomic_load(&ep->id_set))
+        return;
+    if (gethostname(host, sizeof host - 1) != 0)
+        host[0] = '\0';
+    for (const char *p = host; *p && n + 1 < sizeof clean; p++) {
+        char one[2] = {*p, '\0'};
+        if (hkn_valid_endpoint_id(one))
+            clean[n++] = *p;
+    }
+    clean[n] = '\0';
+    snprintf(ep->id, sizeof ep->id, "%s:%u", n ? clean : "localhost",
+             (unsigned)atomic_load(&ep->port));
+    atomic_store(&ep->id_set, 1);
+}
+
 /* ---- lifecycle --------------------------------------------------------- */
 
 int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
@@ -1290,6 +1423,9 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
     if (o.nallowed_hosts < 0 || (o.nallowed_hosts > 0 && !o.allowed_hosts))
         return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o.nallowed_hosts);
+    if (o.endpoint_id && !hkn_valid_endpoint_id(o.endpoint_id))
+        return hku_fail(rep, HK_ERR_INVALID, "endpoint_id '%.128s' is not [A-Za-z0-9_.:@-]{1,%d}",
+                        o.endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
 
     hkn_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
@@ -1318,6 +1454,10 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     }
     if ((err = hkn_state_open(r->state_dir, &ep->state, rep)))
         goto fail;
+    if (hkn_refused_create(&ep->refused)) {
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -1342,6 +1482,10 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         goto fail;
     }
     snprintf(ep->addr, sizeof ep->addr, "%s", addr);
+    if (o.endpoint_id) {
+        snprintf(ep->id, sizeof ep->id, "%s", o.endpoint_id);
+        atomic_store(&ep->id_set, 1);
+    }
     if (ep->cert_pem)
         flags |= MHD_USE_TLS;
     if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
@@ -1386,11 +1530,13 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    ep->port = di ? di->port : (uint16_t)cfg->port;
+    atomic_store(&ep->port, di ? di->port : (uint16_t)cfg->port);
+    default_id(ep);
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
-            "listening on %s port %u (%s, %s, %d trusted key(s)%s)", ep->addr, (unsigned)ep->port,
-            ep->cert_pem ? "https" : "http", ep->token ? "bearer token required" : "no token",
-            ep->trust.nkeys, ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
+            "listening on %s port %u as '%s' (%s, %s, %d trusted key(s)%s)", ep->addr,
+            (unsigned)atomic_load(&ep->port), ep->id, ep->cert_pem ? "https" : "http",
+            ep->token ? "bearer token required" : "no token", ep->trust.nkeys,
+            ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
     return 0;
 fail:
@@ -1399,7 +1545,11 @@ fail:
 }
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {
-    return ep ? ep->port : 0;
+    return ep ? atomic_load(&ep->port) : 0;
+}
+
+const char *hkn_endpoint_id(hkn_endpoint *ep) {
+    return ep ? endpoint_id(ep) : NULL;
 }
 
 const char *hkn_endpoint_address(const hkn_endpoint *ep) {
@@ -1435,6 +1585,7 @@ void hkn_endpoint_stop(hkn_endpoint *ep) {
     free(ep->mods);
     hku_strv_free(ep->hosts, ep->nhosts);
     hkn_state_close(ep->state);
+    hkn_refused_destroy(ep->refused);
     free(ep->token);
     free(ep->cert_pem);
     if (ep->key_pem)

@@ -3,7 +3,8 @@
  *
  * Three layers, bottom up:
  *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
- *               persisted highest accepted version per module (anti-replay);
+ *               persisted highest accepted version per module (anti-replay,
+ *               state.c), and the releases the engine refused (refused.c);
  *   endpoint.c  the libmicrohttpd push/status/metrics server;
  *   pull.c      the libcurl poller of a static origin.
  * None of them calls the swap engine. They hand verified artifacts to an
@@ -42,8 +43,15 @@
 typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
                             const void *bytes, size_t size, const hk_header *headers, int nheaders,
                             const char *origin, hk_report *rep);
-/* Rolls `module` back to its previous image; 0 or a negative HK_ERR_*. */
-typedef int (*hkn_rollback_fn)(void *ud, const char *module, hk_report *rep);
+/* Rolls `module` back to its previous image; with `check`, only when that
+ * image belongs to release `target` (else HK_ERR_REJECTED, nothing changed),
+ * checked by the engine in the same step. 0 or a negative HK_ERR_*. */
+typedef int (*hkn_rollback_fn)(void *ud, const char *module, int check, uint64_t target,
+                               hk_report *rep);
+/* The release of `module`'s image `back` steps back in the engine's kept
+ * history (0: the one it runs, 1: the one a rollback commits), as
+ * hk_module_release: 0, HK_ERR_NOT_FOUND or HK_ERR_NO_HISTORY. */
+typedef int (*hkn_release_fn)(void *ud, const char *module, int back, uint64_t *release);
 /* The engine's current version number of `module` (0 when none). */
 typedef uint64_t (*hkn_version_fn)(void *ud, const char *module);
 /* The whole metrics text (hk_metrics_text_alloc), malloc'd: the caller
@@ -69,6 +77,8 @@ typedef struct hkn_engine {
     void *ud;                     /* passed to each */
     const char *arch;             /* preferred artifact arch, e.g. "sm_90"; may be NULL */
     hkn_quarantine_fn quarantine; /* optional: /v1/status lists the quarantine */
+    hkn_release_fn release;       /* optional: /v1/status names the releases the
+                                   * engine runs and would roll back to */
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and
@@ -201,9 +211,11 @@ void hkn_state_close(hkn_state *s);
 int hkn_state_lookup(hkn_state *s, const char *module, uint64_t *out, hk_report *rep);
 /* The same, failing closed: UINT64_MAX when the state cannot be read. */
 uint64_t hkn_state_get(hkn_state *s, const char *module);
-/* Records version as accepted if higher, merged into the file as it is now,
- * persisted atomically (temp file, fsync, rename, fsync of the directory)
- * before returning 0. */
+/* Records version as accepted, merged into the file as it is now, persisted
+ * atomically (temp file, fsync, rename, fsync of the directory) before
+ * returning 0. A record at or above version, as the file has it now (another
+ * process accepted a release since this one's check), refuses with
+ * HK_ERR_REPLAY and writes nothing: the caller must not commit. */
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep);
 /* Takes back a record made by hkn_state_accept for a release the engine then
  * refused: sets module to `previous` only if its record is still `version`. */
@@ -234,6 +246,35 @@ int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, h
  * fatbin, then PTX, then CUDA C; never a header. */
 size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
 
+/* ---- refused releases (net/refused.c) ---------------------------------- */
+
+/* The releases a source's engine refused for good, so that the same signed
+ * bytes seen again are answered without a build or canary run. Bounded (the
+ * least recently used entry goes); memory only; not thread-safe: one per
+ * source, used from its applying thread. */
+#define HKN_REFUSED_MAX 256
+#define HKN_REFUSED_MSG 320 /* bytes of the first refusal's message kept */
+
+typedef struct hkn_refused hkn_refused;
+
+/* 0 or HK_ERR_NOMEM. */
+int hkn_refused_create(hkn_refused **out);
+/* r may be NULL. */
+void hkn_refused_destroy(hkn_refused *r);
+/* 1 when err is the engine's verdict on the release's bytes (a build, a
+ * validation, a canary or a quarantine refusal, a build or canary that
+ * timed out), which the same bytes would get again; 0 for the state of the
+ * host (busy, closing, memory, disk, driver, device). */
+int hkn_refusal_is_final(int err);
+/* The error of the remembered refusal of release `version` of module whose
+ * manifest's SHA-256 is `hash` (64 hex chars), with its message into
+ * message (cap bytes), or 0 when none is remembered. r may be NULL. */
+int hkn_refused_find(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     char *message, size_t cap);
+/* Remembers a refusal (err != 0) of that release; r may be NULL. */
+void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     int err, const char *message);
+
 /* ---- names and JSON ---------------------------------------------------- */
 
 /* 1: s is a name of [A-Za-z0-9_.-], not starting with '.', under max bytes.
@@ -255,10 +296,13 @@ struct cJSON *hkn_json_parse_strict(const char *text, size_t len);
 
 /* A rollback carries the same authority as a release: a JSON request signed
  * like a manifest, {"type": "hotkern-rollback", "module", "target" (the
- * release version to be running afterwards; 0: the image from before the
- * first pushed release), "expires", "nonce" (32 hex chars), "key_id"}. It
- * can never parse as a manifest, nor a manifest as a rollback. */
-#define HKN_ROLLBACK_MAX_S 3600 /* a request may live at most an hour */
+ * release version to be running afterwards, as the engine knows its images'
+ * releases; 0: an image that has no release), "expires", "nonce" (32 hex
+ * chars), "key_id", "endpoint" (the id of the one endpoint it is for, see
+ * hk_endpoint_options.endpoint_id)}. It can never parse as a manifest, nor a
+ * manifest as a rollback. */
+#define HKN_ROLLBACK_MAX_S  3600 /* a request may live at most an hour */
+#define HKN_ENDPOINT_ID_MAX 128  /* an endpoint id is shorter than this */
 
 typedef struct hkn_rollback_req {
     char module[64];
@@ -266,14 +310,21 @@ typedef struct hkn_rollback_req {
     int64_t expires;
     char nonce[33];
     char key_id[HKN_KEY_ID_CHARS + 1];
+    char endpoint[HKN_ENDPOINT_ID_MAX];
 } hkn_rollback_req;
 
-/* Signs a rollback request of module to `target`, expiring at `expires`,
- * with a fresh random nonce. *text and *sig_b64 are the caller's to free(). */
+/* 1: s is an endpoint id, [A-Za-z0-9_.:@-], 1 to HKN_ENDPOINT_ID_MAX - 1
+ * bytes (it reaches JSON, logs and terminals). */
+int hkn_valid_endpoint_id(const char *s);
+/* Signs a rollback request of module to `target` for the endpoint whose id
+ * is `endpoint`, expiring at `expires`, with a fresh random nonce. *text and
+ * *sig_b64 are the caller's to free(). */
 int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target, int64_t expires,
-                      char **text, size_t *len, char **sig_b64, hk_report *rep);
-/* Verifies signature (by a trusted key), form and freshness against now;
- * the nonce's single use is the caller's to enforce. */
+                      const char *endpoint, char **text, size_t *len, char **sig_b64,
+                      hk_report *rep);
+/* Verifies signature (by a trusted key), form (an endpoint named) and
+ * freshness against now; which endpoint it names and the nonce's single use
+ * are the caller's to enforce. */
 int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const char *sig,
                         size_t sig_len, int64_t now, hkn_rollback_req *out, hk_report *rep);
 
@@ -302,6 +353,9 @@ int hkn_endpoint_start(const hk_endpoint_options *o, const hkn_endpoint_resolved
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep);
 /* The address it listens on (o->address or the default). Valid until stop. */
 const char *hkn_endpoint_address(const hkn_endpoint *ep);
+/* The id signed rollback requests must name (o->endpoint_id or
+ * HOSTNAME:PORT). Valid until stop. */
+const char *hkn_endpoint_id(hkn_endpoint *ep);
 /* Connections open now (for tests and status). */
 unsigned hkn_endpoint_connections(hkn_endpoint *ep);
 /* Stops accepting, waits for in-flight requests, frees. ep may be NULL. */

@@ -19,6 +19,10 @@
  * by the engine, or a replay), so a transient failure (a missing or stale
  * signature, a truncated artifact) is retried, with backoff, instead of being
  * hidden behind a 304; a 304 reports the kept manifest's outcome again.
+ * The validators are the origin's, and an origin may change its ETag for the
+ * same bytes: the releases the engine refused are also remembered by their
+ * manifest's hash (net/refused.c), and the same manifest seen again is
+ * answered with the first refusal, before any artifact is fetched.
  *
  * The state (net/state.c) is the one anti-rollback record shared with the
  * push endpoint and other pullers on the same directory; the poll holds its
@@ -60,6 +64,7 @@ struct hkn_puller {
     hkn_state *state;
 
     /* Poll thread only (or the caller of hkn_pull_poll when no thread runs). */
+    hkn_refused *refused; /* the releases the engine refused */
     CURL *curl;
     char errbuf[CURL_ERROR_SIZE];
     char *etag, *last_modified; /* validators of the last manifest that verified */
@@ -327,6 +332,22 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         count(p, &p->stats.refused, 1);
         goto out;
     }
+    /* The engine refused these very bytes already (an origin whose ETag
+     * changes defeats the validators): the same answer, with no artifact
+     * fetched and no build or canary run (net/refused.c). */
+    char mhash[65], before[HKN_REFUSED_MSG];
+    hkn_sha256_hex(man.data, man.len, mhash);
+    int prior = hkn_refused_find(p->refused, m.module, m.version, mhash, before, sizeof before);
+    if (prior) {
+        err = hku_fail(rep, prior,
+                       "%s v%llu was refused before (%s): %s (the same manifest is not applied "
+                       "again; publish the release signed anew to retry)",
+                       m.module, (unsigned long long)m.version, hkn_error_name(prior), before);
+        keep = 1;
+        count(p, &p->stats.refused, 1);
+        hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);
+        goto out;
+    }
     hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))", p->url,
             m.module, (unsigned long long)m.version, m.nartifacts);
     for (size_t i = 0; i < m.nartifacts; i++) {
@@ -387,6 +408,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     /* The engine's verdict on this exact release is final: keep the
      * validators either way so a refused build is not retried every poll. */
     keep = 1;
+    if (hkn_refusal_is_final(err))
+        hkn_refused_add(p->refused, m.module, m.version, mhash, err, rep->message);
     if (err == HK_ERR_QUARANTINED) {
         /* The image ran when the context was lost: this release stays
          * recorded as seen, so that a restarted puller does not apply it
@@ -515,12 +538,32 @@ static char *dup_or_null(const char *s, int *fail) {
     return d;
 }
 
+/* 0 when every byte of a URL is printable ASCII (what RFC 3986 allows; other
+ * bytes are percent-encoded), else HK_ERR_INVALID naming the first other
+ * one. The URL labels the puller's metrics and reaches its logs: a CR, LF or
+ * a byte that is no UTF-8 there would break the /metrics text and the log
+ * lines. */
+static int url_bytes_ok(const char *what, const char *url, hk_report *rep) {
+    for (size_t i = 0; url && url[i]; i++) {
+        unsigned char c = (unsigned char)url[i];
+        if (c <= 0x20 || c >= 0x7f)
+            return hku_fail(rep, HK_ERR_INVALID,
+                            "%s has byte 0x%02x at offset %zu: a URL is printable ASCII "
+                            "without spaces (percent-encode other bytes)",
+                            what, c, i);
+    }
+    return 0;
+}
+
 int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
                     hkn_puller **out, hk_report *rep) {
     *out = NULL;
     int err = 0, oom = 0;
     if (!o || !o->url || !r || !e || !e->apply)
         return hku_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
+    if ((err = url_bytes_ok("the URL", o->url, rep)) ||
+        (err = url_bytes_ok("artifact_base", o->artifact_base, rep)))
+        return err;
     if (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))
         return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", o->url);
     if (hkn_crypto_init())
@@ -573,6 +616,10 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
     p->opt.ca_file = p->ca_file;
     if ((err = hkn_state_open(p->state_dir, &p->state, rep)))
         goto fail;
+    if (hkn_refused_create(&p->refused)) {
+        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     *out = p;
     return 0;
 fail:
@@ -632,6 +679,7 @@ void hkn_pull_destroy(hkn_puller *p) {
     if (p->curl)
         curl_easy_cleanup(p->curl);
     hkn_state_close(p->state);
+    hkn_refused_destroy(p->refused);
     free(p->etag);
     free(p->last_modified);
     free(p->url);

@@ -698,8 +698,22 @@ size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch) {
 
 /* ---- signed rollback requests ------------------------------------------ */
 
+int hkn_valid_endpoint_id(const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n >= HKN_ENDPOINT_ID_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.' || c == ':' || c == '@'))
+            return 0;
+    }
+    return 1;
+}
+
 int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target, int64_t expires,
-                      char **text, size_t *len, char **sig_b64, hk_report *rep) {
+                      const char *endpoint, char **text, size_t *len, char **sig_b64,
+                      hk_report *rep) {
     *text = *sig_b64 = NULL;
     *len = 0;
     if (hkn_crypto_init())
@@ -707,6 +721,11 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
     if (!hkn_valid_name(module, 64))
         return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
                         module);
+    if (!hkn_valid_endpoint_id(endpoint))
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "endpoint id '%.128s' is not [A-Za-z0-9_.:@-]{1,127} (the endpoint's "
+                        "status names its id)",
+                        endpoint ? endpoint : "");
     if ((double)target > HKN_MAX_JSON_INT || expires < 0 || (double)expires > HKN_MAX_JSON_INT)
         return hku_fail(rep, HK_ERR_INVALID, "target and expiry must be in [0, 2^53)");
     unsigned char raw[16];
@@ -720,7 +739,8 @@ int hkn_rollback_sign(const hkn_seckey *key, const char *module, uint64_t target
         !cJSON_AddNumberToObject(o, "target", (double)target) ||
         !cJSON_AddNumberToObject(o, "expires", (double)expires) ||
         !cJSON_AddStringToObject(o, "nonce", nonce) ||
-        !cJSON_AddStringToObject(o, "key_id", key->pub.id) || !(json = cJSON_PrintUnformatted(o))) {
+        !cJSON_AddStringToObject(o, "key_id", key->pub.id) ||
+        !cJSON_AddStringToObject(o, "endpoint", endpoint) || !(json = cJSON_PrintUnformatted(o))) {
         cJSON_Delete(o);
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     }
@@ -762,6 +782,7 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
     const cJSON *exp = cJSON_GetObjectItemCaseSensitive(root, "expires");
     const cJSON *nonce = cJSON_GetObjectItemCaseSensitive(root, "nonce");
     const cJSON *kid = cJSON_GetObjectItemCaseSensitive(root, "key_id");
+    const cJSON *endpoint = cJSON_GetObjectItemCaseSensitive(root, "endpoint");
     if (!cJSON_IsObject(root) || !cJSON_IsString(type) ||
         strcmp(type->valuestring, "hotkern-rollback") || !cJSON_IsString(mod) ||
         !hkn_valid_name(mod->valuestring, sizeof out->module) || !cJSON_IsNumber(target) ||
@@ -773,9 +794,19 @@ int hkn_rollback_verify(const hkn_trust *t, const char *text, size_t len, const 
         !cJSON_IsString(kid) || strcmp(kid->valuestring, signer->id)) {
         err = hku_fail(rep, HK_ERR_INVALID,
                        "rollback request is not {\"type\": \"hotkern-rollback\", \"module\", "
-                       "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer}");
+                       "\"target\", \"expires\", \"nonce\" (32 hex), \"key_id\" of its signer, "
+                       "\"endpoint\"}");
         goto out;
     }
+    /* A request names the one endpoint it is for: without that, one
+     * captured request would roll back every host that trusts the key. */
+    if (!cJSON_IsString(endpoint) || !hkn_valid_endpoint_id(endpoint->valuestring)) {
+        err = hku_fail(rep, HK_ERR_SIGNATURE,
+                       "the signed rollback request names no endpoint id (a request is bound "
+                       "to one endpoint: sign it again with hotkern rollback --key)");
+        goto out;
+    }
+    snprintf(out->endpoint, sizeof out->endpoint, "%s", endpoint->valuestring);
     snprintf(out->module, sizeof out->module, "%s", mod->valuestring);
     out->target = (uint64_t)target->valuedouble;
     out->expires = (int64_t)exp->valuedouble;

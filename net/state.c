@@ -15,7 +15,11 @@
  * re-reads the file, and a write merges: it raises one module's record and
  * keeps every other record as the file has it now. So two programs that
  * share a directory never erase each other's records, and each sees the
- * other's acceptances at its next check. Locking the directory rather than a
+ * other's acceptances at its next check. The version check and the record
+ * are two steps, so an acceptance that finds a record at or above its
+ * version (another process accepted a newer release in between) refuses
+ * with HK_ERR_REPLAY: the slower process must not commit the older release
+ * after the newer one. Locking the directory rather than a
  * lock file keeps the directory's contents to the one file. Temp files left
  * by a crash (accepted.json.tmp.*) are removed under the exclusive lock,
  * when nobody can be writing one.
@@ -223,8 +227,23 @@ static int set_value(cJSON *mods, const char *module, uint64_t v) {
     return 0;
 }
 
+/* The refusal of an acceptance that finds the record at `cur` already: a
+ * source of another process (or one that does not share this process's
+ * transaction) accepted that release after this one's version check, and
+ * committing the older release now would run it after the newer one. */
+static int newer_recorded(const hkn_state *s, const char *module, uint64_t to, uint64_t cur,
+                          hk_report *rep) {
+    return hku_fail(rep, HK_ERR_REPLAY,
+                    "release %s v%llu is no longer newer than the accepted v%llu: it was "
+                    "recorded%s%s after this release's version check (another process on the "
+                    "same state directory); nothing was applied",
+                    module, (unsigned long long)to, (unsigned long long)cur, s->path ? " in " : "",
+                    s->path ? s->path : "");
+}
+
 /* Read-modify-write under the exclusive flock: sets module to `to` when its
- * current record satisfies `cond` (1: below `to`; 2: equal to `expect`). */
+ * current record satisfies `cond` (1: below `to`, else HK_ERR_REPLAY; 2:
+ * equal to `expect`, else nothing is written). */
 static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint64_t expect,
                   hk_report *rep) {
     int err = 0;
@@ -232,7 +251,9 @@ static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint6
     pthread_mutex_lock(&s->lock);
     if (!s->dir) {
         uint64_t cur = value_of(s->modules, module);
-        if ((cond == 1 && to > cur) || (cond == 2 && cur == expect))
+        if (cond == 1 && to <= cur)
+            err = newer_recorded(s, module, to, cur, rep);
+        else if (cond == 1 || cur == expect)
             err = set_value(s->modules, module, to) ? hku_fail(rep, HK_ERR_NOMEM, "out of memory")
                                                     : 0;
         pthread_mutex_unlock(&s->lock);
@@ -243,7 +264,9 @@ static int update(hkn_state *s, const char *module, uint64_t to, int cond, uint6
     if ((err = read_state(s, &mods, rep)))
         goto unlock;
     uint64_t cur = value_of(mods, module);
-    if ((cond == 1 && to > cur) || (cond == 2 && cur == expect)) {
+    if (cond == 1 && to <= cur) {
+        err = newer_recorded(s, module, to, cur, rep);
+    } else if (cond == 1 || cur == expect) {
         if (set_value(mods, module, to)) {
             err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
             goto unlock;

@@ -417,6 +417,45 @@ START_TEST(helper_inherits_no_application_fd) {
 }
 END_TEST
 
+/* A helper's output is its own: a kernel's printf flood (here 4 MiB on the
+ * helper's stdout and stderr) reaches neither the application's stdout nor
+ * its stderr, and does not stall the helper or the swap. */
+START_TEST(helper_output_is_its_own) {
+    char path[PATH_MAX], *text = NULL;
+    snprintf(path, sizeof path, "/tmp/hk-canary-out.%d", (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    fflush(stdout);
+    fflush(stderr);
+    int saved1 = dup(1), saved2 = dup(2);
+    ck_assert(saved1 >= 0 && saved2 >= 0);
+    ck_assert_int_eq(dup2(fd, 1), 1);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    setenv("HKBAD_MODE", "flood", 1);
+    rt = make_rt(bad_helper, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    int err = swap_tag(2, 0, HK_CANARY_REQUIRE, &rep);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved1, 1);
+    dup2(saved2, 2);
+    close(saved1);
+    close(saved2);
+    size_t len = 0;
+    ck_assert_int_eq(hku_read_file(path, 64u << 20, &text, &len, NULL), 0);
+    close(fd);
+    unlink(path);
+    ck_assert_int_eq(err, HK_ERR_CANARY);
+    ck_assert_msg(!strstr(text, "HKBAD-FLOOD"), "%zu bytes of the helper's output reached ours",
+                  len);
+    free(text);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A kernel whose name a canary test cannot hold is refused when the test is
  * declared, never skipped silently at the run. */
 START_TEST(long_kernel_name_refused_at_declaration) {
@@ -799,6 +838,7 @@ int main(void) {
     tcase_add_test(tc, helpers_outliving_their_kill_are_all_reaped);
     tcase_add_test(tc, long_kernel_name_refused_at_declaration);
     tcase_add_test(tc, helper_inherits_no_application_fd);
+    tcase_add_test(tc, helper_output_is_its_own);
     tcase_add_test(tc, missing_helper_fails_create);
     tcase_add_test(tc, push_policy_defaults_to_required);
     suite_add_tcase(s, tc);

@@ -44,11 +44,15 @@ static struct recorder {
     unsigned char *bytes;
     size_t size;
     int fail_with; /* when set, apply refuses with this error and a log */
+    int attempts;  /* apply calls, refused ones included */
+    int hostile;   /* the refusal's message and log carry terminal escapes */
     int nheaders;  /* headers given to the last apply, copied */
     char hname[4][64];
     char hdata[4][256];
     char state_file[PATH_MAX]; /* when set, apply notes whether the release is */
     int recorded_first;        /* ... already recorded there */
+    uint64_t hist[16];         /* releases of the kept images, as the engine's ring: */
+    int nhist;                 /* the last runs, a rollback commits the one before */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* 1 when the state file records module at version. */
@@ -71,7 +75,14 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
                      const char *origin, hk_report *rep) {
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
-    if (err) {
+    rec.attempts++;
+    if (err && rec.hostile) {
+        hku_fail(rep, err,
+                 "kernel 'add': compile failed\x1b[2J\x1b]0;owned\x07 \xc2\x9b"
+                 "31m \xff");
+        rep->log = strdup("add.cu(1): error\x1b[31m red\r\n\xc2\x9b"
+                          "2J\n");
+    } else if (err) {
         hku_fail(rep, err, "kernel 'add': compile failed");
         rep->log = strdup("add.cu(1): error: expected a \";\"\n1 error detected\n");
     } else {
@@ -86,6 +97,11 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
             rec.recorded_first = state_records(rec.state_file, module, version);
         snprintf(rec.module, sizeof rec.module, "%s", module);
         rec.version = version;
+        if (rec.nhist == 16) {
+            memmove(rec.hist, rec.hist + 1, 15 * sizeof *rec.hist);
+            rec.nhist--;
+        }
+        rec.hist[rec.nhist++] = version;
         rec.fmt = fmt;
         snprintf(rec.origin, sizeof rec.origin, "%s", origin);
         free(rec.bytes);
@@ -98,13 +114,36 @@ static int rec_apply(void *ud, const char *module, uint64_t version, hk_format f
     return err;
 }
 
-static int rec_rollback(void *ud, const char *module, hk_report *rep) {
+/* As hk_rollback and hk_rollback_release: the image before the running one
+ * is committed again, with its release, if it is the one asked for. */
+static int rec_rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int err = 0;
+    if (strcmp(module, rec.module) || rec.calls == 0) {
+        err = hku_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+    } else if (rec.nhist < 2) {
+        err = hku_fail(rep, HK_ERR_NO_HISTORY, "module '%s' has no earlier version kept", module);
+    } else if (check && rec.hist[rec.nhist - 2] != target) {
+        err = hku_fail(rep, HK_ERR_REJECTED, "module '%s' would roll back to release v%llu", module,
+                       (unsigned long long)rec.hist[rec.nhist - 2]);
+    } else {
+        rec.nhist--;
+        rec.version = rec.hist[rec.nhist - 1];
+        rec.rollbacks++;
+    }
+    pthread_mutex_unlock(&rec.lock);
+    return err;
+}
+
+static int rec_release(void *ud, const char *module, int back, uint64_t *out) {
     pthread_mutex_lock(&rec.lock);
     int err = 0;
     if (strcmp(module, rec.module) || rec.calls == 0)
-        err = hku_fail(rep, HK_ERR_NOT_FOUND, "no module '%s'", module);
+        err = HK_ERR_NOT_FOUND;
+    else if (back >= rec.nhist)
+        err = HK_ERR_NO_HISTORY;
     else
-        rec.rollbacks++;
+        *out = rec.hist[rec.nhist - 1 - back];
     pthread_mutex_unlock(&rec.lock);
     return err;
 }
@@ -158,7 +197,8 @@ static const hkn_engine engine = {.apply = rec_apply,
                                   .rollback = rec_rollback,
                                   .version = rec_version,
                                   .metrics = rec_metrics,
-                                  .ud = NULL};
+                                  .ud = NULL,
+                                  .release = rec_release};
 
 /* ---- fixture ----------------------------------------------------------- */
 
@@ -441,7 +481,7 @@ START_TEST(push_with_cli_commits) {
     ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
     char *rb2[] = {(char *)cli, "rollback", base, "nosuch", "--key", key_path, "--to", "1", NULL};
     rc = run(rb2, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NO_HISTORY"), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_NOT_FOUND"), "exit %d: %s", rc, out);
     char *help[] = {(char *)cli, "push", "--help", NULL};
     ck_assert_int_eq(run(help, out, sizeof out), 0);
     char *bad[] = {(char *)cli, "push", base, NULL};
@@ -565,13 +605,142 @@ START_TEST(refusals_change_nothing) {
     /* Status keeps the last outcome and log. */
     ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
     ck_assert_ptr_nonnull(strstr(body, "expected a"));
-    /* A refused build did not burn the version: it can be pushed again. */
+    /* A refused build did not burn the version: the fixed kernel can be
+     * pushed under it. */
     pthread_mutex_lock(&rec.lock);
     rec.fail_with = 0;
     pthread_mutex_unlock(&rec.lock);
+    char fixed[PATH_MAX + 16];
+    snprintf(fixed, sizeof fixed, "%s/fixed.cu", tmp);
+    ck_assert_int_eq(hkt_write_file(fixed, "extern \"C\" __global__ void add(float *x) {}\n"), 0);
+    push[9] = fixed;
     rc = run(push, out, sizeof out);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
     ck_assert_uint_eq(rec_current(), 11);
+}
+END_TEST
+
+/* The engine's verdicts have the statuses net.h documents: a canary's
+ * refusal is the release's fault (422), a quarantined image a conflict with
+ * what the engine knows (409). */
+START_TEST(engine_refusal_statuses) {
+    start(NULL, 0, NULL, NULL);
+    static const struct {
+        int err;
+        int code;
+    } cases[] = {{HK_ERR_CANARY, 422}, {HK_ERR_QUARANTINED, 409}, {HK_ERR_COMPILE, 422}};
+    char body[8192], name[32];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pthread_mutex_lock(&rec.lock);
+        rec.fail_with = cases[i].err;
+        pthread_mutex_unlock(&rec.lock);
+        snprintf(name, sizeof name, "r%zu.json", i);
+        int code = curl_req("POST", "/v1/release",
+                            body_file(&key, "add", 5 + i, time(NULL) + 60, T_NONE, name), NULL,
+                            body, sizeof body);
+        ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s",
+                      hkn_error_name(cases[i].err), code, cases[i].code, body);
+        ck_assert(json_has(body, "error", hkn_error_name(cases[i].err)));
+    }
+}
+END_TEST
+
+/* 1 when out holds a byte that drives a terminal: C0 but LF and tab, DEL,
+ * a C1 control (UTF-8 C2 80..9F), or 0xff. */
+static int has_escape(const char *out) {
+    for (const unsigned char *p = (const unsigned char *)out; *p; p++)
+        if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f || *p == 0xff ||
+            (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+            return 1;
+    return 0;
+}
+
+/* A hostile endpoint's strings (a refusal's message and log, the status) are
+ * printed by the CLI with their control bytes shown, never sent to the
+ * terminal. */
+START_TEST(cli_prints_no_terminal_escapes) {
+    start(NULL, 0, NULL, NULL);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    rec.hostile = 1;
+    pthread_mutex_unlock(&rec.lock);
+    const char *cli = cli_path();
+    char out[16384];
+    char *push[] = {(char *)cli, "push",      base, "--key",  key_path, "--module",
+                    "add",       "--release", "3",  src_path, NULL};
+    int rc = run(push, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "compile failed"), "exit %d: %s", rc, out);
+    ck_assert_msg(!has_escape(out), "raw control bytes printed: %s", out);
+    ck_assert_msg(strstr(out, "\\x1b[2J") && strstr(out, "\\xc2\\x9b31m") && strstr(out, "\\xff"),
+                  "%s", out);
+    char *status[] = {(char *)cli, "status", base, NULL};
+    rc = run(status, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "compile failed"), "exit %d: %s", rc, out);
+    ck_assert_msg(!has_escape(out), "raw control bytes printed: %s", out);
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, "--to", "1", NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 1 && !has_escape(out), "exit %d: %s", rc, out);
+}
+END_TEST
+
+static int rec_attempts(void) {
+    pthread_mutex_lock(&rec.lock);
+    int n = rec.attempts;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
+}
+
+/* A release the engine refused (its record taken back, so that a fixed
+ * kernel may reuse the version) is not built again when the same signed
+ * bytes come back: each replay is answered at once with the first
+ * refusal's error, status and reason. A transient refusal is not
+ * remembered, and a release signed anew is a new release. */
+START_TEST(refused_release_not_rebuilt) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    static const int verdicts[] = {HK_ERR_COMPILE, HK_ERR_CANARY, HK_ERR_MISSING_KERNEL};
+    for (size_t v = 0; v < sizeof verdicts / sizeof verdicts[0]; v++) {
+        pthread_mutex_lock(&rec.lock);
+        rec.fail_with = verdicts[v];
+        pthread_mutex_unlock(&rec.lock);
+        int before = rec_attempts();
+        char name[32];
+        snprintf(name, sizeof name, "v%zu.json", v);
+        const char *f = body_file(&key, "add", 10 + v, time(NULL) + 60, T_NONE, name);
+        int first = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+        ck_assert_msg(first == 422, "%d %s", first, body);
+        ck_assert_int_eq(rec_attempts(), before + 1);
+        for (int i = 0; i < 20; i++) {
+            int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+            ck_assert_msg(code == first, "replay %d: HTTP %d (first %d): %s", i, code, first, body);
+            ck_assert(json_has(body, "error", hkn_error_name(verdicts[v])));
+            ck_assert(json_has(body, "outcome", "refused"));
+            ck_assert_msg(strstr(body, "refused before") && strstr(body, "compile failed"), "%s",
+                          body);
+            cJSON *o = cJSON_Parse(body);
+            ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(o, "refused_before")));
+            cJSON_Delete(o);
+        }
+        ck_assert_int_eq(rec_attempts(), before + 1);
+    }
+    /* Signed anew (another expiry, so other bytes): built again. */
+    int before = rec_attempts();
+    const char *again = body_file(&key, "add", 12, time(NULL) + 61, T_NONE, "again.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", again, NULL, body, sizeof body), 422);
+    ck_assert_int_eq(rec_attempts(), before + 1);
+    /* Busy is the host's state, not the release's: tried again. */
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_BUSY;
+    pthread_mutex_unlock(&rec.lock);
+    const char *busy = body_file(&key, "add", 13, time(NULL) + 60, T_NONE, "busy.json");
+    ck_assert_int_eq(curl_req("POST", "/v1/release", busy, NULL, body, sizeof body), 503);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = 0;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", busy, NULL, body, sizeof body), 200);
+    ck_assert_uint_eq(rec_current(), 13);
+    ck_assert_int_eq(curl_req("GET", "/metrics", NULL, NULL, body, sizeof body), 200);
+    ck_assert_msg(strstr(body, "hotkern_push_refused_again_total 60\n"), "%s", body);
 }
 END_TEST
 
@@ -635,6 +804,8 @@ START_TEST(oversized_body_413) {
                     "%{http_code}",
                     "-H",
                     "Transfer-Encoding: chunked",
+                    "-H",
+                    "Content-Type: application/json",
                     "--data-binary",
                     data,
                     url,
@@ -823,7 +994,8 @@ static const char *rollback_file(const hkn_seckey *k, const char *module, uint64
     char *text, *sig;
     size_t len;
     hk_report rep = HK_REPORT_INIT;
-    ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, &text, &len, &sig, &rep),
+    ck_assert_int_eq(hkn_rollback_sign(k, module, target, time(NULL) + 60, hkn_endpoint_id(ep),
+                                       &text, &len, &sig, &rep),
                      0);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "request", text);
@@ -862,6 +1034,10 @@ START_TEST(rollback_needs_authority) {
                               body_file(&key, "add", 6, time(NULL) + 60, T_NONE, "6.json"), NULL,
                               NULL, 0),
                      200);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "7.json"), NULL,
+                              NULL, 0),
+                     200);
     /* No token configured, trusted keys are: an unsigned rollback is refused. */
     int code = curl_req("POST", "/v1/rollback/add", NULL, NULL, body, sizeof body);
     ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_SIGNATURE"), "%d %s", code, body);
@@ -877,14 +1053,14 @@ START_TEST(rollback_needs_authority) {
     ck_assert_msg(code == 403, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 0);
     /* Signed, to the previous release: done, once. */
-    const char *ok = rollback_file(&key, "add", 5, "r5.json");
+    const char *ok = rollback_file(&key, "add", 6, "r6.json");
     code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
     ck_assert_msg(code == 200 && json_has(body, "outcome", "rolled_back"), "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 1);
     code = curl_req("POST", "/v1/rollback/add", ok, NULL, body, sizeof body);
     ck_assert_msg(code == 409 && json_has(body, "error", "HK_ERR_REPLAY"), "%d %s", code, body);
-    /* Now v5 runs; a request for v5 again names the wrong target. */
-    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 5, "r5b.json"), NULL,
+    /* Now v6 runs; a request for v6 again names the wrong target. */
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 6, "r6b.json"), NULL,
                     body, sizeof body);
     ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 1);
@@ -899,7 +1075,7 @@ START_TEST(rollback_needs_authority) {
     /* The endpoint's own origin is fine. */
     snprintf(hdr, sizeof hdr, "Origin: %s", base);
     extra_header = hdr;
-    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 0, "o2.json"), NULL,
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 5, "o2.json"), NULL,
                     body, sizeof body);
     ck_assert_msg(code == 200, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 2);
@@ -918,7 +1094,7 @@ START_TEST(rollback_needs_authority) {
     extra_header = "Host: evil.example";
     ck_assert_int_eq(curl_req("GET", "/healthz", NULL, NULL, NULL, 0), 200);
     extra_header = NULL;
-    ck_assert_int_eq(rec_calls(), 2);
+    ck_assert_int_eq(rec_calls(), 3);
 
     /* Neither a token nor a trusted key: rollback over HTTP is off. */
     hkn_endpoint_stop(ep);
@@ -930,10 +1106,143 @@ START_TEST(rollback_needs_authority) {
     /* The token is enough authority on its own. */
     hkn_endpoint_stop(ep);
     start("tok", 0, NULL, NULL);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 8, time(NULL) + 60, T_NONE, "8.json"), "tok",
+                              NULL, 0),
+                     200);
     ck_assert_int_eq(curl_req("POST", "/v1/rollback/add", NULL, NULL, NULL, 0), 401);
     code = curl_req("POST", "/v1/rollback/add", NULL, "tok", body, sizeof body);
     ck_assert_msg(code == 200, "%d %s", code, body);
     ck_assert_int_eq(rollbacks(), 3);
+}
+END_TEST
+
+static void fleet_id(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
+    (void)r;
+    o->endpoint_id = "gpu-17.fleet:7070";
+}
+
+/* A signed rollback request is for one endpoint: one signed for another
+ * host of the fleet (or for none) is refused here, and the CLI signs for
+ * the id the endpoint's status names, or the one it is given. */
+START_TEST(rollback_bound_to_endpoint) {
+    char body[8192], out[8192], host[256] = "", want[300];
+    start(NULL, 0, NULL, NULL);
+    gethostname(host, sizeof host - 1);
+    snprintf(want, sizeof want, "%s:%u", host, hkn_endpoint_port(ep));
+    /* The default id: host name and port. */
+    if (hkn_valid_endpoint_id(want))
+        ck_assert_str_eq(hkn_endpoint_id(ep), want);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    ck_assert_msg(json_has(body, "endpoint_id", hkn_endpoint_id(ep)), "%s", body);
+    hkn_endpoint_stop(ep);
+    cfg_hook = fleet_id;
+    start(NULL, 0, NULL, NULL);
+    ck_assert_str_eq(hkn_endpoint_id(ep), "gpu-17.fleet:7070");
+    for (int v = 1; v <= 3; v++) {
+        char name[32];
+        snprintf(name, sizeof name, "%d.json", v);
+        ck_assert_int_eq(
+            curl_req("POST", "/v1/release",
+                     body_file(&key, "add", (uint64_t)v, time(NULL) + 60, T_NONE, name), NULL, NULL,
+                     0),
+            200);
+    }
+    /* Signed for another endpoint (as captured on its way to another host):
+     * refused, nothing rolled back. */
+    char *text, *sig;
+    size_t len;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkn_rollback_sign(&key, "add", 2, time(NULL) + 60, "gpu-18.fleet:7070", &text,
+                                       &len, &sig, &rep),
+                     0);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "request", text);
+    cJSON_AddStringToObject(o, "signature", sig);
+    char *b = cJSON_PrintUnformatted(o), other[PATH_MAX];
+    snprintf(other, sizeof other, "%s/other.json", tmp);
+    ck_assert_int_eq(hkt_write_file(other, b), 0);
+    free(b);
+    cJSON_Delete(o);
+    free(text);
+    free(sig);
+    int code = curl_req("POST", "/v1/rollback/add", other, NULL, body, sizeof body);
+    ck_assert_msg(code == 403 && json_has(body, "error", "HK_ERR_SIGNATURE") &&
+                      strstr(body, "gpu-18.fleet:7070"),
+                  "%d %s", code, body);
+    const char *cli = cli_path();
+    char *rb_other[] = {(char *)cli,     "rollback",          base, "add", "--key", key_path,
+                        "--endpoint-id", "gpu-18.fleet:7070", NULL};
+    int rc = run(rb_other, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_SIGNATURE"), "exit %d: %s", rc, out);
+    ck_assert_int_eq(rollbacks(), 0);
+    /* The CLI takes the id and the target from the status, or is given them. */
+    char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, NULL};
+    rc = run(rb, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 2);
+    char *rb_given[] = {(char *)cli, "rollback", base, "add",           "--key",
+                        key_path,    "--to",     "1",  "--endpoint-id", "gpu-17.fleet:7070",
+                        NULL};
+    rc = run(rb_given, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back"), "exit %d: %s", rc, out);
+    ck_assert_uint_eq(rec_current(), 1);
+    ck_assert_int_eq(rollbacks(), 2);
+    char *rb_bad[] = {(char *)cli, "rollback",      base,  "add", "--key",
+                      key_path,    "--endpoint-id", "a b", NULL};
+    ck_assert_int_eq(run(rb_bad, out, sizeof out), 2);
+    /* An id outside the alphabet is refused at start. */
+    hkn_endpoint_stop(ep);
+    ep = NULL;
+    hk_endpoint_options eo;
+    hkn_endpoint_resolved r = {0};
+    hk_endpoint_options_init(&eo);
+    eo.endpoint_id = "gpu 17\n";
+    ck_assert_int_eq(hkn_endpoint_start(&eo, &r, &engine, &ep, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(ep);
+    ck_assert_msg(strstr(rep.message, "endpoint_id"), "%s", rep.message);
+}
+END_TEST
+
+/* Status and the signed rollback's target are the engine's: after another
+ * source committed (a puller moved the engine on), status names what the
+ * engine runs and would roll back to, and a request for a release the
+ * engine would not commit is refused by the engine. */
+START_TEST(rollback_target_is_the_engines) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    for (int v = 1; v <= 2; v++) {
+        char name[32];
+        snprintf(name, sizeof name, "%d.json", v);
+        ck_assert_int_eq(
+            curl_req("POST", "/v1/release",
+                     body_file(&key, "add", (uint64_t)v, time(NULL) + 60, T_NONE, name), NULL, NULL,
+                     0),
+            200);
+    }
+    /* v3 committed by another source of the engine. */
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(rec_apply(NULL, "add", 3, HK_FORMAT_PTX, "x", 1, NULL, 0, "pull:x", &rep), 0);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "modules"), 0);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "running_release_version")->valuedouble, 3);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "previous_release_version")->valuedouble, 2);
+    cJSON_Delete(o);
+    int code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 1, "r1.json"), NULL,
+                        body, sizeof body);
+    ck_assert_msg(code == 422 && json_has(body, "error", "HK_ERR_REJECTED"), "%d %s", code, body);
+    ck_assert_uint_eq(rec_current(), 3);
+    code = curl_req("POST", "/v1/rollback/add", rollback_file(&key, "add", 2, "r2.json"), NULL,
+                    body, sizeof body);
+    ck_assert_msg(code == 200, "%d %s", code, body);
+    ck_assert_uint_eq(rec_current(), 2);
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, body, sizeof body), 200);
+    o = cJSON_Parse(body);
+    m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "modules"), 0);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "running_release_version")->valuedouble, 2);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(m0, "previous_release_version")->valuedouble, 1);
+    cJSON_Delete(o);
 }
 END_TEST
 
@@ -1036,6 +1345,79 @@ static double timed_request(const char *head, const char *file, char *out, size_
     clock_gettime(CLOCK_MONOTONIC, &t1);
     return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
+
+/* A web page on another port of the same host (a notebook, a dev server)
+ * is another origin: with unsigned releases allowed and no token, neither
+ * its cross-origin requests nor its "simple" POSTs (text/plain, forms,
+ * multipart, no type at all, which browsers send without a preflight) push
+ * anything; the endpoint's own origin and JSON bodies still do. */
+START_TEST(other_origins_and_simple_posts_refused) {
+    cfg_hook = no_keys_unsigned;
+    start(NULL, 0, NULL, NULL);
+    unsigned port = hkn_endpoint_port(ep);
+    const char *f = body_file(&key, "add", 5, time(NULL) + 60, T_NO_SIG, "u.json");
+    char body[8192], hdr[160];
+    /* Each: a scheme and host, and the port after them (-1: none). */
+    const struct {
+        const char *prefix;
+        long port;
+        const char *suffix;
+    } origins[] = {{"http://localhost:", 8888, ""},  {"http://127.0.0.1:", 8888, ""},
+                   {"https://127.0.0.1:", port, ""}, {"http://127.0.0.1:", port * 10L, ""},
+                   {"http://127.0.0.1:", -1, ""},    {"http://localhost:", port, "/x"},
+                   {"http://localhost", -1, ""},     {"http://[::1]:", port, ""}};
+    for (size_t i = 0; i < sizeof origins / sizeof origins[0]; i++) {
+        char o[96], pnum[24] = "";
+        if (origins[i].port >= 0)
+            snprintf(pnum, sizeof pnum, "%ld", origins[i].port);
+        snprintf(o, sizeof o, "%s%s%s", origins[i].prefix, pnum, origins[i].suffix);
+        snprintf(hdr, sizeof hdr, "Origin: %s", o);
+        extra_header = hdr;
+        int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+        ck_assert_msg(code == 403 && strstr(body, "port"), "Origin %s: HTTP %d: %s", o, code, body);
+        ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 403);
+    }
+    snprintf(hdr, sizeof hdr, "Origin: http://localhost:%u", port);
+    extra_header = hdr;
+    ck_assert_int_eq(curl_req("GET", "/v1/status", NULL, NULL, NULL, 0), 200);
+    extra_header = NULL;
+    ck_assert_int_eq(rec_calls(), 0);
+
+    struct stat st;
+    ck_assert_int_eq(stat(f, &st), 0);
+    const char *types[] = {"Content-Type: text/plain\r\n",
+                           "Content-Type: text/plain; charset=utf-8\r\n",
+                           "Content-Type: application/x-www-form-urlencoded\r\n",
+                           "Content-Type: multipart/form-data; boundary=x\r\n",
+                           "Content-Type: application/jsonx\r\n",
+                           ""};
+    char head[512], out[8192];
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        snprintf(head, sizeof head,
+                 "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %lld\r\n"
+                 "Connection: close\r\n\r\n",
+                 types[i], (long long)st.st_size);
+        timed_request(head, f, out, sizeof out);
+        ck_assert_msg(!strncmp(out, "HTTP/1.1 415", 12) && strstr(out, "application/json"),
+                      "'%s': %s", types[i], out);
+    }
+    /* The same as a signed rollback request's body. */
+    snprintf(head, sizeof head,
+             "POST /v1/rollback/add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+    timed_request(head, NULL, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 415", 12), "%s", out);
+    ck_assert_int_eq(rec_calls(), 0);
+    snprintf(head, sizeof head,
+             "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: Application/JSON; charset=utf-8\r\nContent-Length: %lld\r\n"
+             "Connection: close\r\n\r\n",
+             (long long)st.st_size);
+    timed_request(head, f, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "%s", out);
+    ck_assert_int_eq(rec_calls(), 1);
+}
+END_TEST
 
 /* Opens a connection from source address `src` and sends an incomplete
  * request head; returns the socket. */
@@ -1310,6 +1692,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, refusals_change_nothing);
     tcase_add_test(tc, push_carries_headers);
     tcase_add_test(tc, replay_state_survives_restart);
+    tcase_add_test(tc, engine_refusal_statuses);
+    tcase_add_test(tc, refused_release_not_rebuilt);
+    tcase_add_test(tc, cli_prints_no_terminal_escapes);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);
     tcase_add_test(tc, hundred_concurrent_status);
@@ -1317,9 +1702,12 @@ static Suite *suite(void) {
     tcase_add_test(tc, tls_with_self_signed_cert);
     tcase_add_test(tc, rollback_needs_authority);
     tcase_add_test(tc, rollback_names_cannot_poison);
+    tcase_add_test(tc, rollback_bound_to_endpoint);
+    tcase_add_test(tc, rollback_target_is_the_engines);
     tcase_add_test(tc, recorded_before_commit);
     tcase_add_test(tc, slowloris_does_not_lock_out);
     tcase_add_test(tc, request_deadline);
+    tcase_add_test(tc, other_origins_and_simple_posts_refused);
     tcase_add_test(tc, inflight_bodies_bounded);
     tcase_add_test(tc, cli_expiry_range);
     tcase_add_test(tc, behind_the_sample_nginx_proxy);

@@ -919,6 +919,49 @@ START_TEST(puller_says_when_it_retries) {
 }
 END_TEST
 
+/* A puller's URL labels its metrics: one with a CR, LF, a space or a byte
+ * that is no UTF-8 is refused when the puller starts, and the runtime's
+ * metrics stay valid exposition text. */
+START_TEST(puller_url_cannot_break_metrics) {
+    static const char *const bad[] = {
+        "http://127.0.0.1:1/m.json\r\nhotkern_fake 1",
+        "http://127.0.0.1:1/m\r.json",
+        "http://127.0.0.1:1/\xff\xfe.json",
+        "http://127.0.0.1:1/a b/m.json",
+        "http://127.0.0.1:1/\x7f.json",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hk_pull_options o;
+        hk_puller *p = NULL;
+        hk_report rep = HK_REPORT_INIT;
+        hk_pull_options_init(&o);
+        o.url = bad[i];
+        o.state_dir = "";
+        o.allow_unsigned = 1;
+        int err = hk_pull_start(rt, &o, &p, &rep);
+        char *text = metrics();
+        assert_valid(text);
+        ck_assert_ptr_null(strstr(text, "hotkern_fake"));
+        free(text);
+        hk_pull_stop(p);
+        ck_assert_msg(err == HK_ERR_INVALID && strstr(rep.message, "printable ASCII"),
+                      "URL %zu: %d %s", i, err, rep.message);
+        ck_assert_ptr_null(p);
+        hk_report_clear(&rep);
+    }
+    hk_pull_options o;
+    hk_puller *p = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    hk_pull_options_init(&o);
+    o.url = "http://127.0.0.1:1/m.json";
+    o.artifact_base = "http://127.0.0.1:1/\n";
+    o.state_dir = "";
+    o.allow_unsigned = 1;
+    ck_assert_int_eq(hk_pull_start(rt, &o, &p, &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "artifact_base"), "%s", rep.message);
+}
+END_TEST
+
 /* A static origin: the manifest and its signature from memory. */
 static char *origin_manifest, *origin_sig;
 
@@ -1127,6 +1170,7 @@ int main(void) {
     tcase_add_test(tc, endpoint_status_shows_the_quarantine);
     tcase_add_test(tc, puller_says_when_it_retries);
     tcase_add_test(tc, puller_says_why_it_refuses);
+    tcase_add_test(tc, puller_url_cannot_break_metrics);
     tcase_add_test(tc, metrics_text_is_exposition);
     tcase_add_test(tc, histogram_buckets_are_fixed);
     tcase_add_test(tc, sources_attach_and_are_escaped);

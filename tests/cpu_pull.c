@@ -80,6 +80,17 @@ static int quarantining_apply(void *ud, const char *module, uint64_t version, hk
 }
 static const hkn_engine quarantining = {.apply = quarantining_apply};
 
+/* An engine that refuses every build, as NVRTC would a broken kernel. */
+static int refusing_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                          const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                          const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    rec.calls++;
+    pthread_mutex_unlock(&rec.lock);
+    return hku_fail(rep, HK_ERR_COMPILE, "add.ptx: syntax error");
+}
+static const hkn_engine refusing = {.apply = refusing_apply};
+
 /* ---- fixture: nginx ---------------------------------------------------- */
 
 static char *tmp;
@@ -253,6 +264,47 @@ START_TEST(quarantined_release_is_not_applied_again) {
     ck_assert_int_eq(poll_once(p, &rep), 0);
     ck_assert_int_eq(rec.calls, 2);
     ck_assert_uint_eq(rec_version(), 3);
+    hkn_pull_destroy(p);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* Sets the manifest's mtime, and with it nginx's ETag, to `t` seconds after
+ * the publishing base: the same bytes under a new validator. */
+static void touch_manifest(time_t t) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/rel/manifest.json", www);
+    struct timespec ts[2] = {{.tv_sec = 1700000000 + t}, {.tv_sec = 1700000000 + t}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+/* An origin whose ETag changes for the same manifest (a CDN, a re-upload):
+ * a release the engine refused is answered with the first refusal at every
+ * poll, its artifact not fetched again and its build not run again. */
+START_TEST(refused_release_not_rebuilt) {
+    hk_report rep = HK_REPORT_INIT;
+    publish(2, ptx_v2, 600);
+    hkn_puller *p = puller_with(&refusing, url, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_COMPILE);
+    ck_assert_int_eq(rec.calls, 1);
+    char get[128];
+    snprintf(get, sizeof get, "GET /rel/artifacts/%s ", published_sha);
+    ck_assert_int_eq(log_count_wait(get, "\" 200 ", 1), 1);
+    for (int i = 0; i < 10; i++) {
+        touch_manifest(100 + i);
+        ck_assert_int_eq(poll_once(p, &rep), HK_ERR_COMPILE);
+        ck_assert_msg(strstr(rep.message, "refused before") && strstr(rep.message, "syntax error"),
+                      "%s", rep.message);
+    }
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 200 ", 11), 11);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_int_eq(rec.calls, 1);
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(log_count(get, "HTTP"), 1);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    ck_assert_uint_eq(s.refused, 11);
+    ck_assert_int_eq(s.last_error, HK_ERR_COMPILE);
     hkn_pull_destroy(p);
     hk_report_clear(&rep);
 }
@@ -555,7 +607,7 @@ static int push_release(uint16_t eport, uint64_t version, const char *body) {
         dup2(pfd[1], 1);
         close(pfd[0]);
         execlp("timeout", "timeout", "30", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-               "--data-binary", data, u, (char *)NULL);
+               "-H", "Content-Type: application/json", "--data-binary", data, u, (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -607,6 +659,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, picks_up_releases_with_304s_between);
     tcase_add_test(tc, quarantined_release_is_not_applied_again);
+    tcase_add_test(tc, refused_release_not_rebuilt);
     tcase_add_test(tc, truncated_artifact_changes_nothing);
     tcase_add_test(tc, oversized_artifact_changes_nothing);
     tcase_add_test(tc, server_errors_change_nothing);

@@ -204,8 +204,10 @@ START_TEST(replay_same_and_lower) {
     hkn_manifest_free(&m);
     /* Other modules are independent. */
     ck_assert_uint_eq(hkn_state_get(s, "other"), 0);
-    /* Accepting a lower version never lowers the mark. */
-    ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), 0);
+    /* Accepting a lower or the same version never lowers the mark, and is
+     * refused: its caller must not commit it. */
+    ck_assert_int_eq(hkn_state_accept(s, "add", 2, &rep), HK_ERR_REPLAY);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 5, &rep), HK_ERR_REPLAY);
     ck_assert_uint_eq(hkn_state_get(s, "add"), 5);
     hkn_state_close(s);
     hk_report_clear(&rep);
@@ -439,6 +441,70 @@ START_TEST(two_processes_merge) {
 }
 END_TEST
 
+/* Two processes on one state directory check the same module, and the one
+ * with the newer release records first: the slower one's acceptance of its
+ * older release is refused (it would commit after the newer one), and the
+ * record keeps the newer version. */
+START_TEST(slower_process_refused) {
+    char *dir = hkt_tmpdir();
+    char sdir[512];
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    int go[2], done[2];
+    ck_assert_int_eq(pipe(go), 0);
+    ck_assert_int_eq(pipe(done), 0);
+    /* A checks v5 against an empty record, then waits. */
+    pid_t a = fork();
+    if (a == 0) {
+        hkn_state *s;
+        hk_report rep = HK_REPORT_INIT;
+        uint64_t have = 1;
+        char ch;
+        if (hkn_state_open(sdir, &s, NULL) || hkn_state_lookup(s, "add", &have, NULL) ||
+            have != 0 || write(done[1], "c", 1) != 1 || read(go[0], &ch, 1) != 1)
+            _exit(1);
+        int err = hkn_state_accept(s, "add", 5, &rep);
+        if (err != HK_ERR_REPLAY)
+            _exit(err == 0 ? 2 : 3);
+        if (!strstr(rep.message, "v6") || !strstr(rep.message, "another process"))
+            _exit(4);
+        if (hkn_state_accept(s, "add", 6, NULL) != HK_ERR_REPLAY)
+            _exit(5);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    char ch;
+    ck_assert_int_eq(read(done[0], &ch, 1), 1);
+    /* B checks and records v6 in the meantime. */
+    pid_t b = fork();
+    if (b == 0) {
+        hkn_state *s;
+        uint64_t have = 1;
+        if (hkn_state_open(sdir, &s, NULL) || hkn_state_lookup(s, "add", &have, NULL) ||
+            have != 0 || hkn_state_accept(s, "add", 6, NULL))
+            _exit(1);
+        hkn_state_close(s);
+        _exit(0);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(b, &st, 0), b);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_eq(write(go[1], "x", 1), 1);
+    ck_assert_int_eq(waitpid(a, &st, 0), a);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "A: status %d", WEXITSTATUS(st));
+    hkn_state *s;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkn_state_open(sdir, &s, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 6);
+    hkn_state_close(s);
+    for (int i = 0; i < 2; i++) {
+        close(go[i]);
+        close(done[i]);
+    }
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A corrupt record fails closed, with the entry named. */
 START_TEST(corrupt_state_fails_closed) {
     static const struct {
@@ -632,26 +698,50 @@ START_TEST(signed_rollback_requests) {
     hk_report rep = HK_REPORT_INIT;
     hkn_rollback_req rq;
     int64_t now = (int64_t)time(NULL);
-    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&k, "add", 4, now + 60, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep), 0);
     ck_assert_str_eq(rq.module, "add");
     ck_assert_uint_eq(rq.target, 4);
     ck_assert_uint_eq(strlen(rq.nonce), 32);
+    ck_assert_str_eq(rq.endpoint, "gpu-7:7070");
     /* Expired, too long-lived, or by another key: refused. */
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now + 61, &rq, &rep),
                      HK_ERR_EXPIRED);
     free(text);
     free(sig);
-    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 86400, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&k, "add", 4, now + 86400, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
                      HK_ERR_EXPIRED);
     free(text);
     free(sig);
-    ck_assert_int_eq(hkn_rollback_sign(&other, "add", 4, now + 60, &text, &len, &sig, &rep), 0);
+    ck_assert_int_eq(
+        hkn_rollback_sign(&other, "add", 4, now + 60, "gpu-7:7070", &text, &len, &sig, &rep), 0);
     ck_assert_int_eq(hkn_rollback_verify(&t, text, len, sig, strlen(sig), now, &rq, &rep),
                      HK_ERR_SIGNATURE);
     free(text);
     free(sig);
+    /* A request must name the endpoint it is for: one that names none (as
+     * requests did before they were bound to an endpoint) is refused, and
+     * no id outside the alphabet can be signed. */
+    const char *tails[] = {"", ",\"endpoint\":\"\"", ",\"endpoint\":\"a b\"", ",\"endpoint\":7"};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        char req[512], usig[128];
+        snprintf(req, sizeof req,
+                 "{\"type\":\"hotkern-rollback\",\"module\":\"add\",\"target\":4,\"expires\":%lld,"
+                 "\"nonce\":\"0123456789abcdef0123456789abcdef\",\"key_id\":\"%s\"%s}",
+                 (long long)now + 60, k.pub.id, tails[i]);
+        sign_text(&k, req, usig);
+        ck_assert_int_eq(
+            hkn_rollback_verify(&t, req, strlen(req), usig, strlen(usig), now, &rq, &rep),
+            HK_ERR_SIGNATURE);
+        ck_assert_msg(strstr(rep.message, "endpoint"), "%s", rep.message);
+    }
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, "a\x1b[2J", &text, &len, &sig, &rep),
+                     HK_ERR_INVALID);
+    ck_assert_int_eq(hkn_rollback_sign(&k, "add", 4, now + 60, NULL, &text, &len, &sig, &rep),
+                     HK_ERR_INVALID);
     /* A signed manifest is not a rollback request. */
     struct rel r;
     make_release(&k, "add", 3, now + 60, kernel_src, strlen(kernel_src), &r);
@@ -781,6 +871,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, artifact_choice);
     tcase_add_test(tc, release_carries_headers);
     tcase_add_test(tc, two_processes_merge);
+    tcase_add_test(tc, slower_process_refused);
     tcase_add_test(tc, corrupt_state_fails_closed);
     tcase_add_test(tc, large_versions_recorded_exactly);
     tcase_add_test(tc, stale_temp_files_cleaned);

@@ -11,6 +11,16 @@
  * open by a helper would keep its reader from EOF or its port bound). The
  * parent's end is close-on-exec.
  *
+ * Output: a helper's stdin and stdout are /dev/null and its stderr a pipe
+ * of its own, never the application's. A kernel's printf in the canary
+ * lands on the helper's stdout, and a flood of it must not fill the
+ * application's log or block on its terminal. The stderr pipe is
+ * non-blocking on the helper's side: what does not fit in it (the kernel's
+ * pipe buffer, 64 KiB) is dropped rather than waited for, so the memory it
+ * costs is bounded and the helper never stalls on it. Its end, the
+ * helper's last words, is read when the helper ends or is killed and added
+ * to how it ended.
+ *
  * Kill and reap: a killed child the kernel has not let go of within
  * kill_wait_ms (one inside a driver call can take a while to end) is kept in
  * `dying` and reaped, by pid only, before each start and at the end. The
@@ -52,6 +62,7 @@ extern char **environ;
 void hku_child_init(hku_child *c) {
     memset(c, 0, sizeof *c);
     c->fd = -1;
+    c->err_fd = -1;
     c->kill_sig = SIGKILL;
     c->kill_wait_ms = KILL_WAIT_MS;
     c->cancel_fd = -1;
@@ -103,6 +114,41 @@ static int dying_reserve(hku_child *c) {
     return 0;
 }
 
+/* Reads what the ended (or killed) child left in its stderr pipe, keeps
+ * the end of it in last_err with control bytes as spaces, and closes the
+ * pipe. */
+static void read_last_err(hku_child *c) {
+    char buf[4096];
+    size_t kept = 0;
+    ssize_t r;
+    if (c->err_fd < 0)
+        return;
+    c->last_err[0] = '\0';
+    /* Bounded: the pipe holds at most its buffer, and the writer is gone or
+     * going (a killed child that lingers could still write: stop at 1 MiB). */
+    for (size_t total = 0; total < (1u << 20) && (r = read(c->err_fd, buf, sizeof buf)) > 0;
+         total += (size_t)r) {
+        size_t cap = sizeof c->last_err - 1, n = (size_t)r;
+        if (n >= cap) {
+            memcpy(c->last_err, buf + n - cap, cap);
+            kept = cap;
+        } else {
+            size_t drop = kept + n > cap ? kept + n - cap : 0;
+            memmove(c->last_err, c->last_err + drop, kept - drop);
+            memcpy(c->last_err + kept - drop, buf, n);
+            kept = kept - drop + n;
+        }
+    }
+    while (kept > 0 && (c->last_err[kept - 1] == '\n' || c->last_err[kept - 1] == ' '))
+        kept--;
+    c->last_err[kept] = '\0';
+    for (size_t i = 0; i < kept; i++)
+        if ((unsigned char)c->last_err[i] < 0x20 || c->last_err[i] == 0x7f)
+            c->last_err[i] = ' ';
+    close(c->err_fd);
+    c->err_fd = -1;
+}
+
 void hku_child_kill(hku_child *c, char *how, size_t n) {
     if (how && n)
         how[0] = '\0';
@@ -133,6 +179,11 @@ void hku_child_kill(hku_child *c, char *how, size_t n) {
     if (r == 0) /* still there: reap it later */
         c->dying[c->ndying++] = c->pid;
     c->pid = 0;
+    read_last_err(c);
+    if (how && n && c->last_err[0]) {
+        size_t l = strlen(how);
+        snprintf(how + l, n - l, "%s%s", l ? "; stderr: " : "stderr: ", c->last_err);
+    }
 }
 
 int hku_child_gone(hku_child *c) {
@@ -146,6 +197,7 @@ int hku_child_gone(hku_child *c) {
     c->fd = -1;
     cancel_fd_close(c);
     c->pid = 0;
+    read_last_err(c);
     return 1;
 }
 
@@ -172,10 +224,31 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
         close(sv[1]);
         sv[1] = fd;
     }
+    /* Its stderr: ours non-blocking to read when it ends, its end
+     * non-blocking so that a full pipe drops instead of stalling it. */
+    int ep[2] = {-1, -1};
+    if (pipe2(ep, O_CLOEXEC | O_NONBLOCK) < 0) {
+        snprintf(why, n, "pipe: %s", strerror(errno));
+        close(sv[0]);
+        if (sv[1] >= 0)
+            close(sv[1]);
+        return HK_ERR_IO;
+    }
+    if (ep[1] <= 3) { /* the actions below write 0 to 3 before they read it */
+        int fd = fcntl(ep[1], F_DUPFD_CLOEXEC, 10);
+        close(ep[1]);
+        ep[1] = fd;
+    }
+    if (c->err_fd >= 0)
+        close(c->err_fd);
+    c->err_fd = -1;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, ep[1], 2);
     posix_spawnattr_init(&at);
     sigset_t none, dfl;
     sigemptyset(&none);
@@ -191,18 +264,23 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETPGROUP);
     pid_t pid = 0;
-    int rc = sv[1] < 0 ? errno : posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
+    int rc = sv[1] < 0 || ep[1] < 0 ? errno : posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     if (sv[1] >= 0)
         close(sv[1]);
+    if (ep[1] >= 0)
+        close(ep[1]);
     if (rc) {
         close(sv[0]);
+        close(ep[0]);
         snprintf(why, n, "cannot start %s %s: %s", what, argv[0], strerror(rc));
         return HK_ERR_IO;
     }
     c->pid = pid;
     c->fd = sv[0];
+    c->err_fd = ep[0];
+    c->last_err[0] = '\0';
     /* Cancelled meanwhile: the new helper's socket is shut down at once. */
     pthread_mutex_lock(&c->cancel_lock);
     c->cancel_fd = fcntl(sv[0], F_DUPFD_CLOEXEC, 3);
@@ -214,6 +292,9 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
 
 void hku_child_finish(hku_child *c) {
     hku_child_kill(c, NULL, 0);
+    if (c->err_fd >= 0)
+        close(c->err_fd);
+    c->err_fd = -1;
     /* What is still dying was killed: give it the same bound once more. One
      * the kernel holds longer than that cannot be reaped without blocking
      * for good, and stays a zombie. */

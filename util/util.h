@@ -173,6 +173,8 @@ typedef struct hku_child {
     pid_t *dying; /* killed, not reaped yet (ndying of cap) */
     int ndying, cap;
     int kill_sig, kill_wait_ms;  /* SIGKILL and 2000 ms; tests change them */
+    int err_fd;                  /* read end of the child's stderr pipe; -1: none */
+    char last_err[200];          /* the end of what it wrote there, read when it ended */
     pthread_mutex_t cancel_lock; /* a leaf: covers the two fields below */
     int cancel_fd;               /* cancel_lock: a second descriptor of the socket; -1: none */
     int cancelled;               /* cancel_lock: no helper starts any more */
@@ -180,12 +182,14 @@ typedef struct hku_child {
 
 void hku_child_init(hku_child *c);
 /* Starts argv[0] (a path; `what` names it in messages) with argv, its end of a socketpair as fd 3,
- * an empty signal mask and SIGPIPE and SIGTERM at their defaults. 0, or HK_ERR_IO / HK_ERR_NOMEM
- * with why. The child must close its inherited descriptors but 3 itself. */
+ * an empty signal mask and SIGPIPE and SIGTERM at their defaults, stdin and stdout on /dev/null
+ * and stderr on a pipe it cannot block on (see util/proc.c). 0, or HK_ERR_IO / HK_ERR_NOMEM
+ * with why. The child must close its inherited descriptors but 0 to 3 itself. */
 int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n);
 /* Closes the socket, kills the child (kill_sig) unless it ended already and
  * reaps it, waiting at most kill_wait_ms; one that takes longer goes to
- * `dying`. Says how it ended in how (may be NULL). */
+ * `dying`. Says how it ended in how (may be NULL), with the end of its
+ * stderr where how has room (also kept in last_err). */
 void hku_child_kill(hku_child *c, char *how, size_t n);
 /* 1 when no child runs (it ended, and was reaped now: socket closed, pid
  * cleared), 0 while it runs. */

@@ -506,6 +506,22 @@ HK_API int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep);
 /* Current version number of a module (0 when it has none). */
 HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
 
+/* The release (hk_swap_options.release_version; 0 for an image that has
+ * none) of module `name`'s image `back` steps back in its kept history: 0
+ * the image it runs, 1 the one hk_rollback would commit, and so on. A
+ * rollback commits an image with its release. Returns 0, HK_ERR_NOT_FOUND
+ * when the module has no version, HK_ERR_NO_HISTORY when fewer images are
+ * kept, HK_ERR_INVALID. Safe from any thread. */
+HK_API int hk_module_release(hk_runtime *rt, const char *name, int back, uint64_t *release_version);
+
+/* As hk_rollback, but only when the image it would commit belongs to release
+ * `release_version` (what hk_module_release(rt, name, 1, ...) reports):
+ * otherwise HK_ERR_REJECTED and nothing changes. The check and the rollback
+ * are one step: no commit from another source comes between them. Safe from
+ * any thread. */
+HK_API int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_version,
+                               hk_report *rep);
+
 /* Device address and size of the __device__ or __constant__ variable `name`
  * in the current version of `module`, in device slot `device_slot`'s context
  * (cast the address to CUdeviceptr). Valid until the module's next commit.

@@ -33,7 +33,12 @@
  *   POST /v1/release          body: {"manifest": "<manifest.json text>",
  *                                    "signature": "<base64>",
  *                                    "artifacts": {"<sha256>": "<base64>", ...}}
- *   GET  /v1/status           modules, release and engine versions, the last
+ *   GET  /v1/status           "endpoint_id"; modules: the highest release
+ *                             committed through this endpoint, the engine's
+ *                             version and the releases the engine runs and
+ *                             would roll back to ("running_release_version",
+ *                             "previous_release_version": whichever source
+ *                             committed them; null when unknown), the last
  *                             outcome, message and build log of each, and
  *                             "quarantine": [{"module", "image",
  *                             "release_version", "version"}] (images that
@@ -44,14 +49,28 @@
  *                              "signature": "<base64>"} signed by a trusted
  *                             key (see `hotkern rollback --key`); with
  *                             neither a token nor a trusted key, rollback
- *                             over HTTP is off (403)
+ *                             over HTTP is off (403). A signed request
+ *                             names this endpoint's id (endpoint_id; one
+ *                             for another endpoint, or none, is 403) and
+ *                             the release to be running afterwards, which
+ *                             the engine checks against the image it would
+ *                             commit (hk_rollback_release: 422 when that
+ *                             image is another release)
  *   GET  /metrics             Prometheus text: exactly hk_metrics_text of the
  *                             runtime (engine, watcher, every endpoint and puller
  *                             attached to it)
  *   GET  /healthz             "ok", never needs the token
  *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
  *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
- *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"}.
+ *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"};
+ *   a refusal also has "refused_before": true when the engine refused these
+ *   same signed bytes already (a build, validation, canary or quarantine
+ *   refusal, or a build or canary that timed out): such a release is
+ *   answered with the first refusal's error and status and its message,
+ *   without a build or canary run, as long as the endpoint remembers it
+ *   (the last 256 such releases, in memory). A release signed anew is tried
+ *   again. Pullers remember refused manifests the same way, whatever the
+ *   origin's ETag.
  *   Status codes: 200 done; 400 malformed request or module name; 401
  *   missing or wrong bearer token (HK_ERR_REJECTED); 403 bad/missing/unknown
  *   signature, expired release, a foreign Host or Origin (HK_ERR_REJECTED),
@@ -59,16 +78,21 @@
  *   request used twice, nothing to roll back to, or a quarantined image
  *   (HK_ERR_QUARANTINED); 413 body over the cap
  *   (before the body is read when it has a Content-Length, as soon as it
- *   passes the cap when chunked); 422 artifact hash or size mismatch,
- *   compile or validation refusal, a rollback target that is not the
+ *   passes the cap when chunked); 415 a POST body not declared as
+ *   application/json; 422 artifact hash or size mismatch,
+ *   compile or validation refusal, a canary run's refusal (HK_ERR_CANARY),
+ *   a rollback target that is not the
  *   previous release; 503 over a connection or memory limit, runtime busy
  *   or closing; 500 other failures.
  *
  *   Every route but /healthz needs a Host that names the bound address
  *   ("localhost" too on a loopback address, any address literal when bound
  *   to 0.0.0.0 or ::) or one of allowed_hosts, and refuses an Origin other
- *   than the endpoint's own: web pages cannot drive the endpoint by
- *   cross-origin requests or DNS rebinding.
+ *   than the endpoint's own (scheme, host and port: another port of the same
+ *   host is another origin); a POST with a body needs Content-Type:
+ *   application/json (415 otherwise, HK_ERR_REJECTED). Web pages cannot
+ *   drive the endpoint by cross-origin requests, "simple" form or text POSTs,
+ *   or DNS rebinding.
  *
  * Sized structures: hk_endpoint_options, hk_pull_options and hk_pull_stats
  * follow hotkern.h's rule (size first, set by their _init; hotkern reads and
@@ -134,7 +158,10 @@ typedef struct hk_endpoint_options {
                                        * the bound address ("localhost" is, on a
                                        * loopback address) */
     int nallowed_hosts;
-    unsigned threads; /* event-loop threads, default 2 */
+    unsigned threads;        /* event-loop threads, default 2 */
+    const char *endpoint_id; /* the id signed rollback requests must name,
+                              * [A-Za-z0-9_.:@-]{1,127}; NULL: HOSTNAME:PORT
+                              * (set one where host names repeat) */
 } hk_endpoint_options;
 
 /* Sets o->size = size and every field within it to the defaults above;
@@ -169,8 +196,10 @@ typedef struct hk_puller hk_puller;
 /* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_options {
     size_t size;                     /* set by hk_pull_options_init */
-    const char *url;                 /* manifest URL (http or https); the signature
-                                      * is at url + ".sig" */
+    const char *url;                 /* manifest URL (http or https, printable
+                                      * ASCII: other bytes percent-encoded, or
+                                      * HK_ERR_INVALID); the signature is at
+                                      * url + ".sig" */
     const char *artifact_base;       /* artifacts at base/artifacts/<sha256>;
                                       * default: url's directory */
     unsigned interval_ms;            /* default 10000 */

@@ -39,7 +39,7 @@ static int apply(void *ud, const char *module, uint64_t version, hk_format fmt, 
     return 0;
 }
 
-static int rollback(void *ud, const char *module, hk_report *rep) {
+static int rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
     if (!hkn_valid_name(module, 64))
         abort();
     return HK_ERR_NO_HISTORY;
@@ -108,7 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 0 && data[0] == 'B') {
         char head[256];
         int n = snprintf(head, sizeof head,
-                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %zu\r\n"
+                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
                          "Connection: close\r\n\r\n",
                          size - 1);
         char *req = malloc((size_t)n + size);

@@ -15,6 +15,8 @@
  *   badtype    answers LOAD properly, LAUNCH with a LOADED message
  *   wrongsize  answers LOAD properly, LAUNCH with a buffer of the wrong size
  *   extra      answers LOAD properly, LAUNCH with bytes left over
+ *   flood      writes 4 MiB to stdout and to stderr (as a kernel's printf
+ *              would), says READY, then exits at the first request
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
 #include <signal.h>
@@ -58,7 +60,7 @@ static void result(uint64_t size, size_t extra) {
 }
 
 static void answer(const char *mode, uint32_t type) {
-    if (!strcmp(mode, "exit"))
+    if (!strcmp(mode, "exit") || !strcmp(mode, "flood"))
         exit(0);
     if (!strcmp(mode, "silent") || !strcmp(mode, "linger"))
         for (;;)
@@ -94,6 +96,20 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "noready"))
         for (;;)
             pause();
+    if (!strcmp(mode, "flood")) {
+        /* Each write may fail or be short (a full pipe): that is the point. */
+        static char line[4096];
+        memset(line, 'F', sizeof line);
+        memcpy(line, "HKBAD-FLOOD ", 12);
+        line[sizeof line - 1] = '\n';
+        for (int i = 0; i < 1024; i++) {
+            if (write(1, line, sizeof line) < 0 || write(2, line, sizeof line) < 0)
+                continue;
+        }
+        static const char last[] = "\nhkbad: flooded\n";
+        if (write(2, last, sizeof last - 1) < 0)
+            (void)0;
+    }
     hku_buf b;
     if (!strcmp(mode, "failagain")) {
         const char *state = getenv("HKBAD_STATE");

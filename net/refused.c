@@ -1,0 +1,128 @@
+/*
+ * Releases the engine refused, remembered so that a replay costs nothing.
+ *
+ * A release the engine refuses has its anti-rollback record taken back
+ * (net/state.c), so that a fixed kernel can be published under the same
+ * version. The same signed bytes would then pass verification again and
+ * reach the engine again: every replay of a captured release whose build
+ * fails, or whose canary hangs, would cost a full build or canary run on the
+ * endpoint's single worker (delaying every legitimate push behind it), and a
+ * puller whose origin changes its ETag would rebuild the release each poll.
+ *
+ * So each source remembers the releases its engine refused for good: the
+ * module, the release version and the SHA-256 of the manifest's exact bytes
+ * (which names every artifact by hash, so it binds the whole release), with
+ * the error and its message. A release seen again is answered from here,
+ * after its signature verified (an entry is never added or matched for
+ * unauthenticated bytes) and before any artifact is decoded or fetched. A
+ * re-signed release (another manifest) is a new release and goes to the
+ * engine.
+ *
+ * Memory is bounded: at most HKN_REFUSED_MAX entries, the least recently
+ * used one replaced when full (a linear scan of a few hundred entries is
+ * nothing beside the signature check before it). Entries live in memory
+ * only: a restart forgets them, and the first replay after it costs one
+ * engine run again.
+ *
+ * Threads: none of its own and no lock. Each source owns one and uses it
+ * from its one applying thread (the endpoint's worker, the puller's poll
+ * thread).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net.h"
+
+struct entry {
+    char module[64];
+    uint64_t version;
+    char hash[65]; /* "" for a free slot */
+    int err;
+    char message[HKN_REFUSED_MSG];
+    uint64_t used; /* the clock value of the last add or match */
+};
+
+struct hkn_refused {
+    struct entry e[HKN_REFUSED_MAX];
+    uint64_t clock;
+};
+
+int hkn_refused_create(hkn_refused **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? 0 : HK_ERR_NOMEM;
+}
+
+void hkn_refused_destroy(hkn_refused *r) {
+    free(r);
+}
+
+int hkn_refusal_is_final(int err) {
+    switch (err) {
+    /* What the engine concluded from the release's bytes: the same bytes
+     * get the same verdict. A timeout is a build or canary that hung: the
+     * costliest verdict to repeat. */
+    case HK_ERR_FORMAT:
+    case HK_ERR_COMPILE:
+    case HK_ERR_ARCH:
+    case HK_ERR_MISSING_KERNEL:
+    case HK_ERR_LAYOUT:
+    case HK_ERR_GLOBAL_SIZE:
+    case HK_ERR_REJECTED:
+    case HK_ERR_ATTRIBUTE:
+    case HK_ERR_CANARY:
+    case HK_ERR_QUARANTINED:
+    case HK_ERR_TIMEOUT:
+        return 1;
+    default:
+        /* Busy, closing, out of memory, the disk, the driver or the device:
+         * the state of this host, not of the release; trying again may work. */
+        return 0;
+    }
+}
+
+static struct entry *find(hkn_refused *r, const char *module, uint64_t version, const char *hash) {
+    for (int i = 0; i < HKN_REFUSED_MAX; i++) {
+        struct entry *e = &r->e[i];
+        if (e->hash[0] && e->version == version && !strcmp(e->hash, hash) &&
+            !strcmp(e->module, module))
+            return e;
+    }
+    return NULL;
+}
+
+int hkn_refused_find(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     char *message, size_t cap) {
+    struct entry *e = r ? find(r, module, version, hash) : NULL;
+    if (!e)
+        return 0;
+    e->used = ++r->clock;
+    if (cap)
+        snprintf(message, cap, "%s", e->message);
+    return e->err;
+}
+
+void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
+                     int err, const char *message) {
+    if (!r || !err)
+        return;
+    struct entry *e = find(r, module, version, hash);
+    if (!e) {
+        /* A free slot, else the least recently used entry makes room. */
+        e = &r->e[0];
+        for (int i = 0; i < HKN_REFUSED_MAX; i++) {
+            if (!r->e[i].hash[0]) {
+                e = &r->e[i];
+                break;
+            }
+            if (r->e[i].used < e->used)
+                e = &r->e[i];
+        }
+    }
+    snprintf(e->module, sizeof e->module, "%s", module);
+    e->version = version;
+    snprintf(e->hash, sizeof e->hash, "%s", hash);
+    e->err = err;
+    snprintf(e->message, sizeof e->message, "%s", message ? message : "");
+    e->used = ++r->clock;
+}
