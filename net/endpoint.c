@@ -954,12 +954,7 @@ static void *reaper_main(void *arg) {
         pthread_mutex_lock(&ep->job_lock);
         if (!ep->stopping) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 250 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            hku_deadline(&ts, 250 * 1000);
             pthread_cond_timedwait(&ep->job_cv, &ep->job_lock, &ts);
         }
         int stop = ep->stopping;
@@ -1433,7 +1428,7 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     pthread_mutex_init(&ep->lock, NULL);
     pthread_mutex_init(&ep->conn_lock, NULL);
     pthread_mutex_init(&ep->job_lock, NULL);
-    pthread_cond_init(&ep->job_cv, NULL);
+    hku_cond_init(&ep->job_cv); /* its timed waits: the monotonic clock */
     ep->jobs_tail = &ep->jobs;
     ep->eng = *e;
     ep->trust = r->trust;

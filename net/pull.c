@@ -576,11 +576,7 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
     if (!p)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&p->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->wake, &ca);
-    pthread_condattr_destroy(&ca);
+    hku_cond_init(&p->wake); /* its timed waits: the monotonic clock */
     p->eng = *e;
     p->opt = with_defaults(o);
     p->trust = r->trust;
