@@ -207,14 +207,15 @@ inline const char *or_null(const char *s) noexcept {
     return s ? s : "(null)";
 }
 
+/* T has integer members x, y and z (dim3, uint3, hk_dim3; not float3). */
+template <class T> using member_x = std::decay_t<decltype(std::declval<const T &>().x)>;
+template <class T> using member_y = std::decay_t<decltype(std::declval<const T &>().y)>;
+template <class T> using member_z = std::decay_t<decltype(std::declval<const T &>().z)>;
 template <class T, class = void> struct has_xyz : std::false_type {};
 template <class T>
-struct has_xyz<
-    T, std::void_t<decltype(std::declval<const T &>().x), decltype(std::declval<const T &>().y),
-                   decltype(std::declval<const T &>().z)>>
-    : std::bool_constant<std::is_convertible_v<decltype(std::declval<const T &>().x), unsigned> &&
-                         std::is_convertible_v<decltype(std::declval<const T &>().y), unsigned> &&
-                         std::is_convertible_v<decltype(std::declval<const T &>().z), unsigned>> {};
+struct has_xyz<T, std::void_t<member_x<T>, member_y<T>, member_z<T>>>
+    : std::bool_constant<std::is_integral_v<member_x<T>> && std::is_integral_v<member_y<T>> &&
+                         std::is_integral_v<member_z<T>>> {};
 
 template <class... T> struct types {};
 
@@ -343,8 +344,8 @@ template <class... P> class arguments {
 } // namespace detail
 
 /* Grid, block or cluster dimensions: from unsigned values (missing ones are
- * 1), hk_dim3, or any type with x, y and z members convertible to unsigned
- * (CUDA's dim3 and uint3 among them, without needing their headers). */
+ * 1), hk_dim3, or any type with integer members x, y and z (CUDA's dim3 and
+ * uint3 among them, without needing their headers; float3 is refused). */
 struct dims {
     unsigned x = 1, y = 1, z = 1;
 

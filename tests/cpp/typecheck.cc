@@ -48,6 +48,16 @@ static_assert(vec::offsets[3] == 48 && vec::sizes[3] == 8);
 static_assert(step_k::offsets[1] == 8 && step_k::sizes[1] == 4); /* fake_ptx's step */
 static_assert(hk::kernel<void()>::arity == 0);
 
+/* ---- dimensions and streams -------------------------------------------- */
+
+static_assert(std::is_convertible_v<dim3, hk::dims> && std::is_convertible_v<uint3, hk::dims>);
+static_assert(std::is_convertible_v<hk_dim3, hk::dims> &&
+              std::is_convertible_v<unsigned, hk::dims>);
+static_assert(!std::is_convertible_v<float3, hk::dims>);
+static_assert(std::is_convertible_v<cudaStream_t, hk::stream>);
+static_assert(!std::is_convertible_v<float *, hk::stream>);
+static_assert(!std::is_convertible_v<void *, hk::stream>); /* hk::stream::raw() */
+
 /* ---- the argument rule as a table -------------------------------------- */
 
 template <class Sig, class... A> constexpr bool ok = hk::kernel<Sig>::template accepts<A...>;
