@@ -28,6 +28,11 @@ SAN      ?=
 CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
+# C++ (CXX, make's default g++): what uses the typed-launch header
+# include/hotkern/hotkern.hpp, which is header-only: its suites and example.
+CXXWARN  := -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wformat=2 -Wno-unused-parameter \
+            -Wmissing-declarations
+CXXFLAGS := -std=c++17 $(OPT) $(CXXWARN) -pthread $(SAN) $(EXTRA_CXXFLAGS)
 CORE_LIBS := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
             -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
 NET_LIBS := $(shell pkg-config --libs $(NET_PKGS) 2>/dev/null) -lpthread -lm
@@ -50,6 +55,13 @@ TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
 TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# C++ suites (tests/cpu_*.cc), each built twice: with exceptions, and with
+# -fno-exceptions as BUILD/tests/NAME_noexcept (hotkern.hpp's two error
+# models), linked with tests/cpp/'s C support.
+CXX_TEST_SRC := $(sort $(wildcard tests/cpu_*.cc))
+CXX_TEST_BIN := $(CXX_TEST_SRC:tests/%.cc=$(BUILD)/tests/%) \
+                $(CXX_TEST_SRC:tests/%.cc=$(BUILD)/tests/%_noexcept)
+CXX_TSUP_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(sort $(wildcard tests/cpp/*.c)))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 BSUP_SRC := $(sort $(filter-out bench/bench_%,$(wildcard bench/*.c)))
@@ -78,8 +90,11 @@ CLI      := $(BUILD)/bin/hotkern
 # library it needs (receive_pushes the network one), plus the CUDA runtime.
 EX_SRC   := $(sort $(wildcard examples/*.c))
 EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
+EX_CXX_SRC := $(sort $(wildcard examples/*.cpp))
+EX_CXX_BIN := $(EX_CXX_SRC:examples/%.cpp=$(BUILD)/examples/%)
 EX_NET   := $(BUILD)/examples/receive_pushes
 EX_CFLAGS := -std=c11 $(OPT) $(WARN) -pthread $(SAN) -Iinclude -I$(CUDA)/include
+EX_CXXFLAGS := -std=c++17 $(OPT) $(CXXWARN) -pthread $(SAN) -Iinclude -I$(CUDA)/include
 EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 \
             -lcudart
 
@@ -126,7 +141,7 @@ all: build
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) $(BUILDER) \
        $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) \
-       $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN)
+       $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -134,13 +149,17 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory build
 	@sh tests/run.sh $(BUILD)
+	@$(COMPILE_CHECK)
 	@sh tests/run-examples.sh $(BUILD)
 	@sh scripts/abi-check.sh $(BUILD)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
 	@sh tests/run.sh $(BUILD) cpu
+	@$(COMPILE_CHECK)
 
+# hotkern.hpp's argument rule at compile time: misuses must not compile.
+COMPILE_CHECK = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/cpp/compile-fail.sh
 # For the GPU machine: runs what is already built, never recompiles.
 test-gpu-prebuilt:
 	@sh tests/run.sh $(BUILD) gpu
@@ -197,6 +216,14 @@ abi-baseline: deps
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%_noexcept.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -286,6 +313,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
 
+# The C++ suites link with the C++ compiler (a static pattern rule: the C
+# suites' rule above must not take them).
+$(CXX_TEST_BIN): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
+
 # cpu_load steps the wall clock as the library reads it.
 $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
 
@@ -316,6 +349,10 @@ $(BUILD)/examples/%: examples/%.c $(SHARED)
 	@mkdir -p $(dir $@)
 	$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
 
+$(BUILD)/examples/%: examples/%.cpp $(SHARED) include/hotkern/hotkern.hpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EX_CXXFLAGS) -o $@ $< -lhotkern $(EX_LIBS)
+
 $(EX_NET): $(NET_SHARED)
 $(EX_NET): EX_HOTKERN := -lhotkern-net -lhotkern
 
@@ -338,7 +375,7 @@ install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CL
 	install -m 755 $(SHARED) $(NET_SHARED) $(PRELOAD) $(FAKE_CUDA) $(LIBDIR)/
 	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
 	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
-	install -m 644 include/hotkern/*.h $(DESTDIR)$(PREFIX)/include/hotkern/
+	install -m 644 include/hotkern/*.h include/hotkern/*.hpp $(DESTDIR)$(PREFIX)/include/hotkern/
 	install -m 755 $(CLI) $(CANARY) $(BUILDER) $(DESTDIR)$(PREFIX)/bin/
 	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
 	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
@@ -397,10 +434,12 @@ fuzz: fuzz-build
 
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
-               demo/*.[ch] examples/*.c)
+               demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
+               tests/cpp/*.cc examples/*.cpp)
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh demo/nvcc/tour.sh
+	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh \
+	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh
 
 format:
 	clang-format -i $(FORMAT_SRC)

@@ -20,6 +20,8 @@ command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
 # libabigail: make abi-check compares the shared libraries with abi/*.abi.
 { command -v abidw && command -v abidiff; } >/dev/null 2>&1 || missing="$missing abigail-tools"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
+# g++: the C++ suites and example of the typed-launch header (hotkern.hpp).
+command -v g++ >/dev/null 2>&1 || missing="$missing g++"
 if [ -n "$missing" ]; then
   echo "deps: installing:$missing"
   if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then

@@ -7,7 +7,9 @@
  *     needs libcurl, libmicrohttpd or libcjson; libsodium hashes the compile
  *     cache and stays);
  *   - a program of the network sources with `pkg-config ... hotkern-net`;
- *   - both again through the CMake package (find_package(hotkern),
+ *   - a C++17 program of the typed-launch header (hotkern.hpp) with
+ *     `pkg-config ... hotkern`;
+ *   - all three again through the CMake package (find_package(hotkern),
  *     hotkern::hotkern and hotkern::net), SKIP when cmake is missing;
  * and each shared library's exported symbols checked (hk_ only); and an
  * ordinary nvcc program made hot-reloadable both ways: with static cudart
@@ -89,6 +91,21 @@ static const char nvcc_src[] = "#include <cstdio>\n"
 /* What the interposition says when it cannot make a runtime. */
 #define NOT_ENABLED "hotkern: not enabled, the program"
 
+/* The typed-launch header, installed: no driver here, so creation fails with
+ * NO_DRIVER, a bind without a runtime with INVALID, and a launch through the
+ * unbound handle launches nothing. */
+static const char cpp_src[] =
+    "#include <hotkern/hotkern.hpp>\n"
+    "#include <cstdio>\n"
+    "int main() {\n"
+    "  hk::runtime rt;\n"
+    "  int e = rt.open();\n"
+    "  hk::kernel<void(float *, int)> k;\n"
+    "  int b = k.bind(rt, \"m\", \"step\");\n"
+    "  std::printf(\"%d %s / %d %s\\n\", e, rt.message(), b, k.message());\n"
+    "  return e == HK_ERR_NO_DRIVER && b == HK_ERR_INVALID && !k(1, 1)(nullptr, 1).ok() ? 0 : 1;\n"
+    "}\n";
+
 /* The repository root and build directory, from BUILD/tests/cpu_install. */
 static void locate(void) {
     char self[PATH_MAX];
@@ -144,6 +161,7 @@ START_TEST(installs_both_libraries_headers_and_packages) {
     ck_assert_msg(dest[0], "make install failed");
     const char *files[] = {"usr/include/hotkern/hotkern.h",
                            "usr/include/hotkern/net.h",
+                           "usr/include/hotkern/hotkern.hpp",
                            "usr/lib/libhotkern.a",
                            "usr/lib/libhotkern.so.1",
                            "usr/lib/libhotkern.so",
@@ -236,6 +254,25 @@ START_TEST(net_consumer_links_and_runs) {
 }
 END_TEST
 
+START_TEST(cpp_consumer_builds_and_runs) {
+    ck_assert_msg(dest[0], "make install failed");
+    put("cpp.cc", cpp_src);
+    ck_assert_int_eq(sh("cd '%s' && c++ -std=c++17 -Wall -Wextra -Werror cpp.cc -o cpp $(" PKG_ENV
+                        " pkg-config --cflags --libs hotkern) >cc-cpp.log 2>&1 || "
+                        "{ cat cc-cpp.log; exit 1; }",
+                        dest, dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && " RUN_ENV " ./cpp >run-cpp.log 2>&1 || "
+                        "{ cat run-cpp.log; exit 1; }",
+                        dest, dest),
+                     0);
+    ck_assert_int_eq(sh("cd '%s' && LD_LIBRARY_PATH='%s/usr/lib' ldd cpp | grep -q "
+                        "'libhotkern.so.1 => %s/usr/lib/'",
+                        dest, dest, dest),
+                     0);
+}
+END_TEST
+
 START_TEST(cmake_consumers_build_and_run) {
     ck_assert_msg(dest[0], "make install failed");
     if (sh("command -v cmake >/dev/null 2>&1")) {
@@ -245,13 +282,17 @@ START_TEST(cmake_consumers_build_and_run) {
     ck_assert_int_eq(sh("mkdir -p '%s/cm' '%s/cm-new'", dest, dest), 0);
     put("cm/core.c", core_src);
     put("cm/net.c", net_src);
+    put("cm/cpp.cc", cpp_src);
     put("cm/CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\n"
-                             "project(consumer C)\n"
+                             "project(consumer C CXX)\n"
                              "find_package(hotkern 1.0 REQUIRED)\n"
                              "add_executable(core core.c)\n"
                              "target_link_libraries(core PRIVATE hotkern::hotkern)\n"
                              "add_executable(net net.c)\n"
-                             "target_link_libraries(net PRIVATE hotkern::net)\n");
+                             "target_link_libraries(net PRIVATE hotkern::net)\n"
+                             "add_executable(cpp cpp.cc)\n"
+                             "target_compile_features(cpp PRIVATE cxx_std_17)\n"
+                             "target_link_libraries(cpp PRIVATE hotkern::hotkern)\n");
     ck_assert_int_eq(sh("cd '%s' && cmake -S cm -B cm/build -DCMAKE_PREFIX_PATH='%s/usr' "
                         ">cmake.log 2>&1 && cmake --build cm/build >>cmake.log 2>&1 || "
                         "{ cat cmake.log; exit 1; }",
@@ -269,7 +310,9 @@ START_TEST(cmake_consumers_build_and_run) {
         sh("cd '%s/cm/build' && ldd core | grep -E " NET_LIBS_RE " && exit 1 || exit 0", dest), 0);
     ck_assert_int_eq(sh("cd '%s/cm/build' && HK_LIBCUDA=/nonexistent/libcuda.so.1 "
                         "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./core && "
-                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./net",
+                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./net && "
+                        "HK_LIBCUDA=/nonexistent/libcuda.so.1 "
+                        "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 ./cpp",
                         dest),
                      0);
     /* A newer major version than installed is refused, and so is an older
@@ -410,6 +453,7 @@ int main(void) {
     tcase_add_test(tc, installs_both_libraries_headers_and_packages);
     tcase_add_test(tc, core_consumer_needs_no_network_library);
     tcase_add_test(tc, net_consumer_links_and_runs);
+    tcase_add_test(tc, cpp_consumer_builds_and_runs);
     tcase_add_test(tc, cmake_consumers_build_and_run);
     tcase_add_test(tc, exports_only_hk_symbols);
     tcase_add_test(tc, nvcc_program_links_the_interposition);

@@ -7,6 +7,10 @@
 # under a timeout. Without a CUDA device each prints "SKIP: <reason>" and
 # exits 0, which counts as skipped. On a device:
 #   swap_and_launch  must end with x[0] = 20 (v1 added 1, v2 multiplied by 10);
+#   typed_launch     the same through hotkern.hpp (x[0] = 2, then 20), plus a
+#                    handle of another signature refused at bind, a version
+#                    with another parameter refused by its swap (accept_layout_change
+#                    set), and v2 still running after it (x[0] = 200);
 #   watch_dir        is given a directory; a saved version, an edit and a
 #                    broken save must show as x[0] = 1, x[0] = 2 and "refused";
 #   receive_pushes   gets `hotkern push`es on loopback: a release, a broken
@@ -76,10 +80,10 @@ skipped() {
   return 1
 }
 
-for e in swap_and_launch watch_dir receive_pushes; do
+for e in swap_and_launch typed_launch watch_dir receive_pushes; do
   [ -x "$EX/$e" ] || fail "$e" "not built ($EX/$e)"
 done
-for e in swap_and_launch watch_dir; do
+for e in swap_and_launch typed_launch watch_dir; do
   [ -x "$EX/$e" ] || continue
   if ldd "$EX/$e" | grep -Eq 'libhotkern-net|libcurl|libmicrohttpd|libcjson'; then
     fail "$e" "loads more than libhotkern: $(ldd "$EX/$e" | grep -E 'hotkern|curl|httpd|cjson')"
@@ -98,6 +102,27 @@ if ! skipped swap_and_launch "$log"; then
     passed=$((passed + 1))
   else
     fail swap_and_launch "exit $rc, or x[0] not 2 then 20"
+  fi
+fi
+
+# (a') typed launches from C++
+log=$tmp/typed.log
+timeout "$LIMIT" "$EX/typed_launch" >"$log" 2>&1
+rc=$?
+if ! skipped typed_launch "$log"; then
+  show typed_launch "$log"
+  if [ $rc -ne 0 ]; then
+    fail typed_launch "exit $rc"
+  elif ! grep -q '^after v1: x\[0\] = 2$' "$log" || ! grep -q '^after v2: x\[0\] = 20$' "$log"; then
+    fail typed_launch "x[0] not 2 then 20"
+  elif ! grep -q "^refused signature void(float \*, long long): binding kernel 'step' of module 'demo': .*parameter 1" "$log"; then
+    fail typed_launch "the other signature was not refused at bind, naming the parameter"
+  elif ! grep -q '^refused: .*no version may change' "$log"; then
+    fail typed_launch "the version with another parameter was not refused"
+  elif ! grep -q '^after the refusal: x\[0\] = 200 ' "$log"; then
+    fail typed_launch "v2 did not run on after the refusal"
+  else
+    passed=$((passed + 1))
   fi
 fi
 

@@ -10,6 +10,12 @@
  * refused version leaves the running one untouched. All modules live in the
  * runtime's primary context, so the application's buffers stay valid.
  *
+ * C++: hotkern.hpp, beside this header, wraps it for new code (C++17,
+ * header-only): kernel handles typed by the kernel's signature, whose launch
+ * arguments are checked at compile time and whose parameter layout is
+ * required of every version (hk_kernel_require_layout), and thin owners for
+ * runtimes, pins and reports.
+ *
  * Conventions
  * - Every function that can fail returns 0 or a negative HK_ERR_* code;
  *   hk_strerror() names it. Codes are only ever added, never renumbered.
