@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "hotkern/hotkern.h"
+#include "hotkern/hotkern.hpp"
 #include "hotkern/interpose.h"
 
 __constant__ float gain;
@@ -199,6 +200,36 @@ static void load_test(hk_runtime *rt) {
     cudaFree(d_rings);
 }
 
+// ---- a typed handle on the same module (hotkern.hpp) ----------------------
+
+// New code beside the program's <<<>>>: a typed handle of the hot tagk
+// launches the version <<<>>> runs; a signature with other parameters is
+// refused when it binds.
+static void typed_test(hk_runtime *rt) {
+    int *d;
+    cudaMalloc(&d, sizeof(int));
+    hk::kernel<void(int *, int)> tk;
+    int b = tk.bind(rt, "load", "tagk");
+    int got = -1;
+    hk::launch_status st{};
+    if (b == 0) {
+        st = tk(1u, 1u)(d, 0);
+        cudaMemcpy(&got, d, sizeof got, cudaMemcpyDeviceToHost);
+    }
+    int want = -2;
+    tagk<<<1, 1>>>(d, 0);
+    cudaMemcpy(&want, d, sizeof want, cudaMemcpyDeviceToHost);
+    printf("  typed: bind %d, launch %s, wrote %d, <<<>>> wrote %d\n", b, st.ok() ? "ok" : "failed",
+           got, want);
+    check(b == 0 && st.ok() && got == want && got >= 2,
+          "a typed handle (hotkern.hpp) launches the version <<<>>> runs");
+    hk::kernel<void(int *, long long)> bad;
+    int e = bad.bind(rt, "load", "tagk");
+    printf("  typed: void(int *, long long) binds with %d: %s\n", e, bad.message());
+    check(e == HK_ERR_LAYOUT, "a typed handle with other parameters is refused at bind");
+    cudaFree(d);
+}
+
 // ---- a graph captured from <<<>>> ------------------------------------------
 
 static void capture_test(const std::string &file) {
@@ -299,6 +330,7 @@ int main(int, char **argv) {
 
     capture_test(file);
     load_test(rt);
+    typed_test(rt);
 
     // The summary line tests/run.sh reads.
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", passed * 100 / (passed + failed),
