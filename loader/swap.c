@@ -900,7 +900,9 @@ void hkl_job_free(hkl_job *job) {
 
 static int job_new(hkl_job **out, const char *name, const void *data, size_t size,
                    const hk_swap_options *opt) {
-    if (!name || !*name || strlen(name) >= HKL_NAME_MAX || !data || !size)
+    /* A name that could not be recorded or logged is refused here, before
+     * anything is built (util/util.h, hku_name_check). */
+    if (hku_name_check(name, NULL, 0) < 0 || !data || !size)
         return HK_ERR_INVALID;
     hkl_job *j = calloc(1, sizeof *j);
     if (!j)
@@ -1074,10 +1076,13 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     }
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
+    char why[160];
+    if (err < 0 && hku_name_check(name, why, sizeof why) < 0) {
+        hku_fail(rep, err, "%s", why);
+        return err;
+    }
     if (err < 0) {
-        hku_fail(rep, err,
-                 "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
-                 HKL_NAME_MAX - 1);
+        hku_fail(rep, err, "bad arguments (non-empty image, named headers)");
         return err;
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;

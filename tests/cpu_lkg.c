@@ -691,6 +691,54 @@ START_TEST(commit_does_not_wait_for_the_losss_write) {
 }
 END_TEST
 
+/* ---- names ------------------------------------------------------------- */
+
+/* 1 when DIR/sub exists (not followed when it is a link). */
+static int exists(const char *sub) {
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    return lstat(p, &st) == 0;
+}
+
+/* Names that cannot go on a record's line (or into a log line) are refused
+ * when the swap is asked for, before anything is built or recorded; others,
+ * UTF-8 included, are recorded. */
+START_TEST(unrecordable_module_names_are_refused) {
+    hk_runtime *r = make_rt(0);
+    static const char *const bad[] = {"a\nb",        "a\rb",       "tab\there",
+                                      "\xff\xfe",    "caf\xc3",    "over\xc0\xaflong",
+                                      "esc\x1b[31m", "c1\xc2\x9b", "ls\xe2\x80\xa8"};
+    const char *src = fake_ptx(1, 0, 0, 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hk_report rep = HK_REPORT_INIT;
+        ck_assert_int_eq(hk_swap(r, bad[i], src, strlen(src), NULL, &rep), HK_ERR_INVALID);
+        ck_assert_msg(strstr(rep.message, "module name"), "%zu: %s", i, rep.message);
+        hk_report_clear(&rep);
+        ck_assert_int_eq(hk_submit(r, bad[i], src, strlen(src), NULL), HK_ERR_INVALID);
+    }
+    ck_assert_int_eq(count_files("modules"), 0);
+    ck_assert_int_eq(count_files("images"), 0);
+    swap_ok(r, "caf\xc3\xa9 ns::k v2", 1);
+    ck_assert(exists("modules/caf%C3%A9%20ns%3A%3Ak%20v2.rec"));
+    for (int i = 2; i <= 10; i++) {
+        clock_ms += 2000;
+        swap_ok(r, "m", i);
+    }
+    ck_assert_int_eq(count_files("images"), 3);
+    hk_runtime_destroy(r);
+    r = make_rt(0);
+    char good[65];
+    ck_assert_int_eq(hk_module_known_good(r, "caf\xc3\xa9 ns::k v2", good, NULL), 0);
+    hk_runtime_destroy(r);
+    /* The record parser refuses such a name too. */
+    hkl_rec rec;
+    char why[160];
+    const char *t = "hotkern-record 1\nmodule caf\xc3\nend\n";
+    ck_assert_int_eq(hkl_rec_parse(t, strlen(t), &rec, why, sizeof why), HK_ERR_FORMAT);
+}
+END_TEST
+
 int main(void) {
     if (sodium_init() < 0)
         return 1;
@@ -706,6 +754,7 @@ int main(void) {
     tcase_add_test(tc, damaged_records_are_refused_with_a_report);
     tcase_add_test(tc, disk_holds_only_what_records_name);
     tcase_add_test(tc, fault_right_after_publication_quarantines_the_new_version);
+    tcase_add_test(tc, unrecordable_module_names_are_refused);
     suite_add_tcase(s, tc);
     /* A regression here hangs (a lock held across the held fsync): the
      * timeout is what fails it. */

@@ -466,6 +466,11 @@ static inline void hk_swap_options_init(hk_swap_options *o) {
  * another thread, up to options.safe_point_wait_ms, then stages at once.
  * HK_STAGE_AT_SAFE_POINT from the thread that calls hk_safe_point returns
  * HK_ERR_INVALID (it would wait for itself).
+ * A module name is 1 to 63 bytes of UTF-8 without control characters (C0,
+ * DEL, C1) or line separators (U+2028, U+2029): anything else is refused
+ * with HK_ERR_INVALID before any build, since the name goes unchanged into
+ * records, logs, metrics and events (the network endpoint takes names of
+ * [A-Za-z0-9_.-] only, a subset).
  * On failure the running version is untouched and rep says why.
  * On success rep->version is the new version number (monotonic per module). */
 HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
@@ -949,7 +954,8 @@ HK_API void hk_metrics_detach(hk_metrics_source *s);
  * origin "watch:PATH" and a report whose message names the file and says why;
  * the report never carries the file's content (only the log of a compiler that
  * was given a real source does). Refused: another extension, a module name of
- * 64 characters or more, a file whose content is not its extension's format, an
+ * 64 characters or more or one hk_swap refuses (see there), a file whose
+ * content is not its extension's format, an
  * empty file, one over 64 MiB, and anything but a regular file: FIFOs, devices
  * and sockets are never opened, and a procfs-like file (0 bytes reported,
  * content on reading) is read once, refused, and left alone until it changes.
