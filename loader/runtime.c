@@ -643,9 +643,14 @@ void hk_runtime_destroy(hk_runtime *rt) {
     }
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_reclaim_stop(rt);
-    if (hkl_reclaim_join(rt, rt->opt.destroy_wait_ms) == 0)
+    /* When the wait gives up, the reclaim thread frees the runtime when its
+     * synchronise returns; the state directory is let go now all the same
+     * (the hold keeps the runtime until that is done). */
+    hkl_lkg_hold(rt);
+    int joined = hkl_reclaim_join(rt, rt->opt.destroy_wait_ms) == 0;
+    hkl_lkg_release(rt, !joined);
+    if (joined)
         hkl_runtime_free(rt);
-    /* else the reclaim thread frees the runtime when its synchronise returns */
 }
 
 void *hk_runtime_context(hk_runtime *rt, int slot) {

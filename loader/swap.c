@@ -856,13 +856,15 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, job, hash, 0, rep, &oldv);
-    if (err == 0) /* recorded in commit order, under swap_lock */
+    if (err == 0) /* recorded in commit order, under swap_lock (memory only) */
         hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
                           job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
+    if (err == 0) /* the record's disk work, before the event */
+        hkl_lkg_flush(rt, job->name);
     if (reset)
         hkl_emit_reset(rt);
     if (err < 0 && rep && hkl_lkg_sticky(rep->cu_result))
@@ -1237,6 +1239,8 @@ static int rollback_call(hk_runtime *rt, const char *name, hk_report *rep) {
     }
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
+    if (j && err == 0)
+        hkl_lkg_flush(rt, name);
     if (reset)
         hkl_emit_reset(rt);
     report_times(r, t_start);
