@@ -334,19 +334,24 @@ static int attach_devices(hk_runtime *rt, const int *devs, int ndev, hk_report *
 }
 
 /* Opens the compile cache options.cache_dir names (NULL: the default one,
- * "": none). A cache that cannot be opened costs speed, not correctness. */
+ * "": none). A cache that cannot be opened costs speed, not correctness;
+ * one refused (another user could change it) is logged. */
 static void open_cache(hk_runtime *rt, const char *dir) {
     if (!dir || *dir) {
         char buf[4096];
         int have = 0;
+        hk_report r = HK_REPORT_INIT;
         if (dir)
             have = snprintf(buf, sizeof buf, "%s", dir) < (int)sizeof buf;
         else
             have = hkp_cache_default_dir(buf, sizeof buf) == 0;
-        if (have && hkp_cache_open(&rt->cache, buf, rt->opt.cache_max_bytes) == 0)
+        if (have && hkp_cache_open(&rt->cache, buf, rt->opt.cache_max_bytes, &r) == 0) {
             rt->cache_dir = strdup(buf);
-        else
+        } else {
             rt->cache = NULL;
+            if (r.message[0])
+                hk_log(rt, HK_LOG_WARN, "engine", "builds are not cached: %s", r.message);
+        }
     }
     rt->opt.cache_dir = rt->cache_dir;
 }

@@ -987,6 +987,10 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
+    if (j->art.cache_note[0]) { /* built, not cached: said, not refused */
+        hku_fail(rep, 0, "%s", j->art.cache_note);
+        hk_log(rt, HK_LOG_WARN, "engine", "'%s': %s", j->name, j->art.cache_note);
+    }
     /* An image that ran when the context was lost is refused before its
      * canary run and before the driver sees it (hashed with no lock held). */
     if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
