@@ -286,9 +286,9 @@ static void unwritten_remove(hkl_lkg *l, lkg_img *e) {
 }
 
 /* Whether image h may still be needed (lkg_lock): a record in memory, on
- * disk or being written names it, or it waits to be written; for
- * collection, also when a refused record mentions it. */
-static int needed(const hkl_lkg *l, const uint8_t h[32], int collecting) {
+ * disk or being written names it, it waits to be written, or a refused
+ * record mentions it. */
+static int needed(const hkl_lkg *l, const uint8_t h[32]) {
     for (const lkg_mod *m = l->mods; m; m = m->next)
         if (same_image(&m->rec.current, h) || same_image(&m->rec.good, h) ||
             same_image(&m->disk_cur, h) || same_image(&m->disk_good, h) ||
@@ -296,7 +296,7 @@ static int needed(const hkl_lkg *l, const uint8_t h[32], int collecting) {
             return 1;
     if (unwritten_find(l, h))
         return 1;
-    for (const lkg_refusal *r = collecting ? l->refusals : NULL; r; r = r->next)
+    for (const lkg_refusal *r = l->refusals; r; r = r->next)
         for (int i = 0; i < r->nh; i++)
             if (!memcmp(r->h[i], h, 32))
                 return 1;
@@ -505,7 +505,7 @@ static void collect(hk_runtime *rt) {
         if (!kind)
             continue;
         pthread_mutex_lock(&l->lock);
-        int drop = kind == 2 || !needed(l, h, 1);
+        int drop = kind == 2 || !needed(l, h);
         pthread_mutex_unlock(&l->lock);
         if (drop)
             unlinkat(l->img_fd, e->d_name, 0);
