@@ -1038,11 +1038,17 @@ START_TEST(queries_do_not_wait_for_a_commits_write) {
 }
 END_TEST
 
+/* Images made before the threads start (fake_ptx's buffers are not for
+ * concurrent use): 25 per thread, tags tag .. tag + 24. */
+static char *many_src[4][25];
+
 /* A swap that a newer one overtook is refused (HK_ERR_SUPERSEDED): fine. */
 static void *swap_many(void *p) {
     swap_arg *a = p;
+    char **src = many_src[a->tag / 100];
     for (int i = 0; i < 25 && a->err == 0; i++)
-        if ((a->err = swap_tag(a->r, a->mod, a->tag + i, NULL)) == HK_ERR_SUPERSEDED)
+        if ((a->err = hk_swap(a->r, a->mod, src[i], strlen(src[i]), NULL, NULL)) ==
+            HK_ERR_SUPERSEDED)
             a->err = 0;
     return NULL;
 }
@@ -1054,6 +1060,9 @@ START_TEST(concurrent_commits_land_in_commit_order) {
     hk_runtime *r = make_rt(0);
     swap_arg a[4];
     pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 25; j++)
+            ck_assert_ptr_nonnull(many_src[i][j] = strdup(fake_ptx(1 + 100 * i + j, 0, 0, 0)));
     for (int i = 0; i < 4; i++) {
         a[i] = (swap_arg){r, "m", 1 + 100 * i, 0};
         pthread_create(&t[i], NULL, swap_many, &a[i]);
@@ -1062,6 +1071,9 @@ START_TEST(concurrent_commits_land_in_commit_order) {
         pthread_join(t[i], NULL);
         ck_assert_int_eq(a[i].err, 0);
     }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 25; j++)
+            free(many_src[i][j]);
     hk_kernel *k;
     int cu = 0;
     ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
