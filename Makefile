@@ -390,13 +390,15 @@ install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CL
 #   fuzz_release  manifest parse and verify, rollback requests, strict JSON;
 #   fuzz_state    the anti-rollback state file;
 #   fuzz_record   the engine's last-known-good record (loader/record.c);
+#   fuzz_cache    the compile cache's entry files, artifacts and manifests
+#                 (ptx/entry.c);
 #   fuzz_http     raw HTTP (and release bodies) into a live endpoint on 127.0.0.1.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
 FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. \
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
-FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -406,7 +408,9 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
 	  loader/format.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
-	  loader/record.c loader/format.c
+	  loader/record.c loader/format.c util/util.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
+	  ptx/detect.c $(shell pkg-config --libs libsodium 2>/dev/null)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/state.c loader/format.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
@@ -425,6 +429,7 @@ fuzz: fuzz-build
 	    fuzz_release) seeds=tests/fuzz/seeds/release ;; \
 	    fuzz_state) seeds=tests/fuzz/seeds/state ;; \
 	    fuzz_record) seeds=tests/fuzz/seeds/record ;; \
+	    fuzz_cache) seeds=tests/fuzz/seeds/cache ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
 	  esac; \
 	  echo "== $$t"; \

@@ -197,7 +197,7 @@ int demo_validate(const char *dir, const char *cache_dir) {
     char variants[PATH_MAX];
 
     memset(&ref, 0, sizeof ref);
-    if (hkp_cache_open(&cache, cache_dir, 0) < 0)
+    if (hkp_cache_open(&cache, cache_dir, 0, NULL) < 0)
         cache = NULL; /* Slower without it, not wrong. */
     printf("Validating the kernel files for sm_90 (NVRTC and nvJitLink run on the CPU):\n");
     bad = validate_dir(dir, "", cache, &ref, &have_ref);

@@ -26,8 +26,8 @@
  *                        be answered at once instead of waiting for itself.
  *   lkg_lock (lkg.c)     last-known-good records and quarantine, in memory:
  *                        never held across a file write (lkg.c's writers
- *                        take their own locks, after swap_lock and before
- *                        lkg_lock). Taken under swap_lock by commits, and
+ *                        take their own locks before lkg_lock, with no
+ *                        engine lock held). Taken under swap_lock by commits, and
  *                        alone by the thread that saw a sticky error (a
  *                        launching thread, on the error path only) and by
  *                        the query functions.
@@ -670,8 +670,17 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
 /* lkg.c: last known good. lkg_lock (private to lkg.c) comes after swap_lock
  * and before stats_lock and log_lock; it is taken on a launching thread only
  * on the error path, after the driver returned a sticky error.
- * - hkl_lkg_open at create (reads the records, locks the directory);
- *   hkl_lkg_close at destroy (promotes what ran long enough, unlocks).
+ * - hkl_lkg_open at create (checks the directory, reads the records, locks
+ *   the directory); hkl_lkg_close at destroy (promotes what ran long
+ *   enough, writes what is behind, unlocks, frees).
+ * - hkl_lkg_hold / hkl_lkg_release: bracket destroy's wait for the reclaim
+ *   thread (no engine lock held). With gave_up set (the wait timed out and
+ *   the reclaim thread will free the runtime), release writes what is due
+ *   without waiting for a writer in progress and lets the directory go, so
+ *   a new runtime can take it at once; nothing is written to it afterwards.
+ *   Either way it drops the hold, after which the runtime may be freed by
+ *   the reclaim thread: the caller must not touch it then unless the wait
+ *   succeeded.
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
  *   (no engine lock needed).
  * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
@@ -679,10 +688,14 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  *   only ever held for memory work, and never by a thread inside a launch):
  *   a loss from now on counts it as committed. hkl_lkg_unpending takes it
  *   back (rolled back).
- * - hkl_lkg_committed: v was just committed (swap_lock held): records it and
- *   writes its image and record, with lkg_lock released for the disk work;
- *   hash is v's image's (hkl_lkg_hash, taken before the lock) or NULL to
- *   hash it here.
+ * - hkl_lkg_committed: v was just committed (swap_lock held): records it in
+ *   memory and queues a copy of its image, no disk work; hash is v's
+ *   image's (hkl_lkg_hash, taken before the lock) or NULL to hash it here.
+ *   hkl_lkg_flush(module) then writes what the commit queued, and its
+ *   record, after the image: called by the committing thread once
+ *   swap_lock is released (no engine lock held), so nothing waits for the
+ *   disk under swap_lock. Concurrent flushes land in commit order (the
+ *   newest record wins).
  * - hkl_lkg_sticky: 1 for a CUresult that ends the context for good.
  * - hkl_lkg_lost: handles a sticky error once (quarantine, records, log,
  *   event); no engine lock may be held. */
@@ -695,6 +708,9 @@ void hkl_lkg_pending(hk_runtime *rt, const char *module, const uint8_t hash[32],
                      uint64_t release);
 void hkl_lkg_unpending(hk_runtime *rt, const char *module, uint64_t version);
 void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash, uint64_t release);
+void hkl_lkg_flush(hk_runtime *rt, const char *module);
+void hkl_lkg_hold(hk_runtime *rt);
+void hkl_lkg_release(hk_runtime *rt, int gave_up);
 int hkl_lkg_sticky(int cu_result);
 void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);
 void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined);

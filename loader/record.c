@@ -23,8 +23,10 @@
  *
  * Strict on purpose: every line ends with a newline, no NUL or other
  * control byte, no unknown keyword, no number with a sign, leading space or
- * more than 19 digits, bounded counts and lengths. The parser reads only
- * within the given length and allocates only for `expr` lines.
+ * more than 19 digits, bounded counts and lengths, and NAME is a module name
+ * the engine accepts (hku_name_check: UTF-8, no control character). The
+ * parser reads only within the given length and allocates only for `expr`
+ * lines.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -230,6 +232,8 @@ int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t wh
                 return bad(r, why, whyn, line, "expected 'module NAME'");
             memcpy(r->module, s + 7, n - 7);
             r->module[n - 7] = 0;
+            if (hku_name_check(r->module, NULL, 0) < 0)
+                return bad(r, why, whyn, line, "not a module name (UTF-8, no control character)");
             continue;
         }
         int k = parse_line(s, n, r);

@@ -326,19 +326,24 @@ static int attach_devices(hk_runtime *rt, const int *devs, int ndev, hk_report *
 }
 
 /* Opens the compile cache options.cache_dir names (NULL: the default one,
- * "": none). A cache that cannot be opened costs speed, not correctness. */
+ * "": none). A cache that cannot be opened costs speed, not correctness;
+ * one refused (another user could change it) is logged. */
 static void open_cache(hk_runtime *rt, const char *dir) {
     if (!dir || *dir) {
         char buf[4096];
         int have = 0;
+        hk_report r = HK_REPORT_INIT;
         if (dir)
             have = snprintf(buf, sizeof buf, "%s", dir) < (int)sizeof buf;
         else
             have = hkp_cache_default_dir(buf, sizeof buf) == 0;
-        if (have && hkp_cache_open(&rt->cache, buf, rt->opt.cache_max_bytes) == 0)
+        if (have && hkp_cache_open(&rt->cache, buf, rt->opt.cache_max_bytes, &r) == 0) {
             rt->cache_dir = strdup(buf);
-        else
+        } else {
             rt->cache = NULL;
+            if (r.message[0])
+                hk_log(rt, HK_LOG_WARN, "engine", "builds are not cached: %s", r.message);
+        }
     }
     rt->opt.cache_dir = rt->cache_dir;
 }
@@ -625,8 +630,13 @@ void hk_runtime_destroy(hk_runtime *rt) {
     hkp_iso_cancel(rt->iso);
     hkp_warm_stop_by(rt->warm, until);
     rt->warm = NULL;
-    if (hkl_worker_stop(rt, until) < 0)
-        return; /* the worker finishes the teardown when its build returns */
+    if (hkl_worker_stop(rt, until) < 0) {
+        /* The worker finishes the teardown when its build returns (and
+         * commits nothing): the state directory is let go now. */
+        hkl_lkg_hold(rt);
+        hkl_lkg_release(rt, 1);
+        return;
+    }
     hkl_runtime_finish(rt, until);
 }
 
@@ -659,10 +669,15 @@ void hkl_runtime_finish(hk_runtime *rt, double until) {
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_swap_unlock(rt, 0);
     hkl_reclaim_stop(rt);
+    /* When the wait gives up, the reclaim thread frees the runtime when its
+     * synchronise returns; the state directory is let go now all the same
+     * (the hold keeps the runtime until that is done). */
+    hkl_lkg_hold(rt);
     double left = until - hkl_now_ms();
-    if (hkl_reclaim_join(rt, left > 0 ? (int)left : 0) == 0)
+    int joined = hkl_reclaim_join(rt, left > 0 ? (int)left : 0) == 0;
+    hkl_lkg_release(rt, !joined);
+    if (joined)
         hkl_runtime_free(rt);
-    /* else the reclaim thread frees the runtime when its synchronise returns */
 }
 
 void *hk_runtime_context(hk_runtime *rt, int slot) {

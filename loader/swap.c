@@ -914,13 +914,15 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
     int err = swap_locked(rt, job, hash, 0, rep, &oldv);
-    if (err == 0) /* recorded in commit order, under swap_lock */
+    if (err == 0) /* recorded in commit order, under swap_lock (memory only) */
         hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
                           job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
+    if (err == 0) /* the record's disk work, before the event */
+        hkl_lkg_flush(rt, job->name);
     if (reset)
         hkl_emit_reset(rt);
     if (err < 0 && rep && hkl_lkg_sticky(rep->cu_result))
@@ -958,7 +960,9 @@ void hkl_job_free(hkl_job *job) {
 
 static int job_new(hkl_job **out, const char *name, const void *data, size_t size,
                    const hk_swap_options *opt) {
-    if (!name || !*name || strlen(name) >= HKL_NAME_MAX || !data || !size)
+    /* A name that could not be recorded or logged is refused here, before
+     * anything is built (util/util.h, hku_name_check). */
+    if (hku_name_check(name, NULL, 0) < 0 || !data || !size)
         return HK_ERR_INVALID;
     hkl_job *j = calloc(1, sizeof *j);
     if (!j)
@@ -1074,6 +1078,10 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     }
     j->built = 1;
+    if (j->art.cache_note[0]) { /* built, not cached: said, not refused */
+        hku_fail(rep, 0, "%s", j->art.cache_note);
+        hk_log(rt, HK_LOG_WARN, "engine", "'%s': %s", j->name, j->art.cache_note);
+    }
     /* An image that ran when the context was lost is refused before its
      * canary run and before the driver sees it (hashed with no lock held). */
     if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
@@ -1165,10 +1173,13 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     }
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
+    char why[160];
+    if (err < 0 && hku_name_check(name, why, sizeof why) < 0) {
+        hku_fail(rep, err, "%s", why);
+        return err;
+    }
     if (err < 0) {
-        hku_fail(rep, err,
-                 "bad arguments (module name 1..%d bytes, non-empty image, named headers)",
-                 HKL_NAME_MAX - 1);
+        hku_fail(rep, err, "bad arguments (non-empty image, named headers)");
         return err;
     }
     j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
@@ -1336,6 +1347,8 @@ static int rollback_call(hk_runtime *rt, const char *name, int check, uint64_t r
     }
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
+    if (j && err == 0)
+        hkl_lkg_flush(rt, name);
     if (reset)
         hkl_emit_reset(rt);
     report_times(r, t_start);

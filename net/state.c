@@ -44,6 +44,19 @@
  * costs a re-push under a new version number, while recording too little
  * would let the same release be replayed after a restart.
  *
+ * Trust. Whoever can rename or rewrite accepted.json reopens every old
+ * release, so the directory is used only if no other local user can change
+ * it (util/util.h, "trusted directories": owner and mode of it and of every
+ * directory above it), and the file is read and replaced through the
+ * directory's descriptor with O_NOFOLLOW: a link in its place, a file of
+ * another user or one others may write fails closed, naming the path.
+ *
+ * Bounded waits. Another process holding the flock may have stopped
+ * (SIGSTOP, a debugger): it is waited for HKN_STATE_LOCK_MS at most, then
+ * the read or write fails closed (HK_ERR_BUSY), so no source hangs on it.
+ * The bound is seconds, not milliseconds, because a holder fsyncs the file
+ * and the directory under the exclusive lock.
+ *
  * Locks: registry_lock (the list of open states) before hkn_state.lock; txn
  * before lock. The flock is only ever taken with lock held.
  */
@@ -63,14 +76,17 @@
 
 #include "net/net.h"
 
-#define HKN_MAX_JSON_INT 9007199254740991.0
-#define STATE_MAX_BYTES  (16 << 20)
+#define HKN_MAX_JSON_INT  9007199254740991.0
+#define STATE_MAX_BYTES   (16 << 20)
+#define STATE_FILE        "accepted.json"
+#define HKN_STATE_LOCK_MS 2000
 
 struct hkn_state {
     /* Immutable after open. */
     char *dir;  /* NULL: memory only */
     char *path; /* dir/accepted.json */
-    int dirfd;  /* the directory, for flock; -1 in memory */
+    int dirfd;  /* the checked directory: the file is reached through it, and
+                 * it is what is flock'd; -1 in memory */
 
     pthread_mutex_t txn; /* held by a source across check -> commit -> record */
 
@@ -128,7 +144,7 @@ static int read_state(hkn_state *s, cJSON **out, hk_report *rep) {
     size_t len = 0;
     *out = NULL;
     hk_report rrep = HK_REPORT_INIT;
-    int err = hku_read_file(s->path, STATE_MAX_BYTES, &text, &len, &rrep);
+    int err = hku_read_fileat(s->dirfd, s->dir, STATE_FILE, STATE_MAX_BYTES, &text, &len, &rrep);
     if (err == HK_ERR_NOT_FOUND) {
         *out = cJSON_CreateObject();
         return *out ? 0 : hku_fail(rep, HK_ERR_NOMEM, "out of memory");
@@ -160,10 +176,14 @@ static uint64_t value_of(const cJSON *mods, const char *module) {
 }
 
 static int flock_or_fail(hkn_state *s, int how, hk_report *rep) {
-    while (flock(s->dirfd, how) != 0) {
-        if (errno != EINTR)
-            return hku_fail(rep, HK_ERR_IO, "lock %s: %s", s->dir, strerror(errno));
-    }
+    int err = hku_flock_wait(s->dirfd, how, HKN_STATE_LOCK_MS);
+    if (err == HK_ERR_BUSY)
+        return hku_fail(rep, err,
+                        "anti-rollback state %s: its lock is held by another process for over %d "
+                        "ms (stopped?): refused",
+                        s->dir, HKN_STATE_LOCK_MS);
+    if (err)
+        return hku_fail(rep, HK_ERR_IO, "lock %s: %s", s->dir, strerror(errno));
     return 0;
 }
 
@@ -205,7 +225,8 @@ static int write_state(hkn_state *s, const cJSON *mods, hk_report *rep) {
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto out;
     }
-    err = hku_write_atomic(s->path, text, strlen(text), 0600, rep);
+    struct iovec iov = {.iov_base = text, .iov_len = strlen(text)};
+    err = hku_write_atomicat(s->dirfd, s->dir, STATE_FILE, &iov, 1, 0600, 1, rep);
 out:
     cJSON_Delete(root);
     free(text);
@@ -305,11 +326,16 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     int err = 0;
     char real[PATH_MAX];
     hkn_state *s = NULL;
+    int dfd = -1;
     if (dir) {
-        if ((err = hku_mkdir_p(dir, rep)))
-            return err;
-        if (!realpath(dir, real))
+        /* Checked (and made) first, even when this process has it open
+         * already: a directory loosened since is refused from then on. */
+        if ((dfd = hku_dir_open(dir, "anti-rollback state directory", 1, rep)) < 0)
+            return dfd;
+        if (!realpath(dir, real)) {
+            close(dfd);
             return hku_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
+        }
         pthread_mutex_lock(&registry_lock);
         for (s = registry; s; s = s->next)
             if (!strcmp(s->dir, real))
@@ -317,6 +343,7 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
         if (s) {
             s->refs++;
             pthread_mutex_unlock(&registry_lock);
+            close(dfd);
             *out = s;
             return 0;
         }
@@ -338,13 +365,11 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
         *out = s;
         return 0;
     }
-    if (!(s->dir = strdup(real)) || asprintf(&s->path, "%s/accepted.json", real) < 0) {
+    s->dirfd = dfd;
+    dfd = -1;
+    if (!(s->dir = strdup(real)) || asprintf(&s->path, "%s/" STATE_FILE, real) < 0) {
         s->path = NULL;
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if ((s->dirfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-        err = hku_fail(rep, HK_ERR_IO, "open %s: %s", real, strerror(errno));
         goto fail;
     }
     /* Refuse to start rather than forget what was accepted. */
@@ -364,6 +389,8 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
 fail:
     if (dir)
         pthread_mutex_unlock(&registry_lock);
+    if (dfd >= 0)
+        close(dfd);
     state_free(s);
     return err;
 }

@@ -15,7 +15,12 @@
  * by everything known up front, lists the headers and their content hashes;
  * the artifact is keyed by all of that plus the headers' current hashes. A
  * lookup re-hashes the listed headers, so editing any of them is a miss and
- * editing an unrelated file is not. NVRTC 13.0 has no option to report the
+ * editing an unrelated file is not. The manifest also lists every place the
+ * include search looked at and found no file (the including file's
+ * directory, each -I directory before the one that had the header), and a
+ * lookup checks they are still empty: a header of the same name appearing
+ * earlier in the search is what NVRTC reads from then on, so it is a miss
+ * too, in this process and after a restart. NVRTC 13.0 has no option to report the
  * headers it opened (-M/-MD/-MF are refused), so the list comes from a scan of
  * #include lines through the same search path NVRTC uses (the including
  * file's directory for "...", then each -I directory); the scan errs on the
@@ -41,28 +46,13 @@
 #include "util/util.h"
 
 #define MAX_HEADER_BYTES  (64u << 20)
-#define MAX_DEPS          4096
+#define MAX_DEPS          HKP_MAX_DEPS
 #define MAX_INCLUDE_DEPTH 64
 
 static double now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-void hkp_artifact_free(hkp_artifact *a) {
-    if (!a)
-        return;
-    free(a->image);
-    free(a->log);
-    for (int i = 0; i < a->ndeps; i++)
-        free(a->deps[i]);
-    free(a->deps);
-    for (int i = 0; i < a->nlowered; i++)
-        free(a->lowered_names[i]);
-    free(a->lowered_names);
-    hkp_meta_free(&a->meta);
-    memset(a, 0, sizeof *a);
 }
 
 /* Appends text to a malloc'd log (NULL-safe both ways). */
@@ -99,48 +89,16 @@ static void first_error_line(const char *log, char *buf, size_t n) {
 
 /* ---- dependencies --------------------------------------------------------- */
 
-/* Headers a build read: files by canonical path, in-memory headers (mem[i]
- * set) by name. */
-typedef struct dep_list {
-    char **paths;
-    uint8_t (*hash)[HKP_KEY_BYTES];
-    unsigned char *mem;
-    int n, cap;
-} dep_list;
+/* Headers a build read and the paths its include search found empty
+ * (hkp_deps, ptx/ptx.h). */
+typedef hkp_deps dep_list;
 
 static void deps_free(dep_list *d) {
-    for (int i = 0; i < d->n; i++)
-        free(d->paths[i]);
-    free(d->paths);
-    free(d->hash);
-    free(d->mem);
-    memset(d, 0, sizeof *d);
+    hkp_deps_free(d);
 }
 
 static int deps_add(dep_list *d, const char *path, const uint8_t hash[HKP_KEY_BYTES], int mem) {
-    if (d->n == d->cap) {
-        int ncap = d->cap ? d->cap * 2 : 16;
-        char **p = realloc(d->paths, (size_t)ncap * sizeof *p);
-        if (!p)
-            return HK_ERR_NOMEM;
-        d->paths = p;
-        uint8_t(*h)[HKP_KEY_BYTES] = realloc(d->hash, (size_t)ncap * sizeof *h);
-        if (!h)
-            return HK_ERR_NOMEM;
-        d->hash = h;
-        unsigned char *m = realloc(d->mem, (size_t)ncap);
-        if (!m)
-            return HK_ERR_NOMEM;
-        d->mem = m;
-        d->cap = ncap;
-    }
-    d->paths[d->n] = strdup(path);
-    if (!d->paths[d->n])
-        return HK_ERR_NOMEM;
-    memcpy(d->hash[d->n], hash, HKP_KEY_BYTES);
-    d->mem[d->n] = (unsigned char)(mem != 0);
-    d->n++;
-    return 0;
+    return hkp_deps_add(d, path, hash, mem);
 }
 
 static int deps_has(const dep_list *d, const char *path, int mem) {
@@ -184,27 +142,41 @@ static int find_mem(const search_path *sp, const char *name) {
     return -1;
 }
 
+/* Whether candidate is a file the search takes; one that is not is noted
+ * in d (may be NULL) as probed and absent, since a file appearing there
+ * later would be taken instead of what the search finds now. */
+static int candidate(const char *path, char out[PATH_MAX], dep_list *d, int *rc) {
+    if (is_regular(path) && realpath(path, out))
+        return 1;
+    if (d && !*rc)
+        *rc = hkp_deps_add_probe(d, path);
+    return 0;
+}
+
 /* Resolves an include the way NVRTC does; returns 1 with the canonical path,
  * or 2 with the index of an in-memory header in *mem (NVRTC looks at those
- * first). */
+ * first), 0 when nothing is found, or a negative error (no memory to note
+ * the search). Every place looked at before (all of them, when nothing is
+ * found) is noted in d as absent. */
 static int resolve(const char *name, int quoted, const char *dir, const search_path *sp,
-                   char out[PATH_MAX], int *mem) {
+                   char out[PATH_MAX], int *mem, dep_list *d) {
     char buf[PATH_MAX * 2];
+    int rc = 0;
     if ((*mem = find_mem(sp, name)) >= 0)
         return 2;
     if (name[0] == '/')
-        return is_regular(name) && realpath(name, out) != NULL;
+        return candidate(name, out, d, &rc) ? 1 : rc;
     if (quoted && dir) {
         snprintf(buf, sizeof buf, "%s/%s", dir, name);
-        if (is_regular(buf) && realpath(buf, out))
-            return 1;
+        if (candidate(buf, out, d, &rc))
+            return rc ? rc : 1;
     }
     for (int i = 0; i < sp->n; i++) {
         snprintf(buf, sizeof buf, "%s/%s", sp->dirs[i], name);
-        if (is_regular(buf) && realpath(buf, out))
-            return 1;
+        if (candidate(buf, out, d, &rc))
+            return rc ? rc : 1;
     }
-    return 0;
+    return rc;
 }
 
 static int scan_text(const char *text, const char *dir, const search_path *sp, dep_list *d,
@@ -214,8 +186,12 @@ static int scan_text(const char *text, const char *dir, const search_path *sp, d
  * are looked for beside the main source, a superset of where NVRTC looks. */
 static int scan_mem(int i, const search_path *sp, dep_list *d, int depth) {
     const hk_header *m = &sp->mem[i];
-    if (deps_has(d, m->name, 1) || d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH)
+    if (deps_has(d, m->name, 1))
         return 0;
+    if (d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH) {
+        d->incomplete = 1; /* what it includes is not known: not cached */
+        return 0;
+    }
     uint8_t h[HKP_KEY_BYTES];
     crypto_generichash(h, sizeof h, m->data, m->size, NULL, 0);
     int rc = deps_add(d, m->name, h, 1);
@@ -227,8 +203,10 @@ static int scan_mem(int i, const search_path *sp, dep_list *d, int depth) {
 static int scan_header(const char *path, const search_path *sp, dep_list *d, int depth) {
     if (hkp_toolkit_owns(sp->tk, path) || deps_has(d, path, 0))
         return 0;
-    if (d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH)
+    if (d->n >= MAX_DEPS || depth > MAX_INCLUDE_DEPTH) {
+        d->incomplete = 1;
         return 0;
+    }
     char *data;
     size_t n;
     if (hku_read_file(path, MAX_HEADER_BYTES, &data, &n, NULL) != 0)
@@ -284,10 +262,10 @@ static int scan_text(const char *text, const char *dir, const search_path *sp, d
         memcpy(name, s, (size_t)(q - s));
         name[q - s] = '\0';
         char path[PATH_MAX];
-        int mem, kind = resolve(name, quoted, dir, sp, path, &mem);
+        int mem, kind = resolve(name, quoted, dir, sp, path, &mem, d);
         int rc = kind == 1   ? scan_header(path, sp, d, depth)
                  : kind == 2 ? scan_mem(mem, sp, d, depth)
-                             : 0;
+                             : kind;
         if (rc)
             return rc;
     }
@@ -354,17 +332,29 @@ static int scan_deps(const char *src, const search_path *sp, dep_list *d) {
     int rc = 0;
     for (int i = 0; i < sp->npre && !rc; i++) {
         char path[PATH_MAX];
-        int mem, kind = resolve(sp->pre[i], 1, sp->srcdir, sp, path, &mem);
-        rc = kind == 1 ? scan_header(path, sp, d, 0) : kind == 2 ? scan_mem(mem, sp, d, 0) : 0;
+        int mem, kind = resolve(sp->pre[i], 1, sp->srcdir, sp, path, &mem, d);
+        rc = kind == 1 ? scan_header(path, sp, d, 0) : kind == 2 ? scan_mem(mem, sp, d, 0) : kind;
     }
     if (!rc)
         rc = scan_text(src, sp->srcdir, sp, d, 0);
+    hkp_deps_sort_probes(d);
     return rc;
 }
 
+/* 1 when no path the search found empty holds a file now. */
+static int probes_absent(const dep_list *d) {
+    for (int i = 0; i < d->nprobes; i++)
+        if (is_regular(d->probes[i]))
+            return 0;
+    return 1;
+}
+
 /* 1 when every listed header file still has the hash it was listed with
- * (in-memory headers are the build's own copies and cannot change). */
+ * (in-memory headers are the build's own copies and cannot change) and the
+ * search would still find the same files. */
 static int deps_unchanged(const dep_list *d) {
+    if (d->incomplete || !probes_absent(d))
+        return 0;
     for (int i = 0; i < d->n; i++) {
         uint8_t h[HKP_KEY_BYTES];
         if (d->mem[i])
@@ -454,217 +444,67 @@ static void artifact_key(const crypto_generichash_state *ctx, const dep_list *d,
     crypto_generichash_final(&st, key, HKP_KEY_BYTES);
 }
 
-/* A little-endian serializer for entries; failures are sticky. */
-typedef struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-    int err;
-} wbuf;
-
-static void w_bytes(wbuf *w, const void *p, size_t n) {
-    if (w->err)
-        return;
-    if (w->n + n > w->cap) {
-        size_t ncap = w->cap ? w->cap : 256;
-        while (ncap < w->n + n)
-            ncap *= 2;
-        unsigned char *np = realloc(w->p, ncap);
-        if (!np) {
-            w->err = 1;
-            return;
-        }
-        w->p = np;
-        w->cap = ncap;
-    }
-    if (n)
-        memcpy(w->p + w->n, p, n);
-    w->n += n;
-}
-
-static void w_u64(wbuf *w, uint64_t v) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)(v >> (8 * i));
-    w_bytes(w, b, 8);
-}
-
-static void w_str(wbuf *w, const char *s) {
-    size_t n = s ? strlen(s) : 0;
-    w_u64(w, n);
-    w_bytes(w, s, n);
-}
-
-typedef struct rbuf {
-    const unsigned char *p;
-    size_t n, i;
-    int err;
-} rbuf;
-
-static uint64_t r_u64(rbuf *r) {
-    if (r->err || r->n - r->i < 8) {
-        r->err = 1;
-        return 0;
-    }
-    uint64_t v = hkp_rd64(r->p + r->i);
-    r->i += 8;
-    return v;
-}
-
-static char *r_str(rbuf *r) {
-    uint64_t n = r_u64(r);
-    if (r->err || n > r->n - r->i) {
-        r->err = 1;
-        return NULL;
-    }
-    char *s = malloc((size_t)n + 1);
-    if (!s) {
-        r->err = 1;
-        return NULL;
-    }
-    memcpy(s, r->p + r->i, (size_t)n);
-    s[n] = '\0';
-    r->i += (size_t)n;
-    return s;
-}
-
-/* A count, then that many strings. */
-static void w_strv(wbuf *w, char *const *v, int n) {
-    w_u64(w, (uint64_t)n);
-    for (int i = 0; i < n; i++)
-        w_str(w, v[i]);
-}
-
-/* Reads what w_strv wrote into *out (NULL-terminated), counting in *n the
- * strings read so far, so that a failure leaves them for the caller to
- * free. Returns -1 when they cannot be read or there are over max. */
-static int r_strv(rbuf *r, uint64_t max, char ***out, int *n) {
-    uint64_t cnt = r_u64(r);
-    if (r->err || cnt > max || !(*out = calloc((size_t)cnt + 1, sizeof **out)))
-        return -1;
-    for (uint64_t i = 0; i < cnt && !r->err; i++) {
-        (*out)[i] = r_str(r);
-        *n = (int)i + ((*out)[i] != NULL);
-    }
-    return r->err ? -1 : 0;
-}
-
-#define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
-#define MANIFEST_MAGIC 0x324d4b48ull   /* "HKM2" */
-
+/* Stores a's image, lowered names, dependencies and log under key
+ * (ptx/entry.c's format). */
 static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const hkp_artifact *a) {
-    wbuf w = {0};
-    w_u64(&w, ARTIFACT_MAGIC);
-    w_u64(&w, (uint64_t)a->format);
-    w_u64(&w, a->size);
-    w_bytes(&w, a->image, a->size);
-    w_strv(&w, a->lowered_names, a->nlowered);
-    w_strv(&w, a->deps, a->ndeps);
-    w_str(&w, a->log);
-    int rc = w.err ? HK_ERR_NOMEM : hkp_cache_put(c, key, w.p, w.n);
-    free(w.p);
+    void *p;
+    size_t n;
+    int rc = hkp_artifact_format(a, &p, &n);
+    if (rc)
+        return rc;
+    rc = hkp_cache_put(c, key, p, n);
+    free(p);
     return rc;
-}
-
-/* Opens the cache entry of key, which must start with magic: 0 with *r
- * over it, past the magic (free((void *)r->p) when done), or
- * HK_ERR_NOT_FOUND for a miss or an entry of another kind. */
-static int entry_open(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], uint64_t magic, rbuf *r) {
-    void *data;
-    size_t size;
-    if (hkp_cache_get(c, key, &data, &size) != 0)
-        return HK_ERR_NOT_FOUND;
-    *r = (rbuf){.p = data, .n = size};
-    if (r_u64(r) == magic)
-        return 0;
-    free(data);
-    return HK_ERR_NOT_FOUND;
 }
 
 /* Fills a from a cached entry; any inconsistency is a miss. */
 static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_artifact *a) {
-    rbuf r;
-    if (entry_open(c, key, ARTIFACT_MAGIC, &r) != 0)
+    void *data;
+    size_t size;
+    if (hkp_cache_get(c, key, &data, &size) != 0)
         return HK_ERR_NOT_FOUND;
-    int rc = HK_ERR_NOT_FOUND;
-    a->format = (hk_format)r_u64(&r);
-    uint64_t isz = r_u64(&r);
-    if (r.err || isz > r.n - r.i || isz == 0)
-        goto out;
-    a->image = malloc((size_t)isz);
-    if (!a->image)
-        goto out;
-    memcpy(a->image, r.p + r.i, (size_t)isz);
-    a->size = (size_t)isz;
-    r.i += (size_t)isz;
-    if (r_strv(&r, r.n / 8, &a->lowered_names, &a->nlowered) < 0 ||
-        r_strv(&r, r.n / 8, &a->deps, &a->ndeps) < 0)
-        goto out;
-    char *log = r_str(&r);
-    if (r.err || r.i != r.n) {
-        free(log);
-        goto out;
-    }
-    if (log && !log[0]) {
-        free(log);
-        log = NULL;
-    }
-    a->log = log;
-    rc = 0;
-out:
-    free((void *)r.p);
-    return rc;
+    int rc = hkp_artifact_parse(data, size, a);
+    free(data);
+    return rc ? HK_ERR_NOT_FOUND : 0;
 }
 
 static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const dep_list *d) {
-    wbuf w = {0};
-    w_u64(&w, MANIFEST_MAGIC);
-    w_u64(&w, (uint64_t)d->n);
-    for (int i = 0; i < d->n; i++) {
-        w_u64(&w, d->mem[i]);
-        w_str(&w, d->paths[i]);
-        w_bytes(&w, d->hash[i], HKP_KEY_BYTES);
-    }
-    int rc = w.err ? HK_ERR_NOMEM : hkp_cache_put(c, key, w.p, w.n);
-    free(w.p);
+    void *p;
+    size_t n;
+    int rc = hkp_manifest_format(d, &p, &n);
+    if (rc)
+        return rc;
+    rc = hkp_cache_put(c, key, p, n);
+    free(p);
     return rc;
 }
 
-/* Reads the manifest's header list and re-hashes each header now: files
- * from disk, in-memory headers from this build's set. */
+/* Reads the manifest: a miss when a path its search found empty holds a
+ * file now (that file is what NVRTC would read); else its header list, each
+ * header hashed again now (files from disk, in-memory headers from this
+ * build's set), in d. */
 static int manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const search_path *sp,
                          dep_list *d) {
-    rbuf r;
-    if (entry_open(c, key, MANIFEST_MAGIC, &r) != 0)
+    void *data;
+    size_t size;
+    if (hkp_cache_get(c, key, &data, &size) != 0)
         return HK_ERR_NOT_FOUND;
-    int rc = HK_ERR_NOT_FOUND;
-    uint64_t n = r_u64(&r);
-    if (r.err || n > MAX_DEPS)
-        goto out;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t mem = r_u64(&r);
-        char *path = r_str(&r);
-        if (!path || r.n - r.i < HKP_KEY_BYTES || mem > 1) {
-            free(path);
-            goto out;
-        }
-        r.i += HKP_KEY_BYTES;
-        uint8_t h[HKP_KEY_BYTES];
+    int rc = hkp_manifest_parse(data, size, d);
+    free(data);
+    if (rc)
+        return HK_ERR_NOT_FOUND;
+    rc = probes_absent(d) ? 0 : HK_ERR_NOT_FOUND;
+    for (int i = 0; i < d->n && !rc; i++) {
         /* A header that vanished cannot match any stored artifact. */
-        int hr = 0, k = mem ? find_mem(sp, path) : -1;
-        if (!mem)
-            hr = hash_file(path, h);
+        int k = d->mem[i] ? find_mem(sp, d->paths[i]) : -1;
+        if (!d->mem[i])
+            rc = hash_file(d->paths[i], d->hash[i]) ? HK_ERR_NOT_FOUND : 0;
         else if (k < 0)
-            hr = HK_ERR_NOT_FOUND;
+            rc = HK_ERR_NOT_FOUND;
         else
-            crypto_generichash(h, sizeof h, sp->mem[k].data, sp->mem[k].size, NULL, 0);
-        int ar = hr ? HK_ERR_NOT_FOUND : deps_add(d, path, h, (int)mem);
-        free(path);
-        if (ar)
-            goto out;
+            crypto_generichash(d->hash[i], HKP_KEY_BYTES, sp->mem[k].data, sp->mem[k].size, NULL,
+                               0);
     }
-    rc = r.i == r.n ? 0 : HK_ERR_NOT_FOUND;
-out:
-    free((void *)r.p);
     if (rc)
         deps_free(d);
     return rc;
@@ -801,7 +641,7 @@ static int pch_split(const char *src, const search_path *sp, size_t *cut, int *l
                 int mem;
                 memcpy(name, s, (size_t)(q - s));
                 name[q - s] = '\0';
-                if (resolve(name, close == '"', sp->srcdir, sp, path, &mem) == 1 &&
+                if (resolve(name, close == '"', sp->srcdir, sp, path, &mem, NULL) == 1 &&
                     hkp_toolkit_owns(sp->tk, path)) {
                     safe = 1;
                 }
@@ -1353,10 +1193,18 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
         goto out;
     }
     if (cacheable && deps_unchanged(&deps)) {
-        /* A failure to cache is not a failure to build. */
+        /* A failure to cache is not a failure to build; one that the caller
+         * may want to hear about is noted. */
         artifact_key(&ctx, &deps, akey);
-        if (artifact_store(opts->cache, akey, out) == 0 && fmt == HK_FORMAT_CUDA_C)
-            (void)manifest_store(opts->cache, mkey, &deps);
+        int stored = artifact_store(opts->cache, akey, out);
+        if (stored == 0 && fmt == HK_FORMAT_CUDA_C)
+            stored = manifest_store(opts->cache, mkey, &deps);
+        if (stored == HK_ERR_BUSY || stored == HK_ERR_IO)
+            snprintf(out->cache_note, sizeof out->cache_note,
+                     "compile cache %.100s: %s: not cached", hkp_cache_dir(opts->cache),
+                     stored == HK_ERR_BUSY ? "its lock is held by another process"
+                                           : "its lock file "
+                                             "is refused");
     }
 out:
     free(src);

@@ -5,21 +5,29 @@
  * processes loading the same sources, skip NVRTC (tens of milliseconds per
  * module). Its directory is shared by every process of the user, so nothing
  * here may trust what it reads or assume it is alone:
+ * - The directory is used only when no other user can change it (checked at
+ *   open like every directory hotkern trusts, util/util.h), and every file
+ *   in it is opened with O_NOFOLLOW under its descriptor: an entry or a
+ *   lock that is a link, belongs to another user or is writable by others
+ *   is refused (an entry: a miss, and removed), never followed.
  * - An entry is written to a temporary file in the same directory and
  *   renamed over its final name. rename() is atomic, so a reader sees the old
  *   entry, the new one, or none, never half a file. Nothing is fsync'd (two
  *   syncs cost a compile about 1.5 ms on the CI machine's disk): after a
- *   crash an entry may be empty or partial, which its header's length and
- *   hash expose.
- * - Each entry carries a header (magic, payload length, BLAKE2b of the
- *   payload). A short or corrupt file is a miss and is deleted; the build
- *   that follows writes a good one.
+ *   crash an entry may be empty or partial, which its header exposes.
+ * - Each entry carries a header (ptx/entry.c): its key, its payload length
+ *   and a tag of the payload keyed with the key. A short or corrupt file,
+ *   or one written for another key (copied over this key's name), is a miss
+ *   and is deleted; the build that follows writes a good one.
  * - Least-recently-used eviction uses file mtimes: a hit touches its entry.
- *   After each write the directory is scanned under an exclusive flock on
- *   "lock" (so concurrent evictions do not delete twice as much as needed) and
- *   the oldest entries go until the total is within the bound. Readers take no
- *   lock: an entry deleted under a reader is still readable through its open
- *   descriptor, and one deleted before the open is a miss.
+ *   Writes and the eviction after each take an exclusive flock on "lock"
+ *   (so concurrent evictions do not delete twice as much as needed). A
+ *   process holding it may have stopped (SIGSTOP, a debugger), so the lock
+ *   is waited for HKP_CACHE_LOCK_MS at most: then the entry is not written
+ *   and the build goes on uncached (hkp_build says so), so a swap never
+ *   hangs on another process. Readers take no lock: an entry deleted under
+ *   a reader is still readable through its open descriptor, and one deleted
+ *   before the open is a miss.
  * - The handle keeps the entries it read or wrote last in memory (a small
  *   list in least-recently-used order, HKP_CACHE_MEM_ENTRIES and an eighth of
  *   the bound at most), so a program that goes back and forth between a few
@@ -45,8 +53,7 @@
 #include "ptx/ptx.h"
 #include "util/util.h"
 
-#define ENTRY_MAGIC  "HKCACHE1"
-#define HEADER_BYTES (8 + 8 + HKP_KEY_BYTES)
+#define HEADER_BYTES HKP_ENTRY_HEADER
 #define ENTRY_SUFFIX ".hkc"
 /* hku_write_atomicv's temporary files: ENTRY.tmp.PID.N */
 #define TMP_MARK ENTRY_SUFFIX ".tmp."
@@ -62,7 +69,9 @@ typedef struct memo {
 } memo;
 
 struct hkp_cache {
-    char *dir; /* immutable after open */
+    /* immutable after open */
+    char *dir;
+    int dfd; /* the checked directory: every file is opened under it */
     uint64_t max_bytes;
     pthread_mutex_t lock; /* protects everything below */
     uint64_t hits, misses;
@@ -86,7 +95,7 @@ int hkp_cache_default_dir(char *buf, size_t n) {
     return (len < 0 || (size_t)len >= n) ? HK_ERR_INVALID : 0;
 }
 
-int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes) {
+int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes, hk_report *rep) {
     if (!out || !dir || !dir[0])
         return HK_ERR_INVALID;
     if (max_bytes == 0)
@@ -94,17 +103,16 @@ int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes) {
     *out = NULL;
     if (sodium_init() < 0)
         return HK_ERR_UNSUPPORTED;
-    int rc = hku_mkdir_p(dir, NULL);
-    if (rc)
-        return rc;
+    int dfd = hku_dir_open(dir, "compile cache", 1, rep);
+    if (dfd < 0)
+        return dfd;
     hkp_cache *c = calloc(1, sizeof *c);
-    if (!c)
-        return HK_ERR_NOMEM;
-    c->dir = strdup(dir);
-    if (!c->dir) {
+    if (!c || !(c->dir = strdup(dir))) {
         free(c);
+        close(dfd);
         return HK_ERR_NOMEM;
     }
+    c->dfd = dfd;
     c->max_bytes = max_bytes;
     pthread_mutex_init(&c->lock, NULL);
     *out = c;
@@ -119,8 +127,13 @@ void hkp_cache_close(hkp_cache *c) {
         free(m);
     }
     pthread_mutex_destroy(&c->lock);
+    close(c->dfd);
     free(c->dir);
     free(c);
+}
+
+const char *hkp_cache_dir(const hkp_cache *c) {
+    return c->dir;
 }
 
 void hkp_cache_note(hkp_cache *c, int hit) {
@@ -134,11 +147,10 @@ void hkp_cache_note(hkp_cache *c, int hit) {
     pthread_mutex_unlock(&c->lock);
 }
 
-static int entry_path(const hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], char *buf, size_t n) {
-    char hex[2 * HKP_KEY_BYTES + 1];
-    sodium_bin2hex(hex, sizeof hex, key, HKP_KEY_BYTES);
-    int len = snprintf(buf, n, "%s/%s" ENTRY_SUFFIX, c->dir, hex);
-    return (len < 0 || (size_t)len >= n) ? HK_ERR_INVALID : 0;
+/* The file name of key's entry: 64 hex digits and ".hkc". */
+static void entry_name(const uint8_t key[HKP_KEY_BYTES], char buf[2 * HKP_KEY_BYTES + 8]) {
+    sodium_bin2hex(buf, 2 * HKP_KEY_BYTES + 1, key, HKP_KEY_BYTES);
+    memcpy(buf + 2 * HKP_KEY_BYTES, ENTRY_SUFFIX, sizeof ENTRY_SUFFIX);
 }
 
 static int is_entry_name(const char *name) {
@@ -251,7 +263,7 @@ static int memo_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data,
 }
 
 int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size) {
-    char path[4200];
+    char name[2 * HKP_KEY_BYTES + 8];
     unsigned char *buf = NULL;
     int fd = -1, rc = HK_ERR_NOT_FOUND, corrupt = 0;
 
@@ -260,18 +272,21 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
     *data = NULL;
     *size = 0;
     int touch = 0;
+    entry_name(key, name);
     if ((rc = memo_get(c, key, data, size, &touch)) != HK_ERR_NOT_FOUND) {
-        if (touch && entry_path(c, key, path, sizeof path) == 0)
-            (void)utimensat(AT_FDCWD, path, NULL, 0); /* gone already: nothing to do */
+        if (touch) /* gone already: nothing to do */
+            (void)utimensat(c->dfd, name, NULL, AT_SYMLINK_NOFOLLOW);
         return rc;
     }
-    if (entry_path(c, key, path, sizeof path))
-        return HK_ERR_INVALID;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    /* A link, another user's file or one others may write is no entry of
+     * ours: a miss, and removed (unlinkat removes a link, not its target). */
+    fd = hku_openat(c->dfd, c->dir, name, O_RDONLY | O_NONBLOCK, 0, NULL);
+    if (fd < 0) {
+        corrupt = fd != HK_ERR_NOT_FOUND;
         goto out;
+    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    if (fstat(fd, &st) != 0)
         goto out;
     if (st.st_size < HEADER_BYTES || (uint64_t)st.st_size > c->max_bytes) {
         corrupt = 1;
@@ -282,21 +297,12 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
         rc = HK_ERR_NOMEM;
         goto out;
     }
-    if (read_all(fd, buf, (size_t)st.st_size) != 0) {
+    if (read_all(fd, buf, (size_t)st.st_size) != 0 ||
+        hkp_entry_check(key, buf, (size_t)st.st_size) != 0) {
         corrupt = 1;
         goto out;
     }
-    uint64_t len = hkp_rd64(buf + 8);
-    uint8_t digest[HKP_KEY_BYTES];
-    if (memcmp(buf, ENTRY_MAGIC, 8) != 0 || len != (uint64_t)st.st_size - HEADER_BYTES) {
-        corrupt = 1;
-        goto out;
-    }
-    crypto_generichash(digest, sizeof digest, buf + HEADER_BYTES, len, NULL, 0);
-    if (sodium_memcmp(digest, buf + 16, sizeof digest) != 0) {
-        corrupt = 1;
-        goto out;
-    }
+    size_t len = (size_t)st.st_size - HEADER_BYTES;
     /* Touch for LRU; a failure only makes the entry look older. */
     (void)futimens(fd, NULL);
     memmove(buf, buf + HEADER_BYTES, len);
@@ -307,7 +313,7 @@ int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, s
     rc = 0;
 out:
     if (corrupt)
-        (void)unlink(path);
+        (void)unlinkat(c->dfd, name, 0);
     if (fd >= 0)
         close(fd);
     free(buf);
@@ -333,15 +339,19 @@ static int by_mtime(const void *a, const void *b) {
  * On success *list is malloc'd with *n elements and *total their bytes. */
 static int scan_dir(const hkp_cache *c, int reap, struct scanned **list, size_t *n,
                     uint64_t *total) {
-    DIR *d = opendir(c->dir);
+    int fd = openat(c->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     struct scanned *v = NULL;
     size_t cnt = 0, cap = 0;
     uint64_t sum = 0;
     int rc = 0;
     time_t now = time(NULL);
 
-    if (!d)
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
         return HK_ERR_IO;
+    }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         struct stat st;
@@ -383,46 +393,42 @@ out:
     return 0;
 }
 
-/* Deletes the least recently used entries until the directory fits. */
+/* Deletes the least recently used entries until the directory fits (the
+ * caller holds the lock). */
 static int evict(hkp_cache *c) {
-    char lockpath[4200];
     struct scanned *v = NULL;
     size_t n = 0;
     uint64_t total = 0;
-    int fd = -1, rc;
-
-    snprintf(lockpath, sizeof lockpath, "%s/lock", c->dir);
-    fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return HK_ERR_IO;
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            rc = HK_ERR_IO;
-            goto out;
-        }
-    }
-    rc = scan_dir(c, 1, &v, &n, &total);
+    int rc = scan_dir(c, 1, &v, &n, &total);
     if (rc || total <= c->max_bytes)
         goto out;
     qsort(v, n, sizeof *v, by_mtime);
-    int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        rc = HK_ERR_IO;
-        goto out;
-    }
     for (size_t i = 0; i < n && total > c->max_bytes; i++) {
-        if (unlinkat(dfd, v[i].name, 0) == 0 || errno == ENOENT)
+        if (unlinkat(c->dfd, v[i].name, 0) == 0 || errno == ENOENT)
             total -= v[i].size;
     }
-    close(dfd);
 out:
     free(v);
-    close(fd); /* releases the flock */
     return rc;
 }
 
+/* Takes the directory's lock, waiting HKP_CACHE_LOCK_MS at most: the
+ * descriptor (close() releases it), HK_ERR_BUSY while another process holds
+ * it, or HK_ERR_IO (the lock file refused: a link, another user's). */
+static int lock_dir(hkp_cache *c) {
+    int fd = hku_openat(c->dfd, c->dir, "lock", O_RDWR | O_CREAT, 0600, NULL);
+    if (fd < 0)
+        return HK_ERR_IO;
+    int rc = hku_flock_wait(fd, LOCK_EX, HKP_CACHE_LOCK_MS);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size) {
-    char path[4200];
+    char name[2 * HKP_KEY_BYTES + 8];
     unsigned char header[HEADER_BYTES];
 
     if (!c || !key || (!data && size))
@@ -431,16 +437,23 @@ int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *da
         memo_keep(c, key, data, size, 1); /* drops an older copy of key */
         return 0;                         /* would evict everything else and still not fit */
     }
-    if (entry_path(c, key, path, sizeof path))
-        return HK_ERR_INVALID;
-    memcpy(header, ENTRY_MAGIC, 8);
-    for (int i = 0; i < 8; i++)
-        header[8 + i] = (unsigned char)((uint64_t)size >> (8 * i));
-    crypto_generichash(header + 16, HKP_KEY_BYTES, data, size, NULL, 0);
+    entry_name(key, name);
+    hkp_entry_header(key, data, size, header);
+    int fd = lock_dir(c);
+    if (fd < 0) {
+        /* Not cached at all, in memory either: a put replaces, so an older
+         * copy of key goes (a size no copy is kept for), and the next build
+         * of it compiles again. */
+        memo_keep(c, key, NULL, SIZE_MAX, 1);
+        return fd;
+    }
     struct iovec iov[2] = {{header, sizeof header}, {(void *)data, size}};
     memo_keep(c, key, data, size, 1);
-    int rc = hku_write_replace(path, iov, 2, 0600);
-    return rc ? rc : evict(c);
+    int rc = hku_write_atomicat(c->dfd, c->dir, name, iov, 2, 0600, 0, NULL);
+    if (!rc)
+        rc = evict(c);
+    close(fd); /* releases the flock */
+    return rc;
 }
 
 void hkp_cache_stats(hkp_cache *c, uint64_t *hits, uint64_t *misses, uint64_t *bytes) {

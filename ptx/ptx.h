@@ -94,10 +94,13 @@ typedef struct hkp_iso hkp_iso; /* a build helper process (isolate.c) */
 
 /* Opens (creating) a content-addressed cache in dir, bounded to max_bytes
  * (0: HKP_CACHE_DEFAULT_BYTES) with least-recently-used eviction. Several
- * processes may share dir; one hkp_cache may be used from several threads.
- * On success *out is owned by the caller: hkp_cache_close(). */
+ * processes of one user may share dir; one hkp_cache may be used from
+ * several threads. dir is checked like every directory hotkern trusts
+ * (util/util.h, "trusted directories"): one another user could change is
+ * refused (HK_ERR_IO, rep saying which path and why; rep may be NULL). On
+ * success *out is owned by the caller: hkp_cache_close(). */
 #define HKP_CACHE_DEFAULT_BYTES (UINT64_C(256) << 20)
-int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes);
+int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes, hk_report *rep);
 void hkp_cache_close(hkp_cache *c);
 /* Builds served from the cache, builds that were not, and the bytes the
  * directory's entries hold now (a directory scan). Any pointer may be NULL. */
@@ -111,10 +114,14 @@ int hkp_cache_default_dir(char *buf, size_t n);
 
 /* Raw entries, keyed by a BLAKE2b-256 digest (hkp_build computes the keys).
  * get: 0 and a malloc'd copy of the payload in *data (caller frees), or
- * HK_ERR_NOT_FOUND when absent, truncated or corrupt (a bad entry is removed).
- * A hit marks the entry as recently used. put: written atomically (temporary
- * file, rename; not synced); afterwards the oldest entries are evicted until
- * the directory is within max_bytes. An entry larger than max_bytes is not
+ * HK_ERR_NOT_FOUND when absent, truncated, corrupt, written for another
+ * key, or not a regular file of this user that nobody else can write (a bad
+ * entry is removed). A hit marks the entry as recently used. put: under the
+ * directory's lock, waited for at most HKP_CACHE_LOCK_MS: written
+ * atomically (temporary file, rename; not synced), then the oldest entries
+ * are evicted until the directory is within max_bytes; HK_ERR_BUSY when the
+ * lock stays held (another process stopped while holding it), and then
+ * nothing is written. An entry larger than max_bytes is not
  * kept. The handle also keeps the entries it read or wrote last in memory
  * (HKP_CACHE_MEM_ENTRIES, at most an eighth of max_bytes): a get of one of
  * them reads no file (it refreshes the file's LRU time at most once a
@@ -123,10 +130,56 @@ int hkp_cache_default_dir(char *buf, size_t n);
  * memory too. */
 #define HKP_CACHE_MEM_ENTRIES 32
 #define HKP_KEY_BYTES         32
+#define HKP_CACHE_LOCK_MS     250
 int hkp_cache_get(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], void **data, size_t *size);
 int hkp_cache_put(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const void *data, size_t size);
 /* Counts one build as a hit (1) or a miss (0) for hkp_cache_stats. */
 void hkp_cache_note(hkp_cache *c, int hit);
+/* The directory the cache was opened on (immutable). */
+const char *hkp_cache_dir(const hkp_cache *c);
+
+/* ---- the cache's file formats (entry.c; parsing fuzzed) ----------------- */
+
+/* An entry file: HKP_ENTRY_HEADER bytes (magic, length, key, a tag of the
+ * payload keyed with the key), then the payload. hkp_entry_check: 0 when
+ * file (n bytes) is a whole entry of key, else HK_ERR_FORMAT. */
+#define HKP_ENTRY_HEADER (8 + 8 + 2 * HKP_KEY_BYTES)
+void hkp_entry_header(const uint8_t key[HKP_KEY_BYTES], const void *payload, size_t n,
+                      unsigned char hdr[HKP_ENTRY_HEADER]);
+int hkp_entry_check(const uint8_t key[HKP_KEY_BYTES], const unsigned char *file, size_t n);
+
+/* What a CUDA C build read: header files by canonical path and in-memory
+ * headers (mem[i] set) by name, with their content hashes; and every path
+ * the include search tried and found no file at (probes), since a file
+ * appearing there would be read instead. incomplete: the scan stopped at a
+ * bound, so the list cannot vouch for the build (it is not cached). */
+#define HKP_MAX_DEPS   4096
+#define HKP_MAX_PROBES 65536
+typedef struct hkp_deps {
+    char **paths;
+    uint8_t (*hash)[HKP_KEY_BYTES];
+    unsigned char *mem;
+    int n, cap;
+    char **probes;
+    int nprobes, capprobes;
+    int incomplete;
+} hkp_deps;
+int hkp_deps_add(hkp_deps *d, const char *path, const uint8_t hash[HKP_KEY_BYTES], int mem);
+int hkp_deps_add_probe(hkp_deps *d, const char *path);
+void hkp_deps_sort_probes(hkp_deps *d); /* sorted, duplicates dropped */
+void hkp_deps_free(hkp_deps *d);
+
+struct hkp_artifact; /* below */
+
+/* Payloads. format: *out malloc'd (*n bytes), or HK_ERR_NOMEM. parse: 0, or
+ * HK_ERR_FORMAT (anything malformed, truncated or left over) or
+ * HK_ERR_NOMEM, and then nothing is left to free. An artifact fills image,
+ * format, lowered names, deps and log (hkp_artifact_free); a manifest the
+ * deps with the hashes they were built with (hkp_deps_free). */
+int hkp_artifact_format(const struct hkp_artifact *a, void **out, size_t *n);
+int hkp_artifact_parse(const void *data, size_t n, struct hkp_artifact *a);
+int hkp_manifest_format(const hkp_deps *d, void **out, size_t *n);
+int hkp_manifest_parse(const void *data, size_t n, hkp_deps *d);
 
 /* ---- building ----------------------------------------------------------- */
 
@@ -179,8 +232,11 @@ typedef struct hkp_artifact {
     char **lowered_names; /* parallel to name_expressions */
     int nlowered;
     int cache_hit;
-    double ms;     /* wall time of the build */
-    hkp_meta meta; /* metadata of image */
+    char cache_note[200]; /* why the cache was not used for this build (its
+                           * lock is held elsewhere, ...); "" when it was or
+                           * when there is none. The build itself succeeded. */
+    double ms;            /* wall time of the build */
+    hkp_meta meta;        /* metadata of image */
 } hkp_artifact;
 
 /* Turns input of any format into a loadable image for opts->arch:

@@ -193,6 +193,35 @@ START_TEST(isolated_swap_works_and_cache_stays_here) {
 }
 END_TEST
 
+/* Another process holds the compile cache's lock and never lets go (it
+ * stopped): the swap completes, its image not cached, and its report says
+ * so. */
+START_TEST(swap_goes_on_when_the_cache_lock_is_held) {
+    char *dir = hkt_tmpdir();
+    char lock[600];
+    snprintf(lock, sizeof lock, "%s/lock", dir);
+    pid_t holder = hkt_hold_lock_stopped(lock);
+    ck_assert_int_gt(holder, 0);
+    rt = make_rt(1, 0, dir);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(swap_src("sim", good_src, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rep.cache_hit, 0);
+    ck_assert_msg(strstr(rep.message, "compile cache") && strstr(rep.message, "not cached"), "%s",
+                  rep.message);
+    kill(holder, SIGKILL);
+    ck_assert_int_eq(waitpid(holder, NULL, 0), holder);
+    ck_assert_msg(swap_src("sim", good_src, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rep.cache_hit, 0); /* it was not cached */
+    ck_assert_msg(swap_src("sim", good_src, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rep.cache_hit, 1); /* now it is */
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* (2) A compile error is refused with NVRTC's log in the report. */
 START_TEST(compile_error_reports_nvrtc_log) {
     rt = make_rt(1, 0, NULL);
@@ -618,6 +647,7 @@ static Suite *suite(void) {
     }
     tcase_add_test(tc, isolated_images_match_in_process);
     tcase_add_test(tc, isolated_swap_works_and_cache_stays_here);
+    tcase_add_test(tc, swap_goes_on_when_the_cache_lock_is_held);
     tcase_add_test(tc, compile_error_reports_nvrtc_log);
     tcase_add_test(tc, helper_killed_mid_build_is_replaced);
     tcase_add_test(tc, build_past_timeout_is_refused);

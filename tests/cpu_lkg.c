@@ -15,6 +15,8 @@
  * does not wait for a write in progress.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -39,10 +42,24 @@ static double test_clock(void) {
     return clock_ms;
 }
 
+/* Set by a test: the CONTEXT_LOST handler reads this record (DIR/modules/
+ * NAME.rec) into lost_record, as a program that ends in its handler leaves
+ * it. */
+static char lost_record_of[64], lost_record[4096];
+
 static void on_event(const hk_event *ev, void *ud) {
     (void)ud;
     if (ev->kind == HK_EVENT_CONTEXT_LOST) {
         lost_events++;
+        if (lost_record_of[0]) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/modules/%s.rec", dir, lost_record_of);
+            FILE *f = fopen(p, "r");
+            size_t n = f ? fread(lost_record, 1, sizeof lost_record - 1, f) : 0;
+            lost_record[n] = '\0';
+            if (f)
+                fclose(f);
+        }
         snprintf(lost_msg, sizeof lost_msg, "%s", ev->report ? ev->report->message : "");
         ck_assert_ptr_null(ev->module);
         ck_assert_str_eq(ev->report->cu_name, "CUDA_ERROR_ILLEGAL_ADDRESS");
@@ -55,6 +72,7 @@ static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
 static char hold_path[128]; /* hold_mu: fsyncs of such files block while set */
 static int held;            /* hold_mu: an fsync is blocked */
+static char fail_path[128]; /* hold_mu: the next fsync of such a file fails (EIO), once */
 
 int fsync(int fd) {
     char link[64], path[4096];
@@ -62,6 +80,12 @@ int fsync(int fd) {
     ssize_t n = readlink(link, path, sizeof path - 1);
     path[n > 0 ? n : 0] = '\0';
     pthread_mutex_lock(&hold_mu);
+    if (fail_path[0] && strstr(path, fail_path)) {
+        fail_path[0] = '\0';
+        pthread_mutex_unlock(&hold_mu);
+        errno = EIO;
+        return -1;
+    }
     if (hold_path[0] && strstr(path, hold_path)) {
         held = 1;
         pthread_cond_broadcast(&hold_cv);
@@ -91,6 +115,19 @@ static int still_held(void) {
     int h = held;
     pthread_mutex_unlock(&hold_mu);
     return h;
+}
+
+static void fail_write_once(const char *path_part) {
+    pthread_mutex_lock(&hold_mu);
+    snprintf(fail_path, sizeof fail_path, "%s", path_part);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+static int write_failure_pending(void) {
+    pthread_mutex_lock(&hold_mu);
+    int p = fail_path[0] != '\0';
+    pthread_mutex_unlock(&hold_mu);
+    return p;
 }
 
 static void release_writes(void) {
@@ -132,6 +169,7 @@ static void setup(void) {
     clock_ms = 0;
     lost_events = refused_events = 0;
     lost_msg[0] = 0;
+    lost_record_of[0] = lost_record[0] = '\0';
 }
 
 static void teardown(void) {
@@ -691,6 +729,369 @@ START_TEST(commit_does_not_wait_for_the_losss_write) {
 }
 END_TEST
 
+/* ---- what stops collection; what outlives destroy; names --------------- */
+
+/* 1 when DIR/sub exists (not followed when it is a link). */
+static int exists(const char *sub) {
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    return lstat(p, &st) == 0;
+}
+
+/* A damaged record is refused at open; the images it mentions stay, and
+ * every other unnamed image is still collected as the runtime commits. */
+START_TEST(damaged_record_does_not_stop_collection) {
+    hk_runtime *r = make_rt(0);
+    hk_runtime_destroy(r); /* the directories exist */
+    char h[65], rec[512], img[128];
+    ptx_hash(99, h);
+    int n = snprintf(rec, sizeof rec, "hotkern-record 1\nmodule g\ngood %s ptx 0\n", h);
+    put_file("modules/g.rec", rec, (size_t)n); /* cut short: no "end" */
+    snprintf(img, sizeof img, "images/%s", h);
+    put_file(img, "kept", 4);
+    r = make_rt(0);
+    for (int i = 1; i <= 40; i++) {
+        clock_ms += 2000;
+        swap_ok(r, "m", i);
+    }
+    /* m's current and known good, and the image g.rec mentions */
+    ck_assert_int_eq(count_files("images"), 3);
+    ck_assert(exists(img));
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* A record write and an image write that fail once: the runtime goes on
+ * collecting, and the next commit writes what the failed one could not. A
+ * record never names an image that is not on disk. */
+START_TEST(failed_write_does_not_stop_collection) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    fail_write_once("/modules/m.rec");
+    clock_ms += 2000;
+    swap_ok(r, "m", 2); /* its record cannot be written */
+    ck_assert(!write_failure_pending());
+    char h[65], p[128];
+    ptx_hash(3, h);
+    snprintf(p, sizeof p, "/images/%s", h);
+    fail_write_once(p);
+    clock_ms += 2000;
+    swap_ok(r, "m", 3); /* its image cannot be written: nor is the record naming it */
+    ck_assert(!write_failure_pending());
+    char *text = NULL, path[4096];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/modules/m.rec", dir);
+    ck_assert_int_eq(hku_read_file(path, 1 << 16, &text, &len, NULL), 0);
+    ck_assert_msg(!strstr(text, h), "the record names a missing image: %s", text);
+    free(text);
+    for (int i = 4; i <= 40; i++) {
+        clock_ms += 2000;
+        swap_ok(r, "m", i);
+    }
+    ck_assert_int_eq(count_files("images"), 2);
+    hk_runtime_destroy(r);
+    /* A restart knows v39 as known good (it ran 2 s; v40 none). */
+    r = make_rt(0);
+    char good[65], want[65];
+    ck_assert_int_eq(hk_module_known_good(r, "m", good, NULL), 0);
+    ptx_hash(39, want);
+    ck_assert_str_eq(good, want);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* A program that ends in its CONTEXT_LOST handler finds on disk the
+ * known-good promotion the loss made. */
+START_TEST(promotion_at_loss_is_on_disk_before_the_event) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "a", 1);
+    clock_ms = 5000; /* a v1 ran for 5 s: known good at the loss */
+    snprintf(lost_record_of, sizeof lost_record_of, "a");
+    ck_assert_int_eq(hk_runtime_note_error(r, CUDA_ERROR_ILLEGAL_ADDRESS), 1);
+    ck_assert_int_eq(lost_events, 1);
+    char h[65], line[128];
+    ptx_hash(1, h);
+    snprintf(line, sizeof line, "\ngood %s ptx 0\n", h);
+    ck_assert_msg(strstr(lost_record, line), "record at the event: %s", lost_record);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* Destroy gives up waiting for the GPU: the state directory is free for
+ * the next runtime at once, not once the GPU finishes. */
+START_TEST(abandoned_destroy_releases_the_state_directory) {
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.state_dir = dir;
+    o.suspect_window_ms = 1000;
+    o.destroy_wait_ms = 100;
+    o.loader = HK_LOADER_MODULE; /* the loader that synchronises */
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&r, &o, fake_driver(), &rep), 0);
+    hkl_lkg_set_clock(r, test_clock);
+    fake_hold_sync(1);
+    swap_ok(r, "m", 1);
+    clock_ms = 5000;
+    swap_ok(r, "m", 2); /* v1 retired: its pass holds in the synchronise */
+    fake_wait_sync_held();
+    hk_runtime_destroy(r); /* gives up after 100 ms */
+    hk_runtime *r2 = NULL;
+    o.loader = HK_LOADER_LIBRARY;
+    int err = hkl_runtime_create_with(&r2, &o, fake_driver(), &rep);
+    ck_assert_msg(err == 0, "create after an abandoned destroy: %s", rep.message);
+    hk_report_clear(&rep);
+    /* What the abandoned runtime recorded is there. */
+    char good[65], want[65];
+    ck_assert_int_eq(hk_module_known_good(r2, "m", good, NULL), 0);
+    ptx_hash(1, want);
+    ck_assert_str_eq(good, want);
+    hk_runtime_destroy(r2);
+    fake_hold_sync(0);
+    for (int i = 0; i < 1000 && fake_live_images(); i++)
+        usleep(10 * 1000); /* the abandoned runtime finishes */
+    ck_assert_int_eq(fake_live_images(), 0);
+}
+END_TEST
+
+/* Names that cannot go on a record's line (or into a log line) are refused
+ * when the swap is asked for, before anything is built or recorded; others,
+ * UTF-8 included, are recorded. */
+START_TEST(unrecordable_module_names_are_refused) {
+    hk_runtime *r = make_rt(0);
+    static const char *const bad[] = {"a\nb",        "a\rb",       "tab\there",
+                                      "\xff\xfe",    "caf\xc3",    "over\xc0\xaflong",
+                                      "esc\x1b[31m", "c1\xc2\x9b", "ls\xe2\x80\xa8"};
+    const char *src = fake_ptx(1, 0, 0, 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hk_report rep = HK_REPORT_INIT;
+        ck_assert_int_eq(hk_swap(r, bad[i], src, strlen(src), NULL, &rep), HK_ERR_INVALID);
+        ck_assert_msg(strstr(rep.message, "module name"), "%zu: %s", i, rep.message);
+        hk_report_clear(&rep);
+        ck_assert_int_eq(hk_submit(r, bad[i], src, strlen(src), NULL), HK_ERR_INVALID);
+    }
+    ck_assert_int_eq(count_files("modules"), 0);
+    ck_assert_int_eq(count_files("images"), 0);
+    swap_ok(r, "caf\xc3\xa9 ns::k v2", 1);
+    ck_assert(exists("modules/caf%C3%A9%20ns%3A%3Ak%20v2.rec"));
+    for (int i = 2; i <= 10; i++) {
+        clock_ms += 2000;
+        swap_ok(r, "m", i);
+    }
+    ck_assert_int_eq(count_files("images"), 3);
+    hk_runtime_destroy(r);
+    r = make_rt(0);
+    char good[65];
+    ck_assert_int_eq(hk_module_known_good(r, "caf\xc3\xa9 ns::k v2", good, NULL), 0);
+    hk_runtime_destroy(r);
+    /* The record parser refuses such a name too. */
+    hkl_rec rec;
+    char why[160];
+    const char *t = "hotkern-record 1\nmodule caf\xc3\nend\n";
+    ck_assert_int_eq(hkl_rec_parse(t, strlen(t), &rec, why, sizeof why), HK_ERR_FORMAT);
+}
+END_TEST
+
+/* ---- a directory other users could change -------------------------------- */
+
+static int create_err(const char *state, char *msg, size_t n) {
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    int err = make_rt_opts(&r, state, 0, &rep);
+    snprintf(msg, n, "%s", rep.message);
+    hk_report_clear(&rep);
+    if (err == 0)
+        hk_runtime_destroy(r);
+    return err;
+}
+
+/* Another user's uid for chown (the tests may run as root), else a
+ * directory root owns, for a non-root run. */
+#define OTHER_UID 54321
+
+START_TEST(state_directory_others_can_change_is_refused) {
+    char msg[512];
+    ck_assert_int_eq(chmod(dir, 0777), 0);
+    ck_assert_int_eq(create_err(dir, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, dir) && strstr(msg, "writable by group and others"), "%s", msg);
+    ck_assert_int_eq(count_files("."), 0); /* nothing made in it */
+    ck_assert_int_eq(chmod(dir, 0720), 0);
+    ck_assert_int_eq(create_err(dir, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "writable by group"), "%s", msg);
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    /* A parent writable by others without the sticky bit. */
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/open", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    ck_assert_int_eq(chmod(sub, 0777), 0);
+    snprintf(sub, sizeof sub, "%s/open/state", dir);
+    ck_assert_int_eq(create_err(sub, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "above it") && strstr(msg, "not sticky"), "%s", msg);
+    snprintf(sub, sizeof sub, "%s/open", dir);
+    ck_assert_int_eq(chmod(sub, 01777), 0); /* sticky, as /tmp: fine */
+    snprintf(sub, sizeof sub, "%s/open/state", dir);
+    ck_assert_int_eq(create_err(sub, msg, sizeof msg), 0);
+    /* Owned by another user. */
+    const char *other = "/usr";
+    if (geteuid() == 0) {
+        ck_assert_int_eq(chown(sub, OTHER_UID, OTHER_UID), 0);
+        other = sub;
+    }
+    ck_assert_int_eq(create_err(other, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, other) && strstr(msg, "owned by uid"), "%s", msg);
+}
+END_TEST
+
+/* Links planted in the directory are refused, never followed: nothing is
+ * created or removed elsewhere through them. */
+START_TEST(state_directory_links_are_not_followed) {
+    char out[1024], p[4096], msg[512];
+    snprintf(out, sizeof out, "%s/elsewhere", dir);
+    ck_assert_int_eq(mkdir(out, 0700), 0);
+    char state[1024];
+    snprintf(state, sizeof state, "%s/state", dir);
+    ck_assert_int_eq(mkdir(state, 0700), 0);
+    /* lock -> a file that does not exist yet */
+    snprintf(p, sizeof p, "%s/lock", state);
+    char target[4096];
+    snprintf(target, sizeof target, "%s/created", out);
+    ck_assert_int_eq(symlink(target, p), 0);
+    ck_assert_int_eq(create_err(state, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "lock") && strstr(msg, "symbolic link"), "%s", msg);
+    ck_assert_int_ne(access(target, F_OK), 0);
+    ck_assert_int_eq(unlink(p), 0);
+    /* images -> a directory holding a file named like an unnamed image */
+    snprintf(p, sizeof p, "%s/images", state);
+    ck_assert_int_eq(rmdir(p), 0); /* made by the refused create */
+    ck_assert_int_eq(symlink(out, p), 0);
+    char victim[4096];
+    snprintf(victim, sizeof victim,
+             "%s/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", out);
+    ck_assert_int_eq(hkt_write_file(victim, "theirs"), 0);
+    ck_assert_int_eq(create_err(state, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, "images") && strstr(msg, "not a directory"), "%s", msg);
+    ck_assert_int_eq(access(victim, F_OK), 0);
+}
+END_TEST
+
+/* A record or an image others could have written is not trusted: restore
+ * does not run it, and says why. */
+START_TEST(loose_record_or_image_is_not_restored) {
+    hk_runtime *r = make_rt(0);
+    swap_ok(r, "m", 1);
+    swap_ok(r, "n", 2);
+    clock_ms = 5000;
+    hk_runtime_destroy(r); /* both known good */
+    char p[4096], h[65];
+    snprintf(p, sizeof p, "%s/modules/m.rec", dir);
+    ck_assert_int_eq(chmod(p, 0666), 0);
+    ptx_hash(2, h);
+    snprintf(p, sizeof p, "%s/images/%s", dir, h);
+    ck_assert_int_eq(chmod(p, 0622), 0);
+    r = make_rt(0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hk_runtime_restore(r, &rep), 0);
+    ck_assert_msg(strstr(rep.message, "m.rec") &&
+                      strstr(rep.message, "writable by group and others"),
+                  "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "n: ") && strstr(rep.message, h) &&
+                      strstr(rep.message, "writable by group and others"),
+                  "%s", rep.message);
+    hk_report_clear(&rep);
+    ck_assert_uint_eq(hk_module_version(r, "m"), 0);
+    ck_assert_uint_eq(hk_module_version(r, "n"), 0);
+    hk_runtime_destroy(r);
+}
+END_TEST
+
+/* A commit's record write hangs in fsync: queries and other modules'
+ * swaps go on meanwhile (the disk work is done with swap_lock released). */
+START_TEST(queries_do_not_wait_for_a_commits_write) {
+    hk_runtime *r = make_rt(0);
+    hold_writes("/modules/m.rec");
+    swap_arg a = {r, "m", 1, -1};
+    pthread_t t;
+    pthread_create(&t, NULL, swap_thread, &a);
+    wait_held();
+    ck_assert_uint_eq(hk_module_version(r, "m"), 1);
+    swap_ok(r, "n", 2);
+    ck_assert_uint_eq(hk_module_version(r, "n"), 1);
+    ck_assert_int_eq(still_held(), 1);
+    release_writes();
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.err, 0);
+    hk_runtime_destroy(r);
+    /* Both records and their images landed. */
+    char h[65], img[128];
+    ck_assert(exists("modules/m.rec") && exists("modules/n.rec"));
+    ptx_hash(1, h);
+    snprintf(img, sizeof img, "images/%s", h);
+    ck_assert(exists(img));
+    ptx_hash(2, h);
+    snprintf(img, sizeof img, "images/%s", h);
+    ck_assert(exists(img));
+}
+END_TEST
+
+/* Images made before the threads start (fake_ptx's buffers are not for
+ * concurrent use): 25 per thread, tags tag .. tag + 24. */
+static char *many_src[4][25];
+
+/* A swap that a newer one overtook is refused (HK_ERR_SUPERSEDED): fine. */
+static void *swap_many(void *p) {
+    swap_arg *a = p;
+    char **src = many_src[a->tag / 100];
+    for (int i = 0; i < 25 && a->err == 0; i++)
+        if ((a->err = hk_swap(a->r, a->mod, src[i], strlen(src[i]), NULL, NULL)) ==
+            HK_ERR_SUPERSEDED)
+            a->err = 0;
+    return NULL;
+}
+
+/* Swaps from four threads at once, each writing after swap_lock is
+ * released: the record that lands last names what runs, and every image a
+ * record names is on disk. */
+START_TEST(concurrent_commits_land_in_commit_order) {
+    hk_runtime *r = make_rt(0);
+    swap_arg a[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 25; j++)
+            ck_assert_ptr_nonnull(many_src[i][j] = strdup(fake_ptx(1 + 100 * i + j, 0, 0, 0)));
+    for (int i = 0; i < 4; i++) {
+        a[i] = (swap_arg){r, "m", 1 + 100 * i, 0};
+        pthread_create(&t[i], NULL, swap_many, &a[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_int_eq(a[i].err, 0);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 25; j++)
+            free(many_src[i][j]);
+    hk_kernel *k;
+    int cu = 0;
+    ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
+    int tag = launch_tag(k, &cu);
+    char h[65], p[4096], *text = NULL;
+    size_t n = 0;
+    ptx_hash(tag, h);
+    snprintf(p, sizeof p, "%s/modules/m.rec", dir);
+    ck_assert_int_eq(hku_read_file(p, 1 << 16, &text, &n, NULL), 0);
+    ck_assert_msg(strstr(text, h), "v%d runs; the record says: %s", tag, text);
+    free(text);
+    hk_runtime_destroy(r);
+    char img[128];
+    snprintf(img, sizeof img, "images/%s", h);
+    ck_assert(exists(img));
+}
+END_TEST
+
 int main(void) {
     if (sodium_init() < 0)
         return 1;
@@ -706,6 +1107,14 @@ int main(void) {
     tcase_add_test(tc, damaged_records_are_refused_with_a_report);
     tcase_add_test(tc, disk_holds_only_what_records_name);
     tcase_add_test(tc, fault_right_after_publication_quarantines_the_new_version);
+    tcase_add_test(tc, damaged_record_does_not_stop_collection);
+    tcase_add_test(tc, failed_write_does_not_stop_collection);
+    tcase_add_test(tc, promotion_at_loss_is_on_disk_before_the_event);
+    tcase_add_test(tc, abandoned_destroy_releases_the_state_directory);
+    tcase_add_test(tc, unrecordable_module_names_are_refused);
+    tcase_add_test(tc, state_directory_others_can_change_is_refused);
+    tcase_add_test(tc, state_directory_links_are_not_followed);
+    tcase_add_test(tc, loose_record_or_image_is_not_restored);
     suite_add_tcase(s, tc);
     /* A regression here hangs (a lock held across the held fsync): the
      * timeout is what fails it. */
@@ -714,6 +1123,8 @@ int main(void) {
     tcase_set_timeout(dc, 20);
     tcase_add_test(dc, loss_does_not_wait_for_another_modules_write);
     tcase_add_test(dc, commit_does_not_wait_for_the_losss_write);
+    tcase_add_test(dc, queries_do_not_wait_for_a_commits_write);
+    tcase_add_test(dc, concurrent_commits_land_in_commit_order);
     suite_add_tcase(s, dc);
     TCase *rc = tcase_create("record");
     tcase_add_test(rc, record_round_trip);

@@ -4,6 +4,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,6 +575,71 @@ START_TEST(stale_temp_files_cleaned) {
 }
 END_TEST
 
+/* A state directory or file that another user could change is refused
+ * (it would let them reopen old releases): with the path and the reason. A
+ * state file that is a link is refused, never followed. */
+START_TEST(state_others_can_change_is_refused) {
+    char *dir = hkt_tmpdir();
+    char path[600], elsewhere[600];
+    hk_report rep = HK_REPORT_INIT;
+    hkn_state *s;
+    ck_assert_int_eq(chmod(dir, 0777), 0);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, dir) && strstr(rep.message, "writable by group and others"),
+                  "%s", rep.message);
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/accepted.json", dir);
+    ck_assert_int_eq(hkt_write_file(path, "{\"format\":1,\"modules\":{\"add\":9}}"), 0);
+    ck_assert_int_eq(chmod(path, 0666), 0);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "accepted.json") && strstr(rep.message, "writable"), "%s",
+                  rep.message);
+    /* Opened while fine, loosened later: every check refuses. */
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 9);
+    ck_assert_int_eq(chmod(path, 0606), 0);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), UINT64_MAX);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 10, &rep), HK_ERR_IO);
+    hkn_state_close(s);
+    /* A link in the file's place. */
+    snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere.json", dir);
+    ck_assert_int_eq(rename(path, elsewhere), 0);
+    ck_assert_int_eq(chmod(elsewhere, 0600), 0);
+    ck_assert_int_eq(symlink(elsewhere, path), 0);
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "symbolic link"), "%s", rep.message);
+    hk_report_clear(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Another process holds the state directory's lock and never lets go (it
+ * stopped): every read and write gives up after a bounded wait and fails
+ * closed. */
+START_TEST(state_lock_held_by_a_stopped_process) {
+    char *dir = hkt_tmpdir();
+    hk_report rep = HK_REPORT_INIT;
+    hkn_state *s;
+    ck_assert_int_eq(hkn_state_open(dir, &s, &rep), 0);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 3, &rep), 0);
+    pid_t holder = hkt_hold_lock_stopped(dir);
+    ck_assert_int_gt(holder, 0);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 4, &rep), HK_ERR_BUSY);
+    ck_assert_msg(strstr(rep.message, dir) && strstr(rep.message, "lock"), "%s", rep.message);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), UINT64_MAX); /* fails closed */
+    kill(holder, SIGKILL);
+    ck_assert_int_eq(waitpid(holder, NULL, 0), holder);
+    ck_assert_uint_eq(hkn_state_get(s, "add"), 3);
+    ck_assert_int_eq(hkn_state_accept(s, "add", 4, &rep), 0);
+    hkn_state_close(s);
+    hk_report_clear(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* Signs arbitrary manifest text, for inputs the signing code never makes. */
 static void sign_text(const hkn_seckey *k, const char *text, char sig[128]) {
     unsigned char bin[HKN_SIG_BYTES];
@@ -875,6 +941,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, corrupt_state_fails_closed);
     tcase_add_test(tc, large_versions_recorded_exactly);
     tcase_add_test(tc, stale_temp_files_cleaned);
+    tcase_add_test(tc, state_others_can_change_is_refused);
+    tcase_add_test(tc, state_lock_held_by_a_stopped_process);
     tcase_add_test(tc, strict_manifest_text);
     tcase_add_test(tc, lifetime_and_future_creation);
     tcase_add_test(tc, key_file_kinds_and_modes);

@@ -692,6 +692,32 @@ START_TEST(long_module_name_refused) {
 }
 END_TEST
 
+/* A module name that could not be recorded (a line feed, bytes that are not
+ * UTF-8, a control character) is refused once per change, as the engine
+ * would refuse it; a UTF-8 name is handed over. */
+START_TEST(unrecordable_module_name_refused) {
+    static const char *const bad[] = {"two\nlines.cu", "lat\xe9.cu", "esc\x1b.ptx"};
+    refusal f;
+
+    start();
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    usleep(100 * 1000);
+    for (int i = 0; i < 3; i++)
+        write_file(bad[i], "X");
+    write_file("caf\xc3\xa9.cu", "OK");
+    expect_refusals(3);
+    ck_assert_int_eq(rec_wait(1, WAIT_MS), 1);
+    ck_assert_int_eq(rec_count_module("caf\xc3\xa9", 0), 1);
+    for (int i = 0; i < 3; i++) {
+        ck_assert(refusal_of(bad[i], &f));
+        ck_assert_int_eq(f.err, HK_ERR_INVALID);
+        ck_assert_str_eq(f.module, "");
+        ck_assert_msg(strstr(f.why, "module name"), "%s", f.why);
+    }
+    ck_assert_int_eq(rec_count(), 1);
+}
+END_TEST
+
 START_TEST(unchanged_not_handed_again) {
     char p[PATH_MAX];
 
@@ -1334,6 +1360,7 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, special_files_refused_once);
     tcase_add_test(tc, procfs_file_refused_once);
     tcase_add_test(tc, long_module_name_refused);
+    tcase_add_test(tc, unrecordable_module_name_refused);
     tcase_add_test(tc, unchanged_not_handed_again);
     tcase_add_test(tc, header_rebuilds_dependents);
     tcase_add_test(tc, header_in_other_directory);

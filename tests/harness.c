@@ -184,3 +184,34 @@ const char *hkt_built_program(const char *name) {
     snprintf(path, sizeof path, "%s/bin/%s", dir, name);
     return path;
 }
+
+#include <sys/file.h>
+#include <sys/prctl.h>
+
+pid_t hkt_hold_lock_stopped(const char *path) {
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0)
+            fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(p[1], "x", 1) != 1)
+            _exit(1);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    char ch;
+    int st = 0;
+    int ok =
+        pid > 0 && read(p[0], &ch, 1) == 1 && waitpid(pid, &st, WUNTRACED) == pid && WIFSTOPPED(st);
+    close(p[0]);
+    close(p[1]);
+    if (!ok && pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return ok ? pid : -1;
+}

@@ -38,6 +38,13 @@ void hkt_rmtree(const char *path);
 int hkt_nginx_start(const char *root, const char *tmp, const char *extra, pid_t *pid);
 void hkt_nginx_stop(pid_t pid);
 
+/* Forks a process that takes an exclusive flock on path (a file, created
+ * when missing, or a directory) and stops itself with SIGSTOP: a holder
+ * that never lets go. Returns its pid once it holds the lock and is
+ * stopped; it is killed when the calling process ends (PR_SET_PDEATHSIG),
+ * else by kill(pid, SIGKILL) and waitpid. */
+pid_t hkt_hold_lock_stopped(const char *path);
+
 /* Path of a program built beside the test binaries: BUILD/bin/NAME, found
  * from /proc/self/exe. */
 const char *hkt_built_program(const char *name);

@@ -1,6 +1,8 @@
 /*
  * Whole files: read at once, replaced atomically, directories made with
- * their parents (util/util.h).
+ * their parents; directories checked before they are trusted, and files
+ * opened under them without following links; file locks waited for with a
+ * bound (util/util.h).
  *
  * A replacement must never be seen half-written, even across a crash: the
  * bytes go to a temporary file in the same directory, which is synced,
@@ -14,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/util.h"
@@ -54,36 +58,23 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-/* Syncs the directory that holds path, so that a rename in it survives a
- * crash. Best effort: a file system that cannot sync a directory still has
- * the file. */
-static void sync_parent(const char *path) {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-}
-
-static int write_replace(const char *path, const struct iovec *iov, int n, int mode, int durable,
-                         hk_report *rep) {
+/* Writes iov to a temporary file under dfd (NAME.tmp.PID.N, created with
+ * mode and O_EXCL, so nothing already there is followed or reused), syncs it
+ * when durable, renames it over name (rename() is atomic) and then syncs
+ * the directory, so that the rename itself survives a crash. Best effort
+ * for the directory: a file system that cannot sync one still has the
+ * file. */
+static int write_replaceat(int dfd, const char *dir, const char *name, const struct iovec *iov,
+                           int n, int mode, int durable, hk_report *rep) {
     static unsigned counter;
-    char tmp[PATH_MAX];
+    char tmp[NAME_MAX + 1];
     unsigned k = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), k) >= (int)sizeof tmp)
-        return hku_fail(rep, HK_ERR_INVALID, "path too long: %s", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (strchr(name, '/') ||
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", name, (long)getpid(), k) >= (int)sizeof tmp)
+        return hku_fail(rep, HK_ERR_INVALID, "bad file name: %s/%s", dir, name);
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
-        return hku_fail(rep, HK_ERR_IO, "create %s: %s", tmp, strerror(errno));
+        return hku_fail(rep, HK_ERR_IO, "create %s/%s: %s", dir, tmp, strerror(errno));
     for (int i = 0; i < n; i++)
         if (write_all(fd, iov[i].iov_base, iov[i].iov_len) != 0)
             goto fail;
@@ -93,17 +84,45 @@ static int write_replace(const char *path, const struct iovec *iov, int n, int m
         goto fail;
     int closed = close(fd);
     fd = -1;
-    if (closed != 0 || rename(tmp, path) != 0)
+    if (closed != 0 || renameat(dfd, tmp, dfd, name) != 0)
         goto fail;
     if (durable)
-        sync_parent(path);
+        (void)fsync(dfd);
     return 0;
 fail:;
     int e = errno;
     if (fd >= 0)
         close(fd);
-    unlink(tmp);
-    return hku_fail(rep, HK_ERR_IO, "write %s: %s", path, strerror(e));
+    unlinkat(dfd, tmp, 0);
+    return hku_fail(rep, HK_ERR_IO, "write %s/%s: %s", dir, name, strerror(e));
+}
+
+/* The path-based writes open the file's directory (following what the path
+ * says, as open() would) and write under it. */
+static int write_replace(const char *path, const struct iovec *iov, int n, int mode, int durable,
+                         hk_report *rep) {
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return hku_fail(rep, HK_ERR_INVALID, "path too long: %s", path);
+    char *slash = strrchr(dir, '/');
+    const char *name = path;
+    if (slash) {
+        name = path + (slash - dir) + 1;
+        if (slash == dir)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+    } else {
+        snprintf(dir, sizeof dir, ".");
+    }
+    if (!name[0])
+        return hku_fail(rep, HK_ERR_INVALID, "not a file path: %s", path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return hku_fail(rep, HK_ERR_IO, "write %s: %s: %s", path, dir, strerror(errno));
+    int err = write_replaceat(dfd, dir, name, iov, n, mode, durable, rep);
+    close(dfd);
+    return err;
 }
 
 int hku_write_atomicv(const char *path, const struct iovec *iov, int n, int mode, hk_report *rep) {
@@ -117,6 +136,11 @@ int hku_write_replace(const char *path, const struct iovec *iov, int n, int mode
 int hku_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep) {
     struct iovec iov = {.iov_base = (void *)bytes, .iov_len = size};
     return hku_write_atomicv(path, &iov, 1, mode, rep);
+}
+
+int hku_write_atomicat(int dfd, const char *dir, const char *name, const struct iovec *iov, int n,
+                       int mode, int durable, hk_report *rep) {
+    return write_replaceat(dfd, dir, name, iov, n, mode, durable, rep);
 }
 
 /* O_NONBLOCK keeps a FIFO (or a device) given by mistake from hanging the
@@ -190,4 +214,202 @@ int hku_read_file(const char *path, size_t max, char **out, size_t *len, hk_repo
     int err = hku_read_fd(fd, path, max, out, len, rep);
     close(fd);
     return err;
+}
+
+/* ---- trusted directories ------------------------------------------------ */
+
+/* What is wrong with st for a directory or file that must be the effective
+ * user's alone; NULL when nothing is. */
+static const char *untrusted(const struct stat *st, char *buf, size_t n) {
+    uid_t me = geteuid();
+    if (st->st_uid != me) {
+        snprintf(buf, n, "owned by uid %ld, not by this process's user (uid %ld)", (long)st->st_uid,
+                 (long)me);
+        return buf;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(buf, n, "writable by %s (mode %04o): chmod go-w it",
+                 (st->st_mode & S_IWGRP) && (st->st_mode & S_IWOTH) ? "group and others"
+                 : st->st_mode & S_IWGRP                            ? "group"
+                                                                    : "others",
+                 (unsigned)(st->st_mode & 07777));
+        return buf;
+    }
+    return NULL;
+}
+
+/* The same for a directory above the one used: root may own it, and a
+ * sticky one (/tmp) may be writable by all, since others can then add
+ * names in it but not rename or remove ours. */
+static const char *untrusted_parent(const struct stat *st, char *buf, size_t n) {
+    uid_t me = geteuid();
+    if (!S_ISDIR(st->st_mode)) {
+        snprintf(buf, n, "not a directory");
+        return buf;
+    }
+    if (st->st_uid != me && st->st_uid != 0) {
+        snprintf(buf, n, "owned by uid %ld, neither this process's user (uid %ld) nor root",
+                 (long)st->st_uid, (long)me);
+        return buf;
+    }
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+        snprintf(buf, n,
+                 "writable by %s and not sticky (mode %04o): another user could replace what "
+                 "is below it",
+                 st->st_mode & S_IWOTH ? "others" : "group", (unsigned)(st->st_mode & 07777));
+        return buf;
+    }
+    return NULL;
+}
+
+int hku_fd_check(int fd, const char *path, const char *what, hk_report *rep) {
+    struct stat st;
+    char buf[160];
+    if (fstat(fd, &st) != 0)
+        return hku_fail(rep, HK_ERR_IO, "%s %s: stat: %s", what, path, strerror(errno));
+    const char *bad = untrusted(&st, buf, sizeof buf);
+    return bad ? hku_fail(rep, HK_ERR_IO, "%s %s: %s", what, path, bad) : 0;
+}
+
+/* Checks every directory above real (an absolute path without links, as
+ * realpath gives), from / down. */
+static int check_parents(const char *real, const char *what, hk_report *rep) {
+    char p[PATH_MAX], buf[200];
+    size_t n = strlen(real);
+    if (n >= sizeof p)
+        return hku_fail(rep, HK_ERR_INVALID, "%s %s: path too long", what, real);
+    memcpy(p, real, n + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (real[i] != '/')
+            continue;
+        p[i ? i : 1] = '\0'; /* the prefix up to this slash; "/" for the first */
+        struct stat st;
+        if (lstat(p, &st) != 0)
+            return hku_fail(rep, HK_ERR_IO, "%s %s: %s: %s", what, real, p, strerror(errno));
+        const char *bad = untrusted_parent(&st, buf, sizeof buf);
+        if (bad)
+            return hku_fail(rep, HK_ERR_IO, "%s %s: the directory %s above it is %s", what, real, p,
+                            bad);
+        memcpy(p, real, n + 1);
+    }
+    return 0;
+}
+
+int hku_dir_open(const char *dir, const char *what, int create, hk_report *rep) {
+    char real[PATH_MAX];
+    if (!dir || !dir[0] || strlen(dir) >= sizeof real)
+        return hku_fail(rep, HK_ERR_INVALID, "%s: bad directory path", what);
+    if (create) {
+        int err = hku_mkdir_p(dir, rep);
+        if (err)
+            return err;
+    }
+    if (!realpath(dir, real))
+        return hku_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "%s %s: %s", what, dir,
+                        strerror(errno));
+    int err = check_parents(real, what, rep);
+    if (err)
+        return err;
+    /* The directory as checked: O_NOFOLLOW, and compared with what lstat
+     * saw, so that nothing replaced between the check and the open counts. */
+    struct stat seen, st;
+    if (lstat(real, &seen) != 0)
+        return hku_fail(rep, HK_ERR_IO, "%s %s: %s", what, real, strerror(errno));
+    int fd = open(real, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return hku_fail(rep, HK_ERR_IO, "%s %s: %s", what, real, strerror(errno));
+    if (fstat(fd, &st) != 0 || st.st_dev != seen.st_dev || st.st_ino != seen.st_ino) {
+        close(fd);
+        return hku_fail(rep, HK_ERR_IO, "%s %s: changed while it was opened", what, real);
+    }
+    if ((err = hku_fd_check(fd, real, what, rep)) < 0) {
+        close(fd);
+        return err;
+    }
+    return fd;
+}
+
+int hku_subdir_open(int dfd, const char *dir, const char *name, const char *what, int create,
+                    hk_report *rep) {
+    if (create && mkdirat(dfd, name, 0700) != 0 && errno != EEXIST)
+        return hku_fail(rep, HK_ERR_IO, "%s %s/%s: mkdir: %s", what, dir, name, strerror(errno));
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return hku_fail(rep, e == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "%s %s/%s: %s", what, dir,
+                        name,
+                        e == ELOOP || e == ENOTDIR ? "not a directory (a link or a file): refused"
+                                                   : strerror(e));
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int err = hku_fd_check(fd, path, what, rep);
+    if (err < 0) {
+        close(fd);
+        return err;
+    }
+    return fd;
+}
+
+int hku_openat(int dfd, const char *dir, const char *name, int flags, int mode, hk_report *rep) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (strchr(name, '/'))
+        return hku_fail(rep, HK_ERR_INVALID, "bad file name: %s", path);
+    int fd = openat(dfd, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, mode);
+    if (fd < 0) {
+        int e = errno;
+        return hku_fail(rep, e == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "open %s: %s", path,
+                        e == ELOOP ? "a symbolic link: refused" : strerror(e));
+    }
+    struct stat st;
+    char buf[160];
+    const char *bad = NULL;
+    if (fstat(fd, &st) != 0)
+        bad = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        bad = "not a regular file";
+    else
+        bad = untrusted(&st, buf, sizeof buf);
+    if (bad) {
+        close(fd);
+        return hku_fail(rep, HK_ERR_IO, "%s: %s", path, bad);
+    }
+    return fd;
+}
+
+int hku_read_fileat(int dfd, const char *dir, const char *name, size_t max, char **out, size_t *len,
+                    hk_report *rep) {
+    char path[PATH_MAX];
+    *out = NULL;
+    *len = 0;
+    /* O_NONBLOCK as in hku_open_regular; only a regular file gets past. */
+    int fd = hku_openat(dfd, dir, name, O_RDONLY | O_NONBLOCK, 0, rep);
+    if (fd < 0)
+        return fd;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int err = hku_read_fd(fd, path, max, out, len, rep);
+    close(fd);
+    return err;
+}
+
+int hku_flock_wait(int fd, int how, int max_ms) {
+    double end = hku_now_ms() + (max_ms > 0 ? max_ms : 0);
+    long pause_us = 1000;
+    for (;;) {
+        if (flock(fd, how | LOCK_NB) == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        if (errno != EWOULDBLOCK)
+            return HK_ERR_IO;
+        double left = end - hku_now_ms();
+        if (left <= 0)
+            return HK_ERR_BUSY;
+        long us = pause_us < (long)(left * 1000) ? pause_us : (long)(left * 1000) + 1;
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        if (pause_us < 32000)
+            pause_us *= 2;
+    }
 }

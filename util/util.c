@@ -1,6 +1,6 @@
 /*
- * Reports and copies shared by both libraries (util/util.h). Allocation
- * failures are reported, never fatal.
+ * Reports, copies and the rule for module names, shared by both libraries
+ * (util/util.h). Allocation failures are reported, never fatal.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,5 +77,76 @@ int hku_headers_dup(const hk_header *h, int n, hk_header **out) {
         p += h[i].size + 1;
     }
     *out = v;
+    return 0;
+}
+
+/* The code point starting at s, in *cp, and its length in bytes; 0 when
+ * the bytes are not UTF-8 in its shortest form (RFC 3629: no overlong
+ * forms, no surrogates, nothing past U+10FFFF). The NUL ending s is never
+ * a continuation byte, so no read goes past it. */
+static size_t utf8_next(const unsigned char *s, uint32_t *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t n;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        lo = c == 0xe0 ? 0xa0 : 0x80; /* no overlong forms */
+        hi = c == 0xed ? 0x9f : 0xbf; /* no surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        lo = c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xf4 ? 0x8f : 0xbf; /* nothing past U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    uint32_t v = c & (0x7fu >> n);
+    for (size_t i = 1; i < n; i++) {
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+        v = v << 6 | (s[i] & 0x3f);
+    }
+    *cp = v;
+    return n;
+}
+
+int hku_name_check(const char *name, char *why, size_t why_size) {
+    char local[8];
+    if (!why || !why_size) {
+        why = local;
+        why_size = sizeof local;
+    }
+    if (!name || !name[0]) {
+        snprintf(why, why_size, "empty module name");
+        return HK_ERR_INVALID;
+    }
+    size_t len = strlen(name);
+    if (len >= HKU_NAME_MAX) {
+        snprintf(why, why_size, "module name of %zu bytes (the most is %d)", len, HKU_NAME_MAX - 1);
+        return HK_ERR_INVALID;
+    }
+    const unsigned char *p = (const unsigned char *)name;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t n = utf8_next(p + i, &cp);
+        if (!n) {
+            snprintf(why, why_size, "module name is not UTF-8 (byte 0x%02x at offset %zu)", p[i],
+                     i);
+            return HK_ERR_INVALID;
+        }
+        if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029) {
+            snprintf(why, why_size, "module name holds control character U+%04X at offset %zu",
+                     (unsigned)cp, i);
+            return HK_ERR_INVALID;
+        }
+        i += n;
+    }
     return 0;
 }

@@ -31,6 +31,20 @@
  * records a note without an error. */
 int hku_fail(hk_report *rep, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* ---- module names (util/util.c) ------------------------------------------ */
+
+/* Whether name may name a module: 1 to HKU_NAME_MAX - 1 bytes of UTF-8 in
+ * its shortest form (no surrogates, nothing past U+10FFFF), holding no
+ * control character (C0, DEL, C1) and no line or paragraph separator
+ * (U+2028, U+2029). A module name goes unchanged onto one line of a
+ * last-known-good record, into log lines, metrics labels and events, so the
+ * engine (hk_swap, hk_submit) and the directory watcher refuse any other
+ * before it becomes a version; the network endpoint's rule
+ * ([A-Za-z0-9_.-], net/release.c) is a subset. Returns 0, or HK_ERR_INVALID
+ * with why (may be NULL) saying what is wrong. */
+#define HKU_NAME_MAX 64
+int hku_name_check(const char *name, char *why, size_t why_size);
+
 /* ---- copies (util/util.c) ----------------------------------------------- */
 
 /* A copy of the n strings of v, a NULL entry copied as "". Returns NULL when
@@ -84,10 +98,77 @@ int hku_write_replace(const char *path, const struct iovec *iov, int n, int mode
 /* hku_write_atomicv of one buffer. */
 int hku_write_atomic(const char *path, const void *bytes, size_t size, int mode, hk_report *rep);
 
+/* The at-variants of the above, under a directory descriptor: name is one
+ * component (no '/'), opened with O_NOFOLLOW, so that a symbolic link put in
+ * its place is refused, never followed; dir names the directory in messages
+ * only. hku_write_atomicat makes its temporary file there too, and syncs
+ * (the file before the rename, the directory after it) when durable is
+ * set. Both check what they open like hku_openat. Same returns as the
+ * path-based ones. */
+int hku_read_fileat(int dfd, const char *dir, const char *name, size_t max, char **out, size_t *len,
+                    hk_report *rep);
+int hku_write_atomicat(int dfd, const char *dir, const char *name, const struct iovec *iov, int n,
+                       int mode, int durable, hk_report *rep);
+
 /* Creates directory dir and its missing parents (mode 0700), like mkdir -p,
  * and checks that dir is a directory. Returns 0, HK_ERR_INVALID (empty or
  * too long) or HK_ERR_IO, with rep (may be NULL) saying why. */
 int hku_mkdir_p(const char *dir, hk_report *rep);
+
+/* ---- trusted directories (util/file.c) ------------------------------------ */
+
+/*
+ * The directories hotkern keeps state in decide what code runs and what is
+ * refused: a record and an image planted in the last-known-good store are
+ * run by --restore, a renamed anti-rollback file reopens every old release,
+ * a replaced cache entry is served to the next swap. So, like OpenSSH's
+ * StrictModes, such a directory is used only when no other local user can
+ * change it:
+ * - the directory, and every file read or written in it, belongs to the
+ *   process's effective user and is writable by nobody else (no group or
+ *   other write bit);
+ * - every directory above it, up to /, belongs to that user or to root and
+ *   is writable by nobody else, unless it is sticky (/tmp), where others
+ *   may add names but not rename or remove ours;
+ * - below it, nothing is reached through a path: each file is opened with
+ *   openat(O_NOFOLLOW) under the checked directory's descriptor, so a
+ *   symbolic link put in a file's place is refused, never followed, and a
+ *   directory renamed under a running program takes its files with it.
+ * A refusal says which path and what is wrong with it ("state directory
+ * /x: writable by group (mode 0775)"). `what` names the directory's use in
+ * those messages.
+ */
+
+/* Opens directory dir (O_DIRECTORY; the caller closes it), first creating it
+ * and its missing parents (mode 0700) when create is set, after checking it
+ * and every directory above it as said above. Returns the descriptor, or
+ * HK_ERR_NOT_FOUND (missing, create unset), HK_ERR_INVALID (bad path) or
+ * HK_ERR_IO (refused or failed), with rep (may be NULL) saying why. */
+int hku_dir_open(const char *dir, const char *what, int create, hk_report *rep);
+
+/* Opens subdirectory name of dfd (whose path dir is, for messages),
+ * creating it (mode 0700) when create is set; checked like the directory
+ * itself. Same returns as hku_dir_open. */
+int hku_subdir_open(int dfd, const char *dir, const char *name, const char *what, int create,
+                    hk_report *rep);
+
+/* Opens file name under dfd with flags | O_NOFOLLOW | O_CLOEXEC |
+ * O_NOCTTY (mode when O_CREAT creates it) and checks it: a regular file of
+ * the effective user that nobody else can write. Returns the descriptor, or
+ * HK_ERR_NOT_FOUND, or HK_ERR_IO (a link, not a regular file, another
+ * owner, a loose mode, an error), with rep saying why. */
+int hku_openat(int dfd, const char *dir, const char *name, int flags, int mode, hk_report *rep);
+
+/* Checks an open file or directory (path for messages): owned by the
+ * effective user, writable by nobody else. 0, or HK_ERR_IO with rep. */
+int hku_fd_check(int fd, const char *path, const char *what, hk_report *rep);
+
+/* flock(fd, how) (LOCK_SH or LOCK_EX) waiting at most max_ms: tries at
+ * once, then again with a growing pause (1 ms doubling to 32 ms), so a
+ * holder that stopped (a process under SIGSTOP, a debugger) costs a bounded
+ * wait, never a hang. 0; HK_ERR_BUSY when still held after max_ms;
+ * HK_ERR_IO (errno set) on another failure. */
+int hku_flock_wait(int fd, int how, int max_ms);
 
 /* ---- messages with helper processes (util/wire.c) ------------------------ */
 

@@ -54,6 +54,8 @@
 
 #include <sodium.h>
 
+#include "util/util.h"
+
 #define HASH_BYTES  32
 #define EVBUF_BYTES 65536
 #define WATCH_MASK                                                                                 \
@@ -344,6 +346,13 @@ static watch_file *file_new(hkw_watcher *w, watch_dir *d, const char *name) {
                  "module name (the file name up to its first '.') is %zu characters long, "
                  "the most is %d: not read",
                  strcspn(name, "."), HKW_MODULE_MAX - 1);
+    } else if (k == HKW_SOURCE && hku_name_check(module, why, sizeof why) < 0) {
+        /* As the engine would refuse it (a line feed, bytes that are not
+         * UTF-8, a control character): it could be neither recorded nor
+         * logged. */
+        f->name_err = HK_ERR_INVALID;
+        size_t n = strlen(why);
+        snprintf(why + n, sizeof why - n, " (the file name up to its first '.'): not read");
     } else if (k == HKW_SOURCE) {
         f->module = strdup(module);
         if (!f->module)

@@ -32,7 +32,8 @@
  * Any other file of an added directory that cannot be handed over is
  * refused through opts.refuse, once per change (a change is a new inode,
  * size, mode or time of the name), with the reason: a name with another
- * extension, a module name of HKW_MODULE_MAX characters or more, a
+ * extension, a module name of HKW_MODULE_MAX characters or more or one
+ * the engine would refuse (not UTF-8, a control character: hku_name_check), a
  * file that is not regular (FIFO, device, socket, or a pseudo-file such as
  * procfs' that reports 0 bytes yet has content), an empty file, one over the
  * size cap, one that cannot be opened, and a symbolic link that resolves

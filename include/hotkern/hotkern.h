@@ -293,7 +293,10 @@ typedef struct hk_options {
     int arch;                 /* target SM, e.g. 90; 0 = from device 0 */
     int history;              /* images kept per module for rollback, default 4 */
     const char *cache_dir;    /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
-                               * "" disables the cache */
+                               * "" disables the cache; one that another user
+                               * could change (owner, group/other write bit,
+                               * here or above) is not used, and the log says
+                               * why */
     uint64_t cache_max_bytes; /* default 256 MiB; the 32 entries used last are
                                * also kept in memory, at most an eighth of it */
     hk_event_cb on_event;
@@ -330,7 +333,8 @@ typedef struct hk_options {
     const char *state_dir;     /* last known good (see below): the directory
                                 * that keeps committed images and per-module
                                 * records across restarts (created; one
-                                * runtime at a time: locked while it lives);
+                                * runtime at a time: locked while it lives;
+                                * refused when another user could change it);
                                 * NULL (default): kept in memory only */
     int suspect_window_ms;     /* a version committed this shortly before the
                                 * context is lost is suspect, and one current
@@ -478,6 +482,11 @@ static inline void hk_swap_options_init(hk_swap_options *o) {
  * another thread, up to options.safe_point_wait_ms, then stages at once.
  * HK_STAGE_AT_SAFE_POINT from the thread that calls hk_safe_point returns
  * HK_ERR_INVALID (it would wait for itself).
+ * A module name is 1 to 63 bytes of UTF-8 without control characters (C0,
+ * DEL, C1) or line separators (U+2028, U+2029): anything else is refused
+ * with HK_ERR_INVALID before any build, since the name goes unchanged into
+ * records, logs, metrics and events (the network endpoint takes names of
+ * [A-Za-z0-9_.-] only, a subset).
  * On failure the running version is untouched and rep says why.
  * On success rep->version is the new version number (monotonic per module). */
 HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
@@ -748,8 +757,9 @@ HK_API int hk_kernel_clear_tests(hk_kernel *k);
  *   suspect_window_ms except the module's known-good one (a fault is
  *   reported late and by no kernel in particular, so every recent commit is
  *   suspect, and only those);
- * - writes the records, logs the loss (error) and emits
- *   HK_EVENT_CONTEXT_LOST on the thread that saw the error.
+ * - writes the records (the quarantine and the promotions), logs the loss
+ *   (error) and emits HK_EVENT_CONTEXT_LOST on the thread that saw the
+ *   error: a program may end in its handler.
  * A version also becomes known good when it is replaced or the runtime is
  * destroyed after it was current for suspect_window_ms.
  *
@@ -759,11 +769,29 @@ HK_API int hk_kernel_clear_tests(hk_kernel *k);
  * STATE_DIR/modules/NAME.rec (a line-based text, replaced atomically), names
  * its current image, its known-good image (with its name expressions) and
  * its quarantined images, with their release versions when known
- * (hk_swap_options.release_version). Only the images a record names stay on
- * disk, at most two per module; at most 32 quarantined hashes are kept per
- * module (the oldest go). Disk work happens on the committing thread under
- * the engine's swap lock, never on the launch path (a lost context writes
- * on the thread that saw it).
+ * (hk_swap_options.release_version). A record names its module inside and
+ * an image must hash to its file name. Only the images a record names (in
+ * memory, or on disk) stay, about two per module; a damaged record keeps
+ * the images it mentions until its module writes a new one, and a write
+ * that failed is tried again at the module's next commit (a record is never
+ * written before the images it names). At most 32 quarantined hashes are
+ * kept per module (the oldest go). Disk work happens on the committing
+ * thread after it released the engine's swap lock (so hk_module_version and
+ * other swaps do not wait for the disk), before the commit's event, and
+ * never on the launch path (a lost context writes on the thread that saw
+ * it). When hk_runtime_destroy stops waiting for the GPU, the directory is
+ * unlocked before it returns, so a new runtime can use it at once.
+ *
+ * Trust. What the directory holds decides what restore runs, so it is used
+ * only when no other local user can change it, as OpenSSH's StrictModes
+ * checks: it and its files belong to the process's effective user and are
+ * writable by nobody else, and every directory above it belongs to that
+ * user or root and is writable by nobody else unless sticky (/tmp).
+ * hk_runtime_create fails with HK_ERR_IO, the report naming the path and
+ * what is wrong. Files in it are opened without following links: a link in
+ * the place of `lock`, `images`, a record or an image is refused, never
+ * followed; a record or image that another user could have written is not
+ * restored (the report says why).
  *
  * Quarantine. An image quarantined for a module is refused by hk_swap,
  * hk_submit, pushes and pulls of that module with HK_ERR_QUARANTINED (the
@@ -991,7 +1019,8 @@ HK_API void hk_metrics_detach(hk_metrics_source *s);
  * origin "watch:PATH" and a report whose message names the file and says why;
  * the report never carries the file's content (only the log of a compiler that
  * was given a real source does). Refused: another extension, a module name of
- * 64 characters or more, a file whose content is not its extension's format, an
+ * 64 characters or more or one hk_swap refuses (see there), a file whose
+ * content is not its extension's format, an
  * empty file, one over 64 MiB, and anything but a regular file: FIFOs, devices
  * and sockets are never opened, and a procfs-like file (0 bytes reported,
  * content on reading) is read once, refused, and left alone until it changes.

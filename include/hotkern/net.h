@@ -141,7 +141,9 @@ typedef struct hk_endpoint_options {
                                        * releases (tests, closed networks) */
     const char *state_dir;            /* anti-rollback state; NULL = $XDG_STATE_HOME/
                                        * hotkern/releases (or ~/.local/state/...), shared
-                                       * with pullers; "" = memory only */
+                                       * with pullers; "" = memory only; refused when
+                                       * another user could change it (as state_dir
+                                       * in hotkern.h) */
     size_t max_body_bytes;            /* default 64 MiB; base64 adds a third */
     unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
     unsigned timeout_s;               /* idle timeout per connection, default 30 */
