@@ -1507,6 +1507,84 @@ START_TEST(pch_heap_exhausted_still_builds) {
 }
 END_TEST
 
+/* The development profile (fast_compile) is a build of its own: its image
+ * differs from the default build's, the cache keeps the two apart (each
+ * entry served for its own profile only), PTX goes through nvJitLink with
+ * it too, and builds of both profiles alternating over the PCH create no
+ * PCH after the first (NVRTC's fast-compile level is no front-end option). */
+START_TEST(dev_profile_is_its_own_build) {
+    static const char fmt[] =
+        "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+        "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + %d.0f; }\n";
+    char *cdir = hkt_tmpdir();
+    char src[512], why[512];
+    hkp_cache *c;
+    hkp_artifact rel, dev, a, p;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20), 0);
+    hkp_build_opts o = base_opts(90);
+    o.cache = c;
+    o.source_name = "dev.cu";
+    snprintf(src, sizeof src, fmt, 1);
+    ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &rel, why, sizeof why) == 0,
+                  "%s", why);
+    ck_assert_int_eq(rel.cache_hit, 0);
+    o.fast_compile = 1;
+    ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &dev, why, sizeof why) == 0,
+                  "%s\n%s", why, dev.log ? dev.log : "");
+    ck_assert_int_eq(dev.cache_hit, 0); /* not the default build's entry */
+    ck_assert_int_eq(dev.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(dev.meta.nentries, 1);
+    ck_assert(dev.size != rel.size || memcmp(dev.image, rel.image, rel.size) != 0);
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.cache_hit, 1);
+    ck_assert(a.size == dev.size && memcmp(a.image, dev.image, dev.size) == 0);
+    hkp_artifact_free(&a);
+    o.fast_compile = 0;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.cache_hit, 1);
+    ck_assert(a.size == rel.size && memcmp(a.image, rel.image, rel.size) == 0);
+    hkp_artifact_free(&a);
+    hkp_artifact_free(&dev);
+    hkp_artifact_free(&rel);
+
+    /* PTX to a cubin through nvJitLink, at its fast-compile level. */
+    o.cache = NULL;
+    o.ptx_to_cubin = 0;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &p, why, sizeof why), 0);
+    ck_assert_int_eq(p.format, HK_FORMAT_PTX);
+    o.ptx_to_cubin = 1;
+    o.fast_compile = 1;
+    ck_assert_msg(hkp_build(p.image, p.size, HK_FORMAT_PTX, &o, &a, why, sizeof why) == 0, "%s\n%s",
+                  why, a.log ? a.log : "");
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    hkp_artifact_free(&p);
+
+    /* Both profiles over one PCH. */
+    uint64_t c0, c1;
+    o.pch = 1;
+    o.fast_compile = 0;
+    snprintf(src, sizeof src, fmt, 100);
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    hkp_artifact_free(&a);
+    hkp_pch_stats(&c0, NULL);
+    for (int v = 101; v <= 106; v++) {
+        o.fast_compile = v & 1;
+        snprintf(src, sizeof src, fmt, v);
+        ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) == 0,
+                      "%s", why);
+        ck_assert_msg(!a.log || !strstr(a.log, "do not match"), "%s", a.log);
+        hkp_artifact_free(&a);
+    }
+    hkp_pch_stats(&c1, NULL);
+    ck_assert_uint_eq(c1, c0);
+    hkp_cache_close(c);
+    hkt_rmtree(cdir);
+    free(cdir);
+}
+END_TEST
+
 static Suite *ptx_suite(void) {
     Suite *s = suite_create("ptx");
     TCase *tc = tcase_create("detect");
@@ -1531,6 +1609,7 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, build_ptx_with_nvjitlink);
     tcase_add_test(tc, build_refusals);
     tcase_add_test(tc, build_paths_agree_and_timings);
+    tcase_add_test(tc, dev_profile_is_its_own_build);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 
