@@ -881,13 +881,77 @@ static void pch_after(nvrtcProgram prog) {
  * interleaved with the default build in one process: median 22.2 against
  * 25.5 ms (NVRTC's -time: NVVM 5-6 ms instead of 7, the front end and ptxas
  * unchanged). -Ofc changes nothing the front end sees: the PCH made by a
- * default build is used by a fast one and the other way round, and builds
- * of both kinds alternating create no new PCH. Left out on purpose:
- * -minimal, which saved nothing more beside -Ofc=max (22.3 ms) and changes
- * the language (texture functions, the device runtime, the cuda* types are
- * gone, so a kernel that builds by default could fail), and makes a PCH of
- * its own; --split-compile, which splits NVVM's work by function and bought
- * nothing for a one-kernel source (and makes a PCH of its own too). */
+ * default build is used by a fast one and the other way round.
+ *
+ * -minimal leaves NVRTC's declarations of textures and surfaces, of the
+ * device runtime (cudaMalloc in device code, device-side launches) and of
+ * the runtime's and driver's types (cudaError_t, cudaStream_t) out of the
+ * implicit prefix: measured the same way, 60 rounds twice, it took the
+ * one-line kernel from 0.89-0.90x of the default's time with -Ofc=max alone
+ * to 0.78-0.82x. It changes the language, though, so the profile adds it
+ * only where minimal_ok finds the source cannot need it, and compiles again
+ * without it when it fails all the same (nvrtc_build). Its implicit prefix
+ * is another PCH, made once by the first such build; NVRTC 13 keeps both,
+ * so builds of both profiles alternating create none. --split-compile,
+ * which splits NVVM's work by function, bought nothing for a one-kernel
+ * source (x1.05, bench_build) and is not used. */
+
+/* Whether an identifier starting at s (just after a non-identifier
+ * character) names something -minimal leaves out, by its prefix: cuda*
+ * (cudaError_t, cudaMalloc, cudaTextureObject_t, cuda::), tex* and surf*
+ * (tex1Dfetch, texture<>, surf2Dwrite). */
+static int omitted_word(const char *s) {
+    return !strncmp(s, "cuda", 4) || !strncmp(s, "tex", 3) || !strncmp(s, "surf", 4);
+}
+
+/* 1 when text (n bytes) names nothing -minimal leaves out and includes only
+ * in-memory headers of sp: no such identifier (comments and strings count
+ * too), no device-side launch, no other #include. A textual test that errs
+ * towards 0. */
+static int minimal_text_ok(const char *text, size_t n, const search_path *sp) {
+    for (size_t i = 0; i < n; i++) {
+        char c = text[i];
+        int start = i == 0 || !hkp_is_ident_char((unsigned char)text[i - 1]);
+        if (start && (c == 'c' || c == 't' || c == 's') && n - i >= 3 && omitted_word(text + i))
+            return 0;
+        if (c == '<' && n - i >= 3 && text[i + 1] == '<' && text[i + 2] == '<')
+            return 0;
+        if (c != '#')
+            continue;
+        size_t j = i + 1;
+        while (j < n && (text[j] == ' ' || text[j] == '\t'))
+            j++;
+        if (n - j < 7 || strncmp(text + j, "include", 7) != 0)
+            continue;
+        j += 7;
+        while (j < n && (text[j] == ' ' || text[j] == '\t'))
+            j++;
+        char close = j < n && text[j] == '<' ? '>' : j < n && text[j] == '"' ? '"' : 0;
+        size_t k = ++j;
+        while (close && k < n && text[k] != close && text[k] != '\n')
+            k++;
+        char name[PATH_MAX];
+        if (!close || k >= n || text[k] != close || k - j >= sizeof name)
+            return 0; /* an #include it cannot read: not sure */
+        memcpy(name, text + j, k - j);
+        name[k - j] = '\0';
+        if (find_mem(sp, name) < 0)
+            return 0; /* a file (the toolkit's, say) it has not read */
+    }
+    return 1;
+}
+
+/* Whether src can be compiled with -minimal: it, and every in-memory header
+ * of the build, pass minimal_text_ok, and no header is pre-included. */
+static int minimal_ok(const char *src, const search_path *sp) {
+    if (sp->npre > 0 || !minimal_text_ok(src, strlen(src), sp))
+        return 0;
+    for (int i = 0; i < sp->nmem; i++) {
+        if (!minimal_text_ok(sp->mem[i].data, sp->mem[i].size, sp))
+            return 0;
+    }
+    return 1;
+}
 
 /* 1 when the caller's NVRTC options set a fast-compile level themselves. */
 static int names_fast_compile(const hkp_build_opts *o) {
@@ -902,14 +966,14 @@ static int names_fast_compile(const hkp_build_opts *o) {
 
 /* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
  * NUL-terminated; sp carries the in-memory headers and the search path. */
-static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_path *sp,
-                       const char *source_name, int want_cubin, hkp_artifact *a, char *why,
-                       size_t why_size) {
+static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_path *sp,
+                         const char *source_name, int want_cubin, int fast, int minimal,
+                         hkp_artifact *a, char *why, size_t why_size) {
     nvrtcProgram prog = NULL;
     const char **argv = NULL, **hdata = NULL, **hname = NULL;
     char archopt[64], ptxasopt[64];
     char *inc = NULL, *cccl = NULL, *cut_src = NULL;
-    int rc = 0, argc = 0, pch = 0, fast = o->fast_compile && !names_fast_compile(o);
+    int rc = 0, argc = 0, pch = 0;
     nvrtcResult r;
 
     if (o->pch) {
@@ -945,7 +1009,7 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_pa
         hkp_why(why, why_size, "NVRTC: %s", nvrtcGetErrorString(r));
         return r == NVRTC_ERROR_OUT_OF_MEMORY ? HK_ERR_NOMEM : HK_ERR_COMPILE;
     }
-    argv = calloc((size_t)o->nnvrtc_options + 8, sizeof *argv);
+    argv = calloc((size_t)o->nnvrtc_options + 9, sizeof *argv);
     if (!argv) {
         rc = HK_ERR_NOMEM;
         goto out;
@@ -953,6 +1017,8 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_pa
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s_%d%s", want_cubin ? "sm" : "compute",
              HKP_ARCH_NUM(o->arch), (o->arch & HKP_ARCH_SPECIFIC) ? "a" : "");
     argv[argc++] = archopt;
+    if (minimal)
+        argv[argc++] = "-minimal";
     if (fast) {
         /* Reaches ptxas too, which then refuses -O1..3 of its own. */
         argv[argc++] = "-Ofc=max";
@@ -983,8 +1049,10 @@ static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_pa
     if (pch) {
         argv[argc++] = "-pch";
         /* 639: the heap was too small (handled in pch_after); 20283: PCH
-         * creation stops at the #line put in by pch_cut_source, as meant. */
-        argv[argc++] = "--diag-suppress=639,20283";
+         * creation stops at the #line put in by pch_cut_source, as meant;
+         * 629: a PCH made with other options was passed over (NVRTC 13
+         * keeps one per option set and goes on to the one that fits). */
+        argv[argc++] = "--diag-suppress=629,639,20283";
     }
     for (int i = 0; i < o->nname_expressions; i++) {
         r = nvrtcAddNameExpression(prog, o->name_expressions[i]);
@@ -1055,6 +1123,28 @@ out:
     free(cccl);
     free(cut_src);
     nvrtcDestroyProgram(&prog);
+    return rc;
+}
+
+/* nvrtc_compile with the options of the build's profile: the development
+ * profile compiles with -Ofc=max, and with -minimal too where minimal_ok
+ * says the source can do without what it leaves out. Should it fail all the
+ * same, the source is compiled again with the whole language, whose result
+ * (and log) is the build's: -minimal can cost a failed build the time of a
+ * second front end, never a refusal the default language would not give. */
+static int nvrtc_build(const char *src, const hkp_build_opts *o, const search_path *sp,
+                       const char *source_name, int want_cubin, hkp_artifact *a, char *why,
+                       size_t why_size) {
+    int fast = o->fast_compile && !names_fast_compile(o);
+    int minimal = fast && minimal_ok(src, sp);
+    int rc = nvrtc_compile(src, o, sp, source_name, want_cubin, fast, minimal, a, why, why_size);
+    if (rc == HK_ERR_COMPILE && minimal) {
+        free(a->log);
+        a->log = NULL;
+        if (why && why_size)
+            why[0] = '\0';
+        rc = nvrtc_compile(src, o, sp, source_name, want_cubin, fast, 0, a, why, why_size);
+    }
     return rc;
 }
 

@@ -1510,8 +1510,8 @@ END_TEST
 /* The development profile (fast_compile) is a build of its own: its image
  * differs from the default build's, the cache keeps the two apart (each
  * entry served for its own profile only), PTX goes through nvJitLink with
- * it too, and builds of both profiles alternating over the PCH create no
- * PCH after the first (NVRTC's fast-compile level is no front-end option). */
+ * it too, and builds of both profiles alternating over their PCHs create
+ * none once each profile has made its own. */
 START_TEST(dev_profile_is_its_own_build) {
     static const char fmt[] =
         "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
@@ -1561,15 +1561,18 @@ START_TEST(dev_profile_is_its_own_build) {
     hkp_artifact_free(&a);
     hkp_artifact_free(&p);
 
-    /* Both profiles over one PCH. */
+    /* Builds of both profiles alternating over their PCHs create none once
+     * each has made its own. */
     uint64_t c0, c1;
     o.pch = 1;
-    o.fast_compile = 0;
-    snprintf(src, sizeof src, fmt, 100);
-    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
-    hkp_artifact_free(&a);
+    for (int v = 100; v <= 101; v++) {
+        o.fast_compile = v & 1;
+        snprintf(src, sizeof src, fmt, v);
+        ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+        hkp_artifact_free(&a);
+    }
     hkp_pch_stats(&c0, NULL);
-    for (int v = 101; v <= 106; v++) {
+    for (int v = 102; v <= 107; v++) {
         o.fast_compile = v & 1;
         snprintf(src, sizeof src, fmt, v);
         ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) == 0,
@@ -1582,6 +1585,61 @@ START_TEST(dev_profile_is_its_own_build) {
     hkp_cache_close(c);
     hkt_rmtree(cdir);
     free(cdir);
+}
+END_TEST
+
+/* Builds with fast_compile and the PCH; returns the PCHs they created. */
+static uint64_t fast_build_pchs(const char *src, int expect_rc, hkp_artifact *a) {
+    hkp_build_opts o = base_opts(90);
+    char why[512];
+    uint64_t c0, c1;
+    o.pch = 1;
+    o.fast_compile = 1;
+    hkp_pch_stats(&c0, NULL);
+    int rc = hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, a, why, sizeof why);
+    ck_assert_msg(rc == expect_rc, "%s: %s\n%s", src, why, a->log ? a->log : "");
+    hkp_pch_stats(&c1, NULL);
+    return c1 - c0;
+}
+
+/* The development profile's -minimal goes only where the source cannot
+ * need what it leaves out: the one-line kernel gets it (its implicit prefix
+ * is a PCH of its own), a texture kernel does not (the default prefix's
+ * PCH serves it), a source that hides a runtime type from the scan is
+ * compiled again without it and builds, and a real error is reported. */
+START_TEST(dev_profile_minimal_only_where_safe) {
+    static const char tiny[] =
+        "extern \"C\" __global__ void k0(float *x, int n) { int i = threadIdx.x; if (i < n) "
+        "x[i] = x[i] * 2.0f + 3.0f; }\n";
+    static const char tex[] = "extern \"C\" __global__ void k(cudaTextureObject_t t, float *x) {\n"
+                              "    x[0] = tex1Dfetch<float>(t, 0);\n}\n";
+    static const char hidden[] =
+        "typedef int word; /* ends the PCH's prefix */\n"
+        "#define CAT(a, b) a##b\n"
+        "extern \"C\" __global__ void k(int *x) {\n"
+        "    CAT(cu, daError_t) e = CAT(cu, daSuccess); x[0] = (int)e;\n}\n";
+    static const char broken[] =
+        "extern \"C\" __global__ void k(int *x) { x[0] = nope_undeclared; }\n";
+    hkp_artifact a;
+    hkp_build_opts o = base_opts(90);
+    char why[512];
+
+    o.pch = 1; /* the default prefix's PCH first */
+    ck_assert_int_eq(hkp_build(tiny, strlen(tiny), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(tiny, 0, &a), 1);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(tex, 0, &a), 0);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(hidden, 0, &a), 0);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    fast_build_pchs(broken, HK_ERR_COMPILE, &a);
+    ck_assert_ptr_nonnull(a.log);
+    ck_assert_ptr_nonnull(strstr(a.log, "nope_undeclared"));
+    hkp_artifact_free(&a);
 }
 END_TEST
 
@@ -1610,6 +1668,7 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, build_refusals);
     tcase_add_test(tc, build_paths_agree_and_timings);
     tcase_add_test(tc, dev_profile_is_its_own_build);
+    tcase_add_test(tc, dev_profile_minimal_only_where_safe);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 

@@ -443,14 +443,17 @@ typedef enum hk_build_profile {
                                    * (-O0 with hk_options.jit_opt_level 0) */
     HK_BUILD_PROFILE_DEV = 2,     /* the fastest compile, for the edit-save-look
                                    * loop: NVRTC -Ofc=max (its fast-compile
-                                   * level, passed on to ptxas) and nvJitLink
-                                   * -Ofc=max. The code may run slower; what
-                                   * compiles and how it behaves are the same
-                                   * (no language option changes). A DEV build
-                                   * is never served from the compile cache for
-                                   * a RELEASE one, nor the other way round.
-                                   * Opt-in only (hk_watch_options.build_profile,
-                                   * or this field) */
+                                   * level, passed on to ptxas), -minimal where
+                                   * the source cannot need what it leaves out
+                                   * (a build that fails with it is compiled
+                                   * again without), nvJitLink -Ofc=max. The
+                                   * code may run slower; what compiles, and
+                                   * what it computes, are the same. A DEV
+                                   * build is never served from the compile
+                                   * cache for a RELEASE one, nor the other way
+                                   * round. Opt-in only
+                                   * (hk_watch_options.build_profile, or this
+                                   * field) */
 } hk_build_profile;
 
 /* The first layout ends at origin. */
