@@ -28,10 +28,9 @@ static CUresult stub_unsupported(void) {
 /* Entry points this driver lacks: some the table never binds, and the
  * benchmarks' extras (HKL_DRIVER_ENTRIES_EXTRA), which neither the engine
  * nor its canary helper calls. */
-static const char *const missing[] = {"cuGetErrorString", "cuKernelGetName", "cuFuncGetName",
-                                      "cuMemcpyDtoD",     "cuMemFree",       "cuUserObjectRelease",
-                                      "cuDeviceGetCount", "cuDeviceGetName", "cuMemGetInfo",
-                                      "cuModuleLoadData"};
+static const char *const missing[] = {
+    "cuGetErrorString", "cuFuncGetName",   "cuMemcpyDtoD", "cuMemFree",       "cuUserObjectRelease",
+    "cuDeviceGetCount", "cuDeviceGetName", "cuMemGetInfo", "cuModuleLoadData"};
 
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *found) {
