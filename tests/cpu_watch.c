@@ -1464,7 +1464,6 @@ static void hook_arm(hkl_hook_point p) {
     hook_armed = 1;
     hook_inside = hook_release = 0;
     pthread_mutex_unlock(&hook_lock);
-    rt->hook = test_hook;
 }
 
 static void hook_wait_inside(void) {
@@ -1500,6 +1499,7 @@ static void rt_setup(void) {
     rt = NULL;
     err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
+    rt->hook = test_hook; /* before any job: the worker reads it unlocked */
 }
 
 static void rt_teardown(void) {
