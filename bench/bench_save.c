@@ -264,7 +264,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2; i++) {
         side *s = &sides[i];
         snprintf(s->dir, sizeof s->dir, "%s/%s", root, s->profile);
-        snprintf(s->path, sizeof s->path, "%s/%s.cu", s->dir, s->module);
+        snprintf(s->path, sizeof s->path, "%s/%s/%s.cu", root, s->profile, s->module);
         if (mkdir(s->dir, 0755) != 0) {
             perror(s->dir);
             return 1;
