@@ -880,8 +880,10 @@ static void pch_after(nvrtcProgram prog) {
  * on the 2-core CI machine, a one-line kernel to an sm_90 cubin with the PCH,
  * interleaved with the default build in one process: median 22.2 against
  * 25.5 ms (NVRTC's -time: NVVM 5-6 ms instead of 7, the front end and ptxas
- * unchanged). -Ofc changes nothing the front end sees: the PCH made by a
- * default build is used by a fast one and the other way round.
+ * unchanged). nvJitLink at -Ofc=max took the PTX of five small kernels to a
+ * cubin in 20.6 ms against 27.9 at -O3 (21 rounds, interleaved; -O0 gave
+ * 20.4), the one-line kernel's in the same 7.7 ms. -Ofc changes nothing the front end sees: the PCH
+ * made by a default build is used by a fast one and the other way round.
  *
  * -minimal leaves NVRTC's declarations of textures and surfaces, of the
  * device runtime (cudaMalloc in device code, device-side launches) and of

@@ -108,7 +108,9 @@ enum hk_error {
     HK_ERR_NETWORK = -24,       /* transfer failed */
     HK_ERR_TIMEOUT = -25,       /* operation timed out */
     HK_ERR_CONTEXT_RESET = -26, /* the context was reset under hotkern */
-    HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first */
+    HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first,
+                                 * or (a watched file) a newer save of it came
+                                 * before this one was built or staged */
     HK_ERR_ATTRIBUTE = -28,     /* a kernel attribute set through its handle does
                                  * not fit the new version */
     HK_ERR_CANARY = -29,        /* the version failed its canary run: a test
