@@ -4,6 +4,8 @@
  * (float *x, int n)) in its loop; swap outcomes are printed as they happen,
  * and so is x[0] whenever a new version changes it. A save that does not
  * compile is refused with the compiler's log, and the old version runs on.
+ * The watch builds with the development profile (the fastest compile) and
+ * is stopped before the runtime goes.
  *   usage: watch_dir DIR MODULE KERNEL [SECONDS]   (default 60; SIGINT stops)
  * Needs libhotkern only. Prints "SKIP: ..." and exits 0 without a CUDA device.
  */
@@ -49,7 +51,11 @@ int main(int argc, char **argv) {
     int rc = hk_runtime_create(&rt, &opt, &rep);
     if (rc == HK_ERR_NO_DRIVER || rc == HK_ERR_NO_DEVICE)
         return printf("SKIP: no CUDA device: %s\n", rep.message), 0;
-    if (rc || (rc = hk_watch_dir(rt, argv[1], NULL, &rep)) != 0)
+    hk_watch_options wo;
+    hk_watch_options_init(&wo);
+    wo.build_profile = HK_BUILD_PROFILE_DEV; /* an edit loop: compile time first */
+    hk_watch *w = NULL;
+    if (rc || (rc = hk_watch_start(rt, argv[1], &wo, &w, &rep)) != 0)
         return fprintf(stderr, "%s: %s\n", hk_strerror(rc), rep.message), 1;
     printf("watching %s for %s.cu\n", argv[1], argv[2]);
     fflush(stdout);
@@ -74,6 +80,7 @@ int main(int argc, char **argv) {
         hk_safe_point(rt); /* the loop's GPU work is idle here */
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
     }
+    hk_watch_stop(w); /* no file is read and nothing submitted after this */
     cudaFree(x);
     hk_runtime_destroy(rt);
     printf("stopped\n");

@@ -270,6 +270,8 @@ struct hkl_job {
     int at_safe_point;  /* staged inside hk_safe_point */
     uint64_t seq;       /* submission order (0: none); an older job never
                          * replaces a newer committed one */
+    int latest;         /* immutable: from hkl_submit_latest: a later such
+                         * job of the same module supersedes this one */
     double deadline;    /* work_lock: pending without a waiter: the worker
                          * stages it itself after this (hkl_now_ms) */
     double t_start;     /* hkl_now_ms when submitted, for total_ms */
@@ -334,6 +336,8 @@ typedef enum hkl_hook_point {
     HKL_HOOK_GATED = 3,         /* swap: launch gate closed, before staging */
     HKL_HOOK_RESET_RELOAD = 4,  /* reset recovery: a module's version read, before reloading */
     HKL_HOOK_BUILT = 5,         /* a job built (and through its canary), not yet staged */
+    HKL_HOOK_COMPILED = 6,      /* a job's compile returned, nothing after it done yet:
+                                 * holding here is a slow build */
 } hkl_hook_point;
 
 struct hk_runtime {
@@ -396,6 +400,8 @@ struct hk_runtime {
     pthread_cond_t work_cond;
     pthread_cond_t idle_cond;
     hkl_job *jobs, *jobs_tail;   /* work_lock: to build */
+    hkl_job *dropped;            /* work_lock: superseded before they were
+                                  * taken; the worker reports them */
     hkl_job *pending;            /* work_lock: built, waiting for a safe point */
     int busy;                    /* work_lock: jobs taken but not finished */
     int work_stop;               /* work_lock */
@@ -547,6 +553,15 @@ void hkl_job_free(hkl_job *job);
  * built hk_swap is: swap_lock taken here, outcome emitted. */
 int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
 int hkl_worker_start(hk_runtime *rt);
+/* hk_submit for a source whose submissions of a module replace each other
+ * (the watcher: each save holds the whole new content). A job submitted
+ * this way is superseded by a later one of the same module submitted this
+ * way too: still queued, it is never built; built, it is not staged (and
+ * runs no canary). It then ends with HK_EVENT_REFUSED and
+ * HK_ERR_SUPERSEDED, on the worker. Jobs of hk_submit and hk_swap neither
+ * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
+int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
+                      const hk_swap_options *opt);
 /* Stops the worker, waiting for a build in progress until until_ms
  * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
  * hkl_runtime_finish itself when its build returns). */

@@ -226,14 +226,17 @@ void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint6
     case HK_EVENT_ROLLED_BACK:
         log_commit(rt, "rolled back", module, oldv, newv, o, rep);
         break;
-    case HK_EVENT_REFUSED:
-        if (!hk_log_enabled(rt, HK_LOG_WARN))
+    case HK_EVENT_REFUSED: {
+        /* A version replaced by a newer one before it could commit is the
+         * normal course of a burst of saves, not a problem. */
+        hk_log_level level = rep && rep->error == HK_ERR_SUPERSEDED ? HK_LOG_INFO : HK_LOG_WARN;
+        if (!hk_log_enabled(rt, level))
             break;
-        hk_log(rt, HK_LOG_WARN, "engine",
-               "refused %s from %s after %.3f ms, %s runs on: %s (%d): %s", module ? module : "?",
-               o, took_ms(rep), vtext(runs, sizeof runs, oldv, "no version"),
+        hk_log(rt, level, "engine", "refused %s from %s after %.3f ms, %s runs on: %s (%d): %s",
+               module ? module : "?", o, took_ms(rep), vtext(runs, sizeof runs, oldv, "no version"),
                hk_strerror(rep ? rep->error : 0), rep ? rep->error : 0, rep ? rep->message : "");
         break;
+    }
     case HK_EVENT_RECLAIMED:
         hk_log(rt, HK_LOG_DEBUG, "engine", "reclaimed %s v%llu: its code is unloaded",
                module ? module : "?", (unsigned long long)oldv);

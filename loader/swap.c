@@ -1039,6 +1039,29 @@ static int add_program_exprs(hk_runtime *rt, hkl_job *j) {
     return 0;
 }
 
+/* HK_ERR_SUPERSEDED, with rep saying so, when j (from hkl_submit_latest) has
+ * a later job of its module queued behind it that supersedes it; else 0.
+ * when says when the later one came ("during its build"). Takes work_lock. */
+static int superseded(hk_runtime *rt, const hkl_job *j, const char *when, hk_report *rep) {
+    if (!j->latest)
+        return 0;
+    uint64_t by = 0;
+    pthread_mutex_lock(&rt->work_lock);
+    for (const hkl_job *q = rt->jobs; q; q = q->next) {
+        if (q->latest && q->seq > j->seq && !strcmp(q->name, j->name))
+            by = q->seq;
+    }
+    pthread_mutex_unlock(&rt->work_lock);
+    if (!by)
+        return 0;
+    if (rep)
+        snprintf(rep->module, sizeof rep->module, "%s", j->name);
+    return hku_fail(rep, HK_ERR_SUPERSEDED,
+                    "'%s' from %s: a newer version of it was submitted %s (submission %llu "
+                    "after %llu): only the newest is built and committed",
+                    j->name, j->origin, when, (unsigned long long)by, (unsigned long long)j->seq);
+}
+
 /* Runs the build step of a job. No lock held. */
 static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     add_program_exprs(rt, j);
@@ -1058,9 +1081,12 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         .nbase_headers = rt->opt.nheaders,
         .pch = 1, /* a runtime compiles again and again */
         .iso = rt->iso,
+        .fast_compile = j->opt.build_profile == HK_BUILD_PROFILE_DEV,
     };
     char why[512] = "";
     int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
+    if (rt->hook)
+        rt->hook(rt, HKL_HOOK_COMPILED);
     if (rep) {
         snprintf(rep->module, sizeof rep->module, "%s", j->name);
         rep->build_ms = j->art.ms;
@@ -1082,6 +1108,10 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         hku_fail(rep, 0, "%s", j->art.cache_note);
         hk_log(rt, HK_LOG_WARN, "engine", "'%s': %s", j->name, j->art.cache_note);
     }
+    /* A later save of the module arrived during the build: the canary run
+     * and the driver work would be for a version replaced at once. */
+    if ((err = superseded(rt, j, "during its build", rep)) < 0)
+        return err;
     /* An image that ran when the context was lost is refused before its
      * canary run and before the driver sees it (hashed with no lock held). */
     if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
@@ -1459,7 +1489,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
  * staging meanwhile the pending jobs whose safe point never came. work_lock
  * held (dropped while staging and waiting). */
 static void wait_for_jobs(hk_runtime *rt) {
-    while (!rt->jobs && !rt->work_stop) {
+    while (!rt->jobs && !rt->dropped && !rt->work_stop) {
         hkl_job *expired = NULL;
         double next = take_expired(rt, &expired);
         if (expired) {
@@ -1481,6 +1511,26 @@ static void wait_for_jobs(hk_runtime *rt) {
     }
 }
 
+/* Ends the jobs a later submission superseded before they were taken: no
+ * build, one HK_EVENT_REFUSED each (HK_ERR_SUPERSEDED). No lock held. */
+static void report_dropped(hk_runtime *rt, hkl_job *list) {
+    while (list) {
+        hkl_job *j = list;
+        list = j->next;
+        hk_report rep = HK_REPORT_INIT;
+        snprintf(rep.module, sizeof rep.module, "%s", j->name);
+        hku_fail(&rep, HK_ERR_SUPERSEDED,
+                 "'%s' from %s: a newer version of it was submitted before this one was "
+                 "built: only the newest is built and committed",
+                 j->name, j->origin);
+        report_times(&rep, j->t_start);
+        count(rt, 0, 0, &rep);
+        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
+        hk_report_clear(&rep);
+        hkl_job_free(j);
+    }
+}
+
 /* Builds a submitted job and swaps it in now, unless it is to be staged at
  * a safe point: returns 1 then, and the job is still to be queued. No lock
  * held. */
@@ -1496,7 +1546,8 @@ static int run_job(hk_runtime *rt, hkl_job *j) {
     if (stop) {
         /* Destroy began during the build: nothing reaches the driver or
          * the program any more. */
-    } else if (err < 0) {
+    } else if (err < 0 || (err = superseded(rt, j, "before it was staged", &rep)) < 0) {
+        report_times(&rep, j->t_start);
         count(rt, 0, 0, &rep);
         hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
     } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
@@ -1541,6 +1592,19 @@ static void *worker_main(void *arg) {
         wait_for_jobs(rt);
         if (rt->work_stop)
             break;
+        if (rt->dropped) {
+            hkl_job *list = rt->dropped;
+            rt->dropped = NULL;
+            rt->busy++;
+            pthread_mutex_unlock(&rt->work_lock);
+            report_dropped(rt, list);
+            pthread_mutex_lock(&rt->work_lock);
+            rt->busy--;
+            pthread_cond_broadcast(&rt->idle_cond);
+            continue;
+        }
+        if (!rt->jobs)
+            continue;
         hkl_job *j = rt->jobs;
         rt->jobs = j->next;
         if (!rt->jobs)
@@ -1600,8 +1664,8 @@ int hkl_worker_stop(hk_runtime *rt, double until_ms) {
 }
 
 void hkl_worker_drain(hk_runtime *rt) {
-    hkl_job *lists[2] = {rt->jobs, rt->pending};
-    for (int i = 0; i < 2; i++)
+    hkl_job *lists[3] = {rt->jobs, rt->pending, rt->dropped};
+    for (int i = 0; i < 3; i++)
         while (lists[i]) {
             hkl_job *n = lists[i]->next;
             if (lists[i]->waiter)
@@ -1610,24 +1674,46 @@ void hkl_worker_drain(hk_runtime *rt) {
                 hkl_job_free(lists[i]);
             lists[i] = n;
         }
-    rt->jobs = rt->jobs_tail = rt->pending = NULL;
+    rt->jobs = rt->jobs_tail = rt->pending = rt->dropped = NULL;
 }
 
-int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-              const hk_swap_options *opt) {
+/* Queues a job for the worker; a latest one first moves the queued latest
+ * jobs of its module, which it supersedes, to the dropped list. */
+static int submit(hk_runtime *rt, const char *name, const void *image, size_t size,
+                  const hk_swap_options *opt, int latest) {
     if (!rt)
         return HK_ERR_INVALID;
     hkl_job *j;
     int err = job_new(&j, name, image, size, opt);
     if (err < 0)
         return err;
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->latest = latest;
     j->t_start = hkl_now_ms();
     pthread_mutex_lock(&rt->work_lock);
     if (rt->work_stop) {
         pthread_mutex_unlock(&rt->work_lock);
         hkl_job_free(j);
         return HK_ERR_CLOSED;
+    }
+    /* Taken under work_lock: the queue is in submission order. */
+    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    if (latest) {
+        hkl_job **drop_tail = &rt->dropped;
+        while (*drop_tail)
+            drop_tail = &(*drop_tail)->next;
+        rt->jobs_tail = NULL;
+        for (hkl_job **pp = &rt->jobs; *pp;) {
+            hkl_job *q = *pp;
+            if (q->latest && !strcmp(q->name, j->name)) {
+                *pp = q->next;
+                q->next = NULL;
+                *drop_tail = q;
+                drop_tail = &q->next;
+            } else {
+                rt->jobs_tail = q;
+                pp = &q->next;
+            }
+        }
     }
     if (rt->jobs_tail)
         rt->jobs_tail->next = j;
@@ -1637,6 +1723,16 @@ int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
     pthread_cond_signal(&rt->work_cond);
     pthread_mutex_unlock(&rt->work_lock);
     return 0;
+}
+
+int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
+              const hk_swap_options *opt) {
+    return submit(rt, name, image, size, opt, 0);
+}
+
+int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
+                      const hk_swap_options *opt) {
+    return submit(rt, name, image, size, opt, 1);
 }
 
 int hk_safe_point(hk_runtime *rt) {
@@ -1678,7 +1774,7 @@ int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
         return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
     pthread_mutex_lock(&rt->work_lock);
-    while (rt->jobs || rt->busy) {
+    while (rt->jobs || rt->dropped || rt->busy) {
         double left = end - hkl_now_ms();
         if (left <= 0) {
             pthread_mutex_unlock(&rt->work_lock);

@@ -83,8 +83,8 @@ static char **get_strv(hku_rd *rd, uint32_t *n) {
 
 /* Parses a BUILD strictly; a malformed request ends the helper. */
 static void parse(hku_rd *rd, req *q) {
-    uint32_t h[7];
-    for (int i = 0; i < 7; i++)
+    uint32_t h[8];
+    for (int i = 0; i < 8; i++)
         h[i] = hku_get_u32(rd);
     q->fmt = h[0];
     q->o = (hkp_build_opts){.arch = (int)h[1],
@@ -92,14 +92,16 @@ static void parse(hku_rd *rd, req *q) {
                             .opt_level = (int)h[3],
                             .nvrtc_via_ptx = (int)h[4],
                             .no_toolkit = (int)h[5],
-                            .pch = (int)h[6]};
+                            .pch = (int)h[6],
+                            .fast_compile = (int)h[7]};
     q->cwd = hku_get_strdup(rd, HKP_ISO_MAX_STR, 0);
     q->source_name = hku_get_strdup(rd, HKP_ISO_MAX_STR, 0);
     q->options = get_strv(rd, &q->noptions);
     q->names = get_strv(rd, &q->nnames);
     q->nheaders = hku_get_u32(rd);
     if (rd->bad || (q->fmt != HK_FORMAT_CUDA_C && q->fmt != HK_FORMAT_PTX) ||
-        q->nheaders > HKP_ISO_MAX_COUNT || h[2] > 1 || h[3] > 4 || h[4] > 1 || h[5] > 1 || h[6] > 1)
+        q->nheaders > HKP_ISO_MAX_COUNT || h[2] > 1 || h[3] > 4 || h[4] > 1 || h[5] > 1 ||
+        h[6] > 1 || h[7] > 1)
         exit(2);
     if (q->nheaders && !(q->headers = calloc(q->nheaders, sizeof *q->headers)))
         exit(4);

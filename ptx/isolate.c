@@ -186,7 +186,7 @@ static int request(hku_buf *b, const void *data, size_t size, hk_format fmt,
     uint32_t head[] = {
         (uint32_t)fmt,          (uint32_t)o->arch,          (uint32_t)o->ptx_to_cubin,
         (uint32_t)o->opt_level, (uint32_t)o->nvrtc_via_ptx, (uint32_t)o->no_toolkit,
-        (uint32_t)o->pch};
+        (uint32_t)o->pch,       (uint32_t)o->fast_compile};
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
         hku_put_u32(b, head[i]);
     hku_put_str(b, cwd, HKP_ISO_MAX_STR);

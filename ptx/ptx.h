@@ -206,14 +206,19 @@ typedef struct hkp_build_opts {
                                     * after headers: a name in headers hides
                                     * the same name here */
     int nbase_headers;
-    int no_toolkit; /* 1: leave the toolkit's include directories off the
-                     * search path (default: on, after any -I) */
-    int pch;        /* 1: NVRTC's automatic precompiled headers, over the
-                     * toolkit headers that open the source; for processes
-                     * that compile more than once */
-    hkp_iso *iso;   /* non-NULL: NVRTC and nvJitLink run in this helper
-                     * process (isolate.c); detection, the include scan,
-                     * the metadata and the cache stay in this process */
+    int no_toolkit;   /* 1: leave the toolkit's include directories off the
+                       * search path (default: on, after any -I) */
+    int pch;          /* 1: NVRTC's automatic precompiled headers, over the
+                       * toolkit headers that open the source; for processes
+                       * that compile more than once */
+    hkp_iso *iso;     /* non-NULL: NVRTC and nvJitLink run in this helper
+                       * process (isolate.c); detection, the include scan,
+                       * the metadata and the cache stay in this process */
+    int fast_compile; /* 1: the development profile (HK_BUILD_PROFILE_DEV):
+                       * NVRTC -Ofc=max instead of ptxas -O<opt_level>, and
+                       * nvJitLink -Ofc=max; part of the cache key. Leaves
+                       * the front end's options, and so the PCH, as they
+                       * are (build.c, "Fast compiles") */
 } hkp_build_opts;
 
 typedef struct hkp_artifact {
@@ -269,7 +274,7 @@ void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
  * reply at a time over a socketpair:
  *   helper -> READY {u32 protocol}           once, after it started
  *   BUILD {u32 format, u32 arch, u32 ptx_to_cubin, u32 opt_level,
- *          u32 nvrtc_via_ptx, u32 no_toolkit, u32 pch, str cwd,
+ *          u32 nvrtc_via_ptx, u32 no_toolkit, u32 pch, u32 fast_compile, str cwd,
  *          str source_name, u32 noptions, str * n, u32 nexpr, str * n,
  *          u32 nheaders, {str name, u64 size, bytes} * n, u64 size, bytes}
  *     -> BUILT {u32 rc (negated HK_ERR_*), str why, str log, u32 format,
@@ -281,7 +286,7 @@ void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
  * refuses that build with HK_ERR_COMPILE.
  */
 #define HKP_ISO_MAGIC     0x444c4248u /* "HBLD" */
-#define HKP_ISO_PROTOCOL  1
+#define HKP_ISO_PROTOCOL  2
 #define HKP_ISO_MAX_BYTES (256u << 20) /* a source or an image */
 #define HKP_ISO_MAX_MSG   (512u << 20) /* a whole request or reply */
 #define HKP_ISO_MAX_STR   (64u << 10)  /* an option, a name, a path */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hotkern/net.h"
 #include "loader/loader.h"
@@ -29,6 +30,7 @@
 #define SWAP_OPTIONS_OLD  END(hk_swap_options, origin)
 #define STATS_OLD         END(hk_stats, last_swap_ms)
 #define ENDPOINT_OPTS_OLD END(hk_endpoint_options, swap)
+#define WATCH_OPTIONS_OLD END(hk_watch_options, build_profile)
 
 /* A caller's structure of `size` bytes of an older layout, then canaries up
  * to 256 bytes past the library's structure. */
@@ -313,6 +315,61 @@ START_TEST(old_swap_options_take_defaults_past_their_size) {
 }
 END_TEST
 
+/* Watch options: one layout so far, refused below it with nothing done; a
+ * newer caller's larger layout is accepted and its unknown fields ignored;
+ * the swap template inside is read within its own size. */
+START_TEST(watch_options_sizes) {
+    char *dir = hkt_tmpdir();
+    buf m, t;
+    hk_watch *w = (hk_watch *)&m;
+    hk_report rep = HK_REPORT_INIT;
+    hk_watch_options *wo = (hk_watch_options *)m.b;
+
+    old_layout(&m, WATCH_OPTIONS_OLD - 1);
+    ck_assert_int_eq(hk_watch_start(rt, dir, wo, &w, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(w);
+    ck_assert_msg(strstr(rep.message, "hk_watch_options.size"), "%s", rep.message);
+    memset(m.b, CANARY, sizeof m.b);
+    buf before = m;
+    ck_assert_int_eq(hk_watch_options_init_size(wo, WATCH_OPTIONS_OLD - 1), HK_ERR_INVALID);
+    ck_assert_int_eq(memcmp(&before, &m, sizeof m), 0);
+
+    /* Newer headers: 32 bytes this build does not know, zeroed by init
+     * within the size, canaries past it. */
+    size_t newer = sizeof(hk_watch_options) + 32;
+    ck_assert_int_eq(hk_watch_options_init_size(wo, newer), 0);
+    ck_assert_int_eq(wo->debounce_ms, 50);
+    for (size_t i = sizeof(hk_watch_options); i < newer; i++)
+        ck_assert_uint_eq(m.b[i], 0);
+    ck_assert(canaries_from(&m, newer, newer + 256));
+    memset(m.b + sizeof(hk_watch_options), CANARY, 32);
+    /* The template in the first swap-options layout: the fields past it
+     * (headers, canary policy, build profile) are canaries if read. */
+    old_layout(&t, SWAP_OPTIONS_OLD);
+    ck_assert_int_eq(hk_swap_options_init_size((hk_swap_options *)t.b, SWAP_OPTIONS_OLD), 0);
+    wo->swap = (hk_swap_options *)t.b;
+    char path[600];
+    snprintf(path, sizeof path, "%s/sim.ptx", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(ptx(3, 0, 0, 0), f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(hk_watch_start(rt, dir, wo, &w, &rep), 0);
+    for (int i = 0; i < 300 && hk_module_version(rt, "sim") < 1; i++)
+        usleep(10 * 1000);
+    ck_assert_uint_eq(hk_module_version(rt, "sim"), 1);
+    ck_assert(canaries_from(&t, SWAP_OPTIONS_OLD, sizeof(hk_swap_options) + 256));
+    hk_watch_stop(w);
+    /* A template below its first layout is refused like the options. */
+    old_layout(&t, SWAP_OPTIONS_OLD - 1);
+    ck_assert_int_eq(hk_watch_start(rt, dir, wo, &w, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(w);
+    hk_report_clear(&rep);
+    hkt_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(launch_config_sizes) {
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap(ptx(4, 0, 0, 0), &rep), 0);
@@ -440,6 +497,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, options_below_first_layout_are_refused);
     tcase_add_test(tc, old_swap_options_take_defaults_past_their_size);
     tcase_add_test(tc, launch_config_sizes);
+    tcase_add_test(tc, watch_options_sizes);
     tcase_add_test(tc, old_endpoint_options_take_defaults_past_their_size);
     tcase_add_test(tc, net_structures_below_first_layout_are_refused);
     suite_add_tcase(s, tc);

@@ -148,10 +148,23 @@ START_TEST(isolated_images_match_in_process) {
     assert_same(&l, &r, "PTX -> cubin (nvJitLink)");
     hkp_artifact_free(&r);
     hkp_artifact_free(&l);
+
+    /* The development profile reaches the helper's compilers too. */
+    o.ptx_to_cubin = 1;
+    o.fast_compile = 1;
+    build_both(src, HK_FORMAT_CUDA_C, o, iso, &l, &r);
+    assert_same(&l, &r, "CUDA C -> cubin, fast compile");
+    hkp_artifact_free(&r);
+    hkp_artifact_free(&l);
+    po.fast_compile = 1;
+    build_both(ptx, HK_FORMAT_PTX, po, iso, &l, &r);
+    assert_same(&l, &r, "PTX -> cubin (nvJitLink), fast compile");
+    hkp_artifact_free(&r);
+    hkp_artifact_free(&l);
     free(ptx);
     uint64_t builds, starts;
     hkp_iso_counts(iso, &builds, &starts);
-    ck_assert_uint_eq(builds, 3);
+    ck_assert_uint_eq(builds, 5);
     ck_assert_uint_eq(starts, 1);
     hkp_iso_destroy(iso);
 }
@@ -579,9 +592,9 @@ static void run_bad_helper(const char *script, const char *want) {
 }
 
 START_TEST(untrusted_helper_replies_are_refused) {
-    /* READY {protocol 1}, then a BUILT header claiming 0xffffffff bytes. */
+    /* READY {protocol 2}, then a BUILT header claiming 0xffffffff bytes. */
     run_bad_helper("#!/bin/sh\n"
-                   "printf 'HBLD\\001\\000\\000\\000\\004\\000\\000\\000\\001\\000\\000\\000' >&3\n"
+                   "printf 'HBLD\\001\\000\\000\\000\\004\\000\\000\\000\\002\\000\\000\\000' >&3\n"
                    "sleep 0.3\n"
                    "printf 'HBLD\\003\\000\\000\\000\\377\\377\\377\\377' >&3\n"
                    "exec sleep 30\n",

@@ -359,10 +359,13 @@ END_TEST
  * sanitizer: the nvcc programs link its runtime too. */
 #if defined(__SANITIZE_THREAD__)
 #define NVCC_SAN " -Xcompiler=-fsanitize=thread"
+#define LD_SAN   "-fsanitize=thread"
 #elif defined(__SANITIZE_ADDRESS__)
 #define NVCC_SAN " -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined"
+#define LD_SAN   "-fsanitize=address -fsanitize=undefined"
 #else
 #define NVCC_SAN ""
+#define LD_SAN   ""
 #endif
 #define NVCC "/usr/local/cuda/bin/nvcc -arch=sm_90" NVCC_SAN
 
@@ -417,6 +420,9 @@ START_TEST(cmake_enables_hot_reload) {
     ck_assert_int_eq(sh("cd '%s' && cmake -S cm-cuda -B cm-cuda/build -DCMAKE_PREFIX_PATH='%s/usr' "
                         "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc "
                         "-DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS='" NVCC_SAN "' "
+                        /* CMake links CUDA programs with the host compiler, which
+                         * needs the sanitizer's runtime named too. */
+                        "-DCMAKE_EXE_LINKER_FLAGS='" LD_SAN "' "
                         ">cmake-cuda.log 2>&1 && "
                         "cmake --build cm-cuda/build >>cmake-cuda.log 2>&1 || "
                         "{ cat cmake-cuda.log; exit 1; }",

@@ -41,6 +41,8 @@ static void on_event(const hk_event *ev, void *ud) {
         on_committed_result = on_committed();
 }
 
+static void test_hook(hk_runtime *r, hkl_hook_point p);
+
 static hk_runtime *make_rt_with(hk_options *o) {
     fake_init(1, 90);
     for (int i = 0; i < 8; i++)
@@ -55,6 +57,9 @@ static hk_runtime *make_rt_with(hk_options *o) {
     hk_report rep = HK_REPORT_INIT;
     int err = hkl_runtime_create_with(&r, o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
+    /* Set before any thread of the runtime has work (they read it without
+     * a lock); it does nothing until hook_arm. */
+    r->hook = test_hook;
     return r;
 }
 
@@ -310,7 +315,6 @@ static void hook_arm(hkl_hook_point p, void (*action)(void)) {
     hook_inside = hook_release = 0;
     hook_action = action;
     pthread_mutex_unlock(&hook_lock);
-    rt->hook = test_hook;
 }
 
 static void hook_wait_inside(void) {

@@ -1733,6 +1733,142 @@ START_TEST(cache_lock_held_by_a_stopped_process) {
 }
 END_TEST
 
+/* The development profile (fast_compile) is a build of its own: its image
+ * differs from the default build's, the cache keeps the two apart (each
+ * entry served for its own profile only), PTX goes through nvJitLink with
+ * it too, and builds of both profiles alternating over their PCHs create
+ * none once each profile has made its own. */
+START_TEST(dev_profile_is_its_own_build) {
+    static const char fmt[] =
+        "extern \"C\" __global__ void k0(float *x, int n) { int i = blockIdx.x * blockDim.x + "
+        "threadIdx.x; if (i < n) x[i] = x[i] * 2.0f + %d.0f; }\n";
+    char *cdir = hkt_tmpdir();
+    char src[512], why[512];
+    hkp_cache *c;
+    hkp_artifact rel, dev, a, p;
+    ck_assert_int_eq(hkp_cache_open(&c, cdir, 64 << 20, NULL), 0);
+    hkp_build_opts o = base_opts(90);
+    o.cache = c;
+    o.source_name = "dev.cu";
+    snprintf(src, sizeof src, fmt, 1);
+    ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &rel, why, sizeof why) == 0,
+                  "%s", why);
+    ck_assert_int_eq(rel.cache_hit, 0);
+    o.fast_compile = 1;
+    ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &dev, why, sizeof why) == 0,
+                  "%s\n%s", why, dev.log ? dev.log : "");
+    ck_assert_int_eq(dev.cache_hit, 0); /* not the default build's entry */
+    ck_assert_int_eq(dev.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(dev.meta.nentries, 1);
+    ck_assert(dev.size != rel.size || memcmp(dev.image, rel.image, rel.size) != 0);
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.cache_hit, 1);
+    ck_assert(a.size == dev.size && memcmp(a.image, dev.image, dev.size) == 0);
+    hkp_artifact_free(&a);
+    o.fast_compile = 0;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_eq(a.cache_hit, 1);
+    ck_assert(a.size == rel.size && memcmp(a.image, rel.image, rel.size) == 0);
+    hkp_artifact_free(&a);
+    hkp_artifact_free(&dev);
+    hkp_artifact_free(&rel);
+
+    /* PTX to a cubin through nvJitLink, at its fast-compile level. */
+    o.cache = NULL;
+    o.ptx_to_cubin = 0;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &p, why, sizeof why), 0);
+    ck_assert_int_eq(p.format, HK_FORMAT_PTX);
+    o.ptx_to_cubin = 1;
+    o.fast_compile = 1;
+    ck_assert_msg(hkp_build(p.image, p.size, HK_FORMAT_PTX, &o, &a, why, sizeof why) == 0, "%s\n%s",
+                  why, a.log ? a.log : "");
+    ck_assert_int_eq(a.format, HK_FORMAT_CUBIN);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    hkp_artifact_free(&p);
+
+    /* Builds of both profiles alternating over their PCHs create none once
+     * each has made its own. */
+    uint64_t c0, c1;
+    o.pch = 1;
+    for (int v = 100; v <= 101; v++) {
+        o.fast_compile = v & 1;
+        snprintf(src, sizeof src, fmt, v);
+        ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+        hkp_artifact_free(&a);
+    }
+    hkp_pch_stats(&c0, NULL);
+    for (int v = 102; v <= 107; v++) {
+        o.fast_compile = v & 1;
+        snprintf(src, sizeof src, fmt, v);
+        ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) == 0,
+                      "%s", why);
+        ck_assert_msg(!a.log || !strstr(a.log, "do not match"), "%s", a.log);
+        hkp_artifact_free(&a);
+    }
+    hkp_pch_stats(&c1, NULL);
+    ck_assert_uint_eq(c1, c0);
+    hkp_cache_close(c);
+    hkt_rmtree(cdir);
+    free(cdir);
+}
+END_TEST
+
+/* Builds with fast_compile and the PCH; returns the PCHs they created. */
+static uint64_t fast_build_pchs(const char *src, int expect_rc, hkp_artifact *a) {
+    hkp_build_opts o = base_opts(90);
+    char why[512];
+    uint64_t c0, c1;
+    o.pch = 1;
+    o.fast_compile = 1;
+    hkp_pch_stats(&c0, NULL);
+    int rc = hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, a, why, sizeof why);
+    ck_assert_msg(rc == expect_rc, "%s: %s\n%s", src, why, a->log ? a->log : "");
+    hkp_pch_stats(&c1, NULL);
+    return c1 - c0;
+}
+
+/* The development profile's -minimal goes only where the source cannot
+ * need what it leaves out: the one-line kernel gets it (its implicit prefix
+ * is a PCH of its own), a texture kernel does not (the default prefix's
+ * PCH serves it), a source that hides a runtime type from the scan is
+ * compiled again without it and builds, and a real error is reported. */
+START_TEST(dev_profile_minimal_only_where_safe) {
+    static const char tiny[] =
+        "extern \"C\" __global__ void k0(float *x, int n) { int i = threadIdx.x; if (i < n) "
+        "x[i] = x[i] * 2.0f + 3.0f; }\n";
+    static const char tex[] = "extern \"C\" __global__ void k(cudaTextureObject_t t, float *x) {\n"
+                              "    x[0] = tex1Dfetch<float>(t, 0);\n}\n";
+    static const char hidden[] =
+        "typedef int word; /* ends the PCH's prefix */\n"
+        "#define CAT(a, b) a##b\n"
+        "extern \"C\" __global__ void k(int *x) {\n"
+        "    CAT(cu, daError_t) e = CAT(cu, daSuccess); x[0] = (int)e;\n}\n";
+    static const char broken[] =
+        "extern \"C\" __global__ void k(int *x) { x[0] = nope_undeclared; }\n";
+    hkp_artifact a;
+    hkp_build_opts o = base_opts(90);
+    char why[512];
+
+    o.pch = 1; /* the default prefix's PCH first */
+    ck_assert_int_eq(hkp_build(tiny, strlen(tiny), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(tiny, 0, &a), 1);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(tex, 0, &a), 0);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    ck_assert_uint_eq(fast_build_pchs(hidden, 0, &a), 0);
+    ck_assert_int_eq(a.meta.nentries, 1);
+    hkp_artifact_free(&a);
+    fast_build_pchs(broken, HK_ERR_COMPILE, &a);
+    ck_assert_ptr_nonnull(a.log);
+    ck_assert_ptr_nonnull(strstr(a.log, "nope_undeclared"));
+    hkp_artifact_free(&a);
+}
+END_TEST
+
 static Suite *ptx_suite(void) {
     Suite *s = suite_create("ptx");
     TCase *tc = tcase_create("detect");
@@ -1757,6 +1893,8 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, build_ptx_with_nvjitlink);
     tcase_add_test(tc, build_refusals);
     tcase_add_test(tc, build_paths_agree_and_timings);
+    tcase_add_test(tc, dev_profile_is_its_own_build);
+    tcase_add_test(tc, dev_profile_minimal_only_where_safe);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 

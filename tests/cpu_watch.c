@@ -157,6 +157,14 @@ static int refusals_wait(int n, int timeout_ms) {
     return got;
 }
 
+static int refusal_count(void) {
+    int n;
+    pthread_mutex_lock(&rec.mu);
+    n = rec.nf;
+    pthread_mutex_unlock(&rec.mu);
+    return n;
+}
+
 /* Waits for n refusals, then SETTLE_MS more, and checks that exactly n
  * arrived. */
 static void expect_refusals(int n) {
@@ -168,6 +176,8 @@ static void expect_refusals(int n) {
 }
 
 static void path_in(char *out, size_t size, const char *d, const char *name);
+static volatile int writer_stop;
+static void *writer_main(void *arg);
 
 /* A copy of the refusal of the file named name (last one), or 0. */
 static int refusal_of(const char *name, refusal *out) {
@@ -464,8 +474,12 @@ START_TEST(save_vim_backup) {
 }
 END_TEST
 
+/* Fifty saves in a row: each is read at once after its close, so several
+ * may be handed over, but each handover is one whole save, they come in the
+ * order of the saves, and the last one is the newest. */
 START_TEST(burst_of_writes) {
     char buf[64];
+    int n, last = -1;
 
     start();
     ck_assert_int_eq(hkw_add_dir(w, dir), 0);
@@ -474,8 +488,28 @@ START_TEST(burst_of_writes) {
         snprintf(buf, sizeof buf, "version %d", i);
         write_file("particles.cu", buf);
     }
-    expect_total(1);
+    /* The newest content arrives; nothing follows it. */
+    for (int i = 0; i < WAIT_MS / 10; i++) {
+        const char *l = rec_last("particles");
+        if (l && strcmp(l, "version 49") == 0)
+            break;
+        usleep(10 * 1000);
+    }
+    usleep(SETTLE_MS * 1000);
     ck_assert_str_eq(rec_last("particles"), "version 49");
+    pthread_mutex_lock(&rec.mu);
+    n = rec.n;
+    for (int i = 0; i < n; i++) {
+        int v = -1;
+        char tail = 0;
+        ck_assert_msg(sscanf(rec.r[i].content, "version %d%c", &v, &tail) == 1,
+                      "handover %d is not one whole save: '%s'", i, rec.r[i].content);
+        ck_assert_int_gt(v, last);
+        last = v;
+    }
+    pthread_mutex_unlock(&rec.mu);
+    ck_assert_int_ge(n, 1);
+    ck_assert_int_le(n, 50);
 }
 END_TEST
 
@@ -496,6 +530,278 @@ START_TEST(slow_writer_not_handed_early) {
     ck_assert_int_eq(close(fd), 0);
     expect_total(1);
     ck_assert_str_eq(rec_last("particles"), "first half second half");
+}
+END_TEST
+
+/* A completed save is read at once: with a quiet period of an hour, saves
+ * that end with a close, a rename over the file, or a new file still
+ * arrive. */
+START_TEST(completed_save_read_at_once) {
+    hkw_opts o;
+    char tmp[PATH_MAX], dst[PATH_MAX];
+
+    hkw_opts_init(&o);
+    o.debounce_ms = 3600 * 1000;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    write_file("particles.cu", "v1 in place");
+    expect_total(1);
+    ck_assert_str_eq(rec_last("particles"), "v1 in place");
+    path_in(tmp, sizeof tmp, dir, ".particles.cu.XXab12");
+    path_in(dst, sizeof dst, dir, "particles.cu");
+    write_at(tmp, "v2 renamed over");
+    ck_assert_int_eq(rename(tmp, dst), 0);
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 renamed over");
+    ck_assert_int_eq(unlink(dst), 0);
+    write_at(dst, "v3 deleted and created");
+    expect_total(3);
+    ck_assert_str_eq(rec_last("particles"), "v3 deleted and created");
+}
+END_TEST
+
+/* A file written and kept open gets no completion event: with a quiet
+ * period of an hour nothing is read while it stays open, and its close is
+ * the completed save that hands it over. */
+START_TEST(open_file_waits_for_quiet_or_close) {
+    hkw_opts o;
+    char p[PATH_MAX];
+    int fd;
+
+    hkw_opts_init(&o);
+    o.debounce_ms = 3600 * 1000;
+    o.open_wait_ms = 0;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    path_in(p, sizeof p, dir, "particles.cu");
+    fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "kept open", 9), 9);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 0);
+    ck_assert_int_eq(close(fd), 0);
+    expect_total(1);
+    ck_assert_str_eq(rec_last("particles"), "kept open");
+}
+END_TEST
+
+/* The fallback rule: a file kept open is read once quiet for the debounce
+ * period and open for writing longer than open_wait_ms, while still open;
+ * its close then hands nothing over again (same content). */
+START_TEST(open_file_read_after_quiet_period) {
+    hkw_opts o;
+    char p[PATH_MAX];
+    int fd;
+
+    hkw_opts_init(&o);
+    o.debounce_ms = 20;
+    o.open_wait_ms = 60;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    path_in(p, sizeof p, dir, "particles.cu");
+    fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "written, never closed", 21), 21);
+    ck_assert_int_eq(rec_wait(1, WAIT_MS), 1);
+    ck_assert_str_eq(rec_last("particles"), "written, never closed");
+    ck_assert_int_eq(close(fd), 0);
+    expect_total(1);
+}
+END_TEST
+
+static uint64_t opens_now(void) {
+    hkw_stats st;
+    hkw_stats_get(w, &st);
+    return st.opens;
+}
+
+/* Truncated and closed, then written: the empty file seen right after its
+ * close is not refused but looked at again after the quiet period, and
+ * the content that follows is handed over. An empty file that stays empty
+ * is refused after the quiet period. */
+START_TEST(empty_after_close_looked_at_again) {
+    hkw_opts o;
+
+    hkw_opts_init(&o);
+    o.debounce_ms = 3600 * 1000;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    write_file("particles.cu", "");
+    for (int i = 0; i < WAIT_MS / 10 && opens_now() < 1; i++)
+        usleep(10 * 1000);
+    ck_assert_uint_ge(opens_now(), 1); /* it was read, empty */
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(refusal_count(), 0);
+    ck_assert_int_eq(rec_count(), 0);
+    write_file("particles.cu", "the content after all");
+    expect_total(1);
+    ck_assert_str_eq(rec_last("particles"), "the content after all");
+    ck_assert_int_eq(refusal_count(), 0);
+}
+END_TEST
+
+START_TEST(empty_file_refused_after_quiet_period) {
+    hkw_opts o;
+    refusal f;
+
+    hkw_opts_init(&o);
+    o.debounce_ms = 20;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    write_file("particles.cu", "");
+    expect_refusals(1);
+    ck_assert(refusal_of("particles.cu", &f));
+    ck_assert_ptr_nonnull(strstr(f.why, "empty"));
+    ck_assert_uint_ge(opens_now(), 2); /* read at the close, then after the quiet period */
+    ck_assert_int_eq(rec_count(), 0);
+}
+END_TEST
+
+/* Subdirectories of a recursive watch, at any depth, present or created,
+ * moved in, removed and recreated; not dot-directories; other names in
+ * them ignored without a refusal. */
+START_TEST(recursive_subdirectories) {
+    hkw_opts o;
+    char p[PATH_MAX], q[PATH_MAX];
+
+    path_in(p, sizeof p, dir, "sub");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, dir, "sub/deep");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, dir, ".git");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("top.cu", "T");
+    write_file("sub/a.cu", "A");
+    write_file("sub/deep/b.ptx", "B");
+    write_file("sub/notes.txt", "notes");
+    write_file(".git/c.cu", "C");
+    hkw_opts_init(&o);
+    o.recursive = 1;
+    o.ignore_others = 1;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    expect_total(3);
+    ck_assert_str_eq(rec_last("top"), "T");
+    ck_assert_str_eq(rec_last("a"), "A");
+    ck_assert_str_eq(rec_last("b"), "B");
+    path_in(p, sizeof p, dir, "sub/a.cu");
+    pthread_mutex_lock(&rec.mu);
+    int found = 0;
+    for (int i = 0; i < rec.n; i++)
+        found |= strcmp(rec.r[i].path, p) == 0;
+    pthread_mutex_unlock(&rec.mu);
+    ck_assert(found);
+
+    /* Created after the watch began, two levels at once. */
+    path_in(p, sizeof p, dir, "later");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, dir, "later/x");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("later/x/d.cu", "D");
+    expect_total(4);
+    ck_assert_str_eq(rec_last("d"), "D");
+    /* An edit deep down. */
+    write_file("sub/deep/b.ptx", "B2");
+    expect_total(5);
+    ck_assert_str_eq(rec_last("b"), "B2");
+    /* Removed and recreated. */
+    path_in(p, sizeof p, dir, "sub");
+    rm_rf(p);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("sub/a.cu", "A2");
+    expect_total(6);
+    ck_assert_str_eq(rec_last("a"), "A2");
+    /* Moved in from outside the tree, with a file in it. */
+    path_in(p, sizeof p, root, "outside");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(q, sizeof q, p, "e.fatbin");
+    write_at(q, "E");
+    path_in(q, sizeof q, dir, "moved");
+    ck_assert_int_eq(rename(p, q), 0);
+    expect_total(7);
+    ck_assert_str_eq(rec_last("e"), "E");
+    /* Nothing of the dot-directory, no refusal of the notes. */
+    write_file(".git/c.cu", "C2");
+    write_file("sub/notes.txt", "more notes");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 7);
+    ck_assert_int_eq(rec_count_module("c", 0), 0);
+    ck_assert_int_eq(refusal_count(), 0);
+}
+END_TEST
+
+/* Without recursion, a subdirectory's files are nobody's. */
+START_TEST(not_recursive_by_default) {
+    char p[PATH_MAX];
+
+    path_in(p, sizeof p, dir, "sub");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("sub/a.cu", "A");
+    write_file("top.cu", "T");
+    start();
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    expect_total(1);
+    write_file("sub/a.cu", "A2");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rec_count(), 1);
+    ck_assert_str_eq(rec_last("top"), "T");
+}
+END_TEST
+
+/* opts.sources: only the kinds named are sources; the others, and with
+ * ignore_others every name that is no source or header, are ignored
+ * silently, present or written later. */
+START_TEST(source_kinds_filter) {
+    hkw_opts o;
+
+    write_file("a.cu", "A");
+    write_file("b.ptx", "B");
+    write_file("notes.txt", "N");
+    hkw_opts_init(&o);
+    o.sources = HKW_SRC_PTX | HKW_SRC_CUBIN;
+    o.ignore_others = 1;
+    start_with(&o);
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    expect_total(1);
+    ck_assert_str_eq(rec_last("b"), "B");
+    write_file("a.cu", "A2");
+    write_file("c.cubin", "C");
+    write_file("README", "R");
+    write_file("d.fatbin", "D");
+    expect_total(2);
+    ck_assert_str_eq(rec_last("c"), "C");
+    ck_assert_int_eq(rec_count_module("a", 0), 0);
+    ck_assert_int_eq(rec_count_module("d", 0), 0);
+    ck_assert_int_eq(refusal_count(), 0);
+    ck_assert_uint_eq(hkw_source_bit("CU"), HKW_SRC_CU);
+    ck_assert_uint_eq(hkw_source_bit("fatbin"), HKW_SRC_FATBIN);
+    ck_assert_uint_eq(hkw_source_bit("txt"), 0);
+    ck_assert_uint_eq(hkw_source_bit(NULL), 0);
+}
+END_TEST
+
+/* hkw_stop while files keep changing: when it returns no callback runs,
+ * and none comes later; the watcher still answers until destroyed. */
+START_TEST(stop_ends_callbacks) {
+    pthread_t t;
+    hkw_stats st;
+    int n;
+
+    start();
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    __atomic_store_n(&writer_stop, 0, __ATOMIC_RELAXED);
+    ck_assert_int_eq(pthread_create(&t, NULL, writer_main, NULL), 0);
+    ck_assert_int_ge(rec_wait(1, WAIT_MS), 1);
+    hkw_stop(w);
+    n = rec_count();
+    usleep(SETTLE_MS * 1000);
+    __atomic_store_n(&writer_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(rec_count(), n);
+    hkw_stop(w); /* idempotent */
+    hkw_stats_get(w, &st);
+    ck_assert_uint_eq(st.handovers, (uint64_t)n);
+    hkw_stop(NULL);
 }
 END_TEST
 
@@ -730,9 +1036,12 @@ START_TEST(unchanged_not_handed_again) {
     ck_assert_int_eq(utimensat(AT_FDCWD, p, NULL, 0), 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 1);
-    /* Changed, then changed back before anyone looked: still the same. */
+    /* Changed, then changed back before the watcher looked (it is held, so
+     * both saves' events wait in the queue): still the same. */
+    hkw_pause(w, 1);
     write_file("particles.cu", "other");
     write_file("particles.cu", "same");
+    hkw_pause(w, 0);
     usleep(SETTLE_MS * 1000);
     ck_assert_int_eq(rec_count(), 1);
 }
@@ -978,8 +1287,6 @@ START_TEST(directory_recreated) {
 }
 END_TEST
 
-static volatile int writer_stop;
-
 static void *writer_main(void *arg) {
     char buf[64];
     (void)arg;
@@ -1064,8 +1371,15 @@ END_TEST
 
 static hk_runtime *rt;
 static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
-static int ev_committed, ev_refused;
+static int ev_committed, ev_refused, ev_superseded;
 static char ev_origin[PATH_MAX + 16];
+/* With ev_kernel set (the handle of "step"), the tag of the code each
+ * commit of its module put in place, in commit order. */
+static hk_kernel *ev_kernel;
+static int ev_tags[64], ev_ntags;
+/* A watch the event callback stops when a refusal of it arrives. */
+static hk_watch *ev_stop_watch;
+static int ev_stopped;
 
 /* Refusals as the application sees them. */
 typedef struct refused_event {
@@ -1078,8 +1392,27 @@ typedef struct refused_event {
 static refused_event ev_ref[32];
 
 static void on_event(const hk_event *ev, void *ud) {
+    void *fn = NULL;
     (void)ud;
     pthread_mutex_lock(&ev_mu);
+    hk_kernel *k = ev_kernel;
+    pthread_mutex_unlock(&ev_mu);
+    if (ev->kind == HK_EVENT_COMMITTED && k && ev->module && !strcmp(ev->module, "step") &&
+        hk_kernel_function(k, &fn) != 0)
+        fn = NULL;
+    pthread_mutex_lock(&ev_mu);
+    if (ev->kind == HK_EVENT_REFUSED && ev_stop_watch) {
+        hk_watch *x = ev_stop_watch;
+        ev_stop_watch = NULL;
+        pthread_mutex_unlock(&ev_mu);
+        hk_watch_stop(x); /* from the watch's own thread */
+        pthread_mutex_lock(&ev_mu);
+        ev_stopped++;
+    }
+    if (fn && ev_ntags < (int)(sizeof ev_tags / sizeof ev_tags[0]))
+        ev_tags[ev_ntags++] = fake_tag_of(fn);
+    if (ev->kind == HK_EVENT_REFUSED && ev->report && ev->report->error == HK_ERR_SUPERSEDED)
+        ev_superseded++;
     if (ev->kind == HK_EVENT_COMMITTED)
         ev_committed++;
     if (ev->kind == HK_EVENT_REFUSED && ev_refused < (int)(sizeof ev_ref / sizeof ev_ref[0])) {
@@ -1131,6 +1464,49 @@ static const char *ptx_text(int tag) {
     return b;
 }
 
+/* A hook point of the engine where the worker is held (once) until
+ * hook_go: HKL_HOOK_COMPILED makes a build as slow as the test wants. */
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hook_cond = PTHREAD_COND_INITIALIZER;
+static hkl_hook_point hook_at;
+static int hook_armed, hook_inside, hook_release;
+
+static void test_hook(hk_runtime *r, hkl_hook_point p) {
+    (void)r;
+    pthread_mutex_lock(&hook_lock);
+    if (hook_armed && p == hook_at) {
+        hook_armed = 0;
+        hook_inside = 1;
+        pthread_cond_broadcast(&hook_cond);
+        while (!hook_release)
+            pthread_cond_wait(&hook_cond, &hook_lock);
+    }
+    pthread_mutex_unlock(&hook_lock);
+}
+
+static void hook_arm(hkl_hook_point p) {
+    pthread_mutex_lock(&hook_lock);
+    hook_at = p;
+    hook_armed = 1;
+    hook_inside = hook_release = 0;
+    pthread_mutex_unlock(&hook_lock);
+}
+
+static void hook_wait_inside(void) {
+    pthread_mutex_lock(&hook_lock);
+    while (!hook_inside)
+        pthread_cond_wait(&hook_cond, &hook_lock);
+    pthread_mutex_unlock(&hook_lock);
+}
+
+static void hook_go(void) {
+    pthread_mutex_lock(&hook_lock);
+    hook_release = 1;
+    hook_armed = 0;
+    pthread_cond_broadcast(&hook_cond);
+    pthread_mutex_unlock(&hook_lock);
+}
+
 static void rt_setup(void) {
     hk_options o;
     hk_report rep = HK_REPORT_INIT;
@@ -1142,14 +1518,18 @@ static void rt_setup(void) {
     o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
     o.cache_dir = "";
     o.on_event = on_event;
-    ev_committed = ev_refused = 0;
+    ev_committed = ev_refused = ev_superseded = ev_ntags = ev_stopped = 0;
+    ev_kernel = NULL;
+    ev_stop_watch = NULL;
     memset(ev_ref, 0, sizeof ev_ref);
     rt = NULL;
     err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
+    rt->hook = test_hook; /* before any job: the worker reads it unlocked */
 }
 
 static void rt_teardown(void) {
+    hook_go();              /* a test that failed while holding the worker */
     hk_runtime_destroy(rt); /* also stops the watcher */
     rt = NULL;
     for (int i = 0; i < ev_refused && i < (int)(sizeof ev_ref / sizeof ev_ref[0]); i++)
@@ -1338,6 +1718,481 @@ START_TEST(api_refusals_never_quote_content) {
 }
 END_TEST
 
+/* ---- watches as handles (hk_watch_start) ---------------------------------- */
+
+/* The value of an unlabelled counter in the runtime's metrics text. */
+static uint64_t metric(const char *name) {
+    char *text = NULL, *line;
+    unsigned long long v = 0;
+    size_t n = strlen(name);
+    ck_assert_int_eq(hk_metrics_text_alloc(rt, &text, NULL), 0);
+    for (line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, name, n) == 0 && line[n] == ' ') {
+            v = strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    }
+    free(text);
+    return (uint64_t)v;
+}
+
+/* 1 when the worker's queue holds a job whose content carries this tag. */
+static int queued_with_tag(int tag) {
+    char needle[32];
+    int found = 0;
+    snprintf(needle, sizeof needle, "// tag: %d\n", tag);
+    pthread_mutex_lock(&rt->work_lock);
+    for (hkl_job *j = rt->jobs; j && !found; j = j->next)
+        found = memmem(j->data, j->size, needle, strlen(needle)) != NULL;
+    pthread_mutex_unlock(&rt->work_lock);
+    return found;
+}
+
+/* A save the way vim or sed -i make it: a temporary file renamed over. */
+static void save_renamed(const char *name, const char *content) {
+    static int n;
+    char tmp[PATH_MAX], dst[PATH_MAX], base[128];
+    snprintf(base, sizeof base, ".%s.%d.tmp", name, n++);
+    path_in(tmp, sizeof tmp, dir, base);
+    path_in(dst, sizeof dst, dir, name);
+    write_at(tmp, content);
+    ck_assert_int_eq(rename(tmp, dst), 0);
+}
+
+static void set_kernel(hk_kernel *k) {
+    pthread_mutex_lock(&ev_mu);
+    ev_kernel = k;
+    pthread_mutex_unlock(&ev_mu);
+}
+
+/* Saves during a slow build (the worker held right after the compile of
+ * tag 2): that build is superseded, the saves queued behind it are never
+ * built but the newest, only the newest content (tag 6) is committed, no
+ * older one after it, and every submission ends with one outcome. */
+START_TEST(api_saves_during_slow_build) {
+    hk_watch *wa = NULL;
+    hk_kernel *k;
+    uint64_t h0, h;
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, NULL), 0);
+    ck_assert_ptr_nonnull(wa);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "step", "step", &k), 0);
+    set_kernel(k);
+    h0 = metric("hotkern_watch_handovers_total");
+    ck_assert_uint_eq(h0, 1);
+
+    hook_arm(HKL_HOOK_COMPILED);
+    write_file("step.ptx", ptx_text(2));
+    hook_wait_inside(); /* tag 2 is in its build, and stays there */
+    save_renamed("step.ptx", ptx_text(3));
+    write_file("step.ptx", ptx_text(4));
+    save_renamed("step.ptx", ptx_text(5));
+    write_file("step.ptx", ptx_text(6));
+    for (int i = 0; i < WAIT_MS / 10 && !queued_with_tag(6); i++)
+        usleep(10 * 1000);
+    ck_assert(queued_with_tag(6));
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 1);
+    hook_go();
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+
+    h = metric("hotkern_watch_handovers_total") - h0; /* submissions since */
+    ck_assert_uint_ge(h, 2);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 2);
+    void *fn = NULL;
+    ck_assert_int_eq(hk_kernel_function(k, &fn), 0);
+    ck_assert_int_eq(fake_tag_of(fn), 6);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_int_eq(ev_ntags, 1); /* one commit since the handle: the newest */
+    ck_assert_int_eq(ev_tags[0], 6);
+    ck_assert_int_eq(ev_committed, 2);
+    ck_assert_int_eq(ev_superseded, (int)h - 1);
+    ck_assert_int_eq(ev_refused, ev_superseded); /* nothing else was refused */
+    pthread_mutex_unlock(&ev_mu);
+
+    /* Saves one at a time, after the burst: each commits. */
+    write_file("step.ptx", ptx_text(7));
+    ck_assert_uint_eq(wait_version("step", 3), 3);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_int_eq(ev_ntags, 2);
+    ck_assert_int_eq(ev_tags[1], 7);
+    pthread_mutex_unlock(&ev_mu);
+    hk_watch_stop(wa);
+}
+END_TEST
+
+/* A completed save builds at once: with a quiet period of an hour, saves in
+ * place and renamed over still commit (and the files present at the start
+ * are built at once too). */
+START_TEST(api_completed_save_builds_at_once) {
+    hk_watch_options wo;
+    hk_watch *wa = NULL;
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    hk_watch_options_init(&wo);
+    wo.debounce_ms = 3600 * 1000;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    write_file("step.ptx", ptx_text(2));
+    ck_assert_uint_eq(wait_version("step", 2), 2);
+    save_renamed("step.ptx", ptx_text(3));
+    ck_assert_uint_eq(wait_version("step", 3), 3);
+    hk_watch_stop(wa);
+}
+END_TEST
+
+/* The fallback rule through the runtime: a save kept open builds once the
+ * file has been quiet for debounce_ms (and open longer than open_wait_ms),
+ * before its close, which then builds nothing again. */
+START_TEST(api_open_file_fallback) {
+    hk_watch_options wo;
+    hk_watch *wa = NULL;
+    char p[PATH_MAX];
+    const char *text;
+    int fd;
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    hk_watch_options_init(&wo);
+    wo.debounce_ms = 20;
+    wo.open_wait_ms = 60;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    path_in(p, sizeof p, dir, "step.ptx");
+    fd = open(p, O_WRONLY | O_TRUNC);
+    ck_assert_int_ge(fd, 0);
+    text = ptx_text(2);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    ck_assert_uint_eq(wait_version("step", 2), 2);
+    ck_assert_int_eq(close(fd), 0);
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 2);
+    hk_watch_stop(wa);
+}
+END_TEST
+
+static volatile int saver_stop;
+
+/* Saves step.ptx again and again, a new tag each time. */
+static void *saver_main(void *arg) {
+    char b[512];
+    (void)arg;
+    for (int i = 100; !__atomic_load_n(&saver_stop, __ATOMIC_RELAXED); i++) {
+        snprintf(b, sizeof b,
+                 "// tag: %d\n.version 8.0\n.target sm_90\n.address_size 64\n"
+                 ".visible .entry step(.param .u64 out, .param .u32 n)\n{\n ret;\n}\n",
+                 i);
+        write_file("step.ptx", b);
+        usleep(1000);
+    }
+    return NULL;
+}
+
+/* When hk_watch_stop returns, nothing more is submitted (the engine's
+ * submission counter stands still while the file keeps changing) and no
+ * callback comes from the watch; its directory can be watched again. */
+START_TEST(api_watch_stop) {
+    hk_watch *wa = NULL;
+    pthread_t t;
+    uint64_t seq;
+    int c, r;
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    __atomic_store_n(&saver_stop, 0, __ATOMIC_RELAXED);
+    ck_assert_int_eq(pthread_create(&t, NULL, saver_main, NULL), 0);
+    ck_assert_uint_ge(wait_version("step", 3), 3); /* saves reach the engine */
+    hk_watch_stop(wa);
+    seq = atomic_load(&rt->job_seq);
+    usleep(SETTLE_MS * 1000);
+    __atomic_store_n(&saver_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+    ck_assert_uint_eq(atomic_load(&rt->job_seq), seq);
+    /* What it submitted before ends as any submission. */
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    c = events_of(&ev_committed);
+    r = events_of(&ev_refused);
+    write_file("step.ptx", ptx_text(999));
+    write_file("bad.cubin", "text, not a cubin\n"); /* would be a refusal */
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    ck_assert_int_eq(events_of(&ev_committed), c);
+    ck_assert_int_eq(events_of(&ev_refused), r);
+    ck_assert_uint_eq(atomic_load(&rt->job_seq), seq);
+    hk_watch_stop(NULL);
+
+    /* Free again: a new watch builds what changed meanwhile. */
+    uint64_t v = hk_module_version(rt, "step");
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", v + 1), v + 1);
+    hk_watch_stop(wa);
+}
+END_TEST
+
+/* hk_watch_stop from an event callback on the watch's own thread (a
+ * refusal of it) returns; nothing more comes from that watch, and its
+ * directory is free again. */
+START_TEST(api_watch_stop_from_its_callback) {
+    hk_watch *wa = NULL, *wb = NULL;
+
+    write_file("step.ptx", ptx_text(1));
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    pthread_mutex_lock(&ev_mu);
+    ev_stop_watch = wa;
+    pthread_mutex_unlock(&ev_mu);
+    write_file("bad.cubin", "text, not a cubin\n");
+    wait_events(&ev_stopped, 1);
+    write_file("step.ptx", ptx_text(2));
+    write_file("bad2.cubin", "more text\n");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 1);
+    ck_assert_int_eq(events_of(&ev_refused), 1);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wb, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 2), 2);
+    hk_watch_stop(wb);
+}
+END_TEST
+
+/* Options: only the extensions asked for, subdirectories at any depth
+ * (those created later too, not dot-directories), and no refusal of the
+ * other names of a tree. */
+START_TEST(api_watch_extensions_and_recursion) {
+    static const char *const exts[] = {"ptx"};
+    hk_watch_options wo;
+    hk_watch *wa = NULL;
+    char p[PATH_MAX];
+
+    path_in(p, sizeof p, dir, "sub");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, dir, "sub/deeper");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, dir, ".git");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("step.ptx", ptx_text(1));
+    write_file("a.cu", "extern \"C\" __global__ void step(int *out, unsigned n) {}\n");
+    write_file("notes.txt", "notes\n");
+    write_file("sub/deeper/k2.ptx", ptx_text(2));
+    write_file(".git/k3.ptx", ptx_text(3));
+    usleep(60 * 1000);
+    hk_watch_options_init(&wo);
+    wo.extensions = exts;
+    wo.nextensions = 1;
+    wo.recursive = 1;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    ck_assert_uint_eq(wait_version("k2", 1), 1);
+    path_in(p, sizeof p, dir, "later");
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_file("later/k4.ptx", ptx_text(4));
+    ck_assert_uint_eq(wait_version("k4", 1), 1);
+    write_file("a.cu", "extern \"C\" __global__ void step(int *out, unsigned n) { }\n");
+    write_file("notes.txt", "more notes\n");
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "a"), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "k3"), 0);
+    ck_assert_int_eq(events_of(&ev_refused), 0);
+    ck_assert_int_eq(events_of(&ev_committed), 3);
+    hk_watch_stop(wa);
+}
+END_TEST
+
+static int veto_check(const char *module, uint64_t version, void *ud, char *msg, size_t n) {
+    (void)version;
+    (void)ud;
+    if (strcmp(module, "vetoed") != 0)
+        return 0;
+    snprintf(msg, n, "vetoed by the watch's template");
+    return 1;
+}
+
+/* Adds a test launch to kernel "step" of module: its versions then have
+ * canary tests to run. */
+static void add_test_launch(const char *module) {
+    hk_kernel *k;
+    hk_test *t;
+    uint32_t n = 4;
+    ck_assert_int_eq(hk_kernel_get(rt, module, "step", &k), 0);
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){32, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 64, HK_FILL_ZERO, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k, t, NULL), 0);
+    hk_test_destroy(t);
+}
+
+/* The swap options template reaches every submission of its watch: its
+ * check callback refuses what it vetoes, and its canary policy (REQUIRE,
+ * with no canary to run the tests in) refuses a version with tests, where a
+ * watch with the defaults (OPTIONAL) commits it. */
+START_TEST(api_watch_swap_template) {
+    hk_swap_options so;
+    hk_watch_options wo;
+    hk_watch *wa = NULL, *wb = NULL;
+    char other[PATH_MAX], p[PATH_MAX];
+
+    path_in(other, sizeof other, root, "other");
+    ck_assert_int_eq(mkdir(other, 0755), 0);
+    write_file("step.ptx", ptx_text(1));
+    write_file("vetoed.ptx", ptx_text(1));
+    path_in(p, sizeof p, other, "free.ptx");
+    write_at(p, ptx_text(1));
+    usleep(60 * 1000);
+    hk_swap_options_init(&so);
+    so.check = veto_check;
+    so.canary = HK_CANARY_REQUIRE;
+    hk_watch_options_init(&wo);
+    wo.swap = &so;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wa, NULL), 0);
+    ck_assert_int_eq(hk_watch_start(rt, other, NULL, &wb, NULL), 0);
+    ck_assert_uint_eq(wait_version("step", 1), 1);
+    ck_assert_uint_eq(wait_version("free", 1), 1);
+    wait_events(&ev_refused, 1);
+    refused_event e = refused_for("vetoed.ptx");
+    ck_assert_int_eq(e.error, HK_ERR_REJECTED);
+    ck_assert_ptr_nonnull(strstr(e.message, "vetoed by the watch's template"));
+    ck_assert_uint_eq(hk_module_version(rt, "vetoed"), 0);
+
+    add_test_launch("step");
+    add_test_launch("free");
+    write_file("step.ptx", ptx_text(2));
+    write_at(p, ptx_text(2));
+    wait_events(&ev_refused, 2);
+    ck_assert_uint_eq(wait_version("free", 2), 2);
+    ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
+    e = refused_for("step.ptx");
+    ck_assert_int_eq(e.error, HK_ERR_CANARY);
+    ck_assert_uint_eq(hk_module_version(rt, "step"), 1);
+    hk_watch_stop(wa);
+    hk_watch_stop(wb);
+}
+END_TEST
+
+/* A directory is watched by one watch: the same one again, one inside a
+ * recursive watch, the parent of a watched one (recursive), and the
+ * directories of hk_watch_dir are refused with HK_ERR_BUSY, saying which
+ * watch covers them; after a stop the directory is free. Bad arguments. */
+START_TEST(api_watch_readd_and_arguments) {
+    static const char *const bad_ext[] = {"txt"};
+    hk_watch_options wo;
+    hk_watch *wa = NULL, *wsub = NULL, *wr = NULL, *x = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    char sub[PATH_MAX], other[PATH_MAX], p[PATH_MAX];
+
+    path_in(sub, sizeof sub, dir, "sub");
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    path_in(other, sizeof other, root, "other");
+    ck_assert_int_eq(mkdir(other, 0755), 0);
+    hk_watch_options_init(&wo);
+
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, &rep), 0);
+    x = (hk_watch *)&rep; /* must be cleared on failure */
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &x, &rep), HK_ERR_BUSY);
+    ck_assert_ptr_null(x);
+    ck_assert_int_eq(rep.error, HK_ERR_BUSY);
+    ck_assert_ptr_nonnull(strstr(rep.message, dir));
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, &rep), HK_ERR_BUSY);
+    /* Another directory, inside a watch that is not recursive: fine. */
+    ck_assert_int_eq(hk_watch_start(rt, sub, NULL, &wsub, NULL), 0);
+    wo.recursive = 1;
+    ck_assert_int_eq(hk_watch_start(rt, root, &wo, &x, &rep), HK_ERR_BUSY);
+    hk_watch_stop(wa);
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &x, &rep), HK_ERR_BUSY); /* sub is watched */
+    hk_watch_stop(wsub);
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wr, &rep), 0);
+    wo.recursive = 0;
+    ck_assert_int_eq(hk_watch_start(rt, sub, &wo, &x, &rep), HK_ERR_BUSY);
+    ck_assert_int_eq(hk_watch_dir(rt, sub, NULL, &rep), HK_ERR_BUSY);
+    /* hk_watch_dir's own directories: added again is fine, a watch of
+     * them is not. */
+    ck_assert_int_eq(hk_watch_dir(rt, other, NULL, &rep), 0);
+    ck_assert_int_eq(hk_watch_dir(rt, other, NULL, &rep), 0);
+    ck_assert_int_eq(hk_watch_start(rt, other, NULL, &x, &rep), HK_ERR_BUSY);
+    ck_assert_int_eq(
+        hk_watch_start(rt, root, &(hk_watch_options){.size = sizeof wo, .recursive = 1}, &x, &rep),
+        HK_ERR_BUSY);
+    hk_watch_stop(wr);
+
+    /* Arguments. */
+    ck_assert_int_eq(hk_watch_start(NULL, dir, NULL, &x, &rep), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_watch_start(rt, NULL, NULL, &x, &rep), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, NULL, &rep), HK_ERR_INVALID);
+    path_in(p, sizeof p, root, "missing");
+    ck_assert_int_eq(hk_watch_start(rt, p, NULL, &x, &rep), HK_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(rep.message, "missing"));
+    ck_assert_ptr_null(x);
+    wo.extensions = bad_ext;
+    wo.nextensions = 1;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &x, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(rep.message, "txt"));
+    wo.nextensions = 0;
+    wo.debounce_ms = -1;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &x, &rep), HK_ERR_INVALID);
+    wo.debounce_ms = 50;
+    wo.size = 0;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &x, &rep), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_watch_options_init_size(&wo, 4), HK_ERR_INVALID);
+    hk_watch_options_init(&wo);
+    ck_assert_int_eq(wo.debounce_ms, 50);
+    ck_assert_int_eq(wo.open_wait_ms, 1000);
+    ck_assert_int_eq(wo.build_profile, HK_BUILD_PROFILE_DEFAULT);
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &x, &rep), 0);
+    hk_watch_stop(x);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The build profile reaches the build: the same CUDA C source built by a
+ * watch with the default profile is the image hk_swap made (nothing new
+ * commits); built by a watch with HK_BUILD_PROFILE_DEV it is another image
+ * (NVRTC's fast-compile code), which commits. */
+START_TEST(api_watch_build_profile) {
+    static const char src[] =
+        "extern \"C\" __global__ void step(int *out, unsigned n) { if (out) *out = n * 3 + 1; }\n";
+    hk_swap_options so;
+    hk_watch_options wo;
+    hk_report rep = HK_REPORT_INIT;
+    hk_watch *wa = NULL;
+    char p[PATH_MAX];
+
+    write_file("k.cu", src);
+    path_in(p, sizeof p, dir, "k.cu");
+    hk_swap_options_init(&so);
+    so.source_name = p;
+    ck_assert_msg(hk_swap(rt, "k", src, strlen(src), &so, &rep) == 0, "%s\n%s", rep.message,
+                  rep.log ? rep.log : "");
+    ck_assert_uint_eq(hk_module_version(rt, "k"), 1);
+    usleep(60 * 1000);
+    ck_assert_int_eq(hk_watch_start(rt, dir, NULL, &wa, NULL), 0);
+    for (int i = 0; i < WAIT_MS / 10 && metric("hotkern_watch_handovers_total") < 1; i++)
+        usleep(10 * 1000);
+    ck_assert_uint_eq(metric("hotkern_watch_handovers_total"), 1);
+    ck_assert_int_eq(hk_wait_idle(rt, 4 * WAIT_MS), 0);
+    ck_assert_uint_eq(hk_module_version(rt, "k"), 1);
+    hk_watch_stop(wa);
+
+    hk_watch_options_init(&wo);
+    wo.build_profile = HK_BUILD_PROFILE_DEV;
+    ck_assert_int_eq(hk_watch_start(rt, dir, &wo, &wa, NULL), 0);
+    ck_assert_uint_eq(wait_version("k", 2), 2);
+    ck_assert_int_eq(events_of(&ev_refused), 0);
+    hk_watch_stop(wa);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *watch_suite(void) {
     Suite *s = suite_create("watch");
     TCase *tc = tcase_create("core");
@@ -1354,6 +2209,15 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, save_vim_backup);
     tcase_add_test(tc, burst_of_writes);
     tcase_add_test(tc, slow_writer_not_handed_early);
+    tcase_add_test(tc, completed_save_read_at_once);
+    tcase_add_test(tc, open_file_waits_for_quiet_or_close);
+    tcase_add_test(tc, open_file_read_after_quiet_period);
+    tcase_add_test(tc, empty_after_close_looked_at_again);
+    tcase_add_test(tc, empty_file_refused_after_quiet_period);
+    tcase_add_test(tc, recursive_subdirectories);
+    tcase_add_test(tc, not_recursive_by_default);
+    tcase_add_test(tc, source_kinds_filter);
+    tcase_add_test(tc, stop_ends_callbacks);
     tcase_add_test(tc, droppings_ignored);
     tcase_add_test(tc, symlink_outside_refused);
     tcase_add_test(tc, symlink_inside_followed);
@@ -1380,6 +2244,15 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, api_header_dependency);
     tcase_add_test(tc, api_headers_in_memory);
     tcase_add_test(tc, api_refusals_never_quote_content);
+    tcase_add_test(tc, api_saves_during_slow_build);
+    tcase_add_test(tc, api_completed_save_builds_at_once);
+    tcase_add_test(tc, api_open_file_fallback);
+    tcase_add_test(tc, api_watch_stop);
+    tcase_add_test(tc, api_watch_stop_from_its_callback);
+    tcase_add_test(tc, api_watch_extensions_and_recursion);
+    tcase_add_test(tc, api_watch_swap_template);
+    tcase_add_test(tc, api_watch_readd_and_arguments);
+    tcase_add_test(tc, api_watch_build_profile);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -123,7 +123,7 @@ START_TEST(watch_save_and_broken_save) {
     pthread_mutex_lock(&ev_lock);
     double b = last_build_ms, st = last_stage_ms, c = last_commit_ms;
     pthread_mutex_unlock(&ev_lock);
-    printf("  rename-over save -> new version running in %.1f ms: detect (debounce, read) and "
+    printf("  rename-over save -> new version running in %.1f ms: detect (the event, the read) and "
            "first launch %.1f ms, compile %.1f ms, load %.2f ms, commit %.2f ms\n",
            ms, ms - b - st - c, b, st, c);
     write_file("particles.cu", 3, 1);

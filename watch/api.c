@@ -1,21 +1,32 @@
 /*
- * hk_watch_dir: watched directories feeding a runtime.
+ * Watches feeding a runtime: hk_watch_start, hk_watch_stop, hk_watch_dir.
  *
- * A runtime has at most one watcher (one inotify instance, one thread) however
- * many directories it watches. The watcher is attached to the runtime as a
- * source (hkl_source, loader/loader.h), which is how hk_watch_dir finds it
- * again and how the engine reaches it without knowing what it is: the
- * engine calls its deps_built hook after each build of a watched source, its
- * metrics hook from hk_metrics_text (the watcher's counters) and its release
- * hook when it destroys the runtime. The watcher's trace, at its levels,
- * becomes the runtime's log under the subsystem "watch".
+ * A watch (hk_watch) is one watcher (watch/watch.c: one inotify instance, one
+ * thread) and the swap options its files are submitted with. hk_watch_start
+ * makes one per call, for one directory (and its subdirectories when
+ * recursive); hk_watch_dir adds directories to the runtime's one shared
+ * watch, each with its own options. Every watch of a runtime is listed in
+ * one registry, attached to the runtime as a source (hkl_source,
+ * loader/loader.h), which is how a call finds the others (a directory is
+ * watched by one watch at most) and how the engine reaches them without
+ * knowing what they are: it calls the registry's deps_built hook after each
+ * build of a watched source (handed to every watch; the one that knows the
+ * source records its headers), its metrics hook from hk_metrics_text (the
+ * counters of all watches, those stopped included, summed) and its release
+ * hook when it destroys the runtime (every watch still running is stopped
+ * and freed). The watchers' traces, at their levels, become the runtime's log
+ * under the subsystem "watch".
  *
  * Each directory keeps the swap options it was added with. Those records are
- * never changed or freed while the watcher runs (adding a directory again
- * puts a newer record in front), so the watcher thread may use one without a
- * lock while it submits.
+ * never changed or freed while their watch runs (adding a directory to the
+ * shared watch again puts a newer record in front), so the watcher thread
+ * may use one without a lock while it submits.
  *
- * A CUDA C source is submitted with the directory's headers in memory
+ * A watched file is submitted through hkl_submit_latest: the engine lets a
+ * later save of the module supersede one not yet committed, so a burst of
+ * saves builds the newest content and never commits an older one after it.
+ *
+ * A CUDA C source is submitted with its directory's headers in memory
  * (hk_swap_options.headers), read in the same moment as the source, so the
  * build sees the headers as they were when the save was handed over, and
  * `#include <common.cuh>` works without -I. The build reports them as
@@ -32,10 +43,20 @@
  * one that is a link out of the directory, or not a regular file, is carried
  * in memory as an #error, which hides the file from the compiler too.
  *
- * Lock order: the runtime's src_lock (held while the watcher is made and
- * while a hook runs), then an entry's add_mu (one hk_watch_dir at a time),
- * then its mu or the watcher's own lock (inside watch/watch.c). The callback
- * takes only its entry's mu, and never while submitting.
+ * Stopping. hk_watch_stop marks the watch stopping (its callbacks return at
+ * once from then on), stops its watcher, which waits for a callback in
+ * progress (so a submission in flight ends before stop returns), and only
+ * then unlinks and frees it. Called on the watch's own thread (from a
+ * refusal's event callback) it cannot wait for itself: the watcher ends
+ * after that callback, and the watch is kept on the registry's stopped list
+ * until the runtime's release frees it.
+ *
+ * Lock order: the runtime's src_lock (held while the registry is made and
+ * while a hook runs), then the registry's add_mu (one start or add at a
+ * time: the check that no other watch covers the directory and the insert
+ * are one step), then the registry's mu (the lists), then a watch's mu (its
+ * directory records) or the watcher's own lock (inside watch/watch.c).
+ * Callbacks take only their watch's mu, and never while submitting.
  */
 #include "watch/watch.h"
 
@@ -44,6 +65,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,16 +86,32 @@ typedef struct dir_opts {
     hk_header *headers;      /* owned copy behind opt.headers (hku_headers_dup) */
 } dir_opts;
 
-/* The watcher of one runtime, attached to it through src. */
-typedef struct watch_source {
-    hkl_source src; /* immutable once attached (the runtime links it) */
-    hk_runtime *rt; /* immutable */
-    hkw_watcher *w; /* immutable once attached */
-    pthread_mutex_t add_mu;
+typedef struct watch_source watch_source;
+
+struct hk_watch {
+    watch_source *src;    /* immutable */
+    hkw_watcher *w;       /* immutable once made */
+    char *root;           /* immutable: hk_watch_start's directory (canonical);
+                           * NULL for the shared watch of hk_watch_dir */
+    int recursive;        /* immutable */
+    _Atomic int stopping; /* hk_watch_stop began: callbacks do nothing */
     pthread_mutex_t mu;
     dir_opts *dirs; /* mu, changed under add_mu too: newest first;
                      * records immutable */
-} watch_source;
+    hk_watch *next; /* registry mu */
+};
+
+/* The registry of one runtime's watches, attached to it through src. */
+struct watch_source {
+    hkl_source src; /* immutable once attached (the runtime links it) */
+    hk_runtime *rt; /* immutable */
+    pthread_mutex_t add_mu;
+    pthread_mutex_t mu;
+    hk_watch *watches; /* mu, changed under add_mu too: running watches */
+    hk_watch *shared;  /* add_mu: hk_watch_dir's watch (also in watches) */
+    hk_watch *stopped; /* mu: stopped from their own thread, freed at release */
+    hkw_stats retired; /* mu: the counters of watches stopped and freed */
+};
 
 /* The kind of source this file attaches (its address is what counts). */
 static const char source_kind[] = "watch";
@@ -173,98 +211,6 @@ int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     return 0;
 }
 
-static void dir_opts_free(dir_opts *d) {
-    if (!d)
-        return;
-    free(d->headers);
-    hku_strv_free(d->nvrtc_options, d->opt.nnvrtc_options);
-    hku_strv_free(d->name_expressions, d->opt.nname_expressions);
-    free(d->dir);
-    free(d);
-}
-
-static dir_opts *dir_opts_new(const char *dir, const hk_swap_options *opt) {
-    dir_opts *d = calloc(1, sizeof *d);
-    if (!d)
-        return NULL;
-    d->opt = *opt;
-    d->opt.source_name = NULL;
-    d->opt.origin = NULL;
-    if (opt->nnvrtc_options <= 0 || !opt->nvrtc_options)
-        d->opt.nnvrtc_options = 0;
-    if (opt->nname_expressions <= 0 || !opt->name_expressions)
-        d->opt.nname_expressions = 0;
-    d->opt.nheaders = 0;
-    d->opt.headers = NULL;
-    d->dir = strdup(dir);
-    d->nvrtc_options = hku_strv_dup(opt->nvrtc_options, d->opt.nnvrtc_options);
-    d->name_expressions = hku_strv_dup(opt->name_expressions, d->opt.nname_expressions);
-    if (!d->dir || (d->opt.nnvrtc_options > 0 && !d->nvrtc_options) ||
-        (d->opt.nname_expressions > 0 && !d->name_expressions))
-        goto fail;
-    int nh = opt->headers && opt->nheaders > 0 ? opt->nheaders : 0;
-    if (hku_headers_dup(opt->headers, nh, &d->headers) < 0)
-        goto fail;
-    d->opt.nheaders = nh;
-    d->opt.nvrtc_options = (const char *const *)d->nvrtc_options;
-    d->opt.name_expressions = (const char *const *)d->name_expressions;
-    d->opt.headers = d->headers;
-    return d;
-
-fail:
-    dir_opts_free(d);
-    return NULL;
-}
-
-static void source_free(watch_source *r) {
-    if (!r)
-        return;
-    hkw_destroy(r->w);
-    for (dir_opts *d = r->dirs, *next; d; d = next) {
-        next = d->next;
-        dir_opts_free(d);
-    }
-    pthread_mutex_destroy(&r->add_mu);
-    pthread_mutex_destroy(&r->mu);
-    free(r);
-}
-
-/* The release hook: the runtime is being destroyed. Stops the watcher
- * thread (a callback in progress, which may be submitting, is finished
- * first) and frees the entry. */
-static void on_release(void *ctx) {
-    source_free(ctx);
-}
-
-/* The deps_built hook, on the engine's worker with the runtime's src_lock
- * held, which keeps the entry alive; set_deps only takes the watcher's own
- * lock, briefly. A source the watcher does not know is left alone there. */
-static void on_deps_built(void *ctx, const char *source_name, const char *const *deps, int n) {
-    watch_source *r = ctx;
-    hkw_set_deps(r->w, source_name, deps, n);
-}
-
-/* Tells the application that path was not submitted, and why. */
-static void report_refused(hk_runtime *rt, const char *module, const char *path, int err,
-                           const char *why) {
-    char origin[PATH_MAX + 16];
-    snprintf(origin, sizeof origin, "watch:%s", path);
-    hk_report rep = HK_REPORT_INIT;
-    rep.error = err;
-    if (module)
-        snprintf(rep.module, sizeof rep.module, "%s", module);
-    snprintf(rep.message, sizeof rep.message, "%s: %s", path, why);
-    /* The watcher logged the refusal already, with its reason. */
-    hkl_emit_quiet(rt, HK_EVENT_REFUSED, module, module ? hk_module_version(rt, module) : 0, 0,
-                   origin, &rep);
-}
-
-/* Runs on the watcher thread: the watcher refused a file. */
-static void on_refuse(void *ud, const char *module, const char *path, int err, const char *why) {
-    watch_source *r = ud;
-    report_refused(r->rt, module, path, err, why);
-}
-
 /* The format a watched source must hold: the directory's when it names one,
  * else the one its extension names. */
 static hk_format expected_format(const char *path, hk_format dir_format) {
@@ -317,20 +263,152 @@ static int check_format(hk_format want, const void *bytes, size_t size, char *wh
     return 0;
 }
 
+static void dir_opts_free(dir_opts *d) {
+    if (!d)
+        return;
+    free(d->headers);
+    hku_strv_free(d->nvrtc_options, d->opt.nnvrtc_options);
+    hku_strv_free(d->name_expressions, d->opt.nname_expressions);
+    free(d->dir);
+    free(d);
+}
+
+/* A deep copy of opt for directory dir; profile, unless DEFAULT, replaces
+ * opt's build profile. */
+static dir_opts *dir_opts_new(const char *dir, const hk_swap_options *opt,
+                              hk_build_profile profile) {
+    dir_opts *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->opt = *opt;
+    d->opt.source_name = NULL;
+    d->opt.origin = NULL;
+    if (profile != HK_BUILD_PROFILE_DEFAULT)
+        d->opt.build_profile = profile;
+    if (opt->nnvrtc_options <= 0 || !opt->nvrtc_options)
+        d->opt.nnvrtc_options = 0;
+    if (opt->nname_expressions <= 0 || !opt->name_expressions)
+        d->opt.nname_expressions = 0;
+    d->opt.nheaders = 0;
+    d->opt.headers = NULL;
+    d->dir = strdup(dir);
+    d->nvrtc_options = hku_strv_dup(opt->nvrtc_options, d->opt.nnvrtc_options);
+    d->name_expressions = hku_strv_dup(opt->name_expressions, d->opt.nname_expressions);
+    if (!d->dir || (d->opt.nnvrtc_options > 0 && !d->nvrtc_options) ||
+        (d->opt.nname_expressions > 0 && !d->name_expressions))
+        goto fail;
+    int nh = opt->headers && opt->nheaders > 0 ? opt->nheaders : 0;
+    if (hku_headers_dup(opt->headers, nh, &d->headers) < 0)
+        goto fail;
+    d->opt.nheaders = nh;
+    d->opt.nvrtc_options = (const char *const *)d->nvrtc_options;
+    d->opt.name_expressions = (const char *const *)d->name_expressions;
+    d->opt.headers = d->headers;
+    return d;
+
+fail:
+    dir_opts_free(d);
+    return NULL;
+}
+
+/* Frees a watch whose watcher has been made and is stopped or about to be
+ * (hkw_destroy waits for its thread), or was never made. */
+static void watch_free(hk_watch *w) {
+    if (!w)
+        return;
+    hkw_destroy(w->w);
+    for (dir_opts *d = w->dirs, *next; d; d = next) {
+        next = d->next;
+        dir_opts_free(d);
+    }
+    pthread_mutex_destroy(&w->mu);
+    free(w->root);
+    free(w);
+}
+
+/* The release hook: the runtime is being destroyed. Stops every watch (a
+ * callback in progress, which may be submitting, is finished first) and
+ * frees the registry. */
+static void on_release(void *ctx) {
+    watch_source *s = ctx;
+    hk_watch *lists[2] = {s->watches, s->stopped};
+    for (int i = 0; i < 2; i++) {
+        for (hk_watch *w = lists[i], *next; w; w = next) {
+            next = w->next;
+            atomic_store(&w->stopping, 1);
+            watch_free(w);
+        }
+    }
+    pthread_mutex_destroy(&s->add_mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* The deps_built hook, on the engine's worker with the runtime's src_lock
+ * held, which keeps the registry alive; the registry's mu keeps each watch
+ * alive, and set_deps only takes its watcher's lock, briefly. A watch that
+ * does not know the source leaves it alone. */
+static void on_deps_built(void *ctx, const char *source_name, const char *const *deps, int n) {
+    watch_source *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    for (hk_watch *w = s->watches; w; w = w->next) {
+        if (hkw_set_deps(w->w, source_name, deps, n) != HK_ERR_NOT_FOUND)
+            break;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Tells the application that path was not submitted, and why. */
+static void report_refused(hk_runtime *rt, const char *module, const char *path, int err,
+                           const char *why) {
+    char origin[PATH_MAX + 16];
+    snprintf(origin, sizeof origin, "watch:%s", path);
+    hk_report rep = HK_REPORT_INIT;
+    rep.error = err;
+    if (module)
+        snprintf(rep.module, sizeof rep.module, "%s", module);
+    snprintf(rep.message, sizeof rep.message, "%s: %s", path, why);
+    /* The watcher logged the refusal already, with its reason. */
+    hkl_emit_quiet(rt, HK_EVENT_REFUSED, module, module ? hk_module_version(rt, module) : 0, 0,
+                   origin, &rep);
+}
+
+/* Runs on the watcher thread: the watcher refused a file. */
+static void on_refuse(void *ud, const char *module, const char *path, int err, const char *why) {
+    hk_watch *w = ud;
+    if (!atomic_load(&w->stopping))
+        report_refused(w->src->rt, module, path, err, why);
+}
+
 /* The watcher's trace becomes the runtime's log (watcher lock held: hk_log
  * takes only the log lock). */
 static void on_log(void *ud, hk_log_level level, const char *line) {
-    watch_source *r = ud;
-    hk_log(r->rt, level, "watch", "%s", line);
+    hk_watch *w = ud;
+    hk_log(w->src->rt, level, "watch", "%s", line);
 }
 
 static int on_log_enabled(void *ud, hk_log_level level) {
-    watch_source *r = ud;
-    return hk_log_enabled(r->rt, level);
+    hk_watch *w = ud;
+    return hk_log_enabled(w->src->rt, level);
+}
+
+static void stats_add(hkw_stats *to, const hkw_stats *from) {
+    to->events += from->events;
+    to->handovers += from->handovers;
+    to->overflows += from->overflows;
+    to->rescans += from->rescans;
+    to->retries += from->retries;
+    to->dirs_lost += from->dirs_lost;
+    to->opens += from->opens;
+    to->refusals += from->refusals;
+    to->unchanged += from->unchanged;
+    to->dep_rebuilds += from->dep_rebuilds;
 }
 
 /* The metrics hook, from hk_metrics_text with src_lock held (which keeps
- * the entry alive); takes the watcher's lock briefly. */
+ * the registry alive); takes the registry's lock, and each watcher's
+ * briefly. Counters of stopped watches stay in the sums, so that none goes
+ * down. */
 static void on_metrics(void *ctx, hk_metrics_writer *mw) {
     static const struct {
         const char *name, *help;
@@ -357,30 +435,50 @@ static void on_metrics(void *ctx, hk_metrics_writer *mw) {
          offsetof(hkw_stats, dirs_lost)},
         {"hotkern_watch_opens_total", "Files opened for reading.", offsetof(hkw_stats, opens)},
     };
-    watch_source *r = ctx;
+    watch_source *s = ctx;
     hkw_stats st;
-    hkw_stats_get(r->w, &st);
+    pthread_mutex_lock(&s->mu);
+    hkw_stats sum = s->retired;
+    hk_watch *lists[2] = {s->watches, s->stopped};
+    for (int i = 0; i < 2; i++) {
+        for (hk_watch *w = lists[i]; w; w = w->next) {
+            hkw_stats_get(w->w, &st);
+            stats_add(&sum, &st);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         uint64_t v;
-        memcpy(&v, (const char *)&st + fams[i].off, sizeof v);
+        memcpy(&v, (const char *)&sum + fams[i].off, sizeof v);
         hk_metrics_family(mw, fams[i].name, "counter", fams[i].help);
         hk_metrics_sample(mw, fams[i].name, NULL, NULL, v);
     }
 }
 
-/* Runs on the watcher thread: one finished file becomes one submission. */
-static void on_file(void *ud, const char *module, const char *path, const void *bytes,
-                    size_t size) {
-    watch_source *r = ud;
+/* The options path's file is submitted with: the watch's own for a watch
+ * of hk_watch_start (whatever subdirectory it is in), the record of its
+ * directory for the shared watch; NULL when none. */
+static const dir_opts *opts_for(hk_watch *w, const char *path) {
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) : 0;
     const dir_opts *d;
-    pthread_mutex_lock(&r->mu);
-    for (d = r->dirs; d; d = d->next) {
+    pthread_mutex_lock(&w->mu);
+    for (d = w->dirs; d && !w->root; d = d->next) {
         if (strlen(d->dir) == dlen && strncmp(d->dir, path, dlen) == 0)
             break;
     }
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&w->mu);
+    return d;
+}
+
+/* Runs on the watcher thread: one finished file becomes one submission. */
+static void on_file(void *ud, const char *module, const char *path, const void *bytes,
+                    size_t size) {
+    hk_watch *w = ud;
+    hk_runtime *rt = w->src->rt;
+    if (atomic_load(&w->stopping))
+        return;
+    const dir_opts *d = opts_for(w, path);
     if (!d)
         return; /* Not a directory added through hk_watch_dir. */
     hk_swap_options opt = d->opt;
@@ -388,19 +486,24 @@ static void on_file(void *ud, const char *module, const char *path, const void *
     char why[384];
     int err = check_format(opt.format, bytes, size, why, sizeof why);
     if (err < 0) {
-        hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
-        report_refused(r->rt, module, path, err, why);
+        hk_log(rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
+        report_refused(rt, module, path, err, why);
         return;
     }
     char origin[PATH_MAX + 16];
     snprintf(origin, sizeof origin, "watch:%s", path);
     opt.origin = origin;
     opt.source_name = path;
+    /* The headers of the source's own directory (a subdirectory's, in a
+     * recursive watch). */
+    char srcdir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(srcdir, sizeof srcdir, "%.*s", slash ? (int)(slash - path) : 0, path);
     hk_header *dirh = NULL, *all = NULL;
     int ndirh = 0;
     size_t plen = strlen(path);
     if (plen > 3 && strcmp(path + plen - 3, ".cu") == 0 &&
-        hkw_dir_headers(d->dir, &dirh, &ndirh) == 0 && ndirh > 0 &&
+        hkw_dir_headers(srcdir, &dirh, &ndirh) == 0 && ndirh > 0 &&
         (all = calloc((size_t)ndirh + (size_t)d->opt.nheaders, sizeof *all)) != NULL) {
         /* The directory's options name headers first: they hide its files. */
         for (int i = 0; i < d->opt.nheaders; i++)
@@ -411,103 +514,170 @@ static void on_file(void *ud, const char *module, const char *path, const void *
         opt.nheaders = d->opt.nheaders + ndirh;
     }
     /* The outcome reaches the application through its event callback.
-     * hk_submit copies the headers. When it fails, no event comes from the
+     * The engine copies the headers. When it fails, no event comes from the
      * engine, so the refusal is reported here. */
-    err = hk_submit(r->rt, module, bytes, size, &opt);
+    err = hkl_submit_latest(rt, module, bytes, size, &opt);
     if (err < 0) {
         snprintf(why, sizeof why, "not submitted: %s", hk_strerror(err));
-        hk_log(r->rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
-        report_refused(r->rt, module, path, err, why);
+        hk_log(rt, HK_LOG_WARN, "watch", "%s refused: %s", path, why);
+        report_refused(rt, module, path, err, why);
     }
     free(all);
     hkw_headers_free(dirh, ndirh);
 }
 
-/* Watches real (canonical) with the swap options opt, on r's watcher. One
- * call at a time per entry (add_mu): a failed add unlinks its own record. */
-static int source_add_dir(watch_source *r, const char *real, const hk_swap_options *opt,
-                          hk_report *rep) {
-    dir_opts *d = dir_opts_new(real, opt);
-    if (!d)
+/* Makes rt's registry; called under the runtime's src_lock, so that
+ * concurrent first calls make one. */
+static hkl_source *source_make(void *arg) {
+    watch_source *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->rt = arg;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return NULL;
+    }
+    if (pthread_mutex_init(&s->add_mu, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return NULL;
+    }
+    s->src.ctx = s;
+    s->src.deps_built = on_deps_built;
+    s->src.release = on_release;
+    s->src.metrics = on_metrics;
+    return &s->src;
+}
+
+static watch_source *registry(hk_runtime *rt, hk_report *rep) {
+    int made;
+    hkl_source *src = hkl_source_get(rt, source_kind, source_make, rt, &made);
+    if (!src)
+        hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    return src ? src->ctx : NULL;
+}
+
+/* 1 when path is dir or lies below it. */
+static int path_within(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* 1 when a watch of s (the shared one left out with skip_shared) covers
+ * directory real or, with recursive, lies inside real, with that watch's
+ * directory copied to other; 0 when none does. */
+static int covered_by(watch_source *s, const char *real, int recursive, int skip_shared,
+                      char other[PATH_MAX]) {
+    const char *hit = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (hk_watch *w = s->watches; w && !hit; w = w->next) {
+        if (w->root) {
+            if (strcmp(real, w->root) == 0 || (w->recursive && path_within(real, w->root)) ||
+                (recursive && path_within(w->root, real)))
+                hit = w->root;
+            continue;
+        }
+        if (skip_shared)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        for (const dir_opts *d = w->dirs; d && !hit; d = d->next) {
+            if (strcmp(real, d->dir) == 0 || (recursive && path_within(d->dir, real)))
+                hit = d->dir;
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    if (hit)
+        snprintf(other, PATH_MAX, "%s", hit);
+    pthread_mutex_unlock(&s->mu);
+    return hit != NULL;
+}
+
+/* Makes a watch of s with watcher options wo (fn, refuse, log filled here);
+ * root NULL for the shared watch. Not yet listed. */
+static int watch_make(watch_source *s, hkw_opts *wo, const char *root, hk_watch **out,
+                      hk_report *rep) {
+    hk_watch *w = calloc(1, sizeof *w);
+    *out = NULL;
+    if (!w || (root && !(w->root = strdup(root)))) {
+        free(w);
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    pthread_mutex_lock(&r->add_mu);
+    }
+    w->src = s;
+    w->recursive = wo->recursive;
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        free(w->root);
+        free(w);
+        return hku_fail(rep, HK_ERR_NOMEM, "cannot create a mutex");
+    }
+    wo->fn = on_file;
+    wo->refuse = on_refuse;
+    wo->ud = w;
+    wo->log = on_log;
+    wo->log_on = on_log_enabled;
+    wo->log_ud = w;
+    int err = hkw_create(&w->w, wo);
+    if (err < 0) {
+        err = hku_fail(rep, err, "cannot start the directory watcher: %s", strerror(errno));
+        watch_free(w);
+        return err;
+    }
+    *out = w;
+    return 0;
+}
+
+/* Lists w in s (add_mu held). */
+static void watch_link(watch_source *s, hk_watch *w) {
+    pthread_mutex_lock(&s->mu);
+    w->next = s->watches;
+    s->watches = w;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Takes w off s's list of running watches; 1 when it was there. */
+static int watch_unlink(watch_source *s, hk_watch *w) {
+    pthread_mutex_lock(&s->mu);
+    hk_watch **pp = &s->watches;
+    while (*pp && *pp != w)
+        pp = &(*pp)->next;
+    int found = *pp == w;
+    if (found)
+        *pp = w->next;
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
+/* Watches real (canonical) with the record d, on w's watcher. add_mu held,
+ * so one call at a time per registry: a failed add unlinks its own record,
+ * and frees it. */
+static int watch_add_dir(hk_watch *w, const char *real, dir_opts *d, hk_report *rep) {
     /* Visible to the callback before the first file of dir can arrive. */
-    pthread_mutex_lock(&r->mu);
-    d->next = r->dirs;
-    r->dirs = d;
-    pthread_mutex_unlock(&r->mu);
-    int err = hkw_add_dir(r->w, real);
+    pthread_mutex_lock(&w->mu);
+    d->next = w->dirs;
+    w->dirs = d;
+    pthread_mutex_unlock(&w->mu);
+    int err = hkw_add_dir(w->w, real);
     if (err < 0) {
         err = hku_fail(rep, err, "cannot watch %s: %s", real, strerror(errno));
         /* The directory is not watched, so no callback can hold d. */
-        pthread_mutex_lock(&r->mu);
-        dir_opts **pp = &r->dirs;
+        pthread_mutex_lock(&w->mu);
+        dir_opts **pp = &w->dirs;
         while (*pp != d)
             pp = &(*pp)->next;
         *pp = d->next;
-        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_unlock(&w->mu);
         dir_opts_free(d);
     }
-    pthread_mutex_unlock(&r->add_mu);
     return err;
 }
 
-/* What hk_watch_dir hands to source_make. */
-typedef struct first_dir {
-    hk_runtime *rt;
-    const char *real;
-    const hk_swap_options *opt;
-    hk_report *rep;
-    int err;
-} first_dir;
-
-/* Makes rt's watcher and watches its first directory; called under the
- * runtime's src_lock, so that concurrent first calls make one watcher. On
- * failure nothing is left behind and a->err says why. */
-static hkl_source *source_make(void *arg) {
-    first_dir *a = arg;
-    watch_source *r = calloc(1, sizeof *r);
-    if (!r) {
-        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "out of memory");
-        return NULL;
-    }
-    r->rt = a->rt;
-    if (pthread_mutex_init(&r->mu, NULL) != 0) {
-        free(r);
-        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
-        return NULL;
-    }
-    if (pthread_mutex_init(&r->add_mu, NULL) != 0) {
-        pthread_mutex_destroy(&r->mu);
-        free(r);
-        a->err = hku_fail(a->rep, HK_ERR_NOMEM, "cannot create a mutex");
-        return NULL;
-    }
-    hkw_opts wo;
-    hkw_opts_init(&wo);
-    wo.fn = on_file;
-    wo.refuse = on_refuse;
-    wo.ud = r;
-    wo.log = on_log;
-    wo.log_on = on_log_enabled;
-    wo.log_ud = r;
-    int err = hkw_create(&r->w, &wo);
-    if (err < 0) {
-        a->err = hku_fail(a->rep, err, "cannot start the directory watcher: %s", strerror(errno));
-        source_free(r);
-        return NULL;
-    }
-    err = source_add_dir(r, a->real, a->opt, a->rep);
-    if (err < 0) {
-        a->err = err;
-        source_free(r);
-        return NULL;
-    }
-    r->src.ctx = r;
-    r->src.deps_built = on_deps_built;
-    r->src.release = on_release;
-    r->src.metrics = on_metrics;
-    return &r->src;
+/* The canonical path of directory dir into real, or the error. */
+static int canonical_dir(const char *dir, char real[PATH_MAX], hk_report *rep) {
+    struct stat st;
+    if (!realpath(dir, real) || stat(real, &st) != 0)
+        return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(ENOTDIR));
+    return 0;
 }
 
 /* hk_watch_dir with opt in the library's layout and a full report, already
@@ -517,21 +687,39 @@ static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options
     if (!rt || !dir || !*dir)
         return hku_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
     char real[PATH_MAX];
-    if (!realpath(dir, real))
-        return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
-    first_dir first = {rt, real, opt, rep, 0};
-    int made;
-    hkl_source *src = hkl_source_get(rt, source_kind, source_make, &first, &made);
-    if (!src)
-        return first.err < 0 ? first.err : HK_ERR_NOMEM;
-    if (!made) {
-        int err = source_add_dir(src->ctx, real, opt, rep);
-        if (err < 0)
-            return err;
+    int err = canonical_dir(dir, real, rep);
+    if (err < 0)
+        return err;
+    watch_source *s = registry(rt, rep);
+    if (!s)
+        return HK_ERR_NOMEM;
+    dir_opts *d = dir_opts_new(real, opt, HK_BUILD_PROFILE_DEFAULT);
+    if (!d)
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    char other[PATH_MAX];
+    pthread_mutex_lock(&s->add_mu);
+    if (covered_by(s, real, 0, 1, other)) {
+        err = hku_fail(rep, HK_ERR_BUSY, "cannot watch %s: the watch of %s covers it already", real,
+                       other);
+        dir_opts_free(d);
+    } else if (!s->shared) {
+        hkw_opts wo;
+        hkw_opts_init(&wo);
+        hk_watch *w;
+        err = watch_make(s, &wo, NULL, &w, rep);
+        if (err == 0) {
+            watch_link(s, w);
+            s->shared = w;
+        } else {
+            dir_opts_free(d);
+        }
     }
-    if (rep)
+    if (err == 0)
+        err = watch_add_dir(s->shared, real, d, rep);
+    pthread_mutex_unlock(&s->add_mu);
+    if (err == 0 && rep)
         hk_report_clear(rep);
-    return 0;
+    return err;
 }
 
 int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
@@ -549,4 +737,141 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
         err = watch_dir_call(rt, dir, &o, rep ? &full : NULL);
     hkl_report_out(rep, &full);
     return err;
+}
+
+/* ---- hk_watch_start / hk_watch_stop ------------------------------------- */
+
+static void watch_options_defaults(hk_watch_options *o) {
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    o->debounce_ms = 50;
+    o->open_wait_ms = 1000;
+}
+
+int hk_watch_options_init_size(hk_watch_options *o, size_t size) {
+    hk_watch_options d;
+    watch_options_defaults(&d);
+    return hkl_sized_init(o, size, &d, sizeof d, HKL_WATCH_OPTIONS_SIZE0);
+}
+
+/* hk_watch_start with its options in the library's layout (swap options
+ * included) and a full report. */
+static int watch_start_call(hk_runtime *rt, const char *dir, const hk_watch_options *o,
+                            const hk_swap_options *so, hk_watch **out, hk_report *rep) {
+    unsigned kinds = 0;
+    if (!rt || !dir || !*dir || !out)
+        return hku_fail(rep, HK_ERR_INVALID, "hk_watch_start: runtime, directory and out needed");
+    if (o->debounce_ms < 0 || o->open_wait_ms < 0 || o->nextensions < 0 ||
+        (o->nextensions > 0 && !o->extensions) || o->build_profile < HK_BUILD_PROFILE_DEFAULT ||
+        o->build_profile > HK_BUILD_PROFILE_DEV)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "hk_watch_start: negative debounce_ms, open_wait_ms or nextensions, "
+                        "extensions missing, or an unknown build_profile");
+    for (int i = 0; i < o->nextensions; i++) {
+        const char *e = o->extensions[i] ? o->extensions[i] : "";
+        unsigned bit = hkw_source_bit(e[0] == '.' ? e + 1 : e);
+        if (!bit)
+            return hku_fail(rep, HK_ERR_INVALID,
+                            "hk_watch_start: extension '%s' is not cu, ptx, cubin or fatbin", e);
+        kinds |= bit;
+    }
+    char real[PATH_MAX];
+    int err = canonical_dir(dir, real, rep);
+    if (err < 0)
+        return err;
+    watch_source *s = registry(rt, rep);
+    if (!s)
+        return HK_ERR_NOMEM;
+    dir_opts *d = dir_opts_new(real, so, o->build_profile);
+    if (!d)
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    hkw_opts wo;
+    hkw_opts_init(&wo);
+    wo.debounce_ms = o->debounce_ms;
+    wo.open_wait_ms = o->open_wait_ms;
+    wo.recursive = o->recursive != 0;
+    wo.sources = kinds;
+    /* A tree holds other files (Makefiles, notes) that nobody asked for. */
+    wo.ignore_others = wo.recursive || kinds != 0;
+    hk_watch *w = NULL;
+    char other[PATH_MAX];
+    pthread_mutex_lock(&s->add_mu);
+    if (covered_by(s, real, wo.recursive, 0, other)) {
+        err = hku_fail(rep, HK_ERR_BUSY,
+                       "cannot watch %s: %s covers it already, or lies inside it (a directory "
+                       "is watched by one watch: stop the other first)",
+                       real, other);
+        dir_opts_free(d);
+    } else if ((err = watch_make(s, &wo, real, &w, rep)) < 0) {
+        dir_opts_free(d);
+    } else {
+        /* Listed first, so that the deps_built hook of its first build
+         * finds it. */
+        watch_link(s, w);
+        if ((err = watch_add_dir(w, real, d, rep)) < 0) {
+            watch_unlink(s, w);
+            atomic_store(&w->stopping, 1);
+            watch_free(w);
+            w = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->add_mu);
+    *out = w;
+    return err;
+}
+
+int hk_watch_start(hk_runtime *rt, const char *dir, const hk_watch_options *opt, hk_watch **out,
+                   hk_report *rep) {
+    hk_report full;
+    if (out)
+        *out = NULL;
+    if (hkl_report_in(&full, rep) < 0)
+        return HK_ERR_INVALID;
+    hk_report_clear(&full);
+    hk_watch_options o;
+    hk_swap_options so;
+    int err;
+    watch_options_defaults(&o);
+    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_WATCH_OPTIONS_SIZE0) < 0)
+        err = hku_fail(&full, HK_ERR_INVALID,
+                       "hk_watch_start: hk_watch_options.size %zu is below the first layout",
+                       hkl_size_of(opt));
+    else if (hkl_swap_options_in(&so, o.swap) < 0)
+        err = hku_fail(&full, HK_ERR_INVALID,
+                       "hk_watch_start: hk_swap_options.size %zu is below the first layout",
+                       hkl_size_of(o.swap));
+    else
+        err = watch_start_call(rt, dir, &o, &so, out, &full);
+    hkl_report_out(rep, &full);
+    return err;
+}
+
+void hk_watch_stop(hk_watch *w) {
+    if (!w)
+        return;
+    watch_source *s = w->src;
+    /* From now on its callbacks return at once, even one already called. */
+    atomic_store(&w->stopping, 1);
+    int own = hkw_on_thread(w->w);
+    /* Waits for a callback in progress (a submission included), unless
+     * called from one: then that one is the last. */
+    hkw_stop(w->w);
+    pthread_mutex_lock(&s->mu);
+    hk_watch **pp = &s->watches;
+    while (*pp && *pp != w)
+        pp = &(*pp)->next;
+    if (*pp == w)
+        *pp = w->next;
+    if (own) {
+        /* Its thread is still in this call: the runtime's release frees it. */
+        w->next = s->stopped;
+        s->stopped = w;
+    } else {
+        hkw_stats st;
+        hkw_stats_get(w->w, &st);
+        stats_add(&s->retired, &st);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!own)
+        watch_free(w);
 }

@@ -2,15 +2,26 @@
  * The directory watcher: inotify events in, finished files out.
  *
  * Why it is shaped this way:
- * - Events are only hints. A file is read when it has been quiet for the
- *   debounce period (and closed, or open for writing longer than open_wait_ms),
- *   and whether it changed is decided by its content hash, not by the events.
- *   That makes every save pattern, a lost event queue (IN_Q_OVERFLOW) and a
- *   recreated directory the same case: look at the files again and compare
- *   hashes, so an update is never missed and never handed over twice.
+ * - Events are only hints. Whether a file changed is decided by its content
+ *   hash, not by the events. That makes every save pattern, a lost event
+ *   queue (IN_Q_OVERFLOW) and a recreated directory the same case: look at
+ *   the files again and compare hashes, so an update is never missed and
+ *   never handed over twice.
+ * - When to look is decided by the events. A completed save (IN_CLOSE_WRITE:
+ *   the writer closed the file; IN_MOVED_TO: a finished file was renamed
+ *   over it) is read at once: waiting would only add latency to every save,
+ *   and a save that follows is read at once too, its content newer. Anything
+ *   else (a write to a file kept open, a creation, a deletion, a listing
+ *   after an overflow) waits for the debounce period of quiet, and a file open
+ *   for writing for its close or open_wait_ms, because no event will say when
+ *   that writer is done.
  * - A read is trusted only if the file kept its size, times and inode from
- *   before the read to after it; otherwise it is retried after another quiet
- *   period, so a half-written file never leaves the watcher.
+ *   before the read to after it, and no event for it arrived meanwhile (the
+ *   queue is drained right after the read: a writer that truncated the file
+ *   just before it would otherwise hand over half a file); otherwise it is
+ *   retried, so a half-written file never leaves the watcher. An empty file
+ *   seen right after a close is looked at again after the quiet period
+ *   before it is refused: some writers truncate and close before writing.
  * - Entries (directories and files) are never freed before destroy. The thread
  *   may therefore keep a pointer to an entry while it reads the file and runs
  *   the callback without the lock, and hkw_set_deps may link entries
@@ -46,6 +57,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -77,6 +89,13 @@ typedef struct watch_dir {
     int need_scan;         /* list the directory on the next loop */
     int scan_initial;      /* that listing is the first since hkw_add_dir */
     struct timespec added; /* wall time the watch was last placed */
+    int recursive;         /* its subdirectories are added too */
+    int child;             /* added as a subdirectory of a recursive one */
+    const char *root;      /* the added directory it belongs to (its own path,
+                            * or its parent's root for a child): links that
+                            * resolve inside root are followed */
+    int dormant;           /* a child that disappeared: not looked for until
+                            * its parent says it is back */
 } watch_dir;
 
 /* What a name was when it was last refused. */
@@ -103,6 +122,7 @@ typedef struct watch_file {
     int events;            /* inotify events since the last read */
     int64_t due_ms;        /* monotonic */
     int64_t open_since_ms; /* first write not yet followed by a close, else 0 */
+    int complete;          /* the latest event was a completed save */
     int force;             /* hand over at the next read even if unchanged */
     int baseline;          /* the next read records the hash only, unless the
                             * file was modified at or after `since` */
@@ -127,7 +147,9 @@ struct hkw_watcher {
     pthread_t thread;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* mu: pause handshake */
+    pthread_cond_t cv;       /* mu: pause handshake */
+    pthread_mutex_t join_mu; /* one joiner of the thread at a time */
+    int joined;              /* join_mu */
     /* All below: mu. */
     int stop;
     int paused, paused_ack;
@@ -231,6 +253,21 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     return HKW_OTHER;
 }
 
+unsigned hkw_source_bit(const char *ext) {
+    static const struct {
+        const char *ext;
+        unsigned bit;
+    } kinds[] = {{"cu", HKW_SRC_CU},
+                 {"ptx", HKW_SRC_PTX},
+                 {"cubin", HKW_SRC_CUBIN},
+                 {"fatbin", HKW_SRC_FATBIN}};
+    for (size_t i = 0; ext && i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (strcasecmp(ext, kinds[i].ext) == 0)
+            return kinds[i].bit;
+    }
+    return 0;
+}
+
 /* Writes the canonical form of path to out: the real path of its directory,
  * '/', its last component. A relative path is taken relative to base (or the
  * working directory when base is NULL). The file itself need not exist; when
@@ -305,6 +342,7 @@ static watch_dir *dir_new(hkw_watcher *w, const char *path) {
         return NULL;
     }
     d->wd = -1;
+    d->root = d->path;
     w->dirs[w->ndirs++] = d;
     return d;
 }
@@ -383,8 +421,13 @@ static watch_file *file_get(hkw_watcher *w, watch_dir *d, const char *name) {
     watch_file *f = file_find(w, d, name);
     if (f || !d->modules)
         return f;
-    if (hkw_classify(name, NULL, 0) == HKW_IGNORED)
+    hkw_kind k = hkw_classify(name, NULL, 0);
+    if (k == HKW_IGNORED)
         return NULL; /* an editor dropping: silently */
+    if (k == HKW_OTHER && w->o.ignore_others)
+        return NULL;
+    if (k == HKW_SOURCE && w->o.sources && !(w->o.sources & hkw_source_bit(strrchr(name, '.') + 1)))
+        return NULL; /* a kind of source this watcher does not build */
     return file_new(w, d, name);
 }
 
@@ -439,12 +482,46 @@ static void lose_dir(hkw_watcher *w, watch_dir *d, int64_t now, const char *why)
     d->wd = -1;
     d->next_poll_ms = now + w->o.dir_poll_ms;
     w->st.dirs_lost++;
+    if (d->child) {
+        /* Its parent's events (or listing) say when it is back. */
+        d->dormant = 1;
+        log_at(w, HK_LOG_INFO, "subdirectory %s %s", d->path, why);
+        return;
+    }
     log_at(w, HK_LOG_WARN, "directory %s %s: waiting for it to reappear", d->path, why);
 }
 
+/* Subdirectory name of the recursive directory d, created, moved in or
+ * listed: watched from the thread's next round (its files are listed then,
+ * as an initial listing when initial is set). Dot-directories are not
+ * entered. */
+static void child_dir(hkw_watcher *w, const watch_dir *d, const char *name, int initial) {
+    char path[PATH_MAX];
+    if (!d->recursive || !d->modules || name[0] == '.' ||
+        snprintf(path, sizeof path, "%s/%s", d->path, name) >= (int)sizeof path)
+        return;
+    watch_dir *c = dir_by_path(w, path);
+    if (c && c->modules && !c->dormant)
+        return; /* known and watched already */
+    if (!c && !(c = dir_new(w, path))) {
+        log_at(w, HK_LOG_WARN, "out of memory: subdirectory %s not watched", path);
+        return;
+    }
+    c->modules = 1;
+    c->recursive = 1;
+    c->child = 1;
+    c->root = d->root;
+    c->dormant = 0;
+    c->scan_initial = initial;
+    c->need_scan = 1;
+    if (c->wd < 0)
+        c->next_poll_ms = 0; /* placed, then listed, by the next dirs_tick */
+}
+
 /* An event for name in d: every followed link that resolved to it is due too,
- * since its content is the target's. */
-static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, int64_t now) {
+ * since its content is the target's (at once after a completed save). */
+static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, int64_t now,
+                         int complete) {
     size_t dlen = strlen(d->path);
     for (int i = 0; i < w->nfiles; i++) {
         watch_file *g = w->files[i];
@@ -453,7 +530,8 @@ static void link_targets(hkw_watcher *w, const watch_dir *d, const char *name, i
             continue;
         g->baseline = 0;
         g->pending = 1;
-        g->due_ms = now + w->o.debounce_ms;
+        g->complete = complete;
+        g->due_ms = complete ? now : now + w->o.debounce_ms;
     }
 }
 
@@ -490,9 +568,17 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
         lose_dir(w, d, now, (ev->mask & IN_MOVE_SELF) ? "moved" : "removed");
         return;
     }
-    if (ev->len == 0 || (ev->mask & IN_ISDIR))
+    if (ev->len == 0)
         return;
-    link_targets(w, d, ev->name, now);
+    if (ev->mask & IN_ISDIR) {
+        /* A subdirectory that went away sees its own IN_DELETE_SELF. */
+        if (ev->mask & (IN_CREATE | IN_MOVED_TO))
+            child_dir(w, d, ev->name, 0);
+        return;
+    }
+    /* The writer is done: nothing is gained by waiting. */
+    int complete = (ev->mask & (IN_CLOSE_WRITE | IN_MOVED_TO)) != 0;
+    link_targets(w, d, ev->name, now, complete);
     watch_file *f = file_get(w, d, ev->name);
     if (!f)
         return;
@@ -504,10 +590,30 @@ static void on_event(hkw_watcher *w, const struct inotify_event *ev, int64_t now
     }
     f->baseline = 0;
     f->pending = 1;
-    f->due_ms = now + w->o.debounce_ms;
+    f->complete = complete;
+    f->due_ms = complete ? now : now + w->o.debounce_ms;
     f->events++;
-    log_at(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path, event_name(ev->mask),
-           w->o.debounce_ms);
+    if (complete)
+        log_at(w, HK_LOG_DEBUG, "%s: %s; read now", f->path, event_name(ev->mask));
+    else
+        log_at(w, HK_LOG_DEBUG, "%s: %s; read when quiet for %d ms", f->path, event_name(ev->mask),
+               w->o.debounce_ms);
+}
+
+/* Handles the events that arrived since the thread last looked, without
+ * waiting: after a read, so that a write that began just before it is
+ * known before the read is trusted. */
+static void drain_events(hkw_watcher *w, int64_t now) {
+    for (;;) {
+        ssize_t n = read(w->ifd, w->evbuf, sizeof w->evbuf);
+        if (n <= 0)
+            return;
+        for (char *p = w->evbuf; p < w->evbuf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
+            on_event(w, ev, now);
+            p += sizeof *ev + ev->len;
+        }
+    }
 }
 
 static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
@@ -523,8 +629,18 @@ static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
     }
     struct dirent *de;
     while ((de = readdir(dh)) != NULL) {
-        if (de->d_type == DT_DIR)
+        int is_dir = de->d_type == DT_DIR;
+        if (de->d_type == DT_UNKNOWN && d->recursive) {
+            struct stat st;
+            char p[PATH_MAX];
+            is_dir = snprintf(p, sizeof p, "%s/%s", d->path, de->d_name) < (int)sizeof p &&
+                     lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        }
+        if (is_dir) {
+            if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+                child_dir(w, d, de->d_name, initial);
             continue;
+        }
         watch_file *f = file_get(w, d, de->d_name);
         if (!f)
             continue;
@@ -537,7 +653,12 @@ static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
             f->baseline = 1;
             note_since(f, since);
         }
-        schedule(f, now + w->o.debounce_ms);
+        /* The first listing reads at once: files present when the watch
+         * starts are normally complete, and one still being written sends
+         * events that schedule it again. A listing after an overflow or of a
+         * directory that (re)appeared waits for the quiet period: files may
+         * be in the middle of being written there, with their events lost. */
+        schedule(f, initial ? now : now + w->o.debounce_ms);
     }
     closedir(dh);
 }
@@ -546,9 +667,17 @@ static void scan_dir(hkw_watcher *w, watch_dir *d, int64_t now) {
 static void dirs_tick(hkw_watcher *w, int64_t now) {
     for (int i = 0; i < w->ndirs; i++) {
         watch_dir *d = w->dirs[i];
-        if (d->wd < 0 && now >= d->next_poll_ms) {
+        if (d->wd < 0 && !d->dormant && now >= d->next_poll_ms) {
             d->added = wall_now();
             d->wd = inotify_add_watch(w->ifd, d->path, WATCH_MASK);
+            if (d->wd < 0 && d->child) {
+                /* Gone again before it could be watched, or inotify's
+                 * limit: the parent's next event or listing tries again. */
+                d->dormant = 1;
+                log_at(w, errno == ENOENT || errno == ENOTDIR ? HK_LOG_DEBUG : HK_LOG_WARN,
+                       "cannot watch subdirectory %s: %s", d->path, strerror(errno));
+                continue;
+            }
             if (d->wd < 0) {
                 d->next_poll_ms = now + w->o.dir_poll_ms;
                 continue;
@@ -580,6 +709,7 @@ typedef struct look {
     size_t size;
     struct timespec mtime;
     int opened; /* the file was opened */
+    int empty;  /* REFUSED: because it is empty */
 } look;
 
 static file_sig sig_of(const struct stat *st) {
@@ -709,8 +839,10 @@ static int read_open(int fd, const char *path, const struct stat *st, size_t max
      * no longer the file. */
     else if (rc == READ_OK && (stat(path, &c) < 0 || c.st_ino != a.st_ino || c.st_dev != a.st_dev))
         rc = READ_UNSTABLE;
-    else if (rc == READ_OK && got == 0)
+    else if (rc == READ_OK && got == 0) {
         rc = refusal(lk, HK_ERR_FORMAT, "empty file: not handed over");
+        lk->empty = 1;
+    }
     if (rc != READ_OK) {
         free(buf);
         return rc;
@@ -797,8 +929,8 @@ static void refuse(hkw_watcher *w, watch_file *f, const look *lk) {
 /* Looks at f with no lock held: only at its identity when its name is
  * refused (by_name), else through a stable read, whose content is hashed
  * into hash. Returns a read_result. */
-static int look_at_file(const hkw_watcher *w, const watch_file *f, int by_name, int links, look *lk,
-                        unsigned char hash[HASH_BYTES]) {
+static int look_at_file(const hkw_watcher *w, const watch_file *f, const char *root, int by_name,
+                        int links, look *lk, unsigned char hash[HASH_BYTES]) {
     if (by_name) {
         struct stat st;
         if (lstat(f->path, &st) < 0)
@@ -808,8 +940,7 @@ static int look_at_file(const hkw_watcher *w, const watch_file *f, int by_name, 
         snprintf(lk->why, sizeof lk->why, "%s", f->name_why);
         return READ_REFUSED;
     }
-    int rc = read_stable(f->path, f->dir->path, links, w->o.follow_outside_links,
-                         w->o.max_file_size, lk);
+    int rc = read_stable(f->path, root, links, w->o.follow_outside_links, w->o.max_file_size, lk);
     if (rc == READ_OK)
         crypto_generichash(hash, HASH_BYTES, lk->bytes, lk->size, NULL, 0);
     return rc;
@@ -910,22 +1041,39 @@ static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
     }
     f->pending = 0;
     f->open_since_ms = 0;
+    int complete = f->complete;
+    f->complete = 0;
     if (f->events > 1)
-        log_at(w, HK_LOG_DEBUG, "%s: %d events within the debounce period, one read", f->path,
+        log_at(w, HK_LOG_DEBUG, "%s: %d events since it was last read, one read", f->path,
                f->events);
     f->events = 0;
     /* The link policy holds for every file of an added directory, a
      * dependency included: its target would be read to hash it. */
     int links = f->dir->modules, by_name = f->name_err && !f->dep;
+    const char *root = f->dir->root;
     unsigned char hash[HASH_BYTES];
     pthread_mutex_unlock(&w->mu);
-    int rc = look_at_file(w, f, by_name, links, lk, hash);
+    int rc = look_at_file(w, f, root, by_name, links, lk, hash);
     pthread_mutex_lock(&w->mu);
     now = now_ms();
     w->st.opens += (uint64_t)lk->opened;
     if (links && rc != READ_GONE)
         track_target(w, f, lk->target);
-    if (rc != READ_OK) {
+    /* What arrived during the read: an event for f means a writer touched
+     * it meanwhile (or just before), so what was read may be half of a save;
+     * its event has scheduled the next read already. */
+    drain_events(w, now);
+    if (rc != READ_GONE && !by_name && f->events > 0) {
+        w->st.retries++;
+        log_at(w, HK_LOG_INFO, "%s changed while being read (a save in progress): read again",
+               f->path);
+        free(lk->bytes);
+    } else if (rc == READ_REFUSED && lk->empty && complete) {
+        /* Truncated and closed: the content may follow at once. */
+        schedule(f, now + wait);
+        log_at(w, HK_LOG_DEBUG, "%s is empty after its save: looked at again in %lld ms", f->path,
+               (long long)wait);
+    } else if (rc != READ_OK) {
         read_failed(w, f, rc, lk, now, wait);
     } else {
         f->refused = 0;
@@ -954,8 +1102,9 @@ static watch_file *next_due(hkw_watcher *w, int64_t now, int64_t *deadline) {
             best = f->due_ms;
     }
     for (int i = 0; i < w->ndirs; i++) {
-        if (w->dirs[i]->wd < 0 && (best < 0 || w->dirs[i]->next_poll_ms < best))
-            best = w->dirs[i]->next_poll_ms;
+        const watch_dir *d = w->dirs[i];
+        if (d->wd < 0 && !d->dormant && (best < 0 || d->next_poll_ms < best))
+            best = d->next_poll_ms;
     }
     *deadline = best;
     return NULL;
@@ -1062,12 +1211,16 @@ int hkw_create(hkw_watcher **out, const hkw_opts *o) {
         goto fail_efd;
     if (pthread_cond_init(&w->cv, NULL) != 0)
         goto fail_mu;
+    if (pthread_mutex_init(&w->join_mu, NULL) != 0)
+        goto fail_cv;
     errno = pthread_create(&w->thread, NULL, watch_main, w);
     if (errno != 0)
-        goto fail_cv;
+        goto fail_join;
     *out = w;
     return 0;
 
+fail_join:
+    pthread_mutex_destroy(&w->join_mu);
 fail_cv:
     pthread_cond_destroy(&w->cv);
 fail_mu:
@@ -1081,15 +1234,36 @@ fail_free:
     return HK_ERR_IO;
 }
 
-void hkw_destroy(hkw_watcher *w) {
-    if (!w)
-        return;
+int hkw_on_thread(const hkw_watcher *w) {
+    return w && pthread_equal(pthread_self(), w->thread);
+}
+
+/* Tells the thread to stop; joins it unless called on it (join set). */
+static void stop_thread(hkw_watcher *w, int join) {
     pthread_mutex_lock(&w->mu);
     w->stop = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     wake_thread(w);
-    pthread_join(w->thread, NULL);
+    if (!join)
+        return;
+    pthread_mutex_lock(&w->join_mu);
+    if (!w->joined) {
+        pthread_join(w->thread, NULL);
+        w->joined = 1;
+    }
+    pthread_mutex_unlock(&w->join_mu);
+}
+
+void hkw_stop(hkw_watcher *w) {
+    if (w)
+        stop_thread(w, !hkw_on_thread(w));
+}
+
+void hkw_destroy(hkw_watcher *w) {
+    if (!w)
+        return;
+    stop_thread(w, 1);
 
     close(w->efd);
     close(w->ifd);
@@ -1109,6 +1283,7 @@ void hkw_destroy(hkw_watcher *w) {
     free(w->files);
     free(w->dirs);
     pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->join_mu);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
@@ -1162,6 +1337,7 @@ int hkw_add_dir(hkw_watcher *w, const char *dir) {
     d->modules = 1;
     d->need_scan = 1;
     d->scan_initial = 1;
+    d->recursive = w->o.recursive != 0;
     pthread_mutex_unlock(&w->mu);
     wake_thread(w);
     return 0;

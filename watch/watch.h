@@ -4,17 +4,24 @@
  * Editors save in many ways (write in place, write a temporary file and rename
  * it over, delete and create, vim's backup dance) and each save is a burst of
  * inotify events, some of them for files that are not kernels at all. A build
- * started on the first event would read half a file. The watcher therefore
- * waits until a file has been quiet for a while, reads it whole, checks that
- * it did not change during the read, and hands it over only when its content
- * hash differs from the last one handed over. Headers are tracked as
+ * started on the first event would read half a file. Two events say that a
+ * save is complete: IN_CLOSE_WRITE (a writer closed the file) and IN_MOVED_TO
+ * (a finished file was renamed over it). After either, the file is read at
+ * once. Any other change (a write to a file still open, a creation, a
+ * deletion) and the listing after a lost event queue wait until the file has
+ * been quiet for the debounce period (and, open for writing, until its close
+ * or open_wait_ms). Either way the file is read whole, checked not to have
+ * changed during the read nor to have received an event meanwhile, and handed
+ * over only when its content hash differs from the last one handed over.
+ * Saves in quick succession may therefore each be handed over; the last
+ * handover always carries the newest content. Headers are tracked as
  * dependencies: a changed header hands over again every source that read it.
  *
  * Private to libhotkern (prefix hkw_). One watcher owns one inotify
  * instance and one thread. That thread only reads files and hands them to the
  * callback; whoever receives them (the runtime's worker, through hk_submit)
  * does the building. Every function is safe from any thread; only
- * hkw_destroy may not be called from the callback.
+ * hkw_destroy may not be called from the callback (hkw_stop may).
  *
  * File names and modules
  * - NAME.cu, NAME.ptx, NAME.cubin and NAME.fatbin are module sources: module
@@ -22,6 +29,9 @@
  *   "particles". The kind is taken from the last extension, in lower case.
  * - NAME.h, NAME.cuh and NAME.hpp are headers: never handed over themselves,
  *   only tracked as dependencies of the sources that include them.
+ * - With opts.sources set, only the source kinds it names are module
+ *   sources; other sources are ignored silently, as are (with
+ *   opts.ignore_others) names that are neither sources nor headers.
  * - Editor droppings are ignored silently, whatever else: dotfiles
  *   (".particles.cu.swp", ".#particles.cu"), names ending in '~' (backups),
  *   "*.swp", "*.swx", "*.tmp", vim's probe file "4913", emacs'
@@ -47,6 +57,14 @@
  * link over again (the target's directory is watched for that). A link that
  * resolves outside is refused and its target is never opened, unless
  * opts.follow_outside_links is set.
+ *
+ * Subdirectories
+ * With opts.recursive, every subdirectory of an added directory is added too,
+ * at any depth, including those created (or moved in) later, and its files
+ * feed modules as the added directory's do. Directories whose name starts
+ * with '.' (.git, .cache) and symbolic links to directories are not entered.
+ * A subdirectory that disappears is not looked for again until its parent
+ * says it is back.
  */
 #ifndef HK_WATCH_H
 #define HK_WATCH_H
@@ -110,7 +128,23 @@ typedef struct hkw_opts {
     hkw_log_fn log;           /* optional trace */
     hkw_log_on_fn log_on;     /* optional: NULL wants every level */
     void *log_ud;             /* passed to log and log_on */
+    int recursive;            /* 1: subdirectories too (see "Subdirectories") */
+    unsigned sources;         /* HKW_SRC_* bits: the source kinds that are
+                               * module sources; 0: all four */
+    int ignore_others;        /* 1: names that are neither sources nor
+                               * headers are ignored silently instead of
+                               * refused (default 0) */
 } hkw_opts;
+
+/* Source kinds, for hkw_opts.sources. */
+#define HKW_SRC_CU     1u
+#define HKW_SRC_PTX    2u
+#define HKW_SRC_CUBIN  4u
+#define HKW_SRC_FATBIN 8u
+
+/* The HKW_SRC_* bit of a source extension ("cu", "ptx", "cubin", "fatbin",
+ * without the dot; case-insensitive), or 0 when it is none of them. */
+unsigned hkw_source_bit(const char *ext);
 
 /* Counters, all monotonic. */
 typedef struct hkw_stats {
@@ -137,13 +171,26 @@ void hkw_opts_init(hkw_opts *o);
  * owned by the caller: hkw_destroy(). */
 int hkw_create(hkw_watcher **out, const hkw_opts *o);
 
-/* Stops the thread (promptly: a callback in progress is finished first), then
- * frees everything. Must not be called from the callback. w may be NULL. */
+/* Stops the thread: when this returns, no callback (fn, refuse, log) is
+ * running or will run, a callback in progress having finished first.
+ * Called from a callback (on the watcher's own thread), it only says so:
+ * that callback is the last, and the thread ends when it returns. The
+ * watcher stays valid (hkw_stats_get, hkw_set_deps) until hkw_destroy.
+ * Idempotent; w may be NULL. */
+void hkw_stop(hkw_watcher *w);
+
+/* 1 when called on w's own thread (from one of its callbacks). */
+int hkw_on_thread(const hkw_watcher *w);
+
+/* Stops the thread (as hkw_stop, waiting for it even when hkw_stop was
+ * called from a callback), then frees everything. Must not be called from
+ * the callback. w may be NULL. */
 void hkw_destroy(hkw_watcher *w);
 
-/* Watches directory dir (not recursively). Its files are listed on the
- * watcher thread soon after: module sources present then are handed over once
- * (unless no_initial_scan). Adding a directory twice is harmless. Returns 0,
+/* Watches directory dir (and, with opts.recursive, its subdirectories). Its
+ * files are listed on the watcher thread soon after: module sources present
+ * then are handed over once (unless no_initial_scan). Adding a directory
+ * twice is harmless. Returns 0,
  * HK_ERR_INVALID, HK_ERR_NOMEM, or HK_ERR_IO when dir is not a reachable
  * directory or inotify refuses it (errno is left set). */
 int hkw_add_dir(hkw_watcher *w, const char *dir);
