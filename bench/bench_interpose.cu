@@ -5,9 +5,11 @@
 // hot version, and `hotk`, which does (hk_swap through the runtime the
 // interposition made). Built twice, as the GPU suite is: under LD_PRELOAD with
 // -cudart shared (bench_interpose_shared) and with static cudart and --wrap
-// (bench_interpose_static). The program's own launch, without hotkern, is the
-// runtime's __cudaLaunchKernel called directly (the function nvcc's stub calls;
-// taken from libcudart, or __real___cudaLaunchKernel). Each of 1 and 8 threads
+// (bench_interpose_static). The program's own launch, without hotkern, is what
+// nvcc's <<<>>> does, with the runtime's own __cudaLaunchKernel: its push and
+// pop of the launch configuration (__cudaPushCallConfiguration,
+// __cudaPopCallConfiguration), then __cudaLaunchKernel taken from libcudart
+// (or __real___cudaLaunchKernel), bypassing the interposition. Each of 1 and 8 threads
 // launches on its own non-blocking stream; ROUNDS rounds of PER_ROUND launches
 // alternate the modes so drift hits all alike; per mode the median of the
 // rounds' mean launch time over the threads is printed, with ratios:
@@ -46,7 +48,7 @@ extern "C" __global__ void hotk(int *p) {
     if (threadIdx.x == 0) *p = 1;
 }
 
-enum { PER_ROUND = 20000, ROUNDS = 9, MAXT = 8 };
+enum { PER_ROUND = 20000, ROUNDS = 15, MAXT = 8 };
 enum { M_REAL_COLD, M_CHEV_COLD, M_REAL_HOT, M_CHEV_HOT, M_RAW, M_HK, M_QUERY, NMODES };
 static const char *mode_name[NMODES] = {"runtime cold", "<<<>>> cold", "runtime hotk",
                                         "<<<>>> hot", "cuLaunchKernel", "hk_launch",
@@ -73,13 +75,23 @@ static uint64_t now_ns() {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+extern "C" cudaError_t __cudaPopCallConfiguration(dim3 *, dim3 *, size_t *, void *);
+
+// What a <<<>>> launch does with the runtime alone (crt/host_runtime.h).
+static void program_launch(cudaKernel_t k, cudaStream_t s, void **args) {
+    dim3 g, b;
+    size_t shm;
+    cudaStream_t st;
+    __cudaPushCallConfiguration(dim3(1, 1, 1), dim3(1, 1, 1), 0, s);
+    if (__cudaPopCallConfiguration(&g, &b, &shm, &st) == cudaSuccess) real_launch(k, g, b, args, shm, st);
+}
+
 static void launch_mode(int m, cudaStream_t s, void **args) {
-    dim3 one(1, 1, 1);
     CUstreamCaptureStatus st;
     switch (m) {
-    case M_REAL_COLD: real_launch(k_cold, one, one, args, 0, s); break;
+    case M_REAL_COLD: program_launch(k_cold, s, args); break;
     case M_CHEV_COLD: cold<<<1, 1, 0, s>>>(d_p); break;
-    case M_REAL_HOT: real_launch(k_hot, one, one, args, 0, s); break;
+    case M_REAL_HOT: program_launch(k_hot, s, args); break;
     case M_CHEV_HOT: hotk<<<1, 1, 0, s>>>(d_p); break;
     case M_RAW: drv_launch((CUfunction)k_hot, 1, 1, 1, 1, 1, 1, 0, s, args, NULL); break;
     case M_HK: hk_launch(hk_k, {1, 1, 1}, {1, 1, 1}, 0, s, args, NULL); break;

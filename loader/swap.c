@@ -364,9 +364,14 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
             rep->cu_result = (int)r;
             snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
         }
+        /* A C++ kernel's name holds its parameter types: a changed signature
+         * renames it, which is worth saying. */
         hku_fail(rep, HK_ERR_MISSING_KERNEL,
-                 "kernel '%s' is in use but missing from '%s' version %llu (%s)", k->name,
-                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r));
+                 "kernel '%s' is in use but missing from '%s' version %llu (%s)%s", k->name,
+                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r),
+                 strncmp(k->name, "_Z", 2) ? ""
+                                            : "; the name is a C++ one, which changes with the "
+                                              "kernel's parameter types");
         return HK_ERR_MISSING_KERNEL;
     }
     int err = fn_reserve(rt, v, k->slot);

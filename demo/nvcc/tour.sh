@@ -4,7 +4,8 @@
 # static build linked with --wrap. While each runs, a copy of its source is
 # edited as a developer would: a change of the kernel's code (the particles
 # drift), a broken save (refused, the program keeps running), a change of the
-# kernel's parameters (refused: the program's call sites pass the old ones),
+# kernel's parameters (refused: the program's call sites pass the old ones; a
+# C++ kernel's name holds its parameter types, so its old name is missing),
 # and the edit saved again. Everything goes to BUILD/demo-out/nvcc.
 # usage: sh demo/nvcc/tour.sh BUILD      (`make demo-nvcc`)
 set -u
@@ -56,9 +57,9 @@ for way in shared static; do
   save 's/const float wind = 0.0f;/const float wind = 3.0f/'
   wait_for "$log" 'refused particles' || status=1
   sleep 2
-  echo "-- a new parameter for step()"
+  echo "-- a new parameter for step() (its C++ name changes with its parameters)"
   save 's/float dt) {/float dt, float drag) {/'
-  wait_for "$log" "refused particles.*parameter" || status=1
+  wait_for "$log" "refused particles.*(parameter|missing)" || status=1
   sleep 2
   echo "-- the first edit again, with more wind"
   save 's/const float wind = 0.0f;/const float wind = 6.0f;/'
