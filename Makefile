@@ -119,6 +119,7 @@ NVCC_FLAGS := -O2 -arch=sm_90 -std=c++17 -Iinclude -Xcompiler -Wall,-Wextra,-Wer
 NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -lpthread
 # (Not in sanitizer builds: their suites are the CPU ones.)
 GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static \
+                 $(BUILD)/tests/gpu_interpose_ptsz \
                  $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
@@ -258,6 +259,11 @@ $(BUILD)/tests/gpu_interpose_shared: tests/gpu_interpose.cu $(PRELOAD) include/h
 $(BUILD)/tests/gpu_interpose_static: tests/gpu_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/tests/gpu_interpose_ptsz: tests/gpu_interpose.cu $(WRAP) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
+	  -lstdc++
 
 $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)

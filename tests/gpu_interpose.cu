@@ -200,6 +200,36 @@ static void load_test(hk_runtime *rt) {
     cudaFree(d_rings);
 }
 
+// ---- the runtime's launch calls, by hand -------------------------------------
+
+// cudaLaunchKernel and cudaLaunchKernelEx (with a launch attribute) of the
+// program's kernels reach the hot versions as <<<>>> does.
+static void launch_calls_test() {
+    float x0 = 1.0f;
+    cudaMemcpy(d_x, &x0, sizeof x0, cudaMemcpyHostToDevice);
+    int n = 1;
+    void *args[] = {&d_x, &n};
+    cudaError_t e1 = cudaLaunchKernel((const void *)step, dim3(1), dim3(32), args, 0, 0);
+    float h1 = -1;
+    cudaMemcpy(&h1, d_x, sizeof h1, cudaMemcpyDeviceToHost);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributePriority;
+    at[0].val.priority = 0;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int v = 7;
+    cudaError_t e2 = cudaLaunchKernelEx(&cfg, cxx_kernel, d_p, v);
+    int h2 = -1;
+    cudaMemcpy(&h2, d_p, sizeof h2, cudaMemcpyDeviceToHost);
+    printf("  calls: cudaLaunchKernel %s -> %g, cudaLaunchKernelEx %s -> %d\n", cudaGetErrorName(e1),
+           h1, cudaGetErrorName(e2), h2);
+    check(e1 == cudaSuccess && h1 == 23.0f, "cudaLaunchKernel of step runs the hot version");
+    check(e2 == cudaSuccess && h2 == 207, "cudaLaunchKernelEx (an attribute) of cxx_kernel runs the hot version");
+}
+
 // ---- a typed handle on the same module (hotkern.hpp) ----------------------
 
 // New code beside the program's <<<>>>: a typed handle of the hot tagk
@@ -327,6 +357,7 @@ int main(int, char **argv) {
     check(was_refused && hk_module_version(rt, "kern") == v,
           "a version that changes step's parameters is refused");
     check(run_step(1.0f) == 23.0f && run_cxx(7) == 207, "the version before it keeps running");
+    launch_calls_test();
 
     capture_test(file);
     load_test(rt);
