@@ -327,27 +327,28 @@ static cudaError_t launch_error(int err, int cu) {
 _Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute),
                "cudaLaunchAttribute and CUlaunchAttribute share their layout");
 
+/* A launch of h's hot version with the program's configuration. */
+static cudaError_t hot_launch(hk_kernel *h, int ptsz, dim3 g, dim3 b, void **args, size_t shm,
+                              cudaStream_t s) {
+    int cu = 0;
+    int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
+                        stream_of(ptsz, s), args, &cu);
+    return err ? launch_error(err, cu) : cudaSuccess;
+}
+
 cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
                         cudaStream_t s) {
     hk_kernel *h = hot(k, 0);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
-        int cu = 0;
-        int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
-                            stream_of(ptsz, s), args, &cu);
-        return err ? launch_error(err, cu) : cudaSuccess;
-    }
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
+        return hot_launch(h, ptsz, g, b, args, shm, s);
     return (ptsz ? R.klaunch_ptsz : R.klaunch)(k, g, b, args, shm, s);
 }
 
 cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
                        cudaStream_t s) {
     hk_kernel *h = hot(f, 1);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
-        int cu = 0;
-        int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
-                            stream_of(ptsz, s), args, &cu);
-        return err ? launch_error(err, cu) : cudaSuccess;
-    }
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
+        return hot_launch(h, ptsz, g, b, args, shm, s);
     return (ptsz ? R.launch_ptsz : R.launch)(f, g, b, args, shm, s);
 }
 

@@ -125,14 +125,8 @@ static hk_kernel *handle_in(const hkl_module *m, const char *name) {
 /* A new handle of m for e, with e's fixed layout, appended to m's handles
  * (slot resolved by the caller). swap_lock held. NULL: no memory. */
 static hk_kernel *handle_new(hk_runtime *rt, hkl_module *m, const hkl_expect *e) {
-    if (m->nkernels == m->capkernels) {
-        int cap = m->capkernels ? 2 * m->capkernels : 8;
-        hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
-        if (!ks)
-            return NULL;
-        m->kernels = ks;
-        m->capkernels = cap;
-    }
+    if (hkl_kernels_reserve(m) < 0)
+        return NULL;
     hk_kernel *k = calloc(1, sizeof *k);
     if (!k || !(k->name = strdup(e->name)) || layout_copy(&k->layout, &e->layout) < 0) {
         if (k)

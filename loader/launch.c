@@ -32,6 +32,18 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 
+int hkl_kernels_reserve(hkl_module *m) {
+    if (m->nkernels < m->capkernels)
+        return 0;
+    int cap = m->capkernels ? 2 * m->capkernels : 8;
+    hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
+    if (!ks)
+        return HK_ERR_NOMEM;
+    m->kernels = ks;
+    m->capkernels = cap;
+    return 0;
+}
+
 int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out) {
     if (!rt || !module || !kernel || !out)
         return HK_ERR_INVALID;
@@ -57,16 +69,8 @@ int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_ker
             *out = m->kernels[i];
             goto out;
         }
-    if (m->nkernels == m->capkernels) {
-        int cap = m->capkernels ? 2 * m->capkernels : 8;
-        hk_kernel **ks = realloc(m->kernels, (size_t)cap * sizeof *ks);
-        if (!ks) {
-            err = HK_ERR_NOMEM;
-            goto out;
-        }
-        m->kernels = ks;
-        m->capkernels = cap;
-    }
+    if ((err = hkl_kernels_reserve(m)) < 0)
+        goto out;
     k = calloc(1, sizeof *k);
     if (!k || !(k->name = strdup(kernel))) {
         err = HK_ERR_NOMEM;
@@ -314,25 +318,7 @@ int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *c
                          .hStream = (CUstream)c->stream,
                          .attrs = at,
                          .numAttrs = n};
-    launch_req q = {&lc, c->grid, c->block, c->shared_bytes, (CUstream)c->stream, args};
-    hk_runtime *rt = k->rt;
-    hkl_tslot *s = hkl_enter(rt);
-    if (!s)
-        return HK_ERR_NOMEM;
-    hkl_version *v = atomic_load(&k->mod->current);
-    void *f = atomic_load_explicit(&v->fn, memory_order_acquire)[k->slot];
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (rt->drv->StreamIsCapturing(q.stream, &cs) == CUDA_SUCCESS &&
-        cs == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        return launch_captured(rt, s, v, f, &q, cu);
-    CUresult r = raw_launch(rt, f, &q);
-    hkl_exit(s);
-    if (r == CUDA_SUCCESS) {
-        if (cu)
-            *cu = 0;
-        return 0;
-    }
-    return launch_failed(rt, r, cu);
+    return hkl_launch_lc(k, &lc, args, cu);
 }
 
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu) {

@@ -586,6 +586,8 @@ void hkl_layout_free(hkl_param_layout *l);
 int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
 
 /* launch.c */
+/* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
+int hkl_kernels_reserve(hkl_module *m);
 /* hk_launch_ex with a driver launch configuration as the caller has it (its
  * attributes passed on as they are): for the <<<>>> interposition. */
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);

@@ -370,8 +370,8 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
                  "kernel '%s' is in use but missing from '%s' version %llu (%s)%s", k->name,
                  k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r),
                  strncmp(k->name, "_Z", 2) ? ""
-                                            : "; the name is a C++ one, which changes with the "
-                                              "kernel's parameter types");
+                                           : "; the name is a C++ one, which changes with the "
+                                             "kernel's parameter types");
         return HK_ERR_MISSING_KERNEL;
     }
     int err = fn_reserve(rt, v, k->slot);
