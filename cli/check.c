@@ -359,8 +359,7 @@ static int report_error(struct file_result *fr, int err, const char *log, const 
         fprintf(stderr, "%s: error: %s\n", fr->path, msg);
         return 1;
     }
-    cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "error",
-                                           cJSON_CreateString(hkn_error_name(err)));
+    cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "error", cJSON_CreateString(hk_err_name(err)));
     cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "code", hkc_int(err));
     cJSON_ReplaceItemInObjectCaseSensitive(fr->rec, "message", cJSON_CreateString(msg));
     if (log && log[0]) {

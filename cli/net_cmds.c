@@ -386,13 +386,13 @@ static void poll_error(hkc_out *o, const struct pull_args *pa, uint64_t poll,
     if (o->json) {
         cJSON *e = cJSON_CreateObject();
         hkn_json_add_int(e, "poll", (long long)poll);
-        cJSON_AddStringToObject(e, "error", hkn_error_name(rep->error));
+        cJSON_AddStringToObject(e, "error", hk_err_name(rep->error));
         hkn_json_add_int(e, "code", rep->error);
         cJSON_AddStringToObject(e, "message", rep->message);
         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o->doc, "poll_errors"), e);
     } else if (!pa->quiet) {
         /* The message may quote the origin's bytes (a key id, a name). */
-        fprintf(stderr, "hotkern pull: %s: ", hkn_error_name(rep->error));
+        fprintf(stderr, "hotkern pull: %s: ", hk_err_name(rep->error));
         hkc_put_clean(stderr, rep->message, 0);
         fputc('\n', stderr);
     }

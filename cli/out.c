@@ -127,7 +127,7 @@ static void record(hkc_out *o, int err, const char *log, const char *msg) {
     if (o->failed)
         return;
     o->failed = 1;
-    hkc_set_str(o, "error", hkn_error_name(err));
+    hkc_set_str(o, "error", hk_err_name(err));
     hkc_set_int(o, "code", err);
     hkc_set_str(o, "message", msg);
     hkc_set_str(o, "log", log && log[0] ? log : NULL);
@@ -147,7 +147,7 @@ static void verror(hkc_out *o, int err, int usage, const char *log, const char *
     } else {
         /* Messages and logs may come from an endpoint or an origin: no
          * terminal escape of theirs reaches the terminal. */
-        fprintf(stderr, "hotkern %s: %s: ", o->cmd, hkn_error_name(err));
+        fprintf(stderr, "hotkern %s: %s: ", o->cmd, hk_err_name(err));
         hkc_put_clean(stderr, msg, 0);
         fputc('\n', stderr);
         hkc_put_clean(stderr, log, 1);

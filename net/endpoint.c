@@ -300,7 +300,7 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, cJS
 static cJSON *error_json(int err, const char *msg) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "outcome", "error");
-    cJSON_AddStringToObject(o, "error", hkn_error_name(err));
+    cJSON_AddStringToObject(o, "error", hk_err_name(err));
     cJSON_AddNumberToObject(o, "code", err);
     cJSON_AddStringToObject(o, "message", msg);
     return o;
@@ -430,7 +430,7 @@ static cJSON *outcome_json(const char *outcome, int err, const hk_report *rep) {
     cJSON_AddStringToObject(o, "outcome", outcome);
     cJSON_AddStringToObject(o, "module", rep->module);
     hkn_json_add_int(o, "version", (long long)rep->version);
-    cJSON_AddStringToObject(o, "error", hkn_error_name(err));
+    cJSON_AddStringToObject(o, "error", hk_err_name(err));
     cJSON_AddNumberToObject(o, "code", err);
     cJSON_AddStringToObject(o, "message", rep->message);
     if (rep->cu_name[0])
@@ -458,7 +458,7 @@ static void log_outcome(hkn_endpoint *ep, const struct req *r, const char *what,
                 (unsigned long long)engine_version);
     else
         hkn_log(&ep->eng, HK_LOG_WARN, "endpoint", "refused %s of %s from %s: %u %s: %s", what, mod,
-                peer(r->conn), r->status, hkn_error_name(err), rep->message);
+                peer(r->conn), r->status, hk_err_name(err), rep->message);
 }
 
 /* ---- POST /v1/release (on the worker) ---------------------------------- */
@@ -523,7 +523,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         err = hku_fail(rep, prior,
                        "%s v%llu was refused before (%s): %s (the same signed bytes are not "
                        "applied again; publish the release signed anew to retry)",
-                       m.module, (unsigned long long)m.version, hkn_error_name(prior), before);
+                       m.module, (unsigned long long)m.version, hk_err_name(prior), before);
         goto out;
     }
     for (size_t i = 0; i < m.nartifacts; i++) {
@@ -570,7 +570,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     if (err) {
         if (!rep->message[0])
             snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m.module,
-                     (unsigned long long)m.version, hkn_error_name(err));
+                     (unsigned long long)m.version, hk_err_name(err));
         hk_report srep = HK_REPORT_INIT;
         if (hkn_state_revert(ep->state, m.module, m.version, prev, &srep) != 0) {
             size_t n = strlen(rep->message);
@@ -691,7 +691,7 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     rep.error = err;
     if (!rep.message[0] && err)
         snprintf(rep.message, sizeof rep.message, "rollback of %s: %s", r->module,
-                 hkn_error_name(err));
+                 hk_err_name(err));
     snprintf(rep.module, sizeof rep.module, "%s", r->module);
     const char *outcome = err ? "refused" : "rolled_back";
     record(ep, r->module, outcome, err, 0, 0, &rep);
@@ -749,7 +749,7 @@ static cJSON *module_json(const struct ep_module *m) {
     cJSON_AddStringToObject(o, "module", m->name);
     hkn_json_add_int(o, "release_version", (long long)m->release_version);
     cJSON_AddStringToObject(o, "last_outcome", m->last_outcome);
-    cJSON_AddStringToObject(o, "last_error", hkn_error_name(m->last_error));
+    cJSON_AddStringToObject(o, "last_error", hk_err_name(m->last_error));
     cJSON_AddStringToObject(o, "last_message", m->last_message);
     cJSON_AddStringToObject(o, "last_canary", m->last_canary);
     if (m->last_log)
@@ -877,7 +877,7 @@ void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
                       "Refused releases and rollbacks by error.");
     for (int i = 1; i < NERRORS; i++)
         if (ep->refusals[i])
-            hk_metrics_sample(w, "hotkern_push_refusals_total", "error", hkn_error_name(-i),
+            hk_metrics_sample(w, "hotkern_push_refusals_total", "error", hk_err_name(-i),
                               ep->refusals[i]);
     hk_metrics_family(w, "hotkern_module_release_version", "gauge",
                       "Highest release committed per module.");

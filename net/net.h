@@ -92,9 +92,6 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
  * loader/format.c, which the fuzz targets build with net/); whole files and
  * copies are shared with libhotkern too (util/util.h). */
 
-/* Static name of an error code, e.g. "HK_ERR_REPLAY"; for protocol fields. */
-const char *hkn_error_name(int err);
-
 /* ---- keys -------------------------------------------------------------- */
 
 #define HKN_PK_BYTES     32 /* crypto_sign_PUBLICKEYBYTES */

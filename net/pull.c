@@ -323,7 +323,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     }
     if (err) {
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "refused the manifest at %s: %s: %s", p->url,
-                hkn_error_name(err), rep->message);
+                hk_err_name(err), rep->message);
         /* Only a manifest that verified keeps its validators: a signature
          * that is missing or stale now (a CDN or an upload serving the new
          * manifest before its .sig) is fetched again at the next poll, with
@@ -342,7 +342,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         err = hku_fail(rep, prior,
                        "%s v%llu was refused before (%s): %s (the same manifest is not applied "
                        "again; publish the release signed anew to retry)",
-                       m.module, (unsigned long long)m.version, hkn_error_name(prior), before);
+                       m.module, (unsigned long long)m.version, hk_err_name(prior), before);
         keep = 1;
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);
@@ -429,7 +429,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         hk_report_clear(&srep);
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
-                m.module, (unsigned long long)m.version, p->url, hkn_error_name(err), rep->message);
+                m.module, (unsigned long long)m.version, p->url, hk_err_name(err), rep->message);
         goto out;
     }
     count(p, &p->stats.applied, 1);
@@ -495,7 +495,7 @@ static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned dela
     if (p->failures && err)
         hkn_log(&p->eng, HK_LOG_WARN, "pull",
                 "poll of %s failed (%s: %s): retry %u in %u ms (backoff up to %u ms)", p->url,
-                hkn_error_name(err), rep->message, p->failures, delay, p->opt.max_backoff_ms);
+                hk_err_name(err), rep->message, p->failures, delay, p->opt.max_backoff_ms);
     else
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "next poll of %s in %u ms", p->url, delay);
 }

@@ -50,46 +50,6 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
     e->log(e->ud, level, subsystem, line);
 }
 
-const char *hkn_error_name(int err) {
-    static const char *const names[] = {
-        "HK_OK",
-        "HK_ERR_INVALID",
-        "HK_ERR_NOMEM",
-        "HK_ERR_NO_DRIVER",
-        "HK_ERR_NO_DEVICE",
-        "HK_ERR_CUDA",
-        "HK_ERR_FORMAT",
-        "HK_ERR_COMPILE",
-        "HK_ERR_ARCH",
-        "HK_ERR_MISSING_KERNEL",
-        "HK_ERR_LAYOUT",
-        "HK_ERR_GLOBAL_SIZE",
-        "HK_ERR_REJECTED",
-        "HK_ERR_NOT_FOUND",
-        "HK_ERR_BUSY",
-        "HK_ERR_IO",
-        "HK_ERR_NO_HISTORY",
-        "HK_ERR_CLOSED",
-        "HK_ERR_UNSUPPORTED",
-        "HK_ERR_SIGNATURE",
-        "HK_ERR_REPLAY",
-        "HK_ERR_EXPIRED",
-        "HK_ERR_HASH",
-        "HK_ERR_TOO_LARGE",
-        "HK_ERR_NETWORK",
-        "HK_ERR_TIMEOUT",
-        "HK_ERR_CONTEXT_RESET",
-        "HK_ERR_SUPERSEDED",
-        "HK_ERR_ATTRIBUTE",
-        "HK_ERR_CANARY",
-        "HK_ERR_QUARANTINED",
-    };
-    int i = -err;
-    if (i < 0 || (size_t)i >= sizeof names / sizeof names[0])
-        return "HK_ERR_UNKNOWN";
-    return names[i];
-}
-
 /* ---- JSON strictness --------------------------------------------------- */
 
 int hkn_json_rest_blank(const char *p, const char *end) {

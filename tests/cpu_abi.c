@@ -102,6 +102,34 @@ static int swap(const char *src, hk_report *rep) {
 
 /* ---- reports ------------------------------------------------------------ */
 
+/* The codes, their names and their messages come from one table: every code
+ * has its own name and a message of its own, numbered 0, -1, -2 ... without a
+ * gap (codes are only added), and a code past the table is unknown. */
+START_TEST(error_table_names_every_code) {
+    static const struct {
+        int code;
+        const char *name, *message;
+    } t[] = {
+#define ROW_(name, value, message) {value, #name, message},
+        HK_ERROR_TABLE(ROW_)
+#undef ROW_
+    };
+    size_t n = sizeof t / sizeof t[0];
+    ck_assert_uint_ge(n, 31);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_eq(t[i].code, -(int)i);
+        ck_assert_str_eq(hk_err_name(t[i].code), t[i].name);
+        ck_assert_str_eq(hk_strerror(t[i].code), t[i].message);
+        for (size_t j = 0; j < i; j++)
+            ck_assert_str_ne(t[i].message, t[j].message);
+    }
+    ck_assert_str_eq(hk_err_name(HK_ERR_LAYOUT), "HK_ERR_LAYOUT");
+    ck_assert_str_eq(hk_err_name(-(int)n), "HK_ERR_UNKNOWN");
+    ck_assert_str_eq(hk_strerror(-(int)n), "unknown error");
+    ck_assert_str_eq(hk_err_name(1), "HK_ERR_UNKNOWN");
+}
+END_TEST
+
 START_TEST(old_report_is_filled_within_its_size) {
     buf m;
     old_layout(&m, REPORT_OLD);
@@ -487,6 +515,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("abi");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, error_table_names_every_code);
     tcase_add_test(tc, old_report_is_filled_within_its_size);
     tcase_add_test(tc, report_below_first_layout_is_refused);
     tcase_add_test(tc, newer_report_keeps_its_unknown_fields);

@@ -638,9 +638,9 @@ START_TEST(engine_refusal_statuses) {
         int code = curl_req("POST", "/v1/release",
                             body_file(&key, "add", 5 + i, time(NULL) + 60, T_NONE, name), NULL,
                             body, sizeof body);
-        ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s",
-                      hkn_error_name(cases[i].err), code, cases[i].code, body);
-        ck_assert(json_has(body, "error", hkn_error_name(cases[i].err)));
+        ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s", hk_err_name(cases[i].err),
+                      code, cases[i].code, body);
+        ck_assert(json_has(body, "error", hk_err_name(cases[i].err)));
     }
 }
 END_TEST
@@ -713,7 +713,7 @@ START_TEST(refused_release_not_rebuilt) {
         for (int i = 0; i < 20; i++) {
             int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
             ck_assert_msg(code == first, "replay %d: HTTP %d (first %d): %s", i, code, first, body);
-            ck_assert(json_has(body, "error", hkn_error_name(verdicts[v])));
+            ck_assert(json_has(body, "error", hk_err_name(verdicts[v])));
             ck_assert(json_has(body, "outcome", "refused"));
             ck_assert_msg(strstr(body, "refused before") && strstr(body, "compile failed"), "%s",
                           body);

@@ -86,50 +86,87 @@ extern "C" {
 
 /* ---- errors ------------------------------------------------------------ */
 
+/* Every code once, as X(name, value, message): the enum, hk_strerror and
+ * hk_err_name are made from this table, so they cannot drift apart (libuv's
+ * UV_ERRNO_MAP). What each code means is said beside it. */
+/* clang-format off */
+#define HK_ERROR_TABLE(X) \
+    X(HK_OK, 0, "success") \
+    /* bad argument */ \
+    X(HK_ERR_INVALID, -1, "invalid argument") \
+    /* out of memory */ \
+    X(HK_ERR_NOMEM, -2, "out of memory") \
+    /* libcuda could not be loaded or initialised */ \
+    X(HK_ERR_NO_DRIVER, -3, "CUDA driver not available") \
+    /* no such CUDA device */ \
+    X(HK_ERR_NO_DEVICE, -4, "no such CUDA device") \
+    /* a driver call failed: see report cu_name */ \
+    X(HK_ERR_CUDA, -5, "CUDA driver call failed") \
+    /* input is not CUDA C, PTX, cubin or fatbin */ \
+    X(HK_ERR_FORMAT, -6, "not a kernel image or source") \
+    /* NVRTC, nvJitLink or driver JIT refused it */ \
+    X(HK_ERR_COMPILE, -7, "compilation failed") \
+    /* image has no code for the device's arch */ \
+    X(HK_ERR_ARCH, -8, "no code for the device architecture") \
+    /* a kernel with a handle is absent */ \
+    X(HK_ERR_MISSING_KERNEL, -9, "a kernel in use is missing from the new version") \
+    /* a kernel's parameter layout changed */ \
+    X(HK_ERR_LAYOUT, -10, "a kernel's parameter layout changed") \
+    /* a carried-over global changed size */ \
+    X(HK_ERR_GLOBAL_SIZE, -11, "a global variable changed size") \
+    /* the caller's check callback said no */ \
+    X(HK_ERR_REJECTED, -12, "rejected by the check callback") \
+    /* no such module or kernel */ \
+    X(HK_ERR_NOT_FOUND, -13, "no such module or kernel") \
+    /* resource still in use */ \
+    X(HK_ERR_BUSY, -14, "resource busy") \
+    /* file or directory error (errno in report) */ \
+    X(HK_ERR_IO, -15, "input/output error") \
+    /* nothing to roll back to */ \
+    X(HK_ERR_NO_HISTORY, -16, "no earlier version to roll back to") \
+    /* the runtime is shutting down */ \
+    X(HK_ERR_CLOSED, -17, "runtime is shutting down") \
+    /* not possible in this configuration */ \
+    X(HK_ERR_UNSUPPORTED, -18, "not supported in this configuration") \
+    /* missing, bad or unknown signature */ \
+    X(HK_ERR_SIGNATURE, -19, "missing, bad or unknown signature") \
+    /* release version not newer than current */ \
+    X(HK_ERR_REPLAY, -20, "version not newer than the current one") \
+    /* release manifest expired */ \
+    X(HK_ERR_EXPIRED, -21, "release expired") \
+    /* artifact hash or size mismatch */ \
+    X(HK_ERR_HASH, -22, "artifact hash or size mismatch") \
+    /* input over the configured size cap */ \
+    X(HK_ERR_TOO_LARGE, -23, "input too large") \
+    /* transfer failed */ \
+    X(HK_ERR_NETWORK, -24, "network transfer failed") \
+    /* operation timed out */ \
+    X(HK_ERR_TIMEOUT, -25, "timed out") \
+    /* the context was reset under hotkern */ \
+    X(HK_ERR_CONTEXT_RESET, -26, "CUDA context was reset") \
+    /* a newer version of the module committed first, or (a watched file) a newer save of it came before this one was built or staged */ \
+    X(HK_ERR_SUPERSEDED, -27, "a newer version was committed first") \
+    /* a kernel attribute set through its handle does not fit the new version */ \
+    X(HK_ERR_ATTRIBUTE, -28, "a kernel attribute does not fit the new version") \
+    /* the version failed its canary run: a test launch faulted, hung, gave other outputs than the running version, or (required) could not run; see report canary */ \
+    X(HK_ERR_CANARY, -29, "the version failed its canary run") \
+    /* the image is quarantined: it was committed shortly before the CUDA context was lost (see "Last known good") */ \
+    X(HK_ERR_QUARANTINED, -30, "the image is quarantined (it ran when the context was lost)")
+/* clang-format on */
+
 enum hk_error {
-    HK_OK = 0,
-    HK_ERR_INVALID = -1,        /* bad argument */
-    HK_ERR_NOMEM = -2,          /* out of memory */
-    HK_ERR_NO_DRIVER = -3,      /* libcuda could not be loaded or initialised */
-    HK_ERR_NO_DEVICE = -4,      /* no such CUDA device */
-    HK_ERR_CUDA = -5,           /* a driver call failed: see report cu_name */
-    HK_ERR_FORMAT = -6,         /* input is not CUDA C, PTX, cubin or fatbin */
-    HK_ERR_COMPILE = -7,        /* NVRTC, nvJitLink or driver JIT refused it */
-    HK_ERR_ARCH = -8,           /* image has no code for the device's arch */
-    HK_ERR_MISSING_KERNEL = -9, /* a kernel with a handle is absent */
-    HK_ERR_LAYOUT = -10,        /* a kernel's parameter layout changed */
-    HK_ERR_GLOBAL_SIZE = -11,   /* a carried-over global changed size */
-    HK_ERR_REJECTED = -12,      /* the caller's check callback said no */
-    HK_ERR_NOT_FOUND = -13,     /* no such module or kernel */
-    HK_ERR_BUSY = -14,          /* resource still in use */
-    HK_ERR_IO = -15,            /* file or directory error (errno in report) */
-    HK_ERR_NO_HISTORY = -16,    /* nothing to roll back to */
-    HK_ERR_CLOSED = -17,        /* the runtime is shutting down */
-    HK_ERR_UNSUPPORTED = -18,   /* not possible in this configuration */
-    HK_ERR_SIGNATURE = -19,     /* missing, bad or unknown signature */
-    HK_ERR_REPLAY = -20,        /* release version not newer than current */
-    HK_ERR_EXPIRED = -21,       /* release manifest expired */
-    HK_ERR_HASH = -22,          /* artifact hash or size mismatch */
-    HK_ERR_TOO_LARGE = -23,     /* input over the configured size cap */
-    HK_ERR_NETWORK = -24,       /* transfer failed */
-    HK_ERR_TIMEOUT = -25,       /* operation timed out */
-    HK_ERR_CONTEXT_RESET = -26, /* the context was reset under hotkern */
-    HK_ERR_SUPERSEDED = -27,    /* a newer version of the module committed first,
-                                 * or (a watched file) a newer save of it came
-                                 * before this one was built or staged */
-    HK_ERR_ATTRIBUTE = -28,     /* a kernel attribute set through its handle does
-                                 * not fit the new version */
-    HK_ERR_CANARY = -29,        /* the version failed its canary run: a test
-                                 * launch faulted, hung, gave other outputs than
-                                 * the running version, or (required) could not
-                                 * run; see report canary */
-    HK_ERR_QUARANTINED = -30,   /* the image is quarantined: it was committed
-                                 * shortly before the CUDA context was lost
-                                 * (see "Last known good") */
+#define HK_ERROR_ENUM_(name, value, message) name = value,
+    HK_ERROR_TABLE(HK_ERROR_ENUM_)
+#undef HK_ERROR_ENUM_
 };
 
 /* Static, never NULL; "unknown error" for codes this build does not know. */
 HK_API const char *hk_strerror(int err);
+
+/* The code's name, "HK_ERR_LAYOUT" (static, never NULL; "HK_ERR_UNKNOWN" for
+ * codes this build does not know): what the CLI's --json and the endpoint's
+ * replies carry. */
+HK_API const char *hk_err_name(int err);
 
 /* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
  * static (HK_VERSION_* above are the headers' it was built with). Builds of
