@@ -477,6 +477,8 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
 void hkl_runtime_free(hk_runtime *rt); /* runtime.c */
 
 static void *reclaim_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-reclaim");
     hk_runtime *rt = arg;
     hkl_relax(rt); /* for the life of this thread */
     double next_reset_check = hkl_now_ms() + 200;

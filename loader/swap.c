@@ -1590,6 +1590,8 @@ static void defer_job(hk_runtime *rt, hkl_job *j) {
 }
 
 static void *worker_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-worker");
     hk_runtime *rt = arg;
     hkl_relax(rt); /* for the life of this thread */
     pthread_mutex_lock(&rt->work_lock);

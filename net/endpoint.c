@@ -708,6 +708,8 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
 /* ---- the worker -------------------------------------------------------- */
 
 static void *worker_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-push");
     hkn_endpoint *ep = arg;
     for (;;) {
         pthread_mutex_lock(&ep->job_lock);
@@ -949,6 +951,8 @@ unsigned hkn_endpoint_connections(hkn_endpoint *ep) {
  * close()) leaves the descriptor to libmicrohttpd, which then sees the
  * connection end and cleans it up on its own thread. */
 static void *reaper_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-push-reap");
     hkn_endpoint *ep = arg;
     for (;;) {
         pthread_mutex_lock(&ep->job_lock);

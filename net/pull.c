@@ -501,6 +501,8 @@ static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned dela
 }
 
 static void *poll_thread(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-pull");
     hkn_puller *p = arg;
     for (;;) {
         hk_report rep = HK_REPORT_INIT;

@@ -46,6 +46,8 @@ static const char *const warm_src[] = {
 };
 
 static void *warm_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-warm");
     hkp_warm *w = arg;
     for (size_t i = 0; i < sizeof warm_src / sizeof warm_src[0]; i++) {
         if (atomic_load(&w->stop))

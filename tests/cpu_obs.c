@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1156,12 +1157,51 @@ START_TEST(validator_refuses_bad_text) {
 }
 END_TEST
 
+/* The threads of a runtime and of its watch carry names (top -H, gdb,
+ * profilers): read back from /proc. */
+static int has_thread(const char *name) {
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int found = 0;
+    while (d && !found && (e = readdir(d))) {
+        char p[300], comm[32] = "";
+        snprintf(p, sizeof p, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (f && fgets(comm, sizeof comm, f)) {
+            comm[strcspn(comm, "\n")] = 0;
+            found = !strcmp(comm, name);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+START_TEST(threads_are_named) {
+    /* (A thread names itself first thing, once it runs.) */
+    for (int i = 0; i < 500 && !(has_thread("hk-reclaim") && has_thread("hk-worker")); i++)
+        usleep(10000);
+    ck_assert(has_thread("hk-reclaim"));
+    ck_assert(has_thread("hk-worker"));
+    ck_assert(!has_thread("hk-watch"));
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hk_watch_dir(rt, tmp, NULL, &rep), 0);
+    for (int i = 0; i < 500 && !has_thread("hk-watch"); i++)
+        usleep(10000);
+    ck_assert(has_thread("hk-watch"));
+    hk_report_clear(&rep);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("logs and metrics");
     TCase *tc = tcase_create("obs");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, engine_events_reach_the_callback);
+    tcase_add_test(tc, threads_are_named);
     tcase_add_test(tc, callback_cannot_reenter);
     tcase_add_test(tc, hotkern_log_env_filters);
     tcase_add_test(tc, watcher_says_why_it_skips);

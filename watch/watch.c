@@ -1129,6 +1129,8 @@ static ssize_t wait_events(hkw_watcher *w, int timeout) {
 }
 
 static void *watch_main(void *arg) {
+    /* Named for top -H, gdb and profilers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "hk-watch");
     hkw_watcher *w = arg;
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
