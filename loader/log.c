@@ -102,6 +102,15 @@ static int env_level(void) {
         return HK_LOG_WARN;
     if (!strcasecmp(v, "error"))
         return HK_LOG_ERROR;
+    if (strcasecmp(v, "off") && *v) {
+        /* Said once per process: a typo must not look like silence. */
+        static _Atomic int told;
+        if (!atomic_exchange(&told, 1))
+            fprintf(stderr,
+                    "hotkern: HOTKERN_LOG=%.40s is not a level (debug, info, warn, error, off): "
+                    "no messages on stderr\n",
+                    v);
+    }
     return HK_LOG_OFF;
 }
 
@@ -115,6 +124,14 @@ void hkl_log_init(hk_runtime *rt) {
     rt->log_env_min = env_level();
     rt->log_cb_min = HK_LOG_OFF;
     atomic_init(&rt->log_min, rt->log_env_min);
+    /* A callback from the options hears create's messages too. */
+    if (rt->opt.log) {
+        int min = rt->opt.log_min_level;
+        rt->log_cb = rt->opt.log;
+        rt->log_ud = rt->opt.log_userdata;
+        rt->log_cb_min = min >= HK_LOG_DEBUG && min <= HK_LOG_OFF ? min : HK_LOG_INFO;
+        atomic_store_explicit(&rt->log_min, rt->log_cb_min, memory_order_relaxed);
+    }
 }
 
 void hkl_log_fini(hk_runtime *rt) {

@@ -59,6 +59,7 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.canary_timeout_ms = 2000;
     d.suspect_window_ms = 60000;
     d.build_timeout_ms = 120000;
+    d.log_min_level = HK_LOG_INFO;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 

@@ -489,12 +489,18 @@ START_TEST(hotkern_log_env_filters) {
     ck_assert_msg(strstr(out, "hotkern: info engine: committed m"), "%s", out);
     free(out);
 
-    /* Unset, or not a level: silent. */
+    /* Unset: silent. Not a level: one line that says so (once per
+     * process), nothing else. */
     unsetenv("HOTKERN_LOG");
     out = capture_stderr(swaps_on_a_new_runtime);
     ck_assert_msg(out[0] == '\0', "%s", out);
     free(out);
     setenv("HOTKERN_LOG", "verbose", 1);
+    out = capture_stderr(swaps_on_a_new_runtime);
+    ck_assert_msg(!strcmp(out, "hotkern: HOTKERN_LOG=verbose is not a level (debug, info, warn, "
+                               "error, off): no messages on stderr\n"),
+                  "%s", out);
+    free(out);
     out = capture_stderr(swaps_on_a_new_runtime);
     ck_assert_msg(out[0] == '\0', "%s", out);
     free(out);
@@ -1157,6 +1163,33 @@ START_TEST(validator_refuses_bad_text) {
 }
 END_TEST
 
+/* A log callback in the options hears what create says: here that the
+ * compile cache's directory, writable by others, is not used. */
+START_TEST(options_log_hears_create) {
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/shared-cache", tmp);
+    ck_assert_int_eq(mkdir(bad, 0700), 0);
+    ck_assert_int_eq(chmod(bad, 0777), 0);
+    fake_init(1, 90);
+    hk_options o;
+    hk_options_init(&o);
+    ck_assert_int_eq(o.log_min_level, HK_LOG_INFO);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = bad;
+    o.no_warm_start = 1;
+    o.log = on_log;
+    o.log_min_level = HK_LOG_WARN;
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&r, &o, fake_driver(), &rep), 0);
+    /* Logged during create, synchronously: no wait. */
+    ck_assert_int_ge(find_line(HK_LOG_WARN, "engine", NEEDLES("builds are not cached"), NULL, 0),
+                     0);
+    hk_runtime_destroy(r);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* The threads of a runtime and of its watch carry names (top -H, gdb,
  * profilers): read back from /proc. */
 static int has_thread(const char *name) {
@@ -1202,6 +1235,7 @@ int main(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, engine_events_reach_the_callback);
     tcase_add_test(tc, threads_are_named);
+    tcase_add_test(tc, options_log_hears_create);
     tcase_add_test(tc, callback_cannot_reenter);
     tcase_add_test(tc, hotkern_log_env_filters);
     tcase_add_test(tc, watcher_says_why_it_skips);
