@@ -433,6 +433,15 @@ struct hk_runtime {
     int log_cb_min;      /* log_lock: the callback's least level */
     int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
     _Atomic int log_min; /* least level delivered now; read without the lock */
+    /* The event queue (log.c: hk_events_queue). */
+    pthread_mutex_t evq_lock;
+    pthread_cond_t evq_cond;      /* evq_lock: an event came, or destroy began */
+    hk_queued_event *evq;         /* evq_lock: ring of evq_cap, NULL: no queue */
+    int evq_cap, evq_head, evq_n; /* evq_lock */
+    uint64_t evq_dropped;         /* evq_lock: lost, for the next event queued (capacity 1) */
+    int evq_closed;               /* evq_lock: destroy began */
+    int evq_takers;               /* evq_lock: threads inside hk_next_event */
+    _Atomic int evq_fd;           /* eventfd, -1: none; set once under evq_lock */
     /* Callbacks after destroy (log.c): set once by hkl_callbacks_close. */
     _Atomic int cb_closed;
     pthread_t cb_closer;     /* written before cb_closed, read after it */
@@ -521,6 +530,7 @@ void hkl_log_fini(hk_runtime *rt);
  * called, except on this thread; waits until those in progress on other
  * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
 int hkl_callbacks_close(hk_runtime *rt, double until_ms);
+void hkl_events_fini(hk_runtime *rt); /* at free */
 void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                    uint64_t newv, const char *origin, const hk_report *rep);
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,

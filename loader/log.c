@@ -30,7 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
+
+#include "loader/abi.h"
 
 #include "loader/loader.h"
 
@@ -63,6 +66,17 @@ static void cb_exit(hk_runtime *rt) {
 int hkl_callbacks_close(hk_runtime *rt, double until_ms) {
     rt->cb_closer = pthread_self(); /* before cb_closed: read after it */
     atomic_store(&rt->cb_closed, 1);
+    /* A taker waiting in hk_next_event returns HK_ERR_CLOSED, and has left
+     * when destroy goes on (within the bound). */
+    pthread_mutex_lock(&rt->evq_lock);
+    rt->evq_closed = 1;
+    pthread_cond_broadcast(&rt->evq_cond);
+    while (rt->evq_takers && hkl_now_ms() < until_ms) {
+        struct timespec ts;
+        hku_deadline(&ts, 1000);
+        pthread_cond_timedwait(&rt->evq_cond, &rt->evq_lock, &ts);
+    }
+    pthread_mutex_unlock(&rt->evq_lock);
     /* A destroy called from a callback of this runtime does not wait for
      * itself. */
     int own = cb_depth;
@@ -192,8 +206,128 @@ void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const cha
 
 /* ---- engine events ----------------------------------------------------- */
 
+/* ---- the event queue ---------------------------------------------------- */
+
+int hk_events_queue(hk_runtime *rt, int capacity) {
+    if (!rt || capacity < 0)
+        return HK_ERR_INVALID;
+    int err = 0;
+    pthread_mutex_lock(&rt->evq_lock);
+    if (!rt->evq) {
+        int cap = capacity ? capacity : 256;
+        int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        hk_queued_event *q = fd >= 0 ? calloc((size_t)cap, sizeof *q) : NULL;
+        if (!q) {
+            if (fd >= 0)
+                close(fd);
+            err = HK_ERR_NOMEM;
+        } else {
+            rt->evq = q;
+            rt->evq_cap = cap;
+            atomic_store(&rt->evq_fd, fd);
+        }
+    }
+    pthread_mutex_unlock(&rt->evq_lock);
+    return err;
+}
+
+int hk_event_fd(hk_runtime *rt) {
+    return rt ? atomic_load(&rt->evq_fd) : -1;
+}
+
+/* A copy of the event, queued (evq_lock taken here; a leaf). */
+static void queue_event(hk_runtime *rt, const hk_event *ev) {
+    pthread_mutex_lock(&rt->evq_lock);
+    if (!rt->evq || rt->evq_closed) {
+        pthread_mutex_unlock(&rt->evq_lock);
+        return;
+    }
+    if (rt->evq_n == rt->evq_cap) {
+        /* Full: the oldest goes, and the one taken next after it counts it
+         * (with what it counted itself). */
+        uint64_t lost = rt->evq[rt->evq_head].dropped + 1;
+        rt->evq_head = (rt->evq_head + 1) % rt->evq_cap;
+        if (--rt->evq_n)
+            rt->evq[rt->evq_head].dropped += lost;
+        else
+            rt->evq_dropped += lost;
+    }
+    hk_queued_event *e = &rt->evq[(rt->evq_head + rt->evq_n) % rt->evq_cap];
+    memset(e, 0, sizeof *e);
+    e->size = sizeof *e;
+    e->kind = ev->kind;
+    snprintf(e->module, sizeof e->module, "%s", ev->module ? ev->module : "");
+    e->old_version = ev->old_version;
+    e->new_version = ev->new_version;
+    snprintf(e->origin, sizeof e->origin, "%s", ev->origin ? ev->origin : "");
+    if (ev->report) {
+        e->error = ev->report->error;
+        snprintf(e->message, sizeof e->message, "%s", ev->report->message);
+        e->total_ms = ev->report->total_ms;
+    }
+    e->dropped = rt->evq_n ? 0 : rt->evq_dropped; /* the oldest carries the count */
+    if (!rt->evq_n)
+        rt->evq_dropped = 0;
+    rt->evq_n++;
+    uint64_t one = 1;
+    if (write(atomic_load(&rt->evq_fd), &one, sizeof one) < 0) {
+        /* the counter is at its maximum: readable all the same */
+    }
+    pthread_cond_broadcast(&rt->evq_cond);
+    pthread_mutex_unlock(&rt->evq_lock);
+}
+
+int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms) {
+    if (!rt || !out || out->size < HKL_QUEUED_EVENT_SIZE0)
+        return HK_ERR_INVALID;
+    pthread_mutex_lock(&rt->evq_lock);
+    if (!rt->evq) {
+        pthread_mutex_unlock(&rt->evq_lock);
+        return HK_ERR_INVALID;
+    }
+    struct timespec ts;
+    if (timeout_ms > 0)
+        hku_deadline(&ts, (long)timeout_ms * 1000);
+    rt->evq_takers++;
+    while (!rt->evq_n && !rt->evq_closed && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&rt->evq_cond, &rt->evq_lock);
+        else if (pthread_cond_timedwait(&rt->evq_cond, &rt->evq_lock, &ts))
+            break;
+    }
+    rt->evq_takers--;
+    if (rt->evq_closed)
+        pthread_cond_broadcast(&rt->evq_cond); /* destroy waits for takers to leave */
+    int r = rt->evq_n ? 1 : rt->evq_closed ? HK_ERR_CLOSED : 0;
+    if (r == 1) {
+        hkl_sized_out(out, &rt->evq[rt->evq_head], sizeof rt->evq[0]);
+        rt->evq_head = (rt->evq_head + 1) % rt->evq_cap;
+        if (!--rt->evq_n) { /* drained: the descriptor no longer polls readable */
+            uint64_t n;
+            if (read(atomic_load(&rt->evq_fd), &n, sizeof n) < 0) {
+                /* already zero */
+            }
+        }
+    }
+    pthread_mutex_unlock(&rt->evq_lock);
+    return r;
+}
+
+void hkl_events_fini(hk_runtime *rt) {
+    free(rt->evq);
+    int fd = atomic_load(&rt->evq_fd);
+    if (fd >= 0)
+        close(fd);
+    pthread_mutex_destroy(&rt->evq_lock);
+    pthread_cond_destroy(&rt->evq_cond);
+}
+
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                     uint64_t newv, const char *origin, const hk_report *rep) {
+    if (atomic_load(&rt->evq_fd) >= 0) {
+        hk_event qev = {sizeof qev, kind, module, oldv, newv, origin ? origin : "api", rep};
+        queue_event(rt, &qev);
+    }
     if (!rt->opt.on_event || !cb_enter(rt))
         return;
     hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};

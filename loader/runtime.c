@@ -180,6 +180,9 @@ static void runtime_init_locks(hk_runtime *rt) {
     hku_cond_init(&rt->work_cond);
     hku_cond_init(&rt->idle_cond);
     pthread_mutex_init(&rt->expect_lock, NULL);
+    pthread_mutex_init(&rt->evq_lock, NULL);
+    hku_cond_init(&rt->evq_cond);
+    atomic_init(&rt->evq_fd, -1);
     atomic_init(&rt->nexpects, 0);
     pthread_mutex_init(&rt->stats_lock, NULL);
     pthread_mutex_init(&rt->src_lock, NULL);
@@ -455,6 +458,7 @@ void hkl_runtime_free(hk_runtime *rt) {
     pthread_mutex_destroy(&rt->src_lock);
     hkl_expect_free(rt);
     pthread_mutex_destroy(&rt->expect_lock);
+    hkl_events_fini(rt);
     hkl_log_fini(rt);
     free(rt);
 }

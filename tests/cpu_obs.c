@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <dirent.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1163,6 +1164,69 @@ START_TEST(validator_refuses_bad_text) {
 }
 END_TEST
 
+/* Events on the program's thread: a queue the program drains, a descriptor
+ * it can poll, the oldest dropped (and counted) when it is full, a waiting
+ * taker woken by an event and by destroy. */
+static void *take_one(void *arg) {
+    hk_queued_event e = HK_QUEUED_EVENT_INIT;
+    intptr_t r = hk_next_event(arg, &e, -1);
+    return (void *)r;
+}
+
+START_TEST(event_queue_on_the_programs_thread) {
+    hk_queued_event e = HK_QUEUED_EVENT_INIT;
+    ck_assert_int_eq(hk_event_fd(rt), -1);
+    ck_assert_int_eq(hk_next_event(rt, &e, 0), HK_ERR_INVALID);
+    ck_assert_int_eq(hk_events_queue(rt, 2), 0);
+    int fd = hk_event_fd(rt);
+    ck_assert_int_ge(fd, 0);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 0), 0);
+    ck_assert_int_eq(hk_next_event(rt, &e, 0), 0);
+    hk_report rep = HK_REPORT_INIT;
+    /* First versions of three modules: three events, nothing to reclaim. */
+    const char *mods[] = {"q1", "q2", "q3"};
+    for (int i = 0; i < 3; i++) {
+        const char *src = fake_ptx(i + 1, 0, 0, 0);
+        ck_assert_int_eq(hk_swap(rt, mods[i], src, strlen(src), NULL, &rep), 0);
+    }
+    ck_assert_int_eq(poll(&p, 1, 0), 1);
+    ck_assert_int_eq(hk_next_event(rt, &e, 0), 1);
+    ck_assert_int_eq(e.kind, HK_EVENT_COMMITTED);
+    ck_assert_str_eq(e.module, "q2"); /* q1's event went: the queue holds 2 */
+    ck_assert_uint_eq(e.new_version, 1);
+    ck_assert_uint_eq(e.dropped, 1);
+    ck_assert_int_eq(hk_next_event(rt, &e, 0), 1);
+    ck_assert_str_eq(e.module, "q3");
+    ck_assert_str_eq(e.origin, "api");
+    ck_assert_uint_eq(e.dropped, 0);
+    ck_assert_int_eq(poll(&p, 1, 0), 0); /* drained */
+    /* A refusal carries its error and message. */
+    ck_assert_int_ne(hk_swap(rt, "q1", "SYNTAX ERROR", 12, NULL, &rep), 0);
+    ck_assert_int_eq(hk_next_event(rt, &e, 1000), 1);
+    ck_assert_int_eq(e.kind, HK_EVENT_REFUSED);
+    ck_assert_int_lt(e.error, 0);
+    ck_assert_str_ne(e.message, "");
+    /* A taker waiting for ever is woken by an event... */
+    pthread_t t;
+    pthread_create(&t, NULL, take_one, rt);
+    usleep(50 * 1000);
+    const char *src = fake_ptx(4, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "q4", src, strlen(src), NULL, &rep), 0);
+    void *r;
+    pthread_join(t, &r);
+    ck_assert_int_eq((intptr_t)r, 1);
+    /* ... and by destroy, which it does not outlive. */
+    pthread_create(&t, NULL, take_one, rt);
+    usleep(50 * 1000);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    pthread_join(t, &r);
+    ck_assert_int_eq((intptr_t)r, HK_ERR_CLOSED);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A log callback in the options hears what create says: here that the
  * compile cache's directory, writable by others, is not used. */
 START_TEST(options_log_hears_create) {
@@ -1236,6 +1300,7 @@ int main(void) {
     tcase_add_test(tc, engine_events_reach_the_callback);
     tcase_add_test(tc, threads_are_named);
     tcase_add_test(tc, options_log_hears_create);
+    tcase_add_test(tc, event_queue_on_the_programs_thread);
     tcase_add_test(tc, callback_cannot_reenter);
     tcase_add_test(tc, hotkern_log_env_filters);
     tcase_add_test(tc, watcher_says_why_it_skips);

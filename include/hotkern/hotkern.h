@@ -297,6 +297,29 @@ typedef struct hk_event {
  * hk_reclaim_wait on the reclaim thread. */
 typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 
+/* Events on the program's own thread (as libmpv's mpv_wait_event): instead
+ * of, or beside, on_event, a runtime can queue a copy of every event for the
+ * program to take with hk_next_event when it wants, e.g. once per frame, or
+ * when hk_event_fd polls readable beside its own descriptors. */
+typedef struct hk_queued_event {
+    size_t size; /* set by hk_queued_event_init */
+    hk_event_kind kind;
+    char module[64]; /* "" when the event concerns no module */
+    uint64_t old_version, new_version;
+    char origin[256];
+    int error;         /* the report's error: 0, or the HK_ERR_* of a refusal */
+    char message[512]; /* the report's message */
+    double total_ms;   /* the report's total_ms */
+    uint64_t dropped;  /* events the queue had no room for just before this one */
+} hk_queued_event;
+
+#define HK_QUEUED_EVENT_INIT HK_SIZED_INIT(hk_queued_event)
+
+static inline void hk_queued_event_init(hk_queued_event *e) {
+    memset(e, 0, sizeof *e);
+    e->size = sizeof *e;
+}
+
 /* Caller-supplied validation, run after staging and before commit, while the
  * swap holds the runtime's swap lock (launches are not held). Return 0 to
  * accept; anything else refuses the version with HK_ERR_REJECTED, and the text
@@ -1008,6 +1031,26 @@ HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
  * running and is not called again, so its userdata may be freed. Safe from
  * any thread; returns 0, HK_ERR_INVALID, or HK_ERR_BUSY from a log callback. */
 HK_API int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_level min_level);
+
+/* Starts queueing rt's events (every kind, from every thread; on_event, when
+ * set, is still called): at most capacity wait (0: 256); when the queue is
+ * full the oldest goes and the next event taken says how many went. Calling
+ * it again changes nothing but returns 0. Safe from any thread; 0,
+ * HK_ERR_INVALID or HK_ERR_NOMEM. */
+HK_API int hk_events_queue(hk_runtime *rt, int capacity);
+
+/* A descriptor (eventfd) that polls readable while events wait, for the
+ * program's own poll/epoll loop; owned by rt (do not close it), valid until
+ * hk_runtime_destroy. -1 before hk_events_queue. */
+HK_API int hk_event_fd(hk_runtime *rt);
+
+/* Takes the oldest queued event into *out (within out->size, as every sized
+ * structure): returns 1, or 0 when none came within timeout_ms (0: do not
+ * wait; < 0: wait for one). HK_ERR_INVALID without a queue or for a size
+ * below the first layout; HK_ERR_CLOSED once destroy has begun (a taker
+ * waiting then returns it, and destroy waits for it to leave). Safe from any
+ * thread (each event goes to one taker). */
+HK_API int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms);
 
 /* 1 when a message of this level would be delivered now: lets a caller skip
  * building an expensive message. One atomic load; safe from any thread. */
