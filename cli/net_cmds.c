@@ -37,7 +37,8 @@
         HKC_UINT_OPT("--expires-in", expires_in, 1, HKN_MAX_LIFETIME_S,                            \
                      "--expires-in needs seconds from 1 to 31622400 (366 days)")
 
-static uint64_t now_ms(void) {
+/* The wall clock (expiries and request times are dates). */
+static uint64_t wall_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
@@ -300,7 +301,7 @@ int hkc_cmd_push(int argc, char **argv) {
     if (!key || !r.module)
         return hkc_finish(&o, hkc_usage(&o, "--key and --module are required"));
     if (!r.version)
-        r.version = now_ms();
+        r.version = wall_ms();
     hkc_declare(&o, "url", "outcome", "http_status", "module", "release", "engine_version",
                 "build_ms", "stage_ms", "commit_ms", NULL);
     hkc_set_str(&o, "url", argv[1]);

@@ -492,7 +492,10 @@ void hkl_runtime_finish(hk_runtime *rt, double until_ms);
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
                             hk_report *rep);
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
-double hkl_now_ms(void);
+/* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
+static inline double hkl_now_ms(void) {
+    return hku_now_ms();
+}
 int hkl_ctx_push(hk_runtime *rt, int slot);
 void hkl_ctx_pop(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */

@@ -39,12 +39,6 @@ int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *
     return HK_ERR_CUDA;
 }
 
-double hkl_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 int hk_options_init_size(hk_options *o, size_t size) {
     hk_options d;
     memset(&d, 0, sizeof d);

@@ -208,12 +208,6 @@ static void count(hkn_endpoint *ep, uint64_t *field) {
     pthread_mutex_unlock(&ep->lock);
 }
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The one place of the endpoint's defaults: hkn_endpoint_start falls back on
  * them for a zero number or a NULL address. */
 int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
@@ -912,7 +906,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
                 inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, k->ip,
                           sizeof k->ip);
         }
-        k->start_ms = now_ms();
+        k->start_ms = ((int64_t)hku_now_ms());
         k->receiving = 1;
         pthread_mutex_lock(&ep->conn_lock);
         k->next = ep->conns;
@@ -965,7 +959,7 @@ static void *reaper_main(void *arg) {
         pthread_mutex_unlock(&ep->job_lock);
         if (stop)
             break;
-        int64_t now = now_ms();
+        int64_t now = ((int64_t)hku_now_ms());
         unsigned cut = 0;
         pthread_mutex_lock(&ep->conn_lock);
         for (struct conn *k = ep->conns; k; k = k->next)
@@ -1370,7 +1364,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     struct conn *k = conn_of(c);
     if (k) {
         pthread_mutex_lock(&ep->conn_lock);
-        k->start_ms = now_ms();
+        k->start_ms = ((int64_t)hku_now_ms());
         k->receiving = 1;
         pthread_mutex_unlock(&ep->conn_lock);
     }

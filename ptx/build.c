@@ -49,12 +49,6 @@
 #define MAX_DEPS          HKP_MAX_DEPS
 #define MAX_INCLUDE_DEPTH 64
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 /* Appends text to a malloc'd log (NULL-safe both ways). */
 static int log_append(char **log, const char *text) {
     if (!text || !text[0])
@@ -1216,7 +1210,7 @@ static int cached(hkp_cache *c, const crypto_generichash_state *ctx, const dep_l
 
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size) {
-    double t0 = now_ms();
+    double t0 = hku_now_ms();
     dep_list deps = {0};
     search_path sp = {0};
     hk_header *mem = NULL;
@@ -1343,6 +1337,6 @@ out:
     deps_free(&deps);
     search_path_free(&sp);
     free(mem);
-    out->ms = now_ms() - t0;
+    out->ms = hku_now_ms() - t0;
     return rc;
 }

@@ -166,12 +166,6 @@ struct hkw_watcher {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static struct timespec wall_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -1055,7 +1049,7 @@ static void read_due(hkw_watcher *w, watch_file *f, int64_t now) {
     pthread_mutex_unlock(&w->mu);
     int rc = look_at_file(w, f, root, by_name, links, lk, hash);
     pthread_mutex_lock(&w->mu);
-    now = now_ms();
+    now = ((int64_t)hku_now_ms());
     w->st.opens += (uint64_t)lk->opened;
     if (links && rc != READ_GONE)
         track_target(w, f, lk->target);
@@ -1141,7 +1135,7 @@ static void *watch_main(void *arg) {
             continue;
         }
         w->paused_ack = 0;
-        int64_t now = now_ms(), deadline;
+        int64_t now = ((int64_t)hku_now_ms()), deadline;
         dirs_tick(w, now);
         watch_file *f = next_due(w, now, &deadline);
         if (f) {
@@ -1155,7 +1149,7 @@ static void *watch_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
         ssize_t n = wait_events(w, timeout);
         pthread_mutex_lock(&w->mu);
-        int64_t t = now_ms();
+        int64_t t = ((int64_t)hku_now_ms());
         for (char *p = w->evbuf; n > 0 && p < w->evbuf + n;) {
             const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
             on_event(w, ev, t);
@@ -1399,7 +1393,7 @@ int hkw_set_deps(hkw_watcher *w, const char *source_path, const char *const *dep
         return HK_ERR_NOMEM;
 
     pthread_mutex_lock(&w->mu);
-    int64_t now = now_ms();
+    int64_t now = ((int64_t)hku_now_ms());
     watch_file *src = NULL;
     for (int i = 0; i < w->nfiles && !src; i++) {
         if (strcmp(w->files[i]->path, canon) == 0)
