@@ -1,6 +1,19 @@
 /*
  * hotkern: replace CUDA kernels inside a running program.
  *
+ *   hk_runtime *rt;
+ *   hk_report rep = HK_REPORT_INIT;
+ *   if (hk_runtime_create(&rt, NULL, &rep) < 0) die(rep.message);
+ *   hk_swap(rt, "particles", src, len, NULL, &rep);   // CUDA C, PTX, cubin, fatbin
+ *   hk_kernel *step;
+ *   hk_kernel_get(rt, "particles", "step", &step);    // valid for the runtime's life
+ *   hk_watch_dir(rt, "kernels/", NULL, &rep);         // every save: a new version
+ *   void *args[] = {&d_x, &n};
+ *   hk_launch(step, grid, block, 0, stream, args, NULL); // the newest version
+ *   hk_runtime_destroy(rt);
+ * (Programs as they are, <<<>>> untouched: hotkern/interpose.h; typed
+ * launches from C++: hotkern/hotkern.hpp.)
+ *
  * An application that uses the CUDA runtime API (cudaMalloc, cudaStream_t ...)
  * creates one hk_runtime, loads named modules into it and takes kernel handles.
  * A handle stays valid for the life of the runtime; every launch through it runs
