@@ -1,9 +1,12 @@
 /*
  * The parent side of canary runs (canary.h has the protocol and the locks):
- * the declared tests, the helper process's life (posix_spawn, READY, kill
- * and restart), and one run: load the new image (and the running one when a
- * test compares), launch each test under a deadline, compare, and say what
- * happened in the report.
+ * the declared tests, the helper processes' life (posix_spawn, READY, kill
+ * and restart; the memcheck helper under compute-sanitizer), and one run:
+ * under memcheck first, each test on the new version, in the memcheck
+ * helper; then, in the plain helper, load the new image (and the running
+ * one when a test compares or the perf guard is on), launch each test under
+ * a deadline, compare, time both versions, apply the perf guard, and say
+ * what happened in the report.
  *
  * The helper is untrusted: its replies are read with a size bound derived
  * from what was asked (a test's buffers come back at exactly their declared

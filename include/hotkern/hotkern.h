@@ -121,8 +121,10 @@ enum hk_error {
                                  * not fit the new version */
     HK_ERR_CANARY = -29,        /* the version failed its canary run: a test
                                  * launch faulted, hung, gave other outputs than
-                                 * the running version, or (required) could not
-                                 * run; see report canary */
+                                 * the running version, was slower than the perf
+                                 * guard allows, drew an error from memcheck, or
+                                 * (required) could not run; see report canary
+                                 * and canary_refusal */
     HK_ERR_QUARANTINED = -30,   /* the image is quarantined: it was committed
                                  * shortly before the CUDA context was lost
                                  * (see "Last known good") */
@@ -769,7 +771,24 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
  * and the running version goes on. The run happens on the thread that built
  * the version (the caller of hk_swap, or the worker), holding no lock that
  * launches or other hotkern calls wait for, between build and stage.
- * Rollbacks run no canary (they return to a version that ran). */
+ * Rollbacks run no canary (they return to a version that ran).
+ *
+ * Perf guard (hk_options.canary_slowdown_max, _min_ms; per swap in
+ * hk_swap_options): a test launch that passed is repeated, once untimed and
+ * five times between CUDA events, on the new version and on the running one
+ * with the same inputs; a version whose median GPU time is more than 4x the
+ * running version's and more than 1 ms longer (the defaults) is refused as
+ * "slower", with both times in the report (canary_new_ms, canary_old_ms).
+ * With no running version the new one is timed, said so, and not refused.
+ *
+ * Memcheck (hk_options.canary_sanitizer): where the toolkit's
+ * compute-sanitizer is found, each test launch of the new version first runs
+ * in a second helper under `compute-sanitizer --tool memcheck`, which catches
+ * out-of-bounds and misaligned accesses before they fault the GPU (a fault's
+ * recovery stalls every context on it) and those that land in valid memory
+ * (which a plain run misses); an error it reports refuses the version as
+ * "memcheck" with its first error line. hk_stats and the metrics count runs,
+ * refusals by kind, helper starts and the time spent. */
 
 /* A test launch under construction: grid, block, dynamic shared memory and
  * the kernel's arguments in order. Opaque; not thread-safe. */
