@@ -59,7 +59,11 @@
  * memcheck helper's stderr (--log-file /dev/stderr), read line by line
  * (hku_child's observer): its first error line is the refusal's reason,
  * and its exit status (HKA_SANITIZER_EXIT, when it found errors) confirms
- * it once the helper was asked to end.
+ * it once the helper was asked to end. By default memcheck ends the
+ * context at a precise error, so the launch fails and the verdict waits
+ * for the sanitizer's end; a launch that comes back clean counts as clean
+ * once the log has been quiet for 50 ms (the front end prints a little
+ * after the fact), and a report read then refuses the version too.
  *
  * Threads and locks (hka_canary):
  *   run_lock    one canary run at a time: held for a whole run, which its

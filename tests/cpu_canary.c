@@ -1004,6 +1004,53 @@ START_TEST(sanitizer_that_cannot_start) {
 }
 END_TEST
 
+/* A launch that ends well but drew a report (the sanitizer let the kernel
+ * run on) is refused all the same; a report whose lines never came (only
+ * the exit status says so) is refused with the status. */
+START_TEST(memcheck_report_without_a_fault_or_a_line) {
+    setenv("HKFAKE_OOB", "step@11", 1);
+    setenv("HKSAN_MODE", "soft", 1);
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
+                                      "size 4 bytes; the running version stays"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "memcheck");
+    hk_runtime_destroy(rt);
+    setenv("HKSAN_MODE", "quiet", 1);
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "memcheck: an error (compute-sanitizer exit status 86) "
+                                      "(CUDA_ERROR_LAUNCH_FAILED)"),
+                  "%s", rep.message);
+    ck_assert_int_eq(stats().canary_refused_memcheck, 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A hang under memcheck is found after 4 x the launch timeout. */
+START_TEST(memcheck_hang) {
+    setenv("HKFAKE_HANG", "step@8", 1);
+    hk_options o;
+    rt_options(&o, NULL, 200, 1);
+    o.canary_sanitizer = 1;
+    o.canary_sanitizer_path = fake_san;
+    hk_report rep = HK_REPORT_INIT;
+    rt = create(&o, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "did not finish within 800 ms under compute-sanitizer"), "%s",
+                  rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "hang");
+    ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "memcheck clean"), "%s", rep.canary);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* The children of process p (its main thread's list). */
 static int children_of(pid_t p, pid_t *out, int max) {
     char path[64];
@@ -1292,6 +1339,8 @@ int main(void) {
     tcase_add_test(tc, memcheck_refuses_what_a_plain_run_misses);
     tcase_add_test(tc, sanitizer_that_cannot_start);
     tcase_add_test(tc, memcheck_helper_inherits_nothing_and_ends);
+    tcase_add_test(tc, memcheck_report_without_a_fault_or_a_line);
+    tcase_add_test(tc, memcheck_hang);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -118,9 +118,10 @@ static struct {
     /* GPU time (fake_kernel_slow): every launch advances it by its
      * kernel's duration, and an event records it. */
     uint64_t gpu_ns;
-    int memcheck_fd; /* fake_set_memcheck_fd; -1: not under a sanitizer */
-    CUresult sticky; /* a kernel faulted: every later call fails with it */
-    int hung;        /* a kernel hangs: synchronising never returns */
+    int memcheck_fd;   /* fake_set_memcheck_fd; -1: not under a sanitizer */
+    int memcheck_soft; /* a reported kernel goes on instead of faulting */
+    CUresult sticky;   /* a kernel faulted: every later call fails with it */
+    int hung;          /* a kernel hangs: synchronising never returns */
 } F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .memcheck_fd = -1};
 
 /* The driver's reader-preferring lock (fake_set_launch_model). */
@@ -826,8 +827,10 @@ static CUresult run(fkern *fk, void **args) {
     if (kind == KCTL_OOB && F.memcheck_fd >= 0) {
         /* Caught by instrumentation: the kernel ends, the context with it. */
         memcheck_report(e->name);
-        F.sticky = CUDA_ERROR_LAUNCH_FAILED;
-        return CUDA_SUCCESS;
+        if (!F.memcheck_soft) {
+            F.sticky = CUDA_ERROR_LAUNCH_FAILED;
+            return CUDA_SUCCESS;
+        }
     }
     if (kind == KCTL_HANG) {
         F.hung = 1; /* the launch is queued; it never ends */
@@ -1263,9 +1266,10 @@ int fake_kernel_slow(const char *spec, double ms) {
     return ms >= 0 ? add_control(spec, FAKE_SLOW, CUDA_SUCCESS, ms) : -1;
 }
 
-void fake_set_memcheck_fd(int fd) {
+void fake_set_memcheck_fd(int fd, int soft) {
     pthread_mutex_lock(&F.lock);
     F.memcheck_fd = fd;
+    F.memcheck_soft = soft;
     pthread_mutex_unlock(&F.lock);
 }
 

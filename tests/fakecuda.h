@@ -124,8 +124,9 @@ int fake_kernel_control(const char *spec, int kind, CUresult err);
  * a timed launch takes exactly what its control says. */
 int fake_kernel_slow(const char *spec, double ms);
 /* The descriptor a fake compute-sanitizer reads memcheck's reports from
- * (-1: none, the default). */
-void fake_set_memcheck_fd(int fd);
+ * (-1: none, the default); soft: a reported kernel runs on to its end
+ * instead of faulting (as with --destroy-on-device-error kernel). */
+void fake_set_memcheck_fd(int fd, int soft);
 void fake_kernel_controls_clear(void);
 /* The sticky error a faulting kernel left, or CUDA_SUCCESS. */
 CUresult fake_sticky_error(void);

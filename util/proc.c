@@ -51,6 +51,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
@@ -171,8 +172,17 @@ static void err_drain(hku_child *c) {
         err_take(c, buf, (size_t)r);
 }
 
-void hku_child_drain_err(hku_child *c) {
+void hku_child_drain_err(hku_child *c, int quiet_ms, int max_ms) {
     err_drain(c);
+    double until = hku_now_ms() + max_ms;
+    struct pollfd p = {.fd = c->err_fd, .events = POLLIN};
+    while (quiet_ms > 0 && c->err_fd >= 0 && hku_now_ms() < until) {
+        double left = until - hku_now_ms();
+        int r = poll(&p, 1, left < quiet_ms ? (int)left + 1 : quiet_ms);
+        if (r <= 0 || !(p.revents & POLLIN))
+            return; /* quiet long enough, or the writer is gone */
+        err_drain(c);
+    }
 }
 
 /* Reads what the ended (or killed) child left in its stderr pipe, keeps
@@ -211,6 +221,11 @@ static void child_stop(hku_child *c, int grace_ms, char *how, size_t n) {
     int st = 0;
     pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
     for (int i = 0; r == 0 && i < grace_ms / 10; i++) {
+        pthread_mutex_lock(&c->cancel_lock);
+        int cancelled = c->cancelled; /* a destroy does not wait out the grace */
+        pthread_mutex_unlock(&c->cancel_lock);
+        if (cancelled)
+            break;
         err_drain(c);
         usleep(10000);
         r = waitpid(c->pid, &st, WNOHANG);

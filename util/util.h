@@ -287,9 +287,12 @@ void hku_child_kill(hku_child *c, char *how, size_t n);
  * socket closes: it gets grace_ms to do so (its stderr read meanwhile),
  * and is killed only after that. */
 void hku_child_end(hku_child *c, int grace_ms, char *how, size_t n);
-/* Reads what the running child has written to its stderr so far, without
- * blocking: the observer (err_line) sees each complete line. */
-void hku_child_drain_err(hku_child *c);
+/* Reads what the running child has written to its stderr so far: the
+ * observer (err_line) sees each complete line. With quiet_ms > 0 it goes on
+ * reading until nothing came for quiet_ms, or max_ms passed (a writer that
+ * reports a little after the fact, as a wrapper's front end does); 0: no
+ * wait. */
+void hku_child_drain_err(hku_child *c, int quiet_ms, int max_ms);
 /* 1 when no child runs (it ended, and was reaped now: socket closed, pid
  * cleared), 0 while it runs. */
 int hku_child_gone(hku_child *c);

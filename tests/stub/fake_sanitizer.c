@@ -18,7 +18,10 @@
  *
  * Environment:
  *   HKSAN_ARGV   a file to write its command line to, one argument a line
- *   HKSAN_MODE   "fail": says it cannot run and exits 1 without a target
+ *   HKSAN_MODE   "fail": says it cannot run and exits 1 without a target;
+ *                "soft": a reported kernel runs on (the target's launch
+ *                succeeds), as with --destroy-on-device-error kernel;
+ *                "quiet": reports nothing but the exit status
  *
  * An option it does not know, or --tool other than memcheck, is an error
  * (exit 1), as a command line the real tool refuses would be. Built as
@@ -93,6 +96,8 @@ int main(int argc, char **argv) {
     if (child == 0) {
         close(p[0]);
         setenv("HKFAKE_MEMCHECK_FD", fd, 1);
+        if (mode && !strcmp(mode, "soft"))
+            setenv("HKFAKE_MEMCHECK_SOFT", "1", 1);
         execv(argv[i], argv + i);
         _exit(127);
     }
@@ -104,7 +109,7 @@ int main(int argc, char **argv) {
         line[strcspn(line, "\n")] = '\0';
         int report = line[0] != ' ';
         errors += report;
-        if (errors <= limit || limit == 0)
+        if ((errors <= limit || limit == 0) && !(mode && !strcmp(mode, "quiet")))
             say(line);
     }
     int st = 0;

@@ -24,7 +24,8 @@
  *   HKFAKE_OOB      "KERNEL,..." kernels that write past their buffer into
  *                   valid memory: unseen, except by a (fake) sanitizer
  *   HKFAKE_MEMCHECK_FD  set by tests/stub/fake_sanitizer.c: where memcheck's
- *                   reports go
+ *                   reports go; HKFAKE_MEMCHECK_SOFT=1: a reported kernel
+ *                   runs on instead of faulting
  * KERNEL is an entry name, or NAME@TAG for the images tagged TAG only.
  */
 #include <cuda.h>
@@ -145,7 +146,8 @@ void hkfake_reset(void) {
     env_controls("HKFAKE_SLOW", FAKE_SLOW);
     env_controls("HKFAKE_OOB", FAKE_OOB);
     const char *fd = getenv("HKFAKE_MEMCHECK_FD");
-    fake_set_memcheck_fd(fd && *fd ? atoi(fd) : -1);
+    const char *soft = getenv("HKFAKE_MEMCHECK_SOFT");
+    fake_set_memcheck_fd(fd && *fd ? atoi(fd) : -1, soft && !strcmp(soft, "1"));
 }
 
 __attribute__((constructor)) static void fakecuda_lib_load(void) {
