@@ -75,6 +75,8 @@ STUB_CUDA := $(BUILD)/stub/libcuda-stub.so
 FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
 # A misbehaving canary helper for tests/cpu_canary.c.
 BAD_CANARY := $(BUILD)/stub/hotkern-canary-bad
+# A stand-in compute-sanitizer for tests/cpu_canary.c's memcheck tests.
+FAKE_SAN := $(BUILD)/stub/fake-compute-sanitizer
 FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
             $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
 STATIC   := $(BUILD)/lib/libhotkern.a
@@ -142,7 +144,7 @@ all: build
 # Internal targets assume the dependencies exist; the public ones install them.
 build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) $(BUILDER) \
        $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) \
-       $(FAKE_CUDA) $(BAD_CANARY) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
+       $(FAKE_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 deps:
 	@sh scripts/deps.sh
@@ -337,6 +339,10 @@ $(STUB_CUDA): tests/stub/libcuda.c
 $(BAD_CANARY): $(BUILD)/obj/tests/stub/canary_bad.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+
+$(FAKE_SAN): $(BUILD)/obj/tests/stub/fake_sanitizer.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $<
 
 $(FAKE_CUDA): $(FAKE_OBJ)
 	@mkdir -p $(dir $@)

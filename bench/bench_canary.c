@@ -8,6 +8,11 @@
  * HK_CANARY_SKIP is the baseline. Reported: hk_report.total_ms of each kind
  * and the canary_ms part.
  *
+ * The same swap with the perf guard (the new and the running version each
+ * repeated once untimed and five times timed) is a row of its own; the
+ * other rows turn the guard off, as before it existed, and memcheck is off
+ * throughout (bench_canary_cost measures it).
+ *
  * Then what the canary's GPU work costs the live program: a thread of this
  * process launches k0 of a third module over its own buffer on its own
  * stream and synchronises after each launch, without pause, and records each
@@ -45,11 +50,16 @@ static void helper_path(char *out, size_t n) {
     snprintf(out, n, "%s/bin/hotkern-canary", dirname(dirname(self)));
 }
 
+/* Whether swaps run the perf guard (its timed repeats of both versions):
+ * off for the rows comparable with the runs before it existed. */
+static int guard;
+
 /* Swaps module `m` to the image it does not run; returns the report. */
 static int swap(const char *m, int *which, hk_canary_policy policy, hk_report *rep) {
     hk_swap_options so;
     hk_swap_options_init(&so);
     so.canary = policy;
+    so.canary_slowdown_max = guard ? 0 : -1;
     so.stage = HK_STAGE_NOW;
     *which ^= 1;
     return hk_swap(rt, m, img[*which], img_size[*which], &so, rep);
@@ -167,6 +177,7 @@ int main(int argc, char **argv) {
     o.cache_dir = "";
     o.canary = 1;
     o.canary_helper = helper;
+    o.canary_sanitizer = -1; /* memcheck's costs: bench_canary_cost */
     hk_report rep = HK_REPORT_INIT;
     if (hk_runtime_create(&rt, &o, &rep) < 0) {
         fprintf(stderr, "runtime: %s\n", rep.message);
@@ -174,8 +185,8 @@ int main(int argc, char **argv) {
     }
     declare("plain", floats, HK_COMPARE_NONE);
     declare("cmp", floats, HK_COMPARE_F32);
-    double *v[5];
-    for (int i = 0; i < 5; i++)
+    double *v[7];
+    for (int i = 0; i < 7; i++)
         v[i] = calloc((size_t)rounds, sizeof(double));
     int wp = 0, wc = 0, bad = 0;
     for (int r = 0; r < rounds; r++) {
@@ -187,6 +198,11 @@ int main(int argc, char **argv) {
         bad |= swap("cmp", &wc, HK_CANARY_OPTIONAL, &rep) < 0;
         v[2][r] = rep.total_ms;
         v[4][r] = rep.canary_ms;
+        guard = 1;
+        bad |= swap("plain", &wp, HK_CANARY_OPTIONAL, &rep) < 0;
+        guard = 0;
+        v[5][r] = rep.total_ms;
+        v[6][r] = rep.canary_ms;
         if (bad || !strstr(rep.canary, "passed")) {
             fprintf(stderr, "round %d: %s / canary: %s\n", r, rep.message, rep.canary);
             return 1;
@@ -200,6 +216,8 @@ int main(int argc, char **argv) {
     line("swap with canary (launch + compare)", v[2], rounds, base);
     line("  of which canary (launch only)", v[3], rounds, 0);
     line("  of which canary (launch + compare)", v[4], rounds, 0);
+    line("swap with canary (launch + perf guard)", v[5], rounds, base);
+    line("  of which canary (launch + perf guard)", v[6], rounds, 0);
 
     /* The live program beside the canary. */
     hk_report lrep = HK_REPORT_INIT;
@@ -222,6 +240,9 @@ int main(int argc, char **argv) {
     live_phase("no swaps", -1, 2);
     live_phase("swaps, canary skipped", HK_CANARY_SKIP, 2);
     live_phase("swaps with canary", HK_CANARY_OPTIONAL, 2);
+    guard = 1;
+    live_phase("swaps with canary + perf guard", HK_CANARY_OPTIONAL, 2);
+    guard = 0;
     atomic_store(&live_stop, 1);
     pthread_join(lt, NULL);
     free(live_ms);

@@ -3,7 +3,7 @@
 # usage: bench/run.sh BUILD      (prebuilt binaries; never recompiles)
 B=${1:-build}
 set -u
-for b in bench_build bench_launch bench_swap bench_save bench_canary; do
+for b in bench_build bench_launch bench_swap bench_save bench_canary bench_canary_cost; do
   "$B/bench/$b" || echo "bench: $b exited $?"
 done
 # The launch path's fence, the other way (see loader/loader.h, hkl_enter).

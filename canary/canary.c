@@ -1,9 +1,12 @@
 /*
  * The parent side of canary runs (canary.h has the protocol and the locks):
- * the declared tests, the helper process's life (posix_spawn, READY, kill
- * and restart), and one run: load the new image (and the running one when a
- * test compares), launch each test under a deadline, compare, and say what
- * happened in the report.
+ * the declared tests, the helper processes' life (posix_spawn, READY, kill
+ * and restart; the memcheck helper under compute-sanitizer), and one run:
+ * under memcheck first, each test on the new version, in the memcheck
+ * helper; then, in the plain helper, load the new image (and the running
+ * one when a test compares or the perf guard is on), launch each test under
+ * a deadline, compare, time both versions, apply the perf guard, and say
+ * what happened in the report.
  *
  * The helper is untrusted: its replies are read with a size bound derived
  * from what was asked (a test's buffers come back at exactly their declared
@@ -33,6 +36,8 @@
 #include "loader/driver.h"
 #include "util/util.h"
 
+#define HKA_STR_(x)   #x
+#define HKA_STR(x)    HKA_STR_(x)
 #define START_FACTOR  10    /* helper start and image loads: timeout x 10 */
 #define READY_WAIT_MS 10000 /* at create: as the build helper (ptx/isolate.c) */
 
@@ -44,20 +49,37 @@ typedef struct ktests {
     struct ktests *next;
 } ktests;
 
-struct hka_canary {
+/* One helper process (canary.h, "Two helpers"). */
+typedef struct helper {
     /* immutable */
-    char *helper;
-    int device, timeout_ms, enabled;
-
-    pthread_mutex_t run_lock;
-    /* run_lock: the helper */
+    const char *what; /* "the canary helper", "the memcheck helper" */
+    const char *who;  /* in a run's messages: "the helper", "the memcheck helper" */
+    int sanitized;    /* runs under compute-sanitizer */
+    /* run_lock */
     hku_child proc; /* the process, and killed ones not reaped yet */
     int ready;      /* its READY was read */
+    /* run_lock, memcheck helper: what the sanitizer reported since the
+     * last mc_reset (its stderr's observer) */
+    char mc_first[160]; /* the first error line; "" none */
+    char mc_api[160];   /* the first API error line ("Program hit ..."), a fallback */
+    int mc_errors;
+} helper;
+
+struct hka_canary {
+    /* immutable */
+    char *helper_path, *sanitizer;
+    int device, timeout_ms, enabled;
+    int mc_on;            /* the memcheck helper runs the new version's launches first */
+    char mc_off_why[200]; /* why not, when a sanitizer was configured */
+
+    pthread_mutex_t run_lock;
+    helper plain, mc; /* run_lock */
 
     pthread_mutex_t tests_lock;
     ktests *tests; /* tests_lock */
 
-    _Atomic uint64_t runs, refused, starts;
+    pthread_mutex_t count_lock; /* a leaf: the counters */
+    hka_counters n;             /* count_lock (sanitizer: immutable) */
 };
 
 /* ---- tests -------------------------------------------------------------- */
@@ -249,55 +271,156 @@ static int snap_take(hka_canary *c, const char *module, snap *s) {
     return err;
 }
 
-/* ---- the helper process -------------------------------------------------- */
+/* ---- the helper processes ----------------------------------------------- */
+
+const char *hka_kind_name(hka_kind k) {
+    static const char *const names[HKA_NKINDS] = {"fault",  "hang",     "mismatch",
+                                                  "slower", "memcheck", "could_not_run"};
+    return k >= 0 && k < HKA_NKINDS ? names[k] : "unknown";
+}
+
+int hka_sanitizer_argv(char **argv, const char *sanitizer, const char *helper_path, const char *dev,
+                       const char *owner) {
+    /* --error-exitcode: the sanitizer's own word that it found errors,
+     * once the helper ended; --print-limit and no backtraces keep what it
+     * writes small (its log must not fill the stderr pipe); API errors are
+     * the consequence of a kernel's, not news; its log goes to the
+     * helper's stderr pipe (stdout is /dev/null: a kernel's printf). */
+    const char *v[] = {sanitizer,
+                       "--tool",
+                       "memcheck",
+                       "--error-exitcode",
+                       HKA_STR(HKA_SANITIZER_EXIT),
+                       "--print-limit",
+                       "8",
+                       "--show-backtrace",
+                       "no",
+                       "--report-api-errors",
+                       "no",
+                       "--log-file",
+                       "/dev/stderr",
+                       helper_path,
+                       "--fd",
+                       "3",
+                       "--device",
+                       dev,
+                       "--keep-fds",
+                       "1",
+                       "--owner",
+                       owner,
+                       NULL};
+    int n = 0;
+    for (; v[n] && n < HKA_SAN_ARGC - 1; n++)
+        argv[n] = (char *)v[n];
+    argv[n] = NULL;
+    return n;
+}
+
+/* compute-sanitizer's log, one line at a time (the memcheck helper's
+ * stderr observer). Its lines start with a run of '=' and a space; a
+ * report's first line follows at once ("Invalid __global__ write of size 4
+ * bytes"), its details are indented. Known lines that report nothing (the
+ * banner, the summaries) are skipped; an API error ("Program hit ...") is
+ * kept apart, as the consequence of a kernel's error rather than its
+ * cause. Anything else the sanitizer prints unindented counts as an
+ * error: the parent refuses on it only with a failed launch or the
+ * sanitizer's exit status to back it, or on a clean launch whose report
+ * came in anyway. */
+static void mc_line(void *ctx, const char *line) {
+    helper *h = ctx;
+    size_t eq = strspn(line, "=");
+    if (eq < 3 || line[eq] != ' ' || line[eq + 1] == ' ' || line[eq + 1] == '\0')
+        return; /* not the sanitizer's, or a report's detail */
+    const char *text = line + eq + 1;
+    static const char *const quiet[] = {"COMPUTE-SANITIZER",
+                                        "ERROR SUMMARY",
+                                        "LEAK SUMMARY",
+                                        "RACECHECK SUMMARY",
+                                        "Target application returned",
+                                        "No CUDA-MEMCHECK results",
+                                        NULL};
+    for (int i = 0; quiet[i]; i++)
+        if (!strncmp(text, quiet[i], strlen(quiet[i])))
+            return;
+    if (!strncmp(text, "Program hit", 11)) {
+        if (!h->mc_api[0])
+            snprintf(h->mc_api, sizeof h->mc_api, "%s", text);
+        return;
+    }
+    if (!h->mc_errors++)
+        snprintf(h->mc_first, sizeof h->mc_first, "%s", text);
+}
+
+static void mc_reset(helper *h) {
+    h->mc_first[0] = h->mc_api[0] = '\0';
+    h->mc_errors = 0;
+}
+
+static void helper_init(helper *h, const char *what, const char *who, int sanitized) {
+    memset(h, 0, sizeof *h);
+    hku_child_init(&h->proc);
+    h->what = what;
+    h->who = who;
+    h->sanitized = sanitized;
+    if (sanitized) {
+        h->proc.err_line = mc_line;
+        h->proc.err_ctx = h;
+    }
+}
 
 /* Kills the helper (hku_child_kill). run_lock held. */
-static void helper_kill(hka_canary *c, char *how, size_t n) {
-    hku_child_kill(&c->proc, how, n);
-    c->ready = 0;
+static void helper_kill(helper *h, char *how, size_t n) {
+    hku_child_kill(&h->proc, how, n);
+    h->ready = 0;
 }
 
 /* Starts a helper; its READY is read by helper_ready. run_lock held. */
-static int helper_start(hka_canary *c, char *why, size_t n) {
-    char dev[16];
+static int helper_start(hka_canary *c, helper *h, char *why, size_t n) {
+    char dev[16], owner[24];
     snprintf(dev, sizeof dev, "%d", c->device);
-    char *argv[] = {c->helper, "--fd", "3", "--device", dev, NULL};
-    int err = hku_child_start(&c->proc, "the canary helper", argv, why, n);
+    snprintf(owner, sizeof owner, "%ld", (long)getpid());
+    char *argv[HKA_SAN_ARGC] = {c->helper_path, "--fd", "3", "--device", dev, NULL};
+    if (h->sanitized)
+        hka_sanitizer_argv(argv, c->sanitizer, c->helper_path, dev, owner);
+    mc_reset(h);
+    int err = hku_child_start(&h->proc, h->what, argv, why, n);
     if (err < 0)
         return err;
-    c->ready = 0;
-    atomic_fetch_add(&c->starts, 1);
+    h->ready = 0;
+    pthread_mutex_lock(&c->count_lock);
+    c->n.starts++;
+    pthread_mutex_unlock(&c->count_lock);
     return 0;
 }
 
 /* Starts the helper if none runs and reads its READY, waiting at most
  * wait_ms for it. run_lock held (or, at create, no other thread). */
-static int helper_ready(hka_canary *c, char *why, size_t n, double wait_ms) {
-    if (c->proc.pid <= 0 && helper_start(c, why, n) < 0)
+static int helper_ready(hka_canary *c, helper *h, char *why, size_t n, double wait_ms) {
+    if (h->proc.pid <= 0 && helper_start(c, h, why, n) < 0)
         return HK_ERR_IO;
-    if (c->ready)
+    if (h->ready)
         return 0;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
     double deadline = hku_now_ms() + wait_ms;
-    int r = hku_recv(c->proc.fd, HKA_MAGIC, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
+    int r = hku_recv(h->proc.fd, HKA_MAGIC, HKA_MAX_TEXT + 8, deadline, &type, &d, &len);
     hku_rd rd = {d, len, 0};
     char text[HKA_MAX_TEXT + 1] = "";
     if (r == 0 && type == HKA_READY && hku_get_u32(&rd) == HKA_PROTOCOL && !hku_end(&rd)) {
         free(d);
-        c->ready = 1;
+        h->ready = 1;
         return 0;
     }
     if (r == 0 && type == HKA_FAIL)
         hku_get_str(&rd, text, sizeof text, HKA_MAX_TEXT);
     free(d);
-    char how[64];
-    helper_kill(c, how, sizeof how);
+    char how[160];
+    helper_kill(h, how, sizeof how);
     if (text[0])
-        snprintf(why, n, "the canary helper could not start: %.200s", text);
+        snprintf(why, n, "%s could not start: %.200s", h->what, text);
     else
-        snprintf(why, n, "the canary helper did not start (%s%s%s)",
+        snprintf(why, n, "%s did not start (%s%s%.160s)", h->what,
                  r == HKU_RECV_TIMEOUT ? "no answer in time"
                  : r == HKU_RECV_EOF   ? "it ended"
                                        : "malformed greeting",
@@ -305,30 +428,60 @@ static int helper_ready(hka_canary *c, char *why, size_t n, double wait_ms) {
     return HK_ERR_IO;
 }
 
+/* How long a helper's greeting may take at create. The memcheck helper's
+ * is compute-sanitizer's start and the driver's under it: seconds. */
+static double ready_wait(const hka_canary *c, const helper *h) {
+    double wait = (double)c->timeout_ms * START_FACTOR, cap = h->sanitized ? 30000 : READY_WAIT_MS;
+    return wait < cap ? wait : cap;
+}
+
 int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_size) {
+    if (why && why_size)
+        why[0] = '\0';
     hka_canary *c = calloc(1, sizeof *c);
     if (!c)
         return HK_ERR_NOMEM;
-    hku_child_init(&c->proc);
+    helper_init(&c->plain, "the canary helper", "the helper", 0);
+    helper_init(&c->mc, "the memcheck helper", "the memcheck helper", 1);
     c->device = cfg->device;
     c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 2000;
     pthread_mutex_init(&c->run_lock, NULL);
     pthread_mutex_init(&c->tests_lock, NULL);
-    if (cfg->helper && !(c->helper = strdup(cfg->helper))) {
+    pthread_mutex_init(&c->count_lock, NULL);
+    if ((cfg->helper && !(c->helper_path = strdup(cfg->helper))) ||
+        (cfg->sanitizer && !(c->sanitizer = strdup(cfg->sanitizer)))) {
         hka_destroy(c);
         return HK_ERR_NOMEM;
     }
-    c->enabled = c->helper != NULL;
-    /* Its greeting, at once, as the build helper's: a helper that cannot
+    c->enabled = c->helper_path != NULL;
+    c->mc_on = c->enabled && c->sanitizer;
+    /* Their greetings, at once, as the build helper's: a helper that cannot
      * run (no device, a missing library, another protocol) or never greets
      * fails the creation, saying why, rather than each run; and no later
-     * run (nor a destroy waiting for one) waits for a greeting. */
-    double wait = (double)c->timeout_ms * START_FACTOR;
-    if (cfg->start && c->enabled &&
-        helper_ready(c, why, why_size, wait < READY_WAIT_MS ? wait : READY_WAIT_MS) < 0) {
-        hka_destroy(c);
-        return HK_ERR_IO;
+     * run (nor a destroy waiting for one) waits for a greeting. Both start
+     * before either greeting is read: their contexts come up side by side.
+     * A memcheck helper that cannot start turns memcheck off, unless it was
+     * required. */
+    if (cfg->start && c->enabled) {
+        char ignored[8], mwhy[300] = "";
+        if (c->mc_on)
+            helper_start(c, &c->mc, ignored, sizeof ignored);
+        if (helper_ready(c, &c->plain, why, why_size, ready_wait(c, &c->plain)) < 0) {
+            hka_destroy(c);
+            return HK_ERR_IO;
+        }
+        if (c->mc_on && helper_ready(c, &c->mc, mwhy, sizeof mwhy, ready_wait(c, &c->mc)) < 0) {
+            if (cfg->sanitizer_required) {
+                snprintf(why, why_size, "%s (%s)", mwhy, c->sanitizer);
+                hka_destroy(c);
+                return HK_ERR_IO;
+            }
+            c->mc_on = 0;
+            snprintf(c->mc_off_why, sizeof c->mc_off_why, "%.180s", mwhy);
+            snprintf(why, why_size, "canary test launches run without memcheck: %s", mwhy);
+        }
     }
+    c->n.sanitizer = c->mc_on;
     *out = c;
     return 0;
 }
@@ -337,7 +490,8 @@ void hka_destroy(hka_canary *c) {
     if (!c)
         return;
     pthread_mutex_lock(&c->run_lock);
-    hku_child_finish(&c->proc);
+    hku_child_finish(&c->plain.proc);
+    hku_child_finish(&c->mc.proc);
     pthread_mutex_unlock(&c->run_lock);
     while (c->tests) {
         ktests *k = c->tests;
@@ -348,47 +502,77 @@ void hka_destroy(hka_canary *c) {
     }
     pthread_mutex_destroy(&c->run_lock);
     pthread_mutex_destroy(&c->tests_lock);
-    free(c->helper);
+    pthread_mutex_destroy(&c->count_lock);
+    free(c->helper_path);
+    free(c->sanitizer);
     free(c);
 }
 
 void hka_cancel(hka_canary *c) {
-    if (c)
-        hku_child_cancel(&c->proc); /* without run_lock: a run may hold it */
+    if (!c)
+        return;
+    /* Without run_lock: a run may hold it. */
+    hku_child_cancel(&c->plain.proc);
+    hku_child_cancel(&c->mc.proc);
 }
 
 void hka_set_kill(hka_canary *c, int sig, int wait_ms) {
     pthread_mutex_lock(&c->run_lock);
-    c->proc.kill_sig = sig;
-    c->proc.kill_wait_ms = wait_ms;
+    c->plain.proc.kill_sig = c->mc.proc.kill_sig = sig;
+    c->plain.proc.kill_wait_ms = c->mc.proc.kill_wait_ms = wait_ms;
     pthread_mutex_unlock(&c->run_lock);
 }
 
 pid_t hka_helper_pid(hka_canary *c) {
     pthread_mutex_lock(&c->run_lock);
-    pid_t p = c->proc.pid;
+    pid_t p = c->plain.proc.pid;
     pthread_mutex_unlock(&c->run_lock);
     return p;
 }
 
-void hka_counts(hka_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts) {
-    *runs = atomic_load(&c->runs);
-    *refused = atomic_load(&c->refused);
-    *starts = atomic_load(&c->starts);
+pid_t hka_memcheck_pid(hka_canary *c) {
+    pthread_mutex_lock(&c->run_lock);
+    pid_t p = c->mc.proc.pid;
+    pthread_mutex_unlock(&c->run_lock);
+    return p;
+}
+
+void hka_counts(hka_canary *c, hka_counters *out) {
+    pthread_mutex_lock(&c->count_lock);
+    *out = c->n;
+    pthread_mutex_unlock(&c->count_lock);
 }
 
 int hka_enabled(const hka_canary *c) {
     return c && c->enabled;
 }
 
+int hka_sanitizer(hka_canary *c, char *why, size_t n) {
+    if (why && n)
+        snprintf(why, n, "%s", c->mc_on ? "" : c->mc_off_why);
+    return c->mc_on;
+}
+
 /* ---- one run ------------------------------------------------------------- */
+
+#define MC_GRACE_MS     3000 /* a memcheck helper's time to end and say what it found */
+#define MC_QUIET_MS     50   /* silence on its log that makes a clean launch clean ... */
+#define MC_QUIET_MAX_MS 1000 /* ... waited for at most this long */
 
 typedef struct run {
     hka_canary *c;
     const hka_image *img, *ref;
-    int policy;
-    int cmp; /* the running version is loaded in slot 1 */
-    int launches, compared;
+    const hka_policy *pol;
+    int guard;   /* the perf guard is on: test launches are timed */
+    int cmp;     /* the running version is loaded in slot 1 of the plain helper */
+    int stopped; /* the canary could no longer run (unavailable said so) */
+    int launches, compared, memchecked;
+    /* The perf guard's figures of the test that came out worst: the
+     * largest ratio against the running version, or (none timed on it) the
+     * longest. */
+    int timed;
+    double new_ms, old_ms, worst;
+    hka_kind kind;  /* of the refusal */
     char note[120]; /* the first thing worth saying besides the outcome */
     hk_report *rep;
 } run;
@@ -396,12 +580,20 @@ typedef struct run {
 /* What a test launch came back with. */
 typedef struct outcome {
     int transport;    /* 0, or an HKU_RECV_* code (a failed send is EOF) */
+    int in_timing;    /* the transport failed while waiting for TIMED */
     char detail[96];  /* what was malformed */
     uint32_t stage;   /* hka_stage */
     int cu;           /* CUresult where it stopped */
     char cu_name[64]; /* its name, as the helper's driver says */
     unsigned char *payload;
     const unsigned char *buf[HKA_MAX_ARGS]; /* by argument index: buffers after */
+    /* Timed repeats (TIMED), when asked for and the launch finished. */
+    int asked; /* runs asked for */
+    int timed; /* 1: ms holds the median */
+    double ms;
+    uint32_t tstage; /* where a repeat stopped (tcu not 0) */
+    int tcu;
+    char tcu_name[64];
 } outcome;
 
 static void note(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -415,10 +607,12 @@ static void note(run *r, const char *fmt, ...) {
 }
 
 /* Refuses the version: HK_ERR_CANARY with the kernel, the CUresult (cu 0:
- * none) and the message. */
-static int refuse(run *r, const char *kernel, int cu, const char *cu_name, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int refuse(run *r, const char *kernel, int cu, const char *cu_name, const char *fmt, ...) {
+ * none), the kind and the message. */
+static int refuse(run *r, hka_kind kind, const char *kernel, int cu, const char *cu_name,
+                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int refuse(run *r, hka_kind kind, const char *kernel, int cu, const char *cu_name,
+                  const char *fmt, ...) {
+    r->kind = kind;
     hk_report *rep = r->rep;
     if (!rep)
         return HK_ERR_CANARY;
@@ -433,14 +627,17 @@ static int refuse(run *r, const char *kernel, int cu, const char *cu_name, const
         rep->cu_result = cu;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", cu_name);
     }
+    snprintf(rep->canary_refusal, sizeof rep->canary_refusal, "%s", hka_kind_name(kind));
     snprintf(rep->canary, sizeof rep->canary, "refused: %.150s", text);
     return hku_fail(rep, HK_ERR_CANARY, "canary: %s; the running version stays", text);
 }
 
-/* The canary could not run: refused under REQUIRE, else let through. */
+/* The canary could not run: refused under REQUIRE, else let through; no
+ * test runs after it either way. */
 static int unavailable(run *r, const char *why) {
-    if (r->policy == HK_CANARY_REQUIRE)
-        return refuse(r, NULL, 0, NULL, "required but could not run: %s", why);
+    r->stopped = 1;
+    if (r->pol->canary == HK_CANARY_REQUIRE)
+        return refuse(r, HKA_KIND_NOT_RUN, NULL, 0, NULL, "required but could not run: %s", why);
     if (r->rep)
         snprintf(r->rep->canary, sizeof r->rep->canary, "not run: %.150s", why);
     return 0;
@@ -480,21 +677,22 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
 
 /* Loads im into slot. 0; 1 when the helper's driver refused it (cu, name and
  * log say why); or a negative HKU_RECV_* when the exchange failed. */
-static int load_slot(hka_canary *c, int slot, const hka_image *im, int *cu, char *name, char *log) {
+static int load_slot(hka_canary *c, helper *h, int slot, const hka_image *im, int *cu, char *name,
+                     char *log) {
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LOAD);
     hku_put_u32(&b, (uint32_t)slot);
     hku_put_u32(&b, (uint32_t)im->format);
     hku_put(&b, im->data, im->size);
     double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
-    int sent = hku_send_by(c->proc.fd, &b, deadline);
+    int sent = hku_send_by(h->proc.fd, &b, deadline);
     hku_buf_free(&b);
     if (sent < 0)
         return errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
-    int r = hku_recv(c->proc.fd, HKA_MAGIC, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
+    int r = hku_recv(h->proc.fd, HKA_MAGIC, 16 + 2 * HKA_MAX_TEXT, deadline, &type, &d, &len);
     if (r < 0)
         return r;
     hku_rd rd = {d, len, 0};
@@ -512,22 +710,23 @@ static const char *recv_what(int r) {
                                  : "answered nonsense";
 }
 
-/* Starts the helper if needed and loads the new image (slot 0) and, when
- * r->cmp, the running one (slot 1; a failure there only turns comparisons
- * off). A helper that died while idle is replaced once. 0, or -1 with why. */
-static int prepare(run *r, char *why, size_t n) {
+/* Starts helper h if needed and loads the new image (slot 0) and, when
+ * with_ref, the running one (slot 1; a failure there only turns r->cmp
+ * off). A helper that died while idle is replaced once. 0, or -1 with
+ * why. */
+static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
     hka_canary *c = r->c;
     char name[64], log[HKA_MAX_TEXT + 1], how[64];
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (helper_ready(c, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
+        if (helper_ready(c, h, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
             return -1;
-        int cu = 0, lr = load_slot(c, 0, r->img, &cu, name, log);
+        int cu = 0, lr = load_slot(c, h, 0, r->img, &cu, name, log);
         if (lr > 0) {
             snprintf(why, n, "it could not load the new version: %s%s%.120s", name,
                      log[0] ? ": " : "", log);
             return -1;
         }
-        if (lr == 0 && r->cmp && (lr = load_slot(c, 1, r->ref, &cu, name, log)) != 0) {
+        if (lr == 0 && with_ref && (lr = load_slot(c, h, 1, r->ref, &cu, name, log)) != 0) {
             note(r, "the running version did not load in the canary (%s): not compared",
                  lr > 0 ? name : recv_what(lr));
             r->cmp = 0;
@@ -536,19 +735,19 @@ static int prepare(run *r, char *why, size_t n) {
         }
         if (lr == 0)
             return 0;
-        helper_kill(c, how, sizeof how);
-        snprintf(why, n, "the helper %s while loading an image%s%s", recv_what(lr),
+        helper_kill(h, how, sizeof how);
+        snprintf(why, n, "%s %s while loading an image%s%s", h->who, recv_what(lr),
                  how[0] ? ": " : "", how);
         if (lr != HKU_RECV_EOF)
             break;
     }
     char ignored[8];
-    helper_start(c, ignored, sizeof ignored); /* warm for the next run */
+    helper_start(c, h, ignored, sizeof ignored); /* warm for the next run */
     return -1;
 }
 
-static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, int outputs,
-                       double deadline) {
+static int send_launch(helper *h, int slot, const char *entry, const hk_test *t, int outputs,
+                       int runs, double deadline) {
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LAUNCH);
     hku_put_u32(&b, (uint32_t)slot);
@@ -569,7 +768,9 @@ static int send_launch(hka_canary *c, int slot, const char *entry, const hk_test
             hku_put(&b, a->data, a->size);
     }
     hku_put_u32(&b, (uint32_t)outputs);
-    int err = hku_send_by(c->proc.fd, &b, deadline);
+    hku_put_u32(&b, runs ? HKA_WARMUPS : 0);
+    hku_put_u32(&b, (uint32_t)runs);
+    int err = hku_send_by(h->proc.fd, &b, deadline);
     hku_buf_free(&b);
     return err;
 }
@@ -624,12 +825,62 @@ static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) 
     sane_cu_name(o->cu_name, sizeof o->cu_name, o->cu);
 }
 
-/* Runs test t on the image in slot under the launch timeout. */
-static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test *t, outcome *o) {
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reads the TIMED that follows a finished launch's RESULT, strictly: as
+ * many runs as asked, each within HKA_MAX_RUN_NS, or none and where they
+ * stopped. The median of the runs is the launch's time. */
+static void recv_timed(helper *h, outcome *o, double deadline) {
+    uint32_t type = 0;
+    unsigned char *d = NULL;
+    size_t len = 0;
+    int r = hku_recv(h->proc.fd, HKA_MAGIC, 16 + 64 + 8 * HKA_MAX_RUNS, deadline, &type, &d, &len);
+    o->in_timing = 1;
+    if (r < 0) {
+        o->transport = r;
+        snprintf(o->detail, sizeof o->detail, "a timing reply with a bad header or over its size");
+        return;
+    }
+    hku_rd rd = {d, len, 0};
+    o->tstage = hku_get_u32(&rd);
+    o->tcu = (int)hku_get_u32(&rd);
+    hku_get_str(&rd, o->tcu_name, sizeof o->tcu_name, sizeof o->tcu_name - 1);
+    uint32_t n = hku_get_u32(&rd);
+    double ms[HKA_MAX_RUNS];
+    int bad = type != HKA_TIMED || rd.bad || n != (o->tcu ? 0u : (uint32_t)o->asked) ||
+              (o->tcu != 0) != (o->tstage != HKA_STAGE_DONE) || o->tstage > HKA_STAGE_DONE ||
+              o->tstage == HKA_STAGE_COPY;
+    for (uint32_t i = 0; !bad && i < n; i++) {
+        uint64_t ns = hku_get_u64(&rd);
+        bad = rd.bad || ns > HKA_MAX_RUN_NS;
+        ms[i] = (double)ns / 1e6;
+    }
+    if (bad || hku_end(&rd)) {
+        snprintf(o->detail, sizeof o->detail, "a timing reply of type %u, stage %u, %u runs for %d",
+                 type, o->tstage, n, o->asked);
+        o->transport = HKU_RECV_MALFORMED;
+    } else if (!o->tcu && n) {
+        qsort(ms, n, sizeof *ms, cmp_double);
+        o->ms = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+        o->timed = 1;
+    } else {
+        sane_cu_name(o->tcu_name, sizeof o->tcu_name, o->tcu);
+    }
+    free(d);
+}
+
+/* Runs test t on the image in slot of helper h under timeout_ms, with
+ * `runs` timed repeats when it finishes (0: none). */
+static void do_launch(hka_canary *c, helper *h, int slot, const char *entry, const hk_test *t,
+                      int runs, int timeout_ms, outcome *o) {
     memset(o, 0, sizeof *o);
-    int outputs = t->compare != HK_COMPARE_NONE;
-    double deadline = hku_now_ms() + c->timeout_ms;
-    if (send_launch(c, slot, entry, t, outputs, deadline) < 0) {
+    /* Under memcheck nothing is compared: the plain run does that. */
+    int outputs = t->compare != HK_COMPARE_NONE && !h->sanitized;
+    double deadline = hku_now_ms() + timeout_ms;
+    if (send_launch(h, slot, entry, t, outputs, runs, deadline) < 0) {
         o->transport = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
         return;
     }
@@ -640,7 +891,7 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
     size_t max = 16 + 64 + (outputs ? (size_t)nbuf * 12 + t->buffer_bytes : 0);
     uint32_t type = 0;
     size_t len = 0;
-    int r = hku_recv(c->proc.fd, HKA_MAGIC, max, deadline, &type, &o->payload, &len);
+    int r = hku_recv(h->proc.fd, HKA_MAGIC, max, deadline, &type, &o->payload, &len);
     if (r < 0) {
         o->transport = r;
         snprintf(o->detail, sizeof o->detail, "a reply over %zu bytes or with a bad header", max);
@@ -652,6 +903,11 @@ static void do_launch(hka_canary *c, int slot, const char *entry, const hk_test 
         return;
     }
     parse_result(t, outputs, o, len);
+    /* The repeats get the launch timeout each: one that hangs is found as
+     * late as a first launch that hangs would be, times the repeats. */
+    o->asked = runs;
+    if (!o->transport && o->stage == HKA_STAGE_DONE && runs)
+        recv_timed(h, o, hku_now_ms() + (double)timeout_ms * (HKA_WARMUPS + runs));
 }
 
 static const char *stage_name(uint32_t stage) {
@@ -667,32 +923,84 @@ static const char *stage_name(uint32_t stage) {
     }
 }
 
+/* 1 when the launch and any repeats went through (a repeat that could not
+ * be timed, its events failing, is not the version's failure). */
+static int finished(const outcome *o) {
+    return !o->transport && o->stage == HKA_STAGE_DONE && (!o->tcu || o->tstage == HKA_STAGE_SETUP);
+}
+
+/* Ends a memcheck helper after a launch that failed, or was reported, so
+ * that compute-sanitizer says all it found: asked to end (its socket
+ * closed), it flushes its log and exits with HKA_SANITIZER_EXIT when it
+ * found errors; it is killed after MC_GRACE_MS. 1 when memcheck found an
+ * error (h->mc_first says which, when its line came through). */
+static int mc_end(helper *h, char *how, size_t n) {
+    hku_child_end(&h->proc, MC_GRACE_MS, how, n);
+    h->ready = 0;
+    int st = h->proc.last_status;
+    return h->mc_errors > 0 || (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HKA_SANITIZER_EXIT);
+}
+
 /* The verdict on a launch of the new version: anything but a clean finish
  * refuses it. The helper is replaced after every failure: a fault leaves
- * its context unusable, and a helper that hung or misbehaved is not reused. */
-static int judge(run *r, const char *kernel, int no, outcome *o) {
+ * its context unusable, and a helper that hung or misbehaved is not reused.
+ * Under memcheck, a failure the sanitizer reported is a memcheck refusal
+ * with its first error line, and so is a clean launch it reported. */
+static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
     hka_canary *c = r->c;
-    if (!o->transport && o->stage == HKA_STAGE_DONE)
+    const char *under = h->sanitized ? " under compute-sanitizer" : "";
+    /* compute-sanitizer's front end prints what its library in the helper
+     * found, a little after the fact: a launch that came back clean is
+     * given MC_QUIET_MS of silence on the log before it counts as clean. */
+    if (h->sanitized)
+        hku_child_drain_err(&h->proc, finished(o) ? MC_QUIET_MS : 0, MC_QUIET_MAX_MS);
+    if (finished(o) && !(h->sanitized && h->mc_errors))
         return 0;
-    char how[64] = "", ignored[8];
-    helper_kill(c, how, sizeof how);
-    helper_start(c, ignored, sizeof ignored);
+    char how[160] = "", ignored[8];
+    int mc = 0;
+    if (h->sanitized && o->transport != HKU_RECV_TIMEOUT)
+        mc = mc_end(h, how, sizeof how);
+    else
+        helper_kill(h, how, sizeof how);
+    mc |= h->sanitized && h->mc_errors;
+    char what[200]; /* what memcheck said, before the restart forgets it */
+    if (h->mc_first[0])
+        snprintf(what, sizeof what, "%s", h->mc_first);
+    else
+        snprintf(what, sizeof what, "an error (compute-sanitizer exit status %d%s%.80s)",
+                 HKA_SANITIZER_EXIT, h->mc_api[0] ? "; " : "", h->mc_api);
+    helper_start(c, h, ignored, sizeof ignored);
+    const char *repeat = o->in_timing ? " repeated to be timed" : "";
+    if (mc) {
+        const char *cu = o->tcu ? o->tcu_name : o->cu ? o->cu_name : "";
+        return refuse(r, HKA_KIND_MEMCHECK, kernel, o->tcu ? o->tcu : o->cu, cu,
+                      "kernel '%s' test %d: memcheck: %s%s%s%s", kernel, no, what,
+                      cu[0] ? " (" : "", cu, cu[0] ? ")" : "");
+    }
+    int timeout = h->sanitized ? c->timeout_ms * HKA_SANITIZER_SLOW : c->timeout_ms;
+    if (o->in_timing)
+        timeout *= HKA_WARMUPS + HKA_RUNS;
     if (o->transport == HKU_RECV_TIMEOUT)
-        return refuse(r, kernel, 0, NULL,
-                      "kernel '%s' test %d did not finish within %d ms (a hang?); the helper was "
-                      "killed and restarted",
-                      kernel, no, c->timeout_ms);
-    if (o->transport == HKU_RECV_MALFORMED)
-        return refuse(r, kernel, 0, NULL,
-                      "malformed reply from the helper on kernel '%s' test %d (%s); the helper "
+        return refuse(r, HKA_KIND_HANG, kernel, 0, NULL,
+                      "kernel '%s' test %d did not finish %swithin %d ms%s (a hang?); the helper "
                       "was killed and restarted",
-                      kernel, no, o->detail);
+                      kernel, no, o->in_timing ? "its timed repeats " : "", timeout, under);
+    if (o->transport == HKU_RECV_MALFORMED)
+        return refuse(r, HKA_KIND_FAULT, kernel, 0, NULL,
+                      "malformed reply from %s on kernel '%s' test %d (%s); the helper was killed "
+                      "and restarted",
+                      h->who, kernel, no, o->detail);
     if (o->transport)
-        return refuse(r, kernel, 0, NULL,
-                      "the helper died during kernel '%s' test %d (%s); it was restarted", kernel,
-                      no, how[0] ? how : "no exit status");
-    return refuse(r, kernel, o->cu, o->cu_name, "kernel '%s' test %d faulted: %s (while %s)",
-                  kernel, no, o->cu_name, stage_name(o->stage));
+        return refuse(r, HKA_KIND_FAULT, kernel, 0, NULL,
+                      "%s died during kernel '%s' test %d%s (%s); it was restarted", h->who, kernel,
+                      no, repeat, how[0] ? how : "no exit status");
+    if (o->tcu)
+        return refuse(r, HKA_KIND_FAULT, kernel, o->tcu, o->tcu_name,
+                      "kernel '%s' test %d faulted%s: %s (while %s)", kernel, no, repeat,
+                      o->tcu_name, stage_name(o->tstage));
+    return refuse(r, HKA_KIND_FAULT, kernel, o->cu, o->cu_name,
+                  "kernel '%s' test %d faulted%s: %s (while %s)", kernel, no, under, o->cu_name,
+                  stage_name(o->stage));
 }
 
 static int close_enough(double x, double ref, double atol, double rtol) {
@@ -736,43 +1044,103 @@ static int differs(const hk_test *t, const unsigned char *a, const unsigned char
     return 0;
 }
 
-/* Runs test t on the running version and compares. A failure there is the
- * running version's (or the test's), not the new one's: comparisons stop,
- * the helper is replaced and the new image loaded again. */
-static int compare_with_running(run *r, const char *kernel, int no, const hk_test *t,
-                                const outcome *on) {
+/* Keeps a timed test's figures when it is the worst so far: the largest
+ * ratio against the running version; without a running version's time,
+ * the longest (and a test with one always beats one without). */
+static void figures(run *r, double new_ms, double old_ms) {
+    double worst = old_ms > 0 ? new_ms / old_ms : 0;
+    int better = !r->timed || (old_ms > 0 && (r->old_ms <= 0 || worst > r->worst)) ||
+                 (old_ms <= 0 && r->old_ms <= 0 && new_ms > r->new_ms);
+    r->timed++;
+    if (better) {
+        r->new_ms = new_ms;
+        r->old_ms = old_ms;
+        r->worst = worst;
+    }
+}
+
+/* The perf guard on one test: refused when the new version's median is
+ * more than slowdown_max times the running version's and more than
+ * slowdown_min_ms longer. */
+static int perf_check(run *r, const char *kernel, int no, double new_ms, double old_ms) {
+    const hka_policy *p = r->pol;
+    figures(r, new_ms, old_ms);
+    if (!(new_ms > old_ms * p->slowdown_max && new_ms - old_ms > p->slowdown_min_ms))
+        return 0;
+    r->new_ms = new_ms, r->old_ms = old_ms; /* the refusal's figures */
+    char ratio[32];
+    if (old_ms > 0)
+        snprintf(ratio, sizeof ratio, "%.1fx", new_ms / old_ms);
+    else
+        snprintf(ratio, sizeof ratio, "no time at all before");
+    return refuse(r, HKA_KIND_SLOWER, kernel, 0, NULL,
+                  "kernel '%s' test %d is slower: %.3f ms against %.3f ms on version %llu (%s; "
+                  "refused beyond %gx and %g ms)",
+                  kernel, no, new_ms, old_ms, (unsigned long long)r->ref->version, ratio,
+                  p->slowdown_max, p->slowdown_min_ms);
+}
+
+/* Runs test t on the running version, to compare its buffers and, when the
+ * new version was timed, to time it the same way. A failure there is the
+ * running version's (or the test's), not the new one's: comparisons and
+ * timings stop, the helper is replaced and the new image loaded again. */
+static int with_running(run *r, const char *kernel, int no, const hk_test *t, const outcome *on) {
     const char *entry = entry_of(r->ref, kernel);
     const hkp_entry *e = find_entry(r->ref, entry);
     char why[160];
     if ((!e && r->ref->nentries) || (e && misfit(t, e, why, sizeof why))) {
         note(r, "kernel '%s' test %d not compared: the running version's kernel differs", kernel,
              no);
+        if (on->timed)
+            figures(r, on->ms, 0);
         return 0;
     }
     outcome old;
-    do_launch(r->c, 1, entry, t, &old);
+    do_launch(r->c, &r->c->plain, 1, entry, t, on->timed ? HKA_RUNS : 0, r->c->timeout_ms, &old);
     int err = 0;
-    if (old.transport || old.stage != HKA_STAGE_DONE) {
+    if (!finished(&old)) {
         note(r, "kernel '%s' test %d fails on the running version too: not compared", kernel, no);
-        helper_kill(r->c, NULL, 0);
+        helper_kill(&r->c->plain, NULL, 0);
         r->cmp = 0;
-        if (prepare(r, why, sizeof why) < 0)
+        if (on->timed)
+            figures(r, on->ms, 0);
+        if (prepare(r, &r->c->plain, 0, why, sizeof why) < 0)
             err = unavailable(r, why);
     } else {
-        for (int i = 0; i < t->nargs && !err; i++)
+        for (int i = 0; t->compare != HK_COMPARE_NONE && i < t->nargs && !err; i++)
             if (t->args[i].kind == HKA_ARG_BUFFER &&
                 differs(t, on->buf[i], old.buf[i], t->args[i].size, why, sizeof why))
-                err = refuse(r, kernel, 0, NULL,
+                err = refuse(r, HKA_KIND_MISMATCH, kernel, 0, NULL,
                              "kernel '%s' test %d: buffer (argument %d) differs from version %llu "
                              "at %s",
                              kernel, no, i, (unsigned long long)r->ref->version, why);
-        r->compared += !err;
+        r->compared += !err && t->compare != HK_COMPARE_NONE;
+        if (!err && on->timed && old.timed)
+            err = perf_check(r, kernel, no, on->ms, old.ms);
+        else if (!err && on->timed) {
+            note(r, "the running version could not be timed (%s)", old.tcu_name);
+            figures(r, on->ms, 0);
+        }
     }
     free(old.payload);
     return err;
 }
 
-static int run_test(run *r, const char *kernel, int no, const hk_test *t) {
+/* Under memcheck: test t on the new version in the memcheck helper. */
+static int memcheck_test(run *r, const char *kernel, int no, const hk_test *t) {
+    helper *h = &r->c->mc;
+    hku_child_drain_err(&h->proc, 0, 0);
+    mc_reset(h); /* what it said before this launch is not this launch's */
+    outcome o;
+    do_launch(r->c, h, 0, entry_of(r->img, kernel), t, 0, r->c->timeout_ms * HKA_SANITIZER_SLOW,
+              &o);
+    int err = judge(r, h, kernel, no, &o);
+    r->memchecked += !err;
+    free(o.payload);
+    return err;
+}
+
+static int run_test(run *r, const char *kernel, int no, const hk_test *t, int memcheck) {
     const char *entry = entry_of(r->img, kernel);
     const hkp_entry *e = find_entry(r->img, entry);
     char why[160];
@@ -782,57 +1150,96 @@ static int run_test(run *r, const char *kernel, int no, const hk_test *t) {
         return 0;
     }
     if (e && misfit(t, e, why, sizeof why))
-        return refuse(r, kernel, 0, NULL, "kernel '%s' test %d does not fit the kernel: %s", kernel,
-                      no, why);
+        return refuse(r, HKA_KIND_NOT_RUN, kernel, 0, NULL,
+                      "kernel '%s' test %d does not fit the kernel: %s", kernel, no, why);
+    if (memcheck)
+        return memcheck_test(r, kernel, no, t);
     outcome on;
-    do_launch(r->c, 0, entry, t, &on);
-    int err = judge(r, kernel, no, &on);
+    do_launch(r->c, &r->c->plain, 0, entry, t, r->guard ? HKA_RUNS : 0, r->c->timeout_ms, &on);
+    int err = judge(r, &r->c->plain, kernel, no, &on);
     if (!err) {
         r->launches++;
-        if (t->compare != HK_COMPARE_NONE && r->cmp)
-            err = compare_with_running(r, kernel, no, t, &on);
+        if (on.tcu) /* its events failed: not timed */
+            note(r, "kernel '%s' test %d could not be timed (%s)", kernel, no, on.tcu_name);
+        if (r->cmp && (t->compare != HK_COMPARE_NONE || on.timed))
+            err = with_running(r, kernel, no, t, &on);
+        else if (on.timed)
+            figures(r, on.ms, 0);
     }
     free(on.payload);
     return err;
 }
 
-static int session(run *r, const snap *s) {
-    char why[256];
-    for (int i = 0; i < s->n && r->ref; i++)
-        r->cmp |= s->t[i]->compare != HK_COMPARE_NONE;
-    if (r->img->size > HKA_MAX_IMAGE || (r->cmp && r->ref->size > HKA_MAX_IMAGE))
-        return unavailable(r, "an image is over the canary's 64 MiB");
-    if (prepare(r, why, sizeof why) < 0)
-        return unavailable(r, why);
+/* Every test, in the memcheck helper (memcheck 1) or the plain one. */
+static int each_test(run *r, const snap *s, int memcheck) {
     for (int i = 0; i < s->n; i++) {
         int no = 1; /* the test's number among its kernel's */
         for (int j = 0; j < i; j++)
             no += !strcmp(s->kernel[j], s->kernel[i]);
-        int err = run_test(r, s->kernel[i], no, s->t[i]);
-        if (err < 0 || (r->rep && r->rep->canary[0]))
+        int err = run_test(r, s->kernel[i], no, s->t[i], memcheck);
+        if (err < 0 || r->stopped)
             return err; /* refused, or could no longer run (said so) */
-    }
-    if (r->rep) {
-        char cmp[64] = "";
-        if (r->compared)
-            snprintf(cmp, sizeof cmp, " (%d compared with version %llu)", r->compared,
-                     (unsigned long long)r->ref->version);
-        char text[256];
-        snprintf(text, sizeof text, "%d launch%s passed%s%s%s", r->launches,
-                 r->launches == 1 ? "" : "es", cmp, r->note[0] ? "; " : "", r->note);
-        snprintf(r->rep->canary, sizeof r->rep->canary, "%.159s", text);
     }
     return 0;
 }
 
+/* What a run that passed says (hk_report.canary). */
+static void passed(run *r) {
+    char cmp[64] = "", mc[24] = "", timed[96] = "";
+    if (r->compared)
+        snprintf(cmp, sizeof cmp, " (%d compared with version %llu)", r->compared,
+                 (unsigned long long)r->ref->version);
+    if (r->memchecked)
+        snprintf(mc, sizeof mc, "; memcheck clean");
+    if (r->timed && r->old_ms > 0)
+        snprintf(timed, sizeof timed, "; timed %.3f ms against %.3f ms on version %llu", r->new_ms,
+                 r->old_ms, (unsigned long long)r->ref->version);
+    else if (r->timed)
+        snprintf(timed, sizeof timed, "; timed %.3f ms (%s)", r->new_ms,
+                 r->ref ? "not against the running version" : "first version: nothing to compare");
+    char text[320];
+    snprintf(text, sizeof text, "%d launch%s passed%s%s%s%s%s", r->launches,
+             r->launches == 1 ? "" : "es", cmp, mc, timed, r->note[0] ? "; " : "", r->note);
+    snprintf(r->rep->canary, sizeof r->rep->canary, "%.159s", text);
+}
+
+static int session(run *r, const snap *s) {
+    hka_canary *c = r->c;
+    char why[256];
+    r->guard = r->pol->slowdown_max > 0;
+    for (int i = 0; i < s->n && r->ref; i++)
+        r->cmp |= s->t[i]->compare != HK_COMPARE_NONE || r->guard;
+    if (r->img->size > HKA_MAX_IMAGE || (r->cmp && r->ref->size > HKA_MAX_IMAGE))
+        return unavailable(r, "an image is over the canary's 64 MiB");
+    /* Memcheck first: a fault it catches never reaches the hardware. Where
+     * its helper cannot run, the plain run still does, saying so. */
+    if (c->mc_on) {
+        if (prepare(r, &c->mc, 0, why, sizeof why) < 0)
+            note(r, "memcheck not run: %.100s", why);
+        else {
+            int err = each_test(r, s, 1);
+            if (err < 0)
+                return err;
+        }
+    }
+    if (prepare(r, &c->plain, r->cmp, why, sizeof why) < 0)
+        return unavailable(r, why);
+    int err = each_test(r, s, 0);
+    if (err < 0 || r->stopped)
+        return err;
+    if (r->rep)
+        passed(r);
+    return 0;
+}
+
 int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
-            int policy, hk_report *rep) {
+            const hka_policy *policy, hk_report *rep) {
     double t0 = hku_now_ms();
     snap s;
     if (snap_take(c, module, &s) < 0)
         return HK_ERR_NOMEM;
-    run r = {.c = c, .img = img, .ref = ref, .policy = policy, .rep = rep};
-    int err = 0;
+    run r = {.c = c, .img = img, .ref = ref, .pol = policy, .rep = rep};
+    int err = 0, ran = 0;
     if (!s.n) {
         if (rep)
             snprintf(rep->canary, sizeof rep->canary, "no canary tests");
@@ -842,11 +1249,26 @@ int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_i
         pthread_mutex_lock(&c->run_lock);
         err = session(&r, &s);
         pthread_mutex_unlock(&c->run_lock);
-        atomic_fetch_add(&c->runs, 1);
+        ran = 1;
     }
-    atomic_fetch_add(&c->refused, err < 0);
     snap_free(&s);
-    if (rep)
-        rep->canary_ms = hku_now_ms() - t0;
+    double ms = hku_now_ms() - t0;
+    pthread_mutex_lock(&c->count_lock);
+    c->n.runs += ran;
+    c->n.ms_total += ran ? ms : 0;
+    if (err < 0) {
+        c->n.refused++;
+        c->n.refused_by[r.kind]++;
+    }
+    if (r.timed) {
+        c->n.last_new_ms = r.new_ms;
+        c->n.last_old_ms = r.old_ms;
+    }
+    pthread_mutex_unlock(&c->count_lock);
+    if (rep) {
+        rep->canary_ms = ms;
+        rep->canary_new_ms = r.timed ? r.new_ms : 0;
+        rep->canary_old_ms = r.timed ? r.old_ms : 0;
+    }
     return err;
 }

@@ -23,16 +23,47 @@
  *   LOAD   {u32 slot, u32 format, bytes}  -> LOADED {i32 cu, str name, str log}
  *   LAUNCH {u32 slot, str entry, u32 grid[3], block[3], shared, u32 nargs,
  *           per arg: u32 kind, u64 size, u32 fill, u64 param, [bytes];
- *           u32 outputs}
+ *           u32 outputs, u32 warmups, u32 runs}
  *          -> RESULT {u32 stage, i32 cu, str name, u32 nout,
  *                     per buffer: u32 index, u64 size, bytes}
+ *          [-> TIMED {u32 stage, i32 cu, str name, u32 n, per run: u64 ns}]
  *   A finished launch returns every buffer when `outputs` is 1 (they are to
  *   be compared) and none when it is 0: copying 4 MiB back and through the
  *   socket was most of a canary run's cost (bench_canary).
+ *   With `runs` > 0, a launch that finished (RESULT stage DONE, its buffers
+ *   copied out first) is repeated on the same buffers: `warmups` times, then
+ *   `runs` times between two CUDA events, each synchronised; TIMED follows
+ *   RESULT with each timed run's GPU time in nanoseconds (n = runs), or
+ *   where a repeat stopped (stage SETUP: the events, LAUNCH, SYNC; cu not 0,
+ *   n = 0). A separate reply, so that the parent waits for the first launch
+ *   with the launch timeout and for the repeats with one of their own: a
+ *   launch that hangs is found as soon as it would be without timing.
  *
  * Slots: 0 holds the new version's image, 1 the running version's (for
- * comparisons). A fault poisons the helper's context, so after one the parent
- * kills the helper and starts another.
+ * comparisons and timings). A fault poisons the helper's context, so after
+ * one the parent kills the helper and starts another.
+ *
+ * Two helpers. Each runtime with canaries has a plain helper, which runs
+ * every test launch (both versions, compared and timed). Where the CUDA
+ * toolkit's compute-sanitizer is found (hka_config.sanitizer), a second
+ * helper runs under `compute-sanitizer --tool memcheck`, and each test
+ * launch of the new version runs there first: out-of-bounds and misaligned
+ * accesses are caught by instrumentation before they reach the MMU (whose
+ * fault recovery stalls every context on the GPU for 90-150 ms on the H200,
+ * against 15-24 ms for one caught by memcheck; ../shared/FACTS.md
+ * 2026-12-01), and an access that lands in valid memory, which a plain run
+ * misses, is caught too. The plain helper then runs only versions that
+ * memcheck passed. Timing stays in the plain helper: instrumentation slows
+ * memory accesses and not arithmetic, so times under memcheck say little
+ * about a version's speed. What the sanitizer reports comes through the
+ * memcheck helper's stderr (--log-file /dev/stderr), read line by line
+ * (hku_child's observer): its first error line is the refusal's reason,
+ * and its exit status (HKA_SANITIZER_EXIT, when it found errors) confirms
+ * it once the helper was asked to end. By default memcheck ends the
+ * context at a precise error, so the launch fails and the verdict waits
+ * for the sanitizer's end; a launch that comes back clean counts as clean
+ * once the log has been quiet for 50 ms (the front end prints a little
+ * after the fact), and a report read then refuses the version too.
  *
  * Threads and locks (hka_canary):
  *   run_lock    one canary run at a time: held for a whole run, which its
@@ -52,7 +83,7 @@
 #include "ptx/ptx.h"
 #include "util/util.h"
 
-#define HKA_PROTOCOL 2
+#define HKA_PROTOCOL 3
 #define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
 
 /* Bounds of the protocol, checked by both sides before allocating. */
@@ -63,6 +94,21 @@
 #define HKA_MAX_SCALAR     4096 /* bytes of one by-value argument */
 #define HKA_MAX_TESTS      16   /* per kernel */
 #define HKA_MAX_TEXT       4096 /* names and logs in replies */
+#define HKA_MAX_RUNS       32   /* timed runs of one launch */
+#define HKA_MAX_WARMUPS    8
+#define HKA_MAX_RUN_NS     1000000000000ull /* 1000 s: a longer timed run is nonsense */
+
+/* What a run asks of the perf guard: one untimed repeat, then five timed
+ * ones (their median is the launch's time). */
+#define HKA_WARMUPS 1
+#define HKA_RUNS    5
+
+/* compute-sanitizer's exit status when memcheck found errors (its
+ * --error-exitcode; none of the helper's own). */
+#define HKA_SANITIZER_EXIT 86
+/* Launches under memcheck get this many times the launch timeout: the
+ * instrumentation slows memory accesses by an order of magnitude. */
+#define HKA_SANITIZER_SLOW 4
 
 enum hka_msg_type {
     HKA_READY = 1,
@@ -71,6 +117,7 @@ enum hka_msg_type {
     HKA_LOADED = 4,
     HKA_LAUNCH = 5,
     HKA_RESULT = 6,
+    HKA_TIMED = 7,
 };
 
 /* Where a test launch stopped (RESULT.stage). */
@@ -113,15 +160,21 @@ void hka_fill(void *p, size_t n, uint32_t fill, uint64_t param);
 typedef struct hka_canary hka_canary;
 
 typedef struct hka_config {
-    const char *helper; /* path of hotkern-canary (resolved by the caller) */
-    int device;         /* CUDA ordinal the helper attaches to */
-    int timeout_ms;     /* per test launch; start and loads get 10x */
-    int start;          /* 1: start the helper now (a runtime with canaries) */
+    const char *helper;     /* path of hotkern-canary (resolved by the caller) */
+    int device;             /* CUDA ordinal the helper attaches to */
+    int timeout_ms;         /* per test launch; start and loads get 10x */
+    int start;              /* 1: start the helper now (a runtime with canaries) */
+    const char *sanitizer;  /* compute-sanitizer's path: the memcheck helper
+                             * runs under it; NULL: no memcheck helper */
+    int sanitizer_required; /* 1: a memcheck helper that cannot start fails
+                             * hka_create; 0: memcheck is then off (why says
+                             * so, hka_sanitizer says why) */
 } hka_config;
 
-/* Makes the canary of a runtime. With cfg->start, the helper is started at
- * once (its READY is read by the first run). Returns 0, HK_ERR_NOMEM, or
- * HK_ERR_IO with why when the helper cannot be started. */
+/* Makes the canary of a runtime. With cfg->start, the helpers are started
+ * at once and their READY read. Returns 0, HK_ERR_NOMEM, or HK_ERR_IO with
+ * why when a helper cannot be started. On success why may hold a note
+ * (memcheck turned off, and why); "" otherwise. */
 int hka_create(hka_canary **out, const hka_config *cfg, char *why, size_t why_size);
 /* Kills the helper and frees everything; c may be NULL. */
 void hka_destroy(hka_canary *c);
@@ -147,21 +200,68 @@ typedef struct hka_image {
     const hkp_entry *entries;
 } hka_image;
 
-/* Runs every test of module's kernels on img and, where a test compares,
- * on ref (the running version; NULL when none) with the same inputs.
- * policy: HK_CANARY_OPTIONAL or HK_CANARY_REQUIRE (SKIP is decided by the
- * caller). Returns 0 when the version may go on (tests passed, none declared,
- * or the canary could not run under OPTIONAL), else HK_ERR_CANARY (or
- * HK_ERR_MISSING_KERNEL / HK_ERR_LAYOUT for a test that does not fit) with
- * rep->message, rep->kernel, rep->cu_name and rep->canary saying what happened.
- * Blocks the calling thread for at most the run's timeouts. */
-int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
-            int policy, hk_report *rep);
+/* What refused a version (hk_report.canary_refusal, hk_stats). */
+typedef enum hka_kind {
+    HKA_KIND_FAULT = 0,    /* a launch failed, or the helper died or misbehaved in it */
+    HKA_KIND_HANG = 1,     /* a launch outlived its timeout */
+    HKA_KIND_MISMATCH = 2, /* outputs differ from the running version's */
+    HKA_KIND_SLOWER = 3,   /* slower than the perf guard allows */
+    HKA_KIND_MEMCHECK = 4, /* compute-sanitizer memcheck reported an error */
+    HKA_KIND_NOT_RUN = 5,  /* required but could not run, or a test that does not fit */
+    HKA_NKINDS = 6,
+} hka_kind;
 
-/* The helper's pid (0: none running), and counters; for tests and stats. */
+/* "fault", "hang", "mismatch", "slower", "memcheck", "could_not_run". */
+const char *hka_kind_name(hka_kind k);
+
+/* A run's policy, resolved by the caller from the runtime's and the
+ * swap's options. */
+typedef struct hka_policy {
+    int canary;             /* HK_CANARY_OPTIONAL or HK_CANARY_REQUIRE (SKIP is
+                             * decided by the caller) */
+    double slowdown_max;    /* the perf guard: refuse a test launch more than
+                             * this many times slower than the running
+                             * version's ... */
+    double slowdown_min_ms; /* ... and more than this much slower (>= 0);
+                             * slowdown_max <= 0: no guard, no timing */
+} hka_policy;
+
+/* Runs every test of module's kernels on img and, where a test compares or
+ * the perf guard is on, on ref (the running version; NULL when none) with
+ * the same inputs. Returns 0 when the version may go on (tests passed, none
+ * declared, or the canary could not run under OPTIONAL), else
+ * HK_ERR_CANARY (or HK_ERR_MISSING_KERNEL / HK_ERR_LAYOUT for a test that
+ * does not fit) with rep->message, rep->kernel, rep->cu_name, rep->canary,
+ * rep->canary_refusal and the perf guard's figures (canary_new_ms,
+ * canary_old_ms) saying what happened. Blocks the calling thread for at
+ * most the run's timeouts. */
+int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
+            const hka_policy *policy, hk_report *rep);
+
+/* The canary's counters, for hk_stats. */
+typedef struct hka_counters {
+    uint64_t runs, refused, starts; /* starts: both helpers' */
+    uint64_t refused_by[HKA_NKINDS];
+    double ms_total;                 /* time spent in runs */
+    double last_new_ms, last_old_ms; /* the last timed run's figures */
+    int sanitizer;                   /* the memcheck helper is on */
+} hka_counters;
+
+/* The plain helper's pid (0: none running), and the memcheck helper's. */
 pid_t hka_helper_pid(hka_canary *c);
-void hka_counts(hka_canary *c, uint64_t *runs, uint64_t *refused, uint64_t *starts);
+pid_t hka_memcheck_pid(hka_canary *c);
+void hka_counts(hka_canary *c, hka_counters *out);
 int hka_enabled(const hka_canary *c); /* configured with a helper */
+/* 1 when test launches run under memcheck first; else 0 and why (may be
+ * NULL) says why not ("" when no sanitizer was configured). */
+int hka_sanitizer(hka_canary *c, char *why, size_t n);
+/* The memcheck helper's command line for a sanitizer at `sanitizer`, the
+ * helper at `helper`, device `dev` and owner pid `owner` (decimal strings
+ * held by the caller): fills argv (room for HKA_SAN_ARGC entries, NULL
+ * ended) and returns the count. */
+#define HKA_SAN_ARGC 24
+int hka_sanitizer_argv(char **argv, const char *sanitizer, const char *helper, const char *dev,
+                       const char *owner);
 /* Tests: the signal a helper is killed with (SIGKILL) and how long a kill
  * waits for its end before the helper is left to be reaped later (2000 ms),
  * so that a test can have helpers that outlive their kill. */

@@ -7,13 +7,17 @@
  * driver as hotkern does (HK_LIBCUDA selects the library, so a CPU-only run
  * uses libhotkern-fakecuda.so), makes device D's primary context current in
  * this process, says READY on fd N and then serves LOAD and LAUNCH requests
- * one at a time until the parent closes the socket. A kernel that faults
+ * one at a time until the parent closes the socket (a finished LAUNCH that
+ * asks for timed repeats runs them after its RESULT and answers TIMED).
+ * Under compute-sanitizer (the memcheck helper, canary.h) it is started
+ * with --keep-fds 1 and --owner PID (util/proc.c). A kernel that faults
  * leaves this process's context unusable and one that hangs blocks it: the
  * parent then kills it and starts another. It trusts the parent no more than
  * the parent trusts it: every request is bounded and parsed strictly, and a
  * malformed one ends the helper. It also ends when its parent does.
  */
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,11 +28,17 @@
 #include "canary/canary.h"
 #include "loader/driver.h"
 
-/* The copies a test needs beyond hotkern's own driver table. */
+/* The copies a test needs beyond hotkern's own driver table, and the
+ * events that time its repeats. */
 static struct {
     __typeof__(cuMemcpyHtoD) *MemcpyHtoD;
     __typeof__(cuMemcpyDtoH) *MemcpyDtoH;
     __typeof__(cuMemFree) *MemFree;
+    __typeof__(cuEventCreate) *EventCreate;
+    __typeof__(cuEventRecord) *EventRecord;
+    __typeof__(cuEventSynchronize) *EventSynchronize;
+    __typeof__(cuEventElapsedTime) *EventElapsedTime;
+    __typeof__(cuEventDestroy) *EventDestroy;
 } X;
 
 static hkl_driver D;
@@ -62,12 +72,25 @@ static int bind_extras(void) {
            !X.MemcpyDtoH || !X.MemFree;
 }
 
+/* The events: a driver without them only cannot time (TIMED says so). */
+static void bind_events(void) {
+    gpa_fn gpa = (gpa_fn)dlsym(D.dl, "cuGetProcAddress_v2");
+    CUdriverProcAddressQueryResult found;
+    if (!gpa || gpa("cuEventCreate", (void **)&X.EventCreate, CUDA_VERSION, 0, &found) ||
+        gpa("cuEventRecord", (void **)&X.EventRecord, CUDA_VERSION, 0, &found) ||
+        gpa("cuEventSynchronize", (void **)&X.EventSynchronize, CUDA_VERSION, 0, &found) ||
+        gpa("cuEventElapsedTime", (void **)&X.EventElapsedTime, CUDA_VERSION, 0, &found) ||
+        gpa("cuEventDestroy", (void **)&X.EventDestroy, CUDA_VERSION, 0, &found))
+        X.EventCreate = NULL;
+}
+
 static void attach(int device) {
     char why[512];
     if (hkl_driver_open(&D, why, sizeof why) < 0)
         fail("", why);
     if (bind_extras())
         fail("the CUDA driver lacks cuMemcpyHtoD, cuMemcpyDtoH or cuMemFree", "");
+    bind_events();
     CUdevice dev;
     CUresult r = D.DeviceGet(&dev, device);
     if (r == CUDA_SUCCESS)
@@ -111,7 +134,7 @@ static void do_load(hku_rd *rd) {
 
 /* One test launch, parsed. */
 typedef struct req {
-    uint32_t slot, grid[3], block[3], shared, nargs, outputs;
+    uint32_t slot, grid[3], block[3], shared, nargs, outputs, warmups, runs;
     char entry[HKA_MAX_TEXT + 1];
     hka_arg args[HKA_MAX_ARGS];
     const void *bytes[HKA_MAX_ARGS]; /* scalar values, host contents */
@@ -147,16 +170,25 @@ static void parse_launch(hku_rd *rd, req *q) {
             q->bytes[i] = hku_get(rd, a->size);
     }
     q->outputs = hku_get_u32(rd);
-    if (rd->bad || q->outputs > 1 || hku_end(rd))
+    q->warmups = hku_get_u32(rd);
+    q->runs = hku_get_u32(rd);
+    if (rd->bad || q->outputs > 1 || q->warmups > HKA_MAX_WARMUPS || q->runs > HKA_MAX_RUNS ||
+        hku_end(rd))
         exit(2);
 }
 
+static CUresult launch(req *q, CUfunction f) {
+    return D.LaunchKernel(f, q->grid[0], q->grid[1], q->grid[2], q->block[0], q->block[1],
+                          q->block[2], q->shared, NULL, q->params, NULL);
+}
+
 /* Sets up, launches and synchronises; returns the stage reached. */
-static uint32_t execute(req *q, CUresult *r) {
+static uint32_t execute(req *q, CUfunction *fp, CUresult *r) {
     CUfunction f;
     void *host = NULL;
     if (!slots[q->slot] || (*r = D.ModuleGetFunction(&f, slots[q->slot], q->entry)))
         return *r = *r ? *r : CUDA_ERROR_NOT_FOUND, HKA_STAGE_SETUP;
+    *fp = f;
     for (uint32_t i = 0; i < q->nargs; i++) {
         hka_arg *a = &q->args[i];
         if (a->kind == HKA_ARG_SCALAR) {
@@ -179,8 +211,7 @@ static uint32_t execute(req *q, CUresult *r) {
             return HKA_STAGE_SETUP;
         q->params[i] = &q->dev[i];
     }
-    if ((*r = D.LaunchKernel(f, q->grid[0], q->grid[1], q->grid[2], q->block[0], q->block[1],
-                             q->block[2], q->shared, NULL, q->params, NULL)))
+    if ((*r = launch(q, f)))
         return HKA_STAGE_LAUNCH;
     if ((*r = D.CtxSynchronize(ctx)))
         return HKA_STAGE_SYNC;
@@ -188,8 +219,9 @@ static uint32_t execute(req *q, CUresult *r) {
 }
 
 /* Copies the buffers out when the parent asked for them (to compare) and
- * sends RESULT; a failed copy is reported as such, with no buffers. */
-static void reply(req *q, uint32_t stage, CUresult r) {
+ * sends RESULT; a failed copy is reported as such, with no buffers.
+ * Returns the stage sent. */
+static uint32_t reply(req *q, uint32_t stage, CUresult r) {
     unsigned char *out[HKA_MAX_ARGS] = {0};
     int send_out = q->outputs && stage == HKA_STAGE_DONE;
     for (uint32_t i = 0; i < q->nargs && send_out; i++) {
@@ -224,6 +256,55 @@ static void reply(req *q, uint32_t stage, CUresult r) {
     if (hku_send(fd, &b) < 0)
         exit(0);
     hku_buf_free(&b);
+    return stage;
+}
+
+/* Repeats a finished launch on its buffers as they are: warmups times,
+ * then runs times between two events on the null stream, and sends TIMED.
+ * GPU time from the events, not the host's clock: what the version costs
+ * the device, without this process's scheduling in it. */
+static void time_runs(req *q, CUfunction f) {
+    uint64_t ns[HKA_MAX_RUNS];
+    CUevent e0 = NULL, e1 = NULL;
+    CUresult r = CUDA_SUCCESS;
+    uint32_t stage = HKA_STAGE_DONE, n = 0;
+    if (!X.EventCreate)
+        r = CUDA_ERROR_NOT_SUPPORTED, stage = HKA_STAGE_SETUP;
+    else if ((r = X.EventCreate(&e0, CU_EVENT_DEFAULT)) ||
+             (r = X.EventCreate(&e1, CU_EVENT_DEFAULT)))
+        stage = HKA_STAGE_SETUP;
+    for (uint32_t i = 0; !r && i < q->warmups; i++) {
+        if ((r = launch(q, f)))
+            stage = HKA_STAGE_LAUNCH;
+        else if ((r = D.CtxSynchronize(ctx)))
+            stage = HKA_STAGE_SYNC;
+    }
+    for (uint32_t i = 0; !r && i < q->runs; i++) {
+        float ms = 0;
+        if ((r = X.EventRecord(e0, NULL)) || (r = launch(q, f)))
+            stage = HKA_STAGE_LAUNCH;
+        else if ((r = X.EventRecord(e1, NULL)) || (r = X.EventSynchronize(e1)))
+            stage = HKA_STAGE_SYNC;
+        else if ((r = X.EventElapsedTime(&ms, e0, e1)))
+            stage = HKA_STAGE_SETUP;
+        else
+            ns[n++] = ms > 0 ? (uint64_t)llround((double)ms * 1e6) : 0;
+    }
+    if (e0)
+        X.EventDestroy(e0);
+    if (e1)
+        X.EventDestroy(e1);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_TIMED);
+    hku_put_u32(&b, r ? stage : HKA_STAGE_DONE);
+    hku_put_u32(&b, (uint32_t)r);
+    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_u32(&b, r ? 0 : n);
+    for (uint32_t i = 0; !r && i < n; i++)
+        hku_put_u64(&b, ns[i]);
+    if (hku_send(fd, &b) < 0)
+        exit(0);
+    hku_buf_free(&b);
 }
 
 static void do_launch(hku_rd *rd) {
@@ -232,8 +313,11 @@ static void do_launch(hku_rd *rd) {
         exit(4);
     parse_launch(rd, q);
     CUresult r = CUDA_SUCCESS;
-    uint32_t stage = execute(q, &r);
-    reply(q, stage, r);
+    CUfunction f = NULL;
+    uint32_t stage = execute(q, &f, &r);
+    stage = reply(q, stage, r);
+    if (q->runs && stage == HKA_STAGE_DONE)
+        time_runs(q, f);
     for (uint32_t i = 0; i < q->nargs; i++)
         if (q->dev[i])
             X.MemFree(q->dev[i]);

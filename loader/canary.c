@@ -1,9 +1,11 @@
 /*
  * The engine's side of canary runs (canary/ does the running): where the
- * helper executable is, the per-kernel test declarations of the public API,
- * and the one call between build and stage (hkl_canary_check) that decides
- * whether a built version runs its tests, gathers the running version's
- * image for comparisons and hands both to canary/.
+ * helper executable and compute-sanitizer are, the per-kernel test
+ * declarations of the public API, and the one call between build and stage
+ * (hkl_canary_check) that decides whether a built version runs its tests,
+ * resolves its perf guard from the runtime's and the swap's options,
+ * gathers the running version's image for comparisons and timings and
+ * hands both to canary/.
  *
  * Threads: hkl_canary_check runs on the thread that built the job (the caller
  * of hk_swap, or the worker), with no engine lock held while the helper
@@ -12,9 +14,12 @@
  */
 #include <dlfcn.h>
 #include <limits.h>
+#include <math.h>
+#include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "canary/canary.h"
@@ -69,21 +74,94 @@ int hkl_build_start(hk_runtime *rt, hk_report *rep) {
     return err;
 }
 
+/* An executable candidate for compute-sanitizer: malloc'd, or NULL. */
+static char *sanitizer_at(const char *dir, const char *tail) {
+    char cand[PATH_MAX + 64];
+    if (!dir || !*dir || snprintf(cand, sizeof cand, "%s%s", dir, tail) >= (int)sizeof cand)
+        return NULL;
+    struct stat st;
+    if (access(cand, X_OK) != 0 || stat(cand, &st) != 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    return strdup(cand);
+}
+
+/* compute-sanitizer as hk_options.canary_sanitizer_path says: opt, else
+ * $HK_COMPUTE_SANITIZER (empty: none), else the toolkit's. NULL with why
+ * when there is none. The toolkit first is the one whose NVRTC this library
+ * runs (its lib64/../bin), so that the sanitizer matches the toolkit that
+ * builds the code it checks. */
+static char *sanitizer_path(const char *opt, char *why, size_t n) {
+    const char *env = getenv("HK_COMPUTE_SANITIZER");
+    const char *given = opt && *opt ? opt : env;
+    char *p = NULL;
+    if (given) {
+        if (!*given)
+            snprintf(why, n, "HK_COMPUTE_SANITIZER is set empty (no sanitizer)");
+        else if (!(p = sanitizer_at(given, "")))
+            snprintf(why, n, "compute-sanitizer not found at %.200s (%s)", given,
+                     opt && *opt ? "options.canary_sanitizer_path" : "$HK_COMPUTE_SANITIZER");
+        return p;
+    }
+    Dl_info info;
+    char dir[PATH_MAX] = "";
+    if (dladdr((void *)nvrtcVersion, &info) && info.dli_fname && strrchr(info.dli_fname, '/')) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        *strrchr(dir, '/') = '\0';
+        p = sanitizer_at(dir, "/../bin/compute-sanitizer");
+    }
+    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    for (size_t i = 0; !p && i < sizeof homes / sizeof homes[0]; i++)
+        p = sanitizer_at(homes[i], "/bin/compute-sanitizer");
+    const char *path = getenv("PATH");
+    char *copy = !p && path ? strdup(path) : NULL, *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d && !p;
+         d = strtok_r(NULL, ":", &save))
+        p = sanitizer_at(d, "/compute-sanitizer");
+    free(copy);
+    if (!p)
+        snprintf(why, n,
+                 "compute-sanitizer not found (beside the toolkit's NVRTC, in $CUDA_HOME, "
+                 "$CUDA_PATH or /usr/local/cuda /bin, or on $PATH)");
+    return p;
+}
+
 int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
     char *path = rt->opt.canary
                      ? hkl_helper_path(rt->opt.canary_helper, "HK_CANARY_HELPER", "hotkern-canary")
                      : NULL;
     if (rt->opt.canary && !path)
         return HK_ERR_NOMEM;
+    int mode = rt->opt.canary_sanitizer;
+    char why[512] = "", swhy[300] = "";
+    char *san = rt->opt.canary && mode >= 0
+                    ? sanitizer_path(rt->opt.canary_sanitizer_path, swhy, sizeof swhy)
+                    : NULL;
+    if (rt->opt.canary && mode == 1 && !san) {
+        free(path);
+        return hku_fail(rep, HK_ERR_IO, "options.canary_sanitizer is 1 (on), but %s", swhy);
+    }
     hka_config cfg = {.helper = path,
                       .device = rt->dev[0].ordinal,
                       .timeout_ms = rt->opt.canary_timeout_ms,
-                      .start = 1};
-    char why[512] = "";
+                      .start = 1,
+                      .sanitizer = san,
+                      .sanitizer_required = mode == 1};
     int err = hka_create(&rt->canary, &cfg, why, sizeof why);
     free(path);
     if (err == HK_ERR_IO)
         hku_fail(rep, err, "%s", why);
+    else if (!err && rt->opt.canary && mode == 0 && (!san || why[0])) {
+        /* Memcheck was wanted where it can be had: say why it is not. */
+        char text[600], off[200] = "";
+        if (san)
+            hka_sanitizer(rt->canary, off, sizeof off);
+        snprintf(text, sizeof text, "canary test launches run without memcheck: %.400s",
+                 san ? off : swhy);
+        hk_log(rt, san ? HK_LOG_WARN : HK_LOG_INFO, "canary", "%s", text);
+        hku_fail(rep, 0, "%s", text);
+    } else if (!err && san)
+        hk_log(rt, HK_LOG_INFO, "canary", "test launches run under %s memcheck first", san);
+    free(san);
     return err;
 }
 
@@ -165,6 +243,20 @@ static int ref_take(const hkl_version *v, ref_copy *r) {
 
 /* Between build and stage: runs the built job's canary as its policy says.
  * Returns 0 to go on, or the refusal (rep filled). */
+/* The run's perf guard: the swap's fields where set, else the runtime's,
+ * else 4x and 1 ms. HK_ERR_INVALID for a field that is not a number. */
+static int guard_policy(const hk_runtime *rt, const hkl_job *j, hka_policy *p, hk_report *rep) {
+    double max = rt->opt.canary_slowdown_max, min = rt->opt.canary_slowdown_min_ms;
+    if (isnan(j->opt.canary_slowdown_max) || isnan(j->opt.canary_slowdown_min_ms))
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "hk_swap_options.canary_slowdown_max and _min_ms must be numbers");
+    max = j->opt.canary_slowdown_max != 0 ? j->opt.canary_slowdown_max : max != 0 ? max : 4.0;
+    min = j->opt.canary_slowdown_min_ms != 0 ? j->opt.canary_slowdown_min_ms : min != 0 ? min : 1.0;
+    p->slowdown_max = max > 0 ? max : 0;
+    p->slowdown_min_ms = min > 0 ? min : 0;
+    return 0;
+}
+
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     hk_canary_policy policy =
         j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
@@ -207,7 +299,9 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
                      .entries = j->art.meta.entries};
     if (img.nexpr > j->opt.nname_expressions)
         img.nexpr = j->opt.nname_expressions;
-    err = hka_run(rt->canary, j->name, &img, have ? &ref.im : NULL, policy, rep);
+    hka_policy pol = {.canary = policy};
+    if ((err = guard_policy(rt, j, &pol, rep)) == 0)
+        err = hka_run(rt->canary, j->name, &img, have ? &ref.im : NULL, &pol, rep);
     if (have)
         ref_free(&ref);
     return err;

@@ -85,6 +85,45 @@ static void histogram(hk_metrics_writer *w, const hkl_hist *h) {
     hkl_mw_sample(w, name, "_count", NULL, v);
 }
 
+/* The canary's costs and outcomes: refusals by kind in one family, the
+ * perf guard's last figures as gauges. */
+static void canary(hk_metrics_writer *w, const hk_stats *s) {
+    static const char *refused = "hotkern_canary_refused_total";
+    const struct {
+        const char *kind;
+        uint64_t n;
+    } kinds[] = {
+        {"fault", s->canary_refused_fault},
+        {"hang", s->canary_refused_hang},
+        {"mismatch", s->canary_refused_mismatch},
+        {"slower", s->canary_refused_slower},
+        {"memcheck", s->canary_refused_memcheck},
+        {"could_not_run", s->canary_refused_could_not_run},
+    };
+    char label[48], v[32];
+    counter(w, "hotkern_canary_runs_total", "counter",
+            "Versions whose test launches ran in the canary.", s->canary_runs);
+    hkl_mw_family(w, refused, "counter", "Versions the canary refused, by what refused them.");
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        snprintf(label, sizeof label, "kind=\"%s\"", kinds[i].kind);
+        snprintf(v, sizeof v, "%llu", (unsigned long long)kinds[i].n);
+        hkl_mw_sample(w, refused, "", label, v);
+    }
+    counter(w, "hotkern_canary_helper_starts_total", "counter",
+            "Canary helper processes started (plain and memcheck).", s->canary_helper_starts);
+    seconds(w, "hotkern_canary_seconds_total", "counter", "Time spent in canary runs.",
+            s->canary_ms_total);
+    seconds(w, "hotkern_canary_last_new_seconds", "gauge",
+            "Median GPU time of the last timed canary test launch, new version.",
+            s->canary_last_new_ms);
+    seconds(w, "hotkern_canary_last_running_seconds", "gauge",
+            "Median GPU time of the same test launch on the running version (0: none).",
+            s->canary_last_old_ms);
+    counter(w, "hotkern_canary_sanitizer", "gauge",
+            "1 when canary test launches run under compute-sanitizer memcheck first.",
+            s->canary_sanitizer);
+}
+
 void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h) {
     static const hkl_hist empty;
     char version[64];
@@ -129,6 +168,7 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
     counter(w, "hotkern_launch_hold_timeouts_total", "counter",
             "Launches that waited the longest hold at the launch gate, then went on.",
             s->launch_hold_timeouts);
+    canary(w, s);
     histogram(w, h ? h : &empty);
 }
 

@@ -18,6 +18,7 @@
  * thread's periodic pass, and on a launch error.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,8 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.suspect_window_ms = 60000;
     d.build_timeout_ms = 120000;
     d.log_min_level = HK_LOG_INFO;
+    d.canary_slowdown_max = 4.0;
+    d.canary_slowdown_min_ms = 1.0;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
@@ -144,6 +147,13 @@ static int check_args(hk_runtime **out, const hk_options *o, int ndev, hk_report
         o->history < 0 || o->launch_hold_max_us < 0 || o->destroy_wait_ms < 0) {
         hku_fail(rep, HK_ERR_INVALID, "bad options (devices 1..%d, jit_opt_level 0..4)",
                  HKL_MAX_DEVICES);
+        return HK_ERR_INVALID;
+    }
+    if (isnan(o->canary_slowdown_max) || isnan(o->canary_slowdown_min_ms) ||
+        o->canary_sanitizer < -1 || o->canary_sanitizer > 1) {
+        hku_fail(rep, HK_ERR_INVALID,
+                 "bad canary options (canary_slowdown_max and _min_ms numbers, canary_sanitizer "
+                 "-1, 0 or 1)");
         return HK_ERR_INVALID;
     }
     if (o->loader == HK_LOADER_MODULE && ndev != 1) {
@@ -641,8 +651,23 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
         out->cache_hits = h;
         out->cache_misses = m;
     }
-    if (rt->canary)
-        hka_counts(rt->canary, &out->canary_runs, &out->canary_refused, &out->canary_helper_starts);
+    if (rt->canary) {
+        hka_counters n;
+        hka_counts(rt->canary, &n);
+        out->canary_runs = n.runs;
+        out->canary_refused = n.refused;
+        out->canary_helper_starts = n.starts;
+        out->canary_refused_fault = n.refused_by[HKA_KIND_FAULT];
+        out->canary_refused_hang = n.refused_by[HKA_KIND_HANG];
+        out->canary_refused_mismatch = n.refused_by[HKA_KIND_MISMATCH];
+        out->canary_refused_slower = n.refused_by[HKA_KIND_SLOWER];
+        out->canary_refused_memcheck = n.refused_by[HKA_KIND_MEMCHECK];
+        out->canary_refused_could_not_run = n.refused_by[HKA_KIND_NOT_RUN];
+        out->canary_ms_total = n.ms_total;
+        out->canary_last_new_ms = n.last_new_ms;
+        out->canary_last_old_ms = n.last_old_ms;
+        out->canary_sanitizer = (uint64_t)n.sanitizer;
+    }
     hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
     hkl_sized_out(user, out, sizeof *out);
     return 0;

@@ -439,6 +439,14 @@ static cJSON *outcome_json(const char *outcome, int err, const hk_report *rep) {
     cJSON_AddNumberToObject(o, "stage_ms", rep->stage_ms);
     cJSON_AddNumberToObject(o, "commit_ms", rep->commit_ms);
     cJSON_AddBoolToObject(o, "cache_hit", rep->cache_hit != 0);
+    if (rep->canary[0])
+        cJSON_AddStringToObject(o, "canary", rep->canary);
+    if (rep->canary_refusal[0])
+        cJSON_AddStringToObject(o, "canary_refusal", rep->canary_refusal);
+    if (rep->canary_new_ms > 0) {
+        cJSON_AddNumberToObject(o, "canary_new_ms", rep->canary_new_ms);
+        cJSON_AddNumberToObject(o, "canary_old_ms", rep->canary_old_ms);
+    }
     return o;
 }
 

@@ -1,8 +1,9 @@
 /*
  * The versions of `step(float *x, int n)` the canary suites submit
  * (tests/gpu_canary.c through hk_swap, tests/gpu_canary_push.c through
- * `hotkern push`): good ones add 1.0f to every element; the others fault,
- * never end, or compute something else.
+ * `hotkern push`, tests/gpu_canary_perf.c): good ones add 1.0f to every
+ * element; the others fault, never end, compute something else, take far
+ * longer for the same result, or write where they should not.
  */
 #ifndef HK_TESTS_CANARY_KERNELS_H
 #define HK_TESTS_CANARY_KERNELS_H
@@ -15,18 +16,40 @@
     "extern \"C\" __global__ void step(float *x, int n) {\n"                                       \
     "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
 
-static const char *GOOD = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
+__attribute__((unused)) static const char *GOOD =
+    KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
 /* The same computation beside another kernel: another image, the same
  * outputs. */
-static const char *GOOD2 = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
-                                       "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
-static const char *FAULTS = KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
+__attribute__((unused)) static const char *GOOD2 =
+    KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n}\n"
+                "extern \"C\" __global__ void pad(int *p) { *p = 1; }\n";
+__attribute__((unused)) static const char *FAULTS =
+    KERNEL_HEAD "  if (i < n) ((volatile float *)0x10)[i] = x[i];\n}\n";
 /* Spins on a global value the test's input never holds (x[0] is 0): a
  * volatile load each time round, so the compiler cannot drop the loop (a
  * volatile local did not keep it on the H200). */
-static const char *ENDLESS = KERNEL_HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n"
-                                         "  if (i < n) x[i] = 0.0f;\n}\n";
-static const char *WRONG = KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
+__attribute__((unused)) static const char *ENDLESS =
+    KERNEL_HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n"
+                "  if (i < n) x[i] = 0.0f;\n}\n";
+__attribute__((unused)) static const char *WRONG =
+    KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.5f;\n}\n";
+/* GOOD's outputs after n * 6 dependent multiply-adds per thread (about 1.6
+ * million for a 1 MiB test: milliseconds on the H200, where GOOD takes
+ * microseconds). The count comes from n, so the compiler cannot drop the
+ * loop, and the sum converges to 1000, far from the bound that would
+ * change the output. */
+__attribute__((unused)) static const char *SLOW =
+    KERNEL_HEAD "  float acc = 0.0f;\n"
+                "  for (int k = 0; k < n * 6; k++) acc = acc * 0.999f + 1.0f;\n"
+                "  if (i < n) x[i] = x[i] + 1.0f + (acc > 1e30f ? 1.0f : 0.0f);\n"
+                "}\n";
+/* GOOD's outputs, and a write 4 KiB past the end of x (1024 floats from
+ * element n + 1024): inside the allocation's granularity when x is 1 MiB,
+ * so a plain run ends with CUDA_SUCCESS (../shared/FACTS.md 2026-12-01);
+ * memcheck reports it. */
+__attribute__((unused)) static const char *OOB_WRITE =
+    KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n"
+                "  if (i < 1024) x[n + 1024 + i] = 0.0f;\n}\n";
 
 /* Declares the test launch both suites give `step`: n floats counting up from
  * 0 and n, on a grid of n / 256 blocks of 256, the outputs compared with the

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -42,24 +43,32 @@ static void built_path(char *out, const char *rel) {
 
 static hk_runtime *rt;
 
-/* A runtime on the in-process fake with a canary whose helper binds the
- * loadable fake. helper NULL: the real one. */
-static hk_runtime *make_rt(const char *helper, int timeout_ms, int canary) {
+/* The options of a runtime on the in-process fake with a canary whose
+ * helper binds the loadable fake. helper NULL: the real one. */
+static void rt_options(hk_options *o, const char *helper, int timeout_ms, int canary) {
     fake_init(1, 90);
     setenv("HK_LIBCUDA", fake_lib, 1);
-    hk_options o;
-    hk_options_init(&o);
-    o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fakes read the PTX's tag */
-    o.cache_dir = "";
-    o.no_warm_start = 1;
-    o.canary = canary;
-    o.canary_helper = helper ? helper : hkt_built_program("hotkern-canary");
-    o.canary_timeout_ms = timeout_ms;
+    hk_options_init(o);
+    o->ptx_mode = HK_PTX_DRIVER_JIT; /* the fakes read the PTX's tag */
+    o->cache_dir = "";
+    o->no_warm_start = 1;
+    o->canary = canary;
+    o->canary_helper = helper ? helper : hkt_built_program("hotkern-canary");
+    o->canary_timeout_ms = timeout_ms;
+}
+
+static hk_runtime *create(const hk_options *o, hk_report *rep) {
     hk_runtime *r = NULL;
-    hk_report rep = HK_REPORT_INIT;
-    int err = hkl_runtime_create_with(&r, &o, fake_driver(), &rep);
-    ck_assert_msg(err == 0, "create: %s", rep.message);
+    int err = hkl_runtime_create_with(&r, o, fake_driver(), rep);
+    ck_assert_msg(err == 0, "create: %s", rep->message);
     return r;
+}
+
+static hk_runtime *make_rt(const char *helper, int timeout_ms, int canary) {
+    hk_options o;
+    rt_options(&o, helper, timeout_ms, canary);
+    hk_report rep = HK_REPORT_INIT;
+    return create(&o, &rep);
 }
 
 static hk_kernel *k_step;
@@ -97,7 +106,32 @@ static void teardown(void) {
     unsetenv("HKFAKE_FAULT");
     unsetenv("HKFAKE_HANG");
     unsetenv("HKFAKE_WRONG");
+    unsetenv("HKFAKE_SLOW");
+    unsetenv("HKFAKE_OOB");
     unsetenv("HKBAD_MODE");
+    unsetenv("HKSAN_MODE");
+    unsetenv("HKSAN_ARGV");
+}
+
+static hk_stats stats(void) {
+    hk_stats st = HK_STATS_INIT;
+    ck_assert_int_eq(hk_stats_get(rt, &st), 0);
+    return st;
+}
+
+/* The value of the metrics sample line that starts with `series`, or -1. */
+static double metric(const char *series) {
+    char *text = NULL;
+    ck_assert_int_eq(hk_metrics_text_alloc(rt, &text, NULL), 0);
+    double v = -1;
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ') {
+            v = strtod(p + n + 1, NULL);
+            break;
+        }
+    free(text);
+    return v;
 }
 
 static int alive(pid_t p) {
@@ -204,6 +238,7 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     ck_assert_str_eq(rep.kernel, "step");
     ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 faulted: CUDA_ERROR_ILLEGAL_ADDRESS"),
                   "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "fault");
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     /* The poisoned helper was replaced, and the next version runs there. */
     pid_t after = hka_helper_pid(rt->canary);
@@ -211,10 +246,15 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     ck_assert_int_ne(after, before);
     ck_assert_int_eq(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep), 0);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
-    hk_stats st = HK_STATS_INIT;
-    hk_stats_get(rt, &st);
+    hk_stats st = stats();
     ck_assert_int_eq(st.canary_refused, 1);
+    ck_assert_int_eq(st.canary_refused_fault, 1);
     ck_assert_int_eq(st.canary_helper_starts, 2);
+    ck_assert_double_gt(st.canary_ms_total, 0);
+    ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"fault\"}"), 1);
+    ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"hang\"}"), 0);
+    ck_assert_double_eq(metric("hotkern_canary_runs_total"), 2);
+    ck_assert_double_eq(metric("hotkern_canary_helper_starts_total"), 2);
     hk_report_clear(&rep);
 }
 END_TEST
@@ -228,6 +268,8 @@ START_TEST(hanging_kernel_refused_and_helper_restarted) {
     ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "did not finish within 300 ms"), "%s", rep.message);
     ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_str_eq(rep.canary_refusal, "hang");
+    ck_assert_int_eq(stats().canary_refused_hang, 1);
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     pid_t after = hka_helper_pid(rt->canary);
     ck_assert_int_ne(after, before);
@@ -246,6 +288,8 @@ START_TEST(wrong_output_refused_on_compare) {
     ck_assert_msg(strstr(rep.message, "buffer (argument 0) differs from version 1 at byte 0: "
                                       "0x02, running version 0x01"),
                   "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "mismatch");
+    ck_assert_int_eq(stats().canary_refused_mismatch, 1);
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     hk_report_clear(&rep);
 }
@@ -307,6 +351,8 @@ START_TEST(no_canary_configured) {
     ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
     ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "required but could not run"), "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "could_not_run");
+    ck_assert_int_eq(stats().canary_refused_could_not_run, 1);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     hk_report_clear(&rep);
 }
@@ -332,6 +378,7 @@ START_TEST(test_that_does_not_fit_refuses) {
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "the kernel takes 2 parameters, the test gives 1"), "%s",
                   rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "could_not_run");
     ck_assert_int_eq(hk_kernel_clear_tests(k_step), 0);
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_DEFAULT, &rep), 0);
     ck_assert_str_eq(rep.canary, "no canary tests");
@@ -624,6 +671,435 @@ START_TEST(bad_helper_unasked_buffers) {
 }
 END_TEST
 
+/* ---- the perf guard ---------------------------------------------------- */
+
+/* The fake's GPU time is a counter the controls set (HKFAKE_SLOW, in ms):
+ * every figure below is exact, whatever the machine's load. A launch
+ * without a control takes 0.010 ms. The tests do not compare outputs, so
+ * versions of other tags may pass; the perf guard still runs the running
+ * version (tag 1) on the same inputs to time it. */
+
+static int swap_opts(int tag, const hk_swap_options *so, hk_report *rep) {
+    const char *p = fake_ptx(tag, 0, 0, 0);
+    return hk_swap(rt, "m", p, strlen(p) + 1, so, rep);
+}
+
+START_TEST(slower_version_refused_with_both_times) {
+    setenv("HKFAKE_SLOW", "step@9=50", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(9, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 is slower: 50.000 ms against 0.010 ms "
+                                      "on version 1 (5000.0x; refused beyond 4x and 1 ms)"),
+                  "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "refused: kernel 'step' test 1 is slower"), "%s", rep.canary);
+    ck_assert_str_eq(rep.canary_refusal, "slower");
+    ck_assert_str_eq(rep.kernel, "step");
+    ck_assert_double_eq(rep.canary_new_ms, 50.0);
+    ck_assert_double_eq(rep.canary_old_ms, 0.010);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    hk_stats st = stats();
+    ck_assert_int_eq(st.canary_refused, 1);
+    ck_assert_int_eq(st.canary_refused_slower, 1);
+    ck_assert_double_eq(st.canary_last_new_ms, 50.0);
+    ck_assert_double_eq(st.canary_last_old_ms, 0.010);
+    ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"slower\"}"), 1);
+    ck_assert_double_eq(metric("hotkern_canary_last_new_seconds"), 0.05);
+    ck_assert_double_eq(metric("hotkern_canary_last_running_seconds"), 0.00001);
+    /* The same version as fast as the running one goes in, its times said. */
+    ck_assert_msg(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(
+        strstr(rep.canary, "1 launch passed; timed 0.010 ms against 0.010 ms on version 1"), "%s",
+        rep.canary);
+    ck_assert_str_eq(rep.canary_refusal, "");
+    ck_assert_double_eq(rep.canary_new_ms, 0.010);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* Refused only when both limits are passed: 3x and 4 ms slower passes, 5x
+ * and 8 ms slower does not; 50x but 0.49 ms slower passes; faster passes. */
+START_TEST(ratio_and_floor_decide_together) {
+    setenv("HKFAKE_SLOW", "step@1=2,step@9=6,step@10=10,step@11=0.5,step@12=0.5", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_tag(10, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "10.000 ms against 2.000 ms on version 1 (5.0x"), "%s",
+                  rep.message);
+    ck_assert_msg(swap_tag(9, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 6.000 ms against 2.000 ms on version 1"), "%s",
+                  rep.canary);
+    ck_assert_msg(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 0.500 ms against 6.000 ms on version 2"), "%s",
+                  rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 3);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+    /* From 0.010 ms to 0.5 ms: 50 times slower, but by less than 1 ms. */
+    setenv("HKFAKE_SLOW", "step@12=0.5", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_msg(swap_tag(12, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 0.500 ms against 0.010 ms on version 1"), "%s",
+                  rep.canary);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The runtime's policy: 2x with no floor refuses 0.05 ms against 0.01. */
+START_TEST(runtime_policy_sets_the_limits) {
+    setenv("HKFAKE_SLOW", "step@12=0.05,step@13=0.015", 1);
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    o.canary_slowdown_max = 2;
+    o.canary_slowdown_min_ms = -1;
+    hk_report rep = HK_REPORT_INIT;
+    rt = create(&o, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(12, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "0.050 ms against 0.010 ms on version 1 (5.0x; refused "
+                                      "beyond 2x and 0 ms)"),
+                  "%s", rep.message);
+    ck_assert_msg(swap_tag(13, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message); /* 1.5x */
+    hk_report_clear(&rep);
+    /* Options that are not numbers are refused. */
+    hk_runtime *bad = NULL;
+    o.canary_slowdown_max = NAN;
+    ck_assert_int_eq(hkl_runtime_create_with(&bad, &o, fake_driver(), &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(bad);
+    o.canary_slowdown_max = 0;
+    o.canary_sanitizer = 2;
+    ck_assert_int_eq(hkl_runtime_create_with(&bad, &o, fake_driver(), &rep), HK_ERR_INVALID);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A swap's fields override the runtime's: off for one swap, a floor of
+ * its own, or on where the runtime's guard is off. */
+START_TEST(swap_policy_overrides_the_runtime) {
+    setenv("HKFAKE_SLOW", "step@9=50", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.canary_slowdown_min_ms = 100; /* 50 ms slower is within it */
+    ck_assert_msg(swap_opts(9, &so, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 50.000 ms against 0.010 ms"), "%s", rep.canary);
+    hk_swap_options_init(&so);
+    so.canary_slowdown_max = -1; /* off: not even timed */
+    ck_assert_msg(swap_opts(1, &so, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(swap_opts(9, &so, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(!strstr(rep.canary, "timed"), "%s", rep.canary);
+    ck_assert_double_eq(rep.canary_new_ms, 0);
+    so.canary_slowdown_max = NAN;
+    ck_assert_int_eq(swap_opts(1, &so, &rep), HK_ERR_INVALID);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    o.canary_slowdown_max = -1; /* the runtime's guard is off */
+    rt = create(&o, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_msg(swap_tag(9, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(!strstr(rep.canary, "timed"), "%s", rep.canary);
+    ck_assert_double_eq(stats().canary_last_new_ms, 0);
+    hk_swap_options_init(&so);
+    so.canary_slowdown_max = 4; /* on for this swap: 50 ms against 0.010 */
+    ck_assert_msg(swap_opts(1, &so, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(swap_opts(9, &so, &rep), HK_ERR_CANARY);
+    ck_assert_str_eq(rep.canary_refusal, "slower");
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* Without a running version there is nothing to compare with: the new
+ * version is timed and said so, and never refused as slower. (The engine
+ * always has one once tests can be declared; the canary is driven here
+ * directly, as hkl_canary_check would with no version running.) */
+START_TEST(first_version_has_nothing_to_compare_with) {
+    setenv("HKFAKE_SLOW", "step@9=500", 1);
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    hka_config cfg = {
+        .helper = hkt_built_program("hotkern-canary"), .timeout_ms = 2000, .start = 1};
+    hka_canary *c = NULL;
+    char why[256];
+    ck_assert_msg(hka_create(&c, &cfg, why, sizeof why) == 0, "%s", why);
+    hk_test *t;
+    unsigned n = 4;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){32, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 16, HK_FILL_ZERO, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hka_add_test(c, "m", "step", t, NULL), 0);
+    hk_test_destroy(t);
+    const char *p = fake_ptx(9, 0, 0, 0);
+    hka_image img = {.data = p, .size = strlen(p) + 1, .format = HK_FORMAT_PTX};
+    hka_policy pol = {.canary = HK_CANARY_OPTIONAL, .slowdown_max = 4, .slowdown_min_ms = 1};
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hka_run(c, "m", &img, NULL, &pol, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed; timed 500.000 ms (first version: nothing to "
+                                     "compare)"),
+                  "%s", rep.canary);
+    ck_assert_double_eq(rep.canary_new_ms, 500);
+    ck_assert_double_eq(rep.canary_old_ms, 0);
+    hka_counters k;
+    hka_counts(c, &k);
+    ck_assert_int_eq(k.runs, 1);
+    ck_assert_int_eq(k.refused, 0);
+    ck_assert_double_eq(k.last_new_ms, 500);
+    hka_destroy(c);
+}
+END_TEST
+
+/* TIMED is read as strictly as RESULT: one run too many is malformed. */
+START_TEST(bad_helper_timed_reply) {
+    misbehaving("badtimed", HK_CANARY_OPTIONAL, HK_ERR_CANARY,
+                "a timing reply of type 7, stage 4, 6 runs for 5");
+}
+END_TEST
+
+/* ---- memcheck ------------------------------------------------------------ */
+
+static char proc_state(pid_t p);
+
+static char fake_san[PATH_MAX];
+
+static hk_runtime *make_rt_san(int mode, const char *path, hk_report *rep) {
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    o.canary_sanitizer = mode;
+    o.canary_sanitizer_path = path;
+    return create(&o, rep);
+}
+
+/* No compute-sanitizer: memcheck is off where it was only wanted (create's
+ * report says why), and create fails where it was required. */
+START_TEST(sanitizer_not_found_is_off_and_said) {
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(0, "/nonexistent/compute-sanitizer", &rep);
+    ck_assert_msg(strstr(rep.message, "canary test launches run without memcheck: "
+                                      "compute-sanitizer not found at "
+                                      "/nonexistent/compute-sanitizer"),
+                  "%s", rep.message);
+    ck_assert_int_eq(rep.error, 0);
+    ck_assert_int_eq(stats().canary_sanitizer, 0);
+    ck_assert_int_eq(hka_memcheck_pid(rt->canary), 0);
+    ck_assert_double_eq(metric("hotkern_canary_sanitizer"), 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_msg(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(!strstr(rep.canary, "memcheck"), "%s", rep.canary);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    o.canary_sanitizer = 1;
+    o.canary_sanitizer_path = "/nonexistent/compute-sanitizer";
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_IO);
+    ck_assert_ptr_null(rt);
+    ck_assert_msg(strstr(rep.message, "options.canary_sanitizer is 1 (on), but compute-sanitizer "
+                                      "not found at /nonexistent/compute-sanitizer"),
+                  "%s", rep.message);
+    /* HK_COMPUTE_SANITIZER set empty (as this suite runs) means none. */
+    o.canary_sanitizer_path = NULL;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "HK_COMPUTE_SANITIZER is set empty"), "%s", rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The lines of file path, as one string with '\n' kept. */
+static char *slurp(const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(hku_read_file(path, 1 << 20, &text, &len, NULL), 0);
+    return text;
+}
+
+/* A write past the buffer into valid memory runs silently in a plain run;
+ * under memcheck it is refused with the sanitizer's first error line. The
+ * memcheck helper runs under the command line hotkern builds, and is
+ * replaced after the refusal. */
+START_TEST(memcheck_refuses_what_a_plain_run_misses) {
+    char argv_file[PATH_MAX], want[PATH_MAX + 32];
+    snprintf(argv_file, sizeof argv_file, "/tmp/hk-san-argv.%d", (int)getpid());
+    setenv("HKSAN_ARGV", argv_file, 1);
+    setenv("HKFAKE_OOB", "step@11", 1);
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(1, fake_san, &rep);
+    ck_assert_int_eq(stats().canary_sanitizer, 1);
+    ck_assert_int_eq(stats().canary_helper_starts, 2); /* plain and memcheck */
+    ck_assert_double_eq(metric("hotkern_canary_sanitizer"), 1);
+    pid_t before = hka_memcheck_pid(rt->canary);
+    ck_assert_int_gt(before, 0);
+    char *args = slurp(argv_file);
+    snprintf(want, sizeof want, "\n%s\n--fd\n3\n--device\n0\n--keep-fds\n1\n--owner\n%d\n",
+             hkt_built_program("hotkern-canary"), (int)getpid());
+    ck_assert_msg(strstr(args, "\n--tool\nmemcheck\n--error-exitcode\n86\n--print-limit\n"), "%s",
+                  args);
+    ck_assert_msg(strstr(args, "\n--log-file\n/dev/stderr\n"), "%s", args);
+    ck_assert_msg(strstr(args, want), "%s", args);
+    free(args);
+    unlink(argv_file);
+    start_with_test(HK_COMPARE_NONE, 0);
+
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
+                                      "size 4 bytes (CUDA_ERROR_LAUNCH_FAILED)"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "memcheck");
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_FAILED");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    hk_stats st = stats();
+    ck_assert_int_eq(st.canary_refused_memcheck, 1);
+    ck_assert_int_eq(st.canary_helper_starts, 3);
+    ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"memcheck\"}"), 1);
+    pid_t after = hka_memcheck_pid(rt->canary);
+    ck_assert_int_gt(after, 0);
+    ck_assert_int_ne(after, before);
+    ck_assert(!alive(before));
+
+    /* A clean version passes both helpers. */
+    ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed; memcheck clean; timed"), "%s", rep.canary);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+
+    /* The same version without memcheck: nothing to see, it commits. */
+    rt = make_rt_san(-1, fake_san, &rep);
+    ck_assert_int_eq(hka_memcheck_pid(rt->canary), 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_msg(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A sanitizer that cannot run: memcheck off where it was only wanted,
+ * saying why; create fails where it was required. */
+START_TEST(sanitizer_that_cannot_start) {
+    setenv("HKSAN_MODE", "fail", 1);
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(0, fake_san, &rep);
+    ck_assert_msg(strstr(rep.message, "run without memcheck: the memcheck helper did not start "
+                                      "(it ended, exit status 1"),
+                  "%s", rep.message);
+    ck_assert_msg(strstr(rep.message, "the fake sanitizer cannot run here"), "%s", rep.message);
+    ck_assert_int_eq(stats().canary_sanitizer, 0);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_msg(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    o.canary_sanitizer = 1;
+    o.canary_sanitizer_path = fake_san;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_IO);
+    ck_assert_msg(strstr(rep.message, "the memcheck helper did not start"), "%s", rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A launch that ends well but drew a report (the sanitizer let the kernel
+ * run on) is refused all the same; a report whose lines never came (only
+ * the exit status says so) is refused with the status. */
+START_TEST(memcheck_report_without_a_fault_or_a_line) {
+    setenv("HKFAKE_OOB", "step@11", 1);
+    setenv("HKSAN_MODE", "soft", 1);
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
+                                      "size 4 bytes; the running version stays"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "memcheck");
+    hk_runtime_destroy(rt);
+    setenv("HKSAN_MODE", "quiet", 1);
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "memcheck: an error (compute-sanitizer exit status 86) "
+                                      "(CUDA_ERROR_LAUNCH_FAILED)"),
+                  "%s", rep.message);
+    ck_assert_int_eq(stats().canary_refused_memcheck, 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A hang under memcheck is found after 4 x the launch timeout. */
+START_TEST(memcheck_hang) {
+    setenv("HKFAKE_HANG", "step@8", 1);
+    hk_options o;
+    rt_options(&o, NULL, 200, 1);
+    o.canary_sanitizer = 1;
+    o.canary_sanitizer_path = fake_san;
+    hk_report rep = HK_REPORT_INIT;
+    rt = create(&o, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(8, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "did not finish within 800 ms under compute-sanitizer"), "%s",
+                  rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "hang");
+    ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "memcheck clean"), "%s", rep.canary);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The children of process p (its main thread's list). */
+static int children_of(pid_t p, pid_t *out, int max) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)p, (int)p);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    long c;
+    while (f && n < max && fscanf(f, "%ld", &c) == 1)
+        out[n++] = (pid_t)c;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The wrapper gets nothing of the application's (the spawn closes it), and
+ * the helper under it ends with the runtime. */
+START_TEST(memcheck_helper_inherits_nothing_and_ends) {
+    char mine_path[64];
+    snprintf(mine_path, sizeof mine_path, "/tmp/hk-app-fd.%d", (int)getpid());
+    int mine = open(mine_path, O_RDWR | O_CREAT, 0600); /* no O_CLOEXEC on purpose */
+    ck_assert_int_ge(mine, 0);
+    hk_report rep = HK_REPORT_INIT;
+    rt = make_rt_san(1, fake_san, &rep);
+    pid_t wrapper = hka_memcheck_pid(rt->canary), kids[4];
+    ck_assert_int_gt(wrapper, 0);
+    ck_assert_int_eq(children_of(wrapper, kids, 4), 1);
+    pid_t procs[2] = {wrapper, kids[0]};
+    for (int k = 0; k < 2; k++)
+        for (int fd = 0; fd < 64; fd++) {
+            char path[64], target[256];
+            snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)procs[k], fd);
+            ssize_t n = readlink(path, target, sizeof target - 1);
+            target[n > 0 ? n : 0] = '\0';
+            ck_assert_msg(strcmp(target, mine_path),
+                          "process %d holds the application's %s as fd %d", (int)procs[k],
+                          mine_path, fd);
+        }
+    close(mine);
+    unlink(mine_path);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+    for (int i = 0; i < 300 && alive(kids[0]) && proc_state(kids[0]) != 'Z'; i++)
+        usleep(10000);
+    ck_assert_msg(!alive(kids[0]) || proc_state(kids[0]) == 'Z', "the memcheck helper %d lives on",
+                  (int)kids[0]);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* ---- pushes ------------------------------------------------------------- */
 
 /* `hotkern push URL --key KEY --module m --release R --json FILE`: the exit
@@ -795,6 +1271,10 @@ END_TEST
 int main(void) {
     built_path(fake_lib, "lib/libhotkern-fakecuda.so");
     built_path(bad_helper, "stub/hotkern-canary-bad");
+    built_path(fake_san, "stub/fake-compute-sanitizer");
+    /* Never the machine's compute-sanitizer around the fake driver: the
+     * memcheck tests name the fake one. */
+    setenv("HK_COMPUTE_SANITIZER", "", 1);
     Suite *s = suite_create("canary");
     TCase *tc = tcase_create("fake");
     tcase_add_checked_fixture(tc, NULL, teardown);
@@ -841,6 +1321,26 @@ int main(void) {
     tcase_add_test(tc, helper_output_is_its_own);
     tcase_add_test(tc, missing_helper_fails_create);
     tcase_add_test(tc, push_policy_defaults_to_required);
+    tcase_add_test(tc, bad_helper_timed_reply);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("perf guard");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, slower_version_refused_with_both_times);
+    tcase_add_test(tc, ratio_and_floor_decide_together);
+    tcase_add_test(tc, runtime_policy_sets_the_limits);
+    tcase_add_test(tc, swap_policy_overrides_the_runtime);
+    tcase_add_test(tc, first_version_has_nothing_to_compare_with);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("memcheck");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, sanitizer_not_found_is_off_and_said);
+    tcase_add_test(tc, memcheck_refuses_what_a_plain_run_misses);
+    tcase_add_test(tc, sanitizer_that_cannot_start);
+    tcase_add_test(tc, memcheck_helper_inherits_nothing_and_ends);
+    tcase_add_test(tc, memcheck_report_without_a_fault_or_a_line);
+    tcase_add_test(tc, memcheck_hang);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -112,11 +112,17 @@ static struct {
         int tag; /* -1: any image */
         int kind;
         CUresult err;
+        double ms; /* FAKE_SLOW: how long a launch takes */
     } kctl[16];
     int nkctl;
-    CUresult sticky; /* a kernel faulted: every later call fails with it */
-    int hung;        /* a kernel hangs: synchronising never returns */
-} F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    /* GPU time (fake_kernel_slow): every launch advances it by its
+     * kernel's duration, and an event records it. */
+    uint64_t gpu_ns;
+    int memcheck_fd;   /* fake_set_memcheck_fd; -1: not under a sanitizer */
+    int memcheck_soft; /* a reported kernel goes on instead of faulting */
+    CUresult sticky;   /* a kernel faulted: every later call fails with it */
+    int hung;          /* a kernel hangs: synchronising never returns */
+} F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .memcheck_fd = -1};
 
 /* The driver's reader-preferring lock (fake_set_launch_model). */
 static pthread_rwlock_t drv_rw = PTHREAD_RWLOCK_INITIALIZER;
@@ -297,6 +303,7 @@ void fake_init(int ndev, int arch) {
     }
     F.violations = F.launches = 0;
     F.nkctl = 0;
+    F.gpu_ns = 0;
     F.sticky = CUDA_SUCCESS;
     F.hung = 0;
     pthread_cond_broadcast(&F.cond);
@@ -775,17 +782,35 @@ static CUresult f_FuncLoad(CUfunction f) {
     return r;
 }
 
-enum { KCTL_NONE, KCTL_FAULT, KCTL_HANG, KCTL_WRONG };
+enum { KCTL_NONE, KCTL_FAULT, KCTL_HANG, KCTL_WRONG, KCTL_SLOW, KCTL_OOB };
 static CUresult kctl_err; /* lock: the error of the last FAULT match */
+static double kctl_ms;    /* lock: the duration of the last SLOW match */
+
+#define FAKE_LAUNCH_NS 10000 /* a launch without a SLOW control: 10 us */
 
 /* The control matching kernel `name` of an image tagged `tag`. Lock held. */
 static int kernel_control(const char *name, int tag) {
     for (int i = 0; i < F.nkctl; i++)
         if (!strcmp(F.kctl[i].name, name) && (F.kctl[i].tag < 0 || F.kctl[i].tag == tag)) {
             kctl_err = F.kctl[i].err;
+            kctl_ms = F.kctl[i].ms;
             return F.kctl[i].kind;
         }
     return KCTL_NONE;
+}
+
+/* What memcheck would say of a write 4 KiB past a buffer: the report's
+ * lines as compute-sanitizer prints them, without its prefix (the fake
+ * sanitizer, tests/stub/fake_sanitizer.c, adds it). */
+static void memcheck_report(const char *kernel) {
+    dprintf(F.memcheck_fd,
+            "Invalid __global__ write of size 4 bytes\n"
+            "    at %s+0x70\n"
+            "    by thread (0,0,0) in block (0,0,0)\n"
+            "    Address 0x7f0000101000 is out of bounds\n"
+            "    and is 4,097 bytes after the nearest allocation at 0x7f0000000000 of size "
+            "1,048,576 bytes\n",
+            kernel);
 }
 
 /* Runs a fake kernel. Lock held. */
@@ -798,6 +823,15 @@ static CUresult run(fkern *fk, void **args) {
     }
     hkp_entry *e = &im->meta.entries[fk->entry];
     int kind = kernel_control(e->name, im->tag);
+    F.gpu_ns += kind == KCTL_SLOW ? (uint64_t)(kctl_ms * 1e6) : FAKE_LAUNCH_NS;
+    if (kind == KCTL_OOB && F.memcheck_fd >= 0) {
+        /* Caught by instrumentation: the kernel ends, the context with it. */
+        memcheck_report(e->name);
+        if (!F.memcheck_soft) {
+            F.sticky = CUDA_ERROR_LAUNCH_FAILED;
+            return CUDA_SUCCESS;
+        }
+    }
     if (kind == KCTL_HANG) {
         F.hung = 1; /* the launch is queued; it never ends */
         return CUDA_SUCCESS;
@@ -1222,12 +1256,29 @@ char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout) {
 
 /* ---- kernel controls and the loadable library's extra entry points ----- */
 
+static int add_control(const char *spec, int kind, CUresult err, double ms);
+
 int fake_kernel_control(const char *spec, int kind, CUresult err) {
+    return add_control(spec, kind, err, 0);
+}
+
+int fake_kernel_slow(const char *spec, double ms) {
+    return ms >= 0 ? add_control(spec, FAKE_SLOW, CUDA_SUCCESS, ms) : -1;
+}
+
+void fake_set_memcheck_fd(int fd, int soft) {
+    pthread_mutex_lock(&F.lock);
+    F.memcheck_fd = fd;
+    F.memcheck_soft = soft;
+    pthread_mutex_unlock(&F.lock);
+}
+
+static int add_control(const char *spec, int kind, CUresult err, double ms) {
     char name[64];
     int tag = -1;
     const char *at = strchr(spec, '@');
     size_t n = at ? (size_t)(at - spec) : strlen(spec);
-    if (!n || n >= sizeof name || (kind != FAKE_FAULT && kind != FAKE_HANG && kind != FAKE_WRONG))
+    if (!n || n >= sizeof name || kind < FAKE_FAULT || kind > FAKE_OOB)
         return -1;
     memcpy(name, spec, n);
     name[n] = '\0';
@@ -1243,10 +1294,14 @@ int fake_kernel_control(const char *spec, int kind, CUresult err) {
     if (ok) {
         snprintf(F.kctl[F.nkctl].name, sizeof F.kctl[F.nkctl].name, "%s", name);
         F.kctl[F.nkctl].tag = tag;
-        F.kctl[F.nkctl].kind = kind == FAKE_FAULT  ? KCTL_FAULT
-                               : kind == FAKE_HANG ? KCTL_HANG
-                                                   : KCTL_WRONG;
+        static const int kinds[] = {[FAKE_FAULT] = KCTL_FAULT,
+                                    [FAKE_HANG] = KCTL_HANG,
+                                    [FAKE_WRONG] = KCTL_WRONG,
+                                    [FAKE_SLOW] = KCTL_SLOW,
+                                    [FAKE_OOB] = KCTL_OOB};
+        F.kctl[F.nkctl].kind = kinds[kind];
         F.kctl[F.nkctl].err = err;
+        F.kctl[F.nkctl].ms = ms;
         F.nkctl++;
     }
     pthread_mutex_unlock(&F.lock);
@@ -1288,6 +1343,48 @@ static CUresult f_MemFree(CUdeviceptr d) {
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Events: a record takes the GPU time as it stands (the fake runs each
+ * kernel to its end at launch), so two around a launch measure that
+ * launch's duration. A hanging kernel blocks the event's synchronise as it
+ * blocks the context's. */
+typedef struct fevent {
+    uint64_t ns;
+    int recorded;
+} fevent;
+
+static CUresult f_EventCreate(CUevent *e, unsigned flags) {
+    fevent *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *e = (CUevent)ev;
+    return CUDA_SUCCESS;
+}
+static CUresult f_EventRecord(CUevent e, CUstream s) {
+    ENTER("cuEventRecord");
+    fevent *ev = (fevent *)e;
+    ev->ns = F.gpu_ns;
+    ev->recorded = 1;
+    LEAVE(F.sticky);
+}
+static CUresult f_EventSynchronize(CUevent e) {
+    ENTER("cuEventSynchronize");
+    while (F.hung)
+        pthread_cond_wait(&F.cond, &F.lock);
+    LEAVE(F.sticky);
+}
+static CUresult f_EventElapsedTime(float *ms, CUevent a, CUevent b) {
+    ENTER("cuEventElapsedTime");
+    fevent *x = (fevent *)a, *y = (fevent *)b;
+    if (!x->recorded || !y->recorded)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    *ms = (float)((double)(y->ns - x->ns) / 1e6);
+    LEAVE(F.sticky);
+}
+static CUresult f_EventDestroy(CUevent e) {
+    free(e);
+    return CUDA_SUCCESS;
+}
+
 void *fake_entry(const char *sym) {
     const hkl_driver *t = fake_driver();
 #define FAKE_ENTRY(field, name)                                                                    \
@@ -1305,5 +1402,16 @@ void *fake_entry(const char *sym) {
         return (void *)f_MemcpyDtoH;
     if (!strcmp(sym, "cuMemFree"))
         return (void *)f_MemFree;
+    static const struct {
+        const char *name;
+        void *fn;
+    } events[] = {{"cuEventCreate", (void *)f_EventCreate},
+                  {"cuEventRecord", (void *)f_EventRecord},
+                  {"cuEventSynchronize", (void *)f_EventSynchronize},
+                  {"cuEventElapsedTime", (void *)f_EventElapsedTime},
+                  {"cuEventDestroy", (void *)f_EventDestroy}};
+    for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
+        if (!strcmp(sym, events[i].name))
+            return events[i].fn;
     return NULL;
 }

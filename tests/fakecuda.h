@@ -109,17 +109,32 @@ void fake_captured_graph_destroy(CUgraph graph);
  * kernel is accepted and the fault `err` reaches the next call, and every
  * later one (the error is sticky, as a device fault is for its process); a
  * FAKE_HANG kernel never ends (synchronising and copies block for ever); a
- * FAKE_WRONG kernel stores ~tag instead of its tag. Returns 0, or -1 for a
- * bad spec or too many controls (16). fake_init clears them. */
-enum { FAKE_FAULT = 1, FAKE_HANG = 2, FAKE_WRONG = 3 };
+ * FAKE_WRONG kernel stores ~tag instead of its tag; a FAKE_OOB kernel
+ * writes past its buffer into valid memory: it runs as a correct one, but
+ * under a sanitizer (fake_set_memcheck_fd) it writes memcheck's report of
+ * the write to that descriptor and faults with CUDA_ERROR_LAUNCH_FAILED.
+ * Returns 0, or -1 for a bad spec or too many controls (16). fake_init
+ * clears them. The first control that matches a launch decides it. */
+enum { FAKE_FAULT = 1, FAKE_HANG = 2, FAKE_WRONG = 3, FAKE_SLOW = 4, FAKE_OOB = 5 };
 int fake_kernel_control(const char *spec, int kind, CUresult err);
+/* A FAKE_SLOW control: the kernel runs correctly and takes `ms` of GPU
+ * time. GPU time is a counter, not a clock: every launch advances it by
+ * its duration (10 us without a control), and CUDA events (cuEventRecord,
+ * cuEventElapsedTime, in the loadable library's entry points) read it, so
+ * a timed launch takes exactly what its control says. */
+int fake_kernel_slow(const char *spec, double ms);
+/* The descriptor a fake compute-sanitizer reads memcheck's reports from
+ * (-1: none, the default); soft: a reported kernel runs on to its end
+ * instead of faulting (as with --destroy-on-device-error kernel). */
+void fake_set_memcheck_fd(int fd, int soft);
 void fake_kernel_controls_clear(void);
 /* The sticky error a faulting kernel left, or CUDA_SUCCESS. */
 CUresult fake_sticky_error(void);
 
 /* The fake's entry point for driver symbol `sym` (its base name, as
  * cuGetProcAddress takes it): every entry of the driver table and the copies
- * a canary helper needs (cuMemcpyHtoD, cuMemcpyDtoH, cuMemFree); NULL for
+ * a canary helper needs (cuMemcpyHtoD, cuMemcpyDtoH, cuMemFree, the
+ * cuEvent* entries that time its launches); NULL for
  * anything else. For the loadable library (tests/stub/fakecuda_lib.c). */
 void *fake_entry(const char *sym);
 /* Names of the CUresults the fake knows ("CUDA_ERROR_ILLEGAL_ADDRESS"), and

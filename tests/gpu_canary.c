@@ -7,6 +7,10 @@
  * untouched: after every refusal the buffer holds exactly what the running
  * version has made of it, and the application's own CUDA calls still work.
  *
+ * Memcheck is off here, so that each verdict is the plain helper's (the
+ * CUresult of a fault, the launch timeout); tests/gpu_canary_perf.c runs
+ * the same kinds under memcheck.
+ *
  * SKIP without a device; one process, no fork (CUDA does not survive fork).
  * The helper is BUILD/bin/hotkern-canary.
  */
@@ -59,6 +63,7 @@ START_TEST(setup_live_program) {
     o.canary = 1;
     o.canary_helper = hkt_built_program("hotkern-canary");
     o.canary_timeout_ms = 2000;
+    o.canary_sanitizer = -1; /* the plain helper's verdicts (memcheck: gpu_canary_perf) */
     hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
     ck_assert_msg(hk_swap(rt, "m", GOOD, strlen(GOOD), NULL, &rep) == 0, "%s", rep.message);
@@ -107,6 +112,10 @@ START_TEST(good_version_commits_after_refusals) {
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_refused, 3);
+    ck_assert_int_eq(st.canary_refused_fault, 1);
+    ck_assert_int_eq(st.canary_refused_hang, 1);
+    ck_assert_int_eq(st.canary_refused_mismatch, 1);
+    ck_assert_int_eq(st.canary_sanitizer, 0);
     hk_runtime_destroy(rt);
     CK_CUDA(cudaFree(live));
     hk_report_clear(&rep);

@@ -5,7 +5,8 @@
  * to; a thread launches `step` on it through hk_launch on a stream of its
  * own, without pause, for the whole test. An endpoint on 127.0.0.1 (one
  * trusted key, the default swap template, so the push policy is
- * HK_CANARY_REQUIRE) takes `hotkern push`es: a good v1, then FAULTS, ENDLESS
+ * HK_CANARY_REQUIRE; the default runtime options, so memcheck runs where
+ * compute-sanitizer is found) takes `hotkern push`es: a good v1, then FAULTS, ENDLESS
  * and WRONG (each refused: exit 1, HK_ERR_CANARY, the version unchanged, and
  * the launch count grew while the push was handled), then a good v2. At the
  * end no launch failed and every element of the live buffer equals what the
@@ -38,7 +39,8 @@
 static hk_runtime *rt;
 static hk_endpoint *ep;
 static hk_kernel *step;
-static float *live; /* the application's buffer */
+static float *live;  /* the application's buffer */
+static int memcheck; /* the defaults found compute-sanitizer: faults are memcheck's */
 static char *tmp;
 static char url[64], key_path[4200], cli[4200];
 
@@ -164,6 +166,10 @@ static void start_program(void) {
     o.canary_timeout_ms = TIMEOUT_MS;
     hk_report rep = HK_REPORT_INIT;
     ck_assert_msg(hk_runtime_create(&rt, &o, &rep) == 0, "%s", rep.message);
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    memcheck = st.canary_sanitizer == 1;
+    printf("memcheck: %s\n", memcheck ? "on" : rep.message);
 
     hkn_seckey key;
     char pub_path[4200];
@@ -214,8 +220,11 @@ START_TEST(pushed_bad_versions_refused_while_launching) {
     push_committed("v1", GOOD, 1, 1);
     declare_test();
     ck_assert_int_eq(pthread_create(&L.thread, NULL, launch_loop, NULL), 0);
-    push_refused("faults", FAULTS, 2, "CUDA_ERROR_ILLEGAL_ADDRESS");
-    push_refused("endless", ENDLESS, 3, "did not finish within 2000 ms");
+    push_refused("faults", FAULTS, 2,
+                 memcheck ? "memcheck: Invalid __global__" : "CUDA_ERROR_ILLEGAL_ADDRESS");
+    push_refused("endless", ENDLESS, 3,
+                 memcheck ? "did not finish within 8000 ms under compute-sanitizer"
+                          : "did not finish within 2000 ms");
     push_refused("wrong", WRONG, 4, "differs from version 1");
     push_committed("v2", GOOD2, 5, 2);
     long before_stop = atomic_load(&L.launches);
@@ -230,6 +239,9 @@ START_TEST(pushed_bad_versions_refused_while_launching) {
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
     ck_assert_int_eq(st.canary_refused, 3);
+    ck_assert_int_eq(st.canary_refused_memcheck, memcheck ? 1 : 0);
+    ck_assert_int_eq(st.canary_refused_hang, 1);
+    ck_assert_int_eq(st.canary_refused_mismatch, 1);
     hk_endpoint_stop(ep);
     hk_runtime_destroy(rt);
     CK_CUDA(cudaFree(live));

@@ -19,7 +19,16 @@
  * pipe buffer, 64 KiB) is dropped rather than waited for, so the memory it
  * costs is bounded and the helper never stalls on it. Its end, the
  * helper's last words, is read when the helper ends or is killed and added
- * to how it ended.
+ * to how it ended. An owner that needs what the helper says there while it
+ * runs (the canary reads compute-sanitizer's reports from it) sets a line
+ * observer and drains the pipe when it wants (hku_child_drain_err).
+ *
+ * Wrappers: a helper may be started through another program (the canary's
+ * memcheck helper runs under compute-sanitizer). The spawn closes every
+ * descriptor past 3 itself, so the wrapper gets nothing of the
+ * application's either; a kill signals the child's whole process group,
+ * so the helper dies with its wrapper; and the helper is told whom it
+ * serves (--owner), since its parent is then the wrapper.
  *
  * Kill and reap: a killed child the kernel has not let go of within
  * kill_wait_ms (one inside a driver call can take a while to end) is kept in
@@ -42,6 +51,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
@@ -65,6 +75,7 @@ void hku_child_init(hku_child *c) {
     c->err_fd = -1;
     c->kill_sig = SIGKILL;
     c->kill_wait_ms = KILL_WAIT_MS;
+    c->last_status = -1;
     c->cancel_fd = -1;
     pthread_mutex_init(&c->cancel_lock, NULL);
 }
@@ -114,42 +125,91 @@ static int dying_reserve(hku_child *c) {
     return 0;
 }
 
-/* Reads what the ended (or killed) child left in its stderr pipe, keeps
- * the end of it in last_err with control bytes as spaces, and closes the
- * pipe. */
-static void read_last_err(hku_child *c) {
+/* Hands one line of the child's stderr (control bytes as spaces) to the
+ * owner's observer. */
+static void err_line_out(hku_child *c) {
+    c->err_part[c->err_plen] = '\0';
+    for (size_t i = 0; i < c->err_plen; i++)
+        if ((unsigned char)c->err_part[i] < 0x20 || c->err_part[i] == 0x7f)
+            c->err_part[i] = ' ';
+    c->err_line(c->err_ctx, c->err_part);
+    c->err_plen = 0;
+}
+
+/* Takes n bytes the child wrote to stderr: the end of them goes to
+ * last_err (raw until the child ended), and each line to the observer. */
+static void err_take(hku_child *c, const char *buf, size_t n) {
+    size_t cap = sizeof c->last_err - 1, kept = c->err_kept;
+    if (n >= cap) {
+        memcpy(c->last_err, buf + n - cap, cap);
+        kept = cap;
+    } else {
+        size_t drop = kept + n > cap ? kept + n - cap : 0;
+        memmove(c->last_err, c->last_err + drop, kept - drop);
+        memcpy(c->last_err + kept - drop, buf, n);
+        kept = kept - drop + n;
+    }
+    c->last_err[kept] = '\0';
+    c->err_kept = kept;
+    for (size_t i = 0; c->err_line && i < n; i++) {
+        if (buf[i] == '\n')
+            err_line_out(c);
+        else if (c->err_plen < sizeof c->err_part - 1)
+            c->err_part[c->err_plen++] = buf[i]; /* the rest of a long line is dropped */
+    }
+}
+
+/* Reads what the child has written to its stderr pipe so far, without
+ * blocking (the pipe is ours non-blocking). Bounded: the pipe holds at most
+ * its buffer, and a writer that keeps writing is cut off at 1 MiB a call. */
+static void err_drain(hku_child *c) {
     char buf[4096];
-    size_t kept = 0;
     ssize_t r;
     if (c->err_fd < 0)
         return;
-    c->last_err[0] = '\0';
-    /* Bounded: the pipe holds at most its buffer, and the writer is gone or
-     * going (a killed child that lingers could still write: stop at 1 MiB). */
     for (size_t total = 0; total < (1u << 20) && (r = read(c->err_fd, buf, sizeof buf)) > 0;
-         total += (size_t)r) {
-        size_t cap = sizeof c->last_err - 1, n = (size_t)r;
-        if (n >= cap) {
-            memcpy(c->last_err, buf + n - cap, cap);
-            kept = cap;
-        } else {
-            size_t drop = kept + n > cap ? kept + n - cap : 0;
-            memmove(c->last_err, c->last_err + drop, kept - drop);
-            memcpy(c->last_err + kept - drop, buf, n);
-            kept = kept - drop + n;
-        }
+         total += (size_t)r)
+        err_take(c, buf, (size_t)r);
+}
+
+void hku_child_drain_err(hku_child *c, int quiet_ms, int max_ms) {
+    err_drain(c);
+    double until = hku_now_ms() + max_ms;
+    struct pollfd p = {.fd = c->err_fd, .events = POLLIN};
+    while (quiet_ms > 0 && c->err_fd >= 0 && hku_now_ms() < until) {
+        double left = until - hku_now_ms();
+        int r = poll(&p, 1, left < quiet_ms ? (int)left + 1 : quiet_ms);
+        if (r <= 0 || !(p.revents & POLLIN))
+            return; /* quiet long enough, or the writer is gone */
+        err_drain(c);
     }
+}
+
+/* Reads what the ended (or killed) child left in its stderr pipe, keeps
+ * the end of it in last_err with control bytes as spaces, hands a last
+ * unfinished line to the observer, and closes the pipe. */
+static void read_last_err(hku_child *c) {
+    if (c->err_fd < 0)
+        return;
+    err_drain(c);
+    if (c->err_line && c->err_plen)
+        err_line_out(c);
+    size_t kept = c->err_kept;
     while (kept > 0 && (c->last_err[kept - 1] == '\n' || c->last_err[kept - 1] == ' '))
         kept--;
     c->last_err[kept] = '\0';
     for (size_t i = 0; i < kept; i++)
         if ((unsigned char)c->last_err[i] < 0x20 || c->last_err[i] == 0x7f)
             c->last_err[i] = ' ';
+    c->err_kept = 0;
     close(c->err_fd);
     c->err_fd = -1;
 }
 
-void hku_child_kill(hku_child *c, char *how, size_t n) {
+/* Closes the socket, waits up to grace_ms for the child to end by itself
+ * (reading its stderr meanwhile, so that a child writing its last words
+ * never waits on a full pipe), then kills it as hku_child_kill says. */
+static void child_stop(hku_child *c, int grace_ms, char *how, size_t n) {
     if (how && n)
         how[0] = '\0';
     if (c->fd >= 0)
@@ -160,16 +220,31 @@ void hku_child_kill(hku_child *c, char *how, size_t n) {
         return;
     int st = 0;
     pid_t r = waitpid(c->pid, &st, WNOHANG); /* did it end by itself? */
+    for (int i = 0; r == 0 && i < grace_ms / 10; i++) {
+        pthread_mutex_lock(&c->cancel_lock);
+        int cancelled = c->cancelled; /* a destroy does not wait out the grace */
+        pthread_mutex_unlock(&c->cancel_lock);
+        if (cancelled)
+            break;
+        err_drain(c);
+        usleep(10000);
+        r = waitpid(c->pid, &st, WNOHANG);
+    }
     if (r == 0) {
         /* Still running. When waitpid fails instead, the child is gone and
          * was reaped by someone else (a program that ignores SIGCHLD, or
          * reaps with waitpid(-1)): its pid may already name another
          * process, which must not be killed. A live child always answers
-         * 0, even under SA_NOCLDWAIT. */
-        kill(c->pid, c->kill_sig);
+         * 0, even under SA_NOCLDWAIT. Its process group (the child leads
+         * one, hku_child_start) is signalled, so that a helper started
+         * through a wrapper (compute-sanitizer) dies with the wrapper; the
+         * group cannot be another's while its unreaped leader exists. */
+        if (kill(-c->pid, c->kill_sig) < 0)
+            kill(c->pid, c->kill_sig);
         for (int i = 0; i < c->kill_wait_ms / 10 && (r = waitpid(c->pid, &st, WNOHANG)) == 0; i++)
             usleep(10000);
     }
+    c->last_status = r == c->pid ? st : -1;
     if (r == c->pid && how && n) {
         if (WIFSIGNALED(st))
             snprintf(how, n, "signal %d", WTERMSIG(st));
@@ -186,12 +261,23 @@ void hku_child_kill(hku_child *c, char *how, size_t n) {
     }
 }
 
+void hku_child_kill(hku_child *c, char *how, size_t n) {
+    child_stop(c, 0, how, n);
+}
+
+void hku_child_end(hku_child *c, int grace_ms, char *how, size_t n) {
+    child_stop(c, grace_ms > 0 ? grace_ms : 0, how, n);
+}
+
 int hku_child_gone(hku_child *c) {
     if (c->pid <= 0)
         return 1;
-    if (waitpid(c->pid, NULL, WNOHANG) == 0)
+    int st = 0;
+    pid_t r = waitpid(c->pid, &st, WNOHANG);
+    if (r == 0)
         return 0;
     /* Reaped now, or by someone else (then the pid must not be used). */
+    c->last_status = r == c->pid ? st : -1;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -249,6 +335,12 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, ep[1], 2);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    /* Nothing of the application's past 0 to 3 reaches the child: the helper
+     * closes the rest itself too, but one started through a wrapper
+     * (compute-sanitizer) keeps what the wrapper gives it. */
+    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+#endif
     posix_spawnattr_init(&at);
     sigset_t none, dfl;
     sigemptyset(&none);
@@ -281,6 +373,8 @@ int hku_child_start(hku_child *c, const char *what, char *const argv[], char *wh
     c->fd = sv[0];
     c->err_fd = ep[0];
     c->last_err[0] = '\0';
+    c->err_kept = c->err_plen = 0;
+    c->last_status = -1;
     /* Cancelled meanwhile: the new helper's socket is shut down at once. */
     pthread_mutex_lock(&c->cancel_lock);
     c->cancel_fd = fcntl(sv[0], F_DUPFD_CLOEXEC, 3);
@@ -307,11 +401,19 @@ void hku_child_finish(hku_child *c) {
 
 /* ---- the helper's side -------------------------------------------------- */
 
+/* The parent, and the process the helper serves when a wrapper
+ * (compute-sanitizer) stands between them: the helper ends when either is
+ * gone. */
+typedef struct watch_arg {
+    pid_t parent, owner; /* owner 0: the parent is the owner */
+} watch_arg;
+
 static void *orphan_watch(void *arg) {
-    pid_t parent = (pid_t)(intptr_t)arg;
+    watch_arg w = *(watch_arg *)arg;
+    free(arg);
     for (;;) {
         usleep(200000);
-        if (getppid() != parent)
+        if (getppid() != w.parent || (w.owner > 0 && kill(w.owner, 0) < 0 && errno == ESRCH))
             _exit(3);
     }
     return NULL;
@@ -328,10 +430,15 @@ static void close_above(int lo, int hi) {
 }
 
 int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val) {
-    int fd = -1;
+    int fd = -1, keep = 0;
+    long owner = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--fd"))
             fd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--keep-fds"))
+            keep = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--owner"))
+            owner = atol(argv[i + 1]);
         else if (opt && val && !strcmp(argv[i], opt))
             *val = atoi(argv[i + 1]);
     }
@@ -341,13 +448,23 @@ int hku_helper_init(int argc, char **argv, const char *name, const char *opt, in
     }
     /* Nothing of the application's but our socket: an inherited pipe or
      * listening socket held open by a helper that outlives the application's
-     * own use of it would keep its reader from EOF or its port bound. */
-    if (fd > 3)
-        close_above(2, fd);
-    close_above(fd, -1);
+     * own use of it would keep its reader from EOF or its port bound. A
+     * helper under a wrapper keeps what the wrapper gave it (its own
+     * channels; the application's were closed at the spawn). */
+    if (!keep) {
+        if (fd > 3)
+            close_above(2, fd);
+        close_above(fd, -1);
+    }
     signal(SIGPIPE, SIG_IGN);
     pthread_t watch;
-    if (pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid()) == 0)
-        pthread_detach(watch);
+    watch_arg *w = malloc(sizeof *w);
+    if (w) {
+        *w = (watch_arg){getppid(), (pid_t)owner};
+        if (pthread_create(&watch, NULL, orphan_watch, w) == 0)
+            pthread_detach(watch);
+        else
+            free(w);
+    }
     return fd;
 }

@@ -253,9 +253,19 @@ typedef struct hku_child {
     int fd;       /* the parent's end of the socket; -1: none */
     pid_t *dying; /* killed, not reaped yet (ndying of cap) */
     int ndying, cap;
-    int kill_sig, kill_wait_ms;  /* SIGKILL and 2000 ms; tests change them */
-    int err_fd;                  /* read end of the child's stderr pipe; -1: none */
-    char last_err[200];          /* the end of what it wrote there, read when it ended */
+    int kill_sig, kill_wait_ms; /* SIGKILL and 2000 ms; tests change them */
+    int err_fd;                 /* read end of the child's stderr pipe; -1: none */
+    char last_err[200];         /* the end of what it wrote there, read when it ended */
+    size_t err_kept;            /* bytes of last_err so far, while it runs */
+    /* The owner's observer of the child's stderr, line by line (NULL:
+     * none): each complete line, without its newline, control bytes as
+     * spaces, cut at 255 bytes, as it is read (hku_child_drain_err, and
+     * when the child ends). Called on the owner's thread. */
+    void (*err_line)(void *ctx, const char *line);
+    void *err_ctx;
+    char err_part[256]; /* the line being read */
+    size_t err_plen;
+    int last_status;             /* wait status of the child that ended last; -1: unknown */
     pthread_mutex_t cancel_lock; /* a leaf: covers the two fields below */
     int cancel_fd;               /* cancel_lock: a second descriptor of the socket; -1: none */
     int cancelled;               /* cancel_lock: no helper starts any more */
@@ -267,11 +277,22 @@ void hku_child_init(hku_child *c);
  * and stderr on a pipe it cannot block on (see util/proc.c). 0, or HK_ERR_IO / HK_ERR_NOMEM
  * with why. The child must close its inherited descriptors but 0 to 3 itself. */
 int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n);
-/* Closes the socket, kills the child (kill_sig) unless it ended already and
- * reaps it, waiting at most kill_wait_ms; one that takes longer goes to
- * `dying`. Says how it ended in how (may be NULL), with the end of its
- * stderr where how has room (also kept in last_err). */
+/* Closes the socket, kills the child and its process group (kill_sig)
+ * unless it ended already and reaps it, waiting at most kill_wait_ms; one
+ * that takes longer goes to `dying`. Says how it ended in how (may be
+ * NULL), with the end of its stderr where how has room (also kept in
+ * last_err; its wait status in last_status). */
 void hku_child_kill(hku_child *c, char *how, size_t n);
+/* hku_child_kill for a child that is expected to end by itself once its
+ * socket closes: it gets grace_ms to do so (its stderr read meanwhile),
+ * and is killed only after that. */
+void hku_child_end(hku_child *c, int grace_ms, char *how, size_t n);
+/* Reads what the running child has written to its stderr so far: the
+ * observer (err_line) sees each complete line. With quiet_ms > 0 it goes on
+ * reading until nothing came for quiet_ms, or max_ms passed (a writer that
+ * reports a little after the fact, as a wrapper's front end does); 0: no
+ * wait. */
+void hku_child_drain_err(hku_child *c, int quiet_ms, int max_ms);
 /* 1 when no child runs (it ended, and was reaped now: socket closed, pid
  * cleared), 0 while it runs. */
 int hku_child_gone(hku_child *c);
@@ -285,9 +306,12 @@ void hku_child_finish(hku_child *c);
 void hku_child_cancel(hku_child *c);
 /* The helper's side, first thing in its main: reads `--fd N` and the one
  * integer option named opt (into *val, untouched when absent) from argv;
- * closes every inherited descriptor but N; ignores SIGPIPE; and starts a
- * thread that ends the helper (status 3) once its parent is gone. Returns
- * N, or -1 (with a message naming `name` on stderr) when --fd is missing. */
+ * closes every inherited descriptor but N (unless `--keep-fds 1`: a helper
+ * started through a wrapper such as compute-sanitizer keeps the wrapper's
+ * channels); ignores SIGPIPE; and starts a thread that ends the helper
+ * (status 3) once its parent is gone, or the process `--owner PID` (the
+ * one it serves, when a wrapper is its parent). Returns N, or -1 (with a
+ * message naming `name` on stderr) when --fd is missing. */
 int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val);
 
 #endif /* HK_UTIL_H */

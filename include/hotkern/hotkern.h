@@ -161,7 +161,7 @@ extern "C" {
     X(HK_ERR_SUPERSEDED, -27, "a newer version was committed first") \
     /* a kernel attribute set through its handle does not fit the new version */ \
     X(HK_ERR_ATTRIBUTE, -28, "a kernel attribute does not fit the new version") \
-    /* the version failed its canary run: a test launch faulted, hung, gave other outputs than the running version, or (required) could not run; see report canary */ \
+    /* the version failed its canary run: a test launch faulted, hung, gave other outputs than the running version, was slower than the perf guard allows, drew an error from memcheck, or (required) could not run; see report canary and canary_refusal */ \
     X(HK_ERR_CANARY, -29, "the version failed its canary run") \
     /* the image is quarantined: it was committed shortly before the CUDA context was lost (see "Last known good") */ \
     X(HK_ERR_QUARANTINED, -30, "the image is quarantined (it ran when the context was lost)")
@@ -207,26 +207,42 @@ HK_API const char *hk_format_name(hk_format fmt);
  * size). A call given a report whose size is below the first layout returns
  * HK_ERR_INVALID and does nothing. The first layout ends at cache_hit. */
 typedef struct hk_report {
-    size_t size;       /* sizeof(hk_report) as the caller was built */
-    int error;         /* HK_OK or the HK_ERR_* returned */
-    int cu_result;     /* CUresult of the failing driver call, else 0 */
-    char cu_name[48];  /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
-    char module[64];   /* module concerned */
-    char kernel[128];  /* kernel concerned, when one is */
-    char message[512]; /* one line, e.g. "kernel 'step': parameter 1 ..." */
-    char *log;         /* compiler/JIT log or NULL; owned, see clear */
-    uint64_t version;  /* version committed, or attempted */
-    double build_ms;   /* source -> loadable image (NVRTC, nvJitLink) */
-    double stage_ms;   /* driver load, resolve, validate */
-    double commit_ms;  /* globals carried over and version published */
-    int cache_hit;     /* 1 when the build came from the compile cache */
-    double wait_ms;    /* the rest of total_ms: waiting for another swap, a
-                        * safe point, or reset recovery */
-    double total_ms;   /* wall time from the call (or submission) to the outcome */
-    char canary[160];  /* what the canary run found: "no canary tests", "3
-                        * launches passed (2 compared with version 4)", why
-                        * it could not run, or the failure; "" when none ran */
-    double canary_ms;  /* time spent in the canary run (part of total_ms) */
+    size_t size;             /* sizeof(hk_report) as the caller was built */
+    int error;               /* HK_OK or the HK_ERR_* returned */
+    int cu_result;           /* CUresult of the failing driver call, else 0 */
+    char cu_name[48];        /* its name, e.g. "CUDA_ERROR_INVALID_PTX" */
+    char module[64];         /* module concerned */
+    char kernel[128];        /* kernel concerned, when one is */
+    char message[512];       /* one line, e.g. "kernel 'step': parameter 1 ..." */
+    char *log;               /* compiler/JIT log or NULL; owned, see clear */
+    uint64_t version;        /* version committed, or attempted */
+    double build_ms;         /* source -> loadable image (NVRTC, nvJitLink) */
+    double stage_ms;         /* driver load, resolve, validate */
+    double commit_ms;        /* globals carried over and version published */
+    int cache_hit;           /* 1 when the build came from the compile cache */
+    double wait_ms;          /* the rest of total_ms: waiting for another swap, a
+                              * safe point, or reset recovery */
+    double total_ms;         /* wall time from the call (or submission) to the outcome */
+    char canary[160];        /* what the canary run found: "no canary tests", "3
+                              * launches passed (2 compared with version 4)", why
+                              * it could not run, or the failure; "" when none ran */
+    double canary_ms;        /* time spent in the canary run (part of total_ms) */
+    double canary_new_ms;    /* the perf guard's figures (hk_options.
+                              * canary_slowdown_max): the median GPU time of a
+                              * test launch of the new version, for the test
+                              * that came out slowest against the running
+                              * version (or, none timed on it, the longest);
+                              * the refused test's on a "slower" refusal;
+                              * 0: not timed */
+    double canary_old_ms;    /* the running version's on the same test and
+                              * inputs; 0: not timed (a first version, or
+                              * the running version could not be timed) */
+    char canary_refusal[16]; /* what refused the version: "fault" (a launch
+                              * failed, or the helper died or answered
+                              * nonsense during it), "hang", "mismatch",
+                              * "slower", "memcheck", "could_not_run"
+                              * (required but could not run, or a test that
+                              * does not fit the kernel); "" otherwise */
 } hk_report;
 
 #define HK_REPORT_INIT HK_SIZED_INIT(hk_report)
@@ -414,64 +430,97 @@ typedef struct hk_options {
                                * the runtime (copied); a swap's own headers of
                                * the same name come first */
     int nheaders;
-    int no_warm_start;         /* 1: do not warm NVRTC up on a background thread at
-                                * create (default 0: the first CUDA C swap then
-                                * does not pay NVRTC's start-up) */
-    int launch_hold_max_us;    /* longest a launch waits at the launch gate while
-                                * a swap or an unload has the driver; default 1000
-                                * (a launch that waited this long goes on, and
-                                * the driver then orders it) */
-    int destroy_wait_ms;       /* longest hk_runtime_destroy waits (for kernels
-                                * still running hotkern's code, a build, a
-                                * canary run, a callback); default 5000 */
-    int canary;                /* 1: run new versions' test launches
-                                * (hk_kernel_add_test) in a canary process
-                                * before they commit; the helper starts at
-                                * create. Default 0 */
-    const char *canary_helper; /* path of the hotkern-canary executable; NULL:
-                                * $HK_CANARY_HELPER, else hotkern-canary in
-                                * ../bin from the library (or program) that
-                                * holds hotkern, else PREFIX/bin */
-    int canary_timeout_ms;     /* longest one test launch may run before the
-                                * helper is killed, default 2000; the helper's
-                                * start and each image load get ten times this */
-    const char *state_dir;     /* last known good (see below): the directory
-                                * that keeps committed images and per-module
-                                * records across restarts (created; one
-                                * runtime at a time: locked while it lives;
-                                * refused when another user could change it);
-                                * NULL (default): kept in memory only */
-    int suspect_window_ms;     /* a version committed this shortly before the
-                                * context is lost is suspect, and one current
-                                * this long without a loss is known good;
-                                * default 60000 */
-    int restore;               /* 1: hk_runtime_create calls
-                                * hk_runtime_restore (a failure to restore is
-                                * then logged, not returned); default 0 */
-    int build_isolated;        /* 1: compile CUDA C (NVRTC) and PTX (nvJitLink)
-                                * in `hotkern-build`, a helper process started
-                                * at create, so that NVRTC never touches this
-                                * process's signal handlers and a compiler
-                                * crash or hang refuses one version instead of
-                                * ending the program (see hk_runtime_create);
-                                * 0 (default): in this process. The compile
-                                * cache stays in this process: a cache hit
-                                * never reaches the helper */
-    const char *build_helper;  /* path of the hotkern-build executable; NULL:
-                                * $HK_BUILD_HELPER, else hotkern-build found as
-                                * canary_helper's default is. Create fails with
-                                * HK_ERR_IO, saying why, when it cannot be
-                                * started or does not greet within 10 s */
-    int build_timeout_ms;      /* longest one isolated build may run; past it
-                                * the helper is killed (and restarted for the
-                                * next build) and the version refused with
-                                * HK_ERR_COMPILE; default 120000 */
-    hk_log_cb log;             /* set: the log callback from the start, so that
-                                * what create says (restore, helpers, the state
-                                * directory) reaches it; as hk_runtime_set_log
-                                * later. NULL: none (HOTKERN_LOG's stderr) */
-    void *log_userdata;        /* passed to log */
-    int log_min_level;         /* hk_log_level; default HK_LOG_INFO */
+    int no_warm_start;                 /* 1: do not warm NVRTC up on a background thread at
+                                        * create (default 0: the first CUDA C swap then
+                                        * does not pay NVRTC's start-up) */
+    int launch_hold_max_us;            /* longest a launch waits at the launch gate while
+                                        * a swap or an unload has the driver; default 1000
+                                        * (a launch that waited this long goes on, and
+                                        * the driver then orders it) */
+    int destroy_wait_ms;               /* longest hk_runtime_destroy waits (for kernels
+                                        * still running hotkern's code, a build, a
+                                        * canary run, a callback); default 5000 */
+    int canary;                        /* 1: run new versions' test launches
+                                        * (hk_kernel_add_test) in a canary process
+                                        * before they commit; the helper starts at
+                                        * create. Default 0 */
+    const char *canary_helper;         /* path of the hotkern-canary executable; NULL:
+                                        * $HK_CANARY_HELPER, else hotkern-canary in
+                                        * ../bin from the library (or program) that
+                                        * holds hotkern, else PREFIX/bin */
+    int canary_timeout_ms;             /* longest one test launch may run before the
+                                        * helper is killed, default 2000; the helper's
+                                        * start and each image load get ten times this */
+    const char *state_dir;             /* last known good (see below): the directory
+                                        * that keeps committed images and per-module
+                                        * records across restarts (created; one
+                                        * runtime at a time: locked while it lives;
+                                        * refused when another user could change it);
+                                        * NULL (default): kept in memory only */
+    int suspect_window_ms;             /* a version committed this shortly before the
+                                        * context is lost is suspect, and one current
+                                        * this long without a loss is known good;
+                                        * default 60000 */
+    int restore;                       /* 1: hk_runtime_create calls
+                                        * hk_runtime_restore (a failure to restore is
+                                        * then logged, not returned); default 0 */
+    int build_isolated;                /* 1: compile CUDA C (NVRTC) and PTX (nvJitLink)
+                                        * in `hotkern-build`, a helper process started
+                                        * at create, so that NVRTC never touches this
+                                        * process's signal handlers and a compiler
+                                        * crash or hang refuses one version instead of
+                                        * ending the program (see hk_runtime_create);
+                                        * 0 (default): in this process. The compile
+                                        * cache stays in this process: a cache hit
+                                        * never reaches the helper */
+    const char *build_helper;          /* path of the hotkern-build executable; NULL:
+                                        * $HK_BUILD_HELPER, else hotkern-build found as
+                                        * canary_helper's default is. Create fails with
+                                        * HK_ERR_IO, saying why, when it cannot be
+                                        * started or does not greet within 10 s */
+    int build_timeout_ms;              /* longest one isolated build may run; past it
+                                        * the helper is killed (and restarted for the
+                                        * next build) and the version refused with
+                                        * HK_ERR_COMPILE; default 120000 */
+    double canary_slowdown_max;        /* the canary's perf guard: each test launch
+                                        * that passed is repeated, once untimed and
+                                        * five times between CUDA events, on the
+                                        * new and on the running version with the
+                                        * same inputs; a version whose median GPU
+                                        * time is more than this many times the
+                                        * running version's AND more than
+                                        * canary_slowdown_min_ms longer is refused
+                                        * with HK_ERR_CANARY ("slower", both times
+                                        * in the report). Default 4.0 (0 also
+                                        * means 4.0); < 0: no guard (no timing) */
+    double canary_slowdown_min_ms;     /* default 1.0 (0 also means 1.0); < 0: no
+                                        * floor (the ratio alone decides) */
+    int canary_sanitizer;              /* memcheck: each test launch of the new
+                                        * version first runs in a second helper
+                                        * under `compute-sanitizer --tool
+                                        * memcheck`, so that an out-of-bounds or
+                                        * misaligned access is caught before it
+                                        * faults the GPU (or silently lands in
+                                        * valid memory) and refuses the version
+                                        * ("memcheck", the sanitizer's first error
+                                        * line in the report). 0 (default): on
+                                        * when compute-sanitizer is found and its
+                                        * helper starts, else off (create's
+                                        * report and the log say why); 1: on, and
+                                        * create fails with HK_ERR_IO when it
+                                        * cannot be; -1: off */
+    const char *canary_sanitizer_path; /* compute-sanitizer; NULL:
+                                        * $HK_COMPUTE_SANITIZER (set but empty:
+                                        * none), else bin/compute-sanitizer
+                                        * of the toolkit whose NVRTC hotkern
+                                        * uses, of $CUDA_HOME, $CUDA_PATH or
+                                        * /usr/local/cuda, else $PATH */
+    hk_log_cb log;                     /* set: the log callback from the start, so that
+                                        * what create says (restore, helpers, the state
+                                        * directory) reaches it; as hk_runtime_set_log
+                                        * later. NULL: none (HOTKERN_LOG's stderr) */
+    void *log_userdata;                /* passed to log */
+    int log_min_level;                 /* hk_log_level; default HK_LOG_INFO */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
@@ -600,6 +649,13 @@ typedef struct hk_swap_options {
                                      * and pulls set it), kept with the image in the
                                      * last-known-good records; 0: none */
     hk_build_profile build_profile; /* default HK_BUILD_PROFILE_DEFAULT */
+    double canary_slowdown_max;     /* this swap's perf guard (see
+                                     * hk_options.canary_slowdown_max): 0
+                                     * (default): the runtime's; > 0: this
+                                     * ratio (on even where the runtime's is
+                                     * off); < 0: off */
+    double canary_slowdown_min_ms;  /* 0 (default): the runtime's; > 0: this
+                                     * many ms; < 0: no floor */
 } hk_swap_options;
 
 /* As hk_options_init_size, for swap options. */
@@ -822,7 +878,24 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
  * and the running version goes on. The run happens on the thread that built
  * the version (the caller of hk_swap, or the worker), holding no lock that
  * launches or other hotkern calls wait for, between build and stage.
- * Rollbacks run no canary (they return to a version that ran). */
+ * Rollbacks run no canary (they return to a version that ran).
+ *
+ * Perf guard (hk_options.canary_slowdown_max, _min_ms; per swap in
+ * hk_swap_options): a test launch that passed is repeated, once untimed and
+ * five times between CUDA events, on the new version and on the running one
+ * with the same inputs; a version whose median GPU time is more than 4x the
+ * running version's and more than 1 ms longer (the defaults) is refused as
+ * "slower", with both times in the report (canary_new_ms, canary_old_ms).
+ * With no running version the new one is timed, said so, and not refused.
+ *
+ * Memcheck (hk_options.canary_sanitizer): where the toolkit's
+ * compute-sanitizer is found, each test launch of the new version first runs
+ * in a second helper under `compute-sanitizer --tool memcheck`, which catches
+ * out-of-bounds and misaligned accesses before they fault the GPU (a fault's
+ * recovery stalls every context on it) and those that land in valid memory
+ * (which a plain run misses); an error it reports refuses the version as
+ * "memcheck" with its first error line. hk_stats and the metrics count runs,
+ * refusals by kind, helper starts and the time spent. */
 
 /* A test launch under construction: grid, block, dynamic shared memory and
  * the kernel's arguments in order. Opaque; not thread-safe. */
@@ -1008,6 +1081,16 @@ typedef struct hk_stats {
     uint64_t context_lost;         /* sticky CUDA errors seen (0 or 1: the
                                     * first one ends the context) */
     uint64_t quarantined;          /* images quarantined now, all modules */
+    /* The canary's refusals by kind (hk_report.canary_refusal); they add
+     * up to canary_refused. */
+    uint64_t canary_refused_fault, canary_refused_hang, canary_refused_mismatch;
+    uint64_t canary_refused_slower, canary_refused_memcheck, canary_refused_could_not_run;
+    double canary_ms_total;    /* time spent in canary runs */
+    double canary_last_new_ms; /* the last timed run's figures, as
+                                * hk_report.canary_new_ms and canary_old_ms;
+                                * 0: none yet */
+    double canary_last_old_ms;
+    uint64_t canary_sanitizer; /* 1: test launches run under memcheck first */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)

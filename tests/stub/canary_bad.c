@@ -17,6 +17,9 @@
  *   extra      answers LOAD properly, LAUNCH with bytes left over
  *   flood      writes 4 MiB to stdout and to stderr (as a kernel's printf
  *              would), says READY, then exits at the first request
+ *   badtimed   answers LOAD properly, LAUNCH with a finished RESULT (no
+ *              buffers: the test must not compare) and, when timed runs
+ *              were asked for, a TIMED with one run too many
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
 #include <signal.h>
@@ -59,7 +62,28 @@ static void result(uint64_t size, size_t extra) {
     say(&b);
 }
 
-static void answer(const char *mode, uint32_t type) {
+/* A finished RESULT without buffers, then TIMED with runs + 1 times. */
+static void badtimed(uint32_t runs) {
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_RESULT);
+    hku_put_u32(&b, HKA_STAGE_DONE);
+    hku_put_u32(&b, 0);
+    hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, 0);
+    say(&b);
+    if (!runs)
+        return;
+    hku_buf_init(&b, HKA_MAGIC, HKA_TIMED);
+    hku_put_u32(&b, HKA_STAGE_DONE);
+    hku_put_u32(&b, 0);
+    hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, runs + 1);
+    for (uint32_t i = 0; i <= runs; i++)
+        hku_put_u64(&b, 1000);
+    say(&b);
+}
+
+static void answer(const char *mode, uint32_t type, const unsigned char *d, size_t len) {
     if (!strcmp(mode, "exit") || !strcmp(mode, "flood"))
         exit(0);
     if (!strcmp(mode, "silent") || !strcmp(mode, "linger"))
@@ -82,7 +106,12 @@ static void answer(const char *mode, uint32_t type) {
     }
     if (!strcmp(mode, "badtype"))
         loaded();
-    else if (!strcmp(mode, "wrongsize"))
+    else if (!strcmp(mode, "badtimed")) {
+        uint32_t runs = 0; /* LAUNCH ends with u32 outputs, warmups, runs */
+        if (len >= 4)
+            memcpy(&runs, d + len - 4, 4);
+        badtimed(runs);
+    } else if (!strcmp(mode, "wrongsize"))
         result(3, 0);
     else
         result(16, 5); /* extra */
@@ -137,7 +166,7 @@ int main(int argc, char **argv) {
         size_t len;
         if (hku_recv(fd, HKA_MAGIC, HKA_MAX_MSG, 0, &type, &d, &len) < 0)
             return 0;
+        answer(mode, type, d, len);
         free(d);
-        answer(mode, type);
     }
 }

@@ -19,6 +19,13 @@
  *                   (default CUDA_ERROR_ILLEGAL_ADDRESS); the error is sticky
  *   HKFAKE_HANG     "KERNEL,..." kernels that never finish
  *   HKFAKE_WRONG    "KERNEL,..." kernels that store a wrong value
+ *   HKFAKE_SLOW     "KERNEL=MS,..." kernels that take MS milliseconds of GPU
+ *                   time (as CUDA events measure it; nothing sleeps)
+ *   HKFAKE_OOB      "KERNEL,..." kernels that write past their buffer into
+ *                   valid memory: unseen, except by a (fake) sanitizer
+ *   HKFAKE_MEMCHECK_FD  set by tests/stub/fake_sanitizer.c: where memcheck's
+ *                   reports go; HKFAKE_MEMCHECK_SOFT=1: a reported kernel
+ *                   runs on instead of faulting
  * KERNEL is an entry name, or NAME@TAG for the images tagged TAG only.
  */
 #include <cuda.h>
@@ -35,6 +42,7 @@ HKFAKE_API CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version
 HKFAKE_API int hkfake_fault_kernel(const char *kernel, int cu_result);
 HKFAKE_API int hkfake_hang_kernel(const char *kernel);
 HKFAKE_API int hkfake_wrong_kernel(const char *kernel);
+HKFAKE_API int hkfake_slow_kernel(const char *kernel, double ms);
 HKFAKE_API void hkfake_clear_kernels(void);
 HKFAKE_API void hkfake_fail_call(const char *entry, int nth, int cu_result);
 HKFAKE_API int hkfake_calls(const char *entry);
@@ -63,6 +71,10 @@ int hkfake_hang_kernel(const char *kernel) {
 
 int hkfake_wrong_kernel(const char *kernel) {
     return kernel ? fake_kernel_control(kernel, FAKE_WRONG, CUDA_SUCCESS) : -1;
+}
+
+int hkfake_slow_kernel(const char *kernel, double ms) {
+    return kernel ? fake_kernel_slow(kernel, ms) : -1;
 }
 
 void hkfake_clear_kernels(void) {
@@ -105,15 +117,22 @@ static void env_controls(const char *var, int kind) {
     for (char *item = copy ? strtok_r(copy, ",", &save) : NULL; item;
          item = strtok_r(NULL, ",", &save)) {
         CUresult err = CUDA_ERROR_ILLEGAL_ADDRESS;
-        char *eq = strchr(item, '=');
+        double ms = -1;
+        char *eq = strchr(item, '='), *end = NULL;
         if (eq) {
             *eq = '\0';
-            if (kind != FAKE_FAULT || fake_cu_parse(eq + 1, &err) < 0) {
+            if (kind == FAKE_SLOW)
+                ms = strtod(eq + 1, &end);
+            if ((kind == FAKE_SLOW && (end == eq + 1 || *end || !(ms >= 0))) ||
+                (kind != FAKE_SLOW && (kind != FAKE_FAULT || fake_cu_parse(eq + 1, &err) < 0))) {
                 fprintf(stderr, "libhotkern-fakecuda: %s: bad item '%s=%s'\n", var, item, eq + 1);
                 continue;
             }
         }
-        if (fake_kernel_control(item, kind, err) < 0)
+        if (kind == FAKE_SLOW && ms < 0)
+            fprintf(stderr, "libhotkern-fakecuda: %s: '%s' without =MS\n", var, item);
+        else if ((kind == FAKE_SLOW ? fake_kernel_slow(item, ms)
+                                    : fake_kernel_control(item, kind, err)) < 0)
             fprintf(stderr, "libhotkern-fakecuda: %s: bad kernel '%s'\n", var, item);
     }
     free(copy);
@@ -124,6 +143,11 @@ void hkfake_reset(void) {
     env_controls("HKFAKE_FAULT", FAKE_FAULT);
     env_controls("HKFAKE_HANG", FAKE_HANG);
     env_controls("HKFAKE_WRONG", FAKE_WRONG);
+    env_controls("HKFAKE_SLOW", FAKE_SLOW);
+    env_controls("HKFAKE_OOB", FAKE_OOB);
+    const char *fd = getenv("HKFAKE_MEMCHECK_FD");
+    const char *soft = getenv("HKFAKE_MEMCHECK_SOFT");
+    fake_set_memcheck_fd(fd && *fd ? atoi(fd) : -1, soft && !strcmp(soft, "1"));
 }
 
 __attribute__((constructor)) static void fakecuda_lib_load(void) {
