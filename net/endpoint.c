@@ -516,16 +516,11 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         goto out;
     /* Signed bytes the engine refused already are answered as then, with no
      * artifact decoded and no build or canary run (net/refused.c). */
-    char mhash[65], before[HKN_REFUSED_MSG];
-    hkn_sha256_hex(man->valuestring, strlen(man->valuestring), mhash);
-    int prior = hkn_refused_find(ep->refused, m.module, m.version, mhash, before, sizeof before);
-    if (prior) {
+    char mhash[65];
+    if ((err = hkn_refused_check(ep->refused, &m, man->valuestring, strlen(man->valuestring), mhash,
+                                 rep))) {
         *again = 1;
         *version = m.version;
-        err = hku_fail(rep, prior,
-                       "%s v%llu was refused before (%s): %s (the same signed bytes are not "
-                       "applied again; publish the release signed anew to retry)",
-                       m.module, (unsigned long long)m.version, hk_err_name(prior), before);
         goto out;
     }
     for (size_t i = 0; i < m.nartifacts; i++) {

@@ -268,6 +268,11 @@ int hkn_refusal_is_final(int err);
  * message (cap bytes), or 0 when none is remembered. r may be NULL. */
 int hkn_refused_find(hkn_refused *r, const char *module, uint64_t version, const char *hash,
                      char *message, size_t cap);
+/* For an endpoint and a puller alike: hashes the verified manifest text
+ * (into hash, 65 bytes) and, when its release was refused before, fills rep
+ * with that refusal and returns its error; else 0. */
+int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifest, size_t len,
+                      char hash[65], hk_report *rep);
 /* Remembers a refusal (err != 0) of that release; r may be NULL. */
 void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
                      int err, const char *message);

@@ -335,14 +335,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     /* The engine refused these very bytes already (an origin whose ETag
      * changes defeats the validators): the same answer, with no artifact
      * fetched and no build or canary run (net/refused.c). */
-    char mhash[65], before[HKN_REFUSED_MSG];
-    hkn_sha256_hex(man.data, man.len, mhash);
-    int prior = hkn_refused_find(p->refused, m.module, m.version, mhash, before, sizeof before);
-    if (prior) {
-        err = hku_fail(rep, prior,
-                       "%s v%llu was refused before (%s): %s (the same manifest is not applied "
-                       "again; publish the release signed anew to retry)",
-                       m.module, (unsigned long long)m.version, hk_err_name(prior), before);
+    char mhash[65];
+    if ((err = hkn_refused_check(p->refused, &m, man.data, man.len, mhash, rep))) {
         keep = 1;
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);

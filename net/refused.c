@@ -126,3 +126,16 @@ void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const
     snprintf(e->message, sizeof e->message, "%s", message ? message : "");
     e->used = ++r->clock;
 }
+
+int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifest, size_t len,
+                      char hash[65], hk_report *rep) {
+    char before[HKN_REFUSED_MSG];
+    hkn_sha256_hex(manifest, len, hash);
+    int prior = hkn_refused_find(r, m->module, m->version, hash, before, sizeof before);
+    if (prior)
+        hku_fail(rep, prior,
+                 "%s v%llu was refused before (%s): %s (the same signed manifest is not applied "
+                 "again; publish the release signed anew to retry)",
+                 m->module, (unsigned long long)m->version, hk_err_name(prior), before);
+    return prior;
+}

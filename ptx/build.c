@@ -444,15 +444,21 @@ static void artifact_key(const crypto_generichash_state *ctx, const dep_list *d,
 
 /* Stores a's image, lowered names, dependencies and log under key
  * (ptx/entry.c's format). */
-static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const hkp_artifact *a) {
-    void *p;
-    size_t n;
-    int rc = hkp_artifact_format(a, &p, &n);
+/* Puts a formatted entry (rc and p from one of ptx/entry.c's formatters)
+ * under key, and frees it. */
+static int store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], int rc, void *p, size_t n) {
     if (rc)
         return rc;
     rc = hkp_cache_put(c, key, p, n);
     free(p);
     return rc;
+}
+
+static int artifact_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const hkp_artifact *a) {
+    void *p = NULL;
+    size_t n = 0;
+    int rc = hkp_artifact_format(a, &p, &n);
+    return store(c, key, rc, p, n);
 }
 
 /* Fills a from a cached entry; any inconsistency is a miss. */
@@ -467,14 +473,10 @@ static int artifact_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], hkp_art
 }
 
 static int manifest_store(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const dep_list *d) {
-    void *p;
-    size_t n;
+    void *p = NULL;
+    size_t n = 0;
     int rc = hkp_manifest_format(d, &p, &n);
-    if (rc)
-        return rc;
-    rc = hkp_cache_put(c, key, p, n);
-    free(p);
-    return rc;
+    return store(c, key, rc, p, n);
 }
 
 /* Reads the manifest: a miss when a path its search found empty holds a

@@ -682,20 +682,31 @@ static int canonical_dir(const char *dir, char real[PATH_MAX], hk_report *rep) {
 
 /* hk_watch_dir with opt in the library's layout and a full report, already
  * cleared. */
+/* What both ways of adding a directory start with: its canonical path, the
+ * runtime's watch source and the directory's options (*d, the caller's). */
+static int watch_prepare(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
+                         hk_build_profile profile, char real[PATH_MAX], watch_source **s,
+                         dir_opts **d, hk_report *rep) {
+    int err = canonical_dir(dir, real, rep);
+    if (err < 0)
+        return err;
+    if (!(*s = registry(rt, rep)))
+        return HK_ERR_NOMEM;
+    if (!(*d = dir_opts_new(real, opt, profile)))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    return 0;
+}
+
 static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
                           hk_report *rep) {
     if (!rt || !dir || !*dir)
         return hku_fail(rep, HK_ERR_INVALID, "hk_watch_dir: runtime and directory needed");
     char real[PATH_MAX];
-    int err = canonical_dir(dir, real, rep);
+    watch_source *s;
+    dir_opts *d;
+    int err = watch_prepare(rt, dir, opt, HK_BUILD_PROFILE_DEFAULT, real, &s, &d, rep);
     if (err < 0)
         return err;
-    watch_source *s = registry(rt, rep);
-    if (!s)
-        return HK_ERR_NOMEM;
-    dir_opts *d = dir_opts_new(real, opt, HK_BUILD_PROFILE_DEFAULT);
-    if (!d)
-        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     char other[PATH_MAX];
     pthread_mutex_lock(&s->add_mu);
     if (covered_by(s, real, 0, 1, other)) {
@@ -776,15 +787,11 @@ static int watch_start_call(hk_runtime *rt, const char *dir, const hk_watch_opti
         kinds |= bit;
     }
     char real[PATH_MAX];
-    int err = canonical_dir(dir, real, rep);
+    watch_source *s;
+    dir_opts *d;
+    int err = watch_prepare(rt, dir, so, o->build_profile, real, &s, &d, rep);
     if (err < 0)
         return err;
-    watch_source *s = registry(rt, rep);
-    if (!s)
-        return HK_ERR_NOMEM;
-    dir_opts *d = dir_opts_new(real, so, o->build_profile);
-    if (!d)
-        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     hkw_opts wo;
     hkw_opts_init(&wo);
     wo.debounce_ms = o->debounce_ms;
