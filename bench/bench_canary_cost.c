@@ -32,9 +32,12 @@
  * a push that committed, and 1 s separates pushes. Two rounds, side by side:
  * "plain" (memcheck off) and "memcheck" (options.canary_sanitizer = 1; when
  * compute-sanitizer cannot be had, the line says why and that round is
- * left out).
+ * left out). A third round, "light" (memcheck off), pushes the correct,
+ * wrong and NaN kinds with 1/32 of the work (n / 64 multiply-adds per
+ * thread): what a push costs the live program is bounded by how long the
+ * canary's own test launch holds the GPU (contexts are time-sliced).
  *
- *   bench_canary_cost [plain,memcheck] [baseline seconds]
+ *   bench_canary_cost [plain,memcheck,light] [baseline seconds]
  *
  * Self-checking on a device: every outcome must be the expected one (a
  * kind of refusal, or a commit), no live launch may fail and the live
@@ -118,6 +121,24 @@ static const kind kinds[] = {
 
 static void *base_img, *img[NKINDS];
 static size_t base_size, img_size[NKINDS];
+/* The light round's (NULL: the kind is not pushed there). */
+static void *lbase_img, *limg_k[NKINDS];
+static size_t lbase_size, limg_size[NKINDS];
+
+/* src with every "n / 2" (the work per thread) made "n / 64"; malloc'd. */
+static char *lighten(const char *src) {
+    char *out = malloc(strlen(src) * 2 + 1), *o = out;
+    if (!out)
+        exit(1);
+    for (const char *p = src; *p;)
+        if (!strncmp(p, "n / 2", 5)) {
+            o += sprintf(o, "n / 64");
+            p += 5;
+        } else
+            *o++ = *p++;
+    *o = '\0';
+    return out;
+}
 
 /* ---- the live program ----------------------------------------------------- */
 
@@ -220,7 +241,9 @@ static int expected(const char *want, const char *got) {
 /* One round: a runtime with the given sanitizer mode, every kind pushed.
  * Returns the number of unexpected outcomes, or -1 when the round could
  * not run. */
-static int round_of(const char *label, int sanitizer, double base_ms, int check) {
+static int round_of(const char *label, int sanitizer, int light, double base_ms, int check) {
+    void *const *imgs = light ? limg_k : img;
+    const size_t *sizes = light ? limg_size : img_size;
     char helper[PATH_MAX + 32];
     helper_path(helper, sizeof helper);
     hk_options o;
@@ -237,7 +260,9 @@ static int round_of(const char *label, int sanitizer, double base_ms, int check)
         hk_report_clear(&rep);
         return -1;
     }
-    if (swap(rt, base_img, base_size, HK_CANARY_SKIP, &rep) < 0) {
+    void *b_img = light ? lbase_img : base_img;
+    size_t b_size = light ? lbase_size : base_size;
+    if (swap(rt, b_img, b_size, HK_CANARY_SKIP, &rep) < 0) {
         printf("%s: the running version: %s\n", label, rep.message);
         hk_runtime_destroy(rt);
         return -1;
@@ -259,13 +284,16 @@ static int round_of(const char *label, int sanitizer, double base_ms, int check)
     usleep(GAP_US);
     printf("\n%s round (%s):\n", label,
            sanitizer > 0 ? "each test launch under compute-sanitizer memcheck first"
+           : light       ? "memcheck off, 1/32 of the work per test launch"
                          : "memcheck off");
     printf("  %-9s %-10s %-14s %10s %10s %12s %10s  %s\n", "push", "outcome", "kind", "push ms",
            "canary ms", "live max ms", "vs base", "check");
     int bad = 0;
     for (int i = 0; i < NKINDS; i++) {
+        if (!imgs[i])
+            continue;
         uint64_t t0 = bench_ns();
-        int err = swap(rt, img[i], img_size[i], HK_CANARY_REQUIRE, &rep);
+        int err = swap(rt, imgs[i], sizes[i], HK_CANARY_REQUIRE, &rep);
         uint64_t t1 = bench_ns();
         usleep(TAIL_MS * 1000);
         long count;
@@ -288,7 +316,7 @@ static int round_of(const char *label, int sanitizer, double base_ms, int check)
             printf("  %9s GPU time %.3f ms, running version %.3f ms\n", "", rep.canary_new_ms,
                    rep.canary_old_ms);
         if (!err)
-            swap(rt, base_img, base_size, HK_CANARY_SKIP, &rep); /* the next compares with it */
+            swap(rt, b_img, b_size, HK_CANARY_SKIP, &rep); /* the next compares with it */
         usleep(GAP_US);
     }
     hk_stats st = HK_STATS_INIT;
@@ -317,6 +345,18 @@ int main(int argc, char **argv) {
     base_img = bench_build(base_src, 1, &base_size);
     for (int i = 0; i < NKINDS; i++)
         img[i] = bench_build(kinds[i].src, 1, &img_size[i]);
+    if (strstr(modes, "light")) {
+        char *l = lighten(base_src);
+        lbase_img = bench_build(l, 1, &lbase_size);
+        free(l);
+        for (int i = 0; i < NKINDS; i++)
+            if (!strcmp(kinds[i].name, "correct") || !strcmp(kinds[i].name, "wrong") ||
+                !strcmp(kinds[i].name, "nan")) {
+                l = lighten(kinds[i].src);
+                limg_k[i] = bench_build(l, 1, &limg_size[i]);
+                free(l);
+            }
+    }
     size_t lsize;
     void *limg = bench_build("extern \"C\" __global__ void live(float *x, int n) { int i = "
                              "blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n",
@@ -345,11 +385,15 @@ int main(int argc, char **argv) {
     double base_ms = baseline(base_s);
     int bad = 0;
     if (strstr(modes, "plain")) {
-        int r = round_of("plain", -1, base_ms, check);
+        int r = round_of("plain", -1, 0, base_ms, check);
         bad += r > 0 ? r : 0;
     }
     if (strstr(modes, "memcheck")) {
-        int r = round_of("memcheck", 1, base_ms, check);
+        int r = round_of("memcheck", 1, 0, base_ms, check);
+        bad += r > 0 ? r : 0;
+    }
+    if (strstr(modes, "light")) {
+        int r = round_of("light", -1, 1, base_ms, check);
         bad += r > 0 ? r : 0;
     }
     printf("\n");

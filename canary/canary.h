@@ -259,7 +259,7 @@ int hka_sanitizer(hka_canary *c, char *why, size_t n);
  * helper at `helper`, device `dev` and owner pid `owner` (decimal strings
  * held by the caller): fills argv (room for HKA_SAN_ARGC entries, NULL
  * ended) and returns the count. */
-#define HKA_SAN_ARGC 24
+#define HKA_SAN_ARGC 28
 int hka_sanitizer_argv(char **argv, const char *sanitizer, const char *helper, const char *dev,
                        const char *owner);
 /* Tests: the signal a helper is killed with (SIGKILL) and how long a kill

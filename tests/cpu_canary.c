@@ -922,8 +922,11 @@ static char *slurp(const char *path) {
 
 /* A write past the buffer into valid memory runs silently in a plain run;
  * under memcheck it is refused with the sanitizer's first error line. The
- * memcheck helper runs under the command line hotkern builds, and is
- * replaced after the refusal. */
+ * memcheck helper runs under the command line hotkern builds, which asks
+ * the sanitizer to end only the kernel on such an error: the launch comes
+ * back finished and the helper is kept. An error that ends the context
+ * all the same (imprecise: HKSAN_MODE=hard) fails the launch, and the
+ * helper is replaced. */
 START_TEST(memcheck_refuses_what_a_plain_run_misses) {
     char argv_file[PATH_MAX], want[PATH_MAX + 32];
     snprintf(argv_file, sizeof argv_file, "/tmp/hk-san-argv.%d", (int)getpid());
@@ -942,6 +945,7 @@ START_TEST(memcheck_refuses_what_a_plain_run_misses) {
     ck_assert_msg(strstr(args, "\n--tool\nmemcheck\n--error-exitcode\n86\n--print-limit\n"), "%s",
                   args);
     ck_assert_msg(strstr(args, "\n--log-file\n/dev/stderr\n"), "%s", args);
+    ck_assert_msg(strstr(args, "\n--destroy-on-device-error\nkernel\n"), "%s", args);
     ck_assert_msg(strstr(args, want), "%s", args);
     free(args);
     unlink(argv_file);
@@ -949,19 +953,40 @@ START_TEST(memcheck_refuses_what_a_plain_run_misses) {
 
     ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
-                                      "size 4 bytes (CUDA_ERROR_LAUNCH_FAILED)"),
+                                      "size 4 bytes (the kernel was ended before it could fault "
+                                      "the GPU)"),
                   "%s", rep.message);
     ck_assert_str_eq(rep.canary_refusal, "memcheck");
-    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_FAILED");
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     hk_stats st = stats();
     ck_assert_int_eq(st.canary_refused_memcheck, 1);
-    ck_assert_int_eq(st.canary_helper_starts, 3);
+    ck_assert_int_eq(st.canary_helper_starts, 2); /* kept */
     ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"memcheck\"}"), 1);
+    ck_assert_int_eq(hka_memcheck_pid(rt->canary), before);
+    ck_assert(alive(before));
+    /* The kept helper judges the next version afresh: a clean one passes. */
+    ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "memcheck clean"), "%s", rep.canary);
+    hk_report_clear(&rep);
+    hk_runtime_destroy(rt);
+
+    /* An error that ends the context: the launch fails, the helper goes. */
+    setenv("HKSAN_MODE", "hard", 1);
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    before = hka_memcheck_pid(rt->canary);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
+                                      "size 4 bytes (CUDA_ERROR_LAUNCH_FAILED)"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_FAILED");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    ck_assert_int_eq(stats().canary_helper_starts, 3);
     pid_t after = hka_memcheck_pid(rt->canary);
     ck_assert_int_gt(after, 0);
     ck_assert_int_ne(after, before);
     ck_assert(!alive(before));
+    unsetenv("HKSAN_MODE");
 
     /* A clean version passes both helpers. */
     ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
@@ -1004,18 +1029,18 @@ START_TEST(sanitizer_that_cannot_start) {
 }
 END_TEST
 
-/* A launch that ends well but drew a report (the sanitizer let the kernel
- * run on) is refused all the same; a report whose lines never came (only
- * the exit status says so) is refused with the status. */
+/* A launch that ends well but drew a report (the sanitizer ended the
+ * kernel, or let it run on) is refused all the same; a report whose lines
+ * never came (only the exit status says so) is refused with the status. */
 START_TEST(memcheck_report_without_a_fault_or_a_line) {
     setenv("HKFAKE_OOB", "step@11", 1);
-    setenv("HKSAN_MODE", "soft", 1);
     hk_report rep = HK_REPORT_INIT;
     rt = make_rt_san(1, fake_san, &rep);
     start_with_test(HK_COMPARE_NONE, 0);
     ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "kernel 'step' test 1: memcheck: Invalid __global__ write of "
-                                      "size 4 bytes; the running version stays"),
+                                      "size 4 bytes (the kernel was ended before it could fault "
+                                      "the GPU); the running version stays"),
                   "%s", rep.message);
     ck_assert_str_eq(rep.canary_refusal, "memcheck");
     hk_runtime_destroy(rt);

@@ -19,9 +19,15 @@
  * Environment:
  *   HKSAN_ARGV   a file to write its command line to, one argument a line
  *   HKSAN_MODE   "fail": says it cannot run and exits 1 without a target;
- *                "soft": a reported kernel runs on (the target's launch
- *                succeeds), as with --destroy-on-device-error kernel;
- *                "quiet": reports nothing but the exit status
+ *                "hard": a reported kernel's launch fails even under
+ *                --destroy-on-device-error kernel (an imprecise error, which
+ *                always ends the context);
+ *                "quiet": reports nothing but the exit status (and the
+ *                launch fails, as "hard")
+ *
+ * As the real tool: with --destroy-on-device-error kernel a reported
+ * kernel is ended and the target's launch succeeds; without it (the
+ * default, "context") the launch fails.
  *
  * An option it does not know, or --tool other than memcheck, is an error
  * (exit 1), as a command line the real tool refuses would be. Built as
@@ -48,9 +54,10 @@ int main(int argc, char **argv) {
                                         "--show-backtrace",
                                         "--report-api-errors",
                                         "--log-file",
+                                        "--destroy-on-device-error",
                                         NULL};
     const char *tool = NULL, *log = NULL, *mode = getenv("HKSAN_MODE"), *argv_file;
-    int exitcode = 0, limit = 0, i = 1;
+    int exitcode = 0, limit = 0, i = 1, soft = 0;
     for (; i < argc && !strncmp(argv[i], "--", 2); i += 2) {
         int ok = 0;
         for (int k = 0; known[k]; k++)
@@ -67,7 +74,16 @@ int main(int argc, char **argv) {
             limit = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--log-file"))
             log = argv[i + 1];
+        else if (!strcmp(argv[i], "--destroy-on-device-error")) {
+            if (strcmp(argv[i + 1], "kernel") && strcmp(argv[i + 1], "context")) {
+                fprintf(stderr, "========= Error: bad --destroy-on-device-error %s\n", argv[i + 1]);
+                return 1;
+            }
+            soft = !strcmp(argv[i + 1], "kernel");
+        }
     }
+    if (mode && (!strcmp(mode, "hard") || !strcmp(mode, "quiet")))
+        soft = 0;
     if ((argv_file = getenv("HKSAN_ARGV"))) {
         FILE *f = fopen(argv_file, "w");
         for (int k = 0; f && k < argc; k++)
@@ -96,7 +112,7 @@ int main(int argc, char **argv) {
     if (child == 0) {
         close(p[0]);
         setenv("HKFAKE_MEMCHECK_FD", fd, 1);
-        if (mode && !strcmp(mode, "soft"))
+        if (soft)
             setenv("HKFAKE_MEMCHECK_SOFT", "1", 1);
         execv(argv[i], argv + i);
         _exit(127);
