@@ -63,6 +63,8 @@ typedef struct helper {
     char mc_first[160]; /* the first error line; "" none */
     char mc_api[160];   /* the first API error line ("Program hit ..."), a fallback */
     int mc_errors;
+    int mc_first_warn; /* mc_first is a warning ("Warning: Error buffer overflow ..."),
+                        * which a report's own line replaces */
 } helper;
 
 struct hka_canary {
@@ -357,13 +359,19 @@ static void mc_line(void *ctx, const char *line) {
             snprintf(h->mc_api, sizeof h->mc_api, "%s", text);
         return;
     }
-    if (!h->mc_errors++)
+    /* A warning (the sanitizer's error buffer overflowed, records were
+     * dropped) says there were errors, but what they were comes in the
+     * lines that follow, or came before. */
+    int warn = !strncmp(text, "Warning:", 8);
+    if (!h->mc_errors++ || (h->mc_first_warn && !warn)) {
         snprintf(h->mc_first, sizeof h->mc_first, "%s", text);
+        h->mc_first_warn = warn;
+    }
 }
 
 static void mc_reset(helper *h) {
     h->mc_first[0] = h->mc_api[0] = '\0';
-    h->mc_errors = 0;
+    h->mc_errors = h->mc_first_warn = 0;
 }
 
 static void helper_init(helper *h, const char *what, const char *who, int sanitized) {

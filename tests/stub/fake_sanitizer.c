@@ -23,7 +23,9 @@
  *                --destroy-on-device-error kernel (an imprecise error, which
  *                always ends the context);
  *                "quiet": reports nothing but the exit status (and the
- *                launch fails, as "hard")
+ *                launch fails, as "hard");
+ *                "overflow": says its error buffer overflowed before the
+ *                first report, as the real one does with many errors
  *
  * As the real tool: with --destroy-on-device-error kernel a reported
  * kernel is ended and the target's launch succeeds; without it (the
@@ -125,6 +127,9 @@ int main(int argc, char **argv) {
         line[strcspn(line, "\n")] = '\0';
         int report = line[0] != ' ';
         errors += report;
+        if (report && errors == 1 && mode && !strcmp(mode, "overflow"))
+            say("Warning: Error buffer overflow has been detected. Some records have been "
+                "dropped");
         if ((errors <= limit || limit == 0) && !(mode && !strcmp(mode, "quiet")))
             say(line);
     }
