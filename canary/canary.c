@@ -979,8 +979,9 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
     if (finished(o)) {
         /* What memcheck caught ended the kernel, not the context (see
          * hka_sanitizer_argv): the memcheck helper serves on. */
-        char what[200];
-        snprintf(what, sizeof what, "%s", h->mc_first);
+        char what[240];
+        snprintf(what, sizeof what, h->mc_first_warn ? "errors, their records dropped (%s)" : "%s",
+                 h->mc_first);
         mc_reset(h);
         return refuse(r, HKA_KIND_MEMCHECK, kernel, 0, NULL,
                       "kernel '%s' test %d: memcheck: %s (the kernel was ended before it could "

@@ -1045,13 +1045,22 @@ START_TEST(memcheck_report_without_a_fault_or_a_line) {
     ck_assert_str_eq(rep.canary_refusal, "memcheck");
     hk_runtime_destroy(rt);
     /* The sanitizer's warning that records were dropped is not what the
-     * report names: the error's own line is. */
+     * report names: the error's own line is (and the warning, alone). */
     setenv("HKSAN_MODE", "overflow", 1);
     rt = make_rt_san(1, fake_san, &rep);
     start_with_test(HK_COMPARE_NONE, 0);
     ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
     ck_assert_msg(strstr(rep.message, "memcheck: Invalid __global__ write of size 4 bytes"), "%s",
                   rep.message);
+    hk_runtime_destroy(rt);
+    setenv("HKSAN_MODE", "dropped", 1);
+    rt = make_rt_san(1, fake_san, &rep);
+    start_with_test(HK_COMPARE_NONE, 0);
+    ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "memcheck: errors, their records dropped (Warning: Error "
+                                      "buffer overflow has been detected. Some records have been "
+                                      "dropped)"),
+                  "%s", rep.message);
     hk_runtime_destroy(rt);
     setenv("HKSAN_MODE", "quiet", 1);
     rt = make_rt_san(1, fake_san, &rep);

@@ -156,7 +156,12 @@ START_TEST(out_of_bounds_into_valid_memory) {
         int err = swap(OOB_WRITE, 0, NULL, &rep);
         ck_assert_msg(err == HK_ERR_CANARY, "%s: %s", hk_strerror(err), rep.message);
         ck_assert_str_eq(rep.canary_refusal, "memcheck");
-        ck_assert_msg(strstr(rep.message, "memcheck: Invalid __global__ write"), "%s", rep.message);
+        /* Many threads' errors overflow the sanitizer's record buffer: it
+         * then says so instead of naming the first. */
+        ck_assert_msg(strstr(rep.message, "memcheck: Invalid __global__ write") ||
+                          strstr(rep.message, "memcheck: errors, their records dropped (Warning: "
+                                              "Error buffer overflow"),
+                      "%s", rep.message);
         printf("refused as expected: %s\n", rep.message);
     } else {
         /* A plain run misses it: the canary passes the version, and the

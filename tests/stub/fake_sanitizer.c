@@ -25,7 +25,9 @@
  *                "quiet": reports nothing but the exit status (and the
  *                launch fails, as "hard");
  *                "overflow": says its error buffer overflowed before the
- *                first report, as the real one does with many errors
+ *                first report, as the real one does with many errors;
+ *                "dropped": says so instead of any report (every record
+ *                dropped)
  *
  * As the real tool: with --destroy-on-device-error kernel a reported
  * kernel is ended and the target's launch succeeds; without it (the
@@ -127,9 +129,12 @@ int main(int argc, char **argv) {
         line[strcspn(line, "\n")] = '\0';
         int report = line[0] != ' ';
         errors += report;
-        if (report && errors == 1 && mode && !strcmp(mode, "overflow"))
+        int dropped = mode && !strcmp(mode, "dropped");
+        if (report && errors == 1 && mode && (!strcmp(mode, "overflow") || dropped))
             say("Warning: Error buffer overflow has been detected. Some records have been "
                 "dropped");
+        if (dropped)
+            continue;
         if ((errors <= limit || limit == 0) && !(mode && !strcmp(mode, "quiet")))
             say(line);
     }
