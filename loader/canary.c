@@ -125,7 +125,74 @@ static char *sanitizer_path(const char *opt, char *why, size_t n) {
     return p;
 }
 
+/* Device d's UUID as nvidia-smi -L prints it, without "GPU-". */
+static int uuid_text(hk_runtime *rt, CUdevice d, char *out, size_t n) {
+    CUuuid u;
+    if (rt->drv->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
+        return -1;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(out, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    return 0;
+}
+
+/* The ordinal options.canary_device names (see hotkern.h), checked: it
+ * exists and has the runtime's architecture. */
+static int canary_device(hk_runtime *rt, int *ordinal, hk_report *rep) {
+    const char *want = rt->opt.canary_device;
+    *ordinal = rt->dev[0].ordinal;
+    if (!want || !*want)
+        return 0;
+    int count = 0;
+    if (rt->drv->DeviceGetCount(&count) != CUDA_SUCCESS)
+        count = 0;
+    int found = -1;
+    size_t digits = strspn(want, "0123456789");
+    if (digits && !want[digits] && digits < 6) {
+        found = atoi(want);
+        if (found >= count)
+            found = -1;
+    } else {
+        const char *u = !strncasecmp(want, "GPU-", 4) ? want + 4 : want;
+        for (int i = 0; i < count && found < 0; i++) {
+            CUdevice d;
+            char text[48];
+            if (rt->drv->DeviceGet(&d, i) == CUDA_SUCCESS &&
+                uuid_text(rt, d, text, sizeof text) == 0 && !strcasecmp(text, u))
+                found = i;
+        }
+    }
+    if (found < 0)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "options.canary_device '%.80s': no such device (%d device%s: an ordinal "
+                        "below %d, or a UUID as nvidia-smi -L prints it)",
+                        want, count, count == 1 ? "" : "s", count);
+    CUdevice d;
+    int major = 0, minor = 0;
+    if (rt->drv->DeviceGet(&d, found) != CUDA_SUCCESS ||
+        rt->drv->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d) !=
+            CUDA_SUCCESS ||
+        rt->drv->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d) !=
+            CUDA_SUCCESS)
+        return hku_fail(rep, HK_ERR_INVALID, "options.canary_device '%.80s': cannot read device %d",
+                        want, found);
+    if (major * 10 + minor != rt->arch)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "options.canary_device '%.80s' is device %d, sm_%d; the runtime builds for "
+                        "sm_%d, whose images would not load there",
+                        want, found, major * 10 + minor, rt->arch);
+    *ordinal = found;
+    return 0;
+}
+
 int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
+    int ordinal = rt->dev[0].ordinal;
+    if (rt->opt.canary) {
+        int derr = canary_device(rt, &ordinal, rep);
+        if (derr < 0)
+            return derr;
+    }
     char *path = rt->opt.canary
                      ? hkl_helper_path(rt->opt.canary_helper, "HK_CANARY_HELPER", "hotkern-canary")
                      : NULL;
@@ -141,7 +208,7 @@ int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
         return hku_fail(rep, HK_ERR_IO, "options.canary_sanitizer is 1 (on), but %s", swhy);
     }
     hka_config cfg = {.helper = path,
-                      .device = rt->dev[0].ordinal,
+                      .device = ordinal,
                       .timeout_ms = rt->opt.canary_timeout_ms,
                       .start = 1,
                       .sanitizer = san,
@@ -161,6 +228,9 @@ int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
         hku_fail(rep, 0, "%s", text);
     } else if (!err && san)
         hk_log(rt, HK_LOG_INFO, "canary", "test launches run under %s memcheck first", san);
+    if (!err && rt->opt.canary && ordinal != rt->dev[0].ordinal)
+        hk_log(rt, HK_LOG_INFO, "canary", "canary runs on device %d (options.canary_device)",
+               ordinal);
     free(san);
     return err;
 }

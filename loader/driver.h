@@ -25,6 +25,7 @@
     X(DriverGetVersion, cuDriverGetVersion)                                                        \
     X(GetErrorName, cuGetErrorName)                                                                \
     X(DeviceGet, cuDeviceGet)                                                                      \
+    X(DeviceGetUuid, cuDeviceGetUuid)                                                              \
     X(DeviceGetAttribute, cuDeviceGetAttribute)                                                    \
     X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                            \
     X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease)                                          \

@@ -111,6 +111,7 @@ static void teardown(void) {
     unsetenv("HKBAD_MODE");
     unsetenv("HKSAN_MODE");
     unsetenv("HKSAN_ARGV");
+    unsetenv("HKFAKE_DEVICES");
 }
 
 static hk_stats stats(void) {
@@ -1074,6 +1075,80 @@ START_TEST(memcheck_report_without_a_fault_or_a_line) {
 }
 END_TEST
 
+/* The arguments of process p's command line, each followed by '\n'. */
+static void cmdline(pid_t p, char *out, size_t n) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)p);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(out, 1, n - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < len; i++)
+        out[i] = out[i] ? out[i] : '\n';
+    out[len] = '\0';
+}
+
+/* Create with options.canary_device set to dev, on two fake devices;
+ * returns create's result (rt set on success). */
+static int create_on(const char *dev, hk_report *rep) {
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    fake_init(2, 90);
+    setenv("HKFAKE_DEVICES", "2", 1); /* the helper's fake too */
+    o.canary_device = dev;
+    rt = NULL;
+    return hkl_runtime_create_with(&rt, &o, fake_driver(), rep);
+}
+
+/* options.canary_device: the helper runs on the device named by ordinal or
+ * by UUID (either case, "GPU-" optional), and test launches run there; a
+ * device that does not exist, or has another architecture, fails create
+ * with what was asked and what there is. */
+START_TEST(canary_on_another_device) {
+    static const char *const names[] = {"1", "GPU-fa4e0114-1516-1718-191a-1b1c1d1e1f20",
+                                        "FA4E0114-1516-1718-191A-1B1C1D1E1F20"};
+    hk_report rep = HK_REPORT_INIT;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(create_on(names[i], &rep) == 0, "%s: %s", names[i], rep.message);
+        char args[1024];
+        cmdline(hka_helper_pid(rt->canary), args, sizeof args);
+        ck_assert_msg(strstr(args, "\n--device\n1\n"), "%s: %s", names[i], args);
+        start_with_test(HK_COMPARE_NONE, 0);
+        ck_assert_msg(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
+        ck_assert_msg(strstr(rep.canary, "1 launch passed"), "%s", rep.canary);
+        hk_runtime_destroy(rt);
+    }
+    /* The default: the runtime's device. */
+    ck_assert_msg(create_on(NULL, &rep) == 0, "%s", rep.message);
+    char args[1024];
+    cmdline(hka_helper_pid(rt->canary), args, sizeof args);
+    ck_assert_msg(strstr(args, "\n--device\n0\n"), "%s", args);
+    hk_runtime_destroy(rt);
+    rt = NULL;
+
+    ck_assert_int_eq(create_on("2", &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(rt);
+    ck_assert_msg(strstr(rep.message, "options.canary_device '2': no such device (2 devices: an "
+                                      "ordinal below 2, or a UUID as nvidia-smi -L prints it)"),
+                  "%s", rep.message);
+    ck_assert_int_eq(create_on("GPU-fa4e0114-0000", &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "no such device"), "%s", rep.message);
+    hk_options o;
+    rt_options(&o, NULL, 2000, 1);
+    fake_init(2, 90);
+    fake_set_device_arch(1, 80);
+    o.canary_device = "1";
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "options.canary_device '1' is device 1, sm_80; the runtime "
+                                      "builds for sm_90"),
+                  "%s", rep.message);
+    /* No canary: the option is not looked at. */
+    o.canary = 0;
+    ck_assert_msg(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep) == 0, "%s", rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A hang under memcheck is found after 4 x the launch timeout. */
 START_TEST(memcheck_hang) {
     setenv("HKFAKE_HANG", "step@8", 1);
@@ -1384,6 +1459,7 @@ int main(void) {
     tcase_add_test(tc, memcheck_helper_inherits_nothing_and_ends);
     tcase_add_test(tc, memcheck_report_without_a_fault_or_a_line);
     tcase_add_test(tc, memcheck_hang);
+    tcase_add_test(tc, canary_on_another_device);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

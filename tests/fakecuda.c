@@ -81,6 +81,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int ndev, arch;
+    int dev_arch[MAXDEV]; /* fake_set_device_arch; 0: arch */
     fctx prim[MAXDEV];
     int active[MAXDEV];
     unsigned long long next_id;
@@ -296,6 +297,7 @@ void fake_init(int ndev, int arch) {
     atomic_store(&launch_us, -1);
     F.ndev = ndev;
     F.arch = arch;
+    memset(F.dev_arch, 0, sizeof F.dev_arch);
     for (int i = 0; i < MAXDEV; i++) {
         F.prim[i].dev = i;
         F.prim[i].id = ++F.next_id;
@@ -436,9 +438,26 @@ static CUresult f_DeviceGetCount(int *n) {
     *n = F.ndev;
     return CUDA_SUCCESS;
 }
+/* Device d's UUID: bytes 0xfa, 0x4e, then d, then 13 bytes of d * 17 + i. */
+static CUresult f_DeviceGetUuid(CUuuid *u, CUdevice d) {
+    if (d < 0 || d >= F.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    unsigned char *b = (unsigned char *)u->bytes;
+    b[0] = 0xfa;
+    b[1] = 0x4e;
+    b[2] = (unsigned char)d;
+    for (int i = 3; i < 16; i++)
+        b[i] = (unsigned char)(d * 17 + i);
+    return CUDA_SUCCESS;
+}
+void fake_set_device_arch(int dev, int arch) {
+    if (dev >= 0 && dev < MAXDEV)
+        F.dev_arch[dev] = arch;
+}
 static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
-    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR            ? F.arch / 10
-         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR          ? F.arch % 10
+    int arch = d >= 0 && d < MAXDEV && F.dev_arch[d] ? F.dev_arch[d] : F.arch;
+    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR            ? arch / 10
+         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR          ? arch % 10
          : a == CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ? FAKE_SMEM_OPTIN
                                                                       : 0;
     return CUDA_SUCCESS;

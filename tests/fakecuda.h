@@ -33,6 +33,9 @@ char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout);
 
 /* Resets all fake state: ndev devices of the given arch, nothing loaded. */
 void fake_init(int ndev, int arch);
+/* Gives device dev another architecture (until the next fake_init). Each
+ * device's UUID (cuDeviceGetUuid) is fa4e<dev>... (tests/fakecuda.c). */
+void fake_set_device_arch(int dev, int arch);
 const hkl_driver *fake_driver(void);
 
 /* The next `nth`-th call (1 = the next one) of driver entry `entry` (the

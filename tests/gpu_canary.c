@@ -122,6 +122,67 @@ START_TEST(good_version_commits_after_refusals) {
 }
 END_TEST
 
+/* options.canary_device on the real driver: by the UUID the runtime API
+ * gives device 0 (nvidia-smi -L's form), and by ordinal 1 where a second
+ * GPU of the same architecture exists; a device that does not exist fails
+ * create, saying so. */
+START_TEST(canary_device_by_uuid) {
+    struct cudaDeviceProp p;
+    CK_CUDA(cudaGetDeviceProperties(&p, 0));
+    const unsigned char *b = (const unsigned char *)p.uuid.bytes;
+    char uuid[64];
+    snprintf(uuid, sizeof uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+             b[15]);
+    int count = 0;
+    CK_CUDA(cudaGetDeviceCount(&count));
+    const char *names[2] = {uuid, NULL};
+    if (count > 1) {
+        struct cudaDeviceProp q;
+        CK_CUDA(cudaGetDeviceProperties(&q, 1));
+        if (q.major == p.major && q.minor == p.minor)
+            names[1] = "1";
+    }
+    if (!names[1])
+        printf("SKIP canary_device on a second GPU: %d device(s) of sm_%d%d\n", count, p.major,
+               p.minor);
+    hk_report rep = HK_REPORT_INIT;
+    for (int i = 0; i < 2 && names[i]; i++) {
+        hk_options o;
+        hk_options_init(&o);
+        o.cache_dir = "";
+        o.canary = 1;
+        o.canary_helper = hkt_built_program("hotkern-canary");
+        o.canary_sanitizer = -1;
+        o.canary_device = names[i];
+        hk_runtime *r = NULL;
+        ck_assert_msg(hk_runtime_create(&r, &o, &rep) == 0, "%s: %s", names[i], rep.message);
+        ck_assert_msg(hk_swap(r, "m", GOOD, strlen(GOOD), NULL, &rep) == 0, "%s", rep.message);
+        hk_kernel *k;
+        ck_assert_int_eq(hk_kernel_get(r, "m", "step", &k), 0);
+        declare_step_test(k, N);
+        ck_assert_msg(hk_swap(r, "m", GOOD2, strlen(GOOD2), NULL, &rep) == 0, "%s", rep.message);
+        ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)"), "%s",
+                      rep.canary);
+        int err = hk_swap(r, "m", FAULTS, strlen(FAULTS), NULL, &rep);
+        ck_assert_msg(err == HK_ERR_CANARY, "%s: %s", hk_strerror(err), rep.message);
+        printf("canary_device %s: committed, then refused: %s\n", names[i], rep.message);
+        hk_runtime_destroy(r);
+    }
+    hk_options o;
+    hk_options_init(&o);
+    o.canary = 1;
+    o.canary_helper = hkt_built_program("hotkern-canary");
+    o.canary_device = "99";
+    hk_runtime *r = NULL;
+    ck_assert_int_eq(hk_runtime_create(&r, &o, &rep), HK_ERR_INVALID);
+    ck_assert_msg(strstr(rep.message, "options.canary_device '99': no such device"), "%s",
+                  rep.message);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 int main(void) {
     if (!hkt_gpu_or_skip("gpu_canary"))
         return HKT_SKIP;
@@ -133,6 +194,7 @@ int main(void) {
     tcase_add_test(tc, endless_kernel_refused);
     tcase_add_test(tc, wrong_output_refused);
     tcase_add_test(tc, good_version_commits_after_refusals);
+    tcase_add_test(tc, canary_device_by_uuid);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -521,6 +521,17 @@ typedef struct hk_options {
                                         * later. NULL: none (HOTKERN_LOG's stderr) */
     void *log_userdata;                /* passed to log */
     int log_min_level;                 /* hk_log_level; default HK_LOG_INFO */
+    const char *canary_device;         /* the device the canary helpers run on: NULL or
+                                        * "" (default) the runtime's first; a decimal
+                                        * ordinal ("1"); or a UUID as nvidia-smi -L
+                                        * prints it ("GPU-6e1f...", the "GPU-" optional).
+                                        * A fault in a canary run stalls every context
+                                        * of the device it runs on (README, "Memcheck"):
+                                        * on another GPU it costs the program's none.
+                                        * It must have the runtime's architecture;
+                                        * create fails with HK_ERR_INVALID, saying why,
+                                        * for one that is missing or differs. Read at
+                                        * create only */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
