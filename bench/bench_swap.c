@@ -100,6 +100,41 @@ static double raw_nvrtc_swap(const char *src, int toolkit) {
     return ms;
 }
 
+/* Raw NVRTC with the options hotkern's default build gives NVRTC (the
+ * arch, ptxas -O3, the toolkit's include directories, the automatic PCH
+ * and its diagnostics), + cuLibraryLoadData + launch of k0, in ms: what a
+ * program would do by hand to get hotkern's build. */
+static double raw_nvrtc_pch_swap(const char *src) {
+    const hkp_toolkit *tk = hkp_toolkit_get();
+    char opt[32], inc[4200], cccl[4200];
+    snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", bench_arch());
+    snprintf(inc, sizeof inc, "-I%s", tk->include);
+    snprintf(cccl, sizeof cccl, "-I%s", tk->cccl);
+    const char *opts[] = {opt,    "--ptxas-options=-O3",          inc, cccl,
+                          "-pch", "--diag-suppress=629,639,20283"};
+    uint64_t t0 = bench_ns();
+    nvrtcProgram prog;
+    nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
+    if (nvrtcCompileProgram(prog, 6, opts) != NVRTC_SUCCESS) {
+        fprintf(stderr, "raw NVRTC (PCH) failed\n");
+        exit(1);
+    }
+    size_t n;
+    nvrtcGetCUBINSize(prog, &n);
+    char *bin = malloc(n);
+    nvrtcGetCUBIN(prog, bin);
+    nvrtcDestroyProgram(&prog);
+    CUlibrary lib;
+    CUkernel k;
+    bd.LibraryLoadData(&lib, bin, NULL, NULL, 0, NULL, NULL, 0);
+    bd.LibraryGetKernel(&k, lib, "k0");
+    launch_raw((CUfunction)k);
+    double ms = (double)(bench_ns() - t0) / 1e6;
+    bd.LibraryUnload(lib);
+    free(bin);
+    return ms;
+}
+
 static void report(const char *what, double *v, int n, double base) {
     double m = bench_median(v, n);
     printf("  %-46s median %8.3f ms  (min %.3f, max %.3f)", what, m, v[0], v[n - 1]);
@@ -286,6 +321,31 @@ static void latency(void) {
         hk[i] = (double)(bench_ns() - t0) / 1e6;
     }
     report("hk_swap(one-line kernel, real edit)+launch", hk, REPS, base_tiny);
+    /* The same against raw NVRTC with hotkern's options and PCH, round by
+     * round (one of each per round, the order swapped every round), so that
+     * the host's slow and fast moments hit both alike. */
+    {
+        enum { ROUNDS = 40 };
+        double r2[ROUNDS], h2[ROUNDS];
+        (void)raw_nvrtc_pch_swap(fresh_of(bench_fmt_tiny, 850)); /* its PCH */
+        for (int i = 0; i < ROUNDS; i++) {
+            for (int j = 0; j < 2; j++) {
+                if ((i + j) % 2 == 0) {
+                    r2[i] = raw_nvrtc_pch_swap(fresh_of(bench_fmt_tiny, 2000 + i));
+                } else {
+                    const char *src = fresh_of(bench_fmt_tiny, 3000 + i);
+                    uint64_t t0 = bench_ns();
+                    swap_or_die(rtc, "t", src, strlen(src));
+                    launch_hk(rtc, "t");
+                    h2[i] = (double)(bench_ns() - t0) / 1e6;
+                }
+            }
+        }
+        printf("  interleaved, %d rounds (one-line kernel, real edits):\n", ROUNDS);
+        double base_pch = bench_median(r2, ROUNDS);
+        report("raw NVRTC(hotkern's options, -pch)+load+launch", r2, ROUNDS, 0);
+        report("hk_swap(one-line kernel)+launch", h2, ROUNDS, base_pch);
+    }
     char *seen1 = strdup(fresh_src(5000)), *seen2 = strdup(fresh_src(5001));
     swap_or_die(rtc, "m", seen1, strlen(seen1));
     swap_or_die(rtc, "m", seen2, strlen(seen2));
