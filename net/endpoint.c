@@ -240,22 +240,18 @@ int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
 
 /* o with every zero number and a NULL address replaced by its default. */
 static hk_endpoint_options with_defaults(const hk_endpoint_options *o) {
+    static const hkn_field zero_is_default[] = {
+        HKN_FIELD(hk_endpoint_options, address),
+        HKN_FIELD(hk_endpoint_options, max_body_bytes),
+        HKN_FIELD(hk_endpoint_options, max_connections),
+        HKN_FIELD(hk_endpoint_options, timeout_s),
+        HKN_FIELD(hk_endpoint_options, per_ip_connections),
+        HKN_FIELD(hk_endpoint_options, request_timeout_s),
+        HKN_FIELD(hk_endpoint_options, threads),
+    };
     hk_endpoint_options d, r = *o;
     hk_endpoint_options_init(&d);
-    if (!r.address)
-        r.address = d.address;
-    if (!r.max_body_bytes)
-        r.max_body_bytes = d.max_body_bytes;
-    if (!r.max_connections)
-        r.max_connections = d.max_connections;
-    if (!r.timeout_s)
-        r.timeout_s = d.timeout_s;
-    if (!r.per_ip_connections)
-        r.per_ip_connections = d.per_ip_connections;
-    if (!r.request_timeout_s)
-        r.request_timeout_s = d.request_timeout_s;
-    if (!r.threads)
-        r.threads = d.threads;
+    hkn_zero_defaults(&r, &d, zero_is_default, sizeof zero_is_default / sizeof *zero_is_default);
     if (!r.max_inflight_bytes)
         r.max_inflight_bytes = 2 * r.max_body_bytes;
     return r;
@@ -569,53 +565,6 @@ static int incoming_artifacts(struct incoming *in, const hkn_manifest *m, const 
     return 0;
 }
 
-/* Records the verified release m as accepted, hands it to the engine and,
- * when the engine refuses it, takes the record back and remembers the
- * refusal (of the manifest whose hash is mhash). Within the state's
- * transaction. */
-static int commit_release(hkn_endpoint *ep, const hkn_manifest *m, const void *const *bytes,
-                          const size_t *sizes, const char *mhash, hk_report *rep) {
-    /* Persist first (net/state.c): recorded before the engine commits,
-     * taken back if it refuses. */
-    uint64_t prev = 0;
-    int err;
-    if ((err = hkn_state_lookup(ep->state, m->module, &prev, rep)) ||
-        (err = hkn_state_accept(ep->state, m->module, m->version, rep)))
-        return err;
-    size_t k = hkn_pick_artifact(m, ep->eng.arch);
-    hk_report arep = HK_REPORT_INIT;
-    hk_header hdrs[HKN_MAX_ARTIFACTS];
-    int nh = hkn_release_headers(m, bytes, sizes, hdrs);
-    err = ep->eng.apply(ep->eng.ud, m->module, m->version, m->artifacts[k].format, bytes[k],
-                        sizes[k], hdrs, nh, "push", &arep);
-    /* The engine's report carries the build detail; keep the release's
-     * identity (module and release version) on top of it. */
-    char *log = arep.log;
-    arep.log = NULL;
-    hk_report keep = *rep;
-    *rep = arep;
-    rep->log = log;
-    snprintf(rep->module, sizeof rep->module, "%s", keep.module);
-    rep->version = m->version;
-    rep->error = err;
-    if (!err)
-        return 0;
-    if (!rep->message[0])
-        snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m->module,
-                 (unsigned long long)m->version, hk_err_name(err));
-    hk_report srep = HK_REPORT_INIT;
-    if (hkn_state_revert(ep->state, m->module, m->version, prev, &srep) != 0) {
-        size_t n = strlen(rep->message);
-        snprintf(rep->message + n, sizeof rep->message - n,
-                 " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m->version,
-                 srep.message);
-    }
-    hk_report_clear(&srep);
-    if (hkn_refusal_is_final(err))
-        hkn_refused_add(ep->refused, m->module, m->version, mhash, err, rep->message);
-    return err;
-}
-
 /* Verifies and applies one release, sent as JSON or as a frame: the same
  * checks in the same order, over the same signed bytes. *verified is set
  * once the manifest's signature (and form) checked out. */
@@ -647,7 +596,8 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
         cJSON_Delete(in.root);
         in.root = NULL;
         *version = m.version;
-        err = commit_release(ep, &m, bytes, sizes, mhash, rep);
+        err = hkn_release_commit(&ep->eng, ep->state, ep->refused, &m, bytes, sizes, mhash, "push",
+                                 0, NULL, rep);
     }
     hkn_state_end(ep->state);
 out:
@@ -912,32 +862,26 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
     return reply(c, MHD_HTTP_OK, text, "text/plain; version=0.0.4; charset=utf-8");
 }
 
-static void sample(hk_metrics_writer *w, const char *name, const char *type, const char *help,
-                   uint64_t v) {
-    hk_metrics_family(w, name, type, help);
-    hk_metrics_sample(w, name, NULL, NULL, v);
-}
-
 void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
-    sample(w, "hotkern_push_connections", "gauge", "Connections open to the endpoint.",
-           hkn_endpoint_connections(ep));
+    hkn_metric(w, "hotkern_push_connections", "gauge", "Connections open to the endpoint.",
+               hkn_endpoint_connections(ep));
     pthread_mutex_lock(&ep->lock);
-    sample(w, "hotkern_push_requests_total", "counter", "HTTP requests received by the endpoint.",
-           ep->requests);
-    sample(w, "hotkern_push_unauthorized_total", "counter",
-           "Requests refused for a missing or wrong token.", ep->unauthorized);
-    sample(w, "hotkern_push_too_large_total", "counter",
-           "Requests refused for a body over the cap.", ep->too_large);
-    sample(w, "hotkern_push_overloaded_total", "counter",
-           "Requests answered 503 for a connection or memory limit.", ep->overloaded);
-    sample(w, "hotkern_push_foreign_total", "counter",
-           "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
-           ep->foreign);
-    sample(w, "hotkern_push_deadline_total", "counter",
-           "Connections closed for a request past its deadline.", ep->deadline_cut);
-    sample(w, "hotkern_push_refused_again_total", "counter",
-           "Releases the engine had refused, seen again and answered without a build.",
-           ep->refused_again);
+    hkn_metric(w, "hotkern_push_requests_total", "counter",
+               "HTTP requests received by the endpoint.", ep->requests);
+    hkn_metric(w, "hotkern_push_unauthorized_total", "counter",
+               "Requests refused for a missing or wrong token.", ep->unauthorized);
+    hkn_metric(w, "hotkern_push_too_large_total", "counter",
+               "Requests refused for a body over the cap.", ep->too_large);
+    hkn_metric(w, "hotkern_push_overloaded_total", "counter",
+               "Requests answered 503 for a connection or memory limit.", ep->overloaded);
+    hkn_metric(w, "hotkern_push_foreign_total", "counter",
+               "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
+               ep->foreign);
+    hkn_metric(w, "hotkern_push_deadline_total", "counter",
+               "Connections closed for a request past its deadline.", ep->deadline_cut);
+    hkn_metric(w, "hotkern_push_refused_again_total", "counter",
+               "Releases the engine had refused, seen again and answered without a build.",
+               ep->refused_again);
     hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "committed", ep->committed);
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "rolled_back", ep->rolled_back);
@@ -1559,18 +1503,11 @@ static void default_id(hkn_endpoint *ep) {
 
 /* ---- lifecycle --------------------------------------------------------- */
 
-int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
-                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
-    *out = NULL;
-    int err = 0;
-    if (!opt || !r || !e || !e->apply)
-        return hku_fail(rep, HK_ERR_INVALID,
-                        "endpoint needs options, their resolved state and an apply "
-                        "function");
-    hk_endpoint_options o = with_defaults(opt);
-    const hk_endpoint_options *cfg = &o;
-    if (o.port > 65535)
-        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", o.port);
+/* The options the endpoint can be started with, or why not. */
+static int check_options(const hk_endpoint_options *o, const hkn_endpoint_resolved *r,
+                         hk_report *rep) {
+    if (o->port > 65535)
+        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", o->port);
     if (hkn_crypto_init())
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if ((r->tls_cert_pem != NULL) != (r->tls_key_pem != NULL))
@@ -1579,13 +1516,20 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
     if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES)
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
-    if (o.nallowed_hosts < 0 || (o.nallowed_hosts > 0 && !o.allowed_hosts))
-        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o.nallowed_hosts);
-    if (o.endpoint_id && !hkn_valid_endpoint_id(o.endpoint_id))
+    if (o->nallowed_hosts < 0 || (o->nallowed_hosts > 0 && !o->allowed_hosts))
+        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o->nallowed_hosts);
+    if (o->endpoint_id && !hkn_valid_endpoint_id(o->endpoint_id))
         return hku_fail(rep, HK_ERR_INVALID, "endpoint_id '%.128s' is not [A-Za-z0-9_.:@-]{1,%d}",
-                        o.endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
+                        o->endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
+    return 0;
+}
 
-    hkn_endpoint *ep = calloc(1, sizeof *ep);
+/* The endpoint's own state, before any thread runs: limits, copies of
+ * what the caller owns, the anti-rollback state and the refusals. *out is
+ * set whatever the outcome (hkn_endpoint_stop frees a partial one). */
+static int endpoint_new(const hk_endpoint_options *cfg, const hkn_endpoint_resolved *r,
+                        const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
+    hkn_endpoint *ep = *out = calloc(1, sizeof *ep);
     if (!ep)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&ep->lock, NULL);
@@ -1606,23 +1550,26 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     int oom = !ep->mods || (cfg->nallowed_hosts && !ep->hosts);
     if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
         (r->tls_cert_pem && !(ep->cert_pem = strdup(r->tls_cert_pem))) ||
-        (r->tls_key_pem && !(ep->key_pem = strdup(r->tls_key_pem)))) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
+        (r->tls_key_pem && !(ep->key_pem = strdup(r->tls_key_pem))))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    if (cfg->endpoint_id) {
+        snprintf(ep->id, sizeof ep->id, "%s", cfg->endpoint_id);
+        atomic_store(&ep->id_set, 1);
     }
-    if ((err = hkn_state_open(r->state_dir, &ep->state, rep)))
-        goto fail;
-    if (hkn_refused_create(&ep->refused)) {
+    int err = hkn_state_open(r->state_dir, &ep->state, rep);
+    if (!err && hkn_refused_create(&ep->refused))
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
+    return err;
+}
 
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
+/* The socket address to listen on; ep learns whether it is a wildcard or
+ * a loopback address, and *flags whether it is IPv6. */
+static int bind_address(hkn_endpoint *ep, const hk_endpoint_options *cfg,
+                        struct sockaddr_storage *ss, unsigned *flags, hk_report *rep) {
     const char *addr = cfg->address;
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
-    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+    struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+    memset(ss, 0, sizeof *ss);
     if (inet_pton(AF_INET, addr, &sin->sin_addr) == 1) {
         sin->sin_family = AF_INET;
         sin->sin_port = htons((uint16_t)cfg->port);
@@ -1631,42 +1578,45 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     } else if (inet_pton(AF_INET6, addr, &sin6->sin6_addr) == 1) {
         sin6->sin6_family = AF_INET6;
         sin6->sin6_port = htons((uint16_t)cfg->port);
-        flags |= MHD_USE_IPv6;
+        *flags |= MHD_USE_IPv6;
         ep->wildcard = IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
         ep->loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
     } else {
-        err = hku_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
-                       addr);
-        goto fail;
+        return hku_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
+                        addr);
     }
     snprintf(ep->addr, sizeof ep->addr, "%s", addr);
-    if (o.endpoint_id) {
-        snprintf(ep->id, sizeof ep->id, "%s", o.endpoint_id);
-        atomic_store(&ep->id_set, 1);
-    }
-    if (ep->cert_pem)
-        flags |= MHD_USE_TLS;
-    if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
-        goto fail;
-    }
+    return 0;
+}
+
+/* The worker and the reaper; both or neither run afterwards. */
+static int start_threads(hkn_endpoint *ep, hk_report *rep) {
+    if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0)
+        return hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
     if (pthread_create(&ep->reaper, NULL, reaper_main, ep) != 0) {
         pthread_mutex_lock(&ep->job_lock);
         ep->stopping = 1;
         pthread_cond_broadcast(&ep->job_cv);
         pthread_mutex_unlock(&ep->job_lock);
         pthread_join(ep->worker, NULL);
-        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
-        goto fail;
+        return hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
     }
     ep->threads_started = 1;
+    return 0;
+}
+
+/* libmicrohttpd's daemon on ss, with its event-loop threads. */
+static int start_daemon(hkn_endpoint *ep, const hk_endpoint_options *cfg,
+                        struct sockaddr_storage *ss, unsigned flags, hk_report *rep) {
     /* The 503 limits are ours; libmicrohttpd's own, set above them, refuse
      * connections outright only when a client is far past them. */
     unsigned hard = ep->max_conns + ep->max_conns / 4 + 16;
     unsigned hard_ip = ep->per_ip * 2 + 4;
     unsigned threads = cfg->threads;
+    if (ep->cert_pem)
+        flags |= MHD_USE_TLS;
     struct MHD_OptionItem opts[] = {
-        {MHD_OPTION_SOCK_ADDR, 0, &ss},
+        {MHD_OPTION_SOCK_ADDR, 0, ss},
         {MHD_OPTION_THREAD_POOL_SIZE, threads, NULL},
         {MHD_OPTION_CONNECTION_LIMIT, hard, NULL},
         {MHD_OPTION_PER_IP_CONNECTION_LIMIT, hard_ip, NULL},
@@ -1680,15 +1630,36 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     };
     ep->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, ep, MHD_OPTION_ARRAY, opts,
                                   MHD_OPTION_END);
-    if (!ep->daemon) {
-        err = hku_fail(rep, HK_ERR_NETWORK,
-                       "could not listen on %s port %u (in use, no permission, or a bad TLS "
-                       "certificate/key)",
-                       addr, (unsigned)cfg->port);
-        goto fail;
-    }
+    if (!ep->daemon)
+        return hku_fail(rep, HK_ERR_NETWORK,
+                        "could not listen on %s port %u (in use, no permission, or a bad TLS "
+                        "certificate/key)",
+                        ep->addr, (unsigned)cfg->port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
     atomic_store(&ep->port, di ? di->port : (uint16_t)cfg->port);
+    return 0;
+}
+
+int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
+                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
+    *out = NULL;
+    if (!opt || !r || !e || !e->apply)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "endpoint needs options, their resolved state and an apply "
+                        "function");
+    hk_endpoint_options o = with_defaults(opt);
+    hkn_endpoint *ep = NULL;
+    struct sockaddr_storage ss;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
+    int err = check_options(&o, r, rep);
+    if (err)
+        return err;
+    if ((err = endpoint_new(&o, r, e, &ep, rep)) ||
+        (err = bind_address(ep, &o, &ss, &flags, rep)) || (err = start_threads(ep, rep)) ||
+        (err = start_daemon(ep, &o, &ss, flags, rep))) {
+        hkn_endpoint_stop(ep);
+        return err;
+    }
     default_id(ep);
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
             "listening on %s port %u as '%s' (%s, %s, %d trusted key(s)%s)", ep->addr,
@@ -1697,9 +1668,6 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
             ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
     return 0;
-fail:
-    hkn_endpoint_stop(ep);
-    return err;
 }
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {

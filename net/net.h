@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
@@ -32,6 +33,37 @@
 #define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
 #define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
 #define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
+
+/* ---- what the endpoint and the puller share ---------------------------- */
+
+/* A field of an options structure whose zero value means its default. */
+typedef struct hkn_field {
+    size_t off, size;
+} hkn_field;
+#define HKN_FIELD(type, f)                                                                         \
+    { offsetof(type, f), sizeof(((type *)0)->f) }
+
+/* Each listed field of o that is zero (a 0 number, a NULL pointer: all
+ * bytes zero on every platform hotkern builds for) takes its value in
+ * defaults: how hkn_endpoint_start and hkn_pull_create read the options
+ * their _init_size functions fill. */
+static inline void hkn_zero_defaults(void *o, const void *defaults, const hkn_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *p = (unsigned char *)o + f[i].off;
+        size_t k = 0;
+        while (k < f[i].size && !p[k])
+            k++;
+        if (k == f[i].size)
+            memcpy(p, (const unsigned char *)defaults + f[i].off, f[i].size);
+    }
+}
+
+/* One metrics family of one unlabelled sample. */
+static inline void hkn_metric(hk_metrics_writer *w, const char *name, const char *type,
+                              const char *help, uint64_t v) {
+    hk_metrics_family(w, name, type, help);
+    hk_metrics_sample(w, name, NULL, NULL, v);
+}
 
 /* ---- the engine seen from the network ---------------------------------- */
 
@@ -338,6 +370,19 @@ int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifes
 /* Remembers a refusal (err != 0) of that release; r may be NULL. */
 void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
                      int err, const char *message);
+/* How both sources end a verified release m (artifact bytes[i] of sizes[i]),
+ * within the state's transaction: records its version as accepted in s
+ * (before the engine commits), hands the artifact hkn_pick_artifact names
+ * and the release's headers to e->apply, and, when the engine refuses,
+ * takes the record back (not for HK_ERR_QUARANTINED with keep_quarantined:
+ * that release stays seen) and remembers a final refusal in r, by mhash.
+ * rep becomes the engine's report (its log owned), with m's module and
+ * version. Returns 0 when committed, else the engine's error (*verdict,
+ * when not NULL, set to 1) or the state's (*verdict 0: nothing was
+ * applied, nothing recorded). */
+int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const hkn_manifest *m,
+                       const void *const *bytes, const size_t *sizes, const char *mhash,
+                       const char *origin, int keep_quarantined, int *verdict, hk_report *rep);
 
 /* ---- names and JSON ---------------------------------------------------- */
 
