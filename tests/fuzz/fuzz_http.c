@@ -160,25 +160,30 @@ static char *chunked(const char *head, const uint8_t *body, size_t n, size_t *le
     return req;
 }
 
+/* body as a POST /v1/release of type ctype with a Content-Length. */
+static void post(const char *ctype, const uint8_t *body, size_t n, char *out, size_t cap) {
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      "Content-Type: %s\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n",
+                      ctype, n);
+    char *req = malloc((size_t)hn + n + 1);
+    if (!req)
+        return;
+    memcpy(req, head, (size_t)hn);
+    memcpy(req + hn, body, n);
+    exchange(req, (size_t)hn + n, out, cap, 0);
+    free(req);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!ep)
         init();
     char out[512];
     if (size > 0 && data[0] == 'F') {
-        char head[256];
         frame_split(data + 1, size - 1);
-        int n = snprintf(head, sizeof head,
-                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         "Content-Type: " HKN_FRAME_TYPE "\r\nContent-Length: %zu\r\n"
-                         "Connection: close\r\n\r\n",
-                         size - 1);
-        char *req = malloc((size_t)n + size);
-        if (!req)
-            return 0;
-        memcpy(req, head, (size_t)n);
-        memcpy(req + n, data + 1, size - 1);
-        exchange(req, (size_t)n + size - 1, out, sizeof out, 0);
-        free(req);
+        post(HKN_FRAME_TYPE, data + 1, size - 1, out, sizeof out);
     } else if (size > 0 && data[0] == 'T') {
         size_t len;
         frame_split(data + 1, size - 1);
@@ -191,19 +196,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         exchange(req, len, out, sizeof out, 0);
         free(req);
     } else if (size > 0 && data[0] == 'B') {
-        char head[256];
-        int n = snprintf(head, sizeof head,
-                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "Connection: close\r\n\r\n",
-                         size - 1);
-        char *req = malloc((size_t)n + size);
-        if (!req)
-            return 0;
-        memcpy(req, head, (size_t)n);
-        memcpy(req + n, data + 1, size - 1);
-        exchange(req, (size_t)n + size - 1, out, sizeof out, 0);
-        free(req);
+        post("application/json", data + 1, size - 1, out, sizeof out);
     } else {
         exchange(data, size, out, sizeof out, 0);
     }
