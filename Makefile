@@ -404,7 +404,8 @@ install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CL
 #   fuzz_record   the engine's last-known-good record (loader/record.c);
 #   fuzz_cache    the compile cache's entry files, artifacts and manifests
 #                 (ptx/entry.c);
-#   fuzz_http     raw HTTP (and release bodies) into a live endpoint on 127.0.0.1.
+#   fuzz_http     raw HTTP (and release bodies, JSON and framed) into a live endpoint
+#                 on 127.0.0.1, and the frame parser fed whole and in pieces.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
 FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. \
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
@@ -424,7 +425,7 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
 	  ptx/detect.c $(shell pkg-config --libs libsodium 2>/dev/null)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
-	  net/state.c loader/format.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/frame.c net/state.c loader/format.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin

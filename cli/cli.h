@@ -169,6 +169,11 @@ typedef struct hkc_resp {
  * HK_ERR_NETWORK. r->data is the caller's to free either way. */
 int hkc_http(hkc_out *o, const char *method, const char *base, const char *path, const char *body,
              const hkc_http_opts *ho, hkc_resp *r);
+/* The same with a body of len bytes (any bytes) declared as Content-Type
+ * ctype, sent from body without a copy. */
+int hkc_http_body(hkc_out *o, const char *method, const char *base, const char *path,
+                  const void *body, size_t len, const char *ctype, const hkc_http_opts *ho,
+                  hkc_resp *r);
 /* Reports an endpoint's answer to a release or rollback (push, rollback):
  * text lines, or the fields outcome, http_status, module, release,
  * engine_version, build_ms, stage_ms, commit_ms, and on a refusal the

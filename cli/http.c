@@ -64,9 +64,10 @@ static void set_transfer(CURL *c, const hkc_http_opts *ho, char *err, hkc_resp *
     }
 }
 
-int hkc_http(hkc_out *o, const char *method, const char *base, const char *path, const char *body,
-             const hkc_http_opts *ho, hkc_resp *r) {
-    char err[CURL_ERROR_SIZE] = "", auth[1024];
+int hkc_http_body(hkc_out *o, const char *method, const char *base, const char *path,
+                  const void *body, size_t len, const char *ctype, const hkc_http_opts *ho,
+                  hkc_resp *r) {
+    char err[CURL_ERROR_SIZE] = "", auth[1024], type[128];
     struct curl_slist *h = NULL;
     memset(r, 0, sizeof *r);
     r->status = -1;
@@ -84,10 +85,13 @@ int hkc_http(hkc_out *o, const char *method, const char *base, const char *path,
         h = curl_slist_append(h, auth);
     }
     if (!strcmp(method, "POST")) {
-        h = curl_slist_append(h, "Content-Type: application/json");
+        snprintf(type, sizeof type, "Content-Type: %s", ctype);
+        h = curl_slist_append(h, type);
         curl_easy_setopt(c, CURLOPT_POST, 1L);
+        /* libcurl sends from the caller's buffer (no copy): a release is
+         * held once here too. */
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? len : 0));
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? strlen(body) : 0));
     }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     CURLcode rc = curl_easy_perform(c);
@@ -100,6 +104,12 @@ int hkc_http(hkc_out *o, const char *method, const char *base, const char *path,
     curl_easy_cleanup(c);
     free(url);
     return rc == CURLE_OK ? 0 : 1;
+}
+
+int hkc_http(hkc_out *o, const char *method, const char *base, const char *path, const char *body,
+             const hkc_http_opts *ho, hkc_resp *r) {
+    return hkc_http_body(o, method, base, path, body, body ? strlen(body) : 0, "application/json",
+                         ho, r);
 }
 
 static const char *str_field(const cJSON *o, const char *name) {

@@ -176,6 +176,18 @@ static void adapter_finish(struct adapter *ad) {
     free(ad->headers);
 }
 
+/* The end of a public handle (hk_endpoint, hk_puller), stopped or never
+ * fully started: out of the runtime's metrics first, so that no hook runs
+ * into a stopped source, then the source (destroy(src), which takes NULL),
+ * then the adapter's copies, then the handle. */
+static void handle_free(void *handle, struct adapter *ad, hk_metrics_source *metrics,
+                        void (*destroy)(void *src), void *src) {
+    hk_metrics_detach(metrics);
+    destroy(src);
+    adapter_finish(ad);
+    free(handle);
+}
+
 static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_trust *t,
                       hk_report *rep) {
     memset(t, 0, sizeof *t);
@@ -226,7 +238,34 @@ static int state_dir(const char *given, char *buf, size_t cap, const char **out,
     return err;
 }
 
+/* The options an endpoint and a puller share, by the same names. */
+struct shared_in {
+    const hk_swap_options *swap;
+    const char *const *trusted_keys;
+    int ntrusted_keys, allow_unsigned;
+    const char *state_dir;
+};
+#define SHARED_IN(o)                                                                               \
+    ((struct shared_in){(o)->swap, (o)->trusted_keys, (o)->ntrusted_keys, (o)->allow_unsigned,     \
+                        (o)->state_dir})
+
+/* What both start functions resolve alike: the adapter of the swap
+ * template, the trusted keys and the state directory (*dir NULL or in
+ * dirbuf). */
+static int resolve_shared(struct adapter *ad, hk_runtime *rt, struct shared_in in, hkn_trust *trust,
+                          char dirbuf[PATH_MAX], const char **dir, hk_report *rep) {
+    int err;
+    if ((err = adapter_init(ad, rt, in.swap, rep)) ||
+        (err = load_trust(in.trusted_keys, in.ntrusted_keys, in.allow_unsigned, trust, rep)))
+        return err;
+    return state_dir(in.state_dir, dirbuf, PATH_MAX, dir, rep);
+}
+
 /* ---- endpoint ---------------------------------------------------------- */
+
+static void endpoint_destroy(void *ep) {
+    hkn_endpoint_stop(ep);
+}
 
 static void endpoint_metrics(hk_metrics_writer *w, void *ud) {
     hk_endpoint *h = ud;
@@ -262,7 +301,6 @@ static int read_tls(const hk_endpoint_options *opt, hkn_endpoint_resolved *r, ch
     return 0;
 }
 
-/* hk_endpoint_start with opt in the library's layout and a full report. */
 /* The frame of a public start function: its names and option sizes. */
 typedef struct {
     const char *fn, *type; /* "hk_pull_start", "hk_pull_options" */
@@ -290,6 +328,7 @@ static int start_sized(sized_start f, hk_runtime *rt, void *o, const void *opt, 
     return err;
 }
 
+/* hk_endpoint_start with opt in the library's layout and a full report. */
 static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
                           hk_report *rep) {
     int err;
@@ -302,10 +341,7 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
     hk_endpoint *h = calloc(1, sizeof *h);
     if (!h)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)) ||
-        (err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &r.trust,
-                          rep)) ||
-        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &r.state_dir, rep)) ||
+    if ((err = resolve_shared(&h->ad, rt, SHARED_IN(opt), &r.trust, dirbuf, &r.state_dir, rep)) ||
         (err = read_tls(opt, &r, &cert, &key, rep)) ||
         (err = hkn_endpoint_start(opt, &r, &h->ad.eng, &h->ep, rep)))
         goto fail;
@@ -329,9 +365,7 @@ static int endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_end
 fail:
     free(cert);
     free(key);
-    hkn_endpoint_stop(h->ep);
-    adapter_finish(&h->ad);
-    free(h);
+    handle_free(h, &h->ad, h->metrics, endpoint_destroy, h->ep);
     return err;
 }
 
@@ -355,17 +389,15 @@ unsigned hk_endpoint_port(const hk_endpoint *ep) {
 }
 
 void hk_endpoint_stop(hk_endpoint *ep) {
-    if (!ep)
-        return;
-    /* Out of the runtime's metrics first: no hook may run into a stopped
-     * endpoint. */
-    hk_metrics_detach(ep->metrics);
-    hkn_endpoint_stop(ep->ep);
-    adapter_finish(&ep->ad);
-    free(ep);
+    if (ep)
+        handle_free(ep, &ep->ad, ep->metrics, endpoint_destroy, ep->ep);
 }
 
 /* ---- puller ------------------------------------------------------------ */
+
+static void puller_destroy(void *p) {
+    hkn_pull_destroy(p);
+}
 
 static void puller_metrics(hk_metrics_writer *w, void *ud) {
     hk_puller *h = ud;
@@ -386,10 +418,7 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
     hk_puller *h = calloc(1, sizeof *h);
     if (!h)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    if ((err = adapter_init(&h->ad, rt, opt->swap, rep)) ||
-        (err = load_trust(opt->trusted_keys, opt->ntrusted_keys, opt->allow_unsigned, &r.trust,
-                          rep)) ||
-        (err = state_dir(opt->state_dir, dirbuf, sizeof dirbuf, &r.state_dir, rep)) ||
+    if ((err = resolve_shared(&h->ad, rt, SHARED_IN(opt), &r.trust, dirbuf, &r.state_dir, rep)) ||
         (err = hkn_pull_create(opt, &r, &h->ad.eng, &h->p, rep)))
         goto fail;
     if ((err = hk_metrics_attach(rt, puller_metrics, h, "url", opt->url, &h->metrics))) {
@@ -403,10 +432,7 @@ static int pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **ou
     *out = h;
     return 0;
 fail:
-    hk_metrics_detach(h->metrics);
-    hkn_pull_destroy(h->p);
-    adapter_finish(&h->ad);
-    free(h);
+    handle_free(h, &h->ad, h->metrics, puller_destroy, h->p);
     return err;
 }
 
@@ -444,10 +470,6 @@ int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
 }
 
 void hk_pull_stop(hk_puller *p) {
-    if (!p)
-        return;
-    hk_metrics_detach(p->metrics);
-    hkn_pull_destroy(p->p);
-    adapter_finish(&p->ad);
-    free(p);
+    if (p)
+        handle_free(p, &p->ad, p->metrics, puller_destroy, p->p);
 }

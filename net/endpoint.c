@@ -14,6 +14,16 @@
  * loop threads at once; metrics are the runtime's whole text (eng.metrics),
  * into which hkn_endpoint_metrics adds this endpoint's counters.
  *
+ * Bodies. A release comes as JSON (artifacts in base64) or as a frame of
+ * lengths and raw bytes (HKN_FRAME_TYPE, net/frame.c). A JSON body is
+ * gathered whole and parsed on the worker, which holds the body and
+ * cJSON's copy of its strings together: twice its size. A frame is parsed
+ * on the loop thread as it streams: its lengths are checked against the cap
+ * and the Content-Length, and its bytes copied into the one buffer they
+ * size, from which the worker verifies and applies them in place: the
+ * release is held once. Either way the worker runs the same checks over the
+ * same signed bytes.
+ *
  * Refusals are remembered. A release the engine refuses has its anti-
  * rollback record taken back (a fixed kernel may reuse the version), so the
  * same signed bytes would verify again: the worker remembers the refusals
@@ -37,9 +47,11 @@
  *     that does not fit is answered 503 at once; a chunked body reserves as
  *     it grows, and one that does not fit is dropped and answered 503;
  *   - a body over the cap is answered 413: before it is read when it has a
- *     Content-Length; when chunked, it is dropped as it passes the cap and
- *     the 413 sent when it ends (libmicrohttpd takes no answer mid-upload),
- *     the request deadline bounding how long that can take.
+ *     Content-Length; when chunked, it is dropped as it passes the cap (a
+ *     frame: as soon as its lengths say it will) and the 413 sent when it
+ *     ends (libmicrohttpd takes no answer mid-upload), the request deadline
+ *     bounding how long that can take. A frame whose lengths are wrong
+ *     otherwise is dropped the same way and answered 400.
  *
  * Rollbacks. A signed rollback request names this endpoint's id (so that a
  * request captured on its way to one host of a fleet rolls back no other)
@@ -52,12 +64,13 @@
  * Authority. Every route but /healthz needs the bearer token when one is
  * configured, a Host that names the bound address (or a configured name) and
  * no foreign Origin (scheme, host and port all the endpoint's own), and a
- * POST with a body needs Content-Type: application/json, which a web page
- * cannot send across origins without a preflight this endpoint never
- * answers: a web page cannot reach a loopback endpoint, by a cross-origin
- * request, a "simple" form or text POST, or DNS rebinding. A release needs its signature; a
- * rollback needs the token or a signed rollback request, and with neither a
- * token nor a trusted key configured, rollback over HTTP is off.
+ * POST with a body needs Content-Type: application/json (or, for a
+ * release, the frame's type), which a web page cannot send across origins
+ * without a preflight this endpoint never answers: a web page cannot reach
+ * a loopback endpoint, by a cross-origin request, a "simple" form or text
+ * POST, or DNS rebinding. A release needs its signature; a rollback needs
+ * the token or a signed rollback request, and with neither a token nor a
+ * trusted key configured, rollback over HTTP is off.
  *
  * Configuration. The endpoint takes the public hk_endpoint_options, whose
  * defaults live here (hk_endpoint_options_init_size), and what net/api.c
@@ -129,12 +142,14 @@ struct req {
     enum route route;
     struct conn *conn;
     char module[64]; /* rollback target */
-    char *body;
+    char *body;      /* a JSON body */
     size_t len, cap, limit;
-    size_t reserved; /* bytes counted in ep->inflight */
-    int refused;     /* over the cap or the memory bound: the rest is read and dropped */
-    int queued;      /* handed to the worker (connection suspended) */
-    int done;        /* the worker answered: status and answer are set */
+    hkn_frame *frame; /* a binary body (HKN_FRAME_TYPE), parsed as it streams in */
+    size_t reserved;  /* bytes counted in ep->inflight */
+    int refused;      /* an HTTP status: over the cap or the memory bound, or (400) a
+                       * frame that cannot be one; the rest is read and dropped */
+    int queued;       /* handed to the worker (connection suspended) */
+    int done;         /* the worker answered: status and answer are set */
     unsigned status;
     char *answer; /* JSON text, owned until queued as the response */
     struct req *next_job;
@@ -225,22 +240,18 @@ int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
 
 /* o with every zero number and a NULL address replaced by its default. */
 static hk_endpoint_options with_defaults(const hk_endpoint_options *o) {
+    static const hkn_field zero_is_default[] = {
+        HKN_FIELD(hk_endpoint_options, address),
+        HKN_FIELD(hk_endpoint_options, max_body_bytes),
+        HKN_FIELD(hk_endpoint_options, max_connections),
+        HKN_FIELD(hk_endpoint_options, timeout_s),
+        HKN_FIELD(hk_endpoint_options, per_ip_connections),
+        HKN_FIELD(hk_endpoint_options, request_timeout_s),
+        HKN_FIELD(hk_endpoint_options, threads),
+    };
     hk_endpoint_options d, r = *o;
     hk_endpoint_options_init(&d);
-    if (!r.address)
-        r.address = d.address;
-    if (!r.max_body_bytes)
-        r.max_body_bytes = d.max_body_bytes;
-    if (!r.max_connections)
-        r.max_connections = d.max_connections;
-    if (!r.timeout_s)
-        r.timeout_s = d.timeout_s;
-    if (!r.per_ip_connections)
-        r.per_ip_connections = d.per_ip_connections;
-    if (!r.request_timeout_s)
-        r.request_timeout_s = d.request_timeout_s;
-    if (!r.threads)
-        r.threads = d.threads;
+    hkn_zero_defaults(&r, &d, zero_is_default, sizeof zero_is_default / sizeof *zero_is_default);
     if (!r.max_inflight_bytes)
         r.max_inflight_bytes = 2 * r.max_body_bytes;
     return r;
@@ -482,110 +493,118 @@ static int decode_artifact(const char *b64, unsigned char **out, size_t *len) {
     return 0;
 }
 
-/* Verifies and applies one release. The body is freed as soon as it is
- * parsed, and each artifact's base64 text as soon as it is decoded, so the
- * memory held beyond the body is about one decoded release. *verified is set
+/* A release as a request carries it, either way: the manifest's text and
+ * the signature's point into the parsed JSON or the frame. */
+struct incoming {
+    const char *manifest, *sig; /* sig NULL: none */
+    size_t manifest_len, sig_len;
+    cJSON *root, *arts; /* a JSON body: owned root, and its "artifacts" */
+    const hkn_frame *frame;
+    unsigned char *owned[HKN_MAX_ARTIFACTS]; /* decoded JSON artifacts */
+};
+
+/* The JSON body is freed as soon as it is parsed (cJSON holds the strings). */
+static int json_incoming(struct req *r, struct incoming *in, hk_report *rep) {
+    in->root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
+    free(r->body);
+    r->body = NULL;
+    const cJSON *man = cJSON_GetObjectItemCaseSensitive(in->root, "manifest");
+    const cJSON *sig = cJSON_GetObjectItemCaseSensitive(in->root, "signature");
+    in->arts = cJSON_GetObjectItemCaseSensitive(in->root, "artifacts");
+    if (!cJSON_IsObject(in->root) || !cJSON_IsString(man) || !cJSON_IsObject(in->arts) ||
+        (sig && !cJSON_IsString(sig) && !cJSON_IsNull(sig)))
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "body must be one JSON object {\"manifest\": string, \"signature\": "
+                        "string, \"artifacts\": {sha256: base64}}");
+    in->manifest = man->valuestring;
+    in->manifest_len = strlen(man->valuestring);
+    in->sig = cJSON_IsString(sig) ? sig->valuestring : NULL;
+    in->sig_len = in->sig ? strlen(in->sig) : 0;
+    return 0;
+}
+
+static void frame_incoming(const struct req *r, struct incoming *in) {
+    in->frame = r->frame;
+    in->manifest = r->frame->manifest;
+    in->manifest_len = r->frame->manifest_len;
+    in->sig = r->frame->sig_len ? r->frame->sig : NULL;
+    in->sig_len = r->frame->sig_len;
+}
+
+/* Each artifact of the verified manifest m, checked against its size and
+ * hash into bytes[i] and sizes[i]: a frame's in place, in the manifest's
+ * order; a JSON body's decoded from base64 by hash, its text freed once
+ * decoded, so that about one decoded release is held beyond the body. */
+static int incoming_artifacts(struct incoming *in, const hkn_manifest *m, const void **bytes,
+                              size_t *sizes, hk_report *rep) {
+    if (in->frame && in->frame->nart != m->nartifacts)
+        return hku_fail(rep, HK_ERR_HASH,
+                        "the release frame carries %zu artifact(s), the manifest names %zu (in "
+                        "its order)",
+                        in->frame->nart, m->nartifacts);
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        const hkn_artifact *a = &m->artifacts[i];
+        if (in->frame) {
+            bytes[i] = in->frame->art[i];
+            sizes[i] = in->frame->art_len[i];
+        } else {
+            cJSON *b = cJSON_GetObjectItemCaseSensitive(in->arts, a->sha256);
+            if (!cJSON_IsString(b))
+                return hku_fail(rep, HK_ERR_HASH,
+                                "artifact '%s' (sha256 %s) is missing from the body", a->name,
+                                a->sha256);
+            if (decode_artifact(b->valuestring, &in->owned[i], &sizes[i]) != 0)
+                return hku_fail(rep, HK_ERR_INVALID, "artifact '%s' is not valid base64", a->name);
+            bytes[i] = in->owned[i];
+            cJSON_DeleteItemFromObjectCaseSensitive(in->arts, a->sha256);
+        }
+        int err = hkn_verify_artifact(a, bytes[i], sizes[i], rep);
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
+/* Verifies and applies one release, sent as JSON or as a frame: the same
+ * checks in the same order, over the same signed bytes. *verified is set
  * once the manifest's signature (and form) checked out. */
 static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t *version,
                       int *verified, int *again) {
-    int err = 0, in_txn = 0;
+    int err = 0;
     hkn_manifest m = {0};
-    unsigned char *bytes[HKN_MAX_ARTIFACTS] = {0};
+    const void *bytes[HKN_MAX_ARTIFACTS] = {0};
     size_t sizes[HKN_MAX_ARTIFACTS] = {0};
-    cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
-    free(r->body);
-    r->body = NULL;
-    cJSON *man = cJSON_GetObjectItemCaseSensitive(root, "manifest");
-    const cJSON *sig = cJSON_GetObjectItemCaseSensitive(root, "signature");
-    cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
-    if (!cJSON_IsObject(root) || !cJSON_IsString(man) || !cJSON_IsObject(arts) ||
-        (sig && !cJSON_IsString(sig) && !cJSON_IsNull(sig))) {
-        err = hku_fail(rep, HK_ERR_INVALID,
-                       "body must be one JSON object {\"manifest\": string, \"signature\": "
-                       "string, \"artifacts\": {sha256: base64}}");
+    struct incoming in = {0};
+    if (r->frame)
+        frame_incoming(r, &in);
+    else if ((err = json_incoming(r, &in, rep)))
         goto out;
-    }
-    const char *sigtext = cJSON_IsString(sig) ? sig->valuestring : NULL;
     hkn_state_begin(ep->state);
-    in_txn = 1;
     /* The signature is checked before any artifact is decoded. */
-    err = hkn_verify_manifest(&ep->trust, ep->state, man->valuestring, strlen(man->valuestring),
-                              sigtext, sigtext ? strlen(sigtext) : 0, (int64_t)time(NULL), &m, rep);
+    err = hkn_verify_manifest(&ep->trust, ep->state, in.manifest, in.manifest_len, in.sig,
+                              in.sig_len, (int64_t)time(NULL), &m, rep);
     *verified = rep->module[0] != '\0';
-    if (err)
-        goto out;
     /* Signed bytes the engine refused already are answered as then, with no
      * artifact decoded and no build or canary run (net/refused.c). */
     char mhash[65];
-    if ((err = hkn_refused_check(ep->refused, &m, man->valuestring, strlen(man->valuestring), mhash,
-                                 rep))) {
+    if (!err &&
+        (err = hkn_refused_check(ep->refused, &m, in.manifest, in.manifest_len, mhash, rep))) {
         *again = 1;
         *version = m.version;
-        goto out;
     }
-    for (size_t i = 0; i < m.nartifacts; i++) {
-        const hkn_artifact *a = &m.artifacts[i];
-        cJSON *b = cJSON_GetObjectItemCaseSensitive(arts, a->sha256);
-        if (!cJSON_IsString(b)) {
-            err = hku_fail(rep, HK_ERR_HASH, "artifact '%s' (sha256 %s) is missing from the body",
-                           a->name, a->sha256);
-            goto out;
-        }
-        if (decode_artifact(b->valuestring, &bytes[i], &sizes[i]) != 0) {
-            err = hku_fail(rep, HK_ERR_INVALID, "artifact '%s' is not valid base64", a->name);
-            goto out;
-        }
-        cJSON_DeleteItemFromObjectCaseSensitive(arts, a->sha256);
-        if ((err = hkn_verify_artifact(a, bytes[i], sizes[i], rep)))
-            goto out;
+    if (!err && !(err = incoming_artifacts(&in, &m, bytes, sizes, rep))) {
+        cJSON_Delete(in.root);
+        in.root = NULL;
+        *version = m.version;
+        err = hkn_release_commit(&ep->eng, ep->state, ep->refused, &m, bytes, sizes, mhash, "push",
+                                 0, NULL, rep);
     }
-    cJSON_Delete(root);
-    root = NULL;
-    /* Persist first (net/state.c): recorded before the engine commits,
-     * taken back if it refuses. */
-    uint64_t prev = 0;
-    if ((err = hkn_state_lookup(ep->state, m.module, &prev, rep)) ||
-        (err = hkn_state_accept(ep->state, m.module, m.version, rep)))
-        goto out;
-    size_t k = hkn_pick_artifact(&m, ep->eng.arch);
-    *version = m.version;
-    hk_report arep = HK_REPORT_INIT;
-    hk_header hdrs[HKN_MAX_ARTIFACTS];
-    int nh = hkn_release_headers(&m, (const void *const *)bytes, sizes, hdrs);
-    err = ep->eng.apply(ep->eng.ud, m.module, m.version, m.artifacts[k].format, bytes[k], sizes[k],
-                        hdrs, nh, "push", &arep);
-    /* The engine's report carries the build detail; keep the release's
-     * identity (module and release version) on top of it. */
-    char *log = arep.log;
-    arep.log = NULL;
-    hk_report keep = *rep;
-    *rep = arep;
-    rep->log = log;
-    snprintf(rep->module, sizeof rep->module, "%s", keep.module);
-    rep->version = m.version;
-    rep->error = err;
-    if (err) {
-        if (!rep->message[0])
-            snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m.module,
-                     (unsigned long long)m.version, hk_err_name(err));
-        hk_report srep = HK_REPORT_INIT;
-        if (hkn_state_revert(ep->state, m.module, m.version, prev, &srep) != 0) {
-            size_t n = strlen(rep->message);
-            snprintf(rep->message + n, sizeof rep->message - n,
-                     " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m.version,
-                     srep.message);
-        }
-        hk_report_clear(&srep);
-        if (hkn_refusal_is_final(err))
-            hkn_refused_add(ep->refused, m.module, m.version, mhash, err, rep->message);
-    }
+    hkn_state_end(ep->state);
 out:
-    if (in_txn)
-        hkn_state_end(ep->state);
     for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
-        free(bytes[i]);
+        free(in.owned[i]);
     hkn_manifest_free(&m);
-    cJSON_Delete(root);
+    cJSON_Delete(in.root);
     return err;
 }
 
@@ -843,32 +862,26 @@ static enum MHD_Result handle_metrics(hkn_endpoint *ep, struct MHD_Connection *c
     return reply(c, MHD_HTTP_OK, text, "text/plain; version=0.0.4; charset=utf-8");
 }
 
-static void sample(hk_metrics_writer *w, const char *name, const char *type, const char *help,
-                   uint64_t v) {
-    hk_metrics_family(w, name, type, help);
-    hk_metrics_sample(w, name, NULL, NULL, v);
-}
-
 void hkn_endpoint_metrics(hkn_endpoint *ep, hk_metrics_writer *w) {
-    sample(w, "hotkern_push_connections", "gauge", "Connections open to the endpoint.",
-           hkn_endpoint_connections(ep));
+    hkn_metric(w, "hotkern_push_connections", "gauge", "Connections open to the endpoint.",
+               hkn_endpoint_connections(ep));
     pthread_mutex_lock(&ep->lock);
-    sample(w, "hotkern_push_requests_total", "counter", "HTTP requests received by the endpoint.",
-           ep->requests);
-    sample(w, "hotkern_push_unauthorized_total", "counter",
-           "Requests refused for a missing or wrong token.", ep->unauthorized);
-    sample(w, "hotkern_push_too_large_total", "counter",
-           "Requests refused for a body over the cap.", ep->too_large);
-    sample(w, "hotkern_push_overloaded_total", "counter",
-           "Requests answered 503 for a connection or memory limit.", ep->overloaded);
-    sample(w, "hotkern_push_foreign_total", "counter",
-           "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
-           ep->foreign);
-    sample(w, "hotkern_push_deadline_total", "counter",
-           "Connections closed for a request past its deadline.", ep->deadline_cut);
-    sample(w, "hotkern_push_refused_again_total", "counter",
-           "Releases the engine had refused, seen again and answered without a build.",
-           ep->refused_again);
+    hkn_metric(w, "hotkern_push_requests_total", "counter",
+               "HTTP requests received by the endpoint.", ep->requests);
+    hkn_metric(w, "hotkern_push_unauthorized_total", "counter",
+               "Requests refused for a missing or wrong token.", ep->unauthorized);
+    hkn_metric(w, "hotkern_push_too_large_total", "counter",
+               "Requests refused for a body over the cap.", ep->too_large);
+    hkn_metric(w, "hotkern_push_overloaded_total", "counter",
+               "Requests answered 503 for a connection or memory limit.", ep->overloaded);
+    hkn_metric(w, "hotkern_push_foreign_total", "counter",
+               "Requests refused for a foreign Host or Origin, or a body not sent as JSON.",
+               ep->foreign);
+    hkn_metric(w, "hotkern_push_deadline_total", "counter",
+               "Connections closed for a request past its deadline.", ep->deadline_cut);
+    hkn_metric(w, "hotkern_push_refused_again_total", "counter",
+               "Releases the engine had refused, seen again and answered without a build.",
+               ep->refused_again);
     hk_metrics_family(w, "hotkern_push_releases_total", "counter", "Pushed releases by outcome.");
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "committed", ep->committed);
     hk_metrics_sample(w, "hotkern_push_releases_total", "outcome", "rolled_back", ep->rolled_back);
@@ -1116,24 +1129,41 @@ static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
     return NULL;
 }
 
-/* NULL when a POST's body is declared as JSON (or there is no body), else
- * why not. A web page can send text/plain, form and multipart bodies, or
- * none declared at all, to any origin without asking first (a "simple"
- * request, no CORS preflight), so such a body must not be able to push a
- * release: with allow_unsigned and no token nothing else would stop it. */
-static const char *not_json(struct MHD_Connection *c) {
+enum body_kind { B_NONE, B_JSON, B_FRAME, B_OTHER };
+
+/* What a POST's body is declared as. A web page can send text/plain, form
+ * and multipart bodies, or none declared at all, to any origin without
+ * asking first (a "simple" request, no CORS preflight), so such a body must
+ * not be able to push a release: with allow_unsigned and no token nothing
+ * else would stop it. application/json and the release frame's type are
+ * neither, so a page cannot send them across origins without a preflight,
+ * which this endpoint never answers. */
+static enum body_kind body_kind(struct MHD_Connection *c) {
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     const char *te =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     if (!te && (!cl || !strcmp(cl, "0")))
-        return NULL;
+        return B_NONE;
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     size_t n = ct ? strcspn(ct, "; \t") : 0;
     if (ct && n == 16 && !strncasecmp(ct, "application/json", 16))
+        return B_JSON;
+    if (ct && n == strlen(HKN_FRAME_TYPE) && !strncasecmp(ct, HKN_FRAME_TYPE, n))
+        return B_FRAME;
+    return B_OTHER;
+}
+
+/* NULL when a POST to route may carry a body of kind k, else why not. */
+static const char *body_refused(enum route route, enum body_kind k) {
+    if (k == B_NONE || k == B_JSON || (k == B_FRAME && route == R_RELEASE))
         return NULL;
-    return "a request body must be sent as Content-Type: application/json (a web page can "
-           "send text/plain, form or multipart bodies, or none declared, across origins)";
+    if (k == B_FRAME)
+        return "only POST /v1/release takes a body of Content-Type: " HKN_FRAME_TYPE
+               "; this route's body is application/json";
+    return "a request body must be sent as Content-Type: application/json (or, for a release, "
+           "" HKN_FRAME_TYPE "): a web page can send text/plain, form or multipart bodies, or "
+           "none declared, across origins";
 }
 
 static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
@@ -1150,72 +1180,29 @@ static int authorized(hkn_endpoint *ep, struct MHD_Connection *c) {
 
 /* ---- dispatch ---------------------------------------------------------- */
 
-static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, const char *url,
-                                  const char *method, void **con_cls) {
-    int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-    int post = !strcmp(method, MHD_HTTP_METHOD_POST);
-    enum route route = R_NONE;
-    const char *module = NULL;
-    struct conn *k = conn_of(c);
-    count(ep, &ep->requests);
-    *con_cls = &answered;
-
-    const char *why = over_limit(ep, k);
-    if (why) {
-        count(ep, &ep->overloaded);
-        return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY, why);
-    }
+static enum route route_of(const char *url, const char **module) {
+    *module = NULL;
     if (!strcmp(url, "/healthz"))
-        route = R_HEALTH;
-    else if (!strcmp(url, "/v1/release"))
-        route = R_RELEASE;
-    else if (!strcmp(url, "/v1/status"))
-        route = R_STATUS;
-    else if (!strcmp(url, "/metrics"))
-        route = R_METRICS;
-    else if (!strncmp(url, "/v1/rollback/", 13))
-        route = R_ROLLBACK, module = url + 13;
-    if (route == R_NONE)
-        return refuse(ep, c, k, method, url, MHD_HTTP_NOT_FOUND, HK_ERR_NOT_FOUND, "no such route");
+        return R_HEALTH;
+    if (!strcmp(url, "/v1/release"))
+        return R_RELEASE;
+    if (!strcmp(url, "/v1/status"))
+        return R_STATUS;
+    if (!strcmp(url, "/metrics"))
+        return R_METRICS;
+    if (!strncmp(url, "/v1/rollback/", 13)) {
+        *module = url + 13;
+        return R_ROLLBACK;
+    }
+    return R_NONE;
+}
 
-    /* Health answers everyone so that load balancers need no secret. */
-    if (route == R_HEALTH)
-        return get ? reply(c, MHD_HTTP_OK, strdup("ok\n"), "text/plain")
-                   : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID, "use GET");
-    if ((why = foreign(ep, c))) {
-        count(ep, &ep->foreign);
-        return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_REJECTED, why);
-    }
-    if (!authorized(ep, c)) {
-        count(ep, &ep->unauthorized);
-        return refuse(ep, c, k, method, url, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
-                      "missing or wrong bearer token");
-    }
-    if (post && (why = not_json(c))) {
-        count(ep, &ep->foreign);
-        return refuse(ep, c, k, method, url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, HK_ERR_REJECTED, why);
-    }
-    int want_post = route == R_RELEASE || route == R_ROLLBACK;
-    if ((want_post && !post) || (!want_post && !get))
-        return refuse(ep, c, k, method, url, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID,
-                      want_post ? "use POST" : "use GET");
-    if (route != R_RELEASE && route != R_ROLLBACK)
-        hkn_log(&ep->eng, HK_LOG_DEBUG, "endpoint", "%s %s from %s", method, url, peer(k));
-    if (route == R_STATUS)
-        return handle_status(ep, c);
-    if (route == R_METRICS)
-        return handle_metrics(ep, c);
-    if (route == R_ROLLBACK) {
-        /* Names are checked like module names before anything records them. */
-        if (!hkn_valid_name(module, 64))
-            return refuse(ep, c, k, method, url, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID,
-                          "module name is not [A-Za-z0-9_.-]{1,63}");
-        if (!ep->token && ep->trust.nkeys == 0)
-            return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_UNSUPPORTED,
-                          "rollback over HTTP is off: it needs a bearer token or a trusted "
-                          "key for signed rollback requests");
-    }
-
+/* Takes the body of a release or rollback: its declared length is checked
+ * against the cap and reserved whole before it is read, and a release
+ * frame's parser is set up. Answers the refusals itself. */
+static enum MHD_Result take_body(hkn_endpoint *ep, struct MHD_Connection *c, struct conn *k,
+                                 const char *method, const char *url, enum route route,
+                                 const char *module, enum body_kind kind, void **con_cls) {
     size_t limit = route == R_RELEASE ? ep->max_body : ROLLBACK_BODY;
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -1235,16 +1222,21 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         }
     }
     struct req *r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r || (kind == B_FRAME && !(r->frame = malloc(sizeof *r->frame)))) {
+        free(r);
         return MHD_NO;
+    }
     r->route = route;
     r->limit = limit;
     r->conn = k;
     r->c = c;
     if (module)
         snprintf(r->module, sizeof r->module, "%s", module);
+    if (r->frame)
+        hkn_frame_init(r->frame, limit, cl ? (uint64_t)n : HKN_FRAME_UNKNOWN);
     /* A declared body is reserved whole before it is read. */
     if (n && !reserve(ep, r, (size_t)n)) {
+        free(r->frame);
         free(r);
         count(ep, &ep->overloaded);
         return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
@@ -1254,13 +1246,111 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
     return MHD_YES;
 }
 
+static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, const char *url,
+                                  const char *method, void **con_cls) {
+    int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    int post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    const char *module = NULL;
+    struct conn *k = conn_of(c);
+    count(ep, &ep->requests);
+    *con_cls = &answered;
+
+    const char *why = over_limit(ep, k);
+    if (why) {
+        count(ep, &ep->overloaded);
+        return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY, why);
+    }
+    enum route route = route_of(url, &module);
+    if (route == R_NONE)
+        return refuse(ep, c, k, method, url, MHD_HTTP_NOT_FOUND, HK_ERR_NOT_FOUND, "no such route");
+
+    /* Health answers everyone so that load balancers need no secret. */
+    if (route == R_HEALTH)
+        return get ? reply(c, MHD_HTTP_OK, strdup("ok\n"), "text/plain")
+                   : reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID, "use GET");
+    if ((why = foreign(ep, c))) {
+        count(ep, &ep->foreign);
+        return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_REJECTED, why);
+    }
+    if (!authorized(ep, c)) {
+        count(ep, &ep->unauthorized);
+        return refuse(ep, c, k, method, url, MHD_HTTP_UNAUTHORIZED, HK_ERR_REJECTED,
+                      "missing or wrong bearer token");
+    }
+    enum body_kind kind = post ? body_kind(c) : B_NONE;
+    if ((why = body_refused(route, kind))) {
+        count(ep, &ep->foreign);
+        return refuse(ep, c, k, method, url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, HK_ERR_REJECTED, why);
+    }
+    int want_post = route == R_RELEASE || route == R_ROLLBACK;
+    if ((want_post && !post) || (!want_post && !get))
+        return refuse(ep, c, k, method, url, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID,
+                      want_post ? "use POST" : "use GET");
+    if (!want_post)
+        hkn_log(&ep->eng, HK_LOG_DEBUG, "endpoint", "%s %s from %s", method, url, peer(k));
+    if (route == R_STATUS)
+        return handle_status(ep, c);
+    if (route == R_METRICS)
+        return handle_metrics(ep, c);
+    if (route == R_ROLLBACK) {
+        /* Names are checked like module names before anything records them. */
+        if (!hkn_valid_name(module, 64))
+            return refuse(ep, c, k, method, url, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID,
+                          "module name is not [A-Za-z0-9_.-]{1,63}");
+        if (!ep->token && ep->trust.nkeys == 0)
+            return refuse(ep, c, k, method, url, MHD_HTTP_FORBIDDEN, HK_ERR_UNSUPPORTED,
+                          "rollback over HTTP is off: it needs a bearer token or a trusted "
+                          "key for signed rollback requests");
+    }
+    return take_body(ep, c, k, method, url, route, module, kind, con_cls);
+}
+
 /* A body that runs over the cap or the memory bound while it streams is
  * dropped, and the rest of it read and discarded: libmicrohttpd takes no
  * answer in the middle of an upload. The answer (413 or 503) goes out once
  * the body ends; the request deadline bounds how long that may take. */
+/* A frame's buffer, sized from its checked lengths, is reserved before it
+ * is allocated (a body with a Content-Length has it reserved already). */
+struct admit_ctx {
+    hkn_endpoint *ep;
+    struct req *r;
+};
+
+static int admit_frame(void *ud, size_t bytes) {
+    struct admit_ctx *a = ud;
+    if (bytes > a->r->reserved && !reserve(a->ep, a->r, bytes - a->r->reserved))
+        return HK_ERR_BUSY;
+    return 0;
+}
+
+/* A release frame is parsed as it streams: its bytes go straight into the
+ * one buffer its lengths size, so the body is held once. A frame that
+ * cannot be one (a length over the cap or unlike the Content-Length, bytes
+ * past its end) is dropped at once and the rest read and discarded. */
+static enum MHD_Result on_frame(hkn_endpoint *ep, struct req *r, const char *data, size_t n) {
+    struct admit_ctx a = {ep, r};
+    r->len += n;
+    int err = hkn_frame_feed(r->frame, data, n, admit_frame, &a);
+    if (!err)
+        return MHD_YES;
+    if (err == HK_ERR_NOMEM)
+        return MHD_NO;
+    if (err == HK_ERR_TOO_LARGE)
+        count(ep, &ep->too_large);
+    else if (err == HK_ERR_BUSY)
+        count(ep, &ep->overloaded);
+    r->refused = err == HK_ERR_TOO_LARGE ? MHD_HTTP_CONTENT_TOO_LARGE
+                 : err == HK_ERR_BUSY    ? MHD_HTTP_SERVICE_UNAVAILABLE
+                                         : MHD_HTTP_BAD_REQUEST;
+    unreserve(ep, r);
+    return MHD_YES;
+}
+
 static enum MHD_Result on_body(hkn_endpoint *ep, struct req *r, const char *data, size_t n) {
     if (r->refused)
         return MHD_YES;
+    if (r->frame)
+        return on_frame(ep, r, data, n);
     if (n > r->limit - r->len) {
         count(ep, &ep->too_large);
         r->refused = MHD_HTTP_CONTENT_TOO_LARGE;
@@ -1295,6 +1385,22 @@ static enum MHD_Result on_body(hkn_endpoint *ep, struct req *r, const char *data
     return MHD_YES;
 }
 
+/* Answers a body dropped while it streamed, once it has ended. */
+static enum MHD_Result refuse_body(hkn_endpoint *ep, struct MHD_Connection *c, struct req *r,
+                                   const char *method, const char *url) {
+    char msg[96];
+    const char *frame_why = r->frame ? r->frame->why : "";
+    if (r->refused == MHD_HTTP_CONTENT_TOO_LARGE) {
+        snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
+        return refuse(ep, c, r->conn, method, url, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE,
+                      frame_why[0] ? frame_why : msg);
+    }
+    if (r->refused == MHD_HTTP_BAD_REQUEST)
+        return refuse(ep, c, r->conn, method, url, MHD_HTTP_BAD_REQUEST, HK_ERR_INVALID, frame_why);
+    return refuse(ep, c, r->conn, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
+                  "too many request bodies in flight; retry later");
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
@@ -1311,15 +1417,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return on_body(ep, r, upload_data, n);
     }
-    if (r->refused == MHD_HTTP_CONTENT_TOO_LARGE) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "body is over the cap of %zu bytes", r->limit);
-        return refuse(ep, c, r->conn, method, url, MHD_HTTP_CONTENT_TOO_LARGE, HK_ERR_TOO_LARGE,
-                      msg);
+    /* The body ended: a frame must have ended with it. */
+    if (r->frame && !r->refused && !r->done && !r->queued && hkn_frame_end(r->frame)) {
+        unreserve(ep, r);
+        r->refused = MHD_HTTP_BAD_REQUEST;
     }
     if (r->refused)
-        return refuse(ep, c, r->conn, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
-                      "too many request bodies in flight; retry later");
+        return refuse_body(ep, c, r, method, url);
     if (r->done) {
         char *answer = r->answer;
         r->answer = NULL;
@@ -1359,6 +1463,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (r && r != &answered) {
         unreserve(ep, r);
         free(r->body);
+        hkn_frame_free(r->frame);
+        free(r->frame);
         free(r->answer);
         free(r);
     }
@@ -1397,18 +1503,11 @@ static void default_id(hkn_endpoint *ep) {
 
 /* ---- lifecycle --------------------------------------------------------- */
 
-int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
-                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
-    *out = NULL;
-    int err = 0;
-    if (!opt || !r || !e || !e->apply)
-        return hku_fail(rep, HK_ERR_INVALID,
-                        "endpoint needs options, their resolved state and an apply "
-                        "function");
-    hk_endpoint_options o = with_defaults(opt);
-    const hk_endpoint_options *cfg = &o;
-    if (o.port > 65535)
-        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", o.port);
+/* The options the endpoint can be started with, or why not. */
+static int check_options(const hk_endpoint_options *o, const hkn_endpoint_resolved *r,
+                         hk_report *rep) {
+    if (o->port > 65535)
+        return hku_fail(rep, HK_ERR_INVALID, "port %u out of range", o->port);
     if (hkn_crypto_init())
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
     if ((r->tls_cert_pem != NULL) != (r->tls_key_pem != NULL))
@@ -1417,13 +1516,20 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no TLS support");
     if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES)
         return hku_fail(rep, HK_ERR_UNSUPPORTED, "this libmicrohttpd has no epoll support");
-    if (o.nallowed_hosts < 0 || (o.nallowed_hosts > 0 && !o.allowed_hosts))
-        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o.nallowed_hosts);
-    if (o.endpoint_id && !hkn_valid_endpoint_id(o.endpoint_id))
+    if (o->nallowed_hosts < 0 || (o->nallowed_hosts > 0 && !o->allowed_hosts))
+        return hku_fail(rep, HK_ERR_INVALID, "hosts: %d names but no array", o->nallowed_hosts);
+    if (o->endpoint_id && !hkn_valid_endpoint_id(o->endpoint_id))
         return hku_fail(rep, HK_ERR_INVALID, "endpoint_id '%.128s' is not [A-Za-z0-9_.:@-]{1,%d}",
-                        o.endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
+                        o->endpoint_id, HKN_ENDPOINT_ID_MAX - 1);
+    return 0;
+}
 
-    hkn_endpoint *ep = calloc(1, sizeof *ep);
+/* The endpoint's own state, before any thread runs: limits, copies of
+ * what the caller owns, the anti-rollback state and the refusals. *out is
+ * set whatever the outcome (hkn_endpoint_stop frees a partial one). */
+static int endpoint_new(const hk_endpoint_options *cfg, const hkn_endpoint_resolved *r,
+                        const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
+    hkn_endpoint *ep = *out = calloc(1, sizeof *ep);
     if (!ep)
         return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&ep->lock, NULL);
@@ -1444,23 +1550,26 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     int oom = !ep->mods || (cfg->nallowed_hosts && !ep->hosts);
     if (oom || (cfg->token && !(ep->token = strdup(cfg->token))) ||
         (r->tls_cert_pem && !(ep->cert_pem = strdup(r->tls_cert_pem))) ||
-        (r->tls_key_pem && !(ep->key_pem = strdup(r->tls_key_pem)))) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
+        (r->tls_key_pem && !(ep->key_pem = strdup(r->tls_key_pem))))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    if (cfg->endpoint_id) {
+        snprintf(ep->id, sizeof ep->id, "%s", cfg->endpoint_id);
+        atomic_store(&ep->id_set, 1);
     }
-    if ((err = hkn_state_open(r->state_dir, &ep->state, rep)))
-        goto fail;
-    if (hkn_refused_create(&ep->refused)) {
+    int err = hkn_state_open(r->state_dir, &ep->state, rep);
+    if (!err && hkn_refused_create(&ep->refused))
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
+    return err;
+}
 
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
+/* The socket address to listen on; ep learns whether it is a wildcard or
+ * a loopback address, and *flags whether it is IPv6. */
+static int bind_address(hkn_endpoint *ep, const hk_endpoint_options *cfg,
+                        struct sockaddr_storage *ss, unsigned *flags, hk_report *rep) {
     const char *addr = cfg->address;
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
-    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+    struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+    memset(ss, 0, sizeof *ss);
     if (inet_pton(AF_INET, addr, &sin->sin_addr) == 1) {
         sin->sin_family = AF_INET;
         sin->sin_port = htons((uint16_t)cfg->port);
@@ -1469,42 +1578,45 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     } else if (inet_pton(AF_INET6, addr, &sin6->sin6_addr) == 1) {
         sin6->sin6_family = AF_INET6;
         sin6->sin6_port = htons((uint16_t)cfg->port);
-        flags |= MHD_USE_IPv6;
+        *flags |= MHD_USE_IPv6;
         ep->wildcard = IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
         ep->loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
     } else {
-        err = hku_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
-                       addr);
-        goto fail;
+        return hku_fail(rep, HK_ERR_INVALID, "address '%s' is not a numeric IPv4 or IPv6 address",
+                        addr);
     }
     snprintf(ep->addr, sizeof ep->addr, "%s", addr);
-    if (o.endpoint_id) {
-        snprintf(ep->id, sizeof ep->id, "%s", o.endpoint_id);
-        atomic_store(&ep->id_set, 1);
-    }
-    if (ep->cert_pem)
-        flags |= MHD_USE_TLS;
-    if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
-        goto fail;
-    }
+    return 0;
+}
+
+/* The worker and the reaper; both or neither run afterwards. */
+static int start_threads(hkn_endpoint *ep, hk_report *rep) {
+    if (pthread_create(&ep->worker, NULL, worker_main, ep) != 0)
+        return hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's worker thread");
     if (pthread_create(&ep->reaper, NULL, reaper_main, ep) != 0) {
         pthread_mutex_lock(&ep->job_lock);
         ep->stopping = 1;
         pthread_cond_broadcast(&ep->job_cv);
         pthread_mutex_unlock(&ep->job_lock);
         pthread_join(ep->worker, NULL);
-        err = hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
-        goto fail;
+        return hku_fail(rep, HK_ERR_NOMEM, "could not start the endpoint's reaper thread");
     }
     ep->threads_started = 1;
+    return 0;
+}
+
+/* libmicrohttpd's daemon on ss, with its event-loop threads. */
+static int start_daemon(hkn_endpoint *ep, const hk_endpoint_options *cfg,
+                        struct sockaddr_storage *ss, unsigned flags, hk_report *rep) {
     /* The 503 limits are ours; libmicrohttpd's own, set above them, refuse
      * connections outright only when a client is far past them. */
     unsigned hard = ep->max_conns + ep->max_conns / 4 + 16;
     unsigned hard_ip = ep->per_ip * 2 + 4;
     unsigned threads = cfg->threads;
+    if (ep->cert_pem)
+        flags |= MHD_USE_TLS;
     struct MHD_OptionItem opts[] = {
-        {MHD_OPTION_SOCK_ADDR, 0, &ss},
+        {MHD_OPTION_SOCK_ADDR, 0, ss},
         {MHD_OPTION_THREAD_POOL_SIZE, threads, NULL},
         {MHD_OPTION_CONNECTION_LIMIT, hard, NULL},
         {MHD_OPTION_PER_IP_CONNECTION_LIMIT, hard_ip, NULL},
@@ -1518,15 +1630,36 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
     };
     ep->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, ep, MHD_OPTION_ARRAY, opts,
                                   MHD_OPTION_END);
-    if (!ep->daemon) {
-        err = hku_fail(rep, HK_ERR_NETWORK,
-                       "could not listen on %s port %u (in use, no permission, or a bad TLS "
-                       "certificate/key)",
-                       addr, (unsigned)cfg->port);
-        goto fail;
-    }
+    if (!ep->daemon)
+        return hku_fail(rep, HK_ERR_NETWORK,
+                        "could not listen on %s port %u (in use, no permission, or a bad TLS "
+                        "certificate/key)",
+                        ep->addr, (unsigned)cfg->port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
     atomic_store(&ep->port, di ? di->port : (uint16_t)cfg->port);
+    return 0;
+}
+
+int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolved *r,
+                       const hkn_engine *e, hkn_endpoint **out, hk_report *rep) {
+    *out = NULL;
+    if (!opt || !r || !e || !e->apply)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "endpoint needs options, their resolved state and an apply "
+                        "function");
+    hk_endpoint_options o = with_defaults(opt);
+    hkn_endpoint *ep = NULL;
+    struct sockaddr_storage ss;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
+    int err = check_options(&o, r, rep);
+    if (err)
+        return err;
+    if ((err = endpoint_new(&o, r, e, &ep, rep)) ||
+        (err = bind_address(ep, &o, &ss, &flags, rep)) || (err = start_threads(ep, rep)) ||
+        (err = start_daemon(ep, &o, &ss, flags, rep))) {
+        hkn_endpoint_stop(ep);
+        return err;
+    }
     default_id(ep);
     hkn_log(&ep->eng, HK_LOG_INFO, "endpoint",
             "listening on %s port %u as '%s' (%s, %s, %d trusted key(s)%s)", ep->addr,
@@ -1535,9 +1668,6 @@ int hkn_endpoint_start(const hk_endpoint_options *opt, const hkn_endpoint_resolv
             ep->trust.allow_unsigned ? ", unsigned releases allowed" : "");
     *out = ep;
     return 0;
-fail:
-    hkn_endpoint_stop(ep);
-    return err;
 }
 
 uint16_t hkn_endpoint_port(const hkn_endpoint *ep) {

@@ -4,7 +4,8 @@
  * Three layers, bottom up:
  *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
  *               persisted highest accepted version per module (anti-replay,
- *               state.c), and the releases the engine refused (refused.c);
+ *               state.c), the releases the engine refused (refused.c) and
+ *               the binary push body (frame.c);
  *   endpoint.c  the libmicrohttpd push/status/metrics server;
  *   pull.c      the libcurl poller of a static origin.
  * None of them calls the swap engine. They hand verified artifacts to an
@@ -21,6 +22,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
@@ -31,6 +33,37 @@
 #define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
 #define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
 #define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
+
+/* ---- what the endpoint and the puller share ---------------------------- */
+
+/* A field of an options structure whose zero value means its default. */
+typedef struct hkn_field {
+    size_t off, size;
+} hkn_field;
+#define HKN_FIELD(type, f)                                                                         \
+    { offsetof(type, f), sizeof(((type *)0)->f) }
+
+/* Each listed field of o that is zero (a 0 number, a NULL pointer: all
+ * bytes zero on every platform hotkern builds for) takes its value in
+ * defaults: how hkn_endpoint_start and hkn_pull_create read the options
+ * their _init_size functions fill. */
+static inline void hkn_zero_defaults(void *o, const void *defaults, const hkn_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *p = (unsigned char *)o + f[i].off;
+        size_t k = 0;
+        while (k < f[i].size && !p[k])
+            k++;
+        if (k == f[i].size)
+            memcpy(p, (const unsigned char *)defaults + f[i].off, f[i].size);
+    }
+}
+
+/* One metrics family of one unlabelled sample. */
+static inline void hkn_metric(hk_metrics_writer *w, const char *name, const char *type,
+                              const char *help, uint64_t v) {
+    hk_metrics_family(w, name, type, help);
+    hk_metrics_sample(w, name, NULL, NULL, v);
+}
 
 /* ---- the engine seen from the network ---------------------------------- */
 
@@ -184,6 +217,67 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                      int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
                      size_t *manifest_len, char **sig_b64, hk_report *rep);
 
+/* ---- the binary push body (net/frame.c) ---------------------------------- */
+
+/* POST /v1/release with this Content-Type carries a release as a frame of
+ * lengths and raw bytes instead of JSON with base64 (layout: net/frame.c). */
+#define HKN_FRAME_TYPE         "application/x-hotkern-release"
+#define HKN_FRAME_VERSION      1
+#define HKN_FRAME_HEAD         20 /* magic, version, count, manifest and signature lengths */
+#define HKN_FRAME_MAX_MANIFEST (1 << 20)
+#define HKN_FRAME_MAX_SIG      512
+#define HKN_FRAME_UNKNOWN      UINT64_MAX /* a body without a Content-Length */
+
+/* A frame being received. Not thread-safe: one per request, fed from one
+ * thread at a time. */
+typedef struct hkn_frame {
+    /* Once hkn_frame_end returned 0: the parts, pointing into buf (valid
+     * until hkn_frame_free). art[i] is the manifest's artifact i. */
+    const char *manifest;
+    size_t manifest_len;
+    const char *sig; /* the signature's text; sig_len 0: none */
+    size_t sig_len;
+    const unsigned char *art[HKN_MAX_ARTIFACTS];
+    size_t art_len[HKN_MAX_ARTIFACTS];
+    size_t nart;
+    int done;
+    int err;       /* sticky: the first error (HK_ERR_INVALID, _TOO_LARGE, _NOMEM or
+                    * the admit function's) */
+    char why[256]; /* its reason, one line */
+    /* The parser's own. */
+    size_t limit;      /* the whole frame's cap */
+    uint64_t declared; /* the body's Content-Length, or HKN_FRAME_UNKNOWN */
+    uint64_t total;    /* the frame's size, once its length table is read */
+    uint64_t seen;     /* bytes fed */
+    unsigned char head[HKN_FRAME_HEAD + 8 * HKN_MAX_ARTIFACTS];
+    size_t head_len, head_need;
+    unsigned char *buf; /* owned: manifest, signature and artifacts */
+    size_t buf_len, buf_have;
+} hkn_frame;
+
+/* Asked once, before the buffer of `bytes` (checked against the cap) is
+ * allocated: 0 to go on, or the error the frame then fails with. */
+typedef int (*hkn_frame_admit_fn)(void *ud, size_t bytes);
+
+/* Starts a frame of at most limit bytes in all, whose body is `declared`
+ * bytes long (HKN_FRAME_UNKNOWN when chunked). */
+void hkn_frame_init(hkn_frame *f, size_t limit, uint64_t declared);
+/* Feeds the next n bytes of the body: 0, or f->err once a length or the
+ * layout is wrong (nothing is allocated before the lengths are checked;
+ * a failed frame holds no buffer). admit may be NULL. */
+int hkn_frame_feed(hkn_frame *f, const void *data, size_t n, hkn_frame_admit_fn admit, void *ud);
+/* The body ended: 0 when it held exactly one whole frame (the parts are
+ * set), else HK_ERR_INVALID (truncated) or the earlier error. */
+int hkn_frame_end(hkn_frame *f);
+/* Frees the buffer; f may be NULL. f->why stays. */
+void hkn_frame_free(hkn_frame *f);
+/* Writes a frame of a signed release (the manifest's exact bytes, the
+ * signature's text, the artifacts in the manifest's order). *out is the
+ * caller's to free(). 0, HK_ERR_INVALID (a part out of range) or
+ * HK_ERR_NOMEM. */
+int hkn_frame_write(const char *manifest, size_t mlen, const char *sig, size_t slen,
+                    const hkn_blob *blobs, size_t n, unsigned char **out, size_t *len);
+
 /* ---- verification ------------------------------------------------------ */
 
 #define HKN_MAX_KEYS 8
@@ -276,6 +370,19 @@ int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifes
 /* Remembers a refusal (err != 0) of that release; r may be NULL. */
 void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const char *hash,
                      int err, const char *message);
+/* How both sources end a verified release m (artifact bytes[i] of sizes[i]),
+ * within the state's transaction: records its version as accepted in s
+ * (before the engine commits), hands the artifact hkn_pick_artifact names
+ * and the release's headers to e->apply, and, when the engine refuses,
+ * takes the record back (not for HK_ERR_QUARANTINED with keep_quarantined:
+ * that release stays seen) and remembers a final refusal in r, by mhash.
+ * rep becomes the engine's report (its log owned), with m's module and
+ * version. Returns 0 when committed, else the engine's error (*verdict,
+ * when not NULL, set to 1) or the state's (*verdict 0: nothing was
+ * applied, nothing recorded). */
+int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const hkn_manifest *m,
+                       const void *const *bytes, const size_t *sizes, const char *mhash,
+                       const char *origin, int keep_quarantined, int *verdict, hk_report *rep);
 
 /* ---- names and JSON ---------------------------------------------------- */
 

@@ -108,20 +108,17 @@ int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
  * clamped, the pointers the caller owns cleared (the strings are copied by
  * hkn_pull_create). */
 static hk_pull_options with_defaults(const hk_pull_options *o) {
+    static const hkn_field zero_is_default[] = {
+        HKN_FIELD(hk_pull_options, interval_ms),
+        HKN_FIELD(hk_pull_options, max_backoff_ms),
+        HKN_FIELD(hk_pull_options, max_manifest_bytes),
+        HKN_FIELD(hk_pull_options, max_artifact_bytes),
+        HKN_FIELD(hk_pull_options, connect_timeout_ms),
+        HKN_FIELD(hk_pull_options, total_timeout_ms),
+    };
     hk_pull_options d, r = *o;
     hk_pull_options_init(&d);
-    if (!r.interval_ms)
-        r.interval_ms = d.interval_ms;
-    if (!r.max_backoff_ms)
-        r.max_backoff_ms = d.max_backoff_ms;
-    if (!r.max_manifest_bytes)
-        r.max_manifest_bytes = d.max_manifest_bytes;
-    if (!r.max_artifact_bytes)
-        r.max_artifact_bytes = d.max_artifact_bytes;
-    if (!r.connect_timeout_ms)
-        r.connect_timeout_ms = d.connect_timeout_ms;
-    if (!r.total_timeout_ms)
-        r.total_timeout_ms = d.total_timeout_ms;
+    hkn_zero_defaults(&r, &d, zero_is_default, sizeof zero_is_default / sizeof *zero_is_default);
     if (r.jitter_pct > 100)
         r.jitter_pct = 100;
     r.url = r.artifact_base = r.ca_file = r.state_dir = NULL;
@@ -264,62 +261,61 @@ static int save_artifacts(hkn_puller *p, const hkn_manifest *m, struct buf *arts
     return 0;
 }
 
-int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
-    struct buf man = {.p = p, .limit = p->opt.max_manifest_bytes};
-    struct buf sig = {.p = p, .limit = 4096};
-    struct buf arts[HKN_MAX_ARTIFACTS];
-    hkn_manifest m = {0};
-    char *etag = NULL, *lm = NULL;
-    long status = 0;
-    int keep = 0;   /* 1: this manifest verified and is dealt with for good */
-    int in_txn = 0; /* 1: holding the shared state's transaction */
-    int err;
-    uint64_t prev = 0;
-    hk_report local = HK_REPORT_INIT;
-    if (!rep)
-        rep = &local;
-    memset(arts, 0, sizeof arts);
+/* One poll's transfers, and what it decided. */
+struct poll {
+    struct buf man, sig, arts[HKN_MAX_ARTIFACTS];
+    hkn_manifest m;
+    char *etag, *lm; /* the manifest's validators, until kept */
+    char mhash[65];  /* the manifest's SHA-256 (net/refused.c) */
+    int keep;        /* 1: this manifest verified and is dealt with for good */
+    int done;        /* 1: nothing more to do this poll (err says how it went) */
+};
 
-    hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
-            p->etag || p->last_modified ? " (conditional)" : "");
-    if ((err = fetch(p, p->url, 1, &man, &status, rep)))
-        goto out;
+/* The manifest (conditional) and its signature. A 304 is done: the kept
+ * manifest's outcome stands, so a refusal stays visible in the stats
+ * instead of reading as success. */
+static int fetch_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
+    long status = 0;
+    int err = fetch(p, p->url, 1, &q->man, &status, rep);
+    if (err)
+        return err;
     if (status == 304) {
-        /* Unchanged since a manifest that verified: its outcome stands, so a
-         * refusal stays visible in the stats instead of reading as success. */
         count(p, &p->stats.not_modified, 1);
         err = p->kept_err;
         if (err)
             hku_fail(rep, err, "%s", p->kept_message);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: 304 not modified%s%s", p->url,
                 err ? ": still refused: " : "", err ? p->kept_message : "");
-        goto out;
+        q->done = 1;
+        return err;
     }
-    etag = header_value(p->curl, "ETag");
-    lm = header_value(p->curl, "Last-Modified");
-    err = fetch(p, p->sig_url, 0, &sig, &status, rep);
+    q->etag = header_value(p->curl, "ETag");
+    q->lm = header_value(p->curl, "Last-Modified");
+    err = fetch(p, p->sig_url, 0, &q->sig, &status, rep);
     if (err && status == 404) {
         /* A missing signature is the release's fault, not the network's:
-         * verification below words the refusal. */
+         * verification words the refusal. */
         hk_report_clear(rep);
-        sig.len = 0;
+        q->sig.len = 0;
         err = 0;
-    } else if (err) {
-        goto out;
     }
-    hkn_state_begin(p->state);
-    in_txn = 1;
-    err = hkn_verify_manifest(&p->trust, p->state, man.data, man.len, sig.data, sig.len,
-                              (int64_t)time(NULL), &m, rep);
+    return err;
+}
+
+/* Verifies the manifest (within the state's transaction) and answers the
+ * releases that need no artifact: the one already running, and one the
+ * engine refused before. */
+static int verify_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
+    int err = hkn_verify_manifest(&p->trust, p->state, q->man.data, q->man.len, q->sig.data,
+                                  q->sig.len, (int64_t)time(NULL), &q->m, rep);
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
         /* The release already running, seen again (a restart, or an origin
          * without validators): nothing to do. */
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s v%llu, the release that runs", p->url,
                 rep->module, (unsigned long long)rep->version);
         hk_report_clear(rep);
-        err = 0;
-        keep = 1;
-        goto out;
+        q->keep = q->done = 1;
+        return 0;
     }
     if (err) {
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "refused the manifest at %s: %s: %s", p->url,
@@ -328,113 +324,101 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
          * that is missing or stale now (a CDN or an upload serving the new
          * manifest before its .sig) is fetched again at the next poll, with
          * backoff, instead of hiding behind 304s forever. A replay is final. */
-        keep = err == HK_ERR_REPLAY;
+        q->keep = err == HK_ERR_REPLAY;
         count(p, &p->stats.refused, 1);
-        goto out;
+        return err;
     }
     /* The engine refused these very bytes already (an origin whose ETag
      * changes defeats the validators): the same answer, with no artifact
      * fetched and no build or canary run (net/refused.c). */
-    char mhash[65];
-    if ((err = hkn_refused_check(p->refused, &m, man.data, man.len, mhash, rep))) {
-        keep = 1;
+    if ((err = hkn_refused_check(p->refused, &q->m, q->man.data, q->man.len, q->mhash, rep))) {
+        q->keep = 1;
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);
-        goto out;
+        return err;
     }
     hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))", p->url,
-            m.module, (unsigned long long)m.version, m.nartifacts);
-    for (size_t i = 0; i < m.nartifacts; i++) {
-        const hkn_artifact *a = &m.artifacts[i];
+            q->m.module, (unsigned long long)q->m.version, q->m.nartifacts);
+    return 0;
+}
+
+/* Every artifact of the verified manifest, each capped at its declared
+ * size and checked against its hash. */
+static int fetch_artifacts(hkn_puller *p, struct poll *q, hk_report *rep) {
+    for (size_t i = 0; i < q->m.nartifacts; i++) {
+        const hkn_artifact *a = &q->m.artifacts[i];
         char url[4096];
+        long status = 0;
         if (a->size > p->opt.max_artifact_bytes) {
-            err = hku_fail(rep, HK_ERR_TOO_LARGE,
-                           "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
-                           (unsigned long long)a->size, p->opt.max_artifact_bytes);
-            keep = 1;
+            q->keep = 1;
             count(p, &p->stats.refused, 1);
-            goto out;
+            return hku_fail(rep, HK_ERR_TOO_LARGE,
+                            "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
+                            (unsigned long long)a->size, p->opt.max_artifact_bytes);
         }
-        if (snprintf(url, sizeof url, "%s/artifacts/%s", p->base, a->sha256) >= (int)sizeof url) {
-            err = hku_fail(rep, HK_ERR_INVALID, "artifact URL too long");
-            goto out;
-        }
+        if (snprintf(url, sizeof url, "%s/artifacts/%s", p->base, a->sha256) >= (int)sizeof url)
+            return hku_fail(rep, HK_ERR_INVALID, "artifact URL too long");
         /* The declared size is the cap: a server sending more is wrong. */
-        arts[i].p = p;
-        arts[i].limit = (size_t)a->size;
-        err = fetch(p, url, 0, &arts[i], &status, rep);
+        q->arts[i].p = p;
+        q->arts[i].limit = (size_t)a->size;
+        int err = fetch(p, url, 0, &q->arts[i], &status, rep);
         if (err == HK_ERR_TOO_LARGE)
             err = hku_fail(rep, HK_ERR_HASH,
                            "artifact '%s': served more than the declared %llu "
                            "bytes",
                            a->name, (unsigned long long)a->size);
         if (err)
-            goto out;
-        if ((err = hkn_verify_artifact(a, arts[i].data ? arts[i].data : "", arts[i].len, rep))) {
+            return err;
+        if ((err = hkn_verify_artifact(a, q->arts[i].data ? q->arts[i].data : "", q->arts[i].len,
+                                       rep))) {
             count(p, &p->stats.refused, 1);
-            goto out;
+            return err;
         }
     }
-    if (p->save_dir && (err = save_artifacts(p, &m, arts, rep)))
-        goto out;
-    /* Persist first (see net/state.c): the record is on disk before the
-     * engine commits, and taken back if the engine refuses. */
-    if ((err = hkn_state_lookup(p->state, m.module, &prev, rep)) ||
-        (err = hkn_state_accept(p->state, m.module, m.version, rep)))
-        goto out;
-    size_t k = hkn_pick_artifact(&m, p->eng.arch);
-    hk_report arep = HK_REPORT_INIT;
-    const void *abytes[HKN_MAX_ARTIFACTS];
-    size_t asizes[HKN_MAX_ARTIFACTS];
-    hk_header hdrs[HKN_MAX_ARTIFACTS];
-    for (size_t i = 0; i < m.nartifacts; i++) {
-        abytes[i] = arts[i].data;
-        asizes[i] = arts[i].len;
+    return 0;
+}
+
+/* Commits the verified release and deals with the engine's verdict, which
+ * is final for these bytes either way: the validators are kept so that a
+ * refused build is not retried every poll. A quarantined image's release
+ * stays recorded as seen, so that a restarted puller does not apply it
+ * again (a replay); a newer release is applied as usual. */
+static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
+    const hkn_manifest *m = &q->m;
+    const void *bytes[HKN_MAX_ARTIFACTS];
+    size_t sizes[HKN_MAX_ARTIFACTS];
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        bytes[i] = q->arts[i].data;
+        sizes[i] = q->arts[i].len;
     }
-    int nh = hkn_release_headers(&m, abytes, asizes, hdrs);
-    err = p->eng.apply(p->eng.ud, m.module, m.version, m.artifacts[k].format,
-                       arts[k].data ? arts[k].data : "", arts[k].len, hdrs, nh, p->origin, &arep);
-    hk_report_clear(rep);
-    *rep = arep;
-    snprintf(rep->module, sizeof rep->module, "%s", m.module);
-    rep->version = m.version;
-    rep->error = err;
-    /* The engine's verdict on this exact release is final: keep the
-     * validators either way so a refused build is not retried every poll. */
-    keep = 1;
-    if (hkn_refusal_is_final(err))
-        hkn_refused_add(p->refused, m.module, m.version, mhash, err, rep->message);
+    int verdict;
+    int err = hkn_release_commit(&p->eng, p->state, p->refused, m, bytes, sizes, q->mhash,
+                                 p->origin, 1, &verdict, rep);
+    if (!verdict) /* the state's error: retried at the next poll */
+        return err;
+    q->keep = 1;
     if (err == HK_ERR_QUARANTINED) {
-        /* The image ran when the context was lost: this release stays
-         * recorded as seen, so that a restarted puller does not apply it
-         * again (a replay); a newer release is applied as usual. */
         count(p, &p->stats.refused, 1);
-        hkn_log(&p->eng, HK_LOG_WARN, "pull", "%s v%llu from %s is quarantined: %s", m.module,
-                (unsigned long long)m.version, p->url, rep->message);
-        goto out;
-    }
-    if (err) {
-        hk_report srep = HK_REPORT_INIT;
-        if (hkn_state_revert(p->state, m.module, m.version, prev, &srep) != 0)
-            snprintf(rep->message + strlen(rep->message),
-                     sizeof rep->message - strlen(rep->message),
-                     " (and v%llu stays recorded as accepted: %.200s)",
-                     (unsigned long long)m.version, srep.message);
-        hk_report_clear(&srep);
+        hkn_log(&p->eng, HK_LOG_WARN, "pull", "%s v%llu from %s is quarantined: %s", m->module,
+                (unsigned long long)m->version, p->url, rep->message);
+    } else if (err) {
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
-                m.module, (unsigned long long)m.version, p->url, hk_err_name(err), rep->message);
-        goto out;
+                m->module, (unsigned long long)m->version, p->url, hk_err_name(err), rep->message);
+    } else {
+        count(p, &p->stats.applied, 1);
+        hkn_log(&p->eng, HK_LOG_INFO, "pull", "applied %s v%llu from %s", m->module,
+                (unsigned long long)m->version, p->url);
     }
-    count(p, &p->stats.applied, 1);
-    hkn_log(&p->eng, HK_LOG_INFO, "pull", "applied %s v%llu from %s", m.module,
-            (unsigned long long)m.version, p->url);
-out:
-    if (in_txn)
-        hkn_state_end(p->state);
-    if (keep) {
-        keep_validators(p, etag, lm);
-        etag = lm = NULL;
+    return err;
+}
+
+/* Keeps the validators of a manifest dealt with for good, counts the poll
+ * and frees what it fetched. */
+static void poll_finish(hkn_puller *p, struct poll *q, int err, const hk_report *rep) {
+    if (q->keep) {
+        keep_validators(p, q->etag, q->lm);
+        q->etag = q->lm = NULL;
         p->kept_err = err;
         snprintf(p->kept_message, sizeof p->kept_message, "%s", err ? rep->message : "");
     }
@@ -443,13 +427,41 @@ out:
     p->stats.last_error = err;
     snprintf(p->stats.last_message, sizeof p->stats.last_message, "%s", err ? rep->message : "");
     pthread_mutex_unlock(&p->lock);
-    free(etag);
-    free(lm);
-    free(man.data);
-    free(sig.data);
+    free(q->etag);
+    free(q->lm);
+    free(q->man.data);
+    free(q->sig.data);
     for (size_t i = 0; i < HKN_MAX_ARTIFACTS; i++)
-        free(arts[i].data);
-    hkn_manifest_free(&m);
+        free(q->arts[i].data);
+    hkn_manifest_free(&q->m);
+}
+
+int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
+    struct poll q;
+    hk_report local = HK_REPORT_INIT;
+    if (!rep)
+        rep = &local;
+    memset(&q, 0, sizeof q);
+    q.man = (struct buf){.p = p, .limit = p->opt.max_manifest_bytes};
+    q.sig = (struct buf){.p = p, .limit = 4096};
+
+    hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
+            p->etag || p->last_modified ? " (conditional)" : "");
+    int err = fetch_manifest(p, &q, rep);
+    if (!err && !q.done) {
+        /* From the version check to the record, under the shared state's
+         * transaction. */
+        hkn_state_begin(p->state);
+        err = verify_manifest(p, &q, rep);
+        if (!err && !q.done)
+            err = fetch_artifacts(p, &q, rep);
+        if (!err && !q.done && p->save_dir)
+            err = save_artifacts(p, &q.m, q.arts, rep);
+        if (!err && !q.done)
+            err = apply_release(p, &q, rep);
+        hkn_state_end(p->state);
+    }
+    poll_finish(p, &q, err, rep);
     hk_report_clear(&local);
     return err;
 }
@@ -634,28 +646,22 @@ void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out) {
     pthread_mutex_unlock(&p->lock);
 }
 
-static void sample(hk_metrics_writer *w, const char *name, const char *type, const char *help,
-                   uint64_t v) {
-    hk_metrics_family(w, name, type, help);
-    hk_metrics_sample(w, name, NULL, NULL, v);
-}
-
 void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w) {
     hkn_pull_stats s;
     hkn_pull_stats_get(p, &s);
-    sample(w, "hotkern_pull_polls_total", "counter", "Polls of the origin completed.", s.polls);
-    sample(w, "hotkern_pull_requests_total", "counter", "HTTP requests made to the origin.",
-           s.requests);
-    sample(w, "hotkern_pull_not_modified_total", "counter", "304 answers to the manifest.",
-           s.not_modified);
-    sample(w, "hotkern_pull_errors_total", "counter",
-           "Transfers that failed (network, timeout, HTTP error, size cap).", s.errors);
-    sample(w, "hotkern_pull_refused_total", "counter",
-           "Releases refused by verification or by the engine.", s.refused);
-    sample(w, "hotkern_pull_applied_total", "counter", "Releases committed.", s.applied);
-    sample(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
-    sample(w, "hotkern_pull_consecutive_failures", "gauge",
-           "Polls in a row that failed and backed off.", s.failures);
+    hkn_metric(w, "hotkern_pull_polls_total", "counter", "Polls of the origin completed.", s.polls);
+    hkn_metric(w, "hotkern_pull_requests_total", "counter", "HTTP requests made to the origin.",
+               s.requests);
+    hkn_metric(w, "hotkern_pull_not_modified_total", "counter", "304 answers to the manifest.",
+               s.not_modified);
+    hkn_metric(w, "hotkern_pull_errors_total", "counter",
+               "Transfers that failed (network, timeout, HTTP error, size cap).", s.errors);
+    hkn_metric(w, "hotkern_pull_refused_total", "counter",
+               "Releases refused by verification or by the engine.", s.refused);
+    hkn_metric(w, "hotkern_pull_applied_total", "counter", "Releases committed.", s.applied);
+    hkn_metric(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
+    hkn_metric(w, "hotkern_pull_consecutive_failures", "gauge",
+               "Polls in a row that failed and backed off.", s.failures);
 }
 
 void hkn_pull_destroy(hkn_puller *p) {

@@ -24,6 +24,10 @@
  * only: a restart forgets them, and the first replay after it costs one
  * engine run again.
  *
+ * The step that leads here is the sources' one way of ending a verified
+ * release too (hkn_release_commit): record, apply, and on a refusal take
+ * the record back and remember the refusal, in that order.
+ *
  * Threads: none of its own and no lock. Each source owns one and uses it
  * from its one applying thread (the endpoint's worker, the puller's poll
  * thread).
@@ -138,4 +142,50 @@ int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifes
                  "again; publish the release signed anew to retry)",
                  m->module, (unsigned long long)m->version, hk_err_name(prior), before);
     return prior;
+}
+
+int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const hkn_manifest *m,
+                       const void *const *bytes, const size_t *sizes, const char *mhash,
+                       const char *origin, int keep_quarantined, int *verdict, hk_report *rep) {
+    if (verdict)
+        *verdict = 0;
+    /* Persist first (net/state.c): the record is on disk before the engine
+     * commits, and taken back if the engine refuses. */
+    uint64_t prev = 0;
+    int err;
+    if ((err = hkn_state_lookup(s, m->module, &prev, rep)) ||
+        (err = hkn_state_accept(s, m->module, m->version, rep)))
+        return err;
+    size_t k = hkn_pick_artifact(m, e->arch);
+    hk_report arep = HK_REPORT_INIT;
+    hk_header hdrs[HKN_MAX_ARTIFACTS];
+    int nh = hkn_release_headers(m, bytes, sizes, hdrs);
+    err = e->apply(e->ud, m->module, m->version, m->artifacts[k].format, bytes[k] ? bytes[k] : "",
+                   sizes[k], hdrs, nh, origin, &arep);
+    if (verdict)
+        *verdict = 1;
+    /* The engine's report carries the build detail; the release's identity
+     * (module and release version) goes on top of it. */
+    hk_report_clear(rep);
+    *rep = arep;
+    snprintf(rep->module, sizeof rep->module, "%s", m->module);
+    rep->version = m->version;
+    rep->error = err;
+    if (!err)
+        return 0;
+    if (!rep->message[0])
+        snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m->module,
+                 (unsigned long long)m->version, hk_err_name(err));
+    hk_report srep = HK_REPORT_INIT;
+    if (!(keep_quarantined && err == HK_ERR_QUARANTINED) &&
+        hkn_state_revert(s, m->module, m->version, prev, &srep) != 0) {
+        size_t n = strlen(rep->message);
+        snprintf(rep->message + n, sizeof rep->message - n,
+                 " (v%llu stays recorded as accepted: %.200s)", (unsigned long long)m->version,
+                 srep.message);
+    }
+    hk_report_clear(&srep);
+    if (hkn_refusal_is_final(err))
+        hkn_refused_add(r, m->module, m->version, mhash, err, rep->message);
+    return err;
 }

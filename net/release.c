@@ -301,6 +301,59 @@ void hkn_manifest_free(hkn_manifest *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* Artifact i of a manifest into d: every field checked for type and range. */
+static int parse_artifact(const cJSON *a, size_t i, hkn_artifact *d, hk_report *rep) {
+    char fmt[16];
+    int err;
+    if (!cJSON_IsObject(a))
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object", i);
+    if ((err = get_str(a, "name", d->name, sizeof d->name, 1, rep)) ||
+        (err = get_str(a, "sha256", d->sha256, sizeof d->sha256, 1, rep)) ||
+        (err = get_uint(a, "size", &d->size, rep)) ||
+        (err = get_str(a, "format", fmt, sizeof fmt, 1, rep)) ||
+        (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
+        return err;
+    if (!hkn_valid_name(d->name, sizeof d->name))
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "manifest: artifact name '%s' is not a plain "
+                        "file name",
+                        d->name);
+    unsigned char bin[32];
+    if (strlen(d->sha256) != 64 ||
+        sodium_hex2bin(bin, sizeof bin, d->sha256, 64, NULL, NULL, NULL) != 0)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "manifest: artifact '%s': sha256 is not 64 hex "
+                        "chars",
+                        d->name);
+    /* Normalise to the lowercase form hkn_sha256_hex produces. */
+    sodium_bin2hex(d->sha256, sizeof d->sha256, bin, sizeof bin);
+    d->format = hkn_format_parse(fmt);
+    d->header = !strcmp(fmt, "header");
+    if (d->format == HK_FORMAT_AUTO && !d->header)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin, "
+                        "fatbin or header",
+                        d->name, fmt);
+    return 0;
+}
+
+/* Headers are found by name, so each name once; and a release of headers
+ * alone has nothing to apply. */
+static int check_headers(const hkn_manifest *m, hk_report *rep) {
+    size_t nheaders = 0;
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        nheaders += m->artifacts[i].header;
+        for (size_t j = 0; j < i; j++)
+            if (m->artifacts[i].header && m->artifacts[j].header &&
+                !strcmp(m->artifacts[i].name, m->artifacts[j].name))
+                return hku_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
+                                m->artifacts[i].name);
+    }
+    if (nheaders == m->nartifacts)
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
+    return 0;
+}
+
 int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep) {
     memset(out, 0, sizeof *out);
     int err = 0;
@@ -347,63 +400,11 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     }
     const cJSON *a;
     cJSON_ArrayForEach(a, arts) {
-        hkn_artifact *d = &out->artifacts[out->nartifacts];
-        char fmt[16];
-        if (!cJSON_IsObject(a)) {
-            err = hku_fail(rep, HK_ERR_INVALID, "manifest: artifact %zu is not an object",
-                           out->nartifacts);
+        if ((err = parse_artifact(a, out->nartifacts, &out->artifacts[out->nartifacts], rep)))
             goto out;
-        }
-        if ((err = get_str(a, "name", d->name, sizeof d->name, 1, rep)) ||
-            (err = get_str(a, "sha256", d->sha256, sizeof d->sha256, 1, rep)) ||
-            (err = get_uint(a, "size", &d->size, rep)) ||
-            (err = get_str(a, "format", fmt, sizeof fmt, 1, rep)) ||
-            (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
-            goto out;
-        if (!hkn_valid_name(d->name, sizeof d->name)) {
-            err = hku_fail(rep, HK_ERR_INVALID,
-                           "manifest: artifact name '%s' is not a plain "
-                           "file name",
-                           d->name);
-            goto out;
-        }
-        unsigned char bin[32];
-        if (strlen(d->sha256) != 64 ||
-            sodium_hex2bin(bin, sizeof bin, d->sha256, 64, NULL, NULL, NULL) != 0) {
-            err = hku_fail(rep, HK_ERR_INVALID,
-                           "manifest: artifact '%s': sha256 is not 64 hex "
-                           "chars",
-                           d->name);
-            goto out;
-        }
-        /* Normalise to the lowercase form hkn_sha256_hex produces. */
-        sodium_bin2hex(d->sha256, sizeof d->sha256, bin, sizeof bin);
-        d->format = hkn_format_parse(fmt);
-        d->header = !strcmp(fmt, "header");
-        if (d->format == HK_FORMAT_AUTO && !d->header) {
-            err = hku_fail(rep, HK_ERR_INVALID,
-                           "manifest: artifact '%s': format '%s' is not cuda, ptx, cubin, "
-                           "fatbin or header",
-                           d->name, fmt);
-            goto out;
-        }
         out->nartifacts++;
     }
-    size_t nheaders = 0;
-    for (size_t i = 0; i < out->nartifacts; i++) {
-        nheaders += out->artifacts[i].header;
-        for (size_t j = 0; j < i; j++)
-            if (out->artifacts[i].header && out->artifacts[j].header &&
-                !strcmp(out->artifacts[i].name, out->artifacts[j].name)) {
-                err = hku_fail(rep, HK_ERR_INVALID, "manifest: header '%s' appears twice",
-                               out->artifacts[i].name);
-                goto out;
-            }
-    }
-    if (nheaders == out->nartifacts) {
-        err = hku_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
-        goto out;
-    }
+    err = check_headers(out, rep);
 out:
     cJSON_Delete(root);
     if (err)

@@ -30,9 +30,23 @@
  *   SHA-256 of the public key, in hex.
  *
  * HTTP push protocol (hk_endpoint)
- *   POST /v1/release          body: {"manifest": "<manifest.json text>",
- *                                    "signature": "<base64>",
- *                                    "artifacts": {"<sha256>": "<base64>", ...}}
+ *   POST /v1/release          body, Content-Type: application/x-hotkern-release
+ *                             (what `hotkern push` sends): a frame of lengths
+ *                             and raw bytes, held once by the endpoint;
+ *                             integers big-endian:
+ *                               "\x89HKR\r\n\x1a\n", u16 version (1), u16
+ *                               count (1..16), u32 manifest length
+ *                               (1..1 MiB), u32 signature length (0..512),
+ *                               u64 length of each artifact, then the
+ *                               manifest.json text, the signature's text
+ *                               (manifest.json.sig) and the artifacts in
+ *                               the manifest's order, nothing after;
+ *                             or, Content-Type: application/json:
+ *                               {"manifest": "<manifest.json text>",
+ *                                "signature": "<base64>",
+ *                                "artifacts": {"<sha256>": "<base64>", ...}}
+ *                             Both carry the same signed bytes: a release
+ *                             signed once goes either way.
  *   GET  /v1/status           "endpoint_id"; modules: the highest release
  *                             committed through this endpoint, the engine's
  *                             version and the releases the engine runs and
@@ -71,15 +85,19 @@
  *   (the last 256 such releases, in memory). A release signed anew is tried
  *   again. Pullers remember refused manifests the same way, whatever the
  *   origin's ETag.
- *   Status codes: 200 done; 400 malformed request or module name; 401
+ *   Status codes: 200 done; 400 malformed request or module name, a
+ *   frame whose lengths disagree with the body (truncated, bytes after
+ *   it, a length unlike the Content-Length); 401
  *   missing or wrong bearer token (HK_ERR_REJECTED); 403 bad/missing/unknown
  *   signature, expired release, a foreign Host or Origin (HK_ERR_REJECTED),
  *   or rollback off; 404 no such route or module; 409 replay, a rollback
  *   request used twice, nothing to roll back to, or a quarantined image
  *   (HK_ERR_QUARANTINED); 413 body over the cap
  *   (before the body is read when it has a Content-Length, as soon as it
- *   passes the cap when chunked); 415 a POST body not declared as
- *   application/json; 422 artifact hash or size mismatch,
+ *   passes the cap or a frame's lengths say it will when chunked); 415 a
+ *   POST body declared as neither application/json nor (to /v1/release)
+ *   the frame's type; 422 artifact hash or size mismatch (a frame with
+ *   another number of artifacts than its manifest names too),
  *   compile or validation refusal, a canary run's refusal (HK_ERR_CANARY),
  *   a rollback target that is not the
  *   previous release; 503 over a connection or memory limit, runtime busy
@@ -90,7 +108,8 @@
  *   to 0.0.0.0 or ::) or one of allowed_hosts, and refuses an Origin other
  *   than the endpoint's own (scheme, host and port: another port of the same
  *   host is another origin); a POST with a body needs Content-Type:
- *   application/json (415 otherwise, HK_ERR_REJECTED). Web pages cannot
+ *   application/json or, for a release, application/x-hotkern-release
+ *   (415 otherwise, HK_ERR_REJECTED). Web pages cannot
  *   drive the endpoint by cross-origin requests, "simple" form or text POSTs,
  *   or DNS rebinding.
  *
@@ -144,7 +163,8 @@ typedef struct hk_endpoint_options {
                                        * with pullers; "" = memory only; refused when
                                        * another user could change it (as state_dir
                                        * in hotkern.h) */
-    size_t max_body_bytes;            /* default 64 MiB; base64 adds a third */
+    size_t max_body_bytes;            /* default 64 MiB (a JSON body's base64 adds a
+                                       * third; a frame is the release's size) */
     unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
     unsigned timeout_s;               /* idle timeout per connection, default 30 */
     const hk_swap_options *swap;      /* template for each swap (copied); format,

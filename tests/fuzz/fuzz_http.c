@@ -10,6 +10,12 @@
  * hang it or leak; after every input a health request must still succeed.
  * Inputs that start with "B" are sent as the body of a POST /v1/release
  * instead, to reach the body handler with well-formed HTTP around it.
+ * Inputs that start with "F" are sent as a release frame (application/
+ * x-hotkern-release) with a Content-Length, and those that start with "T"
+ * as one chunked in pieces of 7 bytes, so that the frame's header and
+ * lengths arrive split; the frame parser (net/frame.c) is also fed each such
+ * body whole and in pieces of every size from 1 to 13 bytes in-process,
+ * and must come to the same verdict and the same parts either way.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -101,24 +107,96 @@ static void exchange(const void *bytes, size_t size, char *out, size_t cap, int 
     close(fd);
 }
 
+/* The frame parser's verdict on body, fed whole, and then in pieces of
+ * `step` bytes: the same error and the same parts. */
+static void frame_split(const uint8_t *body, size_t n) {
+    static hkn_frame whole, part; /* large: off the fuzzer's stack */
+    hkn_frame_init(&whole, 1 << 20, n);
+    int e1 = hkn_frame_feed(&whole, body, n, NULL, NULL);
+    e1 = e1 ? e1 : hkn_frame_end(&whole);
+    for (size_t step = 1; step <= 13; step++) {
+        hkn_frame_init(&part, 1 << 20, step & 1 ? n : HKN_FRAME_UNKNOWN);
+        int e2 = 0;
+        for (size_t off = 0; off < n && !e2; off += step)
+            e2 = hkn_frame_feed(&part, body + off, n - off < step ? n - off : step, NULL, NULL);
+        e2 = e2 ? e2 : hkn_frame_end(&part);
+        /* Without a Content-Length, a frame whose lengths disagree with
+         * the body's is refused when the body ends or runs past it: the
+         * same error, worded otherwise. */
+        if (e1 != e2)
+            abort();
+        if (!e1 && (whole.nart != part.nart || whole.manifest_len != part.manifest_len ||
+                    whole.sig_len != part.sig_len ||
+                    memcmp(whole.manifest, part.manifest, whole.manifest_len) ||
+                    memcmp(whole.sig, part.sig, whole.sig_len)))
+            abort();
+        for (size_t i = 0; !e1 && i < whole.nart; i++)
+            if (whole.art_len[i] != part.art_len[i] ||
+                memcmp(whole.art[i], part.art[i], whole.art_len[i]))
+                abort();
+        hkn_frame_free(&part);
+    }
+    hkn_frame_free(&whole);
+}
+
+/* body as a chunked upload in pieces of 7 bytes, after head. */
+static char *chunked(const char *head, const uint8_t *body, size_t n, size_t *len) {
+    size_t hn = strlen(head), cap = hn + n + (n / 7 + 1) * 8 + 8;
+    char *req = malloc(cap), *p = req;
+    if (!req)
+        return NULL;
+    memcpy(p, head, hn);
+    p += hn;
+    for (size_t off = 0; off < n; off += 7) {
+        size_t k = n - off < 7 ? n - off : 7;
+        p += sprintf(p, "%zx\r\n", k);
+        memcpy(p, body + off, k);
+        p += k;
+        memcpy(p, "\r\n", 2);
+        p += 2;
+    }
+    memcpy(p, "0\r\n\r\n", 5);
+    *len = (size_t)(p + 5 - req);
+    return req;
+}
+
+/* body as a POST /v1/release of type ctype with a Content-Length. */
+static void post(const char *ctype, const uint8_t *body, size_t n, char *out, size_t cap) {
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      "Content-Type: %s\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n",
+                      ctype, n);
+    char *req = malloc((size_t)hn + n + 1);
+    if (!req)
+        return;
+    memcpy(req, head, (size_t)hn);
+    memcpy(req + hn, body, n);
+    exchange(req, (size_t)hn + n, out, cap, 0);
+    free(req);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!ep)
         init();
     char out[512];
-    if (size > 0 && data[0] == 'B') {
-        char head[256];
-        int n = snprintf(head, sizeof head,
-                         "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "Connection: close\r\n\r\n",
-                         size - 1);
-        char *req = malloc((size_t)n + size);
+    if (size > 0 && data[0] == 'F') {
+        frame_split(data + 1, size - 1);
+        post(HKN_FRAME_TYPE, data + 1, size - 1, out, sizeof out);
+    } else if (size > 0 && data[0] == 'T') {
+        size_t len;
+        frame_split(data + 1, size - 1);
+        char *req = chunked("POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                            "Content-Type: " HKN_FRAME_TYPE "\r\n"
+                            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+                            data + 1, size - 1, &len);
         if (!req)
             return 0;
-        memcpy(req, head, (size_t)n);
-        memcpy(req + n, data + 1, size - 1);
-        exchange(req, (size_t)n + size - 1, out, sizeof out, 0);
+        exchange(req, len, out, sizeof out, 0);
         free(req);
+    } else if (size > 0 && data[0] == 'B') {
+        post("application/json", data + 1, size - 1, out, sizeof out);
     } else {
         exchange(data, size, out, sizeof out, 0);
     }
