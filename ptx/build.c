@@ -277,14 +277,14 @@ static void source_dir(const char *source_name, char *buf, size_t n) {
 }
 
 /* Reads -I / --include-path / --pre-include / -include from the options,
- * and adds the toolkit's directories and the in-memory headers. */
+ * and adds the toolkit's directories and the in-memory headers; the
+ * source's directory is each build's (srcdir is left empty). */
 static int parse_search_path(const hkp_build_opts *o, const hk_header *mem, int nmem,
-                             const char *source_name, search_path *sp) {
+                             search_path *sp) {
     memset(sp, 0, sizeof *sp);
     sp->tk = hkp_toolkit_get();
     sp->mem = mem;
     sp->nmem = nmem;
-    source_dir(source_name, sp->srcdir, sizeof sp->srcdir);
     sp->dirs = calloc((size_t)o->nnvrtc_options + 2, sizeof *sp->dirs);
     sp->pre = calloc((size_t)o->nnvrtc_options + 1, sizeof *sp->pre);
     if (!sp->dirs || !sp->pre)
@@ -820,7 +820,7 @@ static void nvrtc_cmd_free(nvrtc_cmd *c) {
 static int nvrtc_cmd_make(nvrtc_cmd *c, const hkp_build_opts *o, const search_path *sp,
                           int want_cubin, int fast, int minimal, int pch) {
     memset(c, 0, sizeof *c);
-    c->argv = calloc((size_t)o->nnvrtc_options + 9, sizeof *c->argv);
+    c->argv = calloc((size_t)o->nnvrtc_options + 10, sizeof *c->argv);
     if (!c->argv)
         return HK_ERR_NOMEM;
     snprintf(c->archopt, sizeof c->archopt, "--gpu-architecture=%s_%d%s",
@@ -856,11 +856,17 @@ static int nvrtc_cmd_make(nvrtc_cmd *c, const hkp_build_opts *o, const search_pa
     }
     if (pch) {
         c->argv[c->argc++] = "-pch";
+        /* Otherwise every log would say that a PCH was made or used:
+         * noise in a build's warnings, and a log that differs with the
+         * process's history (a check's, a swap's report). */
+        c->argv[c->argc++] = "--pch-messages=false";
         /* 639: the heap was too small (handled in pch_after); 20283: PCH
          * creation stops at the #line put in by pch_cut_source, as meant;
          * 629: a PCH made with other options was passed over (NVRTC 13
-         * keeps one per option set and goes on to the one that fits). */
-        c->argv[c->argc++] = "--diag-suppress=629,639,20283";
+         * keeps one per option set and goes on to the one that fits);
+         * 630: one made for another source's opening directives was
+         * passed over, likewise (a process building several sources). */
+        c->argv[c->argc++] = "--diag-suppress=629,630,639,20283";
     }
     return 0;
 }
@@ -1105,7 +1111,11 @@ out:
 
 /* ---- the build ------------------------------------------------------------ */
 
-static int arch_refusal(const hkp_meta *m, int arch, char *why, size_t why_size) {
+/* Why m does not run on o->arch, which refusals call the device (a
+ * runtime's builds) or the target (o->target_name). */
+static int arch_refusal(const hkp_meta *m, const hkp_build_opts *o, char *why, size_t why_size) {
+    const char *target = o->target_name ? o->target_name : "device";
+    int arch = o->arch;
     char a[16], d[16];
     hkp_arch_name(arch & ~(HKP_ARCH_SPECIFIC | HKP_ARCH_FAMILY), d, sizeof d);
     if (m->format == HK_FORMAT_FATBIN) {
@@ -1119,11 +1129,10 @@ static int arch_refusal(const hkp_meta *m, int arch, char *why, size_t why_size)
             used += (size_t)snprintf(list + used, sizeof list - used, "%scompute_%s",
                                      used ? ", " : "", a + 3);
         }
-        hkp_why(why, why_size, "fatbin has %s, device is %s", list[0] ? list : "no code", d);
+        hkp_why(why, why_size, "fatbin has %s, %s is %s", list[0] ? list : "no code", target, d);
     } else {
-        hkp_why(why, why_size, "%s is %s, device is %s",
-                m->format == HK_FORMAT_PTX ? "PTX" : "cubin", hkp_arch_name(m->arch, a, sizeof a),
-                d);
+        hkp_why(why, why_size, "%s is %s, %s is %s", m->format == HK_FORMAT_PTX ? "PTX" : "cubin",
+                hkp_arch_name(m->arch, a, sizeof a), target, d);
     }
     return HK_ERR_ARCH;
 }
@@ -1168,7 +1177,7 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
     int link_arch = o->arch;
     if (hkp_meta_read(data, size, HK_FORMAT_PTX, &pm, NULL, 0) == 0) {
         if (!hkp_meta_runs_on(&pm, o->arch)) {
-            rc = arch_refusal(&pm, o->arch, why, why_size);
+            rc = arch_refusal(&pm, o, why, why_size);
             hkp_meta_free(&pm);
             return rc;
         }
@@ -1243,7 +1252,8 @@ typedef struct build_job {
     hk_format fmt;
     const hkp_build_opts *o;
     const char *source_name;
-    search_path sp;
+    search_path sp; /* its own, or a copy of opts->search's (sp_shared) */
+    int sp_shared;
     hk_header *mem; /* the merged in-memory headers (merge_headers) */
     int nmem;
     dep_list deps;
@@ -1267,19 +1277,67 @@ static int pass_through(build_job *j, hkp_artifact *out, char *why, size_t why_s
     if (rc)
         return rc;
     if (!hkp_meta_runs_on(&out->meta, j->o->arch))
-        return arch_refusal(&out->meta, j->o->arch, why, why_size);
+        return arch_refusal(&out->meta, j->o, why, why_size);
     return copy_image(j->data, j->size, j->fmt, out);
 }
 
-/* CUDA C: the in-memory headers and the include search path. */
-static int job_search(build_job *j, char *why, size_t why_size) {
-    int rc = merge_headers(j->o, &j->mem, &j->nmem);
+/* The in-memory headers and the include search path of options o. */
+static int make_search(const hkp_build_opts *o, hk_header **mem, int *nmem, search_path *sp,
+                       char *why, size_t why_size) {
+    int rc = merge_headers(o, mem, nmem);
     if (rc) {
         hkp_why(why, why_size, "in-memory headers: %s",
                 rc == HK_ERR_INVALID ? "a header without a name" : hk_strerror(rc));
         return rc;
     }
-    return parse_search_path(j->o, j->mem, j->nmem, j->source_name, &j->sp);
+    return parse_search_path(o, *mem, *nmem, sp);
+}
+
+/* A search path made once for many builds (hkp_search_create). */
+struct hkp_search {
+    hk_header *mem; /* the merged in-memory headers */
+    int nmem;
+    search_path sp;
+};
+
+int hkp_search_create(const hkp_build_opts *o, hkp_search **out, char *why, size_t why_size) {
+    *out = NULL;
+    if (!opts_valid(o, NULL, 0)) {
+        hkp_why(why, why_size, "invalid build options");
+        return HK_ERR_INVALID;
+    }
+    hkp_search *s = calloc(1, sizeof *s);
+    if (!s)
+        return HK_ERR_NOMEM;
+    int rc = make_search(o, &s->mem, &s->nmem, &s->sp, why, why_size);
+    if (rc) {
+        hkp_search_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void hkp_search_free(hkp_search *s) {
+    if (!s)
+        return;
+    search_path_free(&s->sp);
+    free(s->mem);
+    free(s);
+}
+
+/* CUDA C: the in-memory headers and the include search path, the build's
+ * own or the prepared one; the source's directory. */
+static int job_search(build_job *j, char *why, size_t why_size) {
+    int rc = 0;
+    if (j->o->search) {
+        j->sp = j->o->search->sp; /* its arrays stay the search's */
+        j->sp_shared = 1;
+    } else {
+        rc = make_search(j->o, &j->mem, &j->nmem, &j->sp, why, why_size);
+    }
+    source_dir(j->source_name, j->sp.srcdir, sizeof j->sp.srcdir);
+    return rc;
 }
 
 /* Looks the build up in the compile cache: 1 on a hit (out filled), else
@@ -1332,7 +1390,7 @@ static int job_compile(build_job *j, hkp_artifact *out, char *why, size_t why_si
         return rc;
     }
     if (!hkp_meta_runs_on(&out->meta, j->o->arch))
-        return arch_refusal(&out->meta, j->o->arch, why, why_size);
+        return arch_refusal(&out->meta, j->o, why, why_size);
     return 0;
 }
 
@@ -1391,7 +1449,8 @@ int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts
     int rc = build_job_run(&j, out, why, why_size);
     free(j.src);
     deps_free(&j.deps);
-    search_path_free(&j.sp);
+    if (!j.sp_shared)
+        search_path_free(&j.sp);
     free(j.mem);
     out->ms = hku_now_ms() - t0;
     return rc;
