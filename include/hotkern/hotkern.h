@@ -782,17 +782,17 @@ typedef struct hk_check_options {
     const char *const *nvrtc_options; /* extra NVRTC options (-D, -I,
                                        * -std...), as in hk_swap_options */
     int nnvrtc_options;
-    const char *const *name_expressions; /* e.g. "scale<float>": template
-                                          * kernels to instantiate */
+    const char *const *name_expressions; /* e.g. "scale<float>": template kernels
+                                          * to instantiate */
     int nname_expressions;
-    const hk_header *headers; /* in-memory headers (copied) */
+    const hk_header *headers; /* in-memory headers (copied), as in
+                               * hk_swap_options */
     int nheaders;
-    const char *source_name; /* hk_check's source, for compiler
-                              * messages and for the directory
-                              * its quoted includes are looked
-                              * for in: the path; default
-                              * "input.cu" ("input.ptx"), in the
-                              * current directory */
+    const char *source_name; /* hk_check's source: the path, for compiler
+                              * messages and for the directory its quoted
+                              * includes are looked for in; default
+                              * "input.cu" ("input.ptx"), in the current
+                              * directory */
 } hk_check_options;
 
 /* As hk_options_init_size, for check options. */
@@ -862,7 +862,8 @@ HK_API const void *hk_check_result_image(const hk_check_result *r, size_t *size,
  * warnings), or NULL when there was none. Valid while r lives. */
 HK_API const char *hk_check_result_log(const hk_check_result *r);
 
-/* The kernels (entry points) of the image, in the image's order. */
+/* The kernels (entry points) of the image, in the image's order: those of
+ * PTX and of a cubin; a fatbin's are not read (0), only its architectures. */
 HK_API int hk_check_result_kernel_count(const hk_check_result *r);
 
 /* Kernel i: its entry name (the mangled one for C++ names) in *name, and,
@@ -874,8 +875,8 @@ HK_API int hk_check_result_kernel_count(const hk_check_result *r);
 HK_API int hk_check_result_kernel(const hk_check_result *r, int i, const char **name,
                                   const size_t **offsets, const size_t **sizes);
 
-/* The __device__ and __constant__ variables of the image (PTX and cubin:
- * a fatbin's are not listed): global i's name, size in bytes (may be NULL)
+/* The __device__ and __constant__ variables of the image (PTX and cubin, as
+ * kernels): global i's name, size in bytes (may be NULL)
  * and whether it is __constant__ (may be NULL). Returns 0, HK_ERR_NOT_FOUND
  * for i out of range, HK_ERR_INVALID. */
 HK_API int hk_check_result_global_count(const hk_check_result *r);
