@@ -1,14 +1,17 @@
 /*
  * hotkern check: build and validate kernel files the way a swap would.
  *
- * Meant for editors and CI: it runs the same build path as the runtime
- * (NVRTC, nvJitLink, the metadata parsers, the architecture check) without a
- * GPU, and prints compiler messages as "file:line: ..." so that editors and
- * terminals can jump to them; with --json the same messages come as
+ * Meant for editors and CI: the public hk_checker (hotkern.h, "checking
+ * without a GPU") runs the same build path as the runtime (NVRTC, nvJitLink,
+ * the metadata parsers, the architecture check) without a GPU or driver,
+ * and this file prints compiler messages as "file:line: ..." so that editors
+ * and terminals can jump to them; with --json the same messages come as
  * "diagnostics" records ({file, line, severity, message}) of each file. No
- * compile cache is used, so every run really compiles. The toolkit's headers
- * (cub, cuda::std, cooperative_groups, cuda_fp16 ...) are found without -I,
- * as in a swap.
+ * compile cache is used, so every run really compiles; one checker serves
+ * every file of a run, so NVRTC's precompiled header of the toolkit's
+ * headers is made once (--no-reuse checks each file with hk_check alone).
+ * The toolkit's headers (cub, cuda::std, cooperative_groups, cuda_fp16 ...)
+ * are found without -I, as in a swap.
  *
  * A file whose kernels are all templates compiles to nothing: NVRTC
  * instantiates only what is named. Rather than report "0 kernels", check
@@ -21,13 +24,12 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
-#include "net/net.h"
-#include "ptx/ptx.h"
 #include "util/util.h"
 
 static const char check_help[] =
     "usage: hotkern check [--arch sm_XY] [-I DIR] [-D NAME[=VALUE]]\n"
-    "                     [--name-expression EXPR]... [--ptx-only] [--json] FILE...\n"
+    "                     [--name-expression EXPR]... [--ptx-only] [--no-reuse] [--json]\n"
+    "                     FILE...\n"
     "\n"
     "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
     "its content) for one GPU architecture, as hotkern would before a swap.\n"
@@ -39,14 +41,19 @@ static const char check_help[] =
     "                 instantiate a template kernel, e.g. 'scale<float>' (as\n"
     "                 hk_swap_options.name_expressions does); may be repeated\n"
     "  --ptx-only     stop at PTX: CUDA C is compiled to PTX and PTX is only parsed,\n"
-    "                 not linked to a cubin\n" HKC_JSON_HELP "  -h, --help     show this help\n"
+    "                 not linked to a cubin\n"
+    "  --no-reuse     check each file on its own: no precompiled header or include\n"
+    "                 search path shared between files (slower; for comparison)\n" HKC_JSON_HELP
+    "  -h, --help     show this help\n"
     "\n"
     "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
     "A file whose kernels are all templates, none of them instantiated, fails\n"
     "with the templates' names and a --name-expression to try.\n"
     "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n";
 
-static int parse_arch(const char *s) {
+/* "sm_90", "sm_90a", "compute_90" or "90" into o's arch; 0, or -1 when it
+ * is none of these. */
+static int parse_arch(const char *s, hk_check_options *o) {
     if (!strncmp(s, "sm_", 3))
         s += 3;
     else if (!strncmp(s, "compute_", 8))
@@ -54,10 +61,16 @@ static int parse_arch(const char *s) {
     char *end;
     long v = strtol(s, &end, 10);
     if (end == s || v < 10 || v > 9999)
-        return 0;
-    if (*end == 'a' && end[1] == '\0')
-        return (int)v | HKP_ARCH_SPECIFIC;
-    return *end ? 0 : (int)v;
+        return -1;
+    o->arch = (int)v;
+    o->arch_specific = *end == 'a' && end[1] == '\0';
+    return *end && !o->arch_specific ? -1 : 0;
+}
+
+/* As the PTX lexer's (ptx/ptx.h): C identifiers, and '$' and '%'. */
+static int is_ident_char(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '$' || c == '%';
 }
 
 /* ---- compiler messages --------------------------------------------------- */
@@ -219,8 +232,8 @@ static char *code_only(const char *src, size_t n) {
 
 static int is_word_at(const char *text, const char *p, const char *word) {
     size_t n = strlen(word);
-    return strncmp(p, word, n) == 0 && (p == text || !hkp_is_ident_char((unsigned char)p[-1])) &&
-           !hkp_is_ident_char((unsigned char)p[n]);
+    return strncmp(p, word, n) == 0 && (p == text || !is_ident_char((unsigned char)p[-1])) &&
+           !is_ident_char((unsigned char)p[n]);
 }
 
 /* Finds __global__ functions declared as templates. Writes "name<args>"
@@ -251,7 +264,7 @@ static int template_kernels(const char *src, size_t n, char ex[][160], int max) 
         while (e > g && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
             e--;
         char *b = e;
-        while (b > g && hkp_is_ident_char((unsigned char)b[-1]))
+        while (b > g && is_ident_char((unsigned char)b[-1]))
             b--;
         if (b == e)
             continue;
@@ -284,10 +297,10 @@ static int template_kernels(const char *src, size_t n, char ex[][160], int max) 
 
 /* A CUDA C file that built to no kernel because its kernels are templates:
  * writes the explanation into msg and returns 1. */
-static int uninstantiated(const char *path, const char *src, size_t n, const hkp_artifact *a,
+static int uninstantiated(const char *path, const char *src, size_t n, const hk_check_result *r,
                           char *msg, size_t cap) {
     char ex[8][160];
-    if (a->meta.nentries != 0)
+    if (hk_check_result_kernel_count(r) != 0)
         return 0;
     int k = template_kernels(src, n, ex, 8);
     if (!k)
@@ -319,33 +332,27 @@ struct file_result {
 /* A file that built: "FILE: ok (N kernels: a, b)", or for a fatbin
  * "FILE: ok (fatbin: sm_80, compute_90)"; in JSON mode the record's kernels
  * and archs. */
-static void report_ok(struct file_result *fr, const hkp_artifact *a) {
-    const hkp_meta *m = &a->meta;
-    char buf[16], archs[32][24];
-    int narchs = 0;
-    for (int i = 0; i < m->narchs && i < 16; i++)
-        snprintf(archs[narchs++], sizeof archs[0], "%s",
-                 hkp_arch_name(m->archs[i], buf, sizeof buf));
-    for (int i = 0; i < m->nptx_archs && i < 16; i++)
-        snprintf(archs[narchs++], sizeof archs[0], "compute_%s",
-                 hkp_arch_name(m->ptx_archs[i], buf, sizeof buf) + 3);
+static void report_ok(struct file_result *fr, const hk_check_result *r) {
+    hk_format fmt;
+    (void)hk_check_result_image(r, NULL, &fmt);
+    int nk = hk_check_result_kernel_count(r), na = hk_check_result_arch_count(r);
+    const char *name = NULL;
     if (fr->rec) {
         cJSON *k = cJSON_GetObjectItemCaseSensitive(fr->rec, "kernels");
         cJSON *ar = cJSON_GetObjectItemCaseSensitive(fr->rec, "archs");
-        for (int i = 0; i < m->nentries; i++)
-            cJSON_AddItemToArray(k, cJSON_CreateString(m->entries[i].name));
-        for (int i = 0; m->format == HK_FORMAT_FATBIN && i < narchs; i++)
-            cJSON_AddItemToArray(ar, cJSON_CreateString(archs[i]));
-    } else if (m->format == HK_FORMAT_FATBIN) {
+        for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++)
+            cJSON_AddItemToArray(k, cJSON_CreateString(name));
+        for (int i = 0; fmt == HK_FORMAT_FATBIN && i < na; i++)
+            cJSON_AddItemToArray(ar, cJSON_CreateString(hk_check_result_arch(r, i)));
+    } else if (fmt == HK_FORMAT_FATBIN) {
         printf("%s: ok (fatbin:", fr->path);
-        for (int i = 0; i < narchs; i++)
-            printf("%s %s", i ? "," : "", archs[i]);
+        for (int i = 0; i < na; i++)
+            printf("%s %s", i ? "," : "", hk_check_result_arch(r, i));
         printf(")\n");
     } else {
-        printf("%s: ok (%d kernel%s%s", fr->path, m->nentries, m->nentries == 1 ? "" : "s",
-               m->nentries ? ": " : "");
-        for (int i = 0; i < m->nentries; i++)
-            printf("%s%s", i ? ", " : "", m->entries[i].name);
+        printf("%s: ok (%d kernel%s%s", fr->path, nk, nk == 1 ? "" : "s", nk ? ": " : "");
+        for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++)
+            printf("%s%s", i ? ", " : "", name);
         printf(")\n");
     }
 }
@@ -389,41 +396,54 @@ static cJSON *file_record(hkc_out *o, const char *path) {
     return r;
 }
 
+/* How the files of one run are checked: with one checker, or (--no-reuse)
+ * each with hk_check and the options alone. */
+struct checking {
+    hk_checker *checker; /* NULL: hk_check */
+    hk_check_options opt;
+};
+
 /* Builds one file; returns 0 when it is ok, else 1 (reported). */
-static int check_file(hkc_out *o, const char *path, hkp_build_opts bo) {
+static int check_file(hkc_out *o, const char *path, struct checking *ck) {
     struct file_result fr = {.o = o, .path = path, .rec = file_record(o, path)};
     hk_report rep = HK_REPORT_INIT;
-    char *data = NULL, why[512], msg[1024];
+    char *data = NULL, msg[1024];
     size_t size = 0;
     hk_format fmt = HK_FORMAT_AUTO;
-    hkp_artifact art;
-    int failed = 1;
+    hk_check_result *res = NULL;
+    int failed = 1, rc;
     if (hku_read_file(path, HKC_MAX_INPUT, &data, &size, &rep)) {
         snprintf(msg, sizeof msg, "cannot read: %s", rep.message);
         report_error(&fr, rep.error, NULL, msg);
         hk_report_clear(&rep);
         return 1;
     }
-    if (hkp_detect(data, size, &fmt, NULL, 0) == 0 && fr.rec)
+    if (hk_format_detect(data, size, &fmt, NULL) == 0 && fr.rec)
         cJSON_ReplaceItemInObjectCaseSensitive(fr.rec, "format",
                                                cJSON_CreateString(hk_format_name(fmt)));
-    bo.source_name = path;
-    int rc = hkp_build(data, size, HK_FORMAT_AUTO, &bo, &art, why, sizeof why);
+    if (ck->checker) {
+        rc = hk_checker_check(ck->checker, path, data, size, &res, &rep);
+    } else {
+        ck->opt.source_name = path;
+        rc = hk_check(&ck->opt, data, size, &res, &rep);
+    }
     if (rc) {
         /* The log carries file:line; the reason adds the kind of failure
          * (and is all there is for format and arch refusals). */
-        snprintf(msg, sizeof msg, "%s (%s)", why[0] ? why : hk_strerror(rc), hk_strerror(rc));
-        report_error(&fr, rc, art.log, msg);
-    } else if (bo.nname_expressions == 0 && art.meta.format != HK_FORMAT_FATBIN &&
-               fmt == HK_FORMAT_CUDA_C && uninstantiated(path, data, size, &art, msg, sizeof msg)) {
+        snprintf(msg, sizeof msg, "%s (%s)", rep.message[0] ? rep.message : hk_strerror(rc),
+                 hk_strerror(rc));
+        report_error(&fr, rc, rep.log, msg);
+    } else if (ck->opt.nname_expressions == 0 && fmt == HK_FORMAT_CUDA_C &&
+               uninstantiated(path, data, size, res, msg, sizeof msg)) {
         report_error(&fr, HK_ERR_NOT_FOUND, NULL, msg);
     } else {
-        report_ok(&fr, &art);
+        report_ok(&fr, res);
         if (fr.rec)
             cJSON_ReplaceItemInObjectCaseSensitive(fr.rec, "ok", cJSON_CreateTrue());
         failed = 0;
     }
-    hkp_artifact_free(&art);
+    hk_check_result_free(res);
+    hk_report_clear(&rep);
     free(data);
     fflush(stdout); /* keep the order of files when stderr interleaves */
     return failed;
@@ -447,29 +467,37 @@ static char **nvrtc_options(const hkc_list *inc, const hkc_list *def) {
     return v;
 }
 
-static int check_files(hkc_out *o, const char *arch_s, int ptx_only, const hkc_list *inc,
-                       const hkc_list *def, const hkc_list *exprs, char **files, int nfiles) {
-    int arch = arch_s ? parse_arch(arch_s) : 90, failed = 0;
-    if (!arch)
+static int check_files(hkc_out *o, const char *arch_s, int ptx_only, int no_reuse,
+                       const hkc_list *inc, const hkc_list *def, const hkc_list *exprs,
+                       char **files, int nfiles) {
+    struct checking ck = {0};
+    hk_report rep = HK_REPORT_INIT;
+    int failed = 0;
+    char buf[16];
+    hk_check_options_init(&ck.opt);
+    ck.opt.arch = 90;
+    if (arch_s && parse_arch(arch_s, &ck.opt) < 0)
         return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
     if (nfiles == 0)
         return hkc_usage(o, "no input files");
-    char **opts = nvrtc_options(inc, def), buf[16];
+    char **opts = nvrtc_options(inc, def);
     if (!opts)
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
-    hkc_set_str(o, "arch", hkp_arch_name(arch, buf, sizeof buf));
+    snprintf(buf, sizeof buf, "sm_%d%s", ck.opt.arch, ck.opt.arch_specific ? "a" : "");
+    hkc_set_str(o, "arch", buf);
     hkc_set(o, "files", cJSON_CreateArray());
-    hkp_build_opts bo = {
-        .arch = arch,
-        .ptx_to_cubin = !ptx_only,
-        .opt_level = 3,
-        .nvrtc_options = (const char *const *)opts,
-        .nnvrtc_options = inc->n + def->n,
-        .name_expressions = exprs->v,
-        .nname_expressions = exprs->n,
-    };
-    for (int f = 0; f < nfiles; f++)
-        failed += check_file(o, files[f], bo);
+    ck.opt.ptx_mode = ptx_only ? HK_PTX_DRIVER_JIT : HK_PTX_NVJITLINK;
+    ck.opt.nvrtc_options = (const char *const *)opts;
+    ck.opt.nnvrtc_options = inc->n + def->n;
+    ck.opt.name_expressions = exprs->v;
+    ck.opt.nname_expressions = exprs->n;
+    if (!no_reuse && hk_checker_create(&ck.checker, &ck.opt, &rep) < 0)
+        failed = hkc_fail_report(o, &rep);
+    else
+        for (int f = 0; f < nfiles; f++)
+            failed += check_file(o, files[f], &ck);
+    hk_checker_destroy(ck.checker);
+    hk_report_clear(&rep);
     for (int i = 0; i < inc->n + def->n; i++)
         free(opts[i]);
     free(opts);
@@ -478,7 +506,7 @@ static int check_files(hkc_out *o, const char *arch_s, int ptx_only, const hkc_l
 
 int hkc_cmd_check(int argc, char **argv) {
     const char *arch = NULL;
-    int ptx_only = 0, json = 0, nargs = 0;
+    int ptx_only = 0, no_reuse = 0, json = 0, nargs = 0;
     hkc_list inc = {0}, def = {0}, exprs = {0};
     const hkc_opt opts[] = {
         HKC_STRING_OPT("--arch", &arch),
@@ -486,12 +514,13 @@ int hkc_cmd_check(int argc, char **argv) {
         {.letter = 'D', .kind = HKC_LIST, .dst = &def},
         HKC_LIST_OPT("--name-expression", &exprs),
         HKC_FLAG_OPT("--ptx-only", &ptx_only),
+        HKC_FLAG_OPT("--no-reuse", &no_reuse),
         HKC_JSON_OPT(&json),
     };
     hkc_out o;
     int rc = hkc_parse(&o, "check", opts, HKC_NOPTS(opts), check_help, argc, argv, &nargs);
     if (rc < 0)
-        rc = check_files(&o, arch, ptx_only, &inc, &def, &exprs, argv + 1, nargs);
+        rc = check_files(&o, arch, ptx_only, no_reuse, &inc, &def, &exprs, argv + 1, nargs);
     hkc_list_free(&inc);
     hkc_list_free(&def);
     hkc_list_free(&exprs);

@@ -35,6 +35,7 @@
 #define HKL_QUARANTINE_SIZE0    HKL_END(hk_quarantine, version)
 #define HKL_WATCH_OPTIONS_SIZE0 HKL_END(hk_watch_options, build_profile)
 #define HKL_QUEUED_EVENT_SIZE0  HKL_END(hk_queued_event, dropped)
+#define HKL_CHECK_OPTIONS_SIZE0 HKL_END(hk_check_options, source_name)
 
 /* The size member of a caller's structure (its first member). */
 static inline size_t hkl_size_of(const void *s) {

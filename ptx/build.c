@@ -277,14 +277,14 @@ static void source_dir(const char *source_name, char *buf, size_t n) {
 }
 
 /* Reads -I / --include-path / --pre-include / -include from the options,
- * and adds the toolkit's directories and the in-memory headers. */
+ * and adds the toolkit's directories and the in-memory headers; the
+ * source's directory is each build's (srcdir is left empty). */
 static int parse_search_path(const hkp_build_opts *o, const hk_header *mem, int nmem,
-                             const char *source_name, search_path *sp) {
+                             search_path *sp) {
     memset(sp, 0, sizeof *sp);
     sp->tk = hkp_toolkit_get();
     sp->mem = mem;
     sp->nmem = nmem;
-    source_dir(source_name, sp->srcdir, sizeof sp->srcdir);
     sp->dirs = calloc((size_t)o->nnvrtc_options + 2, sizeof *sp->dirs);
     sp->pre = calloc((size_t)o->nnvrtc_options + 1, sizeof *sp->pre);
     if (!sp->dirs || !sp->pre)
@@ -802,27 +802,93 @@ static int names_fast_compile(const hkp_build_opts *o) {
     return 0;
 }
 
-/* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
- * NUL-terminated; sp carries the in-memory headers and the search path. */
-static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_path *sp,
-                         const char *source_name, int want_cubin, int fast, int minimal,
-                         hkp_artifact *a, char *why, size_t why_size) {
-    nvrtcProgram prog = NULL;
-    const char **argv = NULL, **hdata = NULL, **hname = NULL;
+/* NVRTC's command line for one compile: the arch, the profile's options,
+ * the caller's, the toolkit's include directories, the PCH's. */
+typedef struct nvrtc_cmd {
+    const char **argv;
+    int argc;
     char archopt[64], ptxasopt[64];
-    char *inc = NULL, *cccl = NULL, *cut_src = NULL;
-    int rc = 0, argc = 0, pch = 0;
-    nvrtcResult r;
+    char *inc, *cccl; /* "-I" + the toolkit's directories (malloc'd) */
+} nvrtc_cmd;
 
+static void nvrtc_cmd_free(nvrtc_cmd *c) {
+    free(c->argv);
+    free(c->inc);
+    free(c->cccl);
+}
+
+static int nvrtc_cmd_make(nvrtc_cmd *c, const hkp_build_opts *o, const search_path *sp,
+                          int want_cubin, int fast, int minimal, int pch) {
+    memset(c, 0, sizeof *c);
+    c->argv = calloc((size_t)o->nnvrtc_options + 10, sizeof *c->argv);
+    if (!c->argv)
+        return HK_ERR_NOMEM;
+    snprintf(c->archopt, sizeof c->archopt, "--gpu-architecture=%s_%d%s",
+             want_cubin ? "sm" : "compute", HKP_ARCH_NUM(o->arch),
+             (o->arch & HKP_ARCH_SPECIFIC) ? "a" : "");
+    c->argv[c->argc++] = c->archopt;
+    if (minimal)
+        c->argv[c->argc++] = "-minimal";
+    if (fast) {
+        /* Reaches ptxas too, which then refuses -O1..3 of its own. */
+        c->argv[c->argc++] = "-Ofc=max";
+    } else if (want_cubin) {
+        snprintf(c->ptxasopt, sizeof c->ptxasopt, "--ptxas-options=-O%d", o->opt_level > 0 ? 3 : 0);
+        c->argv[c->argc++] = c->ptxasopt;
+    }
+    for (int i = 0; i < o->nnvrtc_options; i++)
+        if (o->nvrtc_options[i])
+            c->argv[c->argc++] = o->nvrtc_options[i];
+    /* After the user's -I, so that their copies of a header win (nvcc's order). */
+    if (!o->no_toolkit && sp->tk->include[0]) {
+        if (asprintf(&c->inc, "-I%s", sp->tk->include) < 0) {
+            c->inc = NULL;
+            return HK_ERR_NOMEM;
+        }
+        c->argv[c->argc++] = c->inc;
+    }
+    if (!o->no_toolkit && sp->tk->cccl[0]) {
+        if (asprintf(&c->cccl, "-I%s", sp->tk->cccl) < 0) {
+            c->cccl = NULL;
+            return HK_ERR_NOMEM;
+        }
+        c->argv[c->argc++] = c->cccl;
+    }
+    if (pch) {
+        c->argv[c->argc++] = "-pch";
+        /* Otherwise every log would say that a PCH was made or used:
+         * noise in a build's warnings, and a log that differs with the
+         * process's history (a check's, a swap's report). */
+        c->argv[c->argc++] = "--pch-messages=false";
+        /* 639: the heap was too small (handled in pch_after); 20283: PCH
+         * creation stops at the #line put in by pch_cut_source, as meant;
+         * 629: a PCH made with other options was passed over (NVRTC 13
+         * keeps one per option set and goes on to the one that fits);
+         * 630: one made for another source's opening directives was
+         * passed over, likewise (a process building several sources). */
+        c->argv[c->argc++] = "--diag-suppress=629,630,639,20283";
+    }
+    return 0;
+}
+
+/* Makes the NVRTC program of src and the in-memory headers of sp. With
+ * o->pch, the source's opening run is cut where pch_split says: *cut_src
+ * is then the text given to NVRTC (malloc'd, the caller frees it after the
+ * program) and *pch is set. */
+static int nvrtc_program(const char *src, const hkp_build_opts *o, const search_path *sp,
+                         const char *source_name, nvrtcProgram *prog, char **cut_src, int *pch,
+                         char *why, size_t why_size) {
+    const char **hdata = NULL, **hname = NULL;
+    *cut_src = NULL;
+    *pch = 0;
     if (o->pch) {
         size_t cut = 0;
         int line = 0;
-        pch = pch_split(src, sp, &cut, &line);
-        if (pch == 2) {
-            cut_src = pch_cut_source(src, cut, line, source_name);
-            if (!cut_src)
+        *pch = pch_split(src, sp, &cut, &line);
+        if (*pch == 2) {
+            if (!(*cut_src = pch_cut_source(src, cut, line, source_name)))
                 return HK_ERR_NOMEM;
-            src = cut_src;
+            src = *cut_src;
         }
     }
     if (sp->nmem > 0) {
@@ -831,7 +897,6 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
         if (!hdata || !hname) {
             free(hdata);
             free(hname);
-            free(cut_src);
             return HK_ERR_NOMEM;
         }
         for (int i = 0; i < sp->nmem; i++) {
@@ -839,61 +904,67 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
             hname[i] = sp->mem[i].name;
         }
     }
-    r = nvrtcCreateProgram(&prog, src, source_name, sp->nmem, hdata, hname);
+    nvrtcResult r = nvrtcCreateProgram(prog, src, source_name, sp->nmem, hdata, hname);
     free(hdata);
     free(hname);
     if (r != NVRTC_SUCCESS) {
-        free(cut_src);
+        *prog = NULL;
         hkp_why(why, why_size, "NVRTC: %s", nvrtcGetErrorString(r));
         return r == NVRTC_ERROR_OUT_OF_MEMORY ? HK_ERR_NOMEM : HK_ERR_COMPILE;
     }
-    argv = calloc((size_t)o->nnvrtc_options + 9, sizeof *argv);
-    if (!argv) {
-        rc = HK_ERR_NOMEM;
-        goto out;
+    return 0;
+}
+
+/* Takes a compiled program's image (cubin or PTX) and lowered names into a. */
+static int nvrtc_output(nvrtcProgram prog, const hkp_build_opts *o, int want_cubin, hkp_artifact *a,
+                        char *why, size_t why_size) {
+    size_t n = 0;
+    nvrtcResult r = want_cubin ? nvrtcGetCUBINSize(prog, &n) : nvrtcGetPTXSize(prog, &n);
+    if (r != NVRTC_SUCCESS || n == 0) {
+        hkp_why(why, why_size, "NVRTC: no %s produced", want_cubin ? "cubin" : "PTX");
+        return HK_ERR_COMPILE;
     }
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s_%d%s", want_cubin ? "sm" : "compute",
-             HKP_ARCH_NUM(o->arch), (o->arch & HKP_ARCH_SPECIFIC) ? "a" : "");
-    argv[argc++] = archopt;
-    if (minimal)
-        argv[argc++] = "-minimal";
-    if (fast) {
-        /* Reaches ptxas too, which then refuses -O1..3 of its own. */
-        argv[argc++] = "-Ofc=max";
-    } else if (want_cubin) {
-        snprintf(ptxasopt, sizeof ptxasopt, "--ptxas-options=-O%d", o->opt_level > 0 ? 3 : 0);
-        argv[argc++] = ptxasopt;
+    if (!(a->image = malloc(n)))
+        return HK_ERR_NOMEM;
+    r = want_cubin ? nvrtcGetCUBIN(prog, a->image) : nvrtcGetPTX(prog, a->image);
+    if (r != NVRTC_SUCCESS) {
+        hkp_why(why, why_size, "NVRTC: %s", nvrtcGetErrorString(r));
+        return HK_ERR_COMPILE;
     }
-    for (int i = 0; i < o->nnvrtc_options; i++)
-        if (o->nvrtc_options[i])
-            argv[argc++] = o->nvrtc_options[i];
-    /* After the user's -I, so that their copies of a header win (nvcc's order). */
-    if (!o->no_toolkit && sp->tk->include[0]) {
-        if (asprintf(&inc, "-I%s", sp->tk->include) < 0) {
-            inc = NULL;
-            rc = HK_ERR_NOMEM;
-            goto out;
-        }
-        argv[argc++] = inc;
-    }
-    if (!o->no_toolkit && sp->tk->cccl[0]) {
-        if (asprintf(&cccl, "-I%s", sp->tk->cccl) < 0) {
-            cccl = NULL;
-            rc = HK_ERR_NOMEM;
-            goto out;
-        }
-        argv[argc++] = cccl;
-    }
-    if (pch) {
-        argv[argc++] = "-pch";
-        /* 639: the heap was too small (handled in pch_after); 20283: PCH
-         * creation stops at the #line put in by pch_cut_source, as meant;
-         * 629: a PCH made with other options was passed over (NVRTC 13
-         * keeps one per option set and goes on to the one that fits). */
-        argv[argc++] = "--diag-suppress=629,639,20283";
-    }
+    a->size = n;
+    a->format = want_cubin ? HK_FORMAT_CUBIN : HK_FORMAT_PTX;
+    if (o->nname_expressions <= 0)
+        return 0;
+    if (!(a->lowered_names = calloc((size_t)o->nname_expressions, sizeof(char *))))
+        return HK_ERR_NOMEM;
     for (int i = 0; i < o->nname_expressions; i++) {
-        r = nvrtcAddNameExpression(prog, o->name_expressions[i]);
+        const char *low = NULL;
+        r = nvrtcGetLoweredName(prog, o->name_expressions[i], &low);
+        if (!(a->lowered_names[i] = strdup(r == NVRTC_SUCCESS && low ? low : "")))
+            return HK_ERR_NOMEM;
+        a->nlowered = i + 1;
+    }
+    return 0;
+}
+
+/* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
+ * NUL-terminated; sp carries the in-memory headers and the search path. */
+static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_path *sp,
+                         const char *source_name, int want_cubin, int fast, int minimal,
+                         hkp_artifact *a, char *why, size_t why_size) {
+    nvrtcProgram prog = NULL;
+    nvrtc_cmd cmd = {0};
+    char *cut_src = NULL;
+    int pch = 0;
+    int rc = nvrtc_program(src, o, sp, source_name, &prog, &cut_src, &pch, why, why_size);
+    if (rc) {
+        free(cut_src);
+        return rc;
+    }
+    if ((rc = nvrtc_cmd_make(&cmd, o, sp, want_cubin, fast, minimal, pch)) != 0)
+        goto out;
+    for (int i = 0; i < o->nname_expressions; i++) {
+        nvrtcResult r = nvrtcAddNameExpression(prog, o->name_expressions[i]);
         if (r != NVRTC_SUCCESS) {
             hkp_why(why, why_size, "NVRTC: name expression '%s': %s", o->name_expressions[i],
                     nvrtcGetErrorString(r));
@@ -903,13 +974,12 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
     }
     if (pch)
         pthread_rwlock_rdlock(&pch_lock);
-    r = nvrtcCompileProgram(prog, argc, argv);
+    nvrtcResult r = nvrtcCompileProgram(prog, cmd.argc, cmd.argv);
     if (pch) {
         pthread_rwlock_unlock(&pch_lock);
         pch_after(prog);
     }
-    rc = nvrtc_log(prog, &a->log);
-    if (rc)
+    if ((rc = nvrtc_log(prog, &a->log)) != 0)
         goto out;
     if (r != NVRTC_SUCCESS) {
         char line[400];
@@ -918,47 +988,9 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
         rc = r == NVRTC_ERROR_OUT_OF_MEMORY ? HK_ERR_NOMEM : HK_ERR_COMPILE;
         goto out;
     }
-    size_t n = 0;
-    r = want_cubin ? nvrtcGetCUBINSize(prog, &n) : nvrtcGetPTXSize(prog, &n);
-    if (r != NVRTC_SUCCESS || n == 0) {
-        hkp_why(why, why_size, "NVRTC: no %s produced", want_cubin ? "cubin" : "PTX");
-        rc = HK_ERR_COMPILE;
-        goto out;
-    }
-    a->image = malloc(n);
-    if (!a->image) {
-        rc = HK_ERR_NOMEM;
-        goto out;
-    }
-    r = want_cubin ? nvrtcGetCUBIN(prog, a->image) : nvrtcGetPTX(prog, a->image);
-    if (r != NVRTC_SUCCESS) {
-        hkp_why(why, why_size, "NVRTC: %s", nvrtcGetErrorString(r));
-        rc = HK_ERR_COMPILE;
-        goto out;
-    }
-    a->size = n;
-    a->format = want_cubin ? HK_FORMAT_CUBIN : HK_FORMAT_PTX;
-    if (o->nname_expressions > 0) {
-        a->lowered_names = calloc((size_t)o->nname_expressions, sizeof(char *));
-        if (!a->lowered_names) {
-            rc = HK_ERR_NOMEM;
-            goto out;
-        }
-        for (int i = 0; i < o->nname_expressions; i++) {
-            const char *low = NULL;
-            r = nvrtcGetLoweredName(prog, o->name_expressions[i], &low);
-            a->lowered_names[i] = strdup(r == NVRTC_SUCCESS && low ? low : "");
-            if (!a->lowered_names[i]) {
-                rc = HK_ERR_NOMEM;
-                goto out;
-            }
-            a->nlowered = i + 1;
-        }
-    }
+    rc = nvrtc_output(prog, o, want_cubin, a, why, why_size);
 out:
-    free(argv);
-    free(inc);
-    free(cccl);
+    nvrtc_cmd_free(&cmd);
     free(cut_src);
     nvrtcDestroyProgram(&prog);
     return rc;
@@ -1079,7 +1111,11 @@ out:
 
 /* ---- the build ------------------------------------------------------------ */
 
-static int arch_refusal(const hkp_meta *m, int arch, char *why, size_t why_size) {
+/* Why m does not run on o->arch, which refusals call the device (a
+ * runtime's builds) or the target (o->target_name). */
+static int arch_refusal(const hkp_meta *m, const hkp_build_opts *o, char *why, size_t why_size) {
+    const char *target = o->target_name ? o->target_name : "device";
+    int arch = o->arch;
     char a[16], d[16];
     hkp_arch_name(arch & ~(HKP_ARCH_SPECIFIC | HKP_ARCH_FAMILY), d, sizeof d);
     if (m->format == HK_FORMAT_FATBIN) {
@@ -1093,11 +1129,10 @@ static int arch_refusal(const hkp_meta *m, int arch, char *why, size_t why_size)
             used += (size_t)snprintf(list + used, sizeof list - used, "%scompute_%s",
                                      used ? ", " : "", a + 3);
         }
-        hkp_why(why, why_size, "fatbin has %s, device is %s", list[0] ? list : "no code", d);
+        hkp_why(why, why_size, "fatbin has %s, %s is %s", list[0] ? list : "no code", target, d);
     } else {
-        hkp_why(why, why_size, "%s is %s, device is %s",
-                m->format == HK_FORMAT_PTX ? "PTX" : "cubin", hkp_arch_name(m->arch, a, sizeof a),
-                d);
+        hkp_why(why, why_size, "%s is %s, %s is %s", m->format == HK_FORMAT_PTX ? "PTX" : "cubin",
+                hkp_arch_name(m->arch, a, sizeof a), target, d);
     }
     return HK_ERR_ARCH;
 }
@@ -1142,7 +1177,7 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
     int link_arch = o->arch;
     if (hkp_meta_read(data, size, HK_FORMAT_PTX, &pm, NULL, 0) == 0) {
         if (!hkp_meta_runs_on(&pm, o->arch)) {
-            rc = arch_refusal(&pm, o->arch, why, why_size);
+            rc = arch_refusal(&pm, o, why, why_size);
             hkp_meta_free(&pm);
             return rc;
         }
@@ -1210,135 +1245,213 @@ static int cached(hkp_cache *c, const crypto_generichash_state *ctx, const dep_l
     return 0;
 }
 
+/* One hkp_build's working state. */
+typedef struct build_job {
+    const void *data;
+    size_t size;
+    hk_format fmt;
+    const hkp_build_opts *o;
+    const char *source_name;
+    search_path sp; /* its own, or a copy of opts->search's (sp_shared) */
+    int sp_shared;
+    hk_header *mem; /* the merged in-memory headers (merge_headers) */
+    int nmem;
+    dep_list deps;
+    crypto_generichash_state ctx; /* the cache key's context (key_context) */
+    uint8_t mkey[HKP_KEY_BYTES], akey[HKP_KEY_BYTES];
+    int cacheable;
+    char *src; /* CUDA C as a C string */
+} build_job;
+
+static int opts_valid(const hkp_build_opts *o, const void *data, size_t size) {
+    return o && HKP_ARCH_NUM(o->arch) > 0 && (data || !size) && o->nnvrtc_options >= 0 &&
+           o->nname_expressions >= 0 && (!o->nnvrtc_options || o->nvrtc_options) &&
+           (!o->nname_expressions || o->name_expressions) && o->nheaders >= 0 &&
+           (!o->nheaders || o->headers) && o->nbase_headers >= 0 &&
+           (!o->nbase_headers || o->base_headers);
+}
+
+/* Cubins and fatbins: read, checked for the arch, copied. */
+static int pass_through(build_job *j, hkp_artifact *out, char *why, size_t why_size) {
+    int rc = hkp_meta_read(j->data, j->size, j->fmt, &out->meta, why, why_size);
+    if (rc)
+        return rc;
+    if (!hkp_meta_runs_on(&out->meta, j->o->arch))
+        return arch_refusal(&out->meta, j->o, why, why_size);
+    return copy_image(j->data, j->size, j->fmt, out);
+}
+
+/* The in-memory headers and the include search path of options o. */
+static int make_search(const hkp_build_opts *o, hk_header **mem, int *nmem, search_path *sp,
+                       char *why, size_t why_size) {
+    int rc = merge_headers(o, mem, nmem);
+    if (rc) {
+        hkp_why(why, why_size, "in-memory headers: %s",
+                rc == HK_ERR_INVALID ? "a header without a name" : hk_strerror(rc));
+        return rc;
+    }
+    return parse_search_path(o, *mem, *nmem, sp);
+}
+
+/* A search path made once for many builds (hkp_search_create). */
+struct hkp_search {
+    hk_header *mem; /* the merged in-memory headers */
+    int nmem;
+    search_path sp;
+};
+
+int hkp_search_create(const hkp_build_opts *o, hkp_search **out, char *why, size_t why_size) {
+    *out = NULL;
+    if (!opts_valid(o, NULL, 0)) {
+        hkp_why(why, why_size, "invalid build options");
+        return HK_ERR_INVALID;
+    }
+    hkp_search *s = calloc(1, sizeof *s);
+    if (!s)
+        return HK_ERR_NOMEM;
+    int rc = make_search(o, &s->mem, &s->nmem, &s->sp, why, why_size);
+    if (rc) {
+        hkp_search_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void hkp_search_free(hkp_search *s) {
+    if (!s)
+        return;
+    search_path_free(&s->sp);
+    free(s->mem);
+    free(s);
+}
+
+/* CUDA C: the in-memory headers and the include search path, the build's
+ * own or the prepared one; the source's directory. */
+static int job_search(build_job *j, char *why, size_t why_size) {
+    int rc = 0;
+    if (j->o->search) {
+        j->sp = j->o->search->sp; /* its arrays stay the search's */
+        j->sp_shared = 1;
+    } else {
+        rc = make_search(j->o, &j->mem, &j->nmem, &j->sp, why, why_size);
+    }
+    source_dir(j->source_name, j->sp.srcdir, sizeof j->sp.srcdir);
+    return rc;
+}
+
+/* Looks the build up in the compile cache: 1 on a hit (out filled), else
+ * 0 with the keys left in j for the store after the build. */
+static int job_cached(build_job *j, hkp_artifact *out) {
+    hkp_cache *c = j->o->cache;
+    if (!c || sodium_init() < 0)
+        return 0;
+    j->cacheable = 1;
+    key_context(&j->ctx, "ctx", j->data, j->size, j->fmt, j->o, j->source_name, &j->sp);
+    if (j->fmt == HK_FORMAT_CUDA_C) {
+        crypto_generichash_state m = j->ctx;
+        h_str(&m, "manifest");
+        crypto_generichash_final(&m, j->mkey, sizeof j->mkey);
+        if (manifest_load(c, j->mkey, &j->sp, &j->deps) == 0 &&
+            cached(c, &j->ctx, &j->deps, j->akey, out))
+            return 1;
+        deps_free(&j->deps);
+    } else if (cached(c, &j->ctx, &j->deps, j->akey, out)) {
+        return 1;
+    }
+    hkp_cache_note(c, 0);
+    return 0;
+}
+
+/* Compiles (NVRTC, nvJitLink), then reads and checks what came out. */
+static int job_compile(build_job *j, hkp_artifact *out, char *why, size_t why_size) {
+    int rc;
+    char mwhy[256];
+    if (j->fmt == HK_FORMAT_CUDA_C) {
+        /* NVRTC and the include scan both want a C string. */
+        if (!(j->src = malloc(j->size + 1)))
+            return HK_ERR_NOMEM;
+        if (j->size)
+            memcpy(j->src, j->data, j->size);
+        j->src[j->size] = '\0';
+        rc = scan_deps(j->src, &j->sp, &j->deps);
+        if (!rc)
+            rc = take_deps(out, &j->deps);
+        if (rc)
+            return rc;
+    }
+    rc = build_fresh(j->src ? j->src : j->data, j->size, j->fmt, j->o, &j->sp, j->source_name, out,
+                     why, why_size);
+    if (rc)
+        return rc;
+    rc = hkp_meta_read(out->image, out->size, out->format, &out->meta, mwhy, sizeof mwhy);
+    if (rc) {
+        hkp_why(why, why_size, "built image unreadable: %s", mwhy);
+        return rc;
+    }
+    if (!hkp_meta_runs_on(&out->meta, j->o->arch))
+        return arch_refusal(&out->meta, j->o, why, why_size);
+    return 0;
+}
+
+/* Keeps a build in the cache when its headers did not change during it.
+ * A failure to cache is not a failure to build; one that the caller may
+ * want to hear about is noted. */
+static void job_store(build_job *j, hkp_artifact *out) {
+    hkp_cache *c = j->o->cache;
+    if (!j->cacheable || !deps_unchanged(&j->deps))
+        return;
+    artifact_key(&j->ctx, &j->deps, j->akey);
+    int stored = artifact_store(c, j->akey, out);
+    if (stored == 0 && j->fmt == HK_FORMAT_CUDA_C)
+        stored = manifest_store(c, j->mkey, &j->deps);
+    if (stored == HK_ERR_BUSY || stored == HK_ERR_IO)
+        snprintf(out->cache_note, sizeof out->cache_note, "compile cache %.100s: %s: not cached",
+                 hkp_cache_dir(c),
+                 stored == HK_ERR_BUSY ? "its lock is held by another process"
+                                       : "its lock file is refused");
+}
+
+static int build_job_run(build_job *j, hkp_artifact *out, char *why, size_t why_size) {
+    int rc;
+    if (j->fmt == HK_FORMAT_AUTO && (rc = hkp_detect(j->data, j->size, &j->fmt, why, why_size)))
+        return rc;
+    j->source_name = j->o->source_name && j->o->source_name[0] ? j->o->source_name
+                     : j->fmt == HK_FORMAT_PTX                 ? "input.ptx"
+                                                               : "input.cu";
+    if (j->fmt == HK_FORMAT_CUBIN || j->fmt == HK_FORMAT_FATBIN)
+        return pass_through(j, out, why, why_size);
+    if (j->fmt != HK_FORMAT_CUDA_C && j->fmt != HK_FORMAT_PTX)
+        return HK_ERR_INVALID;
+    if (j->fmt == HK_FORMAT_CUDA_C && (rc = job_search(j, why, why_size)))
+        return rc;
+    if (job_cached(j, out))
+        return 0;
+    if ((rc = job_compile(j, out, why, why_size)))
+        return rc;
+    job_store(j, out);
+    return 0;
+}
+
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size) {
     double t0 = hku_now_ms();
-    dep_list deps = {0};
-    search_path sp = {0};
-    hk_header *mem = NULL;
-    int nmem = 0;
-    crypto_generichash_state ctx;
-    uint8_t mkey[HKP_KEY_BYTES], akey[HKP_KEY_BYTES];
-    int rc, cacheable = 0;
-    char mwhy[256];
-    char *src = NULL;
-
     if (why && why_size)
         why[0] = '\0';
     if (!out)
         return HK_ERR_INVALID;
     memset(out, 0, sizeof *out);
-    if (!opts || HKP_ARCH_NUM(opts->arch) <= 0 || (!data && size) || opts->nnvrtc_options < 0 ||
-        opts->nname_expressions < 0 || (opts->nnvrtc_options && !opts->nvrtc_options) ||
-        (opts->nname_expressions && !opts->name_expressions) || opts->nheaders < 0 ||
-        (opts->nheaders && !opts->headers) || opts->nbase_headers < 0 ||
-        (opts->nbase_headers && !opts->base_headers)) {
+    if (!opts_valid(opts, data, size)) {
         hkp_why(why, why_size, "invalid build options");
         return HK_ERR_INVALID;
     }
-    if (fmt == HK_FORMAT_AUTO) {
-        rc = hkp_detect(data, size, &fmt, why, why_size);
-        if (rc)
-            goto out;
-    }
-    const char *source_name = opts->source_name && opts->source_name[0] ? opts->source_name
-                              : fmt == HK_FORMAT_PTX                    ? "input.ptx"
-                                                                        : "input.cu";
-
-    if (fmt == HK_FORMAT_CUBIN || fmt == HK_FORMAT_FATBIN) {
-        rc = hkp_meta_read(data, size, fmt, &out->meta, why, why_size);
-        if (rc)
-            goto out;
-        if (!hkp_meta_runs_on(&out->meta, opts->arch)) {
-            rc = arch_refusal(&out->meta, opts->arch, why, why_size);
-            goto out;
-        }
-        rc = copy_image(data, size, fmt, out);
-        goto out;
-    }
-    if (fmt != HK_FORMAT_CUDA_C && fmt != HK_FORMAT_PTX) {
-        rc = HK_ERR_INVALID;
-        goto out;
-    }
-    if (fmt == HK_FORMAT_CUDA_C) {
-        rc = merge_headers(opts, &mem, &nmem);
-        if (rc) {
-            hkp_why(why, why_size, "in-memory headers: %s",
-                    rc == HK_ERR_INVALID ? "a header without a name" : hk_strerror(rc));
-            goto out;
-        }
-        rc = parse_search_path(opts, mem, nmem, source_name, &sp);
-        if (rc)
-            goto out;
-    }
-
-    if (opts->cache && sodium_init() >= 0) {
-        cacheable = 1;
-        key_context(&ctx, "ctx", data, size, fmt, opts, source_name, &sp);
-        if (fmt == HK_FORMAT_CUDA_C) {
-            crypto_generichash_state m = ctx;
-            h_str(&m, "manifest");
-            crypto_generichash_final(&m, mkey, sizeof mkey);
-            if (manifest_load(opts->cache, mkey, &sp, &deps) == 0 &&
-                cached(opts->cache, &ctx, &deps, akey, out)) {
-                rc = 0;
-                goto out;
-            }
-            deps_free(&deps);
-        } else if (cached(opts->cache, &ctx, &deps, akey, out)) {
-            rc = 0;
-            goto out;
-        }
-        hkp_cache_note(opts->cache, 0);
-    }
-
-    if (fmt == HK_FORMAT_CUDA_C) {
-        /* NVRTC and the include scan both want a C string. */
-        src = malloc(size + 1);
-        if (!src) {
-            rc = HK_ERR_NOMEM;
-            goto out;
-        }
-        if (size)
-            memcpy(src, data, size);
-        src[size] = '\0';
-        rc = scan_deps(src, &sp, &deps);
-        if (!rc)
-            rc = take_deps(out, &deps);
-        if (rc)
-            goto out;
-    }
-    rc = build_fresh(src ? src : data, size, fmt, opts, &sp, source_name, out, why, why_size);
-    if (rc)
-        goto out;
-    rc = hkp_meta_read(out->image, out->size, out->format, &out->meta, mwhy, sizeof mwhy);
-    if (rc) {
-        hkp_why(why, why_size, "built image unreadable: %s", mwhy);
-        goto out;
-    }
-    if (!hkp_meta_runs_on(&out->meta, opts->arch)) {
-        rc = arch_refusal(&out->meta, opts->arch, why, why_size);
-        goto out;
-    }
-    if (cacheable && deps_unchanged(&deps)) {
-        /* A failure to cache is not a failure to build; one that the caller
-         * may want to hear about is noted. */
-        artifact_key(&ctx, &deps, akey);
-        int stored = artifact_store(opts->cache, akey, out);
-        if (stored == 0 && fmt == HK_FORMAT_CUDA_C)
-            stored = manifest_store(opts->cache, mkey, &deps);
-        if (stored == HK_ERR_BUSY || stored == HK_ERR_IO)
-            snprintf(out->cache_note, sizeof out->cache_note,
-                     "compile cache %.100s: %s: not cached", hkp_cache_dir(opts->cache),
-                     stored == HK_ERR_BUSY ? "its lock is held by another process"
-                                           : "its lock file "
-                                             "is refused");
-    }
-out:
-    free(src);
-    deps_free(&deps);
-    search_path_free(&sp);
-    free(mem);
+    build_job j = {.data = data, .size = size, .fmt = fmt, .o = opts};
+    int rc = build_job_run(&j, out, why, why_size);
+    free(j.src);
+    deps_free(&j.deps);
+    if (!j.sp_shared)
+        search_path_free(&j.sp);
+    free(j.mem);
     out->ms = hku_now_ms() - t0;
     return rc;
 }

@@ -12,8 +12,9 @@
  * crypto_generichash): an entry serves only the key it was written for, and
  * a damaged payload is refused.
  *
- * The payloads (ptx/build.c), little-endian u64s and strings as u64 length
- * + bytes (no NUL inside):
+ * The payloads (ptx/build.c; util/wire.c's buffer and reader write and
+ * read them), little-endian u64s and strings as u64 length + bytes (no NUL
+ * inside):
  *   artifact  u64 "HKTA1"  u64 format  u64 size  image[size]
  *             u64 n  lowered name * n   u64 n  dependency * n   str log
  *   manifest  u64 "HKM3"   u64 n  {u64 in-memory (0/1), str path,
@@ -33,6 +34,7 @@
 #include <string.h>
 
 #include "ptx/ptx.h"
+#include "util/util.h"
 
 #define ENTRY_MAGIC    "HKCACHE2"
 #define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
@@ -70,124 +72,41 @@ int hkp_entry_check(const uint8_t key[HKP_KEY_BYTES], const unsigned char *file,
     return sodium_memcmp(tag, file + 16 + HKP_KEY_BYTES, HKP_KEY_BYTES) == 0 ? 0 : HK_ERR_FORMAT;
 }
 
-/* ---- writing -------------------------------------------------------------- */
+/* ---- payloads ------------------------------------------------------------- */
 
-/* A growable buffer; failures are sticky. */
-typedef struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-    int err;
-} wbuf;
+/* Written and read with util/wire.c's buffer and reader (little-endian,
+ * bounds-checked); what is particular to these formats is here. */
 
-static void w_bytes(wbuf *w, const void *p, size_t n) {
-    if (w->err)
-        return;
-    if (w->n + n > w->cap) {
-        size_t ncap = w->cap ? w->cap : 256;
-        while (ncap < w->n + n)
-            ncap *= 2;
-        unsigned char *np = realloc(w->p, ncap);
-        if (!np) {
-            w->err = 1;
-            return;
-        }
-        w->p = np;
-        w->cap = ncap;
-    }
-    if (n)
-        memcpy(w->p + w->n, p, n);
-    w->n += n;
-}
-
-static void w_u64(wbuf *w, uint64_t v) {
-    unsigned char b[8];
-    put_u64(b, v);
-    w_bytes(w, b, 8);
-}
-
-static void w_str(wbuf *w, const char *s) {
-    size_t n = s ? strlen(s) : 0;
-    w_u64(w, n);
-    w_bytes(w, s, n);
-}
-
-static void w_strv(wbuf *w, char *const *v, int n) {
-    w_u64(w, (uint64_t)n);
+static void put_strv(hku_buf *w, char *const *v, int n) {
+    hku_put_u64(w, (uint64_t)n);
     for (int i = 0; i < n; i++)
-        w_str(w, v[i]);
-}
-
-static int w_done(wbuf *w, void **out, size_t *n) {
-    if (w->err) {
-        free(w->p);
-        return HK_ERR_NOMEM;
-    }
-    *out = w->p;
-    *n = w->n;
-    return 0;
-}
-
-/* ---- reading -------------------------------------------------------------- */
-
-/* A bounds-checked reader: bad is set at the first thing out of bounds or
- * malformed, and everything read after that is empty. */
-typedef struct rbuf {
-    const unsigned char *p;
-    size_t n, i;
-    int bad, nomem;
-} rbuf;
-
-static uint64_t r_u64(rbuf *r) {
-    if (r->bad || r->n - r->i < 8) {
-        r->bad = 1;
-        return 0;
-    }
-    uint64_t v = hkp_rd64(r->p + r->i);
-    r->i += 8;
-    return v;
-}
-
-/* A string of at most max bytes with no NUL in it (it becomes a C string);
- * NULL when bad. */
-static char *r_str(rbuf *r, uint64_t max) {
-    uint64_t n = r_u64(r);
-    if (r->bad || n > max || n > r->n - r->i || memchr(r->p + r->i, 0, (size_t)n)) {
-        r->bad = 1;
-        return NULL;
-    }
-    char *s = malloc((size_t)n + 1);
-    if (!s) {
-        r->bad = r->nomem = 1;
-        return NULL;
-    }
-    memcpy(s, r->p + r->i, (size_t)n);
-    s[n] = '\0';
-    r->i += (size_t)n;
-    return s;
+        hku_put_str64(w, v[i]);
 }
 
 /* A count of strings, then the strings, into *out (*n of them so far, for
  * the caller to free on failure). Each takes at least 8 bytes, so a count
  * the rest of the input cannot hold is refused before the allocation. */
-static void r_strv(rbuf *r, char ***out, int *n) {
-    uint64_t cnt = r_u64(r);
-    if (r->bad || cnt > MAX_STRINGS || cnt > (r->n - r->i) / 8) {
-        r->bad = 1;
+static void get_strv(hku_rd *r, char ***out, int *n) {
+    uint64_t cnt = hku_get_u64(r);
+    if (r->bad || cnt > MAX_STRINGS || cnt > r->left / 8) {
+        hku_rd_fail(r, HKU_RD_MALFORMED);
         return;
     }
     if (!cnt)
         return;
     if (!(*out = calloc((size_t)cnt, sizeof **out))) {
-        r->bad = r->nomem = 1;
+        hku_rd_fail(r, HKU_RD_NOMEM);
         return;
     }
     for (uint64_t i = 0; i < cnt && !r->bad; i++)
-        if (((*out)[i] = r_str(r, MAX_STR)))
+        if (((*out)[i] = hku_get_str64(r, MAX_STR)))
             *n = (int)i + 1;
 }
 
-static int r_end(const rbuf *r) {
-    return r->nomem ? HK_ERR_NOMEM : r->bad || r->i != r->n ? HK_ERR_FORMAT : 0;
+/* 0 when r read its input whole and well; HK_ERR_NOMEM when memory ran
+ * out; HK_ERR_FORMAT otherwise. */
+static int get_end(const hku_rd *r) {
+    return r->bad == HKU_RD_NOMEM ? HK_ERR_NOMEM : hku_end(r) ? HK_ERR_FORMAT : 0;
 }
 
 /* ---- artifacts ------------------------------------------------------------ */
@@ -208,36 +127,35 @@ void hkp_artifact_free(hkp_artifact *a) {
 }
 
 int hkp_artifact_format(const hkp_artifact *a, void **out, size_t *n) {
-    wbuf w = {0};
-    w_u64(&w, ARTIFACT_MAGIC);
-    w_u64(&w, (uint64_t)a->format);
-    w_u64(&w, a->size);
-    w_bytes(&w, a->image, a->size);
-    w_strv(&w, a->lowered_names, a->nlowered);
-    w_strv(&w, a->deps, a->ndeps);
-    w_str(&w, a->log);
-    return w_done(&w, out, n);
+    hku_buf w = {0};
+    hku_put_u64(&w, ARTIFACT_MAGIC);
+    hku_put_u64(&w, (uint64_t)a->format);
+    hku_put_u64(&w, a->size);
+    hku_put(&w, a->image, a->size);
+    put_strv(&w, a->lowered_names, a->nlowered);
+    put_strv(&w, a->deps, a->ndeps);
+    hku_put_str64(&w, a->log);
+    return hku_buf_take(&w, out, n);
 }
 
 int hkp_artifact_parse(const void *data, size_t n, hkp_artifact *a) {
-    rbuf r = {.p = data, .n = n};
+    hku_rd r = {.p = data, .left = n};
     memset(a, 0, sizeof *a);
-    if (r_u64(&r) != ARTIFACT_MAGIC)
+    if (hku_get_u64(&r) != ARTIFACT_MAGIC)
         return HK_ERR_FORMAT;
-    uint64_t fmt = r_u64(&r), isz = r_u64(&r);
+    uint64_t fmt = hku_get_u64(&r), isz = hku_get_u64(&r);
     if (r.bad || (fmt != HK_FORMAT_PTX && fmt != HK_FORMAT_CUBIN && fmt != HK_FORMAT_FATBIN) ||
-        isz == 0 || isz > r.n - r.i)
+        isz == 0 || isz > r.left)
         return HK_ERR_FORMAT;
     a->format = (hk_format)fmt;
     if (!(a->image = malloc((size_t)isz)))
         return HK_ERR_NOMEM;
-    memcpy(a->image, r.p + r.i, (size_t)isz);
+    memcpy(a->image, hku_get(&r, (size_t)isz), (size_t)isz);
     a->size = (size_t)isz;
-    r.i += (size_t)isz;
-    r_strv(&r, &a->lowered_names, &a->nlowered);
-    r_strv(&r, &a->deps, &a->ndeps);
-    a->log = r_str(&r, SIZE_MAX);
-    int err = r_end(&r);
+    get_strv(&r, &a->lowered_names, &a->nlowered);
+    get_strv(&r, &a->deps, &a->ndeps);
+    a->log = hku_get_str64(&r, SIZE_MAX);
+    int err = get_end(&r);
     if (!err && a->log && !a->log[0]) {
         free(a->log); /* none was logged: written as "" */
         a->log = NULL;
@@ -324,51 +242,49 @@ void hkp_deps_sort_probes(hkp_deps *d) {
 }
 
 int hkp_manifest_format(const hkp_deps *d, void **out, size_t *n) {
-    wbuf w = {0};
-    w_u64(&w, MANIFEST_MAGIC);
-    w_u64(&w, (uint64_t)d->n);
+    hku_buf w = {0};
+    hku_put_u64(&w, MANIFEST_MAGIC);
+    hku_put_u64(&w, (uint64_t)d->n);
     for (int i = 0; i < d->n; i++) {
-        w_u64(&w, d->mem[i]);
-        w_str(&w, d->paths[i]);
-        w_bytes(&w, d->hash[i], HKP_KEY_BYTES);
+        hku_put_u64(&w, d->mem[i]);
+        hku_put_str64(&w, d->paths[i]);
+        hku_put(&w, d->hash[i], HKP_KEY_BYTES);
     }
-    w_strv(&w, d->probes, d->nprobes);
-    return w_done(&w, out, n);
+    put_strv(&w, d->probes, d->nprobes);
+    return hku_buf_take(&w, out, n);
 }
 
 int hkp_manifest_parse(const void *data, size_t n, hkp_deps *d) {
-    rbuf r = {.p = data, .n = n};
+    hku_rd r = {.p = data, .left = n};
     memset(d, 0, sizeof *d);
-    if (r_u64(&r) != MANIFEST_MAGIC)
+    if (hku_get_u64(&r) != MANIFEST_MAGIC)
         return HK_ERR_FORMAT;
     /* A dependency takes at least 8 + 8 + 32 bytes. */
-    uint64_t cnt = r_u64(&r);
-    if (r.bad || cnt > HKP_MAX_DEPS || cnt > (r.n - r.i) / 48)
+    uint64_t cnt = hku_get_u64(&r);
+    if (r.bad || cnt > HKP_MAX_DEPS || cnt > r.left / 48)
         return HK_ERR_FORMAT;
     for (uint64_t i = 0; i < cnt && !r.bad; i++) {
-        uint64_t mem = r_u64(&r);
-        char *path = r_str(&r, MAX_STR);
-        if (!path || mem > 1 || !path[0] || r.n - r.i < HKP_KEY_BYTES) {
-            r.bad = 1;
-        } else if (hkp_deps_add(d, path, r.p + r.i, (int)mem) < 0) {
-            r.bad = r.nomem = 1;
-        } else {
-            r.i += HKP_KEY_BYTES;
-        }
+        uint64_t mem = hku_get_u64(&r);
+        char *path = hku_get_str64(&r, MAX_STR);
+        const void *hash = path && mem <= 1 && path[0] ? hku_get(&r, HKP_KEY_BYTES) : NULL;
+        if (!hash)
+            hku_rd_fail(&r, HKU_RD_MALFORMED);
+        else if (hkp_deps_add(d, path, hash, (int)mem) < 0)
+            hku_rd_fail(&r, HKU_RD_NOMEM);
         free(path);
     }
-    uint64_t np = r_u64(&r);
-    if (r.bad || np > HKP_MAX_PROBES || np > (r.n - r.i) / 8)
-        r.bad = 1;
+    uint64_t np = hku_get_u64(&r);
+    if (r.bad || np > HKP_MAX_PROBES || np > r.left / 8)
+        hku_rd_fail(&r, HKU_RD_MALFORMED);
     for (uint64_t i = 0; i < np && !r.bad; i++) {
-        char *path = r_str(&r, MAX_STR);
+        char *path = hku_get_str64(&r, MAX_STR);
         if (!path || !path[0])
-            r.bad = 1;
+            hku_rd_fail(&r, HKU_RD_MALFORMED);
         else if (hkp_deps_add_probe(d, path) < 0)
-            r.bad = r.nomem = 1;
+            hku_rd_fail(&r, HKU_RD_NOMEM);
         free(path);
     }
-    int err = r_end(&r);
+    int err = get_end(&r);
     if (err)
         hkp_deps_free(d);
     return err;

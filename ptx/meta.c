@@ -525,13 +525,18 @@ static void skip_line(lexer *lx) {
         lx->i++;
 }
 
-/* Parses the declarators of a module-scope .global/.const statement, from
- * just after its directives, up to and including the ';'. */
-static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_const, char *why,
-                    size_t why_size) {
-    uint64_t elem = 0, vec = 1;
+/* The error of a variable declaration the input ends inside. */
+static int var_eof(char *why, size_t why_size) {
+    hkp_why(why, why_size, "PTX: unterminated variable declaration");
+    return HK_ERR_FORMAT;
+}
+
+/* Reads the leading attributes of a .global/.const statement (.align N,
+ * .attribute(...), .v2/.v4/.v8, the type), from *t on, into *elem and *vec;
+ * leaves *t on the first declarator. */
+static int ptx_var_attrs(lexer *lx, tok *t, uint64_t *elem, uint64_t *vec, char *why,
+                         size_t why_size) {
     for (;;) {
-        /* Leading attributes: .align N, .v2/.v4/.v8, the type. */
         if (tok_is(t, ".align")) {
             tok v;
             uint64_t a;
@@ -542,37 +547,96 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
         } else if (tok_is(t, ".attribute")) {
             /* .attribute(.managed) and the like: no bearing on the size. */
             if (!lex_next(lx, t))
-                goto eof;
+                return var_eof(why, why_size);
             if (!tok_is(t, "(")) {
                 hkp_why(why, why_size, "PTX: .attribute without '('");
                 return HK_ERR_FORMAT;
             }
             for (size_t depth = 1; depth > 0;) {
                 if (!lex_next(lx, t))
-                    goto eof;
+                    return var_eof(why, why_size);
                 if (tok_is(t, "("))
                     depth++;
                 else if (tok_is(t, ")"))
                     depth--;
             }
         } else if (tok_is(t, ".v2") || tok_is(t, ".v4") || tok_is(t, ".v8")) {
-            vec = (uint64_t)(t->s[2] - '0');
+            *vec = (uint64_t)(t->s[2] - '0');
         } else if (t->s[0] == '.') {
             unsigned sz = ptx_type_size(t);
             if (sz)
-                elem = sz;
+                *elem = sz;
             /* Other qualifiers (.attribute(...) is not PTX ISA for variables
              * we care about) are ignored. */
         } else {
             break;
         }
         if (!lex_next(lx, t))
-            goto eof;
+            return var_eof(why, why_size);
     }
-    if (!elem) {
+    if (!*elem) {
         hkp_why(why, why_size, "PTX: variable without a type");
         return HK_ERR_FORMAT;
     }
+    return 0;
+}
+
+/* Reads a declarator's "[N]" and "[]" dimensions, *t on the token after its
+ * name, into *count (the product of the sizes) and *open_dim (a "[]" seen);
+ * leaves *t on what follows them. */
+static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int *open_dim,
+                        char *why, size_t why_size) {
+    while (tok_is(t, "[")) {
+        uint64_t d = 0;
+        if (!lex_next(lx, t))
+            return var_eof(why, why_size);
+        if (tok_is(t, "]")) {
+            *open_dim = 1;
+        } else {
+            if (parse_uint(t, &d) || d > MAX_OBJECT_SIZE || (d && *count > MAX_OBJECT_SIZE / d)) {
+                hkp_why(why, why_size, "PTX: bad array size for '%.*s'", (int)name->n, name->s);
+                return HK_ERR_FORMAT;
+            }
+            *count *= d;
+            if (!lex_next(lx, t))
+                return var_eof(why, why_size);
+            if (!tok_is(t, "]")) {
+                hkp_why(why, why_size, "PTX: expected ']'");
+                return HK_ERR_FORMAT;
+            }
+        }
+        if (!lex_next(lx, t))
+            return var_eof(why, why_size);
+    }
+    return 0;
+}
+
+/* Skips an initializer, *t on its "=", up to the ',' or ';' after it (left
+ * in *t), counting its scalar values into *leaves (the size of "name[]"). */
+static int ptx_var_init(lexer *lx, tok *t, uint64_t *leaves, char *why, size_t why_size) {
+    size_t depth = 0;
+    for (;;) {
+        if (!lex_next(lx, t))
+            return var_eof(why, why_size);
+        if (tok_is(t, "{") || tok_is(t, "("))
+            depth++;
+        else if (tok_is(t, "}") || tok_is(t, ")"))
+            depth = depth ? depth - 1 : 0;
+        else if (depth == 0 && (tok_is(t, ",") || tok_is(t, ";")))
+            return 0;
+        else if (!tok_is(t, ",") && !tok_is(t, "-") && !tok_is(t, "+"))
+            (*leaves)++;
+    }
+}
+
+/* Parses the declarators of a module-scope .global/.const statement, from
+ * just after its directives, up to and including the ';'. */
+static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_const, char *why,
+                    size_t why_size) {
+    uint64_t elem = 0, vec = 1;
+    int rc = ptx_var_attrs(lx, t, &elem, &vec, why, why_size);
+    if (rc)
+        return rc;
     for (;;) {
         /* Declarator: NAME [dims] [= initializer], then ',' or ';'. */
         if (!hkp_is_ident_char((unsigned char)t->s[0]) || t->n > MAX_NAME) {
@@ -581,50 +645,14 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
             return HK_ERR_FORMAT;
         }
         tok name = *t;
-        uint64_t count = 1;
+        uint64_t count = 1, leaves = 0;
         int open_dim = 0;
         if (!lex_next(lx, t))
-            goto eof;
-        while (tok_is(t, "[")) {
-            uint64_t d = 0;
-            if (!lex_next(lx, t))
-                goto eof;
-            if (tok_is(t, "]")) {
-                open_dim = 1;
-            } else {
-                if (parse_uint(t, &d) || d > MAX_OBJECT_SIZE ||
-                    (d && count > MAX_OBJECT_SIZE / d)) {
-                    hkp_why(why, why_size, "PTX: bad array size for '%.*s'", (int)name.n, name.s);
-                    return HK_ERR_FORMAT;
-                }
-                count *= d;
-                if (!lex_next(lx, t))
-                    goto eof;
-                if (!tok_is(t, "]")) {
-                    hkp_why(why, why_size, "PTX: expected ']'");
-                    return HK_ERR_FORMAT;
-                }
-            }
-            if (!lex_next(lx, t))
-                goto eof;
-        }
-        uint64_t leaves = 0;
-        if (tok_is(t, "=")) {
-            /* Skip the initializer; count its scalar values for "name[]". */
-            size_t depth = 0;
-            for (;;) {
-                if (!lex_next(lx, t))
-                    goto eof;
-                if (tok_is(t, "{") || tok_is(t, "("))
-                    depth++;
-                else if (tok_is(t, "}") || tok_is(t, ")"))
-                    depth = depth ? depth - 1 : 0;
-                else if (depth == 0 && (tok_is(t, ",") || tok_is(t, ";")))
-                    break;
-                else if (!tok_is(t, ",") && !tok_is(t, "-") && !tok_is(t, "+"))
-                    leaves++;
-            }
-        }
+            return var_eof(why, why_size);
+        if ((rc = ptx_var_dims(lx, t, &name, &count, &open_dim, why, why_size)) != 0)
+            return rc;
+        if (tok_is(t, "=") && (rc = ptx_var_init(lx, t, &leaves, why, why_size)) != 0)
+            return rc;
         if (open_dim)
             count = leaves / vec;
         uint64_t size = elem * vec;
@@ -634,11 +662,8 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
         }
         size *= count;
         /* Names starting with '$' are the compiler's own (string literals). */
-        if (keep && name.s[0] != '$') {
-            int rc = add_global(b, name.s, name.n, size, is_const);
-            if (rc)
-                return rc;
-        }
+        if (keep && name.s[0] != '$' && (rc = add_global(b, name.s, name.n, size, is_const)) != 0)
+            return rc;
         if (tok_is(t, ";"))
             return 0;
         if (!tok_is(t, ",")) {
@@ -646,11 +671,8 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
             return HK_ERR_FORMAT;
         }
         if (!lex_next(lx, t))
-            goto eof;
+            return var_eof(why, why_size);
     }
-eof:
-    hkp_why(why, why_size, "PTX: unterminated variable declaration");
-    return HK_ERR_FORMAT;
 }
 
 /* Skips a statement up to ';' or a body; the first token is already read. */

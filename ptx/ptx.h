@@ -90,7 +90,8 @@ int hkp_meta_runs_on(const hkp_meta *m, int device_arch);
 /* ---- compile cache ------------------------------------------------------ */
 
 typedef struct hkp_cache hkp_cache;
-typedef struct hkp_iso hkp_iso; /* a build helper process (isolate.c) */
+typedef struct hkp_iso hkp_iso;       /* a build helper process (isolate.c) */
+typedef struct hkp_search hkp_search; /* a prepared include search (build.c) */
 
 /* Opens (creating) a content-addressed cache in dir, bounded to max_bytes
  * (0: HKP_CACHE_DEFAULT_BYTES) with least-recently-used eviction. Several
@@ -206,19 +207,29 @@ typedef struct hkp_build_opts {
                                     * after headers: a name in headers hides
                                     * the same name here */
     int nbase_headers;
-    int no_toolkit;   /* 1: leave the toolkit's include directories off the
-                       * search path (default: on, after any -I) */
-    int pch;          /* 1: NVRTC's automatic precompiled headers, over the
-                       * toolkit headers that open the source; for processes
-                       * that compile more than once */
-    hkp_iso *iso;     /* non-NULL: NVRTC and nvJitLink run in this helper
-                       * process (isolate.c); detection, the include scan,
-                       * the metadata and the cache stay in this process */
-    int fast_compile; /* 1: the development profile (HK_BUILD_PROFILE_DEV):
-                       * NVRTC -Ofc=max instead of ptxas -O<opt_level>, and
-                       * nvJitLink -Ofc=max; part of the cache key. Leaves
-                       * the front end's options, and so the PCH, as they
-                       * are (build.c, "Fast compiles") */
+    int no_toolkit;           /* 1: leave the toolkit's include directories off the
+                               * search path (default: on, after any -I) */
+    int pch;                  /* 1: NVRTC's automatic precompiled headers, over the
+                               * toolkit headers that open the source; for processes
+                               * that compile more than once */
+    hkp_iso *iso;             /* non-NULL: NVRTC and nvJitLink run in this helper
+                               * process (isolate.c); detection, the include scan,
+                               * the metadata and the cache stay in this process */
+    int fast_compile;         /* 1: the development profile (HK_BUILD_PROFILE_DEV):
+                               * NVRTC -Ofc=max instead of ptxas -O<opt_level>, and
+                               * nvJitLink -Ofc=max; part of the cache key. Leaves
+                               * the front end's options, and so the PCH, as they
+                               * are (build.c, "Fast compiles") */
+    const hkp_search *search; /* non-NULL: the in-memory headers and the
+                               * include search path, prepared once for
+                               * many builds (hkp_search_create), instead
+                               * of for this build from headers,
+                               * base_headers, nvrtc_options and
+                               * no_toolkit, which must be those it was
+                               * made from */
+    const char *target_name;  /* what an architecture refusal calls arch:
+                               * NULL "device" (a runtime's builds),
+                               * "target" (a check's: no device) */
 } hkp_build_opts;
 
 typedef struct hkp_artifact {
@@ -253,6 +264,19 @@ typedef struct hkp_artifact {
 int hkp_build(const void *data, size_t size, hk_format fmt, const hkp_build_opts *opts,
               hkp_artifact *out, char *why, size_t why_size);
 void hkp_artifact_free(hkp_artifact *a);
+
+/* The part of a CUDA C build's set-up that depends on its options alone:
+ * the in-memory headers (headers, then the base_headers they do not hide)
+ * copied and merged, the -I and --pre-include lists read from
+ * nvrtc_options, the toolkit's directories. hkp_build makes it for each
+ * build; a caller that builds many sources with the same options makes it
+ * once and passes it in hkp_build_opts.search. It points into o's
+ * nvrtc_options strings, which must outlive it. Immutable: builds on
+ * several threads may share it. Returns 0 with *out (the caller's:
+ * hkp_search_free), HK_ERR_INVALID (bad options, a header without a name,
+ * with why) or HK_ERR_NOMEM. */
+int hkp_search_create(const hkp_build_opts *o, hkp_search **out, char *why, size_t why_size);
+void hkp_search_free(hkp_search *s); /* s may be NULL */
 
 /* Process-wide PCH counters: PCHs NVRTC created for hkp_build, and PCH heap
  * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */

@@ -31,6 +31,7 @@
 #define STATS_OLD         END(hk_stats, last_swap_ms)
 #define ENDPOINT_OPTS_OLD END(hk_endpoint_options, swap)
 #define WATCH_OPTIONS_OLD END(hk_watch_options, build_profile)
+#define CHECK_OPTIONS_OLD END(hk_check_options, source_name)
 
 /* A caller's structure of `size` bytes of an older layout, then canaries up
  * to 256 bytes past the library's structure. */
@@ -510,6 +511,43 @@ START_TEST(net_structures_below_first_layout_are_refused) {
 }
 END_TEST
 
+/* Check options: one layout so far, refused below it with nothing done; a
+ * newer caller's larger layout is accepted and its unknown fields ignored;
+ * a report of the first layout is filled within its size by a check. */
+START_TEST(check_options_sizes) {
+    static const char src[] = "extern \"C\" __global__ void k(int *x) { x[0] = 1; }\n";
+    buf m, r;
+    hk_check_options *co = (hk_check_options *)m.b;
+    hk_check_result *res = (hk_check_result *)&m;
+    hk_report rep = HK_REPORT_INIT;
+
+    old_layout(&m, CHECK_OPTIONS_OLD - 1);
+    co->arch = 90;
+    ck_assert_int_eq(hk_check(co, src, sizeof src - 1, &res, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_null(res);
+    ck_assert_msg(strstr(rep.message, "hk_check_options.size"), "%s", rep.message);
+    memset(m.b, CANARY, sizeof m.b);
+    buf before = m;
+    ck_assert_int_eq(hk_check_options_init_size(co, CHECK_OPTIONS_OLD - 1), HK_ERR_INVALID);
+    ck_assert_int_eq(memcmp(&before, &m, sizeof m), 0);
+
+    size_t newer = sizeof(hk_check_options) + 32;
+    ck_assert_int_eq(hk_check_options_init_size(co, newer), 0);
+    ck_assert_int_eq(co->jit_opt_level, 4);
+    for (size_t i = sizeof(hk_check_options); i < newer; i++)
+        ck_assert_uint_eq(m.b[i], 0);
+    ck_assert(canaries_from(&m, newer, newer + 256));
+    memset(m.b + sizeof(hk_check_options), CANARY, 32); /* fields it does not know */
+    co->arch = 90;
+    old_layout(&r, REPORT_OLD);
+    ck_assert_int_eq(hk_check(co, src, sizeof src - 1, &res, (hk_report *)r.b), 0);
+    ck_assert(canaries_from(&r, REPORT_OLD, sizeof(hk_report) + 256));
+    ck_assert_int_eq(hk_check_result_kernel_count(res), 1);
+    hk_check_result_free(res);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("sized structures (fake driver)");
     TCase *tc = tcase_create("abi");
@@ -527,6 +565,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, old_swap_options_take_defaults_past_their_size);
     tcase_add_test(tc, launch_config_sizes);
     tcase_add_test(tc, watch_options_sizes);
+    tcase_add_test(tc, check_options_sizes);
     tcase_add_test(tc, old_endpoint_options_take_defaults_past_their_size);
     tcase_add_test(tc, net_structures_below_first_layout_are_refused);
     suite_add_tcase(s, tc);

@@ -133,6 +133,25 @@ START_TEST(templates_without_instantiation) {
 }
 END_TEST
 
+/* One checker for all files (the default) and a fresh check per file
+ * (--no-reuse) say the same, and neither mentions NVRTC's precompiled
+ * header, which only the first uses. */
+START_TEST(reuse_or_not_same_output) {
+    put("fp.cu", "#include <cuda_fp16.h>\n#include \"inc/v.h\"\n"
+                 "extern \"C\" __global__ void h(__half *x) { x[0] = __float2half(V); }\n");
+    char mk[4400], first[sizeof out];
+    snprintf(mk, sizeof mk, "mkdir -p '%s/inc' && echo '#define V 7' > '%s/inc/v.h'", dir, dir);
+    ck_assert_int_eq(system(mk), 0);
+    ck_assert_int_eq(hotkern("check ok.cu fp.cu bad.cu fp.cu"), 1);
+    ck_assert_msg(strstr(out, "fp.cu: ok (1 kernel: h)") && strstr(out, "bad.cu:2: error"), "%s",
+                  out);
+    ck_assert_msg(!strstr(out, "precompiled"), "%s", out);
+    memcpy(first, out, sizeof out);
+    ck_assert_int_eq(hotkern("check --no-reuse ok.cu fp.cu bad.cu fp.cu"), 1);
+    ck_assert_str_eq(out, first);
+}
+END_TEST
+
 START_TEST(usage_and_bad_input) {
     ck_assert_int_eq(hotkern("check"), 2);
     ck_assert_int_eq(hotkern("check --bogus ok.cu"), 2);
@@ -511,6 +530,7 @@ int main(void) {
     tcase_add_test(tc, usage_and_bad_input);
     tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
     tcase_add_test(tc, templates_without_instantiation);
+    tcase_add_test(tc, reuse_or_not_same_output);
     suite_add_tcase(s, tc);
     TCase *js = tcase_create("json");
     tcase_add_checked_fixture(js, setup, teardown);

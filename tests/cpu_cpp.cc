@@ -453,6 +453,44 @@ START_TEST(runtime_creation_failure) {
 }
 END_TEST
 
+/* The layouts hk::kernel computes from a signature are those a check of the
+ * compiled kernel lists (hk_check, no driver), so hk_kernel_require_layout
+ * accepts the kernel a typed handle was written for. */
+struct check_params {
+    float dt;
+    int steps;
+};
+
+START_TEST(typed_layouts_match_checked_kernels) {
+    static const char src[] =
+        "struct params { float dt; int steps; };\n"
+        "struct __align__(16) wide { double a, b; };\n"
+        "extern \"C\" __global__ void k(char c, double d, int *p, float4 v, wide w, params s,\n"
+        "                               short q) {}\n";
+    struct alignas(16) check_wide {
+        double a, b;
+    };
+    using typed = hk::kernel<void(char, double, int *, float4, check_wide, check_params, short)>;
+    hk_check_options o;
+    hk_check_options_init(&o);
+    o.arch = 90;
+    hk_check_result *r = nullptr;
+    hk::report rep;
+    int err = hk_check(&o, src, sizeof src - 1, &r, &rep);
+    ck_assert_msg(err == 0, "%s\n%s", rep.message, rep.log ? rep.log : "");
+    const char *name = nullptr;
+    const size_t *offsets = nullptr, *sizes = nullptr;
+    ck_assert_int_eq(hk_check_result_kernel(r, 0, &name, &offsets, &sizes),
+                     static_cast<int>(typed::arity));
+    ck_assert_str_eq(name, "k");
+    for (std::size_t i = 0; i < typed::arity; i++) {
+        ck_assert_uint_eq(offsets[i], typed::offsets[i]);
+        ck_assert_uint_eq(sizes[i], typed::sizes[i]);
+    }
+    hk_check_result_free(r);
+}
+END_TEST
+
 int main() {
     Suite *s = suite_create(HK_CXX_EXCEPTIONS ? "cpp" : "cpp_noexcept");
     TCase *tc = tcase_create("typed");
@@ -469,6 +507,7 @@ int main() {
     suite_add_tcase(s, tc);
     TCase *bare = tcase_create("create");
     tcase_add_test(bare, runtime_creation_failure);
+    tcase_add_test(bare, typed_layouts_match_checked_kernels);
     suite_add_tcase(s, bare);
     return hkt_run(s);
 }

@@ -180,7 +180,9 @@ typedef struct hku_msg_hdr {
 } hku_msg_hdr;
 
 /* A growable message being written; a failed allocation sets oom, and
- * hku_send then refuses it. */
+ * hku_send then refuses it. Integers are written little-endian. Zeroed
+ * (not hku_buf_init), it is a plain buffer without a message header: the
+ * compile cache's payloads (ptx/entry.c) are written so. */
 typedef struct hku_buf {
     unsigned char *data;
     size_t len, cap;
@@ -193,6 +195,12 @@ void hku_put_u32(hku_buf *b, uint32_t v);
 void hku_put_u64(hku_buf *b, uint64_t v);
 /* u32 length + bytes, the string cut to at most max bytes. */
 void hku_put_str(hku_buf *b, const char *s, size_t max);
+/* u64 length + bytes, the whole string (NULL: empty). */
+void hku_put_str64(hku_buf *b, const char *s);
+/* Hands what b holds to the caller: 0 with *out (malloc'd, the caller
+ * frees it) and *n, or HK_ERR_NOMEM when an allocation failed on the way.
+ * b is empty (freed or handed over) afterwards. */
+int hku_buf_take(hku_buf *b, void **out, size_t *n);
 void hku_buf_free(hku_buf *b);
 
 /* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
@@ -222,13 +230,23 @@ double hku_now_ms(void); /* CLOCK_MONOTONIC in ms */
 int hku_cond_init(pthread_cond_t *c);
 void hku_deadline(struct timespec *ts, long us);
 
-/* A bounds-checked reader over a received payload: every get fails (and
- * sets bad) past the end, and hku_end checks nothing is left over. */
+/* A bounds-checked reader over a received payload (or any bytes: the
+ * compile cache's payloads): every get fails (and sets bad) past the end,
+ * and hku_end checks nothing is left over. Integers are little-endian. */
 typedef struct hku_rd {
     const unsigned char *p;
     size_t left;
-    int bad;
+    int bad; /* 0, or why: HKU_RD_MALFORMED, HKU_RD_NOMEM */
 } hku_rd;
+
+enum {
+    HKU_RD_MALFORMED = 1, /* past the end, or not what was expected */
+    HKU_RD_NOMEM = 2,     /* a get that allocates ran out of memory */
+};
+
+/* Marks r bad for why, unless it is bad already: the first failure is the
+ * one kept (later gets fail because of it). */
+void hku_rd_fail(hku_rd *r, int why);
 
 uint32_t hku_get_u32(hku_rd *r);
 uint64_t hku_get_u64(hku_rd *r);
@@ -241,6 +259,10 @@ void hku_get_str(hku_rd *r, char *out, size_t out_size, size_t max);
  * non-printable bytes become '?' (text for people), else they are kept
  * (paths, options). */
 char *hku_get_strdup(hku_rd *r, size_t max, int printable);
+/* What hku_put_str64 wrote, at most max bytes and no NUL inside (it becomes
+ * a C string), malloc'd (the caller frees); NULL with bad set (to
+ * HKU_RD_NOMEM when memory ran out). */
+char *hku_get_str64(hku_rd *r, uint64_t max);
 int hku_end(const hku_rd *r); /* 0 when fully and validly read */
 
 /* ---- helper processes (util/proc.c) ------------------------------------- */

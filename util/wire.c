@@ -8,6 +8,11 @@
  * Neither side trusts the other: hku_recv refuses a header over the bound
  * the caller derives from what it asked, and every hku_get fails, rather
  * than reads, past the end of what arrived.
+ *
+ * The same writer and reader serialise the compile cache's payloads
+ * (ptx/entry.c), which live on disk: integers are little-endian whatever
+ * the host, so a cache directory means the same on every machine that
+ * shares it, and a message to a helper (same host) is unaffected.
  */
 #include <errno.h>
 #include <poll.h>
@@ -75,11 +80,17 @@ void hku_put(hku_buf *b, const void *p, size_t n) {
 }
 
 void hku_put_u32(hku_buf *b, uint32_t v) {
-    hku_put(b, &v, sizeof v);
+    unsigned char le[4];
+    for (int i = 0; i < 4; i++)
+        le[i] = (unsigned char)(v >> (8 * i));
+    hku_put(b, le, sizeof le);
 }
 
 void hku_put_u64(hku_buf *b, uint64_t v) {
-    hku_put(b, &v, sizeof v);
+    unsigned char le[8];
+    for (int i = 0; i < 8; i++)
+        le[i] = (unsigned char)(v >> (8 * i));
+    hku_put(b, le, sizeof le);
 }
 
 void hku_put_str(hku_buf *b, const char *s, size_t max) {
@@ -88,6 +99,23 @@ void hku_put_str(hku_buf *b, const char *s, size_t max) {
         n = max;
     hku_put_u32(b, (uint32_t)n);
     hku_put(b, s, n);
+}
+
+void hku_put_str64(hku_buf *b, const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    hku_put_u64(b, (uint64_t)n);
+    hku_put(b, s, n);
+}
+
+int hku_buf_take(hku_buf *b, void **out, size_t *n) {
+    if (b->oom) {
+        hku_buf_free(b);
+        return HK_ERR_NOMEM;
+    }
+    *out = b->data;
+    *n = b->len;
+    memset(b, 0, sizeof *b);
+    return 0;
 }
 
 void hku_buf_free(hku_buf *b) {
@@ -197,9 +225,14 @@ int hku_recv(int fd, uint32_t magic, size_t max, double deadline_ms, uint32_t *t
     return 0;
 }
 
+void hku_rd_fail(hku_rd *r, int why) {
+    if (!r->bad)
+        r->bad = why;
+}
+
 const void *hku_get(hku_rd *r, size_t n) {
     if (r->bad || n > r->left) {
-        r->bad = 1;
+        hku_rd_fail(r, HKU_RD_MALFORMED);
         return NULL;
     }
     const void *p = r->p;
@@ -209,18 +242,18 @@ const void *hku_get(hku_rd *r, size_t n) {
 }
 
 uint32_t hku_get_u32(hku_rd *r) {
+    const unsigned char *p = hku_get(r, 4);
     uint32_t v = 0;
-    const void *p = hku_get(r, sizeof v);
-    if (p)
-        memcpy(&v, p, sizeof v);
+    for (int i = 0; p && i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
     return v;
 }
 
 uint64_t hku_get_u64(hku_rd *r) {
+    const unsigned char *p = hku_get(r, 8);
     uint64_t v = 0;
-    const void *p = hku_get(r, sizeof v);
-    if (p)
-        memcpy(&v, p, sizeof v);
+    for (int i = 0; p && i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -228,7 +261,7 @@ void hku_get_str(hku_rd *r, char *out, size_t out_size, size_t max) {
     out[0] = '\0';
     uint32_t n = hku_get_u32(r);
     if (r->bad || n > max || n >= out_size) {
-        r->bad = 1;
+        hku_rd_fail(r, HKU_RD_MALFORMED);
         return;
     }
     const unsigned char *p = hku_get(r, n);
@@ -244,18 +277,34 @@ char *hku_get_strdup(hku_rd *r, size_t max, int printable) {
     const unsigned char *p = r->bad || n > max ? NULL : hku_get(r, n);
     char *s = p ? malloc((size_t)n + 1) : NULL;
     if (!s) {
-        r->bad = 1;
+        hku_rd_fail(r, HKU_RD_MALFORMED);
         return NULL;
     }
     for (uint32_t i = 0; i < n; i++) {
         int ok = (p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\t';
         if (!p[i]) { /* a C string cannot hold it: malformed */
             free(s);
-            r->bad = 1;
+            hku_rd_fail(r, HKU_RD_MALFORMED);
             return NULL;
         }
         s[i] = printable && !ok ? '?' : (char)p[i];
     }
+    s[n] = '\0';
+    return s;
+}
+
+char *hku_get_str64(hku_rd *r, uint64_t max) {
+    uint64_t n = hku_get_u64(r);
+    if (r->bad || n > max || n > r->left || memchr(r->p, 0, (size_t)n)) {
+        hku_rd_fail(r, HKU_RD_MALFORMED);
+        return NULL;
+    }
+    char *s = malloc((size_t)n + 1);
+    if (!s) {
+        hku_rd_fail(r, HKU_RD_NOMEM);
+        return NULL;
+    }
+    memcpy(s, hku_get(r, (size_t)n), (size_t)n);
     s[n] = '\0';
     return s;
 }

@@ -183,4 +183,46 @@ static_assert(!ok<void(float *), float *, unsigned>);
     return st.error;
 }
 
+/* The C API of checks, from C++ under the strict flags: options from
+ * arrays of const strings, the layout handed on to hk_kernel_require_layout
+ * as a typed handle does. */
+[[maybe_unused]] int checks(hk_kernel *k, const char *src, std::size_t size) {
+    static const char *const opts[] = {"-DN=4", "-std=c++17"};
+    static const char *const exprs[] = {"scale<float>"};
+    static const hk_header headers[] = {{"n.h", "#define M 2", 11}};
+    hk_check_options o;
+    hk_check_options_init(&o);
+    o.arch = 90;
+    o.nvrtc_options = opts;
+    o.nnvrtc_options = 2;
+    o.name_expressions = exprs;
+    o.nname_expressions = 1;
+    o.headers = headers;
+    o.nheaders = 1;
+    hk::report rep;
+    hk_checker *c = nullptr;
+    int err = hk_checker_create(&c, &o, &rep);
+    hk_check_result *r = nullptr;
+    if (err == 0)
+        err = hk_checker_check(c, "k.cu", src, size, &r, &rep);
+    const char *name = nullptr;
+    const std::size_t *offsets = nullptr, *sizes = nullptr;
+    int n = err == 0 ? hk_check_result_kernel(r, 0, &name, &offsets, &sizes) : err;
+    if (n >= 0)
+        err = hk_kernel_require_layout(k, offsets, sizes, n, &rep);
+    std::size_t image_size = 0;
+    hk_format fmt = HK_FORMAT_AUTO;
+    const void *image = hk_check_result_image(r, &image_size, &fmt);
+    uint64_t gsize = 0;
+    int is_const = 0;
+    (void)hk_check_result_global(r, 0, &name, &gsize, &is_const);
+    if (image && hk_check_result_arch_count(r) > 0 && hk_check_result_arch(r, 0) &&
+        hk_check_result_log(r) && hk_check_result_format(r) == HK_FORMAT_CUDA_C &&
+        hk_format_detect(image, image_size, &fmt, &rep) == 0)
+        err = hk_check_result_global_count(r) + hk_check_result_kernel_count(r);
+    hk_check_result_free(r);
+    hk_checker_destroy(c);
+    return err;
+}
+
 } // namespace
