@@ -377,6 +377,21 @@ START_TEST(cpp_consumer_builds_and_runs) {
 }
 END_TEST
 
+/* Under `make sanitize` / `make tsan` the installed libraries carry the
+ * sanitizer: the nvcc programs, and those linking the static archives, link
+ * its runtime too. */
+#if defined(__SANITIZE_THREAD__)
+#define NVCC_SAN " -Xcompiler=-fsanitize=thread"
+#define LD_SAN   "-fsanitize=thread"
+#elif defined(__SANITIZE_ADDRESS__)
+#define NVCC_SAN " -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined"
+#define LD_SAN   "-fsanitize=address -fsanitize=undefined"
+#else
+#define NVCC_SAN ""
+#define LD_SAN   ""
+#endif
+#define NVCC "/usr/local/cuda/bin/nvcc -arch=sm_90" NVCC_SAN
+
 static int have_cmake(const char *what) {
     if (sh("command -v cmake >/dev/null 2>&1") == 0)
         return 1;
@@ -409,6 +424,7 @@ START_TEST(cmake_consumers_build_and_run) {
                              "target_compile_features(cpp PRIVATE cxx_std_17)\n"
                              "target_link_libraries(cpp PRIVATE hotkern::hotkern)\n");
     ck_assert_int_eq(sh("cd '%s' && cmake -S cm -B cm/build -DCMAKE_PREFIX_PATH='%s' "
+                        "-DCMAKE_EXE_LINKER_FLAGS='" LD_SAN "' "
                         ">cmake.log 2>&1 && cmake --build cm/build >>cmake.log 2>&1 || "
                         "{ cat cmake.log; exit 1; }",
                         dest, pre),
@@ -485,20 +501,6 @@ START_TEST(exports_only_hk_symbols) {
     exports_only("libhotkern-net.so.1", "HOTKERN_NET_1", "hk_endpoint_start", "hk_swap");
 }
 END_TEST
-
-/* Under `make sanitize` / `make tsan` the installed libraries carry the
- * sanitizer: the nvcc programs link its runtime too. */
-#if defined(__SANITIZE_THREAD__)
-#define NVCC_SAN " -Xcompiler=-fsanitize=thread"
-#define LD_SAN   "-fsanitize=thread"
-#elif defined(__SANITIZE_ADDRESS__)
-#define NVCC_SAN " -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined"
-#define LD_SAN   "-fsanitize=address -fsanitize=undefined"
-#else
-#define NVCC_SAN ""
-#define LD_SAN   ""
-#endif
-#define NVCC "/usr/local/cuda/bin/nvcc -arch=sm_90" NVCC_SAN
 
 START_TEST(nvcc_program_links_the_interposition) {
     ck_assert_msg(dest[0], "make install failed");
@@ -644,7 +646,6 @@ END_TEST
 
 START_TEST(install_again_changes_nothing) {
     ck_assert_msg(dest[0], "make install failed");
-    ck_assert_int_eq(snapshot(pre, "/dev/null"), 0);
     char a[PATH_MAX + 16], b[PATH_MAX + 16];
     snprintf(a, sizeof a, "%s/tree-1", dest);
     snprintf(b, sizeof b, "%s/tree-2", dest);
