@@ -618,7 +618,8 @@ END_TEST
 START_TEST(helpers_fall_back_to_libexecdir) {
     ck_assert_msg(dest[0], "make install failed");
     put("helpers.c", helpers_src);
-    ck_assert_int_eq(sh("cd '%s' && cc helpers.c -o helpers $(" PKG_ENV
+    /* (It starts threads: under `make tsan` it must be built with TSan.) */
+    ck_assert_int_eq(sh("cd '%s' && cc " LD_SAN " helpers.c -o helpers $(" PKG_ENV
                         " pkg-config --cflags --libs hotkern) >cc-helpers.log 2>&1 || "
                         "{ cat cc-helpers.log; exit 1; }",
                         dest, lib, dest),
