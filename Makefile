@@ -7,12 +7,47 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 BUILD    ?= build
 CC       ?= cc
+# Where `make install` puts each part (DESTDIR stages them all): the helper
+# programs the library starts go to LIBEXECDIR/hotkern, the man pages to
+# MANDIR/man1 and man3. The pkg-config files and the CMake package say where
+# the others went.
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+LIBEXECDIR ?= $(PREFIX)/libexec
+MANDIR     ?= $(PREFIX)/share/man
 # Two libraries: libhotkern (engine, builds, watcher) needs the CUDA toolkit's
 # NVRTC and nvJitLink only; libhotkern-net (releases, endpoint, puller) adds the
 # network packages and links libhotkern.
 CORE_PKGS := libsodium
+NET_ONLY_PKGS := libcurl libmicrohttpd libcjson
 NET_PKGS := libcurl libmicrohttpd libsodium libcjson
-PKGS     := $(sort $(CORE_PKGS) $(NET_PKGS))
+# NET=1 builds the network library and what needs it: the CLI's network
+# commands and the interposition's HOTKERN_ENDPOINT and HOTKERN_ORIGIN. NET=0
+# builds and installs the engine alone, with none of the network packages'
+# -dev files on the machine. Unset, it is 1 where pkg-config finds them all.
+# The CLI needs cJSON either way (its --json output): without it, NET=0
+# leaves the CLI out. The tests, benchmarks, demo and examples need NET=1.
+ifeq ($(origin NET),undefined)
+NET := $(shell pkg-config --exists $(NET_ONLY_PKGS) 2>/dev/null && echo 1 || echo 0)
+NET_WHY := pkg-config lacks$(shell for p in $(NET_ONLY_PKGS); do \
+             pkg-config --exists $$p 2>/dev/null || printf ' %s' $$p; done)
+else
+NET_WHY := as asked
+NET_OFF_ASKED := $(filter 0,$(NET))
+endif
+ifeq ($(filter 0 1,$(NET)),)
+$(error NET is 0 (the engine alone) or 1 (and the network library), not '$(NET)')
+endif
+ifeq ($(NET),1)
+CLI_ON   := 1
+else
+CLI_ON   := $(shell pkg-config --exists libcjson 2>/dev/null && echo 1)
+$(info hotkern: NET=0 ($(NET_WHY)): building the engine without libhotkern-net, the CLI's \
+network commands and HOTKERN_ENDPOINT/HOTKERN_ORIGIN$(if $(CLI_ON),,; without the CLI too (it \
+needs libcjson)))
+endif
+PKGS     := $(sort $(CORE_PKGS) $(if $(filter 1,$(NET)),$(NET_PKGS)))
 # The version the public header states (HK_VERSION_*), for hotkern.pc; the
 # sonames carry its major version (see "ABI" in docs/DESIGN.md).
 VERSION  := $(shell awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $$3; sep="."}' \
@@ -25,8 +60,11 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 OPT      ?= -O2 -g
 SAN      ?=
-CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -Iinclude -I. -I$(CUDA)/include \
-            $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
+# HK_PREFIX and HK_LIBEXECDIR: where the library looks for its helper
+# programs last (loader/canary.c); HK_NO_NET: built with NET=0.
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -DHK_LIBEXECDIR='"$(LIBEXECDIR)"' \
+            $(if $(filter 0,$(NET)),-DHK_NO_NET) -Iinclude -I. -I$(CUDA)/include \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(shell pkg-config --cflags check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
 # C++ (CXX, make's default g++): what uses the typed-launch header
 # include/hotkern/hotkern.hpp, which is header-only: its suites and example.
@@ -35,8 +73,8 @@ CXXWARN  := -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wformat=2 -Wno-unuse
 CXXFLAGS := -std=c++17 $(OPT) $(CXXWARN) -pthread $(SAN) $(EXTRA_CXXFLAGS)
 CORE_LIBS := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) -L$(CUDA)/lib64 \
             -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lnvJitLink -ldl -lpthread -lm
-NET_LIBS := $(shell pkg-config --libs $(NET_PKGS) 2>/dev/null) -lpthread -lm
-# Programs built here link both static archives.
+NET_LIBS := $(if $(filter 1,$(NET)),$(shell pkg-config --libs $(NET_PKGS) 2>/dev/null) -lpthread -lm)
+# Programs built here link both static archives (with NET=0, the engine's).
 LIBS     := $(NET_LIBS) $(CORE_LIBS)
 # A shared library names every library it needs (sanitizer runtimes resolve at run time).
 NO_UNDEF := $(if $(SAN),,-Wl,--no-undefined)
@@ -49,8 +87,12 @@ LIB_SRC  := $(sort $(filter-out ptx/helper.c,$(wildcard loader/*.c ptx/*.c watch
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
-CLI_SRC  := $(sort $(wildcard cli/*.c))
+# The CLI; with NET=0 without its network commands (cli/main.c says they are
+# not built), linking the engine and cJSON only.
+CLI_NET_SRC := cli/http.c cli/net_cmds.c
+CLI_SRC  := $(sort $(filter-out $(if $(filter 0,$(NET)),$(CLI_NET_SRC)),$(wildcard cli/*.c)))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_LIBS := $(if $(filter 1,$(NET)),$(LIBS),$(shell pkg-config --libs libcjson 2>/dev/null) $(CORE_LIBS))
 TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
 TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
@@ -84,7 +126,7 @@ SHARED   := $(BUILD)/lib/$(SONAME)
 NET_STATIC := $(BUILD)/lib/libhotkern-net.a
 NET_SHARED := $(BUILD)/lib/$(NET_SONAME)
 # What programs link, in link order: the network library before the engine.
-ARCHIVES := $(NET_STATIC) $(STATIC)
+ARCHIVES := $(if $(filter 1,$(NET)),$(NET_STATIC)) $(STATIC)
 CLI      := $(BUILD)/bin/hotkern
 # Example programs (examples/), built as a program outside the tree is: the
 # public headers only (no -I., no HK_BUILDING) and the shared libraries with
@@ -133,18 +175,34 @@ CANARY   := $(BUILD)/bin/hotkern-canary
 BUILDER  := $(BUILD)/bin/hotkern-build
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
-        demo-tour demo-nvcc bench bench-prebuilt install lint format clean fuzz fuzz-build abi-check \
-        abi-baseline
+        demo-tour demo-nvcc bench bench-prebuilt install uninstall lint man format clean fuzz \
+        fuzz-build abi-check abi-baseline
 
 all: build
 
 # Keep the objects of test and bench programs (pattern-rule intermediates).
 .SECONDARY:
 
+# What `make install` installs (with NET=0, the engine's part of it), and
+# the rest of `make build`: tests, benchmarks, demo and examples.
+INSTALLED_BUILT := $(STATIC) $(SHARED) $(PRELOAD) $(WRAP) $(CANARY) $(BUILDER) $(FAKE_CUDA) \
+                   $(if $(CLI_ON),$(CLI)) $(if $(filter 1,$(NET)),$(NET_STATIC) $(NET_SHARED))
+DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
+             $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
+
 # Internal targets assume the dependencies exist; the public ones install them.
-build: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) $(BUILDER) \
-       $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) \
-       $(FAKE_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
+build: $(INSTALLED_BUILT) $(if $(filter 1,$(NET)),$(DEV_BUILT))
+
+# What needs the network library's build (the suites link it) is refused
+# when NET=0 was asked for. Found missing instead, NET is found again by the
+# sub-make, once deps has installed the packages.
+NET_GOALS := test test-cpu test-examples sanitize tsan demo demo-tour demo-nvcc bench abi-check \
+             abi-baseline
+ifneq ($(NET_OFF_ASKED),)
+ifneq ($(filter $(NET_GOALS),$(MAKECMDGOALS)),)
+$(error make $(filter $(NET_GOALS),$(MAKECMDGOALS)) needs the network library: run it without NET=0)
+endif
+endif
 
 deps:
 	@sh scripts/deps.sh
@@ -216,15 +274,29 @@ abi-baseline: deps
 	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
 	@sh scripts/abi-check.sh $(BUILD) --update
 
-$(BUILD)/obj/%.o: %.c
+# What the objects are built with that no prerequisite shows (NET, and the
+# paths compiled in): BUILD/config, rewritten only when it changes, so that
+# a change rebuilds them.
+# (Not by `make -n`, which changes nothing.)
+CONFIG   := $(BUILD)/config
+CONFIG_TEXT := NET=$(NET) PREFIX=$(PREFIX) LIBEXECDIR=$(LIBEXECDIR)
+ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
+$(shell mkdir -p '$(BUILD)' && [ "$$(cat '$(CONFIG)' 2>/dev/null)" = '$(CONFIG_TEXT)' ] || \
+  printf '%s\n' '$(CONFIG_TEXT)' >'$(CONFIG)')
+endif
+$(CONFIG):
+	@mkdir -p $(dir $@)
+	printf '%s\n' '$(CONFIG_TEXT)' >$@
+
+$(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cc
+$(BUILD)/obj/%.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%_noexcept.o: %.cc
+$(BUILD)/obj/%_noexcept.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
 
@@ -297,13 +369,18 @@ $(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
-$(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(NET_OBJ)
+$(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$(NET)),$(NET_OBJ))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $(sort $^)
 
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS)
+
+# With NET=0 cJSON is the CLI's alone.
+ifeq ($(NET),0)
+$(CLI_OBJ): CPPFLAGS += $(shell pkg-config --cflags libcjson 2>/dev/null)
+endif
 
 $(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
@@ -372,28 +449,88 @@ $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
 
-# Both libraries (static and shared), the headers, the CLI, a pkg-config file per
-# library and a CMake package (lib/cmake/hotkern: hotkern::hotkern, hotkern::net).
-LIBDIR   := $(DESTDIR)$(PREFIX)/lib
+# `make install`: both libraries, static and shared (with NET=0 the engine's
+# alone), the headers, the CLI, the helper programs the library starts (in
+# LIBEXECDIR/hotkern), a pkg-config file per library, a CMake package
+# (LIBDIR/cmake/hotkern, components core and net) and the man pages
+# hotkern(1) and hotkern(3). The package files find the rest from where they
+# lie when LIBDIR, INCLUDEDIR and LIBEXECDIR are under PREFIX (a moved or
+# DESTDIR-staged tree works), and name a directory outside it as it is.
+HELPERDIR := $(LIBEXECDIR)/hotkern
+PCDIR    := $(LIBDIR)/pkgconfig
 CMAKEDIR := $(LIBDIR)/cmake/hotkern
+HEADERS  := $(filter-out $(if $(filter 0,$(NET)),include/hotkern/net.h), \
+              $(sort $(wildcard include/hotkern/*.h include/hotkern/*.hpp)))
+MAN1     := docs/man/hotkern.1
+MAN3     := docs/man/hotkern.3
+space    := $() $()
+# $(call from_prefix,VAR,DIR): VAR/REST for DIR = PREFIX/REST, else DIR.
+from_prefix = $(if $(filter $(PREFIX)/%,$(2)),$(1)/$(patsubst $(PREFIX)/%,%,$(2)),$(2))
+# From the CMake package's folder up to PREFIX, or PREFIX itself when
+# LIBDIR is elsewhere.
+CMAKE_UP := $(if $(filter $(PREFIX)/%,$(CMAKEDIR)),$(subst $(space),,$(foreach d,$(subst /, \
+              ,$(patsubst $(PREFIX)/%,%,$(CMAKEDIR))),../)),$(PREFIX))
+# What a program linking each static archive links besides, as CMake lists.
+CORE_LINK := $(shell pkg-config --libs $(CORE_PKGS) 2>/dev/null) $(CUDA)/lib64/libnvrtc.so \
+             $(CUDA)/lib64/libnvJitLink.so -ldl -lpthread -lm
+NET_LINK := $(NET_LIBS)
+WRAP_LINK := $(NET_LINK) $(CORE_LINK) -lstdc++
+cmake_list = $(subst $(space),;,$(strip $(1)))
 SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSION@|$(VERSION)|g' \
               -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@WRAP_SYMS@|$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))|g' \
-              -e 's|@NET_LIBS@|$(shell pkg-config --libs $(NET_PKGS) 2>/dev/null)|g'
-install: $(STATIC) $(SHARED) $(NET_STATIC) $(NET_SHARED) $(PRELOAD) $(WRAP) $(CLI) $(CANARY) \
-         $(BUILDER) $(FAKE_CUDA)
-	install -d $(LIBDIR)/pkgconfig $(CMAKEDIR) $(DESTDIR)$(PREFIX)/include/hotkern \
-	  $(DESTDIR)$(PREFIX)/bin
-	install -m 644 $(STATIC) $(NET_STATIC) $(WRAP) $(LIBDIR)/
-	install -m 755 $(SHARED) $(NET_SHARED) $(PRELOAD) $(FAKE_CUDA) $(LIBDIR)/
-	ln -sf $(SONAME) $(LIBDIR)/libhotkern.so
-	ln -sf $(NET_SONAME) $(LIBDIR)/libhotkern-net.so
-	install -m 644 include/hotkern/*.h include/hotkern/*.hpp $(DESTDIR)$(PREFIX)/include/hotkern/
-	install -m 755 $(CLI) $(CANARY) $(BUILDER) $(DESTDIR)$(PREFIX)/bin/
-	$(SUBST) pkg/hotkern.pc.in > $(LIBDIR)/pkgconfig/hotkern.pc
-	$(SUBST) pkg/hotkern-net.pc.in > $(LIBDIR)/pkgconfig/hotkern-net.pc
-	$(SUBST) pkg/hotkern-wrap.pc.in > $(LIBDIR)/pkgconfig/hotkern-wrap.pc
-	$(SUBST) pkg/hotkernConfig.cmake.in > $(CMAKEDIR)/hotkernConfig.cmake
-	$(SUBST) pkg/hotkernConfigVersion.cmake.in > $(CMAKEDIR)/hotkernConfigVersion.cmake
+              -e 's|@NET_LIBS@|$(strip $(NET_LIBS))|g' \
+              -e 's|@PC_LIBDIR@|$(call from_prefix,$${prefix},$(LIBDIR))|g' \
+              -e 's|@PC_INCLUDEDIR@|$(call from_prefix,$${prefix},$(INCLUDEDIR))|g' \
+              -e 's|@PC_LIBEXECDIR@|$(call from_prefix,$${prefix},$(LIBEXECDIR))|g' \
+              -e 's|@CMAKE_UP@|$(CMAKE_UP)|g' \
+              -e 's|@CMAKE_LIBDIR@|$(call from_prefix,$${_hotkern_prefix},$(LIBDIR))|g' \
+              -e 's|@CMAKE_INCLUDEDIR@|$(call from_prefix,$${_hotkern_prefix},$(INCLUDEDIR))|g' \
+              -e 's|@CMAKE_HELPERDIR@|$(call from_prefix,$${_hotkern_prefix},$(HELPERDIR))|g' \
+              -e 's|@CORE_LINK@|$(call cmake_list,$(CORE_LINK))|g' \
+              -e 's|@NET_LINK@|$(call cmake_list,$(NET_LINK))|g' \
+              -e 's|@WRAP_LINK@|$(call cmake_list,$(WRAP_LINK))|g'
+PKG_OUT  := $(BUILD)/pkg
+PC_FILES := hotkern.pc hotkern-wrap.pc $(if $(filter 1,$(NET)),hotkern-net.pc)
+install: $(INSTALLED_BUILT)
+	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
+	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
+	  $(if $(CLI_ON),$(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1)
+	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/hotkern/
+	install -m 644 $(STATIC) $(WRAP) $(if $(filter 1,$(NET)),$(NET_STATIC)) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED) $(PRELOAD) $(FAKE_CUDA) $(if $(filter 1,$(NET)),$(NET_SHARED)) \
+	  $(DESTDIR)$(LIBDIR)/
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhotkern.so
+	$(if $(filter 1,$(NET)),ln -sf $(NET_SONAME) $(DESTDIR)$(LIBDIR)/libhotkern-net.so)
+	install -m 755 $(CANARY) $(BUILDER) $(DESTDIR)$(HELPERDIR)/
+	$(if $(CLI_ON),install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/)
+	$(if $(CLI_ON),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
+	install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
+# (Earlier versions put the helpers in BINDIR.)
+	rm -f $(DESTDIR)$(BINDIR)/hotkern-canary $(DESTDIR)$(BINDIR)/hotkern-build
+	$(foreach f,$(PC_FILES) hotkernConfig.cmake hotkernConfigVersion.cmake,\
+	  $(SUBST) pkg/$(f).in >$(PKG_OUT)/$(f) &&) true
+	install -m 644 $(addprefix $(PKG_OUT)/,$(PC_FILES)) $(DESTDIR)$(PCDIR)/
+	install -m 644 $(PKG_OUT)/hotkernConfig.cmake $(PKG_OUT)/hotkernConfigVersion.cmake \
+	  $(DESTDIR)$(CMAKEDIR)/
+
+# Every file an install of either kind (NET=0 or 1) puts there, and the
+# helpers where earlier versions put them; then the folders that are
+# hotkern's own, when nothing else is left in them. Run it with the
+# PREFIX, LIBDIR ... and DESTDIR of the install.
+INSTALLED := $(addprefix $(INCLUDEDIR)/hotkern/,$(notdir $(wildcard include/hotkern/*.h \
+               include/hotkern/*.hpp))) \
+             $(addprefix $(LIBDIR)/,libhotkern.a libhotkern.so $(SONAME) libhotkern-net.a \
+               libhotkern-net.so $(NET_SONAME) libhotkern-wrap.a libhotkern-preload.so \
+               libhotkern-fakecuda.so) \
+             $(addprefix $(PCDIR)/,hotkern.pc hotkern-net.pc hotkern-wrap.pc) \
+             $(addprefix $(CMAKEDIR)/,hotkernConfig.cmake hotkernConfigVersion.cmake) \
+             $(addprefix $(HELPERDIR)/,hotkern-canary hotkern-build) \
+             $(addprefix $(BINDIR)/,hotkern hotkern-canary hotkern-build) \
+             $(MANDIR)/man1/hotkern.1 $(MANDIR)/man3/hotkern.3
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	for d in $(addprefix $(DESTDIR),$(INCLUDEDIR)/hotkern $(CMAKEDIR) $(HELPERDIR)); do \
+	  [ ! -d $$d ] || rmdir $$d 2>/dev/null || echo "uninstall: $$d is not empty, kept"; done
 
 # libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
 # corpus under BUILD/fuzz/corpus-NAME:
@@ -454,10 +591,19 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch]
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
                tests/cpp/*.cc examples/*.cpp)
+# The man pages: hotkern.3 is what scripts/man3.sh makes of the headers
+# (`make man` writes it again), and both render without a warning.
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh \
+	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
 	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh
+	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
+	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
+	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \
+	  [ -z "$$w" ] || { echo "lint: $$p: $$w" >&2; exit 1; }; done
+
+man:
+	sh scripts/man3.sh >$(MAN3).tmp && mv $(MAN3).tmp $(MAN3)
 
 format:
 	clang-format -i $(FORMAT_SRC)

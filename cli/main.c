@@ -3,6 +3,9 @@
  * (cli/cli.h); each prints its own --help. The JSON output that check, push,
  * status, rollback and pull give with --json is described here, in one
  * place, since cli/out.c builds its common part for all of them.
+ *
+ * Built without the network library (HK_NO_NET, `make NET=0`), the network
+ * commands are listed still, and each says it is not there.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,15 +19,33 @@ struct cmd {
     const char *summary;
 };
 
+#ifdef HK_NO_NET
+/* A network command of a build without the network library: exit 1, as an
+ * operation that failed (HK_ERR_UNSUPPORTED, also under --json). */
+static int no_net(int argc, char **argv) {
+    hkc_out o;
+    hkc_out_init(&o, argv[0]);
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--json"))
+            hkc_out_json(&o);
+    return hkc_finish(&o, hkc_fail(&o, HK_ERR_UNSUPPORTED, NULL,
+                                   "built without network support (rebuild hotkern with NET=1 "
+                                   "and the network packages)"));
+}
+#define NET_CMD(fn) no_net
+#else
+#define NET_CMD(fn) fn
+#endif
+
 static const struct cmd cmds[] = {
     {"check", hkc_cmd_check, "compile and validate kernel files for a target architecture"},
-    {"keygen", hkc_cmd_keygen, "create an Ed25519 key pair for signing releases"},
-    {"sign", hkc_cmd_sign, "build a signed release directory a static origin can serve"},
-    {"publish", hkc_cmd_sign, "same as sign"},
-    {"push", hkc_cmd_push, "sign kernel files and push them to a running endpoint"},
-    {"status", hkc_cmd_status, "print the status of a running endpoint"},
-    {"rollback", hkc_cmd_rollback, "ask a running endpoint to roll a module back"},
-    {"pull", hkc_cmd_pull, "poll a release origin, verify and save the artifacts"},
+    {"keygen", NET_CMD(hkc_cmd_keygen), "create an Ed25519 key pair for signing releases"},
+    {"sign", NET_CMD(hkc_cmd_sign), "build a signed release directory a static origin can serve"},
+    {"publish", NET_CMD(hkc_cmd_sign), "same as sign"},
+    {"push", NET_CMD(hkc_cmd_push), "sign kernel files and push them to a running endpoint"},
+    {"status", NET_CMD(hkc_cmd_status), "print the status of a running endpoint"},
+    {"rollback", NET_CMD(hkc_cmd_rollback), "ask a running endpoint to roll a module back"},
+    {"pull", NET_CMD(hkc_cmd_pull), "poll a release origin, verify and save the artifacts"},
 };
 
 static const char json_help[] =
@@ -56,6 +77,9 @@ static void usage(FILE *f, int full) {
         fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].summary);
     fprintf(f, "\n'hotkern COMMAND --help' describes each. Exit status: 0 ok, 1 refused or "
                "failed, 2 usage.\n");
+#ifdef HK_NO_NET
+    fprintf(f, "Built without network support: the commands but check say so and exit 1.\n");
+#endif
     if (full)
         fputs(json_help, f);
 }

@@ -215,6 +215,13 @@ static void env_sources(hk_runtime *rt) {
                 say("HOTKERN_WATCH", &rep);
         free(dirs);
     }
+#ifdef HK_NO_NET
+    /* Built without the network library (make NET=0). */
+    const char *net[] = {"HOTKERN_ENDPOINT", "HOTKERN_ORIGIN"};
+    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
+        if (getenv(net[i]) && *getenv(net[i]))
+            fprintf(stderr, "hotkern: %s: built without network support\n", net[i]);
+#else
     const char *key = getenv("HOTKERN_TRUSTED_KEY");
     const char *keys[] = {key};
     int unsigned_ok = env_flag("HOTKERN_ALLOW_UNSIGNED");
@@ -252,6 +259,7 @@ static void env_sources(hk_runtime *rt) {
         if (hk_pull_start(rt, &o, &p, &rep) < 0)
             say("HOTKERN_ORIGIN", &rep);
     }
+#endif
     hk_report_clear(&rep);
 }
 

@@ -26,14 +26,16 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 
-#ifndef HK_PREFIX
-#define HK_PREFIX "/usr/local"
+#ifndef HK_LIBEXECDIR
+#define HK_LIBEXECDIR "/usr/local/libexec"
 #endif
 
-/* A helper's path (hkl_helper_path): opt, else $env, else ../bin/name from
- * the object that holds this code (libhotkern.so in PREFIX/lib, or a
- * program linked with the static library in a bin/ or tests/ folder beside
- * bin/), else PREFIX/bin/name. */
+/* A helper's path (hkl_helper_path): opt, else $env, else, from the folder
+ * of the object that holds this code (libhotkern.so in LIBDIR, or a program
+ * linked with the static library), ../libexec/hotkern/name (an installed
+ * tree, wherever it was moved or staged) or ../bin/name (the build tree,
+ * whose lib/, tests/ and bench/ lie beside bin/), else the LIBEXECDIR it was
+ * built for: LIBEXECDIR/hotkern/name. */
 char *hkl_helper_path(const char *opt, const char *env_name, const char *name) {
     if (opt && *opt)
         return strdup(opt);
@@ -49,13 +51,14 @@ char *hkl_helper_path(const char *opt, const char *env_name, const char *name) {
         self[n > 0 ? n : 0] = '\0';
     }
     char *slash = strrchr(self, '/');
-    if (slash) {
+    const char *beside[] = {"../libexec/hotkern", "../bin"};
+    for (size_t i = 0; slash && i < sizeof beside / sizeof beside[0]; i++) {
         *slash = '\0';
-        snprintf(cand, sizeof cand, "%s/../bin/%s", self, name);
+        snprintf(cand, sizeof cand, "%s/%s/%s", self, beside[i], name);
         if (access(cand, X_OK) == 0)
             return strdup(cand);
     }
-    snprintf(cand, sizeof cand, "%s/bin/%s", HK_PREFIX, name);
+    snprintf(cand, sizeof cand, "%s/hotkern/%s", HK_LIBEXECDIR, name);
     return strdup(cand);
 }
 

@@ -554,8 +554,8 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 /* hkl_build_start starts rt->iso, the build helper, when
  * options.build_isolated is set (0, or HK_ERR_IO with the report saying
  * why); hkl_helper_path resolves a helper executable: opt when set, else
- * $env, else ../bin/name from the object holding libhotkern, else
- * PREFIX/bin/name (malloc'd, NULL without memory). */
+ * $env, else ../libexec/hotkern/name or ../bin/name from the object holding
+ * libhotkern, else LIBEXECDIR/hotkern/name (malloc'd, NULL without memory). */
 int hkl_build_start(hk_runtime *rt, hk_report *rep);
 char *hkl_helper_path(const char *opt, const char *env, const char *name);
 

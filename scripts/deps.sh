@@ -17,6 +17,9 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing 
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
 command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
 command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
+# groff: make lint renders the man pages; man: tests/cpu_install.c reads the installed ones.
+command -v groff >/dev/null 2>&1 || missing="$missing groff-base"
+command -v man >/dev/null 2>&1 || missing="$missing man-db"
 # libabigail: make abi-check compares the shared libraries with abi/*.abi.
 { command -v abidw && command -v abidiff; } >/dev/null 2>&1 || missing="$missing abigail-tools"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"

@@ -447,8 +447,8 @@ typedef struct hk_options {
                                         * create. Default 0 */
     const char *canary_helper;         /* path of the hotkern-canary executable; NULL:
                                         * $HK_CANARY_HELPER, else hotkern-canary in
-                                        * ../bin from the library (or program) that
-                                        * holds hotkern, else PREFIX/bin */
+                                        * ../libexec/hotkern or ../bin from the library
+                                        * (or program) holding hotkern, else LIBEXECDIR */
     int canary_timeout_ms;             /* longest one test launch may run before the
                                         * helper is killed, default 2000; the helper's
                                         * start and each image load get ten times this */
