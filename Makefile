@@ -596,7 +596,7 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch]
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
-	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh
+	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
 	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
 	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
 	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \
