@@ -290,12 +290,13 @@ int hka_sanitizer_argv(char **argv, const char *sanitizer, const char *helper_pa
      * helper's stderr pipe (stdout is /dev/null: a kernel's printf).
      * --destroy-on-device-error kernel: a precise error (an out-of-bounds
      * or misaligned access, an illegal address) ends the kernel alone, the
-     * launch returns success and the helper's context lives on, so the
-     * refusal costs the GPU nothing: measured on an H200 (FACTS.md), a
-     * program on the same GPU saw no stall at all, against 14-24 ms when the
-     * sanitizer ends the context (its default), and the helper need not be
-     * replaced. Imprecise errors still end the context (judge restarts the
-     * helper then). */
+     * launch returns success (its report comes in the log) and the
+     * helper's context stays whole, so the refusal costs the GPU nothing:
+     * measured on an H200 (bench/RESULTS.md section 11), a program on the
+     * same GPU saw no stall at all, against 14-24 ms when the sanitizer
+     * ends the context (its default). Imprecise errors (a trap) still end
+     * the context and fail the launch. judge replaces the helper after
+     * either. */
     const char *v[] = {sanitizer,
                        "--tool",
                        "memcheck",
@@ -362,7 +363,7 @@ static void mc_line(void *ctx, const char *line) {
     /* A warning (the sanitizer's error buffer overflowed, records were
      * dropped) says there were errors, but what they were comes in the
      * lines that follow, or came before. */
-    int warn = !strncmp(text, "Warning:", 8);
+    int warn = !strncmp(text, "Warning: Error buffer overflow", 30);
     if (!h->mc_errors++ || (h->mc_first_warn && !warn)) {
         snprintf(h->mc_first, sizeof h->mc_first, "%s", text);
         h->mc_first_warn = warn;
@@ -742,6 +743,10 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
         if (lr > 0) {
             snprintf(why, n, "it could not load the new version: %s%s%.120s", name,
                      log[0] ? ": " : "", log);
+            if (h->sanitized) { /* not left with a context that may be unusable */
+                helper_kill(h, how, sizeof how);
+                helper_start(c, h, how, sizeof how);
+            }
             return -1;
         }
         if (lr == 0 && with_ref && (lr = load_slot(c, h, 1, r->ref, &cu, name, log)) != 0) {
@@ -978,11 +983,19 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
         return 0;
     if (finished(o)) {
         /* What memcheck caught ended the kernel, not the context (see
-         * hka_sanitizer_argv): the memcheck helper serves on. */
-        char what[240];
-        snprintf(what, sizeof what, h->mc_first_warn ? "errors, their records dropped (%s)" : "%s",
-                 h->mc_first);
-        mc_reset(h);
+         * hka_sanitizer_argv), so no fault reached the GPU. The helper is
+         * replaced all the same, at no cost to the device (a healthy
+         * context's end and a new one's start stall nothing, RESULTS.md
+         * section 11): the sanitizer counts its errors over its life (its
+         * --print-limit would silence the next version's, its exit status
+         * would blame the next failure on memcheck), and a report of this
+         * launch still on its way must not land in the next one's. */
+        char what[240], how[160];
+        snprintf(what, sizeof what, "%s%s%s",
+                 h->mc_first_warn ? "errors, their records dropped (" : "", h->mc_first,
+                 h->mc_first_warn ? ")" : "");
+        helper_kill(h, how, sizeof how);
+        helper_start(c, h, how, sizeof how);
         return refuse(r, HKA_KIND_MEMCHECK, kernel, 0, NULL,
                       "kernel '%s' test %d: memcheck: %s (the kernel was ended before it could "
                       "fault the GPU)",
@@ -995,9 +1008,11 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
     else
         helper_kill(h, how, sizeof how);
     mc |= h->sanitized && h->mc_errors;
-    char what[200]; /* what memcheck said, before the restart forgets it */
+    char what[240]; /* what memcheck said, before the restart forgets it */
     if (h->mc_first[0])
-        snprintf(what, sizeof what, "%s", h->mc_first);
+        snprintf(what, sizeof what, "%s%s%s",
+                 h->mc_first_warn ? "errors, their records dropped (" : "", h->mc_first,
+                 h->mc_first_warn ? ")" : "");
     else
         snprintf(what, sizeof what, "an error (compute-sanitizer exit status %d%s%.80s)",
                  HKA_SANITIZER_EXIT, h->mc_api[0] ? "; " : "", h->mc_api);

@@ -59,11 +59,16 @@
  * memcheck helper's stderr (--log-file /dev/stderr), read line by line
  * (hku_child's observer): its first error line is the refusal's reason,
  * and its exit status (HKA_SANITIZER_EXIT, when it found errors) confirms
- * it once the helper was asked to end. By default memcheck ends the
- * context at a precise error, so the launch fails and the verdict waits
- * for the sanitizer's end; a launch that comes back clean counts as clean
+ * it once the helper was asked to end. The sanitizer runs with
+ * --destroy-on-device-error kernel: a precise error (out of bounds,
+ * misaligned, an illegal address) ends the kernel alone and the launch
+ * comes back finished, its report in the log; an imprecise one (a trap)
+ * ends the context and fails the launch, and the verdict then waits for
+ * the sanitizer's end. A launch that comes back finished counts as clean
  * once the log has been quiet for 50 ms (the front end prints a little
- * after the fact), and a report read then refuses the version too.
+ * after the fact); a report read by then refuses the version. After any
+ * refusal the memcheck helper is replaced (the sanitizer counts errors
+ * over its life).
  *
  * Threads and locks (hka_canary):
  *   run_lock    one canary run at a time: held for a whole run, which its

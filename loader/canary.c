@@ -129,15 +129,16 @@ static char *sanitizer_path(const char *opt, char *why, size_t n) {
 }
 
 /* Device d's UUID as nvidia-smi -L prints it, without "GPU-". */
-static int uuid_text(hk_runtime *rt, CUdevice d, char *out, size_t n) {
+static CUresult uuid_text(hk_runtime *rt, CUdevice d, char *out, size_t n) {
     CUuuid u;
-    if (rt->drv->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
-        return -1;
+    CUresult r = rt->drv->DeviceGetUuid(&u, d);
+    if (r != CUDA_SUCCESS)
+        return r;
     const unsigned char *b = (const unsigned char *)u.bytes;
     snprintf(out, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
              b[14], b[15]);
-    return 0;
+    return CUDA_SUCCESS;
 }
 
 /* The ordinal options.canary_device names (see hotkern.h), checked: it
@@ -148,8 +149,9 @@ static int canary_device(hk_runtime *rt, int *ordinal, hk_report *rep) {
     if (!want || !*want)
         return 0;
     int count = 0;
-    if (rt->drv->DeviceGetCount(&count) != CUDA_SUCCESS)
-        count = 0;
+    CUresult r = rt->drv->DeviceGetCount(&count);
+    if (r != CUDA_SUCCESS)
+        return hkl_report_cu(rep, rt, r, "options.canary_device: cuDeviceGetCount");
     int found = -1;
     size_t digits = strspn(want, "0123456789");
     if (digits && !want[digits] && digits < 6) {
@@ -157,12 +159,17 @@ static int canary_device(hk_runtime *rt, int *ordinal, hk_report *rep) {
         if (found >= count)
             found = -1;
     } else {
-        const char *u = !strncasecmp(want, "GPU-", 4) ? want + 4 : want;
+        /* nvidia-smi -L's GPU-... of a device, or MIG-... of a MIG
+         * instance (what cuDeviceGetUuid gives for one) */
+        const char *u =
+            !strncasecmp(want, "GPU-", 4) || !strncasecmp(want, "MIG-", 4) ? want + 4 : want;
         for (int i = 0; i < count && found < 0; i++) {
             CUdevice d;
             char text[48];
-            if (rt->drv->DeviceGet(&d, i) == CUDA_SUCCESS &&
-                uuid_text(rt, d, text, sizeof text) == 0 && !strcasecmp(text, u))
+            if ((r = rt->drv->DeviceGet(&d, i)) != CUDA_SUCCESS ||
+                (r = uuid_text(rt, d, text, sizeof text)) != CUDA_SUCCESS)
+                return hkl_report_cu(rep, rt, r, "options.canary_device: cuDeviceGetUuid");
+            if (!strcasecmp(text, u))
                 found = i;
         }
     }
@@ -180,11 +187,19 @@ static int canary_device(hk_runtime *rt, int *ordinal, hk_report *rep) {
             CUDA_SUCCESS)
         return hku_fail(rep, HK_ERR_INVALID, "options.canary_device '%.80s': cannot read device %d",
                         want, found);
-    if (major * 10 + minor != rt->arch)
+    /* The images are made for the runtime's devices: the canary's must be
+     * of their architecture. */
+    if (major * 10 + minor != rt->dev[0].arch)
         return hku_fail(rep, HK_ERR_INVALID,
-                        "options.canary_device '%.80s' is device %d, sm_%d; the runtime builds for "
-                        "sm_%d, whose images would not load there",
-                        want, found, major * 10 + minor, rt->arch);
+                        "options.canary_device '%.80s' is device %d, sm_%d; the runtime's device "
+                        "is sm_%d, whose images may not load there",
+                        want, found, major * 10 + minor, rt->dev[0].arch);
+    for (int i = 0; i < rt->ndev; i++)
+        if (rt->dev[i].ordinal == found)
+            hk_log(rt, HK_LOG_WARN, "canary",
+                   "options.canary_device '%.80s' is device %d, which the runtime uses: a fault "
+                   "in a canary run stalls the program's work on it",
+                   want, found);
     *ordinal = found;
     return 0;
 }

@@ -961,13 +961,28 @@ START_TEST(memcheck_refuses_what_a_plain_run_misses) {
     ck_assert_int_eq(hk_module_version(rt, "m"), 1);
     hk_stats st = stats();
     ck_assert_int_eq(st.canary_refused_memcheck, 1);
-    ck_assert_int_eq(st.canary_helper_starts, 2); /* kept */
+    ck_assert_int_eq(st.canary_helper_starts, 3); /* replaced, though its context is whole */
     ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"memcheck\"}"), 1);
-    ck_assert_int_eq(hka_memcheck_pid(rt->canary), before);
-    ck_assert(alive(before));
-    /* The kept helper judges the next version afresh: a clean one passes. */
+    ck_assert_int_ne(hka_memcheck_pid(rt->canary), before);
+    /* The next version is judged by a helper of its own: a clean one
+     * passes. */
     ck_assert_msg(swap_tag(1, 1, HK_CANARY_REQUIRE, &rep) == 0, "%s", rep.message);
     ck_assert_msg(strstr(rep.canary, "memcheck clean"), "%s", rep.canary);
+    /* Ten bad versions in a row are each refused with their own report
+     * (a sanitizer that lived on would have stopped printing at its
+     * --print-limit of 8), and a fault after them is a fault, not blamed
+     * on memcheck's count of the earlier errors. */
+    setenv("HKFAKE_FAULT", "step@12", 1); /* seen by helpers started from now on */
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(swap_tag(11, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+        ck_assert_msg(strstr(rep.message, "memcheck: Invalid __global__ write"), "%d: %s", i,
+                      rep.message);
+    }
+    ck_assert_int_eq(stats().canary_refused_memcheck, 11);
+    ck_assert_int_eq(swap_tag(12, 0, HK_CANARY_OPTIONAL, &rep), HK_ERR_CANARY);
+    ck_assert_str_eq(rep.canary_refusal, "fault");
+    unsetenv("HKFAKE_FAULT");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     hk_report_clear(&rep);
     hk_runtime_destroy(rt);
 
@@ -1118,6 +1133,24 @@ START_TEST(canary_on_another_device) {
         ck_assert_msg(strstr(rep.canary, "1 launch passed"), "%s", rep.canary);
         hk_runtime_destroy(rt);
     }
+    /* The memcheck helper runs there too. */
+    char argv_file[PATH_MAX];
+    snprintf(argv_file, sizeof argv_file, "/tmp/hk-san-argv-dev.%d", (int)getpid());
+    setenv("HKSAN_ARGV", argv_file, 1);
+    hk_options so;
+    rt_options(&so, NULL, 2000, 1);
+    fake_init(2, 90);
+    setenv("HKFAKE_DEVICES", "2", 1);
+    so.canary_device = "1";
+    so.canary_sanitizer = 1;
+    so.canary_sanitizer_path = fake_san;
+    ck_assert_msg(hkl_runtime_create_with(&rt, &so, fake_driver(), &rep) == 0, "%s", rep.message);
+    char *sargs = slurp(argv_file);
+    ck_assert_msg(strstr(sargs, "\n--device\n1\n"), "%s", sargs);
+    free(sargs);
+    unlink(argv_file);
+    unsetenv("HKSAN_ARGV");
+    hk_runtime_destroy(rt);
     /* The default: the runtime's device. */
     ck_assert_msg(create_on(NULL, &rep) == 0, "%s", rep.message);
     char args[1024];
@@ -1139,8 +1172,8 @@ START_TEST(canary_on_another_device) {
     fake_set_device_arch(1, 80);
     o.canary_device = "1";
     ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), HK_ERR_INVALID);
-    ck_assert_msg(strstr(rep.message, "options.canary_device '1' is device 1, sm_80; the runtime "
-                                      "builds for sm_90"),
+    ck_assert_msg(strstr(rep.message, "options.canary_device '1' is device 1, sm_80; the "
+                                      "runtime's device is sm_90"),
                   "%s", rep.message);
     /* No canary: the option is not looked at. */
     o.canary = 0;

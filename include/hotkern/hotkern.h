@@ -523,9 +523,11 @@ typedef struct hk_options {
     void *log_userdata;                /* passed to log */
     int log_min_level;                 /* hk_log_level; default HK_LOG_INFO */
     const char *canary_device;         /* the device the canary helpers run on: NULL or
-                                        * "" (default) the runtime's first; a decimal
-                                        * ordinal ("1"); or a UUID as nvidia-smi -L
-                                        * prints it ("GPU-6e1f...", the "GPU-" optional).
+                                        * "" (default) the runtime's first; a CUDA
+                                        * ordinal ("1", as CUDA_VISIBLE_DEVICES and
+                                        * CUDA_DEVICE_ORDER number them); or a UUID as
+                                        * nvidia-smi -L prints it ("GPU-6e1f...",
+                                        * "MIG-..."; the prefix optional).
                                         * A fault in a canary run stalls every context
                                         * of the device it runs on (README, "Memcheck"):
                                         * on another GPU it costs the program's none.
