@@ -45,7 +45,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 # util/ is compiled into both libraries, hidden in each (util/util.h).
 UTIL_SRC := $(sort $(wildcard util/*.c))
 UTIL_OBJ := $(UTIL_SRC:%.c=$(BUILD)/obj/%.o)
-LIB_SRC  := $(sort $(filter-out ptx/helper.c,$(wildcard loader/*.c ptx/*.c watch/*.c)) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
+LIB_SRC  := $(sort $(filter-out ptx/helper.c,$(wildcard base/*.c loader/*.c ptx/*.c watch/*.c)) $(filter-out canary/helper.c,$(wildcard canary/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
@@ -416,15 +416,15 @@ fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  loader/format.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  loader/format.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
-	  loader/record.c loader/format.c util/util.c
+	  loader/record.c loader/format.c base/error.c util/util.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
 	  ptx/detect.c $(shell pkg-config --libs libsodium 2>/dev/null)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
-	  net/state.c loader/format.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin
@@ -449,7 +449,7 @@ fuzz: fuzz-build
 	    -print_final_stats=1 $(BUILD)/fuzz/corpus-$$t $$seeds; \
 	done
 
-FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
+FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
                tests/cpp/*.cc examples/*.cpp)

@@ -444,7 +444,7 @@ void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
     if (!atomic_load(&rt->nexpects) || !v->nglobals)
         return 0;
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     char skipped[256] = "";
     int err = 0;
     pthread_mutex_lock(&rt->expect_lock);

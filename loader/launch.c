@@ -376,7 +376,7 @@ static const char *attr_name(int a) {
 /* Sets one attribute (cache config: attr -1) on v's function of slot on
  * device slot d. Module loader: the context of device 0 is current. */
 static CUresult set_one(hk_runtime *rt, hkl_version *v, int slot, int d, int attr, int value) {
-    const hkl_driver *drv = rt->drv;
+    const hkb_driver *drv = rt->drv;
     void *fn = atomic_load(&v->fn)[slot];
     if (rt->opt.loader == HK_LOADER_LIBRARY)
         return attr < 0
@@ -410,11 +410,11 @@ static int attr_refused(hk_runtime *rt, hkl_version *v, const hk_kernel *k, int 
     }
     snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
     rep->cu_result = (int)r;
-    snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(rt->drv, r));
+    snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkb_cu_name(rt->drv, r));
     hku_fail(rep, HK_ERR_ATTRIBUTE,
              "kernel '%s' of '%s' version %llu does not take %s = %d on device %d: %s%s", k->name,
              k->mod->name, (unsigned long long)v->number, attr_name(attr), value,
-             rt->dev[d].ordinal, hkl_cu_name(rt->drv, r), extra);
+             rt->dev[d].ordinal, hkb_cu_name(rt->drv, r), extra);
     return HK_ERR_ATTRIBUTE;
 }
 

@@ -67,7 +67,7 @@
 
 #include "canary/canary.h"
 #include "hotkern/hotkern.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "loader/expo.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
@@ -342,8 +342,8 @@ typedef enum hkl_hook_point {
 
 struct hk_runtime {
     /* immutable after create */
-    hkl_driver drv_own;
-    const hkl_driver *drv;
+    hkb_driver drv_own;
+    const hkb_driver *drv;
     hk_options opt;
     char *cache_dir;
     hkp_cache *cache;
@@ -489,7 +489,7 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 /* The part of hk_runtime_destroy after the worker has stopped: on the
  * destroying thread, or on the worker when destroy stopped waiting for it. */
 void hkl_runtime_finish(hk_runtime *rt, double until_ms);
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep);
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 /* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */

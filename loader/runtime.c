@@ -31,7 +31,7 @@
 
 /* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
-    const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);
+    const char *name = hkb_cu_name(rt ? rt->drv : NULL, r);
     if (rep) {
         rep->cu_result = (int)r;
         snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
@@ -105,13 +105,13 @@ void hkl_ctx_pop(hk_runtime *rt) {
 }
 
 static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     hkl_device *dv = &rt->dev[slot];
     CUresult r;
     dv->ordinal = ordinal;
     if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
         hkl_report_cu(rep, rt, r, "cuDeviceGet");
-        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkb_cu_name(d, r));
         return HK_ERR_NO_DEVICE;
     }
     int major = 0, minor = 0;
@@ -196,7 +196,7 @@ static void runtime_init_locks(hk_runtime *rt) {
  * of memory. A real driver table (one with a library handle) is owned by
  * the runtime from here on, before any thread can read it; a fake one stays
  * the caller's. */
-static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkl_driver *drv) {
+static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkb_driver *drv) {
     hk_runtime *rt = calloc(1, sizeof *rt);
     hkl_rtref *ref = calloc(1, sizeof *ref);
     if (!rt || !ref) {
@@ -316,7 +316,7 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     return 0;
 }
 
-static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                        hk_report *rep) {
     static const int dev0 = 0;
     hk_options o;
@@ -340,7 +340,7 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     hk_runtime *rt = err ? NULL : runtime_new(&o, ndev, drv);
     if (!rt) {
         if (drv->dl)
-            hkl_driver_close((hkl_driver *)drv);
+            hkb_driver_close((hkb_driver *)drv);
         return err ? err : HK_ERR_NOMEM;
     }
     if ((err = attach_devices(rt, devs, ndev, rep)) < 0 || (err = runtime_start(rt, &o, rep)) < 0) {
@@ -360,12 +360,12 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     return 0;
 }
 
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep) {
     hk_report full;
     if (hkl_report_in(&full, rep) < 0) {
         if (drv->dl)
-            hkl_driver_close((hkl_driver *)drv);
+            hkb_driver_close((hkb_driver *)drv);
         return HK_ERR_INVALID;
     }
     int err = create_with(out, opt, drv, rep ? &full : NULL);
@@ -380,9 +380,9 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     hk_report full;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
-    hkl_driver d;
+    hkb_driver d;
     char why[512];
-    int err = hkl_driver_open(&d, why, sizeof why);
+    int err = hkb_driver_open(&d, why, sizeof why);
     if (err < 0)
         hku_fail(rep ? &full : NULL, err, "%s", why);
     else /* The runtime takes the table over (and closes it on destroy). */
@@ -439,7 +439,7 @@ void hkl_runtime_free(hk_runtime *rt) {
     free(rt->cache_dir);
     free(rt->headers);
     if (rt->drv == &rt->drv_own)
-        hkl_driver_close(&rt->drv_own);
+        hkb_driver_close(&rt->drv_own);
     if (rt->ref) {
         /* A graph destroyed later finds no runtime behind its pin. */
         pthread_mutex_lock(&rt->ref->lock);
@@ -675,7 +675,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
 
 /* 1 when device slot i's context is no longer the one we attached to. */
 static int context_was_reset(hk_runtime *rt, int i) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     /* A context the application created and made current is its own: we hold
      * no retain on the primary context then (so that one may well be
      * inactive), and must never swap the application's context for it. */

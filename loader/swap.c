@@ -108,7 +108,7 @@ const char *hkl_entry_name(const hkl_version *v, const char *name) {
 /* ---- driver side of a version ------------------------------------------ */
 
 int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     char *info = calloc(1, JIT_LOG_SIZE), *errlog = calloc(1, JIT_LOG_SIZE);
     int err = 0;
     if (!info || !errlog) {
@@ -190,7 +190,7 @@ CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v) {
 /* Uploads every function of v into every context now (cuFuncLoad), so the
  * first launches of the new version find their code resident. */
 static int upload_all(hk_runtime *rt, hkl_version *v, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     int err = 0;
     for (int i = 0; i < rt->ndev && !err; i++) {
         CUresult r = (CUresult)hkl_ctx_push(rt, i);
@@ -238,7 +238,7 @@ static int upload_all(hk_runtime *rt, hkl_version *v, hk_report *rep) {
  * tools such as compute-sanitizer flag). Without metadata (an image reloaded
  * after a reset) indices are probed until the driver says there are no more. */
 int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     void *fn = atomic_load(&v->fn)[k->slot];
     const char *entry = hkl_entry_name(v, k->name);
     const hkp_entry *e = NULL;
@@ -345,7 +345,7 @@ static int fn_reserve(hk_runtime *rt, hkl_version *v, int slot) {
 /* Finds k's kernel in v, checks its layout against k's and fills its slot.
  * Also used when a handle is first taken (k->layout.n < 0 then: adopt). */
 int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     const char *entry = hkl_entry_name(v, k->name);
     void *fn = NULL;
     CUresult r;
@@ -362,13 +362,13 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
         if (rep) {
             snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
             rep->cu_result = (int)r;
-            snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
+            snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkb_cu_name(d, r));
         }
         /* A C++ kernel's name holds its parameter types: a changed signature
          * renames it, which is worth saying. */
         hku_fail(rep, HK_ERR_MISSING_KERNEL,
                  "kernel '%s' is in use but missing from '%s' version %llu (%s)%s", k->name,
-                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r),
+                 k->mod->name, (unsigned long long)v->number, hkb_cu_name(d, r),
                  strncmp(k->name, "_Z", 2) ? ""
                                            : "; the name is a C++ one, which changes with the "
                                              "kernel's parameter types");
@@ -426,7 +426,7 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
 /* Copies every global present in both versions with the same size. A size
  * change is not an error (the new code wants the new shape), but reported. */
 static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     char skipped[256] = "";
     for (int g = 0; g < nv->nglobals; g++) {
         const char *name = nv->globals[g].name;

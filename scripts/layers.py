@@ -104,8 +104,10 @@ def calls(build):
         if not os.path.isdir(d):
             continue
         for name in sorted(os.listdir(d)):
-            if name.endswith(".o"):
-                objs.append(os.path.join(f, name[:-2] + ".c"))
+            src = os.path.join(f, name[:-2] + ".c")
+            # An object whose source is gone (moved or removed) is stale.
+            if name.endswith(".o") and os.path.isfile(os.path.join(ROOT, src)):
+                objs.append(src)
     if not objs:
         sys.exit("layers: no objects under %s/obj: run make first" % build)
     for src in objs:

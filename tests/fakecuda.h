@@ -24,7 +24,7 @@
 
 #include <cuda.h>
 
-#include "loader/driver.h"
+#include "base/driver.h"
 
 /* PTX the fake reads: kernels "step(u64 out, u32 n)" and optionally
  * "aux(u64)", a tag, optionally a 4-byte "counter" global; step_layout 1 and
@@ -33,7 +33,7 @@ char *fake_ptx(int tag, int with_aux, int with_counter, int step_layout);
 
 /* Resets all fake state: ndev devices of the given arch, nothing loaded. */
 void fake_init(int ndev, int arch);
-const hkl_driver *fake_driver(void);
+const hkb_driver *fake_driver(void);
 
 /* The next `nth`-th call (1 = the next one) of driver entry `entry` (the
  * cu* name) returns err. Several can be armed at once. */
