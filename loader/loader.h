@@ -99,7 +99,7 @@ typedef struct hkl_device {
 typedef struct hkl_tslot {
     /* One cache line per slot: launching threads never share a line. */
     _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
-    _Atomic int in_use;                   /* free / owned / orphaned: reclaim.c */
+    _Atomic int in_use;                   /* free / owned / orphaned: gate.c */
     struct hkl_tslot *next;               /* immutable once published on rt->slots */
     hk_runtime *rt;
 } hkl_tslot;
@@ -473,13 +473,16 @@ int hkl_swap_held(const hk_runtime *rt);
 CUstreamCaptureMode hkl_relax(hk_runtime *rt);
 void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
 
-/* The launch gate (reclaim.c). `what` (a string literal) names the driver
+/* The launch gate (gate.c). `what` (a string literal) names the driver
  * work done while it is closed, for the message logged when a closing
  * lasts longer than launch_hold_max_us and longer than any before; NULL
  * logs nothing. */
 void hkl_gate_close(hk_runtime *rt, const char *what);
 void hkl_gate_open(hk_runtime *rt);
 void hkl_gate_wait(hk_runtime *rt);
+/* The other half of hkl_enter's fence: after it, every launch entry
+ * announced before it is visible to the calling thread. */
+void hkl_heavy_fence(hk_runtime *rt);
 
 static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
     return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
@@ -609,8 +612,12 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
 void hkl_graphs_free(hk_runtime *rt);
 
-/* reclaim.c: the launch side's epoch announcement */
+/* gate.c: the launch side's epoch announcement. hkl_membarrier_register
+ * (at create) says whether the launch path may rely on hkl_heavy_fence;
+ * hkl_slots_free (at free) frees the slots no thread holds any more. */
 hkl_tslot *hkl_slot_acquire(hk_runtime *rt);
+void hkl_slots_free(hk_runtime *rt);
+int hkl_membarrier_register(void);
 typedef struct hkl_tls_entry {
     uint64_t rt_id;
     hkl_tslot *slot;
@@ -659,11 +666,9 @@ static inline void hkl_exit(hkl_tslot *s) {
 int hkl_reclaim_start(hk_runtime *rt);
 void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_retire(hk_runtime *rt, hkl_version *v);
-void hkl_slots_free(hk_runtime *rt);
 void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
 void hkl_reclaim_kick(hk_runtime *rt);                /* a pin went, or a reset is suspected */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
-int hkl_membarrier_register(void);
 void hkl_rtref_put(hkl_rtref *ref);
 
 /* record.c: one module's last-known-good record, parsed and formatted (the
