@@ -461,7 +461,7 @@ struct hk_runtime {
     _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
 };
 
-/* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
+/* context.c: swap_lock with its owner recorded. hkl_swap_lock returns 1 without
  * locking when the calling thread already holds it (a callback run under it):
  * read-only callers go on, others return HK_ERR_BUSY. */
 int hkl_swap_lock(hk_runtime *rt);
@@ -472,6 +472,12 @@ int hkl_swap_held(const hk_runtime *rt);
  * break another thread's global-mode stream capture. */
 CUstreamCaptureMode hkl_relax(hk_runtime *rt);
 void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
+/* Records a failed driver call in rep: HK_ERR_CUDA, its CUresult and name. */
+int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
+/* Makes device slot's context current on this thread (0, or the CUresult);
+ * hkl_ctx_pop takes it off again. */
+int hkl_ctx_push(hk_runtime *rt, int slot);
+void hkl_ctx_pop(hk_runtime *rt);
 
 /* The launch gate (gate.c). `what` (a string literal) names the driver
  * work done while it is closed, for the message logged when a closing
@@ -494,13 +500,10 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 void hkl_runtime_finish(hk_runtime *rt, double until_ms);
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep);
-int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
 /* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
 static inline double hkl_now_ms(void) {
     return hku_now_ms();
 }
-int hkl_ctx_push(hk_runtime *rt, int slot);
-void hkl_ctx_pop(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
 void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 

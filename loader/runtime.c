@@ -1,6 +1,6 @@
 /*
- * The runtime object: driver binding, attaching to each device's context,
- * error strings and reports, and recovery from a context reset.
+ * The runtime object: taking the driver binding over, attaching to each
+ * device's context, and recovery from a context reset.
  *
  * Attaching. The CUDA runtime API runs every call in the device's primary
  * context, unless the application made another context current on the thread.
@@ -29,17 +29,6 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 
-/* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
-int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
-    const char *name = hkb_cu_name(rt ? rt->drv : NULL, r);
-    if (rep) {
-        rep->cu_result = (int)r;
-        snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
-    }
-    hku_fail(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
-    return HK_ERR_CUDA;
-}
-
 int hk_options_init_size(hk_options *o, size_t size) {
     hk_options d;
     memset(&d, 0, sizeof d);
@@ -58,50 +47,6 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.canary_slowdown_max = 4.0;
     d.canary_slowdown_min_ms = 1.0;
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
-}
-
-/* The runtime whose swap_lock this thread holds (one at a time). */
-static __thread hk_runtime *swap_owner;
-
-int hkl_swap_lock(hk_runtime *rt) {
-    if (swap_owner == rt)
-        return 1;
-    pthread_mutex_lock(&rt->swap_lock);
-    swap_owner = rt;
-    return 0;
-}
-
-void hkl_swap_unlock(hk_runtime *rt, int nested) {
-    if (nested)
-        return;
-    swap_owner = NULL;
-    pthread_mutex_unlock(&rt->swap_lock);
-}
-
-int hkl_swap_held(const hk_runtime *rt) {
-    return swap_owner == rt;
-}
-
-CUstreamCaptureMode hkl_relax(hk_runtime *rt) {
-    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (rt->drv->ThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS)
-        m = CU_STREAM_CAPTURE_MODE_RELAXED;
-    return m;
-}
-
-void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old) {
-    if (old != CU_STREAM_CAPTURE_MODE_RELAXED)
-        rt->drv->ThreadExchangeStreamCaptureMode(&old);
-}
-
-int hkl_ctx_push(hk_runtime *rt, int slot) {
-    CUresult r = rt->drv->CtxPushCurrent(hkl_ctx(rt, slot));
-    return r == CUDA_SUCCESS ? 0 : (int)r;
-}
-
-void hkl_ctx_pop(hk_runtime *rt) {
-    CUcontext dummy;
-    rt->drv->CtxPopCurrent(&dummy);
 }
 
 static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) {
