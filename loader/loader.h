@@ -531,8 +531,8 @@ void hkl_source_detach(hk_runtime *rt, hkl_source *src);
 void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
                             int n);
 
-/* log.c. hkl_emit (swap.c) logs the event, then hands it to on_event
- * through hkl_emit_quiet, which a source that logged already uses. */
+/* log.c. hkl_emit logs the event, then hands it to on_event through
+ * hkl_emit_quiet, which a source that logged already uses. */
 void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
 void hkl_log_fini(hk_runtime *rt);
 /* From hk_runtime_destroy: from now on no callback of rt (log or event) is
@@ -544,6 +544,43 @@ void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint6
                    uint64_t newv, const char *origin, const hk_report *rep);
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                     uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep);
+
+/* version.c: version operations (see the top of version.c).
+ * - hkl_module_find: m named name, or NULL (swap_lock).
+ * - hkl_version_new: an empty version number of m in the current context
+ *   generation (NULL without memory); hkl_version_free frees it and what it
+ *   holds (unloaded first).
+ * - hkl_load_version / hkl_upload_version: the driver loads v's image, and
+ *   uploads its code into every context (launch gate closed). 0 or the
+ *   error, rep saying why.
+ * - hkl_unload_version: CUDA_SUCCESS when v's code is gone (or went with a
+ *   reset context), else the error of an unload worth trying again.
+ * - hkl_resolve_slot: finds k's kernel in v and fills its slot (and,
+ *   library loader, the slot's CUfunction in every context). swap_lock
+ *   held and the launch gate closed.
+ * - hkl_carry_globals: copies every global of old that nv has with the
+ *   same size into nv (gate closed); a size change is noted in rep.
+ * - hkl_retire: hands v (replaced, or never published) to the reclaim
+ *   thread; hkl_reclaim_kick wakes it (a pin went, a reset is suspected). */
+hkl_module *hkl_module_find(hk_runtime *rt, const char *name);
+hkl_version *hkl_version_new(hk_runtime *rt, hkl_module *m, uint64_t number);
+void hkl_version_free(hkl_version *v);
+const char *hkl_entry_name(const hkl_version *v, const char *name);
+int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
+int hkl_upload_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
+CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
+int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
+int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
+void hkl_layout_free(hkl_param_layout *l);
+/* Describes how two layouts differ into buf ("had 2 parameters, now 3"), or
+ * returns 0 when they are equal. */
+int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
+int hkl_carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep);
+void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
+void hkl_retire(hk_runtime *rt, hkl_version *v);
+void hkl_reclaim_kick(hk_runtime *rt);
 
 /* metrics.c: one committed swap of total_ms (stats_lock held). */
 void hkl_hist_observe(hkl_hist *h, double total_ms);
@@ -566,7 +603,6 @@ int hkl_build_start(hk_runtime *rt, hk_report *rep);
 char *hkl_helper_path(const char *opt, const char *env, const char *name);
 
 /* swap.c */
-hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */
 void hkl_job_free(hkl_job *job);
 /* Swaps in a job whose artifact is filled already (lkg.c's restore), as a
  * built hk_swap is: swap_lock taken here, outcome emitted. */
@@ -587,26 +623,13 @@ int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_
 int hkl_worker_stop(hk_runtime *rt, double until_ms);
 /* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
 void hkl_worker_drain(hk_runtime *rt);
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
-              const char *origin, const hk_report *rep);
-/* Finds k's kernel in v and fills its slot (and, library loader, the slot's
- * CUfunction in every context). swap_lock held and the launch gate closed. */
-int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
-int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
-CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
-void hkl_version_free(hkl_version *v);
-void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
-const char *hkl_entry_name(const hkl_version *v, const char *name);
-int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
-int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
-void hkl_layout_free(hkl_param_layout *l);
-/* Describes how two layouts differ into buf ("had 2 parameters, now 3"), or
- * returns 0 when they are equal. */
-int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
 
 /* launch.c */
 /* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
 int hkl_kernels_reserve(hkl_module *m);
+/* Applies the attributes set through k to its kernel in v (swap_lock held,
+ * gate closed): 0 or the driver's refusal, rep saying which. */
+int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
 /* hk_launch_ex with a driver launch configuration as the caller has it (its
  * attributes passed on as they are): for the <<<>>> interposition. */
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
@@ -668,9 +691,7 @@ static inline void hkl_exit(hkl_tslot *s) {
 /* reclaim.c */
 int hkl_reclaim_start(hk_runtime *rt);
 void hkl_reclaim_stop(hk_runtime *rt);
-void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
-void hkl_reclaim_kick(hk_runtime *rt);                /* a pin went, or a reset is suspected */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
 void hkl_rtref_put(hkl_rtref *ref);
 

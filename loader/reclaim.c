@@ -45,24 +45,6 @@
 
 #include "loader/loader.h"
 
-void hkl_retire(hk_runtime *rt, hkl_version *v) {
-    v->retire_epoch = atomic_fetch_add(&rt->epoch, 1) + 1;
-    pthread_mutex_lock(&rt->rec_lock);
-    v->next = rt->retired;
-    rt->retired = v;
-    rt->nretired++;
-    rt->rec_kick = 1; /* even while a pass runs: it must not sleep after it */
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
-}
-
-void hkl_reclaim_kick(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_kick = 1;
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
-}
-
 /* 1 when no host thread can still reach v. */
 static int grace_over(hk_runtime *rt, const hkl_version *v) {
     for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next) {

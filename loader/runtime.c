@@ -665,13 +665,10 @@ static int replace_contexts(hk_runtime *rt) {
  * NULL when that fails. */
 static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_version *old,
                                    hk_report *rep) {
-    hkl_version *nv = calloc(1, sizeof *nv);
+    hkl_version *nv = hkl_version_new(rt, m, old->number);
     if (!nv)
         return NULL;
-    *nv = (hkl_version){.number = old->number,
-                        .mod = m,
-                        .format = old->format,
-                        .ctx_gen = atomic_load(&rt->reset_gen)};
+    nv->format = old->format;
     nv->image = malloc(old->size);
     if (!nv->image) {
         free(nv);
@@ -679,10 +676,6 @@ static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_vers
     }
     memcpy(nv->image, old->image, old->size);
     nv->size = old->size;
-    atomic_init(&nv->fn, NULL);
-    atomic_init(&nv->funcs, NULL);
-    atomic_init(&nv->cap, 0);
-    atomic_init(&nv->pins, 0);
     if (hkl_load_version(rt, nv, rep) < 0) {
         hkl_version_free(nv);
         return NULL;
