@@ -183,6 +183,15 @@ typedef struct capture_pin {
     hkl_version *v;
 } capture_pin;
 
+/* Drops one reference of the runtime's hkl_rtref (the runtime's own, or a
+ * captured launch's), freeing it with the last. */
+void hkl_rtref_put(hkl_rtref *ref) {
+    if (atomic_fetch_sub(&ref->refs, 1) == 1) {
+        pthread_mutex_destroy(&ref->lock);
+        free(ref);
+    }
+}
+
 /* Runs on a driver thread: no CUDA call here. */
 static void capture_pin_release(void *arg) {
     capture_pin *p = arg;

@@ -507,7 +507,7 @@ static inline double hkl_now_ms(void) {
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
 void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
-/* runtime.c: sources. None of these may be called from a hook.
+/* source.c: sources. None of these may be called from a hook.
  *
  * hkl_source_attach attaches src (owned by the caller, which keeps it valid
  * until it is detached or released). Returns 0, HK_ERR_INVALID, or
@@ -530,6 +530,9 @@ void hkl_source_detach(hk_runtime *rt, hkl_source *src);
 /* Calls deps_built of every attached source (worker thread, no lock held). */
 void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
                             int n);
+/* Detaches every source and calls each one's release hook (destroy, no
+ * lock held). */
+void hkl_sources_release(hk_runtime *rt);
 
 /* log.c. hkl_emit logs the event, then hands it to on_event through
  * hkl_emit_quiet, which a source that logged already uses. */
@@ -637,6 +640,7 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
                         hk_report *rep);
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
 void hkl_graphs_free(hk_runtime *rt);
+void hkl_rtref_put(hkl_rtref *ref);
 
 /* gate.c: the launch side's epoch announcement. hkl_membarrier_register
  * (at create) says whether the launch path may rely on hkl_heavy_fence;
@@ -693,7 +697,6 @@ int hkl_reclaim_start(hk_runtime *rt);
 void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
-void hkl_rtref_put(hkl_rtref *ref);
 
 /* record.c: one module's last-known-good record, parsed and formatted (the
  * format is described there). */

@@ -351,13 +351,6 @@ static void module_free(hkl_module *m) {
     free(m);
 }
 
-void hkl_rtref_put(hkl_rtref *ref) {
-    if (atomic_fetch_sub(&ref->refs, 1) == 1) {
-        pthread_mutex_destroy(&ref->lock);
-        free(ref);
-    }
-}
-
 /* Frees what is left once the reclaim thread has unloaded every version:
  * from hk_runtime_destroy, or from the reclaim thread itself when destroy
  * stopped waiting for it. */
@@ -412,91 +405,6 @@ void hkl_runtime_free(hk_runtime *rt) {
     free(rt);
 }
 
-int hkl_source_attach(hk_runtime *rt, hkl_source *src) {
-    int err = 0;
-
-    if (!rt || !src)
-        return HK_ERR_INVALID;
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source *s = rt->sources; s; s = s->next) {
-        if (s == src || (src->kind && s->kind == src->kind)) {
-            err = HK_ERR_BUSY;
-            break;
-        }
-    }
-    if (!err) {
-        src->next = rt->sources;
-        rt->sources = src;
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-    return err;
-}
-
-hkl_source *hkl_source_get(hk_runtime *rt, const void *kind, hkl_source *(*make)(void *arg),
-                           void *arg, int *made) {
-    hkl_source *s;
-
-    *made = 0;
-    if (!rt || !kind)
-        return NULL;
-    pthread_mutex_lock(&rt->src_lock);
-    for (s = rt->sources; s && s->kind != kind; s = s->next) {
-    }
-    if (!s && make && (s = make(arg)) != NULL) {
-        s->kind = kind;
-        s->next = rt->sources;
-        rt->sources = s;
-        *made = 1;
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-    return s;
-}
-
-void hkl_source_detach(hk_runtime *rt, hkl_source *src) {
-    if (!rt || !src)
-        return;
-    /* Hooks run under src_lock: once it is ours, none of src's is running. */
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source **pp = &rt->sources; *pp; pp = &(*pp)->next) {
-        if (*pp == src) {
-            *pp = src->next;
-            src->next = NULL;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-}
-
-void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
-                            int n) {
-    if (!source_name)
-        return;
-    /* Held across the hooks so that a source cannot be released under one;
-     * they take only their own locks, briefly. */
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source *s = rt->sources; s; s = s->next) {
-        if (s->deps_built)
-            s->deps_built(s->ctx, source_name, deps, n);
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-}
-
-/* Detaches every source and releases each, outside src_lock: a source's
- * thread may be submitting meanwhile, and the worker reporting a build. */
-static void sources_release(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->src_lock);
-    hkl_source *s = rt->sources;
-    rt->sources = NULL;
-    pthread_mutex_unlock(&rt->src_lock);
-    while (s) {
-        hkl_source *next = s->next; /* release may free s */
-        s->next = NULL;
-        if (s->release)
-            s->release(s->ctx);
-        s = next;
-    }
-}
-
 /* Destroy is bounded by destroy_wait_ms in every state. What can take
  * longer does not hold it: a canary run or an isolated build in progress is
  * cut short (its helper's socket shut down); an in-process NVRTC compile,
@@ -510,7 +418,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
         return;
     double until = hkl_now_ms() + rt->opt.destroy_wait_ms;
     hkl_callbacks_close(rt, until);
-    sources_release(rt);
+    hkl_sources_release(rt);
     hka_cancel(rt->canary);
     hkp_iso_cancel(rt->iso);
     hkp_warm_stop_by(rt->warm, until);
@@ -573,49 +481,6 @@ void *hk_runtime_context(hk_runtime *rt, int slot) {
 
 int hk_runtime_arch(hk_runtime *rt) {
     return rt ? rt->arch : 0;
-}
-
-int hk_stats_get(hk_runtime *rt, hk_stats *user) {
-    if (!rt || !user || hkl_size_of(user) < HKL_STATS_SIZE0)
-        return HK_ERR_INVALID;
-    hk_stats full;
-    hk_stats *out = &full;
-    pthread_mutex_lock(&rt->stats_lock);
-    *out = rt->stats;
-    out->size = sizeof *out;
-    pthread_mutex_unlock(&rt->stats_lock);
-    pthread_mutex_lock(&rt->rec_lock);
-    out->retired_loaded = (uint64_t)rt->nretired;
-    pthread_mutex_unlock(&rt->rec_lock);
-    out->gate_closes = atomic_load(&rt->gate_closes);
-    out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
-    out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
-    if (rt->cache) {
-        uint64_t h, m, b;
-        hkp_cache_stats(rt->cache, &h, &m, &b);
-        out->cache_hits = h;
-        out->cache_misses = m;
-    }
-    if (rt->canary) {
-        hka_counters n;
-        hka_counts(rt->canary, &n);
-        out->canary_runs = n.runs;
-        out->canary_refused = n.refused;
-        out->canary_helper_starts = n.starts;
-        out->canary_refused_fault = n.refused_by[HKA_KIND_FAULT];
-        out->canary_refused_hang = n.refused_by[HKA_KIND_HANG];
-        out->canary_refused_mismatch = n.refused_by[HKA_KIND_MISMATCH];
-        out->canary_refused_slower = n.refused_by[HKA_KIND_SLOWER];
-        out->canary_refused_memcheck = n.refused_by[HKA_KIND_MEMCHECK];
-        out->canary_refused_could_not_run = n.refused_by[HKA_KIND_NOT_RUN];
-        out->canary_ms_total = n.ms_total;
-        out->canary_last_new_ms = n.last_new_ms;
-        out->canary_last_old_ms = n.last_old_ms;
-        out->canary_sanitizer = (uint64_t)n.sanitizer;
-    }
-    hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
-    hkl_sized_out(user, out, sizeof *out);
-    return 0;
 }
 
 /* 1 when device slot i's context is no longer the one we attached to. */
