@@ -504,8 +504,6 @@ int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_d
 static inline double hkl_now_ms(void) {
     return hku_now_ms();
 }
-int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
-void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
 /* source.c: sources. None of these may be called from a hook.
  *
@@ -584,6 +582,10 @@ int hkl_carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_repo
 void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_reclaim_kick(hk_runtime *rt);
+
+/* reset.c: recovery from a context reset (see there). */
+int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
+void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
 /* metrics.c: one committed swap of total_ms (stats_lock held). */
 void hkl_hist_observe(hkl_hist *h, double total_ms);
