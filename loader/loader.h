@@ -396,6 +396,14 @@ struct hk_runtime {
     uint64_t fences;           /* rec_lock: heavy fences paid (tests read it) */
     void (*hook)(hk_runtime *, hkl_hook_point); /* immutable: tests only */
 
+    /* Immutable once the threads start: the parts of runtime.c's teardown
+     * that the reclaim thread (rec_free) and the worker (worker_finish) run
+     * themselves when destroy stopped waiting for them, passed down by
+     * hkl_reclaim_start and hkl_worker_start (no floor below runtime.c
+     * calls it by name). */
+    void (*rec_free)(hk_runtime *rt);
+    void (*worker_finish)(hk_runtime *rt, double until_ms);
+
     pthread_mutex_t work_lock;
     pthread_cond_t work_cond;
     pthread_cond_t idle_cond;
@@ -495,9 +503,6 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
 }
 
 /* runtime.c */
-/* The part of hk_runtime_destroy after the worker has stopped: on the
- * destroying thread, or on the worker when destroy stopped waiting for it. */
-void hkl_runtime_finish(hk_runtime *rt, double until_ms);
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep);
 /* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
@@ -612,7 +617,10 @@ void hkl_job_free(hkl_job *job);
 /* Swaps in a job whose artifact is filled already (lkg.c's restore), as a
  * built hk_swap is: swap_lock taken here, outcome emitted. */
 int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
-int hkl_worker_start(hk_runtime *rt);
+/* Starts the worker. finish is the rest of hk_runtime_destroy after the
+ * worker has stopped (runtime.c's), which the worker runs itself when
+ * destroy stopped waiting for its build. */
+int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));
 /* hk_submit for a source whose submissions of a module replace each other
  * (the watcher: each save holds the whole new content). A job submitted
  * this way is superseded by a later one of the same module submitted this
@@ -624,7 +632,7 @@ int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_
                       const hk_swap_options *opt);
 /* Stops the worker, waiting for a build in progress until until_ms
  * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
- * hkl_runtime_finish itself when its build returns). */
+ * the teardown itself when its build returns). */
 int hkl_worker_stop(hk_runtime *rt, double until_ms);
 /* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
 void hkl_worker_drain(hk_runtime *rt);
@@ -694,8 +702,10 @@ static inline void hkl_exit(hkl_tslot *s) {
     atomic_store_explicit(&s->active, 0, memory_order_release);
 }
 
-/* reclaim.c */
-int hkl_reclaim_start(hk_runtime *rt);
+/* reclaim.c. hkl_reclaim_start starts the reclaim thread; free_rt frees
+ * the runtime (runtime.c's), which the thread calls after its final pass
+ * when destroy stopped waiting for it. */
+int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
 void hkl_reclaim_stop(hk_runtime *rt);
 void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */

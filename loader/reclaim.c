@@ -243,8 +243,6 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     pthread_cond_timedwait(c, m, &ts);
 }
 
-void hkl_runtime_free(hk_runtime *rt); /* runtime.c */
-
 static void *reclaim_main(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-reclaim");
@@ -297,11 +295,12 @@ static void *reclaim_main(void *arg) {
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     if (abandoned)
-        hkl_runtime_free(rt);
+        rt->rec_free(rt);
     return NULL;
 }
 
-int hkl_reclaim_start(hk_runtime *rt) {
+int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt)) {
+    rt->rec_free = free_rt;
     if (pthread_create(&rt->rec_thread, NULL, reclaim_main, rt))
         return HK_ERR_NOMEM;
     rt->rec_started = 1;

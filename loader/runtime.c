@@ -24,6 +24,10 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 
+/* The teardown (below), parts of which the threads started here may run. */
+static void runtime_free(hk_runtime *rt);
+static void runtime_finish(hk_runtime *rt, double until);
+
 int hk_options_init_size(hk_options *o, size_t size) {
     hk_options d;
     memset(&d, 0, sizeof d);
@@ -249,7 +253,10 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
         return err;
     if ((err = hkl_canary_start(rt, rep)) < 0)
         return err;
-    if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
+    /* Each thread is given the part of the teardown it runs itself when
+     * destroy stops waiting for it. */
+    if ((err = hkl_reclaim_start(rt, runtime_free)) < 0 ||
+        (err = hkl_worker_start(rt, runtime_finish)) < 0) {
         hku_fail(rep, err, "cannot start hotkern threads");
         return err;
     }
@@ -348,9 +355,8 @@ static void module_free(hkl_module *m) {
 
 /* Frees what is left once the reclaim thread has unloaded every version:
  * from hk_runtime_destroy, or from the reclaim thread itself when destroy
- * stopped waiting for it. */
-void hkl_runtime_free(hk_runtime *rt);
-void hkl_runtime_free(hk_runtime *rt) {
+ * stopped waiting for it (hkl_reclaim_start is given this function). */
+static void runtime_free(hk_runtime *rt) {
     hkl_lkg_close(rt); /* no commit or launch any more: records what ran long
                         * enough as known good, unlocks the state directory */
     hkl_graphs_free(rt);
@@ -404,7 +410,7 @@ void hkl_runtime_free(hk_runtime *rt) {
  * longer does not hold it: a canary run or an isolated build in progress is
  * cut short (its helper's socket shut down); an in-process NVRTC compile,
  * which cannot be interrupted, is left to the worker, which finishes the
- * teardown when it returns (hkl_runtime_finish); unloads that wait for
+ * teardown when it returns (runtime_finish); unloads that wait for
  * running kernels are left to the reclaim thread, which frees the runtime
  * when its final pass ends. From the start no callback is called from any
  * of hotkern's threads (log.c), so none runs after destroy returns. */
@@ -425,10 +431,13 @@ void hk_runtime_destroy(hk_runtime *rt) {
         hkl_lkg_release(rt, 1);
         return;
     }
-    hkl_runtime_finish(rt, until);
+    runtime_finish(rt, until);
 }
 
-void hkl_runtime_finish(hk_runtime *rt, double until) {
+/* The part of hk_runtime_destroy after the worker has stopped: on the
+ * destroying thread, or on the worker when destroy stopped waiting for it
+ * (hkl_worker_start is given this function). */
+static void runtime_finish(hk_runtime *rt, double until) {
     hkl_worker_drain(rt);
     hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
@@ -465,7 +474,7 @@ void hkl_runtime_finish(hk_runtime *rt, double until) {
     int joined = hkl_reclaim_join(rt, left > 0 ? (int)left : 0) == 0;
     hkl_lkg_release(rt, !joined);
     if (joined)
-        hkl_runtime_free(rt);
+        runtime_free(rt);
 }
 
 void *hk_runtime_context(hk_runtime *rt, int slot) {

@@ -1159,12 +1159,13 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&rt->work_lock);
     if (abandoned) {
         pthread_detach(pthread_self());
-        hkl_runtime_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
+        rt->worker_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
     }
     return NULL;
 }
 
-int hkl_worker_start(hk_runtime *rt) {
+int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms)) {
+    rt->worker_finish = finish;
     if (pthread_create(&rt->worker, NULL, worker_main, rt))
         return HK_ERR_NOMEM;
     rt->worker_started = 1;
