@@ -594,6 +594,13 @@ void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
 /* metrics.c: one committed swap of total_ms (stats_lock held). */
 void hkl_hist_observe(hkl_hist *h, double total_ms);
+/* A swap's outcome into the counters (stats_lock taken here): committed or
+ * refused, a rollback or not, and the times of its report. */
+void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep);
+/* Fills rep's total (since t_start, hkl_now_ms; 0: not known) and the part
+ * of it no step accounts for (waiting for the lock, a safe point, reset
+ * recovery). */
+void hkl_report_times(hk_report *rep, double t_start);
 /* The engine's families from a snapshot of its counters (h may be NULL). */
 void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
 
@@ -612,12 +619,24 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 int hkl_build_start(hk_runtime *rt, hk_report *rep);
 char *hkl_helper_path(const char *opt, const char *env, const char *name);
 
-/* swap.c */
+/* job.c: hkl_job_new makes a job of module name from the caller's image and
+ * options, copying them (0, HK_ERR_INVALID for a name that could not be
+ * recorded or an empty image, HK_ERR_NOMEM); hkl_job_free frees it and all
+ * it owns (NULL is fine). */
+int hkl_job_new(hkl_job **out, const char *name, const void *data, size_t size,
+                const hk_swap_options *opt);
 void hkl_job_free(hkl_job *job);
-/* Swaps in a job whose artifact is filled already (lkg.c's restore), as a
- * built hk_swap is: swap_lock taken here, outcome emitted. */
+
+/* swap.c: the swap transaction. hkl_swap_job swaps in a built job (its
+ * artifact filled: by the build step, or by restore): swap_lock taken here
+ * (HK_ERR_BUSY when this thread holds it already: a check callback),
+ * outcome counted and emitted. Returns 0 (committed, or the running
+ * version is this image already) or the refusal. The job stays the
+ * caller's. */
 int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
-/* Starts the worker. finish is the rest of hk_runtime_destroy after the
+
+/* worker.c: hk_swap, hk_submit, the worker thread and safe points.
+ * Starts the worker. finish is the rest of hk_runtime_destroy after the
  * worker has stopped (runtime.c's), which the worker runs itself when
  * destroy stopped waiting for its build. */
 int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));

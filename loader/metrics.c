@@ -222,6 +222,37 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
     return 0;
 }
 
+/* ---- what swaps cost --------------------------------------------------- */
+
+void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
+    pthread_mutex_lock(&rt->stats_lock);
+    if (committed) {
+        rt->stats.swaps++;
+        rt->stats.rollbacks += rollback != 0;
+        rt->stats.live_versions++;
+        rt->stats.last_swap_ms = rep->total_ms;
+        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
+    } else {
+        rt->stats.refused++;
+    }
+    rt->stats.build_ms_total += rep->build_ms;
+    rt->stats.stage_ms_total += rep->stage_ms;
+    rt->stats.commit_ms_total += rep->commit_ms;
+    pthread_mutex_unlock(&rt->stats_lock);
+}
+
+/* Fills the report's total and the part of it no step accounts for
+ * (waiting for the lock, a safe point, reset recovery). */
+void hkl_report_times(hk_report *rep, double t_start) {
+    if (!rep || !t_start)
+        return;
+    rep->total_ms = hkl_now_ms() - t_start;
+    double w = rep->total_ms - rep->build_ms - rep->stage_ms - rep->commit_ms;
+    rep->wait_ms = w > 0 ? w : 0;
+}
+
+/* ---- the text --------------------------------------------------------- */
+
 /* Sources in the order they were attached (the list is newest first). */
 static void walk(hkl_source *s, hk_metrics_writer *w) {
     if (!s)

@@ -1,11 +1,10 @@
 /*
- * The swap transaction: build -> stage -> validate -> commit, or roll back.
+ * The swap transaction: (build, canary ->) stage -> validate -> commit, or
+ * roll back.
  *
- * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
- *          compile cache). No driver call and no lock: it runs on the caller's
- *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
- * canary   the version's declared test launches run in the canary helper
- *          process (loader/canary.c, canary/), on the same thread, no lock held.
+ * build    ptx/ turns the input into a loadable image, and the canary runs
+ *          its declared test launches: both before this file, no lock held
+ *          (worker.c). A job reaches hkl_swap_job built.
  * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
  *          with JIT options and log buffers) and uploads every function into
  *          every context (cuFuncLoad). Uploading waits for the context's
@@ -19,12 +18,15 @@
  *          version holds the code of every device), registered graphs are
  *          retargeted, and the old version is handed to the reclaim thread.
  * Any failure before commit unloads the new version; the old one never
- * stopped running. Swaps of one runtime are serialised by swap_lock.
+ * stopped running. Swaps of one runtime are serialised by swap_lock. A
+ * rollback (hk_rollback) is the same transaction over a job that builds
+ * nothing: the module's kept image before its newest.
  *
- * In the code: job_build is the build, ending with the canary
- * (hkl_canary_check); swap_locked runs the rest as one function per step
+ * In the code: hkl_swap_job takes swap_lock (and checks for a context
+ * reset first, reset.c); swap_locked runs the rest as one function per step
  * (stage, validate, commit, roll_back) over a swap_txn, after
  * version_from_build and adopt_build have made the built artifact a version.
+ * The version operations each step uses are version.c's.
  *
  * The driver sections of stage/validate and of commit run with the launch
  * gate closed (loader.h): under continuous launches the driver would make
@@ -39,14 +41,6 @@
 
 #include "loader/abi.h"
 #include "loader/loader.h"
-
-int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
-    hk_swap_options d;
-    memset(&d, 0, sizeof d);
-    d.carry_globals = 1;
-    d.stage = HK_STAGE_AUTO;
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_SWAP_OPTIONS_SIZE0);
-}
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
     hkl_param_layout now;
@@ -120,23 +114,6 @@ static hkl_module *module_get_or_create(hk_runtime *rt, const char *name) {
     m->next = rt->modules;
     rt->modules = m;
     return m;
-}
-
-static void count(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
-    pthread_mutex_lock(&rt->stats_lock);
-    if (committed) {
-        rt->stats.swaps++;
-        rt->stats.rollbacks += rollback != 0;
-        rt->stats.live_versions++;
-        rt->stats.last_swap_ms = rep->total_ms;
-        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
-    } else {
-        rt->stats.refused++;
-    }
-    rt->stats.build_ms_total += rep->build_ms;
-    rt->stats.stage_ms_total += rep->stage_ms;
-    rt->stats.commit_ms_total += rep->commit_ms;
-    pthread_mutex_unlock(&rt->stats_lock);
 }
 
 /* 1 when old holds exactly the image (and name expressions) job built. */
@@ -464,20 +441,10 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback
     return 0;
 }
 
-/* Fills the report's total and the part of it no step accounts for
- * (waiting for the lock, a safe point, reset recovery). */
-static void report_times(hk_report *rep, double t_start) {
-    if (!rep || !t_start)
-        return;
-    rep->total_ms = hkl_now_ms() - t_start;
-    double w = rep->total_ms - rep->build_ms - rep->stage_ms - rep->commit_ms;
-    rep->wait_ms = w > 0 ? w : 0;
-}
-
 /* Swaps a built job in (never a rollback: hk_rollback runs its own). Takes
  * swap_lock, unless this thread holds it already (a check callback):
  * HK_ERR_BUSY then. */
-static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
@@ -508,325 +475,19 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
         hkl_emit_reset(rt);
     if (err < 0 && rep && hkl_lkg_sticky(rep->cu_result))
         hkl_lkg_lost(rt, rep->cu_result, "a swap's driver call");
-    report_times(rep, job->t_start);
+    hkl_report_times(rep, job->t_start);
     if (err == 1) {
         hk_log(rt, HK_LOG_DEBUG, "engine", "%s from %s: v%llu runs this image already", job->name,
                job->origin ? job->origin : "api", (unsigned long long)oldv);
         return 0; /* unchanged: no new version, no event */
     }
-    count(rt, err == 0, 0, rep);
+    hkl_count_swap(rt, err == 0, 0, rep);
     hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_COMMITTED, job->name, oldv,
              err ? 0 : rep->version, job->origin, rep);
     return err;
 }
 
-int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
-    return swap_built(rt, job, rep);
-}
-
-/* ---- jobs ------------------------------------------------------------- */
-
-void hkl_job_free(hkl_job *job) {
-    if (!job)
-        return;
-    free(job->data);
-    free(job->origin);
-    free(job->source_name);
-    hku_strv_free(job->nvrtc_options, job->opt.nnvrtc_options);
-    hku_strv_free(job->name_expressions, job->opt.nname_expressions);
-    free(job->headers);
-    hkp_artifact_free(&job->art);
-    free(job);
-}
-
-static int job_new(hkl_job **out, const char *name, const void *data, size_t size,
-                   const hk_swap_options *opt) {
-    /* A name that could not be recorded or logged is refused here, before
-     * anything is built (util/util.h, hku_name_check). */
-    if (hku_name_check(name, NULL, 0) < 0 || !data || !size)
-        return HK_ERR_INVALID;
-    hkl_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return HK_ERR_NOMEM;
-    snprintf(j->name, sizeof j->name, "%s", name);
-    if (hkl_swap_options_in(&j->opt, opt) < 0) {
-        free(j);
-        return HK_ERR_INVALID;
-    }
-    j->data = malloc(size);
-    j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
-    j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
-    j->nvrtc_options = hku_strv_dup(j->opt.nvrtc_options, j->opt.nnvrtc_options);
-    j->name_expressions = hku_strv_dup(j->opt.name_expressions, j->opt.nname_expressions);
-    if (!j->data || !j->origin || (j->opt.source_name && !j->source_name) ||
-        (j->opt.nnvrtc_options > 0 && !j->nvrtc_options) ||
-        (j->opt.nname_expressions > 0 && !j->name_expressions)) {
-        if (!j->nvrtc_options)
-            j->opt.nnvrtc_options = 0;
-        if (!j->name_expressions)
-            j->opt.nname_expressions = 0;
-        hkl_job_free(j);
-        return HK_ERR_NOMEM;
-    }
-    int herr =
-        hku_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
-    if (herr < 0) {
-        hkl_job_free(j);
-        return herr;
-    }
-    j->opt.headers = j->headers;
-    if (!j->headers)
-        j->opt.nheaders = 0;
-    memcpy(j->data, data, size);
-    j->size = size;
-    /* The copies replace the caller's pointers, which die with the call. */
-    j->opt.nvrtc_options = (const char *const *)j->nvrtc_options;
-    j->opt.name_expressions = (const char *const *)j->name_expressions;
-    j->opt.source_name = j->source_name;
-    j->opt.origin = j->origin;
-    *out = j;
-    return 0;
-}
-
-/* Adds to a CUDA C job the name expressions that instantiate the
- * program's template kernels its source declares (expect.c), after the
- * caller's own. */
-static int add_program_exprs(hk_runtime *rt, hkl_job *j) {
-    hk_format fmt = j->opt.format;
-    char why[64];
-    if (fmt == HK_FORMAT_AUTO && hkp_detect(j->data, j->size, &fmt, why, sizeof why) < 0)
-        return 0;
-    if (fmt != HK_FORMAT_CUDA_C)
-        return 0;
-    char **extra = NULL;
-    int n = 0, have = j->opt.nname_expressions;
-    hkl_expect_exprs(rt, j->data, j->size, &extra, &n);
-    int added = 0;
-    for (int i = 0; i < n; i++) {
-        int dup = 0;
-        for (int k = 0; k < have + added && !dup; k++)
-            dup = !strcmp(j->name_expressions[k], extra[i]);
-        char **v =
-            dup ? NULL : realloc(j->name_expressions, (size_t)(have + added + 1) * sizeof *v);
-        if (v) {
-            v[have + added++] = extra[i];
-            j->name_expressions = v;
-            extra[i] = NULL;
-        }
-    }
-    hku_strv_free(extra, n);
-    j->opt.nname_expressions = have + added;
-    j->opt.name_expressions = (const char *const *)j->name_expressions;
-    return 0;
-}
-
-/* HK_ERR_SUPERSEDED, with rep saying so, when j (from hkl_submit_latest) has
- * a later job of its module queued behind it that supersedes it; else 0.
- * when says when the later one came ("during its build"). Takes work_lock. */
-static int superseded(hk_runtime *rt, const hkl_job *j, const char *when, hk_report *rep) {
-    if (!j->latest)
-        return 0;
-    uint64_t by = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    for (const hkl_job *q = rt->jobs; q; q = q->next) {
-        if (q->latest && q->seq > j->seq && !strcmp(q->name, j->name))
-            by = q->seq;
-    }
-    pthread_mutex_unlock(&rt->work_lock);
-    if (!by)
-        return 0;
-    if (rep)
-        snprintf(rep->module, sizeof rep->module, "%s", j->name);
-    return hku_fail(rep, HK_ERR_SUPERSEDED,
-                    "'%s' from %s: a newer version of it was submitted %s (submission %llu "
-                    "after %llu): only the newest is built and committed",
-                    j->name, j->origin, when, (unsigned long long)by, (unsigned long long)j->seq);
-}
-
-/* Runs the build step of a job. No lock held. */
-static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
-    add_program_exprs(rt, j);
-    hkp_build_opts bo = {
-        .arch = rt->arch,
-        .ptx_to_cubin = rt->opt.ptx_mode == HK_PTX_NVJITLINK,
-        .opt_level = rt->opt.jit_opt_level,
-        .nvrtc_options = j->opt.nvrtc_options,
-        .nnvrtc_options = j->opt.nnvrtc_options,
-        .name_expressions = j->opt.name_expressions,
-        .nname_expressions = j->opt.nname_expressions,
-        .source_name = j->source_name ? j->source_name : j->name,
-        .cache = rt->cache,
-        .headers = j->opt.headers,
-        .nheaders = j->opt.nheaders,
-        .base_headers = rt->opt.headers,
-        .nbase_headers = rt->opt.nheaders,
-        .pch = 1, /* a runtime compiles again and again */
-        .iso = rt->iso,
-        .fast_compile = j->opt.build_profile == HK_BUILD_PROFILE_DEV,
-    };
-    char why[512] = "";
-    int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_COMPILED);
-    if (rep) {
-        snprintf(rep->module, sizeof rep->module, "%s", j->name);
-        rep->build_ms = j->art.ms;
-        rep->cache_hit = j->art.cache_hit;
-    }
-    if (j->art.ndeps && j->source_name)
-        hkl_sources_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
-    if (err < 0) {
-        hku_fail(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
-                 why[0] ? why : hk_strerror(err));
-        if (rep && j->art.log) {
-            free(rep->log);
-            rep->log = strdup(j->art.log);
-        }
-        return err;
-    }
-    j->built = 1;
-    if (j->art.cache_note[0]) { /* built, not cached: said, not refused */
-        hku_fail(rep, 0, "%s", j->art.cache_note);
-        hk_log(rt, HK_LOG_WARN, "engine", "'%s': %s", j->name, j->art.cache_note);
-    }
-    /* A later save of the module arrived during the build: the canary run
-     * and the driver work would be for a version replaced at once. */
-    if ((err = superseded(rt, j, "during its build", rep)) < 0)
-        return err;
-    /* An image that ran when the context was lost is refused before its
-     * canary run and before the driver sees it (hashed with no lock held). */
-    if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
-        return err;
-    /* Between build and stage: the version's test launches run in the
-     * canary process, on this thread, with no lock held. */
-    return hkl_canary_check(rt, j, rep);
-}
-
-/* What AUTO means for a swap requested on this thread now. */
-static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_sp_thread) {
-    pthread_mutex_lock(&rt->work_lock);
-    int seen = rt->safe_points_seen;
-    *on_sp_thread = seen && pthread_equal(rt->safe_point_thread, pthread_self());
-    pthread_mutex_unlock(&rt->work_lock);
-    if (want != HK_STAGE_AUTO)
-        return want;
-    return seen && !*on_sp_thread ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
-}
-
-/* Hands a built job to the next safe point and waits for its outcome, up to
- * safe_point_wait_ms; then, if no safe point took it, stages it here. The
- * job stays the caller's in every case. */
-static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
-    hkl_waiter w = {.done = 0, .err = 0, .rep = r};
-    pthread_mutex_init(&w.lock, NULL);
-    hku_cond_init(&w.cond);
-    j->waiter = &w;
-    j->next = NULL;
-    pthread_mutex_lock(&rt->work_lock);
-    hkl_job **pp = &rt->pending;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = j;
-    pthread_mutex_unlock(&rt->work_lock);
-
-    double end = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-    pthread_mutex_lock(&w.lock);
-    while (!w.done && hkl_now_ms() < end) {
-        struct timespec ts;
-        hku_deadline(&ts, 5000);
-        pthread_cond_timedwait(&w.cond, &w.lock, &ts);
-    }
-    int done = w.done;
-    pthread_mutex_unlock(&w.lock);
-    int err = w.err;
-    if (!done) {
-        /* No safe point came in time. Take the job back unless one is
-         * staging it right now, in which case its outcome is near. */
-        int taken = 0;
-        pthread_mutex_lock(&rt->work_lock);
-        for (pp = &rt->pending; *pp; pp = &(*pp)->next)
-            if (*pp == j) {
-                *pp = j->next;
-                taken = 1;
-                break;
-            }
-        pthread_mutex_unlock(&rt->work_lock);
-        if (taken) {
-            j->waiter = NULL;
-            err = swap_built(rt, j, r);
-        } else {
-            pthread_mutex_lock(&w.lock);
-            while (!w.done)
-                pthread_cond_wait(&w.cond, &w.lock);
-            err = w.err;
-            pthread_mutex_unlock(&w.lock);
-        }
-    }
-    pthread_mutex_destroy(&w.lock);
-    pthread_cond_destroy(&w.cond);
-    return err;
-}
-
-static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t size,
-                     const hk_swap_options *opt, hk_report *rep) {
-    double t_start = hkl_now_ms();
-    if (rep)
-        hk_report_clear(rep);
-    if (!rt)
-        return HK_ERR_INVALID;
-    int on_sp_thread = 0;
-    hk_stage_mode stage = resolve_stage(rt, opt ? opt->stage : HK_STAGE_AUTO, &on_sp_thread);
-    if (stage == HK_STAGE_AT_SAFE_POINT && on_sp_thread) {
-        hku_fail(rep, HK_ERR_INVALID,
-                 "hk_swap for a safe point from the thread that calls hk_safe_point "
-                 "would wait for itself: use HK_STAGE_AUTO or hk_submit");
-        return HK_ERR_INVALID;
-    }
-    hkl_job *j;
-    int err = job_new(&j, name, image, size, opt);
-    char why[160];
-    if (err < 0 && hku_name_check(name, why, sizeof why) < 0) {
-        hku_fail(rep, err, "%s", why);
-        return err;
-    }
-    if (err < 0) {
-        hku_fail(rep, err, "bad arguments (non-empty image, named headers)");
-        return err;
-    }
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
-    j->t_start = t_start;
-    hk_report local = HK_REPORT_INIT;
-    hk_report *r = rep ? rep : &local;
-    err = job_build(rt, j, r);
-    if (err < 0) {
-        report_times(r, t_start);
-        count(rt, 0, 0, r);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, r);
-    } else if (stage == HK_STAGE_AT_SAFE_POINT) {
-        err = swap_at_safe_point(rt, j, r);
-    } else {
-        err = swap_built(rt, j, r);
-    }
-    hkl_job_free(j);
-    hk_report_clear(&local);
-    return err;
-}
-
-int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
-            const hk_swap_options *opt, hk_report *rep) {
-    hk_report full;
-    hk_swap_options o;
-    if (hkl_report_in(&full, rep) < 0)
-        return HK_ERR_INVALID;
-    int err = HK_ERR_INVALID;
-    if (hkl_swap_options_in(&o, opt) < 0)
-        hku_fail(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
-                 hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
-    else
-        err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
-    return err;
-}
+/* ---- rollback ----------------------------------------------------------- */
 
 /* A job that builds nothing: the kept image prev, with its name expressions
  * and globals, ready for the swap transaction. *out is set even when this
@@ -927,9 +588,9 @@ static int rollback_call(hk_runtime *rt, const char *name, int check, uint64_t r
         hkl_lkg_flush(rt, name);
     if (reset)
         hkl_emit_reset(rt);
-    report_times(r, t_start);
+    hkl_report_times(r, t_start);
     if (j) {
-        count(rt, err == 0, 1, r);
+        hkl_count_swap(rt, err == 0, 1, r);
         hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_ROLLED_BACK, name, oldv,
                  err ? 0 : r->version, "rollback", r);
     }
@@ -955,364 +616,4 @@ int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_versi
     int err = rollback_call(rt, name, 1, release_version, rep ? &full : NULL);
     hkl_report_out(rep, &full);
     return err;
-}
-
-/* ---- the worker and safe points ---------------------------------------- */
-
-/* Gives a waiting hk_swap its outcome; rep (may be NULL) is moved into the
- * waiter's report. The job must not be touched afterwards. */
-static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
-    pthread_mutex_lock(&w->lock);
-    if (rep && w->rep) {
-        hk_report_clear(w->rep);
-        *w->rep = *rep;
-        hk_report_init(rep);
-    } else if (w->rep) {
-        hku_fail(w->rep, err, "%s", hk_strerror(err));
-    }
-    w->err = err;
-    w->done = 1;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-
-/* Takes the pending jobs without a waiter whose deadline has passed, in
- * order. work_lock held. Returns the earliest deadline left (0: none). */
-static double take_expired(hk_runtime *rt, hkl_job **out) {
-    double now = hkl_now_ms(), next = 0;
-    hkl_job **tail = out;
-    for (hkl_job **pp = &rt->pending; *pp;) {
-        hkl_job *j = *pp;
-        if (j->deadline > 0 && j->deadline <= now) {
-            *pp = j->next;
-            j->next = NULL;
-            *tail = j;
-            tail = &j->next;
-        } else {
-            if (j->deadline > 0 && (!next || j->deadline < next))
-                next = j->deadline;
-            pp = &j->next;
-        }
-    }
-    return next;
-}
-
-/* Pending jobs whose safe point never came are staged by the worker: a
- * program that stopped calling hk_safe_point still gets its updates, one
- * safe_point_wait_ms late. */
-static void stage_expired(hk_runtime *rt, hkl_job *list) {
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        swap_built(rt, j, &rep);
-        hk_report_clear(&rep);
-        hkl_job_free(j);
-    }
-}
-
-/* Waits until there is a job to build or the worker is told to stop,
- * staging meanwhile the pending jobs whose safe point never came. work_lock
- * held (dropped while staging and waiting). */
-static void wait_for_jobs(hk_runtime *rt) {
-    while (!rt->jobs && !rt->dropped && !rt->work_stop) {
-        hkl_job *expired = NULL;
-        double next = take_expired(rt, &expired);
-        if (expired) {
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
-            stage_expired(rt, expired);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
-            continue;
-        }
-        if (!next) {
-            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
-            continue;
-        }
-        struct timespec ts;
-        hku_deadline(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
-        pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
-    }
-}
-
-/* Ends the jobs a later submission superseded before they were taken: no
- * build, one HK_EVENT_REFUSED each (HK_ERR_SUPERSEDED). No lock held. */
-static void report_dropped(hk_runtime *rt, hkl_job *list) {
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        snprintf(rep.module, sizeof rep.module, "%s", j->name);
-        hku_fail(&rep, HK_ERR_SUPERSEDED,
-                 "'%s' from %s: a newer version of it was submitted before this one was "
-                 "built: only the newest is built and committed",
-                 j->name, j->origin);
-        report_times(&rep, j->t_start);
-        count(rt, 0, 0, &rep);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
-        hk_report_clear(&rep);
-        hkl_job_free(j);
-    }
-}
-
-/* Builds a submitted job and swaps it in now, unless it is to be staged at
- * a safe point: returns 1 then, and the job is still to be queued. No lock
- * held. */
-static int run_job(hk_runtime *rt, hkl_job *j) {
-    hk_report rep = HK_REPORT_INIT;
-    int err = job_build(rt, j, &rep);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_BUILT);
-    int deferred = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    int stop = rt->work_stop;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (stop) {
-        /* Destroy began during the build: nothing reaches the driver or
-         * the program any more. */
-    } else if (err < 0 || (err = superseded(rt, j, "before it was staged", &rep)) < 0) {
-        report_times(&rep, j->t_start);
-        count(rt, 0, 0, &rep);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
-    } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
-        deferred = 1;
-    } else {
-        swap_built(rt, j, &rep);
-    }
-    hk_report_clear(&rep);
-    return deferred;
-}
-
-/* Queues a built job for the next safe point. A newer build of the same
- * module replaces a pending one (not one a synchronous hk_swap waits for:
- * that one gets its outcome), and goes last, after everything submitted
- * before it. work_lock held (dropped to free the replaced job). */
-static void defer_job(hk_runtime *rt, hkl_job *j) {
-    hkl_job *stale = NULL;
-    for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
-        if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
-            stale = *pp;
-            *pp = stale->next;
-            break;
-        }
-    hkl_job **tail = &rt->pending;
-    while (*tail)
-        tail = &(*tail)->next;
-    j->next = NULL;
-    j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-    *tail = j;
-    if (stale) {
-        pthread_mutex_unlock(&rt->work_lock);
-        hkl_job_free(stale);
-        pthread_mutex_lock(&rt->work_lock);
-    }
-}
-
-static void *worker_main(void *arg) {
-    /* Named for top -H, gdb and profilers (at most 15 characters). */
-    pthread_setname_np(pthread_self(), "hk-worker");
-    hk_runtime *rt = arg;
-    hkl_relax(rt); /* for the life of this thread */
-    pthread_mutex_lock(&rt->work_lock);
-    for (;;) {
-        wait_for_jobs(rt);
-        if (rt->work_stop)
-            break;
-        if (rt->dropped) {
-            hkl_job *list = rt->dropped;
-            rt->dropped = NULL;
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
-            report_dropped(rt, list);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
-            continue;
-        }
-        if (!rt->jobs)
-            continue;
-        hkl_job *j = rt->jobs;
-        rt->jobs = j->next;
-        if (!rt->jobs)
-            rt->jobs_tail = NULL;
-        rt->busy++;
-        pthread_mutex_unlock(&rt->work_lock);
-        int deferred = run_job(rt, j);
-        pthread_mutex_lock(&rt->work_lock);
-        if (deferred) {
-            defer_job(rt, j);
-        } else {
-            pthread_mutex_unlock(&rt->work_lock);
-            hkl_job_free(j);
-            pthread_mutex_lock(&rt->work_lock);
-        }
-        rt->busy--;
-        pthread_cond_broadcast(&rt->idle_cond);
-    }
-    /* Destroy stopped waiting for this thread (a build NVRTC would not
-     * cut short): the rest of the teardown is this thread's. */
-    rt->worker_exited = 1;
-    pthread_cond_broadcast(&rt->idle_cond);
-    int abandoned = rt->worker_abandoned;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (abandoned) {
-        pthread_detach(pthread_self());
-        rt->worker_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
-    }
-    return NULL;
-}
-
-int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms)) {
-    rt->worker_finish = finish;
-    if (pthread_create(&rt->worker, NULL, worker_main, rt))
-        return HK_ERR_NOMEM;
-    rt->worker_started = 1;
-    return 0;
-}
-
-int hkl_worker_stop(hk_runtime *rt, double until_ms) {
-    pthread_mutex_lock(&rt->work_lock);
-    rt->work_stop = 1;
-    pthread_cond_broadcast(&rt->work_cond);
-    while (rt->worker_started && !rt->worker_exited && hkl_now_ms() < until_ms) {
-        struct timespec ts;
-        hku_deadline(&ts, 10 * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
-    }
-    int left = rt->worker_started && !rt->worker_exited;
-    rt->worker_abandoned = left;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (left)
-        return HK_ERR_TIMEOUT;
-    if (rt->worker_started)
-        pthread_join(rt->worker, NULL);
-    rt->worker_started = 0;
-    return 0;
-}
-
-void hkl_worker_drain(hk_runtime *rt) {
-    hkl_job *lists[3] = {rt->jobs, rt->pending, rt->dropped};
-    for (int i = 0; i < 3; i++)
-        while (lists[i]) {
-            hkl_job *n = lists[i]->next;
-            if (lists[i]->waiter)
-                finish_waiter(lists[i]->waiter, HK_ERR_CLOSED, NULL);
-            else
-                hkl_job_free(lists[i]);
-            lists[i] = n;
-        }
-    rt->jobs = rt->jobs_tail = rt->pending = rt->dropped = NULL;
-}
-
-/* Queues a job for the worker; a latest one first moves the queued latest
- * jobs of its module, which it supersedes, to the dropped list. */
-static int submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-                  const hk_swap_options *opt, int latest) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    hkl_job *j;
-    int err = job_new(&j, name, image, size, opt);
-    if (err < 0)
-        return err;
-    j->latest = latest;
-    j->t_start = hkl_now_ms();
-    pthread_mutex_lock(&rt->work_lock);
-    if (rt->work_stop) {
-        pthread_mutex_unlock(&rt->work_lock);
-        hkl_job_free(j);
-        return HK_ERR_CLOSED;
-    }
-    /* Taken under work_lock: the queue is in submission order. */
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
-    if (latest) {
-        hkl_job **drop_tail = &rt->dropped;
-        while (*drop_tail)
-            drop_tail = &(*drop_tail)->next;
-        rt->jobs_tail = NULL;
-        for (hkl_job **pp = &rt->jobs; *pp;) {
-            hkl_job *q = *pp;
-            if (q->latest && !strcmp(q->name, j->name)) {
-                *pp = q->next;
-                q->next = NULL;
-                *drop_tail = q;
-                drop_tail = &q->next;
-            } else {
-                rt->jobs_tail = q;
-                pp = &q->next;
-            }
-        }
-    }
-    if (rt->jobs_tail)
-        rt->jobs_tail->next = j;
-    else
-        rt->jobs = j;
-    rt->jobs_tail = j;
-    pthread_cond_signal(&rt->work_cond);
-    pthread_mutex_unlock(&rt->work_lock);
-    return 0;
-}
-
-int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-              const hk_swap_options *opt) {
-    return submit(rt, name, image, size, opt, 0);
-}
-
-int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
-                      const hk_swap_options *opt) {
-    return submit(rt, name, image, size, opt, 1);
-}
-
-int hk_safe_point(hk_runtime *rt) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    if (hkl_swap_held(rt))
-        return HK_ERR_BUSY; /* from a check callback */
-    pthread_mutex_lock(&rt->work_lock);
-    rt->safe_points_seen = 1;
-    rt->safe_point_thread = pthread_self();
-    hkl_job *list = rt->pending;
-    rt->pending = NULL;
-    pthread_mutex_unlock(&rt->work_lock);
-    hkl_reclaim_deferred(rt);
-    int committed = 0;
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        j->at_safe_point = 1;
-        int err = swap_built(rt, j, &rep);
-        committed += err == 0;
-        if (j->waiter) {
-            /* The waiting hk_swap owns the job and takes the report. */
-            finish_waiter(j->waiter, err, &rep);
-        } else {
-            hk_report_clear(&rep);
-            hkl_job_free(j);
-        }
-    }
-    return committed;
-}
-
-int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    /* From an event on the worker: it would wait for its own job. */
-    if (rt->worker_started && pthread_equal(pthread_self(), rt->worker))
-        return HK_ERR_BUSY;
-    double end = hkl_now_ms() + timeout_ms;
-    pthread_mutex_lock(&rt->work_lock);
-    while (rt->jobs || rt->dropped || rt->busy) {
-        double left = end - hkl_now_ms();
-        if (left <= 0) {
-            pthread_mutex_unlock(&rt->work_lock);
-            return HK_ERR_TIMEOUT;
-        }
-        struct timespec ts;
-        hku_deadline(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
-    }
-    pthread_mutex_unlock(&rt->work_lock);
-    return 0;
 }

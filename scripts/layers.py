@@ -36,20 +36,24 @@ FOLDERS = ["include", "util", "base", "ptx", "canary", "loader", "watch", "net",
 # Its headers (loader.h, abi.h, expo.h) declare what crosses files and are
 # not ordered.
 LOADER_ORDER = [
-    ["format.c", "record.c", "expo.c"],  # formats, the record's text, the metrics writer
-    ["log.c"],  # logs and events
-    ["metrics.c"],  # the engine's metric families
-    ["gate.c"],  # the launch gate and the launch side's epoch slots
-    ["version.c"],  # version operations: load, upload, resolve, unload, emit
-    ["expect.c"],  # the program's kernels and globals
+    ["format.c", "record.c", "expo.c", "job.c"],  # names, the record's text, the metrics writer, jobs
+    ["log.c"],  # logs and events (hkl_emit)
+    ["source.c"],  # the sources' hooks
+    ["context.c"],  # swap_lock's owner, capture mode, context push, driver errors
+    ["gate.c"],  # the launch gate, the epoch slots, the fences
+    ["version.c"],  # version operations: load, upload, resolve, unload, retire
+    ["reset.c"],  # recovery from a context reset
+    ["lkgdisk.c"],  # last known good on disk: files, writers, collection
     ["lkg.c"],  # last known good: records, quarantine, sticky errors
-    ["lkgfile.c"],  # last known good: the directory, its files and writers
-    ["launch.c", "graph.c"],  # launches; graphs and pins
-    ["canary.c"],  # the canary step of a swap
-    ["swap.c", "stage.c"],  # the transaction: stage, validate, commit, roll back
-    ["worker.c"],  # the job queue and the worker thread
-    ["reclaim.c", "reset.c"],  # the reclaim thread; reset recovery
-    ["runtime.c"],  # the runtime: create, destroy, queries
+    ["metrics.c"],  # hk_stats_get, swap counters, the metrics text
+    ["launch.c", "graph.c"],  # launches and pins; graphs
+    ["expect.c"],  # the program's kernels and globals
+    ["canary.c"],  # the canary step between build and stage
+    ["swap.c"],  # the transaction: stage, validate, commit, roll back; rollback
+    ["reclaim.c"],  # the reclaim thread
+    ["worker.c"],  # hk_swap, hk_submit, the build step, the worker, safe points
+    ["restore.c"],  # restoring the known-good images
+    ["runtime.c"],  # the runtime: create and destroy, wiring the floors below
 ]
 
 MAX_FILE = 800
