@@ -1072,23 +1072,18 @@ int hk_runtime_note_error(hk_runtime *rt, int cu_result) {
     return 1;
 }
 
-/* ---- restore and queries ------------------------------------------------ */
+/* ---- what restore reads, and queries ------------------------------------ */
 
-/* What restore takes out of a record, under lkg_lock. */
-typedef struct restore_item {
-    char module[HKL_NAME_MAX];
-    hkl_rec_image good;
-    int nexpr;
-    char **expr, **lowered;
-    int runs; /* this process runs it already */
-} restore_item;
+const char *hkl_lkg_dir(const hk_runtime *rt) {
+    return rt->lkg->dir;
+}
 
-/* Reads and checks one kept image. 0, or an error with why set. */
-static int read_image(hkl_lkg *l, const restore_item *it, char **data, size_t *n, char *why,
-                      size_t whyn) {
+int hkl_lkg_read_image(hk_runtime *rt, const uint8_t hash[32], char **data, size_t *n, char *why,
+                       size_t whyn) {
+    hkl_lkg *l = rt->lkg;
     char hex[65];
     uint8_t h[32];
-    hkl_hash_hex(it->good.hash, hex);
+    hkl_hash_hex(hash, hex);
     hk_report r = HK_REPORT_INIT;
     int err = hku_read_fileat(l->img_fd, l->img_dir, hex, (size_t)1 << 30, data, n, &r);
     if (err) {
@@ -1097,7 +1092,7 @@ static int read_image(hkl_lkg *l, const restore_item *it, char **data, size_t *n
     }
     /* Bound to its name: the image must hash to it. */
     hash_of(*data, *n, h);
-    if (!*n || memcmp(h, it->good.hash, 32)) {
+    if (!*n || memcmp(h, hash, 32)) {
         snprintf(why, whyn, "%.400s/%s: content does not match its hash", l->img_dir, hex);
         free(*data);
         return HK_ERR_HASH;
@@ -1105,67 +1100,22 @@ static int read_image(hkl_lkg *l, const restore_item *it, char **data, size_t *n
     return 0;
 }
 
-/* Commits one module's known-good image. */
-static int restore_one(hk_runtime *rt, const restore_item *it, hk_report *r) {
-    char why[512];
-    char *data;
-    size_t n;
-    int err = read_image(rt->lkg, it, &data, &n, why, sizeof why);
-    if (err) {
-        hku_fail(r, err, "%s", why);
-        return err;
-    }
-    hkl_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        free(data);
-        return HK_ERR_NOMEM;
-    }
-    snprintf(j->name, sizeof j->name, "%s", it->module);
-    hk_swap_options_init(&j->opt);
-    j->opt.release_version = it->good.release;
-    j->opt.canary = HK_CANARY_SKIP; /* it ran */
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
-    j->t_start = hkl_now_ms();
-    j->origin = strdup("restore");
-    j->art.image = data;
-    j->art.size = n;
-    j->art.format = it->good.format;
-    j->name_expressions = strv_dup(it->expr, it->nexpr);
-    j->art.lowered_names = strv_dup(it->lowered, it->nexpr);
-    if (!j->origin || (it->nexpr && (!j->name_expressions || !j->art.lowered_names))) {
-        hkl_job_free(j);
-        return HK_ERR_NOMEM;
-    }
-    j->opt.nname_expressions = j->art.nlowered = it->nexpr;
-    j->opt.name_expressions = (const char *const *)j->name_expressions;
-    j->opt.origin = j->origin;
-    if (hkp_meta_read(data, n, it->good.format, &j->art.meta, why, sizeof why) < 0) {
-        hku_fail(r, HK_ERR_FORMAT, "kept image of '%s': %s", it->module, why);
-        hkl_job_free(j);
-        return HK_ERR_FORMAT;
-    }
-    j->built = 1;
-    err = hkl_swap_job(rt, j, r);
-    hkl_job_free(j);
-    return err;
-}
-
-/* Copies what restore needs (lkg_lock taken here). *out malloc'd. */
-static int restore_items(hkl_lkg *l, restore_item **out, char *refused, size_t rn) {
+int hkl_lkg_goods(hk_runtime *rt, hkl_lkg_good **out, char *refused, size_t rn) {
+    hkl_lkg *l = rt->lkg;
     int n = 0, cap = 0;
-    restore_item *v = NULL;
+    hkl_lkg_good *v = NULL;
     pthread_mutex_lock(&l->lock);
     snprintf(refused, rn, "%s", l->refused);
     for (lkg_mod *m = l->mods; m; m = m->next) {
         if (!m->rec.good.has)
             continue;
         if (n == cap) {
-            restore_item *g = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *g);
+            hkl_lkg_good *g = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *g);
             if (!g)
                 break;
             v = g;
         }
-        restore_item *it = &v[n++];
+        hkl_lkg_good *it = &v[n++];
         memset(it, 0, sizeof *it);
         snprintf(it->module, sizeof it->module, "%s", m->rec.module);
         it->good = m->rec.good;
@@ -1178,63 +1128,6 @@ static int restore_items(hkl_lkg *l, restore_item **out, char *refused, size_t r
     pthread_mutex_unlock(&l->lock);
     *out = v;
     return n;
-}
-
-static void msg_add(char *msg, size_t n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void msg_add(char *msg, size_t n, const char *fmt, ...) {
-    size_t k = strlen(msg);
-    if (k + 1 >= n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg + k, n - k, fmt, ap);
-    va_end(ap);
-}
-
-int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
-    hk_report full;
-    if (!rt || hkl_report_in(&full, rep) < 0)
-        return HK_ERR_INVALID;
-    hk_report_clear(&full);
-    if (!rt->lkg->dir) {
-        hku_fail(&full, HK_ERR_UNSUPPORTED, "no state directory (options.state_dir)");
-        hkl_report_out(rep, &full);
-        return HK_ERR_UNSUPPORTED;
-    }
-    if (hkl_swap_held(rt)) {
-        hku_fail(&full, HK_ERR_BUSY, "restore cannot run inside a check callback");
-        hkl_report_out(rep, &full);
-        return HK_ERR_BUSY;
-    }
-    restore_item *items;
-    char refused[1024], msg[sizeof full.message] = "";
-    int n = restore_items(rt->lkg, &items, refused, sizeof refused), done = 0;
-    for (int i = 0; i < n; i++) {
-        restore_item *it = &items[i];
-        hk_report r = HK_REPORT_INIT;
-        int err = it->runs ? 0 : restore_one(rt, it, &r);
-        if (err == 0)
-            done++;
-        msg_add(msg, sizeof msg, "%s%s: %s", msg[0] ? "; " : "", it->module,
-                err        ? r.message
-                : it->runs ? "runs its known-good image"
-                           : "restored");
-        if (err)
-            hk_log(rt, HK_LOG_WARN, "engine", "restore of '%s' failed: %s", it->module, r.message);
-        hk_report_clear(&r);
-        hku_strv_free(it->expr, it->nexpr);
-        hku_strv_free(it->lowered, it->nexpr);
-    }
-    free(items);
-    if (refused[0])
-        msg_add(msg, sizeof msg, "%srecords refused: %s", msg[0] ? "; " : "", refused);
-    if (!msg[0])
-        snprintf(msg, sizeof msg, "no known-good image recorded");
-    hku_fail(&full, 0, "%s", msg);
-    hk_log(rt, HK_LOG_INFO, "engine", "restored %d module(s) from %s: %s", done, rt->lkg->dir, msg);
-    hkl_report_out(rep, &full);
-    return done;
 }
 
 int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out) {

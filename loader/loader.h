@@ -807,6 +807,24 @@ void hkl_lkg_release(hk_runtime *rt, int gave_up);
 int hkl_lkg_sticky(int cu_result);
 void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);
 void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined);
+/* For restore (restore.c). hkl_lkg_dir: the state directory, or NULL
+ * (memory only). hkl_lkg_goods copies out every module's known-good image
+ * and what restore needs with it (lkg_lock taken here; *out malloc'd, each
+ * item's strings too; returns how many) and the records refused at open
+ * (refused, rn bytes). hkl_lkg_read_image reads the kept image of hash
+ * (*data malloc'd), which must hash to its name: 0, or an error with why
+ * set. No engine lock needed. */
+typedef struct hkl_lkg_good {
+    char module[HKL_NAME_MAX];
+    hkl_rec_image good;
+    int nexpr; /* the good image's name expressions */
+    char **expr, **lowered;
+    int runs; /* this process runs it already */
+} hkl_lkg_good;
+const char *hkl_lkg_dir(const hk_runtime *rt);
+int hkl_lkg_goods(hk_runtime *rt, hkl_lkg_good **out, char *refused, size_t rn);
+int hkl_lkg_read_image(hk_runtime *rt, const uint8_t hash[32], char **data, size_t *n, char *why,
+                       size_t whyn);
 /* Tests: the clock the suspect window is measured with (ms). */
 void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void));
 
