@@ -665,9 +665,17 @@ int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_repor
 /* hk_launch_ex with a driver launch configuration as the caller has it (its
  * attributes passed on as they are): for the <<<>>> interposition. */
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
+/* Drops a pin of v (a graph's, a capture's), waking the reclaim thread. */
+void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
+/* The CUfunction of v's slot in the context current on this thread. */
+CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f);
+
+/* graph.c: registered graphs. hkl_graphs_retarget points every registered
+ * node of m at v (swap_lock held); a node that cannot be retargeted keeps
+ * running old (pinned for it) and the report says so. hkl_graphs_free at
+ * free. */
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
                         hk_report *rep);
-void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
 void hkl_graphs_free(hk_runtime *rt);
 void hkl_rtref_put(hkl_rtref *ref);
 
