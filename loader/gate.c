@@ -32,7 +32,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/gate.h"
 
 __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
 

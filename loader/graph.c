@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/gate.h"
 
 static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report *rep) {
     CUresult r = (CUresult)hkl_ctx_push(rt, g->dev_slot);

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "loader/abi.h"
-#include "loader/loader.h"
+#include "loader/gate.h"
 
 int hkl_kernels_reserve(hkl_module *m) {
     if (m->nkernels < m->capkernels)

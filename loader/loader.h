@@ -24,10 +24,10 @@
  *                        histories and handles' layouts. Its owner is kept in
  *                        a thread-local, so that a callback run under it can
  *                        be answered at once instead of waiting for itself.
- *   lkg_lock (lkg.c)     last-known-good records and quarantine, in memory:
- *                        never held across a file write (lkg.c's writers
- *                        take their own locks before lkg_lock, with no
- *                        engine lock held). Taken under swap_lock by commits, and
+ *   lkg_lock (lkg.h)     last-known-good records and quarantine, in memory
+ *                        (lkg.c, lkgdisk.c): never held across a file write
+ *                        (lkgdisk.c's writers take their own locks before
+ *                        lkg_lock, with no engine lock held). Taken under swap_lock by commits, and
  *                        alone by the thread that saw a sticky error (a
  *                        launching thread, on the error path only) and by
  *                        the query functions.
@@ -69,6 +69,7 @@
 #include "hotkern/hotkern.h"
 #include "base/driver.h"
 #include "loader/expo.h"
+#include "loader/record.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
 
@@ -81,6 +82,7 @@ typedef struct hkl_version hkl_version;
 typedef struct hkl_job hkl_job;
 typedef struct hkl_graph hkl_graph;
 typedef struct hkl_lkg hkl_lkg;
+typedef struct hkl_expect hkl_expect;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
@@ -289,46 +291,6 @@ typedef struct hkl_rtref {
     _Atomic int refs;
 } hkl_rtref;
 
-/* expect.c: the program's own kernels and globals (for the <<<>>>
- * interposition). See the top of expect.c.
- * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
- *   or mangled), the layout its call sites pass and the name expression that
- *   instantiates it in a hot build (NULL: none needed), and binds it at once
- *   to a committed version that has it; returns the entry (valid until
- *   destroy; the same for the same name) or NULL. Takes swap_lock.
- * - hkl_expect_handle: the handle the program's launches of it go to, or
- *   NULL while no hot version has it. No lock: one acquire load.
- * - hkl_expect_global registers the program's global `name` (its copy at
- *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
- *   the running version uses (1 with *dptr and *size set, 0 when none has it).
- * - hkl_expect_exprs: the name expressions to add to a build of src (a
- *   malloc'd vector of *n strings). No engine lock held.
- * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
- *   expected kernels v has (before validation, which then checks them as any
- *   handle); hkl_expect_unadopt takes them back (roll back);
- *   hkl_expect_seed gives v the program's globals (commit, gate closed);
- *   hkl_expect_publish publishes the adopted handles (after the commit). */
-#define HKL_MAX_ADOPT 64
-typedef struct hkl_expect hkl_expect;
-typedef struct hkl_adopted {
-    int n, nnew;
-    hkl_expect *e[HKL_MAX_ADOPT];
-    hk_kernel *k[HKL_MAX_ADOPT];
-    int was_fixed[HKL_MAX_ADOPT];
-} hkl_adopted;
-hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout);
-hk_kernel *hkl_expect_handle(const hkl_expect *e);
-const char *hkl_expect_name(const hkl_expect *e);
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
-int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
-int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
-int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
-int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
-void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_free(hk_runtime *rt); /* at free */
-
 /* Test hooks: points where a test may hold a thread (tests/cpu_engine.c). */
 typedef enum hkl_hook_point {
     HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
@@ -469,46 +431,34 @@ struct hk_runtime {
     _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
 };
 
-/* context.c: swap_lock with its owner recorded. hkl_swap_lock returns 1 without
- * locking when the calling thread already holds it (a callback run under it):
- * read-only callers go on, others return HK_ERR_BUSY. */
-int hkl_swap_lock(hk_runtime *rt);
-void hkl_swap_unlock(hk_runtime *rt, int nested);
-int hkl_swap_held(const hk_runtime *rt);
+/* ==== the floors of loader/, lowest first: each file calls only the
+ * floors declared before its own (scripts/layers.py checks it) ==== */
 
-/* Capture mode of hotkern's driver sections: relaxed, so that they never
- * break another thread's global-mode stream capture. */
-CUstreamCaptureMode hkl_relax(hk_runtime *rt);
-void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
-/* Records a failed driver call in rep: HK_ERR_CUDA, its CUresult and name. */
-int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
-/* Makes device slot's context current on this thread (0, or the CUresult);
- * hkl_ctx_pop takes it off again. */
-int hkl_ctx_push(hk_runtime *rt, int slot);
-void hkl_ctx_pop(hk_runtime *rt);
+/* record.c, expo.c, format.c: formats (loader/record.h, loader/expo.h). */
 
-/* The launch gate (gate.c). `what` (a string literal) names the driver
- * work done while it is closed, for the message logged when a closing
- * lasts longer than launch_hold_max_us and longer than any before; NULL
- * logs nothing. */
-void hkl_gate_close(hk_runtime *rt, const char *what);
-void hkl_gate_open(hk_runtime *rt);
-void hkl_gate_wait(hk_runtime *rt);
-/* The other half of hkl_enter's fence: after it, every launch entry
- * announced before it is visible to the calling thread. */
-void hkl_heavy_fence(hk_runtime *rt);
+/* job.c: hkl_job_new makes a job of module name from the caller's image and
+ * options, copying them (0, HK_ERR_INVALID for a name that could not be
+ * recorded or an empty image, HK_ERR_NOMEM); hkl_job_free frees it and all
+ * it owns (NULL is fine). */
+int hkl_job_new(hkl_job **out, const char *name, const void *data, size_t size,
+                const hk_swap_options *opt);
+void hkl_job_free(hkl_job *job);
 
-static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
-    return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
-}
-
-/* runtime.c */
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
-                            hk_report *rep);
-/* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
-static inline double hkl_now_ms(void) {
-    return hku_now_ms();
-}
+/* log.c. hkl_emit logs the event, then hands it to on_event through
+ * hkl_emit_quiet, which a source that logged already uses. */
+void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
+void hkl_log_fini(hk_runtime *rt);
+/* From hk_runtime_destroy: from now on no callback of rt (log or event) is
+ * called, except on this thread; waits until those in progress on other
+ * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
+int hkl_callbacks_close(hk_runtime *rt, double until_ms);
+void hkl_events_fini(hk_runtime *rt); /* at free */
+void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                   uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                    uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep);
 
 /* source.c: sources. None of these may be called from a hook.
  *
@@ -537,21 +487,50 @@ void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char 
  * lock held). */
 void hkl_sources_release(hk_runtime *rt);
 
-/* log.c. hkl_emit logs the event, then hands it to on_event through
- * hkl_emit_quiet, which a source that logged already uses. */
-void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
-void hkl_log_fini(hk_runtime *rt);
-/* From hk_runtime_destroy: from now on no callback of rt (log or event) is
- * called, except on this thread; waits until those in progress on other
- * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
-int hkl_callbacks_close(hk_runtime *rt, double until_ms);
-void hkl_events_fini(hk_runtime *rt); /* at free */
-void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-                   uint64_t newv, const char *origin, const hk_report *rep);
-void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-                    uint64_t newv, const char *origin, const hk_report *rep);
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
-              const char *origin, const hk_report *rep);
+/* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
+static inline double hkl_now_ms(void) {
+    return hku_now_ms();
+}
+
+/* context.c: swap_lock with its owner recorded. hkl_swap_lock returns 1 without
+ * locking when the calling thread already holds it (a callback run under it):
+ * read-only callers go on, others return HK_ERR_BUSY. */
+int hkl_swap_lock(hk_runtime *rt);
+void hkl_swap_unlock(hk_runtime *rt, int nested);
+int hkl_swap_held(const hk_runtime *rt);
+
+/* Capture mode of hotkern's driver sections: relaxed, so that they never
+ * break another thread's global-mode stream capture. */
+CUstreamCaptureMode hkl_relax(hk_runtime *rt);
+void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
+/* Records a failed driver call in rep: HK_ERR_CUDA, its CUresult and name. */
+int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
+/* Makes device slot's context current on this thread (0, or the CUresult);
+ * hkl_ctx_pop takes it off again. */
+int hkl_ctx_push(hk_runtime *rt, int slot);
+void hkl_ctx_pop(hk_runtime *rt);
+
+static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
+    return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
+}
+
+/* The launch gate (gate.c). `what` (a string literal) names the driver
+ * work done while it is closed, for the message logged when a closing
+ * lasts longer than launch_hold_max_us and longer than any before; NULL
+ * logs nothing. */
+void hkl_gate_close(hk_runtime *rt, const char *what);
+void hkl_gate_open(hk_runtime *rt);
+void hkl_gate_wait(hk_runtime *rt);
+/* The other half of hkl_enter's fence: after it, every launch entry
+ * announced before it is visible to the calling thread. */
+void hkl_heavy_fence(hk_runtime *rt);
+
+/* gate.c: the launch side's epoch announcement (hkl_enter, loader/gate.h).
+ * hkl_membarrier_register (at create) says whether the launch path may rely
+ * on hkl_heavy_fence; hkl_slots_free (at free) frees the slots no thread
+ * holds any more. */
+void hkl_slots_free(hk_runtime *rt);
+int hkl_membarrier_register(void);
 
 /* version.c: version operations (see the top of version.c).
  * - hkl_module_find: m named name, or NULL (swap_lock).
@@ -592,183 +571,7 @@ void hkl_reclaim_kick(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
 void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
-/* metrics.c: one committed swap of total_ms (stats_lock held). */
-void hkl_hist_observe(hkl_hist *h, double total_ms);
-/* A swap's outcome into the counters (stats_lock taken here): committed or
- * refused, a rollback or not, and the times of its report. */
-void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep);
-/* Fills rep's total (since t_start, hkl_now_ms; 0: not known) and the part
- * of it no step accounts for (waiting for the lock, a safe point, reset
- * recovery). */
-void hkl_report_times(hk_report *rep, double t_start);
-/* The engine's families from a snapshot of its counters (h may be NULL). */
-void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
-
-/* canary.c: the canary between build and stage. hkl_canary_start makes
- * rt->canary at create (starting the helper when options.canary is set);
- * hkl_canary_check runs a built job's test launches as its policy says, on
- * the building thread with no lock held (it takes swap_lock only to copy the
- * running version), and returns 0 or the refusal. */
-int hkl_canary_start(hk_runtime *rt, hk_report *rep);
-int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
-/* hkl_build_start starts rt->iso, the build helper, when
- * options.build_isolated is set (0, or HK_ERR_IO with the report saying
- * why); hkl_helper_path resolves a helper executable: opt when set, else
- * $env, else ../bin/name from the object holding libhotkern, else
- * PREFIX/bin/name (malloc'd, NULL without memory). */
-int hkl_build_start(hk_runtime *rt, hk_report *rep);
-char *hkl_helper_path(const char *opt, const char *env, const char *name);
-
-/* job.c: hkl_job_new makes a job of module name from the caller's image and
- * options, copying them (0, HK_ERR_INVALID for a name that could not be
- * recorded or an empty image, HK_ERR_NOMEM); hkl_job_free frees it and all
- * it owns (NULL is fine). */
-int hkl_job_new(hkl_job **out, const char *name, const void *data, size_t size,
-                const hk_swap_options *opt);
-void hkl_job_free(hkl_job *job);
-
-/* swap.c: the swap transaction. hkl_swap_job swaps in a built job (its
- * artifact filled: by the build step, or by restore): swap_lock taken here
- * (HK_ERR_BUSY when this thread holds it already: a check callback),
- * outcome counted and emitted. Returns 0 (committed, or the running
- * version is this image already) or the refusal. The job stays the
- * caller's. */
-int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
-
-/* worker.c: hk_swap, hk_submit, the worker thread and safe points.
- * Starts the worker. finish is the rest of hk_runtime_destroy after the
- * worker has stopped (runtime.c's), which the worker runs itself when
- * destroy stopped waiting for its build. */
-int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));
-/* hk_submit for a source whose submissions of a module replace each other
- * (the watcher: each save holds the whole new content). A job submitted
- * this way is superseded by a later one of the same module submitted this
- * way too: still queued, it is never built; built, it is not staged (and
- * runs no canary). It then ends with HK_EVENT_REFUSED and
- * HK_ERR_SUPERSEDED, on the worker. Jobs of hk_submit and hk_swap neither
- * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
-int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
-                      const hk_swap_options *opt);
-/* Stops the worker, waiting for a build in progress until until_ms
- * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
- * the teardown itself when its build returns). */
-int hkl_worker_stop(hk_runtime *rt, double until_ms);
-/* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
-void hkl_worker_drain(hk_runtime *rt);
-
-/* launch.c */
-/* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
-int hkl_kernels_reserve(hkl_module *m);
-/* Applies the attributes set through k to its kernel in v (swap_lock held,
- * gate closed): 0 or the driver's refusal, rep saying which. */
-int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
-/* hk_launch_ex with a driver launch configuration as the caller has it (its
- * attributes passed on as they are): for the <<<>>> interposition. */
-int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
-/* Drops a pin of v (a graph's, a capture's), waking the reclaim thread. */
-void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
-/* The CUfunction of v's slot in the context current on this thread. */
-CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f);
-
-/* graph.c: registered graphs. hkl_graphs_retarget points every registered
- * node of m at v (swap_lock held); a node that cannot be retargeted keeps
- * running old (pinned for it) and the report says so. hkl_graphs_free at
- * free. */
-int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
-                        hk_report *rep);
-void hkl_graphs_free(hk_runtime *rt);
-void hkl_rtref_put(hkl_rtref *ref);
-
-/* gate.c: the launch side's epoch announcement. hkl_membarrier_register
- * (at create) says whether the launch path may rely on hkl_heavy_fence;
- * hkl_slots_free (at free) frees the slots no thread holds any more. */
-hkl_tslot *hkl_slot_acquire(hk_runtime *rt);
-void hkl_slots_free(hk_runtime *rt);
-int hkl_membarrier_register(void);
-typedef struct hkl_tls_entry {
-    uint64_t rt_id;
-    hkl_tslot *slot;
-} hkl_tls_entry;
-extern __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
-
-/* Enters a launch: announces the epoch this thread read `current` in, then
- * checks the launch gate. The announcement must be ordered before the
- * following loads of the gate and of `current`. With membarrier(2) available,
- * the other side pays for that order (it forces a full barrier on every thread
- * of the process before it reads the slots), so the launch path needs only a
- * compiler barrier instead of a locked instruction; without it, a seq_cst
- * store. Either way: a closer that read this slot as idle is seen here as a
- * closed gate, and a launcher that passed the gate is seen by the closer. */
-static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
-    hkl_tslot *s = hkl_tls.slot;
-    if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))
-        if (!(s = hkl_slot_acquire(rt)))
-            return NULL;
-    int waited = 0;
-    for (;;) {
-        /* Acquire keeps this load before the load of `current` on weakly
-         * ordered machines (free on x86). */
-        uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
-        if (__builtin_expect(rt->asym_fence, 1)) {
-            atomic_store_explicit(&s->active, e, memory_order_relaxed);
-            atomic_signal_fence(memory_order_seq_cst);
-        } else {
-            atomic_store(&s->active, e);
-        }
-        if (__builtin_expect(!atomic_load_explicit(&rt->gate, memory_order_seq_cst), 1) || waited)
-            return s;
-        /* Closed: step out of the launch so the closer can go on, wait, and
-         * announce again (a launcher that waited its maximum goes on). */
-        atomic_store_explicit(&s->active, 0, memory_order_release);
-        hkl_gate_wait(rt);
-        waited = 1;
-    }
-}
-
-static inline void hkl_exit(hkl_tslot *s) {
-    atomic_store_explicit(&s->active, 0, memory_order_release);
-}
-
-/* reclaim.c. hkl_reclaim_start starts the reclaim thread; free_rt frees
- * the runtime (runtime.c's), which the thread calls after its final pass
- * when destroy stopped waiting for it. */
-int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
-void hkl_reclaim_stop(hk_runtime *rt);
-void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
-int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
-
-/* record.c: one module's last-known-good record, parsed and formatted (the
- * format is described there). */
-#define HKL_REC_MAXQ      32
-#define HKL_REC_MAXEXPR   64
-#define HKL_REC_MAX_BYTES (300 << 10)
-typedef struct hkl_rec_image {
-    int has;
-    uint8_t hash[32];
-    hk_format format;
-    uint64_t release;
-} hkl_rec_image;
-typedef struct hkl_rec_q {
-    uint8_t hash[32];
-    uint64_t release, version;
-} hkl_rec_q;
-typedef struct hkl_rec {
-    char module[HKL_NAME_MAX];
-    hkl_rec_image current, good;
-    int nexpr; /* name expressions of the good image */
-    char **expr, **lowered;
-    int nq; /* quarantined images, oldest first */
-    hkl_rec_q q[HKL_REC_MAXQ];
-} hkl_rec;
-/* 0, or HK_ERR_FORMAT with why set (r then holds nothing to free). */
-int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t whyn);
-/* *out: the text, malloc'd and NUL-terminated, *outlen bytes long. */
-int hkl_rec_format(const hkl_rec *r, char **out, size_t *outlen);
-void hkl_rec_free(hkl_rec *r);
-void hkl_hash_hex(const uint8_t h[32], char out[65]);
-int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
-
-/* lkg.c: last known good. lkg_lock (private to lkg.c) comes after swap_lock
+/* lkg.c: last known good. lkg_lock (lkg.c's and lkgdisk.c's) comes after swap_lock
  * and before stats_lock and log_lock; it is taken on a launching thread only
  * on the error path, after the driver returned a sticky error.
  * - hkl_lkg_open at create (checks the directory, reads the records, locks
@@ -835,5 +638,139 @@ int hkl_lkg_read_image(hk_runtime *rt, const uint8_t hash[32], char **data, size
                        size_t whyn);
 /* Tests: the clock the suspect window is measured with (ms). */
 void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void));
+
+/* metrics.c: one committed swap of total_ms (stats_lock held). */
+void hkl_hist_observe(hkl_hist *h, double total_ms);
+/* A swap's outcome into the counters (stats_lock taken here): committed or
+ * refused, a rollback or not, and the times of its report. */
+void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep);
+/* Fills rep's total (since t_start, hkl_now_ms; 0: not known) and the part
+ * of it no step accounts for (waiting for the lock, a safe point, reset
+ * recovery). */
+void hkl_report_times(hk_report *rep, double t_start);
+/* The engine's families from a snapshot of its counters (h may be NULL). */
+void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
+
+/* launch.c: kernel handles, launches, pins. */
+/* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
+int hkl_kernels_reserve(hkl_module *m);
+/* Applies the attributes set through k to its kernel in v (swap_lock held,
+ * gate closed): 0 or the driver's refusal, rep saying which. */
+int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
+/* hk_launch_ex with a driver launch configuration as the caller has it (its
+ * attributes passed on as they are): for the <<<>>> interposition. */
+int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
+/* Drops a pin of v (a graph's, a capture's), waking the reclaim thread. */
+void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
+/* The CUfunction of v's slot in the context current on this thread. */
+CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f);
+/* Drops one reference of the runtime's hkl_rtref (its own, or a captured
+ * launch's pin's), freeing it with the last. */
+void hkl_rtref_put(hkl_rtref *ref);
+
+/* graph.c: registered graphs. hkl_graphs_retarget points every registered
+ * node of m at v (swap_lock held); a node that cannot be retargeted keeps
+ * running old (pinned for it) and the report says so. hkl_graphs_free at
+ * free. */
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
+                        hk_report *rep);
+void hkl_graphs_free(hk_runtime *rt);
+
+/* expect.c: the program's own kernels and globals (for the <<<>>>
+ * interposition). See the top of expect.c.
+ * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
+ *   or mangled), the layout its call sites pass and the name expression that
+ *   instantiates it in a hot build (NULL: none needed), and binds it at once
+ *   to a committed version that has it; returns the entry (valid until
+ *   destroy; the same for the same name) or NULL. Takes swap_lock.
+ * - hkl_expect_handle: the handle the program's launches of it go to, or
+ *   NULL while no hot version has it. No lock: one acquire load.
+ * - hkl_expect_global registers the program's global `name` (its copy at
+ *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
+ *   the running version uses (1 with *dptr and *size set, 0 when none has it).
+ * - hkl_expect_exprs: the name expressions to add to a build of src (a
+ *   malloc'd vector of *n strings). No engine lock held.
+ * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
+ *   expected kernels v has (before validation, which then checks them as any
+ *   handle); hkl_expect_unadopt takes them back (roll back);
+ *   hkl_expect_seed gives v the program's globals (commit, gate closed);
+ *   hkl_expect_publish publishes the adopted handles (after the commit). */
+#define HKL_MAX_ADOPT 64
+typedef struct hkl_adopted {
+    int n, nnew;
+    hkl_expect *e[HKL_MAX_ADOPT];
+    hk_kernel *k[HKL_MAX_ADOPT];
+    int was_fixed[HKL_MAX_ADOPT];
+} hkl_adopted;
+hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
+                              const hkl_param_layout *layout);
+hk_kernel *hkl_expect_handle(const hkl_expect *e);
+const char *hkl_expect_name(const hkl_expect *e);
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
+int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
+int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
+int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
+int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
+void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_free(hk_runtime *rt); /* at free */
+
+/* canary.c: the canary between build and stage. hkl_canary_start makes
+ * rt->canary at create (starting the helper when options.canary is set);
+ * hkl_canary_check runs a built job's test launches as its policy says, on
+ * the building thread with no lock held (it takes swap_lock only to copy the
+ * running version), and returns 0 or the refusal. */
+int hkl_canary_start(hk_runtime *rt, hk_report *rep);
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
+/* hkl_build_start starts rt->iso, the build helper, when
+ * options.build_isolated is set (0, or HK_ERR_IO with the report saying
+ * why); hkl_helper_path resolves a helper executable: opt when set, else
+ * $env, else ../bin/name from the object holding libhotkern, else
+ * PREFIX/bin/name (malloc'd, NULL without memory). */
+int hkl_build_start(hk_runtime *rt, hk_report *rep);
+char *hkl_helper_path(const char *opt, const char *env, const char *name);
+
+/* swap.c: the swap transaction. hkl_swap_job swaps in a built job (its
+ * artifact filled: by the build step, or by restore): swap_lock taken here
+ * (HK_ERR_BUSY when this thread holds it already: a check callback),
+ * outcome counted and emitted. Returns 0 (committed, or the running
+ * version is this image already) or the refusal. The job stays the
+ * caller's. */
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
+
+/* reclaim.c. hkl_reclaim_start starts the reclaim thread; free_rt frees
+ * the runtime (runtime.c's), which the thread calls after its final pass
+ * when destroy stopped waiting for it. */
+int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
+void hkl_reclaim_stop(hk_runtime *rt);
+void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
+int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
+
+/* worker.c: hk_swap, hk_submit, the worker thread and safe points.
+ * Starts the worker. finish is the rest of hk_runtime_destroy after the
+ * worker has stopped (runtime.c's), which the worker runs itself when
+ * destroy stopped waiting for its build. */
+int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));
+/* hk_submit for a source whose submissions of a module replace each other
+ * (the watcher: each save holds the whole new content). A job submitted
+ * this way is superseded by a later one of the same module submitted this
+ * way too: still queued, it is never built; built, it is not staged (and
+ * runs no canary). It then ends with HK_EVENT_REFUSED and
+ * HK_ERR_SUPERSEDED, on the worker. Jobs of hk_submit and hk_swap neither
+ * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
+int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
+                      const hk_swap_options *opt);
+/* Stops the worker, waiting for a build in progress until until_ms
+ * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
+ * the teardown itself when its build returns). */
+int hkl_worker_stop(hk_runtime *rt, double until_ms);
+/* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
+void hkl_worker_drain(hk_runtime *rt);
+
+/* runtime.c: create and destroy. hkl_runtime_create_with is hk_runtime_create
+ * with a driver table of the caller's (base/driver.h): a real one is taken
+ * over, a fake one (dl NULL, the tests') stays the caller's. */
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
+                            hk_report *rep);
 
 #endif /* HK_LOADER_H */
