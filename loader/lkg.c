@@ -366,8 +366,8 @@ void hkl_lkg_flush(hk_runtime *rt, const char *module) {
     hkl_lkg_collect(rt);
 }
 
-int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
-                  hk_report *rep) {
+int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size, uint8_t h[32],
+                  int *hashed, hk_report *rep) {
     hkl_lkg *l = rt->lkg;
     hkl_rec_q q[HKL_REC_MAXQ];
     int nq = 0;
@@ -380,8 +380,9 @@ int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t 
     pthread_mutex_unlock(&l->lock);
     if (!nq)
         return 0;
-    uint8_t h[32];
-    hkl_lkg_hash(image, size, h);
+    if (!*hashed)
+        hkl_lkg_hash(image, size, h);
+    *hashed = 1;
     for (int i = 0; i < nq; i++)
         if (!memcmp(q[i].hash, h, 32)) {
             char hex[65], rel[48] = "";

@@ -268,6 +268,11 @@ struct hkl_job {
     char **name_expressions;
     char *source_name;
     hkp_artifact art; /* after build */
+    /* The image's hash (hkl_lkg_hash), taken once, when first needed: by
+     * the build's quarantine check, from a restored image's record, or by
+     * the swap, once the image is known to be new; hashed says it is. */
+    uint8_t hash[32];
+    int hashed;
     int built;
     int at_safe_point;  /* staged inside hk_safe_point */
     uint64_t seq;       /* submission order (0: none); an older job never
@@ -586,7 +591,9 @@ void hkl_emit_reset(hk_runtime *rt); /* no lock held */
  *   the reclaim thread: the caller must not touch it then unless the wait
  *   succeeded.
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
- *   (no engine lock needed).
+ *   (no engine lock needed). The image is hashed into hash only when the
+ *   module has quarantined images to compare it with, and only when
+ *   *hashed is 0 (it is set then).
  * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
  *   be published (swap_lock held; the launch gate may be closed: lkg_lock is
  *   only ever held for memory work, and never by a thread inside a launch):
@@ -606,7 +613,7 @@ void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 int hkl_lkg_open(hk_runtime *rt, hk_report *rep);
 void hkl_lkg_close(hk_runtime *rt);
 int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
-                  hk_report *rep);
+                  uint8_t hash[32], int *hashed, hk_report *rep);
 void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]);
 void hkl_lkg_pending(hk_runtime *rt, const char *module, const uint8_t hash[32], uint64_t version,
                      uint64_t release);

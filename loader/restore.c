@@ -40,6 +40,10 @@ static int restore_one(hk_runtime *rt, const hkl_lkg_good *it, hk_report *r) {
     j->art.image = data;
     j->art.size = n;
     j->art.format = it->good.format;
+    /* hkl_lkg_read_image checked that the image hashes to its name in the
+     * record: the swap takes no hash of its own. */
+    memcpy(j->hash, it->good.hash, sizeof j->hash);
+    j->hashed = 1;
     j->name_expressions = hku_strv_dup((const char *const *)it->expr, it->nexpr);
     j->art.lowered_names = hku_strv_dup((const char *const *)it->lowered, it->nexpr);
     if (!j->origin || (it->nexpr && (!j->name_expressions || !j->art.lowered_names))) {

@@ -168,7 +168,6 @@ typedef struct swap_txn {
     int gated;                /* the launch gate is closed */
     hkl_adopted adopted;      /* the program's kernels this version takes over */
     int pending;              /* noted as pending in the last-known-good state */
-    const uint8_t *hash;      /* the image's hash (hkl_lkg_hash) */
     double t0, t1;            /* when stage and commit began (hkl_now_ms) */
 } swap_txn;
 
@@ -322,7 +321,7 @@ static int commit(swap_txn *t) {
     hk_runtime *rt = t->rt;
     int err;
     t->t1 = hkl_now_ms();
-    hkl_lkg_pending(rt, t->m->name, t->hash, t->v->number, t->job->opt.release_version);
+    hkl_lkg_pending(rt, t->m->name, t->job->hash, t->v->number, t->job->opt.release_version);
     t->pending = 1;
     if (!t->gated)
         txn_gate_close(t, "a swap's commit");
@@ -416,8 +415,7 @@ static int roll_back(swap_txn *t, int err) {
  * artifact image has been moved into the version (or freed with the job).
  * Returns 0 (committed), 1 (the current version already is this image; not
  * a rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback, hk_report *rep,
-                       uint64_t *oldv) {
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
         return HK_ERR_NOMEM;
@@ -427,12 +425,13 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback
     if (err)
         return err;
     /* The last-known-good record names the image by its hash, taken only
-     * now that it is known to be new: the image already running costs no
-     * hash (a rollback's caller has taken it). */
-    if (!rollback)
-        hkl_lkg_hash(job->art.image, job->art.size, hash);
-    swap_txn t = {
-        .rt = rt, .job = job, .rep = rep, .m = m, .old = old, .hash = hash, .t0 = hkl_now_ms()};
+     * now that it is known to be new (the image already running costs no
+     * hash), unless the build's quarantine check or a restored record had
+     * it already. */
+    if (!job->hashed)
+        hkl_lkg_hash(job->art.image, job->art.size, job->hash);
+    job->hashed = 1;
+    swap_txn t = {.rt = rt, .job = job, .rep = rep, .m = m, .old = old, .t0 = hkl_now_ms()};
     if (!(t.v = version_from_build(rt, m, job)))
         return HK_ERR_NOMEM;
     if ((err = adopt_build(&t)) < 0 || (err = stage(&t)) < 0 || (err = validate(&t)) < 0 ||
@@ -454,16 +453,15 @@ int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
                  job->name);
         return HK_ERR_BUSY;
     }
-    uint8_t hash[32]; /* filled by swap_locked when the image is new */
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt); /* not held by this thread: checked above */
     int reset = hkl_check_reset(rt);
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, job, hash, 0, rep, &oldv);
+    int err = swap_locked(rt, job, 0, rep, &oldv);
     if (err == 0) /* recorded in commit order, under swap_lock (memory only) */
-        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
+        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), job->hash,
                           job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
@@ -528,12 +526,10 @@ static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report 
     hkl_image top = m->hist[m->nhist - 1];
     hkl_image prev = m->hist[m->nhist - 2];
     m->nhist -= 2;
-    uint8_t hash[32];
-    hkl_lkg_hash(j->art.image, j->art.size, hash);
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, j, hash, 1, r, oldv);
+    int err = swap_locked(rt, j, 1, r, oldv);
     if (err == 0)
-        hkl_lkg_committed(rt, atomic_load(&m->current), hash, 0);
+        hkl_lkg_committed(rt, atomic_load(&m->current), j->hash, 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {

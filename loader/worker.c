@@ -137,7 +137,7 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         return err;
     /* An image that ran when the context was lost is refused before its
      * canary run and before the driver sees it (hashed with no lock held). */
-    if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
+    if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, j->hash, &j->hashed, rep)) < 0)
         return err;
     /* Between build and stage: the version's test launches run in the
      * canary process, on this thread, with no lock held. */
