@@ -214,20 +214,20 @@ static char *dup_bytes(const void *p, size_t n) {
 /* Copies v (not NULL) into r. 0 or HK_ERR_NOMEM. */
 static int ref_take(const hkl_version *v, ref_copy *r) {
     memset(r, 0, sizeof *r);
-    int ok = (r->data = dup_bytes(v->image, v->size)) != NULL;
-    r->im =
-        (hka_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
-    if (ok && v->nexpr > 0) {
-        r->expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
-        r->lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
-        r->im.nexpr = v->nexpr; /* ref_free frees whichever copy was made */
+    int ok = (r->data = dup_bytes(v->art.image, v->art.size)) != NULL;
+    r->im = (hka_image){
+        .data = r->data, .size = v->art.size, .format = v->art.format, .version = v->number};
+    if (ok && v->art.nlowered > 0) {
+        r->expr = hku_strv_dup((const char *const *)v->expr, v->art.nlowered);
+        r->lowered = hku_strv_dup((const char *const *)v->art.lowered_names, v->art.nlowered);
+        r->im.nexpr = v->art.nlowered; /* ref_free frees whichever copy was made */
         ok = r->expr && r->lowered;
     }
-    if (ok && v->nentries > 0)
-        ok = (r->entries = calloc((size_t)v->nentries, sizeof *r->entries)) != NULL;
-    r->im.nentries = ok ? v->nentries : 0;
-    for (int i = 0; ok && i < v->nentries; i++) {
-        const hkp_entry *e = &v->entries[i];
+    if (ok && v->art.meta.nentries > 0)
+        ok = (r->entries = calloc((size_t)v->art.meta.nentries, sizeof *r->entries)) != NULL;
+    r->im.nentries = ok ? v->art.meta.nentries : 0;
+    for (int i = 0; ok && i < v->art.meta.nentries; i++) {
+        const hkp_entry *e = &v->art.meta.entries[i];
         r->entries[i].nparams = e->nparams;
         ok = (r->entries[i].name = strdup(e->name)) &&
              (r->entries[i].params =
@@ -277,7 +277,7 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     hkl_swap_lock(rt);
     hkl_module *m = hkl_module_find(rt, j->name);
     hkl_version *cur = m ? atomic_load(&m->current) : NULL;
-    if (cur && cur->size == j->art.size && !memcmp(cur->image, j->art.image, cur->size))
+    if (cur && cur->art.size == j->art.size && !memcmp(cur->art.image, j->art.image, cur->art.size))
         same = 1;
     else if (cur)
         err = ref_take(cur, &ref), have = err == 0;

@@ -269,8 +269,8 @@ static void set_current(hkl_lkg *l, lkg_mod *m, const hkl_version *v, const uint
     hku_strv_free(m->cur_lowered, m->ncur);
     m->cur_expr = e;
     m->cur_lowered = w;
-    m->ncur = v->nexpr;
-    m->rec.current = (hkl_rec_image){.has = 1, .format = v->format, .release = release};
+    m->ncur = v->art.nlowered;
+    m->rec.current = (hkl_rec_image){.has = 1, .format = v->art.format, .release = release};
     memcpy(m->rec.current.hash, h, 32);
     m->cur_t = now;
     recent_add(m, h, now, release, v->number);
@@ -289,14 +289,14 @@ static int on_disk(const hkl_lkg *l, const uint8_t h[32]) {
 /* A copy of v's image to queue as unwritten; NULL without memory. */
 static lkg_img *image_copy(const hkl_version *v, const uint8_t h[32]) {
     lkg_img *img = calloc(1, sizeof *img);
-    if (img && !(img->data = malloc(v->size))) {
+    if (img && !(img->data = malloc(v->art.size))) {
         free(img);
         return NULL;
     }
     if (img) {
         memcpy(img->hash, h, 32);
-        memcpy(img->data, v->image, v->size);
-        img->size = v->size;
+        memcpy(img->data, v->art.image, v->art.size);
+        img->size = v->art.size;
     }
     return img;
 }
@@ -314,8 +314,9 @@ void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash
     if (hash)
         memcpy(h, hash, 32);
     else
-        hkl_lkg_hash(v->image, v->size, h);
-    char **e = strv_dup(v->expr, v->nexpr), **w = strv_dup(v->lowered, v->nexpr);
+        hkl_lkg_hash(v->art.image, v->art.size, h);
+    char **e = strv_dup(v->expr, v->art.nlowered),
+         **w = strv_dup(v->art.lowered_names, v->art.nlowered);
     double now = l->now();
     /* The copy the flush writes is taken now, since v may be unloaded and
      * freed once swap_lock is released, and outside lkg_lock (an image may
@@ -330,13 +331,13 @@ void hkl_lkg_committed(hk_runtime *rt, const hkl_version *v, const uint8_t *hash
     lkg_mod *m = mod_get(l, v->mod->name);
     if ((queue = must_queue(l, h)) && !img)
         img = image_copy(v, h); /* rare: needed only now */
-    if (!m || (v->nexpr && (!e || !w)) || (queue && !img)) {
+    if (!m || (v->art.nlowered && (!e || !w)) || (queue && !img)) {
         pthread_mutex_unlock(&l->lock);
         if (img)
             free(img->data);
         free(img);
-        hku_strv_free(e, v->nexpr);
-        hku_strv_free(w, v->nexpr);
+        hku_strv_free(e, v->art.nlowered);
+        hku_strv_free(w, v->art.nlowered);
         hk_log(rt, HK_LOG_WARN, "engine", "'%s' v%llu: out of memory, not recorded", v->mod->name,
                (unsigned long long)v->number);
         return;

@@ -117,18 +117,16 @@ struct hkl_version {
     uint64_t number;
     uint64_t release; /* hk_swap_options.release_version of its image; 0: none */
     hkl_module *mod;
-    void *image; /* the loaded image (after build); owned */
-    size_t size;
-    hk_format format;
+    /* The build's artifact, taken over whole (owned): the loaded image
+     * (art.image, art.size, art.format), what ptx/ read from it (art.meta:
+     * kernels with their parameter layouts, globals), and the lowered
+     * names of the name expressions (art.lowered_names, art.nlowered). Its
+     * log and header list come along, freed with the version. */
+    hkp_artifact art;
+    char **expr;                     /* the name expressions, parallel to art.lowered_names */
     CUlibrary lib;                   /* HK_LOADER_LIBRARY */
     CUmodule cumod[HKL_MAX_DEVICES]; /* HK_LOADER_MODULE (one device) */
-    int nglobals;                    /* globals from the image's metadata */
-    hkp_global *globals;
-    int nentries; /* kernels and parameter layouts, ditto */
-    hkp_entry *entries;
-    int nexpr; /* name expressions and their lowered names */
-    char **expr, **lowered;
-    int staged_on_all; /* code uploaded to every context (cuFuncLoad) */
+    int staged_on_all;               /* code uploaded to every context (cuFuncLoad) */
 
     /* fn[slot]: the CUkernel (library) or CUfunction (module) of each kernel
      * handle. Grown under swap_lock by publishing a new array; old arrays are

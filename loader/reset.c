@@ -71,14 +71,14 @@ static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_vers
     hkl_version *nv = hkl_version_new(rt, m, old->number);
     if (!nv)
         return NULL;
-    nv->format = old->format;
-    nv->image = malloc(old->size);
-    if (!nv->image) {
+    nv->art.format = old->art.format;
+    nv->art.image = malloc(old->art.size);
+    if (!nv->art.image) {
         free(nv);
         return NULL;
     }
-    memcpy(nv->image, old->image, old->size);
-    nv->size = old->size;
+    memcpy(nv->art.image, old->art.image, old->art.size);
+    nv->art.size = old->art.size;
     if (hkl_load_version(rt, nv, rep) < 0) {
         hkl_version_free(nv);
         return NULL;
@@ -101,17 +101,13 @@ static void reload_module(hk_runtime *rt, hkl_module *m) {
     }
     /* The old version is dead: its metadata (name expressions, globals,
      * kernel layouts) moves to the reloaded one. */
-    nv->nexpr = old->nexpr;
+    nv->art.meta = old->art.meta;
+    nv->art.nlowered = old->art.nlowered;
+    nv->art.lowered_names = old->art.lowered_names;
     nv->expr = old->expr;
-    nv->lowered = old->lowered;
-    nv->nglobals = old->nglobals;
-    nv->globals = old->globals;
-    nv->nentries = old->nentries;
-    nv->entries = old->entries;
-    old->nexpr = old->nglobals = old->nentries = 0;
-    old->expr = old->lowered = NULL;
-    old->globals = NULL;
-    old->entries = NULL;
+    memset(&old->art.meta, 0, sizeof old->art.meta);
+    old->art.nlowered = 0;
+    old->art.lowered_names = old->expr = NULL;
     int ok = 1;
     for (int k = 0; k < m->nkernels && ok; k++)
         ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;

@@ -73,19 +73,19 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
 /* Adds v's image to the module's history ring (rollback pops instead). The
  * copy is made first, so a failure leaves the history as it was. */
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
-    hkl_image im = {.size = v->size,
-                    .format = v->format,
+    hkl_image im = {.size = v->art.size,
+                    .format = v->art.format,
                     .version = v->number,
                     .release = v->release,
-                    .nexpr = v->nexpr};
-    im.data = malloc(v->size);
-    im.expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
-    im.lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
-    if (!im.data || (v->nexpr > 0 && (!im.expr || !im.lowered))) {
+                    .nexpr = v->art.nlowered};
+    im.data = malloc(v->art.size);
+    im.expr = hku_strv_dup((const char *const *)v->expr, v->art.nlowered);
+    im.lowered = hku_strv_dup((const char *const *)v->art.lowered_names, v->art.nlowered);
+    if (!im.data || (v->art.nlowered > 0 && (!im.expr || !im.lowered))) {
         hkl_image_clear(&im);
         return HK_ERR_NOMEM;
     }
-    memcpy(im.data, v->image, v->size);
+    memcpy(im.data, v->art.image, v->art.size);
     if (m->nhist == rt->opt.history) {
         hkl_image_clear(&m->hist[0]);
         memmove(m->hist, m->hist + 1, (size_t)(m->nhist - 1) * sizeof *m->hist);
@@ -118,10 +118,11 @@ static hkl_module *module_get_or_create(hk_runtime *rt, const char *name) {
 
 /* 1 when old holds exactly the image (and name expressions) job built. */
 static int same_image(const hkl_version *old, const hkl_job *job) {
-    if (!old || old->size != job->art.size || old->format != job->art.format ||
-        old->nexpr != job->opt.nname_expressions || memcmp(old->image, job->art.image, old->size))
+    if (!old || old->art.size != job->art.size || old->art.format != job->art.format ||
+        old->art.nlowered != job->opt.nname_expressions ||
+        memcmp(old->art.image, job->art.image, old->art.size))
         return 0;
-    for (int i = 0; i < old->nexpr; i++)
+    for (int i = 0; i < old->art.nlowered; i++)
         if (strcmp(old->expr[i], job->name_expressions[i]))
             return 0;
     return 1;
@@ -181,30 +182,17 @@ static void txn_gate_open(swap_txn *t) {
     t->gated = 0;
 }
 
-/* The end of the build step: a new version of t->m takes over the job's
- * image and metadata (the job keeps none of them). NULL: out of memory. */
+/* The end of the build step: a new version of t->m takes the job's
+ * artifact over whole (the job keeps none of it), with a copy of the name
+ * expressions it was built with. NULL: out of memory. */
 static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *job) {
     hkl_version *v = hkl_version_new(rt, m, m->last_version + 1);
     if (!v)
         return NULL;
     v->release = job->opt.release_version;
-    v->image = job->art.image;
-    v->size = job->art.size;
-    v->format = job->art.format;
-    job->art.image = NULL;
-    v->nglobals = job->art.meta.nglobals;
-    v->globals = job->art.meta.globals;
-    job->art.meta.globals = NULL;
-    job->art.meta.nglobals = 0;
-    v->nentries = job->art.meta.nentries;
-    v->entries = job->art.meta.entries;
-    job->art.meta.entries = NULL;
-    job->art.meta.nentries = 0;
-    v->nexpr = job->art.nlowered;
+    v->art = job->art;
+    memset(&job->art, 0, sizeof job->art);
     v->expr = hku_strv_dup((const char *const *)job->name_expressions, job->opt.nname_expressions);
-    v->lowered = job->art.lowered_names;
-    job->art.lowered_names = NULL;
-    job->art.nlowered = 0;
     return v;
 }
 
@@ -216,11 +204,11 @@ static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *j
 static int adopt_build(swap_txn *t) {
     hkl_version *v = t->v;
     int nexpr = t->job->opt.nname_expressions;
-    if (v->nexpr != nexpr || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
+    if (v->art.nlowered != nexpr || (v->art.nlowered > 0 && (!v->expr || !v->art.lowered_names))) {
         hku_strv_free(v->expr, nexpr);
-        hku_strv_free(v->lowered, v->nexpr);
-        v->expr = v->lowered = NULL;
-        v->nexpr = 0;
+        hku_strv_free(v->art.lowered_names, v->art.nlowered);
+        v->expr = v->art.lowered_names = NULL;
+        v->art.nlowered = 0;
         if (nexpr > 0) {
             hku_fail(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
             return HK_ERR_NOMEM;
@@ -230,8 +218,8 @@ static int adopt_build(swap_txn *t) {
         t->rep->version = v->number;
         snprintf(t->rep->module, sizeof t->rep->module, "%s", t->m->name);
         /* The build may have run on another thread, long before (safe points). */
-        t->rep->build_ms = t->job->art.ms;
-        t->rep->cache_hit = t->job->art.cache_hit;
+        t->rep->build_ms = v->art.ms;
+        t->rep->cache_hit = v->art.cache_hit;
     }
     return 0;
 }

@@ -63,17 +63,8 @@ hkl_version *hkl_version_new(hk_runtime *rt, hkl_module *m, uint64_t number) {
 void hkl_version_free(hkl_version *v) {
     if (!v)
         return;
-    free(v->image);
-    for (int i = 0; i < v->nglobals; i++)
-        free(v->globals[i].name);
-    free(v->globals);
-    for (int i = 0; i < v->nentries; i++) {
-        free(v->entries[i].name);
-        free(v->entries[i].params);
-    }
-    free(v->entries);
-    hku_strv_free(v->expr, v->nexpr);
-    hku_strv_free(v->lowered, v->nexpr);
+    hku_strv_free(v->expr, v->art.nlowered);
+    hkp_artifact_free(&v->art);
     void **fn = atomic_load(&v->fn), **funcs = atomic_load(&v->funcs);
     free(fn ? fn - 1 : NULL);
     free(funcs ? funcs - 1 : NULL);
@@ -89,9 +80,9 @@ void hkl_version_free(hkl_version *v) {
 /* The entry name a handle's name stands for in v: the lowered name of a name
  * expression, or the name itself. */
 const char *hkl_entry_name(const hkl_version *v, const char *name) {
-    for (int i = 0; i < v->nexpr; i++)
+    for (int i = 0; i < v->art.nlowered; i++)
         if (!strcmp(v->expr[i], name))
-            return v->lowered[i];
+            return v->art.lowered_names[i];
     return name;
 }
 
@@ -119,11 +110,11 @@ int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep) {
     const char *what;
     if (rt->opt.loader == HK_LOADER_LIBRARY) {
         what = "cuLibraryLoadData";
-        r = d->LibraryLoadData(&v->lib, v->image, jo, jv, njo, NULL, NULL, 0);
+        r = d->LibraryLoadData(&v->lib, v->art.image, jo, jv, njo, NULL, NULL, 0);
     } else {
         what = "cuModuleLoadDataEx";
         if ((r = (CUresult)hkl_ctx_push(rt, 0)) == CUDA_SUCCESS) {
-            r = d->ModuleLoadDataEx(&v->cumod[0], v->image, njo, jo, jv);
+            r = d->ModuleLoadDataEx(&v->cumod[0], v->art.image, njo, jo, jv);
             hkl_ctx_pop(rt);
         }
     }
@@ -232,9 +223,9 @@ int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_para
     void *fn = atomic_load(&v->fn)[k->slot];
     const char *entry = hkl_entry_name(v, k->name);
     const hkp_entry *e = NULL;
-    for (int i = 0; i < v->nentries && !e; i++)
-        if (!strcmp(v->entries[i].name, entry))
-            e = &v->entries[i];
+    for (int i = 0; i < v->art.meta.nentries && !e; i++)
+        if (!strcmp(v->art.meta.entries[i].name, entry))
+            e = &v->art.meta.entries[i];
     int cap = e ? (e->nparams > 0 ? e->nparams : 1) : 8;
     memset(out, 0, sizeof *out);
     out->offset = malloc((size_t)cap * sizeof *out->offset);
@@ -394,11 +385,11 @@ int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *re
 int hkl_carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep) {
     const hkb_driver *d = rt->drv;
     char skipped[256] = "";
-    for (int g = 0; g < nv->nglobals; g++) {
-        const char *name = nv->globals[g].name;
+    for (int g = 0; g < nv->art.meta.nglobals; g++) {
+        const char *name = nv->art.meta.globals[g].name;
         int in_old = 0;
-        for (int j = 0; j < old->nglobals && !in_old; j++)
-            in_old = !strcmp(old->globals[j].name, name);
+        for (int j = 0; j < old->art.meta.nglobals && !in_old; j++)
+            in_old = !strcmp(old->art.meta.globals[j].name, name);
         if (!in_old)
             continue;
         for (int i = 0; i < rt->ndev; i++) {
