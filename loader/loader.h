@@ -142,7 +142,7 @@ struct hkl_version {
     _Atomic(void **) funcs;
     void **old_fn; /* swap_lock: chain of replaced arrays (fn and funcs) */
 
-    _Atomic int pins;         /* hk_pin, graph and capture references */
+    _Atomic int pins;         /* hk_pin, graph, capture and canary references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
     int dead;                 /* set before retiring: a module of a reset
                                * context, replaced by its reload (no event) */
@@ -723,8 +723,9 @@ void hkl_expect_free(hk_runtime *rt); /* at free */
 /* canary.c: the canary between build and stage. hkl_canary_start makes
  * rt->canary at create (starting the helper when options.canary is set);
  * hkl_canary_check runs a built job's test launches as its policy says, on
- * the building thread with no lock held (it takes swap_lock only to copy the
- * running version), and returns 0 or the refusal. */
+ * the building thread with no lock held (it takes swap_lock only to pin the
+ * running version, which the run then reads in place), and returns 0 or the
+ * refusal. */
 int hkl_canary_start(hk_runtime *rt, hk_report *rep);
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
 /* hkl_build_start starts rt->iso, the build helper, when

@@ -86,6 +86,47 @@ static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_vers
     return nv;
 }
 
+/* Gives nv, which holds a copy of old's image, copies of old's metadata:
+ * the name expressions and their lowered names, the kernels with their
+ * parameter layouts, the globals. old stays whole: a canary run may be
+ * reading it, pinned, with no lock held. 0, or HK_ERR_NOMEM (what was
+ * copied is freed with nv). */
+static int meta_copy(hkl_version *nv, const hkl_version *old) {
+    const hkp_meta *om = &old->art.meta;
+    hkp_meta *nm = &nv->art.meta;
+    int n = old->art.nlowered;
+    char **e = hku_strv_dup((const char *const *)old->expr, n);
+    char **w = hku_strv_dup((const char *const *)old->art.lowered_names, n);
+    if (n > 0 && (!e || !w)) {
+        hku_strv_free(e, n);
+        hku_strv_free(w, n);
+        return HK_ERR_NOMEM;
+    }
+    nv->expr = e;
+    nv->art.lowered_names = w;
+    nv->art.nlowered = n;
+    *nm = *om; /* the plain fields; the arrays are copied below */
+    nm->entries = om->nentries ? calloc((size_t)om->nentries, sizeof *nm->entries) : NULL;
+    nm->globals = om->nglobals ? calloc((size_t)om->nglobals, sizeof *nm->globals) : NULL;
+    nm->nentries = nm->entries ? om->nentries : 0;
+    nm->nglobals = nm->globals ? om->nglobals : 0;
+    int ok = nm->nentries == om->nentries && nm->nglobals == om->nglobals;
+    for (int i = 0; ok && i < om->nentries; i++) {
+        const hkp_entry *f = &om->entries[i];
+        size_t bytes = (size_t)f->nparams * sizeof *f->params;
+        nm->entries[i].nparams = f->nparams;
+        ok = (nm->entries[i].name = strdup(f->name)) &&
+             (!bytes || (nm->entries[i].params = malloc(bytes)));
+        if (ok && bytes)
+            memcpy(nm->entries[i].params, f->params, bytes);
+    }
+    for (int i = 0; ok && i < om->nglobals; i++) {
+        nm->globals[i] = om->globals[i];
+        ok = (nm->globals[i].name = strdup(om->globals[i].name)) != NULL;
+    }
+    return ok ? 0 : HK_ERR_NOMEM;
+}
+
 /* Module loader: m's current module died with the context. Loads its image
  * again and publishes it in place of the dead version; when that fails, the
  * dead version stays current. */
@@ -99,16 +140,9 @@ static void reload_module(hk_runtime *rt, hkl_module *m) {
         hk_report_clear(&rep);
         return;
     }
-    /* The old version is dead: its metadata (name expressions, globals,
-     * kernel layouts) moves to the reloaded one. */
-    nv->art.meta = old->art.meta;
-    nv->art.nlowered = old->art.nlowered;
-    nv->art.lowered_names = old->art.lowered_names;
-    nv->expr = old->expr;
-    memset(&old->art.meta, 0, sizeof old->art.meta);
-    old->art.nlowered = 0;
-    old->art.lowered_names = old->expr = NULL;
-    int ok = 1;
+    /* The old version is dead: the reloaded one takes copies of its
+     * metadata (name expressions, globals, kernel layouts). */
+    int ok = meta_copy(nv, old) == 0;
     for (int k = 0; k < m->nkernels && ok; k++)
         ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
     if (!ok) {
