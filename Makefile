@@ -453,10 +453,19 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
                tests/cpp/*.cc examples/*.cpp)
+# The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
+# circle across folders, no loader/ file over 800 lines, no loader/ or canary/
+# function over 100. It reads the library's objects' symbols, so it builds them
+# first (nothing to do after make).
+LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o \
+             $(BUILD)/obj/interpose/wrap.o $(CLI_OBJ) $(BUILD)/obj/canary/helper.o \
+             $(BUILD)/obj/ptx/helper.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh tests/run.sh tests/run-examples.sh \
 	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh
+	@$(MAKE) --no-print-directory $(LAYER_OBJ)
+	python3 scripts/layers.py $(BUILD) --check
 
 format:
 	clang-format -i $(FORMAT_SRC)

@@ -17,6 +17,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing 
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
 command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
 command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
+# python3: make lint's layering check (scripts/layers.py).
+command -v python3 >/dev/null 2>&1 || missing="$missing python3"
 # libabigail: make abi-check compares the shared libraries with abi/*.abi.
 { command -v abidw && command -v abidiff; } >/dev/null 2>&1 || missing="$missing abigail-tools"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"

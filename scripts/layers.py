@@ -220,6 +220,11 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     check = "--check" in sys.argv
     verbose = "--verbose" in sys.argv
+    # With --check, the report is printed only when the layering does not hold.
+    report = []
+
+    def say(line):
+        report.append(line)
     build = args[0] if args else "build"
     files = sources()
     inc = includes(files)
@@ -233,10 +238,10 @@ def main():
         fa, fb = folder_of(a), folder_of(b)
         if fa and fb and fa != fb:
             fedges.setdefault((fa, fb), {"include": 0, "call": 0})[kind] += 1
-    print("== folders (lowest first): " + " < ".join(FOLDERS))
+    say("== folders (lowest first): " + " < ".join(FOLDERS))
     for (fa, fb), n in sorted(fedges.items(), key=lambda x: (rank[x[0][0]], rank[x[0][1]])):
         up = rank[fa] < rank[fb]
-        print("  %-9s -> %-9s includes %3d  calls %3d%s" % (fa, fb, n["include"], n["call"], "  UP" if up else ""))
+        say("  %-9s -> %-9s includes %3d  calls %3d%s" % (fa, fb, n["include"], n["call"], "  UP" if up else ""))
     up_edges = []
     for (a, b) in sorted(inc):
         fa, fb = folder_of(a), folder_of(b)
@@ -258,9 +263,9 @@ def main():
             if ra is not None and rb is not None and ra < rb:
                 up_edges.append("call %s -> %s (%s)" % (a, b, ", ".join(sorted(syms))))
                 lup += 1
-    print("== arrows up: %d (%d between folders, %d inside loader/)" % (len(up_edges), len(up_edges) - lup, lup))
+    say("== arrows up: %d (%d between folders, %d inside loader/)" % (len(up_edges), len(up_edges) - lup, lup))
     for e in up_edges:
-        print("  " + e)
+        say("  " + e)
     problems += ["arrow up: " + e for e in up_edges]
 
     # Circles of the file graph (includes between .c/.h files of different
@@ -273,13 +278,13 @@ def main():
     # And of the folder graph: two folders that use each other, through
     # whichever files, are one circle even when no file circle crosses them.
     cross += sccs(set(FOLDERS), set(fedges))
-    print("== circles: %d across folders, %d inside loader/, %d in all" % (len(cross), len(inloader),
+    say("== circles: %d across folders, %d inside loader/, %d in all" % (len(cross), len(inloader),
           len(comps) + len(cross) - len([c for c in comps if c in cross])))
     for c in cross:
-        print("  (%d, across folders) %s" % (len(c), " ".join(c)))
+        say("  (%d, across folders) %s" % (len(c), " ".join(c)))
     for c in comps:
         if c not in cross:
-            print("  (%d files) %s" % (len(c), " ".join(c)))
+            say("  (%d files) %s" % (len(c), " ".join(c)))
     problems += ["circle across folders: " + " ".join(c) for c in cross]
     problems += ["circle inside loader/: " + " ".join(c) for c in inloader]
 
@@ -296,25 +301,29 @@ def main():
             for name, line, length in functions(f):
                 if length > MAX_FUNC:
                     big_funcs.append((f, name, line, length))
-    print("== files over %d lines: %d (%d in loader/)" % (MAX_FILE, len(big_files),
+    say("== files over %d lines: %d (%d in loader/)" % (MAX_FILE, len(big_files),
           sum(1 for f, _ in big_files if f.startswith("loader/"))))
     for f, n in big_files:
-        print("  %5d %s" % (n, f))
+        say("  %5d %s" % (n, f))
     lc = [x for x in big_funcs if x[0].startswith(("loader/", "canary/"))]
-    print("== functions over %d lines: %d (%d in loader/ and canary/)" % (MAX_FUNC, len(big_funcs), len(lc)))
+    say("== functions over %d lines: %d (%d in loader/ and canary/)" % (MAX_FUNC, len(big_funcs), len(lc)))
     for f, name, line, length in big_funcs:
         if verbose or f.startswith(("loader/", "canary/")):
-            print("  %5d %s:%d %s" % (length, f, line, name))
+            say("  %5d %s:%d %s" % (length, f, line, name))
     problems += ["loader file over %d lines: %s (%d)" % (MAX_FILE, f, n) for f, n in big_files
                  if f.startswith("loader/")]
     problems += ["function over %d lines: %s:%d %s (%d)" % (MAX_FUNC, f, line, name, length)
                  for f, name, line, length in lc]
 
-    print("== %s" % ("layering holds" if not problems else "%d problems" % len(problems)))
+    say("== %s" % ("layering holds" if not problems else "%d problems" % len(problems)))
+    if not check or problems or verbose:
+        print("\n".join(report))
     if check and problems:
         for p in problems:
             print("layers: " + p, file=sys.stderr)
         return 1
+    if check:
+        print("layers: the layering holds (%s)" % " < ".join(FOLDERS))
     return 0
 
 
