@@ -19,7 +19,7 @@
  * count themselves in `gate`; launchers wait while it is above zero, at most
  * launch_hold_max_us. The counters here feed hk_stats; the longest section
  * so far is logged (log.c). Nothing here takes an engine lock but gate_lock,
- * a leaf.
+ * a leaf, and log_lock for that message.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -426,7 +426,7 @@ struct hk_runtime {
                          * options.build_isolated, else NULL (ptx/isolate.c;
                          * its own lock) */
 
-    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
+    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c, lkgdisk.c; lkg_lock) */
 
     pthread_mutex_t expect_lock;  /* a leaf: the program's kernels and globals (expect.c) */
     hkl_expect *expects;          /* expect_lock */
