@@ -130,7 +130,7 @@ static void part1(void) {
             if (o == OP_UNLOAD && r == CUDA_SUCCESS)
                 pre = NULL;
             printf("capture: B %-7s %-52s -> %-40s capture %s\n", relaxed ? "relaxed" : "global",
-                   op_name[o], hkl_cu_name(&bd, r),
+                   op_name[o], hkb_cu_name(&bd, r),
                    end_err == cudaSuccess ? "intact" : cudaGetErrorName(end_err));
             bd.CtxSynchronize(ctx);
         }
@@ -168,7 +168,7 @@ static void part2(void) {
                "buffer %d\n",
                queued ? "a kernel of L queued behind a 200 ms kernel (it writes 42)"
                       : "L idle while a 200 ms kernel of another library runs",
-               hkl_cu_name(&bd, r), ms, hkl_cu_name(&bd, rs), hkl_cu_name(&bd, rc), got);
+               hkb_cu_name(&bd, r), ms, hkb_cu_name(&bd, rs), hkb_cu_name(&bd, rc), got);
     }
 }
 

@@ -338,7 +338,7 @@ static void raw_cycles(swaps *w, int max, sampler *S) {
         double ms = (double)(t1 - t0) / 1e6;
         w->attempted++;
         if (r != CUDA_SUCCESS && !w->failed++)
-            printf("  first failed cycle: %s: %s\n", what, hkl_cu_name(&bd, r));
+            printf("  first failed cycle: %s: %s\n", what, hkb_cu_name(&bd, r));
         if (t1 >= deadline) {
             w->late = 1;
             w->late_ms = ms;
@@ -516,7 +516,7 @@ static long run_phase(const phase *p, int n, int max_swaps, double cap_s) {
     printf("%s: launches %ld (%.2f M/s), failed %ld", label, launches,
            launch_s > 0 ? (double)launches / launch_s / 1e6 : 0.0, failed);
     if (failed)
-        printf(" (first: %s)", hkl_cu_name(&bd, (CUresult)first_cu));
+        printf(" (first: %s)", hkb_cu_name(&bd, (CUresult)first_cu));
     printf(", bad tags %ld (seen: tag 1 x %ld, tag 2 x %ld), readback errors %ld\n", bad, tags[1],
            tags[2], rb_err);
     printf("%s: longest launcher pause %.3f ms (median over threads %.3f ms), pauses over 1 ms "

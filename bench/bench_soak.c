@@ -82,7 +82,7 @@ static void check_tags(const int *t, int n, atomic_long *count) {
 
 static void launch_failed(int cu) {
     if (atomic_fetch_add(&failed_launches, 1) == 0)
-        printf("  first failed launch: %s\n", hkl_cu_name(&bd, (CUresult)cu));
+        printf("  first failed launch: %s\n", hkb_cu_name(&bd, (CUresult)cu));
 }
 
 /* Copies n tags from the device to pinned memory, synchronizes s and checks

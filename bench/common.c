@@ -8,7 +8,7 @@
 
 #include "bench/common.h"
 
-hkl_driver bd;
+hkb_driver bd;
 static int arch;
 
 #define SMALL_K1_K4                                                                                \
@@ -121,7 +121,7 @@ double bench_sm_hz(void) {
 
 void bench_init(const char *name) {
     char why[512];
-    if (hkl_driver_open(&bd, why, sizeof why) < 0) {
+    if (hkb_driver_open(&bd, why, sizeof why) < 0) {
         printf("SKIP %s: no usable CUDA device (%s)\n", name, why);
         exit(77);
     }
@@ -131,7 +131,7 @@ void bench_init(const char *name) {
         printf("SKIP %s: the CUDA driver lacks %s\n", name, #sym);                                 \
         exit(77);                                                                                  \
     }
-    HKL_DRIVER_ENTRIES_EXTRA(BENCH_NEED)
+    HKB_DRIVER_ENTRIES_EXTRA(BENCH_NEED)
 #undef BENCH_NEED
     CUcontext ctx;
     bd.DevicePrimaryCtxRetain(&ctx, 0);

@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "ptx/ptx.h"
 
-extern hkl_driver bd; /* the real driver, for baselines */
+extern hkb_driver bd; /* the real driver, for baselines */
 
 /* Opens the driver (exits 77 with a SKIP line when there is none), makes the
  * primary context of device 0 current, and prints the machine banner. */

@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "canary/canary.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "util/util.h"
 
 #define HKA_STR_(x)   #x
@@ -804,7 +804,7 @@ static void sane_cu_name(char *name, size_t n, int cu) {
     for (const char *p = name; ok && *p; p++)
         ok = (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_';
     if (!ok)
-        snprintf(name, n, "%s", hkl_cu_name(NULL, (CUresult)cu));
+        snprintf(name, n, "%s", hkb_cu_name(NULL, (CUresult)cu));
 }
 
 /* Reads a RESULT strictly: a finished launch returns every buffer at its

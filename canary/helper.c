@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "canary/canary.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 
 /* The copies a test needs beyond hotkern's own driver table, and the
  * events that time its repeats. */
@@ -41,7 +41,7 @@ static struct {
     __typeof__(cuEventDestroy) *EventDestroy;
 } X;
 
-static hkl_driver D;
+static hkb_driver D;
 static CUcontext ctx;
 static CUmodule slots[2];
 static int fd = -1;
@@ -86,7 +86,7 @@ static void bind_events(void) {
 
 static void attach(int device) {
     char why[512];
-    if (hkl_driver_open(&D, why, sizeof why) < 0)
+    if (hkb_driver_open(&D, why, sizeof why) < 0)
         fail("", why);
     if (bind_extras())
         fail("the CUDA driver lacks cuMemcpyHtoD, cuMemcpyDtoH or cuMemFree", "");
@@ -98,7 +98,7 @@ static void attach(int device) {
     if (r == CUDA_SUCCESS)
         r = D.CtxSetCurrent(ctx);
     if (r != CUDA_SUCCESS)
-        fail("no context on the device: ", hkl_cu_name(&D, r));
+        fail("no context on the device: ", hkb_cu_name(&D, r));
 }
 
 /* LOAD {slot, format, image}: (re)loads a slot. */
@@ -123,7 +123,7 @@ static void do_load(hku_rd *rd) {
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LOADED);
     hku_put_u32(&b, (uint32_t)r);
-    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
     hku_put_str(&b, r ? log : "", HKA_MAX_TEXT);
     if (hku_send(fd, &b) < 0)
         exit(0);
@@ -238,7 +238,7 @@ static uint32_t reply(req *q, uint32_t stage, CUresult r) {
     hku_buf_init(&b, HKA_MAGIC, HKA_RESULT);
     hku_put_u32(&b, stage);
     hku_put_u32(&b, (uint32_t)r);
-    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
     send_out = q->outputs && stage == HKA_STAGE_DONE; /* not after a failed copy */
     uint32_t nout = 0;
     for (uint32_t i = 0; i < q->nargs && send_out; i++)
@@ -298,7 +298,7 @@ static void time_runs(req *q, CUfunction f) {
     hku_buf_init(&b, HKA_MAGIC, HKA_TIMED);
     hku_put_u32(&b, r ? stage : HKA_STAGE_DONE);
     hku_put_u32(&b, (uint32_t)r);
-    hku_put_str(&b, r ? hkl_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
     hku_put_u32(&b, r ? 0 : n);
     for (uint32_t i = 0; !r && i < n; i++)
         hku_put_u64(&b, ns[i]);

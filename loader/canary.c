@@ -4,13 +4,14 @@
  * declarations of the public API, and the one call between build and stage
  * (hkl_canary_check) that decides whether a built version runs its tests,
  * resolves its perf guard from the runtime's and the swap's options,
- * gathers the running version's image for comparisons and timings and
- * hands both to canary/.
+ * pins the running version for comparisons and timings and hands both to
+ * canary/.
  *
  * Threads: hkl_canary_check runs on the thread that built the job (the caller
  * of hk_swap, or the worker), with no engine lock held while the helper
- * works. swap_lock is taken only to copy the running version's image and
- * metadata, before the run, and released before it starts.
+ * works. swap_lock is taken only to find and pin the running version, before
+ * the run, and released before it starts; the run reads the pinned version
+ * in place, and unpins it when it ends.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -271,66 +272,35 @@ int hk_kernel_clear_tests(hk_kernel *k) {
     return hka_clear_tests(k->rt->canary, k->mod->name, k->name);
 }
 
-/* The running version's image and metadata, copied under swap_lock so the
- * run needs no lock. */
-typedef struct ref_copy {
-    hka_image im;
-    void *data;
-    char **expr, **lowered;
-    hkp_entry *entries;
-} ref_copy;
-
-static void ref_free(ref_copy *r) {
-    free(r->data);
-    hku_strv_free(r->expr, r->im.nexpr);
-    hku_strv_free(r->lowered, r->im.nexpr);
-    for (int i = 0; i < r->im.nentries; i++) {
-        free(r->entries[i].name);
-        free(r->entries[i].params);
-    }
-    free(r->entries);
-    memset(r, 0, sizeof *r);
+/* The running version of module name, pinned, or NULL when there is none.
+ * swap_lock is held for the lookup and the count only: a pinned version
+ * stays loaded and whole (a committed version's image and metadata never
+ * change, and the reclaim thread frees none that is pinned), so the run
+ * reads it in place, with no lock and no copy. hkl_version_unpin ends it. */
+static hkl_version *running_pinned(hk_runtime *rt, const char *name) {
+    hkl_swap_lock(rt); /* not held by this thread: the caller checked */
+    hkl_module *m = hkl_module_find(rt, name);
+    hkl_version *v = m ? atomic_load(&m->current) : NULL;
+    /* Under swap_lock no commit can retire v before the count is taken. */
+    if (v)
+        atomic_fetch_add(&v->pins, 1);
+    hkl_swap_unlock(rt, 0);
+    return v;
 }
 
-static char *dup_bytes(const void *p, size_t n) {
-    char *d = malloc(n ? n : 1);
-    if (d && n)
-        memcpy(d, p, n);
-    return d;
+/* The canary's view of version v's image (pointing into v). */
+static hka_image image_of(const hkl_version *v) {
+    return (hka_image){.data = v->art.image,
+                       .size = v->art.size,
+                       .format = v->art.format,
+                       .version = v->number,
+                       .nexpr = v->art.nlowered,
+                       .expr = v->expr,
+                       .lowered = v->art.lowered_names,
+                       .nentries = v->art.meta.nentries,
+                       .entries = v->art.meta.entries};
 }
 
-/* Copies v (not NULL) into r. 0 or HK_ERR_NOMEM. */
-static int ref_take(const hkl_version *v, ref_copy *r) {
-    memset(r, 0, sizeof *r);
-    int ok = (r->data = dup_bytes(v->image, v->size)) != NULL;
-    r->im =
-        (hka_image){.data = r->data, .size = v->size, .format = v->format, .version = v->number};
-    if (ok && v->nexpr > 0) {
-        r->expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
-        r->lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
-        r->im.nexpr = v->nexpr; /* ref_free frees whichever copy was made */
-        ok = r->expr && r->lowered;
-    }
-    if (ok && v->nentries > 0)
-        ok = (r->entries = calloc((size_t)v->nentries, sizeof *r->entries)) != NULL;
-    r->im.nentries = ok ? v->nentries : 0;
-    for (int i = 0; ok && i < v->nentries; i++) {
-        const hkp_entry *e = &v->entries[i];
-        r->entries[i].nparams = e->nparams;
-        ok = (r->entries[i].name = strdup(e->name)) &&
-             (r->entries[i].params =
-                  (hkp_param *)dup_bytes(e->params, (size_t)e->nparams * sizeof *e->params));
-    }
-    r->im.expr = r->expr;
-    r->im.lowered = r->lowered;
-    r->im.entries = r->entries;
-    if (!ok)
-        ref_free(r);
-    return ok ? 0 : HK_ERR_NOMEM;
-}
-
-/* Between build and stage: runs the built job's canary as its policy says.
- * Returns 0 to go on, or the refusal (rep filled). */
 /* The run's perf guard: the swap's fields where set, else the runtime's,
  * else 4x and 1 ms. HK_ERR_INVALID for a field that is not a number. */
 static int guard_policy(const hk_runtime *rt, const hkl_job *j, hka_policy *p, hk_report *rep) {
@@ -345,6 +315,8 @@ static int guard_policy(const hk_runtime *rt, const hkl_job *j, hka_policy *p, h
     return 0;
 }
 
+/* Between build and stage: runs the built job's canary as its policy says.
+ * Returns 0 to go on, or the refusal (rep filled). */
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     hk_canary_policy policy =
         j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
@@ -360,23 +332,14 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
             snprintf(rep->canary, sizeof rep->canary, "no canary tests");
         return 0;
     }
-    ref_copy ref;
-    int have = 0, same = 0, err = 0;
-    hkl_swap_lock(rt);
-    hkl_module *m = hkl_module_find(rt, j->name);
-    hkl_version *cur = m ? atomic_load(&m->current) : NULL;
-    if (cur && cur->size == j->art.size && !memcmp(cur->image, j->art.image, cur->size))
-        same = 1;
-    else if (cur)
-        err = ref_take(cur, &ref), have = err == 0;
-    hkl_swap_unlock(rt, 0);
-    if (same) {
+    hkl_version *cur = running_pinned(rt, j->name);
+    if (cur && cur->art.size == j->art.size &&
+        !memcmp(cur->art.image, j->art.image, cur->art.size)) {
+        hkl_version_unpin(rt, cur);
         if (rep)
             snprintf(rep->canary, sizeof rep->canary, "not run: the running version's image");
         return 0;
     }
-    if (err < 0)
-        return err;
     hka_image img = {.data = j->art.image,
                      .size = j->art.size,
                      .format = j->art.format,
@@ -388,9 +351,12 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     if (img.nexpr > j->opt.nname_expressions)
         img.nexpr = j->opt.nname_expressions;
     hka_policy pol = {.canary = policy};
-    if ((err = guard_policy(rt, j, &pol, rep)) == 0)
-        err = hka_run(rt->canary, j->name, &img, have ? &ref.im : NULL, &pol, rep);
-    if (have)
-        ref_free(&ref);
+    int err = guard_policy(rt, j, &pol, rep);
+    if (err == 0) {
+        hka_image ref = cur ? image_of(cur) : (hka_image){0};
+        err = hka_run(rt->canary, j->name, &img, cur ? &ref : NULL, &pol, rep);
+    }
+    if (cur)
+        hkl_version_unpin(rt, cur);
     return err;
 }

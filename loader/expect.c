@@ -109,9 +109,9 @@ static hkl_expect *find_kernel(hk_runtime *rt, const char *name) {
 
 /* v's metadata entry called name, or NULL. */
 static const hkp_entry *entry_of(const hkl_version *v, const char *name) {
-    for (int i = 0; i < v->nentries; i++)
-        if (!strcmp(v->entries[i].name, name))
-            return &v->entries[i];
+    for (int i = 0; i < v->art.meta.nentries; i++)
+        if (!strcmp(v->art.meta.entries[i].name, name))
+            return &v->art.meta.entries[i];
     return NULL;
 }
 
@@ -442,16 +442,16 @@ void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl
 }
 
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
-    if (!atomic_load(&rt->nexpects) || !v->nglobals)
+    if (!atomic_load(&rt->nexpects) || !v->art.meta.nglobals)
         return 0;
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     char skipped[256] = "";
     int err = 0;
     pthread_mutex_lock(&rt->expect_lock);
     for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next) {
         int in = 0;
-        for (int i = 0; i < v->nglobals && !in; i++)
-            in = !strcmp(v->globals[i].name, g->name);
+        for (int i = 0; i < v->art.meta.nglobals && !in; i++)
+            in = !strcmp(v->art.meta.globals[i].name, g->name);
         if (!in || (g->mod && g->mod != m))
             continue;
         int bind = !g->mod;

@@ -1,9 +1,9 @@
 /*
- * Names of the kernel image formats and of the error codes (from the one
- * table in hotkern.h), the library's version, and hk_report_clear. A file of
- * its own, at the bottom: the release code in net/ writes format and error
- * names and clears reports, and is also built (for fuzzing) without the rest
- * of the engine.
+ * Names of the kernel image formats, the library's version, and
+ * hk_report_clear. A file of its own, at the bottom of loader/: the release
+ * code in net/ writes format names and clears reports, and is also built
+ * (for fuzzing) without the rest of the engine. (The error codes' names and
+ * messages are one floor lower still, in base/error.c.)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -16,30 +16,6 @@
 
 const char *hk_version(void) {
     return HK_STR(HK_VERSION_MAJOR) "." HK_STR(HK_VERSION_MINOR) "." HK_STR(HK_VERSION_PATCH);
-}
-
-const char *hk_strerror(int err) {
-    switch (err) {
-#define HK_ERROR_MESSAGE_(name, value, message)                                                    \
-    case name:                                                                                     \
-        return message;
-        HK_ERROR_TABLE(HK_ERROR_MESSAGE_)
-#undef HK_ERROR_MESSAGE_
-    default:
-        return "unknown error";
-    }
-}
-
-const char *hk_err_name(int err) {
-    switch (err) {
-#define HK_ERROR_NAME_(name, value, message)                                                       \
-    case name:                                                                                     \
-        return #name;
-        HK_ERROR_TABLE(HK_ERROR_NAME_)
-#undef HK_ERROR_NAME_
-    default:
-        return "HK_ERR_UNKNOWN";
-    }
 }
 
 const char *hk_format_name(hk_format fmt) {

@@ -1,5 +1,5 @@
 /*
- * Kernel handles, the launch path, pins and CUDA graphs.
+ * Kernel handles, the launch path and pins (registered graphs: graph.c).
  *
  * The launch path is the hot one: it announces the thread's epoch in a slot
  * only this thread writes, loads the module's `current` version once, reads
@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "loader/abi.h"
-#include "loader/loader.h"
+#include "loader/gate.h"
 
 int hkl_kernels_reserve(hkl_module *m) {
     if (m->nkernels < m->capkernels)
@@ -182,6 +182,15 @@ typedef struct capture_pin {
     hkl_rtref *ref;
     hkl_version *v;
 } capture_pin;
+
+/* Drops one reference of the runtime's hkl_rtref (the runtime's own, or a
+ * captured launch's), freeing it with the last. */
+void hkl_rtref_put(hkl_rtref *ref) {
+    if (atomic_fetch_sub(&ref->refs, 1) == 1) {
+        pthread_mutex_destroy(&ref->lock);
+        free(ref);
+    }
+}
 
 /* Runs on a driver thread: no CUDA call here. */
 static void capture_pin_release(void *arg) {
@@ -376,7 +385,7 @@ static const char *attr_name(int a) {
 /* Sets one attribute (cache config: attr -1) on v's function of slot on
  * device slot d. Module loader: the context of device 0 is current. */
 static CUresult set_one(hk_runtime *rt, hkl_version *v, int slot, int d, int attr, int value) {
-    const hkl_driver *drv = rt->drv;
+    const hkb_driver *drv = rt->drv;
     void *fn = atomic_load(&v->fn)[slot];
     if (rt->opt.loader == HK_LOADER_LIBRARY)
         return attr < 0
@@ -410,11 +419,11 @@ static int attr_refused(hk_runtime *rt, hkl_version *v, const hk_kernel *k, int 
     }
     snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
     rep->cu_result = (int)r;
-    snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(rt->drv, r));
+    snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkb_cu_name(rt->drv, r));
     hku_fail(rep, HK_ERR_ATTRIBUTE,
              "kernel '%s' of '%s' version %llu does not take %s = %d on device %d: %s%s", k->name,
              k->mod->name, (unsigned long long)v->number, attr_name(attr), value,
-             rt->dev[d].ordinal, hkl_cu_name(rt->drv, r), extra);
+             rt->dev[d].ordinal, hkb_cu_name(rt->drv, r), extra);
     return HK_ERR_ATTRIBUTE;
 }
 
@@ -564,8 +573,7 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
     return HK_ERR_CUDA;
 }
 
-/* The CUfunction of version v's slot in the context current on this thread. */
-static CUresult function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f) {
+CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f) {
     void *fn = atomic_load(&v->fn)[slot];
     if (rt->opt.loader == HK_LOADER_MODULE) {
         *f = (CUfunction)fn;
@@ -624,7 +632,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
     int pushed = (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && hkl_ctx_push(rt, 0) == 0;
     hkl_gate_close(rt, "looking up a kernel's function");
     CUfunction cf = NULL;
-    CUresult r = function_of(rt, v, k->slot, &cf);
+    CUresult r = hkl_function_of(rt, v, k->slot, &cf);
     hkl_gate_open(rt);
     if (pushed)
         hkl_ctx_pop(rt);
@@ -634,24 +642,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
     return r == CUDA_SUCCESS ? 0 : HK_ERR_CUDA;
 }
 
-/* ---- graphs ------------------------------------------------------------- */
-
-static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report *rep) {
-    CUresult r = (CUresult)hkl_ctx_push(rt, g->dev_slot);
-    if (r != CUDA_SUCCESS)
-        return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
-    CUfunction f;
-    if ((r = function_of(rt, v, g->k->slot, &f)) == CUDA_SUCCESS) {
-        CUDA_KERNEL_NODE_PARAMS p = g->params;
-        p.func = f;
-        p.kern = NULL;
-        p.ctx = NULL;
-        if ((r = rt->drv->GraphExecKernelNodeSetParams(g->exec, g->node, &p)) == CUDA_SUCCESS)
-            g->params.func = f;
-    }
-    hkl_ctx_pop(rt);
-    return r == CUDA_SUCCESS ? 0 : hkl_report_cu(rep, rt, r, "cuGraphExecKernelNodeSetParams");
-}
+/* ---- pins of graphs ----------------------------------------------------- */
 
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v) {
     atomic_fetch_sub(&v->pins, 1);
@@ -659,134 +650,4 @@ void hkl_version_unpin(hk_runtime *rt, hkl_version *v) {
     pthread_mutex_lock(&rt->rec_lock);
     pthread_cond_signal(&rt->rec_cond);
     pthread_mutex_unlock(&rt->rec_lock);
-}
-
-/* Points every registered node of module m at version v. swap_lock held. A
- * node that cannot be retargeted keeps running `old` (or whatever it ran
- * before), so that version is pinned for it until a later retarget succeeds
- * or the graph is unregistered; the commit stands and the report says so. */
-int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
-                        hk_report *rep) {
-    int err = 0;
-    pthread_rwlock_wrlock(&rt->graph_lock);
-    for (hkl_graph *g = rt->graphs; g; g = g->next) {
-        if (g->k->mod != m)
-            continue;
-        hk_report local = HK_REPORT_INIT;
-        int e = retarget_one(rt, g, v, &local);
-        if (e < 0) {
-            if (!g->held && old) {
-                atomic_fetch_add(&old->pins, 1);
-                g->held = old;
-            }
-            if (!err) {
-                err = e;
-                hku_fail(rep, 0,
-                         "a registered graph still runs version %llu (%s); it stays "
-                         "loaded until the graph is retargeted or unregistered",
-                         (unsigned long long)(g->held ? g->held->number : 0), local.message);
-            }
-        } else if (g->held) {
-            hkl_version_unpin(rt, g->held);
-            g->held = NULL;
-        }
-    }
-    pthread_rwlock_unlock(&rt->graph_lock);
-    return err;
-}
-
-int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
-    if (!rt || !exec || !node || !k || k->rt != rt)
-        return HK_ERR_INVALID;
-    hkl_graph *g = calloc(1, sizeof *g);
-    if (!g)
-        return HK_ERR_NOMEM;
-    g->exec = (CUgraphExec)exec;
-    g->node = (CUgraphNode)node;
-    g->k = k;
-    CUresult r = rt->drv->GraphKernelNodeGetParams(g->node, &g->params);
-    if (r != CUDA_SUCCESS) {
-        free(g);
-        return HK_ERR_CUDA;
-    }
-    CUcontext cur = NULL;
-    rt->drv->CtxGetCurrent(&cur);
-    for (int i = 0; i < rt->ndev; i++)
-        if (hkl_ctx(rt, i) == cur)
-            g->dev_slot = i;
-    if (hkl_swap_held(rt)) {
-        free(g);
-        return HK_ERR_BUSY; /* from a check callback */
-    }
-    CUstreamCaptureMode mode = hkl_relax(rt);
-    hkl_swap_lock(rt);
-    hk_report rep = HK_REPORT_INIT;
-    hkl_gate_close(rt, "registering a graph");
-    int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
-    hkl_gate_open(rt);
-    if (err == 0) {
-        pthread_rwlock_wrlock(&rt->graph_lock);
-        g->next = rt->graphs;
-        rt->graphs = g;
-        pthread_rwlock_unlock(&rt->graph_lock);
-    }
-    hkl_swap_unlock(rt, 0);
-    hkl_unrelax(rt, mode);
-    if (err < 0)
-        free(g);
-    return err;
-}
-
-int hk_graph_unregister(hk_runtime *rt, void *exec) {
-    if (!rt || !exec)
-        return HK_ERR_INVALID;
-    int found = 0;
-    if (hkl_swap_held(rt))
-        return HK_ERR_BUSY; /* from a check callback */
-    hkl_swap_lock(rt);      /* g->held */
-    pthread_rwlock_wrlock(&rt->graph_lock);
-    for (hkl_graph **pp = &rt->graphs; *pp;) {
-        if ((*pp)->exec == (CUgraphExec)exec) {
-            hkl_graph *g = *pp;
-            *pp = g->next;
-            if (g->held)
-                hkl_version_unpin(rt, g->held);
-            free(g);
-            found = 1;
-        } else {
-            pp = &(*pp)->next;
-        }
-    }
-    pthread_rwlock_unlock(&rt->graph_lock);
-    hkl_swap_unlock(rt, 0);
-    return found ? 0 : HK_ERR_NOT_FOUND;
-}
-
-int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
-    if (!rt || !exec)
-        return HK_ERR_INVALID;
-    /* Through the gate first (never while holding graph_lock: a closer waits
-     * for launchers inside, and retargeting takes graph_lock after that). */
-    hkl_tslot *s = hkl_enter(rt);
-    if (!s)
-        return HK_ERR_NOMEM;
-    pthread_rwlock_rdlock(&rt->graph_lock);
-    CUresult r = rt->drv->GraphLaunch((CUgraphExec)exec, (CUstream)stream);
-    pthread_rwlock_unlock(&rt->graph_lock);
-    hkl_exit(s);
-    if (cu)
-        *cu = (int)r;
-    if (r == CUDA_SUCCESS)
-        return 0;
-    if (hkl_lkg_sticky((int)r))
-        hkl_lkg_lost(rt, (int)r, "a graph launch");
-    return HK_ERR_CUDA;
-}
-
-void hkl_graphs_free(hk_runtime *rt) {
-    while (rt->graphs) {
-        hkl_graph *g = rt->graphs;
-        rt->graphs = g->next;
-        free(g);
-    }
 }

@@ -24,10 +24,10 @@
  *                        histories and handles' layouts. Its owner is kept in
  *                        a thread-local, so that a callback run under it can
  *                        be answered at once instead of waiting for itself.
- *   lkg_lock (lkg.c)     last-known-good records and quarantine, in memory:
- *                        never held across a file write (lkg.c's writers
- *                        take their own locks before lkg_lock, with no
- *                        engine lock held). Taken under swap_lock by commits, and
+ *   lkg_lock (lkg.h)     last-known-good records and quarantine, in memory
+ *                        (lkg.c, lkgdisk.c): never held across a file write
+ *                        (lkgdisk.c's writers take their own locks before
+ *                        lkg_lock, with no engine lock held). Taken under swap_lock by commits, and
  *                        alone by the thread that saw a sticky error (a
  *                        launching thread, on the error path only) and by
  *                        the query functions.
@@ -67,8 +67,9 @@
 
 #include "canary/canary.h"
 #include "hotkern/hotkern.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "loader/expo.h"
+#include "loader/record.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
 
@@ -81,6 +82,7 @@ typedef struct hkl_version hkl_version;
 typedef struct hkl_job hkl_job;
 typedef struct hkl_graph hkl_graph;
 typedef struct hkl_lkg hkl_lkg;
+typedef struct hkl_expect hkl_expect;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
@@ -99,7 +101,7 @@ typedef struct hkl_device {
 typedef struct hkl_tslot {
     /* One cache line per slot: launching threads never share a line. */
     _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
-    _Atomic int in_use;                   /* free / owned / orphaned: reclaim.c */
+    _Atomic int in_use;                   /* free / owned / orphaned: gate.c */
     struct hkl_tslot *next;               /* immutable once published on rt->slots */
     hk_runtime *rt;
 } hkl_tslot;
@@ -115,18 +117,16 @@ struct hkl_version {
     uint64_t number;
     uint64_t release; /* hk_swap_options.release_version of its image; 0: none */
     hkl_module *mod;
-    void *image; /* the loaded image (after build); owned */
-    size_t size;
-    hk_format format;
+    /* The build's artifact, taken over whole (owned): the loaded image
+     * (art.image, art.size, art.format), what ptx/ read from it (art.meta:
+     * kernels with their parameter layouts, globals), and the lowered
+     * names of the name expressions (art.lowered_names, art.nlowered). Its
+     * log and header list come along, freed with the version. */
+    hkp_artifact art;
+    char **expr;                     /* the name expressions, parallel to art.lowered_names */
     CUlibrary lib;                   /* HK_LOADER_LIBRARY */
     CUmodule cumod[HKL_MAX_DEVICES]; /* HK_LOADER_MODULE (one device) */
-    int nglobals;                    /* globals from the image's metadata */
-    hkp_global *globals;
-    int nentries; /* kernels and parameter layouts, ditto */
-    hkp_entry *entries;
-    int nexpr; /* name expressions and their lowered names */
-    char **expr, **lowered;
-    int staged_on_all; /* code uploaded to every context (cuFuncLoad) */
+    int staged_on_all;               /* code uploaded to every context (cuFuncLoad) */
 
     /* fn[slot]: the CUkernel (library) or CUfunction (module) of each kernel
      * handle. Grown under swap_lock by publishing a new array; old arrays are
@@ -142,7 +142,7 @@ struct hkl_version {
     _Atomic(void **) funcs;
     void **old_fn; /* swap_lock: chain of replaced arrays (fn and funcs) */
 
-    _Atomic int pins;         /* hk_pin, graph and capture references */
+    _Atomic int pins;         /* hk_pin, graph, capture and canary references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
     int dead;                 /* set before retiring: a module of a reset
                                * context, replaced by its reload (no event) */
@@ -266,6 +266,11 @@ struct hkl_job {
     char **name_expressions;
     char *source_name;
     hkp_artifact art; /* after build */
+    /* The image's hash (hkl_lkg_hash), taken once, when first needed: by
+     * the build's quarantine check, from a restored image's record, or by
+     * the swap, once the image is known to be new; hashed says it is. */
+    uint8_t hash[32];
+    int hashed;
     int built;
     int at_safe_point;  /* staged inside hk_safe_point */
     uint64_t seq;       /* submission order (0: none); an older job never
@@ -289,46 +294,6 @@ typedef struct hkl_rtref {
     _Atomic int refs;
 } hkl_rtref;
 
-/* expect.c: the program's own kernels and globals (for the <<<>>>
- * interposition). See the top of expect.c.
- * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
- *   or mangled), the layout its call sites pass and the name expression that
- *   instantiates it in a hot build (NULL: none needed), and binds it at once
- *   to a committed version that has it; returns the entry (valid until
- *   destroy; the same for the same name) or NULL. Takes swap_lock.
- * - hkl_expect_handle: the handle the program's launches of it go to, or
- *   NULL while no hot version has it. No lock: one acquire load.
- * - hkl_expect_global registers the program's global `name` (its copy at
- *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
- *   the running version uses (1 with *dptr and *size set, 0 when none has it).
- * - hkl_expect_exprs: the name expressions to add to a build of src (a
- *   malloc'd vector of *n strings). No engine lock held.
- * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
- *   expected kernels v has (before validation, which then checks them as any
- *   handle); hkl_expect_unadopt takes them back (roll back);
- *   hkl_expect_seed gives v the program's globals (commit, gate closed);
- *   hkl_expect_publish publishes the adopted handles (after the commit). */
-#define HKL_MAX_ADOPT 64
-typedef struct hkl_expect hkl_expect;
-typedef struct hkl_adopted {
-    int n, nnew;
-    hkl_expect *e[HKL_MAX_ADOPT];
-    hk_kernel *k[HKL_MAX_ADOPT];
-    int was_fixed[HKL_MAX_ADOPT];
-} hkl_adopted;
-hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout);
-hk_kernel *hkl_expect_handle(const hkl_expect *e);
-const char *hkl_expect_name(const hkl_expect *e);
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
-int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
-int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
-int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
-int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
-void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_free(hk_runtime *rt); /* at free */
-
 /* Test hooks: points where a test may hold a thread (tests/cpu_engine.c). */
 typedef enum hkl_hook_point {
     HKL_HOOK_PASS_SNAPSHOT = 1, /* reclaim pass: pins read, fence not yet decided */
@@ -342,8 +307,8 @@ typedef enum hkl_hook_point {
 
 struct hk_runtime {
     /* immutable after create */
-    hkl_driver drv_own;
-    const hkl_driver *drv;
+    hkb_driver drv_own;
+    const hkb_driver *drv;
     hk_options opt;
     char *cache_dir;
     hkp_cache *cache;
@@ -395,6 +360,14 @@ struct hk_runtime {
     int rec_finished;          /* rec_lock: its final pass is done */
     uint64_t fences;           /* rec_lock: heavy fences paid (tests read it) */
     void (*hook)(hk_runtime *, hkl_hook_point); /* immutable: tests only */
+
+    /* Immutable once the threads start: the parts of runtime.c's teardown
+     * that the reclaim thread (rec_free) and the worker (worker_finish) run
+     * themselves when destroy stopped waiting for them, passed down by
+     * hkl_reclaim_start and hkl_worker_start (no floor below runtime.c
+     * calls it by name). */
+    void (*rec_free)(hk_runtime *rt);
+    void (*worker_finish)(hk_runtime *rt, double until_ms);
 
     pthread_mutex_t work_lock;
     pthread_cond_t work_cond;
@@ -453,7 +426,7 @@ struct hk_runtime {
                          * options.build_isolated, else NULL (ptx/isolate.c;
                          * its own lock) */
 
-    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c; lkg_lock) */
+    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c, lkgdisk.c; lkg_lock) */
 
     pthread_mutex_t expect_lock;  /* a leaf: the program's kernels and globals (expect.c) */
     hkl_expect *expects;          /* expect_lock */
@@ -461,47 +434,36 @@ struct hk_runtime {
     _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
 };
 
-/* swap_lock with its owner recorded. hkl_swap_lock returns 1 without
- * locking when the calling thread already holds it (a callback run under it):
- * read-only callers go on, others return HK_ERR_BUSY. */
-int hkl_swap_lock(hk_runtime *rt);
-void hkl_swap_unlock(hk_runtime *rt, int nested);
-int hkl_swap_held(const hk_runtime *rt);
+/* ==== the floors of loader/, lowest first: each file calls only the
+ * floors declared before its own (scripts/layers.py checks it) ==== */
 
-/* Capture mode of hotkern's driver sections: relaxed, so that they never
- * break another thread's global-mode stream capture. */
-CUstreamCaptureMode hkl_relax(hk_runtime *rt);
-void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
+/* record.c, expo.c, format.c: formats (loader/record.h, loader/expo.h). */
 
-/* The launch gate (reclaim.c). `what` (a string literal) names the driver
- * work done while it is closed, for the message logged when a closing
- * lasts longer than launch_hold_max_us and longer than any before; NULL
- * logs nothing. */
-void hkl_gate_close(hk_runtime *rt, const char *what);
-void hkl_gate_open(hk_runtime *rt);
-void hkl_gate_wait(hk_runtime *rt);
+/* job.c: hkl_job_new makes a job of module name from the caller's image and
+ * options, copying them (0, HK_ERR_INVALID for a name that could not be
+ * recorded or an empty image, HK_ERR_NOMEM); hkl_job_free frees it and all
+ * it owns (NULL is fine). */
+int hkl_job_new(hkl_job **out, const char *name, const void *data, size_t size,
+                const hk_swap_options *opt);
+void hkl_job_free(hkl_job *job);
 
-static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
-    return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
-}
+/* log.c. hkl_emit logs the event, then hands it to on_event through
+ * hkl_emit_quiet, which a source that logged already uses. */
+void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
+void hkl_log_fini(hk_runtime *rt);
+/* From hk_runtime_destroy: from now on no callback of rt (log or event) is
+ * called, except on this thread; waits until those in progress on other
+ * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
+int hkl_callbacks_close(hk_runtime *rt, double until_ms);
+void hkl_events_fini(hk_runtime *rt); /* at free */
+void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                   uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
+                    uint64_t newv, const char *origin, const hk_report *rep);
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep);
 
-/* runtime.c */
-/* The part of hk_runtime_destroy after the worker has stopped: on the
- * destroying thread, or on the worker when destroy stopped waiting for it. */
-void hkl_runtime_finish(hk_runtime *rt, double until_ms);
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
-                            hk_report *rep);
-int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
-/* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
-static inline double hkl_now_ms(void) {
-    return hku_now_ms();
-}
-int hkl_ctx_push(hk_runtime *rt, int slot);
-void hkl_ctx_pop(hk_runtime *rt);
-int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
-void hkl_emit_reset(hk_runtime *rt); /* no lock held */
-
-/* runtime.c: sources. None of these may be called from a hook.
+/* source.c: sources. None of these may be called from a hook.
  *
  * hkl_source_attach attaches src (owned by the caller, which keeps it valid
  * until it is detached or released). Returns 0, HK_ERR_INVALID, or
@@ -524,180 +486,95 @@ void hkl_source_detach(hk_runtime *rt, hkl_source *src);
 /* Calls deps_built of every attached source (worker thread, no lock held). */
 void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
                             int n);
+/* Detaches every source and calls each one's release hook (destroy, no
+ * lock held). */
+void hkl_sources_release(hk_runtime *rt);
 
-/* log.c. hkl_emit (swap.c) logs the event, then hands it to on_event
- * through hkl_emit_quiet, which a source that logged already uses. */
-void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
-void hkl_log_fini(hk_runtime *rt);
-/* From hk_runtime_destroy: from now on no callback of rt (log or event) is
- * called, except on this thread; waits until those in progress on other
- * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
-int hkl_callbacks_close(hk_runtime *rt, double until_ms);
-void hkl_events_fini(hk_runtime *rt); /* at free */
-void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-                   uint64_t newv, const char *origin, const hk_report *rep);
-void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
-                    uint64_t newv, const char *origin, const hk_report *rep);
+/* CLOCK_MONOTONIC in ms: util's clock (one for every layer). */
+static inline double hkl_now_ms(void) {
+    return hku_now_ms();
+}
 
-/* metrics.c: one committed swap of total_ms (stats_lock held). */
-void hkl_hist_observe(hkl_hist *h, double total_ms);
-/* The engine's families from a snapshot of its counters (h may be NULL). */
-void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
+/* context.c: swap_lock with its owner recorded. hkl_swap_lock returns 1 without
+ * locking when the calling thread already holds it (a callback run under it):
+ * read-only callers go on, others return HK_ERR_BUSY. */
+int hkl_swap_lock(hk_runtime *rt);
+void hkl_swap_unlock(hk_runtime *rt, int nested);
+int hkl_swap_held(const hk_runtime *rt);
 
-/* canary.c: the canary between build and stage. hkl_canary_start makes
- * rt->canary at create (starting the helper when options.canary is set);
- * hkl_canary_check runs a built job's test launches as its policy says, on
- * the building thread with no lock held (it takes swap_lock only to copy the
- * running version), and returns 0 or the refusal. */
-int hkl_canary_start(hk_runtime *rt, hk_report *rep);
-int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
-/* hkl_build_start starts rt->iso, the build helper, when
- * options.build_isolated is set (0, or HK_ERR_IO with the report saying
- * why); hkl_helper_path resolves a helper executable: opt when set, else
- * $env, else ../libexec/hotkern/name or ../bin/name from the object holding
- * libhotkern, else LIBEXECDIR/hotkern/name (malloc'd, NULL without memory). */
-int hkl_build_start(hk_runtime *rt, hk_report *rep);
-char *hkl_helper_path(const char *opt, const char *env, const char *name);
+/* Capture mode of hotkern's driver sections: relaxed, so that they never
+ * break another thread's global-mode stream capture. */
+CUstreamCaptureMode hkl_relax(hk_runtime *rt);
+void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old);
+/* Records a failed driver call in rep: HK_ERR_CUDA, its CUresult and name. */
+int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what);
+/* Makes device slot's context current on this thread (0, or the CUresult);
+ * hkl_ctx_pop takes it off again. */
+int hkl_ctx_push(hk_runtime *rt, int slot);
+void hkl_ctx_pop(hk_runtime *rt);
 
-/* swap.c */
-hkl_module *hkl_module_find(hk_runtime *rt, const char *name); /* swap_lock */
-void hkl_job_free(hkl_job *job);
-/* Swaps in a job whose artifact is filled already (lkg.c's restore), as a
- * built hk_swap is: swap_lock taken here, outcome emitted. */
-int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
-int hkl_worker_start(hk_runtime *rt);
-/* hk_submit for a source whose submissions of a module replace each other
- * (the watcher: each save holds the whole new content). A job submitted
- * this way is superseded by a later one of the same module submitted this
- * way too: still queued, it is never built; built, it is not staged (and
- * runs no canary). It then ends with HK_EVENT_REFUSED and
- * HK_ERR_SUPERSEDED, on the worker. Jobs of hk_submit and hk_swap neither
- * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
-int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
-                      const hk_swap_options *opt);
-/* Stops the worker, waiting for a build in progress until until_ms
- * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
- * hkl_runtime_finish itself when its build returns). */
-int hkl_worker_stop(hk_runtime *rt, double until_ms);
-/* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
-void hkl_worker_drain(hk_runtime *rt);
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
-              const char *origin, const hk_report *rep);
-/* Finds k's kernel in v and fills its slot (and, library loader, the slot's
- * CUfunction in every context). swap_lock held and the launch gate closed. */
-int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
-int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
-CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
+static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
+    return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
+}
+
+/* The launch gate (gate.c). `what` (a string literal) names the driver
+ * work done while it is closed, for the message logged when a closing
+ * lasts longer than launch_hold_max_us and longer than any before; NULL
+ * logs nothing. */
+void hkl_gate_close(hk_runtime *rt, const char *what);
+void hkl_gate_open(hk_runtime *rt);
+void hkl_gate_wait(hk_runtime *rt);
+/* The other half of hkl_enter's fence: after it, every launch entry
+ * announced before it is visible to the calling thread. */
+void hkl_heavy_fence(hk_runtime *rt);
+
+/* gate.c: the launch side's epoch announcement (hkl_enter, loader/gate.h).
+ * hkl_membarrier_register (at create) says whether the launch path may rely
+ * on hkl_heavy_fence; hkl_slots_free (at free) frees the slots no thread
+ * holds any more. */
+void hkl_slots_free(hk_runtime *rt);
+int hkl_membarrier_register(void);
+
+/* version.c: version operations (see the top of version.c).
+ * - hkl_module_find: m named name, or NULL (swap_lock).
+ * - hkl_version_new: an empty version number of m in the current context
+ *   generation (NULL without memory); hkl_version_free frees it and what it
+ *   holds (unloaded first).
+ * - hkl_load_version / hkl_upload_version: the driver loads v's image, and
+ *   uploads its code into every context (launch gate closed). 0 or the
+ *   error, rep saying why.
+ * - hkl_unload_version: CUDA_SUCCESS when v's code is gone (or went with a
+ *   reset context), else the error of an unload worth trying again.
+ * - hkl_resolve_slot: finds k's kernel in v and fills its slot (and,
+ *   library loader, the slot's CUfunction in every context). swap_lock
+ *   held and the launch gate closed.
+ * - hkl_carry_globals: copies every global of old that nv has with the
+ *   same size into nv (gate closed); a size change is noted in rep.
+ * - hkl_retire: hands v (replaced, or never published) to the reclaim
+ *   thread; hkl_reclaim_kick wakes it (a pin went, a reset is suspected). */
+hkl_module *hkl_module_find(hk_runtime *rt, const char *name);
+hkl_version *hkl_version_new(hk_runtime *rt, hkl_module *m, uint64_t number);
 void hkl_version_free(hkl_version *v);
-void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 const char *hkl_entry_name(const hkl_version *v, const char *name);
-int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
+int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
+int hkl_upload_version(hk_runtime *rt, hkl_version *v, hk_report *rep);
+CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v);
+int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep);
 int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out);
 void hkl_layout_free(hkl_param_layout *l);
 /* Describes how two layouts differ into buf ("had 2 parameters, now 3"), or
  * returns 0 when they are equal. */
 int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n);
-
-/* launch.c */
-/* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
-int hkl_kernels_reserve(hkl_module *m);
-/* hk_launch_ex with a driver launch configuration as the caller has it (its
- * attributes passed on as they are): for the <<<>>> interposition. */
-int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
-int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
-                        hk_report *rep);
-void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
-void hkl_graphs_free(hk_runtime *rt);
-
-/* reclaim.c: the launch side's epoch announcement */
-hkl_tslot *hkl_slot_acquire(hk_runtime *rt);
-typedef struct hkl_tls_entry {
-    uint64_t rt_id;
-    hkl_tslot *slot;
-} hkl_tls_entry;
-extern __thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
-
-/* Enters a launch: announces the epoch this thread read `current` in, then
- * checks the launch gate. The announcement must be ordered before the
- * following loads of the gate and of `current`. With membarrier(2) available,
- * the other side pays for that order (it forces a full barrier on every thread
- * of the process before it reads the slots), so the launch path needs only a
- * compiler barrier instead of a locked instruction; without it, a seq_cst
- * store. Either way: a closer that read this slot as idle is seen here as a
- * closed gate, and a launcher that passed the gate is seen by the closer. */
-static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
-    hkl_tslot *s = hkl_tls.slot;
-    if (__builtin_expect(hkl_tls.rt_id != rt->id || !s, 0))
-        if (!(s = hkl_slot_acquire(rt)))
-            return NULL;
-    int waited = 0;
-    for (;;) {
-        /* Acquire keeps this load before the load of `current` on weakly
-         * ordered machines (free on x86). */
-        uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
-        if (__builtin_expect(rt->asym_fence, 1)) {
-            atomic_store_explicit(&s->active, e, memory_order_relaxed);
-            atomic_signal_fence(memory_order_seq_cst);
-        } else {
-            atomic_store(&s->active, e);
-        }
-        if (__builtin_expect(!atomic_load_explicit(&rt->gate, memory_order_seq_cst), 1) || waited)
-            return s;
-        /* Closed: step out of the launch so the closer can go on, wait, and
-         * announce again (a launcher that waited its maximum goes on). */
-        atomic_store_explicit(&s->active, 0, memory_order_release);
-        hkl_gate_wait(rt);
-        waited = 1;
-    }
-}
-
-static inline void hkl_exit(hkl_tslot *s) {
-    atomic_store_explicit(&s->active, 0, memory_order_release);
-}
-
-/* reclaim.c */
-int hkl_reclaim_start(hk_runtime *rt);
-void hkl_reclaim_stop(hk_runtime *rt);
+int hkl_carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep);
+void hkl_image_clear(hkl_image *im); /* frees what it holds and zeroes it */
 void hkl_retire(hk_runtime *rt, hkl_version *v);
-void hkl_slots_free(hk_runtime *rt);
-void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
-void hkl_reclaim_kick(hk_runtime *rt);                /* a pin went, or a reset is suspected */
-int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
-int hkl_membarrier_register(void);
-void hkl_rtref_put(hkl_rtref *ref);
+void hkl_reclaim_kick(hk_runtime *rt);
 
-/* record.c: one module's last-known-good record, parsed and formatted (the
- * format is described there). */
-#define HKL_REC_MAXQ      32
-#define HKL_REC_MAXEXPR   64
-#define HKL_REC_MAX_BYTES (300 << 10)
-typedef struct hkl_rec_image {
-    int has;
-    uint8_t hash[32];
-    hk_format format;
-    uint64_t release;
-} hkl_rec_image;
-typedef struct hkl_rec_q {
-    uint8_t hash[32];
-    uint64_t release, version;
-} hkl_rec_q;
-typedef struct hkl_rec {
-    char module[HKL_NAME_MAX];
-    hkl_rec_image current, good;
-    int nexpr; /* name expressions of the good image */
-    char **expr, **lowered;
-    int nq; /* quarantined images, oldest first */
-    hkl_rec_q q[HKL_REC_MAXQ];
-} hkl_rec;
-/* 0, or HK_ERR_FORMAT with why set (r then holds nothing to free). */
-int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t whyn);
-/* *out: the text, malloc'd and NUL-terminated, *outlen bytes long. */
-int hkl_rec_format(const hkl_rec *r, char **out, size_t *outlen);
-void hkl_rec_free(hkl_rec *r);
-void hkl_hash_hex(const uint8_t h[32], char out[65]);
-int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
+/* reset.c: recovery from a context reset (see there). */
+int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
+void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
-/* lkg.c: last known good. lkg_lock (private to lkg.c) comes after swap_lock
+/* lkg.c: last known good. lkg_lock (lkg.c's and lkgdisk.c's) comes after swap_lock
  * and before stats_lock and log_lock; it is taken on a launching thread only
  * on the error path, after the driver returned a sticky error.
  * - hkl_lkg_open at create (checks the directory, reads the records, locks
@@ -712,7 +589,9 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
  *   the reclaim thread: the caller must not touch it then unless the wait
  *   succeeded.
  * - hkl_lkg_check: HK_ERR_QUARANTINED when module's image is quarantined
- *   (no engine lock needed).
+ *   (no engine lock needed). The image is hashed into hash only when the
+ *   module has quarantined images to compare it with, and only when
+ *   *hashed is 0 (it is set then).
  * - hkl_lkg_pending: version `version` of module, image `hash`, is about to
  *   be published (swap_lock held; the launch gate may be closed: lkg_lock is
  *   only ever held for memory work, and never by a thread inside a launch):
@@ -732,7 +611,7 @@ int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
 int hkl_lkg_open(hk_runtime *rt, hk_report *rep);
 void hkl_lkg_close(hk_runtime *rt);
 int hkl_lkg_check(hk_runtime *rt, const char *module, const void *image, size_t size,
-                  hk_report *rep);
+                  uint8_t hash[32], int *hashed, hk_report *rep);
 void hkl_lkg_hash(const void *image, size_t size, uint8_t h[32]);
 void hkl_lkg_pending(hk_runtime *rt, const char *module, const uint8_t hash[32], uint64_t version,
                      uint64_t release);
@@ -744,7 +623,160 @@ void hkl_lkg_release(hk_runtime *rt, int gave_up);
 int hkl_lkg_sticky(int cu_result);
 void hkl_lkg_lost(hk_runtime *rt, int cu_result, const char *where);
 void hkl_lkg_counts(hk_runtime *rt, uint64_t *lost, uint64_t *quarantined);
+/* For restore (restore.c). hkl_lkg_dir: the state directory, or NULL
+ * (memory only). hkl_lkg_goods copies out every module's known-good image
+ * and what restore needs with it (lkg_lock taken here; *out malloc'd, each
+ * item's strings too; returns how many) and the records refused at open
+ * (refused, rn bytes). hkl_lkg_read_image reads the kept image of hash
+ * (*data malloc'd), which must hash to its name: 0, or an error with why
+ * set. No engine lock needed. */
+typedef struct hkl_lkg_good {
+    char module[HKL_NAME_MAX];
+    hkl_rec_image good;
+    int nexpr; /* the good image's name expressions */
+    char **expr, **lowered;
+    int runs; /* this process runs it already */
+} hkl_lkg_good;
+const char *hkl_lkg_dir(const hk_runtime *rt);
+int hkl_lkg_goods(hk_runtime *rt, hkl_lkg_good **out, char *refused, size_t rn);
+int hkl_lkg_read_image(hk_runtime *rt, const uint8_t hash[32], char **data, size_t *n, char *why,
+                       size_t whyn);
 /* Tests: the clock the suspect window is measured with (ms). */
 void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void));
+
+/* metrics.c: one committed swap of total_ms (stats_lock held). */
+void hkl_hist_observe(hkl_hist *h, double total_ms);
+/* A swap's outcome into the counters (stats_lock taken here): committed or
+ * refused, a rollback or not, and the times of its report. */
+void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep);
+/* Fills rep's total (since t_start, hkl_now_ms; 0: not known) and the part
+ * of it no step accounts for (waiting for the lock, a safe point, reset
+ * recovery). */
+void hkl_report_times(hk_report *rep, double t_start);
+/* The engine's families from a snapshot of its counters (h may be NULL). */
+void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h);
+
+/* launch.c: kernel handles, launches, pins. */
+/* Room for one more handle in m's list (swap_lock held): 0 or HK_ERR_NOMEM. */
+int hkl_kernels_reserve(hkl_module *m);
+/* Applies the attributes set through k to its kernel in v (swap_lock held,
+ * gate closed): 0 or the driver's refusal, rep saying which. */
+int hkl_apply_attrs(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
+/* hk_launch_ex with a driver launch configuration as the caller has it (its
+ * attributes passed on as they are): for the <<<>>> interposition. */
+int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu);
+/* Drops a pin of v (a graph's, a capture's), waking the reclaim thread. */
+void hkl_version_unpin(hk_runtime *rt, hkl_version *v);
+/* The CUfunction of v's slot in the context current on this thread. */
+CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f);
+/* Drops one reference of the runtime's hkl_rtref (its own, or a captured
+ * launch's pin's), freeing it with the last. */
+void hkl_rtref_put(hkl_rtref *ref);
+
+/* graph.c: registered graphs. hkl_graphs_retarget points every registered
+ * node of m at v (swap_lock held); a node that cannot be retargeted keeps
+ * running old (pinned for it) and the report says so. hkl_graphs_free at
+ * free. */
+int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
+                        hk_report *rep);
+void hkl_graphs_free(hk_runtime *rt);
+
+/* expect.c: the program's own kernels and globals (for the <<<>>>
+ * interposition). See the top of expect.c.
+ * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
+ *   or mangled), the layout its call sites pass and the name expression that
+ *   instantiates it in a hot build (NULL: none needed), and binds it at once
+ *   to a committed version that has it; returns the entry (valid until
+ *   destroy; the same for the same name) or NULL. Takes swap_lock.
+ * - hkl_expect_handle: the handle the program's launches of it go to, or
+ *   NULL while no hot version has it. No lock: one acquire load.
+ * - hkl_expect_global registers the program's global `name` (its copy at
+ *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
+ *   the running version uses (1 with *dptr and *size set, 0 when none has it).
+ * - hkl_expect_exprs: the name expressions to add to a build of src (a
+ *   malloc'd vector of *n strings). No engine lock held.
+ * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
+ *   expected kernels v has (before validation, which then checks them as any
+ *   handle); hkl_expect_unadopt takes them back (roll back);
+ *   hkl_expect_seed gives v the program's globals (commit, gate closed);
+ *   hkl_expect_publish publishes the adopted handles (after the commit). */
+#define HKL_MAX_ADOPT 64
+typedef struct hkl_adopted {
+    int n, nnew;
+    hkl_expect *e[HKL_MAX_ADOPT];
+    hk_kernel *k[HKL_MAX_ADOPT];
+    int was_fixed[HKL_MAX_ADOPT];
+} hkl_adopted;
+hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
+                              const hkl_param_layout *layout);
+hk_kernel *hkl_expect_handle(const hkl_expect *e);
+const char *hkl_expect_name(const hkl_expect *e);
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
+int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
+int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
+int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
+int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
+void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
+void hkl_expect_free(hk_runtime *rt); /* at free */
+
+/* canary.c: the canary between build and stage. hkl_canary_start makes
+ * rt->canary at create (starting the helper when options.canary is set);
+ * hkl_canary_check runs a built job's test launches as its policy says, on
+ * the building thread with no lock held (it takes swap_lock only to pin the
+ * running version, which the run then reads in place), and returns 0 or the
+ * refusal. */
+int hkl_canary_start(hk_runtime *rt, hk_report *rep);
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
+/* hkl_build_start starts rt->iso, the build helper, when
+ * options.build_isolated is set (0, or HK_ERR_IO with the report saying
+ * why); hkl_helper_path resolves a helper executable: opt when set, else
+ * $env, else ../libexec/hotkern/name or ../bin/name from the object holding
+ * libhotkern, else LIBEXECDIR/hotkern/name (malloc'd, NULL without memory). */
+int hkl_build_start(hk_runtime *rt, hk_report *rep);
+char *hkl_helper_path(const char *opt, const char *env, const char *name);
+
+/* swap.c: the swap transaction. hkl_swap_job swaps in a built job (its
+ * artifact filled: by the build step, or by restore): swap_lock taken here
+ * (HK_ERR_BUSY when this thread holds it already: a check callback),
+ * outcome counted and emitted. Returns 0 (committed, or the running
+ * version is this image already) or the refusal. The job stays the
+ * caller's. */
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
+
+/* reclaim.c. hkl_reclaim_start starts the reclaim thread; free_rt frees
+ * the runtime (runtime.c's), which the thread calls after its final pass
+ * when destroy stopped waiting for it. */
+int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
+void hkl_reclaim_stop(hk_runtime *rt);
+void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
+int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
+
+/* worker.c: hk_swap, hk_submit, the worker thread and safe points.
+ * Starts the worker. finish is the rest of hk_runtime_destroy after the
+ * worker has stopped (runtime.c's), which the worker runs itself when
+ * destroy stopped waiting for its build. */
+int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));
+/* hk_submit for a source whose submissions of a module replace each other
+ * (the watcher: each save holds the whole new content). A job submitted
+ * this way is superseded by a later one of the same module submitted this
+ * way too: still queued, it is never built; built, it is not staged (and
+ * runs no canary). It then ends with HK_EVENT_REFUSED and
+ * HK_ERR_SUPERSEDED, on the worker. Jobs of hk_submit and hk_swap neither
+ * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
+int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
+                      const hk_swap_options *opt);
+/* Stops the worker, waiting for a build in progress until until_ms
+ * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
+ * the teardown itself when its build returns). */
+int hkl_worker_stop(hk_runtime *rt, double until_ms);
+/* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
+void hkl_worker_drain(hk_runtime *rt);
+
+/* runtime.c: create and destroy. hkl_runtime_create_with is hk_runtime_create
+ * with a driver table of the caller's (base/driver.h): a real one is taken
+ * over, a fake one (dl NULL, the tests') stays the caller's. */
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
+                            hk_report *rep);
 
 #endif /* HK_LOADER_H */

@@ -400,3 +400,9 @@ void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint6
         break;
     }
 }
+
+void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
+              const char *origin, const hk_report *rep) {
+    hkl_log_event(rt, kind, module, oldv, newv, origin, rep);
+    hkl_emit_quiet(rt, kind, module, oldv, newv, origin, rep);
+}

@@ -1,5 +1,11 @@
 /*
- * Metrics: the runtime's Prometheus text, hk_metrics_text.
+ * Counters and metrics: hk_stats_get, and the runtime's Prometheus text,
+ * hk_metrics_text.
+ *
+ * The counters are kept where they change (stats_lock's hk_stats, the
+ * gate's atomics, the retired list's count under rec_lock, the compile
+ * cache, the canary, the last-known-good state); hk_stats_get gathers one
+ * snapshot of all of them.
  *
  * The engine writes its own families from a snapshot of hk_stats and of the
  * swap-duration histogram, then every attached source (hkl_source) with a
@@ -21,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/abi.h"
 #include "loader/loader.h"
 
 /* Upper bounds of the swap-duration buckets, in microseconds and as the le
@@ -171,6 +178,80 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
     canary(w, s);
     histogram(w, h ? h : &empty);
 }
+
+int hk_stats_get(hk_runtime *rt, hk_stats *user) {
+    if (!rt || !user || hkl_size_of(user) < HKL_STATS_SIZE0)
+        return HK_ERR_INVALID;
+    hk_stats full;
+    hk_stats *out = &full;
+    pthread_mutex_lock(&rt->stats_lock);
+    *out = rt->stats;
+    out->size = sizeof *out;
+    pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->rec_lock);
+    out->retired_loaded = (uint64_t)rt->nretired;
+    pthread_mutex_unlock(&rt->rec_lock);
+    out->gate_closes = atomic_load(&rt->gate_closes);
+    out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
+    out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
+    if (rt->cache) {
+        uint64_t h, m, b;
+        hkp_cache_stats(rt->cache, &h, &m, &b);
+        out->cache_hits = h;
+        out->cache_misses = m;
+    }
+    if (rt->canary) {
+        hka_counters n;
+        hka_counts(rt->canary, &n);
+        out->canary_runs = n.runs;
+        out->canary_refused = n.refused;
+        out->canary_helper_starts = n.starts;
+        out->canary_refused_fault = n.refused_by[HKA_KIND_FAULT];
+        out->canary_refused_hang = n.refused_by[HKA_KIND_HANG];
+        out->canary_refused_mismatch = n.refused_by[HKA_KIND_MISMATCH];
+        out->canary_refused_slower = n.refused_by[HKA_KIND_SLOWER];
+        out->canary_refused_memcheck = n.refused_by[HKA_KIND_MEMCHECK];
+        out->canary_refused_could_not_run = n.refused_by[HKA_KIND_NOT_RUN];
+        out->canary_ms_total = n.ms_total;
+        out->canary_last_new_ms = n.last_new_ms;
+        out->canary_last_old_ms = n.last_old_ms;
+        out->canary_sanitizer = (uint64_t)n.sanitizer;
+    }
+    hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
+    hkl_sized_out(user, out, sizeof *out);
+    return 0;
+}
+
+/* ---- what swaps cost --------------------------------------------------- */
+
+void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
+    pthread_mutex_lock(&rt->stats_lock);
+    if (committed) {
+        rt->stats.swaps++;
+        rt->stats.rollbacks += rollback != 0;
+        rt->stats.live_versions++;
+        rt->stats.last_swap_ms = rep->total_ms;
+        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
+    } else {
+        rt->stats.refused++;
+    }
+    rt->stats.build_ms_total += rep->build_ms;
+    rt->stats.stage_ms_total += rep->stage_ms;
+    rt->stats.commit_ms_total += rep->commit_ms;
+    pthread_mutex_unlock(&rt->stats_lock);
+}
+
+/* Fills the report's total and the part of it no step accounts for
+ * (waiting for the lock, a safe point, reset recovery). */
+void hkl_report_times(hk_report *rep, double t_start) {
+    if (!rep || !t_start)
+        return;
+    rep->total_ms = hkl_now_ms() - t_start;
+    double w = rep->total_ms - rep->build_ms - rep->stage_ms - rep->commit_ms;
+    rep->wait_ms = w > 0 ? w : 0;
+}
+
+/* ---- the text --------------------------------------------------------- */
 
 /* Sources in the order they were attached (the list is newest first). */
 static void walk(hkl_source *s, hk_metrics_writer *w) {

@@ -2,7 +2,7 @@
  * Reclamation: an old version's code is unloaded only when no host thread can
  * still launch it and the GPU has finished the work that used it.
  *
- * Host side, epoch-based. Each launching thread owns a slot; on entering a
+ * Host side, epoch-based. Each launching thread owns a slot (gate.c); on entering a
  * launch it stores the global epoch into it (seq_cst, so the store is ordered
  * before its load of `current`), and zero on leaving. A commit publishes the
  * new version and then retires the old one with retire_epoch = ++epoch. Any
@@ -43,238 +43,7 @@
 #include <string.h>
 #include <time.h>
 
-#include <sched.h>
-
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include "loader/loader.h"
-
-__thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
-
-static pthread_key_t slot_key;
-static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
-
-/* Slot ownership, in `in_use`: 0 free (reusable by any thread of the
- * runtime), 1 owned by the thread whose hkl_tls points at it, 2 orphaned: the
- * runtime was destroyed while a thread still owned it, and that thread frees
- * it when it lets go (at exit, or when it next launches on another runtime). */
-enum { SLOT_FREE = 0, SLOT_OWNED = 1, SLOT_ORPHANED = 2 };
-
-/* This thread lets go of its cached slot. */
-static void slot_let_go(void) {
-    hkl_tslot *s = hkl_tls.slot;
-    hkl_tls.slot = NULL;
-    hkl_tls.rt_id = 0;
-    if (s && atomic_exchange(&s->in_use, SLOT_FREE) == SLOT_ORPHANED)
-        free(s);
-}
-
-/* Thread exit. */
-static void slot_release(void *arg) {
-    (void)arg;
-    slot_let_go();
-}
-
-/* ---- the launch gate --------------------------------------------------- */
-
-static void heavy_fence(hk_runtime *rt);
-
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-/* Closes the gate and returns once no hotkern launch is inside the driver.
- * The fence orders our store to `gate` against every launcher's announcement
- * (hkl_enter): a launcher we read as idle will see the gate closed. Launchers
- * are in the driver for microseconds unless the driver blocks them, so this
- * spins, then yields. */
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* This thread's own gated section (closers on several threads overlap, and
- * the gate stays closed across them; a section is one thread's close..open). */
-static __thread struct {
-    int depth;
-    uint64_t t0, in;  /* when it began; the fence and the wait for launchers (ns) */
-    const char *what; /* NULL: not to be logged */
-} section;
-
-void hkl_gate_close(hk_runtime *rt, const char *what) {
-    uint64_t t0 = now_ns();
-    if (atomic_fetch_add(&rt->gate, 1) == 0) {
-        atomic_store(&rt->gate_t0, t0);
-        atomic_fetch_add(&rt->gate_closes, 1);
-    }
-    heavy_fence(rt);
-    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
-        for (int i = 0; atomic_load(&s->active); i++) {
-            if (i < 256)
-                cpu_relax();
-            else
-                sched_yield();
-        }
-    if (section.depth++ == 0) {
-        section.t0 = t0;
-        section.in = now_ns() - t0;
-        section.what = what;
-    }
-}
-
-/* Every opening (even one that leaves another closer inside) starts a new
- * generation: a launcher that saw one since it began to wait goes on, so
- * back-to-back swaps cannot keep it out; at worst it then waits in the driver
- * for the one gated section in progress. A section longer than launchers
- * are held (launch_hold_max_us) and than any before is logged, with what it
- * did and how much of it was waiting for launchers already in the driver:
- * a handful of lines in a runtime's life, which say where a pause came from. */
-void hkl_gate_open(hk_runtime *rt) {
-    atomic_fetch_add(&rt->gate_gen, 1);
-    uint64_t t0 = atomic_load(&rt->gate_t0), now = now_ns();
-    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
-        uint64_t d = now - t0, max = atomic_load(&rt->gate_max_ns);
-        while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
-            ;
-    }
-    if (atomic_load(&rt->gate_waiters)) {
-        pthread_mutex_lock(&rt->gate_lock);
-        pthread_cond_broadcast(&rt->gate_cond);
-        pthread_mutex_unlock(&rt->gate_lock);
-    }
-    if (--section.depth > 0)
-        return;
-    uint64_t d = now - section.t0, max = atomic_load(&rt->section_max_ns);
-    while (d > max && !atomic_compare_exchange_weak(&rt->section_max_ns, &max, d))
-        ;
-    if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u && section.what)
-        hk_log(rt, HK_LOG_INFO, "engine",
-               "the launch gate stayed closed %.3f ms for %s (%.3f ms of it fencing and waiting "
-               "for launches already in the driver), the longest section so far",
-               (double)d / 1e6, section.what, (double)section.in / 1e6);
-}
-
-/* A launcher at a closed gate: spins a little (gated sections are short),
- * then sleeps until an opening, at most launch_hold_max_us in all. */
-void hkl_gate_wait(hk_runtime *rt) {
-    atomic_fetch_add(&rt->gate_waiters, 1);
-    uint64_t gen = atomic_load(&rt->gate_gen);
-    for (int i = 0; i < 512; i++) {
-        if (!atomic_load_explicit(&rt->gate, memory_order_acquire) ||
-            atomic_load_explicit(&rt->gate_gen, memory_order_acquire) != gen) {
-            atomic_fetch_sub(&rt->gate_waiters, 1);
-            return;
-        }
-        cpu_relax();
-    }
-    struct timespec ts;
-    hku_deadline(&ts, rt->opt.launch_hold_max_us);
-    pthread_mutex_lock(&rt->gate_lock);
-    while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
-        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
-            atomic_fetch_add(&rt->hold_timeouts, 1);
-            break;
-        }
-    pthread_mutex_unlock(&rt->gate_lock);
-    atomic_fetch_sub(&rt->gate_waiters, 1);
-}
-
-/* ---- epoch slots -------------------------------------------------------- */
-
-static void slot_key_create(void) {
-    pthread_key_create(&slot_key, slot_release);
-}
-
-hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
-    pthread_once(&slot_key_once, slot_key_create);
-    /* The thread launches on another runtime than last time: its old slot is
-     * free now (it is not inside a launch while it is here). Runtimes are
-     * told apart by id, so a destroyed runtime's slot is never used again. */
-    slot_let_go();
-    hkl_tslot *s;
-    for (s = atomic_load(&rt->slots); s; s = s->next) {
-        int expect = SLOT_FREE;
-        if (atomic_load(&s->in_use) == SLOT_FREE &&
-            atomic_compare_exchange_strong(&s->in_use, &expect, SLOT_OWNED))
-            break;
-    }
-    if (!s) {
-        if (!(s = aligned_alloc(_Alignof(hkl_tslot), sizeof *s)))
-            return NULL;
-        memset(s, 0, sizeof *s);
-        atomic_init(&s->active, 0);
-        atomic_init(&s->in_use, SLOT_OWNED);
-        s->rt = rt;
-        hkl_tslot *head = atomic_load(&rt->slots);
-        do
-            s->next = head;
-        while (!atomic_compare_exchange_weak(&rt->slots, &head, s));
-    }
-    hkl_tls.slot = s;
-    hkl_tls.rt_id = rt->id;
-    pthread_setspecific(slot_key, (void *)1);
-    return s;
-}
-
-void hkl_slots_free(hk_runtime *rt) {
-    if (hkl_tls.rt_id == rt->id)
-        slot_let_go();
-    hkl_tslot *s = atomic_load(&rt->slots);
-    while (s) {
-        hkl_tslot *n = s->next;
-        /* A slot another thread still holds is left for it to free. */
-        if (atomic_exchange(&s->in_use, SLOT_ORPHANED) == SLOT_FREE)
-            free(s);
-        s = n;
-    }
-    atomic_store(&rt->slots, NULL);
-}
-
-void hkl_retire(hk_runtime *rt, hkl_version *v) {
-    v->retire_epoch = atomic_fetch_add(&rt->epoch, 1) + 1;
-    pthread_mutex_lock(&rt->rec_lock);
-    v->next = rt->retired;
-    rt->retired = v;
-    rt->nretired++;
-    rt->rec_kick = 1; /* even while a pass runs: it must not sleep after it */
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
-}
-
-void hkl_reclaim_kick(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_kick = 1;
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
-}
-
-/* Registers the process for expedited private membarriers. Returns 1 when
- * the launch path may use the asymmetric fence. HK_NO_MEMBARRIER=1 forces the
- * symmetric one (for comparison in benchmarks). */
-int hkl_membarrier_register(void) {
-    const char *off = getenv("HK_NO_MEMBARRIER");
-    if (off && *off == '1')
-        return 0;
-    long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-    if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
-        return 0;
-    return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-}
-
-/* The other half of hkl_enter's fence: after this, every launch entry
- * announced before now is visible to this thread. */
-static void heavy_fence(hk_runtime *rt) {
-    if (rt->asym_fence)
-        syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-    /* A sequentially consistent read-modify-write orders this thread's later
-     * reads of the slots (and, unlike a bare fence, ThreadSanitizer models it). */
-    atomic_fetch_add(&rt->epoch, 0);
-}
 
 /* 1 when no host thread can still reach v. */
 static int grace_over(hk_runtime *rt, const hkl_version *v) {
@@ -399,7 +168,7 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
     if (rt->hook && list)
         rt->hook(rt, HKL_HOOK_PASS_SNAPSHOT);
     if (candidates && !final) {
-        heavy_fence(rt);
+        hkl_heavy_fence(rt);
         pthread_mutex_lock(&rt->rec_lock);
         rt->fences++;
         pthread_mutex_unlock(&rt->rec_lock);
@@ -474,8 +243,6 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     pthread_cond_timedwait(c, m, &ts);
 }
 
-void hkl_runtime_free(hk_runtime *rt); /* runtime.c */
-
 static void *reclaim_main(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-reclaim");
@@ -528,11 +295,12 @@ static void *reclaim_main(void *arg) {
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
     if (abandoned)
-        hkl_runtime_free(rt);
+        rt->rec_free(rt);
     return NULL;
 }
 
-int hkl_reclaim_start(hk_runtime *rt) {
+int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt)) {
+    rt->rec_free = free_rt;
     if (pthread_create(&rt->rec_thread, NULL, reclaim_main, rt))
         return HK_ERR_NOMEM;
     rt->rec_started = 1;

@@ -1,6 +1,7 @@
 /*
- * The runtime object: driver binding, attaching to each device's context,
- * error strings and reports, and recovery from a context reset.
+ * The runtime object: create (taking the driver binding over, attaching to
+ * each device's context, starting the threads) and destroy, wiring the
+ * floors of loader/ below it together.
  *
  * Attaching. The CUDA runtime API runs every call in the device's primary
  * context, unless the application made another context current on the thread.
@@ -9,13 +10,7 @@
  * (then the runtime will adopt the one we retained), so retaining is right in
  * both orders; a non-primary context current on the creating thread wins, as
  * it would for the runtime. We never create or destroy a context, and release
- * exactly the retains we took.
- *
- * Reset. A third-party cudaDeviceReset destroys the primary context under
- * us. Libraries (cuLibraryLoadData) survive it and launch in the new context;
- * modules do not. hkl_check_reset notices the change of context identity and
- * reloads what must be reloaded; it runs at every swap, from the reclaim
- * thread's periodic pass, and on a launch error.
+ * exactly the retains we took; a reset context is replaced by reset.c.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,16 +24,9 @@
 #include "loader/abi.h"
 #include "loader/loader.h"
 
-/* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
-int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {
-    const char *name = hkl_cu_name(rt ? rt->drv : NULL, r);
-    if (rep) {
-        rep->cu_result = (int)r;
-        snprintf(rep->cu_name, sizeof rep->cu_name, "%s", name);
-    }
-    hku_fail(rep, HK_ERR_CUDA, "%s failed: %s", what, name);
-    return HK_ERR_CUDA;
-}
+/* The teardown (below), parts of which the threads started here may run. */
+static void runtime_free(hk_runtime *rt);
+static void runtime_finish(hk_runtime *rt, double until);
 
 int hk_options_init_size(hk_options *o, size_t size) {
     hk_options d;
@@ -60,58 +48,14 @@ int hk_options_init_size(hk_options *o, size_t size) {
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
-/* The runtime whose swap_lock this thread holds (one at a time). */
-static __thread hk_runtime *swap_owner;
-
-int hkl_swap_lock(hk_runtime *rt) {
-    if (swap_owner == rt)
-        return 1;
-    pthread_mutex_lock(&rt->swap_lock);
-    swap_owner = rt;
-    return 0;
-}
-
-void hkl_swap_unlock(hk_runtime *rt, int nested) {
-    if (nested)
-        return;
-    swap_owner = NULL;
-    pthread_mutex_unlock(&rt->swap_lock);
-}
-
-int hkl_swap_held(const hk_runtime *rt) {
-    return swap_owner == rt;
-}
-
-CUstreamCaptureMode hkl_relax(hk_runtime *rt) {
-    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (rt->drv->ThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS)
-        m = CU_STREAM_CAPTURE_MODE_RELAXED;
-    return m;
-}
-
-void hkl_unrelax(hk_runtime *rt, CUstreamCaptureMode old) {
-    if (old != CU_STREAM_CAPTURE_MODE_RELAXED)
-        rt->drv->ThreadExchangeStreamCaptureMode(&old);
-}
-
-int hkl_ctx_push(hk_runtime *rt, int slot) {
-    CUresult r = rt->drv->CtxPushCurrent(hkl_ctx(rt, slot));
-    return r == CUDA_SUCCESS ? 0 : (int)r;
-}
-
-void hkl_ctx_pop(hk_runtime *rt) {
-    CUcontext dummy;
-    rt->drv->CtxPopCurrent(&dummy);
-}
-
 static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
+    const hkb_driver *d = rt->drv;
     hkl_device *dv = &rt->dev[slot];
     CUresult r;
     dv->ordinal = ordinal;
     if ((r = d->DeviceGet(&dv->dev, ordinal)) != CUDA_SUCCESS) {
         hkl_report_cu(rep, rt, r, "cuDeviceGet");
-        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkl_cu_name(d, r));
+        hku_fail(rep, HK_ERR_NO_DEVICE, "no CUDA device %d (%s)", ordinal, hkb_cu_name(d, r));
         return HK_ERR_NO_DEVICE;
     }
     int major = 0, minor = 0;
@@ -196,7 +140,7 @@ static void runtime_init_locks(hk_runtime *rt) {
  * of memory. A real driver table (one with a library handle) is owned by
  * the runtime from here on, before any thread can read it; a fake one stays
  * the caller's. */
-static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkl_driver *drv) {
+static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkb_driver *drv) {
     hk_runtime *rt = calloc(1, sizeof *rt);
     hkl_rtref *ref = calloc(1, sizeof *ref);
     if (!rt || !ref) {
@@ -309,14 +253,17 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
         return err;
     if ((err = hkl_canary_start(rt, rep)) < 0)
         return err;
-    if ((err = hkl_reclaim_start(rt)) < 0 || (err = hkl_worker_start(rt)) < 0) {
+    /* Each thread is given the part of the teardown it runs itself when
+     * destroy stops waiting for it. */
+    if ((err = hkl_reclaim_start(rt, runtime_free)) < 0 ||
+        (err = hkl_worker_start(rt, runtime_finish)) < 0) {
         hku_fail(rep, err, "cannot start hotkern threads");
         return err;
     }
     return 0;
 }
 
-static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                        hk_report *rep) {
     static const int dev0 = 0;
     hk_options o;
@@ -340,7 +287,7 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     hk_runtime *rt = err ? NULL : runtime_new(&o, ndev, drv);
     if (!rt) {
         if (drv->dl)
-            hkl_driver_close((hkl_driver *)drv);
+            hkb_driver_close((hkb_driver *)drv);
         return err ? err : HK_ERR_NOMEM;
     }
     if ((err = attach_devices(rt, devs, ndev, rep)) < 0 || (err = runtime_start(rt, &o, rep)) < 0) {
@@ -360,12 +307,12 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkl_driver
     return 0;
 }
 
-int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkl_driver *drv,
+int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep) {
     hk_report full;
     if (hkl_report_in(&full, rep) < 0) {
         if (drv->dl)
-            hkl_driver_close((hkl_driver *)drv);
+            hkb_driver_close((hkb_driver *)drv);
         return HK_ERR_INVALID;
     }
     int err = create_with(out, opt, drv, rep ? &full : NULL);
@@ -380,9 +327,9 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
     hk_report full;
     if (hkl_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
-    hkl_driver d;
+    hkb_driver d;
     char why[512];
-    int err = hkl_driver_open(&d, why, sizeof why);
+    int err = hkb_driver_open(&d, why, sizeof why);
     if (err < 0)
         hku_fail(rep ? &full : NULL, err, "%s", why);
     else /* The runtime takes the table over (and closes it on destroy). */
@@ -406,18 +353,10 @@ static void module_free(hkl_module *m) {
     free(m);
 }
 
-void hkl_rtref_put(hkl_rtref *ref) {
-    if (atomic_fetch_sub(&ref->refs, 1) == 1) {
-        pthread_mutex_destroy(&ref->lock);
-        free(ref);
-    }
-}
-
 /* Frees what is left once the reclaim thread has unloaded every version:
  * from hk_runtime_destroy, or from the reclaim thread itself when destroy
- * stopped waiting for it. */
-void hkl_runtime_free(hk_runtime *rt);
-void hkl_runtime_free(hk_runtime *rt) {
+ * stopped waiting for it (hkl_reclaim_start is given this function). */
+static void runtime_free(hk_runtime *rt) {
     hkl_lkg_close(rt); /* no commit or launch any more: records what ran long
                         * enough as known good, unlocks the state directory */
     hkl_graphs_free(rt);
@@ -439,7 +378,7 @@ void hkl_runtime_free(hk_runtime *rt) {
     free(rt->cache_dir);
     free(rt->headers);
     if (rt->drv == &rt->drv_own)
-        hkl_driver_close(&rt->drv_own);
+        hkb_driver_close(&rt->drv_own);
     if (rt->ref) {
         /* A graph destroyed later finds no runtime behind its pin. */
         pthread_mutex_lock(&rt->ref->lock);
@@ -467,96 +406,11 @@ void hkl_runtime_free(hk_runtime *rt) {
     free(rt);
 }
 
-int hkl_source_attach(hk_runtime *rt, hkl_source *src) {
-    int err = 0;
-
-    if (!rt || !src)
-        return HK_ERR_INVALID;
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source *s = rt->sources; s; s = s->next) {
-        if (s == src || (src->kind && s->kind == src->kind)) {
-            err = HK_ERR_BUSY;
-            break;
-        }
-    }
-    if (!err) {
-        src->next = rt->sources;
-        rt->sources = src;
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-    return err;
-}
-
-hkl_source *hkl_source_get(hk_runtime *rt, const void *kind, hkl_source *(*make)(void *arg),
-                           void *arg, int *made) {
-    hkl_source *s;
-
-    *made = 0;
-    if (!rt || !kind)
-        return NULL;
-    pthread_mutex_lock(&rt->src_lock);
-    for (s = rt->sources; s && s->kind != kind; s = s->next) {
-    }
-    if (!s && make && (s = make(arg)) != NULL) {
-        s->kind = kind;
-        s->next = rt->sources;
-        rt->sources = s;
-        *made = 1;
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-    return s;
-}
-
-void hkl_source_detach(hk_runtime *rt, hkl_source *src) {
-    if (!rt || !src)
-        return;
-    /* Hooks run under src_lock: once it is ours, none of src's is running. */
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source **pp = &rt->sources; *pp; pp = &(*pp)->next) {
-        if (*pp == src) {
-            *pp = src->next;
-            src->next = NULL;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-}
-
-void hkl_sources_deps_built(hk_runtime *rt, const char *source_name, const char *const *deps,
-                            int n) {
-    if (!source_name)
-        return;
-    /* Held across the hooks so that a source cannot be released under one;
-     * they take only their own locks, briefly. */
-    pthread_mutex_lock(&rt->src_lock);
-    for (hkl_source *s = rt->sources; s; s = s->next) {
-        if (s->deps_built)
-            s->deps_built(s->ctx, source_name, deps, n);
-    }
-    pthread_mutex_unlock(&rt->src_lock);
-}
-
-/* Detaches every source and releases each, outside src_lock: a source's
- * thread may be submitting meanwhile, and the worker reporting a build. */
-static void sources_release(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->src_lock);
-    hkl_source *s = rt->sources;
-    rt->sources = NULL;
-    pthread_mutex_unlock(&rt->src_lock);
-    while (s) {
-        hkl_source *next = s->next; /* release may free s */
-        s->next = NULL;
-        if (s->release)
-            s->release(s->ctx);
-        s = next;
-    }
-}
-
 /* Destroy is bounded by destroy_wait_ms in every state. What can take
  * longer does not hold it: a canary run or an isolated build in progress is
  * cut short (its helper's socket shut down); an in-process NVRTC compile,
  * which cannot be interrupted, is left to the worker, which finishes the
- * teardown when it returns (hkl_runtime_finish); unloads that wait for
+ * teardown when it returns (runtime_finish); unloads that wait for
  * running kernels are left to the reclaim thread, which frees the runtime
  * when its final pass ends. From the start no callback is called from any
  * of hotkern's threads (log.c), so none runs after destroy returns. */
@@ -565,7 +419,7 @@ void hk_runtime_destroy(hk_runtime *rt) {
         return;
     double until = hkl_now_ms() + rt->opt.destroy_wait_ms;
     hkl_callbacks_close(rt, until);
-    sources_release(rt);
+    hkl_sources_release(rt);
     hka_cancel(rt->canary);
     hkp_iso_cancel(rt->iso);
     hkp_warm_stop_by(rt->warm, until);
@@ -577,10 +431,13 @@ void hk_runtime_destroy(hk_runtime *rt) {
         hkl_lkg_release(rt, 1);
         return;
     }
-    hkl_runtime_finish(rt, until);
+    runtime_finish(rt, until);
 }
 
-void hkl_runtime_finish(hk_runtime *rt, double until) {
+/* The part of hk_runtime_destroy after the worker has stopped: on the
+ * destroying thread, or on the worker when destroy stopped waiting for it
+ * (hkl_worker_start is given this function). */
+static void runtime_finish(hk_runtime *rt, double until) {
     hkl_worker_drain(rt);
     hka_destroy(rt->canary); /* no build runs any more: kills the helper */
     rt->canary = NULL;
@@ -617,7 +474,7 @@ void hkl_runtime_finish(hk_runtime *rt, double until) {
     int joined = hkl_reclaim_join(rt, left > 0 ? (int)left : 0) == 0;
     hkl_lkg_release(rt, !joined);
     if (joined)
-        hkl_runtime_free(rt);
+        runtime_free(rt);
 }
 
 void *hk_runtime_context(hk_runtime *rt, int slot) {
@@ -628,193 +485,4 @@ void *hk_runtime_context(hk_runtime *rt, int slot) {
 
 int hk_runtime_arch(hk_runtime *rt) {
     return rt ? rt->arch : 0;
-}
-
-int hk_stats_get(hk_runtime *rt, hk_stats *user) {
-    if (!rt || !user || hkl_size_of(user) < HKL_STATS_SIZE0)
-        return HK_ERR_INVALID;
-    hk_stats full;
-    hk_stats *out = &full;
-    pthread_mutex_lock(&rt->stats_lock);
-    *out = rt->stats;
-    out->size = sizeof *out;
-    pthread_mutex_unlock(&rt->stats_lock);
-    pthread_mutex_lock(&rt->rec_lock);
-    out->retired_loaded = (uint64_t)rt->nretired;
-    pthread_mutex_unlock(&rt->rec_lock);
-    out->gate_closes = atomic_load(&rt->gate_closes);
-    out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
-    out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
-    if (rt->cache) {
-        uint64_t h, m, b;
-        hkp_cache_stats(rt->cache, &h, &m, &b);
-        out->cache_hits = h;
-        out->cache_misses = m;
-    }
-    if (rt->canary) {
-        hka_counters n;
-        hka_counts(rt->canary, &n);
-        out->canary_runs = n.runs;
-        out->canary_refused = n.refused;
-        out->canary_helper_starts = n.starts;
-        out->canary_refused_fault = n.refused_by[HKA_KIND_FAULT];
-        out->canary_refused_hang = n.refused_by[HKA_KIND_HANG];
-        out->canary_refused_mismatch = n.refused_by[HKA_KIND_MISMATCH];
-        out->canary_refused_slower = n.refused_by[HKA_KIND_SLOWER];
-        out->canary_refused_memcheck = n.refused_by[HKA_KIND_MEMCHECK];
-        out->canary_refused_could_not_run = n.refused_by[HKA_KIND_NOT_RUN];
-        out->canary_ms_total = n.ms_total;
-        out->canary_last_new_ms = n.last_new_ms;
-        out->canary_last_old_ms = n.last_old_ms;
-        out->canary_sanitizer = (uint64_t)n.sanitizer;
-    }
-    hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
-    hkl_sized_out(user, out, sizeof *out);
-    return 0;
-}
-
-/* 1 when device slot i's context is no longer the one we attached to. */
-static int context_was_reset(hk_runtime *rt, int i) {
-    const hkl_driver *d = rt->drv;
-    /* A context the application created and made current is its own: we hold
-     * no retain on the primary context then (so that one may well be
-     * inactive), and must never swap the application's context for it. */
-    if (rt->dev[i].retains == 0)
-        return 0;
-    unsigned flags = 0;
-    int active = 0;
-    unsigned long long id = 0;
-    if (d->DevicePrimaryCtxGetState(rt->dev[i].dev, &flags, &active) != CUDA_SUCCESS)
-        return 0;
-    if (!active)
-        return 1;
-    return d->CtxGetId(hkl_ctx(rt, i), &id) != CUDA_SUCCESS || id != rt->dev[i].ctx_id;
-}
-
-/* Takes the new primary context of every device whose context was reset.
- * Returns 1 when there was one. */
-static int replace_contexts(hk_runtime *rt) {
-    int reset = 0;
-    for (int i = 0; i < rt->ndev; i++) {
-        if (!context_was_reset(rt, i))
-            continue;
-        CUcontext ctx;
-        if (rt->drv->DevicePrimaryCtxRetain(&ctx, rt->dev[i].dev) != CUDA_SUCCESS)
-            continue;
-        /* A module unload in progress finishes in the old context first;
-         * later ones see the new generation and leave dead modules alone. */
-        pthread_mutex_lock(&rt->unload_lock);
-        rt->dev[i].retains++;
-        atomic_store(&rt->dev[i].ctx, ctx);
-        rt->drv->CtxGetId(ctx, &rt->dev[i].ctx_id);
-        if (rt->dev[i].copy_stream) /* died with its context */
-            rt->dev[i].copy_stream = NULL;
-        atomic_fetch_add(&rt->reset_gen, 1);
-        pthread_mutex_unlock(&rt->unload_lock);
-        reset = 1;
-    }
-    return reset;
-}
-
-/* A new version holding a copy of old's image, loaded in the new context;
- * NULL when that fails. */
-static hkl_version *version_reload(hk_runtime *rt, hkl_module *m, const hkl_version *old,
-                                   hk_report *rep) {
-    hkl_version *nv = calloc(1, sizeof *nv);
-    if (!nv)
-        return NULL;
-    *nv = (hkl_version){.number = old->number,
-                        .mod = m,
-                        .format = old->format,
-                        .ctx_gen = atomic_load(&rt->reset_gen)};
-    nv->image = malloc(old->size);
-    if (!nv->image) {
-        free(nv);
-        return NULL;
-    }
-    memcpy(nv->image, old->image, old->size);
-    nv->size = old->size;
-    atomic_init(&nv->fn, NULL);
-    atomic_init(&nv->funcs, NULL);
-    atomic_init(&nv->cap, 0);
-    atomic_init(&nv->pins, 0);
-    if (hkl_load_version(rt, nv, rep) < 0) {
-        hkl_version_free(nv);
-        return NULL;
-    }
-    return nv;
-}
-
-/* Module loader: m's current module died with the context. Loads its image
- * again and publishes it in place of the dead version; when that fails, the
- * dead version stays current. */
-static void reload_module(hk_runtime *rt, hkl_module *m) {
-    hkl_version *old = atomic_load(&m->current);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_RESET_RELOAD);
-    hk_report rep = HK_REPORT_INIT;
-    hkl_version *nv = old ? version_reload(rt, m, old, &rep) : NULL;
-    if (!nv) {
-        hk_report_clear(&rep);
-        return;
-    }
-    /* The old version is dead: its metadata (name expressions, globals,
-     * kernel layouts) moves to the reloaded one. */
-    nv->nexpr = old->nexpr;
-    nv->expr = old->expr;
-    nv->lowered = old->lowered;
-    nv->nglobals = old->nglobals;
-    nv->globals = old->globals;
-    nv->nentries = old->nentries;
-    nv->entries = old->entries;
-    old->nexpr = old->nglobals = old->nentries = 0;
-    old->expr = old->lowered = NULL;
-    old->globals = NULL;
-    old->entries = NULL;
-    int ok = 1;
-    for (int k = 0; k < m->nkernels && ok; k++)
-        ok = hkl_resolve_slot(rt, nv, m->kernels[k], &rep) == 0;
-    if (!ok) {
-        hkl_unload_version(rt, nv);
-        hkl_version_free(nv);
-    } else {
-        atomic_store(&m->current, nv);
-        old->dead = 1; /* its module died with the context: no event */
-        hkl_retire(rt, old);
-        pthread_mutex_lock(&rt->stats_lock);
-        rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
-        pthread_mutex_unlock(&rt->stats_lock);
-    }
-    hk_report_clear(&rep);
-}
-
-int hkl_check_reset(hk_runtime *rt) {
-    if (!replace_contexts(rt))
-        return 0;
-    /* Modules died with the context: each module's current image is loaded
-     * again. Libraries live on and reload into the new context by
-     * themselves. Versions already retired hold dead modules too: their
-     * generation tells hkl_unload_version to leave them (a recycled handle
-     * could name live code in the new context). */
-    if (rt->opt.loader == HK_LOADER_MODULE) {
-        hkl_gate_close(rt, "reloading modules after a context reset");
-        for (hkl_module *m = rt->modules; m; m = m->next)
-            reload_module(rt, m);
-        hkl_gate_open(rt);
-    }
-    pthread_mutex_lock(&rt->stats_lock);
-    rt->stats.context_resets++;
-    pthread_mutex_unlock(&rt->stats_lock);
-    return 1;
-}
-
-/* Tells the application about a reset that hkl_check_reset handled. Called
- * with no lock held, so the callback may call hotkern. */
-void hkl_emit_reset(hk_runtime *rt) {
-    hk_report rep = HK_REPORT_INIT;
-    hku_fail(&rep, HK_ERR_CONTEXT_RESET,
-             "CUDA context reset detected (cudaDeviceReset?): current versions are "
-             "loaded in the new context; buffers and __device__ state from before the "
-             "reset are gone");
-    hkl_emit(rt, HK_EVENT_CONTEXT_RESET, NULL, 0, 0, "reset", &rep);
 }

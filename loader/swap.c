@@ -1,11 +1,10 @@
 /*
- * The swap transaction: build -> stage -> validate -> commit, or roll back.
+ * The swap transaction: (build, canary ->) stage -> validate -> commit, or
+ * roll back.
  *
- * build    ptx/ turns the input into a loadable image (NVRTC, nvJitLink, the
- *          compile cache). No driver call and no lock: it runs on the caller's
- *          thread (hk_swap) or the worker (hk_submit), never stalling launches.
- * canary   the version's declared test launches run in the canary helper
- *          process (loader/canary.c, canary/), on the same thread, no lock held.
+ * build    ptx/ turns the input into a loadable image, and the canary runs
+ *          its declared test launches: both before this file, no lock held
+ *          (worker.c). A job reaches hkl_swap_job built.
  * stage    the driver loads the image (cuLibraryLoadData, or cuModuleLoadDataEx
  *          with JIT options and log buffers) and uploads every function into
  *          every context (cuFuncLoad). Uploading waits for the context's
@@ -19,12 +18,15 @@
  *          version holds the code of every device), registered graphs are
  *          retargeted, and the old version is handed to the reclaim thread.
  * Any failure before commit unloads the new version; the old one never
- * stopped running. Swaps of one runtime are serialised by swap_lock.
+ * stopped running. Swaps of one runtime are serialised by swap_lock. A
+ * rollback (hk_rollback) is the same transaction over a job that builds
+ * nothing: the module's kept image before its newest.
  *
- * In the code: job_build is the build, ending with the canary
- * (hkl_canary_check); swap_locked runs the rest as one function per step
+ * In the code: hkl_swap_job takes swap_lock (and checks for a context
+ * reset first, reset.c); swap_locked runs the rest as one function per step
  * (stage, validate, commit, roll_back) over a swap_txn, after
  * version_from_build and adopt_build have made the built artifact a version.
+ * The version operations each step uses are version.c's.
  *
  * The driver sections of stage/validate and of commit run with the launch
  * gate closed (loader.h): under continuous launches the driver would make
@@ -39,361 +41,6 @@
 
 #include "loader/abi.h"
 #include "loader/loader.h"
-
-/* Errors after which an unload may succeed later: retry, never count. */
-static int unload_retryable(CUresult r) {
-    return r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
-           r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_NOT_READY ||
-           r == CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-#define JIT_LOG_SIZE 16384
-
-int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
-    hk_swap_options d;
-    memset(&d, 0, sizeof d);
-    d.carry_globals = 1;
-    d.stage = HK_STAGE_AUTO;
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_SWAP_OPTIONS_SIZE0);
-}
-
-void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv, uint64_t newv,
-              const char *origin, const hk_report *rep) {
-    hkl_log_event(rt, kind, module, oldv, newv, origin, rep);
-    hkl_emit_quiet(rt, kind, module, oldv, newv, origin, rep);
-}
-
-hkl_module *hkl_module_find(hk_runtime *rt, const char *name) {
-    for (hkl_module *m = rt->modules; m; m = m->next)
-        if (!strcmp(m->name, name))
-            return m;
-    return NULL;
-}
-
-void hkl_version_free(hkl_version *v) {
-    if (!v)
-        return;
-    free(v->image);
-    for (int i = 0; i < v->nglobals; i++)
-        free(v->globals[i].name);
-    free(v->globals);
-    for (int i = 0; i < v->nentries; i++) {
-        free(v->entries[i].name);
-        free(v->entries[i].params);
-    }
-    free(v->entries);
-    hku_strv_free(v->expr, v->nexpr);
-    hku_strv_free(v->lowered, v->nexpr);
-    void **fn = atomic_load(&v->fn), **funcs = atomic_load(&v->funcs);
-    free(fn ? fn - 1 : NULL);
-    free(funcs ? funcs - 1 : NULL);
-    void **o = v->old_fn;
-    while (o) {
-        void **next = (void **)o[0];
-        free(o);
-        o = next;
-    }
-    free(v);
-}
-
-/* The entry name a handle's name stands for in v: the lowered name of a name
- * expression, or the name itself. */
-const char *hkl_entry_name(const hkl_version *v, const char *name) {
-    for (int i = 0; i < v->nexpr; i++)
-        if (!strcmp(v->expr[i], name))
-            return v->lowered[i];
-    return name;
-}
-
-/* ---- driver side of a version ------------------------------------------ */
-
-int hkl_load_version(hk_runtime *rt, hkl_version *v, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
-    char *info = calloc(1, JIT_LOG_SIZE), *errlog = calloc(1, JIT_LOG_SIZE);
-    int err = 0;
-    if (!info || !errlog) {
-        err = HK_ERR_NOMEM;
-        goto out;
-    }
-    CUjit_option jo[] = {CU_JIT_INFO_LOG_BUFFER,    CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                         CU_JIT_ERROR_LOG_BUFFER,   CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                         CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_WALL_TIME};
-    void *jv[] = {info,
-                  (void *)(uintptr_t)JIT_LOG_SIZE,
-                  errlog,
-                  (void *)(uintptr_t)JIT_LOG_SIZE,
-                  (void *)(uintptr_t)rt->opt.jit_opt_level,
-                  NULL};
-    unsigned njo = sizeof jo / sizeof jo[0];
-    CUresult r;
-    const char *what;
-    if (rt->opt.loader == HK_LOADER_LIBRARY) {
-        what = "cuLibraryLoadData";
-        r = d->LibraryLoadData(&v->lib, v->image, jo, jv, njo, NULL, NULL, 0);
-    } else {
-        what = "cuModuleLoadDataEx";
-        if ((r = (CUresult)hkl_ctx_push(rt, 0)) == CUDA_SUCCESS) {
-            r = d->ModuleLoadDataEx(&v->cumod[0], v->image, njo, jo, jv);
-            hkl_ctx_pop(rt);
-        }
-    }
-    if (r != CUDA_SUCCESS) {
-        err = hkl_report_cu(rep, rt, r, what);
-        if (r == CUDA_ERROR_INVALID_PTX || r == CUDA_ERROR_INVALID_IMAGE ||
-            r == CUDA_ERROR_JIT_COMPILER_NOT_FOUND || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
-            err = rep ? (rep->error = HK_ERR_COMPILE) : HK_ERR_COMPILE;
-        if (r == CUDA_ERROR_NO_BINARY_FOR_GPU)
-            err = rep ? (rep->error = HK_ERR_ARCH) : HK_ERR_ARCH;
-        if (rep && errlog[0]) {
-            free(rep->log);
-            rep->log = strdup(errlog);
-            size_t n = strlen(rep->message);
-            char first[200];
-            snprintf(first, sizeof first, "%.*s", (int)strcspn(errlog, "\n"), errlog);
-            snprintf(rep->message + n, sizeof rep->message - n, ": %s", first);
-        }
-    }
-out:
-    free(info);
-    free(errlog);
-    return err;
-}
-
-/* Unloads v's code. Returns CUDA_SUCCESS when it is gone (or went with a
- * reset context), else the error of an unload worth trying again. A module
- * is unloaded under unload_lock, in the context of its generation only:
- * after a reset its handle is dead, and might even name new code. */
-CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v) {
-    CUresult r = CUDA_SUCCESS;
-    if (v->lib) {
-        r = rt->drv->LibraryUnload(v->lib);
-        if (unload_retryable(r))
-            return r;
-        v->lib = NULL;
-        r = CUDA_SUCCESS;
-    }
-    if (v->cumod[0]) {
-        pthread_mutex_lock(&rt->unload_lock);
-        if (v->ctx_gen == atomic_load(&rt->reset_gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
-            r = rt->drv->ModuleUnload(v->cumod[0]);
-            hkl_ctx_pop(rt);
-        }
-        pthread_mutex_unlock(&rt->unload_lock);
-        if (unload_retryable(r))
-            return r;
-        v->cumod[0] = NULL;
-        r = CUDA_SUCCESS;
-    }
-    return r;
-}
-
-/* Uploads every function of v into every context now (cuFuncLoad), so the
- * first launches of the new version find their code resident. */
-static int upload_all(hk_runtime *rt, hkl_version *v, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
-    int err = 0;
-    for (int i = 0; i < rt->ndev && !err; i++) {
-        CUresult r = (CUresult)hkl_ctx_push(rt, i);
-        if (r != CUDA_SUCCESS)
-            return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
-        unsigned n = 0;
-        if (v->lib) {
-            if ((r = d->LibraryGetKernelCount(&n, v->lib)) == CUDA_SUCCESS && n) {
-                CUkernel *ks = calloc(n, sizeof *ks);
-                if (!ks)
-                    err = HK_ERR_NOMEM;
-                else if ((r = d->LibraryEnumerateKernels(ks, n, v->lib)) == CUDA_SUCCESS)
-                    for (unsigned j = 0; j < n && r == CUDA_SUCCESS; j++) {
-                        CUfunction f;
-                        if ((r = d->KernelGetFunction(&f, ks[j])) == CUDA_SUCCESS)
-                            r = d->FuncLoad(f);
-                    }
-                free(ks);
-            }
-        } else if ((r = d->ModuleGetFunctionCount(&n, v->cumod[0])) == CUDA_SUCCESS && n) {
-            CUfunction *fs = calloc(n, sizeof *fs);
-            if (!fs)
-                err = HK_ERR_NOMEM;
-            else if ((r = d->ModuleEnumerateFunctions(fs, n, v->cumod[0])) == CUDA_SUCCESS)
-                for (unsigned j = 0; j < n && r == CUDA_SUCCESS; j++)
-                    r = d->FuncLoad(fs[j]);
-            free(fs);
-        }
-        hkl_ctx_pop(rt);
-        if (!err && r != CUDA_SUCCESS) {
-            err = hkl_report_cu(rep, rt, r, "loading code into the context");
-            if (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE)
-                err = rep ? (rep->error = HK_ERR_ARCH) : HK_ERR_ARCH;
-        }
-    }
-    if (!err)
-        v->staged_on_all = 1;
-    return err;
-}
-
-/* Reads the parameter layout of handle k's kernel in version v. The image's
- * metadata (ptx/) says how many parameters there are, so the driver is asked
- * about exactly those (cuKernelGetParamInfo/cuFuncGetParamInfo, which has no
- * count call; probing past the end makes the driver report an error that
- * tools such as compute-sanitizer flag). Without metadata (an image reloaded
- * after a reset) indices are probed until the driver says there are no more. */
-int hkl_read_layout(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hkl_param_layout *out) {
-    const hkl_driver *d = rt->drv;
-    void *fn = atomic_load(&v->fn)[k->slot];
-    const char *entry = hkl_entry_name(v, k->name);
-    const hkp_entry *e = NULL;
-    for (int i = 0; i < v->nentries && !e; i++)
-        if (!strcmp(v->entries[i].name, entry))
-            e = &v->entries[i];
-    int cap = e ? (e->nparams > 0 ? e->nparams : 1) : 8;
-    memset(out, 0, sizeof *out);
-    out->offset = malloc((size_t)cap * sizeof *out->offset);
-    out->size = malloc((size_t)cap * sizeof *out->size);
-    if (!out->offset || !out->size)
-        return HK_ERR_NOMEM;
-    for (size_t i = 0; i < 4096 && (!e || (int)i < e->nparams); i++) {
-        size_t off = 0, sz = 0;
-        CUresult r = rt->opt.loader == HK_LOADER_LIBRARY
-                         ? d->KernelGetParamInfo((CUkernel)fn, i, &off, &sz)
-                         : d->FuncGetParamInfo((CUfunction)fn, i, &off, &sz);
-        if (r != CUDA_SUCCESS) {
-            if (!e)
-                break;
-            /* The driver could not say: the image's own description holds. */
-            off = e->params[i].offset;
-            sz = e->params[i].size;
-        }
-        if (out->n == cap) {
-            cap *= 2;
-            uint32_t *o = realloc(out->offset, (size_t)cap * sizeof *o);
-            if (o)
-                out->offset = o;
-            uint32_t *sp = realloc(out->size, (size_t)cap * sizeof *sp);
-            if (sp)
-                out->size = sp;
-            if (!o || !sp)
-                return HK_ERR_NOMEM;
-        }
-        out->offset[out->n] = (uint32_t)off;
-        out->size[out->n] = (uint32_t)sz;
-        out->n++;
-    }
-    return 0;
-}
-
-void hkl_layout_free(hkl_param_layout *l) {
-    free(l->offset);
-    free(l->size);
-    memset(l, 0, sizeof *l);
-}
-
-/* Describes how two layouts differ, or returns 0 when they are equal. */
-int hkl_layout_diff(const hkl_param_layout *a, const hkl_param_layout *b, char *buf, size_t n) {
-    if (a->n != b->n) {
-        snprintf(buf, n, "had %d parameters, now %d", a->n, b->n);
-        return 1;
-    }
-    for (int i = 0; i < a->n; i++)
-        if (a->offset[i] != b->offset[i] || a->size[i] != b->size[i]) {
-            snprintf(buf, n, "parameter %d was %u bytes at offset %u, now %u bytes at offset %u", i,
-                     a->size[i], a->offset[i], b->size[i], b->offset[i]);
-            return 1;
-        }
-    return 0;
-}
-
-/* Readers may still hold a replaced array: it is chained (by the extra
- * leading word of its block) to be freed with the version. */
-static void fn_chain(hkl_version *v, void **old) {
-    if (!old)
-        return;
-    void **base = old - 1;
-    base[0] = v->old_fn;
-    v->old_fn = base;
-}
-
-/* Makes room for slot `slot` in v's function tables. */
-static int fn_reserve(hk_runtime *rt, hkl_version *v, int slot) {
-    int have = atomic_load(&v->cap);
-    if (slot < have)
-        return 0;
-    int cap = have ? have : 8;
-    while (cap <= slot)
-        cap *= 2;
-    size_t nd = (size_t)rt->ndev;
-    /* One extra leading word each chains replaced arrays for freeing later. */
-    void **raw = calloc((size_t)cap + 1, sizeof *raw);
-    void **rawf = calloc((size_t)cap * nd + 1, sizeof *rawf);
-    if (!raw || !rawf) {
-        free(raw);
-        free(rawf);
-        return HK_ERR_NOMEM;
-    }
-    void **old = atomic_load(&v->fn), **oldf = atomic_load(&v->funcs);
-    if (old)
-        memcpy(raw + 1, old, (size_t)have * sizeof *old);
-    if (oldf)
-        memcpy(rawf + 1, oldf, (size_t)have * nd * sizeof *oldf);
-    fn_chain(v, old);
-    fn_chain(v, oldf);
-    atomic_store(&v->funcs, rawf + 1); /* before fn: see loader.h */
-    atomic_store(&v->fn, raw + 1);
-    atomic_store(&v->cap, cap); /* after fn: readers load cap, then fn */
-    return 0;
-}
-
-/* Finds k's kernel in v, checks its layout against k's and fills its slot.
- * Also used when a handle is first taken (k->layout.n < 0 then: adopt). */
-int hkl_resolve_slot(hk_runtime *rt, hkl_version *v, hk_kernel *k, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
-    const char *entry = hkl_entry_name(v, k->name);
-    void *fn = NULL;
-    CUresult r;
-    if (v->lib) {
-        CUkernel kern;
-        r = d->LibraryGetKernel(&kern, v->lib, entry);
-        fn = kern;
-    } else {
-        CUfunction f;
-        r = d->ModuleGetFunction(&f, v->cumod[0], entry);
-        fn = f;
-    }
-    if (r != CUDA_SUCCESS) {
-        if (rep) {
-            snprintf(rep->kernel, sizeof rep->kernel, "%s", k->name);
-            rep->cu_result = (int)r;
-            snprintf(rep->cu_name, sizeof rep->cu_name, "%s", hkl_cu_name(d, r));
-        }
-        /* A C++ kernel's name holds its parameter types: a changed signature
-         * renames it, which is worth saying. */
-        hku_fail(rep, HK_ERR_MISSING_KERNEL,
-                 "kernel '%s' is in use but missing from '%s' version %llu (%s)%s", k->name,
-                 k->mod->name, (unsigned long long)v->number, hkl_cu_name(d, r),
-                 strncmp(k->name, "_Z", 2) ? ""
-                                           : "; the name is a C++ one, which changes with the "
-                                             "kernel's parameter types");
-        return HK_ERR_MISSING_KERNEL;
-    }
-    int err = fn_reserve(rt, v, k->slot);
-    if (err < 0)
-        return err;
-    atomic_load(&v->fn)[k->slot] = fn;
-    if (v->lib) {
-        /* cuKernelGetFunction takes the driver's lock for writing: asked
-         * here, with the gate closed, never on a launching thread. A context
-         * that cannot say leaves its entry NULL (asked later, gated). */
-        void **funcs = atomic_load(&v->funcs) + (size_t)k->slot * (size_t)rt->ndev;
-        for (int i = 0; i < rt->ndev; i++) {
-            CUfunction f = NULL;
-            if (hkl_ctx_push(rt, i) != 0)
-                continue;
-            if (d->KernelGetFunction(&f, (CUkernel)fn) == CUDA_SUCCESS)
-                funcs[i] = f;
-            hkl_ctx_pop(rt);
-        }
-    }
-    return 0;
-}
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
     hkl_param_layout now;
@@ -423,93 +70,22 @@ static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept
     return 0;
 }
 
-/* Copies every global present in both versions with the same size. A size
- * change is not an error (the new code wants the new shape), but reported. */
-static int carry_globals(hk_runtime *rt, hkl_version *old, hkl_version *nv, hk_report *rep) {
-    const hkl_driver *d = rt->drv;
-    char skipped[256] = "";
-    for (int g = 0; g < nv->nglobals; g++) {
-        const char *name = nv->globals[g].name;
-        int in_old = 0;
-        for (int j = 0; j < old->nglobals && !in_old; j++)
-            in_old = !strcmp(old->globals[j].name, name);
-        if (!in_old)
-            continue;
-        for (int i = 0; i < rt->ndev; i++) {
-            CUresult r = (CUresult)hkl_ctx_push(rt, i);
-            if (r != CUDA_SUCCESS)
-                return hkl_report_cu(rep, rt, r, "cuCtxPushCurrent");
-            CUdeviceptr po = 0, pn = 0;
-            size_t so = 0, sn = 0;
-            if (nv->lib) {
-                r = d->LibraryGetGlobal(&po, &so, old->lib, name);
-                if (r == CUDA_SUCCESS)
-                    r = d->LibraryGetGlobal(&pn, &sn, nv->lib, name);
-            } else {
-                r = d->ModuleGetGlobal(&po, &so, old->cumod[0], name);
-                if (r == CUDA_SUCCESS)
-                    r = d->ModuleGetGlobal(&pn, &sn, nv->cumod[0], name);
-            }
-            if (r == CUDA_SUCCESS && so != sn) {
-                size_t n = strlen(skipped);
-                if (i == 0 && n < sizeof skipped - 1)
-                    snprintf(skipped + n, sizeof skipped - n, "%s%s (%zu -> %zu bytes)",
-                             n ? ", " : "", name, so, sn);
-            } else if (r == CUDA_SUCCESS && so) {
-                /* On hotkern's own non-blocking stream, never the legacy one
-                 * (which would join, and so break, a capture on a blocking
-                 * stream). Launches of the new version run on the
-                 * application's streams: the copy is finished before the
-                 * version is visible. A kernel of the old version still in
-                 * flight may write the old copy after this; at a safe point
-                 * (GPU idle) the carried state is exact. */
-                CUstream *cs = &rt->dev[i].copy_stream;
-                if (!*cs)
-                    r = d->StreamCreate(cs, CU_STREAM_NON_BLOCKING);
-                if (r == CUDA_SUCCESS)
-                    r = d->MemcpyDtoDAsync(pn, po, so, *cs);
-                if (r == CUDA_SUCCESS)
-                    r = d->StreamSynchronize(*cs);
-            }
-            hkl_ctx_pop(rt);
-            if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_FOUND) {
-                hkl_report_cu(rep, rt, r, "copying a global to the new version");
-                size_t n = strlen(rep ? rep->message : "");
-                if (rep)
-                    snprintf(rep->message + n, sizeof rep->message - n, " ('%s')", name);
-                return HK_ERR_CUDA;
-            }
-        }
-    }
-    if (skipped[0])
-        hku_fail(rep, 0, "globals not carried over (size changed): %s", skipped);
-    return 0;
-}
-
-/* Adds image to the module's history ring (rollback pops instead). */
-void hkl_image_clear(hkl_image *im) {
-    free(im->data);
-    hku_strv_free(im->expr, im->nexpr);
-    hku_strv_free(im->lowered, im->nexpr);
-    memset(im, 0, sizeof *im);
-}
-
 /* Adds v's image to the module's history ring (rollback pops instead). The
  * copy is made first, so a failure leaves the history as it was. */
 static int history_push(hk_runtime *rt, hkl_module *m, hkl_version *v) {
-    hkl_image im = {.size = v->size,
-                    .format = v->format,
+    hkl_image im = {.size = v->art.size,
+                    .format = v->art.format,
                     .version = v->number,
                     .release = v->release,
-                    .nexpr = v->nexpr};
-    im.data = malloc(v->size);
-    im.expr = hku_strv_dup((const char *const *)v->expr, v->nexpr);
-    im.lowered = hku_strv_dup((const char *const *)v->lowered, v->nexpr);
-    if (!im.data || (v->nexpr > 0 && (!im.expr || !im.lowered))) {
+                    .nexpr = v->art.nlowered};
+    im.data = malloc(v->art.size);
+    im.expr = hku_strv_dup((const char *const *)v->expr, v->art.nlowered);
+    im.lowered = hku_strv_dup((const char *const *)v->art.lowered_names, v->art.nlowered);
+    if (!im.data || (v->art.nlowered > 0 && (!im.expr || !im.lowered))) {
         hkl_image_clear(&im);
         return HK_ERR_NOMEM;
     }
-    memcpy(im.data, v->image, v->size);
+    memcpy(im.data, v->art.image, v->art.size);
     if (m->nhist == rt->opt.history) {
         hkl_image_clear(&m->hist[0]);
         memmove(m->hist, m->hist + 1, (size_t)(m->nhist - 1) * sizeof *m->hist);
@@ -540,29 +116,13 @@ static hkl_module *module_get_or_create(hk_runtime *rt, const char *name) {
     return m;
 }
 
-static void count(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
-    pthread_mutex_lock(&rt->stats_lock);
-    if (committed) {
-        rt->stats.swaps++;
-        rt->stats.rollbacks += rollback != 0;
-        rt->stats.live_versions++;
-        rt->stats.last_swap_ms = rep->total_ms;
-        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
-    } else {
-        rt->stats.refused++;
-    }
-    rt->stats.build_ms_total += rep->build_ms;
-    rt->stats.stage_ms_total += rep->stage_ms;
-    rt->stats.commit_ms_total += rep->commit_ms;
-    pthread_mutex_unlock(&rt->stats_lock);
-}
-
 /* 1 when old holds exactly the image (and name expressions) job built. */
 static int same_image(const hkl_version *old, const hkl_job *job) {
-    if (!old || old->size != job->art.size || old->format != job->art.format ||
-        old->nexpr != job->opt.nname_expressions || memcmp(old->image, job->art.image, old->size))
+    if (!old || old->art.size != job->art.size || old->art.format != job->art.format ||
+        old->art.nlowered != job->opt.nname_expressions ||
+        memcmp(old->art.image, job->art.image, old->art.size))
         return 0;
-    for (int i = 0; i < old->nexpr; i++)
+    for (int i = 0; i < old->art.nlowered; i++)
         if (strcmp(old->expr[i], job->name_expressions[i]))
             return 0;
     return 1;
@@ -609,7 +169,6 @@ typedef struct swap_txn {
     int gated;                /* the launch gate is closed */
     hkl_adopted adopted;      /* the program's kernels this version takes over */
     int pending;              /* noted as pending in the last-known-good state */
-    const uint8_t *hash;      /* the image's hash (hkl_lkg_hash) */
     double t0, t1;            /* when stage and commit began (hkl_now_ms) */
 } swap_txn;
 
@@ -623,37 +182,17 @@ static void txn_gate_open(swap_txn *t) {
     t->gated = 0;
 }
 
-/* The end of the build step: a new version of t->m takes over the job's
- * image and metadata (the job keeps none of them). NULL: out of memory. */
+/* The end of the build step: a new version of t->m takes the job's
+ * artifact over whole (the job keeps none of it), with a copy of the name
+ * expressions it was built with. NULL: out of memory. */
 static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *job) {
-    hkl_version *v = calloc(1, sizeof *v);
+    hkl_version *v = hkl_version_new(rt, m, m->last_version + 1);
     if (!v)
         return NULL;
-    atomic_init(&v->fn, NULL);
-    atomic_init(&v->funcs, NULL);
-    atomic_init(&v->cap, 0);
-    atomic_init(&v->pins, 0);
-    v->number = m->last_version + 1;
     v->release = job->opt.release_version;
-    v->mod = m;
-    v->ctx_gen = atomic_load(&rt->reset_gen);
-    v->image = job->art.image;
-    v->size = job->art.size;
-    v->format = job->art.format;
-    job->art.image = NULL;
-    v->nglobals = job->art.meta.nglobals;
-    v->globals = job->art.meta.globals;
-    job->art.meta.globals = NULL;
-    job->art.meta.nglobals = 0;
-    v->nentries = job->art.meta.nentries;
-    v->entries = job->art.meta.entries;
-    job->art.meta.entries = NULL;
-    job->art.meta.nentries = 0;
-    v->nexpr = job->art.nlowered;
+    v->art = job->art;
+    memset(&job->art, 0, sizeof job->art);
     v->expr = hku_strv_dup((const char *const *)job->name_expressions, job->opt.nname_expressions);
-    v->lowered = job->art.lowered_names;
-    job->art.lowered_names = NULL;
-    job->art.nlowered = 0;
     return v;
 }
 
@@ -665,11 +204,11 @@ static hkl_version *version_from_build(hk_runtime *rt, hkl_module *m, hkl_job *j
 static int adopt_build(swap_txn *t) {
     hkl_version *v = t->v;
     int nexpr = t->job->opt.nname_expressions;
-    if (v->nexpr != nexpr || (v->nexpr > 0 && (!v->expr || !v->lowered))) {
+    if (v->art.nlowered != nexpr || (v->art.nlowered > 0 && (!v->expr || !v->art.lowered_names))) {
         hku_strv_free(v->expr, nexpr);
-        hku_strv_free(v->lowered, v->nexpr);
-        v->expr = v->lowered = NULL;
-        v->nexpr = 0;
+        hku_strv_free(v->art.lowered_names, v->art.nlowered);
+        v->expr = v->art.lowered_names = NULL;
+        v->art.nlowered = 0;
         if (nexpr > 0) {
             hku_fail(t->rep, HK_ERR_NOMEM, "name expressions could not be mapped to kernels");
             return HK_ERR_NOMEM;
@@ -679,8 +218,8 @@ static int adopt_build(swap_txn *t) {
         t->rep->version = v->number;
         snprintf(t->rep->module, sizeof t->rep->module, "%s", t->m->name);
         /* The build may have run on another thread, long before (safe points). */
-        t->rep->build_ms = t->job->art.ms;
-        t->rep->cache_hit = t->job->art.cache_hit;
+        t->rep->build_ms = v->art.ms;
+        t->rep->cache_hit = v->art.cache_hit;
     }
     return 0;
 }
@@ -705,7 +244,7 @@ static int stage(swap_txn *t) {
         rt->hook(rt, HKL_HOOK_GATED);
     if ((err = hkl_load_version(rt, t->v, t->rep)) < 0)
         return err;
-    return upload_all(rt, t->v, t->rep);
+    return hkl_upload_version(rt, t->v, t->rep);
 }
 
 /* Validate: every handle's kernel is in the new version, with the layout it
@@ -770,11 +309,12 @@ static int commit(swap_txn *t) {
     hk_runtime *rt = t->rt;
     int err;
     t->t1 = hkl_now_ms();
-    hkl_lkg_pending(rt, t->m->name, t->hash, t->v->number, t->job->opt.release_version);
+    hkl_lkg_pending(rt, t->m->name, t->job->hash, t->v->number, t->job->opt.release_version);
     t->pending = 1;
     if (!t->gated)
         txn_gate_close(t, "a swap's commit");
-    if (t->old && t->job->opt.carry_globals && (err = carry_globals(rt, t->old, t->v, t->rep)) < 0)
+    if (t->old && t->job->opt.carry_globals &&
+        (err = hkl_carry_globals(rt, t->old, t->v, t->rep)) < 0)
         return err;
     if ((err = history_push(rt, t->m, t->v)) < 0)
         return err;
@@ -863,8 +403,7 @@ static int roll_back(swap_txn *t, int err) {
  * artifact image has been moved into the version (or freed with the job).
  * Returns 0 (committed), 1 (the current version already is this image; not
  * a rollback) or an error. */
-static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback, hk_report *rep,
-                       uint64_t *oldv) {
+static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *rep, uint64_t *oldv) {
     hkl_module *m = module_get_or_create(rt, job->name);
     if (!m)
         return HK_ERR_NOMEM;
@@ -874,12 +413,13 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback
     if (err)
         return err;
     /* The last-known-good record names the image by its hash, taken only
-     * now that it is known to be new: the image already running costs no
-     * hash (a rollback's caller has taken it). */
-    if (!rollback)
-        hkl_lkg_hash(job->art.image, job->art.size, hash);
-    swap_txn t = {
-        .rt = rt, .job = job, .rep = rep, .m = m, .old = old, .hash = hash, .t0 = hkl_now_ms()};
+     * now that it is known to be new (the image already running costs no
+     * hash), unless the build's quarantine check or a restored record had
+     * it already. */
+    if (!job->hashed)
+        hkl_lkg_hash(job->art.image, job->art.size, job->hash);
+    job->hashed = 1;
+    swap_txn t = {.rt = rt, .job = job, .rep = rep, .m = m, .old = old, .t0 = hkl_now_ms()};
     if (!(t.v = version_from_build(rt, m, job)))
         return HK_ERR_NOMEM;
     if ((err = adopt_build(&t)) < 0 || (err = stage(&t)) < 0 || (err = validate(&t)) < 0 ||
@@ -888,20 +428,10 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, uint8_t *hash, int rollback
     return 0;
 }
 
-/* Fills the report's total and the part of it no step accounts for
- * (waiting for the lock, a safe point, reset recovery). */
-static void report_times(hk_report *rep, double t_start) {
-    if (!rep || !t_start)
-        return;
-    rep->total_ms = hkl_now_ms() - t_start;
-    double w = rep->total_ms - rep->build_ms - rep->stage_ms - rep->commit_ms;
-    rep->wait_ms = w > 0 ? w : 0;
-}
-
 /* Swaps a built job in (never a rollback: hk_rollback runs its own). Takes
  * swap_lock, unless this thread holds it already (a check callback):
  * HK_ERR_BUSY then. */
-static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
@@ -911,16 +441,15 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
                  job->name);
         return HK_ERR_BUSY;
     }
-    uint8_t hash[32]; /* filled by swap_locked when the image is new */
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt); /* not held by this thread: checked above */
     int reset = hkl_check_reset(rt);
     /* Driver queries such as cuKernelGetParamInfo need a current context;
      * the worker and the network threads have none of their own. */
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, job, hash, 0, rep, &oldv);
+    int err = swap_locked(rt, job, 0, rep, &oldv);
     if (err == 0) /* recorded in commit order, under swap_lock (memory only) */
-        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), hash,
+        hkl_lkg_committed(rt, atomic_load(&hkl_module_find(rt, job->name)->current), job->hash,
                           job->opt.release_version);
     if (pushed)
         hkl_ctx_pop(rt);
@@ -932,360 +461,19 @@ static int swap_built(hk_runtime *rt, hkl_job *job, hk_report *rep) {
         hkl_emit_reset(rt);
     if (err < 0 && rep && hkl_lkg_sticky(rep->cu_result))
         hkl_lkg_lost(rt, rep->cu_result, "a swap's driver call");
-    report_times(rep, job->t_start);
+    hkl_report_times(rep, job->t_start);
     if (err == 1) {
         hk_log(rt, HK_LOG_DEBUG, "engine", "%s from %s: v%llu runs this image already", job->name,
                job->origin ? job->origin : "api", (unsigned long long)oldv);
         return 0; /* unchanged: no new version, no event */
     }
-    count(rt, err == 0, 0, rep);
+    hkl_count_swap(rt, err == 0, 0, rep);
     hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_COMMITTED, job->name, oldv,
              err ? 0 : rep->version, job->origin, rep);
     return err;
 }
 
-int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
-    return swap_built(rt, job, rep);
-}
-
-/* ---- jobs ------------------------------------------------------------- */
-
-void hkl_job_free(hkl_job *job) {
-    if (!job)
-        return;
-    free(job->data);
-    free(job->origin);
-    free(job->source_name);
-    hku_strv_free(job->nvrtc_options, job->opt.nnvrtc_options);
-    hku_strv_free(job->name_expressions, job->opt.nname_expressions);
-    free(job->headers);
-    hkp_artifact_free(&job->art);
-    free(job);
-}
-
-static int job_new(hkl_job **out, const char *name, const void *data, size_t size,
-                   const hk_swap_options *opt) {
-    /* A name that could not be recorded or logged is refused here, before
-     * anything is built (util/util.h, hku_name_check). */
-    if (hku_name_check(name, NULL, 0) < 0 || !data || !size)
-        return HK_ERR_INVALID;
-    hkl_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return HK_ERR_NOMEM;
-    snprintf(j->name, sizeof j->name, "%s", name);
-    if (hkl_swap_options_in(&j->opt, opt) < 0) {
-        free(j);
-        return HK_ERR_INVALID;
-    }
-    j->data = malloc(size);
-    j->origin = strdup(j->opt.origin ? j->opt.origin : "api");
-    j->source_name = j->opt.source_name ? strdup(j->opt.source_name) : NULL;
-    j->nvrtc_options = hku_strv_dup(j->opt.nvrtc_options, j->opt.nnvrtc_options);
-    j->name_expressions = hku_strv_dup(j->opt.name_expressions, j->opt.nname_expressions);
-    if (!j->data || !j->origin || (j->opt.source_name && !j->source_name) ||
-        (j->opt.nnvrtc_options > 0 && !j->nvrtc_options) ||
-        (j->opt.nname_expressions > 0 && !j->name_expressions)) {
-        if (!j->nvrtc_options)
-            j->opt.nnvrtc_options = 0;
-        if (!j->name_expressions)
-            j->opt.nname_expressions = 0;
-        hkl_job_free(j);
-        return HK_ERR_NOMEM;
-    }
-    int herr =
-        hku_headers_dup(j->opt.headers, j->opt.nheaders > 0 ? j->opt.nheaders : 0, &j->headers);
-    if (herr < 0) {
-        hkl_job_free(j);
-        return herr;
-    }
-    j->opt.headers = j->headers;
-    if (!j->headers)
-        j->opt.nheaders = 0;
-    memcpy(j->data, data, size);
-    j->size = size;
-    /* The copies replace the caller's pointers, which die with the call. */
-    j->opt.nvrtc_options = (const char *const *)j->nvrtc_options;
-    j->opt.name_expressions = (const char *const *)j->name_expressions;
-    j->opt.source_name = j->source_name;
-    j->opt.origin = j->origin;
-    *out = j;
-    return 0;
-}
-
-/* Adds to a CUDA C job the name expressions that instantiate the
- * program's template kernels its source declares (expect.c), after the
- * caller's own. */
-static int add_program_exprs(hk_runtime *rt, hkl_job *j) {
-    hk_format fmt = j->opt.format;
-    char why[64];
-    if (fmt == HK_FORMAT_AUTO && hkp_detect(j->data, j->size, &fmt, why, sizeof why) < 0)
-        return 0;
-    if (fmt != HK_FORMAT_CUDA_C)
-        return 0;
-    char **extra = NULL;
-    int n = 0, have = j->opt.nname_expressions;
-    hkl_expect_exprs(rt, j->data, j->size, &extra, &n);
-    int added = 0;
-    for (int i = 0; i < n; i++) {
-        int dup = 0;
-        for (int k = 0; k < have + added && !dup; k++)
-            dup = !strcmp(j->name_expressions[k], extra[i]);
-        char **v =
-            dup ? NULL : realloc(j->name_expressions, (size_t)(have + added + 1) * sizeof *v);
-        if (v) {
-            v[have + added++] = extra[i];
-            j->name_expressions = v;
-            extra[i] = NULL;
-        }
-    }
-    hku_strv_free(extra, n);
-    j->opt.nname_expressions = have + added;
-    j->opt.name_expressions = (const char *const *)j->name_expressions;
-    return 0;
-}
-
-/* HK_ERR_SUPERSEDED, with rep saying so, when j (from hkl_submit_latest) has
- * a later job of its module queued behind it that supersedes it; else 0.
- * when says when the later one came ("during its build"). Takes work_lock. */
-static int superseded(hk_runtime *rt, const hkl_job *j, const char *when, hk_report *rep) {
-    if (!j->latest)
-        return 0;
-    uint64_t by = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    for (const hkl_job *q = rt->jobs; q; q = q->next) {
-        if (q->latest && q->seq > j->seq && !strcmp(q->name, j->name))
-            by = q->seq;
-    }
-    pthread_mutex_unlock(&rt->work_lock);
-    if (!by)
-        return 0;
-    if (rep)
-        snprintf(rep->module, sizeof rep->module, "%s", j->name);
-    return hku_fail(rep, HK_ERR_SUPERSEDED,
-                    "'%s' from %s: a newer version of it was submitted %s (submission %llu "
-                    "after %llu): only the newest is built and committed",
-                    j->name, j->origin, when, (unsigned long long)by, (unsigned long long)j->seq);
-}
-
-/* Runs the build step of a job. No lock held. */
-static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
-    add_program_exprs(rt, j);
-    hkp_build_opts bo = {
-        .arch = rt->arch,
-        .ptx_to_cubin = rt->opt.ptx_mode == HK_PTX_NVJITLINK,
-        .opt_level = rt->opt.jit_opt_level,
-        .nvrtc_options = j->opt.nvrtc_options,
-        .nnvrtc_options = j->opt.nnvrtc_options,
-        .name_expressions = j->opt.name_expressions,
-        .nname_expressions = j->opt.nname_expressions,
-        .source_name = j->source_name ? j->source_name : j->name,
-        .cache = rt->cache,
-        .headers = j->opt.headers,
-        .nheaders = j->opt.nheaders,
-        .base_headers = rt->opt.headers,
-        .nbase_headers = rt->opt.nheaders,
-        .pch = 1, /* a runtime compiles again and again */
-        .iso = rt->iso,
-        .fast_compile = j->opt.build_profile == HK_BUILD_PROFILE_DEV,
-    };
-    char why[512] = "";
-    int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_COMPILED);
-    if (rep) {
-        snprintf(rep->module, sizeof rep->module, "%s", j->name);
-        rep->build_ms = j->art.ms;
-        rep->cache_hit = j->art.cache_hit;
-    }
-    if (j->art.ndeps && j->source_name)
-        hkl_sources_deps_built(rt, j->source_name, (const char *const *)j->art.deps, j->art.ndeps);
-    if (err < 0) {
-        hku_fail(rep, err, "%s: %s", j->source_name ? j->source_name : j->name,
-                 why[0] ? why : hk_strerror(err));
-        if (rep && j->art.log) {
-            free(rep->log);
-            rep->log = strdup(j->art.log);
-        }
-        return err;
-    }
-    j->built = 1;
-    if (j->art.cache_note[0]) { /* built, not cached: said, not refused */
-        hku_fail(rep, 0, "%s", j->art.cache_note);
-        hk_log(rt, HK_LOG_WARN, "engine", "'%s': %s", j->name, j->art.cache_note);
-    }
-    /* A later save of the module arrived during the build: the canary run
-     * and the driver work would be for a version replaced at once. */
-    if ((err = superseded(rt, j, "during its build", rep)) < 0)
-        return err;
-    /* An image that ran when the context was lost is refused before its
-     * canary run and before the driver sees it (hashed with no lock held). */
-    if ((err = hkl_lkg_check(rt, j->name, j->art.image, j->art.size, rep)) < 0)
-        return err;
-    /* Between build and stage: the version's test launches run in the
-     * canary process, on this thread, with no lock held. */
-    return hkl_canary_check(rt, j, rep);
-}
-
-/* What AUTO means for a swap requested on this thread now. */
-static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_sp_thread) {
-    pthread_mutex_lock(&rt->work_lock);
-    int seen = rt->safe_points_seen;
-    *on_sp_thread = seen && pthread_equal(rt->safe_point_thread, pthread_self());
-    pthread_mutex_unlock(&rt->work_lock);
-    if (want != HK_STAGE_AUTO)
-        return want;
-    return seen && !*on_sp_thread ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
-}
-
-/* Hands a built job to the next safe point and waits for its outcome, up to
- * safe_point_wait_ms; then, if no safe point took it, stages it here. The
- * job stays the caller's in every case. */
-static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
-    hkl_waiter w = {.done = 0, .err = 0, .rep = r};
-    pthread_mutex_init(&w.lock, NULL);
-    hku_cond_init(&w.cond);
-    j->waiter = &w;
-    j->next = NULL;
-    pthread_mutex_lock(&rt->work_lock);
-    hkl_job **pp = &rt->pending;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = j;
-    pthread_mutex_unlock(&rt->work_lock);
-
-    double end = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-    pthread_mutex_lock(&w.lock);
-    while (!w.done && hkl_now_ms() < end) {
-        struct timespec ts;
-        hku_deadline(&ts, 5000);
-        pthread_cond_timedwait(&w.cond, &w.lock, &ts);
-    }
-    int done = w.done;
-    pthread_mutex_unlock(&w.lock);
-    int err = w.err;
-    if (!done) {
-        /* No safe point came in time. Take the job back unless one is
-         * staging it right now, in which case its outcome is near. */
-        int taken = 0;
-        pthread_mutex_lock(&rt->work_lock);
-        for (pp = &rt->pending; *pp; pp = &(*pp)->next)
-            if (*pp == j) {
-                *pp = j->next;
-                taken = 1;
-                break;
-            }
-        pthread_mutex_unlock(&rt->work_lock);
-        if (taken) {
-            j->waiter = NULL;
-            err = swap_built(rt, j, r);
-        } else {
-            pthread_mutex_lock(&w.lock);
-            while (!w.done)
-                pthread_cond_wait(&w.cond, &w.lock);
-            err = w.err;
-            pthread_mutex_unlock(&w.lock);
-        }
-    }
-    pthread_mutex_destroy(&w.lock);
-    pthread_cond_destroy(&w.cond);
-    return err;
-}
-
-static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t size,
-                     const hk_swap_options *opt, hk_report *rep) {
-    double t_start = hkl_now_ms();
-    if (rep)
-        hk_report_clear(rep);
-    if (!rt)
-        return HK_ERR_INVALID;
-    int on_sp_thread = 0;
-    hk_stage_mode stage = resolve_stage(rt, opt ? opt->stage : HK_STAGE_AUTO, &on_sp_thread);
-    if (stage == HK_STAGE_AT_SAFE_POINT && on_sp_thread) {
-        hku_fail(rep, HK_ERR_INVALID,
-                 "hk_swap for a safe point from the thread that calls hk_safe_point "
-                 "would wait for itself: use HK_STAGE_AUTO or hk_submit");
-        return HK_ERR_INVALID;
-    }
-    hkl_job *j;
-    int err = job_new(&j, name, image, size, opt);
-    char why[160];
-    if (err < 0 && hku_name_check(name, why, sizeof why) < 0) {
-        hku_fail(rep, err, "%s", why);
-        return err;
-    }
-    if (err < 0) {
-        hku_fail(rep, err, "bad arguments (non-empty image, named headers)");
-        return err;
-    }
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
-    j->t_start = t_start;
-    hk_report local = HK_REPORT_INIT;
-    hk_report *r = rep ? rep : &local;
-    err = job_build(rt, j, r);
-    if (err < 0) {
-        report_times(r, t_start);
-        count(rt, 0, 0, r);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, r);
-    } else if (stage == HK_STAGE_AT_SAFE_POINT) {
-        err = swap_at_safe_point(rt, j, r);
-    } else {
-        err = swap_built(rt, j, r);
-    }
-    hkl_job_free(j);
-    hk_report_clear(&local);
-    return err;
-}
-
-int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
-            const hk_swap_options *opt, hk_report *rep) {
-    hk_report full;
-    hk_swap_options o;
-    if (hkl_report_in(&full, rep) < 0)
-        return HK_ERR_INVALID;
-    int err = HK_ERR_INVALID;
-    if (hkl_swap_options_in(&o, opt) < 0)
-        hku_fail(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
-                 hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
-    else
-        err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
-    return err;
-}
-
-uint64_t hk_module_version(hk_runtime *rt, const char *name) {
-    if (!rt || !name)
-        return 0;
-    int nested = hkl_swap_lock(rt); /* a check callback may ask: it holds it */
-    hkl_module *m = hkl_module_find(rt, name);
-    hkl_version *v = m ? atomic_load(&m->current) : NULL;
-    uint64_t n = v ? v->number : 0;
-    hkl_swap_unlock(rt, nested);
-    return n;
-}
-
-int hk_module_global(hk_runtime *rt, const char *module, const char *name, int slot, uint64_t *dptr,
-                     size_t *size) {
-    if (!rt || !module || !name || !dptr || !size || slot < 0 || slot >= rt->ndev)
-        return HK_ERR_INVALID;
-    int nested = hkl_swap_lock(rt);
-    hkl_module *m = hkl_module_find(rt, module);
-    hkl_version *v = m ? atomic_load(&m->current) : NULL;
-    int err = HK_ERR_NOT_FOUND;
-    if (v && hkl_ctx_push(rt, slot) == 0) {
-        CUdeviceptr p = 0;
-        CUstreamCaptureMode mode = hkl_relax(rt);
-        hkl_gate_close(rt, "looking up a global");
-        CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, size, v->lib, name)
-                            : rt->drv->ModuleGetGlobal(&p, size, v->cumod[0], name);
-        hkl_gate_open(rt);
-        hkl_unrelax(rt, mode);
-        hkl_ctx_pop(rt);
-        *dptr = p;
-        err = r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_NOT_FOUND ? HK_ERR_NOT_FOUND : HK_ERR_CUDA;
-    }
-    hkl_swap_unlock(rt, nested);
-    return err;
-}
+/* ---- rollback ----------------------------------------------------------- */
 
 /* A job that builds nothing: the kept image prev, with its name expressions
  * and globals, ready for the swap transaction. *out is set even when this
@@ -1326,12 +514,10 @@ static int rollback_locked(hk_runtime *rt, hkl_module *m, hkl_job *j, hk_report 
     hkl_image top = m->hist[m->nhist - 1];
     hkl_image prev = m->hist[m->nhist - 2];
     m->nhist -= 2;
-    uint8_t hash[32];
-    hkl_lkg_hash(j->art.image, j->art.size, hash);
     int pushed = hkl_ctx_push(rt, 0) == 0;
-    int err = swap_locked(rt, j, hash, 1, r, oldv);
+    int err = swap_locked(rt, j, 1, r, oldv);
     if (err == 0)
-        hkl_lkg_committed(rt, atomic_load(&m->current), hash, 0);
+        hkl_lkg_committed(rt, atomic_load(&m->current), j->hash, 0);
     if (pushed)
         hkl_ctx_pop(rt);
     if (err < 0) {
@@ -1386,9 +572,9 @@ static int rollback_call(hk_runtime *rt, const char *name, int check, uint64_t r
         hkl_lkg_flush(rt, name);
     if (reset)
         hkl_emit_reset(rt);
-    report_times(r, t_start);
+    hkl_report_times(r, t_start);
     if (j) {
-        count(rt, err == 0, 1, r);
+        hkl_count_swap(rt, err == 0, 1, r);
         hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_ROLLED_BACK, name, oldv,
                  err ? 0 : r->version, "rollback", r);
     }
@@ -1414,383 +600,4 @@ int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_versi
     int err = rollback_call(rt, name, 1, release_version, rep ? &full : NULL);
     hkl_report_out(rep, &full);
     return err;
-}
-
-int hk_module_release(hk_runtime *rt, const char *name, int back, uint64_t *release_version) {
-    if (!rt || !name || back < 0 || !release_version)
-        return HK_ERR_INVALID;
-    *release_version = 0;
-    int nested = hkl_swap_lock(rt); /* a check callback may ask: it holds it */
-    hkl_module *m = hkl_module_find(rt, name);
-    hkl_version *v = m ? atomic_load(&m->current) : NULL;
-    int err = 0;
-    if (!v)
-        err = HK_ERR_NOT_FOUND;
-    else if (back == 0)
-        *release_version = v->release;
-    else if (back >= m->nhist)
-        err = HK_ERR_NO_HISTORY;
-    else /* the ring's newest is the current image; hk_rollback commits the one before */
-        *release_version = m->hist[m->nhist - 1 - back].release;
-    hkl_swap_unlock(rt, nested);
-    return err;
-}
-
-/* ---- the worker and safe points ---------------------------------------- */
-
-/* Gives a waiting hk_swap its outcome; rep (may be NULL) is moved into the
- * waiter's report. The job must not be touched afterwards. */
-static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
-    pthread_mutex_lock(&w->lock);
-    if (rep && w->rep) {
-        hk_report_clear(w->rep);
-        *w->rep = *rep;
-        hk_report_init(rep);
-    } else if (w->rep) {
-        hku_fail(w->rep, err, "%s", hk_strerror(err));
-    }
-    w->err = err;
-    w->done = 1;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-
-/* Takes the pending jobs without a waiter whose deadline has passed, in
- * order. work_lock held. Returns the earliest deadline left (0: none). */
-static double take_expired(hk_runtime *rt, hkl_job **out) {
-    double now = hkl_now_ms(), next = 0;
-    hkl_job **tail = out;
-    for (hkl_job **pp = &rt->pending; *pp;) {
-        hkl_job *j = *pp;
-        if (j->deadline > 0 && j->deadline <= now) {
-            *pp = j->next;
-            j->next = NULL;
-            *tail = j;
-            tail = &j->next;
-        } else {
-            if (j->deadline > 0 && (!next || j->deadline < next))
-                next = j->deadline;
-            pp = &j->next;
-        }
-    }
-    return next;
-}
-
-/* Pending jobs whose safe point never came are staged by the worker: a
- * program that stopped calling hk_safe_point still gets its updates, one
- * safe_point_wait_ms late. */
-static void stage_expired(hk_runtime *rt, hkl_job *list) {
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        swap_built(rt, j, &rep);
-        hk_report_clear(&rep);
-        hkl_job_free(j);
-    }
-}
-
-/* Waits until there is a job to build or the worker is told to stop,
- * staging meanwhile the pending jobs whose safe point never came. work_lock
- * held (dropped while staging and waiting). */
-static void wait_for_jobs(hk_runtime *rt) {
-    while (!rt->jobs && !rt->dropped && !rt->work_stop) {
-        hkl_job *expired = NULL;
-        double next = take_expired(rt, &expired);
-        if (expired) {
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
-            stage_expired(rt, expired);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
-            continue;
-        }
-        if (!next) {
-            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
-            continue;
-        }
-        struct timespec ts;
-        hku_deadline(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
-        pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
-    }
-}
-
-/* Ends the jobs a later submission superseded before they were taken: no
- * build, one HK_EVENT_REFUSED each (HK_ERR_SUPERSEDED). No lock held. */
-static void report_dropped(hk_runtime *rt, hkl_job *list) {
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        snprintf(rep.module, sizeof rep.module, "%s", j->name);
-        hku_fail(&rep, HK_ERR_SUPERSEDED,
-                 "'%s' from %s: a newer version of it was submitted before this one was "
-                 "built: only the newest is built and committed",
-                 j->name, j->origin);
-        report_times(&rep, j->t_start);
-        count(rt, 0, 0, &rep);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
-        hk_report_clear(&rep);
-        hkl_job_free(j);
-    }
-}
-
-/* Builds a submitted job and swaps it in now, unless it is to be staged at
- * a safe point: returns 1 then, and the job is still to be queued. No lock
- * held. */
-static int run_job(hk_runtime *rt, hkl_job *j) {
-    hk_report rep = HK_REPORT_INIT;
-    int err = job_build(rt, j, &rep);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_BUILT);
-    int deferred = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    int stop = rt->work_stop;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (stop) {
-        /* Destroy began during the build: nothing reaches the driver or
-         * the program any more. */
-    } else if (err < 0 || (err = superseded(rt, j, "before it was staged", &rep)) < 0) {
-        report_times(&rep, j->t_start);
-        count(rt, 0, 0, &rep);
-        hkl_emit(rt, HK_EVENT_REFUSED, j->name, hk_module_version(rt, j->name), 0, j->origin, &rep);
-    } else if (resolve_stage(rt, j->opt.stage, &(int){0}) == HK_STAGE_AT_SAFE_POINT) {
-        deferred = 1;
-    } else {
-        swap_built(rt, j, &rep);
-    }
-    hk_report_clear(&rep);
-    return deferred;
-}
-
-/* Queues a built job for the next safe point. A newer build of the same
- * module replaces a pending one (not one a synchronous hk_swap waits for:
- * that one gets its outcome), and goes last, after everything submitted
- * before it. work_lock held (dropped to free the replaced job). */
-static void defer_job(hk_runtime *rt, hkl_job *j) {
-    hkl_job *stale = NULL;
-    for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
-        if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
-            stale = *pp;
-            *pp = stale->next;
-            break;
-        }
-    hkl_job **tail = &rt->pending;
-    while (*tail)
-        tail = &(*tail)->next;
-    j->next = NULL;
-    j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-    *tail = j;
-    if (stale) {
-        pthread_mutex_unlock(&rt->work_lock);
-        hkl_job_free(stale);
-        pthread_mutex_lock(&rt->work_lock);
-    }
-}
-
-static void *worker_main(void *arg) {
-    /* Named for top -H, gdb and profilers (at most 15 characters). */
-    pthread_setname_np(pthread_self(), "hk-worker");
-    hk_runtime *rt = arg;
-    hkl_relax(rt); /* for the life of this thread */
-    pthread_mutex_lock(&rt->work_lock);
-    for (;;) {
-        wait_for_jobs(rt);
-        if (rt->work_stop)
-            break;
-        if (rt->dropped) {
-            hkl_job *list = rt->dropped;
-            rt->dropped = NULL;
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
-            report_dropped(rt, list);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
-            continue;
-        }
-        if (!rt->jobs)
-            continue;
-        hkl_job *j = rt->jobs;
-        rt->jobs = j->next;
-        if (!rt->jobs)
-            rt->jobs_tail = NULL;
-        rt->busy++;
-        pthread_mutex_unlock(&rt->work_lock);
-        int deferred = run_job(rt, j);
-        pthread_mutex_lock(&rt->work_lock);
-        if (deferred) {
-            defer_job(rt, j);
-        } else {
-            pthread_mutex_unlock(&rt->work_lock);
-            hkl_job_free(j);
-            pthread_mutex_lock(&rt->work_lock);
-        }
-        rt->busy--;
-        pthread_cond_broadcast(&rt->idle_cond);
-    }
-    /* Destroy stopped waiting for this thread (a build NVRTC would not
-     * cut short): the rest of the teardown is this thread's. */
-    rt->worker_exited = 1;
-    pthread_cond_broadcast(&rt->idle_cond);
-    int abandoned = rt->worker_abandoned;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (abandoned) {
-        pthread_detach(pthread_self());
-        hkl_runtime_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
-    }
-    return NULL;
-}
-
-int hkl_worker_start(hk_runtime *rt) {
-    if (pthread_create(&rt->worker, NULL, worker_main, rt))
-        return HK_ERR_NOMEM;
-    rt->worker_started = 1;
-    return 0;
-}
-
-int hkl_worker_stop(hk_runtime *rt, double until_ms) {
-    pthread_mutex_lock(&rt->work_lock);
-    rt->work_stop = 1;
-    pthread_cond_broadcast(&rt->work_cond);
-    while (rt->worker_started && !rt->worker_exited && hkl_now_ms() < until_ms) {
-        struct timespec ts;
-        hku_deadline(&ts, 10 * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
-    }
-    int left = rt->worker_started && !rt->worker_exited;
-    rt->worker_abandoned = left;
-    pthread_mutex_unlock(&rt->work_lock);
-    if (left)
-        return HK_ERR_TIMEOUT;
-    if (rt->worker_started)
-        pthread_join(rt->worker, NULL);
-    rt->worker_started = 0;
-    return 0;
-}
-
-void hkl_worker_drain(hk_runtime *rt) {
-    hkl_job *lists[3] = {rt->jobs, rt->pending, rt->dropped};
-    for (int i = 0; i < 3; i++)
-        while (lists[i]) {
-            hkl_job *n = lists[i]->next;
-            if (lists[i]->waiter)
-                finish_waiter(lists[i]->waiter, HK_ERR_CLOSED, NULL);
-            else
-                hkl_job_free(lists[i]);
-            lists[i] = n;
-        }
-    rt->jobs = rt->jobs_tail = rt->pending = rt->dropped = NULL;
-}
-
-/* Queues a job for the worker; a latest one first moves the queued latest
- * jobs of its module, which it supersedes, to the dropped list. */
-static int submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-                  const hk_swap_options *opt, int latest) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    hkl_job *j;
-    int err = job_new(&j, name, image, size, opt);
-    if (err < 0)
-        return err;
-    j->latest = latest;
-    j->t_start = hkl_now_ms();
-    pthread_mutex_lock(&rt->work_lock);
-    if (rt->work_stop) {
-        pthread_mutex_unlock(&rt->work_lock);
-        hkl_job_free(j);
-        return HK_ERR_CLOSED;
-    }
-    /* Taken under work_lock: the queue is in submission order. */
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
-    if (latest) {
-        hkl_job **drop_tail = &rt->dropped;
-        while (*drop_tail)
-            drop_tail = &(*drop_tail)->next;
-        rt->jobs_tail = NULL;
-        for (hkl_job **pp = &rt->jobs; *pp;) {
-            hkl_job *q = *pp;
-            if (q->latest && !strcmp(q->name, j->name)) {
-                *pp = q->next;
-                q->next = NULL;
-                *drop_tail = q;
-                drop_tail = &q->next;
-            } else {
-                rt->jobs_tail = q;
-                pp = &q->next;
-            }
-        }
-    }
-    if (rt->jobs_tail)
-        rt->jobs_tail->next = j;
-    else
-        rt->jobs = j;
-    rt->jobs_tail = j;
-    pthread_cond_signal(&rt->work_cond);
-    pthread_mutex_unlock(&rt->work_lock);
-    return 0;
-}
-
-int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-              const hk_swap_options *opt) {
-    return submit(rt, name, image, size, opt, 0);
-}
-
-int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
-                      const hk_swap_options *opt) {
-    return submit(rt, name, image, size, opt, 1);
-}
-
-int hk_safe_point(hk_runtime *rt) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    if (hkl_swap_held(rt))
-        return HK_ERR_BUSY; /* from a check callback */
-    pthread_mutex_lock(&rt->work_lock);
-    rt->safe_points_seen = 1;
-    rt->safe_point_thread = pthread_self();
-    hkl_job *list = rt->pending;
-    rt->pending = NULL;
-    pthread_mutex_unlock(&rt->work_lock);
-    hkl_reclaim_deferred(rt);
-    int committed = 0;
-    while (list) {
-        hkl_job *j = list;
-        list = j->next;
-        hk_report rep = HK_REPORT_INIT;
-        j->at_safe_point = 1;
-        int err = swap_built(rt, j, &rep);
-        committed += err == 0;
-        if (j->waiter) {
-            /* The waiting hk_swap owns the job and takes the report. */
-            finish_waiter(j->waiter, err, &rep);
-        } else {
-            hk_report_clear(&rep);
-            hkl_job_free(j);
-        }
-    }
-    return committed;
-}
-
-int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
-    if (!rt)
-        return HK_ERR_INVALID;
-    /* From an event on the worker: it would wait for its own job. */
-    if (rt->worker_started && pthread_equal(pthread_self(), rt->worker))
-        return HK_ERR_BUSY;
-    double end = hkl_now_ms() + timeout_ms;
-    pthread_mutex_lock(&rt->work_lock);
-    while (rt->jobs || rt->dropped || rt->busy) {
-        double left = end - hkl_now_ms();
-        if (left <= 0) {
-            pthread_mutex_unlock(&rt->work_lock);
-            return HK_ERR_TIMEOUT;
-        }
-        struct timespec ts;
-        hku_deadline(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
-    }
-    pthread_mutex_unlock(&rt->work_lock);
-    return 0;
 }

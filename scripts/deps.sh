@@ -20,6 +20,8 @@ command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
 # groff: make lint renders the man pages; man: tests/cpu_install.c reads the installed ones.
 command -v groff >/dev/null 2>&1 || missing="$missing groff-base"
 command -v man >/dev/null 2>&1 || missing="$missing man-db"
+# python3: make lint's layering check (scripts/layers.py).
+command -v python3 >/dev/null 2>&1 || missing="$missing python3"
 # libabigail: make abi-check compares the shared libraries with abi/*.abi.
 { command -v abidw && command -v abidiff; } >/dev/null 2>&1 || missing="$missing abigail-tools"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"

@@ -183,9 +183,9 @@ START_TEST(isolated_swap_works_and_cache_stays_here) {
     hk_kernel *k;
     ck_assert_int_eq(hk_kernel_get(rt, "sim", "step", &k), 0);
     hkl_version *v = atomic_load(&k->mod->current);
-    ck_assert_int_eq(v->nentries, 1);
-    ck_assert_int_eq(v->entries[0].nparams, 3);
-    ck_assert_uint_eq(v->entries[0].params[1].size, 4);
+    ck_assert_int_eq(v->art.meta.nentries, 1);
+    ck_assert_int_eq(v->art.meta.entries[0].nparams, 3);
+    ck_assert_uint_eq(v->art.meta.entries[0].params[1].size, 4);
     const char *src2 = "extern \"C\" __global__ void step(float *x, unsigned n, float dt) {\n"
                        "    if (threadIdx.x < n) x[threadIdx.x] -= dt;\n}\n";
     ck_assert_msg(swap_src("sim", src2, &rep) == 0, "%s", rep.message);

@@ -17,13 +17,13 @@
 #include <unistd.h>
 
 #include "hotkern/hotkern.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "tests/harness.h"
 
 #define NAME(field, sym)             #sym,
 #define NAME_TYPED(field, sym, type) #sym,
-static const char *plain[] = {HKL_DRIVER_ENTRIES(NAME) HKL_DRIVER_ENTRIES_EXTRA(NAME)};
-static const char *typed[] = {HKL_DRIVER_ENTRIES_TYPED(NAME_TYPED)};
+static const char *plain[] = {HKB_DRIVER_ENTRIES(NAME) HKB_DRIVER_ENTRIES_EXTRA(NAME)};
+static const char *typed[] = {HKB_DRIVER_ENTRIES_TYPED(NAME_TYPED)};
 
 static char *read_typedefs(void) {
     const char *cuda = getenv("CUDA");
@@ -53,7 +53,7 @@ START_TEST(every_entry_called_with_its_abi) {
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
         ck_assert_msg(!has_version_of_this_release(text, plain[i]),
                       "%s has a CUDA %d version: call it through its PFN type "
-                      "(HKL_DRIVER_ENTRIES_TYPED)",
+                      "(HKB_DRIVER_ENTRIES_TYPED)",
                       plain[i], CUDA_VERSION);
     for (size_t i = 0; i < sizeof typed / sizeof typed[0]; i++)
         ck_assert_msg(has_version_of_this_release(text, typed[i]),
@@ -75,15 +75,15 @@ START_TEST(driver_lacking_uncalled_entries_binds) {
     ck_assert_msg(access(lib, R_OK) == 0, "%s missing (make build)", lib);
     setenv("HK_LIBCUDA", lib, 1);
 
-    hkl_driver d;
-    ck_assert_msg(hkl_driver_open(&d, why, sizeof why) == 0, "%s", why);
+    hkb_driver d;
+    ck_assert_msg(hkb_driver_open(&d, why, sizeof why) == 0, "%s", why);
     ck_assert_int_eq(d.version, CUDA_VERSION);
 #define EXTRA_UNBOUND(field, sym)                                                                  \
     ck_assert_msg(d.field == NULL, "%s bound on a driver without it", #sym);
-    HKL_DRIVER_ENTRIES_EXTRA(EXTRA_UNBOUND)
+    HKB_DRIVER_ENTRIES_EXTRA(EXTRA_UNBOUND)
 #undef EXTRA_UNBOUND
     ck_assert_ptr_nonnull(d.LaunchKernel);
-    hkl_driver_close(&d);
+    hkb_driver_close(&d);
 
     hk_runtime *rt = NULL;
     hk_report rep = HK_REPORT_INIT;

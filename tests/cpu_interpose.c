@@ -126,7 +126,7 @@ static CUlibrary prog_lib;
 /* The program's own code: a fake image (tag 1 unless said) and its kernel
  * `name`, as the runtime would hand it to __cudaLaunchKernel. */
 static cudaKernel_t program_kernel(const char *ptx, const char *name) {
-    const hkl_driver *d = fake_driver();
+    const hkb_driver *d = fake_driver();
     ck_assert_int_eq(d->LibraryLoadData(&prog_lib, ptx, NULL, NULL, 0, NULL, NULL, 0), 0);
     CUkernel k;
     ck_assert_int_eq(d->LibraryGetKernel(&k, prog_lib, name), 0);

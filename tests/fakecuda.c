@@ -1141,21 +1141,21 @@ int fake_last_launch_ex(int *ids, int max) {
     return n;
 }
 
-static hkl_driver fake_table;
+static hkb_driver fake_table;
 
 static void fake_table_fill(void) {
 #define FAKE_BIND(field, sym)             fake_table.field = f_##field;
 #define FAKE_BIND_TYPED(field, sym, type) fake_table.field = f_##field;
-    HKL_DRIVER_ENTRIES(FAKE_BIND)
-    HKL_DRIVER_ENTRIES_EXTRA(FAKE_BIND)
-    HKL_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)
+    HKB_DRIVER_ENTRIES(FAKE_BIND)
+    HKB_DRIVER_ENTRIES_EXTRA(FAKE_BIND)
+    HKB_DRIVER_ENTRIES_TYPED(FAKE_BIND_TYPED)
 #undef FAKE_BIND_TYPED
 #undef FAKE_BIND
     fake_table.version = CUDA_VERSION;
 }
 
 /* Filled once: engine threads read the table while tests ask for it again. */
-const hkl_driver *fake_driver(void) {
+const hkb_driver *fake_driver(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, fake_table_fill);
     return &fake_table;
@@ -1405,14 +1405,14 @@ static CUresult f_EventDestroy(CUevent e) {
 }
 
 void *fake_entry(const char *sym) {
-    const hkl_driver *t = fake_driver();
+    const hkb_driver *t = fake_driver();
 #define FAKE_ENTRY(field, name)                                                                    \
     if (!strcmp(sym, #name))                                                                       \
         return (void *)t->field;
 #define FAKE_ENTRY_TYPED(field, name, type) FAKE_ENTRY(field, name)
-    HKL_DRIVER_ENTRIES(FAKE_ENTRY)
-    HKL_DRIVER_ENTRIES_EXTRA(FAKE_ENTRY)
-    HKL_DRIVER_ENTRIES_TYPED(FAKE_ENTRY_TYPED)
+    HKB_DRIVER_ENTRIES(FAKE_ENTRY)
+    HKB_DRIVER_ENTRIES_EXTRA(FAKE_ENTRY)
+    HKB_DRIVER_ENTRIES_TYPED(FAKE_ENTRY_TYPED)
 #undef FAKE_ENTRY_TYPED
 #undef FAKE_ENTRY
     if (!strcmp(sym, "cuMemcpyHtoD"))

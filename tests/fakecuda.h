@@ -24,7 +24,7 @@
 
 #include <cuda.h>
 
-#include "loader/driver.h"
+#include "base/driver.h"
 
 /* PTX the fake reads: kernels "step(u64 out, u32 n)" and optionally
  * "aux(u64)", a tag, optionally a 4-byte "counter" global; step_layout 1 and
@@ -36,7 +36,7 @@ void fake_init(int ndev, int arch);
 /* Gives device dev another architecture (until the next fake_init). Each
  * device's UUID (cuDeviceGetUuid) is fa4e<dev>... (tests/fakecuda.c). */
 void fake_set_device_arch(int dev, int arch);
-const hkl_driver *fake_driver(void);
+const hkb_driver *fake_driver(void);
 
 /* The next `nth`-th call (1 = the next one) of driver entry `entry` (the
  * cu* name) returns err. Several can be armed at once. */

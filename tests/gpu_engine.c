@@ -39,7 +39,7 @@ static const char *SRC_LAYOUT = "extern \"C\" __global__ void step(int *region, 
 static const char *SRC_MISSING = "extern \"C\" __global__ void step(int *r, int n, int *t) {}\n"
                                  "extern \"C\" __global__ void bump(int *out) {}\n";
 
-static hkl_driver drv; /* our own view of the driver, for checks */
+static hkb_driver drv; /* our own view of the driver, for checks */
 
 /* Builds SRC with -DTAG=tag -DMUL=mul into `fmt` (PTX or cubin) for arch. */
 static void build(int tag, int mul, int want_ptx, int arch, void **img, size_t *size) {
@@ -823,7 +823,7 @@ int main(void) {
     if (!hkt_gpu_or_skip("gpu_engine"))
         return HKT_SKIP;
     char why[256];
-    if (hkl_driver_open(&drv, why, sizeof why) < 0)
+    if (hkb_driver_open(&drv, why, sizeof why) < 0)
         return 1;
     Suite *s = suite_create("engine (GPU)");
     TCase *tc = tcase_create("gpu");

@@ -15,7 +15,7 @@
 #include "tests/gpu.h"
 #include "tests/harness.h"
 
-static hkl_driver real;
+static hkb_driver real;
 static CUcontext bad_ctx;
 static int fail_on_bad;
 
@@ -63,9 +63,9 @@ START_TEST(swap_on_both_or_neither) {
     CK_CUDA(cudaGetDeviceCount(&n));
     ck_assert_int_ge(n, 2);
     char why[256];
-    ck_assert_int_eq(hkl_driver_open(&real, why, sizeof why), 0);
-    hkl_driver wrapped;
-    ck_assert_int_eq(hkl_driver_open(&wrapped, why, sizeof why), 0);
+    ck_assert_int_eq(hkb_driver_open(&real, why, sizeof why), 0);
+    hkb_driver wrapped;
+    ck_assert_int_eq(hkb_driver_open(&wrapped, why, sizeof why), 0);
     wrapped.FuncLoad = wrapped_func_load;
 
     hk_options o;
@@ -119,7 +119,7 @@ START_TEST(swap_on_both_or_neither) {
     ck_assert_uint_eq(st.refused, 1);
     hk_report_clear(&rep);
     hk_runtime_destroy(rt);
-    hkl_driver_close(&real);
+    hkb_driver_close(&real);
 }
 END_TEST
 

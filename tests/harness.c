@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader/driver.h"
+#include "base/driver.h"
 #include "tests/harness.h"
 
 int hkt_run(Suite *s) {
@@ -38,16 +38,16 @@ static void crash_handler(int sig) {
 int hkt_gpu_or_skip(const char *suite) {
     signal(SIGSEGV, crash_handler);
     signal(SIGBUS, crash_handler);
-    hkl_driver d;
+    hkb_driver d;
     char why[512];
-    if (hkl_driver_open(&d, why, sizeof why) < 0) {
+    if (hkb_driver_open(&d, why, sizeof why) < 0) {
         printf("SKIP %s: no usable CUDA device (%s)\n", suite, why);
         return 0;
     }
     int n = 0;
     if (d.DeviceGetCount) /* not an entry the engine needs */
         d.DeviceGetCount(&n);
-    hkl_driver_close(&d);
+    hkb_driver_close(&d);
     if (n < 1) {
         printf("SKIP %s: the CUDA driver reports no device\n", suite);
         return 0;

@@ -10,8 +10,8 @@
 #include "tests/cpp/fake_runtime.h"
 #include "tests/fakecuda.h"
 
-static hkl_driver table;
-static const hkl_driver *fake;
+static hkb_driver table;
+static const hkb_driver *fake;
 static hkt_launch last;
 static size_t arg_size[4];
 static int nargs;

@@ -26,7 +26,7 @@ static CUresult stub_unsupported(void) {
 }
 
 /* Entry points this driver lacks: some the table never binds, and the
- * benchmarks' extras (HKL_DRIVER_ENTRIES_EXTRA), which neither the engine
+ * benchmarks' extras (HKB_DRIVER_ENTRIES_EXTRA), which neither the engine
  * nor its canary helper calls. */
 static const char *const missing[] = {
     "cuGetErrorString", "cuKernelGetName", "cuKernelGetLibrary",  "cuFuncGetName",

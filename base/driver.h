@@ -1,15 +1,21 @@
 /*
- * The CUDA driver as a table of entry points.
+ * base/: the ground floor, which every folder above may use and which uses
+ * nothing of hotkern but the public header: the CUDA driver as a table of
+ * entry points (this header, driver.c) and the names and messages of
+ * hotkern's error codes (error.c, declared in hotkern.h). Prefix hkb_.
  *
  * hotkern never links against libcuda: the real table is filled at run time by
  * dlopen("libcuda.so.1") and cuGetProcAddress for the CUDA version these headers
  * describe (the exported symbols are versioned, so a plain dlsym of a base name
- * can bind an old ABI). Tests install a fake table instead, to drive the engine
- * and inject faults on machines without a GPU. The table is immutable once
- * filled and may be read from any thread.
+ * can bind an old ABI). A fake driver comes in one of two ways: as a loadable
+ * libcuda named by HK_LIBCUDA (hkb_driver_open binds it as the real one), or
+ * as a table of its own, filled by the caller and handed to the engine
+ * (hkl_runtime_create_with, its dl NULL): tests use both, to drive the engine
+ * and the canary helper and inject faults on machines without a GPU. The
+ * table is immutable once filled and may be read from any thread.
  */
-#ifndef HK_DRIVER_H
-#define HK_DRIVER_H
+#ifndef HK_BASE_DRIVER_H
+#define HK_BASE_DRIVER_H
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -17,10 +23,10 @@
 /* X(field, driver symbol): every entry point the engine calls, or its
  * canary helper (canary/helper.c, which binds the driver through this table:
  * cuCtxSetCurrent, cuMemAlloc), and nothing else: each entry is bound by
- * hkl_driver_open, and a driver that lacks one fails it (and
+ * hkb_driver_open, and a driver that lacks one fails it (and
  * hk_runtime_create with it), so an entry hotkern does not call would only
  * narrow the drivers it runs on. */
-#define HKL_DRIVER_ENTRIES(X)                                                                      \
+#define HKB_DRIVER_ENTRIES(X)                                                                      \
     X(Init, cuInit)                                                                                \
     X(DriverGetVersion, cuDriverGetVersion)                                                        \
     X(GetErrorName, cuGetErrorName)                                                                \
@@ -77,8 +83,8 @@
  * benchmarks and the test harness that share the table, and for the <<<>>>
  * interposition (kernel names: without them it routes nothing): bound when
  * the driver has them and NULL when it does not, which never fails
- * hkl_driver_open. */
-#define HKL_DRIVER_ENTRIES_EXTRA(X)                                                                \
+ * hkb_driver_open. */
+#define HKB_DRIVER_ENTRIES_EXTRA(X)                                                                \
     X(KernelGetName, cuKernelGetName)                                                              \
     X(KernelGetLibrary, cuKernelGetLibrary)                                                        \
     X(DeviceGetCount, cuDeviceGetCount)                                                            \
@@ -91,28 +97,28 @@
  * the newer function, so it is called through the matching PFN type from
  * cudaTypedefs.h. (tests/cpu_driver.c checks that no other entry has a
  * version of its own for this CUDA release.) */
-#define HKL_DRIVER_ENTRIES_TYPED(X)                                                                \
+#define HKB_DRIVER_ENTRIES_TYPED(X)                                                                \
     X(CtxGetDevice, cuCtxGetDevice, PFN_cuCtxGetDevice_v13000)                                     \
     X(CtxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v13000)
 
-#define HKL_DRIVER_FIELD(field, sym)             __typeof__(sym) *field;
-#define HKL_DRIVER_FIELD_TYPED(field, sym, type) type field;
+#define HKB_DRIVER_FIELD(field, sym)             __typeof__(sym) *field;
+#define HKB_DRIVER_FIELD_TYPED(field, sym, type) type field;
 
-typedef struct hkl_driver {
-    HKL_DRIVER_ENTRIES(HKL_DRIVER_FIELD)
-    HKL_DRIVER_ENTRIES_EXTRA(HKL_DRIVER_FIELD)
-    HKL_DRIVER_ENTRIES_TYPED(HKL_DRIVER_FIELD_TYPED)
+typedef struct hkb_driver {
+    HKB_DRIVER_ENTRIES(HKB_DRIVER_FIELD)
+    HKB_DRIVER_ENTRIES_EXTRA(HKB_DRIVER_FIELD)
+    HKB_DRIVER_ENTRIES_TYPED(HKB_DRIVER_FIELD_TYPED)
     void *dl;    /* dlopen handle of the real driver, NULL for a fake */
     int version; /* cuDriverGetVersion */
-} hkl_driver;
+} hkb_driver;
 
 /* Fills d from libcuda. Returns 0, or HK_ERR_NO_DRIVER with the reason in why
  * (library missing, an entry point the engine calls missing, cuInit's error
  * name). */
-int hkl_driver_open(hkl_driver *d, char *why, size_t why_size);
-void hkl_driver_close(hkl_driver *d);
+int hkb_driver_open(hkb_driver *d, char *why, size_t why_size);
+void hkb_driver_close(hkb_driver *d);
 
 /* Name of a CUresult ("CUDA_ERROR_INVALID_PTX"), also without a driver. */
-const char *hkl_cu_name(const hkl_driver *d, CUresult r);
+const char *hkb_cu_name(const hkb_driver *d, CUresult r);
 
-#endif /* HK_DRIVER_H */
+#endif /* HK_BASE_DRIVER_H */

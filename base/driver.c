@@ -14,12 +14,12 @@
 #include <string.h>
 
 #include "hotkern/hotkern.h"
-#include "loader/driver.h"
+#include "base/driver.h"
 
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 
-int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
+int hkb_driver_open(hkb_driver *d, char *why, size_t why_size) {
     memset(d, 0, sizeof *d);
     const char *path = getenv("HK_LIBCUDA");
     d->dl = dlopen(path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -33,7 +33,7 @@ int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
         goto fail;
     }
     CUdriverProcAddressQueryResult found;
-#define HKL_BIND(field, sym)                                                                       \
+#define HKB_BIND(field, sym)                                                                       \
     if (gpa(#sym, (void **)&d->field, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=        \
             CUDA_SUCCESS ||                                                                        \
         !d->field) {                                                                               \
@@ -41,26 +41,26 @@ int hkl_driver_open(hkl_driver *d, char *why, size_t why_size) {
                  CUDA_VERSION);                                                                    \
         goto fail;                                                                                 \
     }
-    HKL_DRIVER_ENTRIES(HKL_BIND)
-#define HKL_BIND_TYPED(field, sym, type) HKL_BIND(field, sym)
-    HKL_DRIVER_ENTRIES_TYPED(HKL_BIND_TYPED)
-#define HKL_BIND_EXTRA(field, sym)                                                                 \
+    HKB_DRIVER_ENTRIES(HKB_BIND)
+#define HKB_BIND_TYPED(field, sym, type) HKB_BIND(field, sym)
+    HKB_DRIVER_ENTRIES_TYPED(HKB_BIND_TYPED)
+#define HKB_BIND_EXTRA(field, sym)                                                                 \
     if (gpa(#sym, (void **)&d->field, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=        \
         CUDA_SUCCESS)                                                                              \
         d->field = NULL;
-    HKL_DRIVER_ENTRIES_EXTRA(HKL_BIND_EXTRA)
-#undef HKL_BIND_EXTRA
-#undef HKL_BIND_TYPED
-#undef HKL_BIND
+    HKB_DRIVER_ENTRIES_EXTRA(HKB_BIND_EXTRA)
+#undef HKB_BIND_EXTRA
+#undef HKB_BIND_TYPED
+#undef HKB_BIND
     CUresult r = d->Init(0);
     if (r != CUDA_SUCCESS) {
-        snprintf(why, why_size, "cuInit failed: %s", hkl_cu_name(d, r));
+        snprintf(why, why_size, "cuInit failed: %s", hkb_cu_name(d, r));
         goto fail;
     }
     d->DriverGetVersion(&d->version);
     return 0;
 fail:
-    /* cuInit may have run: do not unload (see hkl_driver_close). */
+    /* cuInit may have run: do not unload (see hkb_driver_close). */
     memset(d, 0, sizeof *d);
     return HK_ERR_NO_DRIVER;
 }
@@ -69,7 +69,7 @@ fail:
  * that intercept the driver (compute-sanitizer) and other libraries in the
  * process hold state and hooks inside it. dlopen keeps one reference per
  * open; the handle is simply forgotten. */
-void hkl_driver_close(hkl_driver *d) {
+void hkb_driver_close(hkb_driver *d) {
     if (d)
         memset(d, 0, sizeof *d);
 }
@@ -114,7 +114,7 @@ static const char *static_name(CUresult r) {
     }
 }
 
-const char *hkl_cu_name(const hkl_driver *d, CUresult r) {
+const char *hkb_cu_name(const hkb_driver *d, CUresult r) {
     const char *s = NULL;
     if (d && d->GetErrorName && d->GetErrorName(r, &s) == CUDA_SUCCESS && s)
         return s;

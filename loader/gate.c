@@ -1,0 +1,242 @@
+/*
+ * The launch side's two protocols with the threads that change what
+ * launches run (loader.h, "Launch gate"; reclaim.c, "Host side").
+ *
+ * Epoch slots. Each launching thread owns a slot, found through a
+ * thread-local cache (hkl_tls) and kept for its life; hkl_enter stores the
+ * epoch into it on entering a launch and zero on leaving. The reclaim thread
+ * reads the slots to decide when a retired version's grace period is over,
+ * and a closer of the gate reads them to wait for the launches already in
+ * the driver. Slots are never unlinked while the runtime lives; a thread's
+ * slot outlives the runtime when the thread still holds it at destroy.
+ *
+ * Fences. The order of a launcher's announcement before its loads of the
+ * gate and of `current` is paid for on this side when membarrier(2) is
+ * available (hkl_heavy_fence forces a full barrier on every thread of the
+ * process), so the launch path needs only a compiler barrier.
+ *
+ * The gate. Closers (swap_lock holders and the reclaim thread)
+ * count themselves in `gate`; launchers wait while it is above zero, at most
+ * launch_hold_max_us. The counters here feed hk_stats; the longest section
+ * so far is logged (log.c). Nothing here takes an engine lock but gate_lock,
+ * a leaf, and log_lock for that message.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sched.h>
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "loader/gate.h"
+
+__thread hkl_tls_entry hkl_tls __attribute__((tls_model("initial-exec")));
+
+static pthread_key_t slot_key;
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+
+/* ---- fences ----------------------------------------------------------- */
+
+/* Registers the process for expedited private membarriers. Returns 1 when
+ * the launch path may use the asymmetric fence. HK_NO_MEMBARRIER=1 forces the
+ * symmetric one (for comparison in benchmarks). */
+int hkl_membarrier_register(void) {
+    const char *off = getenv("HK_NO_MEMBARRIER");
+    if (off && *off == '1')
+        return 0;
+    long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
+        return 0;
+    return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+/* The other half of hkl_enter's fence: after this, every launch entry
+ * announced before now is visible to this thread. */
+void hkl_heavy_fence(hk_runtime *rt) {
+    if (rt->asym_fence)
+        syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    /* A sequentially consistent read-modify-write orders this thread's later
+     * reads of the slots (and, unlike a bare fence, ThreadSanitizer models it). */
+    atomic_fetch_add(&rt->epoch, 0);
+}
+
+/* ---- epoch slots -------------------------------------------------------- */
+
+/* Slot ownership, in `in_use`: 0 free (reusable by any thread of the
+ * runtime), 1 owned by the thread whose hkl_tls points at it, 2 orphaned: the
+ * runtime was destroyed while a thread still owned it, and that thread frees
+ * it when it lets go (at exit, or when it next launches on another runtime). */
+enum { SLOT_FREE = 0, SLOT_OWNED = 1, SLOT_ORPHANED = 2 };
+
+/* This thread lets go of its cached slot. */
+static void slot_let_go(void) {
+    hkl_tslot *s = hkl_tls.slot;
+    hkl_tls.slot = NULL;
+    hkl_tls.rt_id = 0;
+    if (s && atomic_exchange(&s->in_use, SLOT_FREE) == SLOT_ORPHANED)
+        free(s);
+}
+
+/* Thread exit. */
+static void slot_release(void *arg) {
+    (void)arg;
+    slot_let_go();
+}
+
+static void slot_key_create(void) {
+    pthread_key_create(&slot_key, slot_release);
+}
+
+hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
+    pthread_once(&slot_key_once, slot_key_create);
+    /* The thread launches on another runtime than last time: its old slot is
+     * free now (it is not inside a launch while it is here). Runtimes are
+     * told apart by id, so a destroyed runtime's slot is never used again. */
+    slot_let_go();
+    hkl_tslot *s;
+    for (s = atomic_load(&rt->slots); s; s = s->next) {
+        int expect = SLOT_FREE;
+        if (atomic_load(&s->in_use) == SLOT_FREE &&
+            atomic_compare_exchange_strong(&s->in_use, &expect, SLOT_OWNED))
+            break;
+    }
+    if (!s) {
+        if (!(s = aligned_alloc(_Alignof(hkl_tslot), sizeof *s)))
+            return NULL;
+        memset(s, 0, sizeof *s);
+        atomic_init(&s->active, 0);
+        atomic_init(&s->in_use, SLOT_OWNED);
+        s->rt = rt;
+        hkl_tslot *head = atomic_load(&rt->slots);
+        do
+            s->next = head;
+        while (!atomic_compare_exchange_weak(&rt->slots, &head, s));
+    }
+    hkl_tls.slot = s;
+    hkl_tls.rt_id = rt->id;
+    pthread_setspecific(slot_key, (void *)1);
+    return s;
+}
+
+void hkl_slots_free(hk_runtime *rt) {
+    if (hkl_tls.rt_id == rt->id)
+        slot_let_go();
+    hkl_tslot *s = atomic_load(&rt->slots);
+    while (s) {
+        hkl_tslot *n = s->next;
+        /* A slot another thread still holds is left for it to free. */
+        if (atomic_exchange(&s->in_use, SLOT_ORPHANED) == SLOT_FREE)
+            free(s);
+        s = n;
+    }
+    atomic_store(&rt->slots, NULL);
+}
+
+/* ---- the launch gate --------------------------------------------------- */
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* This thread's own gated section (closers on several threads overlap, and
+ * the gate stays closed across them; a section is one thread's close..open). */
+static __thread struct {
+    int depth;
+    uint64_t t0, in;  /* when it began; the fence and the wait for launchers (ns) */
+    const char *what; /* NULL: not to be logged */
+} section;
+
+/* Closes the gate and returns once no hotkern launch is inside the driver.
+ * The fence orders our store to `gate` against every launcher's announcement
+ * (hkl_enter): a launcher we read as idle will see the gate closed. Launchers
+ * are in the driver for microseconds unless the driver blocks them, so this
+ * spins, then yields. */
+void hkl_gate_close(hk_runtime *rt, const char *what) {
+    uint64_t t0 = now_ns();
+    if (atomic_fetch_add(&rt->gate, 1) == 0) {
+        atomic_store(&rt->gate_t0, t0);
+        atomic_fetch_add(&rt->gate_closes, 1);
+    }
+    hkl_heavy_fence(rt);
+    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
+        for (int i = 0; atomic_load(&s->active); i++) {
+            if (i < 256)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+    if (section.depth++ == 0) {
+        section.t0 = t0;
+        section.in = now_ns() - t0;
+        section.what = what;
+    }
+}
+
+/* Every opening (even one that leaves another closer inside) starts a new
+ * generation: a launcher that saw one since it began to wait goes on, so
+ * back-to-back swaps cannot keep it out; at worst it then waits in the driver
+ * for the one gated section in progress. A section longer than launchers
+ * are held (launch_hold_max_us) and than any before is logged, with what it
+ * did and how much of it was waiting for launchers already in the driver:
+ * a handful of lines in a runtime's life, which say where a pause came from. */
+void hkl_gate_open(hk_runtime *rt) {
+    atomic_fetch_add(&rt->gate_gen, 1);
+    uint64_t t0 = atomic_load(&rt->gate_t0), now = now_ns();
+    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
+        uint64_t d = now - t0, max = atomic_load(&rt->gate_max_ns);
+        while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
+            ;
+    }
+    if (atomic_load(&rt->gate_waiters)) {
+        pthread_mutex_lock(&rt->gate_lock);
+        pthread_cond_broadcast(&rt->gate_cond);
+        pthread_mutex_unlock(&rt->gate_lock);
+    }
+    if (--section.depth > 0)
+        return;
+    uint64_t d = now - section.t0, max = atomic_load(&rt->section_max_ns);
+    while (d > max && !atomic_compare_exchange_weak(&rt->section_max_ns, &max, d))
+        ;
+    if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u && section.what)
+        hk_log(rt, HK_LOG_INFO, "engine",
+               "the launch gate stayed closed %.3f ms for %s (%.3f ms of it fencing and waiting "
+               "for launches already in the driver), the longest section so far",
+               (double)d / 1e6, section.what, (double)section.in / 1e6);
+}
+
+/* A launcher at a closed gate: spins a little (gated sections are short),
+ * then sleeps until an opening, at most launch_hold_max_us in all. */
+void hkl_gate_wait(hk_runtime *rt) {
+    atomic_fetch_add(&rt->gate_waiters, 1);
+    uint64_t gen = atomic_load(&rt->gate_gen);
+    for (int i = 0; i < 512; i++) {
+        if (!atomic_load_explicit(&rt->gate, memory_order_acquire) ||
+            atomic_load_explicit(&rt->gate_gen, memory_order_acquire) != gen) {
+            atomic_fetch_sub(&rt->gate_waiters, 1);
+            return;
+        }
+        cpu_relax();
+    }
+    struct timespec ts;
+    hku_deadline(&ts, rt->opt.launch_hold_max_us);
+    pthread_mutex_lock(&rt->gate_lock);
+    while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
+        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
+            atomic_fetch_add(&rt->hold_timeouts, 1);
+            break;
+        }
+    pthread_mutex_unlock(&rt->gate_lock);
+    atomic_fetch_sub(&rt->gate_waiters, 1);
+}
