@@ -37,6 +37,7 @@ FOLDERS = ["include", "util", "base", "ptx", "canary", "loader", "watch", "net",
 # not ordered.
 LOADER_ORDER = [
     ["format.c", "record.c", "expo.c", "job.c"],  # names, the record's text, the metrics writer, jobs
+    ["check.c"],  # hk_check: a build and its validation for an architecture, no driver
     ["log.c"],  # logs and events (hkl_emit)
     ["source.c"],  # the sources' hooks
     ["context.c"],  # swap_lock's owner, capture mode, context push, driver errors

@@ -9,7 +9,8 @@
  * checker made for one source, without the PCH: a single compile would pay
  * for creating it and never use it. A check is hkp_build with the checker's
  * options and the source's name, on the caller's thread; nothing here calls
- * the driver (ptx/ never does).
+ * the driver: it sits in loader/ only because the sized public structures
+ * (loader/abi.h) and hk_report_clear (loader/format.c) live there, above ptx/.
  *
  * A result is a copy of what the artifact and its metadata say (image, log,
  * kernels and their layouts, globals, architecture names), one object of its
