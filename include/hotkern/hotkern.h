@@ -95,7 +95,7 @@ extern "C" {
 /* clang-format on */
 
 #define HK_VERSION_MAJOR 1
-#define HK_VERSION_MINOR 2
+#define HK_VERSION_MINOR 3
 #define HK_VERSION_PATCH 0
 
 /* ---- errors ------------------------------------------------------------ */
