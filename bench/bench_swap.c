@@ -67,20 +67,13 @@ static char *fresh_src(int i) {
     return fresh_of(bench_fmt_small, i);
 }
 
-/* Raw NVRTC to a cubin + cuLibraryLoadData + launch of k0, timed in ms. With
- * toolkit set, the toolkit's include directories are passed as -I (what a
- * program without hotkern must do for cub). */
-static double raw_nvrtc_swap(const char *src, int toolkit) {
-    const hkp_toolkit *tk = hkp_toolkit_get();
-    char opt[32], inc[4200], cccl[4200];
-    snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", bench_arch());
-    snprintf(inc, sizeof inc, "-I%s", tk->include);
-    snprintf(cccl, sizeof cccl, "-I%s", tk->cccl);
-    const char *opts[] = {opt, inc, cccl};
+/* Raw NVRTC to a cubin with options opts + cuLibraryLoadData + launch of
+ * k0, timed in ms. */
+static double raw_nvrtc_run(const char *src, const char *const *opts, int nopts) {
     uint64_t t0 = bench_ns();
     nvrtcProgram prog;
     nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
-    if (nvrtcCompileProgram(prog, toolkit ? 3 : 1, opts) != NVRTC_SUCCESS) {
+    if (nvrtcCompileProgram(prog, nopts, opts) != NVRTC_SUCCESS) {
         fprintf(stderr, "raw NVRTC failed\n");
         exit(1);
     }
@@ -100,39 +93,37 @@ static double raw_nvrtc_swap(const char *src, int toolkit) {
     return ms;
 }
 
+/* The arch option and the toolkit's include directories, as -I. */
+static char raw_arch[32], raw_inc[4200], raw_cccl[4200];
+static void raw_opts(void) {
+    const hkp_toolkit *tk = hkp_toolkit_get();
+    snprintf(raw_arch, sizeof raw_arch, "--gpu-architecture=sm_%d", bench_arch());
+    snprintf(raw_inc, sizeof raw_inc, "-I%s", tk->include);
+    snprintf(raw_cccl, sizeof raw_cccl, "-I%s", tk->cccl);
+}
+
+/* Raw NVRTC with the arch alone, or with toolkit set the toolkit's include
+ * directories too (what a program without hotkern must pass for cub). */
+static double raw_nvrtc_swap(const char *src, int toolkit) {
+    raw_opts();
+    const char *opts[] = {raw_arch, raw_inc, raw_cccl};
+    return raw_nvrtc_run(src, opts, toolkit ? 3 : 1);
+}
+
 /* Raw NVRTC with the options hotkern's default build gives NVRTC (the
  * arch, ptxas -O3, the toolkit's include directories, the automatic PCH
- * and its diagnostics), + cuLibraryLoadData + launch of k0, in ms: what a
- * program would do by hand to get hotkern's build. */
+ * and its diagnostics): what a program would do by hand to get hotkern's
+ * build. */
 static double raw_nvrtc_pch_swap(const char *src) {
-    const hkp_toolkit *tk = hkp_toolkit_get();
-    char opt[32], inc[4200], cccl[4200];
-    snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", bench_arch());
-    snprintf(inc, sizeof inc, "-I%s", tk->include);
-    snprintf(cccl, sizeof cccl, "-I%s", tk->cccl);
-    const char *opts[] = {opt,    "--ptxas-options=-O3",          inc, cccl,
-                          "-pch", "--diag-suppress=629,639,20283"};
-    uint64_t t0 = bench_ns();
-    nvrtcProgram prog;
-    nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
-    if (nvrtcCompileProgram(prog, 6, opts) != NVRTC_SUCCESS) {
-        fprintf(stderr, "raw NVRTC (PCH) failed\n");
-        exit(1);
-    }
-    size_t n;
-    nvrtcGetCUBINSize(prog, &n);
-    char *bin = malloc(n);
-    nvrtcGetCUBIN(prog, bin);
-    nvrtcDestroyProgram(&prog);
-    CUlibrary lib;
-    CUkernel k;
-    bd.LibraryLoadData(&lib, bin, NULL, NULL, 0, NULL, NULL, 0);
-    bd.LibraryGetKernel(&k, lib, "k0");
-    launch_raw((CUfunction)k);
-    double ms = (double)(bench_ns() - t0) / 1e6;
-    bd.LibraryUnload(lib);
-    free(bin);
-    return ms;
+    raw_opts();
+    const char *opts[] = {raw_arch,
+                          "--ptxas-options=-O3",
+                          raw_inc,
+                          raw_cccl,
+                          "-pch",
+                          "--pch-messages=false",
+                          "--diag-suppress=629,630,639,20283"};
+    return raw_nvrtc_run(src, opts, 7);
 }
 
 static void report(const char *what, double *v, int n, double base) {
