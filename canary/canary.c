@@ -1056,26 +1056,29 @@ static int close_enough(double x, double ref, double atol, double rtol) {
     return x == ref || fabs(x - ref) <= atol + rtol * fabs(ref);
 }
 
+static double f32_at(const unsigned char *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static double f64_at(const unsigned char *p) {
+    double v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 /* 0 when buffer a (new) matches b (running) as t says, else describes the
  * first difference. */
 static int differs(const hk_test *t, const unsigned char *a, const unsigned char *b, size_t n,
                    char *why, size_t wn) {
     size_t w = t->compare == HK_COMPARE_F32 ? 4 : t->compare == HK_COMPARE_F64 ? 8 : 1;
     for (size_t i = 0; i + w <= n; i += w) {
-        if (w == 4) {
-            float x, y;
-            memcpy(&x, a + i, 4);
-            memcpy(&y, b + i, 4);
+        if (w > 1) { /* floats compared as doubles: exact, NaN and all */
+            double x = w == 4 ? f32_at(a + i) : f64_at(a + i);
+            double y = w == 4 ? f32_at(b + i) : f64_at(b + i);
             if (!close_enough(x, y, t->atol, t->rtol)) {
-                snprintf(why, wn, "element %zu: %.9g, running version %.9g", i / 4, x, y);
-                return 1;
-            }
-        } else if (w == 8) {
-            double x, y;
-            memcpy(&x, a + i, 8);
-            memcpy(&y, b + i, 8);
-            if (!close_enough(x, y, t->atol, t->rtol)) {
-                snprintf(why, wn, "element %zu: %.17g, running version %.17g", i / 8, x, y);
+                snprintf(why, wn, "element %zu: %.*g, running version %.*g", i / w, w == 4 ? 9 : 17,
+                         x, w == 4 ? 9 : 17, y);
                 return 1;
             }
         } else if (a[i] != b[i]) {

@@ -70,6 +70,7 @@ struct hk_check_result {
 
 /* ---- options ------------------------------------------------------------ */
 
+/* The defaults, one a line (the shape of every hk_*_options_init_size). */
 int hk_check_options_init_size(hk_check_options *o, size_t size) {
     hk_check_options d;
     memset(&d, 0, sizeof d);

@@ -131,6 +131,8 @@ static void canary(hk_metrics_writer *w, const hk_stats *s) {
             s->canary_sanitizer);
 }
 
+/* One metric a call: name, type, help, value (the canary's above has the
+ * same shape, other metrics). */
 void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist *h) {
     static const hkl_hist empty;
     char version[64];

@@ -28,6 +28,8 @@
 static void runtime_free(hk_runtime *rt);
 static void runtime_finish(hk_runtime *rt, double until);
 
+/* The defaults, one a line (every hk_*_options_init_size has this shape,
+ * with its own data). */
 int hk_options_init_size(hk_options *o, size_t size) {
     hk_options d;
     memset(&d, 0, sizeof d);

@@ -224,7 +224,8 @@ static void count(hkn_endpoint *ep, uint64_t *field) {
 }
 
 /* The one place of the endpoint's defaults: hkn_endpoint_start falls back on
- * them for a zero number or a NULL address. */
+ * them for a zero number or a NULL address. One a line: the shape of every
+ * hk_*_options_init_size. */
 int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
     hk_endpoint_options d;
     memset(&d, 0, sizeof d);

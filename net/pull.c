@@ -88,7 +88,8 @@ struct buf {
 };
 
 /* The one place of the puller's defaults: hkn_pull_create falls back on
- * them for a zero interval, backoff, timeout or cap. */
+ * them for a zero interval, backoff, timeout or cap. One a line: the shape of every
+ * hk_*_options_init_size. */
 int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
     hk_pull_options d;
     memset(&d, 0, sizeof d);

@@ -304,7 +304,9 @@ static int give_up(hkp_iso *iso, int r, const char *what, char *why, size_t n) {
 }
 
 /* Makes sure a live helper that said READY is there. 0, or a HKU_RECV_*
- * code (how it failed), or HK_ERR_IO with why when none can be started. */
+ * code (how it failed), or HK_ERR_IO with why when none can be started.
+ * (The canary's helper_ready reads its helper's greeting the same way;
+ * the two greetings differ in magic, payload and what a failure says.) */
 static int ensure_ready(hkp_iso *iso, double deadline, char *why, size_t n) {
     if (hku_child_gone(&iso->proc)) { /* died while idle: replace it */
         iso->ready = 0;

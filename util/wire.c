@@ -241,20 +241,21 @@ const void *hku_get(hku_rd *r, size_t n) {
     return p;
 }
 
-uint32_t hku_get_u32(hku_rd *r) {
-    const unsigned char *p = hku_get(r, 4);
-    uint32_t v = 0;
-    for (int i = 0; p && i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
+/* A little-endian integer of n bytes (0 when the input ran out). */
+static uint64_t get_le(hku_rd *r, int n) {
+    const unsigned char *p = hku_get(r, (size_t)n);
+    uint64_t v = 0;
+    for (int i = 0; p && i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
+uint32_t hku_get_u32(hku_rd *r) {
+    return (uint32_t)get_le(r, 4);
+}
+
 uint64_t hku_get_u64(hku_rd *r) {
-    const unsigned char *p = hku_get(r, 8);
-    uint64_t v = 0;
-    for (int i = 0; p && i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
+    return get_le(r, 8);
 }
 
 void hku_get_str(hku_rd *r, char *out, size_t out_size, size_t max) {
