@@ -239,7 +239,8 @@ int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
     return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
 }
 
-/* o with every zero number and a NULL address replaced by its default. */
+/* o with every zero number and a NULL address replaced by its default
+ * (pull.c's with_defaults has the same shape over its own fields). */
 static hk_endpoint_options with_defaults(const hk_endpoint_options *o) {
     static const hkn_field zero_is_default[] = {
         HKN_FIELD(hk_endpoint_options, address),

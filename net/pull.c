@@ -107,7 +107,8 @@ int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
 
 /* o as the puller keeps it: zeros replaced by the defaults, the jitter
  * clamped, the pointers the caller owns cleared (the strings are copied by
- * hkn_pull_create). */
+ * hkn_pull_create). The endpoint's with_defaults has the same shape over
+ * its own fields. */
 static hk_pull_options with_defaults(const hk_pull_options *o) {
     static const hkn_field zero_is_default[] = {
         HKN_FIELD(hk_pull_options, interval_ms),
