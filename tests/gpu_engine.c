@@ -405,6 +405,37 @@ START_TEST(refusals_while_launching) {
 }
 END_TEST
 
+/* Under the same launchers: a version committed, the kernel's function
+ * looked up, and a rollback to the version before, 50 times. Every launch
+ * runs a committed version (the one just committed once the swap or the
+ * rollback returned), none fails, and each rollback is a version of its
+ * own. */
+START_TEST(rollbacks_while_launching) {
+    atomic_store(&gen, 0); /* v1 (tag 1) runs */
+    hk_report rep = HK_REPORT_INIT;
+    uint64_t v = hk_module_version(srt, "sim");
+    launchers_start();
+    for (int i = 0; i < 50; i++) {
+        atomic_fetch_add(&gen, 1);
+        swap_ok(srt, "sim", img_v2, n_v2);
+        atomic_fetch_add(&gen, 1);
+        usleep(300); /* a stable window in which launches are version-checked */
+        void *f = NULL;
+        ck_assert_int_eq(hk_kernel_function(sk, &f), 0);
+        ck_assert_ptr_nonnull(f);
+        atomic_fetch_add(&gen, 1);
+        ck_assert_msg(hk_rollback(srt, "sim", &rep) == 0, "%s", rep.message);
+        atomic_fetch_add(&gen, 1);
+        usleep(300);
+    }
+    long launches = launchers_stop();
+    ck_assert_uint_eq(hk_module_version(srt, "sim"), v + 100);
+    ck_assert_int_gt(launches, 100);
+    printf("  50 swaps and 50 rollbacks under %d launchers: %ld launches\n", NTHREADS, launches);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(global_counter_survives_100_swaps) {
     hk_kernel *bump;
     ck_assert_int_eq(hk_kernel_get(srt, "sim", "bump", &bump), 0);
@@ -834,6 +865,7 @@ int main(void) {
     tcase_add_test(tc, ptx_error_returns_jit_log);
     tcase_add_test(tc, thousand_swaps_four_threads);
     tcase_add_test(tc, refusals_while_launching);
+    tcase_add_test(tc, rollbacks_while_launching);
     tcase_add_test(tc, global_counter_survives_100_swaps);
     tcase_add_test(tc, graph_runs_new_version);
     tcase_add_test(tc, swaps_finish_under_unpaced_launchers);
