@@ -22,30 +22,15 @@
 
 #include "cli/cli.h"
 #include "net/net.h"
-
-/* Length of the well-formed UTF-8 sequence at s (2 to 4 bytes, no overlong
- * form, no surrogate, at most U+10FFFF, not a C1 control), or 0. */
-static size_t utf8_len(const unsigned char *s) {
-    unsigned c = s[0];
-    size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-    if (c >= 0xf5 || n == 0)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
-        (c == 0xf4 && s[1] >= 0x90))
-        return 0;
-    if (c == 0xc2 && s[1] < 0xa0) /* U+0080..U+009F: C1 controls (CSI is U+009B) */
-        return 0;
-    return n;
-}
+#include "util/util.h"
 
 void hkc_put_clean(FILE *f, const char *text, int multiline) {
     const unsigned char *s = (const unsigned char *)(text ? text : "");
     while (*s) {
-        size_t n = *s < 0x80 ? 1 : utf8_len(s);
-        int ok = n > 1 || (n == 1 && *s >= 0x20 && *s != 0x7f) ||
+        /* Printable UTF-8 only: no C0 or C1 control (CSI is U+009B), no DEL. */
+        uint32_t cp = 0;
+        size_t n = hku_utf8_next(s, &cp);
+        int ok = (n && cp >= 0x20 && cp != 0x7f && !(cp >= 0x80 && cp <= 0x9f)) ||
                  (multiline && (*s == '\n' || *s == '\t'));
         if (ok) {
             fwrite(s, 1, n, f);

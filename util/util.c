@@ -80,11 +80,9 @@ int hku_headers_dup(const hk_header *h, int n, hk_header **out) {
     return 0;
 }
 
-/* The code point starting at s, in *cp, and its length in bytes; 0 when
- * the bytes are not UTF-8 in its shortest form (RFC 3629: no overlong
- * forms, no surrogates, nothing past U+10FFFF). The NUL ending s is never
- * a continuation byte, so no read goes past it. */
-static size_t utf8_next(const unsigned char *s, uint32_t *cp) {
+/* (util.h) The NUL ending s is never a continuation byte, so no read
+ * goes past it. */
+size_t hku_utf8_next(const unsigned char *s, uint32_t *cp) {
     unsigned c = s[0];
     if (c < 0x80) {
         *cp = c;
@@ -135,7 +133,7 @@ int hku_name_check(const char *name, char *why, size_t why_size) {
     const unsigned char *p = (const unsigned char *)name;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        size_t n = utf8_next(p + i, &cp);
+        size_t n = hku_utf8_next(p + i, &cp);
         if (!n) {
             snprintf(why, why_size, "module name is not UTF-8 (byte 0x%02x at offset %zu)", p[i],
                      i);

@@ -33,6 +33,11 @@ int hku_fail(hk_report *rep, int err, const char *fmt, ...) __attribute__((forma
 
 /* ---- module names (util/util.c) ------------------------------------------ */
 
+/* The code point starting at s (NUL-terminated), in *cp, and its length in
+ * bytes; 0 when the bytes are not UTF-8 in its shortest form (RFC 3629: no
+ * overlong forms, no surrogates, nothing past U+10FFFF). */
+size_t hku_utf8_next(const unsigned char *s, uint32_t *cp);
+
 /* Whether name may name a module: 1 to HKU_NAME_MAX - 1 bytes of UTF-8 in
  * its shortest form (no surrogates, nothing past U+10FFFF), holding no
  * control character (C0, DEL, C1) and no line or paragraph separator
