@@ -269,8 +269,8 @@ out:
 
 /* The body of POST /v1/release and its type: the binary frame (the
  * release's bytes once, net/frame.c), or with json_body the JSON body. */
-static int release_body(hkc_out *o, const struct release *r, int json_body, void **body,
-                        size_t *len, const char **type) {
+static int release_body(hkc_out *o, struct release *r, int json_body, void **body, size_t *len,
+                        const char **type) {
     if (json_body) {
         char *text = release_json(r);
         *body = text;
@@ -282,6 +282,11 @@ static int release_body(hkc_out *o, const struct release *r, int json_body, void
     int err = hkn_frame_write(r->manifest, r->manifest_len, r->sig, strlen(r->sig), r->blobs, r->n,
                               &frame, len);
     *body = frame;
+    for (size_t i = 0; !err && i < r->n; i++) { /* the frame holds them now: once, not twice */
+        free(r->bytes[i]);
+        r->bytes[i] = NULL;
+        r->blobs[i].bytes = NULL;
+    }
     *type = HKN_FRAME_TYPE;
     return err ? hkc_fail(o, err, NULL, "cannot frame the release: %s", hk_err_name(err)) : 0;
 }
