@@ -370,6 +370,13 @@ static void mc_line(void *ctx, const char *line) {
     }
 }
 
+/* What memcheck said: its first error line, or that its records were
+ * dropped (the warning that said so). */
+static void mc_what(const helper *h, char *out, size_t n) {
+    snprintf(out, n, "%s%s%s", h->mc_first_warn ? "errors, their records dropped (" : "",
+             h->mc_first, h->mc_first_warn ? ")" : "");
+}
+
 static void mc_reset(helper *h) {
     h->mc_first[0] = h->mc_api[0] = '\0';
     h->mc_errors = h->mc_first_warn = 0;
@@ -991,9 +998,7 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
          * would blame the next failure on memcheck), and a report of this
          * launch still on its way must not land in the next one's. */
         char what[240], how[160];
-        snprintf(what, sizeof what, "%s%s%s",
-                 h->mc_first_warn ? "errors, their records dropped (" : "", h->mc_first,
-                 h->mc_first_warn ? ")" : "");
+        mc_what(h, what, sizeof what);
         helper_kill(h, how, sizeof how);
         helper_start(c, h, how, sizeof how);
         return refuse(r, HKA_KIND_MEMCHECK, kernel, 0, NULL,
@@ -1010,9 +1015,7 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
     mc |= h->sanitized && h->mc_errors;
     char what[240]; /* what memcheck said, before the restart forgets it */
     if (h->mc_first[0])
-        snprintf(what, sizeof what, "%s%s%s",
-                 h->mc_first_warn ? "errors, their records dropped (" : "", h->mc_first,
-                 h->mc_first_warn ? ")" : "");
+        mc_what(h, what, sizeof what);
     else
         snprintf(what, sizeof what, "an error (compute-sanitizer exit status %d%s%.80s)",
                  HKA_SANITIZER_EXIT, h->mc_api[0] ? "; " : "", h->mc_api);
