@@ -128,6 +128,16 @@ static int env_level(void) {
     return HK_LOG_OFF;
 }
 
+/* The log callback cb (NULL: none) with userdata, for levels from min up;
+ * the cheap check (log_min) follows it, or HOTKERN_LOG's level without it.
+ * log_lock held for writing, or at init. */
+static void set_cb(hk_runtime *rt, hk_log_cb cb, void *userdata, int min) {
+    rt->log_cb = cb;
+    rt->log_ud = cb ? userdata : NULL;
+    rt->log_cb_min = cb ? min : HK_LOG_OFF;
+    atomic_store_explicit(&rt->log_min, cb ? min : rt->log_env_min, memory_order_relaxed);
+}
+
 void hkl_log_init(hk_runtime *rt) {
     pthread_rwlockattr_t a;
     pthread_rwlockattr_init(&a);
@@ -141,10 +151,8 @@ void hkl_log_init(hk_runtime *rt) {
     /* A callback from the options hears create's messages too. */
     if (rt->opt.log) {
         int min = rt->opt.log_min_level;
-        rt->log_cb = rt->opt.log;
-        rt->log_ud = rt->opt.log_userdata;
-        rt->log_cb_min = min >= HK_LOG_DEBUG && min <= HK_LOG_OFF ? min : HK_LOG_INFO;
-        atomic_store_explicit(&rt->log_min, rt->log_cb_min, memory_order_relaxed);
+        set_cb(rt, rt->opt.log, rt->opt.log_userdata,
+               min >= HK_LOG_DEBUG && min <= HK_LOG_OFF ? min : HK_LOG_INFO);
     }
 }
 
@@ -158,11 +166,7 @@ int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_leve
     if (in_log)
         return HK_ERR_BUSY;
     pthread_rwlock_wrlock(&rt->log_lock);
-    rt->log_cb = cb;
-    rt->log_ud = cb ? userdata : NULL;
-    rt->log_cb_min = cb ? (int)min_level : HK_LOG_OFF;
-    atomic_store_explicit(&rt->log_min, cb ? (int)min_level : rt->log_env_min,
-                          memory_order_relaxed);
+    set_cb(rt, cb, userdata, (int)min_level);
     pthread_rwlock_unlock(&rt->log_lock);
     return 0;
 }
@@ -324,13 +328,11 @@ void hkl_events_fini(hk_runtime *rt) {
 
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                     uint64_t newv, const char *origin, const hk_report *rep) {
-    if (atomic_load(&rt->evq_fd) >= 0) {
-        hk_event qev = {sizeof qev, kind, module, oldv, newv, origin ? origin : "api", rep};
-        queue_event(rt, &qev);
-    }
+    hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};
+    if (atomic_load(&rt->evq_fd) >= 0)
+        queue_event(rt, &ev);
     if (!rt->opt.on_event || !cb_enter(rt))
         return;
-    hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};
     rt->opt.on_event(&ev, rt->opt.userdata);
     cb_exit(rt);
 }
