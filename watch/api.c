@@ -752,11 +752,14 @@ int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk
 
 /* ---- hk_watch_start / hk_watch_stop ------------------------------------- */
 
+/* The watcher's own defaults (hkw_opts_init), in the public layout. */
 static void watch_options_defaults(hk_watch_options *o) {
+    hkw_opts w;
+    hkw_opts_init(&w);
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
-    o->debounce_ms = 50;
-    o->open_wait_ms = 1000;
+    o->debounce_ms = w.debounce_ms;
+    o->open_wait_ms = w.open_wait_ms;
 }
 
 int hk_watch_options_init_size(hk_watch_options *o, size_t size) {
