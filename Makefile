@@ -21,7 +21,7 @@ MANDIR     ?= $(PREFIX)/share/man
 # network packages and links libhotkern.
 CORE_PKGS := libsodium
 NET_ONLY_PKGS := libcurl libmicrohttpd libcjson
-NET_PKGS := libcurl libmicrohttpd libsodium libcjson
+NET_PKGS := $(NET_ONLY_PKGS) $(CORE_PKGS)
 # NET=1 builds the network library and what needs it: the CLI's network
 # commands and the interposition's HOTKERN_ENDPOINT and HOTKERN_ORIGIN. NET=0
 # builds and installs the engine alone, with none of the network packages'
@@ -30,7 +30,7 @@ NET_PKGS := libcurl libmicrohttpd libsodium libcjson
 # leaves the CLI out. The tests, benchmarks, demo and examples need NET=1.
 ifeq ($(origin NET),undefined)
 NET := $(shell pkg-config --exists $(NET_ONLY_PKGS) 2>/dev/null && echo 1 || echo 0)
-NET_WHY := pkg-config lacks$(shell for p in $(NET_ONLY_PKGS); do \
+NET_WHY = pkg-config lacks$(shell for p in $(NET_ONLY_PKGS); do \
              pkg-config --exists $$p 2>/dev/null || printf ' %s' $$p; done)
 else
 NET_WHY := as asked
