@@ -43,13 +43,6 @@ static hk_runtime *rt;
 static void *img[2];
 static size_t img_size[2];
 
-static void helper_path(char *out, size_t n) {
-    char self[PATH_MAX] = "";
-    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[r > 0 ? r : 0] = '\0';
-    snprintf(out, n, "%s/bin/hotkern-canary", dirname(dirname(self)));
-}
-
 /* Whether swaps run the perf guard (its timed repeats of both versions):
  * off for the rows comparable with the runs before it existed. */
 static int guard;
@@ -171,7 +164,7 @@ int main(int argc, char **argv) {
     img[0] = bench_build(bench_src_small, 1, &img_size[0]);
     img[1] = bench_build(b_src, 1, &img_size[1]);
     char helper[PATH_MAX + 32];
-    helper_path(helper, sizeof helper);
+    bench_canary_helper(helper, sizeof helper);
     hk_options o;
     hk_options_init(&o);
     o.cache_dir = "";

@@ -213,13 +213,6 @@ static double baseline(double secs) {
 
 /* ---- a round of pushes ---------------------------------------------------- */
 
-static void helper_path(char *out, size_t n) {
-    char self[PATH_MAX] = "";
-    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[r > 0 ? r : 0] = '\0';
-    snprintf(out, n, "%s/bin/hotkern-canary", dirname(dirname(self)));
-}
-
 static int swap(hk_runtime *rt, const void *image, size_t size, hk_canary_policy policy,
                 hk_report *rep) {
     hk_swap_options so;
@@ -245,7 +238,7 @@ static int round_of(const char *label, int sanitizer, int light, double base_ms,
     void *const *imgs = light ? limg_k : img;
     const size_t *sizes = light ? limg_size : img_size;
     char helper[PATH_MAX + 32];
-    helper_path(helper, sizeof helper);
+    bench_canary_helper(helper, sizeof helper);
     hk_options o;
     hk_options_init(&o);
     o.cache_dir = "";

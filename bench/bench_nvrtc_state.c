@@ -175,17 +175,6 @@ static void *thread_compile(void *arg) {
     return NULL;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double med(double *v, int n) {
-    if (n == 0)
-        return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
-
 /* Fields of a sample, for fmed. */
 typedef double (*field)(const sample *);
 static double f_wall(const sample *x) {
@@ -230,7 +219,7 @@ static double fmed(const series *s, int from, int to, field f, int sel, double t
             continue;
         v[k++] = f(x);
     }
-    return k ? med(v, k) : -1.0;
+    return k ? bench_median(v, k) : -1.0;
 }
 
 static int count_sel(const series *s, int from, int to, int sel, double thr) {
@@ -266,14 +255,11 @@ static void report(const char *phase, series *s, int ns, double t_phase) {
     for (int k = 0; k < ns; k++)
         for (int i = 0; i < s[k].n && all.n < MAXS; i++)
             all.s[all.n++] = s[k].s[i];
-    double p10;
-    {
-        static double v[MAXS];
-        for (int i = 0; i < all.n; i++)
-            v[i] = all.s[i].wall;
-        qsort(v, (size_t)all.n, sizeof *v, cmp_d);
-        p10 = v[all.n / 10];
-    }
+    static double v[MAXS];
+    for (int i = 0; i < all.n; i++)
+        v[i] = all.s[i].wall;
+    bench_median(v, all.n); /* sorts v */
+    double p10 = bench_pct(v, all.n, 10);
     double thr = 1.5 * p10;
     printf("  fast (wall <= %.2f ms = 1.5x the p10) vs slow compiles, medians:\n", thr);
     printf("    %-5s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "", "n", "wall", "cpu",

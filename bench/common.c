@@ -1,10 +1,13 @@
 /*
  * Shared benchmark support (see common.h).
  */
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/common.h"
 
@@ -91,6 +94,13 @@ double bench_median(double *v, int n) {
 double bench_pct(double *v, int n, double p) {
     int i = (int)(p / 100.0 * (n - 1) + 0.5);
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+void bench_canary_helper(char *out, size_t n) {
+    char self[PATH_MAX] = "";
+    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[r > 0 ? r : 0] = '\0';
+    snprintf(out, n, "%s/bin/hotkern-canary", dirname(dirname(self)));
 }
 
 int bench_arch(void) {

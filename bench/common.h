@@ -42,6 +42,9 @@ extern const char *bench_src_empty; /* empty(), spin(long long cycles) */
 /* cuCtxSynchronize of the calling thread's current context. */
 void bench_ctx_sync(void);
 
+/* The built hotkern-canary beside this benchmark: BUILD/bin/hotkern-canary. */
+void bench_canary_helper(char *out, size_t n);
+
 /* SM clock in Hz, for turning milliseconds into spin cycles. */
 double bench_sm_hz(void);
 
