@@ -347,8 +347,7 @@ static int checker_run(const hk_checker *c, const char *source_name, const void 
     return rc;
 }
 
-/* hk_checker_check and hk_check: the caller's report taken in and given
- * back, timed. */
+/* hk_checker_check: the caller's report taken in and given back, timed. */
 static int check_call(const hk_checker *c, const char *source_name, const void *src, size_t size,
                       hk_check_result **out, hk_report *rep) {
     double t0 = hku_now_ms();
@@ -370,8 +369,11 @@ int hk_checker_check(hk_checker *c, const char *source_name, const void *src, si
     return check_call(c, source_name, src, size, out, rep);
 }
 
+/* One report taken in and given back, and timed, for the whole check:
+ * options, the checker (one compile: no PCH) and its run. */
 int hk_check(const hk_check_options *opt, const void *src, size_t size, hk_check_result **out,
              hk_report *rep) {
+    double t0 = hku_now_ms();
     hk_report full;
     hk_check_options o;
     hk_checker *c = NULL;
@@ -382,12 +384,13 @@ int hk_check(const hk_check_options *opt, const void *src, size_t size, hk_check
     hk_report_clear(&full);
     int rc = options_in(&o, opt, &full);
     if (!rc)
-        rc = checker_make(&c, &o, 0, &full); /* one compile: no PCH */
-    hkl_report_out(rep, &full);
-    if (rc)
-        return rc;
-    rc = check_call(c, NULL, src, size, out, rep);
+        rc = checker_make(&c, &o, 0, &full);
+    if (!rc)
+        rc = !out ? hku_fail(&full, HK_ERR_INVALID, "a checker and out needed")
+                  : checker_run(c, NULL, src, size, out, &full);
     hk_checker_destroy(c);
+    full.total_ms = hku_now_ms() - t0;
+    hkl_report_out(rep, &full);
     return rc;
 }
 
