@@ -491,7 +491,7 @@ static int load_records(hk_runtime *rt, hk_report *rep) {
  * missing), keeping a descriptor of each. */
 static int open_dirs(hkl_lkg *l, hk_report *rep) {
     static const char what[] = "state directory";
-    if ((l->dfd = hku_dir_open(l->dir, what, 1, rep)) < 0)
+    if ((l->dfd = hku_dir_open(l->dir, what, 1, NULL, rep)) < 0)
         return l->dfd;
     snprintf(l->img_dir, sizeof l->img_dir, "%s/images", l->dir);
     snprintf(l->mod_dir, sizeof l->mod_dir, "%s/modules", l->dir);

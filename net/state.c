@@ -330,12 +330,8 @@ int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     if (dir) {
         /* Checked (and made) first, even when this process has it open
          * already: a directory loosened since is refused from then on. */
-        if ((dfd = hku_dir_open(dir, "anti-rollback state directory", 1, rep)) < 0)
+        if ((dfd = hku_dir_open(dir, "anti-rollback state directory", 1, real, rep)) < 0)
             return dfd;
-        if (!realpath(dir, real)) {
-            close(dfd);
-            return hku_fail(rep, HK_ERR_IO, "state directory %s: %s", dir, strerror(errno));
-        }
         pthread_mutex_lock(&registry_lock);
         for (s = registry; s; s = s->next)
             if (!strcmp(s->dir, real))

@@ -103,7 +103,7 @@ int hkp_cache_open(hkp_cache **out, const char *dir, uint64_t max_bytes, hk_repo
     *out = NULL;
     if (sodium_init() < 0)
         return HK_ERR_UNSUPPORTED;
-    int dfd = hku_dir_open(dir, "compile cache", 1, rep);
+    int dfd = hku_dir_open(dir, "compile cache", 1, NULL, rep);
     if (dfd < 0)
         return dfd;
     hkp_cache *c = calloc(1, sizeof *c);

@@ -295,9 +295,9 @@ static int check_parents(const char *real, const char *what, hk_report *rep) {
     return 0;
 }
 
-int hku_dir_open(const char *dir, const char *what, int create, hk_report *rep) {
-    char real[PATH_MAX];
-    if (!dir || !dir[0] || strlen(dir) >= sizeof real)
+int hku_dir_open(const char *dir, const char *what, int create, char *real_out, hk_report *rep) {
+    char buf[PATH_MAX], *real = real_out ? real_out : buf;
+    if (!dir || !dir[0] || strlen(dir) >= sizeof buf)
         return hku_fail(rep, HK_ERR_INVALID, "%s: bad directory path", what);
     if (create) {
         int err = hku_mkdir_p(dir, rep);

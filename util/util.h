@@ -146,10 +146,11 @@ int hku_mkdir_p(const char *dir, hk_report *rep);
 
 /* Opens directory dir (O_DIRECTORY; the caller closes it), first creating it
  * and its missing parents (mode 0700) when create is set, after checking it
- * and every directory above it as said above. Returns the descriptor, or
- * HK_ERR_NOT_FOUND (missing, create unset), HK_ERR_INVALID (bad path) or
+ * and every directory above it as said above. real (NULL, or PATH_MAX
+ * bytes) gets the path that was checked and opened. Returns the descriptor,
+ * or HK_ERR_NOT_FOUND (missing, create unset), HK_ERR_INVALID (bad path) or
  * HK_ERR_IO (refused or failed), with rep (may be NULL) saying why. */
-int hku_dir_open(const char *dir, const char *what, int create, hk_report *rep);
+int hku_dir_open(const char *dir, const char *what, int create, char *real, hk_report *rep);
 
 /* Opens subdirectory name of dfd (whose path dir is, for messages),
  * creating it (mode 0700) when create is set; checked like the directory
