@@ -105,26 +105,7 @@ static int meta_copy(hkl_version *nv, const hkl_version *old) {
     nv->expr = e;
     nv->art.lowered_names = w;
     nv->art.nlowered = n;
-    *nm = *om; /* the plain fields; the arrays are copied below */
-    nm->entries = om->nentries ? calloc((size_t)om->nentries, sizeof *nm->entries) : NULL;
-    nm->globals = om->nglobals ? calloc((size_t)om->nglobals, sizeof *nm->globals) : NULL;
-    nm->nentries = nm->entries ? om->nentries : 0;
-    nm->nglobals = nm->globals ? om->nglobals : 0;
-    int ok = nm->nentries == om->nentries && nm->nglobals == om->nglobals;
-    for (int i = 0; ok && i < om->nentries; i++) {
-        const hkp_entry *f = &om->entries[i];
-        size_t bytes = (size_t)f->nparams * sizeof *f->params;
-        nm->entries[i].nparams = f->nparams;
-        ok = (nm->entries[i].name = strdup(f->name)) &&
-             (!bytes || (nm->entries[i].params = malloc(bytes)));
-        if (ok && bytes)
-            memcpy(nm->entries[i].params, f->params, bytes);
-    }
-    for (int i = 0; ok && i < om->nglobals; i++) {
-        nm->globals[i] = om->globals[i];
-        ok = (nm->globals[i].name = strdup(om->globals[i].name)) != NULL;
-    }
-    return ok ? 0 : HK_ERR_NOMEM;
+    return hkp_meta_dup(om, nm);
 }
 
 /* Module loader: m's current module died with the context. Loads its image

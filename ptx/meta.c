@@ -160,6 +160,32 @@ void hkp_meta_free(hkp_meta *m) {
     memset(m, 0, sizeof *m);
 }
 
+int hkp_meta_dup(const hkp_meta *om, hkp_meta *nm) {
+    *nm = *om; /* the plain fields; the arrays are copied below */
+    nm->entries = om->nentries ? calloc((size_t)om->nentries, sizeof *nm->entries) : NULL;
+    nm->globals = om->nglobals ? calloc((size_t)om->nglobals, sizeof *nm->globals) : NULL;
+    nm->nentries = nm->entries ? om->nentries : 0;
+    nm->nglobals = nm->globals ? om->nglobals : 0;
+    int ok = nm->nentries == om->nentries && nm->nglobals == om->nglobals;
+    for (int i = 0; ok && i < om->nentries; i++) {
+        const hkp_entry *f = &om->entries[i];
+        size_t bytes = (size_t)f->nparams * sizeof *f->params;
+        nm->entries[i].nparams = f->nparams;
+        ok = (nm->entries[i].name = strdup(f->name)) &&
+             (!bytes || (nm->entries[i].params = malloc(bytes)));
+        if (ok && bytes)
+            memcpy(nm->entries[i].params, f->params, bytes);
+    }
+    for (int i = 0; ok && i < om->nglobals; i++) {
+        nm->globals[i] = om->globals[i];
+        ok = (nm->globals[i].name = strdup(om->globals[i].name)) != NULL;
+    }
+    if (ok)
+        return 0;
+    hkp_meta_free(nm);
+    return HK_ERR_NOMEM;
+}
+
 /* ---- growing arrays ------------------------------------------------------ */
 
 static int grow(void **arr, int *cap, int need, size_t elem) {

@@ -74,6 +74,9 @@ typedef struct hkp_meta {
  * On success *out is owned by the caller: hkp_meta_free(). */
 int hkp_meta_read(const void *data, size_t size, hk_format fmt, hkp_meta *out, char *why,
                   size_t why_size);
+/* Fills out with a deep copy of m (its arrays and strings its own; free
+ * with hkp_meta_free). 0, or HK_ERR_NOMEM, with out freed. */
+int hkp_meta_dup(const hkp_meta *m, hkp_meta *out);
 void hkp_meta_free(hkp_meta *m);
 
 /* 1 if an image built for `image_arch` runs on a device of `device_arch`
