@@ -214,26 +214,10 @@ int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
 /* The format a watched source must hold: the directory's when it names one,
  * else the one its extension names. */
 static hk_format expected_format(const char *path, hk_format dir_format) {
-    static const struct {
-        const char *ext;
-        hk_format fmt;
-    } kinds[] = {{"cu", HK_FORMAT_CUDA_C},
-                 {"ptx", HK_FORMAT_PTX},
-                 {"cubin", HK_FORMAT_CUBIN},
-                 {"fatbin", HK_FORMAT_FATBIN}};
     const char *dot = strrchr(path, '.');
-    char ext[8];
-    if (dir_format != HK_FORMAT_AUTO || !dot || strlen(dot + 1) >= sizeof ext)
+    if (dir_format != HK_FORMAT_AUTO || !dot)
         return dir_format;
-    size_t n = 0;
-    for (; dot[1 + n]; n++)
-        ext[n] = (char)tolower((unsigned char)dot[1 + n]);
-    ext[n] = '\0';
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        if (strcmp(ext, kinds[i].ext) == 0)
-            return kinds[i].fmt;
-    }
-    return HK_FORMAT_AUTO;
+    return hkw_source_format(dot + 1);
 }
 
 static const char *format_words(hk_format f) {

@@ -219,8 +219,19 @@ static int is_dropping(const char *name) {
            ends_with(name, "___jb_old___");
 }
 
+/* The source kinds, by extension: the one table of them (hkw_classify,
+ * hkw_source_bit, hkw_source_format). */
+static const struct {
+    const char *ext;
+    unsigned bit;
+    hk_format fmt;
+} sources[] = {{"cu", HKW_SRC_CU, HK_FORMAT_CUDA_C},
+               {"ptx", HKW_SRC_PTX, HK_FORMAT_PTX},
+               {"cubin", HKW_SRC_CUBIN, HK_FORMAT_CUBIN},
+               {"fatbin", HKW_SRC_FATBIN, HK_FORMAT_FATBIN}};
+#define NSOURCES (sizeof sources / sizeof sources[0])
+
 hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
-    static const char *const sources[] = {"cu", "ptx", "cubin", "fatbin"};
     static const char *const headers[] = {"h", "cuh", "hpp"};
     if (!name || strchr(name, '/') || is_dropping(name))
         return HKW_IGNORED;
@@ -228,8 +239,8 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     if (!first)
         return HKW_OTHER;
     const char *ext = strrchr(name, '.') + 1;
-    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
-        if (strcmp(ext, sources[i]) != 0)
+    for (size_t i = 0; i < NSOURCES; i++) {
+        if (strcmp(ext, sources[i].ext) != 0)
             continue;
         size_t len = (size_t)(first - name);
         if (module) {
@@ -248,18 +259,19 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
 }
 
 unsigned hkw_source_bit(const char *ext) {
-    static const struct {
-        const char *ext;
-        unsigned bit;
-    } kinds[] = {{"cu", HKW_SRC_CU},
-                 {"ptx", HKW_SRC_PTX},
-                 {"cubin", HKW_SRC_CUBIN},
-                 {"fatbin", HKW_SRC_FATBIN}};
-    for (size_t i = 0; ext && i < sizeof kinds / sizeof kinds[0]; i++) {
-        if (strcasecmp(ext, kinds[i].ext) == 0)
-            return kinds[i].bit;
+    for (size_t i = 0; ext && i < NSOURCES; i++) {
+        if (strcasecmp(ext, sources[i].ext) == 0)
+            return sources[i].bit;
     }
     return 0;
+}
+
+hk_format hkw_source_format(const char *ext) {
+    for (size_t i = 0; ext && i < NSOURCES; i++) {
+        if (strcasecmp(ext, sources[i].ext) == 0)
+            return sources[i].fmt;
+    }
+    return HK_FORMAT_AUTO;
 }
 
 /* Writes the canonical form of path to out: the real path of its directory,

@@ -145,6 +145,9 @@ typedef struct hkw_opts {
 /* The HKW_SRC_* bit of a source extension ("cu", "ptx", "cubin", "fatbin",
  * without the dot; case-insensitive), or 0 when it is none of them. */
 unsigned hkw_source_bit(const char *ext);
+/* The format extension ext (no dot, any case) names; HK_FORMAT_AUTO for
+ * none. */
+hk_format hkw_source_format(const char *ext);
 
 /* Counters, all monotonic. */
 typedef struct hkw_stats {
