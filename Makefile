@@ -541,6 +541,7 @@ uninstall:
 #   fuzz_record   the engine's last-known-good record (loader/record.c);
 #   fuzz_cache    the compile cache's entry files, artifacts and manifests
 #                 (ptx/entry.c);
+#   fuzz_guard    the canary's trap guard (ptx/guard.c), which rewrites PTX;
 #   fuzz_http     raw HTTP (and release bodies, JSON and framed) into a live endpoint
 #                 on 127.0.0.1, and the frame parser fed whole and in pieces.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
@@ -548,7 +549,7 @@ FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. 
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
-FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -561,6 +562,7 @@ fuzz-build:
 	  loader/record.c loader/format.c base/error.c util/util.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
 	  ptx/detect.c util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
@@ -580,6 +582,7 @@ fuzz: fuzz-build
 	    fuzz_state) seeds=tests/fuzz/seeds/state ;; \
 	    fuzz_record) seeds=tests/fuzz/seeds/record ;; \
 	    fuzz_cache) seeds=tests/fuzz/seeds/cache ;; \
+	    fuzz_guard) seeds=tests/fuzz/seeds/guard ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
 	  esac; \
 	  echo "== $$t"; \

@@ -7,8 +7,9 @@
  * without pause, recording every launch-to-completion time. Its longest
  * one with no push is the baseline (measured first, and again at the end).
  *
- * The pushes: hk_swap of module "m" (cubins built before anything is
- * measured, policy REQUIRE, as a network push), whose kernel `work(float
+ * The pushes: hk_swap of module "m" (PTX built before anything is
+ * measured, so that a push's build is nvJitLink's alone; policy REQUIRE,
+ * as a network push), whose kernel `work(float
  * *x, int n)` has one test launch over 1 MiB (n = 262144, compared as
  * floats with the running version). The running version does n / 2
  * dependent multiply-adds per thread and adds 1; each push kind is one
@@ -18,7 +19,12 @@
  *   fault      a store to an illegal address
  *   oob_read   a read 4 KiB past the 1 MiB buffer, in valid memory
  *   stack      a recursion that overflows the stack
- *   trap       __trap() in one thread
+ *   trap       __trap() in one thread (PTX: the canary's trap guard sees
+ *              it and its test launch runs the guarded copy)
+ *   trap_cubin the same pushed as a cubin: no PTX, so no guard, and the
+ *              trap reaches the GPU as before
+ *   assert     a device-side assert() that fails in one thread (a trap
+ *              after its message: guarded as a trap is)
  *   endless    a loop that never ends (the helper is killed at the 2000 ms
  *              timeout)
  *   wrong      x[i] + 1.5
@@ -84,38 +90,42 @@ typedef struct kind {
     const char *name, *src;
     const char *plain, *memcheck; /* the expected outcome: "committed" or a refusal kind;
                                    * "fault|memcheck": either */
+    int cubin;                    /* pushed as a cubin (else PTX) */
 } kind;
 
 static const kind kinds[] = {
     {"correct",
      HEAD LOOP("n / 2") STORE "}\nextern \"C\" __global__ void pad(int *p) { *p = 1; }\n",
-     "committed", "committed"},
+     "committed", "committed", 0},
     {"fault", HEAD LOOP("n / 2") "  if (i < n) ((volatile float *)0x10)[i] = x[i] + acc;\n}\n",
-     "fault", "memcheck"},
+     "fault", "memcheck", 0},
     {"oob_read",
      HEAD LOOP("n / 2") "  float far = i < 1024 ? ((volatile float *)x)[n + 1024 + i] : 0.0f;\n"
                         "  if (i < n) x[i] = x[i] + 1.0f + (far == 1234.5f && acc > 1e30f ? 1.0f "
                         ": 0.0f);\n}\n",
-     "committed", "memcheck"},
+     "committed", "memcheck", 0},
     {"stack",
      "__device__ __noinline__ float deep(const float *x, int d) {\n"
      "  float pad[64];\n"
      "  for (int k = 0; k < 64; k++) pad[k] = x[k] + (float)d;\n"
      "  return d > 0 ? deep(x, d - 1) + pad[d & 63] : pad[0];\n"
      "}\n" HEAD LOOP("n / 2") STORE "  if (i == 0) x[0] = deep(x, n);\n}\n",
-     "fault", "fault|memcheck"},
-    {"trap", HEAD LOOP("n / 2") "  if (i == 7) __trap();\n" STORE "}\n", "fault", "fault|memcheck"},
+     "fault", "fault|memcheck", 0},
+    {"trap", HEAD LOOP("n / 2") "  if (i == 7) __trap();\n" STORE "}\n", "fault", "fault", 0},
+    {"trap_cubin", HEAD LOOP("n / 2") "  if (i == 7) __trap();\n" STORE "}\n", "fault",
+     "fault|memcheck", 1},
+    {"assert", HEAD LOOP("n / 2") "  assert(i != 7);\n" STORE "}\n", "fault", "fault", 0},
     {"endless",
      HEAD "  while (((volatile float *)x)[0] > -1.0f) {\n  }\n  if (i < n) x[i] = 0.0f;\n}\n",
-     "hang", "hang"},
+     "hang", "hang", 0},
     {"wrong",
      HEAD LOOP("n / 2") "  if (i < n) x[i] = x[i] + 1.5f + (acc > 1e30f ? 1.0f : 0.0f);\n}\n",
-     "mismatch", "mismatch"},
+     "mismatch", "mismatch", 0},
     {"nan",
      HEAD LOOP("n / 2") "  if (i < n) x[i] = i == 0 ? __int_as_float(0x7fc00000) : x[i] + 1.0f + "
                         "(acc > 1e30f ? 1.0f : 0.0f);\n}\n",
-     "mismatch", "mismatch"},
-    {"slow10", HEAD LOOP("n * 5") STORE "}\n", "slower", "slower"},
+     "mismatch", "mismatch", 0},
+    {"slow10", HEAD LOOP("n * 5") STORE "}\n", "slower", "slower", 0},
 };
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
@@ -335,18 +345,18 @@ int main(int argc, char **argv) {
     bench_init("bench_canary_cost");
     const char *fake = getenv("HK_LIBCUDA");
     int check = !(fake && strstr(fake, "fakecuda"));
-    base_img = bench_build(base_src, 1, &base_size);
+    base_img = bench_build(base_src, 0, &base_size);
     for (int i = 0; i < NKINDS; i++)
-        img[i] = bench_build(kinds[i].src, 1, &img_size[i]);
+        img[i] = bench_build(kinds[i].src, kinds[i].cubin, &img_size[i]);
     if (strstr(modes, "light")) {
         char *l = lighten(base_src);
-        lbase_img = bench_build(l, 1, &lbase_size);
+        lbase_img = bench_build(l, 0, &lbase_size);
         free(l);
         for (int i = 0; i < NKINDS; i++)
             if (!strcmp(kinds[i].name, "correct") || !strcmp(kinds[i].name, "wrong") ||
                 !strcmp(kinds[i].name, "nan")) {
                 l = lighten(kinds[i].src);
-                limg_k[i] = bench_build(l, 1, &limg_size[i]);
+                limg_k[i] = bench_build(l, 0, &limg_size[i]);
                 free(l);
             }
     }

@@ -611,14 +611,16 @@ typedef struct outcome {
     uint32_t stage;   /* hka_stage */
     int cu;           /* CUresult where it stopped */
     char cu_name[64]; /* its name, as the helper's driver says */
+    uint32_t trap;    /* a guarded site ran (ptx/guard.c's code); stage SYNC, cu 0 */
     unsigned char *payload;
     const unsigned char *buf[HKA_MAX_ARGS]; /* by argument index: buffers after */
     /* Timed repeats (TIMED), when asked for and the launch finished. */
     int asked; /* runs asked for */
     int timed; /* 1: ms holds the median */
     double ms;
-    uint32_t tstage; /* where a repeat stopped (tcu not 0) */
+    uint32_t tstage; /* where a repeat stopped (tcu or ttrap not 0) */
     int tcu;
+    uint32_t ttrap; /* a repeat reached a guarded site */
     char tcu_name[64];
 } outcome;
 
@@ -736,6 +738,17 @@ static const char *recv_what(int r) {
                                  : "answered nonsense";
 }
 
+/* The new version as its test launches run it: its trap guard's copy
+ * where it has one (ptx/guard.c), else its image. */
+static hka_image as_tested(const hka_image *im) {
+    hka_image t = *im;
+    if (im->guard) {
+        t.data = im->guard;
+        t.size = im->guard_size;
+    }
+    return t;
+}
+
 /* Starts helper h if needed and loads the new image (slot 0) and, when
  * with_ref, the running one (slot 1; a failure there only turns r->cmp
  * off). A helper that died while idle is replaced once. 0, or -1 with
@@ -746,7 +759,8 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
     for (int attempt = 0; attempt < 2; attempt++) {
         if (helper_ready(c, h, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
             return -1;
-        int cu = 0, lr = load_slot(c, h, 0, r->img, &cu, name, log);
+        hka_image tested = as_tested(r->img);
+        int cu = 0, lr = load_slot(c, h, 0, &tested, &cu, name, log);
         if (lr > 0) {
             snprintf(why, n, "it could not load the new version: %s%s%.120s", name,
                      log[0] ? ": " : "", log);
@@ -814,6 +828,16 @@ static void sane_cu_name(char *name, size_t n, int cu) {
         snprintf(name, n, "%s", hkb_cu_name(NULL, (CUresult)cu));
 }
 
+/* 1 when where a launch (or its repeats) stopped does not add up: it
+ * finished with no error and no trap, or stopped with exactly one of them,
+ * a trap only while running. */
+static int bad_stop(uint32_t stage, int cu, uint32_t trap) {
+    if (stage == HKA_STAGE_DONE)
+        return cu != 0 || trap != 0;
+    return (cu != 0) == (trap != 0) || (trap && stage != HKA_STAGE_SYNC) ||
+           (trap && HKP_GUARD_KIND(trap) == 0);
+}
+
 /* Reads a RESULT strictly: a finished launch returns every buffer at its
  * declared size, in order, and nothing else. */
 static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) {
@@ -821,13 +845,13 @@ static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) 
     o->stage = hku_get_u32(&rd);
     o->cu = (int)hku_get_u32(&rd);
     hku_get_str(&rd, o->cu_name, sizeof o->cu_name, sizeof o->cu_name - 1);
+    o->trap = hku_get_u32(&rd);
     uint32_t nout = hku_get_u32(&rd);
     int nbuf = 0;
     for (int i = 0; i < t->nargs; i++)
         nbuf += t->args[i].kind == HKA_ARG_BUFFER;
     uint32_t want = o->stage == HKA_STAGE_DONE && outputs ? (uint32_t)nbuf : 0;
-    if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want ||
-        (o->stage == HKA_STAGE_DONE) != (o->cu == 0)) {
+    if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want || bad_stop(o->stage, o->cu, o->trap)) {
         snprintf(o->detail, sizeof o->detail, "stage %u, result %d, %u buffers for %u", o->stage,
                  o->cu, nout, want);
         o->transport = HKU_RECV_MALFORMED;
@@ -878,11 +902,13 @@ static void recv_timed(helper *h, outcome *o, double deadline) {
     o->tstage = hku_get_u32(&rd);
     o->tcu = (int)hku_get_u32(&rd);
     hku_get_str(&rd, o->tcu_name, sizeof o->tcu_name, sizeof o->tcu_name - 1);
+    o->ttrap = hku_get_u32(&rd);
     uint32_t n = hku_get_u32(&rd);
     double ms[HKA_MAX_RUNS];
-    int bad = type != HKA_TIMED || rd.bad || n != (o->tcu ? 0u : (uint32_t)o->asked) ||
-              (o->tcu != 0) != (o->tstage != HKA_STAGE_DONE) || o->tstage > HKA_STAGE_DONE ||
-              o->tstage == HKA_STAGE_COPY;
+    int stopped = o->tcu || o->ttrap;
+    int bad = type != HKA_TIMED || rd.bad || n != (stopped ? 0u : (uint32_t)o->asked) ||
+              o->tstage > HKA_STAGE_DONE || o->tstage == HKA_STAGE_COPY ||
+              bad_stop(o->tstage, o->tcu, o->ttrap);
     for (uint32_t i = 0; !bad && i < n; i++) {
         uint64_t ns = hku_get_u64(&rd);
         bad = rd.bad || ns > HKA_MAX_RUN_NS;
@@ -892,11 +918,11 @@ static void recv_timed(helper *h, outcome *o, double deadline) {
         snprintf(o->detail, sizeof o->detail, "a timing reply of type %u, stage %u, %u runs for %d",
                  type, o->tstage, n, o->asked);
         o->transport = HKU_RECV_MALFORMED;
-    } else if (!o->tcu && n) {
+    } else if (!stopped && n) {
         qsort(ms, n, sizeof *ms, cmp_double);
         o->ms = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
         o->timed = 1;
-    } else {
+    } else if (o->tcu) {
         sane_cu_name(o->tcu_name, sizeof o->tcu_name, o->tcu);
     }
     free(d);
@@ -956,7 +982,23 @@ static const char *stage_name(uint32_t stage) {
 /* 1 when the launch and any repeats went through (a repeat that could not
  * be timed, its events failing, is not the version's failure). */
 static int finished(const outcome *o) {
-    return !o->transport && o->stage == HKA_STAGE_DONE && (!o->tcu || o->tstage == HKA_STAGE_SETUP);
+    return !o->transport && o->stage == HKA_STAGE_DONE && !o->ttrap &&
+           (!o->tcu || o->tstage == HKA_STAGE_SETUP);
+}
+
+/* A launch (or a repeat) that reached a guarded site: the version would
+ * have trapped. The site stored its code and ended its thread instead, so
+ * nothing reached the GPU and the helper's context is whole: it stays. */
+static int trapped(run *r, const char *kernel, int no, const outcome *o) {
+    uint32_t code = o->trap ? o->trap : o->ttrap;
+    unsigned kind = HKP_GUARD_KIND(code);
+    return refuse(r, HKA_KIND_FAULT, kernel, 0, NULL,
+                  "kernel '%s' test %d%s reached %s (site %u of %d in its PTX); the canary's trap "
+                  "guard ended the thread before it could trap, which would end the program's "
+                  "context with %s and stall the GPU",
+                  kernel, no, o->ttrap ? " repeated to be timed" : "", hkp_guard_kind_text(kind),
+                  HKP_GUARD_SITE(code), r->img->guard_sites,
+                  kind == HKP_GUARD_ASSERT ? "CUDA_ERROR_ASSERT" : "CUDA_ERROR_LAUNCH_FAILED");
 }
 
 /* Ends a memcheck helper after a launch that failed, or was reported, so
@@ -988,6 +1030,8 @@ static int judge(run *r, helper *h, const char *kernel, int no, outcome *o) {
         hku_child_drain_err(&h->proc, finished(o) ? MC_QUIET_MS : 0, MC_QUIET_MAX_MS);
     if (finished(o) && !(h->sanitized && h->mc_errors))
         return 0;
+    if (!o->transport && (o->trap || o->ttrap) && !(h->sanitized && h->mc_errors))
+        return trapped(r, kernel, no, o);
     if (finished(o)) {
         /* What memcheck caught ended the kernel, not the context (see
          * hka_sanitizer_argv), so no fault reached the GPU. The helper is
@@ -1244,15 +1288,19 @@ static void passed(run *r) {
                  (unsigned long long)r->ref->version);
     if (r->memchecked)
         snprintf(mc, sizeof mc, "; memcheck clean");
+    char guard[48] = "";
+    if (r->img->guard)
+        snprintf(guard, sizeof guard, "; %d trap site%s guarded", r->img->guard_sites,
+                 r->img->guard_sites == 1 ? "" : "s");
     if (r->timed && r->old_ms > 0)
         snprintf(timed, sizeof timed, "; timed %.3f ms against %.3f ms on version %llu", r->new_ms,
                  r->old_ms, (unsigned long long)r->ref->version);
     else if (r->timed)
         snprintf(timed, sizeof timed, "; timed %.3f ms (%s)", r->new_ms,
                  r->ref ? "not against the running version" : "first version: nothing to compare");
-    char text[320];
-    snprintf(text, sizeof text, "%d launch%s passed%s%s%s%s%s", r->launches,
-             r->launches == 1 ? "" : "es", cmp, mc, timed, r->note[0] ? "; " : "", r->note);
+    char text[360];
+    snprintf(text, sizeof text, "%d launch%s passed%s%s%s%s%s%s", r->launches,
+             r->launches == 1 ? "" : "es", cmp, mc, guard, timed, r->note[0] ? "; " : "", r->note);
     snprintf(r->rep->canary, sizeof r->rep->canary, "%.159s", text);
 }
 
@@ -1262,7 +1310,8 @@ static int session(run *r, const snap *s) {
     r->guard = r->pol->slowdown_max > 0;
     for (int i = 0; i < s->n && r->ref; i++)
         r->cmp |= s->t[i]->compare != HK_COMPARE_NONE || r->guard;
-    if (r->img->size > HKA_MAX_IMAGE || (r->cmp && r->ref->size > HKA_MAX_IMAGE))
+    if (r->img->size > HKA_MAX_IMAGE || r->img->guard_size > HKA_MAX_IMAGE ||
+        (r->cmp && r->ref->size > HKA_MAX_IMAGE))
         return unavailable(r, "an image is over the canary's 64 MiB");
     /* Memcheck first: a fault it catches never reaches the hardware. Where
      * its helper cannot run, the plain run still does, saying so. */

@@ -24,9 +24,10 @@
  *   LAUNCH {u32 slot, str entry, u32 grid[3], block[3], shared, u32 nargs,
  *           per arg: u32 kind, u64 size, u32 fill, u64 param, [bytes];
  *           u32 outputs, u32 warmups, u32 runs}
- *          -> RESULT {u32 stage, i32 cu, str name, u32 nout,
+ *          -> RESULT {u32 stage, i32 cu, str name, u32 trap, u32 nout,
  *                     per buffer: u32 index, u64 size, bytes}
- *          [-> TIMED {u32 stage, i32 cu, str name, u32 n, per run: u64 ns}]
+ *          [-> TIMED {u32 stage, i32 cu, str name, u32 trap, u32 n,
+ *                     per run: u64 ns}]
  *   A finished launch returns every buffer when `outputs` is 1 (they are to
  *   be compared) and none when it is 0: copying 4 MiB back and through the
  *   socket was most of a canary run's cost (bench_canary).
@@ -40,7 +41,14 @@
  *   launch that hangs is found as soon as it would be without timing.
  *
  * Slots: 0 holds the new version's image, 1 the running version's (for
- * comparisons and timings). A fault poisons the helper's context, so after
+ * comparisons and timings). Where the new version has a trap guard's copy
+ * (ptx/guard.c: its traps, breakpoints and asserts store a code into
+ * __hotkern_trap and end their thread instead of raising an exception that
+ * would end the context and stall the whole GPU), slot 0 holds that copy;
+ * the helper clears the code before each launch and reads it after, and a
+ * launch or repeat that stored one stops at stage SYNC with cu 0 and the
+ * code in `trap` (nothing else stops with a trap; a stop has either a cu or
+ * a trap). Its context is whole: the helper goes on. A fault poisons the helper's context, so after
  * one the parent kills the helper and starts another.
  *
  * Two helpers. Each runtime with canaries has a plain helper, which runs
@@ -88,7 +96,7 @@
 #include "ptx/ptx.h"
 #include "util/util.h"
 
-#define HKA_PROTOCOL 3
+#define HKA_PROTOCOL 4
 #define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
 
 /* Bounds of the protocol, checked by both sides before allocating. */
@@ -203,6 +211,11 @@ typedef struct hka_image {
     char *const *expr, *const *lowered;
     int nentries; /* parameter layouts from the image's metadata */
     const hkp_entry *entries;
+    const void *guard; /* the trap guard's copy (hkp_artifact.guard), in
+                        * format, which test launches run instead of data;
+                        * NULL: none (the running version's never has one) */
+    size_t guard_size;
+    int guard_sites;
 } hka_image;
 
 /* What refused a version (hk_report.canary_refusal, hk_stats). */

@@ -44,6 +44,9 @@ static struct {
 static hkb_driver D;
 static CUcontext ctx;
 static CUmodule slots[2];
+/* Where a slot's image keeps the trap guard's code (ptx/guard.c); 0: the
+ * image has no guard. */
+static CUdeviceptr trap_at[2];
 static int fd = -1;
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
@@ -120,6 +123,12 @@ static void do_load(hku_rd *rd) {
     CUjit_option o[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *v[] = {log, (void *)(uintptr_t)(HKA_MAX_TEXT - 1)};
     CUresult r = D.ModuleLoadDataEx(&slots[slot], copy, 2, o, v);
+    size_t tsize = 0;
+    trap_at[slot] = 0;
+    if (r == CUDA_SUCCESS &&
+        (D.ModuleGetGlobal(&trap_at[slot], &tsize, slots[slot], HKP_GUARD_SYMBOL) != CUDA_SUCCESS ||
+         tsize != sizeof(uint32_t)))
+        trap_at[slot] = 0;
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LOADED);
     hku_put_u32(&b, (uint32_t)r);
@@ -182,8 +191,23 @@ static CUresult launch(req *q, CUfunction f) {
                           q->block[2], q->shared, NULL, q->params, NULL);
 }
 
-/* Sets up, launches and synchronises; returns the stage reached. */
-static uint32_t execute(req *q, CUfunction *fp, CUresult *r) {
+/* Clears the slot's trap guard code before a launch (0: no guard). */
+static CUresult trap_clear(uint32_t slot) {
+    uint32_t zero = 0;
+    return trap_at[slot] ? X.MemcpyHtoD(trap_at[slot], &zero, sizeof zero) : CUDA_SUCCESS;
+}
+
+/* After a launch that finished: the code a guarded site stored (0: none
+ * ran), or the error of reading it. */
+static CUresult trap_read(uint32_t slot, uint32_t *code) {
+    *code = 0;
+    return trap_at[slot] ? X.MemcpyDtoH(code, trap_at[slot], sizeof *code) : CUDA_SUCCESS;
+}
+
+/* Sets up, launches and synchronises; returns the stage reached. A launch
+ * in which a guarded site ran (*trap) stopped while running, with no
+ * driver error: its context is whole. */
+static uint32_t execute(req *q, CUfunction *fp, CUresult *r, uint32_t *trap) {
     CUfunction f;
     void *host = NULL;
     if (!slots[q->slot] || (*r = D.ModuleGetFunction(&f, slots[q->slot], q->entry)))
@@ -211,17 +235,19 @@ static uint32_t execute(req *q, CUfunction *fp, CUresult *r) {
             return HKA_STAGE_SETUP;
         q->params[i] = &q->dev[i];
     }
+    if ((*r = trap_clear(q->slot)))
+        return HKA_STAGE_SETUP;
     if ((*r = launch(q, f)))
         return HKA_STAGE_LAUNCH;
-    if ((*r = D.CtxSynchronize(ctx)))
+    if ((*r = D.CtxSynchronize(ctx)) || (*r = trap_read(q->slot, trap)))
         return HKA_STAGE_SYNC;
-    return HKA_STAGE_DONE;
+    return *trap ? HKA_STAGE_SYNC : HKA_STAGE_DONE;
 }
 
 /* Copies the buffers out when the parent asked for them (to compare) and
  * sends RESULT; a failed copy is reported as such, with no buffers.
  * Returns the stage sent. */
-static uint32_t reply(req *q, uint32_t stage, CUresult r) {
+static uint32_t reply(req *q, uint32_t stage, CUresult r, uint32_t trap) {
     unsigned char *out[HKA_MAX_ARGS] = {0};
     int send_out = q->outputs && stage == HKA_STAGE_DONE;
     for (uint32_t i = 0; i < q->nargs && send_out; i++) {
@@ -239,6 +265,7 @@ static uint32_t reply(req *q, uint32_t stage, CUresult r) {
     hku_put_u32(&b, stage);
     hku_put_u32(&b, (uint32_t)r);
     hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    hku_put_u32(&b, r ? 0 : trap);
     send_out = q->outputs && stage == HKA_STAGE_DONE; /* not after a failed copy */
     uint32_t nout = 0;
     for (uint32_t i = 0; i < q->nargs && send_out; i++)
@@ -267,23 +294,26 @@ static void time_runs(req *q, CUfunction f) {
     uint64_t ns[HKA_MAX_RUNS];
     CUevent e0 = NULL, e1 = NULL;
     CUresult r = CUDA_SUCCESS;
-    uint32_t stage = HKA_STAGE_DONE, n = 0;
+    uint32_t stage = HKA_STAGE_DONE, n = 0, trap = 0;
     if (!X.EventCreate)
         r = CUDA_ERROR_NOT_SUPPORTED, stage = HKA_STAGE_SETUP;
     else if ((r = X.EventCreate(&e0, CU_EVENT_DEFAULT)) ||
              (r = X.EventCreate(&e1, CU_EVENT_DEFAULT)))
         stage = HKA_STAGE_SETUP;
-    for (uint32_t i = 0; !r && i < q->warmups; i++) {
+    /* The repeats run on the buffers the first launch left: a guarded site
+     * they reach is read after each one (outside the timed interval). */
+    for (uint32_t i = 0; !r && !trap && i < q->warmups; i++) {
         if ((r = launch(q, f)))
             stage = HKA_STAGE_LAUNCH;
-        else if ((r = D.CtxSynchronize(ctx)))
+        else if ((r = D.CtxSynchronize(ctx)) || (r = trap_read(q->slot, &trap)) || trap)
             stage = HKA_STAGE_SYNC;
     }
-    for (uint32_t i = 0; !r && i < q->runs; i++) {
+    for (uint32_t i = 0; !r && !trap && i < q->runs; i++) {
         float ms = 0;
         if ((r = X.EventRecord(e0, NULL)) || (r = launch(q, f)))
             stage = HKA_STAGE_LAUNCH;
-        else if ((r = X.EventRecord(e1, NULL)) || (r = X.EventSynchronize(e1)))
+        else if ((r = X.EventRecord(e1, NULL)) || (r = X.EventSynchronize(e1)) ||
+                 (r = trap_read(q->slot, &trap)) || trap)
             stage = HKA_STAGE_SYNC;
         else if ((r = X.EventElapsedTime(&ms, e0, e1)))
             stage = HKA_STAGE_SETUP;
@@ -296,11 +326,13 @@ static void time_runs(req *q, CUfunction f) {
         X.EventDestroy(e1);
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_TIMED);
-    hku_put_u32(&b, r ? stage : HKA_STAGE_DONE);
+    int stopped = r || trap;
+    hku_put_u32(&b, stopped ? stage : HKA_STAGE_DONE);
     hku_put_u32(&b, (uint32_t)r);
     hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
-    hku_put_u32(&b, r ? 0 : n);
-    for (uint32_t i = 0; !r && i < n; i++)
+    hku_put_u32(&b, r ? 0 : trap);
+    hku_put_u32(&b, stopped ? 0 : n);
+    for (uint32_t i = 0; !stopped && i < n; i++)
         hku_put_u64(&b, ns[i]);
     if (hku_send(fd, &b) < 0)
         exit(0);
@@ -314,8 +346,9 @@ static void do_launch(hku_rd *rd) {
     parse_launch(rd, q);
     CUresult r = CUDA_SUCCESS;
     CUfunction f = NULL;
-    uint32_t stage = execute(q, &f, &r);
-    stage = reply(q, stage, r);
+    uint32_t trap = 0;
+    uint32_t stage = execute(q, &f, &r, &trap);
+    stage = reply(q, stage, r, trap);
     if (q->runs && stage == HKA_STAGE_DONE)
         time_runs(q, f);
     for (uint32_t i = 0; i < q->nargs; i++)

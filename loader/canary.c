@@ -315,11 +315,19 @@ static int guard_policy(const hk_runtime *rt, const hkl_job *j, hka_policy *p, h
     return 0;
 }
 
+static hk_canary_policy policy_of(const hkl_job *j) {
+    return j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
+}
+
+int hkl_canary_wanted(hk_runtime *rt, const hkl_job *j) {
+    return policy_of(j) != HK_CANARY_SKIP && hka_enabled(rt->canary) &&
+           hka_has_tests(rt->canary, j->name);
+}
+
 /* Between build and stage: runs the built job's canary as its policy says.
  * Returns 0 to go on, or the refusal (rep filled). */
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
-    hk_canary_policy policy =
-        j->opt.canary == HK_CANARY_DEFAULT ? HK_CANARY_OPTIONAL : j->opt.canary;
+    hk_canary_policy policy = policy_of(j);
     if (policy == HK_CANARY_SKIP || hkl_swap_held(rt)) {
         /* (From a check callback the swap is refused as busy anyway.) */
         if (rep && policy == HK_CANARY_SKIP)
@@ -347,7 +355,10 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
                      .expr = j->name_expressions,
                      .lowered = j->art.lowered_names,
                      .nentries = j->art.meta.nentries,
-                     .entries = j->art.meta.entries};
+                     .entries = j->art.meta.entries,
+                     .guard = j->art.guard,
+                     .guard_size = j->art.guard_size,
+                     .guard_sites = j->art.guard_sites};
     if (img.nexpr > j->opt.nname_expressions)
         img.nexpr = j->opt.nname_expressions;
     hka_policy pol = {.canary = policy};
@@ -358,5 +369,9 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     }
     if (cur)
         hkl_version_unpin(rt, cur);
+    /* Only canary runs use the guard's copy: not kept with the version. */
+    free(j->art.guard);
+    j->art.guard = NULL;
+    j->art.guard_size = 0;
     return err;
 }

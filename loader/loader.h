@@ -728,6 +728,10 @@ void hkl_expect_free(hk_runtime *rt); /* at free */
  * refusal. */
 int hkl_canary_start(hk_runtime *rt, hk_report *rep);
 int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep);
+/* 1 when j's version will run canary tests (its policy runs them, the runtime
+ * has a canary, its module has tests): its build then makes the trap
+ * guard's copy (ptx/guard.c) for them. */
+int hkl_canary_wanted(hk_runtime *rt, const hkl_job *j);
 /* hkl_build_start starts rt->iso, the build helper, when
  * options.build_isolated is set (0, or HK_ERR_IO with the report saying
  * why); hkl_helper_path resolves a helper executable: opt when set, else

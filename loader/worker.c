@@ -105,6 +105,7 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
         .pch = 1, /* a runtime compiles again and again */
         .iso = rt->iso,
         .fast_compile = j->opt.build_profile == HK_BUILD_PROFILE_DEV,
+        .trap_guard = hkl_canary_wanted(rt, j),
     };
     char why[512] = "";
     int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);

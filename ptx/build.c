@@ -418,6 +418,8 @@ static void key_context(crypto_generichash_state *st, const char *kind, const vo
      * were (a cache filled before the profiles existed still hits). */
     if (o->fast_compile)
         h_str(st, "fast-compile=max");
+    if (o->trap_guard) /* the entry then holds the guarded copy too */
+        h_str(st, "trap-guard");
     h_int(st, o->nnvrtc_options);
     for (int i = 0; i < o->nnvrtc_options; i++)
         h_str(st, o->nvrtc_options[i]);
@@ -947,6 +949,9 @@ static int nvrtc_output(nvrtcProgram prog, const hkp_build_opts *o, int want_cub
     return 0;
 }
 
+static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *name,
+                       hkp_artifact *a); /* below, beside the guard's other build steps */
+
 /* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
  * NUL-terminated; sp carries the in-memory headers and the search path. */
 static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_path *sp,
@@ -989,6 +994,8 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
         goto out;
     }
     rc = nvrtc_output(prog, o, want_cubin, a, why, why_size);
+    if (!rc && want_cubin)
+        rc = nvrtc_guard(prog, o, source_name, a);
 out:
     nvrtc_cmd_free(&cmd);
     free(cut_src);
@@ -1109,6 +1116,61 @@ out:
     return rc;
 }
 
+/* The trap guard's copy of a build (guard.c) from the build's PTX: a cubin
+ * through nvJitLink as the image when to_cubin, else the guarded PTX. Only
+ * when o->trap_guard and the PTX has something to guard. A copy that
+ * cannot be made leaves the build unguarded (its canary runs trap for
+ * real), and the build's log says why; only memory running out fails the
+ * build. */
+static int guard_build(const char *ptx, size_t n, const hkp_build_opts *o, int to_cubin,
+                       int link_arch, const char *name, hkp_artifact *a) {
+    if (!o->trap_guard)
+        return 0;
+    char *g = NULL, why[300] = "";
+    size_t gn = 0;
+    int sites = 0;
+    int rc = hkp_guard_ptx(ptx, n, &g, &gn, &sites, why, sizeof why);
+    if (rc == 0 && sites && to_cubin) {
+        hkp_artifact link = {0};
+        rc = jitlink_ptx(g, gn, link_arch, o->opt_level, o->fast_compile, name, &link, why,
+                         sizeof why);
+        free(g);
+        g = link.image, gn = link.size;
+        link.image = NULL;
+        hkp_artifact_free(&link);
+    }
+    if (rc == HK_ERR_NOMEM) {
+        free(g);
+        return rc;
+    }
+    if (rc) {
+        free(g);
+        char line[400];
+        snprintf(line, sizeof line, "hotkern: the canary's trap guard was not built (%s)", why);
+        return log_append(&a->log, line);
+    }
+    a->guard = g;
+    a->guard_size = gn;
+    a->guard_sites = sites;
+    return 0;
+}
+
+/* The guard of a direct NVRTC cubin build, from the program's PTX (NVRTC
+ * keeps it beside the cubin: no second compile). */
+static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *name,
+                       hkp_artifact *a) {
+    size_t n = 0;
+    if (!o->trap_guard || nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n == 0)
+        return 0;
+    char *ptx = malloc(n);
+    if (!ptx)
+        return HK_ERR_NOMEM;
+    int rc =
+        nvrtcGetPTX(prog, ptx) == NVRTC_SUCCESS ? guard_build(ptx, n, o, 1, o->arch, name, a) : 0;
+    free(ptx);
+    return rc;
+}
+
 /* ---- the build ------------------------------------------------------------ */
 
 /* Why m does not run on o->arch, which refusals call the device (a
@@ -1165,6 +1227,8 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
         /* data is NUL-terminated here (hkp_build made it so). */
         int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx;
         rc = nvrtc_build(data, o, sp, source_name, direct, a, why, why_size);
+        if (!rc && !direct)
+            rc = guard_build(a->image, a->size, o, o->ptx_to_cubin, o->arch, source_name, a);
         if (!rc && o->ptx_to_cubin && !direct)
             rc = jitlink_ptx(a->image, a->size, o->arch, o->opt_level, o->fast_compile, source_name,
                              a, why, why_size);
@@ -1185,6 +1249,8 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
             link_arch |= HKP_ARCH_SPECIFIC;
         hkp_meta_free(&pm);
     }
+    if ((rc = guard_build(data, size, o, o->ptx_to_cubin, link_arch, source_name, a)) != 0)
+        return rc;
     if (!o->ptx_to_cubin)
         return copy_image(data, size, HK_FORMAT_PTX, a);
     return jitlink_ptx(data, size, link_arch, o->opt_level, o->fast_compile, source_name, a, why,

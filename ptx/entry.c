@@ -17,6 +17,8 @@
  * inside):
  *   artifact  u64 "HKTA1"  u64 format  u64 size  image[size]
  *             u64 n  lowered name * n   u64 n  dependency * n   str log
+ *             or, with a trap guard's copy (guard.c), the same under "HKTA2"
+ *             followed by  u64 sites  u64 size  guard[size]  (sites > 0)
  *   manifest  u64 "HKM3"   u64 n  {u64 in-memory (0/1), str path,
  *             hash[32]} * n   u64 n  absent path * n
  * A manifest's dependencies are the headers a CUDA C build read, with their
@@ -38,6 +40,7 @@
 
 #define ENTRY_MAGIC    "HKCACHE2"
 #define ARTIFACT_MAGIC 0x3141544b48ull /* "HKTA1" */
+#define GUARDED_MAGIC  0x3241544b48ull /* "HKTA2": with a guard */
 #define MANIFEST_MAGIC 0x334d4b48ull   /* "HKM3" */
 #define MAX_STRINGS    65536           /* lowered names, dependencies */
 #define MAX_STR        (1u << 20)      /* one name or path; a log may be longer */
@@ -115,6 +118,7 @@ void hkp_artifact_free(hkp_artifact *a) {
     if (!a)
         return;
     free(a->image);
+    free(a->guard);
     free(a->log);
     for (int i = 0; i < a->ndeps; i++)
         free(a->deps[i]);
@@ -126,22 +130,45 @@ void hkp_artifact_free(hkp_artifact *a) {
     memset(a, 0, sizeof *a);
 }
 
+/* A guard's sites and copy (HKTA2): sites 1..2^20, a copy of 1 byte or
+ * more that the input holds. */
+static void get_guard(hku_rd *r, hkp_artifact *a) {
+    uint64_t sites = hku_get_u64(r), gsz = hku_get_u64(r);
+    if (r->bad || sites == 0 || sites > (1u << 20) || gsz == 0 || gsz > r->left) {
+        hku_rd_fail(r, HKU_RD_MALFORMED);
+        return;
+    }
+    if (!(a->guard = malloc((size_t)gsz))) {
+        hku_rd_fail(r, HKU_RD_NOMEM);
+        return;
+    }
+    memcpy(a->guard, hku_get(r, (size_t)gsz), (size_t)gsz);
+    a->guard_size = (size_t)gsz;
+    a->guard_sites = (int)sites;
+}
+
 int hkp_artifact_format(const hkp_artifact *a, void **out, size_t *n) {
     hku_buf w = {0};
-    hku_put_u64(&w, ARTIFACT_MAGIC);
+    hku_put_u64(&w, a->guard ? GUARDED_MAGIC : ARTIFACT_MAGIC);
     hku_put_u64(&w, (uint64_t)a->format);
     hku_put_u64(&w, a->size);
     hku_put(&w, a->image, a->size);
     put_strv(&w, a->lowered_names, a->nlowered);
     put_strv(&w, a->deps, a->ndeps);
     hku_put_str64(&w, a->log);
+    if (a->guard) {
+        hku_put_u64(&w, (uint64_t)a->guard_sites);
+        hku_put_u64(&w, a->guard_size);
+        hku_put(&w, a->guard, a->guard_size);
+    }
     return hku_buf_take(&w, out, n);
 }
 
 int hkp_artifact_parse(const void *data, size_t n, hkp_artifact *a) {
     hku_rd r = {.p = data, .left = n};
     memset(a, 0, sizeof *a);
-    if (hku_get_u64(&r) != ARTIFACT_MAGIC)
+    uint64_t magic = hku_get_u64(&r);
+    if (magic != ARTIFACT_MAGIC && magic != GUARDED_MAGIC)
         return HK_ERR_FORMAT;
     uint64_t fmt = hku_get_u64(&r), isz = hku_get_u64(&r);
     if (r.bad || (fmt != HK_FORMAT_PTX && fmt != HK_FORMAT_CUBIN && fmt != HK_FORMAT_FATBIN) ||
@@ -155,6 +182,8 @@ int hkp_artifact_parse(const void *data, size_t n, hkp_artifact *a) {
     get_strv(&r, &a->lowered_names, &a->nlowered);
     get_strv(&r, &a->deps, &a->ndeps);
     a->log = hku_get_str64(&r, SIZE_MAX);
+    if (magic == GUARDED_MAGIC)
+        get_guard(&r, a);
     int err = get_end(&r);
     if (!err && a->log && !a->log[0]) {
         free(a->log); /* none was logged: written as "" */

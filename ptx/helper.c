@@ -83,8 +83,8 @@ static char **get_strv(hku_rd *rd, uint32_t *n) {
 
 /* Parses a BUILD strictly; a malformed request ends the helper. */
 static void parse(hku_rd *rd, req *q) {
-    uint32_t h[8];
-    for (int i = 0; i < 8; i++)
+    uint32_t h[9];
+    for (int i = 0; i < 9; i++)
         h[i] = hku_get_u32(rd);
     q->fmt = h[0];
     q->o = (hkp_build_opts){.arch = (int)h[1],
@@ -93,7 +93,8 @@ static void parse(hku_rd *rd, req *q) {
                             .nvrtc_via_ptx = (int)h[4],
                             .no_toolkit = (int)h[5],
                             .pch = (int)h[6],
-                            .fast_compile = (int)h[7]};
+                            .fast_compile = (int)h[7],
+                            .trap_guard = (int)h[8]};
     q->cwd = hku_get_strdup(rd, HKP_ISO_MAX_STR, 0);
     q->source_name = hku_get_strdup(rd, HKP_ISO_MAX_STR, 0);
     q->options = get_strv(rd, &q->noptions);
@@ -101,7 +102,7 @@ static void parse(hku_rd *rd, req *q) {
     q->nheaders = hku_get_u32(rd);
     if (rd->bad || (q->fmt != HK_FORMAT_CUDA_C && q->fmt != HK_FORMAT_PTX) ||
         q->nheaders > HKP_ISO_MAX_COUNT || h[2] > 1 || h[3] > 4 || h[4] > 1 || h[5] > 1 ||
-        h[6] > 1 || h[7] > 1)
+        h[6] > 1 || h[7] > 1 || h[8] > 1)
         exit(2);
     if (q->nheaders && !(q->headers = calloc(q->nheaders, sizeof *q->headers)))
         exit(4);
@@ -139,6 +140,10 @@ static void reply(int rc, const char *why, const hkp_artifact *a) {
     size_t size = rc == 0 ? a->size : 0;
     hku_put_u64(&b, size);
     hku_put(&b, a->image, size);
+    int guarded = rc == 0 && a->guard;
+    hku_put_u32(&b, guarded ? (uint32_t)a->guard_sites : 0);
+    hku_put_u64(&b, guarded ? a->guard_size : 0);
+    hku_put(&b, a->guard, guarded ? a->guard_size : 0);
     if (hku_send(fd, &b) < 0)
         exit(0);
     hku_buf_free(&b);
@@ -157,7 +162,7 @@ static void serve(hku_rd *rd) {
     hkp_artifact a;
     char why[HKP_ISO_MAX_WHY] = "";
     int rc = hkp_build(q.data, (size_t)q.size, (hk_format)q.fmt, &q.o, &a, why, sizeof why);
-    if (rc == 0 && a.size > HKP_ISO_MAX_BYTES) {
+    if (rc == 0 && (a.size > HKP_ISO_MAX_BYTES || a.guard_size > HKP_ISO_MAX_BYTES)) {
         rc = HK_ERR_TOO_LARGE;
         snprintf(why, sizeof why, "the built image is over %u MiB", HKP_ISO_MAX_BYTES >> 20);
     }

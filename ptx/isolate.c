@@ -186,7 +186,7 @@ static int request(hku_buf *b, const void *data, size_t size, hk_format fmt,
     uint32_t head[] = {
         (uint32_t)fmt,          (uint32_t)o->arch,          (uint32_t)o->ptx_to_cubin,
         (uint32_t)o->opt_level, (uint32_t)o->nvrtc_via_ptx, (uint32_t)o->no_toolkit,
-        (uint32_t)o->pch,       (uint32_t)o->fast_compile};
+        (uint32_t)o->pch,       (uint32_t)o->fast_compile,  (uint32_t)o->trap_guard};
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
         hku_put_u32(b, head[i]);
     hku_put_str(b, cwd, HKP_ISO_MAX_STR);
@@ -223,8 +223,19 @@ static int build_error(uint32_t neg) {
            e == HK_ERR_ARCH || e == HK_ERR_TOO_LARGE || e == HK_ERR_IO;
 }
 
-/* Reads a BUILT strictly into a (image, format, log, lowered names) and
- * *rc / why. 0, or -1 when the reply is malformed (what says how). */
+/* A copy of n bytes at p into *out (malloc'd); 0, or -1 without memory. */
+static int take(const void *p, size_t n, void **out) {
+    if (!n)
+        return 0;
+    if (!(*out = malloc(n)))
+        return -1;
+    memcpy(*out, p, n);
+    return 0;
+}
+
+/* Reads a BUILT strictly into a (image, format, log, lowered names, the
+ * trap guard's copy) and *rc / why. 0, or -1 when the reply is malformed
+ * (what says how). */
 static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts *o, int *rc,
                        hkp_artifact *a, char *why, size_t n, char *what, size_t wn) {
     hku_rd rd = {d, len, 0};
@@ -249,11 +260,23 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
     for (uint32_t i = 0; i < nl && !rd.bad; i++, a->nlowered++)
         a->lowered_names[i] = hku_get_strdup(&rd, HKP_ISO_MAX_STR, 0);
     uint64_t size = hku_get_u64(&rd);
-    const void *img = size <= HKP_ISO_MAX_BYTES ? hku_get(&rd, (size_t)size) : NULL;
-    if (rd.bad || !img || hku_end(&rd) || (!neg && !size)) {
+    const char *img = size <= HKP_ISO_MAX_BYTES ? hku_get(&rd, (size_t)size) : NULL;
+    /* The trap guard's copy: none (0, 0), or both its sites and its bytes,
+     * and only when one was asked for. */
+    uint32_t sites = hku_get_u32(&rd);
+    uint64_t gsize = hku_get_u64(&rd);
+    const char *g = gsize <= HKP_ISO_MAX_BYTES ? hku_get(&rd, (size_t)gsize) : NULL;
+    if (rd.bad || !img || !g || hku_end(&rd) || (!neg && !size)) {
         snprintf(what, wn, "%s",
-                 rd.bad || !img ? "truncated, or a field over its bound"
-                                : "bytes left over, or no image");
+                 rd.bad || !img || !g ? "truncated, or a field over its bound"
+                                      : "bytes left over, or no image");
+        return -1;
+    }
+    /* The driver reads PTX as a C string. */
+    int ptx = fmt == HK_FORMAT_PTX;
+    if ((ptx && size && img[size - 1] != '\0') || (!sites) != (!gsize) || sites > (1u << 20) ||
+        (sites && (neg || !o->trap_guard)) || (ptx && gsize && g[gsize - 1] != '\0')) {
+        snprintf(what, wn, "PTX that does not end in a NUL, or a guard not asked for");
         return -1;
     }
     *rc = -(int)neg;
@@ -261,20 +284,14 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
         hkp_why(why, n, "%s", w);
         return 0;
     }
-    if (!(a->image = malloc((size_t)size))) {
+    if (take(img, (size_t)size, &a->image) < 0 || take(g, (size_t)gsize, &a->guard) < 0) {
         *rc = HK_ERR_NOMEM;
         return 0;
     }
-    if (fmt == HK_FORMAT_PTX && ((const char *)img)[size - 1] != '\0') {
-        /* The driver reads PTX as a C string. */
-        free(a->image);
-        a->image = NULL;
-        snprintf(what, wn, "PTX that does not end in a NUL");
-        return -1;
-    }
-    memcpy(a->image, img, (size_t)size);
     a->size = (size_t)size;
     a->format = (hk_format)fmt;
+    a->guard_size = (size_t)gsize;
+    a->guard_sites = (int)sites;
     return 0;
 }
 

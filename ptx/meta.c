@@ -253,28 +253,16 @@ static int add_global(struct meta_builder *b, const char *name, size_t n, uint64
 
 /* ---- PTX ------------------------------------------------------------------ */
 
-/* A PTX token: an identifier or directive (".entry"), a number, a string, or
- * one punctuation character. bol is set on the first token of a line, which
- * the line-oriented directives (.version, .target, .file ...) need. */
-typedef struct tok {
-    const char *s;
-    size_t n;
-    int bol;
-} tok;
-
-typedef struct lexer {
-    const char *s;
-    size_t n, i;
-    int bol;
-    int bad; /* an unterminated comment or string was seen */
-} lexer;
+/* The lexer is ptx.h's (hkp_lex_next), shared with guard.c. */
+typedef hkp_tok tok;
+typedef hkp_lexer lexer;
 
 static int tok_is(const tok *t, const char *word) {
     size_t l = strlen(word);
     return t->n == l && memcmp(t->s, word, l) == 0;
 }
 
-static int lex_next(lexer *lx, tok *t) {
+int hkp_lex_next(hkp_lexer *lx, hkp_tok *t) {
     const char *s = lx->s;
     size_t n = lx->n, i = hkp_skip_blank(s, n, lx->i, &lx->bol, &lx->bad);
     if (i >= n) {
@@ -413,7 +401,7 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
         return HK_ERR_FORMAT;
     }
     for (;;) {
-        if (!lex_next(lx, t)) {
+        if (!hkp_lex_next(lx, t)) {
             hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
             return HK_ERR_FORMAT;
         }
@@ -424,7 +412,8 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
         if (tok_is(t, ".align")) {
             tok v;
             uint64_t a;
-            if (!lex_next(lx, &v) || parse_uint(&v, &a) || a == 0 || a > 4096 || (a & (a - 1))) {
+            if (!hkp_lex_next(lx, &v) || parse_uint(&v, &a) || a == 0 || a > 4096 ||
+                (a & (a - 1))) {
                 hkp_why(why, why_size, "PTX: bad .align in an .entry parameter");
                 return HK_ERR_FORMAT;
             }
@@ -441,7 +430,7 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
         } else if (tok_is(t, "[")) {
             tok v, close;
             uint64_t d;
-            if (!lex_next(lx, &v) || parse_uint(&v, &d) || !lex_next(lx, &close) ||
+            if (!hkp_lex_next(lx, &v) || parse_uint(&v, &d) || !hkp_lex_next(lx, &close) ||
                 !tok_is(&close, "]") || d > MAX_OBJECT_SIZE ||
                 count > MAX_OBJECT_SIZE / (d ? d : 1)) {
                 hkp_why(why, why_size, "PTX: bad array size in an .entry parameter");
@@ -481,14 +470,15 @@ static int ptx_entry(struct meta_builder *b, lexer *lx, int keep, char *why, siz
     int np = 0, cap = 0, rc = 0;
     uint64_t offset = 0;
 
-    if (!lex_next(lx, &name) || !hkp_is_ident_char((unsigned char)name.s[0]) || name.n > MAX_NAME) {
+    if (!hkp_lex_next(lx, &name) || !hkp_is_ident_char((unsigned char)name.s[0]) ||
+        name.n > MAX_NAME) {
         hkp_why(why, why_size, "PTX: .entry without a name");
         return HK_ERR_FORMAT;
     }
     size_t save = lx->i;
     int save_bol = lx->bol;
-    if (lex_next(lx, &t) && tok_is(&t, "(")) {
-        if (!lex_next(lx, &t)) {
+    if (hkp_lex_next(lx, &t) && tok_is(&t, "(")) {
+        if (!hkp_lex_next(lx, &t)) {
             hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
             return HK_ERR_FORMAT;
         }
@@ -507,7 +497,7 @@ static int ptx_entry(struct meta_builder *b, lexer *lx, int keep, char *why, siz
                 if (rc)
                     goto fail;
                 np++;
-                if (more && !lex_next(lx, &t)) {
+                if (more && !hkp_lex_next(lx, &t)) {
                     hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
                     rc = HK_ERR_FORMAT;
                     goto fail;
@@ -533,7 +523,7 @@ static int skip_block(lexer *lx, char *why, size_t why_size) {
     tok t;
     size_t depth = 1;
     while (depth) {
-        if (!lex_next(lx, &t)) {
+        if (!hkp_lex_next(lx, &t)) {
             hkp_why(why, why_size, "PTX: unbalanced braces (missing '}')");
             return HK_ERR_FORMAT;
         }
@@ -566,20 +556,20 @@ static int ptx_var_attrs(lexer *lx, tok *t, uint64_t *elem, uint64_t *vec, char 
         if (tok_is(t, ".align")) {
             tok v;
             uint64_t a;
-            if (!lex_next(lx, &v) || parse_uint(&v, &a)) {
+            if (!hkp_lex_next(lx, &v) || parse_uint(&v, &a)) {
                 hkp_why(why, why_size, "PTX: bad .align");
                 return HK_ERR_FORMAT;
             }
         } else if (tok_is(t, ".attribute")) {
             /* .attribute(.managed) and the like: no bearing on the size. */
-            if (!lex_next(lx, t))
+            if (!hkp_lex_next(lx, t))
                 return var_eof(why, why_size);
             if (!tok_is(t, "(")) {
                 hkp_why(why, why_size, "PTX: .attribute without '('");
                 return HK_ERR_FORMAT;
             }
             for (size_t depth = 1; depth > 0;) {
-                if (!lex_next(lx, t))
+                if (!hkp_lex_next(lx, t))
                     return var_eof(why, why_size);
                 if (tok_is(t, "("))
                     depth++;
@@ -597,7 +587,7 @@ static int ptx_var_attrs(lexer *lx, tok *t, uint64_t *elem, uint64_t *vec, char 
         } else {
             break;
         }
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
     }
     if (!*elem) {
@@ -614,7 +604,7 @@ static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int
                         char *why, size_t why_size) {
     while (tok_is(t, "[")) {
         uint64_t d = 0;
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
         if (tok_is(t, "]")) {
             *open_dim = 1;
@@ -624,14 +614,14 @@ static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int
                 return HK_ERR_FORMAT;
             }
             *count *= d;
-            if (!lex_next(lx, t))
+            if (!hkp_lex_next(lx, t))
                 return var_eof(why, why_size);
             if (!tok_is(t, "]")) {
                 hkp_why(why, why_size, "PTX: expected ']'");
                 return HK_ERR_FORMAT;
             }
         }
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
     }
     return 0;
@@ -642,7 +632,7 @@ static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int
 static int ptx_var_init(lexer *lx, tok *t, uint64_t *leaves, char *why, size_t why_size) {
     size_t depth = 0;
     for (;;) {
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
         if (tok_is(t, "{") || tok_is(t, "("))
             depth++;
@@ -673,7 +663,7 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
         tok name = *t;
         uint64_t count = 1, leaves = 0;
         int open_dim = 0;
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
         if ((rc = ptx_var_dims(lx, t, &name, &count, &open_dim, why, why_size)) != 0)
             return rc;
@@ -696,7 +686,7 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
             hkp_why(why, why_size, "PTX: expected ',' or ';' after '%.*s'", (int)name.n, name.s);
             return HK_ERR_FORMAT;
         }
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
     }
 }
@@ -719,7 +709,7 @@ static int skip_statement(lexer *lx, tok *t, char *why, size_t why_size) {
             if (rc || !eq)
                 return rc;
         }
-        if (!lex_next(lx, t))
+        if (!hkp_lex_next(lx, t))
             return 0;
     }
 }
@@ -729,7 +719,7 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
     tok t;
     int have_version = 0, rc = 0;
 
-    while (lex_next(&lx, &t)) {
+    while (hkp_lex_next(&lx, &t)) {
         if (tok_is(&t, ".version")) {
             have_version = 1;
             skip_line(&lx);
@@ -738,7 +728,7 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
         if (tok_is(&t, ".target")) {
             tok a;
             int more;
-            while ((more = lex_next(&lx, &a)) && !a.bol) {
+            while ((more = hkp_lex_next(&lx, &a)) && !a.bol) {
                 int v = parse_arch_word(a.s, a.n);
                 if (v && !b->m->arch)
                     b->m->arch = v;
@@ -778,7 +768,7 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
                 ;
             else
                 break;
-            if (!lex_next(&lx, &t)) {
+            if (!hkp_lex_next(&lx, &t)) {
                 hkp_why(why, why_size, "PTX: declaration cut short");
                 return HK_ERR_FORMAT;
             }
@@ -788,14 +778,14 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
             if (rc)
                 return rc;
             /* Performance directives may precede the body or the ';'. */
-            if (!lex_next(&lx, &t)) {
+            if (!hkp_lex_next(&lx, &t)) {
                 hkp_why(why, why_size, "PTX: .entry without a body");
                 return HK_ERR_FORMAT;
             }
             rc = skip_statement(&lx, &t, why, why_size);
         } else if (tok_is(&t, ".global") || tok_is(&t, ".const")) {
             space = tok_is(&t, ".global") ? 1 : 2;
-            if (!lex_next(&lx, &t)) {
+            if (!hkp_lex_next(&lx, &t)) {
                 hkp_why(why, why_size, "PTX: declaration cut short");
                 return HK_ERR_FORMAT;
             }

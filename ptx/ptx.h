@@ -230,6 +230,9 @@ typedef struct hkp_build_opts {
                                * base_headers, nvrtc_options and
                                * no_toolkit, which must be those it was
                                * made from */
+    int trap_guard;           /* 1: also make the canary's trap-guarded copy
+                               * (hkp_artifact.guard) of CUDA C and PTX;
+                               * part of the cache key */
     const char *target_name;  /* what an architecture refusal calls arch:
                                * NULL "device" (a runtime's builds),
                                * "target" (a check's: no device) */
@@ -256,6 +259,13 @@ typedef struct hkp_artifact {
                            * when there is none. The build itself succeeded. */
     double ms;            /* wall time of the build */
     hkp_meta meta;        /* metadata of image */
+    void *guard;          /* with hkp_build_opts.trap_guard: the image's copy
+                           * whose traps, breakpoints and asserts are caught
+                           * (guard.c), in image's format; NULL when there
+                           * is nothing to guard (or it could not be made:
+                           * log says why) */
+    size_t guard_size;
+    int guard_sites; /* what guard caught in the PTX */
 } hkp_artifact;
 
 /* Turns input of any format into a loadable image for opts->arch:
@@ -285,6 +295,26 @@ void hkp_search_free(hkp_search *s); /* s may be NULL */
  * enlargements after NVRTC reported it exhausted. Any pointer may be NULL. */
 void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
 
+/* ---- the canary's trap guard (guard.c) ----------------------------------- */
+
+/* The global a guarded copy stores into, and what it stores: site << 2 |
+ * kind, the site numbered from 1 in the PTX's text order. */
+#define HKP_GUARD_SYMBOL "__hotkern_trap"
+enum hkp_guard_kind { HKP_GUARD_TRAP = 1, HKP_GUARD_BRKPT = 2, HKP_GUARD_ASSERT = 3 };
+#define HKP_GUARD_KIND(code) ((code)&3u)
+#define HKP_GUARD_SITE(code) ((code) >> 2)
+
+/* A copy of ptx (n bytes; NUL-terminated or not) in which every trap,
+ * brkpt and call of __assertfail stores its code into HKP_GUARD_SYMBOL and
+ * ends its thread (guard.c says why). Returns 0 with *out (malloc'd,
+ * NUL-terminated, *out_n counting the NUL) and *sites > 0; 0 with *out NULL
+ * and *sites 0 when there is nothing to guard; HK_ERR_FORMAT (why says why:
+ * the copy would not be sound) or HK_ERR_NOMEM, *out NULL. */
+int hkp_guard_ptx(const char *ptx, size_t n, char **out, size_t *out_n, int *sites, char *why,
+                  size_t why_size);
+/* What a kind is, for reports: "a trap instruction (__trap() ...)". */
+const char *hkp_guard_kind_text(unsigned kind);
+
 /* ---- build isolation (isolate.c, helper.c) ------------------------------ */
 
 /*
@@ -301,11 +331,13 @@ void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
  * reply at a time over a socketpair:
  *   helper -> READY {u32 protocol}           once, after it started
  *   BUILD {u32 format, u32 arch, u32 ptx_to_cubin, u32 opt_level,
- *          u32 nvrtc_via_ptx, u32 no_toolkit, u32 pch, u32 fast_compile, str cwd,
+ *          u32 nvrtc_via_ptx, u32 no_toolkit, u32 pch, u32 fast_compile,
+ *          u32 trap_guard, str cwd,
  *          str source_name, u32 noptions, str * n, u32 nexpr, str * n,
  *          u32 nheaders, {str name, u64 size, bytes} * n, u64 size, bytes}
  *     -> BUILT {u32 rc (negated HK_ERR_*), str why, str log, u32 format,
- *               u32 nlowered, str * n, u64 size, bytes image}
+ *               u32 nlowered, str * n, u64 size, bytes image,
+ *               u32 guard sites, u64 size, bytes guard}  (none: 0, 0)
  * Both sides bound every count and size before allocating (HKP_ISO_MAX_*)
  * and parse strictly: a byte too many or too few is a malformed message.
  * The helper ends on a malformed request or EOF; the parent kills and
@@ -313,7 +345,7 @@ void hkp_pch_stats(uint64_t *created, uint64_t *heap_resizes);
  * refuses that build with HK_ERR_COMPILE.
  */
 #define HKP_ISO_MAGIC     0x444c4248u /* "HBLD" */
-#define HKP_ISO_PROTOCOL  2
+#define HKP_ISO_PROTOCOL  3
 #define HKP_ISO_MAX_BYTES (256u << 20) /* a source or an image */
 #define HKP_ISO_MAX_MSG   (512u << 20) /* a whole request or reply */
 #define HKP_ISO_MAX_STR   (64u << 10)  /* an option, a name, a path */
@@ -424,5 +456,25 @@ int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t 
  * (both may be NULL; neither is cleared). detect.c, shared with meta.c's
  * lexer. */
 size_t hkp_skip_blank(const char *s, size_t n, size_t i, int *newline, int *unterminated);
+
+/* A PTX token: an identifier or directive (".entry"), a number, a string, or
+ * one punctuation character. bol is set on the first token of a line, which
+ * the line-oriented directives (.version, .target, .file ...) need. */
+typedef struct hkp_tok {
+    const char *s;
+    size_t n;
+    int bol;
+} hkp_tok;
+
+typedef struct hkp_lexer {
+    const char *s;
+    size_t n, i;
+    int bol;
+    int bad; /* an unterminated comment or string was seen */
+} hkp_lexer;
+
+/* The next token of lx (comments and blanks skipped): 1, or 0 at the end.
+ * meta.c's, shared with guard.c. */
+int hkp_lex_next(hkp_lexer *lx, hkp_tok *t);
 
 #endif /* HK_PTX_H */

@@ -2,8 +2,9 @@
  * The versions of `step(float *x, int n)` the canary suites submit
  * (tests/gpu_canary.c through hk_swap, tests/gpu_canary_push.c through
  * `hotkern push`, tests/gpu_canary_perf.c): good ones add 1.0f to every
- * element; the others fault, never end, compute something else, take far
- * longer for the same result, or write where they should not.
+ * element; the others fault, trap, fail an assert, never end, compute
+ * something else, take far longer for the same result, or write where they
+ * should not.
  */
 #ifndef HK_TESTS_CANARY_KERNELS_H
 #define HK_TESTS_CANARY_KERNELS_H
@@ -50,6 +51,18 @@ __attribute__((unused)) static const char *SLOW =
 __attribute__((unused)) static const char *OOB_WRITE =
     KERNEL_HEAD "  if (i < n) x[i] = x[i] + 1.0f;\n"
                 "  if (i < 1024) x[n + 1024 + i] = 0.0f;\n}\n";
+
+/* A __trap() in one thread the test reaches (element 7), and a failed
+ * device-side assert() there: both end a context with an imprecise error
+ * when they run for real, and the canary's trap guard catches them. */
+__attribute__((unused)) static const char *TRAPS =
+    KERNEL_HEAD "  if (i == 7) __trap();\n  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
+__attribute__((unused)) static const char *ASSERTS =
+    KERNEL_HEAD "  assert(i != 7);\n  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
+/* GOOD's outputs with a trap and an assert the test never reaches. */
+__attribute__((unused)) static const char *GUARDED_GOOD =
+    KERNEL_HEAD "  if (i >= n) __trap();\n  assert(x[i] > -1.0f);\n"
+                "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
 
 /* Declares the test launch both suites give `step`: n floats counting up from
  * 0 and n, on a grid of n / 256 blocks of 256, the outputs compared with the

@@ -162,9 +162,23 @@ START_TEST(isolated_images_match_in_process) {
     hkp_artifact_free(&r);
     hkp_artifact_free(&l);
     free(ptx);
+
+    /* The canary's trap guard: its copy is made in the helper too and
+     * comes back whole, as the in-process build makes it. */
+    const char *trappy =
+        "extern \"C\" __global__ void t(int *o) { if (*o == 7) __trap(); *o = 1; }\n";
+    hkp_build_opts to = {.arch = 90, .ptx_to_cubin = 1, .opt_level = 3, .trap_guard = 1};
+    build_both(trappy, HK_FORMAT_CUDA_C, to, iso, &l, &r);
+    ck_assert_int_eq(r.guard_sites, 1);
+    ck_assert_int_eq(l.guard_sites, 1);
+    ck_assert_msg(r.guard_size == l.guard_size && !memcmp(r.guard, l.guard, l.guard_size),
+                  "the helper's guard differs from the in-process one");
+    assert_same(&l, &r, "CUDA C -> cubin with a trap guard");
+    hkp_artifact_free(&r);
+    hkp_artifact_free(&l);
     uint64_t builds, starts;
     hkp_iso_counts(iso, &builds, &starts);
-    ck_assert_uint_eq(builds, 5);
+    ck_assert_uint_eq(builds, 6);
     ck_assert_uint_eq(starts, 1);
     hkp_iso_destroy(iso);
 }
@@ -592,9 +606,9 @@ static void run_bad_helper(const char *script, const char *want) {
 }
 
 START_TEST(untrusted_helper_replies_are_refused) {
-    /* READY {protocol 2}, then a BUILT header claiming 0xffffffff bytes. */
+    /* READY {protocol 3}, then a BUILT header claiming 0xffffffff bytes. */
     run_bad_helper("#!/bin/sh\n"
-                   "printf 'HBLD\\001\\000\\000\\000\\004\\000\\000\\000\\002\\000\\000\\000' >&3\n"
+                   "printf 'HBLD\\001\\000\\000\\000\\004\\000\\000\\000\\003\\000\\000\\000' >&3\n"
                    "sleep 0.3\n"
                    "printf 'HBLD\\003\\000\\000\\000\\377\\377\\377\\377' >&3\n"
                    "exec sleep 30\n",

@@ -108,6 +108,7 @@ static void teardown(void) {
     unsetenv("HKFAKE_WRONG");
     unsetenv("HKFAKE_SLOW");
     unsetenv("HKFAKE_OOB");
+    unsetenv("HKFAKE_TRAP");
     unsetenv("HKBAD_MODE");
     unsetenv("HKSAN_MODE");
     unsetenv("HKSAN_ARGV");
@@ -256,6 +257,57 @@ START_TEST(faulting_kernel_refused_with_cuname) {
     ck_assert_double_eq(metric("hotkern_canary_refused_total{kind=\"hang\"}"), 0);
     ck_assert_double_eq(metric("hotkern_canary_runs_total"), 2);
     ck_assert_double_eq(metric("hotkern_canary_helper_starts_total"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* fake_ptx(tag) with `stmt` before step's ret: a trap the guard can see. */
+static int swap_with(int tag, const char *stmt, hk_report *rep) {
+    const char *p = fake_ptx(tag, 0, 0, 0);
+    const char *ret = strstr(p, " ret;");
+    ck_assert_ptr_nonnull(ret);
+    char text[4096];
+    snprintf(text, sizeof text, "%.*s %s\n%s", (int)(ret - p), p, stmt, ret);
+    return hk_swap(rt, "m", text, strlen(text) + 1, NULL, rep);
+}
+
+/* A version that traps in its test launch: the canary ran its trap guard's
+ * copy, in which the trap stored its site and ended the thread, so the
+ * helper's context (the fake's "GPU") never saw a trap and the helper
+ * stays. The same trap in a version with no trap instruction the guard
+ * could see (the fake traps it all the same) ends the helper's context:
+ * refused as before, and the helper replaced. */
+START_TEST(trap_caught_by_the_guard_keeps_the_helper) {
+    setenv("HKFAKE_TRAP", "step@5,step@6", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    pid_t before = hka_helper_pid(rt->canary);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_with(5, "@%p1 trap;", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 reached a trap instruction") &&
+                      strstr(rep.message, "(site 1 of 1 in its PTX)") &&
+                      strstr(rep.message, "trap guard ended the thread"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "fault");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    ck_assert_int_eq(hka_helper_pid(rt->canary), before); /* its context is whole */
+    ck_assert_int_eq(stats().canary_helper_starts, 1);
+    ck_assert_int_eq(stats().canary_refused_fault, 1);
+
+    ck_assert_int_eq(swap_with(6, "mov.u32 %r1, 1;", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "faulted: CUDA_ERROR_LAUNCH_FAILED"), "%s", rep.message);
+    ck_assert_int_ne(hka_helper_pid(rt->canary), before);
+    ck_assert_int_eq(stats().canary_helper_starts, 2);
+
+    /* A guarded version that does not trap passes, says so, and what
+     * commits is its own image, not the guard's copy. */
+    ck_assert_msg(swap_with(7, "@%p1 trap;\n @%p2 trap;", &rep) == 0, "%s", rep.message);
+    ck_assert_msg(strstr(rep.canary, "; 2 trap sites guarded"), "%s", rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    uint64_t dptr = 0;
+    size_t size = 0;
+    ck_assert_int_eq(hk_module_global(rt, "m", "__hotkern_trap", 0, &dptr, &size),
+                     HK_ERR_NOT_FOUND);
     hk_report_clear(&rep);
 }
 END_TEST
@@ -635,6 +687,15 @@ START_TEST(destroy_does_not_wait_for_a_canary_run) {
     pthread_join(t, NULL);
     rt = NULL;
     ck_assert(!alive(helper));
+}
+END_TEST
+
+/* A helper that lies about a trap: finished and trapped at once, or
+ * stopped by both a driver error and a trap. Neither is believed. */
+START_TEST(bad_helper_trap_replies) {
+    misbehaving("badtrap", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply");
+    teardown();
+    misbehaving("trapcu", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply");
 }
 END_TEST
 
@@ -1441,6 +1502,7 @@ int main(void) {
     tcase_add_test(tc, good_kernel_committed);
     tcase_add_test(tc, faulting_kernel_refused_with_cuname);
     tcase_add_test(tc, hanging_kernel_refused_and_helper_restarted);
+    tcase_add_test(tc, trap_caught_by_the_guard_keeps_the_helper);
     tcase_add_test(tc, wrong_output_refused_on_compare);
     tcase_add_test(tc, float_tolerance_lets_close_outputs_through);
     tcase_add_test(tc, no_tests_committed_as_today);
@@ -1466,6 +1528,7 @@ int main(void) {
     tcase_add_test(tc, bad_helper_wrong_size);
     tcase_add_test(tc, bad_helper_extra_bytes);
     tcase_add_test(tc, bad_helper_unasked_buffers);
+    tcase_add_test(tc, bad_helper_trap_replies);
     tcase_add_test(tc, helpers_outliving_their_kill_are_all_reaped);
     tcase_add_test(tc, long_kernel_name_refused_at_declaration);
     tcase_add_test(tc, helper_inherits_no_application_fd);

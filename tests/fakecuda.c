@@ -40,8 +40,9 @@ struct fimage {
     int is_module;
     int dead;
     int tag;
-    int shared; /* static shared bytes of every kernel ("// shared: N") */
-    fctx *ctx;  /* modules */
+    int shared;         /* static shared bytes of every kernel ("// shared: N") */
+    unsigned trap_code; /* a trap guard's first store ("[__hotkern_trap], N"); 0: none */
+    fctx *ctx;          /* modules */
     unsigned long long ctx_id;
     hkp_meta meta;
     fkern *kerns;
@@ -598,6 +599,8 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     im->tag = t ? atoi(t + 4) : 0;
     const char *sh = fmt == HK_FORMAT_PTX ? strstr(text, "shared:") : NULL;
     im->shared = sh ? atoi(sh + 7) : 0;
+    const char *tg = fmt == HK_FORMAT_PTX ? strstr(text, "[" HKP_GUARD_SYMBOL "], ") : NULL;
+    im->trap_code = tg ? (unsigned)strtoul(tg + strlen("[" HKP_GUARD_SYMBOL "], "), NULL, 10) : 0;
     im->is_module = is_module;
     im->kerns = calloc((size_t)im->meta.nentries + 1, sizeof *im->kerns);
     im->gmem = calloc((size_t)im->meta.nglobals + 1, sizeof *im->gmem);
@@ -801,7 +804,7 @@ static CUresult f_FuncLoad(CUfunction f) {
     return r;
 }
 
-enum { KCTL_NONE, KCTL_FAULT, KCTL_HANG, KCTL_WRONG, KCTL_SLOW, KCTL_OOB };
+enum { KCTL_NONE, KCTL_FAULT, KCTL_HANG, KCTL_WRONG, KCTL_SLOW, KCTL_OOB, KCTL_TRAP };
 static CUresult kctl_err; /* lock: the error of the last FAULT match */
 static double kctl_ms;    /* lock: the duration of the last SLOW match */
 
@@ -853,6 +856,18 @@ static CUresult run(fkern *fk, void **args) {
     }
     if (kind == KCTL_HANG) {
         F.hung = 1; /* the launch is queued; it never ends */
+        return CUDA_SUCCESS;
+    }
+    CUdeviceptr tp;
+    size_t ts;
+    if (kind == KCTL_TRAP && im->trap_code &&
+        get_global(im, HKP_GUARD_SYMBOL, &tp, &ts) == CUDA_SUCCESS && ts == 4) {
+        /* The guard's store ran instead of the trap: the kernel ends well. */
+        *(uint32_t *)(uintptr_t)tp = im->trap_code;
+        return CUDA_SUCCESS;
+    }
+    if (kind == KCTL_TRAP) {
+        F.sticky = CUDA_ERROR_LAUNCH_FAILED; /* a real trap: the context ends */
         return CUDA_SUCCESS;
     }
     if (kind == KCTL_FAULT) {
@@ -1297,7 +1312,7 @@ static int add_control(const char *spec, int kind, CUresult err, double ms) {
     int tag = -1;
     const char *at = strchr(spec, '@');
     size_t n = at ? (size_t)(at - spec) : strlen(spec);
-    if (!n || n >= sizeof name || kind < FAKE_FAULT || kind > FAKE_OOB)
+    if (!n || n >= sizeof name || kind < FAKE_FAULT || kind > FAKE_TRAP)
         return -1;
     memcpy(name, spec, n);
     name[n] = '\0';
@@ -1313,11 +1328,9 @@ static int add_control(const char *spec, int kind, CUresult err, double ms) {
     if (ok) {
         snprintf(F.kctl[F.nkctl].name, sizeof F.kctl[F.nkctl].name, "%s", name);
         F.kctl[F.nkctl].tag = tag;
-        static const int kinds[] = {[FAKE_FAULT] = KCTL_FAULT,
-                                    [FAKE_HANG] = KCTL_HANG,
-                                    [FAKE_WRONG] = KCTL_WRONG,
-                                    [FAKE_SLOW] = KCTL_SLOW,
-                                    [FAKE_OOB] = KCTL_OOB};
+        static const int kinds[] = {
+            [FAKE_FAULT] = KCTL_FAULT, [FAKE_HANG] = KCTL_HANG, [FAKE_WRONG] = KCTL_WRONG,
+            [FAKE_SLOW] = KCTL_SLOW,   [FAKE_OOB] = KCTL_OOB,   [FAKE_TRAP] = KCTL_TRAP};
         F.kctl[F.nkctl].kind = kinds[kind];
         F.kctl[F.nkctl].err = err;
         F.kctl[F.nkctl].ms = ms;

@@ -115,10 +115,14 @@ void fake_captured_graph_destroy(CUgraph graph);
  * FAKE_WRONG kernel stores ~tag instead of its tag; a FAKE_OOB kernel
  * writes past its buffer into valid memory: it runs as a correct one, but
  * under a sanitizer (fake_set_memcheck_fd) it writes memcheck's report of
- * the write to that descriptor and faults with CUDA_ERROR_LAUNCH_FAILED.
+ * the write to that descriptor and faults with CUDA_ERROR_LAUNCH_FAILED;
+ * a FAKE_TRAP kernel traps: in an image with a trap guard (ptx/guard.c:
+ * PTX that declares __hotkern_trap and stores into it) the guard's first
+ * store runs instead, writing its code there, and the kernel ends well;
+ * otherwise the context ends with CUDA_ERROR_LAUNCH_FAILED (sticky).
  * Returns 0, or -1 for a bad spec or too many controls (16). fake_init
  * clears them. The first control that matches a launch decides it. */
-enum { FAKE_FAULT = 1, FAKE_HANG = 2, FAKE_WRONG = 3, FAKE_SLOW = 4, FAKE_OOB = 5 };
+enum { FAKE_FAULT = 1, FAKE_HANG = 2, FAKE_WRONG = 3, FAKE_SLOW = 4, FAKE_OOB = 5, FAKE_TRAP = 6 };
 int fake_kernel_control(const char *spec, int kind, CUresult err);
 /* A FAKE_SLOW control: the kernel runs correctly and takes `ms` of GPU
  * time. GPU time is a counter, not a clock: every launch advances it by

@@ -97,6 +97,17 @@ START_TEST(endless_kernel_refused) {
 }
 END_TEST
 
+/* A trap and a failed assert: the test launch ran the trap guard's copy,
+ * whose thread 7 stored its site and ended, so no imprecise error reached
+ * the GPU: the helper's context is whole and the helper stays. */
+START_TEST(trap_and_assert_refused_by_the_guard) {
+    pid_t helper = hka_helper_pid(rt->canary);
+    refused(TRAPS, "reached a trap instruction (__trap() or asm(\"trap;\")) (site 1 of 1");
+    refused(ASSERTS, "reached a failed device-side assert()");
+    ck_assert_int_eq(hka_helper_pid(rt->canary), helper);
+}
+END_TEST
+
 START_TEST(wrong_output_refused) {
     refused(WRONG, "differs from version 1");
 }
@@ -109,10 +120,18 @@ START_TEST(good_version_commits_after_refusals) {
                   rep.canary);
     printf("committed: %s (canary %.1f ms)\n", rep.canary, rep.canary_ms);
     run_live_and_check();
+    /* Traps and asserts the test never reaches: the guarded copy computes
+     * what the version computes, and the version itself commits. */
+    ck_assert_msg(hk_swap(rt, "m", GUARDED_GOOD, strlen(GUARDED_GOOD), NULL, &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 2); 2 trap sites "
+                                     "guarded"),
+                  "%s", rep.canary);
+    run_live_and_check();
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
-    ck_assert_int_eq(st.canary_refused, 3);
-    ck_assert_int_eq(st.canary_refused_fault, 1);
+    ck_assert_int_eq(st.canary_refused, 5);
+    ck_assert_int_eq(st.canary_refused_fault, 3);
     ck_assert_int_eq(st.canary_refused_hang, 1);
     ck_assert_int_eq(st.canary_refused_mismatch, 1);
     ck_assert_int_eq(st.canary_sanitizer, 0);
@@ -192,6 +211,7 @@ int main(void) {
     tcase_add_test(tc, setup_live_program);
     tcase_add_test(tc, faulting_kernel_refused);
     tcase_add_test(tc, endless_kernel_refused);
+    tcase_add_test(tc, trap_and_assert_refused_by_the_guard);
     tcase_add_test(tc, wrong_output_refused);
     tcase_add_test(tc, good_version_commits_after_refusals);
     tcase_add_test(tc, canary_device_by_uuid);

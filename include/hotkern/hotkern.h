@@ -1061,8 +1061,17 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
  * out-of-bounds and misaligned accesses before they fault the GPU (a fault's
  * recovery stalls every context on it) and those that land in valid memory
  * (which a plain run misses); an error it reports refuses the version as
- * "memcheck" with its first error line. hk_stats and the metrics count runs,
- * refusals by kind, helper starts and the time spent. */
+ * "memcheck" with its first error line.
+ *
+ * Trap guard: a version built from CUDA C or PTX whose traps (__trap()),
+ * failed device-side asserts or breakpoints would end the helper's context
+ * (an imprecise error: the GPU's recovery stalls every context on it, the
+ * application's too) is tested as a copy in which each of them stores
+ * where it was and ends its thread instead; a test launch that reaches one
+ * refuses the version as a "fault" saying which, and what commits is the
+ * version's own image. Cubins and fatbins have no PTX to do this with.
+ * hk_stats and the metrics count runs, refusals by kind, helper starts and
+ * the time spent. */
 
 /* A test launch under construction: grid, block, dynamic shared memory and
  * the kernel's arguments in order. Opaque; not thread-safe. */

@@ -20,6 +20,10 @@
  *   badtimed   answers LOAD properly, LAUNCH with a finished RESULT (no
  *              buffers: the test must not compare) and, when timed runs
  *              were asked for, a TIMED with one run too many
+ *   badtrap    answers LOAD properly, LAUNCH with a finished RESULT that
+ *              also claims a trap guard's code (a trap stops a launch)
+ *   trapcu     answers LAUNCH with a RESULT that stopped while running with
+ *              both a driver error and a trap guard's code
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
 #include <signal.h>
@@ -54,6 +58,7 @@ static void result(uint64_t size, size_t extra) {
     hku_put_u32(&b, HKA_STAGE_DONE);
     hku_put_u32(&b, 0);
     hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, 0); /* no trap */
     hku_put_u32(&b, 1);
     hku_put_u32(&b, 0);
     hku_put_u64(&b, size);
@@ -69,6 +74,7 @@ static void badtimed(uint32_t runs) {
     hku_put_u32(&b, HKA_STAGE_DONE);
     hku_put_u32(&b, 0);
     hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, 0); /* no trap */
     hku_put_u32(&b, 0);
     say(&b);
     if (!runs)
@@ -77,9 +83,23 @@ static void badtimed(uint32_t runs) {
     hku_put_u32(&b, HKA_STAGE_DONE);
     hku_put_u32(&b, 0);
     hku_put_str(&b, "", HKA_MAX_TEXT);
+    hku_put_u32(&b, 0); /* no trap */
     hku_put_u32(&b, runs + 1);
     for (uint32_t i = 0; i <= runs; i++)
         hku_put_u64(&b, 1000);
+    say(&b);
+}
+
+/* A RESULT that stopped at `stage` with `cu` and the guard's code `trap`,
+ * and no buffers. */
+static void stopped(uint32_t stage, uint32_t cu, uint32_t trap) {
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_RESULT);
+    hku_put_u32(&b, stage);
+    hku_put_u32(&b, cu);
+    hku_put_str(&b, cu ? "CUDA_ERROR_LAUNCH_FAILED" : "", HKA_MAX_TEXT);
+    hku_put_u32(&b, trap);
+    hku_put_u32(&b, 0);
     say(&b);
 }
 
@@ -111,7 +131,11 @@ static void answer(const char *mode, uint32_t type, const unsigned char *d, size
         if (len >= 4)
             memcpy(&runs, d + len - 4, 4);
         badtimed(runs);
-    } else if (!strcmp(mode, "wrongsize"))
+    } else if (!strcmp(mode, "badtrap"))
+        stopped(HKA_STAGE_DONE, 0, 5);
+    else if (!strcmp(mode, "trapcu"))
+        stopped(HKA_STAGE_SYNC, 719, 5);
+    else if (!strcmp(mode, "wrongsize"))
         result(3, 0);
     else
         result(16, 5); /* extra */

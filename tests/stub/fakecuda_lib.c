@@ -23,6 +23,8 @@
  *                   time (as CUDA events measure it; nothing sleeps)
  *   HKFAKE_OOB      "KERNEL,..." kernels that write past their buffer into
  *                   valid memory: unseen, except by a (fake) sanitizer
+ *   HKFAKE_TRAP     "KERNEL,..." kernels that trap: caught by a trap guard's
+ *                   copy of the image, else ending the context
  *   HKFAKE_MEMCHECK_FD  set by tests/stub/fake_sanitizer.c: where memcheck's
  *                   reports go; HKFAKE_MEMCHECK_SOFT=1: a reported kernel
  *                   runs on instead of faulting
@@ -145,6 +147,7 @@ void hkfake_reset(void) {
     env_controls("HKFAKE_WRONG", FAKE_WRONG);
     env_controls("HKFAKE_SLOW", FAKE_SLOW);
     env_controls("HKFAKE_OOB", FAKE_OOB);
+    env_controls("HKFAKE_TRAP", FAKE_TRAP);
     const char *fd = getenv("HKFAKE_MEMCHECK_FD");
     const char *soft = getenv("HKFAKE_MEMCHECK_SOFT");
     fake_set_memcheck_fd(fd && *fd ? atoi(fd) : -1, soft && !strcmp(soft, "1"));
