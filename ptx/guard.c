@@ -270,15 +270,18 @@ int hkp_guard_ptx(const char *ptx, size_t n, char **out, size_t *out_n, int *sit
     size_t at = sc.decl_at;
     for (int i = 0; i < sc.n; i++) {
         const site *s = &sc.v[i];
-        char code[160];
+        char code[48];
         unsigned value = (unsigned)(i + 1) << 2 | s->kind;
+        const char *guard = ptx + s->gstart;
+        size_t glen = s->gend - s->gstart; /* a predicate's name may be long */
         put(&o, ptx + at, s->start - at);
-        const char *guard = ptx + s->gstart, *sep = s->gend > s->gstart ? " " : "";
-        int glen = (int)(s->gend - s->gstart);
-        snprintf(code, sizeof code,
-                 "%.*s%sst.global.u32 [" HKP_GUARD_SYMBOL "], %u;\n\t%.*s%sexit;", glen, guard, sep,
-                 value, glen, guard, sep);
+        put(&o, guard, glen);
+        snprintf(code, sizeof code, "%sst.global.u32 [", glen ? " " : "");
         puts_(&o, code);
+        snprintf(code, sizeof code, "%s], %u;\n\t", HKP_GUARD_SYMBOL, value);
+        puts_(&o, code);
+        put(&o, guard, glen);
+        puts_(&o, glen ? " exit;" : "exit;");
         at = s->end;
     }
     put(&o, ptx + at, n - at);
