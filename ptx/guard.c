@@ -35,8 +35,10 @@
  *
  * Input is untrusted (a pushed PTX): it is only read within its bounds, and
  * anything this cannot make sense of leaves the version unguarded rather
- * than guarded wrongly (HK_ERR_FORMAT); nvJitLink then checks what comes
- * out. Fuzzed by tests/fuzz/fuzz_guard.c.
+ * than guarded wrongly (HK_ERR_FORMAT): the copy must read, to meta.c's
+ * parser, as the same kernels with the same parameters plus the one global,
+ * and nvJitLink then checks what comes out. Fuzzed by
+ * tests/fuzz/fuzz_guard.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +234,45 @@ static int find_sites(const char *ptx, size_t n, scan *sc) {
     return rc < 0 ? rc : 0;
 }
 
+/* 1 when b has a's kernels, with the same parameters, and a's globals and
+ * the guard's one more. */
+static int same_module(const hkp_meta *a, const hkp_meta *b) {
+    if (a->nentries != b->nentries || a->nglobals + 1 != b->nglobals)
+        return 0;
+    for (int i = 0; i < a->nentries; i++) {
+        const hkp_entry *x = &a->entries[i], *y = &b->entries[i];
+        if (strcmp(x->name, y->name) || x->nparams != y->nparams ||
+            (x->nparams && memcmp(x->params, y->params, (size_t)x->nparams * sizeof *x->params)))
+            return 0;
+    }
+    int found = 0;
+    for (int i = 0; i < b->nglobals; i++)
+        found += !strcmp(b->globals[i].name, HKP_GUARD_SYMBOL);
+    return found == 1;
+}
+
+/* The copy must read as the version did, plus the guard's global: the
+ * metadata parser sees module structure (bodies, declarations) its own way,
+ * and where it reads the two differently (text no compiler writes, braces
+ * that do not pair), the copy is not one to test in the version's place.
+ * PTX that parser refuses is left to nvJitLink, for the copy as for the
+ * image. 0, HK_ERR_FORMAT or HK_ERR_NOMEM. */
+static int same_as_version(const char *ptx, size_t n, const char *copy, size_t cn) {
+    hkp_meta a, b;
+    int rc = hkp_meta_read(ptx, n, HK_FORMAT_PTX, &a, NULL, 0);
+    if (rc)
+        return rc == HK_ERR_NOMEM ? rc : 0;
+    rc = hkp_meta_read(copy, cn, HK_FORMAT_PTX, &b, NULL, 0);
+    if (rc == 0) {
+        rc = same_module(&a, &b) ? 0 : HK_ERR_FORMAT;
+        hkp_meta_free(&b);
+    } else if (rc != HK_ERR_NOMEM) {
+        rc = HK_ERR_FORMAT;
+    }
+    hkp_meta_free(&a);
+    return rc;
+}
+
 int hkp_guard_ptx(const char *ptx, size_t n, char **out, size_t *out_n, int *sites, char *why,
                   size_t why_size) {
     *out = NULL;
@@ -288,6 +329,13 @@ int hkp_guard_ptx(const char *ptx, size_t n, char **out, size_t *out_n, int *sit
     put(&o, "", 1); /* the NUL, counted as an artifact's PTX counts it */
     *sites = sc.n;
     free(sc.v);
+    if (!o.nomem && (rc = same_as_version(ptx, n, o.p, o.n)) != 0) {
+        free(o.p);
+        *sites = 0;
+        if (rc == HK_ERR_FORMAT)
+            hkp_why(why, why_size, "trap guard: the copy would not read as the same kernels");
+        return rc;
+    }
     if (o.nomem) {
         free(o.p);
         *sites = 0;
