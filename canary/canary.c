@@ -589,9 +589,10 @@ typedef struct run {
     hka_canary *c;
     const hka_image *img, *ref;
     const hka_policy *pol;
-    int guard;   /* the perf guard is on: test launches are timed */
-    int cmp;     /* the running version is loaded in slot 1 of the plain helper */
-    int stopped; /* the canary could no longer run (unavailable said so) */
+    int guard;     /* the perf guard is on: test launches are timed */
+    int cmp;       /* the running version is loaded in slot 1 of the plain helper */
+    int stopped;   /* the canary could no longer run (unavailable said so) */
+    int unguarded; /* the trap guard's copy did not load: the image is tested */
     int launches, compared, memchecked;
     /* The perf guard's figures of the test that came out worst: the
      * largest ratio against the running version, or (none timed on it) the
@@ -612,6 +613,8 @@ typedef struct outcome {
     int cu;           /* CUresult where it stopped */
     char cu_name[64]; /* its name, as the helper's driver says */
     uint32_t trap;    /* a guarded site ran (ptx/guard.c's code); stage SYNC, cu 0 */
+    uint32_t sites;   /* the guarded sites of the image launched (0: not guarded): a
+                       * trap code must name one of them */
     unsigned char *payload;
     const unsigned char *buf[HKA_MAX_ARGS]; /* by argument index: buffers after */
     /* Timed repeats (TIMED), when asked for and the launch finished. */
@@ -705,13 +708,14 @@ static int misfit(const hk_test *t, const hkp_entry *e, char *why, size_t n) {
 
 /* Loads im into slot. 0; 1 when the helper's driver refused it (cu, name and
  * log say why); or a negative HKU_RECV_* when the exchange failed. */
-static int load_slot(hka_canary *c, helper *h, int slot, const hka_image *im, int *cu, char *name,
-                     char *log) {
+static int load_slot(hka_canary *c, helper *h, int slot, const hka_image *im, int guarded, int *cu,
+                     char *name, char *log) {
     hku_buf b;
     hku_buf_init(&b, HKA_MAGIC, HKA_LOAD);
     hku_put_u32(&b, (uint32_t)slot);
     hku_put_u32(&b, (uint32_t)im->format);
-    hku_put(&b, im->data, im->size);
+    hku_put_u32(&b, (uint32_t)guarded);
+    hku_put(&b, guarded ? im->guard : im->data, guarded ? im->guard_size : im->size);
     double deadline = hku_now_ms() + (double)c->timeout_ms * START_FACTOR;
     int sent = hku_send_by(h->proc.fd, &b, deadline);
     hku_buf_free(&b);
@@ -738,15 +742,10 @@ static const char *recv_what(int r) {
                                  : "answered nonsense";
 }
 
-/* The new version as its test launches run it: its trap guard's copy
- * where it has one (ptx/guard.c), else its image. */
-static hka_image as_tested(const hka_image *im) {
-    hka_image t = *im;
-    if (im->guard) {
-        t.data = im->guard;
-        t.size = im->guard_size;
-    }
-    return t;
+/* The guarded sites of the new version as its test launches run it: its
+ * trap guard's copy where it has one that loaded, else none. */
+static uint32_t tested_sites(const run *r) {
+    return r->img->guard && !r->unguarded ? (uint32_t)r->img->guard_sites : 0;
 }
 
 /* Starts helper h if needed and loads the new image (slot 0) and, when
@@ -759,8 +758,15 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
     for (int attempt = 0; attempt < 2; attempt++) {
         if (helper_ready(c, h, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
             return -1;
-        hka_image tested = as_tested(r->img);
-        int cu = 0, lr = load_slot(c, h, 0, &tested, &cu, name, log);
+        int cu = 0, lr = load_slot(c, h, 0, r->img, tested_sites(r) > 0, &cu, name, log);
+        if (lr > 0 && tested_sites(r)) {
+            /* The copy is checked by nvJitLink only when the image is a
+             * cubin: PTX left to the driver may not load. The version is
+             * tested as it is rather than not at all. */
+            note(r, "the trap guard's copy did not load (%.40s): tested unguarded", name);
+            r->unguarded = 1;
+            lr = load_slot(c, h, 0, r->img, 0, &cu, name, log);
+        }
         if (lr > 0) {
             snprintf(why, n, "it could not load the new version: %s%s%.120s", name,
                      log[0] ? ": " : "", log);
@@ -770,7 +776,7 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
             }
             return -1;
         }
-        if (lr == 0 && with_ref && (lr = load_slot(c, h, 1, r->ref, &cu, name, log)) != 0) {
+        if (lr == 0 && with_ref && (lr = load_slot(c, h, 1, r->ref, 0, &cu, name, log)) != 0) {
             note(r, "the running version did not load in the canary (%s): not compared",
                  lr > 0 ? name : recv_what(lr));
             r->cmp = 0;
@@ -830,12 +836,14 @@ static void sane_cu_name(char *name, size_t n, int cu) {
 
 /* 1 when where a launch (or its repeats) stopped does not add up: it
  * finished with no error and no trap, or stopped with exactly one of them,
- * a trap only while running. */
-static int bad_stop(uint32_t stage, int cu, uint32_t trap) {
+ * a trap only while running and only at one of the image's `sites`
+ * guarded sites. */
+static int bad_stop(uint32_t stage, int cu, uint32_t trap, uint32_t sites) {
     if (stage == HKA_STAGE_DONE)
         return cu != 0 || trap != 0;
-    return (cu != 0) == (trap != 0) || (trap && stage != HKA_STAGE_SYNC) ||
-           (trap && HKP_GUARD_KIND(trap) == 0);
+    return (cu != 0) == (trap != 0) ||
+           (trap && (stage != HKA_STAGE_SYNC || HKP_GUARD_KIND(trap) == 0 ||
+                     HKP_GUARD_SITE(trap) == 0 || HKP_GUARD_SITE(trap) > sites));
 }
 
 /* Reads a RESULT strictly: a finished launch returns every buffer at its
@@ -851,7 +859,8 @@ static void parse_result(const hk_test *t, int outputs, outcome *o, size_t len) 
     for (int i = 0; i < t->nargs; i++)
         nbuf += t->args[i].kind == HKA_ARG_BUFFER;
     uint32_t want = o->stage == HKA_STAGE_DONE && outputs ? (uint32_t)nbuf : 0;
-    if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want || bad_stop(o->stage, o->cu, o->trap)) {
+    if (rd.bad || o->stage > HKA_STAGE_DONE || nout != want ||
+        bad_stop(o->stage, o->cu, o->trap, o->sites)) {
         snprintf(o->detail, sizeof o->detail, "stage %u, result %d, %u buffers for %u", o->stage,
                  o->cu, nout, want);
         o->transport = HKU_RECV_MALFORMED;
@@ -908,7 +917,7 @@ static void recv_timed(helper *h, outcome *o, double deadline) {
     int stopped = o->tcu || o->ttrap;
     int bad = type != HKA_TIMED || rd.bad || n != (stopped ? 0u : (uint32_t)o->asked) ||
               o->tstage > HKA_STAGE_DONE || o->tstage == HKA_STAGE_COPY ||
-              bad_stop(o->tstage, o->tcu, o->ttrap);
+              bad_stop(o->tstage, o->tcu, o->ttrap, o->sites);
     for (uint32_t i = 0; !bad && i < n; i++) {
         uint64_t ns = hku_get_u64(&rd);
         bad = rd.bad || ns > HKA_MAX_RUN_NS;
@@ -931,8 +940,9 @@ static void recv_timed(helper *h, outcome *o, double deadline) {
 /* Runs test t on the image in slot of helper h under timeout_ms, with
  * `runs` timed repeats when it finishes (0: none). */
 static void do_launch(hka_canary *c, helper *h, int slot, const char *entry, const hk_test *t,
-                      int runs, int timeout_ms, outcome *o) {
+                      int runs, int timeout_ms, uint32_t sites, outcome *o) {
     memset(o, 0, sizeof *o);
+    o->sites = sites;
     /* Under memcheck nothing is compared: the plain run does that. */
     int outputs = t->compare != HK_COMPARE_NONE && !h->sanitized;
     double deadline = hku_now_ms() + timeout_ms;
@@ -1014,8 +1024,9 @@ static int mc_end(helper *h, char *how, size_t n) {
 }
 
 /* The verdict on a launch of the new version: anything but a clean finish
- * refuses it. The helper is replaced after every failure: a fault leaves
- * its context unusable, and a helper that hung or misbehaved is not reused.
+ * refuses it. The helper is replaced after every failure but a trap the
+ * guard caught (its context is whole): a fault leaves its context unusable,
+ * and a helper that hung or misbehaved is not reused.
  * Under memcheck, a failure the sanitizer reported is a memcheck refusal
  * with its first error line, and so is a launch that came back finished
  * but reported; that one alone keeps its helper (the sanitizer ended the
@@ -1193,7 +1204,7 @@ static int with_running(run *r, const char *kernel, int no, const hk_test *t, co
         return 0;
     }
     outcome old;
-    do_launch(r->c, &r->c->plain, 1, entry, t, on->timed ? HKA_RUNS : 0, r->c->timeout_ms, &old);
+    do_launch(r->c, &r->c->plain, 1, entry, t, on->timed ? HKA_RUNS : 0, r->c->timeout_ms, 0, &old);
     int err = 0;
     if (!finished(&old)) {
         note(r, "kernel '%s' test %d fails on the running version too: not compared", kernel, no);
@@ -1230,7 +1241,7 @@ static int memcheck_test(run *r, const char *kernel, int no, const hk_test *t) {
     mc_reset(h); /* what it said before this launch is not this launch's */
     outcome o;
     do_launch(r->c, h, 0, entry_of(r->img, kernel), t, 0, r->c->timeout_ms * HKA_SANITIZER_SLOW,
-              &o);
+              tested_sites(r), &o);
     int err = judge(r, h, kernel, no, &o);
     r->memchecked += !err;
     free(o.payload);
@@ -1252,7 +1263,8 @@ static int run_test(run *r, const char *kernel, int no, const hk_test *t, int me
     if (memcheck)
         return memcheck_test(r, kernel, no, t);
     outcome on;
-    do_launch(r->c, &r->c->plain, 0, entry, t, r->guard ? HKA_RUNS : 0, r->c->timeout_ms, &on);
+    do_launch(r->c, &r->c->plain, 0, entry, t, r->guard ? HKA_RUNS : 0, r->c->timeout_ms,
+              tested_sites(r), &on);
     int err = judge(r, &r->c->plain, kernel, no, &on);
     if (!err) {
         r->launches++;
@@ -1289,7 +1301,7 @@ static void passed(run *r) {
     if (r->memchecked)
         snprintf(mc, sizeof mc, "; memcheck clean");
     char guard[48] = "";
-    if (r->img->guard)
+    if (tested_sites(r))
         snprintf(guard, sizeof guard, "; %d trap site%s guarded", r->img->guard_sites,
                  r->img->guard_sites == 1 ? "" : "s");
     if (r->timed && r->old_ms > 0)

@@ -20,7 +20,8 @@
  *
  *   helper -> READY  {u32 protocol, i32 arch}   once, after its context exists
  *                    or FAIL {text} when it cannot make one
- *   LOAD   {u32 slot, u32 format, bytes}  -> LOADED {i32 cu, str name, str log}
+ *   LOAD   {u32 slot, u32 format, u32 guarded, bytes}
+ *          -> LOADED {i32 cu, str name, str log}
  *   LAUNCH {u32 slot, str entry, u32 grid[3], block[3], shared, u32 nargs,
  *           per arg: u32 kind, u64 size, u32 fill, u64 param, [bytes];
  *           u32 outputs, u32 warmups, u32 runs}
@@ -44,11 +45,14 @@
  * comparisons and timings). Where the new version has a trap guard's copy
  * (ptx/guard.c: its traps, breakpoints and asserts store a code into
  * __hotkern_trap and end their thread instead of raising an exception that
- * would end the context and stall the whole GPU), slot 0 holds that copy;
- * the helper clears the code before each launch and reads it after, and a
+ * would end the context and stall the whole GPU), slot 0 holds that copy
+ * (LOAD's guarded 1; a copy the driver refuses is replaced by the image,
+ * tested unguarded, and said so); the helper clears the code before each
+ * launch and reads it after, only in a guarded slot, and a
  * launch or repeat that stored one stops at stage SYNC with cu 0 and the
  * code in `trap` (nothing else stops with a trap; a stop has either a cu or
- * a trap). Its context is whole: the helper goes on. A fault poisons the helper's context, so after
+ * a trap, and a trap names one of the copy's sites). Its context is whole:
+ * the helper goes on. A fault poisons the helper's context, so after
  * one the parent kills the helper and starts another.
  *
  * Two helpers. Each runtime with canaries has a plain helper, which runs

@@ -104,13 +104,14 @@ static void attach(int device) {
         fail("no context on the device: ", hkb_cu_name(&D, r));
 }
 
-/* LOAD {slot, format, image}: (re)loads a slot. */
+/* LOAD {slot, format, guarded, image}: (re)loads a slot. */
 static void do_load(hku_rd *rd) {
     uint32_t slot = hku_get_u32(rd);
     hku_get_u32(rd); /* format: the driver detects it */
+    uint32_t guarded = hku_get_u32(rd);
     size_t n = rd->left;
     const void *img = hku_get(rd, n);
-    if (rd->bad || slot > 1 || !n || n > HKA_MAX_IMAGE)
+    if (rd->bad || slot > 1 || guarded > 1 || !n || n > HKA_MAX_IMAGE)
         exit(2);
     char *copy = calloc(1, n + 1); /* PTX must end with a NUL */
     char *log = calloc(1, HKA_MAX_TEXT);
@@ -125,7 +126,9 @@ static void do_load(hku_rd *rd) {
     CUresult r = D.ModuleLoadDataEx(&slots[slot], copy, 2, o, v);
     size_t tsize = 0;
     trap_at[slot] = 0;
-    if (r == CUDA_SUCCESS &&
+    /* Only a trap guard's copy says so: an image may name the symbol
+     * itself. */
+    if (r == CUDA_SUCCESS && guarded &&
         (D.ModuleGetGlobal(&trap_at[slot], &tsize, slots[slot], HKP_GUARD_SYMBOL) != CUDA_SUCCESS ||
          tsize != sizeof(uint32_t)))
         trap_at[slot] = 0;

@@ -324,9 +324,8 @@ int hkl_canary_wanted(hk_runtime *rt, const hkl_job *j) {
            hka_has_tests(rt->canary, j->name);
 }
 
-/* Between build and stage: runs the built job's canary as its policy says.
- * Returns 0 to go on, or the refusal (rep filled). */
-int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
+/* hkl_canary_check's run, the guard's copy left to it. */
+static int canary_run(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     hk_canary_policy policy = policy_of(j);
     if (policy == HK_CANARY_SKIP || hkl_swap_held(rt)) {
         /* (From a check callback the swap is refused as busy anyway.) */
@@ -369,9 +368,18 @@ int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     }
     if (cur)
         hkl_version_unpin(rt, cur);
-    /* Only canary runs use the guard's copy: not kept with the version. */
+    return err;
+}
+
+/* Between build and stage: runs the built job's canary as its policy says.
+ * Returns 0 to go on, or the refusal (rep filled). */
+int hkl_canary_check(hk_runtime *rt, hkl_job *j, hk_report *rep) {
+    int err = canary_run(rt, j, rep);
+    /* Only a canary run uses the trap guard's copy, whether or not one ran:
+     * it is not kept with the version. */
     free(j->art.guard);
     j->art.guard = NULL;
     j->art.guard_size = 0;
+    j->art.guard_sites = 0;
     return err;
 }

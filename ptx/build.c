@@ -380,6 +380,95 @@ static void h_int(crypto_generichash_state *st, long long v) {
     h_str(st, buf);
 }
 
+/* nvJitLink's options for a link of o's PTX: the arch, the optimisation
+ * level (or the development profile's -Ofc=max), and what the caller's
+ * NVRTC options ask of ptxas, translated (--maxrregcount, --ptxas-options
+ * or -Xptxas, -G, -lineinfo, a fast-compile level of their own), so that a
+ * cubin linked from NVRTC's PTX is built as NVRTC would build it. The
+ * strings point into o's options and the struct's own buffers. Options
+ * that reach ptxas in a way nvJitLink cannot be told (relocatable or
+ * link-time code, device optimisation levels: unlinkable_option) are left
+ * out, as they always were from these links. */
+#define MAX_LINK_OPTS 16
+typedef struct link_opts {
+    const char *argv[MAX_LINK_OPTS];
+    int argc;
+    char arch[32], opt[16], more[4][96];
+    int nmore;
+    int translated; /* options of nvrtc_options among argv */
+} link_opts;
+
+static const char *value_of(const char *a, const char *const *names) {
+    for (; *names; names++) {
+        size_t l = strlen(*names);
+        if (!strncmp(a, *names, l) && a[l] == '=')
+            return a + l + 1;
+    }
+    return NULL;
+}
+
+static const char *const unlinkable[] = {
+    "-rdc",  "--relocatable-device-code", "-dc",   "-ewp",   "--extensible-whole-program",
+    "-dlto", "--dlink-time-opt",          "-dopt", "--dopt", NULL};
+
+static int is_unlinkable(const char *a) {
+    for (const char *const *r = unlinkable; *r; r++) {
+        size_t n = strlen(*r);
+        if (!strncmp(a, *r, n) && (a[n] == '\0' || a[n] == '='))
+            return 1;
+    }
+    return 0;
+}
+
+/* The first of o's NVRTC options that link_opts_make cannot give nvJitLink
+ * (NULL: none). */
+static const char *unlinkable_option(const hkp_build_opts *o) {
+    for (int i = 0; i < o->nnvrtc_options; i++)
+        if (o->nvrtc_options[i] && is_unlinkable(o->nvrtc_options[i]))
+            return o->nvrtc_options[i];
+    return NULL;
+}
+
+static void link_opts_make(link_opts *l, int arch, const hkp_build_opts *o) {
+    static const char *const regs[] = {"--maxrregcount", "-maxrregcount", NULL};
+    static const char *const ptxas[] = {"--ptxas-options", "-Xptxas", NULL};
+    static const char *const fc[] = {"--Ofast-compile", "-Ofast-compile", "-Ofc", NULL};
+    memset(l, 0, sizeof *l);
+    snprintf(l->arch, sizeof l->arch, "-arch=sm_%d%s", HKP_ARCH_NUM(arch),
+             (arch & HKP_ARCH_SPECIFIC) ? "a" : "");
+    l->argv[l->argc++] = l->arch;
+    int fast_named = 0;
+    for (int i = 0; i < o->nnvrtc_options && l->argc < MAX_LINK_OPTS; i++) {
+        const char *a = o->nvrtc_options[i], *v;
+        if (!a || is_unlinkable(a))
+            continue;
+        char *m = l->nmore < 4 ? l->more[l->nmore] : NULL;
+        if ((v = value_of(a, regs)) && m)
+            snprintf(m, 96, "-maxrregcount=%s", v);
+        else if ((v = value_of(a, ptxas)) && m)
+            snprintf(m, 96, "-Xptxas=%s", v);
+        else if ((v = value_of(a, fc)) && m)
+            snprintf(m, 96, "-Ofc=%s", v), fast_named = 1;
+        else if (!strcmp(a, "-G") || !strcmp(a, "--device-debug"))
+            m = "-g";
+        else if (!strcmp(a, "-lineinfo") || !strcmp(a, "--generate-line-info"))
+            m = "-lineinfo";
+        else
+            continue; /* the front end's and NVVM's: their effect is in the PTX */
+        if (m == l->more[l->nmore])
+            l->nmore++;
+        l->argv[l->argc++] = m;
+        l->translated++;
+    }
+    if (!fast_named) {
+        if (o->fast_compile)
+            snprintf(l->opt, sizeof l->opt, "-Ofc=max");
+        else
+            snprintf(l->opt, sizeof l->opt, "-O%d", o->opt_level > 0 ? 3 : 0);
+        l->argv[l->argc++] = l->opt;
+    }
+}
+
 /* Everything known before compiling that changes the output. For CUDA C
  * that includes the toolkit (as a whole: its fingerprint) and the names of
  * the in-memory headers, since a name can hide a file the manifest lists;
@@ -420,6 +509,12 @@ static void key_context(crypto_generichash_state *st, const char *kind, const vo
         h_str(st, "fast-compile=max");
     if (o->trap_guard) /* the entry then holds the guarded copy too */
         h_str(st, "trap-guard");
+    /* nvJitLink links take the ptxas options of nvrtc_options since the
+     * trap guard: an entry linked before then without them is not served. */
+    link_opts lo;
+    link_opts_make(&lo, o->arch, o);
+    if (lo.translated && o->ptx_to_cubin && (fmt == HK_FORMAT_PTX || o->nvrtc_via_ptx))
+        h_str(st, "ptxas-options-linked");
     h_int(st, o->nnvrtc_options);
     for (int i = 0; i < o->nnvrtc_options; i++)
         h_str(st, o->nvrtc_options[i]);
@@ -1041,24 +1136,19 @@ static int jitlink_log(nvJitLinkHandle h, int errors, char **log) {
 }
 
 /* PTX (size bytes, NUL-terminated or not) to a cubin for `arch` (which may
- * carry HKP_ARCH_SPECIFIC). Replaces a->image with the cubin. */
-static int jitlink_ptx(const void *ptx, size_t size, int arch, int opt_level, int fast,
+ * carry HKP_ARCH_SPECIFIC) with o's link options (link_opts_make).
+ * Replaces a->image with the cubin; nvJitLink's log goes to a->log. */
+static int jitlink_ptx(const void *ptx, size_t size, int arch, const hkp_build_opts *o,
                        const char *name, hkp_artifact *a, char *why, size_t why_size) {
     nvJitLinkHandle h = NULL;
-    char archopt[64], optopt[16];
-    const char *lopts[2] = {archopt, optopt};
+    link_opts lo;
     void *cubin = NULL;
     char *text = NULL;
     int rc = 0;
     nvJitLinkResult r;
 
-    snprintf(archopt, sizeof archopt, "-arch=sm_%d%s", HKP_ARCH_NUM(arch),
-             (arch & HKP_ARCH_SPECIFIC) ? "a" : "");
-    if (fast)
-        snprintf(optopt, sizeof optopt, "-Ofc=max");
-    else
-        snprintf(optopt, sizeof optopt, "-O%d", opt_level > 0 ? 3 : 0);
-    r = nvJitLinkCreate(&h, 2, lopts);
+    link_opts_make(&lo, arch, o);
+    r = nvJitLinkCreate(&h, (uint32_t)lo.argc, lo.argv);
     if (r != NVJITLINK_SUCCESS) {
         hkp_why(why, why_size, "nvJitLink: cannot create a link (error %d)", (int)r);
         return HK_ERR_COMPILE;
@@ -1116,24 +1206,29 @@ out:
     return rc;
 }
 
-/* The trap guard's copy of a build (guard.c) from the build's PTX: a cubin
- * through nvJitLink as the image when to_cubin, else the guarded PTX. Only
- * when o->trap_guard and the PTX has something to guard. A copy that
- * cannot be made leaves the build unguarded (its canary runs trap for
- * real), and the build's log says why; only memory running out fails the
- * build. */
+/* The trap guard's copy of a build (guard.c), made after its image: from
+ * the image's PTX, a cubin linked exactly as the image is (to_cubin: the
+ * same nvJitLink options, so that the copy differs from what commits at
+ * its sites alone), else the guarded PTX. Only when o->trap_guard and the
+ * PTX has something to guard. A copy that cannot be made leaves the build
+ * unguarded (its canary runs traps for real), and the build's log says
+ * why; only memory running out fails the build. */
 static int guard_build(const char *ptx, size_t n, const hkp_build_opts *o, int to_cubin,
                        int link_arch, const char *name, hkp_artifact *a) {
     if (!o->trap_guard)
         return 0;
     char *g = NULL, why[300] = "";
     size_t gn = 0;
-    int sites = 0;
-    int rc = hkp_guard_ptx(ptx, n, &g, &gn, &sites, why, sizeof why);
+    int sites = 0, rc = 0;
+    const char *bad = to_cubin ? unlinkable_option(o) : NULL;
+    if (bad) /* the image's link leaves it out: the copy cannot be built as the image is */
+        snprintf(why, sizeof why, "NVRTC option '%.100s' has no nvJitLink equivalent", bad),
+            rc = HK_ERR_COMPILE;
+    else
+        rc = hkp_guard_ptx(ptx, n, &g, &gn, &sites, why, sizeof why);
     if (rc == 0 && sites && to_cubin) {
         hkp_artifact link = {0};
-        rc = jitlink_ptx(g, gn, link_arch, o->opt_level, o->fast_compile, name, &link, why,
-                         sizeof why);
+        rc = jitlink_ptx(g, gn, link_arch, o, name, &link, why, sizeof why);
         free(g);
         g = link.image, gn = link.size;
         link.image = NULL;
@@ -1156,7 +1251,11 @@ static int guard_build(const char *ptx, size_t n, const hkp_build_opts *o, int t
 }
 
 /* The guard of a direct NVRTC cubin build, from the program's PTX (NVRTC
- * keeps it beside the cubin: no second compile). */
+ * keeps it beside the cubin: no second front end). NVRTC's own ptxas
+ * allocates registers otherwise than nvJitLink does for the same PTX (40
+ * against 64 measured for one kernel), so where a copy is made the image
+ * is linked again from that PTX with the copy's options: the canary then
+ * runs what commits, but for the sites. */
 static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *name,
                        hkp_artifact *a) {
     size_t n = 0;
@@ -1167,6 +1266,24 @@ static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *n
         return HK_ERR_NOMEM;
     int rc =
         nvrtcGetPTX(prog, ptx) == NVRTC_SUCCESS ? guard_build(ptx, n, o, 1, o->arch, name, a) : 0;
+    if (rc == 0 && a->guard) {
+        hkp_artifact img = {0};
+        char why[300] = "";
+        rc = jitlink_ptx(ptx, n, o->arch, o, name, &img, why, sizeof why);
+        if (rc == 0) {
+            free(a->image);
+            a->image = img.image, a->size = img.size;
+            img.image = NULL;
+        } else if (rc != HK_ERR_NOMEM) {
+            /* NVRTC's cubin stands, unguarded. */
+            free(a->guard);
+            a->guard = NULL, a->guard_size = 0, a->guard_sites = 0;
+            char line[400];
+            snprintf(line, sizeof line, "hotkern: the canary's trap guard was not built (%s)", why);
+            rc = log_append(&a->log, line);
+        }
+        hkp_artifact_free(&img);
+    }
     free(ptx);
     return rc;
 }
@@ -1227,11 +1344,19 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
         /* data is NUL-terminated here (hkp_build made it so). */
         int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx;
         rc = nvrtc_build(data, o, sp, source_name, direct, a, why, why_size);
-        if (!rc && !direct)
-            rc = guard_build(a->image, a->size, o, o->ptx_to_cubin, o->arch, source_name, a);
-        if (!rc && o->ptx_to_cubin && !direct)
-            rc = jitlink_ptx(a->image, a->size, o->arch, o->opt_level, o->fast_compile, source_name,
-                             a, why, why_size);
+        if (rc || direct)
+            return rc;
+        /* NVRTC's PTX: linked (or left to the driver), then guarded. */
+        char *ptx = malloc(a->size);
+        if (!ptx)
+            return HK_ERR_NOMEM;
+        memcpy(ptx, a->image, a->size);
+        size_t n = a->size;
+        if (o->ptx_to_cubin)
+            rc = jitlink_ptx(ptx, n, o->arch, o, source_name, a, why, why_size);
+        if (!rc)
+            rc = guard_build(ptx, n, o, o->ptx_to_cubin, o->arch, source_name, a);
+        free(ptx);
         return rc;
     }
     /* PTX. The arch check comes first when the PTX parses, for a clear
@@ -1249,12 +1374,11 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
             link_arch |= HKP_ARCH_SPECIFIC;
         hkp_meta_free(&pm);
     }
-    if ((rc = guard_build(data, size, o, o->ptx_to_cubin, link_arch, source_name, a)) != 0)
-        return rc;
-    if (!o->ptx_to_cubin)
-        return copy_image(data, size, HK_FORMAT_PTX, a);
-    return jitlink_ptx(data, size, link_arch, o->opt_level, o->fast_compile, source_name, a, why,
-                       why_size);
+    /* The image first: a PTX that does not build is refused with its own
+     * log, not with its guarded copy's. */
+    rc = o->ptx_to_cubin ? jitlink_ptx(data, size, link_arch, o, source_name, a, why, why_size)
+                         : copy_image(data, size, HK_FORMAT_PTX, a);
+    return rc ? rc : guard_build(data, size, o, o->ptx_to_cubin, link_arch, source_name, a);
 }
 
 static int take_deps(hkp_artifact *a, dep_list *d) {

@@ -187,11 +187,13 @@ static int statement(hkp_lexer *lx, hkp_tok t, scan *sc) {
     return rc < 0 ? rc : 1;
 }
 
-/* The module's header: the .version, .target and .address_size lines PTX
- * opens with (each a line of its own, nothing before them but comments).
- * Returns where it ends, just after the last one's operands (0: none), with
- * lx after it. The guard's declaration goes there: at module scope, before
- * any code, whatever follows on that line. */
+/* The module's header: the .version, .target and .address_size directives
+ * PTX opens with (nothing before them but comments). Returns where it ends,
+ * just after the last one's operands (0: none), with lx after it. Each
+ * directive takes exactly its operands: .version and .address_size one,
+ * .target a list of names separated by commas; whatever follows on the same
+ * line is the module's, and is read for sites. The guard's declaration goes
+ * there: at module scope, before any code. */
 static size_t header(hkp_lexer *lx) {
     size_t end = 0;
     hkp_tok t;
@@ -200,9 +202,14 @@ static size_t header(hkp_lexer *lx) {
         if (!hkp_lex_next(&at, &t) || !t.bol ||
             !(tok_is(&t, ".version") || tok_is(&t, ".target") || tok_is(&t, ".address_size")))
             return end;
-        /* Its operands: the tokens up to the next line's first. */
-        for (hkp_lexer next = at; hkp_lex_next(&next, &t) && !t.bol;)
+        int list = tok_is(&t, ".target");
+        if (!hkp_lex_next(&at, &t) || t.bol)
+            return end;
+        for (hkp_lexer next = at; list && hkp_lex_next(&next, &t) && tok_is(&t, ",");) {
+            if (!hkp_lex_next(&next, &t))
+                break;
             at = next;
+        }
         *lx = at;
         end = at.i;
     }

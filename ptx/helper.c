@@ -162,7 +162,11 @@ static void serve(hku_rd *rd) {
     hkp_artifact a;
     char why[HKP_ISO_MAX_WHY] = "";
     int rc = hkp_build(q.data, (size_t)q.size, (hk_format)q.fmt, &q.o, &a, why, sizeof why);
-    if (rc == 0 && (a.size > HKP_ISO_MAX_BYTES || a.guard_size > HKP_ISO_MAX_BYTES)) {
+    if (a.guard_size > HKP_ISO_MAX_BYTES) { /* the version goes on unguarded */
+        free(a.guard);
+        a.guard = NULL, a.guard_size = 0, a.guard_sites = 0;
+    }
+    if (rc == 0 && a.size > HKP_ISO_MAX_BYTES) {
         rc = HK_ERR_TOO_LARGE;
         snprintf(why, sizeof why, "the built image is over %u MiB", HKP_ISO_MAX_BYTES >> 20);
     }

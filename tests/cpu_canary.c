@@ -312,6 +312,25 @@ START_TEST(trap_caught_by_the_guard_keeps_the_helper) {
 }
 END_TEST
 
+/* A version whose first test launch passes and whose timed repeats (the
+ * perf guard's, on the buffers the launch left) reach a trap: the helper
+ * reads the guard's code after each repeat too. */
+START_TEST(trap_in_the_timed_repeats_is_caught) {
+    setenv("HKFAKE_TRAP", "step@5=1", 1);
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    pid_t before = hka_helper_pid(rt->canary);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_with(5, "@%p1 trap;", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 repeated to be timed reached a trap "
+                                      "instruction"),
+                  "%s", rep.message);
+    ck_assert_int_eq(hka_helper_pid(rt->canary), before);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(hanging_kernel_refused_and_helper_restarted) {
     setenv("HKFAKE_HANG", "step@8", 1);
     rt = make_rt(NULL, 300, 1);
@@ -690,12 +709,15 @@ START_TEST(destroy_does_not_wait_for_a_canary_run) {
 }
 END_TEST
 
-/* A helper that lies about a trap: finished and trapped at once, or
- * stopped by both a driver error and a trap. Neither is believed. */
+/* A helper that lies about a trap: finished and trapped at once, stopped
+ * by both a driver error and a trap, or trapped in an image with no guard.
+ * None is believed. */
 START_TEST(bad_helper_trap_replies) {
     misbehaving("badtrap", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply");
     teardown();
     misbehaving("trapcu", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply");
+    teardown();
+    misbehaving("trapunasked", HK_CANARY_REQUIRE, HK_ERR_CANARY, "malformed reply");
 }
 END_TEST
 
@@ -1503,6 +1525,7 @@ int main(void) {
     tcase_add_test(tc, faulting_kernel_refused_with_cuname);
     tcase_add_test(tc, hanging_kernel_refused_and_helper_restarted);
     tcase_add_test(tc, trap_caught_by_the_guard_keeps_the_helper);
+    tcase_add_test(tc, trap_in_the_timed_repeats_is_caught);
     tcase_add_test(tc, wrong_output_refused_on_compare);
     tcase_add_test(tc, float_tolerance_lets_close_outputs_through);
     tcase_add_test(tc, no_tests_committed_as_today);

@@ -8,6 +8,7 @@
  * must come back as the right error with a reason a person can act on.
  */
 #include <dirent.h>
+#include <elf.h>
 #include <nvrtc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -2035,6 +2036,80 @@ START_TEST(build_makes_the_guard_on_every_path) {
 }
 END_TEST
 
+/* Registers of the (only) kernel of a cubin: EIATTR_REGCOUNT (0x2f) in its
+ * .nv.info section, {u32 symbol, u32 registers}; -1 when absent. */
+static int cubin_regs(const void *image) {
+    const unsigned char *p = image;
+    const Elf64_Ehdr *e = image;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(p + e->e_shoff);
+    const char *names = (const char *)p + sh[e->e_shstrndx].sh_offset;
+    for (int i = 0; i < e->e_shnum; i++) {
+        if (strncmp(names + sh[i].sh_name, ".nv.info", 8))
+            continue;
+        const unsigned char *q = p + sh[i].sh_offset;
+        for (size_t j = 0; j + 4 <= sh[i].sh_size;) {
+            unsigned fmt = q[j], attr = q[j + 1], h = (unsigned)(q[j + 2] | q[j + 3] << 8);
+            if (fmt == 4 && attr == 0x2f && h == 8)
+                return (int)(q[j + 8] | q[j + 9] << 8);
+            j += fmt == 4 ? 4 + h : 4;
+        }
+    }
+    return -1;
+}
+
+/* The copy is linked as the image is: the caller's ptxas options reach
+ * both (a register limit here), so the canary runs what commits but for its
+ * sites; an option nvJitLink cannot be given leaves the version unguarded,
+ * saying why; and PTX that does not build is refused with its own log. */
+START_TEST(guard_is_linked_as_the_image) {
+    const char *src = "extern \"C\" __global__ void heavy(float *x, int n) {\n"
+                      "  float a[48];\n"
+                      "#pragma unroll\n"
+                      "  for (int k = 0; k < 48; k++) a[k] = x[threadIdx.x + k * 32];\n"
+                      "  float s = 0;\n"
+                      "#pragma unroll\n"
+                      "  for (int k = 0; k < 48; k++) s += a[k] * a[(k * 7) % 48] + a[(k * 5) % "
+                      "48] * s;\n"
+                      "  assert(n > 0);\n"
+                      "  x[threadIdx.x] = s;\n}\n";
+    const char *limit[] = {"--maxrregcount=32"};
+    hkp_build_opts o = base_opts(90);
+    o.trap_guard = 1;
+    o.nvrtc_options = limit;
+    o.nnvrtc_options = 1;
+    hkp_artifact a;
+    char why[512];
+    ck_assert_msg(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) == 0, "%s",
+                  why);
+    ck_assert_ptr_nonnull(a.guard);
+    ck_assert_int_eq(cubin_regs(a.image), 32);
+    ck_assert_int_eq(cubin_regs(a.guard), cubin_regs(a.image));
+    hkp_artifact_free(&a);
+    o.nnvrtc_options = 0; /* unlimited, the same on both sides */
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_gt(cubin_regs(a.image), 32);
+    ck_assert_int_eq(cubin_regs(a.guard), cubin_regs(a.image));
+    hkp_artifact_free(&a);
+
+    const char *dopt[] = {"-dopt=on"};
+    o.nvrtc_options = dopt;
+    o.nnvrtc_options = 1;
+    ck_assert_int_eq(hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_ptr_null(a.guard);
+    ck_assert_ptr_nonnull(strstr(a.log, "trap guard was not built (NVRTC option '-dopt=on' has no "
+                                        "nvJitLink equivalent)"));
+    hkp_artifact_free(&a);
+
+    const char *bad = PTX_HEAD ".visible .entry k()\n{\n trap;\n bogus.u32 %r1;\n ret;\n}\n";
+    o.nnvrtc_options = 0;
+    ck_assert_int_eq(hkp_build(bad, strlen(bad), HK_FORMAT_PTX, &o, &a, why, sizeof why),
+                     HK_ERR_COMPILE);
+    ck_assert_msg(strstr(why, "nvJitLink: ") && strstr(why, "line 7") && !strstr(why, "guard"),
+                  "%s", why);
+    hkp_artifact_free(&a);
+}
+END_TEST
+
 static Suite *ptx_suite(void) {
     Suite *s = suite_create("ptx");
     TCase *tc = tcase_create("detect");
@@ -2064,6 +2139,7 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, guard_rewrites_exactly_the_sites);
     tcase_add_test(tc, guard_refuses_what_it_cannot_do_soundly);
     tcase_add_test(tc, build_makes_the_guard_on_every_path);
+    tcase_add_test(tc, guard_is_linked_as_the_image);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 

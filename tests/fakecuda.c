@@ -42,6 +42,7 @@ struct fimage {
     int tag;
     int shared;         /* static shared bytes of every kernel ("// shared: N") */
     unsigned trap_code; /* a trap guard's first store ("[__hotkern_trap], N"); 0: none */
+    int runs;           /* launches of its kernels */
     fctx *ctx;          /* modules */
     unsigned long long ctx_id;
     hkp_meta meta;
@@ -114,7 +115,8 @@ static struct {
         int tag; /* -1: any image */
         int kind;
         CUresult err;
-        double ms; /* FAKE_SLOW: how long a launch takes */
+        double ms; /* FAKE_SLOW: how long a launch takes; FAKE_TRAP: how many
+                    * launches of the kernel in an image pass before it traps */
     } kctl[16];
     int nkctl;
     /* GPU time (fake_kernel_slow): every launch advances it by its
@@ -845,6 +847,8 @@ static CUresult run(fkern *fk, void **args) {
     }
     hkp_entry *e = &im->meta.entries[fk->entry];
     int kind = kernel_control(e->name, im->tag);
+    if (kind == KCTL_TRAP && im->runs++ < (int)kctl_ms)
+        kind = KCTL_NONE; /* not yet */
     F.gpu_ns += kind == KCTL_SLOW ? (uint64_t)(kctl_ms * 1e6) : FAKE_LAUNCH_NS;
     if (kind == KCTL_OOB && F.memcheck_fd >= 0) {
         /* Caught by instrumentation: the kernel ends, the context with it. */
@@ -1298,6 +1302,10 @@ int fake_kernel_control(const char *spec, int kind, CUresult err) {
 
 int fake_kernel_slow(const char *spec, double ms) {
     return ms >= 0 ? add_control(spec, FAKE_SLOW, CUDA_SUCCESS, ms) : -1;
+}
+
+int fake_kernel_trap(const char *spec, int after) {
+    return after >= 0 ? add_control(spec, FAKE_TRAP, CUDA_SUCCESS, after) : -1;
 }
 
 void fake_set_memcheck_fd(int fd, int soft) {

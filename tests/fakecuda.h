@@ -130,6 +130,9 @@ int fake_kernel_control(const char *spec, int kind, CUresult err);
  * cuEventElapsedTime, in the loadable library's entry points) read it, so
  * a timed launch takes exactly what its control says. */
 int fake_kernel_slow(const char *spec, double ms);
+/* A FAKE_TRAP control whose kernel traps from its launch number after + 1
+ * in each image on (0: at once; fake_kernel_control's FAKE_TRAP is that). */
+int fake_kernel_trap(const char *spec, int after);
 /* The descriptor a fake compute-sanitizer reads memcheck's reports from
  * (-1: none, the default); soft: a reported kernel runs on to its end
  * instead of faulting (as with --destroy-on-device-error kernel). */

@@ -1069,7 +1069,9 @@ HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_res
  * application's too) is tested as a copy in which each of them stores
  * where it was and ends its thread instead; a test launch that reaches one
  * refuses the version as a "fault" saying which, and what commits is the
- * version's own image. Cubins and fatbins have no PTX to do this with.
+ * version's own image (built, where a copy is made, by the same nvJitLink
+ * link as the copy, so the two differ at those sites alone). Cubins and
+ * fatbins are not guarded.
  * hk_stats and the metrics count runs, refusals by kind, helper starts and
  * the time spent. */
 

@@ -24,6 +24,8 @@
  *              also claims a trap guard's code (a trap stops a launch)
  *   trapcu     answers LAUNCH with a RESULT that stopped while running with
  *              both a driver error and a trap guard's code
+ *   trapunasked  answers LAUNCH with a trap guard's code for an image that
+ *              has no guard
  * Built as BUILD/stub/hotkern-canary-bad (not a suite).
  */
 #include <signal.h>
@@ -135,6 +137,8 @@ static void answer(const char *mode, uint32_t type, const unsigned char *d, size
         stopped(HKA_STAGE_DONE, 0, 5);
     else if (!strcmp(mode, "trapcu"))
         stopped(HKA_STAGE_SYNC, 719, 5);
+    else if (!strcmp(mode, "trapunasked"))
+        stopped(HKA_STAGE_SYNC, 0, 5);
     else if (!strcmp(mode, "wrongsize"))
         result(3, 0);
     else

@@ -23,8 +23,9 @@
  *                   time (as CUDA events measure it; nothing sleeps)
  *   HKFAKE_OOB      "KERNEL,..." kernels that write past their buffer into
  *                   valid memory: unseen, except by a (fake) sanitizer
- *   HKFAKE_TRAP     "KERNEL,..." kernels that trap: caught by a trap guard's
- *                   copy of the image, else ending the context
+ *   HKFAKE_TRAP     "KERNEL[=N],..." kernels that trap (after N launches in
+ *                   an image that passed; default 0): caught by a trap
+ *                   guard's copy of the image, else ending the context
  *   HKFAKE_MEMCHECK_FD  set by tests/stub/fake_sanitizer.c: where memcheck's
  *                   reports go; HKFAKE_MEMCHECK_SOFT=1: a reported kernel
  *                   runs on instead of faulting
@@ -123,18 +124,21 @@ static void env_controls(const char *var, int kind) {
         char *eq = strchr(item, '='), *end = NULL;
         if (eq) {
             *eq = '\0';
-            if (kind == FAKE_SLOW)
+            if (kind == FAKE_SLOW || kind == FAKE_TRAP)
                 ms = strtod(eq + 1, &end);
-            if ((kind == FAKE_SLOW && (end == eq + 1 || *end || !(ms >= 0))) ||
-                (kind != FAKE_SLOW && (kind != FAKE_FAULT || fake_cu_parse(eq + 1, &err) < 0))) {
+            if (((kind == FAKE_SLOW || kind == FAKE_TRAP) &&
+                 (end == eq + 1 || *end || !(ms >= 0))) ||
+                (kind != FAKE_SLOW && kind != FAKE_TRAP &&
+                 (kind != FAKE_FAULT || fake_cu_parse(eq + 1, &err) < 0))) {
                 fprintf(stderr, "libhotkern-fakecuda: %s: bad item '%s=%s'\n", var, item, eq + 1);
                 continue;
             }
         }
         if (kind == FAKE_SLOW && ms < 0)
             fprintf(stderr, "libhotkern-fakecuda: %s: '%s' without =MS\n", var, item);
-        else if ((kind == FAKE_SLOW ? fake_kernel_slow(item, ms)
-                                    : fake_kernel_control(item, kind, err)) < 0)
+        else if ((kind == FAKE_SLOW   ? fake_kernel_slow(item, ms)
+                  : kind == FAKE_TRAP ? fake_kernel_trap(item, ms > 0 ? (int)ms : 0)
+                                      : fake_kernel_control(item, kind, err)) < 0)
             fprintf(stderr, "libhotkern-fakecuda: %s: bad kernel '%s'\n", var, item);
     }
     free(copy);
