@@ -1310,7 +1310,7 @@ static void passed(run *r) {
     else if (r->timed)
         snprintf(timed, sizeof timed, "; timed %.3f ms (%s)", r->new_ms,
                  r->ref ? "not against the running version" : "first version: nothing to compare");
-    char text[360];
+    char text[400];
     snprintf(text, sizeof text, "%d launch%s passed%s%s%s%s%s%s", r->launches,
              r->launches == 1 ? "" : "es", cmp, mc, guard, timed, r->note[0] ? "; " : "", r->note);
     snprintf(r->rep->canary, sizeof r->rep->canary, "%.159s", text);
