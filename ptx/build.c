@@ -1206,6 +1206,14 @@ out:
     return rc;
 }
 
+/* Says in a's log why its trap guard's copy was not made (the build goes
+ * on unguarded). */
+static int guard_note(hkp_artifact *a, const char *why) {
+    char line[400];
+    snprintf(line, sizeof line, "hotkern: the canary's trap guard was not built (%s)", why);
+    return log_append(&a->log, line);
+}
+
 /* The trap guard's copy of a build (guard.c), made after its image: from
  * the image's PTX, a cubin linked exactly as the image is (to_cubin: the
  * same nvJitLink options, so that the copy differs from what commits at
@@ -1240,9 +1248,7 @@ static int guard_build(const char *ptx, size_t n, const hkp_build_opts *o, int t
     }
     if (rc) {
         free(g);
-        char line[400];
-        snprintf(line, sizeof line, "hotkern: the canary's trap guard was not built (%s)", why);
-        return log_append(&a->log, line);
+        return guard_note(a, why);
     }
     a->guard = g;
     a->guard_size = gn;
@@ -1279,9 +1285,7 @@ static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *n
             /* NVRTC's cubin stands, unguarded. */
             free(a->guard);
             a->guard = NULL, a->guard_size = 0, a->guard_sites = 0;
-            char line[400];
-            snprintf(line, sizeof line, "hotkern: the canary's trap guard was not built (%s)", why);
-            rc = log_append(&a->log, line);
+            rc = guard_note(a, why);
         }
         hkp_artifact_free(&img);
     }
