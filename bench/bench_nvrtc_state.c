@@ -25,9 +25,25 @@
  * compute cache only then). A last phase compiles on a fresh thread each
  * time (hotkern's worker thread starts cold: a new malloc arena).
  *
- * usage: bench_nvrtc_state [SECONDS_PER_PHASE]   (default 40)
+ * Phase 4 compares the process's memory settings side by side: one child
+ * process per setting (this program again, GLIBC_TUNABLES in its
+ * environment), each asked for one compile in turn, so the host's moments
+ * fall on all of them alike. NVRTC allocates and frees tens of MB per
+ * compile; with glibc's default thresholds much of it goes back to the
+ * kernel and is faulted in (and zeroed) again by the next compile. The
+ * settings: glibc as is; the heap kept (trim and mmap thresholds raised, a
+ * top pad); malloc's memory on transparent huge pages
+ * (glibc.malloc.hugetlb=1); both; both with the child pinned to one CPU. It
+ * also times the kernel's page fault on this machine (fresh anonymous
+ * memory touched page by page, with and without MADV_HUGEPAGE). Phase 5
+ * compiles one source again and again beside new ones: what NVRTC's lookup
+ * in the driver's compute cache makes of a source it has seen.
+ *
+ * usage: bench_nvrtc_state [SECONDS_PER_PHASE [PHASES]]
+ *        (default 40 s, phases "12345")
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -35,8 +51,10 @@
 #include <string.h>
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -125,9 +143,20 @@ static void pc_close(void) {
 
 static int next_v = 1;
 static const char *const *cur_opts;
+static int cur_same; /* compile one source again and again (phase 5) */
+static int hold_cpu; /* keep the thread on its CPU for each compile (phase 4) */
 
 static void compile_one(sample *out) {
-    char *src = bench_variant(bench_fmt_tiny, next_v++ * 7919 + (int)getpid() % 7919);
+    char *src = bench_variant(bench_fmt_tiny, cur_same ? 7 + (int)getpid() % 7919
+                                                       : next_v++ * 7919 + (int)getpid() % 7919);
+    cpu_set_t all;
+    if (hold_cpu) {
+        cpu_set_t one;
+        sched_getaffinity(0, sizeof all, &all);
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu(), &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
     int nextra = 0;
     while (cur_opts && cur_opts[nextra])
         nextra++;
@@ -167,6 +196,8 @@ static void compile_one(sample *out) {
     out->nivcsw = r1.ru_nivcsw - r0.ru_nivcsw;
     hkp_artifact_free(&a);
     free(src);
+    if (hold_cpu)
+        sched_setaffinity(0, sizeof all, &all);
 }
 
 static void *thread_compile(void *arg) {
@@ -305,10 +336,191 @@ done:
     report(phase, s, ns, secs);
 }
 
+/* ---- phase 4: memory settings, one child process each ---- */
+
+#define KEEP_HEAP                                                                                  \
+    "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432:"                  \
+    "glibc.malloc.top_pad=67108864"
+static const struct setting {
+    const char *what, *tunables;
+    int pin; /* 1: to one CPU for good (the last, or the one before it: pin 3); 2: held on the
+                CPU it wakes on for each compile */
+} settings[] = {
+    {"glibc as is", NULL, 0},
+    {"heap kept (trim 256 MiB, mmap 32 MiB, top pad 64 MiB)", KEEP_HEAP, 0},
+    {"malloc on huge pages (glibc.malloc.hugetlb=1)", "glibc.malloc.hugetlb=1", 0},
+    {"both", KEEP_HEAP ":glibc.malloc.hugetlb=1", 0},
+    {"both, pinned to one CPU", KEEP_HEAP ":glibc.malloc.hugetlb=1", 1},
+    {"glibc as is, pinned to one CPU", NULL, 3},
+    {"both, held on its CPU during each compile", KEEP_HEAP ":glibc.malloc.hugetlb=1", 2},
+};
+#define NSET (int)(sizeof settings / sizeof settings[0])
+
+/* The child: one compile per byte read on stdin, its sample on stdout. */
+static int child_main(void) {
+    const char *pin = getenv("HKB_PIN_CPU");
+    hold_cpu = getenv("HKB_HOLD_CPU") != NULL;
+    if (pin && *pin) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(pin), &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0)
+            perror("sched_setaffinity");
+    }
+    char c;
+    while (read(0, &c, 1) == 1) {
+        sample s;
+        compile_one(&s);
+        if (write(1, &s, sizeof s) != (ssize_t)sizeof s)
+            return 1;
+    }
+    return 0;
+}
+
+typedef struct kid {
+    pid_t pid;
+    int to, from;
+} kid;
+
+static int kid_start(kid *k, int i) {
+    int a[2], b[2];
+    if (pipe2(a, O_CLOEXEC) || pipe2(b, O_CLOEXEC))
+        return -1;
+    k->pid = fork();
+    if (k->pid < 0)
+        return -1;
+    if (k->pid == 0) {
+        dup2(a[0], 0);
+        dup2(b[1], 1);
+        close(a[0]), close(a[1]), close(b[0]), close(b[1]);
+        if (settings[i].tunables)
+            setenv("GLIBC_TUNABLES", settings[i].tunables, 1);
+        else
+            unsetenv("GLIBC_TUNABLES");
+        if (settings[i].pin == 1 || settings[i].pin == 3) {
+            char cpu[24];
+            long n = sysconf(_SC_NPROCESSORS_ONLN);
+            snprintf(cpu, sizeof cpu, "%ld", settings[i].pin == 3 && n > 1 ? n - 2 : n - 1);
+            setenv("HKB_PIN_CPU", cpu, 1);
+        }
+        if (settings[i].pin == 2)
+            setenv("HKB_HOLD_CPU", "1", 1);
+        char *argv[] = {"bench_nvrtc_state", "--child", NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(a[0]), close(b[1]);
+    k->to = a[1];
+    k->from = b[0];
+    return 0;
+}
+
+static int kid_compile(kid *k, sample *s) {
+    size_t got = 0;
+    if (write(k->to, "c", 1) != 1)
+        return -1;
+    while (got < sizeof *s) {
+        ssize_t r = read(k->from, (char *)s + got, sizeof *s - got);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Microseconds per page fault of fresh anonymous memory (64 MiB touched a
+ * page at a time), with or without MADV_HUGEPAGE; median of 5. */
+static double fault_us(int huge, long *faults) {
+    const size_t len = 64u << 20;
+    double v[5];
+    for (int r = 0; r < 5; r++) {
+        char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return -1;
+        if (huge)
+            madvise(p, len, MADV_HUGEPAGE);
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
+        double t0 = ts_ms(CLOCK_MONOTONIC);
+        for (size_t o = 0; o < len; o += 4096)
+            p[o] = 1;
+        double t = ts_ms(CLOCK_MONOTONIC) - t0;
+        getrusage(RUSAGE_SELF, &r1);
+        *faults = r1.ru_minflt - r0.ru_minflt;
+        v[r] = t * 1e3 / (double)(*faults > 0 ? *faults : 1);
+        munmap(p, len);
+    }
+    return bench_median(v, 5);
+}
+
+static void phase_settings(double secs) {
+    static series s[NSET];
+    kid k[NSET];
+    printf("-- phase 4: the process's memory settings, one child process each, compiles in turn\n");
+    long f0 = 0, f1 = 0;
+    double u0 = fault_us(0, &f0), u1 = fault_us(1, &f1);
+    printf("  page fault, fresh anonymous memory: %.2f us per fault (4 KiB pages, %ld faults per "
+           "64 MiB); with MADV_HUGEPAGE %.2f us per fault (%ld faults)\n",
+           u0, f0, u1, f1);
+    for (int i = 0; i < NSET; i++) {
+        s[i].what = settings[i].what;
+        if (kid_start(&k[i], i) < 0) {
+            perror("fork");
+            exit(1);
+        }
+    }
+    for (int w = 0; w < 3; w++) /* the PCH and the first compiles, apart */
+        for (int i = 0; i < NSET; i++) {
+            sample junk;
+            if (kid_compile(&k[i], &junk) < 0) {
+                fprintf(stderr, "child %d failed\n", i);
+                exit(1);
+            }
+        }
+    double t0 = ts_ms(CLOCK_MONOTONIC);
+    while (ts_ms(CLOCK_MONOTONIC) - t0 < secs * 1e3 && s[NSET - 1].n < MAXS)
+        for (int i = 0; i < NSET; i++)
+            if (kid_compile(&k[i], &s[i].s[s[i].n++]) < 0) {
+                fprintf(stderr, "child %d failed\n", i);
+                exit(1);
+            }
+    for (int i = 0; i < NSET; i++) {
+        close(k[i].to);
+        close(k[i].from);
+        waitpid(k[i].pid, NULL, 0);
+    }
+    printf("  %-56s %5s %8s %8s %8s %8s %8s %10s\n", "setting", "n", "wall", "p10", "p90", "cpu",
+           "minflt", "vs as is");
+    double base = fmed(&s[0], 0, s[0].n, f_wall, 0, 0);
+    for (int i = 0; i < NSET; i++) {
+        static double v[MAXS];
+        for (int j = 0; j < s[i].n; j++)
+            v[j] = s[i].s[j].wall;
+        double med = bench_median(v, s[i].n);
+        printf("  %-56s %5d %8.2f %8.2f %8.2f %8.2f %8.0f %9.2fx\n", s[i].what, s[i].n, med,
+               bench_pct(v, s[i].n, 10), bench_pct(v, s[i].n, 90),
+               fmed(&s[i], 0, s[i].n, f_cpu, 0, 0), fmed(&s[i], 0, s[i].n, f_minflt, 0, 0),
+               med / base);
+    }
+    /* Paired ratios: each compile against the "as is" compile of its round. */
+    printf("  paired, each round's compile / its round's 'glibc as is' compile, median:");
+    for (int i = 1; i < NSET; i++) {
+        static double v[MAXS];
+        int n = s[i].n < s[0].n ? s[i].n : s[0].n;
+        for (int j = 0; j < n; j++)
+            v[j] = s[i].s[j].wall / s[0].s[j].wall;
+        printf(" %.3f", bench_median(v, n));
+    }
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--child") == 0)
+        return child_main();
     double secs = argc > 1 ? atof(argv[1]) : 40;
     if (secs <= 0)
         secs = 40;
+    const char *phases = argc > 2 ? argv[2] : "12345";
     char host[256] = "";
     gethostname(host, sizeof host);
     int maj = 0, min = 0;
@@ -322,9 +534,14 @@ int main(int argc, char **argv) {
     printf("(ms; calib: a fixed integer loop timed just before each compile; minflt, vcsw, ivcsw: "
            "the compiling thread's minor faults, voluntary and involuntary context switches; "
            "steal: the host's, all CPUs)\n");
+    if (strchr(phases, '4'))
+        phase_settings(secs);
     static const char *const no_cache[] = {"-no-cache", NULL};
     static series p1[2] = {{.what = "default"}, {.what = "-no-cache", .opts = no_cache}};
-    run_phase("phase 1: no libcuda in the process", p1, 2, secs, 0);
+    if (strchr(phases, '1'))
+        run_phase("phase 1: no libcuda in the process", p1, 2, secs, 0);
+    if (!strchr(phases, '2') && !strchr(phases, '3') && !strchr(phases, '5'))
+        return 0;
 
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     int (*cu_init)(unsigned) = cuda ? (int (*)(unsigned))dlsym(cuda, "cuInit") : NULL;
@@ -335,10 +552,36 @@ int main(int argc, char **argv) {
         return 0;
     }
     static series p2[2] = {{.what = "default"}, {.what = "-no-cache", .opts = no_cache}};
-    run_phase("phase 2: after cuInit (libcuda loaded, as in every hotkern process)", p2, 2, secs,
-              0);
+    if (strchr(phases, '2'))
+        run_phase("phase 2: after cuInit (libcuda loaded, as in every hotkern process)", p2, 2,
+                  secs, 0);
     static series p3[2] = {{.what = "default"}, {.what = "-no-cache", .opts = no_cache}};
-    run_phase("phase 3: after cuInit, each compile on a fresh thread (as a cold worker)", p3, 2,
-              secs, 1);
+    static series p5[3] = {{.what = "a new source each time"},
+                           {.what = "one source compiled before, again"},
+                           {.what = "the same, -no-cache", .opts = no_cache}};
+    if (strchr(phases, '5')) {
+        printf("-- phase 5: a source compiled before (cache hits), after cuInit\n");
+        double t0 = ts_ms(CLOCK_MONOTONIC);
+        for (int k = 0; k < 3; k++) {
+            sample junk;
+            cur_opts = p5[k].opts;
+            cur_same = k > 0;
+            compile_one(&junk);
+        }
+        while (ts_ms(CLOCK_MONOTONIC) - t0 < secs * 1e3 && p5[2].n < MAXS)
+            for (int k = 0; k < 3; k++) {
+                cur_opts = p5[k].opts;
+                cur_same = k > 0;
+                compile_one(&p5[k].s[p5[k].n++]);
+            }
+        cur_same = 0;
+        cur_opts = NULL;
+        for (int k = 0; k < 3; k++)
+            printf("  %-36s %5d compiles, median %.2f ms, cpu %.2f ms\n", p5[k].what, p5[k].n,
+                   fmed(&p5[k], 0, p5[k].n, f_wall, 0, 0), fmed(&p5[k], 0, p5[k].n, f_cpu, 0, 0));
+    }
+    if (strchr(phases, '3'))
+        run_phase("phase 3: after cuInit, each compile on a fresh thread (as a cold worker)", p3, 2,
+                  secs, 1);
     return 0;
 }

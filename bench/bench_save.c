@@ -11,11 +11,14 @@
  *   burst of 5    five in-place saves 2 ms apart; measured from the last one,
  *                 which must be the content that runs
  *
- * Two watches run side by side, on two directories and modules: one with
- * the default build, one with the development profile (HK_BUILD_PROFILE_DEV),
- * and the saves alternate between them (the order swapped every round), so
- * the host's slow and fast moments hit both alike: the ratio of the medians
- * is the figure to compare, absolute times from different runs are not.
+ * Four watches run side by side, on four directories and modules: the
+ * default build and the development profile (HK_BUILD_PROFILE_DEV), each in
+ * a runtime that builds in this process (its malloc as glibc sets it) and
+ * in one that builds in the hotkern-build helper (options.build_isolated,
+ * which keeps the memory NVRTC frees). The saves go to each in turn (the
+ * order rotated every round), so the host's slow and fast moments hit all
+ * alike: the ratios of the medians are the figures to compare, absolute
+ * times from different runs are not.
  * Every save is a real edit: a constant in the code that no compile cache of
  * any earlier run has seen (derived from the process id), never a comment.
  *
@@ -54,6 +57,7 @@ static const char *const kernel_fmt =
 typedef struct side {
     const char *profile; /* "default" or "dev" */
     const char *module;
+    int iso; /* its runtime builds in the helper */
     char dir[PATH_MAX - 32], path[PATH_MAX];
     hk_watch *w;
     hk_kernel *k; /* set once the module runs; read by the event callback */
@@ -65,8 +69,12 @@ typedef struct side {
     int burst_last_ok, burst_older_after, burst_commits;
 } side;
 
-static side sides[2] = {{.profile = "default", .module = "kr"}, {.profile = "dev", .module = "kd"}};
-static hk_runtime *rt;
+#define NSIDES 4
+static side sides[NSIDES] = {{.profile = "default", .module = "kr"},
+                             {.profile = "dev", .module = "kd"},
+                             {.profile = "default", .module = "ir", .iso = 1},
+                             {.profile = "dev", .module = "id", .iso = 1}};
+static hk_runtime *rts[2]; /* in this process; isolated */
 static CUcontext ctx;
 
 /* What each commit put in place, in commit order (event callback). */
@@ -102,7 +110,7 @@ static void on_event(const hk_event *ev, void *ud) {
     (void)ud;
     if (ev->kind != HK_EVENT_COMMITTED || !ev->module)
         return;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSIDES; i++) {
         if (strcmp(ev->module, sides[i].module) != 0)
             continue;
         pthread_mutex_lock(&log_mu);
@@ -199,7 +207,7 @@ static void burst(side *s) {
         t0 = bench_ns();
     }
     record(s, PATH_BURST, wait_live(s, v[BURST - 1], t0));
-    if (hk_wait_idle(rt, TIMEOUT_MS) != 0)
+    if (hk_wait_idle(rts[s->iso], TIMEOUT_MS) != 0)
         fprintf(stderr, "bench: the engine did not become idle after a burst\n");
     int last = -1, older_after = 0, mine = 0;
     pthread_mutex_lock(&log_mu);
@@ -225,18 +233,19 @@ static void print_row(const side *s, int path, double base) {
     int n = s->n[path];
     memcpy(v, s->ms[path], sizeof v);
     if (n == 0) {
-        printf("  %-12s %-8s no save went live (%d timeouts)\n", path_name[path], s->profile,
-               s->timeouts[path]);
+        printf("  %-12s %-8s %-10s no save went live (%d timeouts)\n", path_name[path], s->profile,
+               s->iso ? "isolated" : "in-process", s->timeouts[path]);
         return;
     }
     double med = bench_median(v, n);
-    printf("  %-12s %-8s median %7.2f ms  p90 %7.2f  min %7.2f  max %7.2f  (%d saves",
-           path_name[path], s->profile, med, bench_pct(v, n, 90), v[0], v[n - 1], n);
+    printf("  %-12s %-8s %-10s median %7.2f ms  p90 %7.2f  min %7.2f  max %7.2f  (%d saves",
+           path_name[path], s->profile, s->iso ? "isolated" : "in-process", med,
+           bench_pct(v, n, 90), v[0], v[n - 1], n);
     if (s->timeouts[path])
         printf(", %d timed out", s->timeouts[path]);
     printf(")");
     if (base > 0)
-        printf("  x%.2f of default", med / base);
+        printf("  x%.2f of in-process default", med / base);
     /* The build's part, and the rest (the watcher, load and commit, the
      * first launch seen), save by save. */
     double b[MAXN], rest[MAXN];
@@ -244,9 +253,9 @@ static void print_row(const side *s, int path, double base) {
         b[i] = s->build[path][i];
         rest[i] = s->ms[path][i] - s->build[path][i];
     }
-    printf("\n  %-12s %-8s of which the build: median %7.2f ms; the rest: median %6.2f ms, "
-           "p90 %6.2f\n",
-           "", "", bench_median(b, n), bench_median(rest, n), bench_pct(rest, n, 90));
+    printf("\n  %-12s %-8s %-10s of which the build: median %7.2f ms; the rest: median %6.2f "
+           "ms, p90 %6.2f\n",
+           "", "", "", bench_median(b, n), bench_median(rest, n), bench_pct(rest, n, 90));
 }
 
 static double median_of(const side *s, int path) {
@@ -263,24 +272,27 @@ int main(int argc, char **argv) {
     bd.CtxGetCurrent(&ctx);
     next_const = (int)(getpid() % 20000) * 1000;
 
-    hk_options o;
-    hk_options_init(&o);
-    o.on_event = on_event;
-    o.cache_dir = ""; /* every save is new anyway; no disk cache beside it */
-    hk_report rep = HK_REPORT_INIT;
-    if (hk_runtime_create(&rt, &o, &rep) != 0) {
-        fprintf(stderr, "create: %s\n", rep.message);
-        return 1;
+    for (int r = 0; r < 2; r++) {
+        hk_options o;
+        hk_options_init(&o);
+        o.on_event = on_event;
+        o.cache_dir = ""; /* every save is new anyway; no disk cache beside it */
+        o.build_isolated = r;
+        hk_report rep = HK_REPORT_INIT;
+        if (hk_runtime_create(&rts[r], &o, &rep) != 0) {
+            fprintf(stderr, "create (%s): %s\n", r ? "isolated builds" : "in process", rep.message);
+            return 1;
+        }
     }
     char root[] = "/tmp/hk-bench-save-XXXXXX";
     if (!mkdtemp(root)) {
         perror("mkdtemp");
         return 1;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSIDES; i++) {
         side *s = &sides[i];
-        snprintf(s->dir, sizeof s->dir, "%s/%s", root, s->profile);
-        snprintf(s->path, sizeof s->path, "%s/%s/%s.cu", root, s->profile, s->module);
+        snprintf(s->dir, sizeof s->dir, "%s/%s", root, s->module);
+        snprintf(s->path, sizeof s->path, "%s/%s/%s.cu", root, s->module, s->module);
         if (mkdir(s->dir, 0755) != 0) {
             perror(s->dir);
             return 1;
@@ -290,8 +302,9 @@ int main(int argc, char **argv) {
         free(text);
         hk_watch_options wo;
         hk_watch_options_init(&wo);
-        wo.build_profile = i ? HK_BUILD_PROFILE_DEV : HK_BUILD_PROFILE_RELEASE;
-        if (hk_watch_start(rt, s->dir, &wo, &s->w, &rep) != 0) {
+        wo.build_profile = i % 2 ? HK_BUILD_PROFILE_DEV : HK_BUILD_PROFILE_RELEASE;
+        hk_report rep = HK_REPORT_INIT;
+        if (hk_watch_start(rts[s->iso], s->dir, &wo, &s->w, &rep) != 0) {
             fprintf(stderr, "watch %s: %s\n", s->dir, rep.message);
             return 1;
         }
@@ -299,8 +312,9 @@ int main(int argc, char **argv) {
         bd.MemAlloc(&s->cb_out, 32 * sizeof(int));
     }
     /* The first builds pay NVRTC's start-up and the PCH. */
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSIDES; i++) {
         uint64_t t0 = bench_ns();
+        hk_runtime *rt = rts[sides[i].iso];
         while (hk_module_version(rt, sides[i].module) < 1 && ms_since(t0) < 120000)
             usleep(1000);
         hk_kernel *k = NULL;
@@ -313,7 +327,7 @@ int main(int argc, char **argv) {
         pthread_mutex_unlock(&log_mu);
     }
     for (int w = 0; w < 3; w++) {
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < NSIDES; i++) {
             int v = next_const++;
             save(&sides[i], 0, v);
             if (wait_live(&sides[i], v, bench_ns()) < 0)
@@ -322,11 +336,11 @@ int main(int argc, char **argv) {
     }
 
     printf("save -> first launch of the new version, one-line kernel, a real edit each time; "
-           "polled every 0.1 ms; the two profiles alternate save by save\n");
+           "polled every 0.1 ms; the four watches take the saves in turn\n");
     for (int r = 0; r < n; r++) {
         for (int path = 0; path < NPATHS; path++) {
-            for (int j = 0; j < 2; j++) {
-                side *s = &sides[(r + j) % 2];
+            for (int j = 0; j < NSIDES; j++) {
+                side *s = &sides[(r + j) % NSIDES];
                 if (path == PATH_BURST) {
                     burst(s);
                     continue;
@@ -340,28 +354,33 @@ int main(int argc, char **argv) {
     for (int path = 0; path < NPATHS; path++) {
         double base = median_of(&sides[0], path);
         print_row(&sides[0], path, 0);
-        print_row(&sides[1], path, base);
+        for (int i = 1; i < NSIDES; i++)
+            print_row(&sides[i], path, base);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSIDES; i++) {
         const side *s = &sides[i];
-        printf("  burst, %-8s the last save's content ran after %d of %d bursts; older content "
-               "committed after it: %d times; commits per burst of %d saves: %.2f\n",
-               s->profile, s->burst_last_ok, n, s->burst_older_after, BURST,
-               (double)s->burst_commits / n);
+        printf("  burst, %-8s %-10s the last save's content ran after %d of %d bursts; older "
+               "content committed after it: %d times; commits per burst of %d saves: %.2f\n",
+               s->profile, s->iso ? "isolated" : "in-process", s->burst_last_ok, n,
+               s->burst_older_after, BURST, (double)s->burst_commits / n);
     }
-    hk_stats st = HK_STATS_INIT;
-    hk_stats_get(rt, &st);
-    printf("  engine: %llu commits, %llu refused (superseded saves included), build %.1f ms "
-           "in all\n",
-           (unsigned long long)st.swaps, (unsigned long long)st.refused, st.build_ms_total);
+    for (int r = 0; r < 2; r++) {
+        hk_stats st = HK_STATS_INIT;
+        hk_stats_get(rts[r], &st);
+        printf("  engine (%s): %llu commits, %llu refused (superseded saves included), build "
+               "%.1f ms in all\n",
+               r ? "isolated builds" : "in process", (unsigned long long)st.swaps,
+               (unsigned long long)st.refused, st.build_ms_total);
+    }
     int bad = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NSIDES; i++) {
         hk_watch_stop(sides[i].w);
         bad |= sides[i].burst_older_after > 0 || sides[i].burst_last_ok < n;
         for (int path = 0; path < NPATHS; path++)
             bad |= sides[i].timeouts[path] > 0;
     }
-    hk_runtime_destroy(rt);
+    hk_runtime_destroy(rts[0]);
+    hk_runtime_destroy(rts[1]);
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)

@@ -491,6 +491,8 @@ static int check_files(hkc_out *o, const char *arch_s, int ptx_only, int no_reus
     ck.opt.nnvrtc_options = inc->n + def->n;
     ck.opt.name_expressions = exprs->v;
     ck.opt.nname_expressions = exprs->n;
+    if (nfiles > 1)
+        (void)hk_build_keep_memory(NULL); /* one compile after another, in this process */
     if (!no_reuse && hk_checker_create(&ck.checker, &ck.opt, &rep) < 0)
         failed = hkc_fail_report(o, &rep);
     else

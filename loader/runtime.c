@@ -50,6 +50,17 @@ int hk_options_init_size(hk_options *o, size_t size) {
     return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
 }
 
+int hk_build_keep_memory(hk_report *rep) {
+    char why[160] = "";
+    int r = hkp_keep_heap(why, sizeof why);
+    if (r < 0)
+        return hku_fail(rep, r, "hk_build_keep_memory: %s", why);
+    if (r == 0)
+        hku_fail(rep, 0,
+                 "hk_build_keep_memory: left as it is: GLIBC_TUNABLES sets glibc.malloc tunables");
+    return r;
+}
+
 static int attach_device(hk_runtime *rt, int slot, int ordinal, hk_report *rep) {
     const hkb_driver *d = rt->drv;
     hkl_device *dv = &rt->dev[slot];

@@ -10,7 +10,9 @@
  * time with the same hkp_build as an in-process build, without a cache (the
  * application keeps the cache), until the parent closes the socket. It is
  * one long-lived process, so NVRTC stays loaded and its precompiled headers
- * stay valid between builds.
+ * stay valid between builds, and it keeps the memory NVRTC frees for the
+ * next build (hkp_keep_heap), which the application's process does not do
+ * unless it asks (hk_build_keep_memory).
  *
  * NVRTC changes this process's SIGINT, SIGTERM and SIGXFSZ dispositions
  * during each compile; that is why the compile runs here. A source that
@@ -182,6 +184,9 @@ int main(int argc, char **argv) {
     const char *stall = getenv("HK_BUILD_TEST_STALL_MS"), *deaf = getenv("HK_BUILD_TEST_DEAF_MS");
     stall_ms = stall ? atoi(stall) : 0;
     deaf_ms = deaf ? atoi(deaf) : 0;
+    /* This process exists to compile: it keeps what NVRTC frees for the next
+     * compile (ptx/warm.c). A refusal only costs speed. */
+    (void)hkp_keep_heap(NULL, 0);
     hku_buf b;
     hku_buf_init(&b, HKP_ISO_MAGIC, HKP_ISO_READY);
     hku_put_u32(&b, HKP_ISO_PROTOCOL);

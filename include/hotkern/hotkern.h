@@ -640,6 +640,26 @@ typedef enum hk_build_profile {
                                    * field) */
 } hk_build_profile;
 
+/* Has this process's malloc keep the memory NVRTC frees, so that the next
+ * compile reuses it instead of having the kernel fault fresh, zeroed pages
+ * in: NVRTC allocates and frees tens of megabytes per compile, and glibc's
+ * default thresholds give much of it back after each one. Measured on a
+ * one-line kernel (bench_nvrtc_state, phase 4): 2,787 page faults per
+ * compile become 1,264, the compile x0.88-0.93 of its time on the H200 host
+ * and x0.90 on a 2-core CI machine. The cost is memory: up to 256 MiB freed
+ * at the top of the heap stays with the process (trim threshold 256 MiB,
+ * mmap threshold 32 MiB, top pad 64 MiB, by mallopt).
+ *
+ * Process-wide, for good, and for every allocation of the process, not only
+ * hotkern's: hotkern never does it on its own in the application's process.
+ * The build helper (options.build_isolated) always does it in its own.
+ * Call it once, early (the demo and the CLI do); later calls do nothing.
+ * Any thread. Returns 1 when the setting is in place (by this call or an
+ * earlier one), 0 when GLIBC_TUNABLES already sets glibc.malloc tunables
+ * (the process's own choice, left as it is; rep says so), HK_ERR_IO when
+ * glibc refused (rep says which setting). rep may be NULL. */
+HK_API int hk_build_keep_memory(hk_report *rep);
+
 /* The first layout ends at origin. */
 typedef struct hk_swap_options {
     size_t size;                      /* set by hk_swap_options_init */
