@@ -434,6 +434,12 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
+# bench_save_cpu runs the engine on the tests' fake driver: no GPU needed.
+$(BUILD)/bench/bench_save_cpu: $(BUILD)/obj/bench/bench_save_cpu.o $(BUILD)/obj/tests/fakecuda.o \
+                               $(BSUP_OBJ) $(ARCHIVES)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/tests/fakecuda.o $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
+
 $(BUILD)/examples/%: examples/%.c $(SHARED)
 	@mkdir -p $(dir $@)
 	$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
