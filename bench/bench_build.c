@@ -51,15 +51,7 @@ static double build_ms(const char *fmt, int v, int pch, int via_ptx) {
                         .nvrtc_via_ptx = via_ptx,
                         .fast_compile = fast_compile,
                         .source_name = pch ? "pch.cu" : "plain.cu"};
-    hkp_artifact a;
-    char why[512];
-    uint64_t t0 = bench_ns();
-    if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) < 0) {
-        fprintf(stderr, "build failed: %s\n%s\n", why, a.log ? a.log : "");
-        exit(1);
-    }
-    double ms = (double)(bench_ns() - t0) / 1e6;
-    hkp_artifact_free(&a);
+    double ms = bench_build_ms(src, &o);
     free(src);
     return ms;
 }

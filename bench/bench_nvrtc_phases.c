@@ -377,31 +377,12 @@ static void make_series(series *s) {
 /* ---- the report --------------------------------------------------------- */
 
 static void print_host(int rounds) {
-    char host[256] = "", model[256] = "unknown CPU", line[512];
-    gethostname(host, sizeof host);
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n")] = '\0';
-            break;
-        }
-    if (f)
-        fclose(f);
-    double load = -1;
-    f = fopen("/proc/loadavg", "r");
-    if (f && fscanf(f, "%lf", &load) != 1)
-        load = -1;
-    if (f)
-        fclose(f);
+    char cpu[768];
+    bench_cpu_line(cpu, sizeof cpu);
     int maj = 0, min = 0;
     nvrtcVersion(&maj, &min);
-    time_t t = time(NULL);
-    char date[64];
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
     printf("== bench_nvrtc_phases: where NVRTC spends a one-line kernel's compile\n");
-    printf("machine: %s, %s, %ld CPUs online, load %.2f, NVRTC %d.%d (%s), %s\n", host, model,
-           sysconf(_SC_NPROCESSORS_ONLN), load, maj, min, hkp_toolkit_get()->nvrtc, date);
+    printf("machine: %s, NVRTC %d.%d (%s)\n", cpu, maj, min, hkp_toolkit_get()->nvrtc);
     printf("%d measured rounds after %d of warm-up, the series interleaved compile by compile\n",
            rounds, WARMUP);
 }

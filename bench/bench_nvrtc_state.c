@@ -521,16 +521,12 @@ int main(int argc, char **argv) {
     if (secs <= 0)
         secs = 40;
     const char *phases = argc > 2 ? argv[2] : "12345";
-    char host[256] = "";
-    gethostname(host, sizeof host);
+    char cpu[768];
+    bench_cpu_line(cpu, sizeof cpu);
     int maj = 0, min = 0;
     nvrtcVersion(&maj, &min);
-    time_t t = time(NULL);
-    char date[64];
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
     printf("== bench_nvrtc_state: the one-line kernel, PCH, sm_90 cubin, new constant each time\n");
-    printf("machine: %s, %ld CPUs, NVRTC %d.%d, %s, %.0f s per phase\n", host,
-           sysconf(_SC_NPROCESSORS_ONLN), maj, min, date, secs);
+    printf("machine: %s, NVRTC %d.%d, %.0f s per phase\n", cpu, maj, min, secs);
     printf("(ms; calib: a fixed integer loop timed just before each compile; minflt, vcsw, ivcsw: "
            "the compiling thread's minor faults, voluntary and involuntary context switches; "
            "steal: the host's, all CPUs)\n");

@@ -49,16 +49,11 @@ enum { MAXN = 64, BURST = 5, BURST_GAP_US = 2000, POLL_NS = 100000, TIMEOUT_MS =
 enum { PATH_RENAME, PATH_INPLACE, PATH_BURST, NPATHS };
 static const char *const path_name[NPATHS] = {"rename-over", "in place", "burst of 5"};
 
-/* One line: a new constant is a real edit. */
-static const char *const kernel_fmt =
-    "extern \"C\" __global__ void k0(int *out, int n) { int i = blockIdx.x * blockDim.x + "
-    "threadIdx.x; if (i < n) out[i] = %d; }\n";
-
 typedef struct side {
     const char *profile; /* "default" or "dev" */
     const char *module;
     int iso; /* its runtime builds in the helper */
-    char dir[PATH_MAX - 32], path[PATH_MAX];
+    char dir[PATH_MAX], path[PATH_MAX];
     hk_watch *w;
     hk_kernel *k; /* set once the module runs; read by the event callback */
     CUdeviceptr out, cb_out;
@@ -131,29 +126,11 @@ static void on_event(const hk_event *ev, void *ud) {
     }
 }
 
-static void write_all(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
-        perror(path);
-        exit(1);
-    }
-}
-
 /* Saves s's kernel with constant v; returns when the save's last system
  * call has. */
 static void save(side *s, int rename_over, int v) {
-    char *text = bench_variant(kernel_fmt, v);
-    if (rename_over) {
-        char tmp[PATH_MAX];
-        snprintf(tmp, sizeof tmp, "%s/.%s.cu.tmp", s->dir, s->module);
-        write_all(tmp, text);
-        if (rename(tmp, s->path) != 0) {
-            perror("rename");
-            exit(1);
-        }
-    } else {
-        write_all(s->path, text);
-    }
+    char *text = bench_variant(bench_fmt_store, v);
+    bench_save_file(s->dir, s->module, s->path, text, rename_over);
     free(text);
 }
 
@@ -291,23 +268,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < NSIDES; i++) {
         side *s = &sides[i];
-        snprintf(s->dir, sizeof s->dir, "%s/%s", root, s->module);
-        snprintf(s->path, sizeof s->path, "%s/%s/%s.cu", root, s->module, s->module);
-        if (mkdir(s->dir, 0755) != 0) {
-            perror(s->dir);
-            return 1;
-        }
-        char *text = bench_variant(kernel_fmt, next_const++);
-        write_all(s->path, text);
+        char *text = bench_variant(bench_fmt_store, next_const++);
+        s->w = bench_watch_module(rts[s->iso], root, s->module, i % 2, text, s->dir, s->path);
         free(text);
-        hk_watch_options wo;
-        hk_watch_options_init(&wo);
-        wo.build_profile = i % 2 ? HK_BUILD_PROFILE_DEV : HK_BUILD_PROFILE_RELEASE;
-        hk_report rep = HK_REPORT_INIT;
-        if (hk_watch_start(rts[s->iso], s->dir, &wo, &s->w, &rep) != 0) {
-            fprintf(stderr, "watch %s: %s\n", s->dir, rep.message);
-            return 1;
-        }
         bd.MemAlloc(&s->out, 32 * sizeof(int));
         bd.MemAlloc(&s->cb_out, 32 * sizeof(int));
     }

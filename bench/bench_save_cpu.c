@@ -39,14 +39,10 @@ enum { MAXN = 64, TIMEOUT_MS = 10000 };
 enum { PATH_RENAME, PATH_INPLACE, NPATHS };
 static const char *const path_name[NPATHS] = {"rename-over", "in place"};
 
-static const char *const kernel_fmt =
-    "extern \"C\" __global__ void k0(int *out, int n) { int i = blockIdx.x * blockDim.x + "
-    "threadIdx.x; if (i < n) out[i] = %d; }\n";
-
 typedef struct side {
     const char *profile, *module;
     int iso; /* its runtime builds in the helper */
-    char dir[PATH_MAX - 32], path[PATH_MAX];
+    char dir[PATH_MAX], path[PATH_MAX];
     hk_watch *w;
     double ms[NPATHS][MAXN];
     int n[NPATHS], timeouts[NPATHS];
@@ -80,37 +76,15 @@ static void on_event(const hk_event *ev, void *ud) {
     pthread_mutex_unlock(&mu);
 }
 
-static void write_all(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
-        perror(path);
-        exit(1);
-    }
-}
-
-static void save(side *s, int rename_over, int v) {
-    char *text = bench_variant(kernel_fmt, v);
-    if (rename_over) {
-        char tmp[PATH_MAX];
-        snprintf(tmp, sizeof tmp, "%s/.%s.cu.tmp", s->dir, s->module);
-        write_all(tmp, text);
-        if (rename(tmp, s->path) != 0) {
-            perror("rename");
-            exit(1);
-        }
-    } else {
-        write_all(s->path, text);
-    }
-    free(text);
-}
-
 /* Saves s and waits for the commit that follows: its ms, or -1. */
 static double save_to_commit(side *s, int rename_over) {
     pthread_mutex_lock(&mu);
     unsigned long before = s->commits;
     pthread_mutex_unlock(&mu);
-    save(s, rename_over, next_const++);
+    char *text = bench_variant(bench_fmt_store, next_const++);
+    bench_save_file(s->dir, s->module, s->path, text, rename_over);
     uint64_t t0 = bench_ns();
+    free(text);
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += TIMEOUT_MS / 1000;
@@ -128,18 +102,10 @@ static double save_to_commit(side *s, int rename_over) {
 /* The baseline: hkp_build of a new one-line kernel, as the engine builds a
  * watched .cu with the default profile (sm_90 cubin, PCH), in this process. */
 static double build_alone(void) {
-    char *src = bench_variant(kernel_fmt, next_const++);
+    char *src = bench_variant(bench_fmt_store, next_const++);
     hkp_build_opts o = {
         .arch = 90, .ptx_to_cubin = 1, .opt_level = 3, .pch = 1, .source_name = "k.cu"};
-    hkp_artifact a;
-    char why[512];
-    uint64_t t0 = bench_ns();
-    if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) < 0) {
-        fprintf(stderr, "build failed: %s\n", why);
-        exit(1);
-    }
-    double ms = (double)(bench_ns() - t0) / 1e6;
-    hkp_artifact_free(&a);
+    double ms = bench_build_ms(src, &o);
     free(src);
     return ms;
 }
@@ -167,23 +133,10 @@ int main(int argc, char **argv) {
     if (n < 1 || n > MAXN)
         n = 20;
     next_const = (int)(getpid() % 20000) * 1000 + 7;
-    char host[256] = "", model[256] = "?";
-    gethostname(host, sizeof host);
-    FILE *ci = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (ci && fgets(line, sizeof line, ci))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n")] = 0;
-            break;
-        }
-    if (ci)
-        fclose(ci);
-    time_t t = time(NULL);
-    char date[64];
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    char cpu[768];
+    bench_cpu_line(cpu, sizeof cpu);
     printf("== bench_save_cpu: save -> commit through the watcher, fake driver, no GPU\n");
-    printf("machine: %s, %s, %ld CPUs, %s\n", host, model, sysconf(_SC_NPROCESSORS_ONLN), date);
+    printf("machine: %s\n", cpu);
 
     fake_init(1, 90);
     for (int r = 0; r < 2; r++) {
@@ -205,23 +158,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < NSIDES; i++) {
         side *s = &sides[i];
-        snprintf(s->dir, sizeof s->dir, "%s/%s", root, s->module);
-        snprintf(s->path, sizeof s->path, "%s/%s/%s.cu", root, s->module, s->module);
-        if (mkdir(s->dir, 0755) != 0) {
-            perror(s->dir);
-            return 1;
-        }
-        char *text = bench_variant(kernel_fmt, next_const++);
-        write_all(s->path, text);
+        char *text = bench_variant(bench_fmt_store, next_const++);
+        s->w = bench_watch_module(rts[s->iso], root, s->module, i % 2, text, s->dir, s->path);
         free(text);
-        hk_watch_options wo;
-        hk_watch_options_init(&wo);
-        wo.build_profile = i % 2 ? HK_BUILD_PROFILE_DEV : HK_BUILD_PROFILE_RELEASE;
-        hk_report rep = HK_REPORT_INIT;
-        if (hk_watch_start(rts[s->iso], s->dir, &wo, &s->w, &rep) != 0) {
-            fprintf(stderr, "watch %s: %s\n", s->dir, rep.message);
-            return 1;
-        }
     }
     /* The first builds pay NVRTC's start-up and the PCH; then three saves each. */
     for (int i = 0; i < NSIDES; i++) {

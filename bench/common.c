@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +32,10 @@ static int arch;
 const char *bench_fmt_tiny = TINY_K0;
 
 const char *bench_fmt_small = TINY_K0 SMALL_K1_K4;
+
+const char *bench_fmt_store =
+    "extern \"C\" __global__ void k0(int *out, int n) { int i = blockIdx.x * blockDim.x + "
+    "threadIdx.x; if (i < n) out[i] = %d; }\n";
 
 const char *bench_fmt_cub = "#include <cub/block/block_reduce.cuh>\n"
                             "#include <cuda/std/cstdint>\n"
@@ -184,4 +189,86 @@ void *bench_build(const char *src, int to_cubin, size_t *size) {
     a.image = NULL;
     hkp_artifact_free(&a);
     return img;
+}
+
+void bench_cpu_line(char *buf, size_t n) {
+    char host[256] = "", model[256] = "unknown CPU", line[512];
+    gethostname(host, sizeof host);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n")] = '\0';
+            break;
+        }
+    if (f)
+        fclose(f);
+    double load = -1;
+    f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf", &load) != 1)
+        load = -1;
+    if (f)
+        fclose(f);
+    time_t t = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    snprintf(buf, n, "%s, %s, %ld CPUs online, load %.2f, %s", host, model,
+             sysconf(_SC_NPROCESSORS_ONLN), load, date);
+}
+
+double bench_build_ms(const char *src, const hkp_build_opts *o) {
+    hkp_artifact a;
+    char why[512];
+    uint64_t t0 = bench_ns();
+    if (hkp_build(src, strlen(src), HK_FORMAT_CUDA_C, o, &a, why, sizeof why) < 0) {
+        fprintf(stderr, "build failed: %s\n%s\n", why, a.log ? a.log : "");
+        exit(1);
+    }
+    double ms = (double)(bench_ns() - t0) / 1e6;
+    hkp_artifact_free(&a);
+    return ms;
+}
+
+void bench_write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
+hk_watch *bench_watch_module(hk_runtime *rt, const char *root, const char *module, int dev,
+                             const char *text, char *dir, char *path) {
+    snprintf(dir, PATH_MAX, "%s/%s", root, module);
+    snprintf(path, PATH_MAX, "%s/%s/%s.cu", root, module, module);
+    if (mkdir(dir, 0755) != 0) {
+        perror(dir);
+        exit(1);
+    }
+    bench_write_file(path, text);
+    hk_watch_options wo;
+    hk_watch_options_init(&wo);
+    wo.build_profile = dev ? HK_BUILD_PROFILE_DEV : HK_BUILD_PROFILE_RELEASE;
+    hk_report rep = HK_REPORT_INIT;
+    hk_watch *w = NULL;
+    if (hk_watch_start(rt, dir, &wo, &w, &rep) != 0) {
+        fprintf(stderr, "watch %s: %s\n", dir, rep.message);
+        exit(1);
+    }
+    return w;
+}
+
+void bench_save_file(const char *dir, const char *module, const char *path, const char *text,
+                     int rename_over) {
+    if (!rename_over) {
+        bench_write_file(path, text);
+        return;
+    }
+    char tmp[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s/.%s.cu.tmp", dir, module);
+    bench_write_file(tmp, text);
+    if (rename(tmp, path) != 0) {
+        perror("rename");
+        exit(1);
+    }
 }

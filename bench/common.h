@@ -39,6 +39,29 @@ extern const char *bench_fmt_cub;   /* a cub::BlockReduce + cuda::std kernel k0(
 char *bench_variant(const char *fmt, int v);
 extern const char *bench_src_empty; /* empty(), spin(long long cycles) */
 
+/* The one-line kernel of the save benchmarks: k0(int *out, int n) stores
+ * the constant in out[i], so a launch tells which content runs. */
+extern const char *bench_fmt_store;
+
+/* The CPU's banner: "HOST, MODEL, N CPUs online, load L, DATE" into buf. */
+void bench_cpu_line(char *buf, size_t n);
+
+/* Milliseconds hkp_build takes for src (CUDA C) with o; exits on failure. */
+double bench_build_ms(const char *src, const hkp_build_opts *o);
+
+/* Writes text to path (exits on failure). */
+void bench_write_file(const char *path, const char *text);
+/* A watched module for the save benchmarks: DIR = ROOT/MODULE made, with
+ * MODULE.cu holding text, watched by rt with the development profile (dev)
+ * or the default one. dir and path (each PATH_MAX) receive the two; exits on
+ * failure. */
+hk_watch *bench_watch_module(hk_runtime *rt, const char *root, const char *module, int dev,
+                             const char *text, char *dir, char *path);
+/* Saves text as module's file: renamed over it from a temporary file in dir
+ * (rename_over) or written in place; returns after the last system call. */
+void bench_save_file(const char *dir, const char *module, const char *path, const char *text,
+                     int rename_over);
+
 /* cuCtxSynchronize of the calling thread's current context. */
 void bench_ctx_sync(void);
 
