@@ -653,11 +653,13 @@ typedef enum hk_build_profile {
  * Process-wide, for good, and for every allocation of the process, not only
  * hotkern's: hotkern never does it on its own in the application's process.
  * The build helper (options.build_isolated) always does it in its own.
- * Call it once, early (the demo and the CLI do); later calls do nothing.
+ * Call it once, early (the demo does, and `hotkern check` of several
+ * files); later calls do nothing.
  * Any thread. Returns 1 when the setting is in place (by this call or an
  * earlier one), 0 when GLIBC_TUNABLES already sets glibc.malloc tunables
  * (the process's own choice, left as it is; rep says so), HK_ERR_IO when
- * glibc refused (rep says which setting). rep may be NULL. */
+ * the allocator refused (rep says which setting; a sanitizer's allocator
+ * does). rep may be NULL. */
 HK_API int hk_build_keep_memory(hk_report *rep);
 
 /* The first layout ends at origin. */
