@@ -47,6 +47,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,7 +345,7 @@ done:
     "glibc.malloc.top_pad=67108864"
 static const struct setting {
     const char *what, *tunables;
-    int pin; /* 1: to one CPU for good (the last, or the one before it: pin 3); 2: held on the
+    int pin; /* 1: to one CPU for good (the highest allowed; pin 3: the next one); 2: held on the
                 CPU it wakes on for each compile; 4: NVRTC's code moved onto huge pages */
 } settings[] = {
     {"glibc as is", NULL, 0},
@@ -352,7 +353,7 @@ static const struct setting {
     {"malloc on huge pages (glibc.malloc.hugetlb=1)", "glibc.malloc.hugetlb=1", 0},
     {"both", KEEP_HEAP ":glibc.malloc.hugetlb=1", 0},
     {"both, pinned to one CPU", KEEP_HEAP ":glibc.malloc.hugetlb=1", 1},
-    {"glibc as is, pinned to one CPU", NULL, 3},
+    {"glibc as is, pinned to another CPU", NULL, 3},
     {"both, held on its CPU during each compile", KEEP_HEAP ":glibc.malloc.hugetlb=1", 2},
     {"heap kept, NVRTC's code on huge pages", KEEP_HEAP, 4},
 };
@@ -420,8 +421,10 @@ static int child_main(void) {
         cpu_set_t set;
         CPU_ZERO(&set);
         CPU_SET(atoi(pin), &set);
-        if (sched_setaffinity(0, sizeof set, &set) != 0)
-            perror("sched_setaffinity");
+        if (sched_setaffinity(0, sizeof set, &set) != 0) {
+            perror("sched_setaffinity"); /* the row would say pinned: not so */
+            return 1;
+        }
     }
     char c;
     while (read(0, &c, 1) == 1) {
@@ -438,26 +441,58 @@ typedef struct kid {
     int to, from;
 } kid;
 
+/* The n-th highest CPU this process may run on (n = 0, 1), -1 if none. */
+static int allowed_cpu(int n) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return -1;
+    for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+        if (CPU_ISSET(c, &set) && n-- == 0)
+            return c;
+    return -1;
+}
+
+/* fd as the child's descriptor to (0 or 1), inherited across exec. */
+static void child_fd(int fd, int to) {
+    if (fd == to)
+        fcntl(fd, F_SETFD, 0); /* dup2 would leave O_CLOEXEC on */
+    else
+        dup2(fd, to);
+}
+
 static int kid_start(kid *k, int i) {
     int a[2], b[2];
-    if (pipe2(a, O_CLOEXEC) || pipe2(b, O_CLOEXEC))
+    if (pipe2(a, O_CLOEXEC))
         return -1;
+    if (pipe2(b, O_CLOEXEC)) {
+        close(a[0]), close(a[1]);
+        return -1;
+    }
+    int cpu = settings[i].pin == 1 ? allowed_cpu(0) : settings[i].pin == 3 ? allowed_cpu(1) : -1;
+    if ((settings[i].pin == 1 || settings[i].pin == 3) && cpu < 0) {
+        fprintf(stderr, "%s: no CPU to pin to\n", settings[i].what);
+        return -1;
+    }
     k->pid = fork();
     if (k->pid < 0)
         return -1;
     if (k->pid == 0) {
-        dup2(a[0], 0);
-        dup2(b[1], 1);
-        close(a[0]), close(a[1]), close(b[0]), close(b[1]);
+        child_fd(a[0], 0);
+        child_fd(b[1], 1);
+        for (int j = 0; j < 2; j++) { /* what was not moved to 0 or 1 */
+            if (a[j] > 1)
+                close(a[j]);
+            if (b[j] > 1)
+                close(b[j]);
+        }
         if (settings[i].tunables)
             setenv("GLIBC_TUNABLES", settings[i].tunables, 1);
         else
             unsetenv("GLIBC_TUNABLES");
-        if (settings[i].pin == 1 || settings[i].pin == 3) {
-            char cpu[24];
-            long n = sysconf(_SC_NPROCESSORS_ONLN);
-            snprintf(cpu, sizeof cpu, "%ld", settings[i].pin == 3 && n > 1 ? n - 2 : n - 1);
-            setenv("HKB_PIN_CPU", cpu, 1);
+        if (cpu >= 0) {
+            char c[24];
+            snprintf(c, sizeof c, "%d", cpu);
+            setenv("HKB_PIN_CPU", c, 1);
         }
         if (settings[i].pin == 2)
             setenv("HKB_HOLD_CPU", "1", 1);
@@ -515,6 +550,7 @@ static void phase_settings(double secs) {
     static series s[NSET];
     kid k[NSET];
     printf("-- phase 4: the process's memory settings, one child process each, compiles in turn\n");
+    signal(SIGPIPE, SIG_IGN); /* a child that died is reported, not a silent end */
     long f0 = 0, f1 = 0;
     double u0 = fault_us(0, &f0), u1 = fault_us(1, &f1);
     printf("  page fault, fresh anonymous memory: %.2f us per fault (4 KiB pages, %ld faults per "

@@ -126,12 +126,13 @@ static void on_event(const hk_event *ev, void *ud) {
     }
 }
 
-/* Saves s's kernel with constant v; returns when the save's last system
- * call has. */
-static void save(side *s, int rename_over, int v) {
+/* Saves s's kernel with constant v; returns bench_ns() from just before the
+ * save's last system call. */
+static uint64_t save(side *s, int rename_over, int v) {
     char *text = bench_variant(bench_fmt_store, v);
-    bench_save_file(s->dir, s->module, s->path, text, rename_over);
+    uint64_t t0 = bench_save_file(s->dir, s->module, s->path, text, rename_over);
     free(text);
+    return t0;
 }
 
 /* Polls s's kernel every 0.1 ms from t0 until it writes v; the ms it took,
@@ -180,8 +181,7 @@ static void burst(side *s) {
         v[j] = next_const++;
         if (j)
             usleep(BURST_GAP_US);
-        save(s, 0, v[j]);
-        t0 = bench_ns();
+        t0 = save(s, 0, v[j]);
     }
     record(s, PATH_BURST, wait_live(s, v[BURST - 1], t0));
     if (hk_wait_idle(rts[s->iso], TIMEOUT_MS) != 0)
@@ -292,8 +292,7 @@ int main(int argc, char **argv) {
     for (int w = 0; w < 3; w++) {
         for (int i = 0; i < NSIDES; i++) {
             int v = next_const++;
-            save(&sides[i], 0, v);
-            if (wait_live(&sides[i], v, bench_ns()) < 0)
+            if (wait_live(&sides[i], v, save(&sides[i], 0, v)) < 0)
                 fprintf(stderr, "bench: a warm-up save of %s never went live\n", sides[i].module);
         }
     }
@@ -309,8 +308,8 @@ int main(int argc, char **argv) {
                     continue;
                 }
                 int v = next_const++;
-                save(s, path == PATH_RENAME, v);
-                record(s, path, wait_live(s, v, bench_ns()));
+                uint64_t t0 = save(s, path == PATH_RENAME, v);
+                record(s, path, wait_live(s, v, t0));
             }
         }
     }

@@ -1,6 +1,7 @@
 /*
  * Shared benchmark support (see common.h).
  */
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -258,17 +259,30 @@ hk_watch *bench_watch_module(hk_runtime *rt, const char *root, const char *modul
     return w;
 }
 
-void bench_save_file(const char *dir, const char *module, const char *path, const char *text,
-                     int rename_over) {
-    if (!rename_over) {
-        bench_write_file(path, text);
-        return;
-    }
+uint64_t bench_save_file(const char *dir, const char *module, const char *path, const char *text,
+                         int rename_over) {
     char tmp[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s/.%s.cu.tmp", dir, module);
-    bench_write_file(tmp, text);
-    if (rename(tmp, path) != 0) {
-        perror("rename");
+    const char *to = rename_over ? tmp : path;
+    int fd = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    size_t len = strlen(text);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len) {
+        perror(to);
         exit(1);
     }
+    uint64_t t0 = 0;
+    if (!rename_over)
+        t0 = bench_ns();
+    if (close(fd) != 0) {
+        perror(to);
+        exit(1);
+    }
+    if (rename_over) {
+        t0 = bench_ns();
+        if (rename(tmp, path) != 0) {
+            perror("rename");
+            exit(1);
+        }
+    }
+    return t0;
 }

@@ -58,9 +58,11 @@ void bench_write_file(const char *path, const char *text);
 hk_watch *bench_watch_module(hk_runtime *rt, const char *root, const char *module, int dev,
                              const char *text, char *dir, char *path);
 /* Saves text as module's file: renamed over it from a temporary file in dir
- * (rename_over) or written in place; returns after the last system call. */
-void bench_save_file(const char *dir, const char *module, const char *path, const char *text,
-                     int rename_over);
+ * (rename_over) or written in place. Returns bench_ns() read just before the
+ * save's last system call (the rename, or the close that ends the write), so
+ * that a measurement from it never starts late. */
+uint64_t bench_save_file(const char *dir, const char *module, const char *path, const char *text,
+                         int rename_over);
 
 /* cuCtxSynchronize of the calling thread's current context. */
 void bench_ctx_sync(void);

@@ -62,8 +62,8 @@
  * launch of the new version runs there first: out-of-bounds and misaligned
  * accesses are caught by instrumentation before they reach the MMU (whose
  * fault recovery stalls every context on the GPU for 90-150 ms on the H200,
- * against 15-24 ms for one caught by memcheck; ../shared/FACTS.md
- * 2026-12-01), and an access that lands in valid memory, which a plain run
+ * against 15-24 ms for one caught by memcheck; measured 2026-12-01), and
+ * an access that lands in valid memory, which a plain run
  * misses, is caught too. The plain helper then runs only versions that
  * memcheck passed. Timing stays in the plain helper: instrumentation slows
  * memory accesses and not arithmetic, so times under memcheck say little

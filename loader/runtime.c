@@ -51,13 +51,10 @@ int hk_options_init_size(hk_options *o, size_t size) {
 }
 
 int hk_build_keep_memory(hk_report *rep) {
-    char why[160] = "";
-    int r = hkp_keep_heap(why, sizeof why);
-    if (r < 0)
-        return hku_fail(rep, r, "hk_build_keep_memory: %s", why);
-    if (r == 0)
-        hku_fail(rep, 0,
-                 "hk_build_keep_memory: left as it is: GLIBC_TUNABLES sets glibc.malloc tunables");
+    char why[192] = "";
+    int r = hkp_keep_heap(0, why, sizeof why);
+    if (r <= 0)
+        hku_fail(rep, r, "hk_build_keep_memory: %s", why);
     return r;
 }
 

@@ -185,8 +185,9 @@ int main(int argc, char **argv) {
     stall_ms = stall ? atoi(stall) : 0;
     deaf_ms = deaf ? atoi(deaf) : 0;
     /* This process exists to compile: it keeps what NVRTC frees for the next
-     * compile (ptx/warm.c). A refusal only costs speed. */
-    (void)hkp_keep_heap(NULL, 0);
+     * compile (ptx/warm.c), whatever malloc settings it inherited from the
+     * application's environment. A refusal only costs speed. */
+    (void)hkp_keep_heap(1, NULL, 0);
     hku_buf b;
     hku_buf_init(&b, HKP_ISO_MAGIC, HKP_ISO_READY);
     hku_put_u32(&b, HKP_ISO_PROTOCOL);

@@ -419,14 +419,18 @@ int hkp_warm_done(hkp_warm *w);
  * threshold HKP_KEEP_TRIM, mmap threshold HKP_KEEP_MMAP, top pad
  * HKP_KEEP_PAD), so that the next compile reuses it instead of faulting
  * fresh pages in (measured: 2,787 page faults per one-line compile become
- * 1,264; x0.88-0.93 of the compile time). Process-wide and for good; once per
- * process, any thread. Returns 1 when done (now or earlier), 0 when
- * GLIBC_TUNABLES already sets glibc.malloc tunables (the process's own
- * choice, left alone), HK_ERR_IO when mallopt refused (why says which). */
+ * 1,264; x0.88-0.93 of the compile time). Process-wide and for good; the
+ * first call decides, any thread. Returns 1 when done (now or earlier), 0
+ * when the environment sets malloc's thresholds itself (GLIBC_TUNABLES'
+ * glibc.malloc.*, MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_,
+ * MALLOC_TOP_PAD_: the process's own choice, left alone; why says which),
+ * HK_ERR_IO when the allocator refused a setting (why says which; the
+ * others stay). force (hotkern's own processes, called before their
+ * threads start): the environment is not consulted. */
 #define HKP_KEEP_TRIM (256 << 20)
 #define HKP_KEEP_MMAP (32 << 20)
 #define HKP_KEEP_PAD  (64 << 20)
-int hkp_keep_heap(char *why, size_t why_size);
+int hkp_keep_heap(int force, char *why, size_t why_size);
 
 /* ---- internal to ptx/ -------------------------------------------------- */
 

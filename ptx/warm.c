@@ -15,7 +15,7 @@
  * hkp_keep_heap is the other half of a fast compile: NVRTC allocates and
  * frees tens of megabytes per compile, and with glibc's default thresholds
  * much of it goes back to the kernel after each one, to be faulted in and
- * zeroed again by the next (a page fault cost 2.0-2.2 us on the H200 host,
+ * zeroed again by the next (a page fault cost 1.7-2.2 us on the H200 host,
  * 0.6-0.7 us on the CI machine). Keeping it is a process-wide choice, so a
  * runtime never makes it for the application: the build helper makes it for
  * itself, and hk_build_keep_memory offers it to programs.
@@ -119,14 +119,30 @@ int hkp_warm_done(hkp_warm *w) {
     return w && atomic_load(&w->done);
 }
 
-/* 1: done; 0: left to GLIBC_TUNABLES; -1: mallopt refused. Set once. */
+/* 1: done; 0: left to the environment's malloc settings; -1: mallopt
+ * refused one or more. Set once. */
 static int keep_rc;
-static char keep_why[128];
+static char keep_why[160];
+static int keep_force; /* set by the first caller, before the once */
 static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
 
-static void keep_heap_once(void) {
+/* The environment's own malloc settings, which a program's process keeps. */
+static const char *malloc_env(void) {
     const char *t = getenv("GLIBC_TUNABLES");
-    if (t && strstr(t, "glibc.malloc.")) {
+    if (t && strstr(t, "glibc.malloc."))
+        return "GLIBC_TUNABLES sets glibc.malloc tunables";
+    static const char *const old[] = {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+                                      "MALLOC_TOP_PAD_"};
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
+        if (getenv(old[i]))
+            return old[i];
+    return NULL;
+}
+
+static void keep_heap_once(void) {
+    const char *env = keep_force ? NULL : malloc_env();
+    if (env) {
+        snprintf(keep_why, sizeof keep_why, "left as it is: %s", env);
         keep_rc = 0;
         return;
     }
@@ -136,22 +152,26 @@ static void keep_heap_once(void) {
     } set[] = {{M_TRIM_THRESHOLD, HKP_KEEP_TRIM, "M_TRIM_THRESHOLD"},
                {M_MMAP_THRESHOLD, HKP_KEEP_MMAP, "M_MMAP_THRESHOLD"},
                {M_TOP_PAD, HKP_KEEP_PAD, "M_TOP_PAD"}};
+    size_t n = 0;
+    keep_rc = 1;
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
         if (mallopt(set[i].param, set[i].value) != 1) {
-            snprintf(keep_why, sizeof keep_why, "mallopt(%s, %d) refused", set[i].name,
-                     set[i].value);
+            int w = snprintf(keep_why + n, sizeof keep_why - n, "%s%s=%d",
+                             keep_rc < 0 ? ", " : "the allocator refused mallopt ", set[i].name,
+                             set[i].value);
+            if (w > 0 && (size_t)w < sizeof keep_why - n)
+                n += (size_t)w;
             keep_rc = -1;
-            return;
         }
-    keep_rc = 1;
+    if (keep_rc < 0 && n < sizeof keep_why)
+        snprintf(keep_why + n, sizeof keep_why - n, " (any other is in place)");
 }
 
-int hkp_keep_heap(char *why, size_t why_size) {
+int hkp_keep_heap(int force, char *why, size_t why_size) {
+    if (force)
+        keep_force = 1; /* hotkern's own process, before its threads */
     pthread_once(&keep_once, keep_heap_once);
-    if (keep_rc < 0) {
-        if (why && why_size)
-            snprintf(why, why_size, "%s", keep_why);
-        return HK_ERR_IO;
-    }
-    return keep_rc;
+    if (keep_rc <= 0 && why && why_size)
+        snprintf(why, why_size, "%s", keep_why);
+    return keep_rc < 0 ? HK_ERR_IO : keep_rc;
 }

@@ -646,20 +646,25 @@ typedef enum hk_build_profile {
  * default thresholds give much of it back after each one. Measured on a
  * one-line kernel (bench_nvrtc_state, phase 4): 2,787 page faults per
  * compile become 1,264, the compile x0.88-0.93 of its time on the H200 host
- * and x0.90 on a 2-core CI machine. The cost is memory: up to 256 MiB freed
+ * and x0.91 on a 2-core CI machine. The cost is memory: up to 256 MiB freed
  * at the top of the heap stays with the process (trim threshold 256 MiB,
  * mmap threshold 32 MiB, top pad 64 MiB, by mallopt).
  *
  * Process-wide, for good, and for every allocation of the process, not only
  * hotkern's: hotkern never does it on its own in the application's process.
- * The build helper (options.build_isolated) always does it in its own.
+ * The build helper (options.build_isolated) always does it in its own,
+ * whatever malloc settings it inherits.
  * Call it once, early (the demo does, and `hotkern check` of several
- * files); later calls do nothing.
- * Any thread. Returns 1 when the setting is in place (by this call or an
- * earlier one), 0 when GLIBC_TUNABLES already sets glibc.malloc tunables
- * (the process's own choice, left as it is; rep says so), HK_ERR_IO when
- * the allocator refused (rep says which setting; a sanitizer's allocator
- * does). rep may be NULL. */
+ * files); the first call decides, later ones return what it did. Any
+ * thread (it reads the environment: not while another thread changes it).
+ * Returns 1 when the setting is in place (by this call or an earlier one);
+ * 0 when the environment sets malloc's thresholds itself (GLIBC_TUNABLES
+ * with glibc.malloc tunables, MALLOC_TRIM_THRESHOLD_,
+ * MALLOC_MMAP_THRESHOLD_ or MALLOC_TOP_PAD_: the process's own choice, left
+ * as it is; rep says which); HK_ERR_IO when the allocator refused a setting
+ * (rep says which; the others stay in place). A sanitizer's allocator may
+ * refuse it (AddressSanitizer's does) or accept it and ignore it
+ * (ThreadSanitizer's). rep may be NULL. */
 HK_API int hk_build_keep_memory(hk_report *rep);
 
 /* The first layout ends at origin. */
