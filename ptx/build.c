@@ -5,7 +5,9 @@
  * 13.0 toolkit on a 2-core machine, that and PTX followed by nvJitLink cost
  * the same (33 ms both for 3 small kernels, 264 vs 265 ms for 12 larger
  * ones; the PTX step alone is 20 and 114 ms), so the default takes the path
- * with fewer steps and copies; nvrtc_via_ptx keeps the other one available. PTX goes through
+ * with fewer steps and copies; nvrtc_via_ptx keeps the other one available, and a build that
+ * makes the canary's trap guard takes it (its image and guarded copy are linked from the same
+ * PTX). PTX goes through
  * nvJitLink, never the driver JIT, because the driver JIT stalls every launching thread of the
  * process: the driver compiles inside the load, which holds the lock every launch takes
  * (docs/DESIGN.md, "Under a real program's load"). Cubins and fatbins are only checked.
@@ -1044,9 +1046,6 @@ static int nvrtc_output(nvrtcProgram prog, const hkp_build_opts *o, int want_cub
     return 0;
 }
 
-static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *name,
-                       hkp_artifact *a); /* below, beside the guard's other build steps */
-
 /* Compiles CUDA C to a cubin (want_cubin) or PTX for opts->arch. src is
  * NUL-terminated; sp carries the in-memory headers and the search path. */
 static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_path *sp,
@@ -1089,8 +1088,6 @@ static int nvrtc_compile(const char *src, const hkp_build_opts *o, const search_
         goto out;
     }
     rc = nvrtc_output(prog, o, want_cubin, a, why, why_size);
-    if (!rc && want_cubin)
-        rc = nvrtc_guard(prog, o, source_name, a);
 out:
     nvrtc_cmd_free(&cmd);
     free(cut_src);
@@ -1256,43 +1253,6 @@ static int guard_build(const char *ptx, size_t n, const hkp_build_opts *o, int t
     return 0;
 }
 
-/* The guard of a direct NVRTC cubin build, from the program's PTX (NVRTC
- * keeps it beside the cubin: no second front end). NVRTC's own ptxas
- * allocates registers otherwise than nvJitLink does for the same PTX (47
- * against 55 measured for a kernel with __launch_bounds__), so where a
- * copy is made the image
- * is linked again from that PTX with the copy's options: the canary then
- * runs what commits, but for the sites. */
-static int nvrtc_guard(nvrtcProgram prog, const hkp_build_opts *o, const char *name,
-                       hkp_artifact *a) {
-    size_t n = 0;
-    if (!o->trap_guard || nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n == 0)
-        return 0;
-    char *ptx = malloc(n);
-    if (!ptx)
-        return HK_ERR_NOMEM;
-    int rc =
-        nvrtcGetPTX(prog, ptx) == NVRTC_SUCCESS ? guard_build(ptx, n, o, 1, o->arch, name, a) : 0;
-    if (rc == 0 && a->guard) {
-        hkp_artifact img = {0};
-        char why[300] = "";
-        rc = jitlink_ptx(ptx, n, o->arch, o, name, &img, why, sizeof why);
-        if (rc == 0) {
-            free(a->image);
-            a->image = img.image, a->size = img.size;
-            img.image = NULL;
-        } else if (rc != HK_ERR_NOMEM) {
-            /* NVRTC's cubin stands, unguarded. */
-            free(a->guard);
-            a->guard = NULL, a->guard_size = 0, a->guard_sites = 0;
-            rc = guard_note(a, why);
-        }
-        hkp_artifact_free(&img);
-    }
-    free(ptx);
-    return rc;
-}
-
 /* ---- the build ------------------------------------------------------------ */
 
 /* Why m does not run on o->arch, which refusals call the device (a
@@ -1346,9 +1306,22 @@ static int build_fresh(const void *data, size_t size, hk_format fmt, const hkp_b
         return hkp_iso_build(o->iso, data, size, fmt, o, sp->mem, sp->nmem, source_name, a, why,
                              why_size);
     if (fmt == HK_FORMAT_CUDA_C) {
-        /* data is NUL-terminated here (hkp_build made it so). */
-        int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx;
+        /* data is NUL-terminated here (hkp_build made it so). A build that
+         * makes a trap guard's copy goes through PTX: image and copy then
+         * come from links of the same PTX with the same options (NVRTC's own
+         * ptxas allocates registers otherwise than nvJitLink: 47 against 55
+         * measured for one kernel with __launch_bounds__), and NVRTC's ptxas
+         * is not run for a cubin that would be replaced. Unless an option
+         * cannot be given to nvJitLink: then NVRTC builds the cubin and the
+         * version goes unguarded. */
+        const char *bad = o->trap_guard ? unlinkable_option(o) : NULL;
+        int direct = o->ptx_to_cubin && !o->nvrtc_via_ptx && (!o->trap_guard || bad);
         rc = nvrtc_build(data, o, sp, source_name, direct, a, why, why_size);
+        if (!rc && direct && bad) {
+            char note[160];
+            snprintf(note, sizeof note, "NVRTC option '%.100s' has no nvJitLink equivalent", bad);
+            rc = guard_note(a, note);
+        }
         if (rc || direct)
             return rc;
         /* NVRTC's PTX: linked (or left to the driver), then guarded. */
