@@ -48,11 +48,6 @@
 
 #define MAX_SITES (1 << 20) /* CODE must fit a u32 with the kind's 2 bits */
 
-static int tok_is(const hkp_tok *t, const char *word) {
-    size_t l = strlen(word);
-    return t->n == l && memcmp(t->s, word, l) == 0;
-}
-
 static int tok_ident(const hkp_tok *t) {
     return t->n && hkp_is_ident_char((unsigned char)t->s[0]);
 }
@@ -137,22 +132,22 @@ static int call_is_assert(hkp_lexer *lx, size_t *end) {
     int more;
     while ((more = hkp_lex_next(lx, &t)) && t.s[0] == '.')
         ;
-    if (more && tok_is(&t, "(")) { /* the return list: names and commas only */
-        while ((more = hkp_lex_next(lx, &t)) && (tok_ident(&t) || tok_is(&t, ",")))
+    if (more && hkp_tok_is(&t, "(")) { /* the return list: names and commas only */
+        while ((more = hkp_lex_next(lx, &t)) && (tok_ident(&t) || hkp_tok_is(&t, ",")))
             ;
-        if (!more || !tok_is(&t, ")") || !hkp_lex_next(lx, &t) || !tok_is(&t, ","))
+        if (!more || !hkp_tok_is(&t, ")") || !hkp_lex_next(lx, &t) || !hkp_tok_is(&t, ","))
             return 0;
         more = hkp_lex_next(lx, &t);
     }
-    if (!more || !tok_is(&t, "__assertfail"))
+    if (!more || !hkp_tok_is(&t, "__assertfail"))
         return 0;
     /* Its arguments, to the ';': names, commas and balanced parentheses
      * only (a statement that is not whole is no site). */
     int depth = 0;
     while ((more = hkp_lex_next(lx, &t)) && depth >= 0 &&
-           (tok_ident(&t) || tok_is(&t, ",") || tok_is(&t, "(") || tok_is(&t, ")")))
-        depth += tok_is(&t, "(") - tok_is(&t, ")");
-    if (!more || !tok_is(&t, ";") || depth != 0)
+           (tok_ident(&t) || hkp_tok_is(&t, ",") || hkp_tok_is(&t, "(") || hkp_tok_is(&t, ")")))
+        depth += hkp_tok_is(&t, "(") - hkp_tok_is(&t, ")");
+    if (!more || !hkp_tok_is(&t, ";") || depth != 0)
         return 0;
     *end = (size_t)(t.s + 1 - lx->s);
     return 1;
@@ -163,21 +158,22 @@ static int call_is_assert(hkp_lexer *lx, size_t *end) {
 static int statement(hkp_lexer *lx, hkp_tok t, scan *sc) {
     hkp_lexer p = *lx;
     site s = {.start = (size_t)(t.s - lx->s)};
-    if (tok_is(&t, "@")) {
+    if (hkp_tok_is(&t, "@")) {
         s.gstart = s.start;
-        if (!hkp_lex_next(&p, &t) || (tok_is(&t, "!") && !hkp_lex_next(&p, &t)) || !tok_ident(&t))
+        if (!hkp_lex_next(&p, &t) || (hkp_tok_is(&t, "!") && !hkp_lex_next(&p, &t)) ||
+            !tok_ident(&t))
             return 0;
         s.gend = (size_t)(t.s + t.n - lx->s);
         if (!hkp_lex_next(&p, &t))
             return 0;
     }
-    if (tok_is(&t, "trap") || tok_is(&t, "brkpt")) {
-        s.kind = tok_is(&t, "trap") ? HKP_GUARD_TRAP : HKP_GUARD_BRKPT;
+    if (hkp_tok_is(&t, "trap") || hkp_tok_is(&t, "brkpt")) {
+        s.kind = hkp_tok_is(&t, "trap") ? HKP_GUARD_TRAP : HKP_GUARD_BRKPT;
         hkp_tok semi;
-        if (!hkp_lex_next(&p, &semi) || !tok_is(&semi, ";"))
+        if (!hkp_lex_next(&p, &semi) || !hkp_tok_is(&semi, ";"))
             return 0;
         s.end = (size_t)(semi.s + 1 - lx->s);
-    } else if (!tok_is(&t, "call") || !call_is_assert(&p, &s.end)) {
+    } else if (!hkp_tok_is(&t, "call") || !call_is_assert(&p, &s.end)) {
         return 0;
     } else {
         s.kind = HKP_GUARD_ASSERT;
@@ -200,12 +196,13 @@ static size_t header(hkp_lexer *lx) {
     for (;;) {
         hkp_lexer at = *lx;
         if (!hkp_lex_next(&at, &t) || !t.bol ||
-            !(tok_is(&t, ".version") || tok_is(&t, ".target") || tok_is(&t, ".address_size")))
+            !(hkp_tok_is(&t, ".version") || hkp_tok_is(&t, ".target") ||
+              hkp_tok_is(&t, ".address_size")))
             return end;
-        int list = tok_is(&t, ".target");
+        int list = hkp_tok_is(&t, ".target");
         if (!hkp_lex_next(&at, &t) || t.bol)
             return end;
-        for (hkp_lexer next = at; list && hkp_lex_next(&next, &t) && tok_is(&t, ",");) {
+        for (hkp_lexer next = at; list && hkp_lex_next(&next, &t) && hkp_tok_is(&t, ",");) {
             if (!hkp_lex_next(&next, &t))
                 break;
             at = next;
@@ -225,16 +222,17 @@ static int find_sites(const char *ptx, size_t n, scan *sc) {
         /* .loc and .file (-lineinfo, -G) end with their line, not a ';'. */
         if (line_dir && t.bol)
             at_start = 1, line_dir = 0;
-        if (at_start && (tok_is(&t, ".loc") || tok_is(&t, ".file")))
+        if (at_start && (hkp_tok_is(&t, ".loc") || hkp_tok_is(&t, ".file")))
             line_dir = 1;
         /* Instructions live in function bodies only: at module scope a
          * "trap;" is no instruction, and is left for nvJitLink to refuse. */
         if (at_start && depth > 0 && (rc = statement(&lx, t, sc)) != 0)
             continue; /* a site, read to its ';' (or an error) */
-        depth += tok_is(&t, "{") - tok_is(&t, "}");
+        depth += hkp_tok_is(&t, "{") - hkp_tok_is(&t, "}");
         /* Otherwise read on token by token: the next statement starts
          * after a ';', a brace or a label's ':'. */
-        at_start = tok_is(&t, ";") || tok_is(&t, "{") || tok_is(&t, "}") || tok_is(&t, ":");
+        at_start = hkp_tok_is(&t, ";") || hkp_tok_is(&t, "{") || hkp_tok_is(&t, "}") ||
+                   hkp_tok_is(&t, ":");
     }
     if (rc >= 0 && lx.bad)
         rc = HK_ERR_FORMAT;

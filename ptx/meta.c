@@ -257,7 +257,7 @@ static int add_global(struct meta_builder *b, const char *name, size_t n, uint64
 typedef hkp_tok tok;
 typedef hkp_lexer lexer;
 
-static int tok_is(const tok *t, const char *word) {
+int hkp_tok_is(const hkp_tok *t, const char *word) {
     size_t l = strlen(word);
     return t->n == l && memcmp(t->s, word, l) == 0;
 }
@@ -357,7 +357,7 @@ static unsigned ptx_type_size(const tok *t) {
         {".f64", 8},    {".b128", 16}, {".texref", 8}, {".samplerref", 8}, {".surfref", 8},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (tok_is(t, types[i].name))
+        if (hkp_tok_is(t, types[i].name))
             return types[i].size;
     return 0;
 }
@@ -395,7 +395,7 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
     unsigned tsize = 0;
     int after_ptr = 0, have_name = 0;
     /* t holds the first token (".param"). */
-    if (!tok_is(t, ".param")) {
+    if (!hkp_tok_is(t, ".param")) {
         hkp_why(why, why_size, "PTX: expected .param in an .entry parameter list, got '%.*s'",
                 (int)(t->n > 40 ? 40 : t->n), t->s);
         return HK_ERR_FORMAT;
@@ -405,11 +405,11 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
             hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
             return HK_ERR_FORMAT;
         }
-        if (tok_is(t, ",") || tok_is(t, ")")) {
-            *more = tok_is(t, ",");
+        if (hkp_tok_is(t, ",") || hkp_tok_is(t, ")")) {
+            *more = hkp_tok_is(t, ",");
             break;
         }
-        if (tok_is(t, ".align")) {
+        if (hkp_tok_is(t, ".align")) {
             tok v;
             uint64_t a;
             if (!hkp_lex_next(lx, &v) || parse_uint(&v, &a) || a == 0 || a > 4096 ||
@@ -420,18 +420,18 @@ static int ptx_param(lexer *lx, tok *t, int *more, uint64_t *offset, hkp_param *
             /* After .ptr, .align describes the pointee, not the parameter. */
             if (!after_ptr)
                 align = a;
-        } else if (tok_is(t, ".ptr")) {
+        } else if (hkp_tok_is(t, ".ptr")) {
             after_ptr = 1;
         } else if (t->s[0] == '.') {
             unsigned sz = ptx_type_size(t);
             if (sz && !tsize)
                 tsize = sz;
             /* Other directives (.global, .const ... after .ptr) carry no layout. */
-        } else if (tok_is(t, "[")) {
+        } else if (hkp_tok_is(t, "[")) {
             tok v, close;
             uint64_t d;
             if (!hkp_lex_next(lx, &v) || parse_uint(&v, &d) || !hkp_lex_next(lx, &close) ||
-                !tok_is(&close, "]") || d > MAX_OBJECT_SIZE ||
+                !hkp_tok_is(&close, "]") || d > MAX_OBJECT_SIZE ||
                 count > MAX_OBJECT_SIZE / (d ? d : 1)) {
                 hkp_why(why, why_size, "PTX: bad array size in an .entry parameter");
                 return HK_ERR_FORMAT;
@@ -477,12 +477,12 @@ static int ptx_entry(struct meta_builder *b, lexer *lx, int keep, char *why, siz
     }
     size_t save = lx->i;
     int save_bol = lx->bol;
-    if (hkp_lex_next(lx, &t) && tok_is(&t, "(")) {
+    if (hkp_lex_next(lx, &t) && hkp_tok_is(&t, "(")) {
         if (!hkp_lex_next(lx, &t)) {
             hkp_why(why, why_size, "PTX: unterminated .entry parameter list");
             return HK_ERR_FORMAT;
         }
-        if (!tok_is(&t, ")")) {
+        if (!hkp_tok_is(&t, ")")) {
             int more = 1;
             while (more) {
                 if (np >= MAX_PARAMS) {
@@ -527,9 +527,9 @@ static int skip_block(lexer *lx, char *why, size_t why_size) {
             hkp_why(why, why_size, "PTX: unbalanced braces (missing '}')");
             return HK_ERR_FORMAT;
         }
-        if (tok_is(&t, "{"))
+        if (hkp_tok_is(&t, "{"))
             depth++;
-        else if (tok_is(&t, "}"))
+        else if (hkp_tok_is(&t, "}"))
             depth--;
     }
     return 0;
@@ -553,30 +553,30 @@ static int var_eof(char *why, size_t why_size) {
 static int ptx_var_attrs(lexer *lx, tok *t, uint64_t *elem, uint64_t *vec, char *why,
                          size_t why_size) {
     for (;;) {
-        if (tok_is(t, ".align")) {
+        if (hkp_tok_is(t, ".align")) {
             tok v;
             uint64_t a;
             if (!hkp_lex_next(lx, &v) || parse_uint(&v, &a)) {
                 hkp_why(why, why_size, "PTX: bad .align");
                 return HK_ERR_FORMAT;
             }
-        } else if (tok_is(t, ".attribute")) {
+        } else if (hkp_tok_is(t, ".attribute")) {
             /* .attribute(.managed) and the like: no bearing on the size. */
             if (!hkp_lex_next(lx, t))
                 return var_eof(why, why_size);
-            if (!tok_is(t, "(")) {
+            if (!hkp_tok_is(t, "(")) {
                 hkp_why(why, why_size, "PTX: .attribute without '('");
                 return HK_ERR_FORMAT;
             }
             for (size_t depth = 1; depth > 0;) {
                 if (!hkp_lex_next(lx, t))
                     return var_eof(why, why_size);
-                if (tok_is(t, "("))
+                if (hkp_tok_is(t, "("))
                     depth++;
-                else if (tok_is(t, ")"))
+                else if (hkp_tok_is(t, ")"))
                     depth--;
             }
-        } else if (tok_is(t, ".v2") || tok_is(t, ".v4") || tok_is(t, ".v8")) {
+        } else if (hkp_tok_is(t, ".v2") || hkp_tok_is(t, ".v4") || hkp_tok_is(t, ".v8")) {
             *vec = (uint64_t)(t->s[2] - '0');
         } else if (t->s[0] == '.') {
             unsigned sz = ptx_type_size(t);
@@ -602,11 +602,11 @@ static int ptx_var_attrs(lexer *lx, tok *t, uint64_t *elem, uint64_t *vec, char 
  * leaves *t on what follows them. */
 static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int *open_dim,
                         char *why, size_t why_size) {
-    while (tok_is(t, "[")) {
+    while (hkp_tok_is(t, "[")) {
         uint64_t d = 0;
         if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
-        if (tok_is(t, "]")) {
+        if (hkp_tok_is(t, "]")) {
             *open_dim = 1;
         } else {
             if (parse_uint(t, &d) || d > MAX_OBJECT_SIZE || (d && *count > MAX_OBJECT_SIZE / d)) {
@@ -616,7 +616,7 @@ static int ptx_var_dims(lexer *lx, tok *t, const tok *name, uint64_t *count, int
             *count *= d;
             if (!hkp_lex_next(lx, t))
                 return var_eof(why, why_size);
-            if (!tok_is(t, "]")) {
+            if (!hkp_tok_is(t, "]")) {
                 hkp_why(why, why_size, "PTX: expected ']'");
                 return HK_ERR_FORMAT;
             }
@@ -634,13 +634,13 @@ static int ptx_var_init(lexer *lx, tok *t, uint64_t *leaves, char *why, size_t w
     for (;;) {
         if (!hkp_lex_next(lx, t))
             return var_eof(why, why_size);
-        if (tok_is(t, "{") || tok_is(t, "("))
+        if (hkp_tok_is(t, "{") || hkp_tok_is(t, "("))
             depth++;
-        else if (tok_is(t, "}") || tok_is(t, ")"))
+        else if (hkp_tok_is(t, "}") || hkp_tok_is(t, ")"))
             depth = depth ? depth - 1 : 0;
-        else if (depth == 0 && (tok_is(t, ",") || tok_is(t, ";")))
+        else if (depth == 0 && (hkp_tok_is(t, ",") || hkp_tok_is(t, ";")))
             return 0;
-        else if (!tok_is(t, ",") && !tok_is(t, "-") && !tok_is(t, "+"))
+        else if (!hkp_tok_is(t, ",") && !hkp_tok_is(t, "-") && !hkp_tok_is(t, "+"))
             (*leaves)++;
     }
 }
@@ -667,7 +667,7 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
             return var_eof(why, why_size);
         if ((rc = ptx_var_dims(lx, t, &name, &count, &open_dim, why, why_size)) != 0)
             return rc;
-        if (tok_is(t, "=") && (rc = ptx_var_init(lx, t, &leaves, why, why_size)) != 0)
+        if (hkp_tok_is(t, "=") && (rc = ptx_var_init(lx, t, &leaves, why, why_size)) != 0)
             return rc;
         if (open_dim)
             count = leaves / vec;
@@ -680,9 +680,9 @@ static int ptx_vars(struct meta_builder *b, lexer *lx, tok *t, int keep, int is_
         /* Names starting with '$' are the compiler's own (string literals). */
         if (keep && name.s[0] != '$' && (rc = add_global(b, name.s, name.n, size, is_const)) != 0)
             return rc;
-        if (tok_is(t, ";"))
+        if (hkp_tok_is(t, ";"))
             return 0;
-        if (!tok_is(t, ",")) {
+        if (!hkp_tok_is(t, ",")) {
             hkp_why(why, why_size, "PTX: expected ',' or ';' after '%.*s'", (int)name.n, name.s);
             return HK_ERR_FORMAT;
         }
@@ -696,15 +696,15 @@ static int skip_statement(lexer *lx, tok *t, char *why, size_t why_size) {
     size_t paren = 0;
     int eq = 0;
     for (;;) {
-        if (tok_is(t, "("))
+        if (hkp_tok_is(t, "("))
             paren++;
-        else if (tok_is(t, ")"))
+        else if (hkp_tok_is(t, ")"))
             paren = paren ? paren - 1 : 0;
-        else if (tok_is(t, "="))
+        else if (hkp_tok_is(t, "="))
             eq = 1;
-        else if (paren == 0 && tok_is(t, ";"))
+        else if (paren == 0 && hkp_tok_is(t, ";"))
             return 0;
-        else if (tok_is(t, "{")) {
+        else if (hkp_tok_is(t, "{")) {
             int rc = skip_block(lx, why, why_size);
             if (rc || !eq)
                 return rc;
@@ -720,12 +720,12 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
     int have_version = 0, rc = 0;
 
     while (hkp_lex_next(&lx, &t)) {
-        if (tok_is(&t, ".version")) {
+        if (hkp_tok_is(&t, ".version")) {
             have_version = 1;
             skip_line(&lx);
             continue;
         }
-        if (tok_is(&t, ".target")) {
+        if (hkp_tok_is(&t, ".target")) {
             tok a;
             int more;
             while ((more = hkp_lex_next(&lx, &a)) && !a.bol) {
@@ -744,17 +744,17 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
             }
             continue;
         }
-        if (tok_is(&t, ".address_size") || tok_is(&t, ".file")) {
+        if (hkp_tok_is(&t, ".address_size") || hkp_tok_is(&t, ".file")) {
             skip_line(&lx);
             continue;
         }
-        if (tok_is(&t, "{")) {
+        if (hkp_tok_is(&t, "{")) {
             rc = skip_block(&lx, why, why_size);
             if (rc)
                 return rc;
             continue;
         }
-        if (tok_is(&t, "}")) {
+        if (hkp_tok_is(&t, "}")) {
             hkp_why(why, why_size, "PTX: unbalanced '}'");
             return HK_ERR_FORMAT;
         }
@@ -762,9 +762,10 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
          * declare. */
         int is_extern = 0, space = 0; /* 1 global, 2 const, 3 other */
         for (;;) {
-            if (tok_is(&t, ".extern"))
+            if (hkp_tok_is(&t, ".extern"))
                 is_extern = 1;
-            else if (tok_is(&t, ".visible") || tok_is(&t, ".weak") || tok_is(&t, ".common"))
+            else if (hkp_tok_is(&t, ".visible") || hkp_tok_is(&t, ".weak") ||
+                     hkp_tok_is(&t, ".common"))
                 ;
             else
                 break;
@@ -773,7 +774,7 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
                 return HK_ERR_FORMAT;
             }
         }
-        if (tok_is(&t, ".entry")) {
+        if (hkp_tok_is(&t, ".entry")) {
             rc = ptx_entry(b, &lx, !is_extern, why, why_size);
             if (rc)
                 return rc;
@@ -783,8 +784,8 @@ static int meta_ptx(const char *s, size_t n, struct meta_builder *b, char *why, 
                 return HK_ERR_FORMAT;
             }
             rc = skip_statement(&lx, &t, why, why_size);
-        } else if (tok_is(&t, ".global") || tok_is(&t, ".const")) {
-            space = tok_is(&t, ".global") ? 1 : 2;
+        } else if (hkp_tok_is(&t, ".global") || hkp_tok_is(&t, ".const")) {
+            space = hkp_tok_is(&t, ".global") ? 1 : 2;
             if (!hkp_lex_next(&lx, &t)) {
                 hkp_why(why, why_size, "PTX: declaration cut short");
                 return HK_ERR_FORMAT;

@@ -493,5 +493,7 @@ typedef struct hkp_lexer {
 /* The next token of lx (comments and blanks skipped): 1, or 0 at the end.
  * meta.c's, shared with guard.c. */
 int hkp_lex_next(hkp_lexer *lx, hkp_tok *t);
+/* 1 when t is exactly word. */
+int hkp_tok_is(const hkp_tok *t, const char *word);
 
 #endif /* HK_PTX_H */
