@@ -258,20 +258,23 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     return HKW_OTHER;
 }
 
-unsigned hkw_source_bit(const char *ext) {
+/* The source kind of extension ext (any case), or -1. */
+static int source_of(const char *ext) {
     for (size_t i = 0; ext && i < NSOURCES; i++) {
         if (strcasecmp(ext, sources[i].ext) == 0)
-            return sources[i].bit;
+            return (int)i;
     }
-    return 0;
+    return -1;
+}
+
+unsigned hkw_source_bit(const char *ext) {
+    int i = source_of(ext);
+    return i < 0 ? 0 : sources[i].bit;
 }
 
 hk_format hkw_source_format(const char *ext) {
-    for (size_t i = 0; ext && i < NSOURCES; i++) {
-        if (strcasecmp(ext, sources[i].ext) == 0)
-            return sources[i].fmt;
-    }
-    return HK_FORMAT_AUTO;
+    int i = source_of(ext);
+    return i < 0 ? HK_FORMAT_AUTO : sources[i].fmt;
 }
 
 /* Writes the canonical form of path to out: the real path of its directory,
