@@ -555,7 +555,8 @@ FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. 
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
-FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard \
+                fuzz_frame
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -571,6 +572,7 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
 	$(CUDA)/bin/nvcc -cubin -arch=sm_90a tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed90a.cubin
@@ -590,6 +592,7 @@ fuzz: fuzz-build
 	    fuzz_cache) seeds=tests/fuzz/seeds/cache ;; \
 	    fuzz_guard) seeds=tests/fuzz/seeds/guard ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
+	    fuzz_frame) seeds=tests/fuzz/seeds/frame ;; \
 	  esac; \
 	  echo "== $$t"; \
 	  $(BUILD)/fuzz/$$t -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 -timeout=30 \

@@ -43,9 +43,10 @@
  *     over either is answered 503; far over them libmicrohttpd refuses the
  *     connection outright;
  *   - the memory held by request bodies in flight is bounded (max_inflight):
- *     a Content-Length is reserved before the body is read and a request
- *     that does not fit is answered 503 at once; a chunked body reserves as
- *     it grows, and one that does not fit is dropped and answered 503;
+ *     a body reserves as its bytes arrive (its buffer doubling, never past
+ *     its declared or checked size), and one that does not fit is dropped
+ *     and answered 503. A declared length reserves nothing: two clients that
+ *     declare the cap and trickle would otherwise hold every push shut;
  *   - a body over the cap is answered 413: before it is read when it has a
  *     Content-Length; when chunked, it is dropped as it passes the cap (a
  *     frame: as soon as its lengths say it will) and the 413 sent when it
@@ -146,6 +147,7 @@ struct req {
     size_t len, cap, limit;
     hkn_frame *frame; /* a binary body (HKN_FRAME_TYPE), parsed as it streams in */
     size_t reserved;  /* bytes counted in ep->inflight */
+    size_t declared;  /* its Content-Length, 0: none */
     int refused;      /* an HTTP status: over the cap or the memory bound, or (400) a
                        * frame that cannot be one; the rest is read and dropped */
     int queued;       /* handed to the worker (connection suspended) */
@@ -1200,8 +1202,8 @@ static enum route route_of(const char *url, const char **module) {
 }
 
 /* Takes the body of a release or rollback: its declared length is checked
- * against the cap and reserved whole before it is read, and a release
- * frame's parser is set up. Answers the refusals itself. */
+ * against the cap before it is read, and a release frame's parser is set
+ * up. Answers the refusals itself. */
 static enum MHD_Result take_body(hkn_endpoint *ep, struct MHD_Connection *c, struct conn *k,
                                  const char *method, const char *url, enum route route,
                                  const char *module, enum body_kind kind, void **con_cls) {
@@ -1236,14 +1238,10 @@ static enum MHD_Result take_body(hkn_endpoint *ep, struct MHD_Connection *c, str
         snprintf(r->module, sizeof r->module, "%s", module);
     if (r->frame)
         hkn_frame_init(r->frame, limit, cl ? (uint64_t)n : HKN_FRAME_UNKNOWN);
-    /* A declared body is reserved whole before it is read. */
-    if (n && !reserve(ep, r, (size_t)n)) {
-        free(r->frame);
-        free(r);
-        count(ep, &ep->overloaded);
-        return refuse(ep, c, k, method, url, MHD_HTTP_SERVICE_UNAVAILABLE, HK_ERR_BUSY,
-                      "too many request bodies in flight; retry later");
-    }
+    /* Nothing is reserved for a declared length: bodies reserve as their
+     * bytes arrive (on_body), so a client that declares 64 MiB and trickles
+     * holds what it sent, not the budget everyone else needs. */
+    r->declared = cl ? (size_t)n : 0;
     *con_cls = r;
     return MHD_YES;
 }
@@ -1311,8 +1309,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
  * dropped, and the rest of it read and discarded: libmicrohttpd takes no
  * answer in the middle of an upload. The answer (413 or 503) goes out once
  * the body ends; the request deadline bounds how long that may take. */
-/* A frame's buffer, sized from its checked lengths, is reserved before it
- * is allocated (a body with a Content-Length has it reserved already). */
+/* A frame's buffer is reserved before each time it grows (net/frame.c). */
 struct admit_ctx {
     hkn_endpoint *ep;
     struct req *r;
@@ -1362,7 +1359,9 @@ static enum MHD_Result on_body(hkn_endpoint *ep, struct req *r, const char *data
             nc *= 2;
         if (nc > r->limit + 1)
             nc = r->limit + 1;
-        /* Bodies without a Content-Length reserve as they grow. */
+        if (r->declared && nc > r->declared + 1 && r->len + n <= r->declared)
+            nc = r->declared + 1;
+        /* Bodies reserve as they grow. */
         if (nc > r->reserved && !reserve(ep, r, nc - r->reserved)) {
             count(ep, &ep->overloaded);
             r->refused = MHD_HTTP_SERVICE_UNAVAILABLE;

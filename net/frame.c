@@ -6,9 +6,12 @@
  * JSON parser copies out of the body before it can be decoded: the body,
  * its parsed copy and the decoded bytes are held together. A frame instead
  * says up front how long each part is, so the receiver checks the lengths
- * against its cap and the body's declared length, allocates one buffer of
- * exactly that size and copies the bytes into it as they arrive: what it
- * holds is the release's size once, whatever the transfer encoding.
+ * against its cap and the body's declared length and copies the bytes into
+ * one buffer as they arrive: what it holds is at most the release's size
+ * once, whatever the transfer encoding. The buffer grows with what has
+ * arrived (doubling, never past the frame's size), not with what the
+ * lengths declare: a sender that declares 64 MiB and trickles holds about
+ * what it sent, so declared sizes cannot hold the endpoint's memory budget.
  *
  * Layout, integers big-endian:
  *   magic       8 bytes  89 'H' 'K' 'R' 0d 0a 1a 0a (PNG's trick: a non-
@@ -62,7 +65,8 @@ static int fail(hkn_frame *f, int err, const char *fmt, ...) {
     va_end(ap);
     free(f->buf);
     f->buf = NULL;
-    f->buf_len = f->buf_have = 0;
+    f->buf_len = f->buf_have = f->buf_cap = 0;
+    f->body = 0;
     return f->err = err;
 }
 
@@ -111,8 +115,9 @@ static int read_head(hkn_frame *f) {
 }
 
 /* The length table is in: the frame's whole size is known. Checks it
- * against the cap and the body's length before anything is allocated. */
-static int read_table(hkn_frame *f, hkn_frame_admit_fn admit, void *ud) {
+ * against the cap and the body's length before anything is allocated;
+ * the buffer comes as the bytes do (grow). */
+static int read_table(hkn_frame *f) {
     uint64_t rest = f->manifest_len + f->sig_len;
     for (size_t i = 0; i < f->nart; i++) {
         uint64_t a = get_be(f->head + HKN_FRAME_HEAD + 8 * i, 8);
@@ -136,19 +141,34 @@ static int read_table(hkn_frame *f, hkn_frame_admit_fn admit, void *ud) {
                     "%s",
                     (unsigned long long)f->total, (unsigned long long)f->declared,
                     f->total > f->declared ? "truncated" : "bytes follow the frame");
-    int err = admit ? admit(ud, (size_t)rest) : 0;
+    f->buf_len = (size_t)rest;
+    f->body = 1;
+    return 0;
+}
+
+/* Room in buf for `need` bytes (at most buf_len): the capacity doubles from
+ * 64 KiB and stops at buf_len, admit asked for each new capacity first. */
+static int grow(hkn_frame *f, size_t need, hkn_frame_admit_fn admit, void *ud) {
+    size_t nc = f->buf_cap ? f->buf_cap : 64 * 1024;
+    while (nc < need && nc < f->buf_len)
+        nc *= 2;
+    if (nc > f->buf_len)
+        nc = f->buf_len;
+    int err = admit ? admit(ud, nc) : 0;
     if (err)
         return fail(f, err, "too many request bodies in flight; retry later");
-    f->buf_len = (size_t)rest;
-    if (!(f->buf = malloc(f->buf_len)))
+    unsigned char *nb = realloc(f->buf, nc);
+    if (!nb)
         return fail(f, HK_ERR_NOMEM, "out of memory for a release of %zu bytes", f->buf_len);
+    f->buf = nb;
+    f->buf_cap = nc;
     return 0;
 }
 
 int hkn_frame_feed(hkn_frame *f, const void *data, size_t n, hkn_frame_admit_fn admit, void *ud) {
     const unsigned char *p = data;
     while (n > 0 && !f->err) {
-        if (!f->buf) {
+        if (!f->body) {
             size_t take = f->head_need - f->head_len;
             take = take < n ? take : n;
             memcpy(f->head + f->head_len, p, take);
@@ -159,7 +179,7 @@ int hkn_frame_feed(hkn_frame *f, const void *data, size_t n, hkn_frame_admit_fn 
             if (f->head_len == HKN_FRAME_HEAD && f->head_need == HKN_FRAME_HEAD && read_head(f))
                 break;
             if (f->head_len == f->head_need && f->head_need > HKN_FRAME_HEAD)
-                read_table(f, admit, ud);
+                read_table(f);
             continue;
         }
         if (n > f->buf_len - f->buf_have)
@@ -167,6 +187,8 @@ int hkn_frame_feed(hkn_frame *f, const void *data, size_t n, hkn_frame_admit_fn 
                         "bytes follow the release frame's %llu declared bytes (received "
                         "%llu)",
                         (unsigned long long)f->total, (unsigned long long)(f->seen + n));
+        if (f->buf_have + n > f->buf_cap && grow(f, f->buf_have + n, admit, ud))
+            break;
         memcpy(f->buf + f->buf_have, p, n);
         f->buf_have += n;
         f->seen += n;
@@ -178,7 +200,7 @@ int hkn_frame_feed(hkn_frame *f, const void *data, size_t n, hkn_frame_admit_fn 
 int hkn_frame_end(hkn_frame *f) {
     if (f->err)
         return f->err;
-    if (!f->buf)
+    if (!f->body)
         return fail(f, HK_ERR_INVALID,
                     "the body ended after %llu bytes, inside the release frame's header (%zu "
                     "bytes)",

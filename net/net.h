@@ -251,12 +251,16 @@ typedef struct hkn_frame {
     uint64_t seen;     /* bytes fed */
     unsigned char head[HKN_FRAME_HEAD + 8 * HKN_MAX_ARTIFACTS];
     size_t head_len, head_need;
+    int body;           /* the length table is read: bytes go to buf */
     unsigned char *buf; /* owned: manifest, signature and artifacts */
-    size_t buf_len, buf_have;
+    size_t buf_len;     /* their size, from the length table */
+    size_t buf_have;    /* received */
+    size_t buf_cap;     /* allocated: grows with buf_have, at most buf_len */
 } hkn_frame;
 
-/* Asked once, before the buffer of `bytes` (checked against the cap) is
- * allocated: 0 to go on, or the error the frame then fails with. */
+/* Asked before the buffer grows to `bytes` in all (at most the frame's
+ * checked size; it grows with the bytes received, not with the declared
+ * lengths): 0 to go on, or the error the frame then fails with. */
 typedef int (*hkn_frame_admit_fn)(void *ud, size_t bytes);
 
 /* Starts a frame of at most limit bytes in all, whose body is `declared`

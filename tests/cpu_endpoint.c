@@ -1591,21 +1591,80 @@ static void small_budget(hk_endpoint_options *o, hkn_endpoint_resolved *r) {
     o->max_inflight_bytes = 300 * 1024;
 }
 
-/* Bodies in flight are bounded: a second large body that does not fit is
- * answered 503 at once instead of being buffered. */
-START_TEST(inflight_bodies_bounded) {
-    cfg_hook = small_budget;
-    start(NULL, 0, NULL, NULL);
-    const char *head = "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                       "Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n{\"a";
+static int open_raw(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(hkn_endpoint_port(ep))};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n) {
+    ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Declared sizes hold nothing: clients that declare bodies over the whole
+ * in-flight budget (a JSON Content-Length and a release frame's lengths)
+ * and then trickle keep no legitimate push out. */
+START_TEST(declared_sizes_hold_nothing) {
+    cfg_hook = small_budget;
+    start(NULL, 0, NULL, NULL);
+    const char *head = "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 250000\r\n\r\n{\"a";
+    int fds[3];
+    for (int i = 0; i < 2; i++) {
+        fds[i] = open_raw();
+        send_all(fds[i], head, strlen(head));
+    }
+    /* A frame whose length table declares an artifact of 200,000 bytes. */
+    static unsigned char art[200000];
+    hkn_blob b = {.name = "add.cu", .bytes = art, .size = sizeof art};
+    unsigned char *frame;
+    size_t flen;
+    ck_assert_int_eq(hkn_frame_write("{}", 2, NULL, 0, &b, 1, &frame, &flen), 0);
+    char fhead[256];
+    snprintf(fhead, sizeof fhead,
+             "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\n"
+             "Content-Length: %zu\r\n\r\n",
+             HKN_FRAME_TYPE, flen);
+    fds[2] = open_raw();
+    send_all(fds[2], fhead, strlen(fhead));
+    send_all(fds[2], frame, 64);
+    free(frame);
     usleep(300000);
+    for (int i = 0; i < 3; i++)
+        send_all(fds[i], "x", 1);
+    usleep(100000);
+    ck_assert_int_eq(curl_req("POST", "/v1/release",
+                              body_file(&key, "add", 3, time(NULL) + 60, T_NONE, "ok.json"), NULL,
+                              NULL, 0),
+                     200);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+}
+END_TEST
+
+/* What bodies hold is still bounded: a body whose bytes do not fit beside
+ * one already received is dropped and answered 503 once it ends; the
+ * budget goes with the connection that held it. */
+START_TEST(inflight_bodies_bounded) {
+    cfg_hook = small_budget;
+    start(NULL, 0, NULL, NULL);
+    const char *head = "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 250000\r\n\r\n";
+    static char body[250001];
+    memset(body, 'a', sizeof body - 1);
+    int fd = open_raw();
+    send_all(fd, head, strlen(head));
+    send_all(fd, body, 200000); /* held: 200,000 of 250,000 received */
+    usleep(300000);
+    size_t hl = strlen(head);
+    char *req = malloc(hl + sizeof body);
+    memcpy(req, head, hl);
+    memcpy(req + hl, body, sizeof body);
     char out[4096];
-    raw_request(head, out, sizeof out);
+    raw_request(req, out, sizeof out);
+    free(req);
     ck_assert_msg(!strncmp(out, "HTTP/1.1 503", 12), "got: %s", out);
     ck_assert_ptr_nonnull(strstr(out, "in flight"));
     close(fd);
@@ -2145,6 +2204,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, request_deadline);
     tcase_add_test(tc, other_origins_and_simple_posts_refused);
     tcase_add_test(tc, inflight_bodies_bounded);
+    tcase_add_test(tc, declared_sizes_hold_nothing);
     tcase_add_test(tc, cli_expiry_range);
     tcase_add_test(tc, behind_the_sample_nginx_proxy);
     tcase_add_test(tc, frame_push_commits);
