@@ -947,6 +947,40 @@ START_TEST(state_directory_others_can_change_is_refused) {
 }
 END_TEST
 
+/* A link on the directory's path is checked before it is followed: one that
+ * another user owns in a sticky directory (as in /tmp) could be pointed at
+ * another program's store or an empty one before the next start, so it is
+ * refused, though everything it leads to is ours. */
+START_TEST(state_directory_foreign_link_on_path_is_refused) {
+    char sticky[1024], mine[1024], link[1024], state[1100], msg[512];
+    snprintf(sticky, sizeof sticky, "%s/shared", dir);
+    snprintf(mine, sizeof mine, "%s/mine", dir);
+    snprintf(link, sizeof link, "%s/shared/store", dir);
+    snprintf(state, sizeof state, "%s/state", link);
+    ck_assert_int_eq(mkdir(sticky, 0700), 0);
+    ck_assert_int_eq(chmod(sticky, 01777), 0);
+    ck_assert_int_eq(mkdir(mine, 0700), 0);
+    ck_assert_int_eq(symlink(mine, link), 0);
+    /* Our own link: followed, and the store made where it leads. */
+    ck_assert_int_eq(create_err(state, msg, sizeof msg), 0);
+    char made[1100];
+    snprintf(made, sizeof made, "%s/state", mine);
+    ck_assert_int_eq(access(made, F_OK), 0);
+    if (geteuid() != 0) {
+        fprintf(stderr, "SKIP part of state_directory_foreign_link_on_path_is_refused: a link "
+                        "owned by another user needs root to make\n");
+        return;
+    }
+    ck_assert_int_eq(lchown(link, OTHER_UID, OTHER_UID), 0);
+    ck_assert_int_eq(create_err(state, msg, sizeof msg), HK_ERR_IO);
+    ck_assert_msg(strstr(msg, link) && strstr(msg, "symbolic link") && strstr(msg, "owned by uid"),
+                  "%s", msg);
+    /* Root's link is as good as root's directories. */
+    ck_assert_int_eq(lchown(link, 0, 0), 0);
+    ck_assert_int_eq(create_err(state, msg, sizeof msg), 0);
+}
+END_TEST
+
 /* Links planted in the directory are refused, never followed: nothing is
  * created or removed elsewhere through them. */
 START_TEST(state_directory_links_are_not_followed) {
@@ -1114,6 +1148,7 @@ int main(void) {
     tcase_add_test(tc, unrecordable_module_names_are_refused);
     tcase_add_test(tc, state_directory_others_can_change_is_refused);
     tcase_add_test(tc, state_directory_links_are_not_followed);
+    tcase_add_test(tc, state_directory_foreign_link_on_path_is_refused);
     tcase_add_test(tc, loose_record_or_image_is_not_restored);
     suite_add_tcase(s, tc);
     /* A regression here hangs (a lock held across the held fsync): the

@@ -295,20 +295,100 @@ static int check_parents(const char *real, const char *what, hk_report *rep) {
     return 0;
 }
 
+/* Walks dir as the kernel resolves it, one component at a time, checking
+ * each directory it passes through and each symbolic link it meets, before
+ * the link is followed (OpenSSH's StrictModes walks the same way): a link
+ * must belong to this user or to root, as the directories must, since
+ * another user's link in a sticky directory (/tmp) could be pointed
+ * elsewhere at any time, and the directory that holds a link must pass as
+ * a parent. check_parents only sees the path the links led to. A missing
+ * component ends the walk (what follows does not exist yet). */
+static int check_walk(const char *dir, const char *what, hk_report *rep) {
+    char todo[PATH_MAX], done[PATH_MAX], buf[200];
+    int links = 0;
+    if (dir[0] == '/')
+        snprintf(done, sizeof done, "/");
+    else if (!getcwd(done, sizeof done))
+        return hku_fail(rep, HK_ERR_IO, "%s %s: getcwd: %s", what, dir, strerror(errno));
+    if (snprintf(todo, sizeof todo, "%s", dir) >= (int)sizeof todo)
+        return hku_fail(rep, HK_ERR_INVALID, "%s %s: path too long", what, dir);
+    char *rest = todo;
+    while (*rest) {
+        while (*rest == '/')
+            rest++;
+        if (!*rest)
+            break;
+        char *end = strchr(rest, '/');
+        size_t len = end ? (size_t)(end - rest) : strlen(rest);
+        char comp[NAME_MAX + 1];
+        if (len > NAME_MAX)
+            return hku_fail(rep, HK_ERR_INVALID, "%s %s: a name is too long", what, dir);
+        memcpy(comp, rest, len);
+        comp[len] = '\0';
+        rest += len;
+        if (!strcmp(comp, "."))
+            continue;
+        if (!strcmp(comp, "..")) { /* done holds no link: lexical is right */
+            char *slash = strrchr(done, '/');
+            if (slash)
+                slash[slash == done ? 1 : 0] = '\0';
+            continue;
+        }
+        char cand[PATH_MAX];
+        if (snprintf(cand, sizeof cand, "%s%s%s", done, strcmp(done, "/") ? "/" : "", comp) >=
+            (int)sizeof cand)
+            return hku_fail(rep, HK_ERR_INVALID, "%s %s: path too long", what, dir);
+        struct stat st;
+        if (lstat(cand, &st) != 0)
+            return errno == ENOENT ? 0
+                                   : hku_fail(rep, HK_ERR_IO, "%s %s: %s: %s", what, dir, cand,
+                                              strerror(errno));
+        if (S_ISLNK(st.st_mode)) {
+            uid_t me = geteuid();
+            if (st.st_uid != me && st.st_uid != 0)
+                return hku_fail(rep, HK_ERR_IO,
+                                "%s %s: the symbolic link %s on its path is owned by uid %ld, "
+                                "neither this process's user (uid %ld) nor root: it could be "
+                                "pointed elsewhere",
+                                what, dir, cand, (long)st.st_uid, (long)me);
+            char target[PATH_MAX];
+            ssize_t n = readlink(cand, target, sizeof target - 1);
+            if (n < 0)
+                return hku_fail(rep, HK_ERR_IO, "%s %s: %s: %s", what, dir, cand, strerror(errno));
+            target[n] = '\0';
+            if (++links > 40)
+                return hku_fail(rep, HK_ERR_IO, "%s %s: too many symbolic links", what, dir);
+            char next[PATH_MAX];
+            if (snprintf(next, sizeof next, "%s%s", target, rest) >= (int)sizeof next)
+                return hku_fail(rep, HK_ERR_INVALID, "%s %s: path too long", what, dir);
+            memcpy(todo, next, strlen(next) + 1);
+            rest = todo;
+            if (target[0] == '/')
+                snprintf(done, sizeof done, "/");
+            continue;
+        }
+        memcpy(done, cand, strlen(cand) + 1);
+        const char *bad = *rest ? untrusted_parent(&st, buf, sizeof buf) : NULL;
+        if (bad)
+            return hku_fail(rep, HK_ERR_IO, "%s %s: the directory %s above it is %s", what, dir,
+                            cand, bad);
+    }
+    return 0;
+}
+
 int hku_dir_open(const char *dir, const char *what, int create, char *real_out, hk_report *rep) {
     char buf[PATH_MAX], *real = real_out ? real_out : buf;
     if (!dir || !dir[0] || strlen(dir) >= sizeof buf)
         return hku_fail(rep, HK_ERR_INVALID, "%s: bad directory path", what);
-    if (create) {
-        int err = hku_mkdir_p(dir, rep);
-        if (err)
-            return err;
-    }
+    int err = check_walk(dir, what, rep);
+    if (!err && create && (err = hku_mkdir_p(dir, rep)) == 0)
+        err = check_walk(dir, what, rep); /* what mkdir made, links and all */
+    if (err)
+        return err;
     if (!realpath(dir, real))
         return hku_fail(rep, errno == ENOENT ? HK_ERR_NOT_FOUND : HK_ERR_IO, "%s %s: %s", what, dir,
                         strerror(errno));
-    int err = check_parents(real, what, rep);
-    if (err)
+    if ((err = check_parents(real, what, rep)) != 0)
         return err;
     /* The directory as checked: O_NOFOLLOW, and compared with what lstat
      * saw, so that nothing replaced between the check and the open counts. */
