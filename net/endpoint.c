@@ -1120,14 +1120,37 @@ static int origin_ok(const hkn_endpoint *ep, const char *origin) {
 }
 
 /* NULL when Host and Origin are acceptable, else why not. */
+/* Every Host and Origin header of a request, not only the first of each:
+ * a second one is checked as the first (a proxy or a framework behind it
+ * may read the other). */
+struct authority_scan {
+    const hkn_endpoint *ep;
+    int hosts, bad_host, bad_origin;
+};
+
+static enum MHD_Result scan_authority(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+    struct authority_scan *a = cls;
+    (void)kind;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_HOST)) {
+        a->hosts++;
+        a->bad_host |= !value || !host_ok(a->ep, value, strlen(value));
+    } else if (!strcasecmp(key, "Origin")) {
+        a->bad_origin |= !value || !origin_ok(a->ep, value);
+    }
+    return MHD_YES;
+}
+
 static const char *foreign(const hkn_endpoint *ep, struct MHD_Connection *c) {
-    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
-    if (host && !host_ok(ep, host, strlen(host)))
+    struct authority_scan a = {.ep = ep};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_authority, &a);
+    if (a.hosts > 1)
+        return "more than one Host header";
+    if (a.bad_host)
         return "the Host header does not name this endpoint (configure the name with "
                "allowed_hosts)";
     /* A browser names the page's origin: only this endpoint's own. */
-    if (origin && !origin_ok(ep, origin))
+    if (a.bad_origin)
         return "cross-origin requests are refused (an Origin must be this endpoint's scheme, "
                "host and port)";
     return NULL;

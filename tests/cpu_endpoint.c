@@ -1603,6 +1603,32 @@ static void send_all(int fd, const void *p, size_t n) {
     ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
 }
 
+/* Every Origin and Host header is checked, not the first alone. */
+START_TEST(second_origin_or_host_is_checked) {
+    start(NULL, 0, NULL, NULL);
+    unsigned port = hkn_endpoint_port(ep);
+    char req[512], out[4096];
+    char own[64];
+    snprintf(own, sizeof own, "Origin: http://127.0.0.1:%u\r\n", port);
+    const char *evil = "Origin: http://evil.example\r\n";
+    const char *extra[][2] = {{own, evil}, {evil, own}, {"Host: evil.example\r\n", ""}};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        char hdrs[256];
+        snprintf(hdrs, sizeof hdrs, "%s%s", extra[i][0], extra[i][1]);
+        snprintf(req, sizeof req, "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n%s\r\n", port,
+                 hdrs);
+        raw_request(req, out, sizeof out);
+        ck_assert_msg(!strncmp(out, "HTTP/1.1 403", 12), "%s: got: %s", hdrs, out);
+    }
+    snprintf(req, sizeof req,
+             "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nOrigin: http://127.0.0.1:%u\r\n"
+             "Connection: close\r\n\r\n",
+             port, port);
+    raw_request(req, out, sizeof out);
+    ck_assert_msg(!strncmp(out, "HTTP/1.1 200", 12), "got: %s", out);
+}
+END_TEST
+
 /* Declared sizes hold nothing: clients that declare bodies over the whole
  * in-flight budget (a JSON Content-Length and a release frame's lengths)
  * and then trickle keep no legitimate push out. */
@@ -2205,6 +2231,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, other_origins_and_simple_posts_refused);
     tcase_add_test(tc, inflight_bodies_bounded);
     tcase_add_test(tc, declared_sizes_hold_nothing);
+    tcase_add_test(tc, second_origin_or_host_is_checked);
     tcase_add_test(tc, cli_expiry_range);
     tcase_add_test(tc, behind_the_sample_nginx_proxy);
     tcase_add_test(tc, frame_push_commits);
