@@ -868,6 +868,37 @@ START_TEST(symlink_outside_refused) {
 }
 END_TEST
 
+/* A file another user owns, or one anyone may write, does not become a
+ * module, whoever could put it in the directory (a group, a sticky one). */
+START_TEST(foreign_or_open_files_refused) {
+    char p[PATH_MAX];
+    refusal f;
+    write_file("open.cu", "__global__ void k() {}\n");
+    path_in(p, sizeof p, dir, "open.cu");
+    ck_assert_int_eq(chmod(p, 0666), 0);
+    int n = 1;
+    if (geteuid() == 0) {
+        write_file("theirs.cu", "__global__ void k() {}\n");
+        path_in(p, sizeof p, dir, "theirs.cu");
+        ck_assert_int_eq(chown(p, 54321, 54321), 0);
+        n = 2;
+    } else {
+        fprintf(stderr, "SKIP part of foreign_or_open_files_refused: another user's file needs "
+                        "root to make\n");
+    }
+    start();
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    expect_refusals(n);
+    ck_assert_int_eq(rec_count(), 0);
+    ck_assert(refusal_of("open.cu", &f));
+    ck_assert_msg(strstr(f.why, "writable by others"), "%s", f.why);
+    if (n == 2) {
+        ck_assert(refusal_of("theirs.cu", &f));
+        ck_assert_msg(strstr(f.why, "owned by uid 54321"), "%s", f.why);
+    }
+}
+END_TEST
+
 /* Links that resolve inside the directory are followed, and an edit of the
  * target (in a subdirectory, or beside the link) hands the link over. */
 START_TEST(symlink_inside_followed) {
@@ -1576,6 +1607,22 @@ START_TEST(api_watch_dir) {
 }
 END_TEST
 
+/* A directory any user may add files to is not watched, sticky or not. */
+START_TEST(api_open_directory_refused) {
+    hk_report rep = HK_REPORT_INIT;
+    const unsigned modes[] = {0777, 01777};
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert_int_eq(chmod(dir, modes[i]), 0);
+        ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, &rep), HK_ERR_IO);
+        ck_assert_msg(strstr(rep.message, dir) && strstr(rep.message, "writable by others"), "%s",
+                      rep.message);
+        hk_report_clear(&rep);
+    }
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    ck_assert_int_eq(hk_watch_dir(rt, dir, NULL, &rep), 0);
+}
+END_TEST
+
 START_TEST(api_header_dependency) {
     hk_swap_options so;
     const char *inc[1];
@@ -2220,6 +2267,7 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, stop_ends_callbacks);
     tcase_add_test(tc, droppings_ignored);
     tcase_add_test(tc, symlink_outside_refused);
+    tcase_add_test(tc, foreign_or_open_files_refused);
     tcase_add_test(tc, symlink_inside_followed);
     tcase_add_test(tc, special_files_refused_once);
     tcase_add_test(tc, procfs_file_refused_once);
@@ -2241,6 +2289,7 @@ static Suite *watch_suite(void) {
     tcase_add_checked_fixture(tc, rt_setup, rt_teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, api_watch_dir);
+    tcase_add_test(tc, api_open_directory_refused);
     tcase_add_test(tc, api_header_dependency);
     tcase_add_test(tc, api_headers_in_memory);
     tcase_add_test(tc, api_refusals_never_quote_content);

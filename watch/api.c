@@ -70,6 +70,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "loader/abi.h"
@@ -661,6 +662,19 @@ static int canonical_dir(const char *dir, char real[PATH_MAX], hk_report *rep) {
         return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
         return hku_fail(rep, HK_ERR_IO, "cannot watch %s: %s", dir, strerror(ENOTDIR));
+    /* Every file in it may become a module: a directory any user may add
+     * files to (sticky or not) is not watched. The watcher reads no file
+     * another user owns either (watch.c), which covers a group's. */
+    if (st.st_mode & S_IWOTH)
+        return hku_fail(rep, HK_ERR_IO,
+                        "cannot watch %s: writable by others (mode %04o), so any user could add "
+                        "a module: chmod o-w it",
+                        real, (unsigned)(st.st_mode & 07777));
+    if (st.st_uid != geteuid() && st.st_uid != 0)
+        return hku_fail(rep, HK_ERR_IO,
+                        "cannot watch %s: owned by uid %ld, neither this process's user (uid %ld) "
+                        "nor root",
+                        real, (long)st.st_uid, (long)geteuid());
     return 0;
 }
 

@@ -794,6 +794,17 @@ static int look_before_open(const char *path, const char *dir, int links, int ou
     }
     if (!S_ISREG(st->st_mode))
         return refusal(lk, HK_ERR_IO, "%s, not a regular file: not read", type_name(st->st_mode));
+    /* Another user's file, or one anyone may write, never becomes code of
+     * this program, whoever could add it to the directory (a group, a
+     * sticky directory). */
+    if (st->st_uid != geteuid() && st->st_uid != 0)
+        return refusal(lk, HK_ERR_IO,
+                       "owned by uid %ld, neither this process's user (uid %ld) nor root: not "
+                       "read",
+                       (long)st->st_uid, (long)geteuid());
+    if (st->st_mode & S_IWOTH)
+        return refusal(lk, HK_ERR_IO, "writable by others (mode %04o): not read; chmod o-w it",
+                       (unsigned)(st->st_mode & 07777));
     if ((uint64_t)st->st_size > (uint64_t)max)
         return refusal(lk, HK_ERR_TOO_LARGE, "%lld bytes, over the %zu-byte cap: not read",
                        (long long)st->st_size, max);
