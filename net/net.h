@@ -347,8 +347,9 @@ size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
  * bytes seen again are answered without a build or canary run. Bounded (the
  * least recently used entry goes); memory only; not thread-safe: one per
  * source, used from its applying thread. */
-#define HKN_REFUSED_MAX 256
-#define HKN_REFUSED_MSG 320 /* bytes of the first refusal's message kept */
+#define HKN_REFUSED_MAX        2048 /* entries in all (about 1 MiB) */
+#define HKN_REFUSED_PER_MODULE 256  /* entries one module may hold */
+#define HKN_REFUSED_MSG        320  /* bytes of the first refusal's message kept */
 
 typedef struct hkn_refused hkn_refused;
 

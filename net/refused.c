@@ -18,11 +18,14 @@
  * re-signed release (another manifest) is a new release and goes to the
  * engine.
  *
- * Memory is bounded: at most HKN_REFUSED_MAX entries, the least recently
- * used one replaced when full (a linear scan of a few hundred entries is
- * nothing beside the signature check before it). Entries live in memory
- * only: a restart forgets them, and the first replay after it costs one
- * engine run again.
+ * Memory is bounded: at most HKN_REFUSED_MAX entries, and at most
+ * HKN_REFUSED_PER_MODULE of one module, so that one module's refusals
+ * (a key holder's mistakes, or captured releases replayed in turn) never
+ * flush another's: a module at its share replaces its own least recently
+ * used entry, a full table the least recently used of all (a linear scan
+ * of a couple of thousand entries is nothing beside the signature check
+ * before it). Entries live in memory only: a restart forgets them, and the
+ * first replay after it costs one engine run again.
  *
  * The step that leads here is the sources' one way of ending a verified
  * release too (hkn_release_commit): record, apply, and on a refusal take
@@ -112,16 +115,25 @@ void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const
         return;
     struct entry *e = find(r, module, version, hash);
     if (!e) {
-        /* A free slot, else the least recently used entry makes room. */
-        e = &r->e[0];
+        /* The module's own least recently used entry once it holds its
+         * share; else a free slot, else the least recently used of all. */
+        struct entry *free_slot = NULL, *oldest = NULL, *own = NULL;
+        int mine = 0;
         for (int i = 0; i < HKN_REFUSED_MAX; i++) {
-            if (!r->e[i].hash[0]) {
-                e = &r->e[i];
-                break;
+            struct entry *x = &r->e[i];
+            if (!x->hash[0]) {
+                free_slot = free_slot ? free_slot : x;
+                continue;
             }
-            if (r->e[i].used < e->used)
-                e = &r->e[i];
+            if (!oldest || x->used < oldest->used)
+                oldest = x;
+            if (!strcmp(x->module, module)) {
+                mine++;
+                if (!own || x->used < own->used)
+                    own = x;
+            }
         }
+        e = mine >= HKN_REFUSED_PER_MODULE ? own : free_slot ? free_slot : oldest;
     }
     snprintf(e->module, sizeof e->module, "%s", module);
     e->version = version;

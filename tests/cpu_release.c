@@ -58,6 +58,39 @@ static int verify(const hkn_trust *t, hkn_state *s, const struct rel *r, hk_repo
                                (int64_t)time(NULL), m, rep);
 }
 
+/* Refusals are remembered per module: one module's many refusals replace
+ * its own oldest ones and never flush another module's. */
+START_TEST(refused_memory_per_module) {
+    hkn_refused *r;
+    ck_assert_int_eq(hkn_refused_create(&r), 0);
+    char hash[65], msg[64];
+    memset(hash, 'a', 64);
+    hash[64] = '\0';
+    hkn_refused_add(r, "other", 1, hash, HK_ERR_COMPILE, "other's");
+    for (uint64_t v = 1; v <= 4 * HKN_REFUSED_PER_MODULE; v++)
+        hkn_refused_add(r, "noisy", v, hash, HK_ERR_CANARY, "noisy's");
+    ck_assert_int_eq(hkn_refused_find(r, "other", 1, hash, msg, sizeof msg), HK_ERR_COMPILE);
+    ck_assert_str_eq(msg, "other's");
+    /* noisy keeps its newest share; its oldest went. */
+    ck_assert_int_eq(hkn_refused_find(r, "noisy", 4 * HKN_REFUSED_PER_MODULE, hash, NULL, 0),
+                     HK_ERR_CANARY);
+    ck_assert_int_eq(hkn_refused_find(r, "noisy", 3 * HKN_REFUSED_PER_MODULE + 1, hash, NULL, 0),
+                     HK_ERR_CANARY);
+    ck_assert_int_eq(hkn_refused_find(r, "noisy", 3 * HKN_REFUSED_PER_MODULE, hash, NULL, 0), 0);
+    ck_assert_int_eq(hkn_refused_find(r, "noisy", 1, hash, NULL, 0), 0);
+    /* Many modules: the table stays bounded, the least recently used go. */
+    char name[32];
+    for (int m = 0; m < 2 * HKN_REFUSED_MAX; m++) {
+        snprintf(name, sizeof name, "m%d", m);
+        hkn_refused_add(r, name, 1, hash, HK_ERR_COMPILE, "");
+    }
+    ck_assert_int_eq(hkn_refused_find(r, "m0", 1, hash, NULL, 0), 0);
+    snprintf(name, sizeof name, "m%d", 2 * HKN_REFUSED_MAX - 1);
+    ck_assert_int_eq(hkn_refused_find(r, name, 1, hash, NULL, 0), HK_ERR_COMPILE);
+    hkn_refused_destroy(r);
+}
+END_TEST
+
 START_TEST(sign_and_verify) {
     hkn_seckey k;
     ck_assert_int_eq(hkn_keygen(&k), 0);
@@ -924,6 +957,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("release");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, refused_memory_per_module);
     tcase_add_test(tc, sign_and_verify);
     tcase_add_test(tc, bad_signature);
     tcase_add_test(tc, missing_signature);
