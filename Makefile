@@ -168,6 +168,18 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
 
+# The program shapes of tests/programs/ (its run.sh drives them): small
+# multi-file nvcc programs, each linked both ways from the same objects:
+# NAME-shared (-cudart shared, for LD_PRELOAD) and NAME-static (--wrap). The
+# plugin host is -cudart shared only, with its two dlopen'd plugins: a plugin
+# with a static cudart would carry a runtime of its own that the host's
+# --wrap flags never reach.
+PROG_CASES := two_files dynsmem64k registers template_late cooperative graph threads exit_mid_build
+PROG_DIR := $(BUILD)/tests/programs
+PROG_BIN := $(if $(SAN),,$(foreach c,$(PROG_CASES),$(PROG_DIR)/$(c)-shared $(PROG_DIR)/$(c)-static) \
+              $(PROG_DIR)/plugins-shared $(PROG_DIR)/libplug_a.so $(PROG_DIR)/libplug_b.so)
+prog_obj = $(patsubst tests/programs/%.cu,$(BUILD)/obj/tests/programs/%.o,$(sort $(wildcard tests/programs/$(1)/*.cu)))
+
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
 # The build helper process (ptx/helper.c), started by libhotkern when a
@@ -187,7 +199,7 @@ all: build
 # the rest of `make build`: tests, benchmarks, demo and examples.
 INSTALLED_BUILT := $(STATIC) $(SHARED) $(PRELOAD) $(WRAP) $(CANARY) $(BUILDER) $(FAKE_CUDA) \
                    $(if $(CLI_ON),$(CLI)) $(if $(filter 1,$(NET)),$(NET_STATIC) $(NET_SHARED))
-DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
+DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(PROG_BIN) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
              $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 # Internal targets assume the dependencies exist; the public ones install them.
@@ -368,6 +380,29 @@ $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 $(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/obj/tests/programs/%.o: tests/programs/%.cu tests/programs/prog.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+
+define PROG_RULES
+$(PROG_DIR)/$(1)-shared: $(call prog_obj,$(1))
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
+
+$(PROG_DIR)/$(1)-static: $(call prog_obj,$(1)) $$(WRAP)
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++
+endef
+$(foreach c,$(PROG_CASES),$(eval $(call PROG_RULES,$(c))))
+
+$(PROG_DIR)/plugins-shared: $(BUILD)/obj/tests/programs/plugins/host.o
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
+
+$(PROG_DIR)/lib%.so: tests/programs/plugins/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$(NET)),$(NET_OBJ))
 	@mkdir -p $(dir $@)
