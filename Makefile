@@ -224,6 +224,7 @@ test: deps
 	@sh tests/run.sh $(BUILD)
 	@$(COMPILE_CHECK)
 	@sh tests/run-examples.sh $(BUILD)
+	@sh tests/programs/run.sh $(BUILD)
 	@sh scripts/abi-check.sh $(BUILD)
 
 test-cpu: deps
@@ -237,6 +238,7 @@ COMPILE_CHECK = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/cpp/compile-fail.sh
 test-gpu-prebuilt:
 	@sh tests/run.sh $(BUILD) gpu
 	@sh tests/run-examples.sh $(BUILD)
+	@sh tests/programs/run.sh $(BUILD)
 
 # The example programs on what is built (each SKIPs without a device).
 test-examples:
@@ -634,7 +636,7 @@ fuzz: fuzz-build
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
-               tests/cpp/*.cc examples/*.cpp)
+               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu)
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle across folders, no loader/ file over 800 lines, no loader/ or canary/
 # function over 100. It reads the library's objects' symbols, so it builds them
@@ -647,7 +649,7 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
-	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
+	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
 	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
 	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
 	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \

@@ -45,7 +45,7 @@
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
         if (err_ != cudaSuccess) {                                                                 \
-            printf("BAD cuda frame %ld: %s failed at %s:%d: %s (%s)\n", prog::frame(), #call,       \
+            printf("BAD cuda frame %ld: %s failed at %s:%d: %s (%s)\n", prog::frame(), #call,      \
                    __FILE__, __LINE__, cudaGetErrorString(err_), cudaGetErrorName(err_));          \
             fflush(stdout);                                                                        \
             exit(1);                                                                               \
@@ -67,12 +67,15 @@ struct seen_entry {
 };
 inline std::vector<seen_entry> seen_list;
 
-inline long frame() { return frames.load(); }
+inline long frame() {
+    return frames.load();
+}
 
 // Exits 77 without a device; line_buffered: each line reaches the runner at
 // once (otherwise the program flushes what it must show itself).
 inline void start(int argc, char **argv, const char *name, bool line_buffered = true) {
-    if (line_buffered) setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (line_buffered)
+        setvbuf(stdout, nullptr, _IOLBF, 0);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n < 1) {
@@ -86,7 +89,8 @@ inline void start(int argc, char **argv, const char *name, bool line_buffered = 
         exit(2);
     }
     ctl_dir = argv[1];
-    if (argc > 2) limit_s = atof(argv[2]);
+    if (argc > 2)
+        limit_s = atof(argv[2]);
     t0 = clock_type::now();
 }
 
@@ -105,17 +109,21 @@ inline bool flag(const char *name) {
 inline std::string flag_text(const char *name) {
     std::string s;
     FILE *f = fopen((ctl_dir + "/" + name).c_str(), "r");
-    if (!f) return s;
+    if (!f)
+        return s;
     char buf[256];
-    if (fgets(buf, sizeof buf, f)) s = buf;
+    if (fgets(buf, sizeof buf, f))
+        s = buf;
     fclose(f);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
+        s.pop_back();
     return s;
 }
 
 inline void bad(const char *kernel, const char *fmt, ...) {
     long n = ++bad_count;
-    if (n > 20) return; // counted; the first ones say enough
+    if (n > 20)
+        return; // counted; the first ones say enough
     std::lock_guard<std::mutex> g(mu);
     printf("BAD %s frame %ld: ", kernel, frame());
     va_list ap;
@@ -127,7 +135,8 @@ inline void bad(const char *kernel, const char *fmt, ...) {
 }
 
 inline bool running() {
-    if (flag("stop")) return false;
+    if (flag("stop"))
+        return false;
     double s = std::chrono::duration<double>(clock_type::now() - t0).count();
     if (s > limit_s) {
         bad("program", "ran %.0f s without being told to stop", s);
@@ -158,7 +167,8 @@ inline void seen(const char *kernel, int version) {
 inline void seen_reset(const char *kernel) {
     std::lock_guard<std::mutex> g(mu);
     for (auto &s : seen_list)
-        if (s.kernel == kernel) s.version = -1;
+        if (s.kernel == kernel)
+            s.version = -1;
 }
 
 // Decodes element i of a kernel's output: 1 with its version, or 0 after
@@ -196,10 +206,13 @@ inline int check(const char *kernel, const float *h, int n, int file, F payload)
     int first = -1;
     for (int i = 0; i < n; i++) {
         int v;
-        if (!decode(kernel, h, i, file, payload(i), &v)) return -1;
-        if (i == 0) first = v;
+        if (!decode(kernel, h, i, file, payload(i), &v))
+            return -1;
+        if (i == 0)
+            first = v;
         else if (v != first) {
-            bad(kernel, "one launch wrote version %d at element 0 and %d at element %d", first, v, i);
+            bad(kernel, "one launch wrote version %d at element 0 and %d at element %d", first, v,
+                i);
             return -1;
         }
     }
@@ -222,10 +235,13 @@ inline void frame_end() {
 // The end: the device's last errors, the summary; the exit status.
 inline int finish() {
     cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) bad("cuda", "cudaDeviceSynchronize at the end: %s", cudaGetErrorName(e));
+    if (e != cudaSuccess)
+        bad("cuda", "cudaDeviceSynchronize at the end: %s", cudaGetErrorName(e));
     e = cudaGetLastError();
-    if (e != cudaSuccess) bad("cuda", "cudaGetLastError at the end: %s", cudaGetErrorName(e));
-    printf("done frames=%ld checked=%ld bad=%ld\n", frames.load(), checked.load(), bad_count.load());
+    if (e != cudaSuccess)
+        bad("cuda", "cudaGetLastError at the end: %s", cudaGetErrorName(e));
+    printf("done frames=%ld checked=%ld bad=%ld\n", frames.load(), checked.load(),
+           bad_count.load());
     return bad_count.load() ? 1 : 0;
 }
 

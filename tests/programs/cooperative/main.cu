@@ -18,7 +18,8 @@ int main(int argc, char **argv) {
     const int blocks = prop.multiProcessorCount, n = blocks * 256; // one block an SM: co-resident
     std::vector<float> in(n), h(n);
     long total = 0;
-    for (int i = 0; i < n; i++) total += (long)(in[i] = (float)(i % 10));
+    for (int i = 0; i < n; i++)
+        total += (long)(in[i] = (float)(i % 10));
     float *d_in, *d_coop, *d_plain;
     int *d_partial;
     CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));

@@ -12,16 +12,19 @@ namespace cg = cooperative_groups;
 __global__ void totals(const float *in, int *partial, float *out, int grid_wide) {
     __shared__ int block_sum;
     int i = blockIdx.x * blockDim.x + threadIdx.x, v = (int)in[i];
-    if (threadIdx.x == 0) block_sum = 0;
+    if (threadIdx.x == 0)
+        block_sum = 0;
     __syncthreads();
     atomicAdd(&block_sum, v);
     __syncthreads();
     int p = v;
     if (grid_wide) {
-        if (threadIdx.x == 0) partial[blockIdx.x] = block_sum;
+        if (threadIdx.x == 0)
+            partial[blockIdx.x] = block_sum;
         cg::this_grid().sync();
         int total = 0;
-        for (int b = 0; b < gridDim.x; b++) total += partial[b];
+        for (int b = 0; b < gridDim.x; b++)
+            total += partial[b];
         p += 10 * (total % 500 + 1);
     }
     out[i] = (float)(FILE_ID * 1000000 + VERSION * 10000 + p);
@@ -33,7 +36,8 @@ __global__ void totals(const float *in, int *partial, float *out, int grid_wide)
 void totals_cooperative(const float *in, int *partial, float *out, int blocks, cudaStream_t s) {
     int grid_wide = 1;
     void *args[] = {&in, &partial, &out, &grid_wide};
-    CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)totals, dim3(blocks), dim3(256), args, 0, s));
+    CUDA_CHECK(
+        cudaLaunchCooperativeKernel((const void *)totals, dim3(blocks), dim3(256), args, 0, s));
 }
 
 void totals_plain(const float *in, int *partial, float *out, int blocks, cudaStream_t s) {

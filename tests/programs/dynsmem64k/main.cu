@@ -15,10 +15,12 @@ int main(int argc, char **argv) {
     const int n_in = blocks * tile, n_out = blocks * threads;
     std::vector<float> in(n_in), h(n_out);
     std::vector<int> want(n_out);
-    for (int i = 0; i < n_in; i++) in[i] = (float)(i % 13);
+    for (int i = 0; i < n_in; i++)
+        in[i] = (float)(i % 13);
     for (int o = 0; o < n_out; o++) {
         int b = o / threads, t = o % threads, s = 0;
-        for (int k = 0; k < run; k++) s += (b * tile + t * run + k) % 13;
+        for (int k = 0; k < run; k++)
+            s += (b * tile + t * run + k) % 13;
         want[o] = s;
     }
     float *d_in, *d_out;
@@ -32,7 +34,8 @@ int main(int argc, char **argv) {
     while (prog::running()) {
         CUDA_CHECK(cudaMemsetAsync(d_out, 0xff, n_out * sizeof(float), s));
         tile_run(d_in, d_out, blocks, s);
-        CUDA_CHECK(cudaMemcpyAsync(h.data(), d_out, n_out * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(
+            cudaMemcpyAsync(h.data(), d_out, n_out * sizeof(float), cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         CUDA_CHECK(cudaGetLastError());
         prog::check("tile_sum", h.data(), n_out, 3, [&](int o) { return want[o]; });

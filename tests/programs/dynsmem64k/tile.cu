@@ -4,23 +4,27 @@
 // values of the tile, values other threads loaded.
 #define FILE_ID 3
 #define VERSION 0
-#define TILE 16384 // floats: 64 KB
+#define TILE    16384 // floats: 64 KB
 
 __global__ void tile_sum(const float *in, float *out) {
     extern __shared__ float tile[];
     const float *src = in + (size_t)blockIdx.x * TILE;
-    for (int k = threadIdx.x; k < TILE; k += blockDim.x) tile[k] = src[k];
+    for (int k = threadIdx.x; k < TILE; k += blockDim.x)
+        tile[k] = src[k];
     __syncthreads();
     int run = TILE / blockDim.x;
     float s = 0.0f;
-    for (int k = 0; k < run; k++) s += tile[threadIdx.x * run + k];
+    for (int k = 0; k < run; k++)
+        s += tile[threadIdx.x * run + k];
     out[blockIdx.x * blockDim.x + threadIdx.x] = (float)(FILE_ID * 1000000 + VERSION * 10000) + s;
 }
 
 #ifndef __CUDACC_RTC__
 #include "../prog.h"
 
-int tile_floats() { return TILE; }
+int tile_floats() {
+    return TILE;
+}
 
 void tile_setup() {
     CUDA_CHECK(cudaFuncSetAttribute(tile_sum, cudaFuncAttributeMaxDynamicSharedMemorySize,

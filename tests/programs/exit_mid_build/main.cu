@@ -13,7 +13,8 @@ int main(int argc, char **argv) {
     bool use_exit = argc > 3 && !strcmp(argv[3], "exit");
     const int n = 1 << 12;
     std::vector<float> in(n), h(n);
-    for (int i = 0; i < n; i++) in[i] = (float)(i % 1000);
+    for (int i = 0; i < n; i++)
+        in[i] = (float)(i % 1000);
     float *d_in, *d_out;
     CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     }
     // Nothing freed, nothing flushed: what a tool that is done does.
     int rc = prog::finish();
-    if (use_exit) exit(rc);
+    if (use_exit)
+        exit(rc);
     return rc;
 }

@@ -27,7 +27,8 @@ static cudaGraphExec_t capture(cudaStream_t s, float *cells, const float *in, fl
 int main(int argc, char **argv) {
     prog::start(argc, argv, "graph");
     std::vector<float> in(n), h(n);
-    for (int i = 0; i < n; i++) in[i] = (float)(i % 100);
+    for (int i = 0; i < n; i++)
+        in[i] = (float)(i % 100);
     float *d_in, *d_cells, *d_out, *d_direct;
     CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&d_cells, n * sizeof(float)));

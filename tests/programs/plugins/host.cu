@@ -38,9 +38,11 @@ static bool load(plugin *p, const std::string &dir, const std::string &name) {
 }
 
 static void unload(plugin *p) {
-    if (!p->so) return;
+    if (!p->so)
+        return;
     CUDA_CHECK(cudaDeviceSynchronize());
-    if (dlclose(p->so)) prog::bad("host", "dlclose %s: %s", p->name.c_str(), dlerror());
+    if (dlclose(p->so))
+        prog::bad("host", "dlclose %s: %s", p->name.c_str(), dlerror());
     printf("unloaded %s at frame %ld\n", p->name.c_str(), prog::frame());
     *p = plugin();
 }
@@ -60,16 +62,19 @@ int main(int argc, char **argv) {
     prog::started("plugins");
     while (prog::running()) {
         std::string want = prog::flag_text("plugin");
-        if (want.empty()) want = "plug_a";
+        if (want.empty())
+            want = "plug_a";
         if (want != p.name) {
             unload(&p);
-            if (!load(&p, dir, want)) break;
+            if (!load(&p, dir, want))
+                break;
         }
         CUDA_CHECK(cudaMemset(d, 0xff, n * sizeof(float)));
         CUDA_CHECK(p.apply(d, n, 0));
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-        prog::check((p.name + ".apply").c_str(), h.data(), n, p.file(), [](int i) { return i % 97; });
+        prog::check((p.name + ".apply").c_str(), h.data(), n, p.file(),
+                    [](int i) { return i % 97; });
         prog::frame_end();
     }
     unload(&p);

@@ -11,7 +11,9 @@ __global__ void apply(float *out) {
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 
-extern "C" int plugin_file() { return FILE_ID; }
+extern "C" int plugin_file() {
+    return FILE_ID;
+}
 
 extern "C" cudaError_t plugin_apply(float *out, int n, cudaStream_t s) {
     apply<<<n / 256, 256, 0, s>>>(out);

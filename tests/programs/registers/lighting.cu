@@ -4,27 +4,32 @@
 // registers with NVRTC 13.0 at -O3, hotkern's default profile; the nvcc
 // build of this file takes 10), more than a 1024-thread block leaves each
 // thread (64).
-#define FILE_ID 4
-#define VERSION 0
+#define FILE_ID  4
+#define VERSION  0
 #define DETAILED 0
 
 __global__ void shade(const float *in, float *out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n)
+        return;
     int p = (int)in[i];
 #if DETAILED
     float acc[96];
 #pragma unroll
-    for (int k = 0; k < 96; k++) acc[k] = in[(i + 97 * k) % n];
+    for (int k = 0; k < 96; k++)
+        acc[k] = in[(i + 97 * k) % n];
 #pragma unroll
     for (int r = 0; r < 6; r++) {
 #pragma unroll
-        for (int k = 0; k < 96; k++) acc[k] = acc[k] * 0.5f + acc[(k + 7) % 96] * acc[(k + 13) % 96];
+        for (int k = 0; k < 96; k++)
+            acc[k] = acc[k] * 0.5f + acc[(k + 7) % 96] * acc[(k + 13) % 96];
     }
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 96; k++) s += acc[k] * (float)(k + 1);
-    if (s == 12345.678f) p = 9999; // keeps the samples live; never true here
+    for (int k = 0; k < 96; k++)
+        s += acc[k] * (float)(k + 1);
+    if (s == 12345.678f)
+        p = 9999; // keeps the samples live; never true here
 #endif
     out[i] = (float)(FILE_ID * 1000000 + VERSION * 10000 + p);
 }

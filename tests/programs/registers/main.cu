@@ -9,7 +9,8 @@ int main(int argc, char **argv) {
     prog::start(argc, argv, "registers");
     const int n = 64 * 1024;
     std::vector<float> in(n), h(n);
-    for (int i = 0; i < n; i++) in[i] = (float)(i % 1000);
+    for (int i = 0; i < n; i++)
+        in[i] = (float)(i % 1000);
     float *d_in, *d_out;
     CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));

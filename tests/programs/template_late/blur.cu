@@ -5,9 +5,11 @@
 
 template <int R> __global__ void blur(const float *in, float *out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n)
+        return;
     int s = 0;
-    for (int j = -R; j <= R; j++) s += (int)in[min(max(i + j, 0), n - 1)];
+    for (int j = -R; j <= R; j++)
+        s += (int)in[min(max(i + j, 0), n - 1)];
     out[i] = (float)(FILE_ID * 1000000 + VERSION * 10000 + R * 1000 + s);
 }
 
@@ -15,8 +17,10 @@ template <int R> __global__ void blur(const float *in, float *out, int n) {
 #include "../prog.h"
 
 void blur_run(int radius, const float *in, float *out, int n) {
-    if (radius == 1) blur<1><<<n / 256, 256>>>(in, out, n);
-    else blur<3><<<n / 256, 256>>>(in, out, n);
+    if (radius == 1)
+        blur<1><<<n / 256, 256>>>(in, out, n);
+    else
+        blur<3><<<n / 256, 256>>>(in, out, n);
     CUDA_CHECK(cudaGetLastError());
 }
 #endif

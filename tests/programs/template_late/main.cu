@@ -9,7 +9,8 @@ void blur_run(int radius, const float *in, float *out, int n);
 
 static int want(const std::vector<float> &in, int r, int i) {
     int n = (int)in.size(), s = 0;
-    for (int j = -r; j <= r; j++) s += (int)in[std::min(std::max(i + j, 0), n - 1)];
+    for (int j = -r; j <= r; j++)
+        s += (int)in[std::min(std::max(i + j, 0), n - 1)];
     return r * 1000 + s;
 }
 
@@ -17,7 +18,8 @@ int main(int argc, char **argv) {
     prog::start(argc, argv, "template_late");
     const int n = 1 << 14;
     std::vector<float> in(n), h(n);
-    for (int i = 0; i < n; i++) in[i] = (float)(i % 5);
+    for (int i = 0; i < n; i++)
+        in[i] = (float)(i % 5);
     float *d_in, *d_out;
     CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));
@@ -34,7 +36,8 @@ int main(int argc, char **argv) {
             blur_run(r, d_in, d_out, n);
             CUDA_CHECK(cudaDeviceSynchronize());
             CUDA_CHECK(cudaMemcpy(h.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
-            prog::check(r == 1 ? "blur1" : "blur3", h.data(), n, 5, [&](int i) { return want(in, r, i); });
+            prog::check(r == 1 ? "blur1" : "blur3", h.data(), n, 5,
+                        [&](int i) { return want(in, r, i); });
         }
         prog::frame_end();
     }

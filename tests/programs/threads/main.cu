@@ -20,12 +20,15 @@ static void lane_main(int lane) {
     std::vector<float> h(slots);
     while (!stop.load()) {
         CUDA_CHECK(cudaMemsetAsync(ring, 0xff, slots * sizeof(float), s));
-        for (int k = 0; k < slots; k++) work_tag(ring, k, lane, s);
-        CUDA_CHECK(cudaMemcpyAsync(h.data(), ring, slots * sizeof(float), cudaMemcpyDeviceToHost, s));
+        for (int k = 0; k < slots; k++)
+            work_tag(ring, k, lane, s);
+        CUDA_CHECK(
+            cudaMemcpyAsync(h.data(), ring, slots * sizeof(float), cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         for (int k = 0; k < slots; k++) {
             int v;
-            if (!prog::decode(name, h.data(), k, 8, lane * 1000 + k, &v)) break;
+            if (!prog::decode(name, h.data(), k, 8, lane * 1000 + k, &v))
+                break;
             prog::seen(name, v);
         }
         ++prog::checked;

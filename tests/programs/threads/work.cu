@@ -3,7 +3,8 @@
 #define VERSION 0
 
 __global__ void tag(float *ring, int slot, int lane) {
-    if (threadIdx.x == 0) ring[slot] = (float)(FILE_ID * 1000000 + VERSION * 10000 + lane * 1000 + slot);
+    if (threadIdx.x == 0)
+        ring[slot] = (float)(FILE_ID * 1000000 + VERSION * 10000 + lane * 1000 + slot);
 }
 
 #ifndef __CUDACC_RTC__

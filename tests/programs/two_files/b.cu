@@ -14,7 +14,9 @@ static __global__ void fill(float *out) {
 #ifndef __CUDACC_RTC__
 #include "../prog.h"
 
-void b_set_bias(int b) { CUDA_CHECK(cudaMemcpyToSymbol(bias, &b, sizeof b)); }
+void b_set_bias(int b) {
+    CUDA_CHECK(cudaMemcpyToSymbol(bias, &b, sizeof b));
+}
 
 void b_fill(float *out, int n) {
     fill<<<n / 256, 256>>>(out);
