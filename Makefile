@@ -173,7 +173,8 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
 # NAME-shared (-cudart shared, for LD_PRELOAD) and NAME-static (--wrap). The
 # plugin host is -cudart shared only, with its two dlopen'd plugins: a plugin
 # with a static cudart would carry a runtime of its own that the host's
-# --wrap flags never reach.
+# --wrap flags never reach. Linked without debug information (the engine's),
+# as they travel to a GPU machine.
 PROG_CASES := two_files dynsmem64k registers template_late cooperative graph threads exit_mid_build
 PROG_DIR := $(BUILD)/tests/programs
 PROG_BIN := $(if $(SAN),,$(foreach c,$(PROG_CASES),$(PROG_DIR)/$(c)-shared $(PROG_DIR)/$(c)-static) \
@@ -394,7 +395,8 @@ $(PROG_DIR)/$(1)-shared: $(call prog_obj,$(1))
 
 $(PROG_DIR)/$(1)-static: $(call prog_obj,$(1)) $$(WRAP)
 	@mkdir -p $$(dir $$@)
-	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++
+	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
+	  -Xlinker --strip-debug
 endef
 $(foreach c,$(PROG_CASES),$(eval $(call PROG_RULES,$(c))))
 
