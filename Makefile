@@ -176,7 +176,7 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
 # --wrap flags never reach. Linked without debug information (the engine's),
 # as they travel to a GPU machine.
 PROG_CASES := two_files dynsmem64k registers template_late cooperative graph threads exit_mid_build
-PROG_DIR := $(BUILD)/tests/programs
+PROG_DIR := $(BUILD)/programs
 PROG_BIN := $(if $(SAN),,$(foreach c,$(PROG_CASES),$(PROG_DIR)/$(c)-shared $(PROG_DIR)/$(c)-static) \
               $(PROG_DIR)/plugins-shared $(PROG_DIR)/libplug_a.so $(PROG_DIR)/libplug_b.so)
 prog_obj = $(patsubst tests/programs/%.cu,$(BUILD)/obj/tests/programs/%.o,$(sort $(wildcard tests/programs/$(1)/*.cu)))

@@ -48,7 +48,7 @@ BUILD=${1:-build}
 [ $# -gt 0 ] && shift
 only=" $* "
 here=$(cd "$(dirname "$0")" && pwd)
-bin=$(cd "$BUILD" && pwd)/tests/programs
+bin=$(cd "$BUILD" && pwd)/programs
 preload=$(cd "$BUILD" && pwd)/lib/libhotkern-preload.so
 WAIT=${HK_PROGS_WAIT:-20}
 EXIT_RUNS=${HK_PROGS_EXIT_RUNS:-40}

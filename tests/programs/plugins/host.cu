@@ -1,4 +1,4 @@
-// A host that loads effect plugins (libplug_a.so, libplug_b.so, next to it)
+// A host that loads effect plugins (libplug_a.so, libplug_b.so, in its directory)
 // with dlopen and runs the loaded one every frame; CTLDIR/plugin names the
 // plugin to run (plug_a by default): when it changes, the host dlcloses the
 // one it has and dlopens the other.
