@@ -168,6 +168,19 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
 
+# The program shapes of tests/programs/ (its run.sh drives them): small
+# multi-file nvcc programs, each linked both ways from the same objects:
+# NAME-shared (-cudart shared, for LD_PRELOAD) and NAME-static (--wrap). The
+# plugin host is -cudart shared only, with its two dlopen'd plugins: a plugin
+# with a static cudart would carry a runtime of its own that the host's
+# --wrap flags never reach. Linked without debug information (the engine's),
+# as they travel to a GPU machine.
+PROG_CASES := two_files dynsmem64k registers template_late cooperative graph threads exit_mid_build
+PROG_DIR := $(BUILD)/programs
+PROG_BIN := $(if $(SAN),,$(foreach c,$(PROG_CASES),$(PROG_DIR)/$(c)-shared $(PROG_DIR)/$(c)-static) \
+              $(PROG_DIR)/plugins-shared $(PROG_DIR)/libplug_a.so $(PROG_DIR)/libplug_b.so)
+prog_obj = $(patsubst tests/programs/%.cu,$(BUILD)/obj/tests/programs/%.o,$(sort $(wildcard tests/programs/$(1)/*.cu)))
+
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
 # The build helper process (ptx/helper.c), started by libhotkern when a
@@ -187,7 +200,7 @@ all: build
 # the rest of `make build`: tests, benchmarks, demo and examples.
 INSTALLED_BUILT := $(STATIC) $(SHARED) $(PRELOAD) $(WRAP) $(CANARY) $(BUILDER) $(FAKE_CUDA) \
                    $(if $(CLI_ON),$(CLI)) $(if $(filter 1,$(NET)),$(NET_STATIC) $(NET_SHARED))
-DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
+DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(PROG_BIN) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
              $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 # Internal targets assume the dependencies exist; the public ones install them.
@@ -212,6 +225,7 @@ test: deps
 	@sh tests/run.sh $(BUILD)
 	@$(COMPILE_CHECK)
 	@sh tests/run-examples.sh $(BUILD)
+	@sh tests/programs/run.sh $(BUILD)
 	@sh scripts/abi-check.sh $(BUILD)
 
 test-cpu: deps
@@ -225,6 +239,7 @@ COMPILE_CHECK = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/cpp/compile-fail.sh
 test-gpu-prebuilt:
 	@sh tests/run.sh $(BUILD) gpu
 	@sh tests/run-examples.sh $(BUILD)
+	@sh tests/programs/run.sh $(BUILD)
 
 # The example programs on what is built (each SKIPs without a device).
 test-examples:
@@ -368,6 +383,30 @@ $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 $(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/obj/tests/programs/%.o: tests/programs/%.cu tests/programs/prog.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+
+define PROG_RULES
+$(PROG_DIR)/$(1)-shared: $(call prog_obj,$(1))
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
+
+$(PROG_DIR)/$(1)-static: $(call prog_obj,$(1)) $$(WRAP)
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
+	  -Xlinker --strip-debug
+endef
+$(foreach c,$(PROG_CASES),$(eval $(call PROG_RULES,$(c))))
+
+$(PROG_DIR)/plugins-shared: $(BUILD)/obj/tests/programs/plugins/host.o
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
+
+$(PROG_DIR)/lib%.so: tests/programs/plugins/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$(NET)),$(NET_OBJ))
 	@mkdir -p $(dir $@)
@@ -602,7 +641,7 @@ fuzz: fuzz-build
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
-               tests/cpp/*.cc examples/*.cpp)
+               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu)
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle across folders, no loader/ file over 800 lines, no loader/ or canary/
 # function over 100. It reads the library's objects' symbols, so it builds them
@@ -615,7 +654,7 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
-	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
+	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
 	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
 	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
 	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \
