@@ -106,7 +106,8 @@ static struct {
     fstream *streams;
     fcgraph *cgraphs;
     int bad_unloads;
-    int hold_sync, sync_held; /* CtxSynchronize blocks while hold_sync */
+    int hold_sync, sync_held;   /* CtxSynchronize blocks while hold_sync */
+    int hold_state, state_held; /* DevicePrimaryCtxGetState blocks while hold_state */
     int graph_launch_us;
     /* Kernel controls (fake_kernel_control): a launch of a matching kernel
      * faults, hangs or writes a wrong value. */
@@ -296,6 +297,7 @@ void fake_init(int ndev, int arch) {
     }
     F.bad_unloads = 0;
     F.hold_sync = F.sync_held = 0;
+    F.hold_state = F.state_held = 0;
     F.graph_launch_us = 0;
     atomic_store(&launch_us, -1);
     F.ndev = ndev;
@@ -479,6 +481,12 @@ static CUresult f_DevicePrimaryCtxRelease(CUdevice d) {
     return CUDA_SUCCESS;
 }
 static CUresult f_DevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    pthread_mutex_lock(&F.lock);
+    F.state_held += F.hold_state;
+    pthread_cond_broadcast(&F.cond);
+    while (F.hold_state)
+        pthread_cond_wait(&F.cond, &F.lock);
+    pthread_mutex_unlock(&F.lock);
     *flags = 0;
     *active = F.active[d];
     return CUDA_SUCCESS;
@@ -1207,6 +1215,22 @@ void fake_hold_sync(int on) {
     if (!on)
         F.sync_held = 0;
     pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_hold_ctx_state(int on) {
+    pthread_mutex_lock(&F.lock);
+    F.hold_state = on;
+    if (!on)
+        F.state_held = 0;
+    pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_wait_ctx_state_held(void) {
+    pthread_mutex_lock(&F.lock);
+    while (!F.state_held)
+        pthread_cond_wait(&F.cond, &F.lock);
     pthread_mutex_unlock(&F.lock);
 }
 

@@ -93,6 +93,10 @@ int fake_bad_unloads(void);
 /* While on, cuCtxSynchronize blocks (a persistent kernel runs). */
 void fake_hold_sync(int on);
 void fake_wait_sync_held(void); /* until a synchronise is blocked */
+/* While on, cuDevicePrimaryCtxGetState blocks (a driver call that takes
+ * seconds: the reset check's first one). */
+void fake_hold_ctx_state(int on);
+void fake_wait_ctx_state_held(void); /* until a call of it is blocked */
 
 /* Stream capture on a stream from cuStreamCreate. A call the driver forbids
  * during a global-mode capture (synchronise, unload, legacy-stream copy) from
