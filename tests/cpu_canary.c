@@ -331,6 +331,77 @@ START_TEST(trap_in_the_timed_repeats_is_caught) {
 }
 END_TEST
 
+/* fake_ptx(tag) with a trap site before step's ret and `head` (the fake's
+ * "// regs:" and "// ms:" lines, tests/fakecuda.h) in front. */
+static int swap_guarded(int tag, const char *head, hk_report *rep) {
+    const char *p = fake_ptx(tag, 0, 0, 0);
+    const char *ret = strstr(p, " ret;");
+    ck_assert_ptr_nonnull(ret);
+    char text[4096];
+    snprintf(text, sizeof text, "%s%.*s @%%p1 trap;\n%s", head, (int)(ret - p), p, ret);
+    return hk_swap(rt, "m", text, strlen(text) + 1, NULL, rep);
+}
+
+/* The canary runs a version with trap sites as its trap guard's copy, which
+ * ptxas compiles apart and may give fewer registers than the image that
+ * commits (real NVRTC and nvJitLink: 56 against 72 for a kernel with an
+ * assert()). A 1024-thread test that the copy launches and the image cannot
+ * (72 registers: 896 threads a block at most) is refused, naming the limit;
+ * the same kernel with registers that fit commits. */
+START_TEST(resources_are_checked_on_the_image_that_commits) {
+    rt = make_rt(NULL, 2000, 1);
+    hk_report rep = HK_REPORT_INIT;
+    const char *v1 = fake_ptx(1, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "m", v1, strlen(v1) + 1, NULL, &rep), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k_step), 0);
+    hk_test *t;
+    unsigned n = 4;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){1024, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 16, HK_FILL_RANDOM, 7, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k_step, t, &rep), 0);
+    hk_test_destroy(t);
+    ck_assert_int_eq(swap_guarded(5, "// regs: 72\n// guarded regs: 56\n", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 launches blocks of 1024 threads") &&
+                      strstr(rep.message, "takes 72 registers a thread") &&
+                      strstr(rep.message, "at most 896 threads") &&
+                      strstr(rep.message, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "fault");
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    /* The image itself would have failed every such launch. */
+    ck_assert_msg(swap_guarded(6, "// regs: 56\n// guarded regs: 40\n", &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed") &&
+                      strstr(rep.canary, "1 trap site guarded"),
+                  "%s", rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The perf guard judges the image's times, not the copy's: an image 50 ms a
+ * launch whose copy takes 0.010 ms is refused as slower, with the image's
+ * time; a copy slower than a fast image does not refuse it. */
+START_TEST(perf_guard_times_the_image_that_commits) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_guarded(5, "// ms: 50\n// guarded ms: 0.01\n", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 is slower: 50.000 ms against 0.010 ms"),
+                  "%s", rep.message);
+    ck_assert_double_eq(rep.canary_new_ms, 50.0);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    ck_assert_msg(swap_guarded(6, "// ms: 0.01\n// guarded ms: 50\n", &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 0.010 ms against 0.010 ms on version 1"), "%s",
+                  rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(hanging_kernel_refused_and_helper_restarted) {
     setenv("HKFAKE_HANG", "step@8", 1);
     rt = make_rt(NULL, 300, 1);
@@ -1525,6 +1596,8 @@ int main(void) {
     tcase_add_test(tc, faulting_kernel_refused_with_cuname);
     tcase_add_test(tc, hanging_kernel_refused_and_helper_restarted);
     tcase_add_test(tc, trap_caught_by_the_guard_keeps_the_helper);
+    tcase_add_test(tc, resources_are_checked_on_the_image_that_commits);
+    tcase_add_test(tc, perf_guard_times_the_image_that_commits);
     tcase_add_test(tc, trap_in_the_timed_repeats_is_caught);
     tcase_add_test(tc, wrong_output_refused_on_compare);
     tcase_add_test(tc, float_tolerance_lets_close_outputs_through);
