@@ -665,12 +665,18 @@ static int refuse(run *r, hka_kind kind, const char *kernel, int cu, const char 
     return hku_fail(rep, HK_ERR_CANARY, "canary: %s; the running version stays", text);
 }
 
-/* The canary could not run: refused under REQUIRE, else let through; no
- * test runs after it either way. */
+/* The canary could not run: refused under REQUIRE (HK_ERR_CANARY_UNAVAILABLE),
+ * else let through; no test runs after it either way. */
 static int unavailable(run *r, const char *why) {
     r->stopped = 1;
-    if (r->pol->canary == HK_CANARY_REQUIRE)
-        return refuse(r, HKA_KIND_NOT_RUN, NULL, 0, NULL, "required but could not run: %s", why);
+    if (r->pol->canary == HK_CANARY_REQUIRE) {
+        /* Not a verdict on the version (hk_err_is_verdict): its own code,
+         * so that a release source tries the same bytes again later. */
+        refuse(r, HKA_KIND_NOT_RUN, NULL, 0, NULL, "required but could not run: %s", why);
+        if (r->rep)
+            r->rep->error = HK_ERR_CANARY_UNAVAILABLE;
+        return HK_ERR_CANARY_UNAVAILABLE;
+    }
     if (r->rep)
         snprintf(r->rep->canary, sizeof r->rep->canary, "not run: %.150s", why);
     return 0;

@@ -492,7 +492,8 @@ START_TEST(no_canary_configured) {
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
-    ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+    ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY_UNAVAILABLE);
+    ck_assert_int_eq(rep.error, HK_ERR_CANARY_UNAVAILABLE);
     ck_assert_msg(strstr(rep.message, "required but could not run"), "%s", rep.message);
     ck_assert_str_eq(rep.canary_refusal, "could_not_run");
     ck_assert_int_eq(stats().canary_refused_could_not_run, 1);
@@ -638,7 +639,7 @@ START_TEST(helper_output_is_its_own) {
     ck_assert_int_eq(hku_read_file(path, 64u << 20, &text, &len, NULL), 0);
     close(fd);
     unlink(path);
-    ck_assert_int_eq(err, HK_ERR_CANARY);
+    ck_assert_int_eq(err, HK_ERR_CANARY_UNAVAILABLE);
     ck_assert_msg(!strstr(text, "HKBAD-FLOOD"), "%zu bytes of the helper's output reached ours",
                   len);
     free(text);
@@ -709,11 +710,11 @@ static void misbehaving(const char *mode, hk_canary_policy policy, int want, con
 }
 
 START_TEST(bad_helper_garbage) {
-    misbehaving("garbage", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+    misbehaving("garbage", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "answered nonsense");
 }
 END_TEST
 START_TEST(bad_helper_oversize) {
-    misbehaving("oversize", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+    misbehaving("oversize", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "answered nonsense");
 }
 END_TEST
 START_TEST(bad_helper_silent_optional) {
@@ -721,7 +722,7 @@ START_TEST(bad_helper_silent_optional) {
 }
 END_TEST
 START_TEST(bad_helper_silent_required) {
-    misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not answer in time");
+    misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "did not answer in time");
 }
 END_TEST
 /* A helper that never greets, or says it cannot run, fails the runtime's
@@ -801,7 +802,7 @@ START_TEST(bad_helper_fail_ready) {
 }
 END_TEST
 START_TEST(bad_helper_exits) {
-    misbehaving("exit", HK_CANARY_REQUIRE, HK_ERR_CANARY, "died while loading");
+    misbehaving("exit", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "died while loading");
 }
 END_TEST
 START_TEST(bad_helper_wrong_type) {
@@ -1446,7 +1447,8 @@ static hk_endpoint *push_endpoint(const char *tmp, const hk_swap_options *tpl, c
 
 /* A push's canary policy, left to the default, is HK_CANARY_REQUIRE: with a
  * helper that cannot start, hk_swap (OPTIONAL by default) lets a version
- * with tests through, a push of one is refused with HK_ERR_CANARY, and the
+ * with tests through, a push of one is refused with HK_ERR_CANARY_UNAVAILABLE
+ * (503, tried again when pushed again), and the
  * same push through a template that says OPTIONAL commits. */
 START_TEST(push_policy_defaults_to_required) {
     char *tmp = hkt_tmpdir(), key[PATH_MAX], pub[PATH_MAX], file[PATH_MAX], url[64], out[16384];
@@ -1470,8 +1472,14 @@ START_TEST(push_policy_defaults_to_required) {
 
     hk_endpoint *ep = push_endpoint(tmp, NULL, url, sizeof url);
     int rc = cli_push(url, key, 1, file, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "\"error\":\"HK_ERR_CANARY\""), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "\"error\":\"HK_ERR_CANARY_UNAVAILABLE\"") &&
+                      strstr(out, "\"http_status\":503"),
+                  "exit %d: %s", rc, out);
     ck_assert_msg(strstr(out, "could not start"), "%s", out);
+    /* Not a verdict on the release: pushed again, it is tried again. */
+    rc = cli_push(url, key, 1, file, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "could not start") && !strstr(out, "refused before"),
+                  "exit %d: %s", rc, out);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     hk_endpoint_stop(ep);
 
@@ -1538,7 +1546,7 @@ START_TEST(helpers_outliving_their_kill_are_all_reaped) {
     hk_report rep = HK_REPORT_INIT;
     enum { N = 12 };
     for (int i = 0; i < N; i++) {
-        ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+        ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY_UNAVAILABLE);
         /* Its start or its load timed out: killed either way. */
         ck_assert_msg(strstr(rep.message, "in time"), "%s", rep.message);
     }
