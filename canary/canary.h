@@ -273,10 +273,10 @@ typedef struct hka_policy {
  * the same inputs. Returns 0 when the version may go on (tests passed, none
  * declared, or the canary could not run under OPTIONAL), else
  * HK_ERR_CANARY (or HK_ERR_MISSING_KERNEL / HK_ERR_LAYOUT for a test that
- * does not fit; HK_ERR_CANARY_UNAVAILABLE when REQUIRE'd and it could not run) with rep->message, rep->kernel, rep->cu_name, rep->canary,
- * rep->canary_refusal and the perf guard's figures (canary_new_ms,
- * canary_old_ms) saying what happened. Blocks the calling thread for at
- * most the run's timeouts. */
+ * does not fit; HK_ERR_CANARY_UNAVAILABLE when REQUIRE'd and it could not run) with rep->message,
+ * rep->kernel, rep->cu_name, rep->canary, rep->canary_refusal and the perf guard's figures
+ * (canary_new_ms, canary_old_ms) saying what happened. Blocks the calling thread for at most the
+ * run's timeouts. */
 int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
             const hka_policy *policy, hk_report *rep);
 
