@@ -926,7 +926,7 @@ START_TEST(destroy_does_not_wait_for_the_reset_check) {
     fake_hold_ctx_state(0);
     WAIT_FOR(fake_live_images() == 0);
     ck_assert_int_eq(fake_bad_unloads(), 0);
-    usleep(20 * 1000); /* the reclaim thread's last steps */
+    usleep(200 * 1000); /* the reclaim thread's last steps: it frees the runtime */
 }
 END_TEST
 
@@ -958,7 +958,7 @@ START_TEST(destroy_does_not_wait_for_reset_recovery) {
     WAIT_FOR(fake_calls("cuModuleLoadDataEx") == loads + 1);
     WAIT_FOR(fake_live_images() == 0);
     ck_assert_int_eq(fake_bad_unloads(), 0);
-    usleep(20 * 1000);
+    usleep(200 * 1000); /* the reclaim thread's last steps: it frees the runtime */
     ck_assert_int_eq(atomic_load(&events[HK_EVENT_CONTEXT_RESET]), 0);
 }
 END_TEST
