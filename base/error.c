@@ -30,3 +30,26 @@ const char *hk_err_name(int err) {
         return "HK_ERR_UNKNOWN";
     }
 }
+
+int hk_err_is_verdict(int err) {
+    switch (err) {
+    /* What the engine concluded from the version's bytes (and the program's
+     * declared tests and attributes): the same bytes get the same answer. */
+    case HK_ERR_FORMAT:
+    case HK_ERR_COMPILE:
+    case HK_ERR_ARCH:
+    case HK_ERR_MISSING_KERNEL:
+    case HK_ERR_LAYOUT:
+    case HK_ERR_GLOBAL_SIZE:
+    case HK_ERR_REJECTED:
+    case HK_ERR_ATTRIBUTE:
+    case HK_ERR_CANARY:
+    case HK_ERR_QUARANTINED:
+        return 1;
+    default:
+        /* Busy, closing, out of memory, the disk, the driver or the device,
+         * a build that timed out on a loaded host, a canary that could not
+         * run: the state of this host, not of the version. */
+        return 0;
+    }
+}

@@ -593,6 +593,8 @@ typedef struct run {
     int cmp;       /* the running version is loaded in slot 1 of the plain helper */
     int stopped;   /* the canary could no longer run (unavailable said so) */
     int unguarded; /* the trap guard's copy did not load: the image is tested */
+    pid_t img_pid; /* the plain helper whose slot 2 holds the new image beside
+                    * its copy (0: none; a restarted helper has it no more) */
     int launches, compared, memchecked;
     /* The perf guard's figures of the test that came out worst: the
      * largest ratio against the running version, or (none timed on it) the
@@ -663,12 +665,18 @@ static int refuse(run *r, hka_kind kind, const char *kernel, int cu, const char 
     return hku_fail(rep, HK_ERR_CANARY, "canary: %s; the running version stays", text);
 }
 
-/* The canary could not run: refused under REQUIRE, else let through; no
- * test runs after it either way. */
+/* The canary could not run: refused under REQUIRE (HK_ERR_CANARY_UNAVAILABLE),
+ * else let through; no test runs after it either way. */
 static int unavailable(run *r, const char *why) {
     r->stopped = 1;
-    if (r->pol->canary == HK_CANARY_REQUIRE)
-        return refuse(r, HKA_KIND_NOT_RUN, NULL, 0, NULL, "required but could not run: %s", why);
+    if (r->pol->canary == HK_CANARY_REQUIRE) {
+        /* Not a verdict on the version (hk_err_is_verdict): its own code,
+         * so that a release source tries the same bytes again later. */
+        refuse(r, HKA_KIND_NOT_RUN, NULL, 0, NULL, "required but could not run: %s", why);
+        if (r->rep)
+            r->rep->error = HK_ERR_CANARY_UNAVAILABLE;
+        return HK_ERR_CANARY_UNAVAILABLE;
+    }
     if (r->rep)
         snprintf(r->rep->canary, sizeof r->rep->canary, "not run: %.150s", why);
     return 0;
@@ -940,11 +948,12 @@ static void recv_timed(helper *h, outcome *o, double deadline) {
 /* Runs test t on the image in slot of helper h under timeout_ms, with
  * `runs` timed repeats when it finishes (0: none). */
 static void do_launch(hka_canary *c, helper *h, int slot, const char *entry, const hk_test *t,
-                      int runs, int timeout_ms, uint32_t sites, outcome *o) {
+                      int runs, int timeout_ms, uint32_t sites, int keep, outcome *o) {
     memset(o, 0, sizeof *o);
     o->sites = sites;
-    /* Under memcheck nothing is compared: the plain run does that. */
-    int outputs = t->compare != HK_COMPARE_NONE && !h->sanitized;
+    /* Under memcheck nothing is compared: the plain run does that; nor are
+     * the buffers of a copy whose image runs after it (keep 0). */
+    int outputs = keep && t->compare != HK_COMPARE_NONE && !h->sanitized;
     double deadline = hku_now_ms() + timeout_ms;
     if (send_launch(h, slot, entry, t, outputs, runs, deadline) < 0) {
         o->transport = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
@@ -1204,7 +1213,8 @@ static int with_running(run *r, const char *kernel, int no, const hk_test *t, co
         return 0;
     }
     outcome old;
-    do_launch(r->c, &r->c->plain, 1, entry, t, on->timed ? HKA_RUNS : 0, r->c->timeout_ms, 0, &old);
+    do_launch(r->c, &r->c->plain, 1, entry, t, on->timed ? HKA_RUNS : 0, r->c->timeout_ms, 0, 1,
+              &old);
     int err = 0;
     if (!finished(&old)) {
         note(r, "kernel '%s' test %d fails on the running version too: not compared", kernel, no);
@@ -1241,10 +1251,128 @@ static int memcheck_test(run *r, const char *kernel, int no, const hk_test *t) {
     mc_reset(h); /* what it said before this launch is not this launch's */
     outcome o;
     do_launch(r->c, h, 0, entry_of(r->img, kernel), t, 0, r->c->timeout_ms * HKA_SANITIZER_SLOW,
-              tested_sites(r), &o);
+              tested_sites(r), 1, &o);
     int err = judge(r, h, kernel, no, &o);
     r->memchecked += !err;
     free(o.payload);
+    return err;
+}
+
+/* The image beside its copy in the plain helper's slot 2, loaded at its
+ * first use in a run (a helper restarted since has it no more). 0, or -1
+ * with why: the canary cannot go on. */
+static int image_loaded(run *r, char *why, size_t n) {
+    helper *h = &r->c->plain;
+    if (r->img_pid && r->img_pid == h->proc.pid)
+        return 0;
+    char name[64], log[HKA_MAX_TEXT + 1], how[64];
+    int cu = 0, lr = load_slot(r->c, h, 2, r->img, 0, &cu, name, log);
+    if (lr == 0) {
+        r->img_pid = h->proc.pid;
+        return 0;
+    }
+    if (lr > 0) {
+        snprintf(why, n, "it could not load the new version's image: %s%s%.120s", name,
+                 log[0] ? ": " : "", log);
+        return -1;
+    }
+    helper_kill(h, how, sizeof how);
+    snprintf(why, n, "%s %s while loading an image%s%s", h->who, recv_what(lr), how[0] ? ": " : "",
+             how);
+    helper_start(r->c, h, how, sizeof how);
+    return -1;
+}
+
+/* The image's limits for entry, as the helper's driver reads them. */
+typedef struct limits {
+    int cu;
+    char cu_name[64];
+    uint32_t max_threads, regs, static_shared, max_dynamic_shared, local;
+} limits;
+
+/* Asks the plain helper for the limits of entry in slot: 0, or a negative
+ * HKU_RECV_* when the exchange failed. */
+static int get_limits(hka_canary *c, int slot, const char *entry, limits *l) {
+    helper *h = &c->plain;
+    memset(l, 0, sizeof *l);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LIMITS);
+    hku_put_u32(&b, (uint32_t)slot);
+    hku_put_str(&b, entry, HKA_MAX_TEXT);
+    double deadline = hku_now_ms() + c->timeout_ms;
+    int sent = hku_send_by(h->proc.fd, &b, deadline);
+    hku_buf_free(&b);
+    if (sent < 0)
+        return errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
+    uint32_t type = 0;
+    unsigned char *d = NULL;
+    size_t len = 0;
+    int r = hku_recv(h->proc.fd, HKA_MAGIC, 16 + 64 + 20, deadline, &type, &d, &len);
+    if (r < 0)
+        return r;
+    hku_rd rd = {d, len, 0};
+    l->cu = (int)hku_get_u32(&rd);
+    hku_get_str(&rd, l->cu_name, sizeof l->cu_name, sizeof l->cu_name - 1);
+    l->max_threads = hku_get_u32(&rd);
+    l->regs = hku_get_u32(&rd);
+    l->static_shared = hku_get_u32(&rd);
+    l->max_dynamic_shared = hku_get_u32(&rd);
+    l->local = hku_get_u32(&rd);
+    int bad = type != HKA_LIMITS_OF || hku_end(&rd) || (l->cu == 0) != (l->max_threads != 0);
+    free(d);
+    if (!bad && l->cu)
+        sane_cu_name(l->cu_name, sizeof l->cu_name, l->cu);
+    return bad ? HKU_RECV_MALFORMED : 0;
+}
+
+/* After the trap guard's copy passed test t (on, its outcome): the same
+ * test on the image that commits, which ptxas compiled apart from the copy
+ * and may have given other registers (canary.h). Its limits first: a block
+ * or a shared size it cannot launch with refuses the version, saying which
+ * limit; then the same launches (and timed repeats) on the same fresh
+ * inputs, whose outcome replaces the copy's in *on: the image's buffers are
+ * compared and its times judged. The copy ran that whole sequence without
+ * reaching a trap site, so the image, which differs from it only there,
+ * reaches none either. */
+static int on_the_image(run *r, const char *kernel, int no, const hk_test *t, outcome *on) {
+    hka_canary *c = r->c;
+    const char *entry = entry_of(r->img, kernel);
+    char why[256];
+    if (image_loaded(r, why, sizeof why) < 0)
+        return unavailable(r, why);
+    limits l;
+    int lr = get_limits(c, 2, entry, &l);
+    if (lr < 0) {
+        char how[64];
+        helper_kill(&c->plain, how, sizeof how);
+        helper_start(c, &c->plain, how, sizeof how);
+        snprintf(why, sizeof why, "%s %s when asked for the image's limits", c->plain.who,
+                 recv_what(lr));
+        return unavailable(r, why);
+    }
+    uint64_t threads = (uint64_t)t->block[0] * t->block[1] * t->block[2];
+    const char *oor = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
+    if (!l.cu && threads > l.max_threads)
+        return refuse(r, HKA_KIND_FAULT, kernel, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, oor,
+                      "kernel '%s' test %d launches blocks of %llu threads; the image that would "
+                      "commit takes %u registers a thread, so its blocks hold at most %u threads "
+                      "(its trap guard's copy, which the canary ran, fits): every such launch "
+                      "would fail with %s",
+                      kernel, no, (unsigned long long)threads, l.regs, l.max_threads, oor);
+    if (!l.cu && t->shared > l.max_dynamic_shared)
+        return refuse(r, HKA_KIND_FAULT, kernel, CUDA_ERROR_INVALID_VALUE,
+                      "CUDA_ERROR_INVALID_VALUE",
+                      "kernel '%s' test %d asks %u bytes of dynamic shared memory; the image that "
+                      "would commit allows %u beside its %u bytes of static shared memory: every "
+                      "such launch would fail",
+                      kernel, no, t->shared, l.max_dynamic_shared, l.static_shared);
+    if (l.cu)
+        note(r, "the image's limits could not be read (%s)", l.cu_name);
+    outcome img;
+    do_launch(c, &c->plain, 2, entry, t, on->asked, c->timeout_ms, 0, 1, &img);
+    int err = judge(r, &c->plain, kernel, no, &img);
+    free(on->payload);
+    *on = img; /* freed by the caller */
     return err;
 }
 
@@ -1263,10 +1391,13 @@ static int run_test(run *r, const char *kernel, int no, const hk_test *t, int me
     if (memcheck)
         return memcheck_test(r, kernel, no, t);
     outcome on;
+    int copy = tested_sites(r) > 0; /* slot 0 holds the trap guard's copy */
     do_launch(r->c, &r->c->plain, 0, entry, t, r->guard ? HKA_RUNS : 0, r->c->timeout_ms,
-              tested_sites(r), &on);
+              tested_sites(r), !copy, &on);
     int err = judge(r, &r->c->plain, kernel, no, &on);
-    if (!err) {
+    if (!err && copy)
+        err = on_the_image(r, kernel, no, t, &on);
+    if (!err && !r->stopped) {
         r->launches++;
         if (on.tcu) /* its events failed: not timed */
             note(r, "kernel '%s' test %d could not be timed (%s)", kernel, no, on.tcu_name);

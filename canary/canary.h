@@ -29,6 +29,10 @@
  *                     per buffer: u32 index, u64 size, bytes}
  *          [-> TIMED {u32 stage, i32 cu, str name, u32 trap, u32 n,
  *                     per run: u64 ns}]
+ *   LIMITS {u32 slot, str entry}
+ *          -> LIMITS_OF {i32 cu, str name, u32 max_threads, u32 regs,
+ *                        u32 static_shared, u32 max_dynamic_shared, u32 local}
+ *   (the entry's function attributes, cu not 0 when they could not be read)
  *   A finished launch returns every buffer when `outputs` is 1 (they are to
  *   be compared) and none when it is 0: copying 4 MiB back and through the
  *   socket was most of a canary run's cost (bench_canary).
@@ -42,7 +46,8 @@
  *   launch that hangs is found as soon as it would be without timing.
  *
  * Slots: 0 holds the new version's image, 1 the running version's (for
- * comparisons and timings). Where the new version has a trap guard's copy
+ * comparisons and timings), 2 the new version's image beside its trap
+ * guard's copy in 0. Where the new version has a trap guard's copy
  * (ptx/guard.c: its traps, breakpoints and asserts store a code into
  * __hotkern_trap and end their thread instead of raising an exception that
  * would end the context and stall the whole GPU), slot 0 holds that copy
@@ -54,6 +59,17 @@
  * a trap, and a trap names one of the copy's sites). Its context is whole:
  * the helper goes on. A fault poisons the helper's context, so after
  * one the parent kills the helper and starts another.
+ *
+ * The copy is not the binary that commits: ptxas allocates its registers
+ * anew (NVRTC and nvJitLink gave a kernel with asserts 72 registers a thread
+ * as the image, 64 as the copy: blocks of at most 896 threads against
+ * 1024). So a test launch of a copy that passed, timed repeats included, is
+ * followed in the plain helper by the image itself (slot 2, loaded at its
+ * first use in a run): its limits (LIMITS) checked against the test's block
+ * and shared memory, then the same launches on the same fresh inputs, which
+ * the copy ran without reaching a trap site. The image's buffers are the
+ * ones compared and its times the ones the perf guard judges. A version
+ * that traps is refused on the copy, before the image is loaded.
  *
  * Two helpers. Each runtime with canaries has a plain helper, which runs
  * every test launch (both versions, compared and timed). Where the CUDA
@@ -100,7 +116,7 @@
 #include "ptx/ptx.h"
 #include "util/util.h"
 
-#define HKA_PROTOCOL 4
+#define HKA_PROTOCOL 5
 #define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
 
 /* Bounds of the protocol, checked by both sides before allocating. */
@@ -135,7 +151,11 @@ enum hka_msg_type {
     HKA_LAUNCH = 5,
     HKA_RESULT = 6,
     HKA_TIMED = 7,
+    HKA_LIMITS = 8,
+    HKA_LIMITS_OF = 9,
 };
+
+#define HKA_NSLOTS 3 /* the new version's, the running one's, the new image beside its copy */
 
 /* Where a test launch stopped (RESULT.stage). */
 enum hka_stage {
@@ -253,10 +273,10 @@ typedef struct hka_policy {
  * the same inputs. Returns 0 when the version may go on (tests passed, none
  * declared, or the canary could not run under OPTIONAL), else
  * HK_ERR_CANARY (or HK_ERR_MISSING_KERNEL / HK_ERR_LAYOUT for a test that
- * does not fit) with rep->message, rep->kernel, rep->cu_name, rep->canary,
- * rep->canary_refusal and the perf guard's figures (canary_new_ms,
- * canary_old_ms) saying what happened. Blocks the calling thread for at
- * most the run's timeouts. */
+ * does not fit; HK_ERR_CANARY_UNAVAILABLE when REQUIRE'd and it could not run) with rep->message,
+ * rep->kernel, rep->cu_name, rep->canary, rep->canary_refusal and the perf guard's figures
+ * (canary_new_ms, canary_old_ms) saying what happened. Blocks the calling thread for at most the
+ * run's timeouts. */
 int hka_run(hka_canary *c, const char *module, const hka_image *img, const hka_image *ref,
             const hka_policy *policy, hk_report *rep);
 

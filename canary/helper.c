@@ -6,7 +6,7 @@
  * Started by libhotkern with posix_spawn, never by hand: it binds the CUDA
  * driver as hotkern does (HK_LIBCUDA selects the library, so a CPU-only run
  * uses libhotkern-fakecuda.so), makes device D's primary context current in
- * this process, says READY on fd N and then serves LOAD and LAUNCH requests
+ * this process, says READY on fd N and then serves LOAD, LAUNCH and LIMITS requests
  * one at a time until the parent closes the socket (a finished LAUNCH that
  * asks for timed repeats runs them after its RESULT and answers TIMED).
  * Under compute-sanitizer (the memcheck helper, canary.h) it is started
@@ -43,10 +43,10 @@ static struct {
 
 static hkb_driver D;
 static CUcontext ctx;
-static CUmodule slots[2];
+static CUmodule slots[HKA_NSLOTS];
 /* Where a slot's image keeps the trap guard's code (ptx/guard.c); 0: the
  * image has no guard. */
-static CUdeviceptr trap_at[2];
+static CUdeviceptr trap_at[HKA_NSLOTS];
 static int fd = -1;
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
@@ -111,7 +111,7 @@ static void do_load(hku_rd *rd) {
     uint32_t guarded = hku_get_u32(rd);
     size_t n = rd->left;
     const void *img = hku_get(rd, n);
-    if (rd->bad || slot > 1 || guarded > 1 || !n || n > HKA_MAX_IMAGE)
+    if (rd->bad || slot >= HKA_NSLOTS || guarded > 1 || !n || n > HKA_MAX_IMAGE)
         exit(2);
     char *copy = calloc(1, n + 1); /* PTX must end with a NUL */
     char *log = calloc(1, HKA_MAX_TEXT);
@@ -164,7 +164,7 @@ static void parse_launch(hku_rd *rd, req *q) {
         q->block[i] = hku_get_u32(rd);
     q->shared = hku_get_u32(rd);
     q->nargs = hku_get_u32(rd);
-    if (rd->bad || q->slot > 1 || q->nargs > HKA_MAX_ARGS)
+    if (rd->bad || q->slot >= HKA_NSLOTS || q->nargs > HKA_MAX_ARGS)
         exit(2);
     for (uint32_t i = 0; i < q->nargs; i++) {
         hka_arg *a = &q->args[i];
@@ -342,6 +342,34 @@ static void time_runs(req *q, CUfunction f) {
     hku_buf_free(&b);
 }
 
+/* LIMITS {slot, entry}: what the driver says of the entry's function in
+ * the slot's image, for the parent to check a test's launch against. */
+static void do_limits(hku_rd *rd) {
+    char entry[HKA_MAX_TEXT + 1];
+    uint32_t slot = hku_get_u32(rd);
+    hku_get_str(rd, entry, sizeof entry, sizeof entry - 1);
+    if (rd->bad || slot >= HKA_NSLOTS || hku_end(rd))
+        exit(2);
+    static const CUfunction_attribute attr[5] = {
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, CU_FUNC_ATTRIBUTE_NUM_REGS,
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES};
+    int v[5] = {0};
+    CUfunction f;
+    CUresult r = slots[slot] ? D.ModuleGetFunction(&f, slots[slot], entry) : CUDA_ERROR_NOT_FOUND;
+    for (int i = 0; i < 5 && r == CUDA_SUCCESS; i++)
+        r = D.FuncGetAttribute(&v[i], attr[i], f);
+    hku_buf b;
+    hku_buf_init(&b, HKA_MAGIC, HKA_LIMITS_OF);
+    hku_put_u32(&b, (uint32_t)r);
+    hku_put_str(&b, r ? hkb_cu_name(&D, r) : "", HKA_MAX_TEXT);
+    for (int i = 0; i < 5; i++)
+        hku_put_u32(&b, r ? 0 : (uint32_t)v[i]);
+    if (hku_send(fd, &b) < 0)
+        exit(0);
+    hku_buf_free(&b);
+}
+
 static void do_launch(hku_rd *rd) {
     req *q = calloc(1, sizeof *q);
     if (!q)
@@ -385,6 +413,8 @@ int main(int argc, char **argv) {
             do_load(&rd);
         else if (type == HKA_LAUNCH)
             do_launch(&rd);
+        else if (type == HKA_LIMITS)
+            do_limits(&rd);
         else
             return 2;
         free(d);

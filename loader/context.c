@@ -11,6 +11,7 @@
  * relaxes it puts the caller's mode back when it ends.
  */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "loader/loader.h"
 
@@ -32,6 +33,20 @@ int hkl_swap_lock(hk_runtime *rt) {
     if (swap_owner == rt)
         return 1;
     pthread_mutex_lock(&rt->swap_lock);
+    swap_owner = rt;
+    return 0;
+}
+
+int hkl_swap_lock_by(hk_runtime *rt, double until_ms) {
+    if (swap_owner == rt)
+        return 1;
+    /* Polled: pthread_mutex_timedlock's clock is the wall clock, which may
+     * jump; this is destroy's alone, where a millisecond is nothing. */
+    while (pthread_mutex_trylock(&rt->swap_lock) != 0) {
+        if (hkl_now_ms() >= until_ms)
+            return HK_ERR_TIMEOUT;
+        usleep(500);
+    }
     swap_owner = rt;
     return 0;
 }

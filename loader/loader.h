@@ -358,6 +358,9 @@ struct hk_runtime {
     pthread_t rec_thread;      /* immutable once started */
     int rec_started;           /* immutable once started */
     int rec_finished;          /* rec_lock: its final pass is done */
+    int rec_retire_all;        /* rec_lock: destroy could not take swap_lock in
+                                * time: the reclaim thread retires every current
+                                * version (hkl_retire_all) before its final pass */
     uint64_t fences;           /* rec_lock: heavy fences paid (tests read it) */
     void (*hook)(hk_runtime *, hkl_hook_point); /* immutable: tests only */
 
@@ -499,6 +502,10 @@ static inline double hkl_now_ms(void) {
  * locking when the calling thread already holds it (a callback run under it):
  * read-only callers go on, others return HK_ERR_BUSY. */
 int hkl_swap_lock(hk_runtime *rt);
+/* The same, giving up at until_ms (hkl_now_ms's clock): 0 locked, 1 nested,
+ * HK_ERR_TIMEOUT. Destroy's, which must not wait on a holder that sits in
+ * the driver (the reclaim thread's reset check and its reloads). */
+int hkl_swap_lock_by(hk_runtime *rt, double until_ms);
 void hkl_swap_unlock(hk_runtime *rt, int nested);
 int hkl_swap_held(const hk_runtime *rt);
 
@@ -753,6 +760,9 @@ int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
  * when destroy stopped waiting for it. */
 int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
 void hkl_reclaim_stop(hk_runtime *rt);
+/* Destroy's: every current version joins the retired ones for the final
+ * pass (swap_lock held). */
+void hkl_retire_all(hk_runtime *rt);
 void hkl_reclaim_deferred(hk_runtime *rt);            /* from hk_safe_point */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
 

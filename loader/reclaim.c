@@ -286,7 +286,17 @@ static void *reclaim_main(void *arg) {
                 hkl_emit_reset(rt);
         }
     }
-    /* Destroy's contract: no thread launches any more. */
+    /* Destroy's contract: no thread launches any more. Destroy found
+     * swap_lock held (by this thread, in the driver) past its deadline:
+     * the current versions are this thread's to retire. */
+    pthread_mutex_lock(&rt->rec_lock);
+    int retire = rt->rec_retire_all;
+    pthread_mutex_unlock(&rt->rec_lock);
+    if (retire) {
+        int nested = hkl_swap_lock(rt);
+        hkl_retire_all(rt);
+        hkl_swap_unlock(rt, nested);
+    }
     int unloaded;
     reclaim_pass(rt, 1, &unloaded);
     pthread_mutex_lock(&rt->rec_lock);
@@ -305,6 +315,19 @@ int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt)) {
         return HK_ERR_NOMEM;
     rt->rec_started = 1;
     return 0;
+}
+
+void hkl_retire_all(hk_runtime *rt) {
+    pthread_mutex_lock(&rt->rec_lock);
+    for (hkl_module *m = rt->modules; m; m = m->next) {
+        hkl_version *v = atomic_exchange(&m->current, NULL);
+        if (v) {
+            v->next = rt->retired;
+            rt->retired = v;
+            rt->nretired++;
+        }
+    }
+    pthread_mutex_unlock(&rt->rec_lock);
 }
 
 void hkl_reclaim_stop(hk_runtime *rt) {

@@ -462,19 +462,23 @@ static void runtime_finish(hk_runtime *rt, double until) {
      * under swap_lock: reset recovery on the reclaim thread replaces
      * `current` under it, and must either have done so (its version is
      * retired here) or find no version left (it then reloads nothing); a
-     * version moved here and again by a reload would be retired twice. */
-    hkl_swap_lock(rt);
-    pthread_mutex_lock(&rt->rec_lock);
-    for (hkl_module *m = rt->modules; m; m = m->next) {
-        hkl_version *v = atomic_exchange(&m->current, NULL);
-        if (v) {
-            v->next = rt->retired;
-            rt->retired = v;
-            rt->nretired++;
-        }
+     * version moved here and again by a reload would be retired twice.
+     * swap_lock is taken by the deadline: the reclaim thread holds it while
+     * its reset check calls the driver and while it reloads modules after a
+     * reset, for as long as the driver takes. When it cannot be had in
+     * time, the reclaim thread, which is its only holder once the worker
+     * has stopped, retires them itself after its loop, before its final
+     * pass (hkl_retire_all), and the wait below gives up on it. With no
+     * reclaim thread nothing of hotkern's can hold it. */
+    int got = rt->rec_started ? hkl_swap_lock_by(rt, until) : hkl_swap_lock(rt);
+    if (got >= 0) {
+        hkl_retire_all(rt);
+        hkl_swap_unlock(rt, got);
+    } else {
+        pthread_mutex_lock(&rt->rec_lock);
+        rt->rec_retire_all = 1;
+        pthread_mutex_unlock(&rt->rec_lock);
     }
-    pthread_mutex_unlock(&rt->rec_lock);
-    hkl_swap_unlock(rt, 0);
     hkl_reclaim_stop(rt);
     /* When the wait gives up, the reclaim thread frees the runtime when its
      * synchronise returns; the state directory is let go now all the same

@@ -371,6 +371,7 @@ static unsigned http_status(int err) {
     case HK_ERR_BUSY:
     case HK_ERR_CLOSED:
     case HK_ERR_UNSUPPORTED:
+    case HK_ERR_CANARY_UNAVAILABLE:
         return MHD_HTTP_SERVICE_UNAVAILABLE;
     case HK_ERR_TIMEOUT:
         return MHD_HTTP_GATEWAY_TIMEOUT;

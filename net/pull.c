@@ -16,8 +16,9 @@
  * applied or persisted before every byte is verified, so a transfer that dies
  * midway changes nothing. The validators (ETag, Last-Modified) are kept only
  * for a manifest that verified and was dealt with for good (applied, refused
- * by the engine, or a replay), so a transient failure (a missing or stale
- * signature, a truncated artifact) is retried, with backoff, instead of being
+ * by the engine with a verdict on its bytes, or a replay), so a transient
+ * failure (a missing or stale signature, a truncated artifact, an engine out
+ * of device memory or busy) is retried, with backoff, instead of being
  * hidden behind a 304; a 304 reports the kept manifest's outcome again.
  * The validators are the origin's, and an origin may change its ETag for the
  * same bytes: the releases the engine refused are also remembered by their
@@ -71,6 +72,7 @@ struct hkn_puller {
     int kept_err;               /* that manifest's outcome, reported again on a 304 */
     char kept_message[512];
     unsigned failures; /* consecutive failed polls, for the backoff */
+    int retry;         /* the last poll's engine outcome was transient (poll.retry) */
 
     pthread_mutex_t lock;
     pthread_cond_t wake;  /* lock: signalled on stop */
@@ -271,6 +273,7 @@ struct poll {
     char mhash[65];  /* the manifest's SHA-256 (net/refused.c) */
     int keep;        /* 1: this manifest verified and is dealt with for good */
     int done;        /* 1: nothing more to do this poll (err says how it went) */
+    int retry;       /* 1: the engine could not apply it now (not a verdict) */
 };
 
 /* The manifest (conditional) and its signature. A 304 is done: the kept
@@ -380,11 +383,15 @@ static int fetch_artifacts(hkn_puller *p, struct poll *q, hk_report *rep) {
     return 0;
 }
 
-/* Commits the verified release and deals with the engine's verdict, which
- * is final for these bytes either way: the validators are kept so that a
- * refused build is not retried every poll. A quarantined image's release
- * stays recorded as seen, so that a restarted puller does not apply it
- * again (a replay); a newer release is applied as usual. */
+/* Commits the verified release and deals with the engine's outcome. A
+ * verdict on these bytes (hk_err_is_verdict) keeps the validators, so that
+ * a refused build is not retried every poll. Anything else (the device out
+ * of memory, the engine busy, a build that timed out, a canary that could
+ * not run) is the host's state: the validators are not kept, so the next
+ * poll fetches the manifest again instead of a 304, and it comes after the
+ * backoff (q->retry). A quarantined image's release stays recorded as
+ * seen, so that a restarted puller does not apply it again (a replay); a
+ * newer release is applied as usual. */
 static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
     const hkn_manifest *m = &q->m;
     const void *bytes[HKN_MAX_ARTIFACTS];
@@ -398,11 +405,16 @@ static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
                                  p->origin, 1, &verdict, rep);
     if (!verdict) /* the state's error: retried at the next poll */
         return err;
-    q->keep = 1;
+    q->keep = !err || hk_err_is_verdict(err);
+    q->retry = !q->keep;
     if (err == HK_ERR_QUARANTINED) {
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "%s v%llu from %s is quarantined: %s", m->module,
                 (unsigned long long)m->version, p->url, rep->message);
+    } else if (err && q->retry) {
+        hkn_log(&p->eng, HK_LOG_WARN, "pull",
+                "the engine could not apply %s v%llu from %s now: %s: %s (tried again)", m->module,
+                (unsigned long long)m->version, p->url, hk_err_name(err), rep->message);
     } else if (err) {
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_WARN, "pull", "the engine refused %s v%llu from %s: %s: %s",
@@ -418,6 +430,7 @@ static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
 /* Keeps the validators of a manifest dealt with for good, counts the poll
  * and frees what it fetched. */
 static void poll_finish(hkn_puller *p, struct poll *q, int err, const hk_report *rep) {
+    p->retry = q->retry;
     if (q->keep) {
         keep_validators(p, q->etag, q->lm);
         q->etag = q->lm = NULL;
@@ -474,9 +487,11 @@ static unsigned next_delay(hkn_puller *p, int err) {
     uint64_t d = p->opt.interval_ms;
     /* Transient trouble (network, timeouts, an origin mid-publish) backs off
      * exponentially so a fleet does not hammer a struggling origin. */
+    /* So does an engine that could not apply a release now (the device out
+     * of memory, busy): the release is fetched and tried again. */
     if (err == HK_ERR_NETWORK || err == HK_ERR_TIMEOUT || err == HK_ERR_HASH ||
         err == HK_ERR_TOO_LARGE || err == HK_ERR_IO || err == HK_ERR_SIGNATURE ||
-        err == HK_ERR_INVALID) {
+        err == HK_ERR_INVALID || (err && p->retry)) {
         if (p->failures < 20)
             p->failures++;
         for (unsigned i = 0; i < p->failures && d < p->opt.max_backoff_ms; i++)

@@ -9,7 +9,9 @@
  * endpoint's single worker (delaying every legitimate push behind it), and a
  * puller whose origin changes its ETag would rebuild the release each poll.
  *
- * So each source remembers the releases its engine refused for good: the
+ * So each source remembers the releases its engine refused for good
+ * (verdicts on the bytes, hk_err_is_verdict; not a build that timed out on
+ * a loaded host or a canary that could not run): the
  * module, the release version and the SHA-256 of the manifest's exact bytes
  * (which names every artifact by hash, so it binds the whole release), with
  * the error and its message. A release seen again is answered from here,
@@ -65,27 +67,10 @@ void hkn_refused_destroy(hkn_refused *r) {
 }
 
 int hkn_refusal_is_final(int err) {
-    switch (err) {
-    /* What the engine concluded from the release's bytes: the same bytes
-     * get the same verdict. A timeout is a build or canary that hung: the
-     * costliest verdict to repeat. */
-    case HK_ERR_FORMAT:
-    case HK_ERR_COMPILE:
-    case HK_ERR_ARCH:
-    case HK_ERR_MISSING_KERNEL:
-    case HK_ERR_LAYOUT:
-    case HK_ERR_GLOBAL_SIZE:
-    case HK_ERR_REJECTED:
-    case HK_ERR_ATTRIBUTE:
-    case HK_ERR_CANARY:
-    case HK_ERR_QUARANTINED:
-    case HK_ERR_TIMEOUT:
-        return 1;
-    default:
-        /* Busy, closing, out of memory, the disk, the driver or the device:
-         * the state of this host, not of the release; trying again may work. */
-        return 0;
-    }
+    /* The engine's one notion of a verdict (hotkern.h): a build that timed
+     * out or a canary that could not run is the host's state, and the same
+     * bytes are tried again once the host is well. */
+    return hk_err_is_verdict(err);
 }
 
 static struct entry *find(hkn_refused *r, const char *module, uint64_t version, const char *hash) {

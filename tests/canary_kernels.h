@@ -64,10 +64,34 @@ __attribute__((unused)) static const char *GUARDED_GOOD =
     KERNEL_HEAD "  if (i >= n) __trap();\n  assert(x[i] > -1.0f);\n"
                 "  if (i < n) x[i] = x[i] + 1.0f;\n}\n";
 
+/* heavy(in, out, n): 46 values a thread, each behind a device-side assert()
+ * that the test never fails. Built by NVRTC and nvJitLink for sm_90, its
+ * image takes 72 registers a thread (blocks of at most 896 threads) and its
+ * trap guard's copy 56 (tests/cpu_ptx.c checks it): a 1024-thread test
+ * launch passes on the copy and fails on the image. The FITS versions are
+ * bounded to blocks of 1024 (__launch_bounds__: 64 registers at most); the
+ * assert's bound makes them other images with the same outputs. */
+#define HEAVY_SRC(bounds, limit)                                                                   \
+    "extern \"C\" __global__ void " bounds "heavy(const float *in, float *out, int n) {\n"         \
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"                                           \
+    "  if (i >= n) return;\n"                                                                      \
+    "  float v[46];\n"                                                                             \
+    "#pragma unroll\n"                                                                             \
+    "  for (int k = 0; k < 46; k++) v[k] = in[(i + k * 97) % n];\n"                                \
+    "  float s = 0;\n"                                                                             \
+    "#pragma unroll\n"                                                                             \
+    "  for (int k = 0; k < 46; k++) { assert(v[k] < " limit "); s += v[k] * v[(k + 7) % 46]; }\n"  \
+    "  out[i] = s;\n}\n"
+__attribute__((unused)) static const char *HEAVY = HEAVY_SRC("", "1e30f");
+__attribute__((unused)) static const char *HEAVY_FITS =
+    HEAVY_SRC("__launch_bounds__(1024) ", "1e29f");
+__attribute__((unused)) static const char *HEAVY_FITS2 =
+    HEAVY_SRC("__launch_bounds__(1024) ", "1e28f");
+
 /* Declares the test launch both suites give `step`: n floats counting up from
  * 0 and n, on a grid of n / 256 blocks of 256, the outputs compared with the
  * running version's. */
-static void declare_step_test(hk_kernel *step, int n) {
+__attribute__((unused)) static void declare_step_test(hk_kernel *step, int n) {
     hk_report rep = HK_REPORT_INIT;
     hk_test *t;
     ck_assert_int_eq(

@@ -331,6 +331,77 @@ START_TEST(trap_in_the_timed_repeats_is_caught) {
 }
 END_TEST
 
+/* fake_ptx(tag) with a trap site before step's ret and `head` (the fake's
+ * "// regs:" and "// ms:" lines, tests/fakecuda.h) in front. */
+static int swap_guarded(int tag, const char *head, hk_report *rep) {
+    const char *p = fake_ptx(tag, 0, 0, 0);
+    const char *ret = strstr(p, " ret;");
+    ck_assert_ptr_nonnull(ret);
+    char text[4096];
+    snprintf(text, sizeof text, "%s%.*s @%%p1 trap;\n%s", head, (int)(ret - p), p, ret);
+    return hk_swap(rt, "m", text, strlen(text) + 1, NULL, rep);
+}
+
+/* The canary runs a version with trap sites as its trap guard's copy, which
+ * ptxas compiles apart and may give fewer registers than the image that
+ * commits (real NVRTC and nvJitLink: 56 against 72 for a kernel with an
+ * assert()). A 1024-thread test that the copy launches and the image cannot
+ * (72 registers: 896 threads a block at most) is refused, naming the limit;
+ * the same kernel with registers that fit commits. */
+START_TEST(resources_are_checked_on_the_image_that_commits) {
+    rt = make_rt(NULL, 2000, 1);
+    hk_report rep = HK_REPORT_INIT;
+    const char *v1 = fake_ptx(1, 0, 0, 0);
+    ck_assert_int_eq(hk_swap(rt, "m", v1, strlen(v1) + 1, NULL, &rep), 0);
+    ck_assert_int_eq(hk_kernel_get(rt, "m", "step", &k_step), 0);
+    hk_test *t;
+    unsigned n = 4;
+    ck_assert_int_eq(hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){1024, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, 16, HK_FILL_RANDOM, 7, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    ck_assert_int_eq(hk_kernel_add_test(k_step, t, &rep), 0);
+    hk_test_destroy(t);
+    ck_assert_int_eq(swap_guarded(5, "// regs: 72\n// guarded regs: 56\n", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 launches blocks of 1024 threads") &&
+                      strstr(rep.message, "takes 72 registers a thread") &&
+                      strstr(rep.message, "at most 896 threads") &&
+                      strstr(rep.message, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.canary_refusal, "fault");
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    /* The image itself would have failed every such launch. */
+    ck_assert_msg(swap_guarded(6, "// regs: 56\n// guarded regs: 40\n", &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed") &&
+                      strstr(rep.canary, "1 trap site guarded"),
+                  "%s", rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The perf guard judges the image's times, not the copy's: an image 50 ms a
+ * launch whose copy takes 0.010 ms is refused as slower, with the image's
+ * time; a copy slower than a fast image does not refuse it. */
+START_TEST(perf_guard_times_the_image_that_commits) {
+    rt = make_rt(NULL, 2000, 1);
+    start_with_test(HK_COMPARE_NONE, 0);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap_guarded(5, "// ms: 50\n// guarded ms: 0.01\n", &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "kernel 'step' test 1 is slower: 50.000 ms against 0.010 ms"),
+                  "%s", rep.message);
+    ck_assert_double_eq(rep.canary_new_ms, 50.0);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 1);
+    ck_assert_msg(swap_guarded(6, "// ms: 0.01\n// guarded ms: 50\n", &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "timed 0.010 ms against 0.010 ms on version 1"), "%s",
+                  rep.canary);
+    ck_assert_int_eq(hk_module_version(rt, "m"), 2);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(hanging_kernel_refused_and_helper_restarted) {
     setenv("HKFAKE_HANG", "step@8", 1);
     rt = make_rt(NULL, 300, 1);
@@ -421,7 +492,8 @@ START_TEST(no_canary_configured) {
     hk_report rep = HK_REPORT_INIT;
     ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_OPTIONAL, &rep), 0);
     ck_assert_msg(strstr(rep.canary, "not run: the runtime has no canary"), "%s", rep.canary);
-    ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+    ck_assert_int_eq(swap_tag(3, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY_UNAVAILABLE);
+    ck_assert_int_eq(rep.error, HK_ERR_CANARY_UNAVAILABLE);
     ck_assert_msg(strstr(rep.message, "required but could not run"), "%s", rep.message);
     ck_assert_str_eq(rep.canary_refusal, "could_not_run");
     ck_assert_int_eq(stats().canary_refused_could_not_run, 1);
@@ -567,7 +639,7 @@ START_TEST(helper_output_is_its_own) {
     ck_assert_int_eq(hku_read_file(path, 64u << 20, &text, &len, NULL), 0);
     close(fd);
     unlink(path);
-    ck_assert_int_eq(err, HK_ERR_CANARY);
+    ck_assert_int_eq(err, HK_ERR_CANARY_UNAVAILABLE);
     ck_assert_msg(!strstr(text, "HKBAD-FLOOD"), "%zu bytes of the helper's output reached ours",
                   len);
     free(text);
@@ -638,11 +710,11 @@ static void misbehaving(const char *mode, hk_canary_policy policy, int want, con
 }
 
 START_TEST(bad_helper_garbage) {
-    misbehaving("garbage", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+    misbehaving("garbage", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "answered nonsense");
 }
 END_TEST
 START_TEST(bad_helper_oversize) {
-    misbehaving("oversize", HK_CANARY_REQUIRE, HK_ERR_CANARY, "answered nonsense");
+    misbehaving("oversize", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "answered nonsense");
 }
 END_TEST
 START_TEST(bad_helper_silent_optional) {
@@ -650,7 +722,7 @@ START_TEST(bad_helper_silent_optional) {
 }
 END_TEST
 START_TEST(bad_helper_silent_required) {
-    misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY, "did not answer in time");
+    misbehaving("silent", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "did not answer in time");
 }
 END_TEST
 /* A helper that never greets, or says it cannot run, fails the runtime's
@@ -730,7 +802,7 @@ START_TEST(bad_helper_fail_ready) {
 }
 END_TEST
 START_TEST(bad_helper_exits) {
-    misbehaving("exit", HK_CANARY_REQUIRE, HK_ERR_CANARY, "died while loading");
+    misbehaving("exit", HK_CANARY_REQUIRE, HK_ERR_CANARY_UNAVAILABLE, "died while loading");
 }
 END_TEST
 START_TEST(bad_helper_wrong_type) {
@@ -1375,7 +1447,8 @@ static hk_endpoint *push_endpoint(const char *tmp, const hk_swap_options *tpl, c
 
 /* A push's canary policy, left to the default, is HK_CANARY_REQUIRE: with a
  * helper that cannot start, hk_swap (OPTIONAL by default) lets a version
- * with tests through, a push of one is refused with HK_ERR_CANARY, and the
+ * with tests through, a push of one is refused with HK_ERR_CANARY_UNAVAILABLE
+ * (503, tried again when pushed again), and the
  * same push through a template that says OPTIONAL commits. */
 START_TEST(push_policy_defaults_to_required) {
     char *tmp = hkt_tmpdir(), key[PATH_MAX], pub[PATH_MAX], file[PATH_MAX], url[64], out[16384];
@@ -1399,8 +1472,14 @@ START_TEST(push_policy_defaults_to_required) {
 
     hk_endpoint *ep = push_endpoint(tmp, NULL, url, sizeof url);
     int rc = cli_push(url, key, 1, file, out, sizeof out);
-    ck_assert_msg(rc == 1 && strstr(out, "\"error\":\"HK_ERR_CANARY\""), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 1 && strstr(out, "\"error\":\"HK_ERR_CANARY_UNAVAILABLE\"") &&
+                      strstr(out, "\"http_status\":503"),
+                  "exit %d: %s", rc, out);
     ck_assert_msg(strstr(out, "could not start"), "%s", out);
+    /* Not a verdict on the release: pushed again, it is tried again. */
+    rc = cli_push(url, key, 1, file, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "could not start") && !strstr(out, "refused before"),
+                  "exit %d: %s", rc, out);
     ck_assert_int_eq(hk_module_version(rt, "m"), 2);
     hk_endpoint_stop(ep);
 
@@ -1467,7 +1546,7 @@ START_TEST(helpers_outliving_their_kill_are_all_reaped) {
     hk_report rep = HK_REPORT_INIT;
     enum { N = 12 };
     for (int i = 0; i < N; i++) {
-        ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY);
+        ck_assert_int_eq(swap_tag(2, 0, HK_CANARY_REQUIRE, &rep), HK_ERR_CANARY_UNAVAILABLE);
         /* Its start or its load timed out: killed either way. */
         ck_assert_msg(strstr(rep.message, "in time"), "%s", rep.message);
     }
@@ -1525,6 +1604,8 @@ int main(void) {
     tcase_add_test(tc, faulting_kernel_refused_with_cuname);
     tcase_add_test(tc, hanging_kernel_refused_and_helper_restarted);
     tcase_add_test(tc, trap_caught_by_the_guard_keeps_the_helper);
+    tcase_add_test(tc, resources_are_checked_on_the_image_that_commits);
+    tcase_add_test(tc, perf_guard_times_the_image_that_commits);
     tcase_add_test(tc, trap_in_the_timed_repeats_is_caught);
     tcase_add_test(tc, wrong_output_refused_on_compare);
     tcase_add_test(tc, float_tolerance_lets_close_outputs_through);

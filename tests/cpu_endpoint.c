@@ -762,6 +762,41 @@ START_TEST(refused_release_not_rebuilt) {
 }
 END_TEST
 
+/* A required canary that could not run (its helper died or did not
+ * answer) and a build that timed out on a loaded host are the host's state,
+ * not verdicts on the release: not remembered, so the same signed bytes are
+ * tried again (503 and 504 each time, the engine run each time), and
+ * applied once the host is well. */
+START_TEST(transient_refusals_are_tried_again) {
+    start(NULL, 0, NULL, NULL);
+    char body[16384];
+    static const struct {
+        int err;
+        int code;
+    } cases[] = {{HK_ERR_CANARY_UNAVAILABLE, 503}, {HK_ERR_TIMEOUT, 504}};
+    const char *f = body_file(&key, "add", 20, time(NULL) + 60, T_NONE, "transient.json");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pthread_mutex_lock(&rec.lock);
+        rec.fail_with = cases[i].err;
+        pthread_mutex_unlock(&rec.lock);
+        for (int k = 0; k < 3; k++) {
+            int before = rec_attempts();
+            int code = curl_req("POST", "/v1/release", f, NULL, body, sizeof body);
+            ck_assert_msg(code == cases[i].code, "%s: HTTP %d (want %d): %s",
+                          hk_err_name(cases[i].err), code, cases[i].code, body);
+            ck_assert(json_has(body, "error", hk_err_name(cases[i].err)));
+            ck_assert_msg(!strstr(body, "refused before"), "%s", body);
+            ck_assert_int_eq(rec_attempts(), before + 1);
+        }
+    }
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = 0;
+    pthread_mutex_unlock(&rec.lock);
+    ck_assert_int_eq(curl_req("POST", "/v1/release", f, NULL, body, sizeof body), 200);
+    ck_assert_uint_eq(rec_current(), 20);
+}
+END_TEST
+
 START_TEST(replay_state_survives_restart) {
     start(NULL, 0, NULL, NULL);
     const char *f = body_file(&key, "add", 7, time(NULL) + 60, T_NONE, "b.json");
@@ -2215,6 +2250,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, replay_state_survives_restart);
     tcase_add_test(tc, engine_refusal_statuses);
     tcase_add_test(tc, refused_release_not_rebuilt);
+    tcase_add_test(tc, transient_refusals_are_tried_again);
     tcase_add_test(tc, cli_prints_no_terminal_escapes);
     tcase_add_test(tc, oversized_body_413);
     tcase_add_test(tc, token_required);

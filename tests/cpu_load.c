@@ -899,6 +899,70 @@ START_TEST(reset_recovery_during_destroy) {
 }
 END_TEST
 
+/* The reclaim thread's periodic reset check holds swap_lock while it calls
+ * the driver, for as long as the driver takes (here held until the test lets
+ * it go): destroy still returns within destroy_wait_ms, and the reclaim
+ * thread, once its call returns, retires and unloads every version and frees
+ * the runtime. */
+START_TEST(destroy_does_not_wait_for_the_reset_check) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.loader = HK_LOADER_MODULE;
+    o.destroy_wait_ms = 300;
+    rt = make_rt_with(&o);
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    (void)step_kernel();
+    fake_hold_ctx_state(1);
+    hkl_reclaim_kick(rt);
+    fake_wait_ctx_state_held(); /* the reset check, swap_lock held, in the driver */
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_and_flag, rt);
+    WAIT_FOR(atomic_load(&destroyed)); /* before the driver's call returns */
+    pthread_join(t, NULL);
+    rt = NULL;
+    ck_assert_int_ge(fake_live_images(), 1); /* the reclaim thread has the rest */
+    fake_hold_ctx_state(0);
+    WAIT_FOR(fake_live_images() == 0);
+    ck_assert_int_eq(fake_bad_unloads(), 0);
+    usleep(200 * 1000); /* the reclaim thread's last steps: it frees the runtime */
+}
+END_TEST
+
+/* Reset recovery with the module loader reloads under swap_lock: a destroy
+ * that starts while it is held there returns within destroy_wait_ms, before
+ * the reload ends, and the reloaded version is unloaded after. */
+START_TEST(destroy_does_not_wait_for_reset_recovery) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.loader = HK_LOADER_MODULE;
+    o.destroy_wait_ms = 200;
+    rt = make_rt_with(&o);
+    swap_ok(fake_ptx(1, 0, 0, 0));
+    (void)step_kernel();
+    hook_arm(HKL_HOOK_RESET_RELOAD, NULL);
+    fake_reset_device(0);
+    atomic_store(&rt->reset_suspect, 1);
+    hkl_reclaim_kick(rt);
+    hook_wait_inside();
+    int loads = fake_calls("cuModuleLoadDataEx");
+    atomic_store(&destroyed, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_and_flag, rt);
+    WAIT_FOR(atomic_load(&destroyed)); /* the recovery is still held */
+    pthread_join(t, NULL);
+    rt = NULL;
+    hook_go();
+    WAIT_FOR(fake_calls("cuModuleLoadDataEx") == loads + 1);
+    WAIT_FOR(fake_live_images() == 0);
+    ck_assert_int_eq(fake_bad_unloads(), 0);
+    usleep(200 * 1000); /* the reclaim thread's last steps: it frees the runtime */
+    ck_assert_int_eq(atomic_load(&events[HK_EVENT_CONTEXT_RESET]), 0);
+}
+END_TEST
+
 /* Destroy while a build holds the worker (NVRTC cannot be interrupted; here
  * a hook holds it): destroy returns within destroy_wait_ms, and the worker
  * finishes the teardown when its build returns, committing nothing and
@@ -1055,6 +1119,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, destroy_is_bounded);
     tcase_add_test(tc, reset_recovery_during_destroy);
     tcase_add_test(tc, destroy_does_not_wait_for_a_build);
+    tcase_add_test(tc, destroy_does_not_wait_for_the_reset_check);
+    tcase_add_test(tc, destroy_does_not_wait_for_reset_recovery);
     tcase_add_test(tc, waits_ignore_wall_clock_steps);
     tcase_add_test(tc, report_accounts_for_waiting);
     suite_add_tcase(s, tc);

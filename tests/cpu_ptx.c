@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "ptx/ptx.h"
+#include "tests/canary_kernels.h"
 #include "tests/harness.h"
 
 #define NVCC "/usr/local/cuda/bin/nvcc"
@@ -2110,6 +2111,36 @@ START_TEST(guard_is_linked_as_the_image) {
 }
 END_TEST
 
+/* What the canary must not take on trust: ptxas allocates the trap guard's
+ * copy's registers anew, and for a kernel with many values behind asserts
+ * (tests/canary_kernels.h's heavy) the image takes more than 64 registers a
+ * thread, so its blocks cannot hold 1024 threads, while the copy's can. The
+ * canary therefore launches the image too (canary/canary.h); with
+ * __launch_bounds__(1024) both fit. tests/gpu_canary.c relies on these
+ * counts. */
+START_TEST(guard_copy_may_take_fewer_registers_than_its_image) {
+    hkp_build_opts o = base_opts(90);
+    o.opt_level = 4; /* the runtime's default */
+    o.trap_guard = 1;
+    hkp_artifact a;
+    char why[512];
+    ck_assert_msg(hkp_build(HEAVY, strlen(HEAVY), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why) == 0,
+                  "%s", why);
+    ck_assert_ptr_nonnull(a.guard);
+    ck_assert_int_eq(a.guard_sites, 46);
+    int image = cubin_regs(a.image), copy = cubin_regs(a.guard);
+    printf("heavy: image %d registers a thread, trap guard's copy %d\n", image, copy);
+    ck_assert_int_gt(image, 64);
+    ck_assert_int_le(copy, 64);
+    hkp_artifact_free(&a);
+    ck_assert_int_eq(
+        hkp_build(HEAVY_FITS, strlen(HEAVY_FITS), HK_FORMAT_CUDA_C, &o, &a, why, sizeof why), 0);
+    ck_assert_int_le(cubin_regs(a.image), 64);
+    ck_assert_int_le(cubin_regs(a.guard), 64);
+    hkp_artifact_free(&a);
+}
+END_TEST
+
 static Suite *ptx_suite(void) {
     Suite *s = suite_create("ptx");
     TCase *tc = tcase_create("detect");
@@ -2140,6 +2171,7 @@ static Suite *ptx_suite(void) {
     tcase_add_test(tc, guard_refuses_what_it_cannot_do_soundly);
     tcase_add_test(tc, build_makes_the_guard_on_every_path);
     tcase_add_test(tc, guard_is_linked_as_the_image);
+    tcase_add_test(tc, guard_copy_may_take_fewer_registers_than_its_image);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 

@@ -91,6 +91,45 @@ static int refusing_apply(void *ud, const char *module, uint64_t version, hk_for
 }
 static const hkn_engine refusing = {.apply = refusing_apply};
 
+/* An engine that cannot apply anything for its first `flaky_left` calls,
+ * the device out of memory (the host's state, not a verdict on the
+ * release), then applies as the recording engine does. */
+static int flaky_left;
+static int flaky_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                       const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                       const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int fail = flaky_left > 0 ? flaky_left-- : 0;
+    if (fail)
+        rec.calls++;
+    pthread_mutex_unlock(&rec.lock);
+    if (fail)
+        return hku_fail(rep, HK_ERR_CUDA, "cuLibraryLoadData failed: CUDA_ERROR_OUT_OF_MEMORY");
+    return rec_apply(ud, module, version, fmt, bytes, size, headers, nheaders, origin, rep);
+}
+static const hkn_engine flaky = {.apply = flaky_apply};
+
+/* An engine whose required canary could not run (its helper died), then a
+ * build that timed out on a loaded host: neither is a verdict. */
+static int unavailable_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
+                             const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                             const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int n = ++rec.calls;
+    pthread_mutex_unlock(&rec.lock);
+    if (n == 1)
+        return hku_fail(rep, HK_ERR_CANARY_UNAVAILABLE,
+                        "canary: required but could not run: the helper died while loading an "
+                        "image; the running version stays");
+    if (n == 2)
+        return hku_fail(rep, HK_ERR_TIMEOUT, "the build did not finish within 120000 ms");
+    pthread_mutex_lock(&rec.lock);
+    rec.calls--; /* rec_apply counts it */
+    pthread_mutex_unlock(&rec.lock);
+    return rec_apply(ud, module, version, fmt, bytes, size, headers, nheaders, origin, rep);
+}
+static const hkn_engine unavailable_engine = {.apply = unavailable_apply};
+
 /* ---- fixture: nginx ---------------------------------------------------- */
 
 static char *tmp;
@@ -277,6 +316,74 @@ static void touch_manifest(time_t t) {
     struct timespec ts[2] = {{.tv_sec = 1700000000 + t}, {.tv_sec = 1700000000 + t}};
     ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
 }
+
+/* A static origin and an engine out of device memory for two applies: the
+ * validators are not kept after a transient engine outcome, so each poll
+ * fetches the manifest again (200, not 304) and tries the release again,
+ * which is applied once the device has memory; after that, 304s. */
+START_TEST(transient_engine_error_is_retried) {
+    hk_report rep = HK_REPORT_INIT;
+    publish(2, ptx_v2, 600);
+    flaky_left = 2;
+    hkn_puller *p = puller_with(&flaky, url, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_CUDA);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_CUDA);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rec.calls, 3);
+    ck_assert_uint_eq(rec_version(), 2);
+    ck_assert_int_eq(poll_once(p, &rep), 0);
+    ck_assert_int_eq(rec.calls, 3);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 200 ", 3), 3);
+    ck_assert_int_eq(log_count_wait("GET /rel/manifest.json ", "\" 304 ", 1), 1);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    ck_assert_uint_eq(s.applied, 1);
+    ck_assert_uint_eq(s.refused, 0);
+    hkn_pull_destroy(p);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* On its own thread, the retries of a transient engine outcome back off:
+ * the consecutive failures are counted and the next poll's delay grows
+ * past the interval (100 ms here; two failures: 400 ms less 10 % jitter). */
+START_TEST(transient_engine_error_backs_off) {
+    publish(2, ptx_v2, 600);
+    flaky_left = 1000;
+    hkn_puller *p = puller_with(&flaky, url, 0, 0);
+    ck_assert_int_eq(hkn_pull_run(p), 0);
+    hkn_pull_stats s;
+    hkn_pull_stats_get(p, &s);
+    for (int i = 0; i < 200 && s.failures < 2; i++) {
+        usleep(50000);
+        hkn_pull_stats_get(p, &s);
+    }
+    ck_assert_uint_ge(s.failures, 2);
+    ck_assert_int_eq(s.last_error, HK_ERR_CUDA);
+    ck_assert_uint_ge(s.next_poll_ms, 360);
+    hkn_pull_destroy(p);
+}
+END_TEST
+
+/* A canary that could not run and a build that timed out are not
+ * remembered as refusals of the release: with the host well again, the same
+ * signed bytes are applied, not answered "refused before". */
+START_TEST(unavailable_canary_and_timeout_are_not_verdicts) {
+    hk_report rep = HK_REPORT_INIT;
+    publish(2, ptx_v2, 600);
+    hkn_puller *p = puller_with(&unavailable_engine, url, 0, 0);
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_CANARY_UNAVAILABLE);
+    touch_manifest(100); /* an origin whose ETag changes for the same bytes */
+    ck_assert_int_eq(poll_once(p, &rep), HK_ERR_TIMEOUT);
+    ck_assert_msg(!strstr(rep.message, "refused before"), "%s", rep.message);
+    touch_manifest(101);
+    ck_assert_msg(poll_once(p, &rep) == 0, "%s", rep.message);
+    ck_assert_int_eq(rec.calls, 3);
+    ck_assert_uint_eq(rec_version(), 2);
+    hkn_pull_destroy(p);
+    hk_report_clear(&rep);
+}
+END_TEST
 
 /* An origin whose ETag changes for the same manifest (a CDN, a re-upload):
  * a release the engine refused is answered with the first refusal at every
@@ -660,6 +767,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, picks_up_releases_with_304s_between);
     tcase_add_test(tc, quarantined_release_is_not_applied_again);
     tcase_add_test(tc, refused_release_not_rebuilt);
+    tcase_add_test(tc, transient_engine_error_is_retried);
+    tcase_add_test(tc, transient_engine_error_backs_off);
+    tcase_add_test(tc, unavailable_canary_and_timeout_are_not_verdicts);
     tcase_add_test(tc, truncated_artifact_changes_nothing);
     tcase_add_test(tc, oversized_artifact_changes_nothing);
     tcase_add_test(tc, server_errors_change_nothing);

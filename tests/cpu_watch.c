@@ -2120,7 +2120,7 @@ START_TEST(api_watch_swap_template) {
     ck_assert_uint_eq(wait_version("free", 2), 2);
     ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
     e = refused_for("step.ptx");
-    ck_assert_int_eq(e.error, HK_ERR_CANARY);
+    ck_assert_int_eq(e.error, HK_ERR_CANARY_UNAVAILABLE);
     ck_assert_uint_eq(hk_module_version(rt, "step"), 1);
     hk_watch_stop(wa);
     hk_watch_stop(wb);

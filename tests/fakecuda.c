@@ -42,6 +42,11 @@ struct fimage {
     int tag;
     int shared;         /* static shared bytes of every kernel ("// shared: N") */
     unsigned trap_code; /* a trap guard's first store ("[__hotkern_trap], N"); 0: none */
+    int regs;           /* registers a thread of every kernel: "// regs: N", or in a trap
+                         * guard's copy "// guarded regs: N" where it has one (ptxas
+                         * allocates the copy's anew); 0: 32 */
+    double ms;          /* GPU time of a launch: "// ms: N" (a copy: "// guarded ms: N");
+                         * 0: FAKE_LAUNCH_NS, or a FAKE_SLOW control's */
     int runs;           /* launches of its kernels */
     fctx *ctx;          /* modules */
     unsigned long long ctx_id;
@@ -106,7 +111,8 @@ static struct {
     fstream *streams;
     fcgraph *cgraphs;
     int bad_unloads;
-    int hold_sync, sync_held; /* CtxSynchronize blocks while hold_sync */
+    int hold_sync, sync_held;   /* CtxSynchronize blocks while hold_sync */
+    int hold_state, state_held; /* DevicePrimaryCtxGetState blocks while hold_state */
     int graph_launch_us;
     /* Kernel controls (fake_kernel_control): a launch of a matching kernel
      * faults, hangs or writes a wrong value. */
@@ -296,6 +302,7 @@ void fake_init(int ndev, int arch) {
     }
     F.bad_unloads = 0;
     F.hold_sync = F.sync_held = 0;
+    F.hold_state = F.state_held = 0;
     F.graph_launch_us = 0;
     atomic_store(&launch_us, -1);
     F.ndev = ndev;
@@ -479,6 +486,12 @@ static CUresult f_DevicePrimaryCtxRelease(CUdevice d) {
     return CUDA_SUCCESS;
 }
 static CUresult f_DevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    pthread_mutex_lock(&F.lock);
+    F.state_held += F.hold_state;
+    pthread_cond_broadcast(&F.cond);
+    while (F.hold_state)
+        pthread_cond_wait(&F.cond, &F.lock);
+    pthread_mutex_unlock(&F.lock);
     *flags = 0;
     *active = F.active[d];
     return CUDA_SUCCESS;
@@ -603,6 +616,14 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     im->shared = sh ? atoi(sh + 7) : 0;
     const char *tg = fmt == HK_FORMAT_PTX ? strstr(text, "[" HKP_GUARD_SYMBOL "], ") : NULL;
     im->trap_code = tg ? (unsigned)strtoul(tg + strlen("[" HKP_GUARD_SYMBOL "], "), NULL, 10) : 0;
+    const char *rg = fmt == HK_FORMAT_PTX ? strstr(text, "// regs: ") : NULL;
+    const char *grg =
+        fmt == HK_FORMAT_PTX && im->trap_code ? strstr(text, "// guarded regs: ") : NULL;
+    im->regs = grg ? atoi(grg + 17) : rg ? atoi(rg + 9) : 0;
+    const char *ms = fmt == HK_FORMAT_PTX ? strstr(text, "// ms: ") : NULL;
+    const char *gms =
+        fmt == HK_FORMAT_PTX && im->trap_code ? strstr(text, "// guarded ms: ") : NULL;
+    im->ms = gms ? atof(gms + 15) : ms ? atof(ms + 7) : 0;
     im->is_module = is_module;
     im->kerns = calloc((size_t)im->meta.nentries + 1, sizeof *im->kerns);
     im->gmem = calloc((size_t)im->meta.nglobals + 1, sizeof *im->gmem);
@@ -849,7 +870,9 @@ static CUresult run(fkern *fk, void **args) {
     int kind = kernel_control(e->name, im->tag);
     if (kind == KCTL_TRAP && im->runs++ < (int)kctl_ms)
         kind = KCTL_NONE; /* not yet */
-    F.gpu_ns += kind == KCTL_SLOW ? (uint64_t)(kctl_ms * 1e6) : FAKE_LAUNCH_NS;
+    F.gpu_ns += kind == KCTL_SLOW ? (uint64_t)(kctl_ms * 1e6)
+                : im->ms > 0      ? (uint64_t)(im->ms * 1e6)
+                                  : FAKE_LAUNCH_NS;
     if (kind == KCTL_OOB && F.memcheck_fd >= 0) {
         /* Caught by instrumentation: the kernel ends, the context with it. */
         memcheck_report(e->name);
@@ -902,9 +925,14 @@ static void spin_us(int us) {
 
 static CUresult launch_kernel(CUfunction f, CUstream s, void **args);
 
+static int max_threads(const fimage *im);
+
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **args,
                                void **extra) {
+    /* Out of resources, as the driver says before it launches anything. */
+    if ((uint64_t)bx * by * bz > (uint64_t)max_threads(((fkern *)f)->img))
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     int us = atomic_load(&launch_us);
     if (us < 0)
         return launch_kernel(f, s, args);
@@ -1093,10 +1121,25 @@ static CUresult set_attr(fkern *fk, int id, int val) {
     fk->nattr += i == fk->nattr;
     return CUDA_SUCCESS;
 }
+/* The most threads a block of an image's kernels holds: a block's registers
+ * come from 64 K a multiprocessor, per warp of 32 threads in units of 8 a
+ * thread (72 registers: 896 threads; 56: 1024), and never more than 1024. */
+static int max_threads(const fimage *im) {
+    int regs = im->regs > 0 ? (im->regs + 7) / 8 * 8 : 32;
+    int warps = 65536 / (regs * 32);
+    return warps * 32 < 1024 ? warps * 32 : 1024;
+}
+
 static CUresult get_attr(fkern *fk, int id, int *val) {
     *val = 0;
     if (id == CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
         *val = fk->img->shared;
+    if (id == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+        *val = max_threads(fk->img);
+    if (id == CU_FUNC_ATTRIBUTE_NUM_REGS)
+        *val = fk->img->regs > 0 ? fk->img->regs : 32;
+    if (id == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+        *val = 49152 - fk->img->shared; /* until set */
     for (int i = 0; i < fk->nattr; i++)
         if (fk->attr_id[i] == id)
             *val = fk->attr_val[i];
@@ -1207,6 +1250,22 @@ void fake_hold_sync(int on) {
     if (!on)
         F.sync_held = 0;
     pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_hold_ctx_state(int on) {
+    pthread_mutex_lock(&F.lock);
+    F.hold_state = on;
+    if (!on)
+        F.state_held = 0;
+    pthread_cond_broadcast(&F.cond);
+    pthread_mutex_unlock(&F.lock);
+}
+
+void fake_wait_ctx_state_held(void) {
+    pthread_mutex_lock(&F.lock);
+    while (!F.state_held)
+        pthread_cond_wait(&F.cond, &F.lock);
     pthread_mutex_unlock(&F.lock);
 }
 

@@ -75,6 +75,12 @@ int fake_tag_of(void *fn_or_kernel);
  * bytes in all) is refused with CUDA_ERROR_INVALID_VALUE. The value an
  * attribute was set to on a kernel/function (cache config: id -1), or -1. */
 int fake_kernel_attr(void *fn_or_kernel, int id);
+/* An image's "// regs: N" gives its kernels N registers a thread, and a trap
+ * guard's copy of it "// guarded regs: M" where it says so (ptxas allocates
+ * the copy's anew): cuFuncGetAttribute reads them, and the most threads a
+ * block holds follow from them as on the device (72: 896, 56: 1024); a
+ * launch of more fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. Likewise
+ * "// ms: N" and "// guarded ms: M" give a launch's GPU time (below). */
 /* Attribute ids of the last cuLaunchKernelEx (returns their count, -1 when
  * there was none since the last call). */
 int fake_last_launch_ex(int *ids, int max);
@@ -93,6 +99,10 @@ int fake_bad_unloads(void);
 /* While on, cuCtxSynchronize blocks (a persistent kernel runs). */
 void fake_hold_sync(int on);
 void fake_wait_sync_held(void); /* until a synchronise is blocked */
+/* While on, cuDevicePrimaryCtxGetState blocks (a driver call that takes
+ * seconds: the reset check's first one). */
+void fake_hold_ctx_state(int on);
+void fake_wait_ctx_state_held(void); /* until a call of it is blocked */
 
 /* Stream capture on a stream from cuStreamCreate. A call the driver forbids
  * during a global-mode capture (synchronise, unload, legacy-stream copy) from

@@ -202,6 +202,73 @@ START_TEST(canary_device_by_uuid) {
 }
 END_TEST
 
+/* The canary runs a version with trap sites as its trap guard's copy, which
+ * ptxas compiles apart from the image: tests/canary_kernels.h's heavy takes
+ * 72 registers a thread as the image and 56 as the copy. A 1024-thread test
+ * launch, which the copy passes and the image cannot make (896 threads a
+ * block at most), refuses the version, naming the limit; the same kernel
+ * bounded to 1024-thread blocks commits through the canary, and the
+ * program's own 1024-thread launch of it then runs. */
+START_TEST(image_that_cannot_launch_the_test_is_refused) {
+    hk_options o;
+    hk_options_init(&o);
+    o.cache_dir = "";
+    o.canary = 1;
+    o.canary_helper = hkt_built_program("hotkern-canary");
+    o.canary_timeout_ms = 2000;
+    o.canary_sanitizer = -1;
+    hk_runtime *r = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hk_runtime_create(&r, &o, &rep) == 0, "%s", rep.message);
+    ck_assert_msg(hk_swap(r, "heavy", HEAVY_FITS, strlen(HEAVY_FITS), NULL, &rep) == 0, "%s",
+                  rep.message);
+    hk_kernel *k;
+    ck_assert_int_eq(hk_kernel_get(r, "heavy", "heavy", &k), 0);
+    int n = N;
+    hk_test *t;
+    ck_assert_int_eq(
+        hk_test_create(&t, (hk_dim3){(unsigned)n / 1024, 1, 1}, (hk_dim3){1024, 1, 1}, 0), 0);
+    ck_assert_int_eq(hk_test_buffer(t, (size_t)n * sizeof(float), HK_FILL_IOTA_F32, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_buffer(t, (size_t)n * sizeof(float), HK_FILL_ZERO, 0, NULL), 0);
+    ck_assert_int_eq(hk_test_scalar(t, &n, sizeof n), 0);
+    /* The versions' sums agree; a tolerance in case ptxas orders them apart. */
+    ck_assert_int_eq(hk_test_compare(t, HK_COMPARE_F32, 0, 1e-5), 0);
+    ck_assert_msg(hk_kernel_add_test(k, t, &rep) == 0, "%s", rep.message);
+    hk_test_destroy(t);
+
+    int err = hk_swap(r, "heavy", HEAVY, strlen(HEAVY), NULL, &rep);
+    ck_assert_msg(err == HK_ERR_CANARY, "%s: %s", hk_strerror(err), rep.message);
+    ck_assert_msg(strstr(rep.message, "kernel 'heavy' test 1 launches blocks of 1024 threads") &&
+                      strstr(rep.message, "registers a thread, so its blocks hold at most") &&
+                      strstr(rep.message, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+                  "%s", rep.message);
+    ck_assert_str_eq(rep.cu_name, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+    ck_assert_int_eq(hk_module_version(r, "heavy"), 1);
+    printf("refused as expected: %s\n", rep.message);
+
+    ck_assert_msg(hk_swap(r, "heavy", HEAVY_FITS2, strlen(HEAVY_FITS2), NULL, &rep) == 0, "%s",
+                  rep.message);
+    ck_assert_msg(strstr(rep.canary, "1 launch passed (1 compared with version 1)") &&
+                      strstr(rep.canary, "46 trap sites guarded"),
+                  "%s", rep.canary);
+    ck_assert_int_eq(hk_module_version(r, "heavy"), 2);
+    printf("committed: %s\n", rep.canary);
+    float *in, *out;
+    CK_CUDA(cudaMalloc((void **)&in, N * sizeof(float)));
+    CK_CUDA(cudaMalloc((void **)&out, N * sizeof(float)));
+    CK_CUDA(cudaMemset(in, 0, N * sizeof(float)));
+    void *args[] = {&in, &out, &n};
+    int cu = 0;
+    ck_assert_int_eq(
+        hk_launch(k, (hk_dim3){N / 1024, 1, 1}, (hk_dim3){1024, 1, 1}, 0, NULL, args, &cu), 0);
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaFree(in));
+    CK_CUDA(cudaFree(out));
+    hk_runtime_destroy(r);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 int main(void) {
     if (!hkt_gpu_or_skip("gpu_canary"))
         return HKT_SKIP;
@@ -215,6 +282,7 @@ int main(void) {
     tcase_add_test(tc, wrong_output_refused);
     tcase_add_test(tc, good_version_commits_after_refusals);
     tcase_add_test(tc, canary_device_by_uuid);
+    tcase_add_test(tc, image_that_cannot_launch_the_test_is_refused);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

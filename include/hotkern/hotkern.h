@@ -162,10 +162,12 @@ extern "C" {
     X(HK_ERR_SUPERSEDED, -27, "a newer version was committed first") \
     /* a kernel attribute set through its handle does not fit the new version */ \
     X(HK_ERR_ATTRIBUTE, -28, "a kernel attribute does not fit the new version") \
-    /* the version failed its canary run: a test launch faulted, hung, gave other outputs than the running version, was slower than the perf guard allows, drew an error from memcheck, or (required) could not run; see report canary and canary_refusal */ \
+    /* the version failed its canary run: a test launch faulted, hung, gave other outputs than the running version, was slower than the perf guard allows, drew an error from memcheck, or a test does not fit it; see report canary and canary_refusal (a canary that could not run is HK_ERR_CANARY_UNAVAILABLE) */ \
     X(HK_ERR_CANARY, -29, "the version failed its canary run") \
     /* the image is quarantined: it was committed shortly before the CUDA context was lost (see "Last known good") */ \
-    X(HK_ERR_QUARANTINED, -30, "the image is quarantined (it ran when the context was lost)")
+    X(HK_ERR_QUARANTINED, -30, "the image is quarantined (it ran when the context was lost)") \
+    /* the canary was required (HK_CANARY_REQUIRE) and could not run: its helper could not start, died or did not answer outside a test launch, or cannot load an image; the state of this host, not a verdict on the version (canary_refusal "could_not_run") */ \
+    X(HK_ERR_CANARY_UNAVAILABLE, -31, "the canary was required and could not run")
 /* clang-format on */
 
 enum hk_error {
@@ -181,6 +183,16 @@ HK_API const char *hk_strerror(int err);
  * codes this build does not know): what the CLI's --json and the endpoint's
  * replies carry. */
 HK_API const char *hk_err_name(int err);
+
+/* 1 when err is a verdict on the version itself, which the same bytes get
+ * again wherever they are tried (a compile error, a layout that does not
+ * fit, a canary refusal, a quarantined image, a check callback's refusal);
+ * 0 for 0 and for the state of the host or the moment (busy, closing, out
+ * of memory, the driver or the device, a build that timed out, a canary
+ * that could not run, a disk or network error), after which trying the
+ * same bytes again may succeed. Release sources remember only verdicts and
+ * retry the rest. */
+HK_API int hk_err_is_verdict(int err);
 
 /* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
  * static (HK_VERSION_* above are the headers' it was built with). Builds of

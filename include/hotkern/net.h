@@ -101,7 +101,10 @@
  *   compile or validation refusal, a canary run's refusal (HK_ERR_CANARY),
  *   a rollback target that is not the
  *   previous release; 503 over a connection or memory limit, runtime busy
- *   or closing; 500 other failures.
+ *   or closing, a required canary that could not run
+ *   (HK_ERR_CANARY_UNAVAILABLE); 504 a build that timed out; 500 other
+ *   failures. Only verdicts on the release's bytes (hk_err_is_verdict) are
+ *   remembered and answered again without a build ("refused before").
  *
  *   Every route but /healthz needs a Host that names the bound address
  *   ("localhost" too on a loopback address, any address literal when bound
