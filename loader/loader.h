@@ -83,6 +83,9 @@ typedef struct hkl_job hkl_job;
 typedef struct hkl_graph hkl_graph;
 typedef struct hkl_lkg hkl_lkg;
 typedef struct hkl_expect hkl_expect;
+typedef struct hkl_attr {
+    int attr, value; /* a CUfunction_attribute and its value */
+} hkl_attr;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
@@ -168,8 +171,11 @@ struct hkl_module {
     _Atomic(hkl_version *) current; /* written under swap_lock */
     /* swap_lock: */
     uint64_t last_version;
-    uint64_t last_seq; /* submission order of the last committed job */
-    hkl_image *hist;   /* ring of kept images, newest last */
+    uint64_t last_seq;        /* submission order of the last committed job */
+    _Atomic int program_code; /* 1: a hot launch failed, its program kernels
+                               * run the program's code until the next commit
+                               * (expect.c) */
+    hkl_image *hist;          /* ring of kept images, newest last */
     int nhist;
     hk_kernel **kernels;
     int nkernels, capkernels;
@@ -190,11 +196,11 @@ struct hk_kernel {
                        * program's kernel): no version may change it */
     /* swap_lock: attributes set through the handle, applied to every new
      * version before its commit; cache_config < 0: none */
-    struct {
-        int attr, value;
-    } attrs[HKL_MAX_ATTRS];
+    hkl_attr attrs[HKL_MAX_ATTRS];
     int nattrs;
     int cache_config;
+    hkl_expect *expect; /* swap_lock: the program's kernel this handle runs
+                         * (expect.c), or NULL */
 };
 
 struct hk_pin {
@@ -700,12 +706,15 @@ void hkl_graphs_free(hk_runtime *rt);
  *   handle); hkl_expect_unadopt takes them back (roll back);
  *   hkl_expect_seed gives v the program's globals (commit, gate closed);
  *   hkl_expect_publish publishes the adopted handles (after the commit). */
-#define HKL_MAX_ADOPT 64
+typedef struct hkl_adopt_one {
+    hkl_expect *e;
+    hk_kernel *k;
+    int was_fixed;
+    int is_new; /* made by this adoption: freed by hkl_expect_unadopt */
+} hkl_adopt_one;
 typedef struct hkl_adopted {
-    int n, nnew;
-    hkl_expect *e[HKL_MAX_ADOPT];
-    hk_kernel *k[HKL_MAX_ADOPT];
-    int was_fixed[HKL_MAX_ADOPT];
+    int n, nnew, cap;
+    hkl_adopt_one *one; /* malloc'd: no bound on a module's kernels */
 } hkl_adopted;
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
                               const hkl_param_layout *layout);
@@ -719,6 +728,60 @@ void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
 void hkl_expect_free(hk_runtime *rt); /* at free */
+
+/* The launch configurations the program has used for one of its kernels:
+ * maxima, raised by the launching threads with relaxed atomics (a load and a
+ * compare per launch; a store only when a launch exceeds them), read by the
+ * launchability check before a commit (fit.c). 0: none seen. */
+typedef struct hkl_use {
+    _Atomic uint32_t threads;    /* threads per block */
+    _Atomic uint32_t smem;       /* dynamic shared memory, bytes */
+    _Atomic uint32_t cluster[3]; /* cluster dimensions a launch attribute set */
+    _Atomic uint32_t coop_blocks, coop_threads, coop_smem; /* cooperative launches */
+} hkl_use;
+
+static inline void hkl_use_max(_Atomic uint32_t *a, uint64_t v) {
+    uint32_t want = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+    uint32_t o = atomic_load_explicit(a, memory_order_relaxed);
+    while (__builtin_expect(want > o, 0) &&
+           !atomic_compare_exchange_weak_explicit(a, &o, want, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+/* A launch of block b with smem bytes of dynamic shared memory. */
+static inline void hkl_use_note(hkl_use *u, unsigned bx, unsigned by, unsigned bz, size_t smem) {
+    hkl_use_max(&u->threads, (uint64_t)bx * by * bz);
+    hkl_use_max(&u->smem, smem);
+}
+
+/* More of expect.c, for the interposition and the launchability check:
+ * - hkl_expect_use: e's configurations (valid as long as e).
+ * - hkl_expect_set_attr records attribute attr (a CUfunction_attribute; -1:
+ *   the cache config) set by the program on its kernel, for every hot version
+ *   to take at bind and at each swap, and sets it on the version that runs
+ *   now; one that does not take it sends its module back to the program's
+ *   code (as hkl_expect_fallback). Takes swap_lock (not from a check
+ *   callback: then recorded only, for the next versions).
+ * - hkl_expect_fallback: a hot launch of e's version failed with cu (what
+ *   says which launch; the program's own launch of the same call returned
+ *   prog): its module's program kernels go back to the program's code until
+ *   the module's next commit, counted, logged and emitted (HK_EVENT_FALLBACK).
+ *   Takes expect_lock and stats_lock only: called by launching threads.
+ * - hkl_expect_attrs: e's recorded attributes, copied into a handle made
+ *   for it (swap_lock held). */
+hkl_use *hkl_expect_use(hkl_expect *e);
+int hkl_expect_set_attr(hk_runtime *rt, hkl_expect *e, int attr, int value, hk_report *rep);
+void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what, int prog);
+
+/* fit.c: whether v's kernel of handle k (a program's kernel: k->expect set)
+ * can take every launch configuration the program has used for it, with the
+ * attributes applied: block size against the function's limit for its
+ * registers, dynamic shared memory against its limit, cluster dimensions,
+ * the largest cooperative grid against co-residency. 0, or HK_ERR_ATTRIBUTE
+ * with the kernel, the configuration and the limit in rep. swap_lock held,
+ * gate closed, device 0's context current. */
+int hkl_fit_check(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep);
 
 /* canary.c: the canary between build and stage. hkl_canary_start makes
  * rt->canary at create (starting the helper when options.canary is set);

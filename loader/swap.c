@@ -266,6 +266,9 @@ static int validate(swap_txn *t) {
             return err;
         if ((err = hkl_apply_attrs(rt, t->v, k, t->rep)) < 0)
             return err;
+        /* A program's kernel: every launch configuration it used fits. */
+        if (k->expect && (err = hkl_fit_check(rt, t->v, k, t->rep)) < 0)
+            return err;
     }
     if (!t->job->opt.check)
         return 0;

@@ -303,6 +303,12 @@ typedef enum hk_event_kind {
                                  * must restart; the suspect versions are
                                  * quarantined (once per runtime; module NULL,
                                  * report cu_name the error) */
+    HK_EVENT_FALLBACK = 7,      /* a launch of a program's kernel (the <<<>>>
+                                 * interposition) failed in the hot version:
+                                 * the program's own kernel ran that launch,
+                                 * and the module's program kernels run the
+                                 * program's code until its next commit
+                                 * (report: kernel, cu_name, message) */
 } hk_event_kind;
 
 /* Filled by hotkern, valid during the callback only. `size` is the sizeof
@@ -1296,6 +1302,9 @@ typedef struct hk_stats {
                                 * 0: none yet */
     double canary_last_old_ms;
     uint64_t canary_sanitizer; /* 1: test launches run under memcheck first */
+    uint64_t program_fallbacks; /* launches of a program's kernel that failed in
+                                 * the hot version and ran the program's own
+                                 * code (HK_EVENT_FALLBACK) */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)
