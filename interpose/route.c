@@ -10,19 +10,13 @@
  * version exists) and either calls hk_launch or forwards to the program's
  * runtime, untouched. No lock, no allocation. Slots are written under
  * table_lock, the entry before the key (release), so a reader that sees the
- * key sees the entry. Handles past the table go to an overflow of chained
- * buckets (attrs.c's neighbour, below), written the same way: a launch of
- * one is a chain walk, never a registration again.
- *
- * Every launch of a program's kernel raises its entry's record of the
- * configurations used (hkl_use: a relaxed load and compare per field), the
- * hot version's before the commit is checked against (loader/fit.c). A hot
- * launch that fails anyway (not with a sticky error) runs the program's own
- * kernel in the same call, with the same configuration: the program loses
- * no launch, the failure is counted and emitted, and its module goes back
- * to the program's code until its next commit (hkl_expect_fallback). The
- * program's launch is the runtime's own, so its error, if it fails too, is
- * the one cudaGetLastError reports.
+ * key sees the entry. Handles past the table go to chained overflow
+ * buckets, written the same way (node, then the bucket's head, release): a
+ * launch of one walks a short chain and never registers again.
+ * Every launch notes its block and shared memory on the kernel's entry
+ * (hkl_use: a relaxed load and compare each), which a version is checked
+ * against before its commit (loader/fit.c); a hot launch that fails anyway
+ * is run by the program's own kernel in the same call (fell_back).
  *
  * The runtime. hk_interpose_attach makes launches route through the
  * program's own runtime; without one, the first launch makes one from the
@@ -400,7 +394,10 @@ static inline int may_fall_back(int err, int cu) {
 }
 
 /* After the program's launch (prog) ran a failed hot launch: counted,
- * logged, the module sent back to the program's code. */
+ * logged and emitted, the module sent back to the program's code until its
+ * next commit (hkl_expect_fallback). The program loses no launch, and its
+ * launch is its runtime's own: if it fails too, that error is the call's and
+ * the one cudaGetLastError reports (nvcc's stub drops the return value). */
 static cudaError_t fell_back(const slot *s, hk_kernel *h, int err, int cu, const char *how, dim3 g,
                              dim3 b, size_t shm, cudaError_t prog) {
     char what[200];

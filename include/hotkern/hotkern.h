@@ -327,7 +327,7 @@ typedef struct hk_event {
 
 /* Called on the thread that performed the swap (the caller of hk_swap, the
  * worker, or the caller of hk_safe_point; RECLAIMED and CONTEXT_RESET on
- * hotkern's reclaim thread), with no hotkern lock held: it may call hotkern,
+ * hotkern's reclaim thread; FALLBACK on the launching thread), with no hotkern lock held: it may call hotkern,
  * but not hk_runtime_destroy. Calls that would wait for the thread the event
  * runs on return HK_ERR_BUSY at once: hk_wait_idle on the worker,
  * hk_reclaim_wait on the reclaim thread. */
