@@ -249,6 +249,29 @@ START_TEST(attributes_reach_every_hot_version) {
 }
 END_TEST
 
+/* A setting the running hot version cannot take sends its module back to
+ * the program's code; the next version that takes it runs again. */
+START_TEST(setting_the_hot_version_refuses_falls_back) {
+    program(fake_ptx(1, 0, 0, 0), STEP, 1);
+    ck_assert_int_eq(launch_tag(0, 256, 0), 1);
+    swap_ok("sim", with("// shared: 200000", fake_ptx(2, 0, 0, 0)));
+    ck_assert_int_eq(launch_tag(0, 256, 0), 2);
+    ck_assert_int_eq(
+        hki_func_set_attribute(&stubs[0], cudaFuncAttributeMaxDynamicSharedMemorySize, 65536),
+        cudaSuccess); /* the program's kernel took it */
+    ck_assert_int_eq(fallbacks_seen, 1);
+    ck_assert_str_eq(fallback_kernel, "step");
+    ck_assert_int_eq(launch_tag(0, 256, 65536), 1); /* the program's code, directly */
+    ck_assert_int_eq(fallbacks_seen, 1);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap("sim", with("// shared: 200000", fake_ptx(3, 0, 0, 0)), &rep),
+                     HK_ERR_ATTRIBUTE);
+    swap_ok("sim", fake_ptx(4, 0, 0, 0));
+    ck_assert_int_eq(launch_tag(0, 256, 65536), 4);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* cudaFuncGetAttributes describes the version that runs. */
 START_TEST(function_attributes_describe_the_running_version) {
     program(fake_ptx(1, 0, 0, 0), STEP, 1); /* 16 registers */
@@ -466,6 +489,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, attributes_reach_every_hot_version);
+    tcase_add_test(tc, setting_the_hot_version_refuses_falls_back);
     tcase_add_test(tc, function_attributes_describe_the_running_version);
     tcase_add_test(tc, version_that_cannot_take_the_block_size_is_refused);
     tcase_add_test(tc, failed_hot_launch_runs_the_program_kernel);

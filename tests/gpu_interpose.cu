@@ -68,6 +68,11 @@ extern "C" __global__ void heavy(const float *x, float *out, int n) {
     if (i < n) out[i] = x[i] * 0.0f + 1.0f;
 }
 
+extern "C" __global__ void regs_k(const float *x, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * 0.0f + 1.0f;
+}
+
 extern "C" __global__ void coop_k(int *out) {
     if (threadIdx.x == 0) out[blockIdx.x] = 1;
 }
@@ -348,9 +353,27 @@ static void fit_test(hk_runtime *rt) {
            cudaGetErrorName(le));
     check(ae == cudaSuccess && p1 == 1 && err == 0 && p2 == 2 && le == cudaSuccess,
           "a 64 KB dynamic shared memory kernel set up with cudaFuncSetAttribute runs its hot version");
-    struct cudaFuncAttributes fa;
-    cudaFuncGetAttributes(&fa, big_smem);
-    check(fa.maxDynamicSharedSizeBytes >= 65536, "cudaFuncGetAttributes: the hot version took the attribute");
+
+    // cudaFuncGetAttributes and the occupancy call describe the version that
+    // runs: regs_k's edit keeps 96 floats live (it fits the 32-thread blocks
+    // the program uses).
+    regs_k<<<1, 32>>>(dx, dout, 32);
+    struct cudaFuncAttributes fa0, fa1;
+    cudaFuncGetAttributes(&fa0, regs_k);
+    int nb0 = -1, nb1 = -1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb0, regs_k, 256, 0);
+    std::string regs_src = HEAVY_HOT;
+    regs_src.replace(regs_src.find("heavy"), 5, "regs_k");
+    err = fit_swap(rt, "fit_regs", regs_src.c_str(), &rep);
+    if (err) printf("  fit: regs_k swap refused: %s\n", rep.message);
+    cudaFuncGetAttributes(&fa1, regs_k);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb1, regs_k, 256, 0);
+    printf("  fit: regs_k: the program's build %d registers, %d blocks of 256 a multiprocessor; "
+           "the hot one %d registers, max %d threads, %d blocks of 256\n",
+           fa0.numRegs, nb0, fa1.numRegs, fa1.maxThreadsPerBlock, nb1);
+    check(err == 0 && fa0.numRegs < 32 && nb0 >= 4 && fa1.numRegs > 64 &&
+              fa1.maxThreadsPerBlock < 1024 && nb1 >= 1 && nb1 <= 2,
+          "cudaFuncGetAttributes and cudaOccupancyMaxActiveBlocksPerMultiprocessor answer for the hot version");
 
     // An edit that needs more registers than 1024-thread blocks allow.
     bool h1 = run_heavy(dx, dout, 1.0f);
