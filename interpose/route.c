@@ -10,9 +10,10 @@
  * version exists) and either calls hk_launch or forwards to the program's
  * runtime, untouched. No lock, no allocation. Slots are written under
  * table_lock, the entry before the key (release), so a reader that sees the
- * key sees the entry. Handles past the table go to chained overflow
- * buckets, written the same way (node, then the bucket's head, release): a
- * launch of one walks a short chain and never registers again.
+ * key sees the entry. A handle whose slots near its hash are all taken (a
+ * full table) goes to chained overflow buckets, written the same way (node,
+ * then the bucket's head, release): a launch of one probes PROBE slots and
+ * walks a short chain, and never registers again.
  * Every launch notes its block and shared memory on the kernel's entry
  * (hkl_use: a relaxed load and compare each), which a version is checked
  * against before its commit (loader/fit.c); a hot launch that fails anyway
@@ -71,6 +72,7 @@ const hki_real *hki_real_get(void) {
 
 #define SLOTS 16384 /* a power of two */
 
+#define PROBE    32   /* slots a key may take from its hash on */
 #define OVERFLOW 1024 /* buckets past the table, a power of two */
 
 typedef struct slot {
@@ -82,7 +84,6 @@ typedef struct slot {
 
 static slot table[SLOTS];
 static _Atomic(slot *) overflow[OVERFLOW]; /* chains; nodes never freed */
-static _Atomic int table_full;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int nregistered;
 
@@ -101,9 +102,13 @@ static const slot *find_overflow(const void *key) {
     return NULL;
 }
 
+/* A key takes the first free slot of the PROBE from its hash, or goes to
+ * the overflow when they are all taken: slots are never freed, so a free
+ * one among them says the key is in neither, and a lookup costs at most
+ * PROBE loads before the overflow's short chain. */
 static inline const slot *find(const void *key) {
     size_t h = hash_ptr(key);
-    for (size_t i = 0; i < SLOTS; i++) {
+    for (size_t i = 0; i < PROBE; i++) {
         const slot *s = &table[(h + i) & (SLOTS - 1)];
         const void *k = atomic_load_explicit(&s->key, memory_order_acquire);
         if (k == key)
@@ -111,29 +116,29 @@ static inline const slot *find(const void *key) {
         if (!k)
             return NULL;
     }
-    return find_overflow(key); /* the table is full */
+    return find_overflow(key);
 }
 
 /* The slot of key, made if new; NULL: no memory for an overflow node. */
 static const slot *insert(const void *key, hkl_expect *e) {
     pthread_mutex_lock(&table_lock);
     slot *s = (slot *)find(key);
-    if (!s && !atomic_load_explicit(&table_full, memory_order_relaxed)) {
+    if (!s) {
         size_t h = hash_ptr(key);
-        for (size_t i = 0; i < SLOTS && !s; i++) {
+        for (size_t i = 0; i < PROBE && !s; i++) {
             slot *t = &table[(h + i) & (SLOTS - 1)];
             if (!atomic_load_explicit(&t->key, memory_order_relaxed))
                 s = t;
         }
-        if (!s)
-            atomic_store_explicit(&table_full, 1, memory_order_relaxed);
-        else {
+        if (s) {
             atomic_store_explicit(&s->e, e, memory_order_relaxed);
             s->use = e ? hkl_expect_use(e) : NULL;
             atomic_store_explicit(&s->key, key, memory_order_release);
+            pthread_mutex_unlock(&table_lock);
+            return s;
         }
     }
-    if (!s && (s = calloc(1, sizeof *s)) != NULL) {
+    if (!s && (s = calloc(1, sizeof *s)) != NULL) { /* its slots are all taken */
         size_t h = hash_ptr(key) & (OVERFLOW - 1);
         atomic_init(&s->key, key);
         atomic_init(&s->e, e);

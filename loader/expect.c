@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/gate.h"
 #include "loader/loader.h"
 
 struct hkl_expect {
@@ -560,7 +561,7 @@ int hkl_expect_set_attr(hk_runtime *rt, hkl_expect *e, int attr, int value, hk_r
         char what[300];
         snprintf(what, sizeof what, "setting the program's attribute: %.250s",
                  rep && rep->message[0] ? rep->message : hk_strerror(err));
-        hkl_expect_fallback(rt, e, rep ? rep->cu_result : 0, what, 0);
+        hkl_expect_fallback(rt, e, rep ? rep->cu_result : 0, what, -1);
     }
     return err;
 }
@@ -581,8 +582,14 @@ void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what
     pthread_mutex_lock(&rt->stats_lock);
     rt->stats.program_fallbacks++;
     pthread_mutex_unlock(&rt->stats_lock);
-    hkl_version *v = m ? atomic_load(&m->current) : NULL;
-    uint64_t number = v ? v->number : 0;
+    /* In an epoch: a swap may retire the version meanwhile. */
+    uint64_t number = 0;
+    hkl_tslot *ts = m ? hkl_enter(rt) : NULL;
+    if (ts) {
+        hkl_version *v = atomic_load(&m->current);
+        number = v ? v->number : 0;
+        hkl_exit(ts);
+    }
     hk_report r = HK_REPORT_INIT;
     snprintf(r.kernel, sizeof r.kernel, "%s", e->name);
     if (m)
@@ -591,12 +598,15 @@ void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what
     r.cu_result = cu;
     if (cu)
         snprintf(r.cu_name, sizeof r.cu_name, "%s", hkb_cu_name(rt->drv, (CUresult)cu));
-    char prog_text[64];
-    snprintf(prog_text, sizeof prog_text, prog ? "it failed too, error %d" : "it succeeded", prog);
+    char prog_text[80];
+    snprintf(prog_text, sizeof prog_text,
+             prog < 0    ? "the program's own kernel runs its launches"
+             : prog == 0 ? "the program's own kernel ran the launch"
+                         : "the program's own kernel ran the launch and failed too, error %d",
+             prog);
     hku_fail(&r, HK_ERR_CUDA,
-             "the program's kernel '%s' failed in module '%s' v%llu (%s%s%s): the program's "
-             "own kernel ran the launch (%s); the module's %d program kernel(s) run the "
-             "program's code until its next commit",
+             "the program's kernel '%s' failed in module '%s' v%llu (%s%s%s): %s; the module's "
+             "%d program kernel(s) run the program's code until its next commit",
              e->name, m ? m->name : "?", (unsigned long long)number, what, cu ? ": " : "",
              cu ? r.cu_name : "", prog_text, n);
     hkl_emit(rt, HK_EVENT_FALLBACK, m ? m->name : NULL, number, 0, "launch", &r);

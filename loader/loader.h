@@ -765,7 +765,7 @@ static inline void hkl_use_note(hkl_use *u, unsigned bx, unsigned by, unsigned b
  *   callback: then recorded only, for the next versions).
  * - hkl_expect_fallback: a hot launch of e's version failed with cu (what
  *   says which launch; the program's own launch of the same call returned
- *   prog): its module's program kernels go back to the program's code until
+ *   prog, -1: not a launch but a setting the version refused): its module's program kernels go back to the program's code until
  *   the module's next commit, counted, logged and emitted (HK_EVENT_FALLBACK).
  *   Takes expect_lock and stats_lock only: called by launching threads.
  * - hkl_expect_attrs: e's recorded attributes, copied into a handle made
