@@ -27,6 +27,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
+#include "loader/fit.h"
 #include "loader/loader.h"
 
 _Static_assert((int)cudaFuncAttributeMaxDynamicSharedMemorySize ==

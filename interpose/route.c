@@ -52,6 +52,7 @@
 #include "hotkern/interpose.h"
 #include "hotkern/net.h"
 #include "interpose/interpose.h"
+#include "loader/fit.h"
 #include "loader/loader.h"
 
 static hki_real R;

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/fit.h"
 #include "loader/gate.h"
 #include "loader/loader.h"
 

@@ -24,7 +24,7 @@
  */
 #include <stdio.h>
 
-#include "loader/loader.h"
+#include "loader/fit.h"
 
 /* Shared memory every function gets without opting in. */
 #define SMEM_DEFAULT 49152
@@ -53,17 +53,101 @@ static int driver_failed(hk_runtime *rt, hk_report *rep, const hk_kernel *k, CUr
     return hkl_report_cu(rep, rt, r, what);
 }
 
+/* A snapshot of the program's configurations for one kernel. */
+typedef struct fit_use {
+    uint32_t threads, smem, cl[3], cblocks, cthreads, csmem;
+} fit_use;
+
+static uint32_t ld(_Atomic uint32_t *a) {
+    return atomic_load_explicit(a, memory_order_relaxed);
+}
+
+/* Dynamic shared memory: beside the static, within the function's limit
+ * (what the program's attribute raised) and the device's. */
+static int fit_shared(hkl_version *v, const hk_kernel *k, const fit_use *u, int stat, int maxdyn,
+                      int optin, hk_report *rep) {
+    uint32_t cs = u->cblocks && u->csmem > u->smem ? u->csmem : u->smem;
+    char use[160], limit[200];
+    snprintf(use, sizeof use, "the program launches it with %u bytes of dynamic shared memory", cs);
+    if (cs && (uint64_t)stat + cs > SMEM_DEFAULT && cs > (uint32_t)maxdyn) {
+        snprintf(limit, sizeof limit,
+                 "this version takes at most %d beside its %d bytes of static shared memory "
+                 "(with the program's attributes applied)",
+                 maxdyn, stat);
+        return refuse(rep, k, v, use, limit);
+    }
+    if (cs && optin > 0 && (uint64_t)stat + cs > (uint64_t)optin) {
+        snprintf(limit, sizeof limit,
+                 "with its %d bytes of static shared memory that passes the device's %d bytes",
+                 stat, optin);
+        return refuse(rep, k, v, use, limit);
+    }
+    return 0;
+}
+
+/* One cluster of the largest dimensions a launch asked for must fit. */
+static int fit_cluster(hk_runtime *rt, hkl_version *v, const hk_kernel *k, CUfunction f,
+                       const fit_use *u, hk_report *rep) {
+    CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
+    at.value.clusterDim.x = u->cl[0];
+    at.value.clusterDim.y = u->cl[1] ? u->cl[1] : 1;
+    at.value.clusterDim.z = u->cl[2] ? u->cl[2] : 1;
+    CUlaunchConfig c = {.gridDimX = at.value.clusterDim.x,
+                        .gridDimY = at.value.clusterDim.y,
+                        .gridDimZ = at.value.clusterDim.z,
+                        .blockDimX = u->threads ? u->threads : 1,
+                        .blockDimY = 1,
+                        .blockDimZ = 1,
+                        .sharedMemBytes = u->smem,
+                        .attrs = &at,
+                        .numAttrs = 1};
+    int n = 0;
+    CUresult r = rt->drv->OccupancyMaxActiveClusters(&n, f, &c);
+    if (r == CUDA_SUCCESS && n >= 1)
+        return 0;
+    char use[200], limit[200];
+    snprintf(use, sizeof use,
+             "the program launches it in clusters of %ux%ux%u blocks of up to %u threads and %u "
+             "bytes of dynamic shared memory",
+             at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z, u->threads,
+             u->smem);
+    snprintf(limit, sizeof limit, "no such cluster of this version fits a GPU (%s)",
+             r != CUDA_SUCCESS ? hkb_cu_name(rt->drv, r) : "0 active clusters");
+    return refuse(rep, k, v, use, limit);
+}
+
+/* The largest cooperative grid must be co-resident. */
+static int fit_coop(hk_runtime *rt, hkl_version *v, const hk_kernel *k, CUfunction f,
+                    const fit_use *u, int regs, hk_report *rep) {
+    int per_sm = 0, sms = 0;
+    CUresult r = rt->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, f, (int)(u->cthreads ? u->cthreads : 1), u->csmem);
+    if (r == CUDA_SUCCESS)
+        r = rt->drv->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                        rt->dev[0].dev);
+    if (r != CUDA_SUCCESS)
+        return driver_failed(rt, rep, k, r, "reading a program kernel's occupancy");
+    if ((uint64_t)per_sm * (uint64_t)sms >= u->cblocks)
+        return 0;
+    char use[160], limit[200];
+    snprintf(use, sizeof use, "the program launches it cooperatively with %u blocks of %u threads",
+             u->cblocks, u->cthreads);
+    snprintf(limit, sizeof limit,
+             "at most %d blocks of this version are co-resident (%d a multiprocessor, %d "
+             "multiprocessors, %d registers a thread)",
+             per_sm * sms, per_sm, sms, regs);
+    return refuse(rep, k, v, use, limit);
+}
+
 int hkl_fit_check(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report *rep) {
-    hkl_use *u = hkl_expect_use(k->expect);
-    uint32_t threads = atomic_load_explicit(&u->threads, memory_order_relaxed);
-    uint32_t smem = atomic_load_explicit(&u->smem, memory_order_relaxed);
-    uint32_t cl[3] = {atomic_load_explicit(&u->cluster[0], memory_order_relaxed),
-                      atomic_load_explicit(&u->cluster[1], memory_order_relaxed),
-                      atomic_load_explicit(&u->cluster[2], memory_order_relaxed)};
-    uint32_t cblocks = atomic_load_explicit(&u->coop_blocks, memory_order_relaxed);
-    uint32_t cthreads = atomic_load_explicit(&u->coop_threads, memory_order_relaxed);
-    uint32_t csmem = atomic_load_explicit(&u->coop_smem, memory_order_relaxed);
-    if (!threads && !smem && !cl[0] && !cblocks)
+    hkl_use *p = hkl_expect_use(k->expect);
+    fit_use u = {ld(&p->threads),
+                 ld(&p->smem),
+                 {ld(&p->cluster[0]), ld(&p->cluster[1]), ld(&p->cluster[2])},
+                 ld(&p->coop_blocks),
+                 ld(&p->coop_threads),
+                 ld(&p->coop_smem)};
+    if (!u.threads && !u.smem && !u.cl[0] && !u.cblocks)
         return 0; /* never launched yet */
     int maxthr = 0, regs = 0, stat = 0, maxdyn = 0, optin = 0;
     CUresult r = fattr(rt, v, k->slot, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &maxthr);
@@ -78,81 +162,22 @@ int hkl_fit_check(hk_runtime *rt, hkl_version *v, const hk_kernel *k, hk_report 
             &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, rt->dev[0].dev);
     if (r != CUDA_SUCCESS)
         return driver_failed(rt, rep, k, r, "reading a program kernel's limits");
-    char use[160], limit[200];
-    if (threads > (uint32_t)maxthr) {
-        snprintf(use, sizeof use, "the program launches it with blocks of %u threads", threads);
+    uint32_t most = u.cthreads > u.threads ? u.cthreads : u.threads;
+    if (most > (uint32_t)maxthr) {
+        char use[160], limit[200];
+        snprintf(use, sizeof use, "the program launches it with blocks of %u threads", most);
         snprintf(limit, sizeof limit,
                  "this version takes at most %d threads a block (%d registers a thread)", maxthr,
                  regs);
         return refuse(rep, k, v, use, limit);
     }
-    uint32_t cs = cblocks && csmem > smem ? csmem : smem;
-    if (cs && ((uint64_t)stat + cs > SMEM_DEFAULT && cs > (uint32_t)maxdyn)) {
-        snprintf(use, sizeof use, "the program launches it with %u bytes of dynamic shared memory",
-                 cs);
-        snprintf(limit, sizeof limit,
-                 "this version takes at most %d beside its %d bytes of static shared memory "
-                 "(with the program's attributes applied)",
-                 maxdyn, stat);
-        return refuse(rep, k, v, use, limit);
-    }
-    if (cs && optin > 0 && (uint64_t)stat + cs > (uint64_t)optin) {
-        snprintf(use, sizeof use, "the program launches it with %u bytes of dynamic shared memory",
-                 cs);
-        snprintf(limit, sizeof limit,
-                 "with its %d bytes of static shared memory that passes the device's %d bytes",
-                 stat, optin);
-        return refuse(rep, k, v, use, limit);
-    }
+    int err = fit_shared(v, k, &u, stat, maxdyn, optin, rep);
+    if (err < 0 || (!u.cl[0] && !u.cblocks))
+        return err;
     CUfunction f = NULL;
-    if ((cl[0] || cblocks) && (r = hkl_function_of(rt, v, k->slot, &f)) != CUDA_SUCCESS)
+    if ((r = hkl_function_of(rt, v, k->slot, &f)) != CUDA_SUCCESS)
         return driver_failed(rt, rep, k, r, "finding a program kernel's function");
-    if (cl[0]) {
-        CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
-        at.value.clusterDim.x = cl[0];
-        at.value.clusterDim.y = cl[1] ? cl[1] : 1;
-        at.value.clusterDim.z = cl[2] ? cl[2] : 1;
-        CUlaunchConfig c = {.gridDimX = at.value.clusterDim.x,
-                            .gridDimY = at.value.clusterDim.y,
-                            .gridDimZ = at.value.clusterDim.z,
-                            .blockDimX = threads ? threads : 1,
-                            .blockDimY = 1,
-                            .blockDimZ = 1,
-                            .sharedMemBytes = smem,
-                            .attrs = &at,
-                            .numAttrs = 1};
-        int n = 0;
-        r = rt->drv->OccupancyMaxActiveClusters(&n, f, &c);
-        if (r != CUDA_SUCCESS || n < 1) {
-            snprintf(use, sizeof use,
-                     "the program launches it in clusters of %ux%ux%u blocks of up to %u threads "
-                     "and %u bytes of dynamic shared memory",
-                     at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z, threads,
-                     smem);
-            snprintf(limit, sizeof limit, "no such cluster of this version fits a GPU (%s)",
-                     r != CUDA_SUCCESS ? hkb_cu_name(rt->drv, r) : "0 active clusters");
-            return refuse(rep, k, v, use, limit);
-        }
-    }
-    if (cblocks) {
-        int per_sm = 0, sms = 0;
-        r = rt->drv->OccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, f, (int)(cthreads ? cthreads : 1), csmem);
-        if (r == CUDA_SUCCESS)
-            r = rt->drv->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                                            rt->dev[0].dev);
-        if (r != CUDA_SUCCESS)
-            return driver_failed(rt, rep, k, r, "reading a program kernel's occupancy");
-        if ((uint64_t)per_sm * (uint64_t)sms < cblocks) {
-            snprintf(use, sizeof use,
-                     "the program launches it cooperatively with %u blocks of %u threads", cblocks,
-                     cthreads);
-            snprintf(limit, sizeof limit,
-                     "at most %d blocks of this version are co-resident (%d a multiprocessor, %d "
-                     "multiprocessors, %d registers a thread)",
-                     per_sm * sms, per_sm, sms, regs);
-            return refuse(rep, k, v, use, limit);
-        }
-    }
-    return 0;
+    if (u.cl[0] && (err = fit_cluster(rt, v, k, f, &u, rep)) < 0)
+        return err;
+    return u.cblocks ? fit_coop(rt, v, k, f, &u, regs, rep) : 0;
 }

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "loader/abi.h"
+#include "loader/fit.h"
 #include "loader/loader.h"
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {

@@ -327,10 +327,10 @@ typedef struct hk_event {
 
 /* Called on the thread that performed the swap (the caller of hk_swap, the
  * worker, or the caller of hk_safe_point; RECLAIMED and CONTEXT_RESET on
- * hotkern's reclaim thread; FALLBACK on the launching thread), with no hotkern lock held: it may call hotkern,
- * but not hk_runtime_destroy. Calls that would wait for the thread the event
- * runs on return HK_ERR_BUSY at once: hk_wait_idle on the worker,
- * hk_reclaim_wait on the reclaim thread. */
+ * hotkern's reclaim thread; FALLBACK on the launching thread), with no
+ * hotkern lock held: it may call hotkern, but not hk_runtime_destroy. Calls
+ * that would wait for the thread the event runs on return HK_ERR_BUSY at
+ * once: hk_wait_idle on the worker, hk_reclaim_wait on the reclaim thread. */
 typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 
 /* Events on the program's own thread (as libmpv's mpv_wait_event): instead
@@ -1301,7 +1301,7 @@ typedef struct hk_stats {
                                 * hk_report.canary_new_ms and canary_old_ms;
                                 * 0: none yet */
     double canary_last_old_ms;
-    uint64_t canary_sanitizer; /* 1: test launches run under memcheck first */
+    uint64_t canary_sanitizer;  /* 1: test launches run under memcheck first */
     uint64_t program_fallbacks; /* launches of a program's kernel that failed in
                                  * the hot version and ran the program's own
                                  * code (HK_EVENT_FALLBACK) */
