@@ -15,10 +15,13 @@
  * than the table holds. None of this is GPU evidence (tests/gpu_interpose.cu
  * is).
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
@@ -344,6 +347,58 @@ START_TEST(failed_hot_launch_runs_the_program_kernel) {
 }
 END_TEST
 
+/* A fallback and the next commit while other threads launch both kernels:
+ * every launch of theirs runs, from the program's code or a committed
+ * version. */
+static atomic_int stop, bad_launches, done;
+
+static void *launcher(void *arg) {
+    fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0));
+    int i = (int)(intptr_t)arg;
+    while (!atomic_load(&stop)) {
+        int tag;
+        cudaError_t r = launch_cfg(i % 2, 32, 0, &tag);
+        if (r != cudaSuccess || (tag != 1 && tag != 2 && tag != 4))
+            atomic_fetch_add(&bad_launches, 1);
+        atomic_fetch_add(&done, 1);
+    }
+    return NULL;
+}
+
+static void wait_launches(int n) {
+    int until = atomic_load(&done) + n;
+    while (atomic_load(&done) < until)
+        usleep(100);
+}
+
+START_TEST(fallback_while_other_threads_launch) {
+    program(fake_ptx(1, 1, 0, 0), STEP_AUX, 2);
+    launch_tag(0, 32, 0);
+    launch_tag(1, 32, 0);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, launcher, (void *)(intptr_t)i), 0);
+    wait_launches(200);
+    swap_ok("sim", with("// regs: 72", fake_ptx(2, 1, 0, 0)));
+    wait_launches(200);
+    ck_assert_int_eq(launch_tag(0, 1024, 0), 1); /* falls back */
+    wait_launches(200);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(swap("sim", with("// regs: 72", fake_ptx(3, 1, 0, 0)), &rep),
+                     HK_ERR_ATTRIBUTE);
+    swap_ok("sim", fake_ptx(4, 1, 0, 0));
+    wait_launches(200);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(atomic_load(&bad_launches), 0);
+    ck_assert_int_eq(fallbacks_seen, 1);
+    ck_assert_int_eq(launch_tag(0, 1024, 0), 4);
+    ck_assert_int_eq(launch_tag(1, 32, 0), 4);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* When the program's own launch fails too, its error is the call's. */
 START_TEST(fallback_that_fails_returns_the_program_error) {
     program(fake_ptx(1, 0, 0, 0), STEP, 1);
@@ -493,6 +548,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, function_attributes_describe_the_running_version);
     tcase_add_test(tc, version_that_cannot_take_the_block_size_is_refused);
     tcase_add_test(tc, failed_hot_launch_runs_the_program_kernel);
+    tcase_add_test(tc, fallback_while_other_threads_launch);
     tcase_add_test(tc, fallback_that_fails_returns_the_program_error);
     tcase_add_test(tc, cooperative_launches_route_like_chevrons);
     tcase_add_test(tc, module_of_100_program_kernels);
