@@ -33,7 +33,7 @@ static hk_runtime *rt;
 
 /* ---- the program's runtime, faked ---------------------------------------- */
 
-static int real_launches, real_coop;
+static atomic_int real_launches, real_coop;
 
 /* Function pointers stand for kernels: stubs[i] is kernel_of[i]; every
  * address inside many[] stands for kernel_of[0]. */
