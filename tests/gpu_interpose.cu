@@ -68,6 +68,11 @@ extern "C" __global__ void heavy(const float *x, float *out, int n) {
     if (i < n) out[i] = x[i] * 0.0f + 1.0f;
 }
 
+extern "C" __global__ void heavy2(const float *x, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * 0.0f + 1.0f;
+}
+
 extern "C" __global__ void regs_k(const float *x, float *out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[i] * 0.0f + 1.0f;
@@ -318,6 +323,25 @@ static bool run_heavy(const float *dx, float *dout, float want) {
     return true;
 }
 
+// Every out[i] of heavy2<<<1, threads>>> equal to want, and no error.
+static bool run_heavy2(const float *dx, float *dout, unsigned threads, float want) {
+    cudaMemset(dout, 0, 1024 * sizeof(float));
+    heavy2<<<1, threads>>>(dx, dout, (int)threads);
+    cudaError_t e = cudaGetLastError();
+    std::vector<float> h(threads);
+    cudaMemcpy(h.data(), dout, threads * sizeof(float), cudaMemcpyDeviceToHost);
+    for (float v : h)
+        if (v != want) return false;
+    return e == cudaSuccess;
+}
+
+static uint64_t fallbacks(hk_runtime *rt) {
+    hk_stats st;
+    hk_stats_init(&st);
+    hk_stats_get(rt, &st);
+    return st.program_fallbacks;
+}
+
 static int run_coop(int *d, bool chevrons) {
     cudaMemset(d, 0, 4 * sizeof(int));
     cudaError_t e = cudaSuccess;
@@ -395,11 +419,33 @@ static void fit_test(hk_runtime *rt) {
     printf("  fit: cooperative: program %d, hot %d, <<<>>> %d (swap %d)\n", c1, c2, c3, err);
     check(c1 == 1 && err == 0 && c2 == 2 && c3 == 2,
           "cudaLaunchCooperativeKernel runs the hot version, as <<<>>> of the same kernel does");
-    hk_stats st;
-    hk_stats_init(&st);
-    hk_stats_get(rt, &st);
-    printf("  fit: %llu program fallbacks\n", (unsigned long long)st.program_fallbacks);
-    check(st.program_fallbacks == 0, "no launch of these fell back to the program's code");
+    uint64_t f0 = fallbacks(rt);
+    printf("  fit: %llu program fallbacks\n", (unsigned long long)f0);
+    check(f0 == 0, "no launch of these fell back to the program's code");
+
+    // A hot version that fits what the program launched so far (256-thread
+    // blocks), then a first 1024-thread launch it cannot take: the program's
+    // own kernel runs it, and the module stays on the program's code until
+    // its next commit.
+    std::string hot2 = HEAVY_HOT, light2 = HEAVY_LIGHT;
+    hot2.replace(hot2.find("heavy"), 5, "heavy2");
+    light2.replace(light2.find("heavy"), 5, "heavy2");
+    bool b1 = run_heavy2(dx, dout, 256, 1.0f);
+    err = fit_swap(rt, "fit_fallback", hot2.c_str(), &rep);
+    if (err) printf("  fit: heavy2 swap refused: %s\n", rep.message);
+    bool b2 = run_heavy2(dx, dout, 256, 2.0f);
+    bool b3 = run_heavy2(dx, dout, 1024, 1.0f);
+    uint64_t f1 = fallbacks(rt);
+    bool b4 = run_heavy2(dx, dout, 256, 1.0f);
+    int err2 = fit_swap(rt, "fit_fallback", light2.c_str(), &rep);
+    bool b5 = run_heavy2(dx, dout, 1024, 3.0f);
+    printf("  fit: fallback: program %d, hot at 256 %d, 1024 by the program %d (%llu fallbacks), "
+           "256 after it %d, next commit %d at 1024 %d\n",
+           b1, b2, b3, (unsigned long long)f1, b4, err2, b5);
+    check(b1 && err == 0 && b2 && b3 && f1 == 1,
+          "a hot launch that fails (1024 threads, 128 registers) runs the program's kernel, counted");
+    check(b4 && err2 == 0 && b5,
+          "the module runs the program's code until its next commit, which takes 1024 threads");
     hk_report_clear(&rep);
     cudaFree(d);
     cudaFree(dx);
