@@ -470,7 +470,7 @@ static char *many_ptx(int tag, int odd_last) {
 }
 
 static const char *const *k_names(void) {
-    static char names[NK][8];
+    static char names[NK][16];
     static const char *v[NK];
     for (int i = 0; i < NK; i++) {
         snprintf(names[i], sizeof names[i], "k%d", i);
