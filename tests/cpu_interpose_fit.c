@@ -117,6 +117,19 @@ static cudaError_t f_get_attrs(struct cudaFuncAttributes *p, const void *f) {
     return cudaSuccess;
 }
 
+static cudaError_t f_kernel_set_attr(cudaKernel_t k, enum cudaFuncAttribute at, int v, int dev) {
+    return (cudaError_t)fake_driver()->KernelSetAttribute((CUfunction_attribute)at, v, (CUkernel)k,
+                                                          dev);
+}
+
+static cudaError_t f_occupancy(int *n, const void *f, int block, size_t smem) {
+    cudaKernel_t k;
+    if (f_get_kernel(&k, f) != cudaSuccess)
+        return cudaErrorInvalidDeviceFunction;
+    return (cudaError_t)fake_driver()->OccupancyMaxActiveBlocksPerMultiprocessor(n, (CUfunction)k,
+                                                                                 block, smem);
+}
+
 static const hki_real fake_real = {
     .klaunch = f_klaunch,
     .klaunch_ptsz = f_klaunch,
@@ -127,6 +140,8 @@ static const hki_real fake_real = {
     .func_set_attribute = f_set_attr,
     .func_set_cache_config = f_set_cache,
     .func_get_attributes = f_get_attrs,
+    .kernel_set_attribute = f_kernel_set_attr,
+    .occupancy = f_occupancy,
     .get_kernel = f_get_kernel,
 };
 
@@ -275,17 +290,41 @@ START_TEST(setting_the_hot_version_refuses_falls_back) {
 }
 END_TEST
 
-/* cudaFuncGetAttributes describes the version that runs. */
+/* cudaKernelSetAttributeForDevice (device 0) reaches hot versions too. */
+START_TEST(kernel_attributes_for_the_device_follow) {
+    program(fake_ptx(1, 0, 0, 0), STEP, 1);
+    ck_assert_int_eq(hki_kernel_set_attribute(
+                         kernel_of[0], cudaFuncAttributeMaxDynamicSharedMemorySize, 65536, 0),
+                     cudaSuccess);
+    int tag;
+    ck_assert_int_eq(launch_cfg(0, 64, 65536, &tag), cudaSuccess);
+    ck_assert_int_eq(tag, 1);
+    swap_ok("sim", fake_ptx(2, 0, 0, 0));
+    ck_assert_int_eq(launch_cfg(0, 64, 65536, &tag), cudaSuccess);
+    ck_assert_int_eq(tag, 2);
+    ck_assert_int_eq(fallbacks_seen, 0);
+}
+END_TEST
+
+/* cudaFuncGetAttributes and the occupancy call describe the version that
+ * runs. */
 START_TEST(function_attributes_describe_the_running_version) {
     program(fake_ptx(1, 0, 0, 0), STEP, 1); /* 16 registers */
     struct cudaFuncAttributes a;
     ck_assert_int_eq(hki_func_get_attributes(&a, &stubs[0]), cudaSuccess);
     ck_assert_int_eq(a.numRegs, 16);
+    int n0 = 0;
+    ck_assert_int_eq(hki_occupancy(&n0, &stubs[0], 1024, 0), cudaSuccess);
+    ck_assert_int_eq(n0, 2);
     launch_tag(0, 32, 0);
     swap_ok("sim", with("// regs: 40", fake_ptx(2, 0, 0, 0)));
     ck_assert_int_eq(hki_func_get_attributes(&a, &stubs[0]), cudaSuccess);
     ck_assert_int_eq(a.numRegs, 40);
     ck_assert_int_eq(a.maxThreadsPerBlock, 1024);
+    /* 1024 threads: 2 blocks a multiprocessor at 16 registers, 1 at 40. */
+    int n = 0;
+    ck_assert_int_eq(hki_occupancy(&n, &stubs[0], 1024, 0), cudaSuccess);
+    ck_assert_int_eq(n, 1);
 }
 END_TEST
 
@@ -545,6 +584,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, attributes_reach_every_hot_version);
     tcase_add_test(tc, setting_the_hot_version_refuses_falls_back);
+    tcase_add_test(tc, kernel_attributes_for_the_device_follow);
     tcase_add_test(tc, function_attributes_describe_the_running_version);
     tcase_add_test(tc, version_that_cannot_take_the_block_size_is_refused);
     tcase_add_test(tc, failed_hot_launch_runs_the_program_kernel);
