@@ -147,6 +147,7 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
 # such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+ICORE_OBJ += $(BUILD)/obj/interpose/attrs.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -154,6 +155,11 @@ WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLau
              cudaMemcpyToSymbol_ptds cudaMemcpyToSymbolAsync cudaMemcpyToSymbolAsync_ptsz \
              cudaMemcpyFromSymbol cudaMemcpyFromSymbol_ptds cudaMemcpyFromSymbolAsync \
              cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
+# Per-function settings, cooperative launches, the queries of a kernel's fit.
+WRAP_SYMS += cudaLaunchCooperativeKernel cudaLaunchCooperativeKernel_ptsz cudaFuncSetAttribute \
+             cudaFuncSetCacheConfig cudaKernelSetAttributeForDevice cudaFuncGetAttributes \
+             cudaOccupancyMaxActiveBlocksPerMultiprocessor \
+             cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
@@ -436,6 +442,8 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
+$(BUILD)/tests/cpu_interpose_fit: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_interpose_fit: TEST_LDFLAGS := -lstdc++
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).

@@ -77,7 +77,9 @@
     X(FuncSetAttribute, cuFuncSetAttribute)                                                        \
     X(FuncGetAttribute, cuFuncGetAttribute)                                                        \
     X(FuncSetCacheConfig, cuFuncSetCacheConfig)                                                    \
-    X(LaunchKernelEx, cuLaunchKernelEx)
+    X(LaunchKernelEx, cuLaunchKernelEx)                                                            \
+    X(OccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor)      \
+    X(OccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters)
 
 /* Entry points neither the engine nor its canary helper calls, for the
  * benchmarks and the test harness that share the table, and for the <<<>>>

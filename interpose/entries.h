@@ -47,7 +47,31 @@
     X(from_symbol_async_ptsz, cudaMemcpyFromSymbolAsync_ptsz,                                      \
       (void *dst, const void *y, size_t n, size_t off, enum cudaMemcpyKind kind, cudaStream_t s),  \
       hki_from_symbol(1, 1, dst, y, n, off, kind, s))                                              \
-    X(symbol_address, cudaGetSymbolAddress, (void **p, const void *y), hki_symbol_address(p, y))
+    X(symbol_address, cudaGetSymbolAddress, (void **p, const void *y), hki_symbol_address(p, y))   \
+    HKI_ENTRIES_FIT(X)
+
+/* Per-function settings, cooperative launches and what describes a kernel's
+ * fit (attrs.c, route.c): the settings are recorded for every hot version,
+ * the queries answer for the version that runs. */
+#define HKI_ENTRIES_FIT(X)                                                                         \
+    X(coop_launch, cudaLaunchCooperativeKernel, (HKI_LAUNCH_ARGS(const void *, f)),                \
+      hki_coop_launch(0, f, g, b, a, sh, s))                                                       \
+    X(coop_launch_ptsz, cudaLaunchCooperativeKernel_ptsz, (HKI_LAUNCH_ARGS(const void *, f)),      \
+      hki_coop_launch(1, f, g, b, a, sh, s))                                                       \
+    X(func_set_attribute, cudaFuncSetAttribute, (const void *f, enum cudaFuncAttribute at, int v), \
+      hki_func_set_attribute(f, at, v))                                                            \
+    X(func_set_cache_config, cudaFuncSetCacheConfig, (const void *f, enum cudaFuncCache c),        \
+      hki_func_set_cache_config(f, c))                                                             \
+    X(kernel_set_attribute, cudaKernelSetAttributeForDevice,                                       \
+      (cudaKernel_t k, enum cudaFuncAttribute at, int v, int dev),                                 \
+      hki_kernel_set_attribute(k, at, v, dev))                                                     \
+    X(func_get_attributes, cudaFuncGetAttributes, (struct cudaFuncAttributes * p, const void *f),  \
+      hki_func_get_attributes(p, f))                                                               \
+    X(occupancy, cudaOccupancyMaxActiveBlocksPerMultiprocessor,                                    \
+      (int *n, const void *f, int bs, size_t sm), hki_occupancy(n, f, bs, sm))                     \
+    X(occupancy_flags, cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,                     \
+      (int *n, const void *f, int bs, size_t sm, unsigned fl),                                     \
+      hki_occupancy_flags(n, f, bs, sm, fl))
 
 /* __cudaRegisterVar returns nothing: taken apart from the list above. */
 #define HKI_REGVAR_PARAMS                                                                          \

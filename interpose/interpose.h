@@ -49,6 +49,13 @@ typedef cudaError_t (*hki_getkernel_fn)(cudaKernel_t *, const void *);
 typedef cudaError_t (*hki_memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind);
 typedef cudaError_t (*hki_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind,
                                            cudaStream_t);
+/* Per-function settings and cooperative launches (attrs.c, route.c). */
+typedef cudaError_t (*hki_func_set_attr_fn)(const void *, enum cudaFuncAttribute, int);
+typedef cudaError_t (*hki_func_set_cache_fn)(const void *, enum cudaFuncCache);
+typedef cudaError_t (*hki_kernel_set_attr_fn)(cudaKernel_t, enum cudaFuncAttribute, int, int);
+typedef cudaError_t (*hki_func_get_attrs_fn)(struct cudaFuncAttributes *, const void *);
+typedef cudaError_t (*hki_occupancy_fn)(int *, const void *, int, size_t);
+typedef cudaError_t (*hki_occupancy_flags_fn)(int *, const void *, int, size_t, unsigned);
 
 /* What the way in forwards to: the program's runtime. Every field is set
  * (the preload library resolves them at its first call; a missing one makes
@@ -63,6 +70,14 @@ typedef struct hki_real {
     hki_fromsym_fn from_symbol, from_symbol_ptds; /* cudaMemcpyFromSymbol[_ptds] */
     hki_fromsym_async_fn from_symbol_async, from_symbol_async_ptsz;
     hki_symaddr_fn symbol_address; /* cudaGetSymbolAddress */
+    /* per-function settings and cooperative launches */
+    hki_flaunch_fn coop_launch, coop_launch_ptsz; /* cudaLaunchCooperativeKernel[_ptsz] */
+    hki_func_set_attr_fn func_set_attribute;      /* cudaFuncSetAttribute */
+    hki_func_set_cache_fn func_set_cache_config;  /* cudaFuncSetCacheConfig */
+    hki_kernel_set_attr_fn kernel_set_attribute;  /* cudaKernelSetAttributeForDevice */
+    hki_func_get_attrs_fn func_get_attributes;    /* cudaFuncGetAttributes */
+    hki_occupancy_fn occupancy;             /* cudaOccupancyMaxActiveBlocksPerMultiprocessor */
+    hki_occupancy_flags_fn occupancy_flags; /* ...WithFlags */
     /* called, never interposed */
     hki_getkernel_fn get_kernel; /* cudaGetKernel */
     hki_memcpy_fn memcpy;        /* cudaMemcpy */
@@ -86,6 +101,26 @@ cudaError_t hki_to_symbol(int async, int ptsz, const void *sym, const void *src,
 cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, size_t count,
                             size_t offset, enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t hki_symbol_address(void **p, const void *sym);
+
+/* Cooperative launches, routed as <<<>>> (route.c), and the per-function
+ * settings (attrs.c): cudaFuncSetAttribute, cudaFuncSetCacheConfig and
+ * cudaKernelSetAttributeForDevice go to the program's runtime and are
+ * recorded for every hot version of the kernel (hkl_expect_set_attr);
+ * cudaFuncGetAttributes and the two block-occupancy calls answer for the
+ * version that runs. hki_expect_of: the program's kernel of a handle (a
+ * function pointer when is_func), registered if new; NULL when it is none.
+ * hki_real_get: the table hki_real_set was given. */
+cudaError_t hki_coop_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
+                            cudaStream_t s);
+cudaError_t hki_func_set_attribute(const void *f, enum cudaFuncAttribute attr, int value);
+cudaError_t hki_func_set_cache_config(const void *f, enum cudaFuncCache config);
+cudaError_t hki_kernel_set_attribute(cudaKernel_t k, enum cudaFuncAttribute attr, int value,
+                                     int device);
+cudaError_t hki_func_get_attributes(struct cudaFuncAttributes *p, const void *f);
+cudaError_t hki_occupancy(int *n, const void *f, int block, size_t smem);
+cudaError_t hki_occupancy_flags(int *n, const void *f, int block, size_t smem, unsigned flags);
+struct hkl_expect *hki_expect_of(const void *key, int is_func);
+const hki_real *hki_real_get(void);
 
 /* demangle.c: the name expression that makes NVRTC instantiate the kernel
  * the driver calls `name` ("scale<float>" for _Z5scaleIfEvPT_S0_i), or NULL

@@ -10,8 +10,14 @@
  * version exists) and either calls hk_launch or forwards to the program's
  * runtime, untouched. No lock, no allocation. Slots are written under
  * table_lock, the entry before the key (release), so a reader that sees the
- * key sees the entry. A program with more handles than slots still works:
- * the handles past the table take the slow path at every launch.
+ * key sees the entry. A handle whose slots near its hash are all taken (a
+ * full table) goes to chained overflow buckets, written the same way (node,
+ * then the bucket's head, release): a launch of one probes PROBE slots and
+ * walks a short chain, and never registers again.
+ * Every launch notes its block and shared memory on the kernel's entry
+ * (hkl_use: a relaxed load and compare each), which a version is checked
+ * against before its commit (loader/fit.c); a hot launch that fails anyway
+ * is run by the program's own kernel in the same call (fell_back).
  *
  * The runtime. hk_interpose_attach makes launches route through the
  * program's own runtime; without one, the first launch makes one from the
@@ -46,6 +52,7 @@
 #include "hotkern/interpose.h"
 #include "hotkern/net.h"
 #include "interpose/interpose.h"
+#include "loader/fit.h"
 #include "loader/loader.h"
 
 static hki_real R;
@@ -58,16 +65,26 @@ void hki_real_set(const hki_real *real) {
     R = *real;
 }
 
+const hki_real *hki_real_get(void) {
+    return &R;
+}
+
 /* ---- the table ---------------------------------------------------------- */
 
 #define SLOTS 16384 /* a power of two */
 
+#define PROBE    32   /* slots a key may take from its hash on */
+#define OVERFLOW 1024 /* buckets past the table, a power of two */
+
 typedef struct slot {
     _Atomic(const void *) key;
     _Atomic(hkl_expect *) e;
+    hkl_use *use;      /* e's, or NULL: written before key */
+    struct slot *next; /* overflow chains: written before the slot is linked */
 } slot;
 
 static slot table[SLOTS];
+static _Atomic(slot *) overflow[OVERFLOW]; /* chains; nodes never freed */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int nregistered;
 
@@ -78,9 +95,21 @@ static inline size_t hash_ptr(const void *p) {
     return (size_t)(x >> 50); /* 14 bits */
 }
 
+static const slot *find_overflow(const void *key) {
+    size_t h = hash_ptr(key) & (OVERFLOW - 1);
+    for (const slot *s = atomic_load_explicit(&overflow[h], memory_order_acquire); s; s = s->next)
+        if (atomic_load_explicit(&s->key, memory_order_relaxed) == key)
+            return s;
+    return NULL;
+}
+
+/* A key takes the first free slot of the PROBE from its hash, or goes to
+ * the overflow when they are all taken: slots are never freed, so a free
+ * one among them says the key is in neither, and a lookup costs at most
+ * PROBE loads before the overflow's short chain. */
 static inline const slot *find(const void *key) {
     size_t h = hash_ptr(key);
-    for (size_t i = 0; i < SLOTS; i++) {
+    for (size_t i = 0; i < PROBE; i++) {
         const slot *s = &table[(h + i) & (SLOTS - 1)];
         const void *k = atomic_load_explicit(&s->key, memory_order_acquire);
         if (k == key)
@@ -88,23 +117,38 @@ static inline const slot *find(const void *key) {
         if (!k)
             return NULL;
     }
-    return NULL;
+    return find_overflow(key);
 }
 
-static void insert(const void *key, hkl_expect *e) {
+/* The slot of key, made if new; NULL: no memory for an overflow node. */
+static const slot *insert(const void *key, hkl_expect *e) {
     pthread_mutex_lock(&table_lock);
-    if (!find(key)) {
+    slot *s = (slot *)find(key);
+    if (!s) {
         size_t h = hash_ptr(key);
-        for (size_t i = 0; i < SLOTS; i++) {
-            slot *s = &table[(h + i) & (SLOTS - 1)];
-            if (!atomic_load_explicit(&s->key, memory_order_relaxed)) {
-                atomic_store_explicit(&s->e, e, memory_order_relaxed);
-                atomic_store_explicit(&s->key, key, memory_order_release);
-                break;
-            }
+        for (size_t i = 0; i < PROBE && !s; i++) {
+            slot *t = &table[(h + i) & (SLOTS - 1)];
+            if (!atomic_load_explicit(&t->key, memory_order_relaxed))
+                s = t;
+        }
+        if (s) {
+            atomic_store_explicit(&s->e, e, memory_order_relaxed);
+            s->use = e ? hkl_expect_use(e) : NULL;
+            atomic_store_explicit(&s->key, key, memory_order_release);
+            pthread_mutex_unlock(&table_lock);
+            return s;
         }
     }
+    if (!s && (s = calloc(1, sizeof *s)) != NULL) { /* its slots are all taken */
+        size_t h = hash_ptr(key) & (OVERFLOW - 1);
+        atomic_init(&s->key, key);
+        atomic_init(&s->e, e);
+        s->use = e ? hkl_expect_use(e) : NULL;
+        s->next = atomic_load_explicit(&overflow[h], memory_order_relaxed);
+        atomic_store_explicit(&overflow[h], s, memory_order_release);
+    }
     pthread_mutex_unlock(&table_lock);
+    return s;
 }
 
 /* The engine's entry for the program's kernel ck: its name as the driver
@@ -130,15 +174,15 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
     return e;
 }
 
-/* First launch of handle key: which kernel it is, registered, kept. */
-static hkl_expect *register_key(hk_runtime *rt, const void *key, int is_func) {
+/* First launch of handle key: which kernel it is, registered, kept. NULL
+ * only without memory (registered again at the next launch). */
+static const slot *register_key(hk_runtime *rt, const void *key, int is_func) {
     cudaKernel_t ck = (cudaKernel_t)key;
     hkl_expect *e = NULL;
     if (!is_func || (R.get_kernel && R.get_kernel(&ck, key) == cudaSuccess && ck))
         e = register_kernel(rt, (CUkernel)ck);
-    insert(key, e);
     atomic_fetch_add(&nregistered, 1);
-    return e;
+    return insert(key, e);
 }
 
 /* ---- the runtime -------------------------------------------------------- */
@@ -299,15 +343,28 @@ static inline hk_runtime *runtime(void) {
     return atomic_load_explicit(&g_rt, memory_order_acquire);
 }
 
-/* The hot handle for launches of key, or NULL: the program's own code. */
-static inline hk_kernel *hot(const void *key, int is_func) {
+/* The slot of key (registered at its first launch), or NULL: no runtime. */
+static inline const slot *lookup(const void *key, int is_func) {
     hk_runtime *rt = runtime();
     if (__builtin_expect(!rt || !key, 0))
         return NULL;
     const slot *s = find(key);
-    hkl_expect *e =
-        s ? atomic_load_explicit(&s->e, memory_order_relaxed) : register_key(rt, key, is_func);
-    return e ? hkl_expect_handle(e) : NULL;
+    return __builtin_expect(s != NULL, 1) ? s : register_key(rt, key, is_func);
+}
+
+/* The program's kernel key is, or NULL (not one, or no runtime). */
+hkl_expect *hki_expect_of(const void *key, int is_func) {
+    const slot *s = lookup(key, is_func);
+    return s ? atomic_load_explicit(&s->e, memory_order_relaxed) : NULL;
+}
+
+/* The hot handle of s's kernel after noting the launch's block and shared
+ * memory, or NULL: the program's own code. */
+static inline hk_kernel *hot_of(const slot *s, dim3 b, size_t shm) {
+    if (__builtin_expect(!s || !s->use, 0))
+        return NULL;
+    hkl_use_note(s->use, b.x, b.y, b.z, shm);
+    return hkl_expect_handle(atomic_load_explicit(&s->e, memory_order_relaxed));
 }
 
 /* The launching thread's context is the runtime's (or none, which then
@@ -335,49 +392,145 @@ static cudaError_t launch_error(int err, int cu) {
 _Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute),
                "cudaLaunchAttribute and CUlaunchAttribute share their layout");
 
-/* A launch of h's hot version with the program's configuration. */
-static cudaError_t hot_launch(hk_kernel *h, int ptsz, dim3 g, dim3 b, void **args, size_t shm,
-                              cudaStream_t s) {
-    int cu = 0;
-    int err = hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
-                        stream_of(ptsz, s), args, &cu);
-    return err ? launch_error(err, cu) : cudaSuccess;
+/* A hot launch that failed with err (cu: its CUresult) may be run by the
+ * program's own kernel: any failure but a sticky one (the context is lost
+ * for both). */
+static inline int may_fall_back(int err, int cu) {
+    return !hkl_lkg_sticky(cu);
+}
+
+/* After the program's launch (prog) ran a failed hot launch: counted,
+ * logged and emitted, the module sent back to the program's code until its
+ * next commit (hkl_expect_fallback). The program loses no launch, and its
+ * launch is its runtime's own: if it fails too, that error is the call's and
+ * the one cudaGetLastError reports (nvcc's stub drops the return value). */
+static cudaError_t fell_back(const slot *s, hk_kernel *h, int err, int cu, const char *how, dim3 g,
+                             dim3 b, size_t shm, cudaError_t prog) {
+    char what[200];
+    snprintf(what, sizeof what,
+             "%s of grid %ux%ux%u, block %ux%ux%u, %zu bytes of dynamic "
+             "shared memory%s%s",
+             how, g.x, g.y, g.z, b.x, b.y, b.z, shm, cu ? "" : ": ", cu ? "" : hk_strerror(err));
+    hkl_expect_fallback(h->rt, atomic_load_explicit(&s->e, memory_order_relaxed), cu, what,
+                        (int)prog);
+    return prog;
+}
+
+/* A launch of h's hot version with the program's configuration: 0, or the
+ * hk_launch error with *cu. */
+static int hot_launch(hk_kernel *h, int ptsz, dim3 g, dim3 b, void **args, size_t shm,
+                      cudaStream_t s, int *cu) {
+    return hk_launch(h, (hk_dim3){g.x, g.y, g.z}, (hk_dim3){b.x, b.y, b.z}, (unsigned)shm,
+                     stream_of(ptsz, s), args, cu);
 }
 
 cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
                         cudaStream_t s) {
-    hk_kernel *h = hot(k, 0);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
-        return hot_launch(h, ptsz, g, b, args, shm, s);
+    const slot *sl = lookup(k, 0);
+    hk_kernel *h = hot_of(sl, b, shm);
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+        int cu = 0, err = hot_launch(h, ptsz, g, b, args, shm, s, &cu);
+        if (__builtin_expect(!err, 1))
+            return cudaSuccess;
+        if (!may_fall_back(err, cu))
+            return launch_error(err, cu);
+        return fell_back(sl, h, err, cu, "<<<>>>", g, b, shm,
+                         (ptsz ? R.klaunch_ptsz : R.klaunch)(k, g, b, args, shm, s));
+    }
     return (ptsz ? R.klaunch_ptsz : R.klaunch)(k, g, b, args, shm, s);
 }
 
 cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
                        cudaStream_t s) {
-    hk_kernel *h = hot(f, 1);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
-        return hot_launch(h, ptsz, g, b, args, shm, s);
+    const slot *sl = lookup(f, 1);
+    hk_kernel *h = hot_of(sl, b, shm);
+    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+        int cu = 0, err = hot_launch(h, ptsz, g, b, args, shm, s, &cu);
+        if (__builtin_expect(!err, 1))
+            return cudaSuccess;
+        if (!may_fall_back(err, cu))
+            return launch_error(err, cu);
+        return fell_back(sl, h, err, cu, "cudaLaunchKernel", g, b, shm,
+                         (ptsz ? R.launch_ptsz : R.launch)(f, g, b, args, shm, s));
+    }
     return (ptsz ? R.launch_ptsz : R.launch)(f, g, b, args, shm, s);
 }
 
+/* What a launch's attributes ask of the kernel: cluster dimensions and
+ * cooperative-ness, noted on its use (not the common path). */
+static void note_attrs(hkl_use *u, const cudaLaunchConfig_t *c) {
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        const cudaLaunchAttribute *a = &c->attrs[i];
+        if (a->id == cudaLaunchAttributeClusterDimension) {
+            hkl_use_max(&u->cluster[0], a->val.clusterDim.x);
+            hkl_use_max(&u->cluster[1], a->val.clusterDim.y);
+            hkl_use_max(&u->cluster[2], a->val.clusterDim.z);
+        } else if (a->id == cudaLaunchAttributeCooperative && a->val.cooperative) {
+            hkl_use_max(&u->coop_blocks, (uint64_t)c->gridDim.x * c->gridDim.y * c->gridDim.z);
+            hkl_use_max(&u->coop_threads, (uint64_t)c->blockDim.x * c->blockDim.y * c->blockDim.z);
+            hkl_use_max(&u->coop_smem, c->dynamicSmemBytes);
+        }
+    }
+}
+
+/* A launch through a driver configuration (cudaLaunchKernelExC, cooperative
+ * launches): 0, or the hkl_launch_lc error with *cu. */
+static int hot_launch_lc(hk_kernel *h, int ptsz, const cudaLaunchConfig_t *c, void **args,
+                         int *cu) {
+    CUlaunchConfig lc = {.gridDimX = c->gridDim.x,
+                         .gridDimY = c->gridDim.y,
+                         .gridDimZ = c->gridDim.z,
+                         .blockDimX = c->blockDim.x,
+                         .blockDimY = c->blockDim.y,
+                         .blockDimZ = c->blockDim.z,
+                         .sharedMemBytes = (unsigned)c->dynamicSmemBytes,
+                         .hStream = stream_of(ptsz, c->stream),
+                         .attrs = (CUlaunchAttribute *)c->attrs,
+                         .numAttrs = c->numAttrs};
+    return hkl_launch_lc(h, &lc, args, cu);
+}
+
 cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, void **args) {
-    hk_kernel *h = c ? hot(f, 1) : NULL;
+    const slot *sl = c ? lookup(f, 1) : NULL;
+    hk_kernel *h = sl ? hot_of(sl, c->blockDim, c->dynamicSmemBytes) : NULL;
+    if (sl && sl->use && c->numAttrs)
+        note_attrs(sl->use, c);
     if (h && in_context(h->rt)) {
-        CUlaunchConfig lc = {.gridDimX = c->gridDim.x,
-                             .gridDimY = c->gridDim.y,
-                             .gridDimZ = c->gridDim.z,
-                             .blockDimX = c->blockDim.x,
-                             .blockDimY = c->blockDim.y,
-                             .blockDimZ = c->blockDim.z,
-                             .sharedMemBytes = (unsigned)c->dynamicSmemBytes,
-                             .hStream = stream_of(ptsz, c->stream),
-                             .attrs = (CUlaunchAttribute *)c->attrs,
-                             .numAttrs = c->numAttrs};
-        int cu = 0;
-        int err = hkl_launch_lc(h, &lc, args, &cu);
-        return err ? launch_error(err, cu) : cudaSuccess;
+        int cu = 0, err = hot_launch_lc(h, ptsz, c, args, &cu);
+        if (!err)
+            return cudaSuccess;
+        if (!may_fall_back(err, cu))
+            return launch_error(err, cu);
+        return fell_back(sl, h, err, cu, "cudaLaunchKernelEx", c->gridDim, c->blockDim,
+                         c->dynamicSmemBytes, (ptsz ? R.xlaunch_ptsz : R.xlaunch)(c, f, args));
     }
     return (ptsz ? R.xlaunch_ptsz : R.xlaunch)(c, f, args);
+}
+
+cudaError_t hki_coop_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
+                            cudaStream_t s) {
+    const slot *sl = lookup(f, 1);
+    hk_kernel *h = hot_of(sl, b, shm);
+    cudaLaunchAttribute at = {.id = cudaLaunchAttributeCooperative};
+    at.val.cooperative = 1;
+    cudaLaunchConfig_t c = {.gridDim = g,
+                            .blockDim = b,
+                            .dynamicSmemBytes = shm,
+                            .stream = s,
+                            .attrs = &at,
+                            .numAttrs = 1};
+    if (sl && sl->use)
+        note_attrs(sl->use, &c);
+    if (h && in_context(h->rt)) {
+        int cu = 0, err = hot_launch_lc(h, ptsz, &c, args, &cu);
+        if (!err)
+            return cudaSuccess;
+        if (!may_fall_back(err, cu))
+            return launch_error(err, cu);
+        return fell_back(sl, h, err, cu, "cudaLaunchCooperativeKernel", g, b, shm,
+                         (ptsz ? R.coop_launch_ptsz : R.coop_launch)(f, g, b, args, shm, s));
+    }
+    return (ptsz ? R.coop_launch_ptsz : R.coop_launch)(f, g, b, args, shm, s);
 }
 
 /* ---- globals ------------------------------------------------------------ */

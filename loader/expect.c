@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/fit.h"
+#include "loader/gate.h"
 #include "loader/loader.h"
 
 struct hkl_expect {
@@ -45,9 +47,18 @@ struct hkl_expect {
     char *expr; /* name expression that instantiates it, or NULL */
     char *base; /* expr's template name (scale for scale<float>), or NULL */
     hkl_param_layout layout;
-    _Atomic(hk_kernel *) k; /* written once (swap_lock), read without a lock */
-    int warned;             /* expect_lock: a same-named kernel elsewhere was reported */
-    hkl_expect *next;       /* expect_lock */
+    _Atomic(hk_kernel *) k;        /* the handle launches go to: swap_lock or expect_lock
+                                    * to write (NULL again after a fallback), read
+                                    * without a lock */
+    hk_kernel *home;               /* swap_lock and expect_lock to write, either to read:
+                                    * the owning module's handle, also while the
+                                    * module runs the program's code */
+    hkl_use use;                   /* the launching threads (atomics) */
+    hkl_attr attrs[HKL_MAX_ATTRS]; /* swap_lock: set by the program (hkl_expect_set_attr) */
+    int nattrs;                    /* swap_lock */
+    int cache_config;              /* swap_lock; -1: none */
+    int warned;                    /* expect_lock: a same-named kernel elsewhere was reported */
+    hkl_expect *next;              /* expect_lock */
 };
 
 typedef struct hkl_xglobal {
@@ -65,6 +76,35 @@ hk_kernel *hkl_expect_handle(const hkl_expect *e) {
 
 const char *hkl_expect_name(const hkl_expect *e) {
     return e->name;
+}
+
+hkl_use *hkl_expect_use(hkl_expect *e) {
+    return &e->use;
+}
+
+/* Puts attribute attr (-1: cache config) = value in a handle's or an
+ * entry's list; 0, or HK_ERR_INVALID when the list is full. */
+static int attr_put(int *nattrs, hkl_attr *at, int *cache, int attr, int value) {
+    if (attr < 0) {
+        *cache = value;
+        return 0;
+    }
+    int i = 0;
+    while (i < *nattrs && at[i].attr != attr)
+        i++;
+    if (i == HKL_MAX_ATTRS)
+        return HK_ERR_INVALID;
+    at[i] = (hkl_attr){attr, value};
+    *nattrs += i == *nattrs;
+    return 0;
+}
+
+/* The program's attributes of e into handle k (swap_lock held). */
+static void attrs_into(hk_kernel *k, const hkl_expect *e) {
+    for (int i = 0; i < e->nattrs; i++)
+        attr_put(&k->nattrs, k->attrs, &k->cache_config, e->attrs[i].attr, e->attrs[i].value);
+    if (e->cache_config >= 0)
+        k->cache_config = e->cache_config;
 }
 
 static int layout_copy(hkl_param_layout *to, const hkl_param_layout *from) {
@@ -139,6 +179,8 @@ static hk_kernel *handle_new(hk_runtime *rt, hkl_module *m, const hkl_expect *e)
     k->slot = m->nkernels;
     k->cache_config = -1;
     k->fixed_layout = 1;
+    k->expect = (hkl_expect *)e;
+    attrs_into(k, e);
     m->kernels[m->nkernels++] = k;
     return k;
 }
@@ -149,10 +191,9 @@ static void handle_free(hk_kernel *k) {
     free(k);
 }
 
-/* Which module, other than m, owns e already (its handle's), or NULL. */
+/* Which module owns e already (its handle's), or NULL. Either lock. */
 static const hkl_module *owner(const hkl_expect *e) {
-    hk_kernel *k = atomic_load(&((hkl_expect *)e)->k);
-    return k ? k->mod : NULL;
+    return e->home ? e->home->mod : NULL;
 }
 
 /* ---- registration ------------------------------------------------------- */
@@ -179,6 +220,7 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
                 return;
             }
             k->fixed_layout = 1;
+            k->expect = e;
         } else {
             if (!(k = handle_new(rt, m, e)))
                 return;
@@ -204,6 +246,16 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
                 return;
             }
         }
+        /* e is on no list yet: nothing else reads it. A module back on the
+         * program's code publishes it at its next commit, with the others. */
+        e->home = k;
+        if (atomic_load(&m->program_code)) {
+            hk_log(rt, HK_LOG_INFO, "engine",
+                   "the program's kernel '%s' joins module '%s' at its next commit (its "
+                   "kernels run the program's code since a hot launch failed)",
+                   e->name, m->name);
+            return;
+        }
         atomic_store_explicit(&e->k, k, memory_order_release);
         hk_log(rt, HK_LOG_INFO, "engine", "the program's kernel '%s' runs module '%s' v%llu",
                e->name, m->name, (unsigned long long)v->number);
@@ -224,6 +276,7 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
         e->name = strdup(name);
         e->expr = expr ? strdup(expr) : NULL;
         e->base = expr ? expr_base(expr) : NULL;
+        e->cache_config = -1;
         atomic_init(&e->k, NULL);
         if (!e->name || (expr && !e->expr) || layout_copy(&e->layout, layout) < 0) {
             free(e->name);
@@ -371,6 +424,23 @@ int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, i
 
 /* ---- swaps -------------------------------------------------------------- */
 
+/* Appends one adoption to a (grown as needed). */
+static int adopt_push(hkl_adopted *a, hkl_expect *e, hk_kernel *k, int is_new) {
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 16;
+        hkl_adopt_one *one = realloc(a->one, (size_t)cap * sizeof *one);
+        if (!one)
+            return HK_ERR_NOMEM;
+        a->one = one;
+        a->cap = cap;
+    }
+    a->one[a->n++] = (hkl_adopt_one){e, k, k->fixed_layout, is_new};
+    a->nnew += is_new;
+    k->fixed_layout = 1;
+    k->expect = e;
+    return 0;
+}
+
 int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
     memset(a, 0, sizeof *a);
     if (!atomic_load(&rt->nexpects))
@@ -392,7 +462,8 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
             continue;
         }
         if (own)
-            continue; /* this module's handle already: validated as any handle */
+            continue; /* this module's handle already: validated as any handle,
+                       * published again at the commit (hkl_expect_publish) */
         hk_kernel *k = handle_in(m, e->name);
         if (k) {
             /* Taken by hand before: it becomes the program's if it already
@@ -401,44 +472,146 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
             char diff[200];
             if (hkl_layout_diff(&e->layout, &k->layout, diff, sizeof diff))
                 continue;
+            attrs_into(k, e);
+            err = adopt_push(a, e, k, 0);
         } else if (!(k = handle_new(rt, m, e))) {
             err = HK_ERR_NOMEM;
-            break;
-        } else {
-            a->nnew++;
+        } else if ((err = adopt_push(a, e, k, 1)) < 0) {
+            m->nkernels--;
+            handle_free(k);
         }
-        if (a->n == HKL_MAX_ADOPT)
-            break;
-        a->e[a->n] = e;
-        a->k[a->n] = k;
-        a->was_fixed[a->n] = k->fixed_layout;
-        k->fixed_layout = 1;
-        a->n++;
     }
     pthread_mutex_unlock(&rt->expect_lock);
     return err;
 }
 
 void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a) {
-    /* New handles are the last ones of m: nothing else was added since. */
+    /* New handles are the last ones of m, in order: nothing else was added
+     * since. */
     for (int i = a->n - 1; i >= 0; i--) {
-        if (m->nkernels && m->kernels[m->nkernels - 1] == a->k[i]) {
+        hkl_adopt_one *o = &a->one[i];
+        if (o->is_new && m->nkernels && m->kernels[m->nkernels - 1] == o->k) {
             m->nkernels--;
-            handle_free(a->k[i]);
+            handle_free(o->k);
         } else {
-            a->k[i]->fixed_layout = a->was_fixed[i];
+            o->k->fixed_layout = o->was_fixed;
+            o->k->expect = NULL;
         }
     }
-    a->n = a->nnew = 0;
+    free(a->one);
+    memset(a, 0, sizeof *a);
 }
 
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
-    for (int i = 0; i < a->n; i++) {
-        atomic_store_explicit(&a->e[i]->k, a->k[i], memory_order_release);
+    pthread_mutex_lock(&rt->expect_lock);
+    for (int i = 0; i < a->n; i++)
+        a->one[i].e->home = a->one[i].k;
+    /* Every program kernel of m runs this version: the adopted ones, and
+     * those a failed hot launch sent back to the program's code. */
+    atomic_store(&m->program_code, 0);
+    int back = 0;
+    for (hkl_expect *e = rt->expects; e; e = e->next)
+        if (e->home && e->home->mod == m && atomic_load(&e->k) != e->home) {
+            back += atomic_load(&e->k) == NULL;
+            atomic_store_explicit(&e->k, e->home, memory_order_release);
+        }
+    pthread_mutex_unlock(&rt->expect_lock);
+    for (int i = 0; i < a->n; i++)
         hk_log(rt, HK_LOG_INFO, "engine", "the program's kernel '%s' runs module '%s' v%llu",
-               a->e[i]->name, m->name, (unsigned long long)v->number);
+               a->one[i].e->name, m->name, (unsigned long long)v->number);
+    if (back > a->n)
+        hk_log(rt, HK_LOG_INFO, "engine",
+               "module '%s' v%llu: the program's kernels run it again after a failed launch",
+               m->name, (unsigned long long)v->number);
+    free(a->one);
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- attributes and fallback ---------------------------------------------- */
+
+int hkl_expect_set_attr(hk_runtime *rt, hkl_expect *e, int attr, int value, hk_report *rep) {
+    if (!rt || !e)
+        return HK_ERR_INVALID;
+    int held = hkl_swap_held(rt);
+    CUstreamCaptureMode mode = 0;
+    if (!held) {
+        mode = hkl_relax(rt);
+        hkl_swap_lock(rt);
     }
-    a->n = a->nnew = 0;
+    /* Recorded under swap_lock: a swap adopts the kernel either before (its
+     * handle, home, takes it below) or after (handle_new copies it). */
+    int err = attr_put(&e->nattrs, e->attrs, &e->cache_config, attr, value);
+    hk_kernel *k = e->home;
+    if (!err && k)
+        err = attr_put(&k->nattrs, k->attrs, &k->cache_config, attr, value);
+    int running = k && atomic_load(&e->k) == k;
+    if (!held) {
+        hkl_swap_unlock(rt, 0);
+        hkl_unrelax(rt, mode);
+    }
+    if (err < 0) {
+        hku_fail(rep, err, "kernel '%s': at most %d attributes are kept", e->name, HKL_MAX_ATTRS);
+        return err;
+    }
+    if (!k || held)
+        return 0; /* the next versions take it */
+    /* The version that runs now takes it too. */
+    err = attr < 0 ? hk_kernel_set_cache_config(k, value, rep)
+                   : hk_kernel_set_attribute(k, attr, value, rep);
+    if (err < 0 && running) {
+        char what[300];
+        snprintf(what, sizeof what, "setting the program's attribute: %.250s",
+                 rep && rep->message[0] ? rep->message : hk_strerror(err));
+        hkl_expect_fallback(rt, e, rep ? rep->cu_result : 0, what, -1);
+    }
+    return err;
+}
+
+void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what, int prog) {
+    pthread_mutex_lock(&rt->expect_lock);
+    hkl_module *m = e->home ? e->home->mod : NULL;
+    int n = 0;
+    if (m) {
+        atomic_store(&m->program_code, 1);
+        for (hkl_expect *x = rt->expects; x; x = x->next)
+            if (x->home && x->home->mod == m) {
+                atomic_store_explicit(&x->k, NULL, memory_order_release);
+                n++;
+            }
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->stats_lock);
+    rt->stats.program_fallbacks++;
+    pthread_mutex_unlock(&rt->stats_lock);
+    /* In an epoch: a swap may retire the version meanwhile. */
+    uint64_t number = 0;
+    hkl_tslot *ts = m ? hkl_enter(rt) : NULL;
+    if (ts) {
+        hkl_version *v = atomic_load(&m->current);
+        number = v ? v->number : 0;
+        hkl_exit(ts);
+    }
+    hk_report r = HK_REPORT_INIT;
+    snprintf(r.kernel, sizeof r.kernel, "%s", e->name);
+    if (m)
+        snprintf(r.module, sizeof r.module, "%s", m->name);
+    r.version = number;
+    r.cu_result = cu;
+    if (cu)
+        snprintf(r.cu_name, sizeof r.cu_name, "%s", hkb_cu_name(rt->drv, (CUresult)cu));
+    char prog_text[80];
+    snprintf(prog_text, sizeof prog_text,
+             prog < 0    ? "the program's own kernel runs its launches"
+             : prog == 0 ? "the program's own kernel ran the launch"
+                         : "the program's own kernel ran the launch and failed too, error %d",
+             prog);
+    hku_fail(&r, HK_ERR_CUDA,
+             "the program's kernel '%s' failed in module '%s' v%llu (%s%s%s): %s; the module's "
+             "%d program kernel(s) run the program's code until its next commit",
+             e->name, m ? m->name : "?", (unsigned long long)number, what, cu ? ": " : "",
+             cu ? r.cu_name : "", prog_text, n);
+    hkl_emit(rt, HK_EVENT_FALLBACK, m ? m->name : NULL, number, 0, "launch", &r);
+    hk_report_clear(&r);
 }
 
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {

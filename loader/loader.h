@@ -83,6 +83,9 @@ typedef struct hkl_job hkl_job;
 typedef struct hkl_graph hkl_graph;
 typedef struct hkl_lkg hkl_lkg;
 typedef struct hkl_expect hkl_expect;
+typedef struct hkl_attr {
+    int attr, value; /* a CUfunction_attribute and its value */
+} hkl_attr;
 
 typedef struct hkl_device {
     /* immutable after create, except ctx/ctx_id which reset recovery
@@ -168,8 +171,11 @@ struct hkl_module {
     _Atomic(hkl_version *) current; /* written under swap_lock */
     /* swap_lock: */
     uint64_t last_version;
-    uint64_t last_seq; /* submission order of the last committed job */
-    hkl_image *hist;   /* ring of kept images, newest last */
+    uint64_t last_seq;        /* submission order of the last committed job */
+    _Atomic int program_code; /* 1: a hot launch failed, its program kernels
+                               * run the program's code until the next commit
+                               * (expect.c) */
+    hkl_image *hist;          /* ring of kept images, newest last */
     int nhist;
     hk_kernel **kernels;
     int nkernels, capkernels;
@@ -190,11 +196,11 @@ struct hk_kernel {
                        * program's kernel): no version may change it */
     /* swap_lock: attributes set through the handle, applied to every new
      * version before its commit; cache_config < 0: none */
-    struct {
-        int attr, value;
-    } attrs[HKL_MAX_ATTRS];
+    hkl_attr attrs[HKL_MAX_ATTRS];
     int nattrs;
     int cache_config;
+    hkl_expect *expect; /* swap_lock: the program's kernel this handle runs
+                         * (expect.c), or NULL */
 };
 
 struct hk_pin {
@@ -707,12 +713,15 @@ void hkl_graphs_free(hk_runtime *rt);
  *   handle); hkl_expect_unadopt takes them back (roll back);
  *   hkl_expect_seed gives v the program's globals (commit, gate closed);
  *   hkl_expect_publish publishes the adopted handles (after the commit). */
-#define HKL_MAX_ADOPT 64
+typedef struct hkl_adopt_one {
+    hkl_expect *e;
+    hk_kernel *k;
+    int was_fixed;
+    int is_new; /* made by this adoption: freed by hkl_expect_unadopt */
+} hkl_adopt_one;
 typedef struct hkl_adopted {
-    int n, nnew;
-    hkl_expect *e[HKL_MAX_ADOPT];
-    hk_kernel *k[HKL_MAX_ADOPT];
-    int was_fixed[HKL_MAX_ADOPT];
+    int n, nnew, cap;
+    hkl_adopt_one *one; /* malloc'd: no bound on a module's kernels */
 } hkl_adopted;
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
                               const hkl_param_layout *layout);
@@ -726,6 +735,9 @@ void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
 void hkl_expect_free(hk_runtime *rt); /* at free */
+
+/* expect.c's launch configurations, settings and fallback, and fit.c's
+ * check: loader/fit.h. */
 
 /* canary.c: the canary between build and stage. hkl_canary_start makes
  * rt->canary at create (starting the helper when options.canary is set);

@@ -400,6 +400,9 @@ void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint6
     case HK_EVENT_CONTEXT_LOST:
         hk_log(rt, HK_LOG_ERROR, "engine", "%s", rep ? rep->message : "context lost");
         break;
+    case HK_EVENT_FALLBACK:
+        hk_log(rt, HK_LOG_WARN, "engine", "%s", rep ? rep->message : "a hot launch failed");
+        break;
     }
 }
 

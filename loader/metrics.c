@@ -177,6 +177,10 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
     counter(w, "hotkern_launch_hold_timeouts_total", "counter",
             "Launches that waited the longest hold at the launch gate, then went on.",
             s->launch_hold_timeouts);
+    counter(w, "hotkern_program_fallbacks_total", "counter",
+            "Launches of a program's kernel that failed in the hot version and ran the "
+            "program's own code.",
+            s->program_fallbacks);
     canary(w, s);
     histogram(w, h ? h : &empty);
 }

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "loader/abi.h"
+#include "loader/fit.h"
 #include "loader/loader.h"
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
@@ -265,6 +266,9 @@ static int validate(swap_txn *t) {
         if (t->newlay && (err = hkl_read_layout(rt, t->v, k, &t->newlay[i])) < 0)
             return err;
         if ((err = hkl_apply_attrs(rt, t->v, k, t->rep)) < 0)
+            return err;
+        /* A program's kernel: every launch configuration it used fits. */
+        if (k->expect && (err = hkl_fit_check(rt, t->v, k, t->rep)) < 0)
             return err;
     }
     if (!t->job->opt.check)

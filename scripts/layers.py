@@ -49,6 +49,7 @@ LOADER_ORDER = [
     ["metrics.c"],  # hk_stats_get, swap counters, the metrics text
     ["launch.c", "graph.c"],  # launches and pins; graphs
     ["expect.c"],  # the program's kernels and globals
+    ["fit.c"],  # whether a version takes the program's launch configurations
     ["canary.c"],  # the canary step between build and stage
     ["swap.c"],  # the transaction: stage, validate, commit, roll back; rollback
     ["reclaim.c"],  # the reclaim thread

@@ -28,6 +28,8 @@ typedef struct fctx {
 typedef struct fimage fimage;
 
 #define FAKE_SMEM_OPTIN 232448 /* sm_90's opt-in shared memory per block */
+#define FAKE_SMEM_BASE  49152  /* shared memory a function has without opting in */
+#define FAKE_SMS        132    /* multiprocessors (an H200's) */
 
 typedef struct fkern {
     fimage *img;
@@ -44,7 +46,8 @@ struct fimage {
     unsigned trap_code; /* a trap guard's first store ("[__hotkern_trap], N"); 0: none */
     int regs;           /* registers a thread of every kernel: "// regs: N", or in a trap
                          * guard's copy "// guarded regs: N" where it has one (ptxas
-                         * allocates the copy's anew); 0: 32 */
+                         * allocates the copy's anew); default 16 */
+    int maxthreads;     /* threads a block: 1024 or what 64K registers allow (max_threads) */
     double ms;          /* GPU time of a launch: "// ms: N" (a copy: "// guarded ms: N");
                          * 0: FAKE_LAUNCH_NS, or a FAKE_SLOW control's */
     int runs;           /* launches of its kernels */
@@ -55,6 +58,8 @@ struct fimage {
     void **gmem; /* per global */
     fimage *next;
 };
+
+static int max_threads(const fimage *im);
 
 typedef struct fgraph {
     CUDA_KERNEL_NODE_PARAMS params;
@@ -469,6 +474,7 @@ static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
     *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR            ? arch / 10
          : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR          ? arch % 10
          : a == CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ? FAKE_SMEM_OPTIN
+         : a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT              ? FAKE_SMS
                                                                       : 0;
     return CUDA_SUCCESS;
 }
@@ -620,6 +626,9 @@ static CUresult load_image(const void *image, int is_module, unsigned n, CUjit_o
     const char *grg =
         fmt == HK_FORMAT_PTX && im->trap_code ? strstr(text, "// guarded regs: ") : NULL;
     im->regs = grg ? atoi(grg + 17) : rg ? atoi(rg + 9) : 0;
+    if (im->regs <= 0)
+        im->regs = 16;
+    im->maxthreads = max_threads(im);
     const char *ms = fmt == HK_FORMAT_PTX ? strstr(text, "// ms: ") : NULL;
     const char *gms =
         fmt == HK_FORMAT_PTX && im->trap_code ? strstr(text, "// guarded ms: ") : NULL;
@@ -923,33 +932,77 @@ static void spin_us(int us) {
     while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
 }
 
-static CUresult launch_kernel(CUfunction f, CUstream s, void **args);
+/* A launch's configuration, for the checks the driver makes. */
+typedef struct fcfg {
+    uint64_t blocks, threads;
+    unsigned shm;
+    int coop;
+    unsigned cluster; /* blocks a cluster; 0: none */
+} fcfg;
 
-static int max_threads(const fimage *im);
+static CUresult launch_kernel(CUfunction f, CUstream s, void **args, const fcfg *c);
+static __thread int launch_coop; /* set by cuLaunchKernelEx for the launch it makes */
+static __thread unsigned launch_cluster;
 
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **args,
                                void **extra) {
-    /* Out of resources, as the driver says before it launches anything. */
-    if ((uint64_t)bx * by * bz > (uint64_t)max_threads(((fkern *)f)->img))
-        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    fcfg c = {(uint64_t)gx * gy * gz, (uint64_t)bx * by * bz, shm, launch_coop, launch_cluster};
+    launch_coop = 0;
+    launch_cluster = 0;
     int us = atomic_load(&launch_us);
     if (us < 0)
-        return launch_kernel(f, s, args);
+        return launch_kernel(f, s, args, &c);
     /* The driver holds its lock for reading while it launches. */
     pthread_rwlock_rdlock(&drv_rw);
     spin_us(us);
-    CUresult r = launch_kernel(f, s, args);
+    CUresult r = launch_kernel(f, s, args, &c);
     pthread_rwlock_unlock(&drv_rw);
     return r;
 }
 
-static CUresult launch_kernel(CUfunction f, CUstream s, void **args) {
+static CUresult get_attr(fkern *fk, int id, int *val);
+
+/* Blocks of `threads` threads one multiprocessor holds at once: 2048
+ * threads, 64K registers, 32 blocks. Lock held. */
+static int blocks_per_sm(const fimage *im, uint64_t threads) {
+    if (!threads || threads > (uint64_t)im->maxthreads)
+        return 0;
+    uint64_t warps = (threads + 31) / 32, by_regs = 65536 / ((uint64_t)im->regs * warps * 32);
+    uint64_t n = 2048 / (warps * 32);
+    n = by_regs < n ? by_regs : n;
+    return (int)(n > 32 ? 32 : n);
+}
+
+/* The driver's checks of a launch's configuration: a block larger than the
+ * function's limit for its registers, more dynamic shared memory than its
+ * attribute allows, a cooperative grid that cannot be co-resident. Lock
+ * held. */
+static CUresult launch_check(fkern *fk, const fcfg *c) {
+    if (c->threads > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->threads > (uint64_t)fk->img->maxthreads)
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    int maxdyn = 0;
+    get_attr(fk, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, &maxdyn);
+    if (c->shm > (unsigned)maxdyn)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->coop && c->blocks > (uint64_t)blocks_per_sm(fk->img, c->threads) * FAKE_SMS)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    if (c->cluster > 8)
+        return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch_kernel(CUfunction f, CUstream s, void **args, const fcfg *c) {
     ENTER("cuLaunchKernel");
     fkern *fk = (fkern *)f;
     if (fk->img->is_module && fk->img->dead)
         /* A module of a context that was reset: the driver says so. */
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    CUresult bad = launch_check(fk, c);
+    if (bad != CUDA_SUCCESS)
+        LEAVE(bad);
     fstream *st = find_stream(s);
     if (st && st->capturing) {
         /* Captured: recorded in the graph, run when the graph is launched. */
@@ -1135,11 +1188,11 @@ static CUresult get_attr(fkern *fk, int id, int *val) {
     if (id == CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
         *val = fk->img->shared;
     if (id == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
-        *val = max_threads(fk->img);
+        *val = fk->img->maxthreads;
     if (id == CU_FUNC_ATTRIBUTE_NUM_REGS)
-        *val = fk->img->regs > 0 ? fk->img->regs : 32;
+        *val = fk->img->regs;
     if (id == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-        *val = 49152 - fk->img->shared; /* until set */
+        *val = fk->img->shared < FAKE_SMEM_BASE ? FAKE_SMEM_BASE - fk->img->shared : 0;
     for (int i = 0; i < fk->nattr; i++)
         if (fk->attr_id[i] == id)
             *val = fk->attr_val[i];
@@ -1178,8 +1231,34 @@ static CUresult f_LaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **a
     for (unsigned i = 0; i < c->numAttrs && i < 8; i++)
         last_ex_ids[i] = (int)c->attrs[i].id;
     pthread_mutex_unlock(&F.lock);
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && c->attrs[i].value.cooperative)
+            launch_coop = 1;
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            launch_cluster = c->attrs[i].value.clusterDim.x * c->attrs[i].value.clusterDim.y *
+                             c->attrs[i].value.clusterDim.z;
+    }
     return f_LaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
                           c->blockDimZ, c->sharedMemBytes, c->hStream, args, extra);
+}
+
+static CUresult f_OccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int threads,
+                                                            size_t smem) {
+    ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    *n = threads > 0 ? blocks_per_sm(((fkern *)f)->img, (uint64_t)threads) : 0;
+    LEAVE(CUDA_SUCCESS);
+}
+static CUresult f_OccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) {
+    ENTER("cuOccupancyMaxActiveClusters");
+    unsigned size = 1;
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            size = c->attrs[i].value.clusterDim.x * c->attrs[i].value.clusterDim.y *
+                   c->attrs[i].value.clusterDim.z;
+    int per_sm =
+        blocks_per_sm(((fkern *)f)->img, (uint64_t)c->blockDimX * c->blockDimY * c->blockDimZ);
+    *n = size > 8 ? 0 : per_sm * FAKE_SMS / (int)size;
+    LEAVE(CUDA_SUCCESS);
 }
 
 int fake_kernel_attr(void *fn, int id) {

@@ -72,8 +72,20 @@ int fake_tag_of(void *fn_or_kernel);
 
 /* An image's "// shared: N" gives its kernels N bytes of static shared
  * memory; a max dynamic shared size that does not fit beside it (232448
- * bytes in all) is refused with CUDA_ERROR_INVALID_VALUE. The value an
- * attribute was set to on a kernel/function (cache config: id -1), or -1. */
+ * bytes in all) is refused with CUDA_ERROR_INVALID_VALUE. "// regs: N" gives
+ * them N registers a thread (default 16): CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_
+ * BLOCK is what 64K registers allow (rounded down to a warp, at most 1024),
+ * and cuOccupancyMaxActiveBlocksPerMultiprocessor counts blocks by 2048
+ * threads and 64K registers a multiprocessor (132 of them). Launches are
+ * checked as the device checks them: a block over 1024 threads fails with
+ * CUDA_ERROR_INVALID_VALUE, over the function's limit with
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES; dynamic shared memory over the
+ * function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (49152 less its
+ * static shared memory unless set) with CUDA_ERROR_INVALID_VALUE; a
+ * cooperative grid (cuLaunchKernelEx's attribute) that cannot be co-resident
+ * with CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE; a cluster of more than 8
+ * blocks with CUDA_ERROR_INVALID_CLUSTER_SIZE. The value an attribute was set
+ * to on a kernel/function (cache config: id -1), or -1. */
 int fake_kernel_attr(void *fn_or_kernel, int id);
 /* An image's "// regs: N" gives its kernels N registers a thread, and a trap
  * guard's copy of it "// guarded regs: M" where it says so (ptxas allocates

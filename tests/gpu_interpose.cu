@@ -45,6 +45,43 @@ template <typename T> __global__ void scale(T *x, T a, int n) {
 
 extern "C" __global__ void tagk(int *ring, int idx) { ring[idx] = 1; }
 
+// Kernels a team prepares with per-function settings and launches with large
+// configurations (fit_test): 64 KB of dynamic shared memory, 1024-thread
+// blocks, cooperative launches. Each writes its version's tag (the program's:
+// 1).
+#define BIG_SMEM_SRC(TAG)                                                                          \
+    "extern \"C\" __global__ void big_smem(int *out) {\n"                                          \
+    "    extern __shared__ int sm[];\n"                                                            \
+    "    for (int i = threadIdx.x; i < 16384; i += blockDim.x) sm[i] = i;\n"                       \
+    "    __syncthreads();\n"                                                                       \
+    "    if (threadIdx.x == 0) out[0] = sm[16383] - 16383 + " #TAG ";\n"                            \
+    "}\n"
+extern "C" __global__ void big_smem(int *out) {
+    extern __shared__ int sm[];
+    for (int i = threadIdx.x; i < 16384; i += blockDim.x) sm[i] = i;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = sm[16383] - 16383 + 1;
+}
+
+extern "C" __global__ void heavy(const float *x, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * 0.0f + 1.0f;
+}
+
+extern "C" __global__ void heavy2(const float *x, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * 0.0f + 1.0f;
+}
+
+extern "C" __global__ void regs_k(const float *x, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * 0.0f + 1.0f;
+}
+
+extern "C" __global__ void coop_k(int *out) {
+    if (threadIdx.x == 0) out[blockIdx.x] = 1;
+}
+
 // Hot versions: the same kernels, edited. OFF is what step adds, CXX what
 // cxx_kernel adds, MUL what scale multiplies its factor by.
 static std::string hot_source(int off, int cxx, int mul, bool extra_param) {
@@ -230,6 +267,191 @@ static void launch_calls_test() {
     check(e2 == cudaSuccess && h2 == 207, "cudaLaunchKernelEx (an attribute) of cxx_kernel runs the hot version");
 }
 
+// ---- what a hot version must fit --------------------------------------------
+
+// An edit of heavy that keeps 96 floats live across 8 rounds: about 100
+// registers a thread, so no 1024-thread block (64 at most).
+static const char *HEAVY_HOT =
+    "extern \"C\" __global__ void heavy(const float *x, float *out, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    float v[96];\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 96; k++) v[k] = x[(i + k * 37) % n];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < 8; r++) {\n"
+    "#pragma unroll\n"
+    "        for (int k = 0; k < 96; k++) v[k] = v[k] * v[(k + r + 1) % 96] + 0.5f;\n"
+    "    }\n"
+    "    float s = 0.0f;\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 96; k++) s += v[k];\n"
+    "    if (i < n) out[i] = s == 12345.678f ? -1.0f : 2.0f;\n"
+    "}\n";
+static const char *HEAVY_LIGHT =
+    "extern \"C\" __global__ void heavy(const float *x, float *out, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) out[i] = x[i] * 0.0f + 3.0f;\n"
+    "}\n";
+static const char *COOP_HOT =
+    "extern \"C\" __global__ void coop_k(int *out) {\n"
+    "    if (threadIdx.x == 0) out[blockIdx.x] = 2;\n"
+    "}\n";
+
+static int fit_swap(hk_runtime *rt, const char *mod, const char *src, hk_report *rep) {
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_NOW;
+    return hk_swap(rt, mod, src, strlen(src), &so, rep);
+}
+
+static int run_big_smem(int *d) {
+    int h = -1;
+    cudaMemset(d, 0, sizeof(int));
+    big_smem<<<1, 256, 65536>>>(d);
+    cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+// Every out[i] of heavy<<<1, 1024>>> equal to want.
+static bool run_heavy(const float *dx, float *dout, float want) {
+    cudaMemset(dout, 0, 1024 * sizeof(float));
+    heavy<<<1, 1024>>>(dx, dout, 1024);
+    std::vector<float> h(1024);
+    cudaMemcpy(h.data(), dout, 1024 * sizeof(float), cudaMemcpyDeviceToHost);
+    for (float v : h)
+        if (v != want) return false;
+    return true;
+}
+
+// Every out[i] of heavy2<<<1, threads>>> equal to want, and no error.
+static bool run_heavy2(const float *dx, float *dout, unsigned threads, float want) {
+    cudaMemset(dout, 0, 1024 * sizeof(float));
+    heavy2<<<1, threads>>>(dx, dout, (int)threads);
+    cudaError_t e = cudaGetLastError();
+    std::vector<float> h(threads);
+    cudaMemcpy(h.data(), dout, threads * sizeof(float), cudaMemcpyDeviceToHost);
+    for (float v : h)
+        if (v != want) return false;
+    return e == cudaSuccess;
+}
+
+static uint64_t fallbacks(hk_runtime *rt) {
+    hk_stats st;
+    hk_stats_init(&st);
+    hk_stats_get(rt, &st);
+    return st.program_fallbacks;
+}
+
+static int run_coop(int *d, bool chevrons) {
+    cudaMemset(d, 0, 4 * sizeof(int));
+    cudaError_t e = cudaSuccess;
+    if (chevrons) {
+        coop_k<<<4, 64>>>(d);
+    } else {
+        void *args[] = {&d};
+        e = cudaLaunchCooperativeKernel((const void *)coop_k, dim3(4), dim3(64), args, 0, 0);
+    }
+    int h[4] = {-1, -1, -1, -1};
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    return e != cudaSuccess ? -100 - (int)e : h[0] == h[3] ? h[0] : -2;
+}
+
+static void fit_test(hk_runtime *rt) {
+    int *d;
+    float *dx, *dout;
+    cudaMalloc(&d, 4 * sizeof(int));
+    cudaMalloc(&dx, 1024 * sizeof(float));
+    cudaMalloc(&dout, 1024 * sizeof(float));
+    cudaMemset(dx, 0, 1024 * sizeof(float));
+    hk_report rep;
+    hk_report_init(&rep);
+
+    // 64 KB of dynamic shared memory, set up as the program always did.
+    cudaError_t ae = cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
+    int p1 = run_big_smem(d);
+    int err = fit_swap(rt, "fit_smem", BIG_SMEM_SRC(2), &rep);
+    if (err) printf("  fit: big_smem swap refused: %s\n", rep.message);
+    int p2 = run_big_smem(d);
+    cudaError_t le = cudaGetLastError();
+    printf("  fit: big_smem attribute %s, program %d, hot %d (%s)\n", cudaGetErrorName(ae), p1, p2,
+           cudaGetErrorName(le));
+    check(ae == cudaSuccess && p1 == 1 && err == 0 && p2 == 2 && le == cudaSuccess,
+          "a 64 KB dynamic shared memory kernel set up with cudaFuncSetAttribute runs its hot version");
+
+    // cudaFuncGetAttributes and the occupancy call describe the version that
+    // runs: regs_k's edit keeps 96 floats live (it fits the 32-thread blocks
+    // the program uses).
+    regs_k<<<1, 32>>>(dx, dout, 32);
+    struct cudaFuncAttributes fa0, fa1;
+    cudaFuncGetAttributes(&fa0, regs_k);
+    int nb0 = -1, nb1 = -1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb0, regs_k, 256, 0);
+    std::string regs_src = HEAVY_HOT;
+    regs_src.replace(regs_src.find("heavy"), 5, "regs_k");
+    err = fit_swap(rt, "fit_regs", regs_src.c_str(), &rep);
+    if (err) printf("  fit: regs_k swap refused: %s\n", rep.message);
+    cudaFuncGetAttributes(&fa1, regs_k);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb1, regs_k, 256, 0);
+    printf("  fit: regs_k: the program's build %d registers, %d blocks of 256 a multiprocessor; "
+           "the hot one %d registers, max %d threads, %d blocks of 256\n",
+           fa0.numRegs, nb0, fa1.numRegs, fa1.maxThreadsPerBlock, nb1);
+    check(err == 0 && fa0.numRegs < 32 && nb0 >= 4 && fa1.numRegs > 64 &&
+              fa1.maxThreadsPerBlock < 1024 && nb1 >= 1 && nb1 <= 2,
+          "cudaFuncGetAttributes and cudaOccupancyMaxActiveBlocksPerMultiprocessor answer for the hot version");
+
+    // An edit that needs more registers than 1024-thread blocks allow.
+    bool h1 = run_heavy(dx, dout, 1.0f);
+    err = fit_swap(rt, "fit_heavy", HEAVY_HOT, &rep);
+    printf("  fit: heavy edit: %s (%d): %s\n", hk_strerror(err), err, rep.message);
+    bool h2 = run_heavy(dx, dout, 1.0f);
+    le = cudaGetLastError();
+    check(h1 && err == HK_ERR_ATTRIBUTE && strstr(rep.message, "blocks of 1024 threads") && h2 &&
+              le == cudaSuccess,
+          "an edit needing more registers than 1024-thread blocks allow is refused; the program's code runs");
+    err = fit_swap(rt, "fit_heavy", HEAVY_LIGHT, &rep);
+    bool h3 = run_heavy(dx, dout, 3.0f);
+    check(err == 0 && h3, "a light edit of it then commits and runs in 1024-thread blocks");
+
+    // Cooperative launches run the hot version, as <<<>>> does.
+    int c1 = run_coop(d, false);
+    err = fit_swap(rt, "fit_coop", COOP_HOT, &rep);
+    int c2 = run_coop(d, false), c3 = run_coop(d, true);
+    printf("  fit: cooperative: program %d, hot %d, <<<>>> %d (swap %d)\n", c1, c2, c3, err);
+    check(c1 == 1 && err == 0 && c2 == 2 && c3 == 2,
+          "cudaLaunchCooperativeKernel runs the hot version, as <<<>>> of the same kernel does");
+    uint64_t f0 = fallbacks(rt);
+    printf("  fit: %llu program fallbacks\n", (unsigned long long)f0);
+    check(f0 == 0, "no launch of these fell back to the program's code");
+
+    // A hot version that fits what the program launched so far (256-thread
+    // blocks), then a first 1024-thread launch it cannot take: the program's
+    // own kernel runs it, and the module stays on the program's code until
+    // its next commit.
+    std::string hot2 = HEAVY_HOT, light2 = HEAVY_LIGHT;
+    hot2.replace(hot2.find("heavy"), 5, "heavy2");
+    light2.replace(light2.find("heavy"), 5, "heavy2");
+    bool b1 = run_heavy2(dx, dout, 256, 1.0f);
+    err = fit_swap(rt, "fit_fallback", hot2.c_str(), &rep);
+    if (err) printf("  fit: heavy2 swap refused: %s\n", rep.message);
+    bool b2 = run_heavy2(dx, dout, 256, 2.0f);
+    bool b3 = run_heavy2(dx, dout, 1024, 1.0f);
+    uint64_t f1 = fallbacks(rt);
+    bool b4 = run_heavy2(dx, dout, 256, 1.0f);
+    int err2 = fit_swap(rt, "fit_fallback", light2.c_str(), &rep);
+    bool b5 = run_heavy2(dx, dout, 1024, 3.0f);
+    printf("  fit: fallback: program %d, hot at 256 %d, 1024 by the program %d (%llu fallbacks), "
+           "256 after it %d, next commit %d at 1024 %d\n",
+           b1, b2, b3, (unsigned long long)f1, b4, err2, b5);
+    check(b1 && err == 0 && b2 && b3 && f1 == 1,
+          "a hot launch that fails (1024 threads, 128 registers) runs the program's kernel, counted");
+    check(b4 && err2 == 0 && b5,
+          "the module runs the program's code until its next commit, which takes 1024 threads");
+    hk_report_clear(&rep);
+    cudaFree(d);
+    cudaFree(dx);
+    cudaFree(dout);
+}
+
 // ---- a typed handle on the same module (hotkern.hpp) ----------------------
 
 // New code beside the program's <<<>>>: a typed handle of the hot tagk
@@ -362,6 +584,7 @@ int main(int, char **argv) {
     capture_test(file);
     load_test(rt);
     typed_test(rt);
+    fit_test(rt);
 
     // The summary line tests/run.sh reads.
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", passed * 100 / (passed + failed),

@@ -315,6 +315,12 @@ typedef enum hk_event_kind {
                                  * must restart; the suspect versions are
                                  * quarantined (once per runtime; module NULL,
                                  * report cu_name the error) */
+    HK_EVENT_FALLBACK = 7,      /* a launch of a program's kernel (the <<<>>>
+                                 * interposition) failed in the hot version:
+                                 * the program's own kernel ran that launch,
+                                 * and the module's program kernels run the
+                                 * program's code until its next commit
+                                 * (report: kernel, cu_name, message) */
 } hk_event_kind;
 
 /* Filled by hotkern, valid during the callback only. `size` is the sizeof
@@ -333,10 +339,10 @@ typedef struct hk_event {
 
 /* Called on the thread that performed the swap (the caller of hk_swap, the
  * worker, or the caller of hk_safe_point; RECLAIMED and CONTEXT_RESET on
- * hotkern's reclaim thread), with no hotkern lock held: it may call hotkern,
- * but not hk_runtime_destroy. Calls that would wait for the thread the event
- * runs on return HK_ERR_BUSY at once: hk_wait_idle on the worker,
- * hk_reclaim_wait on the reclaim thread. */
+ * hotkern's reclaim thread; FALLBACK on the launching thread), with no
+ * hotkern lock held: it may call hotkern, but not hk_runtime_destroy. Calls
+ * that would wait for the thread the event runs on return HK_ERR_BUSY at
+ * once: hk_wait_idle on the worker, hk_reclaim_wait on the reclaim thread. */
 typedef void (*hk_event_cb)(const hk_event *ev, void *userdata);
 
 /* Events on the program's own thread (as libmpv's mpv_wait_event): instead
@@ -1307,7 +1313,10 @@ typedef struct hk_stats {
                                 * hk_report.canary_new_ms and canary_old_ms;
                                 * 0: none yet */
     double canary_last_old_ms;
-    uint64_t canary_sanitizer; /* 1: test launches run under memcheck first */
+    uint64_t canary_sanitizer;  /* 1: test launches run under memcheck first */
+    uint64_t program_fallbacks; /* launches of a program's kernel that failed in
+                                 * the hot version and ran the program's own
+                                 * code (HK_EVENT_FALLBACK) */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)

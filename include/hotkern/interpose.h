@@ -30,6 +30,29 @@
  * cudaGetSymbolAddress gives the hot copy's address (valid until the next
  * swap of its module; said once in the log).
  *
+ * A hot version never costs the program a launch. The per-function settings
+ * the program makes on its kernels (cudaFuncSetAttribute: dynamic shared
+ * memory, carveout, cluster attributes; cudaFuncSetCacheConfig;
+ * cudaKernelSetAttributeForDevice for device 0) reach its own kernel and
+ * every hot version, at bind and at each swap; a version that cannot take
+ * one is refused. The launch configurations the program has used for each
+ * kernel (largest block, largest dynamic shared memory, cluster dimensions,
+ * largest cooperative grid) are kept, and a version that cannot take them
+ * (a build whose registers allow smaller blocks, static shared memory that
+ * leaves no room, a grid that cannot be co-resident) is refused with
+ * HK_ERR_ATTRIBUTE, the report naming the kernel, the configuration and the
+ * limit. A hot launch that fails anyway (a configuration first used after
+ * the commit) is run by the program's own kernel in the same call, with the
+ * same arguments and configuration; the failure is logged, counted
+ * (hk_stats.program_fallbacks) and emitted (HK_EVENT_FALLBACK, on the
+ * launching thread), and all the module's program kernels run the
+ * program's code until its next commit, so that kernels sharing data run
+ * one version. cudaLaunchCooperativeKernel routes as <<<>>> does.
+ * cudaFuncGetAttributes and cudaOccupancyMaxActiveBlocksPerMultiprocessor
+ * [WithFlags] answer for the version that runs (registers, limits and
+ * occupancy are the build's own; the runtime's cudaOccupancyMaxPotential
+ * BlockSize templates use these two), as of the call: a swap may change it.
+ *
  * Configuration, read at the first launch unless the program attached a
  * runtime of its own (hk_interpose_attach):
  *   HOTKERN_WATCH           directories to watch, ':'-separated
@@ -48,10 +71,19 @@
  * to the program's own code, saying why once on stderr.
  *
  * Limits: hot launches run in device 0's primary context (a launch from
- * another context is the program's own); an error of a hot launch is
- * returned by the launch call but not recorded for cudaGetLastError; a
- * cudaMemcpyToSymbolAsync racing a swap of its module may land in the
- * outgoing version.
+ * another context is the program's own); a sticky error of a hot launch (a
+ * kernel faulted: every later call fails with it) is returned by the launch
+ * call, not run again by the program's kernel; any other failure of a hot
+ * launch is the program's kernel's to report, through its own runtime (so
+ * cudaGetLastError sees it when that one fails too). The other occupancy
+ * queries (cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialCluster
+ * Size, cudaOccupancyAvailableDynamicSMemPerBlock) describe the program's
+ * build: they take a launch configuration the driver has no hot-version
+ * form of here, and a program that sizes by them is still checked at each
+ * swap against what it launched. cudaFuncSetSharedMemConfig is not followed:
+ * it has no effect on the devices CUDA 13 supports (their bank size is
+ * fixed). A cudaMemcpyToSymbolAsync racing a swap of its module may land in
+ * the outgoing version.
  */
 #ifndef HOTKERN_INTERPOSE_H
 #define HOTKERN_INTERPOSE_H
