@@ -146,7 +146,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # library for LD_PRELOAD (programs linked with -cudart shared) and an archive
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
 # such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
-ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
+             $(BUILD)/obj/interpose/env.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \

@@ -93,6 +93,23 @@ cudaError_t hki_symbol_address(void **p, const void *sym);
  * template) or a name it cannot read. malloc'd. */
 char *hki_name_expression(const char *name);
 
+/* env.c: the configuration HOTKERN_* gives, checked whole. */
+typedef struct hki_env {
+    int off, canary, restore, allow_unsigned, endpoint;
+    const char *watch, *state_dir, *cache_dir, *trusted_key, *token, *origin; /* the environ's */
+    char address[64]; /* HOTKERN_ENDPOINT's, "127.0.0.1" when it names a port only */
+    unsigned port;
+    int refused;    /* how many values were refused */
+    char why[2048]; /* a "hotkern: NAME=VALUE: why" line for each */
+} hki_env;
+/* Reads HOTKERN_*: 0 when it all parses, 1 for HOTKERN_OFF, -1 when any
+ * value is refused (e->why says each). */
+int hki_env_read(hki_env *e);
+/* The runtime HOTKERN_* asks for, its sources started; NULL (said on
+ * stderr) when a value is refused or the runtime or a source cannot be
+ * made, and, silently, under HOTKERN_OFF. */
+hk_runtime *hki_env_runtime(void);
+
 /* For tests: the runtime launches route through (an attached one or the
  * one made from the environment), and how many handles were registered. */
 hk_runtime *hki_runtime(void);
