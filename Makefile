@@ -169,6 +169,13 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
 
+# An ordinary nvcc program that ends while hotkern's first build may be in
+# flight (tests/cpu_exit.c, tests/exit-stress.sh), built -cudart shared (for
+# LD_PRELOAD), with the --wrap flags, and plain (static cudart, no hotkern:
+# tests/cpu_setup.c). Outside BUILD/tests: not a suite.
+EXIT_APPS := $(if $(SAN),,$(BUILD)/stub/exit_app_shared $(BUILD)/stub/exit_app_static \
+             $(BUILD)/stub/exit_app_plain)
+
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
 # The build helper process (ptx/helper.c), started by libhotkern when a
@@ -188,7 +195,7 @@ all: build
 # the rest of `make build`: tests, benchmarks, demo and examples.
 INSTALLED_BUILT := $(STATIC) $(SHARED) $(PRELOAD) $(WRAP) $(CANARY) $(BUILDER) $(FAKE_CUDA) \
                    $(if $(CLI_ON),$(CLI)) $(if $(filter 1,$(NET)),$(NET_STATIC) $(NET_SHARED))
-DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
+DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(EXIT_APPS) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
              $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 # Internal targets assume the dependencies exist; the public ones install them.
@@ -361,6 +368,18 @@ $(BUILD)/examples/existing_program_shared: examples/existing_program.cu
 $(BUILD)/examples/existing_program_static: examples/existing_program.cu $(WRAP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/stub/exit_app_shared: tests/stub/exit_app.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/stub/exit_app_static: tests/stub/exit_app.cu $(WRAP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/stub/exit_app_plain: tests/stub/exit_app.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $<
 
 $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 	@mkdir -p $(dir $@)

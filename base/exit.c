@@ -36,7 +36,7 @@
 
 static _Atomic int exiting;
 static _Atomic long inflight;
-static _Atomic int wait_max_ms = 5000;
+static _Atomic int wait_max_ms; /* the largest hkb_exit_guard was given */
 static _Atomic int registered, rearms;
 static __thread long depth; /* this thread's sections in progress */
 /* How many of a process's first in-process compiles register the guard
