@@ -23,6 +23,7 @@
  * route.c's pthread_once; nothing is kept but the runtime it returns.
  */
 #include <arpa/inet.h>
+#include <elf.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,4 +260,54 @@ hk_runtime *hki_env_runtime(void) {
         return NULL;
     }
     return rt;
+}
+
+/* ---- the preload library on a program it cannot reach ------------------- */
+
+/* 1 when this process's executable has a section of one of the names. */
+static int exe_has_section(const char *const *names, size_t n) {
+    FILE *f = fopen("/proc/self/exe", "rb");
+    Elf64_Ehdr eh;
+    int found = 0;
+    if (!f)
+        return 0;
+    if (fread(&eh, sizeof eh, 1, f) == 1 && !memcmp(eh.e_ident, ELFMAG, SELFMAG) &&
+        eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_shentsize == sizeof(Elf64_Shdr) &&
+        eh.e_shstrndx < eh.e_shnum && eh.e_shnum < 65535) {
+        Elf64_Shdr *sh = calloc(eh.e_shnum, sizeof *sh);
+        if (sh && fseek(f, (long)eh.e_shoff, SEEK_SET) == 0 &&
+            fread(sh, sizeof *sh, eh.e_shnum, f) == eh.e_shnum &&
+            sh[eh.e_shstrndx].sh_size < (1u << 20)) {
+            size_t len = sh[eh.e_shstrndx].sh_size;
+            char *str = malloc(len + 1);
+            if (str && fseek(f, (long)sh[eh.e_shstrndx].sh_offset, SEEK_SET) == 0 &&
+                fread(str, 1, len, f) == len) {
+                str[len] = '\0';
+                for (size_t i = 0; i < eh.e_shnum && !found; i++)
+                    for (size_t k = 0; k < n && !found; k++)
+                        found = sh[i].sh_name < len && !strcmp(str + sh[i].sh_name, names[k]);
+            }
+            free(str);
+        }
+        free(sh);
+    }
+    fclose(f);
+    return found;
+}
+
+void hki_preload_check(int have_cudart) {
+    /* nvcc puts a program's device code in these sections; wrap.c marks a
+     * program linked with the interposition. */
+    static const char *const fatbin[] = {".nv_fatbin", ".nvFatBinSegment", "__nv_relfatbin"};
+    static const char *const wrapped[] = {HKI_WRAP_SECTION};
+    hki_env e;
+    if (have_cudart || hki_env_read(&e) == 1 || !exe_has_section(fatbin, 3) ||
+        exe_has_section(wrapped, 1))
+        return;
+    fprintf(stderr,
+            "hotkern: this program has the CUDA runtime linked in statically (nvcc's default), "
+            "which LD_PRELOAD=libhotkern-preload.so cannot reach: nothing of it is "
+            "hot-reloadable. Link hotkern in instead (WRAP=$(pkg-config --variable=nvcc_libs "
+            "hotkern-wrap) && nvcc ... $WRAP, or hotkern_enable_hot_reload() in CMake; see "
+            "interpose.h), or build it with -cudart shared\n");
 }

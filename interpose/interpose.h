@@ -110,6 +110,14 @@ int hki_env_read(hki_env *e);
  * made, and, silently, under HOTKERN_OFF. */
 hk_runtime *hki_env_runtime(void);
 
+/* env.c: said once on stderr by the preload library's constructor when
+ * the program has no shared CUDA runtime to interpose (have_cudart 0) but
+ * device code of its own: its runtime is linked in statically, out of the
+ * preload library's reach (unless HOTKERN_OFF, or the program is linked
+ * with the interposition: wrap.c marks it with this section). */
+#define HKI_WRAP_SECTION ".hotkern_wrap"
+void hki_preload_check(int have_cudart);
+
 /* For tests: the runtime launches route through (an attached one or the
  * one made from the environment), and how many handles were registered. */
 hk_runtime *hki_runtime(void);

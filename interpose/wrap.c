@@ -21,6 +21,10 @@ HKI_ENTRIES(DECLARE)
 void __real___cudaRegisterVar HKI_REGVAR_PARAMS;
 EXPORT void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS;
 
+/* Marks the program as linked with the interposition, for the preload
+ * library (env.c's hki_preload_check) should it be preloaded as well. */
+__attribute__((used, section(HKI_WRAP_SECTION))) static const char wrapped[] = "hotkern-wrap";
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void resolve(void) {

@@ -115,6 +115,7 @@ static int runs_fail(const char *app, int preload, int runs) {
                    delay, rc, out_ok ? "whole" : "lost",
                    handed ? "" : ", the watch never handed the file over",
                    committed ? ", the build ended before the exit" : "");
+            fflush(stdout);
             sh("cd '%s' && cat out err", dir);
             bad++;
         }
