@@ -145,7 +145,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # The <<<>>> interposition (interpose/): its core, and the two ways in: a
 # library for LD_PRELOAD (programs linked with -cudart shared) and an archive
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
-# such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
+# such a program links with (hotkern-wrap.pc's wrap_ldflags for gcc and
+# clang, nvcc_libs for nvcc, which refuses -Wl,; the CMake function).
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
              $(BUILD)/obj/interpose/env.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
@@ -517,6 +518,13 @@ SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSI
               -e 's|@WRAP_LINK@|$(call cmake_list,$(WRAP_LINK))|g'
 PKG_OUT  := $(BUILD)/pkg
 PC_FILES := hotkern.pc hotkern-wrap.pc $(if $(filter 1,$(NET)),hotkern-net.pc)
+# The pkg-config files as an install writes them, also in `make build`:
+# tests/cpu_setup.c checks the variables the documentation names.
+PC_BUILT := $(addprefix $(PKG_OUT)/,$(PC_FILES))
+build: $(PC_BUILT)
+$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) Makefile
+	@mkdir -p $(dir $@)
+	$(SUBST) $< >$@
 install: $(INSTALLED_BUILT)
 	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
 	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
