@@ -643,7 +643,7 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
-	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
+	  tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh tests/exit-stress.sh
 	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
 	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
 	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \
