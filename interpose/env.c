@@ -228,7 +228,7 @@ static int sources(hk_runtime *rt, const hki_env *e) {
 
 #define NOT_ENABLED "hotkern: not enabled, the program's own kernels run"
 
-hk_runtime *hki_env_runtime(void) {
+hk_runtime *hki_env_runtime(void (*made)(hk_runtime *rt)) {
     hki_env e;
     int r = hki_env_read(&e);
     if (r == 1)
@@ -254,6 +254,7 @@ hk_runtime *hki_env_runtime(void) {
         return NULL;
     }
     hk_report_clear(&rep);
+    made(rt);
     if (sources(rt, &e) < 0) {
         hk_runtime_destroy(rt);
         fprintf(stderr, NOT_ENABLED " (a source above could not start)\n");

@@ -105,10 +105,11 @@ typedef struct hki_env {
 /* Reads HOTKERN_*: 0 when it all parses, 1 for HOTKERN_OFF, -1 when any
  * value is refused (e->why says each). */
 int hki_env_read(hki_env *e);
-/* The runtime HOTKERN_* asks for, its sources started; NULL (said on
- * stderr) when a value is refused or the runtime or a source cannot be
- * made, and, silently, under HOTKERN_OFF. */
-hk_runtime *hki_env_runtime(void);
+/* The runtime HOTKERN_* asks for, made(rt) called before its sources
+ * start; NULL (said on stderr) when a value is refused or the runtime or a
+ * source cannot be made (destroyed then), and, silently, under
+ * HOTKERN_OFF. */
+hk_runtime *hki_env_runtime(void (*made)(hk_runtime *rt));
 
 /* env.c: said once on stderr by the preload library's constructor when
  * the program has no shared CUDA runtime to interpose (have_cudart 0) but

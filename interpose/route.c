@@ -201,9 +201,19 @@ int hki_registered(void) {
  * them would only add risk (base/exit.c keeps hotkern's threads off the
  * driver from then on; the state directory's lock goes with the process). */
 static void from_env(void) {
-    hk_runtime *rt = atomic_load(&g_rt) ? NULL : hki_env_runtime();
-    if (rt && hk_interpose_attach(rt) < 0) /* the program attached one meanwhile */
+    /* The program's variables are told to it before its sources start, so
+     * that a first version sees them (env.c destroys it if one fails). */
+    hk_runtime *rt = atomic_load(&g_rt) ? NULL : hki_env_runtime(vars_tell);
+    if (rt && hk_interpose_attach(rt) < 0) { /* the program attached one meanwhile */
         hk_runtime_destroy(rt);
+        rt = NULL;
+    }
+    if (!rt) { /* what was told went with it */
+        pthread_mutex_lock(&vars_lock);
+        for (var *v = vars; v; v = v->next)
+            v->known = 0;
+        pthread_mutex_unlock(&vars_lock);
+    }
 }
 
 static inline hk_runtime *runtime(void) {
