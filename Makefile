@@ -418,9 +418,10 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
-# cpu_setup too (HOTKERN_*), and runs the nvcc programs of EXIT_APPS.
-$(BUILD)/tests/cpu_setup: TEST_OBJ := $(ICORE_OBJ)
-$(BUILD)/tests/cpu_setup: TEST_LDFLAGS := -lstdc++
+# cpu_setup (HOTKERN_*) and cpu_exit too; both run the nvcc programs of
+# EXIT_APPS.
+$(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_LDFLAGS := -lstdc++
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).

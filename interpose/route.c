@@ -169,13 +169,31 @@ static void vars_tell(hk_runtime *rt) {
     pthread_mutex_unlock(&vars_lock);
 }
 
+/* From the process's exit on, every launch and symbol copy is the
+ * program's own: its CUDA runtime knows that it is being unloaded, while a
+ * hot launch would reach the driver as it goes (hotkern's threads have
+ * stopped already, base/exit.c). Registered at attach, after the runtime's
+ * exit guard, this runs before it; the launch path pays nothing for it. */
+static void no_runtime(void) {}
+
+static void unroute(void) {
+    pthread_once(&env_once, no_runtime); /* and none is made from then on */
+    atomic_store(&g_rt, NULL);
+}
+
+static void unroute_at_exit(void) {
+    atexit(unroute);
+}
+
 int hk_interpose_attach(hk_runtime *rt) {
+    static pthread_once_t at_exit = PTHREAD_ONCE_INIT;
     if (!rt)
         return HK_ERR_INVALID;
     pthread_mutex_lock(&attach_lock);
     int err = atomic_load(&g_rt) ? HK_ERR_BUSY : 0;
     if (!err) {
         vars_tell(rt);
+        pthread_once(&at_exit, unroute_at_exit);
         atomic_store_explicit(&g_rt, rt, memory_order_release);
     }
     pthread_mutex_unlock(&attach_lock);

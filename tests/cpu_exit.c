@@ -18,7 +18,9 @@
  * The guard itself, in a child process: exit waits for a section in
  * progress before the exit handlers registered earlier run; a section that
  * outlasts the wait ends the process with the status exit was given and its
- * output flushed; once exiting, no section begins.
+ * output flushed; once exiting, no section begins. And the interposition's
+ * part (the fake driver in process): from the exit on, a launch of a kernel
+ * that has a hot version is the program's own.
  */
 #include <libgen.h>
 #include <limits.h>
@@ -32,6 +34,10 @@
 #include <unistd.h>
 
 #include "base/exit.h"
+#include "hotkern/interpose.h"
+#include "interpose/interpose.h"
+#include "loader/loader.h"
+#include "tests/fakecuda.h"
 #include "tests/harness.h"
 
 static char build[PATH_MAX], dir[PATH_MAX];
@@ -202,6 +208,84 @@ START_TEST(a_section_past_the_wait_ends_the_process_with_its_status) {
 }
 END_TEST
 
+/* ---- launches during the exit ------------------------------------------ */
+
+static int program_launches;
+
+static cudaError_t f_klaunch(cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sh_, cudaStream_t s) {
+    program_launches++;
+    return (cudaError_t)fake_driver()->LaunchKernel((CUfunction)k, g.x, g.y, g.z, b.x, b.y, b.z,
+                                                    (unsigned)sh_, (CUstream)s, a, NULL);
+}
+
+static const hki_real fake_real = {.klaunch = f_klaunch, .klaunch_ptsz = f_klaunch};
+static cudaKernel_t prog_kernel;
+
+/* One <<<>>> launch of the program's kernel: the tag of the code that ran. */
+static int launch_tag(void) {
+    int out = -1, *dptr = &out;
+    unsigned n = 1;
+    void *args[] = {&dptr, &n};
+    dim3 one = {1, 1, 1};
+    hki_klaunch(0, prog_kernel, one, one, args, 0, NULL);
+    return out;
+}
+
+/* Registered before the runtime is attached: runs after the interposition's
+ * exit handler. */
+static void launch_at_exit(void) {
+    int before = program_launches, tag = launch_tag();
+    printf("at exit: tag %d, %s\n", tag, program_launches > before ? "the program" : "hot");
+}
+
+START_TEST(launches_during_the_exit_are_the_programs) {
+    char out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/child.out", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(out, "w", stdout))
+            _exit(99);
+        fake_init(1, 90);
+        hki_real_set(&fake_real);
+        hk_options o;
+        hk_options_init(&o);
+        o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
+        o.cache_dir = "";
+        o.no_warm_start = 1;
+        hk_runtime *rt;
+        if (hkl_runtime_create_with(&rt, &o, fake_driver(), NULL) < 0)
+            _exit(98);
+        fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0));
+        CUlibrary lib;
+        CUkernel k;
+        const hkb_driver *d = fake_driver();
+        if (d->LibraryLoadData(&lib, fake_ptx(1, 0, 0, 0), NULL, NULL, 0, NULL, NULL, 0) ||
+            d->LibraryGetKernel(&k, lib, "step"))
+            _exit(97);
+        prog_kernel = (cudaKernel_t)k;
+        atexit(launch_at_exit);
+        if (hk_interpose_attach(rt) < 0)
+            _exit(96);
+        const char *hot = fake_ptx(2, 0, 0, 0);
+        printf("before: tag %d\n", launch_tag());
+        if (hk_swap(rt, "sim", hot, strlen(hot), NULL, NULL) < 0)
+            _exit(95);
+        printf("hot: tag %d\n", launch_tag());
+        exit(0);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    sh("cat '%s'", out);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_eq(
+        sh("printf 'before: tag 1\\nhot: tag 2\\nat exit: tag 1, the program\\n' | cmp - '%s'",
+           out),
+        0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("exit");
     TCase *tc = tcase_create("exit");
@@ -209,6 +293,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, exit_waits_for_a_section_in_progress);
     tcase_add_test(tc, a_section_past_the_wait_ends_the_process_with_its_status);
+    tcase_add_test(tc, launches_during_the_exit_are_the_programs);
     tcase_add_test(tc, preload_program_exits_during_its_first_build);
     tcase_add_test(tc, wrap_program_exits_during_its_first_build);
     suite_add_tcase(s, tc);
