@@ -64,9 +64,9 @@
  *
  * Exit: a program may return from main or call exit at any moment, a build,
  * canary run or watch in flight; it ends with its own status and its output
- * flushed. hotkern's threads make no driver call from then on (they wait
- * for the process's end), and the exit waits for one in progress, up to
- * hk_options.destroy_wait_ms (5 s).
+ * flushed. From then on every launch runs the program's own code, hotkern's
+ * threads make no driver call (they wait for the process's end), and the
+ * exit waits for one in progress, up to hk_options.destroy_wait_ms (5 s).
  *
  * Limits: hot launches run in device 0's primary context (a launch from
  * another context is the program's own); an error of a hot launch is
