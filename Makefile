@@ -145,8 +145,10 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # The <<<>>> interposition (interpose/): its core, and the two ways in: a
 # library for LD_PRELOAD (programs linked with -cudart shared) and an archive
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
-# such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
-ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+# such a program links with (hotkern-wrap.pc's wrap_ldflags for gcc and
+# clang, nvcc_libs for nvcc, which refuses -Wl,; the CMake function).
+ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
+             $(BUILD)/obj/interpose/env.o
 ICORE_OBJ += $(BUILD)/obj/interpose/attrs.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
@@ -187,6 +189,13 @@ PROG_BIN := $(if $(SAN),,$(foreach c,$(PROG_CASES),$(PROG_DIR)/$(c)-shared $(PRO
               $(PROG_DIR)/plugins-shared $(PROG_DIR)/libplug_a.so $(PROG_DIR)/libplug_b.so)
 prog_obj = $(patsubst tests/programs/%.cu,$(BUILD)/obj/tests/programs/%.o,$(sort $(wildcard tests/programs/$(1)/*.cu)))
 
+# An ordinary nvcc program that ends while hotkern's first build may be in
+# flight (tests/cpu_exit.c, tests/exit-stress.sh), built -cudart shared (for
+# LD_PRELOAD), with the --wrap flags, and plain (static cudart, no hotkern:
+# tests/cpu_setup.c). Outside BUILD/tests: not a suite.
+EXIT_APPS := $(if $(SAN),,$(BUILD)/stub/exit_app_shared $(BUILD)/stub/exit_app_static \
+             $(BUILD)/stub/exit_app_plain)
+
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
 # The build helper process (ptx/helper.c), started by libhotkern when a
@@ -206,7 +215,8 @@ all: build
 # the rest of `make build`: tests, benchmarks, demo and examples.
 INSTALLED_BUILT := $(STATIC) $(SHARED) $(PRELOAD) $(WRAP) $(CANARY) $(BUILDER) $(FAKE_CUDA) \
                    $(if $(CLI_ON),$(CLI)) $(if $(filter 1,$(NET)),$(NET_STATIC) $(NET_SHARED))
-DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(PROG_BIN) $(STUB_CUDA) $(BAD_CANARY) $(FAKE_SAN) $(BENCH_BIN) \
+DEV_BUILT := $(TEST_BIN) $(GPU_INTERPOSE) $(PROG_BIN) $(EXIT_APPS) $(STUB_CUDA) $(BAD_CANARY) \
+             $(FAKE_SAN) $(BENCH_BIN) \
              $(DEMO_BIN) $(EX_BIN) $(CXX_TEST_BIN) $(EX_CXX_BIN)
 
 # Internal targets assume the dependencies exist; the public ones install them.
@@ -382,6 +392,18 @@ $(BUILD)/examples/existing_program_static: examples/existing_program.cu $(WRAP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
+$(BUILD)/stub/exit_app_shared: tests/stub/exit_app.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/stub/exit_app_static: tests/stub/exit_app.cu $(WRAP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/stub/exit_app_plain: tests/stub/exit_app.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $<
+
 $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
@@ -444,6 +466,10 @@ $(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
 $(BUILD)/tests/cpu_interpose_fit: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose_fit: TEST_LDFLAGS := -lstdc++
+# cpu_setup (HOTKERN_*) and cpu_exit too; both run the nvcc programs of
+# EXIT_APPS.
+$(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_LDFLAGS := -lstdc++
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).
@@ -544,6 +570,13 @@ SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSI
               -e 's|@WRAP_LINK@|$(call cmake_list,$(WRAP_LINK))|g'
 PKG_OUT  := $(BUILD)/pkg
 PC_FILES := hotkern.pc hotkern-wrap.pc $(if $(filter 1,$(NET)),hotkern-net.pc)
+# The pkg-config files as an install writes them, also in `make build`:
+# tests/cpu_setup.c checks the variables the documentation names.
+PC_BUILT := $(addprefix $(PKG_OUT)/,$(PC_FILES))
+build: $(PC_BUILT)
+$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) Makefile
+	@mkdir -p $(dir $@)
+	$(SUBST) $< >$@
 install: $(INSTALLED_BUILT)
 	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
 	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
@@ -662,7 +695,8 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
-	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh
+	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
+	  tests/exit-stress.sh
 	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
 	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
 	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \

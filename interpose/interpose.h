@@ -128,6 +128,32 @@ const hki_real *hki_real_get(void);
  * template) or a name it cannot read. malloc'd. */
 char *hki_name_expression(const char *name);
 
+/* env.c: the configuration HOTKERN_* gives, checked whole. */
+typedef struct hki_env {
+    int off, canary, restore, allow_unsigned, endpoint;
+    const char *watch, *state_dir, *cache_dir, *trusted_key, *token, *origin; /* the environ's */
+    char address[64]; /* HOTKERN_ENDPOINT's, "127.0.0.1" when it names a port only */
+    unsigned port;
+    int refused;    /* how many values were refused */
+    char why[2048]; /* a "hotkern: NAME=VALUE: why" line for each */
+} hki_env;
+/* Reads HOTKERN_*: 0 when it all parses, 1 for HOTKERN_OFF, -1 when any
+ * value is refused (e->why says each). */
+int hki_env_read(hki_env *e);
+/* The runtime HOTKERN_* asks for, made(rt) called before its sources
+ * start; NULL (said on stderr) when a value is refused or the runtime or a
+ * source cannot be made (destroyed then), and, silently, under
+ * HOTKERN_OFF. */
+hk_runtime *hki_env_runtime(void (*made)(hk_runtime *rt));
+
+/* env.c: said once on stderr by the preload library's constructor when
+ * the program has no shared CUDA runtime to interpose (have_cudart 0) but
+ * device code of its own: its runtime is linked in statically, out of the
+ * preload library's reach (unless HOTKERN_OFF, or the program is linked
+ * with the interposition: wrap.c marks it with this section). */
+#define HKI_WRAP_SECTION ".hotkern_wrap"
+void hki_preload_check(int have_cudart);
+
 /* For tests: the runtime launches route through (an attached one or the
  * one made from the environment), and how many handles were registered. */
 hk_runtime *hki_runtime(void);

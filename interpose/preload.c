@@ -33,6 +33,8 @@ static void resolve(void) {
 
 __attribute__((constructor)) static void preload_init(void) {
     pthread_once(&once, resolve);
+    /* A program with a static CUDA runtime has none to forward to. */
+    hki_preload_check(dlsym(RTLD_NEXT, "__cudaLaunchKernel") != NULL);
 }
 
 #define DEFINE(field, name, params, call)                                                          \

@@ -50,7 +50,6 @@
 #include <string.h>
 
 #include "hotkern/interpose.h"
-#include "hotkern/net.h"
 #include "interpose/interpose.h"
 #include "loader/fit.h"
 #include "loader/loader.h"
@@ -214,13 +213,31 @@ static void vars_tell(hk_runtime *rt) {
     pthread_mutex_unlock(&vars_lock);
 }
 
+/* From the process's exit on, every launch and symbol copy is the
+ * program's own: its CUDA runtime knows that it is being unloaded, while a
+ * hot launch would reach the driver as it goes (hotkern's threads have
+ * stopped already, base/exit.c). Registered at attach, after the runtime's
+ * exit guard, this runs before it; the launch path pays nothing for it. */
+static void no_runtime(void) {}
+
+static void unroute(void) {
+    pthread_once(&env_once, no_runtime); /* and none is made from then on */
+    atomic_store(&g_rt, NULL);
+}
+
+static void unroute_at_exit(void) {
+    atexit(unroute);
+}
+
 int hk_interpose_attach(hk_runtime *rt) {
+    static pthread_once_t at_exit = PTHREAD_ONCE_INIT;
     if (!rt)
         return HK_ERR_INVALID;
     pthread_mutex_lock(&attach_lock);
     int err = atomic_load(&g_rt) ? HK_ERR_BUSY : 0;
     if (!err) {
         vars_tell(rt);
+        pthread_once(&at_exit, unroute_at_exit);
         atomic_store_explicit(&g_rt, rt, memory_order_release);
     }
     pthread_mutex_unlock(&attach_lock);
@@ -239,100 +256,26 @@ int hki_registered(void) {
     return atomic_load(&nregistered);
 }
 
-static int env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0");
-}
-
-static void say(const char *what, const hk_report *rep) {
-    fprintf(stderr, "hotkern: %s: %s\n", what, rep->message);
-}
-
-/* The sources HOTKERN_* ask for: each that fails says so and is left out. */
-static void env_sources(hk_runtime *rt) {
-    hk_report rep = HK_REPORT_INIT;
-    const char *w = getenv("HOTKERN_WATCH");
-    if (w && *w) {
-        char *dirs = strdup(w), *save = NULL;
-        for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save))
-            if (hk_watch_dir(rt, d, NULL, &rep) < 0)
-                say("HOTKERN_WATCH", &rep);
-        free(dirs);
-    }
-#ifdef HK_NO_NET
-    /* Built without the network library (make NET=0). */
-    const char *net[] = {"HOTKERN_ENDPOINT", "HOTKERN_ORIGIN"};
-    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
-        if (getenv(net[i]) && *getenv(net[i]))
-            fprintf(stderr, "hotkern: %s: built without network support\n", net[i]);
-#else
-    const char *key = getenv("HOTKERN_TRUSTED_KEY");
-    const char *keys[] = {key};
-    int unsigned_ok = env_flag("HOTKERN_ALLOW_UNSIGNED");
-    const char *ep = getenv("HOTKERN_ENDPOINT");
-    if (ep && *ep) {
-        hk_endpoint_options o;
-        hk_endpoint_options_init(&o);
-        char addr[64] = "127.0.0.1";
-        const char *colon = strrchr(ep, ':');
-        if (colon && (size_t)(colon - ep) < sizeof addr) {
-            memcpy(addr, ep, (size_t)(colon - ep));
-            addr[colon - ep] = '\0';
-        }
-        o.address = addr;
-        o.port = (unsigned)atoi(colon ? colon + 1 : ep);
-        o.trusted_keys = key ? keys : NULL;
-        o.ntrusted_keys = key ? 1 : 0;
-        o.allow_unsigned = unsigned_ok;
-        o.token = getenv("HOTKERN_TOKEN");
-        hk_endpoint *h;
-        if (hk_endpoint_start(rt, &o, &h, &rep) < 0)
-            say("HOTKERN_ENDPOINT", &rep);
-        else
-            fprintf(stderr, "hotkern: pushes on %s port %u\n", addr, hk_endpoint_port(h));
-    }
-    const char *origin = getenv("HOTKERN_ORIGIN");
-    if (origin && *origin) {
-        hk_pull_options o;
-        hk_pull_options_init(&o);
-        o.url = origin;
-        o.trusted_keys = key ? keys : NULL;
-        o.ntrusted_keys = key ? 1 : 0;
-        o.allow_unsigned = unsigned_ok;
-        hk_puller *p;
-        if (hk_pull_start(rt, &o, &p, &rep) < 0)
-            say("HOTKERN_ORIGIN", &rep);
-    }
-#endif
-    hk_report_clear(&rep);
-}
-
-/* Once, at the first launch, unless the program attached its own runtime.
- * The runtime lives as long as the process: at exit the program's runtime
- * and driver go their own way, and a teardown racing them would only add
- * risk (the state directory's lock goes with the process). */
+/* Once, at the first launch, unless the program attached its own runtime:
+ * the one HOTKERN_* asks for (env.c; NULL when off, refused or not made,
+ * each said on stderr). The runtime lives as long as the process: at exit
+ * the program's runtime and driver go their own way, and a teardown racing
+ * them would only add risk (base/exit.c keeps hotkern's threads off the
+ * driver from then on; the state directory's lock goes with the process). */
 static void from_env(void) {
-    if (atomic_load(&g_rt) || env_flag("HOTKERN_OFF"))
-        return;
-    hk_options o;
-    hk_options_init(&o);
-    o.state_dir = getenv("HOTKERN_STATE_DIR");
-    o.cache_dir = getenv("HOTKERN_CACHE_DIR");
-    o.canary = env_flag("HOTKERN_CANARY");
-    o.restore = o.state_dir != NULL && env_flag("HOTKERN_RESTORE");
-    hk_report rep = HK_REPORT_INIT;
-    hk_runtime *rt = NULL;
-    if (hk_runtime_create(&rt, &o, &rep) < 0) {
-        say("not enabled, the program's own kernels run", &rep);
-        hk_report_clear(&rep);
-        return;
-    }
-    hk_report_clear(&rep);
-    if (hk_interpose_attach(rt) < 0) { /* the program attached one meanwhile */
+    /* The program's variables are told to it before its sources start, so
+     * that a first version sees them (env.c destroys it if one fails). */
+    hk_runtime *rt = atomic_load(&g_rt) ? NULL : hki_env_runtime(vars_tell);
+    if (rt && hk_interpose_attach(rt) < 0) { /* the program attached one meanwhile */
         hk_runtime_destroy(rt);
-        return;
+        rt = NULL;
     }
-    env_sources(rt);
+    if (!rt) { /* what was told went with it */
+        pthread_mutex_lock(&vars_lock);
+        for (var *v = vars; v; v = v->next)
+            v->known = 0;
+        pthread_mutex_unlock(&vars_lock);
+    }
 }
 
 static inline hk_runtime *runtime(void) {

@@ -1,8 +1,9 @@
 /*
  * libhotkern-wrap.a: the interposition for programs linked with nvcc's
  * default static cudart. The program links with -Wl,--wrap=NAME for every
- * entry point of entries.h and __cudaRegisterVar (pkg-config's wrap_ldflags
- * variable, or hotkern_enable_hot_reload() in CMake): the linker sends its
+ * entry point of entries.h and __cudaRegisterVar (hotkern-wrap.pc's
+ * nvcc_libs for nvcc, wrap_ldflags for gcc and clang, or
+ * hotkern_enable_hot_reload() in CMake): the linker sends its
  * references to NAME to __wrap_NAME here, and __real_NAME to the runtime's.
  * Every name must be wrapped: this file refers to each __real_NAME.
  */
@@ -20,6 +21,10 @@ HKI_ENTRIES(DECLARE)
 #undef DECLARE
 void __real___cudaRegisterVar HKI_REGVAR_PARAMS;
 EXPORT void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS;
+
+/* Marks the program as linked with the interposition, for the preload
+ * library (env.c's hki_preload_check) should it be preloaded as well. */
+__attribute__((used, section(HKI_WRAP_SECTION))) static const char wrapped[] = "hotkern-wrap";
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 

@@ -33,6 +33,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "base/exit.h"
 #include "loader/abi.h"
 
 #include "loader/loader.h"
@@ -47,6 +48,10 @@ static __thread int cb_depth;
 
 /* 1 when a callback may be called now on this thread; then cb_exit after it. */
 static int cb_enter(hk_runtime *rt) {
+    /* While the process exits no callback is called: the program's state
+     * goes with its exit handlers. */
+    if (hkb_exiting())
+        return 0;
     if (atomic_load(&rt->cb_closed) && !pthread_equal(rt->cb_closer, pthread_self()))
         return 0;
     atomic_fetch_add(&rt->cb_inflight, 1);

@@ -43,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/exit.h"
 #include "loader/loader.h"
 
 /* 1 when no host thread can still reach v. */
@@ -265,6 +266,10 @@ static void *reclaim_main(void *arg) {
         pthread_mutex_unlock(&rt->rec_lock);
         if (stop)
             break;
+        /* Each pass is a section of the exit guard (base/exit.h): once the
+         * process exits, this thread calls the driver no more. */
+        if (!hkb_exit_enter())
+            hkb_exit_park();
         int unloaded = 0;
         left = reclaim_pass(rt, 0, &unloaded);
         if (unloaded) {
@@ -285,6 +290,7 @@ static void *reclaim_main(void *arg) {
             if (reset)
                 hkl_emit_reset(rt);
         }
+        hkb_exit_leave();
     }
     /* Destroy's contract: no thread launches any more. Destroy found
      * swap_lock held (by this thread, in the driver) past its deadline:
@@ -298,7 +304,10 @@ static void *reclaim_main(void *arg) {
         hkl_swap_unlock(rt, nested);
     }
     int unloaded;
-    reclaim_pass(rt, 1, &unloaded);
+    if (hkb_exit_enter()) {
+        reclaim_pass(rt, 1, &unloaded);
+        hkb_exit_leave();
+    }
     pthread_mutex_lock(&rt->rec_lock);
     int abandoned = rt->abandoned;
     rt->rec_finished = 1;

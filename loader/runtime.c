@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/exit.h"
 #include "loader/abi.h"
 #include "loader/loader.h"
 
@@ -290,6 +291,8 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver
     int ndev = o.ndevices > 0 ? o.ndevices : 1;
     if (!err)
         err = check_args(out, &o, ndev, rep);
+    if (!err && hkb_exiting())
+        err = hku_fail(rep, HK_ERR_CLOSED, "the process is exiting: no runtime is made");
     if (o.history == 0)
         o.history = 1;
     if (o.launch_hold_max_us == 0)
@@ -300,7 +303,17 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver
             hkb_driver_close((hkb_driver *)drv);
         return err ? err : HK_ERR_NOMEM;
     }
-    if ((err = attach_devices(rt, devs, ndev, rep)) < 0 || (err = runtime_start(rt, &o, rep)) < 0) {
+    if ((err = attach_devices(rt, devs, ndev, rep)) == 0) {
+        /* From here on the process's exit waits for this runtime's driver
+         * and NVRTC work (base/exit.h): registered after the driver's exit
+         * handlers (bound now) and before any thread of the runtime starts,
+         * the guard runs before them. NVRTC registers more at a process's
+         * first compile (ptx/build.c registers the guard again after it):
+         * an exit during that first in-process compile is not covered;
+         * isolated builds (the interposition's) never compile here. */
+        hkb_exit_guard(o.destroy_wait_ms);
+    }
+    if (err < 0 || (err = runtime_start(rt, &o, rep)) < 0) {
         if (rep && !rep->error)
             rep->error = err;
         hk_runtime_destroy(rt); /* closes an owned driver table */
@@ -425,7 +438,10 @@ static void runtime_free(hk_runtime *rt) {
  * when its final pass ends. From the start no callback is called from any
  * of hotkern's threads (log.c), so none runs after destroy returns. */
 void hk_runtime_destroy(hk_runtime *rt) {
-    if (!rt)
+    /* After the exit guard ran (a destroy from an exit handler registered
+     * before the runtime was made), the threads are parked and the driver's
+     * teardown is under way: the process's end takes what is left. */
+    if (!rt || hkb_exiting())
         return;
     double until = hkl_now_ms() + rt->opt.destroy_wait_ms;
     hkl_callbacks_close(rt, until);

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/exit.h"
 #include "loader/abi.h"
 #include "loader/fit.h"
 #include "loader/loader.h"
@@ -435,7 +436,7 @@ static int swap_locked(hk_runtime *rt, hkl_job *job, int rollback, hk_report *re
 /* Swaps a built job in (never a rollback: hk_rollback runs its own). Takes
  * swap_lock, unless this thread holds it already (a check callback):
  * HK_ERR_BUSY then. */
-int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
+static int swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     uint64_t oldv = 0;
     if (hkl_swap_held(rt)) {
         /* From a check callback: this swap would wait for the one running. */
@@ -474,6 +475,17 @@ int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
     hkl_count_swap(rt, err == 0, 0, rep);
     hkl_emit(rt, err ? HK_EVENT_REFUSED : HK_EVENT_COMMITTED, job->name, oldv,
              err ? 0 : rep->version, job->origin, rep);
+    return err;
+}
+
+/* The driver work of a swap is a section of the exit guard (base/exit.h):
+ * once the process exits, nothing is staged. */
+int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep) {
+    if (!hkb_exit_enter())
+        return hku_fail(rep, HK_ERR_CLOSED, "'%s': the process is exiting: nothing is staged",
+                        job->name);
+    int err = swap_job(rt, job, rep);
+    hkb_exit_leave();
     return err;
 }
 

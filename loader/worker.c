@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/exit.h"
 #include "loader/abi.h"
 #include "loader/loader.h"
 
@@ -311,11 +312,20 @@ static double take_expired(hk_runtime *rt, hkl_job **out) {
     return next;
 }
 
+/* On the worker, with no lock held: once the process exits (base/exit.h)
+ * nothing of a job may reach the driver, the log or the program's
+ * callbacks any more, so the thread stays here until the process ends. */
+static void park_if_exiting(void) {
+    if (hkb_exiting())
+        hkb_exit_park();
+}
+
 /* Pending jobs whose safe point never came are staged by the worker: a
  * program that stopped calling hk_safe_point still gets its updates, one
  * safe_point_wait_ms late. */
 static void stage_expired(hk_runtime *rt, hkl_job *list) {
     while (list) {
+        park_if_exiting();
         hkl_job *j = list;
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
@@ -376,7 +386,9 @@ static void report_dropped(hk_runtime *rt, hkl_job *list) {
  * held. */
 static int run_job(hk_runtime *rt, hkl_job *j) {
     hk_report rep = HK_REPORT_INIT;
+    park_if_exiting();
     int err = job_build(rt, j, &rep);
+    park_if_exiting(); /* a build that ended during the exit says nothing */
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_BUILT);
     int deferred = 0;

@@ -799,13 +799,26 @@ static CUresult param_info(fkern *fk, size_t i, size_t *off, size_t *size) {
     *size = e->params[i].size;
     return CUDA_SUCCESS;
 }
+/* 1 when k is one of the fake's kernels (a real driver refuses a handle it
+ * did not give: an nvcc program's CUDA runtime without a driver passes its
+ * host stub's address). F.lock held. */
+static int known_kernel(const fkern *k) {
+    for (fimage *im = F.images; im; im = im->next)
+        if (im->kerns && k >= im->kerns && k < im->kerns + im->meta.nentries)
+            return 1;
+    return 0;
+}
 static CUresult f_KernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *size) {
     ENTER("cuKernelGetParamInfo");
+    if (!known_kernel((fkern *)k))
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
     LEAVE(param_info((fkern *)k, i, off, size));
 }
 static CUresult f_KernelGetName(const char **name, CUkernel k) {
     ENTER("cuKernelGetName");
     fkern *fk = (fkern *)k;
+    if (!known_kernel(fk))
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
     *name = fk->img->meta.entries[fk->entry].name;
     LEAVE(CUDA_SUCCESS);
 }

@@ -606,7 +606,17 @@ HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report 
  * Callbacks: once destroy has begun, no event or log callback is called from
  * any of hotkern's threads (only from the destroying thread itself), and
  * destroy waits, within the same bound, for those already running; their
- * userdata may be freed when it returns. */
+ * userdata may be freed when it returns.
+ * Exit: a runtime the program has not destroyed when it returns from main or
+ * calls exit stops there. Its threads make no driver call and compile
+ * nothing from then on, no callback is called, and the exit waits for work
+ * in progress up to options.destroy_wait_ms (past it the process ends with
+ * the exit's status, its stdio flushed, without the exit handlers
+ * registered before the runtime was made). A destroy after that point
+ * returns at once. An exit during the process's first in-process NVRTC
+ * compile (the warm-up, from creation on) is not covered: NVRTC registers
+ * exit handlers of its own then, which run first. Destroy the runtime
+ * before exit, or set options.build_isolated. */
 HK_API void hk_runtime_destroy(hk_runtime *rt);
 
 /* The CUcontext used for device slot i (cast from void *), or NULL. */

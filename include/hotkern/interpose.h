@@ -6,10 +6,17 @@
  *   # -cudart shared: at run time
  *   HOTKERN_WATCH=kernels/ LD_PRELOAD=libhotkern-preload.so ./game
  *
- *   # nvcc's default static cudart: at link time
- *   nvcc -o game game.cu $(pkg-config --variable=wrap_ldflags hotkern) \
- *        $(pkg-config --libs hotkern-wrap)
+ *   # nvcc's default static cudart: at link time, once hotkern is
+ *   # installed (the && stops the build where pkg-config has no
+ *   # hotkern-wrap: the variable would be empty, the program hotkern-less)
+ *   WRAP=$(pkg-config --print-errors --variable=nvcc_libs hotkern-wrap) &&
+ *   nvcc -o game game.cu $WRAP
+ *   # gcc or clang link lines: $(pkg-config --libs hotkern-wrap)
  *   # CMake: hotkern_enable_hot_reload(game)
+ *
+ * nvcc refuses -Wl, flags: nvcc_libs gives the --wrap list as -Xlinker.
+ * LD_PRELOAD on a program built with the static cudart reaches nothing;
+ * the preload library says so on stderr.
  *
  * A kernel for which a hot version exists (a module of the runtime whose
  * current version has an entry of the same name, as the driver names it: a C
@@ -65,10 +72,24 @@
  *   HOTKERN_RESTORE         1: restore the last good versions at start
  *   HOTKERN_CACHE_DIR       compile cache (hk_options.cache_dir)
  *   HOTKERN_CANARY          1: canary runs (hk_options.canary)
- *   HOTKERN_LOG             debug, info, warn or error: messages to stderr
+ *   HOTKERN_LOG             debug, info, warn, error or off: messages to stderr
  *   HOTKERN_OFF             1: route nothing
- * A runtime that cannot be made (no driver, no device) leaves every launch
- * to the program's own code, saying why once on stderr.
+ * Flags take 1 or 0 (also true/false, yes/no, on/off). Nothing is half
+ * enabled: a value that does not parse (HOTKERN_ENDPOINT=notaport,
+ * HOTKERN_CANARY=maybe), HOTKERN_RESTORE without HOTKERN_STATE_DIR, a
+ * network source in a build without the network library, a source that
+ * cannot start (a directory that cannot be watched, a port in use) or a
+ * runtime that cannot be made (no driver, no device, no build helper)
+ * leaves every launch to the program's own code, saying why once on
+ * stderr; an unknown HOTKERN_ name is said and ignored. This runtime builds
+ * in the build helper (hk_options.build_isolated): no NVRTC runs in the
+ * program's process.
+ *
+ * Exit: a program may return from main or call exit at any moment, a build,
+ * canary run or watch in flight; it ends with its own status and its output
+ * flushed. From then on every launch runs the program's own code, hotkern's
+ * threads make no driver call (they wait for the process's end), and the
+ * exit waits for one in progress, up to hk_options.destroy_wait_ms (5 s).
  *
  * Limits: hot launches run in device 0's primary context (a launch from
  * another context is the program's own); a sticky error of a hot launch (a
