@@ -147,6 +147,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
 # such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+# Automatic safe points: the program's synchronisations (interpose/sync.c).
+ICORE_OBJ += $(BUILD)/obj/interpose/sync.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -154,6 +156,10 @@ WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLau
              cudaMemcpyToSymbol_ptds cudaMemcpyToSymbolAsync cudaMemcpyToSymbolAsync_ptsz \
              cudaMemcpyFromSymbol cudaMemcpyFromSymbol_ptds cudaMemcpyFromSymbolAsync \
              cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
+# Automatic safe points (interpose/sync.c, entries.h's HKI_SYNC_ENTRIES).
+WRAP_SYMS += cudaDeviceSynchronize cudaStreamSynchronize cudaStreamSynchronize_ptsz \
+             cudaStreamQuery cudaStreamQuery_ptsz cudaEventSynchronize cudaEventQuery \
+             cudaMemcpy cudaMemcpy_ptds cudaStreamDestroy
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))

@@ -50,6 +50,25 @@ typedef cudaError_t (*hki_memcpy_fn)(void *, const void *, size_t, enum cudaMemc
 typedef cudaError_t (*hki_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind,
                                            cudaStream_t);
 
+/* ---- synchronisations (sync.c): automatic safe points ---- */
+typedef cudaError_t (*hki_stream_fn)(cudaStream_t);
+typedef cudaError_t (*hki_event_fn)(cudaEvent_t);
+typedef struct hki_sync_real {
+    cudaError_t (*device)(void);       /* cudaDeviceSynchronize */
+    hki_stream_fn stream, stream_ptsz; /* cudaStreamSynchronize[_ptsz] */
+    hki_stream_fn query, query_ptsz;   /* cudaStreamQuery[_ptsz] */
+    hki_event_fn event, event_query;   /* cudaEventSynchronize, cudaEventQuery */
+    hki_memcpy_fn memcpy_ptds;         /* cudaMemcpy_ptds (cudaMemcpy: memcpy) */
+    hki_stream_fn stream_destroy;      /* cudaStreamDestroy */
+} hki_sync_real;
+cudaError_t hki_device_sync(void);
+cudaError_t hki_stream_sync(int ptsz, cudaStream_t s);
+cudaError_t hki_stream_query(int ptsz, cudaStream_t s);
+cudaError_t hki_event_sync(cudaEvent_t e);
+cudaError_t hki_event_query(cudaEvent_t e);
+cudaError_t hki_memcpy(int ptds, void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
+cudaError_t hki_stream_destroy(cudaStream_t s);
+
 /* What the way in forwards to: the program's runtime. Every field is set
  * (the preload library resolves them at its first call; a missing one makes
  * it forward only, never route). */
@@ -65,8 +84,9 @@ typedef struct hki_real {
     hki_symaddr_fn symbol_address; /* cudaGetSymbolAddress */
     /* called, never interposed */
     hki_getkernel_fn get_kernel; /* cudaGetKernel */
-    hki_memcpy_fn memcpy;        /* cudaMemcpy */
+    hki_memcpy_fn memcpy;        /* cudaMemcpy (interposed too: sync.c) */
     hki_memcpy_async_fn memcpy_async;
+    hki_sync_real sync; /* sync.c's */
 } hki_real;
 
 /* The core (route.c). hki_real_set is called once, before anything else,

@@ -46,6 +46,7 @@
 #include "hotkern/interpose.h"
 #include "hotkern/net.h"
 #include "interpose/interpose.h"
+#include "interpose/sync.h"
 #include "loader/loader.h"
 
 static hki_real R;
@@ -56,6 +57,7 @@ static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void hki_real_set(const hki_real *real) {
     R = *real;
+    hki_sync_real_set(real);
 }
 
 /* ---- the table ---------------------------------------------------------- */
@@ -178,6 +180,7 @@ int hk_interpose_attach(hk_runtime *rt) {
     if (!err) {
         vars_tell(rt);
         atomic_store_explicit(&g_rt, rt, memory_order_release);
+        hki_sync_attach(rt); /* automatic safe points (sync.c) */
     }
     pthread_mutex_unlock(&attach_lock);
     return err;
@@ -346,6 +349,7 @@ static cudaError_t hot_launch(hk_kernel *h, int ptsz, dim3 g, dim3 b, void **arg
 
 cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
                         cudaStream_t s) {
+    hki_track(ptsz, s);
     hk_kernel *h = hot(k, 0);
     if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
         return hot_launch(h, ptsz, g, b, args, shm, s);
@@ -354,6 +358,7 @@ cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, s
 
 cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
                        cudaStream_t s) {
+    hki_track(ptsz, s);
     hk_kernel *h = hot(f, 1);
     if (__builtin_expect(h != NULL, 0) && in_context(h->rt))
         return hot_launch(h, ptsz, g, b, args, shm, s);
@@ -361,6 +366,8 @@ cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, siz
 }
 
 cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, void **args) {
+    if (c)
+        hki_track(ptsz, c->stream);
     hk_kernel *h = c ? hot(f, 1) : NULL;
     if (h && in_context(h->rt)) {
         CUlaunchConfig lc = {.gridDimX = c->gridDim.x,

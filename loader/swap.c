@@ -327,8 +327,10 @@ static int commit(swap_txn *t) {
     hkl_expect_publish(rt, t->m, t->v, &t->adopted);
     if (t->old) {
         /* A program that stages at safe points wants no driver work outside
-         * them: the old code is unloaded at a later safe point too. */
-        t->old->unload_at_safe_point = t->job->at_safe_point;
+         * them: the old code is unloaded at a later safe point too; with
+         * automatic safe points, whatever staged it (an unload waits for
+         * the context's work as an upload does). */
+        t->old->unload_at_safe_point = t->job->at_safe_point || atomic_load(&rt->auto_sp);
         hkl_retire(rt, t->old);
     }
     t->m->last_error = 0;
