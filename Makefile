@@ -403,6 +403,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
+# cpu_safepoint drives the automatic safe points (interpose/sync.c) the same way.
+$(BUILD)/tests/cpu_safepoint: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_safepoint: TEST_LDFLAGS := -lstdc++
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).
