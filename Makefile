@@ -173,6 +173,9 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
                  $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
+# The frame loop's stall per swap (bench/bench_frame_stall.cu), both ways.
+GPU_INTERPOSE += $(if $(SAN),,$(BUILD)/bench/bench_frame_stall_shared \
+                 $(BUILD)/bench/bench_frame_stall_static)
 
 # The canary helper process (canary/helper.c), started by libhotkern.
 CANARY   := $(BUILD)/bin/hotkern-canary
@@ -351,6 +354,15 @@ $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) inclu
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+
+$(BUILD)/bench/bench_frame_stall_shared: bench/bench_frame_stall.cu $(PRELOAD) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
