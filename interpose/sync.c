@@ -42,6 +42,7 @@
 
 #include "interpose/sync.h"
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 
 __thread hki_sync_tls hki_stls __attribute__((tls_model("initial-exec")));
 _Atomic uint32_t hki_streams_gen;

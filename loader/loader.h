@@ -388,17 +388,13 @@ struct hk_runtime {
     int worker_abandoned; /* work_lock: destroy stopped waiting for it:
                            * the worker finishes the teardown */
 
-    /* Automatic safe points (worker.c: hkl_auto_safe_points). sp_wanted is
-     * read on every interposed synchronisation: padded off the fields that
-     * change often (the runtime is calloc'd: no _Alignas). */
+    /* Automatic safe points (loader/safepoint.h). sp_wanted, read at every
+     * interposed synchronisation, is padded off busy fields (no _Alignas:
+     * calloc'd). */
     char sp_pad0[64];
-    _Atomic int sp_wanted;      /* HKL_SP_* bits, each set and cleared under
-                                 * the lock of its list (work_lock: pending;
-                                 * rec_lock: unload_ready) */
-    _Atomic int auto_sp;        /* 1: idle moments come from a source
-                                 * (set once, at attach) */
-    int (*sp_own_thread)(void); /* work_lock: that source's "this thread
-                                 * brings idle moments itself", or NULL */
+    _Atomic int sp_wanted;      /* HKL_SP_* bits, each under its list's lock */
+    _Atomic int auto_sp;        /* 1: idle moments come from a source */
+    int (*sp_own_thread)(void); /* work_lock: "this thread brings them" */
     char sp_pad1[64];
 
     pthread_mutex_t stats_lock;
@@ -792,29 +788,7 @@ int hkl_worker_stop(hk_runtime *rt, double until_ms);
 /* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
 void hkl_worker_drain(hk_runtime *rt);
 
-/* Automatic safe points, for a source that sees when the program's GPU work
- * is idle without the program saying so (the <<<>>> interposition watches
- * its synchronisations). hkl_auto_safe_points turns them on for rt: from
- * then on a version staged with HK_STAGE_AUTO waits for a safe point (up to
- * safe_point_wait_ms) unless own_thread() says the requesting thread is one
- * whose own calls bring the idle moments (it would wait for itself), and
- * every replaced version is unloaded at a safe point too (or by the reclaim
- * thread safe_point_wait_ms after it could have been). hkl_safe_point_wanted
- * (one relaxed load) says whether anything waits for one; hkl_idle_point is
- * hk_safe_point for such a source: the program's GPU work is idle now. */
-enum { HKL_SP_JOBS = 1, HKL_SP_UNLOADS = 2 };
-void hkl_auto_safe_points(hk_runtime *rt, int (*own_thread)(void));
-int hkl_idle_point(hk_runtime *rt);
-static inline int hkl_safe_point_wanted(hk_runtime *rt) {
-    return atomic_load_explicit(&rt->sp_wanted, memory_order_relaxed) != 0;
-}
-/* Sets or clears bit of sp_wanted (its list's lock held). */
-static inline void hkl_sp_mark(hk_runtime *rt, int bit, int on) {
-    if (on)
-        atomic_fetch_or(&rt->sp_wanted, bit);
-    else
-        atomic_fetch_and(&rt->sp_wanted, ~bit);
-}
+/* Automatic safe points: loader/safepoint.h. */
 
 /* runtime.c: create and destroy. hkl_runtime_create_with is hk_runtime_create
  * with a driver table of the caller's (base/driver.h): a real one is taken

@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 
 /* 1 when no host thread can still reach v. */
 static int grace_over(hk_runtime *rt, const hkl_version *v) {

@@ -35,6 +35,7 @@
 
 #include "loader/abi.h"
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 
 /* Adds to a CUDA C job the name expressions that instantiate the
  * program's template kernels its source declares (expect.c), after the

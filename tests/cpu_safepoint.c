@@ -24,6 +24,7 @@
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
