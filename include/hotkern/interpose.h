@@ -43,9 +43,22 @@
  *   HOTKERN_CACHE_DIR       compile cache (hk_options.cache_dir)
  *   HOTKERN_CANARY          1: canary runs (hk_options.canary)
  *   HOTKERN_LOG             debug, info, warn or error: messages to stderr
+ *   HOTKERN_AUTO_SAFE_POINTS 0: upload and unload as soon as ready (default 1)
  *   HOTKERN_OFF             1: route nothing
  * A runtime that cannot be made (no driver, no device) leaves every launch
  * to the program's own code, saying why once on stderr.
+ *
+ * Safe points come by themselves: uploading a version's code, or unloading a
+ * replaced one, waits for all the GPU work in flight and stalls every
+ * launching thread meanwhile, so both wait for a moment the program's own
+ * calls show all its GPU work idle: after one of its synchronisations
+ * (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+ * cudaStreamQuery or cudaEventQuery answering success, a synchronous
+ * cudaMemcpy) every stream it launched kernels on answers idle. That
+ * synchronisation then does the upload before it returns. With no such
+ * moment within hk_options.safe_point_wait_ms (2 s) they happen anyway. A
+ * synchronous hk_swap from a thread of the program stages at once, as
+ * without the interposition.
  *
  * Limits: hot launches run in device 0's primary context (a launch from
  * another context is the program's own); an error of a hot launch is
