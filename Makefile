@@ -149,6 +149,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
 # Automatic safe points: the program's synchronisations (interpose/sync.c).
 ICORE_OBJ += $(BUILD)/obj/interpose/sync.o
+# The environment's runtime in device 0's primary context (interpose/primary.c).
+ICORE_OBJ += $(BUILD)/obj/interpose/primary.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -418,6 +420,9 @@ $(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
 # cpu_safepoint drives the automatic safe points (interpose/sync.c) the same way.
 $(BUILD)/tests/cpu_safepoint: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_safepoint: TEST_LDFLAGS := -lstdc++
+# cpu_primary: the environment's runtime in device 0's primary context.
+$(BUILD)/tests/cpu_primary: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_primary: TEST_LDFLAGS := -lstdc++
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).

@@ -107,6 +107,13 @@ cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, siz
                             size_t offset, enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t hki_symbol_address(void **p, const void *sym);
 
+/* primary.c: hk_runtime_create, in device 0's primary context whatever
+ * context the calling thread has current (put back after). drv NULL: the
+ * real driver; else a table the runtime takes (hkl_runtime_create_with). */
+struct hkb_driver;
+int hki_runtime_create(hk_runtime **out, const hk_options *o, const struct hkb_driver *drv,
+                       hk_report *rep);
+
 /* demangle.c: the name expression that makes NVRTC instantiate the kernel
  * the driver calls `name` ("scale<float>" for _Z5scaleIfEvPT_S0_i), or NULL
  * for a kernel that needs none (a C name, a C++ function that is no

@@ -281,7 +281,7 @@ static void from_env(void) {
     o.restore = o.state_dir != NULL && env_flag("HOTKERN_RESTORE");
     hk_report rep = HK_REPORT_INIT;
     hk_runtime *rt = NULL;
-    if (hk_runtime_create(&rt, &o, &rep) < 0) {
+    if (hki_runtime_create(&rt, &o, NULL, &rep) < 0) { /* device 0's primary context */
         say("not enabled, the program's own kernels run", &rep);
         hk_report_clear(&rep);
         return;
