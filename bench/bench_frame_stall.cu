@@ -189,15 +189,16 @@ static double median(std::vector<double> v) {
 // alternating rounds.
 static void sync_cost(cudaStream_t s, int rounds, int per, double *interposed, double *own) {
     std::vector<double> a, b;
-    for (int r = 0; r < rounds; r++) {
-        double t0 = now_ms();
-        for (int i = 0; i < per; i++) cudaStreamSynchronize(s);
-        double t1 = now_ms();
-        for (int i = 0; i < per; i++) own_sync(s);
-        double t2 = now_ms();
-        a.push_back((t1 - t0) * 1e6 / per);
-        b.push_back((t2 - t1) * 1e6 / per);
-    }
+    for (int r = 0; r < rounds; r++) // each mode first in every other round
+        for (int m = 0; m < 2; m++) {
+            bool interposed = (m == 0) == (r % 2 == 0);
+            double t0 = now_ms();
+            if (interposed)
+                for (int i = 0; i < per; i++) cudaStreamSynchronize(s);
+            else
+                for (int i = 0; i < per; i++) own_sync(s);
+            (interposed ? a : b).push_back((now_ms() - t0) * 1e6 / per);
+        }
     *interposed = median(a);
     *own = median(b);
 }
