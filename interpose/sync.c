@@ -18,15 +18,17 @@
  * call returns as it came and the work waits for a later moment.
  *
  * Idle means: every stream the program launched a kernel on (sync.h) answers
- * cudaStreamQuery with success, and so do the legacy default stream and
- * this thread's per-thread default stream; every other thread's per-thread
- * default stream was seen idle since its last launch (by that thread, or
- * by a cudaDeviceSynchronize that began after it). A synchronisation of one
- * stream says nothing of the others: a kernel in flight on another stream
- * keeps the moment from being idle. A capturing stream is never asked (the
- * query would invalidate its capture) and counts as busy; the queries run
- * in relaxed capture mode, so another thread's global-mode capture is never
- * invalidated either. A stream the program destroys leaves the list first.
+ * cudaStreamQuery with success, the legacy default stream (when it has
+ * one) and this thread's per-thread one included; every other thread's
+ * per-thread default stream was seen idle since its last launch (by that
+ * thread, or by a cudaDeviceSynchronize that began after it). A
+ * synchronisation of one stream says nothing of the others: a kernel in
+ * flight on another stream keeps the moment from being idle. A capturing
+ * stream is never asked (the query would invalidate its capture) and counts
+ * as busy, and the legacy stream is asked last, when none captures; the
+ * queries run in relaxed capture mode, so another thread's global-mode
+ * capture is never invalidated either. A stream the program destroys leaves
+ * the list first.
  *
  * Not seen: work issued only by graph launches, copies or libraries on a
  * stream no kernel of the program was launched on through the runtime, and
@@ -63,6 +65,7 @@ void hki_sync_real_set(const hki_real *real) {
 
 static _Atomic uintptr_t streams[NSTREAMS]; /* written under streams_lock */
 static _Atomic int streams_full;            /* one could not be kept: never idle */
+static _Atomic int legacy_used;             /* a kernel was launched on the legacy stream */
 static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline size_t slot_of(uintptr_t k) {
@@ -162,8 +165,11 @@ void hki_track_slow(CUstream key) {
             atomic_store(&streams_full, 1); /* cannot be followed: never idle */
         return;
     }
-    if (key == CU_STREAM_LEGACY)
+    if (key == CU_STREAM_LEGACY) {
+        atomic_store(&legacy_used, 1);
+        t->legacy = 1;
         return;
+    }
     uint32_t gen = atomic_load(&hki_streams_gen);
     if (!stream_known((uintptr_t)key))
         stream_add((uintptr_t)key);
@@ -195,16 +201,21 @@ static int all_idle(hk_runtime *rt, hki_sync_tls *t) {
     if (atomic_load(&streams_full) || pthread_mutex_trylock(&streams_lock))
         return 0;
     CUstreamCaptureMode m = hkl_relax(rt);
-    int idle = stream_idle(rt, CU_STREAM_LEGACY);
-    if (idle && t->thr) {
-        uint64_t n = atomic_load_explicit(&t->thr->ptds_launches, memory_order_relaxed);
-        if ((idle = stream_idle(rt, CU_STREAM_PER_THREAD)))
-            atomic_store_explicit(&t->thr->ptds_idle, n, memory_order_relaxed);
-    }
+    int idle = 1;
     for (size_t i = 0; i < NSTREAMS && idle; i++) {
         uintptr_t k = atomic_load_explicit(&streams[i], memory_order_relaxed);
         if (k > TOMB)
             idle = stream_idle(rt, (CUstream)k);
+    }
+    /* The legacy stream last, once no stream of the program captures (a
+     * question to it would meet a blocking stream's capture), and only when
+     * the program launches there. */
+    if (idle && atomic_load(&legacy_used))
+        idle = stream_idle(rt, CU_STREAM_LEGACY);
+    if (idle && t->thr) {
+        uint64_t n = atomic_load_explicit(&t->thr->ptds_launches, memory_order_relaxed);
+        if ((idle = stream_idle(rt, CU_STREAM_PER_THREAD)))
+            atomic_store_explicit(&t->thr->ptds_idle, n, memory_order_relaxed);
     }
     hkl_unrelax(rt, m);
     pthread_mutex_unlock(&streams_lock);

@@ -32,6 +32,7 @@ typedef struct hki_sync_tls {
     uint32_t gen;  /* the stream list's generation when it was looked up */
     int seen;      /* this thread launched or synchronised through the interposition */
     int in_check;  /* inside the idle check: a nested synchronisation checks nothing */
+    int legacy;    /* this thread's launch on the legacy stream was noted */
     hki_thr *thr;  /* this thread's record, once it launched on its per-thread stream */
 } hki_sync_tls;
 
@@ -68,8 +69,8 @@ static inline void hki_track(int ptsz, cudaStream_t s) {
     } else if (k == t->last &&
                t->gen == atomic_load_explicit(&hki_streams_gen, memory_order_relaxed)) {
         return;
-    } else if (k == CU_STREAM_LEGACY && t->seen) {
-        return; /* asked at every check anyway */
+    } else if (k == CU_STREAM_LEGACY && t->legacy) {
+        return;
     }
     hki_track_slow(k);
 }

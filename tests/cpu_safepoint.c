@@ -41,7 +41,8 @@ static hk_runtime *rt;
 /* ---- the program's runtime, faked ---------------------------------------- */
 
 static cudaStream_t A = (cudaStream_t)0xa000, B = (cudaStream_t)0xb000;
-static _Atomic int b_busy; /* B answers cudaErrorNotReady */
+static _Atomic int b_busy;                      /* B answers cudaErrorNotReady */
+static _Atomic int legacy_busy, legacy_queries; /* the legacy stream's */
 static _Atomic int queries, b_queries, forwarded;
 static _Atomic(cudaStream_t) capturing_stream; /* asked while capturing: counted */
 static _Atomic int capturing_asked;
@@ -60,6 +61,11 @@ static cudaError_t f_query(cudaStream_t s) {
         atomic_fetch_add(&capturing_asked, 1);
     if (s && s == atomic_load(&destroyed))
         atomic_fetch_add(&asked_destroyed, 1);
+    if (s == cudaStreamLegacy) {
+        atomic_fetch_add(&legacy_queries, 1);
+        if (atomic_load(&legacy_busy))
+            return cudaErrorNotReady;
+    }
     if (s == B) {
         atomic_fetch_add(&b_queries, 1);
         if (atomic_load(&b_busy))
@@ -242,6 +248,24 @@ START_TEST(busy_stream_keeps_the_upload_waiting) {
     ck_assert_uint_eq(version(), 1); /* uploaded inside that call */
     ck_assert_int_eq(fake_calls("cuLibraryLoadData"), loads + 1);
     ck_assert_int_eq(launch_on(0, A), 2);
+    /* The program never launched on the legacy stream: it was never asked
+     * (a question to it would break a blocking stream's capture). */
+    ck_assert_int_eq(atomic_load(&legacy_queries), 0);
+}
+END_TEST
+
+/* Launches on stream 0 go to the legacy stream: it is asked too. */
+START_TEST(legacy_stream_counts_once_used) {
+    ck_assert_int_eq(launch_on(0, A), 1);
+    ck_assert_int_eq(launch_on(0, NULL), 1);
+    atomic_store(&legacy_busy, 1);
+    submit_built(2);
+    ck_assert_int_eq(hki_stream_sync(0, A), cudaSuccess);
+    ck_assert_uint_eq(version(), 0);
+    ck_assert_int_gt(atomic_load(&legacy_queries), 0);
+    atomic_store(&legacy_busy, 0);
+    ck_assert_int_eq(hki_stream_sync(0, A), cudaSuccess);
+    ck_assert_uint_eq(version(), 1);
 }
 END_TEST
 
@@ -543,6 +567,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, busy_stream_keeps_the_upload_waiting);
+    tcase_add_test(tc, legacy_stream_counts_once_used);
     tcase_add_test(tc, every_synchronisation_brings_a_safe_point);
     tcase_add_test(tc, nothing_pending_only_forwards);
     tcase_add_test(tc, unload_waits_for_an_idle_moment);
