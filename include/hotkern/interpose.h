@@ -79,7 +79,9 @@ extern "C" {
  * (configured in code, its own watches and endpoints). Call it before the
  * first launch: a launch before it makes a runtime from the environment, and
  * then attaching another returns HK_ERR_BUSY. rt must outlive every launch
- * of the program (destroy it only once no thread launches any more).
+ * and synchronisation of the program (destroy it only once no thread
+ * launches or synchronises any more). It gets automatic safe points (above)
+ * unless HOTKERN_AUTO_SAFE_POINTS=0.
  * Defined by libhotkern-preload and libhotkern-wrap. Safe from any thread. */
 HK_API int hk_interpose_attach(hk_runtime *rt);
 
