@@ -205,6 +205,18 @@ static void sync_cost(cudaStream_t s, int rounds, int per, double *interposed, d
 
 int main(int argc, char **argv) {
 #ifdef HK_PRELOAD
+    // Run as users do: under LD_PRELOAD (re-executed with it when not set).
+    if (!getenv("LD_PRELOAD")) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+        std::string lib = self;
+        lib = lib.substr(0, lib.rfind('/') + 1) + "../lib/libhotkern-preload.so";
+        setenv("LD_PRELOAD", lib.c_str(), 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 2;
+    }
     const char *way = "-cudart shared, LD_PRELOAD";
     void *rt_lib = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
     own_sync = rt_lib ? (sync_fn)dlsym(rt_lib, "cudaStreamSynchronize") : nullptr;
