@@ -7,15 +7,16 @@
  *
  * The engine is told that idle moments come from here (hkl_auto_safe_points,
  * at attach): from then on its versions wait for one, each at most
- * safe_point_wait_ms, and so do the unloads of the versions they replace.
- * Every interposed synchronisation (device, stream and event
- * synchronisations and queries, synchronous cudaMemcpy) forwards first;
- * then, only when it succeeded and something waits for a safe point (one
- * load of the engine's sp_wanted), it asks whether all the program's GPU
- * work is idle, and if so runs the safe point right there, on the
- * program's thread, before its call returns (hkl_idle_point), as a program
- * that calls hk_safe_point after its synchronisation would. Otherwise the
- * call returns as it came and the work waits for a later moment.
+ * safe_point_wait_ms, and so do the unloads of the versions they replace
+ * (but for a swap that asked for HK_STAGE_NOW). Every interposed
+ * synchronisation (device, stream and event synchronisations and queries,
+ * synchronous cudaMemcpy) forwards first; then, only when it succeeded and
+ * something waits for a safe point (one load of the engine's sp_wanted), it
+ * asks whether all the program's GPU work is idle, and if so runs the safe
+ * point right there, on the program's thread, before its call returns
+ * (hkl_idle_point), as a program that calls hk_safe_point after its
+ * synchronisation would. Otherwise the call returns as it came and the work
+ * waits for a later moment.
  *
  * Idle means: every stream the program launched a kernel on (sync.h) answers
  * cudaStreamQuery with success, the legacy default stream (when it has

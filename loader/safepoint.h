@@ -15,8 +15,9 @@
  * then on a version staged with HK_STAGE_AUTO waits for a safe point (up to
  * safe_point_wait_ms) unless own_thread() says the requesting thread is one
  * whose own calls bring the idle moments (it would wait for itself), and
- * every replaced version is unloaded at a safe point too (or by the reclaim
- * thread safe_point_wait_ms after it could have been). hkl_safe_point_wanted
+ * every replaced version (but one replaced by an HK_STAGE_NOW swap) is
+ * unloaded at a safe point too (or by the reclaim thread safe_point_wait_ms
+ * after it could have been). hkl_safe_point_wanted
  * (one relaxed load) says whether anything waits for one; hkl_idle_point is
  * hk_safe_point for such a source: the program's GPU work is idle now. */
 enum { HKL_SP_JOBS = 1, HKL_SP_UNLOADS = 2 };

@@ -328,9 +328,10 @@ static int commit(swap_txn *t) {
     if (t->old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too; with
-         * automatic safe points, whatever staged it (an unload waits for
-         * the context's work as an upload does). */
-        t->old->unload_at_safe_point = t->job->at_safe_point || atomic_load(&rt->auto_sp);
+         * automatic safe points, also after a swap staged at once, unless
+         * its caller asked for the driver work now (HK_STAGE_NOW). */
+        t->old->unload_at_safe_point = t->job->at_safe_point || (atomic_load(&rt->auto_sp) &&
+                                                                 t->job->opt.stage != HK_STAGE_NOW);
         hkl_retire(rt, t->old);
     }
     t->m->last_error = 0;
