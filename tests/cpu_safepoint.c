@@ -552,6 +552,27 @@ START_TEST(swap_waits_unless_from_the_program_thread) {
 }
 END_TEST
 
+/* A swap that asks for its driver work now (HK_STAGE_NOW) has the version
+ * it replaced unloaded as soon as it can be, idle moment or not. */
+START_TEST(stage_now_swap_unloads_at_once) {
+    ck_assert_int_eq(launch_on(0, B), 1);
+    atomic_store(&b_busy, 1);
+    hk_swap_options so;
+    hk_swap_options_init(&so);
+    so.stage = HK_STAGE_NOW;
+    hk_report rep = HK_REPORT_INIT;
+    int live = fake_live_images();
+    for (int tag = 2; tag <= 3; tag++) {
+        const char *src = fake_ptx(tag, 0, 0, 0);
+        ck_assert_int_eq(hk_swap(rt, "sim", src, strlen(src), &so, &rep), 0);
+    }
+    hk_report_clear(&rep);
+    ck_assert_uint_eq(version(), 2);
+    WAIT_FOR(fake_live_images() == live + 1); /* the first one gone, B busy */
+    ck_assert_int_eq(unloads_waiting(), 0);
+}
+END_TEST
+
 /* HOTKERN_AUTO_SAFE_POINTS=0: versions stage when built, as before. */
 START_TEST(auto_safe_points_can_be_turned_off) {
     ck_assert_int_eq(launch_on(0, B), 1);
@@ -575,6 +596,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, destroyed_stream_leaves_the_list);
     tcase_add_test(tc, other_threads_per_thread_streams_count);
     tcase_add_test(tc, swap_waits_unless_from_the_program_thread);
+    tcase_add_test(tc, stage_now_swap_unloads_at_once);
     suite_add_tcase(s, tc);
     TCase *bound = tcase_create("bound"); /* safe_point_wait_ms 300 */
     tcase_add_checked_fixture(bound, setup_short, teardown);
