@@ -191,13 +191,13 @@ static void sync_cost(cudaStream_t s, int rounds, int per, double *interposed, d
     std::vector<double> a, b;
     for (int r = 0; r < rounds; r++) // each mode first in every other round
         for (int m = 0; m < 2; m++) {
-            bool interposed = (m == 0) == (r % 2 == 0);
+            bool via = (m == 0) == (r % 2 == 0);
             double t0 = now_ms();
-            if (interposed)
+            if (via)
                 for (int i = 0; i < per; i++) cudaStreamSynchronize(s);
             else
                 for (int i = 0; i < per; i++) own_sync(s);
-            (interposed ? a : b).push_back((now_ms() - t0) * 1e6 / per);
+            (via ? a : b).push_back((now_ms() - t0) * 1e6 / per);
         }
     *interposed = median(a);
     *own = median(b);
