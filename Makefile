@@ -423,6 +423,8 @@ $(BUILD)/tests/cpu_safepoint: TEST_LDFLAGS := -lstdc++
 # cpu_primary: the environment's runtime in device 0's primary context.
 $(BUILD)/tests/cpu_primary: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_primary: TEST_LDFLAGS := -lstdc++
+# (TEST_OBJ is the link's, not a prerequisite: these are.)
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_safepoint $(BUILD)/tests/cpu_primary: $(ICORE_OBJ)
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).
