@@ -150,6 +150,10 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
              $(BUILD)/obj/interpose/env.o
 ICORE_OBJ += $(BUILD)/obj/interpose/attrs.o
+# Automatic safe points: the program's synchronisations (interpose/sync.c).
+ICORE_OBJ += $(BUILD)/obj/interpose/sync.o
+# The environment's runtime in device 0's primary context (interpose/primary.c).
+ICORE_OBJ += $(BUILD)/obj/interpose/primary.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -162,6 +166,10 @@ WRAP_SYMS += cudaLaunchCooperativeKernel cudaLaunchCooperativeKernel_ptsz cudaFu
              cudaFuncSetCacheConfig cudaKernelSetAttributeForDevice cudaFuncGetAttributes \
              cudaOccupancyMaxActiveBlocksPerMultiprocessor \
              cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
+# Automatic safe points (interpose/sync.c, entries.h's HKI_SYNC_ENTRIES).
+WRAP_SYMS += cudaDeviceSynchronize cudaStreamSynchronize cudaStreamSynchronize_ptsz \
+             cudaStreamQuery cudaStreamQuery_ptsz cudaEventSynchronize cudaEventQuery \
+             cudaMemcpy cudaMemcpy_ptds cudaStreamDestroy
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
@@ -175,6 +183,9 @@ GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests
                  $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
+# The frame loop's stall per swap (bench/bench_frame_stall.cu), both ways.
+GPU_INTERPOSE += $(if $(SAN),,$(BUILD)/bench/bench_frame_stall_shared \
+                 $(BUILD)/bench/bench_frame_stall_static)
 
 # The program shapes of tests/programs/ (its run.sh drives them): small
 # multi-file nvcc programs, each linked both ways from the same objects:
@@ -379,6 +390,15 @@ $(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIV
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
+$(BUILD)/bench/bench_frame_stall_shared: bench/bench_frame_stall.cu $(PRELOAD) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+
 # Self-contained: the interposition reaches into the engine's internals,
 # which libhotkern.so does not export, so the archive holds the engine too.
 # The program as it is, -cudart shared (the interposition comes with
@@ -470,6 +490,15 @@ $(BUILD)/tests/cpu_interpose_fit: TEST_LDFLAGS := -lstdc++
 # EXIT_APPS.
 $(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: TEST_LDFLAGS := -lstdc++
+# cpu_safepoint drives the automatic safe points (interpose/sync.c) the same way.
+$(BUILD)/tests/cpu_safepoint: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_safepoint: TEST_LDFLAGS := -lstdc++
+# cpu_primary: the environment's runtime in device 0's primary context.
+$(BUILD)/tests/cpu_primary: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_primary: TEST_LDFLAGS := -lstdc++
+# (TEST_OBJ is the link's, not a prerequisite: these are.)
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_safepoint $(BUILD)/tests/cpu_primary \
+  $(BUILD)/tests/cpu_interpose_fit $(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: $(ICORE_OBJ)
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).

@@ -9,6 +9,7 @@
 
 #define HKI_LAUNCH_ARGS(t, k) t k, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s
 #define HKI_ENTRIES(X)                                                                             \
+    HKI_SYNC_ENTRIES(X)                                                                            \
     X(klaunch, __cudaLaunchKernel, (HKI_LAUNCH_ARGS(cudaKernel_t, k)),                             \
       hki_klaunch(0, k, g, b, a, sh, s))                                                           \
     X(klaunch_ptsz, __cudaLaunchKernel_ptsz, (HKI_LAUNCH_ARGS(cudaKernel_t, k)),                   \
@@ -72,6 +73,25 @@
     X(occupancy_flags, cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,                     \
       (int *n, const void *f, int bs, size_t sm, unsigned fl),                                     \
       hki_occupancy_flags(n, f, bs, sm, fl))
+
+/* ---- synchronisations: automatic safe points (sync.c) ----
+ * After each that returns success, with a version or an unload waiting for
+ * a safe point, the program's streams are asked whether they are all idle.
+ * cudaStreamDestroy takes the stream off the list of those asked. */
+#define HKI_SYNC_ENTRIES(X)                                                                        \
+    X(sync.device, cudaDeviceSynchronize, (void), hki_device_sync())                               \
+    X(sync.stream, cudaStreamSynchronize, (cudaStream_t s), hki_stream_sync(0, s))                 \
+    X(sync.stream_ptsz, cudaStreamSynchronize_ptsz, (cudaStream_t s), hki_stream_sync(1, s))       \
+    X(sync.query, cudaStreamQuery, (cudaStream_t s), hki_stream_query(0, s))                       \
+    X(sync.query_ptsz, cudaStreamQuery_ptsz, (cudaStream_t s), hki_stream_query(1, s))             \
+    X(sync.event, cudaEventSynchronize, (cudaEvent_t e), hki_event_sync(e))                        \
+    X(sync.event_query, cudaEventQuery, (cudaEvent_t e), hki_event_query(e))                       \
+    X(memcpy, cudaMemcpy, (void *d, const void *src, size_t n, enum cudaMemcpyKind kind),          \
+      hki_memcpy(0, d, src, n, kind))                                                              \
+    X(sync.memcpy_ptds, cudaMemcpy_ptds,                                                           \
+      (void *d, const void *src, size_t n, enum cudaMemcpyKind kind),                              \
+      hki_memcpy(1, d, src, n, kind))                                                              \
+    X(sync.stream_destroy, cudaStreamDestroy, (cudaStream_t s), hki_stream_destroy(s))
 
 /* __cudaRegisterVar returns nothing: taken apart from the list above. */
 #define HKI_REGVAR_PARAMS                                                                          \

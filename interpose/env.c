@@ -37,9 +37,19 @@ extern char **environ;
 
 /* Every HOTKERN_* hotkern reads (HOTKERN_TOKEN the CLI too). */
 static const char *const known[] = {
-    "HOTKERN_WATCH",  "HOTKERN_ENDPOINT",  "HOTKERN_ORIGIN",  "HOTKERN_TRUSTED_KEY",
-    "HOTKERN_TOKEN",  "HOTKERN_STATE_DIR", "HOTKERN_RESTORE", "HOTKERN_CACHE_DIR",
-    "HOTKERN_CANARY", "HOTKERN_LOG",       "HOTKERN_OFF",     "HOTKERN_ALLOW_UNSIGNED",
+    "HOTKERN_WATCH",
+    "HOTKERN_ENDPOINT",
+    "HOTKERN_ORIGIN",
+    "HOTKERN_TRUSTED_KEY",
+    "HOTKERN_TOKEN",
+    "HOTKERN_STATE_DIR",
+    "HOTKERN_RESTORE",
+    "HOTKERN_CACHE_DIR",
+    "HOTKERN_CANARY",
+    "HOTKERN_LOG",
+    "HOTKERN_OFF",
+    "HOTKERN_ALLOW_UNSIGNED",
+    "HOTKERN_AUTO_SAFE_POINTS", /* read by sync.c */
 };
 
 /* A set, non-empty value (an empty one counts as unset). */
@@ -248,7 +258,7 @@ hk_runtime *hki_env_runtime(void (*made)(hk_runtime *rt)) {
     o.build_isolated = 1;
     hk_report rep = HK_REPORT_INIT;
     hk_runtime *rt = NULL;
-    if (hk_runtime_create(&rt, &o, &rep) < 0) {
+    if (hki_runtime_create(&rt, &o, NULL, &rep) < 0) { /* device 0's primary context */
         fprintf(stderr, NOT_ENABLED ": %s\n", rep.message);
         hk_report_clear(&rep);
         return NULL;

@@ -57,6 +57,25 @@ typedef cudaError_t (*hki_func_get_attrs_fn)(struct cudaFuncAttributes *, const 
 typedef cudaError_t (*hki_occupancy_fn)(int *, const void *, int, size_t);
 typedef cudaError_t (*hki_occupancy_flags_fn)(int *, const void *, int, size_t, unsigned);
 
+/* ---- synchronisations (sync.c): automatic safe points ---- */
+typedef cudaError_t (*hki_stream_fn)(cudaStream_t);
+typedef cudaError_t (*hki_event_fn)(cudaEvent_t);
+typedef struct hki_sync_real {
+    cudaError_t (*device)(void);       /* cudaDeviceSynchronize */
+    hki_stream_fn stream, stream_ptsz; /* cudaStreamSynchronize[_ptsz] */
+    hki_stream_fn query, query_ptsz;   /* cudaStreamQuery[_ptsz] */
+    hki_event_fn event, event_query;   /* cudaEventSynchronize, cudaEventQuery */
+    hki_memcpy_fn memcpy_ptds;         /* cudaMemcpy_ptds (cudaMemcpy: memcpy) */
+    hki_stream_fn stream_destroy;      /* cudaStreamDestroy */
+} hki_sync_real;
+cudaError_t hki_device_sync(void);
+cudaError_t hki_stream_sync(int ptsz, cudaStream_t s);
+cudaError_t hki_stream_query(int ptsz, cudaStream_t s);
+cudaError_t hki_event_sync(cudaEvent_t e);
+cudaError_t hki_event_query(cudaEvent_t e);
+cudaError_t hki_memcpy(int ptds, void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
+cudaError_t hki_stream_destroy(cudaStream_t s);
+
 /* What the way in forwards to: the program's runtime. Every field is set
  * (the preload library resolves them at its first call; a missing one makes
  * it forward only, never route). */
@@ -80,8 +99,9 @@ typedef struct hki_real {
     hki_occupancy_flags_fn occupancy_flags; /* ...WithFlags */
     /* called, never interposed */
     hki_getkernel_fn get_kernel; /* cudaGetKernel */
-    hki_memcpy_fn memcpy;        /* cudaMemcpy */
+    hki_memcpy_fn memcpy;        /* cudaMemcpy (interposed too: sync.c) */
     hki_memcpy_async_fn memcpy_async;
+    hki_sync_real sync; /* sync.c's */
 } hki_real;
 
 /* The core (route.c). hki_real_set is called once, before anything else,
@@ -121,6 +141,13 @@ cudaError_t hki_occupancy(int *n, const void *f, int block, size_t smem);
 cudaError_t hki_occupancy_flags(int *n, const void *f, int block, size_t smem, unsigned flags);
 struct hkl_expect *hki_expect_of(const void *key, int is_func);
 const hki_real *hki_real_get(void);
+
+/* primary.c: hk_runtime_create, in device 0's primary context whatever
+ * context the calling thread has current (put back after). drv NULL: the
+ * real driver; else a table the runtime takes (hkl_runtime_create_with). */
+struct hkb_driver;
+int hki_runtime_create(hk_runtime **out, const hk_options *o, const struct hkb_driver *drv,
+                       hk_report *rep);
 
 /* demangle.c: the name expression that makes NVRTC instantiate the kernel
  * the driver calls `name` ("scale<float>" for _Z5scaleIfEvPT_S0_i), or NULL

@@ -26,7 +26,6 @@ static void resolve(void) {
 #undef RESOLVE
     r.register_var = (hki_regvar_fn)dlsym(RTLD_NEXT, "__cudaRegisterVar");
     r.get_kernel = (hki_getkernel_fn)dlsym(RTLD_NEXT, "cudaGetKernel");
-    r.memcpy = (hki_memcpy_fn)dlsym(RTLD_NEXT, "cudaMemcpy");
     r.memcpy_async = (hki_memcpy_async_fn)dlsym(RTLD_NEXT, "cudaMemcpyAsync");
     hki_real_set(&r);
 }

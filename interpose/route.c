@@ -52,6 +52,7 @@
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
 #include "loader/fit.h"
+#include "interpose/sync.h"
 #include "loader/loader.h"
 
 static hki_real R;
@@ -62,6 +63,7 @@ static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void hki_real_set(const hki_real *real) {
     R = *real;
+    hki_sync_real_set(real);
 }
 
 const hki_real *hki_real_get(void) {
@@ -239,6 +241,7 @@ int hk_interpose_attach(hk_runtime *rt) {
         vars_tell(rt);
         pthread_once(&at_exit, unroute_at_exit);
         atomic_store_explicit(&g_rt, rt, memory_order_release);
+        hki_sync_attach(rt); /* automatic safe points (sync.c) */
     }
     pthread_mutex_unlock(&attach_lock);
     return err;
@@ -369,6 +372,7 @@ static int hot_launch(hk_kernel *h, int ptsz, dim3 g, dim3 b, void **args, size_
 
 cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm,
                         cudaStream_t s) {
+    hki_track(ptsz, s);
     const slot *sl = lookup(k, 0);
     hk_kernel *h = hot_of(sl, b, shm);
     if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
@@ -385,6 +389,7 @@ cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, s
 
 cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
                        cudaStream_t s) {
+    hki_track(ptsz, s);
     const slot *sl = lookup(f, 1);
     hk_kernel *h = hot_of(sl, b, shm);
     if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
@@ -434,6 +439,8 @@ static int hot_launch_lc(hk_kernel *h, int ptsz, const cudaLaunchConfig_t *c, vo
 }
 
 cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, void **args) {
+    if (c)
+        hki_track(ptsz, c->stream);
     const slot *sl = c ? lookup(f, 1) : NULL;
     hk_kernel *h = sl ? hot_of(sl, c->blockDim, c->dynamicSmemBytes) : NULL;
     if (sl && sl->use && c->numAttrs)
@@ -452,6 +459,7 @@ cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, vo
 
 cudaError_t hki_coop_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, size_t shm,
                             cudaStream_t s) {
+    hki_track(ptsz, s);
     const slot *sl = lookup(f, 1);
     hk_kernel *h = hot_of(sl, b, shm);
     cudaLaunchAttribute at = {.id = cudaLaunchAttributeCooperative};

@@ -35,7 +35,7 @@ static void resolve(void) {
 #undef RESOLVE
     r.register_var = __real___cudaRegisterVar;
     r.get_kernel = cudaGetKernel;
-    r.memcpy = cudaMemcpy;
+    /* r.memcpy: __real_cudaMemcpy, above (cudaMemcpy itself is wrapped) */
     r.memcpy_async = cudaMemcpyAsync;
     hki_real_set(&r);
 }

@@ -147,6 +147,8 @@ struct hkl_version {
 
     _Atomic int pins;         /* hk_pin, graph, capture and canary references */
     int unload_at_safe_point; /* set before retiring; then rec_lock */
+    double sp_deadline;       /* rec_lock: in unload_ready, unloaded by the reclaim
+                               * thread after this (hkl_now_ms) with no safe point */
     int dead;                 /* set before retiring: a module of a reset
                                * context, replaced by its reload (no event) */
     uint64_t ctx_gen;         /* immutable: rt->reset_gen when loaded */
@@ -394,6 +396,15 @@ struct hk_runtime {
     int worker_exited;    /* work_lock: the worker left its loop */
     int worker_abandoned; /* work_lock: destroy stopped waiting for it:
                            * the worker finishes the teardown */
+
+    /* Automatic safe points (loader/safepoint.h). sp_wanted, read at every
+     * interposed synchronisation, is padded off busy fields (no _Alignas:
+     * calloc'd). */
+    char sp_pad0[64];
+    _Atomic int sp_wanted;      /* HKL_SP_* bits, each under its list's lock */
+    _Atomic int auto_sp;        /* 1: idle moments come from a source */
+    int (*sp_own_thread)(void); /* work_lock: "this thread brings them" */
+    char sp_pad1[64];
 
     pthread_mutex_t stats_lock;
     hk_stats stats; /* stats_lock */
@@ -798,6 +809,8 @@ int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_
 int hkl_worker_stop(hk_runtime *rt, double until_ms);
 /* Ends the jobs still queued (waiters get HK_ERR_CLOSED); worker stopped. */
 void hkl_worker_drain(hk_runtime *rt);
+
+/* Automatic safe points: loader/safepoint.h. */
 
 /* runtime.c: create and destroy. hkl_runtime_create_with is hk_runtime_create
  * with a driver table of the caller's (base/driver.h): a real one is taken

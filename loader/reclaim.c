@@ -24,7 +24,8 @@
  * Nothing else ever waits for this thread (destroy waits a bounded time, then
  * leaves the thread to finish and free the runtime), so a version that cannot
  * be reclaimed yet only stays loaded, and the stats show it. Versions replaced
- * at a safe point wait in unload_ready, and the safe point only unloads.
+ * at a safe point wait in unload_ready, and the safe point only unloads; one
+ * that no safe point took within safe_point_wait_ms is unloaded here.
  *
  * This thread runs in relaxed stream-capture mode: with it, cuLibraryUnload
  * leaves another thread's global-mode capture intact (measured; in global
@@ -45,6 +46,7 @@
 
 #include "base/exit.h"
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 
 /* 1 when no host thread can still reach v. */
 static int grace_over(hk_runtime *rt, const hkl_version *v) {
@@ -137,6 +139,26 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
     return n;
 }
 
+/* Takes the versions of unload_ready whose safe point is overdue
+ * (sp_deadline passed): their GPU work was seen finished when they went
+ * there, so they are unloaded at once. rec_lock held. */
+static hkl_version *take_late(hk_runtime *rt) {
+    double now = hkl_now_ms();
+    hkl_version *late = NULL;
+    for (hkl_version **pp = &rt->unload_ready; *pp;) {
+        hkl_version *v = *pp;
+        if (v->sp_deadline <= now) {
+            *pp = v->next;
+            v->next = late;
+            late = v;
+        } else {
+            pp = &v->next;
+        }
+    }
+    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->unload_ready != NULL);
+    return late;
+}
+
 /* One pass: unloads what is ready, hands what waits for a safe point to
  * unload_ready (after its GPU work finished), puts the rest back. Returns 1
  * while versions still wait for a launch, 2 while they wait only for pins, 3
@@ -147,6 +169,7 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
     rt->rec_kick = 0;
     hkl_version *list = rt->retired;
     rt->retired = NULL;
+    hkl_version *late = final ? NULL : take_late(rt);
     if (final) {
         /* Destroy: everything goes, deferred versions included. */
         while (rt->unload_ready) {
@@ -155,6 +178,7 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
             v->next = list;
             list = v;
         }
+        hkl_sp_mark(rt, HKL_SP_UNLOADS, 0);
     }
     pthread_mutex_unlock(&rt->rec_lock);
     hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
@@ -204,6 +228,13 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
         refused = 1;
     }
     *unloaded = unload_list(rt, ready, final);
+    if (late) {
+        hk_log(rt, HK_LOG_INFO, "reclaim",
+               "'%s': a replaced version waited %d ms (safe_point_wait_ms) for a safe point: "
+               "unloaded now, which waits for the GPU work in flight",
+               late->mod->name, rt->opt.safe_point_wait_ms);
+        *unloaded += unload_list(rt, late, 0);
+    }
     pthread_mutex_lock(&rt->rec_lock);
     while (keep) {
         hkl_version *v = keep;
@@ -214,9 +245,12 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
     while (defer) {
         hkl_version *v = defer;
         defer = v->next;
+        v->sp_deadline =
+            hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
         v->next = rt->unload_ready;
         rt->unload_ready = v;
     }
+    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->unload_ready != NULL);
     int left = rt->retired == NULL ? 0 : refused ? 3 : pinned_only ? 2 : 1;
     pthread_cond_broadcast(&rt->rec_done);
     pthread_mutex_unlock(&rt->rec_lock);
@@ -230,6 +264,7 @@ void hkl_reclaim_deferred(hk_runtime *rt) {
     pthread_mutex_lock(&rt->rec_lock);
     hkl_version *list = rt->unload_ready;
     rt->unload_ready = NULL;
+    hkl_sp_mark(rt, HKL_SP_UNLOADS, 0);
     pthread_mutex_unlock(&rt->rec_lock);
     if (!list)
         return;

@@ -332,8 +332,11 @@ static int commit(swap_txn *t) {
     hkl_expect_publish(rt, t->m, t->v, &t->adopted);
     if (t->old) {
         /* A program that stages at safe points wants no driver work outside
-         * them: the old code is unloaded at a later safe point too. */
-        t->old->unload_at_safe_point = t->job->at_safe_point;
+         * them: the old code is unloaded at a later safe point too; with
+         * automatic safe points, also after a swap staged at once, unless
+         * its caller asked for the driver work now (HK_STAGE_NOW). */
+        t->old->unload_at_safe_point = t->job->at_safe_point || (atomic_load(&rt->auto_sp) &&
+                                                                 t->job->opt.stage != HK_STAGE_NOW);
         hkl_retire(rt, t->old);
     }
     t->m->last_error = 0;

@@ -21,6 +21,12 @@
  * its own hkl_waiter; the safe point that stages its job signals it. A job
  * not taken by a safe point within safe_point_wait_ms is staged by its
  * waiter, or, without one, by the worker.
+ *
+ * Automatic safe points (hkl_auto_safe_points): a source that sees the
+ * program's GPU work idle (the <<<>>> interposition, at the program's own
+ * synchronisations) calls hkl_idle_point, a safe point that does not make
+ * the program one that calls hk_safe_point. sp_wanted tells that source,
+ * in one load, whether anything waits for one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +36,7 @@
 #include "base/exit.h"
 #include "loader/abi.h"
 #include "loader/loader.h"
+#include "loader/safepoint.h"
 
 /* Adds to a CUDA C job the name expressions that instantiate the
  * program's template kernels its source declares (expect.c), after the
@@ -146,15 +153,32 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     return hkl_canary_check(rt, j, rep);
 }
 
-/* What AUTO means for a swap requested on this thread now. */
+/* What AUTO means for a swap requested on this thread now: at a safe point
+ * once the program calls hk_safe_point (unless from its thread), or with
+ * automatic safe points (unless from a thread that brings them). */
 static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_sp_thread) {
     pthread_mutex_lock(&rt->work_lock);
     int seen = rt->safe_points_seen;
     *on_sp_thread = seen && pthread_equal(rt->safe_point_thread, pthread_self());
+    int (*own)(void) = rt->sp_own_thread;
     pthread_mutex_unlock(&rt->work_lock);
     if (want != HK_STAGE_AUTO)
         return want;
-    return seen && !*on_sp_thread ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
+    if (seen)
+        return *on_sp_thread ? HK_STAGE_NOW : HK_STAGE_AT_SAFE_POINT;
+    return own && !own() ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
+}
+
+/* Keeps sp_wanted's bit for the pending list right. work_lock held. */
+static void pending_changed(hk_runtime *rt) {
+    hkl_sp_mark(rt, HKL_SP_JOBS, rt->pending != NULL);
+}
+
+static void log_no_safe_point(hk_runtime *rt, const hkl_job *j) {
+    hk_log(rt, HK_LOG_INFO, "engine",
+           "'%s': no safe point within %d ms (safe_point_wait_ms): staged now, which waits for "
+           "the GPU work in flight",
+           j->name, rt->opt.safe_point_wait_ms);
 }
 
 /* Hands a built job to the next safe point and waits for its outcome, up to
@@ -171,6 +195,7 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     while (*pp)
         pp = &(*pp)->next;
     *pp = j;
+    pending_changed(rt);
     pthread_mutex_unlock(&rt->work_lock);
 
     double end = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
@@ -194,9 +219,11 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
                 taken = 1;
                 break;
             }
+        pending_changed(rt);
         pthread_mutex_unlock(&rt->work_lock);
         if (taken) {
             j->waiter = NULL;
+            log_no_safe_point(rt, j);
             err = hkl_swap_job(rt, j, r);
         } else {
             pthread_mutex_lock(&w.lock);
@@ -309,6 +336,7 @@ static double take_expired(hk_runtime *rt, hkl_job **out) {
             pp = &j->next;
         }
     }
+    pending_changed(rt);
     return next;
 }
 
@@ -329,6 +357,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
         hkl_job *j = list;
         list = j->next;
         hk_report rep = HK_REPORT_INIT;
+        log_no_safe_point(rt, j);
         hkl_swap_job(rt, j, &rep);
         hk_report_clear(&rep);
         hkl_job_free(j);
@@ -429,6 +458,7 @@ static void defer_job(hk_runtime *rt, hkl_job *j) {
     j->next = NULL;
     j->deadline = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
     *tail = j;
+    pending_changed(rt);
     if (stale) {
         pthread_mutex_unlock(&rt->work_lock);
         hkl_job_free(stale);
@@ -530,6 +560,7 @@ void hkl_worker_drain(hk_runtime *rt) {
             lists[i] = n;
         }
     rt->jobs = rt->jobs_tail = rt->pending = rt->dropped = NULL;
+    pending_changed(rt);
 }
 
 /* Queues a job for the worker; a latest one first moves the queued latest
@@ -590,16 +621,19 @@ int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_
     return submit(rt, name, image, size, opt, 1);
 }
 
-int hk_safe_point(hk_runtime *rt) {
-    if (!rt)
-        return HK_ERR_INVALID;
+/* hk_safe_point, called by the program (by_program: later AUTO swaps wait
+ * for its safe points) or for it (hkl_idle_point). */
+static int safe_point(hk_runtime *rt, int by_program) {
     if (hkl_swap_held(rt))
         return HK_ERR_BUSY; /* from a check callback */
     pthread_mutex_lock(&rt->work_lock);
-    rt->safe_points_seen = 1;
-    rt->safe_point_thread = pthread_self();
+    if (by_program) {
+        rt->safe_points_seen = 1;
+        rt->safe_point_thread = pthread_self();
+    }
     hkl_job *list = rt->pending;
     rt->pending = NULL;
+    pending_changed(rt);
     pthread_mutex_unlock(&rt->work_lock);
     hkl_reclaim_deferred(rt);
     int committed = 0;
@@ -619,6 +653,21 @@ int hk_safe_point(hk_runtime *rt) {
         }
     }
     return committed;
+}
+
+int hk_safe_point(hk_runtime *rt) {
+    return rt ? safe_point(rt, 1) : HK_ERR_INVALID;
+}
+
+int hkl_idle_point(hk_runtime *rt) {
+    return safe_point(rt, 0);
+}
+
+void hkl_auto_safe_points(hk_runtime *rt, int (*own_thread)(void)) {
+    pthread_mutex_lock(&rt->work_lock);
+    rt->sp_own_thread = own_thread;
+    atomic_store(&rt->auto_sp, 1);
+    pthread_mutex_unlock(&rt->work_lock);
 }
 
 int hk_wait_idle(hk_runtime *rt, int timeout_ms) {

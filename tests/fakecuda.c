@@ -506,6 +506,16 @@ static CUresult f_CtxGetCurrent(CUcontext *c) {
     *c = (CUcontext)current();
     return CUDA_SUCCESS;
 }
+CUcontext fake_ctx_create(int dev) {
+    fctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    pthread_mutex_lock(&F.lock);
+    c->dev = dev;
+    c->id = ++F.next_id;
+    pthread_mutex_unlock(&F.lock);
+    return (CUcontext)c;
+}
 static CUresult f_CtxSetCurrent(CUcontext c) {
     cur_ctx = (fctx *)c;
     return CUDA_SUCCESS;

@@ -59,6 +59,10 @@ void fake_hold_next_launch(void);
 void fake_wait_held(void); /* waits until a launch is held */
 void fake_release_launch(void);
 
+/* A context of device dev that is not its primary one (as cuCtxCreate makes;
+ * never freed): for making it current on a thread (cuCtxSetCurrent). */
+CUcontext fake_ctx_create(int dev);
+
 /* Simulates cudaDeviceReset on device ordinal dev. */
 void fake_reset_device(int dev);
 

@@ -298,7 +298,10 @@ typedef enum hk_stage_mode {
     HK_STAGE_AT_SAFE_POINT = 1, /* in the next hk_safe_point() call */
     HK_STAGE_AUTO = 2,          /* the default: at safe points once the program
                                  * has called hk_safe_point (from another thread
-                                 * than the swapping one), else now */
+                                 * than the swapping one), else now; under the
+                                 * <<<>>> interposition, at its automatic safe
+                                 * points (hotkern/interpose.h) unless from a
+                                 * thread of the program */
 } hk_stage_mode;
 
 /* Swap outcomes and other events, for hk_event_cb. */

@@ -73,6 +73,7 @@
  *   HOTKERN_CACHE_DIR       compile cache (hk_options.cache_dir)
  *   HOTKERN_CANARY          1: canary runs (hk_options.canary)
  *   HOTKERN_LOG             debug, info, warn, error or off: messages to stderr
+ *   HOTKERN_AUTO_SAFE_POINTS 0: upload and unload as soon as ready (default 1)
  *   HOTKERN_OFF             1: route nothing
  * Flags take 1 or 0 (also true/false, yes/no, on/off). Nothing is half
  * enabled: a value that does not parse (HOTKERN_ENDPOINT=notaport,
@@ -90,6 +91,18 @@
  * flushed. From then on every launch runs the program's own code, hotkern's
  * threads make no driver call (they wait for the process's end), and the
  * exit waits for one in progress, up to hk_options.destroy_wait_ms (5 s).
+ *
+ * Safe points come by themselves: uploading a version's code, or unloading a
+ * replaced one, waits for all the GPU work in flight and stalls every
+ * launching thread meanwhile, so both wait for a moment the program's own
+ * calls show all its GPU work idle: after one of its synchronisations
+ * (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+ * cudaStreamQuery or cudaEventQuery answering success, a synchronous
+ * cudaMemcpy) every stream it launched kernels on answers idle. That
+ * synchronisation then does the upload before it returns. With no such
+ * moment within hk_options.safe_point_wait_ms (2 s) they happen anyway. A
+ * synchronous hk_swap from a thread of the program stages at once, as
+ * without the interposition.
  *
  * Limits: hot launches run in device 0's primary context (a launch from
  * another context is the program's own); a sticky error of a hot launch (a
@@ -119,7 +132,9 @@ extern "C" {
  * (configured in code, its own watches and endpoints). Call it before the
  * first launch: a launch before it makes a runtime from the environment, and
  * then attaching another returns HK_ERR_BUSY. rt must outlive every launch
- * of the program (destroy it only once no thread launches any more).
+ * and synchronisation of the program (destroy it only once no thread
+ * launches or synchronises any more). It gets automatic safe points (above)
+ * unless HOTKERN_AUTO_SAFE_POINTS=0.
  * Defined by libhotkern-preload and libhotkern-wrap. Safe from any thread. */
 HK_API int hk_interpose_attach(hk_runtime *rt);
 
