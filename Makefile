@@ -146,7 +146,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # library for LD_PRELOAD (programs linked with -cudart shared) and an archive
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
 # such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
-ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o
+ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
+             $(BUILD)/obj/interpose/tu.o $(BUILD)/obj/interpose/elfsym.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -154,6 +155,9 @@ WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLau
              cudaMemcpyToSymbol_ptds cudaMemcpyToSymbolAsync cudaMemcpyToSymbolAsync_ptsz \
              cudaMemcpyFromSymbol cudaMemcpyFromSymbol_ptds cudaMemcpyFromSymbolAsync \
              cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
+# the translation units' registration (interpose/tu.c)
+WRAP_SYMS += __cudaRegisterFatBinary __cudaRegisterFatBinaryEnd __cudaUnregisterFatBinary \
+             __cudaRegisterFunction
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
@@ -395,8 +399,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
 
 # cpu_interpose drives the interposition's core with the fake driver.
-$(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
-$(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_LDFLAGS := -lstdc++
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: $(ICORE_OBJ)
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
 # suites' rule above must not take them).
@@ -548,6 +553,8 @@ uninstall:
 #   fuzz_cache    the compile cache's entry files, artifacts and manifests
 #                 (ptx/entry.c);
 #   fuzz_guard    the canary's trap guard (ptx/guard.c), which rewrites PTX;
+#   fuzz_elfsym   the ELF symbol table reader (interpose/elfsym.c), which reads
+#                 the program's image to learn a kernel's source file;
 #   fuzz_http     raw HTTP (and release bodies, JSON and framed) into a live endpoint
 #                 on 127.0.0.1, and the frame parser fed whole and in pieces.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
@@ -555,7 +562,7 @@ FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. 
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
-FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard fuzz_elfsym
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -569,6 +576,9 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
 	  ptx/detect.c util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
+	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
+	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
+	cc -c -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
@@ -590,6 +600,7 @@ fuzz: fuzz-build
 	    fuzz_cache) seeds=tests/fuzz/seeds/cache ;; \
 	    fuzz_guard) seeds=tests/fuzz/seeds/guard ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
+	    fuzz_elfsym) seeds=$(BUILD)/fuzz/seeds-elfsym ;; \
 	  esac; \
 	  echo "== $$t"; \
 	  $(BUILD)/fuzz/$$t -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 -timeout=30 \

@@ -20,6 +20,15 @@ HKI_ENTRIES(DECLARE)
 #undef DECLARE
 void __real___cudaRegisterVar HKI_REGVAR_PARAMS;
 EXPORT void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS;
+void **__real___cudaRegisterFatBinary HKI_REGFAT_PARAMS;
+EXPORT void **__wrap___cudaRegisterFatBinary HKI_REGFAT_PARAMS;
+void __real___cudaRegisterFunction HKI_REGFUN_PARAMS;
+EXPORT void __wrap___cudaRegisterFunction HKI_REGFUN_PARAMS;
+#define DECLARE_FH(field, name, call)                                                              \
+    void __real_##name(void **h);                                                                  \
+    EXPORT void __wrap_##name(void **h);
+HKI_FATHANDLE_ENTRIES(DECLARE_FH)
+#undef DECLARE_FH
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -29,6 +38,11 @@ static void resolve(void) {
     HKI_ENTRIES(RESOLVE)
 #undef RESOLVE
     r.register_var = __real___cudaRegisterVar;
+    r.register_fatbin = __real___cudaRegisterFatBinary;
+    r.register_function = __real___cudaRegisterFunction;
+#define RESOLVE_FH(field, name, call) r.field = __real_##name;
+    HKI_FATHANDLE_ENTRIES(RESOLVE_FH)
+#undef RESOLVE_FH
     r.get_kernel = cudaGetKernel;
     r.memcpy = cudaMemcpy;
     r.memcpy_async = cudaMemcpyAsync;
@@ -47,3 +61,22 @@ void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS {
     pthread_once(&once, resolve);
     HKI_REGVAR_CALL;
 }
+
+/* ---- translation units ---- */
+void **__wrap___cudaRegisterFatBinary HKI_REGFAT_PARAMS {
+    pthread_once(&once, resolve);
+    return HKI_REGFAT_CALL;
+}
+
+void __wrap___cudaRegisterFunction HKI_REGFUN_PARAMS {
+    pthread_once(&once, resolve);
+    HKI_REGFUN_CALL;
+}
+
+#define DEFINE_FH(field, name, call)                                                               \
+    void __wrap_##name(void **h) {                                                                 \
+        pthread_once(&once, resolve);                                                              \
+        call(h);                                                                                   \
+    }
+HKI_FATHANDLE_ENTRIES(DEFINE_FH)
+#undef DEFINE_FH

@@ -27,6 +27,11 @@
  * name expression gets that expression added to the builds of CUDA C that
  * declare a __global__ template of that name (hkl_expect_exprs).
  *
+ * Identity: a kernel or global is registered with the translation unit the
+ * program registered it from, and a module reaches it only when
+ * hkl_tu_owns says the module is that file's (expect_tu.c): nvcc gives
+ * file-local kernels and variables the same names in every file.
+ *
  * Locks: expect_lock (runtime) is a leaf that covers the lists and each
  * entry's mutable fields; the adoption and the binding run under swap_lock
  * too (they make handles). `k` is published with a release store and read
@@ -37,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/gate.h"
 #include "loader/loader.h"
 
 struct hkl_expect {
@@ -45,6 +51,7 @@ struct hkl_expect {
     char *expr; /* name expression that instantiates it, or NULL */
     char *base; /* expr's template name (scale for scale<float>), or NULL */
     hkl_param_layout layout;
+    unsigned tu;            /* the translation unit it was registered from (0: unknown) */
     _Atomic(hk_kernel *) k; /* written once (swap_lock), read without a lock */
     int warned;             /* expect_lock: a same-named kernel elsewhere was reported */
     hkl_expect *next;       /* expect_lock */
@@ -55,6 +62,11 @@ typedef struct hkl_xglobal {
     char *name;
     uint64_t orig; /* the program's copy, device slot 0 */
     size_t size;
+    unsigned tu; /* its translation unit (0: unknown) */
+    /* The running version's copy (device slot 0), 0 while none: written
+     * with the launch gate closed (a commit) or before the global is handed
+     * out, read by the host's symbol copies inside the gate (hkl_xglobal_enter) */
+    _Atomic uint64_t hot;
     hkl_module *mod;          /* expect_lock: the module whose versions hold it */
     struct hkl_xglobal *next; /* expect_lock */
 } hkl_xglobal;
@@ -100,9 +112,9 @@ static char *expr_base(const char *expr) {
     return strndup(start, (size_t)(end - start));
 }
 
-static hkl_expect *find_kernel(hk_runtime *rt, const char *name) {
+static hkl_expect *find_kernel(hk_runtime *rt, const char *name, unsigned tu) {
     for (hkl_expect *e = rt->expects; e; e = e->next)
-        if (!strcmp(e->name, name))
+        if (e->tu == tu && !strcmp(e->name, name))
             return e;
     return NULL;
 }
@@ -168,6 +180,11 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
         const hkp_entry *en = v ? entry_of(v, e->name) : NULL;
         if (!en)
             continue;
+        pthread_mutex_lock(&rt->expect_lock);
+        int mine = hkl_tu_owns(rt, e->tu, "kernel", e->name, m, v);
+        pthread_mutex_unlock(&rt->expect_lock);
+        if (!mine)
+            continue;
         hk_kernel *k = handle_in(m, e->name);
         char diff[200];
         if (k) {
@@ -212,15 +229,16 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
 }
 
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout) {
+                              const hkl_param_layout *layout, unsigned tu) {
     if (!rt || !name || !*name || !layout || hkl_swap_held(rt))
         return NULL;
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
     pthread_mutex_lock(&rt->expect_lock);
-    hkl_expect *e = find_kernel(rt, name);
+    hkl_expect *e = find_kernel(rt, name, tu);
     pthread_mutex_unlock(&rt->expect_lock);
     if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+        e->tu = tu;
         e->name = strdup(name);
         e->expr = expr ? strdup(expr) : NULL;
         e->base = expr ? expr_base(expr) : NULL;
@@ -250,7 +268,50 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
     return e;
 }
 
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size) {
+/* Binds g to a version committed before the program's variable was
+ * registered (restored at start, or pushed before the first launch): the
+ * host's later writes reach it. Its value stays the version's. swap_lock
+ * held; takes expect_lock. */
+static void global_bind_now(hk_runtime *rt, hkl_xglobal *g) {
+    for (hkl_module *m = rt->modules; m; m = m->next) {
+        hkl_version *v = atomic_load(&m->current);
+        int in = 0;
+        for (int i = 0; v && i < v->art.meta.nglobals && !in; i++)
+            in = !strcmp(v->art.meta.globals[i].name, g->name);
+        if (!in)
+            continue;
+        pthread_mutex_lock(&rt->expect_lock);
+        int mine = hkl_tu_owns(rt, g->tu, "variable", g->name, m, v);
+        pthread_mutex_unlock(&rt->expect_lock);
+        if (!mine || hkl_ctx_push(rt, 0) < 0)
+            continue;
+        CUdeviceptr p = 0;
+        size_t size = 0;
+        CUstreamCaptureMode mode = hkl_relax(rt);
+        hkl_gate_close(rt, "binding a program's global");
+        CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, &size, v->lib, g->name)
+                            : rt->drv->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
+        hkl_gate_open(rt);
+        hkl_unrelax(rt, mode);
+        hkl_ctx_pop(rt);
+        if (r != CUDA_SUCCESS || size != g->size)
+            continue;
+        pthread_mutex_lock(&rt->expect_lock);
+        g->mod = m;
+        pthread_mutex_unlock(&rt->expect_lock);
+        atomic_store_explicit(&g->hot, (uint64_t)p, memory_order_release);
+        hk_log(rt, HK_LOG_INFO, "engine",
+               "the program's global '%s' follows module '%s' v%llu (committed before it was "
+               "registered): the host's copies reach it",
+               g->name, m->name, (unsigned long long)v->number);
+        return;
+    }
+}
+
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size, unsigned tu,
+                      hkl_xglobal **out) {
+    if (out)
+        *out = NULL;
     if (!rt || !name || !*name || !orig || !size)
         return HK_ERR_INVALID;
     hkl_xglobal *g = calloc(1, sizeof *g);
@@ -260,18 +321,35 @@ int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t si
     }
     g->orig = orig;
     g->size = size;
+    g->tu = tu;
+    atomic_init(&g->hot, 0);
+    int held = hkl_swap_held(rt);
+    if (!held)
+        hkl_swap_lock(rt);
     pthread_mutex_lock(&rt->expect_lock);
     for (hkl_xglobal *o = rt->xglobals; o; o = o->next)
-        if (!strcmp(o->name, name)) {
+        if (o->tu == tu && !strcmp(o->name, name)) {
             pthread_mutex_unlock(&rt->expect_lock);
+            if (!held)
+                hkl_swap_unlock(rt, 0);
             free(g->name);
             free(g);
+            if (out)
+                *out = o;
             return 0; /* the first registration stands */
         }
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (!held)
+        global_bind_now(rt, g);
+    pthread_mutex_lock(&rt->expect_lock);
     g->next = rt->xglobals;
     rt->xglobals = g;
     atomic_fetch_add(&rt->nexpects, 1);
     pthread_mutex_unlock(&rt->expect_lock);
+    if (!held)
+        hkl_swap_unlock(rt, 0);
+    if (out)
+        *out = g;
     return 0;
 }
 
@@ -280,11 +358,47 @@ int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size
     hkl_xglobal *g = rt->xglobals;
     while (g && strcmp(g->name, name))
         g = g->next;
-    hkl_module *m = g ? g->mod : NULL;
     pthread_mutex_unlock(&rt->expect_lock);
-    if (!m)
+    uint64_t p = g ? atomic_load_explicit(&g->hot, memory_order_acquire) : 0;
+    if (!p)
         return 0;
-    return hk_module_global(rt, m->name, name, 0, dptr, size) == 0;
+    *dptr = p;
+    *size = g->size;
+    return 1;
+}
+
+hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr) {
+    if (!g || !atomic_load_explicit(&g->hot, memory_order_acquire))
+        return NULL; /* no hot copy: the cheap answer, no lock */
+    /* Inside the gate as a launch is: a commit (which carries the globals
+     * over and moves `hot`) and the unload of the version read here both
+     * wait until hkl_xglobal_exit. A copy does not go on at a closed gate
+     * as a launch that waited does: it waits for the commit, then reads the
+     * new copy. A thread inside a swap (a check callback) cannot wait. */
+    int held = hkl_swap_held(rt);
+    for (;;) {
+        hkl_tslot *s = hkl_enter(rt);
+        if (!s)
+            return NULL;
+        if (held || !atomic_load_explicit(&rt->gate, memory_order_seq_cst)) {
+            *dptr = atomic_load_explicit(&g->hot, memory_order_acquire);
+            if (*dptr)
+                return s;
+            hkl_exit(s);
+            return NULL;
+        }
+        hkl_exit(s);
+        hkl_gate_wait(rt);
+    }
+}
+
+void hkl_xglobal_exit(hkl_tslot *s) {
+    if (s)
+        hkl_exit(s);
+}
+
+size_t hkl_xglobal_size(const hkl_xglobal *g) {
+    return g->size;
 }
 
 void hkl_expect_free(hk_runtime *rt) {
@@ -297,6 +411,7 @@ void hkl_expect_free(hk_runtime *rt) {
         hkl_layout_free(&e->layout);
         free(e);
     }
+    hkl_expect_tu_free(rt);
     while (rt->xglobals) {
         hkl_xglobal *g = rt->xglobals;
         rt->xglobals = g->next;
@@ -381,6 +496,8 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
         if (!entry_of(v, e->name))
             continue;
         const hkl_module *own = owner(e);
+        if (!own && !hkl_tu_owns(rt, e->tu, "kernel", e->name, m, v))
+            continue; /* another file's, or it cannot be told */
         if (own && own != m) {
             if (!e->warned) {
                 e->warned = 1;
@@ -442,52 +559,70 @@ void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl
 }
 
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
-    if (!atomic_load(&rt->nexpects) || !v->art.meta.nglobals)
+    if (!atomic_load(&rt->nexpects))
         return 0;
     const hkb_driver *d = rt->drv;
     char skipped[256] = "";
-    int err = 0;
+    int err = 0, n = 0;
     pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next) {
+    for (hkl_xglobal *g = rt->xglobals; g; g = g->next)
+        n++;
+    /* The copies v's commit publishes (index: position in the list); they
+     * are stored only once nothing can fail, the gate still closed. */
+    uint64_t *hot = n ? calloc((size_t)n, sizeof *hot) : NULL;
+    if (n && !hot) {
+        pthread_mutex_unlock(&rt->expect_lock);
+        return hku_fail(rep, HK_ERR_NOMEM, "no memory for the program's globals");
+    }
+    int i = 0;
+    for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next, i++) {
         int in = 0;
-        for (int i = 0; i < v->art.meta.nglobals && !in; i++)
-            in = !strcmp(v->art.meta.globals[i].name, g->name);
-        if (!in || (g->mod && g->mod != m))
+        for (int k = 0; k < v->art.meta.nglobals && !in; k++)
+            in = !strcmp(v->art.meta.globals[k].name, g->name);
+        if (!in || (g->mod && g->mod != m) ||
+            (!g->mod && !hkl_tu_owns(rt, g->tu, "variable", g->name, m, v)))
             continue;
         int bind = !g->mod;
-        if (first || bind) {
+        CUdeviceptr p = 0;
+        size_t size = 0;
+        CUresult r = v->lib ? d->LibraryGetGlobal(&p, &size, v->lib, g->name)
+                            : d->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
+        if (r == CUDA_SUCCESS && size != g->size) {
+            size_t l = strlen(skipped);
+            snprintf(skipped + l, sizeof skipped - l, "%s%s (the program's %zu bytes, %zu here)",
+                     l ? ", " : "", g->name, g->size, size);
+            continue; /* not bound: the host's writes stay the program's */
+        }
+        if (r == CUDA_SUCCESS && (first || bind)) {
             /* The program's value goes into the module's first version. */
-            CUdeviceptr p = 0;
-            size_t size = 0;
-            CUresult r = v->lib ? d->LibraryGetGlobal(&p, &size, v->lib, g->name)
-                                : d->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
-            if (r == CUDA_SUCCESS && size != g->size) {
-                size_t n = strlen(skipped);
-                snprintf(skipped + n, sizeof skipped - n,
-                         "%s%s (the program's %zu bytes, %zu here)", n ? ", " : "", g->name,
-                         g->size, size);
-                continue; /* not bound: the host's writes stay the program's */
-            }
             CUstream *cs = &rt->dev[0].copy_stream;
-            if (r == CUDA_SUCCESS && !*cs)
+            if (!*cs)
                 r = d->StreamCreate(cs, CU_STREAM_NON_BLOCKING);
             if (r == CUDA_SUCCESS)
                 r = d->MemcpyDtoDAsync(p, (CUdeviceptr)g->orig, size, *cs);
             if (r == CUDA_SUCCESS)
                 r = d->StreamSynchronize(*cs);
-            if (r != CUDA_SUCCESS) {
-                hkl_report_cu(rep, rt, r, "copying the program's global to the new version");
-                size_t n = strlen(rep ? rep->message : "");
-                if (rep)
-                    snprintf(rep->message + n, sizeof rep->message - n, " ('%s')", g->name);
-                err = HK_ERR_CUDA;
-                break;
-            }
         }
+        if (r != CUDA_SUCCESS) {
+            hkl_report_cu(rep, rt, r, "copying the program's global to the new version");
+            size_t l = strlen(rep ? rep->message : "");
+            if (rep)
+                snprintf(rep->message + l, sizeof rep->message - l, " ('%s')", g->name);
+            err = HK_ERR_CUDA;
+            break;
+        }
+        hot[i] = (uint64_t)p;
         if (bind)
             g->mod = m;
     }
+    if (!err) {
+        i = 0;
+        for (hkl_xglobal *g = rt->xglobals; g; g = g->next, i++)
+            if (g->mod == m)
+                atomic_store_explicit(&g->hot, hot[i], memory_order_release);
+    }
     pthread_mutex_unlock(&rt->expect_lock);
+    free(hot);
     if (skipped[0])
         hk_log(rt, HK_LOG_WARN, "engine",
                "'%s' v%llu: the program's globals not taken over (their size differs): %s", m->name,

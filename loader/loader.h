@@ -432,6 +432,9 @@ struct hk_runtime {
     hkl_expect *expects;          /* expect_lock */
     struct hkl_xglobal *xglobals; /* expect_lock */
     _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
+    struct hkl_tu *tus;           /* expect_lock: the program's translation units */
+    struct hkl_tu_warned *tu_warned; /* expect_lock: names said to be ambiguous */
+    struct hkl_kept_src *kept;       /* expect_lock: modules' last CUDA C sources */
 };
 
 /* ==== the floors of loader/, lowest first: each file calls only the
@@ -681,17 +684,33 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
                         hk_report *rep);
 void hkl_graphs_free(hk_runtime *rt);
 
+/* expect_tu.c: the program's translation units (see there).
+ * - hkl_expect_tu: TU `id` (> 0, never reused) has source file stem `file`
+ *   (NULL: unknown) and the n kernel and variable names; hkl_expect_tu_gone:
+ *   it was unregistered (dlclose).
+ * - hkl_tu_owns (expect_lock held): 1 when module m's version v may take the
+ *   program's kernel or variable (`kind`) `name` of TU tu (0: no TU, by
+ *   name); 0 when it is another file's or cannot be told (said once). */
+int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names,
+                  int n);
+void hkl_expect_tu_gone(hk_runtime *rt, unsigned id);
+int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
+                const hkl_module *m, const hkl_version *v);
+void hkl_expect_tu_free(hk_runtime *rt); /* at free */
+
 /* expect.c: the program's own kernels and globals (for the <<<>>>
  * interposition). See the top of expect.c.
  * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
  *   or mangled), the layout its call sites pass and the name expression that
- *   instantiates it in a hot build (NULL: none needed), and binds it at once
+ *   instantiates it in a hot build (NULL: none needed), the translation unit
+ *   it was registered from (0: unknown; expect_tu.c), and binds it at once
  *   to a committed version that has it; returns the entry (valid until
  *   destroy; the same for the same name) or NULL. Takes swap_lock.
  * - hkl_expect_handle: the handle the program's launches of it go to, or
  *   NULL while no hot version has it. No lock: one acquire load.
- * - hkl_expect_global registers the program's global `name` (its copy at
- *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
+ * - hkl_expect_global registers the program's global `name` of TU tu (its copy at
+ *   orig, device slot 0, size bytes; *out: its entry) and binds it to a version
+ *   committed already; hkl_expect_global_hot gives the copy
  *   the running version uses (1 with *dptr and *size set, 0 when none has it).
  * - hkl_expect_exprs: the name expressions to add to a build of src (a
  *   malloc'd vector of *n strings). No engine lock held.
@@ -708,11 +727,20 @@ typedef struct hkl_adopted {
     int was_fixed[HKL_MAX_ADOPT];
 } hkl_adopted;
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout);
+                              const hkl_param_layout *layout, unsigned tu);
 hk_kernel *hkl_expect_handle(const hkl_expect *e);
 const char *hkl_expect_name(const hkl_expect *e);
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
+typedef struct hkl_xglobal hkl_xglobal;
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size, unsigned tu,
+                      hkl_xglobal **out);
 int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
+/* The host's copy to or from the running version's copy of g: between
+ * hkl_xglobal_enter (NULL: no hot copy, the program's alone; else *dptr is
+ * it) and hkl_xglobal_exit, no commit moves it and no unload frees it. No
+ * lock; waits while the gate is closed. */
+hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr);
+void hkl_xglobal_exit(hkl_tslot *s);
+size_t hkl_xglobal_size(const hkl_xglobal *g);
 int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
 int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
 void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
