@@ -144,10 +144,12 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
         return 1; /* nothing known of its file: by name */
     /* The module's file, by its stem. */
     const hkl_tu *by_stem = NULL;
-    int nstem = 0, ndef = 0;
+    int nstem = 0, ngone = 0, ndef = 0;
     for (const hkl_tu *t = rt->tus; t; t = t->next) {
-        if (t->gone)
+        if (t->gone) {
+            ngone += stem_is(m->name, t->file);
             continue;
+        }
         if (stem_is(m->name, t->file)) {
             by_stem = t;
             nstem++;
@@ -156,6 +158,8 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
     }
     if (nstem == 1)
         return by_stem == mine;
+    if (nstem == 0 && ngone)
+        return 0; /* the module of a file that was unloaded (dlclose) */
     if (nstem == 0 && ndef <= 1)
         return 1; /* no file's module, and the name is this TU's alone */
     /* By the names: the TUs that have this one and all of whose names v has. */
