@@ -10,7 +10,7 @@
  * anonymous-namespace kernel is said not to be able to be hot; a version
  * committed before the program's variable was registered gets the host's
  * later writes; a synchronous symbol copy racing a swap lands in the
- * version the swap commits. Not GPU evidence (tests/gpu_interpose_tu_*.cu).
+ * version the swap commits, and symbol copies close no gate. Not GPU evidence (tests/gpu_interpose_tu_*.cu).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -376,6 +376,21 @@ START_TEST(a_symbol_copy_racing_a_swap_lands_in_the_new_version) {
 }
 END_TEST
 
+/* A symbol copy is a launch's cost: no gate closing, no engine lock. */
+START_TEST(symbol_copies_leave_the_gate_open) {
+    program_file(0, 1, NULL, "step");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    swap_ok("a", fake_ptx(2, 0, 1, 0)); /* the first version: nothing to reclaim */
+    uint64_t closes = atomic_load(&rt->gate_closes);
+    for (int i = 0; i < 10; i++) {
+        to_symbol(0, i);
+        ck_assert_int_eq(from_symbol(0), i);
+    }
+    ck_assert_uint_eq(atomic_load(&rt->gate_closes), closes);
+    ck_assert_int_eq(*hot_counter("a"), 9);
+}
+END_TEST
+
 START_TEST(elf_symbols_name_a_static_functions_file) {
     /* The real lookup, on this test's own image: its static functions are
      * locals of the object "cpu_interpose_tu.c". */
@@ -403,6 +418,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, anonymous_namespace_kernels_are_said_never_hot);
     tcase_add_test(tc, a_version_committed_before_the_variable_gets_later_writes);
     tcase_add_test(tc, a_symbol_copy_racing_a_swap_lands_in_the_new_version);
+    tcase_add_test(tc, symbol_copies_leave_the_gate_open);
     tcase_add_test(tc, elf_symbols_name_a_static_functions_file);
     suite_add_tcase(s, tc);
     return s;
