@@ -193,6 +193,8 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key,
     }
     char *expr = hki_name_expression(name);
     hkl_expect *e = hkl_expect_kernel(rt, name, expr, &l, (unsigned)tu);
+    if (expr && e && !hkl_expect_handle(e))
+        hkl_late_submit(rt); /* an instance its module's last build did not have */
     free(expr);
     return e;
 }

@@ -25,7 +25,12 @@
  * Template kernels: the program launches an instantiation (scale<float>),
  * which a hot build compiles only when it is named. A kernel expected with a
  * name expression gets that expression added to the builds of CUDA C that
- * declare a __global__ template of that name (hkl_expect_exprs).
+ * declare a __global__ template of that name (hkl_expect_exprs). An
+ * instance first launched after its module's source was built (blur<3>
+ * while the build for blur<2> ran, or after it committed) is late: the
+ * module's last committed CUDA C source, kept for this (hkl_expect_keep),
+ * is built again once with the new expression (hkl_expect_take_late, which
+ * the worker submits), so the instance follows without a new save.
  *
  * Identity: a kernel or global is registered with the translation unit the
  * program registered it from, and a module reaches it only when
@@ -70,6 +75,34 @@ typedef struct hkl_xglobal {
     hkl_module *mod;          /* expect_lock: the module whose versions hold it */
     struct hkl_xglobal *next; /* expect_lock */
 } hkl_xglobal;
+
+/* A module's last committed CUDA C source and what its build needs again. */
+typedef struct hkl_kept_src {
+    char module[HKL_NAME_MAX];
+    char *src;
+    size_t len;
+    char **opts; /* its NVRTC options */
+    int nopts;
+    char **exprs; /* its name expressions */
+    int nexprs;
+    char *source_name;
+    hk_header *headers; /* one allocation (hku_headers_dup) */
+    int nheaders;
+    uint64_t seq; /* its job's submission number: a later save wins */
+    int late;     /* a program's template instance it declares is not in it */
+    struct hkl_kept_src *next;
+} hkl_kept_src;
+
+static void kept_free(hkl_kept_src *k) {
+    if (!k)
+        return;
+    free(k->src);
+    hku_strv_free(k->opts, k->nopts);
+    hku_strv_free(k->exprs, k->nexprs);
+    free(k->source_name);
+    free(k->headers);
+    free(k);
+}
 
 hk_kernel *hkl_expect_handle(const hkl_expect *e) {
     return atomic_load_explicit(&((hkl_expect *)e)->k, memory_order_acquire);
@@ -228,6 +261,28 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
     }
 }
 
+static int declares_template(const char *src, size_t len, const char *base);
+
+/* A template instance with no hot version yet: the kept sources that
+ * declare its template are to be built again with its expression.
+ * expect_lock held. */
+static void mark_late(hk_runtime *rt, hkl_expect *e) {
+    if (!e->base || atomic_load(&e->k))
+        return;
+    for (hkl_kept_src *k = rt->kept; k; k = k->next)
+        if (declares_template(k->src, k->len, e->base))
+            k->late = 1;
+}
+
+/* 1 when the job's build was given expr already: building it again for
+ * expr would give the same version (and could go on for ever). */
+static int job_had(const hkl_job *j, const char *expr) {
+    for (int i = 0; i < j->opt.nname_expressions; i++)
+        if (j->opt.name_expressions[i] && !strcmp(j->opt.name_expressions[i], expr))
+            return 1;
+    return 0;
+}
+
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
                               const hkl_param_layout *layout, unsigned tu) {
     if (!rt || !name || !*name || !layout || hkl_swap_held(rt))
@@ -260,6 +315,7 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
             e->next = rt->expects;
             rt->expects = e;
             atomic_fetch_add(&rt->nexpects, 1);
+            mark_late(rt, e);
             pthread_mutex_unlock(&rt->expect_lock);
         }
     }
@@ -401,7 +457,109 @@ size_t hkl_xglobal_size(const hkl_xglobal *g) {
     return g->size;
 }
 
+void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, const hkl_version *v) {
+    if (!atomic_load(&rt->nexpects))
+        return;
+    hk_format fmt = j->opt.format;
+    char why[64];
+    if (fmt == HK_FORMAT_AUTO && hkp_detect(j->data, j->size, &fmt, why, sizeof why) < 0)
+        fmt = HK_FORMAT_AUTO;
+    hkl_kept_src *k = NULL;
+    if (fmt == HK_FORMAT_CUDA_C && (k = calloc(1, sizeof *k)) != NULL) {
+        snprintf(k->module, sizeof k->module, "%s", m->name);
+        k->seq = j->seq;
+        int n = j->opt.nnvrtc_options > 0 ? j->opt.nnvrtc_options : 0;
+        int ne = j->opt.nname_expressions > 0 ? j->opt.nname_expressions : 0;
+        int nh = j->opt.nheaders > 0 ? j->opt.nheaders : 0;
+        int ok = (k->src = malloc(j->size + 1)) != NULL;
+        if (ok) {
+            memcpy(k->src, j->data, j->size);
+            k->src[j->size] = '\0';
+            k->len = j->size;
+        }
+        ok = ok && (!n || (k->opts = hku_strv_dup(j->opt.nvrtc_options, n)));
+        k->nopts = k->opts ? n : 0;
+        ok = ok && (!ne || (k->exprs = hku_strv_dup(j->opt.name_expressions, ne)));
+        k->nexprs = k->exprs ? ne : 0;
+        ok = ok && (!j->opt.source_name || (k->source_name = strdup(j->opt.source_name)));
+        ok = ok && hku_headers_dup(j->opt.headers, nh, &k->headers) == 0;
+        k->nheaders = k->headers ? nh : 0;
+        if (!ok) {
+            kept_free(k);
+            k = NULL;
+        }
+    }
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_kept_src **pk = &rt->kept; *pk; pk = &(*pk)->next)
+        if (!strcmp((*pk)->module, m->name)) {
+            hkl_kept_src *old = *pk;
+            *pk = old->next;
+            kept_free(old);
+            break;
+        }
+    if (k) {
+        /* Instances registered while this source was built. */
+        for (hkl_expect *e = rt->expects; e; e = e->next)
+            if (e->base && !entry_of(v, e->name) && !job_had(j, e->expr) &&
+                declares_template(k->src, k->len, e->base))
+                k->late = 1;
+        k->next = rt->kept;
+        rt->kept = k;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+}
+
+int hkl_expect_take_late(hk_runtime *rt, hkl_late *out) {
+    memset(out, 0, sizeof *out);
+    if (!atomic_load(&rt->nexpects))
+        return 0;
+    pthread_mutex_lock(&rt->expect_lock);
+    hkl_kept_src *k = rt->kept;
+    while (k && !k->late)
+        k = k->next;
+    int ok = 0;
+    if (k) {
+        k->late = 0;
+        snprintf(out->module, sizeof out->module, "%s", k->module);
+        out->seq = k->seq;
+        ok = (out->src = malloc(k->len + 1)) != NULL;
+        if (ok) {
+            memcpy(out->src, k->src, k->len + 1);
+            out->len = k->len;
+        }
+        ok =
+            ok && (!k->nopts || (out->opts = hku_strv_dup((const char *const *)k->opts, k->nopts)));
+        out->nopts = out->opts ? k->nopts : 0;
+        ok = ok &&
+             (!k->nexprs || (out->exprs = hku_strv_dup((const char *const *)k->exprs, k->nexprs)));
+        out->nexprs = out->exprs ? k->nexprs : 0;
+        ok = ok && (!k->source_name || (out->source_name = strdup(k->source_name)));
+        ok = ok && hku_headers_dup(k->headers, k->nheaders, &out->headers) == 0;
+        out->nheaders = out->headers ? k->nheaders : 0;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (k && !ok) {
+        hkl_late_free(out);
+        return HK_ERR_NOMEM;
+    }
+    return k != NULL;
+}
+
+void hkl_late_free(hkl_late *l) {
+    free(l->src);
+    hku_strv_free(l->opts, l->nopts);
+    hku_strv_free(l->exprs, l->nexprs);
+    free(l->source_name);
+    free(l->headers);
+    memset(l, 0, sizeof *l);
+}
+
 void hkl_expect_free(hk_runtime *rt) {
+    while (rt->kept) {
+        hkl_kept_src *k = rt->kept;
+        rt->kept = k->next;
+        kept_free(k);
+    }
     while (rt->expects) {
         hkl_expect *e = rt->expects;
         rt->expects = e->next;

@@ -9,8 +9,10 @@
  * the unregistration of its TU (dlclose, dlopen) is registered anew; an
  * anonymous-namespace kernel is said not to be able to be hot; a version
  * committed before the program's variable was registered gets the host's
- * later writes; a synchronous symbol copy racing a swap lands in the
- * version the swap commits, and symbol copies close no gate. Not GPU evidence (tests/gpu_interpose_tu_*.cu).
+ * later writes; a template instance first launched after its module was
+ * built is built without a new save; a synchronous symbol copy racing a swap lands in the
+ * version the swap commits, and symbol copies close no gate. Not GPU evidence
+ * (tests/gpu_interpose_tu_*.cu).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -391,6 +393,49 @@ START_TEST(symbol_copies_leave_the_gate_open) {
 }
 END_TEST
 
+static const char *TEMPLATE_SRC =
+    "template <typename T> __global__ void scale(T *x, T a, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) x[i] *= a;\n"
+    "}\n";
+
+/* The program first launches scale<int> after the module's source was
+ * built (for scale<float>): the source is built again with the new
+ * instance, without a new save. Real NVRTC builds. */
+START_TEST(a_template_instance_launched_late_follows_without_a_save) {
+    const char *ptx = "// tag: 1\n.version 8.0\n.target sm_90\n.address_size 64\n"
+                      ".visible .entry _Z5scaleIfEvPT_S0_i(.param .u64 x, .param .f32 a, "
+                      ".param .u32 n)\n{\n ret;\n}\n"
+                      ".visible .entry _Z5scaleIiEvPT_S0_i(.param .u64 x, .param .u32 a, "
+                      ".param .u32 n)\n{\n ret;\n}\n";
+    program_file(0, 1, ptx, "_Z5scaleIfEvPT_S0_i");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    launch(0);
+    ck_assert_int_eq(real_launches, 1);
+    hk_report rep = HK_REPORT_INIT;
+    int err = hk_swap(rt, "kernels", TEMPLATE_SRC, strlen(TEMPLATE_SRC), NULL, &rep);
+    ck_assert_msg(err == 0, "%s: %s", hk_strerror(err), rep.message);
+    launch(0);
+    ck_assert_int_eq(real_launches, 1); /* scale<float> is hot */
+    /* scale<int>, first launched now. */
+    const hkb_driver *d = fake_driver();
+    CUlibrary lib;
+    CUkernel ik;
+    ck_assert_int_eq(d->LibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0), 0);
+    ck_assert_int_eq(d->LibraryGetKernel(&ik, lib, "_Z5scaleIiEvPT_S0_i"), 0);
+    kernel_of[1] = (cudaKernel_t)ik;
+    launch(1);
+    ck_assert_int_eq(real_launches, 2);
+    ck_assert_int_eq(hk_wait_idle(rt, 60000), 0);
+    launch(1);
+    ck_assert_int_eq(real_launches, 2); /* scale<int> is hot too */
+    launch(0);
+    ck_assert_int_eq(real_launches, 2);
+    ck_assert_int_eq(logged("module 'kernels' built again", NULL), 1);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 START_TEST(elf_symbols_name_a_static_functions_file) {
     /* The real lookup, on this test's own image: its static functions are
      * locals of the object "cpu_interpose_tu.c". */
@@ -419,6 +464,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, a_version_committed_before_the_variable_gets_later_writes);
     tcase_add_test(tc, a_symbol_copy_racing_a_swap_lands_in_the_new_version);
     tcase_add_test(tc, symbol_copies_leave_the_gate_open);
+    tcase_add_test(tc, a_template_instance_launched_late_follows_without_a_save);
     tcase_add_test(tc, elf_symbols_name_a_static_functions_file);
     suite_add_tcase(s, tc);
     return s;
