@@ -684,19 +684,6 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
                         hk_report *rep);
 void hkl_graphs_free(hk_runtime *rt);
 
-/* expect_tu.c: the program's translation units (see there).
- * - hkl_expect_tu: TU `id` (> 0, never reused) has source file stem `file`
- *   (NULL: unknown) and the n kernel and variable names; hkl_expect_tu_gone:
- *   it was unregistered (dlclose).
- * - hkl_tu_owns (expect_lock held): 1 when module m's version v may take the
- *   program's kernel or variable (`kind`) `name` of TU tu (0: no TU, by
- *   name); 0 when it is another file's or cannot be told (said once). */
-int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names, int n);
-void hkl_expect_tu_gone(hk_runtime *rt, unsigned id);
-int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
-                const hkl_module *m, const hkl_version *v);
-void hkl_expect_tu_free(hk_runtime *rt); /* at free */
-
 /* expect.c: the program's own kernels and globals (for the <<<>>>
  * interposition). See the top of expect.c.
  * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
@@ -733,40 +720,11 @@ typedef struct hkl_xglobal hkl_xglobal;
 int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size, unsigned tu,
                       hkl_xglobal **out);
 int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
-/* The host's copy to or from the running version's copy of g: between
- * hkl_xglobal_enter (NULL: no hot copy, the program's alone; else *dptr is
- * it) and hkl_xglobal_exit, no commit moves it and no unload frees it. No
- * lock; waits while the gate is closed. */
-hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr);
-void hkl_xglobal_exit(hkl_tslot *s);
-size_t hkl_xglobal_size(const hkl_xglobal *g);
 int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
 int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
 void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-/* Template instances first launched after their module's source was built
- * (see the top of expect.c). hkl_expect_keep, at a commit of m (swap_lock
- * held): keeps j's source when it is CUDA C (drops m's kept one otherwise).
- * hkl_expect_take_late: 1 with a copy of a kept source to build again (and
- * its module and options) in *out, 0 when none is late, < 0 on error;
- * hkl_late_free frees the copy. */
-typedef struct hkl_late {
-    char module[HKL_NAME_MAX];
-    char *src;
-    size_t len;
-    char **opts;
-    int nopts;
-    char **exprs;
-    int nexprs;
-    char *source_name;
-    hk_header *headers;
-    int nheaders;
-    uint64_t seq; /* the kept source's submission number */
-} hkl_late;
-void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, const hkl_version *v);
-int hkl_expect_take_late(hk_runtime *rt, hkl_late *out);
-void hkl_late_free(hkl_late *l);
 void hkl_expect_free(hk_runtime *rt); /* at free */
 
 /* canary.c: the canary between build and stage. hkl_canary_start makes
@@ -819,12 +777,6 @@ int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until
  * supersede nor are superseded. Safe from any thread; returns as hk_submit. */
 int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_t size,
                       const hk_swap_options *opt);
-/* Builds again, once, the kept source of each module a program's template
- * instance first launched after its build is missing from (expect.c);
- * queued behind what is queued, with the kept source's submission number,
- * so that a save submitted since is never replaced by it. Any thread but
- * one that holds an engine lock. */
-void hkl_late_submit(hk_runtime *rt);
 /* Stops the worker, waiting for a build in progress until until_ms
  * (hkl_now_ms): 0 when it has ended, HK_ERR_TIMEOUT when not (it then runs
  * the teardown itself when its build returns). */
@@ -837,5 +789,7 @@ void hkl_worker_drain(hk_runtime *rt);
  * over, a fake one (dl NULL, the tests') stays the caller's. */
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep);
+
+#include "loader/expect.h" /* the program's translation units, symbol copies, late builds */
 
 #endif /* HK_LOADER_H */
