@@ -30,6 +30,20 @@
  * cudaGetSymbolAddress gives the hot copy's address (valid until the next
  * swap of its module; said once in the log).
  *
+ * Files: nvcc gives file-local kernels and variables (static __global__,
+ * static __device__) the same names in every file, so a kernel or variable
+ * is matched by the file it was compiled from as well as by its name. A
+ * module named after a file (a watched a.cu is module "a") reaches that
+ * file's kernels and variables alone; a module no file is named after
+ * (hk_swap(rt, "sim", ...)) reaches a name only one file has, and where
+ * several files have it, the one file all of whose kernels and variables
+ * the version has. A name that cannot be placed runs the program's own code
+ * in every file, said once in the log with the files. The file is learnt
+ * from the image's ELF symbol table (a stripped image: not known). A kernel
+ * in an anonymous namespace can never be hot (nvcc and NVRTC name that
+ * namespace differently): said once. A template instance first launched
+ * after its module's source was built has that source built again with it.
+ *
  * Configuration, read at the first launch unless the program attached a
  * runtime of its own (hk_interpose_attach):
  *   HOTKERN_WATCH           directories to watch, ':'-separated
@@ -51,7 +65,7 @@
  * another context is the program's own); an error of a hot launch is
  * returned by the launch call but not recorded for cudaGetLastError; a
  * cudaMemcpyToSymbolAsync racing a swap of its module may land in the
- * outgoing version.
+ * outgoing version (a synchronous copy never does: a swap waits for it).
  */
 #ifndef HOTKERN_INTERPOSE_H
 #define HOTKERN_INTERPOSE_H
