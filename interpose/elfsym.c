@@ -3,7 +3,8 @@
  * ELF symbol table. nvcc (CUDA 13) writes no file name into a translation
  * unit's fatbin (the wrapper's file name field is 0, no entry has an
  * identifier), but the host object it compiles is named after the source:
- * its STT_FILE symbol ("a.cudafe1.cpp" for a.cu) heads the group of the
+ * its STT_FILE symbol ("tmpxft_0000330c_00000000-10_a.cudafe1.cpp", or
+ * "a.cudafe1.cpp" with -keep, for a.cu) heads the group of the
  * object's local symbols in the linked image's .symtab, and a file-local
  * kernel's host stub (`static __global__ void fill`) or a file-local
  * variable's shadow is one of those locals. A stripped image has no .symtab:
@@ -35,6 +36,18 @@ static const char *str_at(const unsigned char *buf, uint64_t base, uint64_t size
 void hki_file_stem(const char *path, char *out, size_t n) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
+    /* nvcc's host object of a.cu, compiled without -keep, is named after a
+     * temporary file: "tmpxft_0000330c_00000000-10_a.cudafe1.cpp". */
+    if (!strncmp(b, "tmpxft_", 7)) {
+        const char *p = strchr(b + 7, '-');
+        if (p) {
+            p++;
+            while (*p >= '0' && *p <= '9')
+                p++;
+            if (*p == '_' && p[1])
+                b = p + 1;
+        }
+    }
     size_t l = strcspn(b, ".");
     if (l >= n)
         l = n - 1;

@@ -447,8 +447,20 @@ START_TEST(elf_symbols_name_a_static_functions_file) {
     ck_assert_int_eq(launch(0), 1);
     swap_ok("cpu_interpose_tu", fake_ptx(2, 0, 1, 0));
     ck_assert_int_eq(launch(0), 2);
-    char out[16];
+    char out[64];
     ck_assert_int_eq(hki_elf_file_of((const unsigned char *)"\177ELF", 4, 0, out, sizeof out), -1);
+    /* nvcc's host objects: named after a temporary file, or with -keep. */
+    struct {
+        const char *path, *stem;
+    } cases[] = {
+        {"tmpxft_0000330c_00000000-10_b.cudafe1.cpp", "b"}, {"a.cudafe1.cpp", "a"},
+        {"/src/particles.v2.cudafe1.cpp", "particles"},     {"tmpxft_junk", "tmpxft_junk"},
+        {"cpu_interpose_tu.c", "cpu_interpose_tu"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        hki_file_stem(cases[i].path, out, sizeof out);
+        ck_assert_str_eq(out, cases[i].stem);
+    }
 }
 END_TEST
 
