@@ -168,6 +168,7 @@ NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -
 # (Not in sanitizer builds: their suites are the CPU ones.)
 GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static \
                  $(BUILD)/tests/gpu_interpose_ptsz \
+                 $(BUILD)/tests/gpu_interpose_tu_shared $(BUILD)/tests/gpu_interpose_tu_static \
                  $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
@@ -342,6 +343,17 @@ $(BUILD)/tests/gpu_interpose_ptsz: tests/gpu_interpose.cu $(WRAP) include/hotker
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
 	  -lstdc++
+
+# Several files with file-local kernels and variables of the same names.
+GPU_TU_SRC := tests/gpu_interpose_tu.cu tests/gpu_tu/a.cu tests/gpu_tu/b.cu
+$(BUILD)/tests/gpu_interpose_tu_shared: $(GPU_TU_SRC) $(PRELOAD) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
+	  -lhotkern-preload -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/tests/gpu_interpose_tu_static: $(GPU_TU_SRC) $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
