@@ -16,6 +16,8 @@
  */
 #include <elf.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "interpose/interpose.h"
@@ -55,8 +57,18 @@ void hki_file_stem(const char *path, char *out, size_t n) {
     out[l] = '\0';
 }
 
-int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n) {
-    if (!buf || !out || n < 2 || len < sizeof(Elf64_Ehdr))
+/* The order of the addresses, for a binary search per symbol. */
+static int by_addr(const void *a, const void *b, void *arg) {
+    const uint64_t *addr = arg;
+    uint64_t x = addr[*(const int *)a], y = addr[*(const int *)b];
+    return x < y ? -1 : x > y;
+}
+
+int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, int n,
+                  char (*out)[HKI_STEM_MAX]) {
+    for (int i = 0; out && i < n; i++)
+        out[i][0] = '\0';
+    if (!buf || !addr || !out || n <= 0 || len < sizeof(Elf64_Ehdr))
         return -1;
     Elf64_Ehdr eh;
     memcpy(&eh, buf, sizeof eh);
@@ -64,7 +76,14 @@ int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *o
         eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_shentsize != sizeof(Elf64_Shdr) ||
         !inside(eh.e_shoff, (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr), len))
         return -1;
-    for (unsigned i = 0; i < eh.e_shnum; i++) {
+    int *order = malloc((size_t)n * sizeof *order);
+    if (!order)
+        return -1;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, (size_t)n, sizeof *order, by_addr, (void *)addr);
+    int found = -1;
+    for (unsigned i = 0; i < eh.e_shnum && found < 0; i++) {
         Elf64_Shdr sh, st;
         memcpy(&sh, buf + eh.e_shoff + (uint64_t)i * sizeof sh, sizeof sh);
         if (sh.sh_type != SHT_SYMTAB || sh.sh_entsize != sizeof(Elf64_Sym) ||
@@ -73,6 +92,7 @@ int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *o
         memcpy(&st, buf + eh.e_shoff + (uint64_t)sh.sh_link * sizeof st, sizeof st);
         if (st.sh_type != SHT_STRTAB || !inside(st.sh_offset, st.sh_size, len))
             continue;
+        found = 0;
         const char *file = NULL;
         uint64_t nsym = sh.sh_size / sizeof(Elf64_Sym);
         for (uint64_t k = 0; k < nsym; k++) {
@@ -85,13 +105,36 @@ int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *o
             }
             if (bind != STB_LOCAL)
                 file = NULL; /* the globals: no object's */
-            if (file && *file && s.st_value == addr && s.st_shndx != SHN_UNDEF &&
-                (type == STT_FUNC || type == STT_OBJECT)) {
-                hki_file_stem(file, out, n);
-                return out[0] ? 1 : 0;
+            if (!file || !*file || s.st_shndx == SHN_UNDEF ||
+                (type != STT_FUNC && type != STT_OBJECT))
+                continue;
+            /* The first of the addresses equal to st_value, then each. */
+            int lo = 0, hi = n;
+            while (lo < hi) {
+                int mid = lo + (hi - lo) / 2;
+                if (addr[order[mid]] < s.st_value)
+                    lo = mid + 1;
+                else
+                    hi = mid;
             }
+            for (; lo < n && addr[order[lo]] == s.st_value; lo++)
+                if (!out[order[lo]][0]) {
+                    hki_file_stem(file, out[order[lo]], HKI_STEM_MAX);
+                    found += out[order[lo]][0] != '\0';
+                }
         }
-        return 0;
     }
-    return -1;
+    free(order);
+    return found;
+}
+
+int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n) {
+    char stem[1][HKI_STEM_MAX];
+    if (!out || n < 2)
+        return -1;
+    int r = hki_elf_files(buf, len, &addr, 1, stem);
+    if (r < 0)
+        return -1;
+    snprintf(out, n, "%s", stem[0]);
+    return r > 0 && out[0];
 }

@@ -128,7 +128,12 @@ void hki_file_lookup_set(hki_file_fn fn);
  * heading the local symbol at address addr: 1 with it in out[n], 0 when
  * none, -1 when buf is no ELF64 image with a symbol table. hki_file_stem:
  * a path's file name up to its first '.'. */
+#define HKI_STEM_MAX 128
 int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n);
+/* The same for n addresses at once (one pass over the symbols): the count
+ * found, out[i] "" where none; -1 as above. */
+int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, int n,
+                  char (*out)[HKI_STEM_MAX]);
 void hki_file_stem(const char *path, char *out, size_t n);
 
 /* demangle.c: the name expression that makes NVRTC instantiate the kernel

@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -159,15 +160,8 @@ void hki_tu_key(unsigned id, const void *key) {
     pthread_mutex_unlock(&tu_lock);
 }
 
-/* Tells rt of t: its file and names. tu_lock held. */
-static void tell(hk_runtime *rt, tu *t) {
-    char stem[128] = "";
-    /* A few tries: a kernel that is not file-local has a global stub. */
-    for (int i = 0; i < t->nfuns && i < 4 && !stem[0]; i++)
-        if (file_lookup(t->funs[i].host, stem, sizeof stem) != 1)
-            stem[0] = '\0';
-    if (!stem[0] && t->vhost && file_lookup(t->vhost, stem, sizeof stem) != 1)
-        stem[0] = '\0';
+/* Tells rt of t: its file (stem, "" unknown) and names. tu_lock held. */
+static void tell(hk_runtime *rt, tu *t, const char *stem) {
     int n = t->nfuns + t->nvars;
     const char **names = n ? calloc((size_t)n, sizeof *names) : NULL;
     if (n && !names)
@@ -185,13 +179,66 @@ static void tell(hk_runtime *rt, tu *t) {
                t->id, stem[0] ? stem : "unknown", t->nfuns, t->nvars);
 }
 
+/* A few addresses of t to learn its file by: a kernel that is not
+ * file-local has a global stub, which no file heads. */
+#define PROBES 5
+static int probes(const tu *t, const void **out) {
+    int n = 0;
+    for (int i = 0; i < t->nfuns && n < PROBES - 1; i++)
+        out[n++] = t->funs[i].host;
+    if (t->vhost)
+        out[n++] = t->vhost;
+    return n;
+}
+
+static int elf_batch(const void *const *addr, int n, char (*stems)[HKI_STEM_MAX]);
+
+/* Tells rt of every TU it does not know yet (or only t when one is
+ * given), learning their files first: with the default lookup, one pass
+ * over each image's symbols for all of them. tu_lock held. */
+static void tell_new(hk_runtime *rt, tu *only) {
+    int nt = 0;
+    for (tu *t = tus; t; t = t->next)
+        nt += !t->told && !t->gone && (!only || t == only);
+    if (!nt)
+        return;
+    const void **addr = calloc((size_t)nt * PROBES, sizeof *addr);
+    tu **owner = calloc((size_t)nt * PROBES, sizeof *owner);
+    char(*stems)[HKI_STEM_MAX] = calloc((size_t)nt * PROBES, sizeof *stems);
+    int n = 0;
+    for (tu *t = tus; addr && owner && stems && t; t = t->next) {
+        if (t->told || t->gone || (only && t != only))
+            continue;
+        int k = probes(t, addr + n);
+        for (int i = 0; i < k; i++)
+            owner[n + i] = t;
+        n += k;
+    }
+    if (n && file_lookup == elf_lookup)
+        elf_batch(addr, n, stems);
+    else
+        for (int i = 0; i < n; i++)
+            if (file_lookup(addr[i], stems[i], HKI_STEM_MAX) != 1)
+                stems[i][0] = '\0';
+    for (tu *t = tus; t; t = t->next) {
+        if (t->told || t->gone || (only && t != only))
+            continue;
+        const char *stem = "";
+        for (int i = 0; i < n && !stem[0]; i++)
+            if (owner[i] == t && stems[i][0])
+                stem = stems[i];
+        tell(rt, t, stem);
+    }
+    free(addr);
+    free(owner);
+    free(stems);
+}
+
 void hki_tus_tell(hk_runtime *rt) {
     if (!rt)
         return;
     pthread_mutex_lock(&tu_lock);
-    for (tu *t = tus; t; t = t->next)
-        if (!t->told && !t->gone)
-            tell(rt, t);
+    tell_new(rt, NULL);
     pthread_mutex_unlock(&tu_lock);
 }
 
@@ -201,7 +248,7 @@ void hki_tu_end(hk_runtime *rt, void **handle) {
     pthread_mutex_lock(&tu_lock);
     tu *t = by_handle(handle);
     if (t && !t->told)
-        tell(rt, t);
+        tell_new(rt, t);
     pthread_mutex_unlock(&tu_lock);
 }
 
@@ -252,23 +299,69 @@ static int find_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return 0;
 }
 
-static int elf_lookup(const void *addr, char *stem, size_t n) {
-    find_obj f = {.addr = (uintptr_t)addr};
-    dl_iterate_phdr(find_cb, &f);
-    if (!f.found)
-        return 0;
-    int fd = open(f.path, O_RDONLY | O_CLOEXEC);
+/* Maps the image at path and finds the files of the n addresses (already
+ * relative to its load address). */
+static void elf_image(const char *path, const uint64_t *rel, int n, char (*stems)[HKI_STEM_MAX]) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return;
     struct stat st;
-    int r = 0;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
         void *img = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (img != MAP_FAILED) {
-            r = hki_elf_file_of(img, (size_t)st.st_size, (uint64_t)(f.addr - f.bias), stem, n);
+            hki_elf_files(img, (size_t)st.st_size, rel, n, stems);
             munmap(img, (size_t)st.st_size);
         }
     }
     close(fd);
-    return r == 1;
+}
+
+static int elf_batch(const void *const *addr, int n, char (*stems)[HKI_STEM_MAX]) {
+    find_obj *f = calloc((size_t)n, sizeof *f);
+    uint64_t *rel = calloc((size_t)n, sizeof *rel);
+    char(*got)[HKI_STEM_MAX] = calloc((size_t)n, sizeof *got);
+    int *done = calloc((size_t)n, sizeof *done);
+    if (!f || !rel || !got || !done) {
+        free(f);
+        free(rel);
+        free(got);
+        free(done);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        f[i].addr = (uintptr_t)addr[i];
+        dl_iterate_phdr(find_cb, &f[i]);
+        done[i] = !f[i].found;
+    }
+    /* One image at a time: every address in it at once. */
+    for (int i = 0; i < n; i++) {
+        if (done[i])
+            continue;
+        int m = 0;
+        int *idx = calloc((size_t)n, sizeof *idx);
+        if (!idx)
+            break;
+        for (int k = i; k < n; k++)
+            if (!done[k] && !strcmp(f[k].path, f[i].path)) {
+                idx[m] = k;
+                rel[m++] = (uint64_t)(f[k].addr - f[k].bias);
+                done[k] = 1;
+            }
+        elf_image(f[i].path, rel, m, got);
+        for (int k = 0; k < m; k++)
+            memcpy(stems[idx[k]], got[k], HKI_STEM_MAX);
+        free(idx);
+    }
+    free(f);
+    free(rel);
+    free(got);
+    free(done);
+    return 0;
+}
+
+static int elf_lookup(const void *addr, char *stem, size_t n) {
+    char one[1][HKI_STEM_MAX];
+    elf_batch(&addr, 1, one);
+    snprintf(stem, n, "%s", one[0]);
+    return stem[0] != '\0';
 }

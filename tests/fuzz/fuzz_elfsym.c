@@ -30,6 +30,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             (!memchr(out, '\0', sizeof out) || !out[0] || strchr(out, '/') || strchr(out, '.')))
             abort();
     }
+    /* All at once, duplicates among them: each found is a stem, the count
+     * is how many are. */
+    char stems[4][HKI_STEM_MAX];
+    uint64_t batch[4] = {addrs[3], 0x401126, addrs[3], 0};
+    int r = hki_elf_files(buf, size, batch, 4, stems);
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!memchr(stems[i], '\0', HKI_STEM_MAX))
+            abort();
+        n += stems[i][0] != '\0';
+    }
+    if (r < -1 || (r >= 0 && r != n) || (r < 0 && n))
+        abort();
     free(buf);
     return 0;
 }
