@@ -72,8 +72,10 @@ typedef struct hkl_xglobal {
      * with the launch gate closed (a commit) or before the global is handed
      * out, read by the host's symbol copies inside the gate (hkl_xglobal_enter) */
     _Atomic uint64_t hot;
-    hkl_module *mod;          /* expect_lock: the module whose versions hold it */
-    struct hkl_xglobal *next; /* expect_lock */
+    _Atomic(hkl_version *) hot_v; /* the version `hot` is of, */
+    _Atomic uint64_t hot_gen;     /* and rt->reset_gen then (a reset moves it) */
+    hkl_module *mod;              /* expect_lock: the module whose versions hold it */
+    struct hkl_xglobal *next;     /* expect_lock */
 } hkl_xglobal;
 
 /* A module's last committed CUDA C source and what its build needs again. */
@@ -324,6 +326,15 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
     return e;
 }
 
+/* g's copy in v is at p (0: v has none the program's can go to). Stored
+ * with the gate closed, or before g is handed out; `hot` last (release):
+ * a reader that sees it sees the rest, and g->mod, set once before. */
+static void publish_hot(hk_runtime *rt, hkl_xglobal *g, hkl_version *v, uint64_t p) {
+    atomic_store_explicit(&g->hot_v, v, memory_order_relaxed);
+    atomic_store_explicit(&g->hot_gen, atomic_load(&rt->reset_gen), memory_order_relaxed);
+    atomic_store_explicit(&g->hot, p, memory_order_release);
+}
+
 /* Binds g to a version committed before the program's variable was
  * registered (restored at start, or pushed before the first launch): the
  * host's later writes reach it. Its value stays the version's. swap_lock
@@ -355,7 +366,7 @@ static void global_bind_now(hk_runtime *rt, hkl_xglobal *g) {
         pthread_mutex_lock(&rt->expect_lock);
         g->mod = m;
         pthread_mutex_unlock(&rt->expect_lock);
-        atomic_store_explicit(&g->hot, (uint64_t)p, memory_order_release);
+        publish_hot(rt, g, v, (uint64_t)p);
         hk_log(rt, HK_LOG_INFO, "engine",
                "the program's global '%s' follows module '%s' v%llu (committed before it was "
                "registered): the host's copies reach it",
@@ -423,6 +434,37 @@ int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size
     return 1;
 }
 
+/* 1 when g's published copy is not the running version's: a context reset
+ * reloaded the module (a new version, not through a commit) or moved the
+ * library's globals. Inside the gate; g->mod is set (hot was seen). */
+static int stale(hk_runtime *rt, hkl_xglobal *g) {
+    return atomic_load_explicit(&g->hot_gen, memory_order_relaxed) != atomic_load(&rt->reset_gen) ||
+           atomic_load_explicit(&g->hot_v, memory_order_relaxed) != atomic_load(&g->mod->current);
+}
+
+/* Looks g's copy up again in its module's running version (after a reset),
+ * as hk_module_global does: under swap_lock, the gate closed around the
+ * driver's lookup. Outside the gate. */
+static void refresh(hk_runtime *rt, hkl_xglobal *g) {
+    hkl_swap_lock(rt);
+    hkl_version *v = atomic_load(&g->mod->current);
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    if (v && hkl_ctx_push(rt, 0) == 0) {
+        CUstreamCaptureMode mode = hkl_relax(rt);
+        hkl_gate_close(rt, "looking up a program's global again after a reset");
+        CUresult r = v->lib ? rt->drv->LibraryGetGlobal(&p, &size, v->lib, g->name)
+                            : rt->drv->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
+        if (r != CUDA_SUCCESS || size != g->size)
+            p = 0;
+        publish_hot(rt, g, v, (uint64_t)p);
+        hkl_gate_open(rt);
+        hkl_unrelax(rt, mode);
+        hkl_ctx_pop(rt);
+    }
+    hkl_swap_unlock(rt, 0);
+}
+
 hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr) {
     if (!g || !atomic_load_explicit(&g->hot, memory_order_acquire))
         return NULL; /* no hot copy: the cheap answer, no lock */
@@ -431,17 +473,20 @@ hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr) {
      * wait until hkl_xglobal_exit. A copy does not go on at a closed gate
      * as a launch that waited does: it waits for the commit, then reads the
      * new copy. A thread inside a swap (a check callback) cannot wait. */
-    int held = hkl_swap_held(rt);
+    int held = hkl_swap_held(rt), refreshed = 0;
     for (;;) {
         hkl_tslot *s = hkl_enter(rt);
         if (!s)
             return NULL;
         if (held || !atomic_load_explicit(&rt->gate, memory_order_seq_cst)) {
             *dptr = atomic_load_explicit(&g->hot, memory_order_acquire);
-            if (*dptr)
+            if (*dptr && !stale(rt, g))
                 return s;
             hkl_exit(s);
-            return NULL;
+            if (!*dptr || held || refreshed++)
+                return NULL;
+            refresh(rt, g);
+            continue;
         }
         hkl_exit(s);
         hkl_gate_wait(rt);
@@ -777,7 +822,7 @@ int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk
         i = 0;
         for (hkl_xglobal *g = rt->xglobals; g; g = g->next, i++)
             if (g->mod == m)
-                atomic_store_explicit(&g->hot, hot[i], memory_order_release);
+                publish_hot(rt, g, v, hot[i]);
     }
     pthread_mutex_unlock(&rt->expect_lock);
     free(hot);

@@ -378,6 +378,38 @@ START_TEST(a_symbol_copy_racing_a_swap_lands_in_the_new_version) {
 }
 END_TEST
 
+/* After a context reset reloads the module (a new version, not through a
+ * commit), the host's writes reach the reloaded version's copy. */
+START_TEST(symbol_copies_follow_a_reset) {
+    hk_runtime_destroy(rt);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    o.loader = HK_LOADER_MODULE;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0));
+    program_file(0, 1, NULL, "step");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    swap_ok("a", fake_ptx(2, 0, 1, 0));
+    to_symbol(0, 7);
+    ck_assert_int_eq(*hot_counter("a"), 7);
+    fake_reset_device(0);
+    fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0));
+    swap_ok("other", "// tag: 5\n.version 8.0\n.target sm_90\n.address_size 64\n"
+                     ".visible .entry aux(.param .u64 p)\n{\n ret;\n}\n"); /* notices it */
+    hk_stats st = HK_STATS_INIT;
+    hk_stats_get(rt, &st);
+    ck_assert_uint_eq(st.context_resets, 1);
+    to_symbol(0, 9);
+    ck_assert_int_eq(*hot_counter("a"), 9);
+    ck_assert_int_eq(from_symbol(0), 9);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A symbol copy is a launch's cost: no gate closing, no engine lock. */
 START_TEST(symbol_copies_leave_the_gate_open) {
     program_file(0, 1, NULL, "step");
@@ -476,6 +508,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, a_version_committed_before_the_variable_gets_later_writes);
     tcase_add_test(tc, a_symbol_copy_racing_a_swap_lands_in_the_new_version);
     tcase_add_test(tc, symbol_copies_leave_the_gate_open);
+    tcase_add_test(tc, symbol_copies_follow_a_reset);
     tcase_add_test(tc, a_template_instance_launched_late_follows_without_a_save);
     tcase_add_test(tc, elf_symbols_name_a_static_functions_file);
     suite_add_tcase(s, tc);
