@@ -21,6 +21,7 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
                 const hkl_module *m, const hkl_version *v);
 void hkl_expect_tu_free(hk_runtime *rt); /* at free */
 
+void hkl_expect_global_free(hk_runtime *rt); /* expect_global.c, at free */
 /* The host's copy to or from the running version's copy of g: between
  * hkl_xglobal_enter (NULL: no hot copy, the program's alone; else *dptr is
  * it) and hkl_xglobal_exit, no commit moves it and no unload frees it. No

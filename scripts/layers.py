@@ -49,6 +49,7 @@ LOADER_ORDER = [
     ["metrics.c"],  # hk_stats_get, swap counters, the metrics text
     ["launch.c", "graph.c"],  # launches and pins; graphs
     ["expect_tu.c"],  # which file a program's kernel or variable belongs to
+    ["expect_global.c"],  # the program's globals and the host's symbol copies
     ["expect.c"],  # the program's kernels and globals
     ["canary.c"],  # the canary step between build and stage
     ["swap.c"],  # the transaction: stage, validate, commit, roll back; rollback
