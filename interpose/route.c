@@ -526,6 +526,17 @@ void hki_unregister_fatbin(void **handle) {
 
 /* ---- the host's symbol copies -------------------------------------------- */
 
+/* Hot versions run in device 0's context (in_context): a copy the program
+ * makes on another device (cudaSetDevice(1)) is that device's, the
+ * program's own copy alone. No current context: the runtime's default,
+ * device 0. */
+static int on_device0(hk_runtime *rt) {
+    CUcontext cur = NULL;
+    if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        return 1;
+    return !cur || cur == hkl_ctx(rt, 0);
+}
+
 /* The engine's entry of the program's variable sym, or NULL. A variable
  * the engine has not heard of yet (registered after the runtime came up) is
  * told now. The entry lives as long as the runtime. */
@@ -546,7 +557,7 @@ static hkl_xglobal *xglobal_of(const void *sym, hk_runtime **rtp, var **out) {
     if (out)
         *out = v;
     pthread_mutex_unlock(&vars_lock);
-    return g;
+    return g && on_device0(rt) ? g : NULL;
 }
 
 /* The program's copy is written as the program asked; the running hot

@@ -11,7 +11,8 @@
  * committed before the program's variable was registered gets the host's
  * later writes; a template instance first launched after its module was
  * built is built without a new save; a synchronous symbol copy racing a swap lands in the
- * version the swap commits, and symbol copies close no gate. Not GPU evidence
+ * version the swap commits, symbol copies close no gate, follow a context
+ * reset, and on another device are that device's. Not GPU evidence
  * (tests/gpu_interpose_tu_*.cu).
  */
 #include <pthread.h>
@@ -410,6 +411,45 @@ START_TEST(symbol_copies_follow_a_reset) {
 }
 END_TEST
 
+/* After cudaSetDevice(1) the program's copies are device 1's: hot versions
+ * run on device 0 only, so its copy there is neither written nor read. */
+START_TEST(symbol_copies_on_another_device_are_that_devices) {
+    hk_runtime_destroy(rt);
+    fake_init(2, 90);
+    hk_options o;
+    hk_options_init(&o);
+    o.ptx_mode = HK_PTX_DRIVER_JIT;
+    o.cache_dir = "";
+    o.no_warm_start = 1;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkl_runtime_create_with(&rt, &o, fake_driver(), &rep), 0);
+    fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0));
+    program_file(0, 1, NULL, "step");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    swap_ok("a", fake_ptx(2, 0, 1, 0));
+    to_symbol(0, 7);
+    int *hot = hot_counter("a");
+    ck_assert_int_eq(*hot, 7);
+    CUdevice dev1;
+    CUcontext ctx1;
+    ck_assert_int_eq(fake_driver()->DeviceGet(&dev1, 1), CUDA_SUCCESS);
+    ck_assert_int_eq(fake_driver()->DevicePrimaryCtxRetain(&ctx1, dev1), CUDA_SUCCESS);
+    ck_assert_ptr_ne(ctx1, hkl_ctx(rt, 0));
+    fake_driver()->CtxSetCurrent(ctx1); /* cudaSetDevice(1) */
+    to_symbol(0, 9);
+    ck_assert_int_eq(prog_counter[0], 9);
+    ck_assert_int_eq(*hot, 7);
+    *hot = 70;
+    ck_assert_int_eq(from_symbol(0), 9);
+    void *addr = NULL;
+    ck_assert_int_eq(hki_symbol_address(&addr, &shadow[0]), cudaSuccess);
+    ck_assert_ptr_eq(addr, &prog_counter[0]);
+    fake_driver()->CtxSetCurrent(hkl_ctx(rt, 0)); /* back on device 0 */
+    ck_assert_int_eq(from_symbol(0), 70);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A symbol copy is a launch's cost: no gate closing, no engine lock. */
 START_TEST(symbol_copies_leave_the_gate_open) {
     program_file(0, 1, NULL, "step");
@@ -509,6 +549,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, a_symbol_copy_racing_a_swap_lands_in_the_new_version);
     tcase_add_test(tc, symbol_copies_leave_the_gate_open);
     tcase_add_test(tc, symbol_copies_follow_a_reset);
+    tcase_add_test(tc, symbol_copies_on_another_device_are_that_devices);
     tcase_add_test(tc, a_template_instance_launched_late_follows_without_a_save);
     tcase_add_test(tc, elf_symbols_name_a_static_functions_file);
     suite_add_tcase(s, tc);
