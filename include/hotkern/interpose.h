@@ -62,7 +62,8 @@
  * to the program's own code, saying why once on stderr.
  *
  * Limits: hot launches run in device 0's primary context (a launch from
- * another context is the program's own); an error of a hot launch is
+ * another context is the program's own, and so are the symbol copies made
+ * with another device current); an error of a hot launch is
  * returned by the launch call but not recorded for cudaGetLastError; a
  * cudaMemcpyToSymbolAsync racing a swap of its module may land in the
  * outgoing version (a synchronous copy never does: a swap waits for it).
