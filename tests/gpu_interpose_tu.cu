@@ -24,6 +24,7 @@
 
 float tu_run_a(float *d);
 float tu_run_b(float *d);
+float tu_blur_a(float *d, int n);
 void tu_set_a(int v);
 void tu_set_b(int v);
 
@@ -43,8 +44,11 @@ static std::string a_source(int mul, int add) {
              "static __device__ int bias = 2;\n"
              "static __global__ void fill(float *p) {\n"
              "    if (threadIdx.x == 0) p[0] = (float)(bias * %d) + %d.0f;\n"
+             "}\n"
+             "template <int N> __global__ void blur(float *p) {\n"
+             "    if (threadIdx.x == 0) p[0] = (float)(N * 10) + %d.0f;\n"
              "}\n",
-             mul, add);
+             mul, add, add);
     return b;
 }
 
@@ -98,9 +102,10 @@ int main(int, char **argv) {
     cudaMalloc(&d_x, sizeof(float) * 32);
 
     // Before any hot version: each file's own code.
-    float a0 = tu_run_a(d_x), b0 = tu_run_b(d_x);
-    printf("  before: a.cu's fill %g, b.cu's fill %g\n", a0, b0);
-    check(a0 == 2.0f && b0 == 540.0f, "each file's fill runs its own code (2 and 540)");
+    float a0 = tu_run_a(d_x), b0 = tu_run_b(d_x), t0 = tu_blur_a(d_x, 2);
+    printf("  before: a.cu's fill %g, b.cu's fill %g, blur<2> %g\n", a0, b0, t0);
+    check(a0 == 2.0f && b0 == 540.0f && t0 == 20.0f,
+          "each file's fill runs its own code (2 and 540), blur<2> the program's (20)");
     hk_runtime *rt = hk_interpose_runtime();
     check(rt != nullptr, "the interposition made a runtime from HOTKERN_*");
 
@@ -123,6 +128,21 @@ int main(int, char **argv) {
     printf("  a.cu sets its bias to 5: a.cu %g, b.cu %g\n", a3, b3);
     check(a3 == 1005.0f, "a.cu's cudaMemcpyToSymbol(bias, 5) reaches a.cu's hot copy (1005)");
     check(b3 == 80.0f, "... and not b.cu's (b.cu still 80)");
+
+    // A template instance first launched after the first hot build: its
+    // file's source is built again with it, without a new save.
+    float t2 = tu_blur_a(d_x, 2), t3 = tu_blur_a(d_x, 3);
+    printf("  blur<2> %g (hot: 1020), blur<3> first launched: %g (the program's: 30)\n", t2, t3);
+    bool late = false;
+    for (int i = 0; i < 6000 && !late; i++) {
+        late = tu_blur_a(d_x, 3) == 1030.0f;
+        if (!late) usleep(10000);
+    }
+    printf("  blur<3> then %g, a.cu's fill %g\n", tu_blur_a(d_x, 3), tu_run_a(d_x));
+    check(t2 == 1020.0f, "blur<2> runs a.cu's hot version");
+    check(late, "blur<3>, first launched after the first build, runs a hot version without a save");
+    check(tu_run_a(d_x) == 1005.0f && tu_run_b(d_x) == 80.0f,
+          "the rebuild keeps a.cu's bias and leaves b.cu alone (1005, 80)");
 
     // A second edit carries a.cu's bias over; b.cu is untouched.
     write_file(file, a_source(3, 1000));
