@@ -147,7 +147,8 @@ EX_LIBS  := -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -L$(CUDA)/lib64 -Wl,-rpa
 # for link-time --wrap (nvcc's default static cudart). WRAP_LDFLAGS is what
 # such a program links with (hotkern.pc's wrap_ldflags, the CMake function).
 ICORE_OBJ := $(BUILD)/obj/interpose/route.o $(BUILD)/obj/interpose/demangle.o \
-             $(BUILD)/obj/interpose/tu.o $(BUILD)/obj/interpose/elfsym.o
+             $(BUILD)/obj/interpose/tu.o $(BUILD)/obj/interpose/elfsym.o \
+             $(BUILD)/obj/interpose/fatbin.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -567,6 +568,7 @@ uninstall:
 #   fuzz_guard    the canary's trap guard (ptx/guard.c), which rewrites PTX;
 #   fuzz_elfsym   the ELF symbol table reader (interpose/elfsym.c), which reads
 #                 the program's image to learn a kernel's source file;
+#   fuzz_fatbin   the fatbin identifier reader (interpose/fatbin.c);
 #   fuzz_http     raw HTTP (and release bodies, JSON and framed) into a live endpoint
 #                 on 127.0.0.1, and the frame parser fed whole and in pieces.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
@@ -574,7 +576,8 @@ FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. 
                 $(shell pkg-config --cflags libcjson libsodium libmicrohttpd 2>/dev/null) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
-FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard fuzz_elfsym
+FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard fuzz_elfsym \
+                fuzz_fatbin
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -591,6 +594,13 @@ fuzz-build:
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
 	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
 	cc -c -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
+	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_fatbin tests/fuzz/fuzz_fatbin.c interpose/fatbin.c \
+	  interpose/elfsym.c
+	@mkdir -p $(BUILD)/fuzz/seeds-fatbin
+	cp $(BUILD)/fuzz/seeds/seed.fatbin $(BUILD)/fuzz/seeds-fatbin/
+	$(CUDA)/bin/fatbinary -64 --ident=tests/fuzz/seed.cu \
+	  --image3=kind=elf,sm=80,file=$(BUILD)/fuzz/seeds/seed80.cubin \
+	  --create=$(BUILD)/fuzz/seeds-fatbin/ident.fatbin
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
@@ -613,6 +623,7 @@ fuzz: fuzz-build
 	    fuzz_guard) seeds=tests/fuzz/seeds/guard ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
 	    fuzz_elfsym) seeds=$(BUILD)/fuzz/seeds-elfsym ;; \
+	    fuzz_fatbin) seeds=$(BUILD)/fuzz/seeds-fatbin ;; \
 	  esac; \
 	  echo "== $$t"; \
 	  $(BUILD)/fuzz/$$t -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 -timeout=30 \

@@ -108,7 +108,7 @@ void hki_register_function(void **handle, const char *host, char *dev, const cha
  * launch handle of TU id; hki_tu_gone marks the TU of handle unregistered
  * and hands back its launch handles (malloc'd, *keys); hki_tus_tell tells
  * rt of every TU it does not know yet. */
-void hki_tu_begin(void **handle);
+void hki_tu_begin(void **handle, const void *wrapper);
 void hki_tu_function(void **handle, const void *host, const char *name);
 void hki_tu_var(void **handle, const void *host, const char *name);
 void hki_tu_end(hk_runtime *rt, void **handle);
@@ -129,6 +129,12 @@ void hki_file_lookup_set(hki_file_fn fn);
  * none, -1 when buf is no ELF64 image with a symbol table. hki_file_stem:
  * a path's file name up to its first '.'. */
 #define HKI_STEM_MAX 128
+/* fatbin.c: the stem of the identifier a fatbin's entries carry (fatbinary
+ * --ident; nvcc 13 writes none): in buf[len], 1 with it in out[n], 0 when
+ * none, -1 when buf is no fatbin; hki_fatbin_wrapper_ident: the same from
+ * __cudaRegisterFatBinary's wrapper (1 or 0). */
+int hki_fatbin_ident(const unsigned char *buf, size_t len, char *out, size_t n);
+int hki_fatbin_wrapper_ident(const void *wrapper, char *out, size_t n);
 int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n);
 /* The same for n addresses at once (one pass over the symbols): the count
  * found, out[i] "" where none; -1 as above. */

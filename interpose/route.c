@@ -482,7 +482,7 @@ void hki_register_var(void **fatbin, char *host_var, char *device_addr, const ch
 
 void **hki_register_fatbin(void *wrapper) {
     void **h = R.register_fatbin ? R.register_fatbin(wrapper) : NULL;
-    hki_tu_begin(h);
+    hki_tu_begin(h, wrapper);
     return h;
 }
 

@@ -47,7 +47,8 @@ typedef struct tu {
     int nvars, capvars;
     const void **keys; /* launch handles registered for its kernels */
     int nkeys, capkeys;
-    int told; /* the engine knows it */
+    char ident[HKI_STEM_MAX]; /* its fatbin's identifier's stem, or "" */
+    int told;                 /* the engine knows it */
     int gone;
     struct tu *next;
 } tu;
@@ -82,10 +83,12 @@ static tu *by_handle(void **h) {
     return NULL;
 }
 
-void hki_tu_begin(void **handle) {
+void hki_tu_begin(void **handle, const void *wrapper) {
     tu *t = calloc(1, sizeof *t);
     if (!t)
         return; /* unknown: its kernels are matched by name */
+    if (hki_fatbin_wrapper_ident(wrapper, t->ident, sizeof t->ident) != 1)
+        t->ident[0] = '\0';
     pthread_mutex_lock(&tu_lock);
     t->handle = handle;
     t->id = next_id++;
@@ -227,7 +230,7 @@ static void tell_new(hk_runtime *rt, tu *only) {
         for (int i = 0; i < n && !stem[0]; i++)
             if (owner[i] == t && stems[i][0])
                 stem = stems[i];
-        tell(rt, t, stem);
+        tell(rt, t, stem[0] ? stem : t->ident); /* the symbols first: nvcc 13 writes no ident */
     }
     free(addr);
     free(owner);

@@ -41,7 +41,33 @@ static int prog_counter[3];
 static cudaKernel_t kernel_of[3];
 static const char *file_of[3] = {"a", "b", "c"};
 static int files_known = 1;
-static int fatbin[3]; /* the fatbin wrappers; the fake handle is the wrapper */
+/* nvcc's fatbin wrappers (no fatbin in them unless a test puts one); the
+ * fake's handle is the wrapper. */
+typedef struct wrapper {
+    int magic, version;
+    const void *data;
+    void *filename;
+} wrapper;
+static wrapper fatbin[3];
+
+/* A fatbin of one entry (no payload) whose identifier is id, as fatbinary
+ * --ident writes it: 16-byte header, a 72-byte entry header with the
+ * identifier's offset (64) and length at 32 and 36. */
+static void fatbin_with_ident(unsigned char *b, const char *id) {
+    memset(b, 0, 88);
+    uint32_t magic = 0xBA55ED50u, ehs = 72, off = 64, len = (uint32_t)strlen(id);
+    uint16_t ver = 1, hs = 16, kind = 2;
+    uint64_t fs = 72;
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, &ver, 2);
+    memcpy(b + 6, &hs, 2);
+    memcpy(b + 8, &fs, 8);
+    memcpy(b + 16, &kind, 2);
+    memcpy(b + 20, &ehs, 4);
+    memcpy(b + 16 + 32, &off, 4);
+    memcpy(b + 16 + 36, &len, 4);
+    memcpy(b + 16 + 64, id, len < 8 ? len : 8);
+}
 
 static int lookup(const void *addr, char *stem, size_t n) {
     for (int i = 0; i < 3 && files_known; i++)
@@ -508,6 +534,31 @@ START_TEST(a_template_instance_launched_late_follows_without_a_save) {
 }
 END_TEST
 
+/* A stripped image (no symbols) whose fatbins carry identifiers: the
+ * identifiers name the files. */
+START_TEST(fatbin_identifiers_name_the_files_of_a_stripped_image) {
+    files_known = 0;
+    static unsigned char fa[88], fb[88];
+    fatbin_with_ident(fa, "src/a.cu");
+    fatbin_with_ident(fb, "b.cu");
+    fatbin[0] = (wrapper){0x466243b1, 1, fa, NULL};
+    fatbin[1] = (wrapper){0x466243b1, 1, fb, NULL};
+    char out[HKI_STEM_MAX];
+    ck_assert_int_eq(hki_fatbin_ident(fa, sizeof fa, out, sizeof out), 1);
+    ck_assert_str_eq(out, "a");
+    ck_assert_int_eq(hki_fatbin_ident(fa, 87, out, sizeof out), -1); /* cut short */
+    program_file(0, 1, NULL, "step");
+    program_file(1, 5, NULL, "step");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    ck_assert_int_eq(launch(0), 1);
+    ck_assert_int_eq(launch(1), 5);
+    swap_ok("a", fake_ptx(2, 0, 1, 0));
+    ck_assert_int_eq(launch(0), 2);
+    ck_assert_int_eq(launch(1), 5);
+    ck_assert_int_eq(logged("several files", NULL), 0);
+}
+END_TEST
+
 START_TEST(elf_symbols_name_a_static_functions_file) {
     /* The real lookup, on this test's own image: its static functions are
      * locals of the object "cpu_interpose_tu.c". */
@@ -551,6 +602,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, symbol_copies_follow_a_reset);
     tcase_add_test(tc, symbol_copies_on_another_device_are_that_devices);
     tcase_add_test(tc, a_template_instance_launched_late_follows_without_a_save);
+    tcase_add_test(tc, fatbin_identifiers_name_the_files_of_a_stripped_image);
     tcase_add_test(tc, elf_symbols_name_a_static_functions_file);
     suite_add_tcase(s, tc);
     return s;
