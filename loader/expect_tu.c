@@ -14,8 +14,8 @@
  *   - or the module is no file's (no TU has its stem: a module of the API
  *     such as "sim") and the name belongs to that TU alone;
  *   - or, where several TUs have the name and the module cannot be
- *     attributed by its stem, exactly one of those TUs has all its names in
- *     the version (its kernels and globals), and it is this one.
+ *     attributed by its stem, this TU is the one with the most names of
+ *     those that have all their names in the version (kernels, globals).
  * Otherwise the name stays the program's, in every TU, and the log says so
  * once (the name, the files, the module). A kernel or variable registered
  * with no TU (0) is matched by name, as before.
@@ -162,15 +162,21 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
         return 0; /* the module of a file that was unloaded (dlclose) */
     if (nstem == 0 && ndef <= 1)
         return 1; /* no file's module, and the name is this TU's alone */
-    /* By the names: the TUs that have this one and all of whose names v has. */
+    /* By the names: of the TUs that have this one and all of whose names v
+     * has, the one with the most names (the others' are then v's because
+     * they are a part of it); a tie cannot be told. */
     const hkl_tu *cand = NULL;
     int ncand = 0;
-    for (const hkl_tu *t = rt->tus; t; t = t->next)
-        if (!t->gone && has_name(t, name) && (!nstem || stem_is(m->name, t->file)) &&
-            all_in(t, v)) {
+    for (const hkl_tu *t = rt->tus; t; t = t->next) {
+        if (t->gone || !has_name(t, name) || (nstem && !stem_is(m->name, t->file)) || !all_in(t, v))
+            continue;
+        if (!cand || t->nnames > cand->nnames) {
             cand = t;
+            ncand = 1;
+        } else if (t->nnames == cand->nnames) {
             ncand++;
         }
+    }
     if (ncand == 1)
         return cand == mine;
     say_once(rt, kind, name, m);

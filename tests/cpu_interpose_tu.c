@@ -343,6 +343,26 @@ START_TEST(a_module_no_file_is_routes_nothing_and_says_so_once) {
 }
 END_TEST
 
+/* Files unknown, but a.cu has a kernel b.cu lacks and the module has it:
+ * the module is a.cu's (of the files all of whose names it has, the one
+ * with the most). */
+START_TEST(the_names_tell_a_module_no_file_is_named_after) {
+    static const char aux_stub = 0;
+    files_known = 0;
+    program_file(0, 1, fake_ptx(1, 1, 1, 0), "step");
+    hki_register_function((void **)&fatbin[0], &aux_stub, NULL, "aux", -1, NULL, NULL, NULL, NULL,
+                          NULL);      /* a.cu: step, aux, counter */
+    program_file(1, 5, NULL, "step"); /* b.cu: step, counter */
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    ck_assert_int_eq(launch(0), 1);
+    ck_assert_int_eq(launch(1), 5);
+    swap_ok("sim", fake_ptx(2, 1, 1, 0)); /* step, aux, counter */
+    ck_assert_int_eq(launch(0), 2);
+    ck_assert_int_eq(launch(1), 5);
+    ck_assert_int_eq(logged("several files", NULL), 0);
+}
+END_TEST
+
 START_TEST(a_reused_handle_after_dlclose_is_registered_anew) {
     program_file(0, 1, NULL, "step");
     ck_assert_int_eq(hk_interpose_attach(rt), 0);
@@ -594,6 +614,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, a_module_of_a_reaches_a_alone);
     tcase_add_test(tc, a_module_no_file_is_routes_nothing_and_says_so_once);
+    tcase_add_test(tc, the_names_tell_a_module_no_file_is_named_after);
     tcase_add_test(tc, a_reused_handle_after_dlclose_is_registered_anew);
     tcase_add_test(tc, anonymous_namespace_kernels_are_said_never_hot);
     tcase_add_test(tc, a_version_committed_before_the_variable_gets_later_writes);
