@@ -152,8 +152,8 @@ int main(int, char **argv) {
     check(swapped, "a.cu's second edit runs, with a.cu's bias carried over (5 * 3 + 1000)");
     check(b4 == 80.0f, "b.cu's fill still runs b.cu's own code (80)");
 
-    // A module named after no file: fill and bias are both files' names,
-    // and both files have all of its names: it can be neither's.
+    // A module named after no file, with a.cu's source: by the names it is
+    // a.cu's (which runs module "a" already), never b.cu's.
     if (rt) {
         std::string src = a_source(7, 7000);
         hk_report rep;
