@@ -129,9 +129,9 @@ static void say_once(hk_runtime *rt, const char *kind, const char *name, const h
     }
     hk_log(rt, HK_LOG_WARN, "engine",
            "the program's %s '%s' is defined in several files (%s) and module '%s' cannot be "
-           "told to be one of them: none of them is routed to a hot version, the program's own "
-           "code runs for every '%s' (name the module after its file, e.g. watch that file)",
-           kind, name, files, m->name, name);
+           "told to be one of them: it takes none of them, and those no other module took run "
+           "the program's own code (name the module after its file, e.g. watch that file)",
+           kind, name, files, m->name);
 }
 
 int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
