@@ -324,6 +324,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
         hk_report_clear(&rep);
         hkl_job_free(j);
     }
+    hkl_late_submit(rt);
 }
 
 /* Waits until there is a job to build or the worker is told to stop,
