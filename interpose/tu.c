@@ -169,11 +169,25 @@ static void tell(hk_runtime *rt, tu *t, const char *stem) {
     const char **names = n ? calloc((size_t)n, sizeof *names) : NULL;
     if (n && !names)
         return;
-    for (int i = 0; i < t->nfuns; i++)
-        names[i] = t->funs[i].name;
+    /* Kernels that are no template instances and variables first: a build
+     * has the instances it was asked for only. */
+    int k = 0;
+    for (int i = 0; i < t->nfuns; i++) {
+        char *expr = hki_name_expression(t->funs[i].name);
+        if (!expr)
+            names[k++] = t->funs[i].name;
+        free(expr);
+    }
     for (int i = 0; i < t->nvars; i++)
-        names[t->nfuns + i] = t->vnames[i];
-    t->told = hkl_expect_tu(rt, t->id, stem[0] ? stem : NULL, names, n) == 0;
+        names[k++] = t->vnames[i];
+    int nplain = k;
+    for (int i = 0; i < t->nfuns; i++) {
+        char *expr = hki_name_expression(t->funs[i].name);
+        if (expr)
+            names[k++] = t->funs[i].name;
+        free(expr);
+    }
+    t->told = hkl_expect_tu(rt, t->id, stem[0] ? stem : NULL, names, n, nplain) == 0;
     free(names);
     if (t->told)
         hk_log(rt, HK_LOG_DEBUG, "interpose",

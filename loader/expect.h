@@ -10,12 +10,14 @@
 
 /* expect_tu.c: the program's translation units (see there).
  * - hkl_expect_tu: TU `id` (> 0, never reused) has source file stem `file`
- *   (NULL: unknown) and the n kernel and variable names; hkl_expect_tu_gone:
+ *   (NULL: unknown) and the n kernel and variable names, the first nplain
+ *   of them no template instances; hkl_expect_tu_gone:
  *   it was unregistered (dlclose).
  * - hkl_tu_owns (expect_lock held): 1 when module m's version v may take the
  *   program's kernel or variable (`kind`) `name` of TU tu (0: no TU, by
  *   name); 0 when it is another file's or cannot be told (said once). */
-int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names, int n);
+int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names, int n,
+                  int nplain);
 void hkl_expect_tu_gone(hk_runtime *rt, unsigned id);
 int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
                 const hkl_module *m, const hkl_version *v);

@@ -14,8 +14,8 @@
  *   - or the module is no file's (no TU has its stem: a module of the API
  *     such as "sim") and the name belongs to that TU alone;
  *   - or, where several TUs have the name and the module cannot be
- *     attributed by its stem, this TU is the one with the most names of
- *     those that have all their names in the version (kernels, globals).
+ *     attributed by its stem, this TU is the one whose kernels (template
+ *     instances aside) and variables are exactly the version's.
  * Otherwise the name stays the program's, in every TU, and the log says so
  * once (the name, the files, the module). A kernel or variable registered
  * with no TU (0) is matched by name, as before.
@@ -33,6 +33,7 @@ typedef struct hkl_tu {
     char *file;          /* immutable: the source file's stem, or NULL */
     char **names;        /* immutable: its kernels' and variables' names */
     int nnames;          /* immutable */
+    int nplain;          /* immutable: the first nplain no template instances */
     int gone;            /* expect_lock: unregistered (dlclose) */
     struct hkl_tu *next; /* expect_lock */
 } hkl_tu;
@@ -42,13 +43,15 @@ typedef struct hkl_tu_warned {
     struct hkl_tu_warned *next;
 } hkl_tu_warned;
 
-int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names, int n) {
-    if (!rt || !id || n < 0 || (n && !names))
+int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *const *names, int n,
+                  int nplain) {
+    if (!rt || !id || n < 0 || (n && !names) || nplain < 0 || nplain > n)
         return HK_ERR_INVALID;
     hkl_tu *t = calloc(1, sizeof *t);
     if (!t)
         return HK_ERR_NOMEM;
     t->id = id;
+    t->nplain = nplain;
     int ok = (!file || (t->file = strdup(file))) &&
              (!n || (t->names = calloc((size_t)n, sizeof *t->names)));
     for (int i = 0; ok && i < n; i++, t->nnames++)
@@ -91,10 +94,33 @@ static int version_has(const hkl_version *v, const char *name) {
     return 0;
 }
 
-/* 1: every name of t is in v (the fallback when the files are unknown). */
-static int all_in(const hkl_tu *t, const hkl_version *v) {
-    for (int i = 0; i < t->nnames; i++)
+static int plain_has(const hkl_tu *t, const char *name) {
+    for (int i = 0; i < t->nplain; i++)
+        if (!strcmp(t->names[i], name))
+            return 1;
+    return 0;
+}
+
+static int lowered(const hkl_version *v, const char *name) {
+    for (int i = 0; i < v->art.nlowered; i++)
+        if (v->art.lowered_names[i] && !strcmp(v->art.lowered_names[i], name))
+            return 1;
+    return 0;
+}
+
+/* 1 when v's names are exactly t's (the fallback when the files are
+ * unknown): its kernels, template instances aside (a build has those it
+ * was asked for), and its globals. A version with a name more or less is
+ * no TU's: an edit that adds or removes one is not told by its names. */
+static int same_names(const hkl_tu *t, const hkl_version *v) {
+    for (int i = 0; i < t->nplain; i++)
         if (!version_has(v, t->names[i]))
+            return 0;
+    for (int i = 0; i < v->art.meta.nentries; i++)
+        if (!lowered(v, v->art.meta.entries[i].name) && !plain_has(t, v->art.meta.entries[i].name))
+            return 0;
+    for (int i = 0; i < v->art.meta.nglobals; i++)
+        if (!plain_has(t, v->art.meta.globals[i].name))
             return 0;
     return 1;
 }
@@ -162,21 +188,15 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
         return 0; /* the module of a file that was unloaded (dlclose) */
     if (nstem == 0 && ndef <= 1)
         return 1; /* no file's module, and the name is this TU's alone */
-    /* By the names: of the TUs that have this one and all of whose names v
-     * has, the one with the most names (the others' are then v's because
-     * they are a part of it); a tie cannot be told. */
+    /* By the names: the one TU that has this name and exactly v's names. */
     const hkl_tu *cand = NULL;
     int ncand = 0;
-    for (const hkl_tu *t = rt->tus; t; t = t->next) {
-        if (t->gone || !has_name(t, name) || (nstem && !stem_is(m->name, t->file)) || !all_in(t, v))
-            continue;
-        if (!cand || t->nnames > cand->nnames) {
+    for (const hkl_tu *t = rt->tus; t; t = t->next)
+        if (!t->gone && has_name(t, name) && (!nstem || stem_is(m->name, t->file)) &&
+            same_names(t, v)) {
             cand = t;
-            ncand = 1;
-        } else if (t->nnames == cand->nnames) {
             ncand++;
         }
-    }
     if (ncand == 1)
         return cand == mine;
     say_once(rt, kind, name, m);

@@ -36,8 +36,8 @@
  * module named after a file (a watched a.cu is module "a") reaches that
  * file's kernels and variables alone; a module no file is named after
  * (hk_swap(rt, "sim", ...)) reaches a name only one file has, and where
- * several files have it, the one file all of whose kernels and variables
- * the version has. A name that cannot be placed runs the program's own code
+ * several files have it, the one file whose kernels and variables are
+ * exactly the version's. A name that cannot be placed runs the program's own code
  * in every file, said once in the log with the files. The file is learnt
  * from the image's ELF symbol table (a stripped image: not known). A kernel
  * in an anonymous namespace can never be hot (nvcc and NVRTC name that
