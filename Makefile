@@ -158,7 +158,7 @@ WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLau
              cudaMemcpyFromSymbolAsync_ptsz cudaGetSymbolAddress
 # the translation units' registration (interpose/tu.c)
 WRAP_SYMS += __cudaRegisterFatBinary __cudaRegisterFatBinaryEnd __cudaUnregisterFatBinary \
-             __cudaRegisterFunction
+             __cudaRegisterFunction __cudaGetKernel
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))

@@ -56,6 +56,11 @@
 
 /* ---- translation units (tu.c): which file each kernel and variable is
  * registered from. Return types differ: one list per type. ---- */
+/* Returning cudaError_t: as HKI_ENTRIES. __cudaGetKernel is how nvcc's
+ * stub takes its kernel's handle: which host stub (so which TU) a handle
+ * is. */
+#define HKI_TU_ENTRIES(X)                                                                          \
+    X(stub_kernel, __cudaGetKernel, (cudaKernel_t * k, const void *f), hki_stub_kernel(k, f))
 #define HKI_REGFAT_PARAMS (void *w)
 #define HKI_REGFAT_CALL   hki_register_fatbin(w)
 #define HKI_FATHANDLE_ENTRIES(X)                                                                   \

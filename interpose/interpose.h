@@ -72,6 +72,7 @@ typedef struct hki_real {
     hki_fathandle_fn register_fatbin_end; /* __cudaRegisterFatBinaryEnd */
     hki_fathandle_fn unregister_fatbin;   /* __cudaUnregisterFatBinary */
     hki_regfun_fn register_function;      /* __cudaRegisterFunction */
+    hki_getkernel_fn stub_kernel;         /* __cudaGetKernel */
     /* called, never interposed */
     hki_getkernel_fn get_kernel; /* cudaGetKernel */
     hki_memcpy_fn memcpy;        /* cudaMemcpy */
@@ -98,13 +99,16 @@ cudaError_t hki_symbol_address(void **p, const void *sym);
 void **hki_register_fatbin(void *wrapper);
 void hki_register_fatbin_end(void **handle);
 void hki_unregister_fatbin(void **handle);
+cudaError_t hki_stub_kernel(cudaKernel_t *k, const void *host);
 void hki_register_function(void **handle, const char *host, char *dev, const char *name, int limit,
                            uint3 *tid, uint3 *bid, dim3 *bdim, dim3 *gdim, int *wsize);
 
 /* tu.c: the translation units (see there). hki_tu_begin/_function/_var/_end
  * record a TU's registration; hki_tu_id and hki_tu_of_host name the TU of
  * a fatbin handle or a host stub (0: none); hki_tu_hosts lists up to max
- * live host stubs of kernel `name` with their TUs; hki_tu_key records a
+ * live host stubs of kernel `name` with their TUs; hki_tu_stub_kernel
+ * records which host stub __cudaGetKernel gave a handle for, and
+ * hki_tu_host_of_kernel says (NULL: not seen); hki_tu_key records a
  * launch handle of TU id; hki_tu_gone marks the TU of handle unregistered
  * and hands back its launch handles (malloc'd, *keys); hki_tus_tell tells
  * rt of every TU it does not know yet. */
@@ -115,6 +119,8 @@ void hki_tu_end(hk_runtime *rt, void **handle);
 unsigned hki_tu_id(void **handle);
 unsigned hki_tu_of_host(const void *host);
 int hki_tu_hosts(const char *name, const void **hosts, unsigned *ids, int max);
+void hki_tu_stub_kernel(const void *kernel, const void *host);
+const void *hki_tu_host_of_kernel(const void *kernel);
 void hki_tu_key(unsigned id, const void *key);
 int hki_tu_gone(hk_runtime *rt, void **handle, const void ***keys);
 void hki_tus_tell(hk_runtime *rt);

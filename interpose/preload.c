@@ -23,6 +23,7 @@ static void resolve(void) {
     hki_real r = {0};
 #define RESOLVE(field, name, params, call) r.field = (__typeof__(r.field))dlsym(RTLD_NEXT, #name);
     HKI_ENTRIES(RESOLVE)
+    HKI_TU_ENTRIES(RESOLVE)
 #undef RESOLVE
     r.register_var = (hki_regvar_fn)dlsym(RTLD_NEXT, "__cudaRegisterVar");
     r.register_fatbin = (hki_regfat_fn)dlsym(RTLD_NEXT, "__cudaRegisterFatBinary");
@@ -47,6 +48,7 @@ __attribute__((constructor)) static void preload_init(void) {
         return call;                                                                               \
     }
 HKI_ENTRIES(DEFINE)
+HKI_TU_ENTRIES(DEFINE)
 #undef DEFINE
 
 EXPORT void __cudaRegisterVar HKI_REGVAR_PARAMS;

@@ -136,11 +136,10 @@ static void forget(const void *key) {
  * (a host stub when is_func, else a cudaKernel_t): 0 when no TU names it
  * (matched by name), -1 when several do and key is none of theirs. */
 static long tu_of_key(const void *key, int is_func, const char *name) {
-    if (is_func) {
-        unsigned id = hki_tu_of_host(key);
-        if (id)
-            return id;
-    }
+    const void *host = is_func ? key : hki_tu_host_of_kernel(key);
+    unsigned id = host ? hki_tu_of_host(host) : 0;
+    if (id)
+        return id;
     const void *hosts[16];
     unsigned ids[16];
     int n = hki_tu_hosts(name, hosts, ids, 16);
@@ -491,6 +490,15 @@ void hki_register_function(void **handle, const char *host, char *dev, const cha
     hki_tu_function(handle, host, name);
     if (R.register_function)
         R.register_function(handle, host, dev, name, limit, tid, bid, bdim, gdim, wsize);
+}
+
+/* nvcc's stub takes its kernel's handle once: the handle is that stub's
+ * kernel, of that stub's TU, whatever cudaGetKernel would say. */
+cudaError_t hki_stub_kernel(cudaKernel_t *k, const void *host) {
+    cudaError_t r = R.stub_kernel ? R.stub_kernel(k, host) : cudaErrorNotSupported;
+    if (r == cudaSuccess && k && *k)
+        hki_tu_stub_kernel(*k, host);
+    return r;
 }
 
 void hki_register_fatbin_end(void **handle) {

@@ -53,6 +53,13 @@ typedef struct tu {
     struct tu *next;
 } tu;
 
+/* The handles __cudaGetKernel gave, with the host stub each was for. */
+typedef struct stub_kernel {
+    const void *kernel, *host;
+} stub_kernel;
+static stub_kernel *stubs; /* tu_lock */
+static int nstubs, capstubs;
+
 static pthread_mutex_t tu_lock = PTHREAD_MUTEX_INITIALIZER;
 static tu *tus;
 static unsigned next_id = 1;
@@ -153,6 +160,30 @@ unsigned hki_tu_of_host(const void *host) {
                 id = t->id;
     pthread_mutex_unlock(&tu_lock);
     return id;
+}
+
+void hki_tu_stub_kernel(const void *kernel, const void *host) {
+    pthread_mutex_lock(&tu_lock);
+    int i = 0;
+    while (i < nstubs && stubs[i].kernel != kernel)
+        i++;
+    /* A handle value a later library reuses: the later stub's. */
+    if (i < nstubs || grow((void **)&stubs, &capstubs, nstubs, sizeof *stubs) == 0) {
+        stubs[i].kernel = kernel;
+        stubs[i].host = host;
+        nstubs += i == nstubs;
+    }
+    pthread_mutex_unlock(&tu_lock);
+}
+
+const void *hki_tu_host_of_kernel(const void *kernel) {
+    const void *host = NULL;
+    pthread_mutex_lock(&tu_lock);
+    for (int i = 0; i < nstubs && !host; i++)
+        if (stubs[i].kernel == kernel)
+            host = stubs[i].host;
+    pthread_mutex_unlock(&tu_lock);
+    return host;
 }
 
 void hki_tu_key(unsigned id, const void *key) {

@@ -17,6 +17,7 @@
     cudaError_t __real_##name params;                                                              \
     EXPORT cudaError_t __wrap_##name params;
 HKI_ENTRIES(DECLARE)
+HKI_TU_ENTRIES(DECLARE)
 #undef DECLARE
 void __real___cudaRegisterVar HKI_REGVAR_PARAMS;
 EXPORT void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS;
@@ -36,6 +37,7 @@ static void resolve(void) {
     hki_real r = {0};
 #define RESOLVE(field, name, params, call) r.field = __real_##name;
     HKI_ENTRIES(RESOLVE)
+    HKI_TU_ENTRIES(RESOLVE)
 #undef RESOLVE
     r.register_var = __real___cudaRegisterVar;
     r.register_fatbin = __real___cudaRegisterFatBinary;
@@ -55,6 +57,7 @@ static void resolve(void) {
         return call;                                                                               \
     }
 HKI_ENTRIES(DEFINE)
+HKI_TU_ENTRIES(DEFINE)
 #undef DEFINE
 
 void __wrap___cudaRegisterVar HKI_REGVAR_PARAMS {

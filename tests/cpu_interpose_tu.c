@@ -85,13 +85,25 @@ static cudaError_t f_klaunch(cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sh
                                                     (unsigned)sh, (CUstream)s, a, NULL);
 }
 
-static cudaError_t f_get_kernel(cudaKernel_t *k, const void *f) {
+/* cudaGetKernel, or with swapped_handles set one that answers a.cu's
+ * stub with b.cu's handle and the other way round: the stub's own
+ * __cudaGetKernel (f_stub_kernel) must then decide. */
+static int swapped_handles;
+
+static cudaError_t f_stub_kernel(cudaKernel_t *k, const void *f) {
     for (int i = 0; i < 3; i++)
         if (f == &stub[i] && kernel_of[i]) {
             *k = kernel_of[i];
             return cudaSuccess;
         }
     return cudaErrorInvalidDeviceFunction;
+}
+
+static cudaError_t f_get_kernel(cudaKernel_t *k, const void *f) {
+    cudaError_t r = f_stub_kernel(k, f);
+    if (r == cudaSuccess && swapped_handles)
+        *k = *k == kernel_of[0] ? kernel_of[1] : *k == kernel_of[1] ? kernel_of[0] : *k;
+    return r;
 }
 
 static cudaError_t f_launch(const void *f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s) {
@@ -186,6 +198,7 @@ static const hki_real fake_real = {
     .register_fatbin_end = f_fathandle,
     .unregister_fatbin = f_fathandle,
     .register_function = f_register_function,
+    .stub_kernel = f_stub_kernel,
     .get_kernel = f_get_kernel,
     .memcpy = f_memcpy,
 };
@@ -360,6 +373,26 @@ START_TEST(the_names_tell_a_module_no_file_is_named_after) {
     ck_assert_int_eq(launch(0), 2);
     ck_assert_int_eq(launch(1), 5);
     ck_assert_int_eq(logged("several files", NULL), 0);
+}
+END_TEST
+
+/* The handle nvcc's stub took (__cudaGetKernel) names its file, even where
+ * cudaGetKernel would answer otherwise. */
+START_TEST(the_stubs_own_handle_names_its_file) {
+    program_file(0, 1, NULL, "step");
+    program_file(1, 5, NULL, "step");
+    cudaKernel_t k0 = NULL, k1 = NULL;
+    ck_assert_int_eq(hki_stub_kernel(&k0, &stub[0]), cudaSuccess); /* the stubs' first calls */
+    ck_assert_int_eq(hki_stub_kernel(&k1, &stub[1]), cudaSuccess);
+    ck_assert_ptr_eq(k0, kernel_of[0]);
+    ck_assert_ptr_eq(k1, kernel_of[1]);
+    swapped_handles = 1;
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    ck_assert_int_eq(launch(0), 1);
+    ck_assert_int_eq(launch(1), 5);
+    swap_ok("a", fake_ptx(2, 0, 1, 0));
+    ck_assert_int_eq(launch(0), 2);
+    ck_assert_int_eq(launch(1), 5);
 }
 END_TEST
 
@@ -615,6 +648,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, a_module_of_a_reaches_a_alone);
     tcase_add_test(tc, a_module_no_file_is_routes_nothing_and_says_so_once);
     tcase_add_test(tc, the_names_tell_a_module_no_file_is_named_after);
+    tcase_add_test(tc, the_stubs_own_handle_names_its_file);
     tcase_add_test(tc, a_reused_handle_after_dlclose_is_registered_anew);
     tcase_add_test(tc, anonymous_namespace_kernels_are_said_never_hot);
     tcase_add_test(tc, a_version_committed_before_the_variable_gets_later_writes);
