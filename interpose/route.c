@@ -18,8 +18,9 @@
  *
  * Identity. A handle's kernel is registered with its translation unit
  * (tu.c; loader/expect_tu.c decides which module reaches it): the handle's
- * host stub's TU, or for a cudaKernel_t the TU whose stub of that name the
- * runtime maps to it. A name several TUs have whose handle cannot be
+ * host stub's TU, or for a cudaKernel_t the TU of the stub that took it
+ * (__cudaGetKernel), else the one whose stub of that name the runtime maps
+ * to it (cudaGetKernel). A name several TUs have whose handle cannot be
  * placed routes nothing (said once). Kernels in an anonymous namespace can
  * never have a hot version (nvcc and NVRTC name that namespace
  * differently): said once each, and not registered.
