@@ -1,7 +1,7 @@
 /*
  * libhotkern-wrap.a: the interposition for programs linked with nvcc's
  * default static cudart. The program links with -Wl,--wrap=NAME for every
- * entry point of entries.h and __cudaRegisterVar (pkg-config's wrap_ldflags
+ * entry point of entries.h (the Makefile's WRAP_SYMS; pkg-config's wrap_ldflags
  * variable, or hotkern_enable_hot_reload() in CMake): the linker sends its
  * references to NAME to __wrap_NAME here, and __real_NAME to the runtime's.
  * Every name must be wrapped: this file refers to each __real_NAME.
