@@ -10,8 +10,10 @@
  *
  * A TU's file is learnt once, when the engine is first told of it: from the
  * ELF symbol table of the image that holds its host stubs or variables
- * (elfsym.c), or a test's lookup (hki_file_lookup_set). A TU whose file
- * cannot be learnt is told without one.
+ * (elfsym.c), else its fatbin's identifier (fatbin.c), or a test's lookup
+ * (hki_file_lookup_set). A TU whose file cannot be learnt is told without
+ * one. The handle each stub takes (__cudaGetKernel) is kept with the stub,
+ * so that a launch's cudaKernel_t finds its TU.
  *
  * Locks: tu_lock covers the list and every record; registration runs in
  * the program's constructors and dlopen, never on the launch path (a first
@@ -37,6 +39,7 @@ typedef struct fun {
     char *name;
 } fun;
 
+/* Every field under tu_lock. */
 typedef struct tu {
     void **handle; /* __cudaRegisterFatBinary's */
     unsigned id;   /* 1, 2, ...: never reused */
@@ -49,7 +52,7 @@ typedef struct tu {
     int nkeys, capkeys;
     char ident[HKI_STEM_MAX]; /* its fatbin's identifier's stem, or "" */
     int told;                 /* the engine knows it */
-    int gone;
+    int gone;                 /* unregistered (dlclose, exit) */
     struct tu *next;
 } tu;
 
@@ -61,8 +64,8 @@ static stub_kernel *stubs; /* tu_lock */
 static int nstubs, capstubs;
 
 static pthread_mutex_t tu_lock = PTHREAD_MUTEX_INITIALIZER;
-static tu *tus;
-static unsigned next_id = 1;
+static tu *tus;              /* tu_lock */
+static unsigned next_id = 1; /* tu_lock */
 
 static int elf_lookup(const void *addr, char *stem, size_t n);
 static hki_file_fn file_lookup = elf_lookup;
