@@ -154,6 +154,9 @@ ICORE_OBJ += $(BUILD)/obj/interpose/attrs.o
 ICORE_OBJ += $(BUILD)/obj/interpose/sync.o
 # The environment's runtime in device 0's primary context (interpose/primary.c).
 ICORE_OBJ += $(BUILD)/obj/interpose/primary.o
+# The translation units' registration (interpose/tu.c, elfsym.c, fatbin.c).
+ICORE_OBJ += $(BUILD)/obj/interpose/tu.o $(BUILD)/obj/interpose/elfsym.o \
+             $(BUILD)/obj/interpose/fatbin.o
 PRELOAD  := $(BUILD)/lib/libhotkern-preload.so
 WRAP     := $(BUILD)/lib/libhotkern-wrap.a
 WRAP_SYMS := __cudaLaunchKernel __cudaLaunchKernel_ptsz cudaLaunchKernel cudaLaunchKernel_ptsz \
@@ -170,6 +173,9 @@ WRAP_SYMS += cudaLaunchCooperativeKernel cudaLaunchCooperativeKernel_ptsz cudaFu
 WRAP_SYMS += cudaDeviceSynchronize cudaStreamSynchronize cudaStreamSynchronize_ptsz \
              cudaStreamQuery cudaStreamQuery_ptsz cudaEventSynchronize cudaEventQuery \
              cudaMemcpy cudaMemcpy_ptds cudaStreamDestroy
+# The translation units' registration (interpose/tu.c).
+WRAP_SYMS += __cudaRegisterFatBinary __cudaRegisterFatBinaryEnd __cudaUnregisterFatBinary \
+             __cudaRegisterFunction __cudaGetKernel
 comma    := ,
 WRAP_LDFLAGS := -Wl,$(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
 WRAP_NVCCFLAGS := -Xlinker $(subst $() ,$(comma),$(addprefix --wrap=,$(WRAP_SYMS)))
@@ -180,6 +186,7 @@ NVCC_LIBS := $(filter-out -Wl% -pthread,$(LIBS)) -Xlinker -rpath=$(CUDA)/lib64 -
 # (Not in sanitizer builds: their suites are the CPU ones.)
 GPU_INTERPOSE := $(if $(SAN),,$(BUILD)/tests/gpu_interpose_shared $(BUILD)/tests/gpu_interpose_static \
                  $(BUILD)/tests/gpu_interpose_ptsz \
+                 $(BUILD)/tests/gpu_interpose_tu_shared $(BUILD)/tests/gpu_interpose_tu_static \
                  $(BUILD)/bench/bench_interpose_shared $(BUILD)/bench/bench_interpose_static \
                  $(BUILD)/examples/existing_program_shared $(BUILD)/examples/existing_program_static \
                  $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static)
@@ -381,6 +388,17 @@ $(BUILD)/tests/gpu_interpose_ptsz: tests/gpu_interpose.cu $(WRAP) include/hotker
 	$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
 	  -lstdc++
 
+# Several files with file-local kernels and variables of the same names.
+GPU_TU_SRC := tests/gpu_interpose_tu.cu tests/gpu_tu/a.cu tests/gpu_tu/b.cu
+$(BUILD)/tests/gpu_interpose_tu_shared: $(GPU_TU_SRC) $(PRELOAD) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
+	  -lhotkern-preload -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
+
+$(BUILD)/tests/gpu_interpose_tu_static: $(GPU_TU_SRC) $(WRAP) $(ARCHIVES) include/hotkern/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+
 $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
@@ -482,8 +500,8 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
 
 # cpu_interpose drives the interposition's core with the fake driver.
-$(BUILD)/tests/cpu_interpose: TEST_OBJ := $(ICORE_OBJ)
-$(BUILD)/tests/cpu_interpose: TEST_LDFLAGS := -lstdc++
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_LDFLAGS := -lstdc++
 $(BUILD)/tests/cpu_interpose_fit: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose_fit: TEST_LDFLAGS := -lstdc++
 # cpu_setup (HOTKERN_*) and cpu_exit too; both run the nvcc programs of
@@ -497,7 +515,8 @@ $(BUILD)/tests/cpu_safepoint: TEST_LDFLAGS := -lstdc++
 $(BUILD)/tests/cpu_primary: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_primary: TEST_LDFLAGS := -lstdc++
 # (TEST_OBJ is the link's, not a prerequisite: these are.)
-$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_safepoint $(BUILD)/tests/cpu_primary \
+$(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu $(BUILD)/tests/cpu_safepoint \
+  $(BUILD)/tests/cpu_primary \
   $(BUILD)/tests/cpu_interpose_fit $(BUILD)/tests/cpu_setup $(BUILD)/tests/cpu_exit: $(ICORE_OBJ)
 
 # The C++ suites link with the C++ compiler (a static pattern rule: the C
@@ -657,6 +676,9 @@ uninstall:
 #   fuzz_cache    the compile cache's entry files, artifacts and manifests
 #                 (ptx/entry.c);
 #   fuzz_guard    the canary's trap guard (ptx/guard.c), which rewrites PTX;
+#   fuzz_elfsym   the ELF symbol table reader (interpose/elfsym.c), which reads
+#                 the program's image to learn a kernel's source file;
+#   fuzz_fatbin   the fatbin identifier reader (interpose/fatbin.c);
 #   fuzz_http     raw HTTP (and release bodies, JSON and framed) into a live endpoint
 #                 on 127.0.0.1, and the frame parser fed whole and in pieces.
 # `make fuzz FUZZ_TARGETS=fuzz_http FUZZ_TIME=1800` runs one of them.
@@ -665,7 +687,7 @@ FUZZ_CC      := clang -std=c11 -g -O1 -D_GNU_SOURCE -DHK_BUILDING -Iinclude -I. 
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_NET_LIBS := $(shell pkg-config --libs libcjson libsodium libmicrohttpd 2>/dev/null) -lm
 FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cache fuzz_guard \
-                fuzz_frame
+                fuzz_frame fuzz_elfsym fuzz_fatbin
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
@@ -679,6 +701,16 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
 	  ptx/detect.c util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
+	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
+	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
+	cc -c -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
+	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_fatbin tests/fuzz/fuzz_fatbin.c interpose/fatbin.c \
+	  interpose/elfsym.c
+	@mkdir -p $(BUILD)/fuzz/seeds-fatbin
+	cp $(BUILD)/fuzz/seeds/seed.fatbin $(BUILD)/fuzz/seeds-fatbin/
+	$(CUDA)/bin/fatbinary -64 --ident=tests/fuzz/seed.cu \
+	  --image3=kind=elf,sm=80,file=$(BUILD)/fuzz/seeds/seed80.cubin \
+	  --create=$(BUILD)/fuzz/seeds-fatbin/ident.fatbin
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
@@ -702,6 +734,8 @@ fuzz: fuzz-build
 	    fuzz_guard) seeds=tests/fuzz/seeds/guard ;; \
 	    fuzz_http) seeds=tests/fuzz/seeds/http ;; \
 	    fuzz_frame) seeds=tests/fuzz/seeds/frame ;; \
+	    fuzz_elfsym) seeds=$(BUILD)/fuzz/seeds-elfsym ;; \
+	    fuzz_fatbin) seeds=$(BUILD)/fuzz/seeds-fatbin ;; \
 	  esac; \
 	  echo "== $$t"; \
 	  $(BUILD)/fuzz/$$t -max_total_time=$(or $(FUZZ_TIME),60) -max_len=65536 -timeout=30 \

@@ -98,4 +98,21 @@
     (void **fb, char *hv, char *da, const char *nm, int ext, size_t sz, int cst, int glb)
 #define HKI_REGVAR_CALL hki_register_var(fb, hv, da, nm, ext, sz, cst, glb)
 
+/* ---- translation units (tu.c): which file each kernel and variable is
+ * registered from. Return types differ: one list per type. ---- */
+/* Returning cudaError_t: as HKI_ENTRIES. __cudaGetKernel is how nvcc's
+ * stub takes its kernel's handle: which host stub (so which TU) a handle
+ * is. */
+#define HKI_TU_ENTRIES(X)                                                                          \
+    X(stub_kernel, __cudaGetKernel, (cudaKernel_t * k, const void *f), hki_stub_kernel(k, f))
+#define HKI_REGFAT_PARAMS (void *w)
+#define HKI_REGFAT_CALL   hki_register_fatbin(w)
+#define HKI_FATHANDLE_ENTRIES(X)                                                                   \
+    X(register_fatbin_end, __cudaRegisterFatBinaryEnd, hki_register_fatbin_end)                    \
+    X(unregister_fatbin, __cudaUnregisterFatBinary, hki_unregister_fatbin)
+#define HKI_REGFUN_PARAMS                                                                          \
+    (void **h, const char *hf, char *df, const char *dn, int tl, uint3 *ti, uint3 *bi, dim3 *bd,   \
+     dim3 *gd, int *ws)
+#define HKI_REGFUN_CALL hki_register_function(h, hf, df, dn, tl, ti, bi, bd, gd, ws)
+
 #endif

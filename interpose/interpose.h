@@ -47,6 +47,10 @@ typedef cudaError_t (*hki_fromsym_async_fn)(void *, const void *, size_t, size_t
 typedef cudaError_t (*hki_symaddr_fn)(void **, const void *);
 typedef cudaError_t (*hki_getkernel_fn)(cudaKernel_t *, const void *);
 typedef cudaError_t (*hki_memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind);
+typedef void **(*hki_regfat_fn)(void *);
+typedef void (*hki_fathandle_fn)(void **);
+typedef void (*hki_regfun_fn)(void **, const char *, char *, const char *, int, uint3 *, uint3 *,
+                              dim3 *, dim3 *, int *);
 typedef cudaError_t (*hki_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind,
                                            cudaStream_t);
 /* Per-function settings and cooperative launches (attrs.c, route.c). */
@@ -97,6 +101,12 @@ typedef struct hki_real {
     hki_func_get_attrs_fn func_get_attributes;    /* cudaFuncGetAttributes */
     hki_occupancy_fn occupancy;             /* cudaOccupancyMaxActiveBlocksPerMultiprocessor */
     hki_occupancy_flags_fn occupancy_flags; /* ...WithFlags */
+    /* the translation units' registration (tu.c) */
+    hki_regfat_fn register_fatbin;        /* __cudaRegisterFatBinary */
+    hki_fathandle_fn register_fatbin_end; /* __cudaRegisterFatBinaryEnd */
+    hki_fathandle_fn unregister_fatbin;   /* __cudaUnregisterFatBinary */
+    hki_regfun_fn register_function;      /* __cudaRegisterFunction */
+    hki_getkernel_fn stub_kernel;         /* __cudaGetKernel */
     /* called, never interposed */
     hki_getkernel_fn get_kernel; /* cudaGetKernel */
     hki_memcpy_fn memcpy;        /* cudaMemcpy (interposed too: sync.c) */
@@ -121,6 +131,57 @@ cudaError_t hki_to_symbol(int async, int ptsz, const void *sym, const void *src,
 cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, size_t count,
                             size_t offset, enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t hki_symbol_address(void **p, const void *sym);
+void **hki_register_fatbin(void *wrapper);
+void hki_register_fatbin_end(void **handle);
+void hki_unregister_fatbin(void **handle);
+cudaError_t hki_stub_kernel(cudaKernel_t *k, const void *host);
+void hki_register_function(void **handle, const char *host, char *dev, const char *name, int limit,
+                           uint3 *tid, uint3 *bid, dim3 *bdim, dim3 *gdim, int *wsize);
+
+/* tu.c: the translation units (see there). hki_tu_begin/_function/_var/_end
+ * record a TU's registration; hki_tu_id and hki_tu_of_host name the TU of
+ * a fatbin handle or a host stub (0: none); hki_tu_hosts lists up to max
+ * live host stubs of kernel `name` with their TUs; hki_tu_stub_kernel
+ * records which host stub __cudaGetKernel gave a handle for, and
+ * hki_tu_host_of_kernel says (NULL: not seen); hki_tu_key records a
+ * launch handle of TU id; hki_tu_gone marks the TU of handle unregistered
+ * and hands back its launch handles (malloc'd, *keys); hki_tus_tell tells
+ * rt of every TU it does not know yet. */
+void hki_tu_begin(void **handle, const void *wrapper);
+void hki_tu_function(void **handle, const void *host, const char *name);
+void hki_tu_var(void **handle, const void *host, const char *name);
+void hki_tu_end(hk_runtime *rt, void **handle);
+unsigned hki_tu_id(void **handle);
+unsigned hki_tu_of_host(const void *host);
+int hki_tu_hosts(const char *name, const void **hosts, unsigned *ids, int max);
+void hki_tu_stub_kernel(const void *kernel, const void *host);
+const void *hki_tu_host_of_kernel(const void *kernel);
+void hki_tu_key(unsigned id, const void *key);
+int hki_tu_gone(hk_runtime *rt, void **handle, const void ***keys);
+void hki_tus_tell(hk_runtime *rt);
+/* Which file an address of the program's image is from: 1 with its stem
+ * ("a" for a.cu) in stem[n]. The default reads the image's ELF symbols;
+ * tests set their own (NULL: the default again). */
+typedef int (*hki_file_fn)(const void *addr, char *stem, size_t n);
+void hki_file_lookup_set(hki_file_fn fn);
+
+/* elfsym.c: in the ELF64 image buf[len], the stem of the STT_FILE symbol
+ * heading the local symbol at address addr: 1 with it in out[n], 0 when
+ * none, -1 when buf is no ELF64 image with a symbol table. hki_file_stem:
+ * a path's file name up to its first '.'. */
+#define HKI_STEM_MAX 128
+/* fatbin.c: the stem of the identifier a fatbin's entries carry (fatbinary
+ * --ident; nvcc 13 writes none): in buf[len], 1 with it in out[n], 0 when
+ * none, -1 when buf is no fatbin; hki_fatbin_wrapper_ident: the same from
+ * __cudaRegisterFatBinary's wrapper (1 or 0). */
+int hki_fatbin_ident(const unsigned char *buf, size_t len, char *out, size_t n);
+int hki_fatbin_wrapper_ident(const void *wrapper, char *out, size_t n);
+int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n);
+/* The same for n addresses at once (one pass over the symbols): the count
+ * found, out[i] "" where none; -1 as above. */
+int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, int n,
+                  char (*out)[HKI_STEM_MAX]);
+void hki_file_stem(const char *path, char *out, size_t n);
 
 /* Cooperative launches, routed as <<<>>> (route.c), and the per-function
  * settings (attrs.c): cudaFuncSetAttribute, cudaFuncSetCacheConfig and

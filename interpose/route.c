@@ -18,6 +18,19 @@
  * (hkl_use: a relaxed load and compare each), which a version is checked
  * against before its commit (loader/fit.c); a hot launch that fails anyway
  * is run by the program's own kernel in the same call (fell_back).
+ * The handles of a translation unit that is unregistered (dlclose) are
+ * taken out (a tombstone key, never reused: a slot is written once), so
+ * that a handle value reused by a later library is registered anew, never
+ * run as the unloaded kernel's hot version.
+ *
+ * Identity. A handle's kernel is registered with its translation unit
+ * (tu.c; loader/expect_tu.c decides which module reaches it): the handle's
+ * host stub's TU, or for a cudaKernel_t the TU of the stub that took it
+ * (__cudaGetKernel), else the one whose stub of that name the runtime maps
+ * to it (cudaGetKernel). A name several TUs have whose handle cannot be
+ * placed routes nothing (said once). Kernels in an anonymous namespace can
+ * never have a hot version (nvcc and NVRTC name that namespace
+ * differently): said once each, and not registered.
  *
  * The runtime. hk_interpose_attach makes launches route through the
  * program's own runtime; without one, the first launch makes one from the
@@ -83,6 +96,8 @@ typedef struct slot {
     hkl_use *use;      /* e's, or NULL: written before key */
     struct slot *next; /* overflow chains: written before the slot is linked */
 } slot;
+
+#define TOMBSTONE ((const void *)(uintptr_t)1) /* a handle taken out */
 
 static slot table[SLOTS];
 static _Atomic(slot *) overflow[OVERFLOW]; /* chains; nodes never freed */
@@ -152,14 +167,66 @@ static const slot *insert(const void *key, hkl_expect *e) {
     return s;
 }
 
+/* Takes key out of the table: its next launch registers it again. */
+static void forget(const void *key) {
+    pthread_mutex_lock(&table_lock);
+    slot *s = (slot *)find(key);
+    if (s) {
+        atomic_store_explicit(&s->e, NULL, memory_order_relaxed);
+        atomic_store_explicit(&s->key, TOMBSTONE, memory_order_release);
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* The translation unit of the program's kernel `name` launched through key
+ * (a host stub when is_func, else a cudaKernel_t): 0 when no TU names it
+ * (matched by name), -1 when several do and key is none of theirs. */
+static long tu_of_key(const void *key, int is_func, const char *name) {
+    const void *host = is_func ? key : hki_tu_host_of_kernel(key);
+    unsigned id = host ? hki_tu_of_host(host) : 0;
+    if (id)
+        return id;
+    const void *hosts[16];
+    unsigned ids[16];
+    int n = hki_tu_hosts(name, hosts, ids, 16);
+    if (n <= 1)
+        return n ? ids[0] : 0;
+    for (int i = 0; i < n; i++) {
+        cudaKernel_t ck = NULL;
+        if (is_func ? hosts[i] == key
+                    : R.get_kernel && R.get_kernel(&ck, hosts[i]) == cudaSuccess && ck == key)
+            return ids[i];
+    }
+    return -1;
+}
+
 /* The engine's entry for the program's kernel ck: its name as the driver
  * reports it, its parameter layout (the driver has no count: indices are
  * asked until it says there are no more) and, for a template instance, the
  * name expression a hot build needs. */
-static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
+static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key, int is_func,
+                                   unsigned *tu_out) {
     const char *name = NULL;
     if (!rt->drv->KernelGetName || rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
         return NULL; /* a driver without kernel names: the program's own code */
+    if (strstr(name, "_GLOBAL__N_")) {
+        hk_log(rt, HK_LOG_WARN, "interpose",
+               "the program's kernel '%s' is in an anonymous namespace: nvcc and NVRTC name that "
+               "namespace differently, so no hot build can have this name and it always runs "
+               "the program's own code (declare it `static` outside the anonymous namespace to "
+               "make it hot)",
+               name);
+        return NULL;
+    }
+    long tu = tu_of_key(key, is_func, name);
+    if (tu < 0) {
+        hk_log(rt, HK_LOG_WARN, "interpose",
+               "the program's kernel '%s' is defined in several files and this launch handle is "
+               "none of theirs that the runtime names: it runs the program's own code",
+               name);
+        return NULL;
+    }
+    *tu_out = (unsigned)tu;
     uint32_t off[256], size[256];
     hkl_param_layout l = {0, off, size};
     for (size_t i = 0; i < 256; i++) {
@@ -170,7 +237,9 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
         size[l.n++] = (uint32_t)z;
     }
     char *expr = hki_name_expression(name);
-    hkl_expect *e = hkl_expect_kernel(rt, name, expr, &l);
+    hkl_expect *e = hkl_expect_kernel(rt, name, expr, &l, (unsigned)tu);
+    if (expr && e && !hkl_expect_handle(e))
+        hkl_late_submit(rt); /* an instance its module's last build did not have */
     free(expr);
     return e;
 }
@@ -180,20 +249,27 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck) {
 static const slot *register_key(hk_runtime *rt, const void *key, int is_func) {
     cudaKernel_t ck = (cudaKernel_t)key;
     hkl_expect *e = NULL;
+    unsigned tu = 0;
+    hki_tus_tell(rt); /* TUs registered after the runtime came up (dlopen) */
     if (!is_func || (R.get_kernel && R.get_kernel(&ck, key) == cudaSuccess && ck))
-        e = register_kernel(rt, (CUkernel)ck);
+        e = register_kernel(rt, (CUkernel)ck, key, is_func, &tu);
     atomic_fetch_add(&nregistered, 1);
-    return insert(key, e);
+    const slot *s = insert(key, e);
+    if (tu)
+        hki_tu_key(tu, key);
+    return s;
 }
 
 /* ---- the runtime -------------------------------------------------------- */
 
 typedef struct var {
     const void *host; /* the program's shadow variable */
+    void **fatbin;    /* its translation unit's handle */
     char *name;
     size_t size;
-    int known;  /* told to the engine */
-    int warned; /* cudaGetSymbolAddress of its hot copy logged */
+    hkl_xglobal *g; /* the engine's entry, once told */
+    int known;      /* told to the engine */
+    int warned;     /* cudaGetSymbolAddress of its hot copy logged */
     struct var *next;
 } var;
 
@@ -205,7 +281,8 @@ static void var_tell(hk_runtime *rt, var *v) {
     void *p = NULL;
     if (v->known || !R.symbol_address || R.symbol_address(&p, v->host) != cudaSuccess || !p)
         return;
-    v->known = hkl_expect_global(rt, v->name, (uint64_t)(uintptr_t)p, v->size) == 0;
+    v->known = hkl_expect_global(rt, v->name, (uint64_t)(uintptr_t)p, v->size, hki_tu_id(v->fatbin),
+                                 &v->g) == 0;
 }
 
 static void vars_tell(hk_runtime *rt) {
@@ -238,6 +315,7 @@ int hk_interpose_attach(hk_runtime *rt) {
     pthread_mutex_lock(&attach_lock);
     int err = atomic_load(&g_rt) ? HK_ERR_BUSY : 0;
     if (!err) {
+        hki_tus_tell(rt);
         vars_tell(rt);
         pthread_once(&at_exit, unroute_at_exit);
         atomic_store_explicit(&g_rt, rt, memory_order_release);
@@ -491,6 +569,7 @@ void hki_register_var(void **fatbin, char *host_var, char *device_addr, const ch
     var *v = calloc(1, sizeof *v);
     if (v && name && (v->name = strdup(name))) {
         v->host = host_var;
+        v->fatbin = fatbin;
         v->size = size;
         pthread_mutex_lock(&vars_lock);
         v->next = vars;
@@ -499,74 +578,166 @@ void hki_register_var(void **fatbin, char *host_var, char *device_addr, const ch
     } else {
         free(v);
     }
+    hki_tu_var(fatbin, host_var, name);
     if (R.register_var)
         R.register_var(fatbin, host_var, device_addr, name, ext, size, constant, global);
 }
 
-/* The hot copy of the program's variable sym: 1 with its address and size
- * (device slot 0) and its name in *v, 0 when none runs. A variable the
- * engine has not heard of yet (registered after the runtime came up) is
- * told now. */
-static int hot_var(const void *sym, uint64_t *p, size_t *size, var **out) {
+/* ---- translation units -------------------------------------------------- */
+
+void **hki_register_fatbin(void *wrapper) {
+    void **h = R.register_fatbin ? R.register_fatbin(wrapper) : NULL;
+    hki_tu_begin(h, wrapper);
+    return h;
+}
+
+void hki_register_function(void **handle, const char *host, char *dev, const char *name, int limit,
+                           uint3 *tid, uint3 *bid, dim3 *bdim, dim3 *gdim, int *wsize) {
+    hki_tu_function(handle, host, name);
+    if (R.register_function)
+        R.register_function(handle, host, dev, name, limit, tid, bid, bdim, gdim, wsize);
+}
+
+/* nvcc's stub takes its kernel's handle once: the handle is that stub's
+ * kernel, of that stub's TU, whatever cudaGetKernel would say. */
+cudaError_t hki_stub_kernel(cudaKernel_t *k, const void *host) {
+    cudaError_t r = R.stub_kernel ? R.stub_kernel(k, host) : cudaErrorNotSupported;
+    if (r == cudaSuccess && k && *k)
+        hki_tu_stub_kernel(*k, host);
+    return r;
+}
+
+void hki_register_fatbin_end(void **handle) {
+    hki_tu_end(atomic_load_explicit(&g_rt, memory_order_acquire), handle);
+    if (R.register_fatbin_end)
+        R.register_fatbin_end(handle);
+}
+
+/* dlclose (or exit): the TU's launch handles leave the table and its
+ * variables the list, before the runtime forgets them, so that a later
+ * library's handles and shadows at the same addresses start afresh. */
+void hki_unregister_fatbin(void **handle) {
+    const void **keys = NULL;
+    int n = hki_tu_gone(atomic_load_explicit(&g_rt, memory_order_acquire), handle, &keys);
+    for (int i = 0; i < n; i++)
+        forget(keys[i]);
+    free(keys);
+    pthread_mutex_lock(&vars_lock);
+    for (var **pv = &vars; *pv;) {
+        var *v = *pv;
+        if (v->fatbin == handle && handle) {
+            *pv = v->next;
+            free(v->name);
+            free(v);
+        } else {
+            pv = &v->next;
+        }
+    }
+    pthread_mutex_unlock(&vars_lock);
+    if (R.unregister_fatbin)
+        R.unregister_fatbin(handle);
+}
+
+/* ---- the host's symbol copies -------------------------------------------- */
+
+/* Hot versions run in device 0's context (in_context): a copy the program
+ * makes on another device (cudaSetDevice(1)) is that device's, the
+ * program's own copy alone. No current context: the runtime's default,
+ * device 0. */
+static int on_device0(hk_runtime *rt) {
+    CUcontext cur = NULL;
+    if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        return 1;
+    return !cur || cur == hkl_ctx(rt, 0);
+}
+
+/* The engine's entry of the program's variable sym, or NULL. A variable
+ * the engine has not heard of yet (registered after the runtime came up) is
+ * told now. The entry lives as long as the runtime. */
+static hkl_xglobal *xglobal_of(const void *sym, hk_runtime **rtp, var **out) {
     hk_runtime *rt = atomic_load_explicit(&g_rt, memory_order_acquire);
+    *rtp = rt;
+    if (out)
+        *out = NULL;
     if (!rt)
-        return 0;
+        return NULL;
     pthread_mutex_lock(&vars_lock);
     var *v = vars;
     while (v && v->host != sym)
         v = v->next;
     if (v)
         var_tell(rt, v);
+    hkl_xglobal *g = v ? v->g : NULL;
+    if (out)
+        *out = v;
     pthread_mutex_unlock(&vars_lock);
-    *out = v;
-    return v && hkl_expect_global_hot(rt, v->name, p, size);
+    return g && on_device0(rt) ? g : NULL;
 }
 
+/* The program's copy is written as the program asked; the running hot
+ * version's copy too, inside the engine's gate (hkl_xglobal_enter), so that
+ * no swap carries the value over before the write lands, nor unloads the
+ * copy under it. */
 cudaError_t hki_to_symbol(int async, int ptsz, const void *sym, const void *src, size_t count,
                           size_t offset, enum cudaMemcpyKind kind, cudaStream_t s) {
     cudaError_t r = !async ? (ptsz ? R.to_symbol_ptds : R.to_symbol)(sym, src, count, offset, kind)
                     : ptsz ? R.to_symbol_async_ptsz(sym, src, count, offset, kind, s)
                            : R.to_symbol_async(sym, src, count, offset, kind, s);
+    hk_runtime *rt;
+    hkl_xglobal *g = r == cudaSuccess ? xglobal_of(sym, &rt, NULL) : NULL;
     uint64_t p = 0;
-    size_t size = 0;
-    var *v;
-    if (r != cudaSuccess || !hot_var(sym, &p, &size, &v) || offset + count > size)
+    hkl_tslot *in = g ? hkl_xglobal_enter(rt, g, &p) : NULL;
+    if (!in)
         return r;
-    void *dst = (void *)(uintptr_t)(p + offset);
-    return async ? R.memcpy_async(dst, src, count, kind, ptsz && !s ? cudaStreamPerThread : s)
-                 : R.memcpy(dst, src, count, kind);
+    if (offset + count <= hkl_xglobal_size(g)) {
+        void *dst = (void *)(uintptr_t)(p + offset);
+        r = async ? R.memcpy_async(dst, src, count, kind, ptsz && !s ? cudaStreamPerThread : s)
+                  : R.memcpy(dst, src, count, kind);
+    }
+    hkl_xglobal_exit(in);
+    return r;
 }
 
 cudaError_t hki_from_symbol(int async, int ptsz, void *dst, const void *sym, size_t count,
                             size_t offset, enum cudaMemcpyKind kind, cudaStream_t s) {
+    hk_runtime *rt;
+    hkl_xglobal *g = xglobal_of(sym, &rt, NULL);
     uint64_t p = 0;
-    size_t size = 0;
-    var *v;
-    if (hot_var(sym, &p, &size, &v) && offset + count <= size) {
+    hkl_tslot *in = g ? hkl_xglobal_enter(rt, g, &p) : NULL;
+    if (in && offset + count <= hkl_xglobal_size(g)) {
         const void *from = (const void *)(uintptr_t)(p + offset);
-        return async ? R.memcpy_async(dst, from, count, kind, ptsz && !s ? cudaStreamPerThread : s)
-                     : R.memcpy(dst, from, count, kind);
+        cudaError_t r =
+            async ? R.memcpy_async(dst, from, count, kind, ptsz && !s ? cudaStreamPerThread : s)
+                  : R.memcpy(dst, from, count, kind);
+        hkl_xglobal_exit(in);
+        return r;
     }
+    hkl_xglobal_exit(in);
     return !async ? (ptsz ? R.from_symbol_ptds : R.from_symbol)(dst, sym, count, offset, kind)
            : ptsz ? R.from_symbol_async_ptsz(dst, sym, count, offset, kind, s)
                   : R.from_symbol_async(dst, sym, count, offset, kind, s);
 }
 
 cudaError_t hki_symbol_address(void **out, const void *sym) {
-    uint64_t p = 0;
-    size_t size = 0;
+    hk_runtime *rt;
     var *v;
-    if (!out || !hot_var(sym, &p, &size, &v))
+    hkl_xglobal *g = out ? xglobal_of(sym, &rt, &v) : NULL;
+    uint64_t p = 0;
+    hkl_tslot *in = g ? hkl_xglobal_enter(rt, g, &p) : NULL;
+    if (!in)
         return R.symbol_address(out, sym);
+    hkl_xglobal_exit(in);
     *out = (void *)(uintptr_t)p;
     pthread_mutex_lock(&vars_lock);
-    int first = !v->warned;
-    v->warned = 1;
+    int first = v && !v->warned;
+    if (v)
+        v->warned = 1;
+    const char *name = first ? v->name : NULL;
     pthread_mutex_unlock(&vars_lock);
     if (first)
-        hk_log(atomic_load(&g_rt), HK_LOG_WARN, "interpose",
+        hk_log(rt, HK_LOG_WARN, "interpose",
                "cudaGetSymbolAddress('%s') gives the running hot version's copy: the address is "
                "valid until the next swap of its module (cudaMemcpyToSymbol follows swaps)",
-               v->name);
+               name);
     return cudaSuccess;
 }

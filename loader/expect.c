@@ -16,16 +16,22 @@
  * commit such a version owns the kernel; a same-named kernel in another
  * module is ignored, and said so once.
  *
- * A global is expected by its name, with the address and size of the
- * program's own copy. The first version of a module that has a global of
- * that name takes the program's current value (later versions carry it over
- * as any global); hkl_expect_global_hot gives the address of the copy the
- * running version uses, for the host's writes and reads.
+ * The program's globals: expect_global.c.
  *
  * Template kernels: the program launches an instantiation (scale<float>),
  * which a hot build compiles only when it is named. A kernel expected with a
  * name expression gets that expression added to the builds of CUDA C that
- * declare a __global__ template of that name (hkl_expect_exprs).
+ * declare a __global__ template of that name (hkl_expect_exprs). An
+ * instance first launched after its module's source was built (blur<3>
+ * while the build for blur<2> ran, or after it committed) is late: the
+ * module's last committed CUDA C source, kept for this (hkl_expect_keep),
+ * is built again once with the new expression (hkl_expect_take_late, which
+ * the worker submits), so the instance follows without a new save.
+ *
+ * Identity: a kernel or global is registered with the translation unit the
+ * program registered it from, and a module reaches it only when
+ * hkl_tu_owns says the module is that file's (expect_tu.c): nvcc gives
+ * file-local kernels and variables the same names in every file.
  *
  * Locks: expect_lock (runtime) is a leaf that covers the lists and each
  * entry's mutable fields; the adoption and the binding run under swap_lock
@@ -47,6 +53,8 @@ struct hkl_expect {
     char *expr; /* name expression that instantiates it, or NULL */
     char *base; /* expr's template name (scale for scale<float>), or NULL */
     hkl_param_layout layout;
+    unsigned tu;                   /* immutable: the translation unit it was registered from
+                                    * (0: unknown) */
     _Atomic(hk_kernel *) k;        /* the handle launches go to: swap_lock or expect_lock
                                     * to write (NULL again after a fallback), read
                                     * without a lock */
@@ -61,14 +69,33 @@ struct hkl_expect {
     hkl_expect *next;              /* expect_lock */
 };
 
-typedef struct hkl_xglobal {
-    /* immutable */
-    char *name;
-    uint64_t orig; /* the program's copy, device slot 0 */
-    size_t size;
-    hkl_module *mod;          /* expect_lock: the module whose versions hold it */
-    struct hkl_xglobal *next; /* expect_lock */
-} hkl_xglobal;
+/* A module's last committed CUDA C source and what its build needs again. */
+typedef struct hkl_kept_src {
+    char module[HKL_NAME_MAX];
+    char *src;
+    size_t len;
+    char **opts; /* its NVRTC options */
+    int nopts;
+    char **exprs; /* its name expressions */
+    int nexprs;
+    char *source_name;
+    hk_header *headers; /* one allocation (hku_headers_dup) */
+    int nheaders;
+    uint64_t seq; /* its job's submission number: a later save wins */
+    int late;     /* a program's template instance it declares is not in it */
+    struct hkl_kept_src *next;
+} hkl_kept_src;
+
+static void kept_free(hkl_kept_src *k) {
+    if (!k)
+        return;
+    free(k->src);
+    hku_strv_free(k->opts, k->nopts);
+    hku_strv_free(k->exprs, k->nexprs);
+    free(k->source_name);
+    free(k->headers);
+    free(k);
+}
 
 hk_kernel *hkl_expect_handle(const hkl_expect *e) {
     return atomic_load_explicit(&((hkl_expect *)e)->k, memory_order_acquire);
@@ -140,9 +167,9 @@ static char *expr_base(const char *expr) {
     return strndup(start, (size_t)(end - start));
 }
 
-static hkl_expect *find_kernel(hk_runtime *rt, const char *name) {
+static hkl_expect *find_kernel(hk_runtime *rt, const char *name, unsigned tu) {
     for (hkl_expect *e = rt->expects; e; e = e->next)
-        if (!strcmp(e->name, name))
+        if (e->tu == tu && !strcmp(e->name, name))
             return e;
     return NULL;
 }
@@ -209,6 +236,11 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
         const hkp_entry *en = v ? entry_of(v, e->name) : NULL;
         if (!en)
             continue;
+        pthread_mutex_lock(&rt->expect_lock);
+        int mine = hkl_tu_owns(rt, e->tu, "kernel", e->name, m, v);
+        pthread_mutex_unlock(&rt->expect_lock);
+        if (!mine)
+            continue;
         hk_kernel *k = handle_in(m, e->name);
         char diff[200];
         if (k) {
@@ -263,16 +295,39 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
     }
 }
 
+static int declares_template(const char *src, size_t len, const char *base);
+
+/* A template instance with no hot version yet: the kept sources that
+ * declare its template are to be built again with its expression.
+ * expect_lock held. */
+static void mark_late(hk_runtime *rt, hkl_expect *e) {
+    if (!e->base || atomic_load(&e->k))
+        return;
+    for (hkl_kept_src *k = rt->kept; k; k = k->next)
+        if (declares_template(k->src, k->len, e->base))
+            k->late = 1;
+}
+
+/* 1 when the job's build was given expr already: building it again for
+ * expr would give the same version (and could go on for ever). */
+static int job_had(const hkl_job *j, const char *expr) {
+    for (int i = 0; i < j->opt.nname_expressions; i++)
+        if (j->opt.name_expressions[i] && !strcmp(j->opt.name_expressions[i], expr))
+            return 1;
+    return 0;
+}
+
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout) {
+                              const hkl_param_layout *layout, unsigned tu) {
     if (!rt || !name || !*name || !layout || hkl_swap_held(rt))
         return NULL;
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
     pthread_mutex_lock(&rt->expect_lock);
-    hkl_expect *e = find_kernel(rt, name);
+    hkl_expect *e = find_kernel(rt, name, tu);
     pthread_mutex_unlock(&rt->expect_lock);
     if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+        e->tu = tu;
         e->name = strdup(name);
         e->expr = expr ? strdup(expr) : NULL;
         e->base = expr ? expr_base(expr) : NULL;
@@ -295,6 +350,7 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
             e->next = rt->expects;
             rt->expects = e;
             atomic_fetch_add(&rt->nexpects, 1);
+            mark_late(rt, e);
             pthread_mutex_unlock(&rt->expect_lock);
         }
     }
@@ -303,44 +359,109 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
     return e;
 }
 
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size) {
-    if (!rt || !name || !*name || !orig || !size)
-        return HK_ERR_INVALID;
-    hkl_xglobal *g = calloc(1, sizeof *g);
-    if (!g || !(g->name = strdup(name))) {
-        free(g);
-        return HK_ERR_NOMEM;
-    }
-    g->orig = orig;
-    g->size = size;
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_xglobal *o = rt->xglobals; o; o = o->next)
-        if (!strcmp(o->name, name)) {
-            pthread_mutex_unlock(&rt->expect_lock);
-            free(g->name);
-            free(g);
-            return 0; /* the first registration stands */
+void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, const hkl_version *v) {
+    if (!atomic_load(&rt->nexpects))
+        return;
+    hk_format fmt = j->opt.format;
+    char why[64];
+    if (fmt == HK_FORMAT_AUTO && hkp_detect(j->data, j->size, &fmt, why, sizeof why) < 0)
+        fmt = HK_FORMAT_AUTO;
+    hkl_kept_src *k = NULL;
+    if (fmt == HK_FORMAT_CUDA_C && (k = calloc(1, sizeof *k)) != NULL) {
+        snprintf(k->module, sizeof k->module, "%s", m->name);
+        k->seq = j->seq;
+        int n = j->opt.nnvrtc_options > 0 ? j->opt.nnvrtc_options : 0;
+        int ne = j->opt.nname_expressions > 0 ? j->opt.nname_expressions : 0;
+        int nh = j->opt.nheaders > 0 ? j->opt.nheaders : 0;
+        int ok = (k->src = malloc(j->size + 1)) != NULL;
+        if (ok) {
+            memcpy(k->src, j->data, j->size);
+            k->src[j->size] = '\0';
+            k->len = j->size;
         }
-    g->next = rt->xglobals;
-    rt->xglobals = g;
-    atomic_fetch_add(&rt->nexpects, 1);
+        ok = ok && (!n || (k->opts = hku_strv_dup(j->opt.nvrtc_options, n)));
+        k->nopts = k->opts ? n : 0;
+        ok = ok && (!ne || (k->exprs = hku_strv_dup(j->opt.name_expressions, ne)));
+        k->nexprs = k->exprs ? ne : 0;
+        ok = ok && (!j->opt.source_name || (k->source_name = strdup(j->opt.source_name)));
+        ok = ok && hku_headers_dup(j->opt.headers, nh, &k->headers) == 0;
+        k->nheaders = k->headers ? nh : 0;
+        if (!ok) {
+            kept_free(k);
+            k = NULL;
+        }
+    }
+    pthread_mutex_lock(&rt->expect_lock);
+    for (hkl_kept_src **pk = &rt->kept; *pk; pk = &(*pk)->next)
+        if (!strcmp((*pk)->module, m->name)) {
+            hkl_kept_src *old = *pk;
+            *pk = old->next;
+            kept_free(old);
+            break;
+        }
+    if (k) {
+        /* Instances registered while this source was built. */
+        for (hkl_expect *e = rt->expects; e; e = e->next)
+            if (e->base && !entry_of(v, e->name) && !job_had(j, e->expr) &&
+                declares_template(k->src, k->len, e->base))
+                k->late = 1;
+        k->next = rt->kept;
+        rt->kept = k;
+    }
     pthread_mutex_unlock(&rt->expect_lock);
-    return 0;
 }
 
-int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size) {
-    pthread_mutex_lock(&rt->expect_lock);
-    hkl_xglobal *g = rt->xglobals;
-    while (g && strcmp(g->name, name))
-        g = g->next;
-    hkl_module *m = g ? g->mod : NULL;
-    pthread_mutex_unlock(&rt->expect_lock);
-    if (!m)
+int hkl_expect_take_late(hk_runtime *rt, hkl_late *out) {
+    memset(out, 0, sizeof *out);
+    if (!atomic_load(&rt->nexpects))
         return 0;
-    return hk_module_global(rt, m->name, name, 0, dptr, size) == 0;
+    pthread_mutex_lock(&rt->expect_lock);
+    hkl_kept_src *k = rt->kept;
+    while (k && !k->late)
+        k = k->next;
+    int ok = 0;
+    if (k) {
+        k->late = 0;
+        snprintf(out->module, sizeof out->module, "%s", k->module);
+        out->seq = k->seq;
+        ok = (out->src = malloc(k->len + 1)) != NULL;
+        if (ok) {
+            memcpy(out->src, k->src, k->len + 1);
+            out->len = k->len;
+        }
+        ok =
+            ok && (!k->nopts || (out->opts = hku_strv_dup((const char *const *)k->opts, k->nopts)));
+        out->nopts = out->opts ? k->nopts : 0;
+        ok = ok &&
+             (!k->nexprs || (out->exprs = hku_strv_dup((const char *const *)k->exprs, k->nexprs)));
+        out->nexprs = out->exprs ? k->nexprs : 0;
+        ok = ok && (!k->source_name || (out->source_name = strdup(k->source_name)));
+        ok = ok && hku_headers_dup(k->headers, k->nheaders, &out->headers) == 0;
+        out->nheaders = out->headers ? k->nheaders : 0;
+    }
+    pthread_mutex_unlock(&rt->expect_lock);
+    if (k && !ok) {
+        hkl_late_free(out);
+        return HK_ERR_NOMEM;
+    }
+    return k != NULL;
+}
+
+void hkl_late_free(hkl_late *l) {
+    free(l->src);
+    hku_strv_free(l->opts, l->nopts);
+    hku_strv_free(l->exprs, l->nexprs);
+    free(l->source_name);
+    free(l->headers);
+    memset(l, 0, sizeof *l);
 }
 
 void hkl_expect_free(hk_runtime *rt) {
+    while (rt->kept) {
+        hkl_kept_src *k = rt->kept;
+        rt->kept = k->next;
+        kept_free(k);
+    }
     while (rt->expects) {
         hkl_expect *e = rt->expects;
         rt->expects = e->next;
@@ -350,12 +471,8 @@ void hkl_expect_free(hk_runtime *rt) {
         hkl_layout_free(&e->layout);
         free(e);
     }
-    while (rt->xglobals) {
-        hkl_xglobal *g = rt->xglobals;
-        rt->xglobals = g->next;
-        free(g->name);
-        free(g);
-    }
+    hkl_expect_tu_free(rt);
+    hkl_expect_global_free(rt);
 }
 
 /* ---- builds ------------------------------------------------------------- */
@@ -451,6 +568,8 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
         if (!entry_of(v, e->name))
             continue;
         const hkl_module *own = owner(e);
+        if (!own && !hkl_tu_owns(rt, e->tu, "kernel", e->name, m, v))
+            continue; /* another file's, or it cannot be told */
         if (own && own != m) {
             if (!e->warned) {
                 e->warned = 1;
@@ -612,58 +731,4 @@ void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what
              cu ? r.cu_name : "", prog_text, n);
     hkl_emit(rt, HK_EVENT_FALLBACK, m ? m->name : NULL, number, 0, "launch", &r);
     hk_report_clear(&r);
-}
-
-int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
-    if (!atomic_load(&rt->nexpects) || !v->art.meta.nglobals)
-        return 0;
-    const hkb_driver *d = rt->drv;
-    char skipped[256] = "";
-    int err = 0;
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next) {
-        int in = 0;
-        for (int i = 0; i < v->art.meta.nglobals && !in; i++)
-            in = !strcmp(v->art.meta.globals[i].name, g->name);
-        if (!in || (g->mod && g->mod != m))
-            continue;
-        int bind = !g->mod;
-        if (first || bind) {
-            /* The program's value goes into the module's first version. */
-            CUdeviceptr p = 0;
-            size_t size = 0;
-            CUresult r = v->lib ? d->LibraryGetGlobal(&p, &size, v->lib, g->name)
-                                : d->ModuleGetGlobal(&p, &size, v->cumod[0], g->name);
-            if (r == CUDA_SUCCESS && size != g->size) {
-                size_t n = strlen(skipped);
-                snprintf(skipped + n, sizeof skipped - n,
-                         "%s%s (the program's %zu bytes, %zu here)", n ? ", " : "", g->name,
-                         g->size, size);
-                continue; /* not bound: the host's writes stay the program's */
-            }
-            CUstream *cs = &rt->dev[0].copy_stream;
-            if (r == CUDA_SUCCESS && !*cs)
-                r = d->StreamCreate(cs, CU_STREAM_NON_BLOCKING);
-            if (r == CUDA_SUCCESS)
-                r = d->MemcpyDtoDAsync(p, (CUdeviceptr)g->orig, size, *cs);
-            if (r == CUDA_SUCCESS)
-                r = d->StreamSynchronize(*cs);
-            if (r != CUDA_SUCCESS) {
-                hkl_report_cu(rep, rt, r, "copying the program's global to the new version");
-                size_t n = strlen(rep ? rep->message : "");
-                if (rep)
-                    snprintf(rep->message + n, sizeof rep->message - n, " ('%s')", g->name);
-                err = HK_ERR_CUDA;
-                break;
-            }
-        }
-        if (bind)
-            g->mod = m;
-    }
-    pthread_mutex_unlock(&rt->expect_lock);
-    if (skipped[0])
-        hk_log(rt, HK_LOG_WARN, "engine",
-               "'%s' v%llu: the program's globals not taken over (their size differs): %s", m->name,
-               (unsigned long long)v->number, skipped);
-    return err;
 }

@@ -448,10 +448,13 @@ struct hk_runtime {
 
     hkl_lkg *lkg; /* immutable after create: last known good (lkg.c, lkgdisk.c; lkg_lock) */
 
-    pthread_mutex_t expect_lock;  /* a leaf: the program's kernels and globals (expect.c) */
-    hkl_expect *expects;          /* expect_lock */
-    struct hkl_xglobal *xglobals; /* expect_lock */
-    _Atomic int nexpects;         /* entries of both lists: 0 costs swaps nothing */
+    pthread_mutex_t expect_lock;     /* a leaf: the program's kernels and globals (expect.c) */
+    hkl_expect *expects;             /* expect_lock */
+    struct hkl_xglobal *xglobals;    /* expect_lock */
+    _Atomic int nexpects;            /* entries of both lists: 0 costs swaps nothing */
+    struct hkl_tu *tus;              /* expect_lock: the program's translation units */
+    struct hkl_tu_warned *tu_warned; /* expect_lock: names said to be ambiguous */
+    struct hkl_kept_src *kept;       /* expect_lock: modules' last CUDA C sources */
 };
 
 /* ==== the floors of loader/, lowest first: each file calls only the
@@ -709,13 +712,15 @@ void hkl_graphs_free(hk_runtime *rt);
  * interposition). See the top of expect.c.
  * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
  *   or mangled), the layout its call sites pass and the name expression that
- *   instantiates it in a hot build (NULL: none needed), and binds it at once
+ *   instantiates it in a hot build (NULL: none needed), the translation unit
+ *   it was registered from (0: unknown; expect_tu.c), and binds it at once
  *   to a committed version that has it; returns the entry (valid until
  *   destroy; the same for the same name) or NULL. Takes swap_lock.
  * - hkl_expect_handle: the handle the program's launches of it go to, or
  *   NULL while no hot version has it. No lock: one acquire load.
- * - hkl_expect_global registers the program's global `name` (its copy at
- *   orig, device slot 0, size bytes); hkl_expect_global_hot gives the copy
+ * - hkl_expect_global registers the program's global `name` of TU tu (its copy at
+ *   orig, device slot 0, size bytes; *out: its entry) and binds it to a version
+ *   committed already; hkl_expect_global_hot gives the copy
  *   the running version uses (1 with *dptr and *size set, 0 when none has it).
  * - hkl_expect_exprs: the name expressions to add to a build of src (a
  *   malloc'd vector of *n strings). No engine lock held.
@@ -735,10 +740,12 @@ typedef struct hkl_adopted {
     hkl_adopt_one *one; /* malloc'd: no bound on a module's kernels */
 } hkl_adopted;
 hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout);
+                              const hkl_param_layout *layout, unsigned tu);
 hk_kernel *hkl_expect_handle(const hkl_expect *e);
 const char *hkl_expect_name(const hkl_expect *e);
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size);
+typedef struct hkl_xglobal hkl_xglobal;
+int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size, unsigned tu,
+                      hkl_xglobal **out);
 int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
 int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
 int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
@@ -817,5 +824,7 @@ void hkl_worker_drain(hk_runtime *rt);
  * over, a fake one (dl NULL, the tests') stays the caller's. */
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep);
+
+#include "loader/expect.h" /* the program's translation units, symbol copies, late builds */
 
 #endif /* HK_LOADER_H */

@@ -330,6 +330,7 @@ static int commit(swap_txn *t) {
     publish(t);
     txn_gate_open(t);
     hkl_expect_publish(rt, t->m, t->v, &t->adopted);
+    hkl_expect_keep(rt, t->m, t->job, t->v);
     if (t->old) {
         /* A program that stages at safe points wants no driver work outside
          * them: the old code is unloaded at a later safe point too; with

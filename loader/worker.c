@@ -280,6 +280,7 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
     }
     hkl_job_free(j);
     hk_report_clear(&local);
+    hkl_late_submit(rt);
     return err;
 }
 
@@ -362,6 +363,7 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
         hk_report_clear(&rep);
         hkl_job_free(j);
     }
+    hkl_late_submit(rt);
 }
 
 /* Waits until there is a job to build or the worker is told to stop,
@@ -502,6 +504,7 @@ static void *worker_main(void *arg) {
         } else {
             pthread_mutex_unlock(&rt->work_lock);
             hkl_job_free(j);
+            hkl_late_submit(rt);
             pthread_mutex_lock(&rt->work_lock);
         }
         rt->busy--;
@@ -565,8 +568,9 @@ void hkl_worker_drain(hk_runtime *rt) {
 
 /* Queues a job for the worker; a latest one first moves the queued latest
  * jobs of its module, which it supersedes, to the dropped list. */
-static int submit(hk_runtime *rt, const char *name, const void *image, size_t size,
-                  const hk_swap_options *opt, int latest) {
+/* seq 0: a new submission number. */
+static int submit_seq(hk_runtime *rt, const char *name, const void *image, size_t size,
+                      const hk_swap_options *opt, int latest, uint64_t seq) {
     if (!rt)
         return HK_ERR_INVALID;
     hkl_job *j;
@@ -582,7 +586,7 @@ static int submit(hk_runtime *rt, const char *name, const void *image, size_t si
         return HK_ERR_CLOSED;
     }
     /* Taken under work_lock: the queue is in submission order. */
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->seq = seq ? seq : atomic_fetch_add(&rt->job_seq, 1) + 1;
     if (latest) {
         hkl_job **drop_tail = &rt->dropped;
         while (*drop_tail)
@@ -609,6 +613,35 @@ static int submit(hk_runtime *rt, const char *name, const void *image, size_t si
     pthread_cond_signal(&rt->work_cond);
     pthread_mutex_unlock(&rt->work_lock);
     return 0;
+}
+
+static int submit(hk_runtime *rt, const char *name, const void *image, size_t size,
+                  const hk_swap_options *opt, int latest) {
+    return submit_seq(rt, name, image, size, opt, latest, 0);
+}
+
+void hkl_late_submit(hk_runtime *rt) {
+    hkl_late l;
+    while (rt && hkl_expect_take_late(rt, &l) == 1) {
+        hk_swap_options o;
+        hk_swap_options_init(&o);
+        o.format = HK_FORMAT_CUDA_C;
+        o.nvrtc_options = (const char *const *)l.opts;
+        o.nnvrtc_options = l.nopts;
+        o.name_expressions = (const char *const *)l.exprs;
+        o.nname_expressions = l.nexprs;
+        o.source_name = l.source_name;
+        o.headers = l.headers;
+        o.nheaders = l.nheaders;
+        o.origin = "template instance";
+        int err = submit_seq(rt, l.module, l.src, l.len, &o, 0, l.seq);
+        hk_log(rt, err < 0 ? HK_LOG_WARN : HK_LOG_INFO, "engine",
+               "module '%s' %s again for the program's template instances first launched after "
+               "its build%s%s",
+               l.module, err < 0 ? "not built" : "built", err < 0 ? ": " : "",
+               err < 0 ? hk_strerror(err) : "");
+        hkl_late_free(&l);
+    }
 }
 
 int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,

@@ -48,6 +48,8 @@ LOADER_ORDER = [
     ["lkg.c"],  # last known good: records, quarantine, sticky errors
     ["metrics.c"],  # hk_stats_get, swap counters, the metrics text
     ["launch.c", "graph.c"],  # launches and pins; graphs
+    ["expect_tu.c"],  # which file a program's kernel or variable belongs to
+    ["expect_global.c"],  # the program's globals and the host's symbol copies
     ["expect.c"],  # the program's kernels and globals
     ["fit.c"],  # whether a version takes the program's launch configurations
     ["canary.c"],  # the canary step between build and stage

@@ -567,18 +567,21 @@ END_TEST
 
 START_TEST(preload_exports_runtime_entry_points_and_hk_only) {
     ck_assert_msg(dest[0], "make install failed");
-    ck_assert_int_eq(sh("nm -D --defined-only '%s/libhotkern-preload.so' | awk '{print $3}' "
-                        "| grep -Ev '^(hk_|__cudaLaunchKernel|__cudaRegisterVar|cuda(LaunchKernel|"
-                        "MemcpyToSymbol|MemcpyFromSymbol|GetSymbolAddress|"
-                        "LaunchCooperativeKernel|FuncSetAttribute|FuncSetCacheConfig|"
-                        "KernelSetAttributeForDevice|FuncGetAttributes|"
-                        "OccupancyMaxActiveBlocksPerMultiprocessor|"
-                        /* automatic safe points (interpose/sync.c) */
-                        "DeviceSynchronize$|Stream(Synchronize|Query)(_ptsz)?$|StreamDestroy$|"
-                        "Event(Synchronize|Query)$|Memcpy(_ptds)?$))' | grep . && exit 1 || "
-                        "exit 0",
-                        lib),
-                     0);
+    ck_assert_int_eq(
+        sh("nm -D --defined-only '%s/libhotkern-preload.so' | awk '{print $3}' "
+           "| grep -Ev "
+           "'^(hk_|__cudaLaunchKernel|__cudaRegister(Var|FatBinary|FatBinaryEnd|Function)$|"
+           "__cudaUnregisterFatBinary|__cudaGetKernel|cuda(LaunchKernel|"
+           "MemcpyToSymbol|MemcpyFromSymbol|GetSymbolAddress|"
+           "LaunchCooperativeKernel|FuncSetAttribute|FuncSetCacheConfig|"
+           "KernelSetAttributeForDevice|FuncGetAttributes|"
+           "OccupancyMaxActiveBlocksPerMultiprocessor|"
+           /* automatic safe points (interpose/sync.c) */
+           "DeviceSynchronize$|Stream(Synchronize|Query)(_ptsz)?$|StreamDestroy$|"
+           "Event(Synchronize|Query)$|Memcpy(_ptds)?$))' | grep . && exit 1 || "
+           "exit 0",
+           lib),
+        0);
     ck_assert_int_eq(sh("nm -D --defined-only '%s/libhotkern-preload.so' | "
                         "grep -q ' __cudaLaunchKernel$'",
                         lib),

@@ -60,6 +60,20 @@
  * occupancy are the build's own; the runtime's cudaOccupancyMaxPotential
  * BlockSize templates use these two), as of the call: a swap may change it.
  *
+ * Files: nvcc gives file-local kernels and variables (static __global__,
+ * static __device__) the same names in every file, so a kernel or variable
+ * is matched by the file it was compiled from as well as by its name. A
+ * module named after a file (a watched a.cu is module "a") reaches that
+ * file's kernels and variables alone; a module no file is named after
+ * (hk_swap(rt, "sim", ...)) reaches a name only one file has, and where
+ * several files have it, the one file whose kernels and variables are
+ * exactly the version's. A name that cannot be placed runs the program's own code
+ * in every file, said once in the log with the files. The file is learnt
+ * from the image's ELF symbol table (a stripped image: not known). A kernel
+ * in an anonymous namespace can never be hot (nvcc and NVRTC name that
+ * namespace differently): said once. A template instance first launched
+ * after its module's source was built has that source built again with it.
+ *
  * Configuration, read at the first launch unless the program attached a
  * runtime of its own (hk_interpose_attach):
  *   HOTKERN_WATCH           directories to watch, ':'-separated
@@ -105,7 +119,8 @@
  * without the interposition.
  *
  * Limits: hot launches run in device 0's primary context (a launch from
- * another context is the program's own); a sticky error of a hot launch (a
+ * another context is the program's own, and so are the symbol copies made
+ * with another device current); a sticky error of a hot launch (a
  * kernel faulted: every later call fails with it) is returned by the launch
  * call, not run again by the program's kernel; any other failure of a hot
  * launch is the program's kernel's to report, through its own runtime (so
@@ -117,7 +132,7 @@
  * swap against what it launched. cudaFuncSetSharedMemConfig is not followed:
  * it has no effect on the devices CUDA 13 supports (their bank size is
  * fixed). A cudaMemcpyToSymbolAsync racing a swap of its module may land in
- * the outgoing version.
+ * the outgoing version (a synchronous copy never does: a swap waits for it).
  */
 #ifndef HOTKERN_INTERPOSE_H
 #define HOTKERN_INTERPOSE_H
