@@ -479,8 +479,14 @@ static int run_pull(hkc_out *o, const hk_pull_options *opt, hkn_pull_resolved *r
     report_stats(o, p);
     if (!err)
         hk_report_clear(&rep);
+    else if (!o->json && !pa->quiet) {
+        /* The last poll's error was printed as it came: once is enough. */
+        rc = 1;
+        goto done;
+    }
 out:
     rc = rep.error ? hkc_fail_report(o, &rep) : 0;
+done:
     hkn_pull_destroy(p);
     hk_report_clear(&rep);
     return rc;

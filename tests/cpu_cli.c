@@ -164,6 +164,35 @@ START_TEST(usage_and_bad_input) {
 }
 END_TEST
 
+/* Occurrences of needle in hay. */
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* A poll's error is printed once, as it happens: not again as the
+ * command's failure at the end. */
+START_TEST(pull_error_printed_once) {
+    ck_assert_int_eq(hotkern("keygen --out keys"), 0);
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--once"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 1, "%s", out);
+    ck_assert_msg(strstr(out, "errors 1"), "%s", out);
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--count 2 --interval-ms 10"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 2, "%s", out); /* one a poll */
+    /* --quiet leaves the polls' errors out; the failure is still said once. */
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--count 2 --interval-ms 10 --quiet"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 1, "%s", out);
+}
+END_TEST
+
 /* ---- --json -------------------------------------------------------------- */
 
 static size_t slurp(const char *path, char *buf, size_t cap) {
@@ -531,6 +560,7 @@ int main(void) {
     tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
     tcase_add_test(tc, templates_without_instantiation);
     tcase_add_test(tc, reuse_or_not_same_output);
+    tcase_add_test(tc, pull_error_printed_once);
     suite_add_tcase(s, tc);
     TCase *js = tcase_create("json");
     tcase_add_checked_fixture(js, setup, teardown);
