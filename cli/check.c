@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <nvrtc.h>
 
 #include "cli/cli.h"
 #include "util/util.h"
@@ -34,7 +35,8 @@ static const char check_help[] =
     "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
     "its content) for one GPU architecture, as hotkern would before a swap.\n"
     "\n"
-    "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
+    "  --arch sm_XY   target architecture (default sm_90; '90' also works), one this\n"
+    "                 NVRTC compiles for: another is a usage error that lists them\n"
     "  -I DIR         add DIR to the include path of CUDA C files\n"
     "  -D NAME[=VAL]  define a macro for CUDA C files\n"
     "  --name-expression EXPR\n"
@@ -65,6 +67,41 @@ static int parse_arch(const char *s, hk_check_options *o) {
     o->arch = (int)v;
     o->arch_specific = *end == 'a' && end[1] == '\0';
     return *end && !o->arch_specific ? -1 : 0;
+}
+
+/* The architectures this NVRTC compiles for, as "sm_75, sm_80, ..." in buf;
+ * 0, or -1 when NVRTC cannot say (then any architecture is let through, and
+ * the build says what it thinks). */
+static int supported_archs(int *v, int max, int *n, char *buf, size_t cap) {
+    int num = 0;
+    size_t used = 0;
+    if (nvrtcGetNumSupportedArchs(&num) != NVRTC_SUCCESS || num <= 0 || num > max ||
+        nvrtcGetSupportedArchs(v) != NVRTC_SUCCESS)
+        return -1;
+    buf[0] = '\0';
+    for (int i = 0; i < num && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%ssm_%d", i ? ", " : "", v[i]);
+    *n = num;
+    return 0;
+}
+
+/* --arch as given, checked against what NVRTC supports: 0, or a usage error
+ * (2) that lists the architectures. */
+static int take_arch(hkc_out *o, const char *arch_s, hk_check_options *opt) {
+    int v[128], n = 0, known = 0;
+    char list[1024];
+    int have = supported_archs(v, (int)(sizeof v / sizeof v[0]), &n, list, sizeof list) == 0;
+    int parsed = parse_arch(arch_s, opt) == 0;
+    for (int i = 0; parsed && have && i < n; i++)
+        known |= v[i] == opt->arch;
+    if (parsed && (known || !have))
+        return 0;
+    if (!have)
+        return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
+    return hkc_usage(o,
+                     "unknown --arch '%s': this NVRTC compiles for %s (each also as XY or "
+                     "compute_XY, and sm_XYa where the architecture has one)",
+                     arch_s, list);
 }
 
 /* As the PTX lexer's (ptx/ptx.h): C identifiers, and '$' and '%'. */
@@ -476,8 +513,8 @@ static int check_files(hkc_out *o, const char *arch_s, int ptx_only, int no_reus
     char buf[16];
     hk_check_options_init(&ck.opt);
     ck.opt.arch = 90;
-    if (arch_s && parse_arch(arch_s, &ck.opt) < 0)
-        return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
+    if (arch_s && take_arch(o, arch_s, &ck.opt))
+        return 2;
     if (nfiles == 0)
         return hkc_usage(o, "no input files");
     char **opts = nvrtc_options(inc, def);

@@ -164,6 +164,22 @@ START_TEST(usage_and_bad_input) {
 }
 END_TEST
 
+/* An architecture NVRTC does not know is a usage error (exit 2) that lists
+ * the ones it does, not a failure of the file. */
+START_TEST(unknown_arch_is_usage) {
+    ck_assert_int_eq(hotkern("check --arch sm_999 ok.cu"), 2);
+    ck_assert_msg(!strstr(out, "ok.cu"), "%s", out);
+    ck_assert_msg(strstr(out, "unknown --arch 'sm_999'") && strstr(out, "sm_90") &&
+                      strstr(out, "--help"),
+                  "%s", out);
+    ck_assert_int_eq(hotkern("check --arch sm_x ok.cu"), 2);
+    ck_assert_msg(strstr(out, "sm_90"), "%s", out);
+    ck_assert_int_eq(hotkern("check --arch 90 ok.cu"), 0);
+    ck_assert_int_eq(hotkern("check --arch compute_80 ok.cu"), 0);
+    ck_assert_int_eq(hotkern("check --arch sm_90a ok.cu"), 0);
+}
+END_TEST
+
 /* Occurrences of needle in hay. */
 static int count_of(const char *hay, const char *needle) {
     int n = 0;
@@ -316,6 +332,10 @@ START_TEST(check_json) {
     ck_assert_ptr_nonnull(strstr(str(doc, "message"), "--bogus"));
     ck_assert_int_eq(hotkern_json("check", ""), 2);
     ck_assert_int_eq(hotkern_json("check", "--arch sm_x ok.cu"), 2);
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_999 ok.cu"), 2);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_INVALID");
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "sm_90"));
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(doc, "files"));
     /* --help stays text. */
     ck_assert_int_eq(hotkern("check --json --help"), 0);
     ck_assert_msg(strstr(out, "usage: hotkern check") && !strchr(out, '{'), "%s", out);
@@ -557,6 +577,7 @@ int main(void) {
     tcase_add_test(tc, compile_error_like_a_compiler);
     tcase_add_test(tc, defines_and_include_paths);
     tcase_add_test(tc, usage_and_bad_input);
+    tcase_add_test(tc, unknown_arch_is_usage);
     tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
     tcase_add_test(tc, templates_without_instantiation);
     tcase_add_test(tc, reuse_or_not_same_output);
