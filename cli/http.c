@@ -135,18 +135,37 @@ static int answer_error(hkc_out *o, const hkc_resp *r, const cJSON *a) {
                     msg);
 }
 
+/* The release an answer is about: the endpoint's "release_version" (what
+ * runs after a rollback), a release answer's "version", or what the tool
+ * asked for; 0 when none says. A rollback's "version" is the engine's
+ * version of the image it committed again, never a release. */
+static uint64_t answer_release(const cJSON *a, const hkc_asked *asked) {
+    const cJSON *rel = num_field(a, "release_version"), *ver = num_field(a, "version");
+    if (rel && rel->valuedouble > 0)
+        return (uint64_t)rel->valuedouble;
+    if (!asked->rollback && ver && ver->valuedouble > 0)
+        return (uint64_t)ver->valuedouble;
+    return asked->release;
+}
+
 /* The answer to a release or rollback as lines a person reads. */
-static void print_outcome(const hkc_resp *r, const cJSON *a) {
+static void print_outcome(const hkc_resp *r, const cJSON *a, const hkc_asked *asked) {
     const char *mod = str_field(a, "module"), *err = str_field(a, "error");
     const char *msg = str_field(a, "message"), *log = str_field(a, "log");
-    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    const cJSON *ev = num_field(a, "engine_version");
+    uint64_t rel = answer_release(a, asked);
     FILE *f = r->status == 200 ? stdout : stderr;
     /* Every string is the endpoint's: cleaned of terminal escapes. */
     hkc_put_clean(f, str_field(a, "outcome"), 0);
     fprintf(f, " (HTTP %ld): module ", r->status);
-    hkc_put_clean(f, mod ? mod : "?", 0);
-    if (ver && ver->valuedouble > 0)
-        fprintf(f, " release v%.0f", ver->valuedouble);
+    if (mod && mod[0])
+        hkc_put_clean(f, mod, 0);
+    else if (asked->module) /* refused before its signature verified */
+        fprintf(f, "%s (as signed here; the endpoint did not verify it)", asked->module);
+    else
+        fprintf(f, "(unknown)");
+    if (rel)
+        fprintf(f, " release v%llu", (unsigned long long)rel);
     if (ev)
         fprintf(f, ", engine version %.0f", ev->valuedouble);
     fprintf(f, "\n");
@@ -169,15 +188,18 @@ static void print_outcome(const hkc_resp *r, const cJSON *a) {
 
 /* The same as fields of the JSON document. A release already set (push
  * knows what it signed) is kept: the endpoint's echo goes through a double
- * printed with 15 digits, which rounds releases near 2^53. */
-static void set_outcome(hkc_out *o, const cJSON *a) {
+ * printed with 15 digits, which rounds releases near 2^53. So is a module
+ * already set when the answer names none. */
+static void set_outcome(hkc_out *o, const cJSON *a, const hkc_asked *asked) {
     static const char *const ms[] = {"build_ms", "stage_ms", "commit_ms"};
-    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    const cJSON *ev = num_field(a, "engine_version");
+    const char *mod = str_field(a, "module");
+    uint64_t rel = answer_release(a, asked);
     hkc_set_str(o, "outcome", str_field(a, "outcome"));
-    hkc_set_str(o, "module", str_field(a, "module"));
-    if (ver && ver->valuedouble > 0 &&
-        cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
-        hkc_set_int(o, "release", (long long)ver->valuedouble);
+    if (mod && mod[0])
+        hkc_set_str(o, "module", mod);
+    if (rel && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
+        hkc_set_int(o, "release", (long long)rel);
     if (ev)
         hkc_set_int(o, "engine_version", (long long)ev->valuedouble);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -187,7 +209,7 @@ static void set_outcome(hkc_out *o, const cJSON *a) {
     }
 }
 
-int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
+int hkc_report_outcome(hkc_out *o, const hkc_resp *r, const hkc_asked *asked) {
     cJSON *a = r->data ? cJSON_ParseWithLength(r->data, r->len) : NULL;
     int rc;
     hkc_set_int(o, "http_status", r->status);
@@ -195,9 +217,9 @@ int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
         rc = answer_error(o, r, a);
     } else {
         if (o->json)
-            set_outcome(o, a);
+            set_outcome(o, a, asked);
         else
-            print_outcome(r, a);
+            print_outcome(r, a, asked);
         /* In text mode print_outcome said it all; hkc_fail adds the fields. */
         rc = r->status == 200 ? 0 : o->json ? answer_error(o, r, a) : 1;
     }
@@ -375,8 +397,10 @@ int hkc_cmd_rollback(int argc, char **argv) {
         goto out;
     /* The name is checked above: [A-Za-z0-9_.-] needs no escaping in a path. */
     snprintf(path, sizeof path, "/v1/rollback/%s", module);
+    hkc_asked asked = {.module = module, .release = key_path ? target : 0, .rollback = 1};
+    hkc_set_str(&o, "module", module);
     if (hkc_http(&o, "POST", base, path, body, &ho, &r) == 0)
-        rc = hkc_report_outcome(&o, &r);
+        rc = hkc_report_outcome(&o, &r, &asked);
 out:
     free(r.data);
     free(body);

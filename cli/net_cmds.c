@@ -345,7 +345,7 @@ int hkc_cmd_push(int argc, char **argv) {
     hkc_resp resp = {0};
     if ((rc = release_body(&o, &r, json_body, &body, &len, &type)) == 0 &&
         (rc = hkc_http_body(&o, "POST", argv[1], "/v1/release", body, len, type, &ho, &resp)) == 0)
-        rc = hkc_report_outcome(&o, &resp);
+        rc = hkc_report_outcome(&o, &resp, &(hkc_asked){.module = r.module, .release = r.version});
     free(body);
     free(resp.data);
     release_free(&r);

@@ -457,6 +457,28 @@ START_TEST(push_json) {
 }
 END_TEST
 
+/* A push refused for its key (before the endpoint could verify anything)
+ * still names its module: the one the tool signed. */
+START_TEST(push_refused_for_its_key_names_the_module) {
+    char args[512];
+    net_setup(NULL);
+    ck_assert_int_eq(hotkern("keygen --out stranger"), 0);
+    snprintf(args, sizeof args,
+             "push %s --key stranger/hotkern.key --module add --release 5 add.cu", base);
+    ck_assert_int_eq(hotkern(args), 1);
+    ck_assert_msg(strstr(out, "(HTTP 403): module add ") && strstr(out, "release v5"), "%s", out);
+    ck_assert_msg(strstr(out, "HK_ERR_"), "%s", out);
+    ck_assert_int_eq(hotkern_json("push", args + 5), 1);
+    ck_assert_str_eq(str(doc, "module"), "add");
+    ck_assert_int_eq((int)num(doc, "release"), 5);
+    ck_assert_int_eq((int)num(doc, "http_status"), 403);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_uint_eq(rec.version, 0); /* nothing was applied */
+    pthread_mutex_unlock(&rec.lock);
+    net_teardown();
+}
+END_TEST
+
 /* --release names the release; --version is the tool's and is refused with
  * a pointer to --release, as text and as JSON. */
 START_TEST(release_option) {
@@ -589,6 +611,7 @@ int main(void) {
     tcase_add_test(js, check_json);
     tcase_add_test(js, push_json);
     tcase_add_test(js, release_option);
+    tcase_add_test(js, push_refused_for_its_key_names_the_module);
     tcase_add_test(js, status_json);
     tcase_add_test(js, pull_json);
     suite_add_tcase(s, js);
