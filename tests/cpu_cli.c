@@ -543,6 +543,45 @@ START_TEST(status_json) {
 }
 END_TEST
 
+/* Without --json, status is a table for people: a line a module, and the
+ * message and log of a refused one; no JSON. */
+START_TEST(status_text) {
+    char args[512];
+    net_setup(NULL);
+    snprintf(args, sizeof args, "push %s --key hotkern.key --module add --release 42 add.cu", base);
+    ck_assert_int_eq(hotkern(args), 0);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    pthread_mutex_unlock(&rec.lock);
+    put("mul.cu", "extern \"C\" __global__ void mul(float *x) { x[0] *= y; }\n");
+    snprintf(args, sizeof args, "push %s --key hotkern.key --module mul --release 7 mul.cu", base);
+    ck_assert_int_eq(hotkern(args), 1);
+    snprintf(args, sizeof args, "status %s", base);
+    ck_assert_int_eq(hotkern(args), 0);
+    ck_assert_msg(!strchr(out, '{') && !strstr(out, "\"last_outcome\""), "%s", out);
+    ck_assert_msg(strstr(out, "MODULE") && strstr(out, "RELEASE") && strstr(out, "LAST") &&
+                      strstr(out, "SINCE"),
+                  "%s", out);
+    /* add's row: its release and outcome, and when (a date). */
+    const char *row = strstr(out, "\nadd ");
+    ck_assert_msg(row, "%s", out);
+    const char *eol = strchr(row + 1, '\n');
+    ck_assert_ptr_nonnull(eol);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)(eol - row - 1), row + 1);
+    ck_assert_msg(strstr(line, "v42") && strstr(line, "committed") && strstr(line, " UTC (") &&
+                      strstr(line, " ago)"),
+                  "%s", line);
+    row = strstr(out, "\nmul ");
+    ck_assert_msg(row && strstr(row, "refused (HK_ERR_COMPILE)"), "%s", out);
+    /* The refused module's message and log follow the table. */
+    ck_assert_msg(strstr(out, "mul: ") && strstr(out, "NVRTC refused it") &&
+                      strstr(out, "  add.cu(1): error: identifier \"y\" is undefined"),
+                  "%s", out);
+    net_teardown();
+}
+END_TEST
+
 START_TEST(pull_json) {
     net_setup(NULL);
     net_teardown();
@@ -613,6 +652,7 @@ int main(void) {
     tcase_add_test(js, release_option);
     tcase_add_test(js, push_refused_for_its_key_names_the_module);
     tcase_add_test(js, status_json);
+    tcase_add_test(js, status_text);
     tcase_add_test(js, pull_json);
     suite_add_tcase(s, js);
     return hkt_run(s);
