@@ -76,6 +76,14 @@ static inline void hkn_metric(hk_metrics_writer *w, const char *name, const char
 typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
                             const void *bytes, size_t size, const hk_header *headers, int nheaders,
                             const char *origin, hk_report *rep);
+/* The same, with the artifact's file name as the manifest names it
+ * ("game.cu"), so that the build's messages name the file the publisher
+ * wrote ("game.cu(8): error ..."). When an engine has it, it is called
+ * instead of apply. */
+typedef int (*hkn_apply_named_fn)(void *ud, const char *module, uint64_t version, const char *name,
+                                  hk_format fmt, const void *bytes, size_t size,
+                                  const hk_header *headers, int nheaders, const char *origin,
+                                  hk_report *rep);
 /* Rolls `module` back to its previous image; with `check`, only when that
  * image belongs to release `target` (else HK_ERR_REJECTED, nothing changed),
  * checked by the engine in the same step. 0 or a negative HK_ERR_*. */
@@ -101,17 +109,18 @@ typedef int (*hkn_log_on_fn)(void *ud, hk_log_level level);
 typedef int (*hkn_quarantine_fn)(void *ud, int index, hk_quarantine *out);
 
 typedef struct hkn_engine {
-    hkn_apply_fn apply;           /* required */
-    hkn_rollback_fn rollback;     /* NULL: rollback answers HK_ERR_UNSUPPORTED */
-    hkn_version_fn version;       /* optional */
-    hkn_metrics_fn metrics;       /* optional: without it GET /metrics answers 503 */
-    hkn_log_fn log;               /* optional: without it nothing is logged */
-    hkn_log_on_fn log_on;         /* optional: NULL wants every level */
-    void *ud;                     /* passed to each */
-    const char *arch;             /* preferred artifact arch, e.g. "sm_90"; may be NULL */
-    hkn_quarantine_fn quarantine; /* optional: /v1/status lists the quarantine */
-    hkn_release_fn release;       /* optional: /v1/status names the releases the
-                                   * engine runs and would roll back to */
+    hkn_apply_fn apply;             /* required */
+    hkn_rollback_fn rollback;       /* NULL: rollback answers HK_ERR_UNSUPPORTED */
+    hkn_version_fn version;         /* optional */
+    hkn_metrics_fn metrics;         /* optional: without it GET /metrics answers 503 */
+    hkn_log_fn log;                 /* optional: without it nothing is logged */
+    hkn_log_on_fn log_on;           /* optional: NULL wants every level */
+    void *ud;                       /* passed to each */
+    const char *arch;               /* preferred artifact arch, e.g. "sm_90"; may be NULL */
+    hkn_quarantine_fn quarantine;   /* optional: /v1/status lists the quarantine */
+    hkn_release_fn release;         /* optional: /v1/status names the releases the
+                                     * engine runs and would roll back to */
+    hkn_apply_named_fn apply_named; /* optional: preferred to apply */
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and

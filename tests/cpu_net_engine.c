@@ -340,6 +340,38 @@ START_TEST(rollback_names_the_release) {
 }
 END_TEST
 
+/* A pushed CUDA C file that does not compile: the compiler's messages name
+ * the file as the manifest does ("game.cu(2): error"), not the release
+ * ("game@v5(2)"). NVRTC runs here without a GPU; nothing is committed. */
+START_TEST(pushed_build_log_names_the_file) {
+    const char *keys[] = {pub_path};
+    hk_endpoint_options eo;
+    hk_endpoint *ep = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    hk_endpoint_options_init(&eo);
+    eo.trusted_keys = keys;
+    eo.ntrusted_keys = 1;
+    eo.state_dir = state;
+    ck_assert_msg(hk_endpoint_start(rt, &eo, &ep, &rep) == 0, "%s", rep.message);
+    char src[PATH_MAX + 16], out[16384], args[3 * PATH_MAX];
+    snprintf(src, sizeof src, "%s/game.cu", tmp);
+    ck_assert_int_eq(hkt_write_file(src, "extern \"C\" __global__ void step(int *x) {\n"
+                                         "    x[0] = undefined_thing;\n"
+                                         "}\n"),
+                     0);
+    snprintf(args, sizeof args,
+             "push http://127.0.0.1:%u --key '%s' --module game --release 5 '%s'",
+             hk_endpoint_port(ep), key_path, src);
+    int rc = cli(out, sizeof out, args);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_COMPILE"), "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "game.cu(2): error"), "%s", out);
+    ck_assert_msg(!strstr(out, "game@v5"), "%s", out);
+    ck_assert_int_eq(running_tag("game"), -1);
+    hk_endpoint_stop(ep);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* The engine keeps each image's release through its history: what
  * hk_module_release reports and what hk_rollback_release accepts are the
  * images hk_rollback walks back through, and a refused target changes
@@ -391,6 +423,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, rollback_follows_the_engine);
     tcase_add_test(tc, engine_history_has_releases);
     tcase_add_test(tc, rollback_names_the_release);
+    tcase_add_test(tc, pushed_build_log_names_the_file);
     suite_add_tcase(s, tc);
     return s;
 }
