@@ -109,18 +109,19 @@ typedef int (*hkn_log_on_fn)(void *ud, hk_log_level level);
 typedef int (*hkn_quarantine_fn)(void *ud, int index, hk_quarantine *out);
 
 typedef struct hkn_engine {
-    hkn_apply_fn apply;             /* required */
-    hkn_rollback_fn rollback;       /* NULL: rollback answers HK_ERR_UNSUPPORTED */
-    hkn_version_fn version;         /* optional */
-    hkn_metrics_fn metrics;         /* optional: without it GET /metrics answers 503 */
-    hkn_log_fn log;                 /* optional: without it nothing is logged */
-    hkn_log_on_fn log_on;           /* optional: NULL wants every level */
-    void *ud;                       /* passed to each */
-    const char *arch;               /* preferred artifact arch, e.g. "sm_90"; may be NULL */
-    hkn_quarantine_fn quarantine;   /* optional: /v1/status lists the quarantine */
-    hkn_release_fn release;         /* optional: /v1/status names the releases the
-                                     * engine runs and would roll back to */
-    hkn_apply_named_fn apply_named; /* optional: preferred to apply */
+    hkn_apply_fn apply;           /* required */
+    hkn_rollback_fn rollback;     /* NULL: rollback answers HK_ERR_UNSUPPORTED */
+    hkn_version_fn version;       /* optional */
+    hkn_metrics_fn metrics;       /* optional: without it GET /metrics answers 503 */
+    hkn_log_fn log;               /* optional: without it nothing is logged */
+    hkn_log_on_fn log_on;         /* optional: NULL wants every level */
+    void *ud;                     /* passed to each */
+    const char *arch;             /* preferred artifact arch, e.g. "sm_90"; may be NULL */
+    hkn_quarantine_fn quarantine; /* optional: /v1/status lists the quarantine */
+    hkn_release_fn release;       /* optional: /v1/status names the releases the
+                                   * engine runs and would roll back to */
+    /* optional: preferred to apply (the build's messages name the file) */
+    hkn_apply_named_fn apply_named;
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and
