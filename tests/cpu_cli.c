@@ -180,6 +180,82 @@ START_TEST(unknown_arch_is_usage) {
 }
 END_TEST
 
+#define NVCC "/usr/local/cuda/bin/nvcc"
+
+static int hotkern_json(const char *command, const char *args);
+static const cJSON *field(const cJSON *o, const char *name);
+
+static const char *const CPP_CU =
+    "namespace ns { template <typename T> __global__ void scale(T *x, T a) { x[0] *= a; } }\n"
+    "template __global__ void ns::scale<float>(float *, float);\n"
+    "__global__ void over(int *x, double d) { x[0] = (int)d; }\n"
+    "extern \"C\" __global__ void plain(int *x) { x[0] = 1; }\n";
+
+/* A cubin and fatbins made by nvcc from CPP_CU, in dir: cpp.cubin (sm_80),
+ * cpp.fatbin (sm_80 code, compute_90 PTX, which nvcc compresses) and
+ * ptx.fatbin (compute_90 PTX stored plain). */
+static void nvcc_images(void) {
+    char cmd[8192];
+    put("cpp.cu", CPP_CU);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && " NVCC " -cubin -arch sm_80 -o cpp.cubin cpp.cu && " NVCC
+             " -fatbin -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=compute_90"
+             " -o cpp.fatbin cpp.cu && " NVCC
+             " -fatbin -Xfatbin -compress=false -gencode arch=compute_90,code=compute_90"
+             " -o ptx.fatbin cpp.cu",
+             dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* What check says of a cubin, a fatbin and CUDA C: a fatbin's kernels (read
+ * from its members), each file's architectures, and C++ kernel names
+ * demangled beside the mangled ones. */
+START_TEST(check_lists_fatbin_kernels_archs_demangled) {
+    nvcc_images();
+    ck_assert_int_eq(hotkern("check --arch sm_90 cpp.cu cpp.cubin cpp.fatbin ptx.fatbin"), 1);
+    /* cpp.cubin is sm_80 code: no use on sm_90. */
+    ck_assert_msg(strstr(out, "cpp.cubin: error"), "%s", out);
+    ck_assert_msg(strstr(out, "cpp.fatbin: ok (fatbin: sm_80, compute_90; 3 kernels: "), "%s", out);
+    ck_assert_msg(strstr(out, "ptx.fatbin: ok (fatbin: compute_90; 3 kernels: "), "%s", out);
+    ck_assert_msg(strstr(out, "  _ZN2ns5scaleIfEEvPT_S1_ = void ns::scale<float>(float*, float)\n"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "  _Z4overPid = over(int*, double)\n"), "%s", out);
+    ck_assert_msg(!strstr(out, "plain = "), "%s", out); /* a C name stays as it is */
+
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_86 cpp.cu cpp.cubin cpp.fatbin"), 0);
+    const cJSON *files = field(doc, "files");
+    const char *want_arch[] = {"sm_86", "sm_80", "sm_80"};
+    for (int f = 0; f < 3; f++) {
+        const cJSON *rec = cJSON_GetArrayItem(files, f);
+        const cJSON *k = field(rec, "kernels"), *d = field(rec, "demangled");
+        const cJSON *ar = field(rec, "archs");
+        ck_assert_msg(cJSON_GetArraySize(k) == 3 && cJSON_GetArraySize(d) == 3, "%s", jout);
+        ck_assert_msg(cJSON_GetArraySize(ar) >= 1, "%s", jout);
+        ck_assert_str_eq(cJSON_GetArrayItem(ar, 0)->valuestring, want_arch[f]);
+        int seen = 0;
+        for (int i = 0; i < 3; i++) {
+            const char *kn = cJSON_GetArrayItem(k, i)->valuestring;
+            const cJSON *dn = cJSON_GetArrayItem(d, i);
+            if (!strcmp(kn, "plain")) {
+                ck_assert(cJSON_IsNull(dn));
+                seen |= 1;
+            } else if (!strcmp(kn, "_Z4overPid")) {
+                ck_assert_str_eq(dn->valuestring, "over(int*, double)");
+                seen |= 2;
+            } else if (!strcmp(kn, "_ZN2ns5scaleIfEEvPT_S1_")) {
+                ck_assert_str_eq(dn->valuestring, "void ns::scale<float>(float*, float)");
+                seen |= 4;
+            }
+        }
+        ck_assert_msg(seen == 7, "%s", jout);
+    }
+    /* --ptx-only: CUDA C checked as PTX for the architecture. */
+    ck_assert_int_eq(hotkern_json("check", "--ptx-only cpp.cu"), 0);
+    const cJSON *ar = field(cJSON_GetArrayItem(field(doc, "files"), 0), "archs");
+    ck_assert_str_eq(cJSON_GetArrayItem(ar, 0)->valuestring, "compute_90");
+}
+END_TEST
+
 /* Occurrences of needle in hay. */
 static int count_of(const char *hay, const char *needle) {
     int n = 0;
@@ -289,9 +365,9 @@ static double num(const cJSON *o, const char *name) {
 }
 
 static const char *const check_fields[] = {"arch", "files", NULL};
-static const char *const file_fields[] = {"file",        "ok",    "format", "kernels",
-                                          "archs",       "error", "code",   "message",
-                                          "diagnostics", "log",   NULL};
+static const char *const file_fields[] = {"file",      "ok",          "format", "kernels",
+                                          "demangled", "archs",       "error",  "code",
+                                          "message",   "diagnostics", "log",    NULL};
 
 START_TEST(check_json) {
     ck_assert_int_eq(hotkern_json("check", "ok.cu"), 0);
@@ -643,6 +719,7 @@ int main(void) {
     tcase_add_test(tc, templates_without_instantiation);
     tcase_add_test(tc, reuse_or_not_same_output);
     tcase_add_test(tc, pull_error_printed_once);
+    tcase_add_test(tc, check_lists_fatbin_kernels_archs_demangled);
     suite_add_tcase(s, tc);
     TCase *js = tcase_create("json");
     tcase_add_checked_fixture(js, setup, teardown);

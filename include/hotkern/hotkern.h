@@ -903,7 +903,9 @@ HK_API const void *hk_check_result_image(const hk_check_result *r, size_t *size,
 HK_API const char *hk_check_result_log(const hk_check_result *r);
 
 /* The kernels (entry points) of the image, in the image's order: those of
- * PTX and of a cubin; a fatbin's are not read (0), only its architectures. */
+ * PTX and of a cubin; a fatbin's are those of its members stored plain
+ * (its cubins, as nvcc writes them, and PTX that is not compressed),
+ * merged by name in the order met. */
 HK_API int hk_check_result_kernel_count(const hk_check_result *r);
 
 /* Kernel i: its entry name (the mangled one for C++ names) in *name, and,
