@@ -1458,9 +1458,10 @@ HK_API void hk_metrics_detach(hk_metrics_source *s);
  * in its place: the running version stays.
  *
  * Refusals. Editor droppings (dotfiles, "*~", "*.swp", "*.swx", "*.tmp",
- * "4913", "#NAME#") are ignored silently. Every other file that cannot become
- * a version gets one HK_EVENT_REFUSED per change, on the watch's thread, with
- * origin "watch:PATH" and a report whose message names the file and says why;
+ * "4913", "#NAME#", sed -i's "sedXXXXXX") are ignored silently. Every other
+ * file that cannot become a version gets one HK_EVENT_REFUSED per change, on
+ * the watch's thread, with origin "watch:PATH" and a report whose message
+ * names the file and says why;
  * the report never carries the file's content (only the log of a compiler that
  * was given a real source does). Refused: a module name of 64 characters or
  * more or one hk_swap refuses (see there), a file whose content is not its extension's format, an
