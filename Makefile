@@ -478,9 +478,11 @@ $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $(sort $^)
 
+# libstdc++ for its C++ demangler (__cxa_demangle): check shows C++ kernel
+# names demangled beside the mangled ones.
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS) -lstdc++
 
 # With NET=0 cJSON is the CLI's alone.
 ifeq ($(NET),0)
@@ -721,6 +723,8 @@ fuzz-build:
 	$(CUDA)/bin/nvcc -fatbin -gencode arch=compute_80,code=sm_80 \
 	  -gencode arch=compute_90,code=[sm_90,compute_90] \
 	  -o $(BUILD)/fuzz/seeds/seed.fatbin tests/fuzz/seed.cu
+	$(CUDA)/bin/nvcc -fatbin -Xfatbin -compress=false -gencode arch=compute_90,code=compute_90 \
+	  -o $(BUILD)/fuzz/seeds/seed-ptx.fatbin tests/fuzz/seed.cu
 
 fuzz: fuzz-build
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -13,6 +13,9 @@
  * The toolkit's headers (cub, cuda::std, cooperative_groups, cuda_fp16 ...)
  * are found without -I, as in a swap.
  *
+ * C++ kernel names are entry names, mangled; each is shown demangled beside
+ * (libstdc++'s __cxa_demangle, the demangler the toolchain itself uses).
+ *
  * A file whose kernels are all templates compiles to nothing: NVRTC
  * instantiates only what is named. Rather than report "0 kernels", check
  * says which templates it saw and how to name an instantiation.
@@ -22,6 +25,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <nvrtc.h>
 
 #include "cli/cli.h"
 #include "util/util.h"
@@ -34,7 +38,8 @@ static const char check_help[] =
     "Compiles and validates each FILE (CUDA C, PTX, cubin or fatbin, detected from\n"
     "its content) for one GPU architecture, as hotkern would before a swap.\n"
     "\n"
-    "  --arch sm_XY   target architecture (default sm_90; '90' also works)\n"
+    "  --arch sm_XY   target architecture (default sm_90; '90' also works), one this\n"
+    "                 NVRTC compiles for: another is a usage error that lists them\n"
     "  -I DIR         add DIR to the include path of CUDA C files\n"
     "  -D NAME[=VAL]  define a macro for CUDA C files\n"
     "  --name-expression EXPR\n"
@@ -46,7 +51,9 @@ static const char check_help[] =
     "                 search path shared between files (slower; for comparison)\n" HKC_JSON_HELP
     "  -h, --help     show this help\n"
     "\n"
-    "Prints 'FILE: ok (N kernels: ...)' or the compiler's messages as file:line.\n"
+    "Prints 'FILE: ok (N kernels: ...)' (a fatbin's architectures first, its\n"
+    "kernels read from the members it stores uncompressed), a line 'MANGLED =\n"
+    "DEMANGLED' per C++ kernel name, or the compiler's messages as file:line.\n"
     "A file whose kernels are all templates, none of them instantiated, fails\n"
     "with the templates' names and a --name-expression to try.\n"
     "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n";
@@ -65,6 +72,41 @@ static int parse_arch(const char *s, hk_check_options *o) {
     o->arch = (int)v;
     o->arch_specific = *end == 'a' && end[1] == '\0';
     return *end && !o->arch_specific ? -1 : 0;
+}
+
+/* The architectures this NVRTC compiles for, as "sm_75, sm_80, ..." in buf;
+ * 0, or -1 when NVRTC cannot say (then any architecture is let through, and
+ * the build says what it thinks). */
+static int supported_archs(int *v, int max, int *n, char *buf, size_t cap) {
+    int num = 0;
+    size_t used = 0;
+    if (nvrtcGetNumSupportedArchs(&num) != NVRTC_SUCCESS || num <= 0 || num > max ||
+        nvrtcGetSupportedArchs(v) != NVRTC_SUCCESS)
+        return -1;
+    buf[0] = '\0';
+    for (int i = 0; i < num && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%ssm_%d", i ? ", " : "", v[i]);
+    *n = num;
+    return 0;
+}
+
+/* --arch as given, checked against what NVRTC supports: 0, or a usage error
+ * (2) that lists the architectures. */
+static int take_arch(hkc_out *o, const char *arch_s, hk_check_options *opt) {
+    int v[128], n = 0, known = 0;
+    char list[1024];
+    int have = supported_archs(v, (int)(sizeof v / sizeof v[0]), &n, list, sizeof list) == 0;
+    int parsed = parse_arch(arch_s, opt) == 0;
+    for (int i = 0; parsed && have && i < n; i++)
+        known |= v[i] == opt->arch;
+    if (parsed && (known || !have))
+        return 0;
+    if (!have)
+        return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
+    return hkc_usage(o,
+                     "unknown --arch '%s': this NVRTC compiles for %s (each also as XY or "
+                     "compute_XY, and sm_XYa where the architecture has one)",
+                     arch_s, list);
 }
 
 /* As the PTX lexer's (ptx/ptx.h): C identifiers, and '$' and '%'. */
@@ -329,9 +371,28 @@ struct file_result {
     cJSON *rec;
 };
 
-/* A file that built: "FILE: ok (N kernels: a, b)", or for a fatbin
- * "FILE: ok (fatbin: sm_80, compute_90)"; in JSON mode the record's kernels
- * and archs. */
+/* libstdc++'s demangler (cxxabi.h declares it in C++; it has C linkage). */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
+
+/* The C++ name of a mangled kernel name, malloc'd; NULL for a C name or one
+ * the demangler does not take. */
+static char *demangled(const char *name) {
+    int status = 0;
+    if (strncmp(name, "_Z", 2) != 0)
+        return NULL;
+    char *d = __cxa_demangle(name, NULL, NULL, &status);
+    if (status != 0) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* A file that built: "FILE: ok (N kernels: a, b)", for a fatbin "FILE: ok
+ * (fatbin: sm_80, compute_90; N kernels: a, b)", then a line per C++ kernel,
+ * "  _Z5scaleIfEvPT_ = void scale<float>(float*)"; in JSON mode the record's
+ * kernels, their demangled names (null for C names) and archs: the image's
+ * (a cubin's SM, the architecture CUDA C was built for, a fatbin's). */
 static void report_ok(struct file_result *fr, const hk_check_result *r) {
     hk_format fmt;
     (void)hk_check_result_image(r, NULL, &fmt);
@@ -339,21 +400,36 @@ static void report_ok(struct file_result *fr, const hk_check_result *r) {
     const char *name = NULL;
     if (fr->rec) {
         cJSON *k = cJSON_GetObjectItemCaseSensitive(fr->rec, "kernels");
+        cJSON *dm = cJSON_GetObjectItemCaseSensitive(fr->rec, "demangled");
         cJSON *ar = cJSON_GetObjectItemCaseSensitive(fr->rec, "archs");
-        for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++)
+        for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++) {
+            char *d = demangled(name);
             cJSON_AddItemToArray(k, cJSON_CreateString(name));
-        for (int i = 0; fmt == HK_FORMAT_FATBIN && i < na; i++)
+            cJSON_AddItemToArray(dm, d ? cJSON_CreateString(d) : cJSON_CreateNull());
+            free(d);
+        }
+        for (int i = 0; i < na; i++)
             cJSON_AddItemToArray(ar, cJSON_CreateString(hk_check_result_arch(r, i)));
-    } else if (fmt == HK_FORMAT_FATBIN) {
-        printf("%s: ok (fatbin:", fr->path);
+        return;
+    }
+    printf("%s: ok (", fr->path);
+    if (fmt == HK_FORMAT_FATBIN) {
+        printf("fatbin:");
         for (int i = 0; i < na; i++)
             printf("%s %s", i ? "," : "", hk_check_result_arch(r, i));
-        printf(")\n");
-    } else {
-        printf("%s: ok (%d kernel%s%s", fr->path, nk, nk == 1 ? "" : "s", nk ? ": " : "");
-        for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++)
-            printf("%s%s", i ? ", " : "", name);
-        printf(")\n");
+        printf("; ");
+    }
+    printf("%d kernel%s%s", nk, nk == 1 ? "" : "s", nk ? ": " : "");
+    for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++)
+        printf("%s%s", i ? ", " : "", name);
+    if (fmt == HK_FORMAT_FATBIN && !nk)
+        printf(" read: a member nvcc compressed is not read");
+    printf(")\n");
+    for (int i = 0; i < nk && hk_check_result_kernel(r, i, &name, NULL, NULL) >= 0; i++) {
+        char *d = demangled(name);
+        if (d)
+            printf("  %s = %s\n", name, d);
+        free(d);
     }
 }
 
@@ -377,7 +453,8 @@ static int report_error(struct file_result *fr, int err, const char *log, const 
 }
 
 /* The record of one file, every field present: {"file", "ok", "format",
- * "kernels", "archs", "error", "code", "message", "log", "diagnostics"}. */
+ * "kernels", "demangled", "archs", "error", "code", "message", "log",
+ * "diagnostics"}. */
 static cJSON *file_record(hkc_out *o, const char *path) {
     cJSON *r = o->json ? cJSON_CreateObject() : NULL;
     if (!r)
@@ -386,6 +463,7 @@ static cJSON *file_record(hkc_out *o, const char *path) {
     cJSON_AddFalseToObject(r, "ok");
     cJSON_AddNullToObject(r, "format");
     cJSON_AddArrayToObject(r, "kernels");
+    cJSON_AddArrayToObject(r, "demangled");
     cJSON_AddArrayToObject(r, "archs");
     cJSON_AddNullToObject(r, "error");
     cJSON_AddNumberToObject(r, "code", 0);
@@ -476,8 +554,8 @@ static int check_files(hkc_out *o, const char *arch_s, int ptx_only, int no_reus
     char buf[16];
     hk_check_options_init(&ck.opt);
     ck.opt.arch = 90;
-    if (arch_s && parse_arch(arch_s, &ck.opt) < 0)
-        return hkc_usage(o, "bad --arch '%s' (want e.g. sm_90)", arch_s);
+    if (arch_s && take_arch(o, arch_s, &ck.opt))
+        return 2;
     if (nfiles == 0)
         return hkc_usage(o, "no input files");
     char **opts = nvrtc_options(inc, def);

@@ -174,10 +174,22 @@ int hkc_http(hkc_out *o, const char *method, const char *base, const char *path,
 int hkc_http_body(hkc_out *o, const char *method, const char *base, const char *path,
                   const void *body, size_t len, const char *ctype, const hkc_http_opts *ho,
                   hkc_resp *r);
+/* What the tool asked an endpoint for, which its answer may leave out: the
+ * module (a release refused before it verified names none), the release
+ * (what push signed, what a signed rollback names; 0 unknown), and whether
+ * it is a rollback, whose answer's "version" is the engine's version of the
+ * image, not a release. */
+typedef struct hkc_asked {
+    const char *module;
+    uint64_t release;
+    int rollback;
+} hkc_asked;
+
 /* Reports an endpoint's answer to a release or rollback (push, rollback):
- * text lines, or the fields outcome, http_status, module, release,
- * engine_version, build_ms, stage_ms, commit_ms, and on a refusal the
- * endpoint's error, code, message and log. Returns the exit status. */
-int hkc_report_outcome(hkc_out *o, const hkc_resp *r);
+ * text lines, or the fields outcome, http_status, module, release (the
+ * release that runs after a rollback), engine_version, build_ms, stage_ms,
+ * commit_ms, and on a refusal the endpoint's error, code, message and log.
+ * Returns the exit status. */
+int hkc_report_outcome(hkc_out *o, const hkc_resp *r, const hkc_asked *asked);
 
 #endif

@@ -135,18 +135,37 @@ static int answer_error(hkc_out *o, const hkc_resp *r, const cJSON *a) {
                     msg);
 }
 
+/* The release an answer is about: the endpoint's "release_version" (what
+ * runs after a rollback), a release answer's "version", or what the tool
+ * asked for; 0 when none says. A rollback's "version" is the engine's
+ * version of the image it committed again, never a release. */
+static uint64_t answer_release(const cJSON *a, const hkc_asked *asked) {
+    const cJSON *rel = num_field(a, "release_version"), *ver = num_field(a, "version");
+    if (rel && rel->valuedouble > 0)
+        return (uint64_t)rel->valuedouble;
+    if (!asked->rollback && ver && ver->valuedouble > 0)
+        return (uint64_t)ver->valuedouble;
+    return asked->release;
+}
+
 /* The answer to a release or rollback as lines a person reads. */
-static void print_outcome(const hkc_resp *r, const cJSON *a) {
+static void print_outcome(const hkc_resp *r, const cJSON *a, const hkc_asked *asked) {
     const char *mod = str_field(a, "module"), *err = str_field(a, "error");
     const char *msg = str_field(a, "message"), *log = str_field(a, "log");
-    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    const cJSON *ev = num_field(a, "engine_version");
+    uint64_t rel = answer_release(a, asked);
     FILE *f = r->status == 200 ? stdout : stderr;
     /* Every string is the endpoint's: cleaned of terminal escapes. */
     hkc_put_clean(f, str_field(a, "outcome"), 0);
     fprintf(f, " (HTTP %ld): module ", r->status);
-    hkc_put_clean(f, mod ? mod : "?", 0);
-    if (ver && ver->valuedouble > 0)
-        fprintf(f, " release v%.0f", ver->valuedouble);
+    if (mod && mod[0])
+        hkc_put_clean(f, mod, 0);
+    else if (asked->module) /* refused before its signature verified */
+        fprintf(f, "%s (as signed here; the endpoint did not verify it)", asked->module);
+    else
+        fprintf(f, "(unknown)");
+    if (rel)
+        fprintf(f, " release v%llu", (unsigned long long)rel);
     if (ev)
         fprintf(f, ", engine version %.0f", ev->valuedouble);
     fprintf(f, "\n");
@@ -169,15 +188,18 @@ static void print_outcome(const hkc_resp *r, const cJSON *a) {
 
 /* The same as fields of the JSON document. A release already set (push
  * knows what it signed) is kept: the endpoint's echo goes through a double
- * printed with 15 digits, which rounds releases near 2^53. */
-static void set_outcome(hkc_out *o, const cJSON *a) {
+ * printed with 15 digits, which rounds releases near 2^53. So is a module
+ * already set when the answer names none. */
+static void set_outcome(hkc_out *o, const cJSON *a, const hkc_asked *asked) {
     static const char *const ms[] = {"build_ms", "stage_ms", "commit_ms"};
-    const cJSON *ver = num_field(a, "version"), *ev = num_field(a, "engine_version");
+    const cJSON *ev = num_field(a, "engine_version");
+    const char *mod = str_field(a, "module");
+    uint64_t rel = answer_release(a, asked);
     hkc_set_str(o, "outcome", str_field(a, "outcome"));
-    hkc_set_str(o, "module", str_field(a, "module"));
-    if (ver && ver->valuedouble > 0 &&
-        cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
-        hkc_set_int(o, "release", (long long)ver->valuedouble);
+    if (mod && mod[0])
+        hkc_set_str(o, "module", mod);
+    if (rel && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o->doc, "release")))
+        hkc_set_int(o, "release", (long long)rel);
     if (ev)
         hkc_set_int(o, "engine_version", (long long)ev->valuedouble);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -187,7 +209,7 @@ static void set_outcome(hkc_out *o, const cJSON *a) {
     }
 }
 
-int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
+int hkc_report_outcome(hkc_out *o, const hkc_resp *r, const hkc_asked *asked) {
     cJSON *a = r->data ? cJSON_ParseWithLength(r->data, r->len) : NULL;
     int rc;
     hkc_set_int(o, "http_status", r->status);
@@ -195,9 +217,9 @@ int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
         rc = answer_error(o, r, a);
     } else {
         if (o->json)
-            set_outcome(o, a);
+            set_outcome(o, a, asked);
         else
-            print_outcome(r, a);
+            print_outcome(r, a, asked);
         /* In text mode print_outcome said it all; hkc_fail adds the fields. */
         rc = r->status == 200 ? 0 : o->json ? answer_error(o, r, a) : 1;
     }
@@ -209,10 +231,183 @@ int hkc_report_outcome(hkc_out *o, const hkc_resp *r) {
 
 static const char status_help[] =
     "usage: hotkern status URL [--token T] [--json]\n\n"
-    "Prints GET URL/v1/status: each module's release and engine versions and\n"
-    "its last outcome, message and build log. With --json the endpoint's answer\n"
-    "is the document's \"endpoint\" field.\n" HKC_HTTP_HELP HKC_JSON_HELP
-    "Exit status: 0 answered, 1 failed, 2 usage.\n";
+    "Prints GET URL/v1/status as a table, a line a module: the release it runs,\n"
+    "the one a rollback would commit, the engine's version number, its last\n"
+    "outcome and since when; then the message and build log of each module whose\n"
+    "last release or rollback was refused, and the quarantined images. With\n"
+    "--json the endpoint's answer is the document's \"endpoint\" field.\n" HKC_HTTP_HELP
+        HKC_JSON_HELP "Exit status: 0 answered, 1 failed, 2 usage.\n";
+
+/* An integer field as text ("v12" with prefix "v"), or "-" when absent,
+ * null or 0 (the endpoint's "unknown"). */
+static const char *int_text(const cJSON *o, const char *name, const char *prefix, char *buf,
+                            size_t n) {
+    const cJSON *v = num_field(o, name);
+    if (!v || v->valuedouble <= 0)
+        return "-";
+    snprintf(buf, n, "%s%.0f", prefix, v->valuedouble);
+    return buf;
+}
+
+/* "2026-12-02 07:41:09 UTC (35 s ago)" of a unix time; "-" for none. */
+static const char *since_text(const cJSON *o, char *buf, size_t n) {
+    const cJSON *v = num_field(o, "updated");
+    if (!v || v->valuedouble <= 0)
+        return "-";
+    time_t t = (time_t)v->valuedouble, now = time(NULL);
+    struct tm tm;
+    size_t used = gmtime_r(&t, &tm) ? strftime(buf, n, "%Y-%m-%d %H:%M:%S UTC", &tm) : 0;
+    long long age = (long long)(now - t);
+    if (age < 0)
+        age = 0;
+    snprintf(buf + used, n - used, " (%lld %s ago)",
+             age < 120      ? age
+             : age < 7200   ? age / 60
+             : age < 172800 ? age / 3600
+                            : age / 86400,
+             age < 120      ? "s"
+             : age < 7200   ? "min"
+             : age < 172800 ? "h"
+                            : "d");
+    return buf;
+}
+
+/* The last outcome, with its error when it is a refusal: "refused
+ * (HK_ERR_COMPILE)". */
+static const char *outcome_text(const cJSON *m, char *buf, size_t n) {
+    const char *out = str_field(m, "last_outcome"), *err = str_field(m, "last_error");
+    if (!out || !out[0])
+        return "-";
+    if (err && strcmp(err, "HK_OK") && strcmp(out, "committed") && strcmp(out, "rolled_back"))
+        snprintf(buf, n, "%s (%s)", out, err);
+    else
+        snprintf(buf, n, "%s", out);
+    return buf;
+}
+
+/* A cell of the table: the endpoint's text cleaned, padded to width. */
+static void cell(const char *text, int width) {
+    hkc_put_clean(stdout, text, 0);
+    for (int i = (int)strlen(text); i < width; i++)
+        putchar(' ');
+}
+
+#define STATUS_COLS 6
+
+/* The cells of module m's row (buffers of 96 bytes each). */
+static void module_row(const cJSON *m, char cells[STATUS_COLS][96], const char *row[STATUS_COLS]) {
+    const cJSON *run = num_field(m, "running_release_version");
+    row[0] = str_field(m, "module") ? str_field(m, "module") : "?";
+    /* What runs is the engine's to say; an engine that cannot (no release
+     * callback) leaves the highest release committed through the endpoint. */
+    row[1] = int_text(m, run ? "running_release_version" : "release_version", "v", cells[1], 96);
+    row[2] = int_text(m, "previous_release_version", "v", cells[2], 96);
+    row[3] = int_text(m, "engine_version", "", cells[3], 96);
+    row[4] = outcome_text(m, cells[4], 96);
+    row[5] = since_text(m, cells[5], 96);
+}
+
+/* The refusal detail of a module (or of the last request, which named no
+ * module it could verify): message, canary, log. */
+static void print_detail(const char *who, const cJSON *m) {
+    const char *msg = str_field(m, "last_message"), *can = str_field(m, "last_canary");
+    const char *log = str_field(m, "last_log");
+    printf("\n");
+    hkc_put_clean(stdout, who, 0);
+    printf(": ");
+    hkc_put_clean(stdout, msg && msg[0] ? msg : "(no message)", 0);
+    printf("\n");
+    if (can && can[0]) {
+        printf("  canary: ");
+        hkc_put_clean(stdout, can, 0);
+        printf("\n");
+    }
+    for (const char *p = log; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char *line = strndup(p, len);
+        printf("  ");
+        hkc_put_clean(stdout, line ? line : "", 0);
+        printf("\n");
+        free(line);
+        p += len + (eol ? 1 : 0);
+    }
+}
+
+static int refused(const cJSON *m) {
+    const char *out = str_field(m, "last_outcome");
+    return out && out[0] && strcmp(out, "committed") && strcmp(out, "rolled_back");
+}
+
+/* GET /v1/status as lines a person reads (JSON only with --json). */
+static void print_status(const char *url, const cJSON *a) {
+    static const char *const head[STATUS_COLS] = {"MODULE", "RELEASE", "PREVIOUS",
+                                                  "ENGINE", "LAST",    "SINCE"};
+    const cJSON *mods = cJSON_GetObjectItemCaseSensitive(a, "modules"), *m;
+    const cJSON *req = num_field(a, "requests"), *conns = num_field(a, "connections");
+    const char *id = str_field(a, "endpoint_id"), *sf = str_field(a, "state_file");
+    int width[STATUS_COLS], nmods = cJSON_GetArraySize(mods);
+    char cells[STATUS_COLS][96];
+    const char *row[STATUS_COLS];
+    printf("endpoint ");
+    hkc_put_clean(stdout, id ? id : "?", 0);
+    double nreq = req ? req->valuedouble : 0, nconn = conns ? conns->valuedouble : 0;
+    printf(" at %s: %d module%s, %.0f request%s, %.0f connection%s\n", url, nmods,
+           nmods == 1 ? "" : "s", nreq, nreq == 1 ? "" : "s", nconn, nconn == 1 ? "" : "s");
+    if (sf) {
+        printf("anti-rollback record: ");
+        hkc_put_clean(stdout, sf, 0);
+        printf("\n");
+    }
+    if (!nmods) {
+        printf("no module has had a release or rollback through this endpoint yet\n");
+    } else {
+        for (int c = 0; c < STATUS_COLS; c++)
+            width[c] = (int)strlen(head[c]);
+        cJSON_ArrayForEach(m, mods) {
+            module_row(m, cells, row);
+            for (int c = 0; c < STATUS_COLS; c++)
+                if ((int)strlen(row[c]) > width[c])
+                    width[c] = (int)strlen(row[c]);
+        }
+        printf("\n");
+        for (int c = 0; c < STATUS_COLS; c++)
+            cell(head[c], c + 1 < STATUS_COLS ? width[c] + 2 : 0);
+        printf("\n");
+        cJSON_ArrayForEach(m, mods) {
+            module_row(m, cells, row);
+            for (int c = 0; c < STATUS_COLS; c++)
+                cell(row[c], c + 1 < STATUS_COLS ? width[c] + 2 : 0);
+            printf("\n");
+        }
+    }
+    cJSON_ArrayForEach(m, mods) {
+        if (refused(m))
+            print_detail(str_field(m, "module") ? str_field(m, "module") : "?", m);
+    }
+    /* The last request, when it named no module it could verify. */
+    const cJSON *last = cJSON_GetObjectItemCaseSensitive(a, "last");
+    const char *lname = str_field(last, "module");
+    if (cJSON_IsObject(last) && refused(last) && (!lname || !lname[0])) {
+        char ob[96], sb[96];
+        printf("\nlast request: %s, %s", outcome_text(last, ob, sizeof ob),
+               since_text(last, sb, sizeof sb));
+        print_detail("  named no module it could verify", last);
+    }
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(a, "quarantine");
+    if (cJSON_GetArraySize(q) > 0)
+        printf("\n");
+    cJSON_ArrayForEach(m, q) {
+        char rb[32], vb[32];
+        printf("quarantined: ");
+        hkc_put_clean(stdout, str_field(m, "module") ? str_field(m, "module") : "?", 0);
+        printf(" image ");
+        hkc_put_clean(stdout, str_field(m, "image") ? str_field(m, "image") : "?", 0);
+        printf(" (release %s, engine version %s)\n",
+               int_text(m, "release_version", "v", rb, sizeof rb),
+               int_text(m, "version", "", vb, sizeof vb));
+    }
+}
 
 int hkc_cmd_status(int argc, char **argv) {
     hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 30};
@@ -236,10 +431,7 @@ int hkc_cmd_status(int argc, char **argv) {
             hkc_set(&o, "endpoint", a);
             a = NULL;
         } else {
-            char *pretty = cJSON_Print(a);
-            hkc_put_clean(stdout, pretty ? pretty : r.data, 1);
-            printf("\n");
-            free(pretty);
+            print_status(argv[1], a);
         }
         cJSON_Delete(a);
     }
@@ -375,8 +567,10 @@ int hkc_cmd_rollback(int argc, char **argv) {
         goto out;
     /* The name is checked above: [A-Za-z0-9_.-] needs no escaping in a path. */
     snprintf(path, sizeof path, "/v1/rollback/%s", module);
+    hkc_asked asked = {.module = module, .release = key_path ? target : 0, .rollback = 1};
+    hkc_set_str(&o, "module", module);
     if (hkc_http(&o, "POST", base, path, body, &ho, &r) == 0)
-        rc = hkc_report_outcome(&o, &r);
+        rc = hkc_report_outcome(&o, &r, &asked);
 out:
     free(r.data);
     free(body);

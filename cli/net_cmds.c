@@ -345,7 +345,7 @@ int hkc_cmd_push(int argc, char **argv) {
     hkc_resp resp = {0};
     if ((rc = release_body(&o, &r, json_body, &body, &len, &type)) == 0 &&
         (rc = hkc_http_body(&o, "POST", argv[1], "/v1/release", body, len, type, &ho, &resp)) == 0)
-        rc = hkc_report_outcome(&o, &resp);
+        rc = hkc_report_outcome(&o, &resp, &(hkc_asked){.module = r.module, .release = r.version});
     free(body);
     free(resp.data);
     release_free(&r);
@@ -479,8 +479,14 @@ static int run_pull(hkc_out *o, const hk_pull_options *opt, hkn_pull_resolved *r
     report_stats(o, p);
     if (!err)
         hk_report_clear(&rep);
+    else if (!o->json && !pa->quiet) {
+        /* The last poll's error was printed as it came: once is enough. */
+        rc = 1;
+        goto done;
+    }
 out:
     rc = rep.error ? hkc_fail_report(o, &rep) : 0;
+done:
     hkn_pull_destroy(p);
     hk_report_clear(&rep);
     return rc;

@@ -304,7 +304,19 @@ static int result_make(hkp_artifact *a, hk_format format, hk_check_result **out)
     r->log = a->log;
     a->image = NULL;
     a->log = NULL;
-    int rc = copy_kernels(r, &a->meta);
+    int rc = 0;
+    if (a->meta.format == HK_FORMAT_FATBIN && a->meta.nentries == 0) {
+        /* A fatbin's metadata has its architectures only; its kernels are
+         * those of the members stored plain. */
+        hkp_meta fk;
+        rc = hkp_fatbin_kernels(r->image, r->image_size, &fk, NULL);
+        if (!rc)
+            rc = copy_kernels(r, &fk);
+        hkp_meta_free(&fk);
+        rc = rc == HK_ERR_NOMEM ? rc : 0;
+    } else {
+        rc = copy_kernels(r, &a->meta);
+    }
     if (!rc)
         rc = copy_globals(r, &a->meta);
     if (rc) {

@@ -58,14 +58,19 @@ struct hk_puller {
 
 /* ---- engine callbacks -------------------------------------------------- */
 
-static int apply_swap(void *ud, const char *module, uint64_t version, hk_format fmt,
-                      const void *bytes, size_t size, const hk_header *headers, int nheaders,
-                      const char *origin, hk_report *rep) {
+/* The build's messages name the artifact's file as the publisher wrote it
+ * ("game.cu(8): error ..."), or without a name the release. */
+static int apply_swap_named(void *ud, const char *module, uint64_t version, const char *name,
+                            hk_format fmt, const void *bytes, size_t size, const hk_header *headers,
+                            int nheaders, const char *origin, hk_report *rep) {
     struct adapter *ad = ud;
     hk_swap_options o = ad->swap;
     char src[128];
     hk_header all[HKN_MAX_ARTIFACTS + 64];
-    snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
+    if (name && name[0])
+        snprintf(src, sizeof src, "%s", name);
+    else
+        snprintf(src, sizeof src, "%s@v%llu", module, (unsigned long long)version);
     o.format = fmt;
     o.origin = origin;
     o.release_version = version; /* kept with the image by the engine's records */
@@ -82,6 +87,13 @@ static int apply_swap(void *ud, const char *module, uint64_t version, hk_format 
         o.nheaders = n;
     }
     return hk_swap(ad->rt, module, bytes, size, &o, rep);
+}
+
+static int apply_swap(void *ud, const char *module, uint64_t version, hk_format fmt,
+                      const void *bytes, size_t size, const hk_header *headers, int nheaders,
+                      const char *origin, hk_report *rep) {
+    return apply_swap_named(ud, module, version, NULL, fmt, bytes, size, headers, nheaders, origin,
+                            rep);
 }
 
 static int rollback(void *ud, const char *module, int check, uint64_t target, hk_report *rep) {
@@ -158,6 +170,7 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     if (arch > 0)
         snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
     ad->eng = (hkn_engine){.apply = apply_swap,
+                           .apply_named = apply_swap_named,
                            .rollback = rollback,
                            .version = version,
                            .metrics = metrics,

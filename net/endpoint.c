@@ -628,6 +628,10 @@ static void run_release(hkn_endpoint *ep, struct req *r) {
     uint64_t ev = !err && ep->eng.version ? ep->eng.version(ep->eng.ud, rep.module) : 0;
     if (!err && ep->eng.version)
         hkn_json_add_int(o, "engine_version", (long long)ev);
+    if (verified) /* as "version": the release, as a rollback's answer names it */
+        hkn_json_add_int(o, "release_version", (long long)version);
+    else
+        cJSON_AddNullToObject(o, "release_version");
     r->status = http_status(err);
     log_outcome(ep, r, "release", &rep, err, ev);
     hk_report_clear(&rep);
@@ -720,6 +724,13 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     uint64_t ev = ep->eng.version ? ep->eng.version(ep->eng.ud, r->module) : 0;
     if (ep->eng.version)
         hkn_json_add_int(o, "engine_version", (long long)ev);
+    /* "version" is the engine's number of the image committed again; the
+     * release that runs now is the engine's to say (0 or null: unknown). */
+    uint64_t rel = 0;
+    if (!err && ep->eng.release && ep->eng.release(ep->eng.ud, r->module, 0, &rel) == 0)
+        hkn_json_add_int(o, "release_version", (long long)rel);
+    else
+        cJSON_AddNullToObject(o, "release_version");
     r->status = http_status(err);
     log_outcome(ep, r, "rollback", &rep, err, ev);
     hk_report_clear(&rep);

@@ -76,6 +76,14 @@ static inline void hkn_metric(hk_metrics_writer *w, const char *name, const char
 typedef int (*hkn_apply_fn)(void *ud, const char *module, uint64_t version, hk_format fmt,
                             const void *bytes, size_t size, const hk_header *headers, int nheaders,
                             const char *origin, hk_report *rep);
+/* The same, with the artifact's file name as the manifest names it
+ * ("game.cu"), so that the build's messages name the file the publisher
+ * wrote ("game.cu(8): error ..."). When an engine has it, it is called
+ * instead of apply. */
+typedef int (*hkn_apply_named_fn)(void *ud, const char *module, uint64_t version, const char *name,
+                                  hk_format fmt, const void *bytes, size_t size,
+                                  const hk_header *headers, int nheaders, const char *origin,
+                                  hk_report *rep);
 /* Rolls `module` back to its previous image; with `check`, only when that
  * image belongs to release `target` (else HK_ERR_REJECTED, nothing changed),
  * checked by the engine in the same step. 0 or a negative HK_ERR_*. */
@@ -112,6 +120,8 @@ typedef struct hkn_engine {
     hkn_quarantine_fn quarantine; /* optional: /v1/status lists the quarantine */
     hkn_release_fn release;       /* optional: /v1/status names the releases the
                                    * engine runs and would roll back to */
+    /* optional: preferred to apply (the build's messages name the file) */
+    hkn_apply_named_fn apply_named;
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and

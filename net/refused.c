@@ -157,8 +157,12 @@ int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const 
     hk_report arep = HK_REPORT_INIT;
     hk_header hdrs[HKN_MAX_ARTIFACTS];
     int nh = hkn_release_headers(m, bytes, sizes, hdrs);
-    err = e->apply(e->ud, m->module, m->version, m->artifacts[k].format, bytes[k] ? bytes[k] : "",
-                   sizes[k], hdrs, nh, origin, &arep);
+    const void *b = bytes[k] ? bytes[k] : "";
+    err = e->apply_named
+              ? e->apply_named(e->ud, m->module, m->version, m->artifacts[k].name,
+                               m->artifacts[k].format, b, sizes[k], hdrs, nh, origin, &arep)
+              : e->apply(e->ud, m->module, m->version, m->artifacts[k].format, b, sizes[k], hdrs,
+                         nh, origin, &arep);
     if (verdict)
         *verdict = 1;
     /* The engine's report carries the build detail; the release's identity

@@ -25,7 +25,9 @@
  * - Fatbin: 16-byte header {u32 magic, u16 version, u16 header size, u64 size
  *   of what follows}, then entries {u16 kind (1 PTX, 2 ELF), u16, u32 header
  *   size, u64 payload size, u32, u32, u16 minor, u16 major, u32 arch, ...,
- *   u64 flags at 40}; flag 0x100000 marks an arch-specific entry.
+ *   u64 flags at 40}; flag 0x100000 marks an arch-specific entry. nvcc 13
+ *   stores PTX members compressed (zstd) and cubins as ELF, unless asked
+ *   otherwise: a fatbin's kernels are read from the members stored plain.
  */
 #include <elf.h>
 #include <stdarg.h>
@@ -1170,10 +1172,19 @@ static void add_arch(int *list, int *n, int arch) {
         list[(*n)++] = arch;
 }
 
-static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *why,
-                       size_t why_size) {
+/* One member of a fatbin as the walk meets it: its kind (FATBIN_KIND_*), its
+ * architecture (with HKP_ARCH_SPECIFIC from the entry's flag), its flags and
+ * its payload, bounds-checked. Returns 0 to go on, else the walk's result. */
+typedef int (*fatbin_member_fn)(unsigned kind, int arch, uint64_t flags, const unsigned char *img,
+                                uint64_t psize, void *ud);
+
+/* Walks every member of every block of a fatbin, checking each header
+ * against the buffer. HK_ERR_FORMAT with a reason when the container is
+ * malformed or holds no member. */
+static int fatbin_walk(const unsigned char *p, size_t size, fatbin_member_fn fn, void *ud,
+                       char *why, size_t why_size) {
     size_t pos = 0;
-    int blocks = 0, entries = 0;
+    int blocks = 0, entries = 0, rc;
     while (pos < size) {
         size_t left = size - pos;
         if (blocks > 0 && (left < HKP_FATBIN_HEADER || hkp_rd32(p + pos) != HKP_FATBIN_MAGIC)) {
@@ -1222,22 +1233,8 @@ static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *w
             }
             if (flags & FATBIN_FLAG_ARCH_SPEC)
                 arch |= HKP_ARCH_SPECIFIC;
-            if (kind == FATBIN_KIND_PTX) {
-                add_arch(m->ptx_archs, &m->nptx_archs, arch);
-            } else if (kind == FATBIN_KIND_ELF) {
-                /* An uncompressed cubin says itself whether it is 'a'. */
-                const unsigned char *img = e + ehs;
-                if (psize >= sizeof(Elf64_Ehdr) && memcmp(img, ELFMAG, SELFMAG) == 0) {
-                    elf_view v;
-                    if (elf_open(&v, img, (size_t)psize, NULL, 0) == 0) {
-                        int a = cubin_arch(&v);
-                        if (HKP_ARCH_NUM(a) == HKP_ARCH_NUM(arch))
-                            arch = a;
-                    }
-                    free(v.secs);
-                }
-                add_arch(m->archs, &m->narchs, arch);
-            }
+            if ((rc = fn(kind, arch, flags, e + ehs, psize, ud)) != 0)
+                return rc;
             entries++;
             i += ehs + psize;
         }
@@ -1249,6 +1246,108 @@ static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *w
         return HK_ERR_FORMAT;
     }
     return 0;
+}
+
+/* An uncompressed cubin member (nvcc compresses members on request, and
+ * then the payload is no ELF): 1 with its view opened. */
+static int member_cubin(const unsigned char *img, uint64_t psize, elf_view *v) {
+    memset(v, 0, sizeof *v);
+    return psize >= sizeof(Elf64_Ehdr) && memcmp(img, ELFMAG, SELFMAG) == 0 &&
+           elf_open(v, img, (size_t)psize, NULL, 0) == 0;
+}
+
+static int fatbin_archs(unsigned kind, int arch, uint64_t flags, const unsigned char *img,
+                        uint64_t psize, void *ud) {
+    hkp_meta *m = ud;
+    if (kind == FATBIN_KIND_PTX) {
+        add_arch(m->ptx_archs, &m->nptx_archs, arch);
+    } else if (kind == FATBIN_KIND_ELF) {
+        /* An uncompressed cubin says itself whether it is 'a'. */
+        elf_view v;
+        if (member_cubin(img, psize, &v)) {
+            int a = cubin_arch(&v);
+            if (HKP_ARCH_NUM(a) == HKP_ARCH_NUM(arch))
+                arch = a;
+        }
+        free(v.secs);
+        add_arch(m->archs, &m->narchs, arch);
+    }
+    return 0;
+}
+
+static int meta_fatbin(const unsigned char *p, size_t size, hkp_meta *m, char *why,
+                       size_t why_size) {
+    return fatbin_walk(p, size, fatbin_archs, m, why, why_size);
+}
+
+/* ---- a fatbin's kernels ---------------------------------------------------- */
+
+struct fatbin_kernels {
+    struct meta_builder b; /* the merged entries */
+    int unread;
+};
+
+/* 1 when m already lists an entry called name. */
+static int has_entry(const hkp_meta *m, const char *name) {
+    for (int i = 0; i < m->nentries; i++)
+        if (!strcmp(m->entries[i].name, name))
+            return 1;
+    return 0;
+}
+
+/* Moves the entries of one member's metadata that `into` lacks into it. */
+static int merge_entries(struct meta_builder *into, hkp_meta *from) {
+    for (int i = 0; i < from->nentries; i++) {
+        if (has_entry(into->m, from->entries[i].name))
+            continue;
+        if (grow((void **)&into->m->entries, &into->ecap, into->m->nentries + 1, sizeof(hkp_entry)))
+            return HK_ERR_NOMEM;
+        into->m->entries[into->m->nentries++] = from->entries[i];
+        memset(&from->entries[i], 0, sizeof from->entries[i]); /* moved */
+    }
+    return 0;
+}
+
+static int fatbin_member_kernels(unsigned kind, int arch, uint64_t flags, const unsigned char *img,
+                                 uint64_t psize, void *ud) {
+    struct fatbin_kernels *fk = ud;
+    hkp_meta one = {0};
+    struct meta_builder b = {.m = &one};
+    int rc = -1;
+    if (kind == FATBIN_KIND_ELF && psize >= sizeof(Elf64_Ehdr) &&
+        memcmp(img, ELFMAG, SELFMAG) == 0) {
+        rc = meta_cubin(img, (size_t)psize, &b, NULL, 0);
+    } else if (kind == FATBIN_KIND_PTX && psize > 0) {
+        /* Compressed PTX (nvcc's default) is no PTX text: its parse fails. */
+        size_t n = (size_t)psize;
+        while (n > 0 && img[n - 1] == '\0') /* the member is padded */
+            n--;
+        rc = meta_ptx((const char *)img, n, &b, NULL, 0);
+    }
+    if (rc != 0) {
+        fk->unread += kind == FATBIN_KIND_ELF || kind == FATBIN_KIND_PTX;
+        rc = 0;
+    } else {
+        rc = merge_entries(&fk->b, &one);
+    }
+    hkp_meta_free(&one);
+    return rc == HK_ERR_NOMEM ? rc : 0;
+}
+
+int hkp_fatbin_kernels(const void *data, size_t size, hkp_meta *out, int *unread) {
+    struct fatbin_kernels fk = {.b = {.m = out}};
+    if (!out)
+        return HK_ERR_INVALID;
+    memset(out, 0, sizeof *out);
+    out->format = HK_FORMAT_FATBIN;
+    int rc = data ? fatbin_walk(data, size, fatbin_member_kernels, &fk, NULL, 0) : HK_ERR_INVALID;
+    if (rc) {
+        hkp_meta_free(out);
+        out->format = HK_FORMAT_FATBIN;
+    }
+    if (unread)
+        *unread = rc ? 0 : fk.unread;
+    return rc;
 }
 
 /* ---- entry point ------------------------------------------------------------ */

@@ -74,6 +74,14 @@ typedef struct hkp_meta {
  * On success *out is owned by the caller: hkp_meta_free(). */
 int hkp_meta_read(const void *data, size_t size, hk_format fmt, hkp_meta *out, char *why,
                   size_t why_size);
+/* The kernels of a fatbin (hkp_meta_read lists its architectures only):
+ * the entries of each member stored uncompressed, cubin or PTX, merged by
+ * name in the order met (the first member's layout kept). nvcc compresses
+ * PTX members, and cubins with -compress-all: a member that cannot be read
+ * is counted in *unread (may be NULL), not refused. out->entries only; free
+ * with hkp_meta_free. 0, or HK_ERR_FORMAT for a malformed container,
+ * HK_ERR_NOMEM. */
+int hkp_fatbin_kernels(const void *data, size_t size, hkp_meta *out, int *unread);
 /* Fills out with a deep copy of m (its arrays and strings its own; free
  * with hkp_meta_free). 0, or HK_ERR_NOMEM, with out freed. */
 int hkp_meta_dup(const hkp_meta *m, hkp_meta *out);

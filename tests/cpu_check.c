@@ -270,6 +270,14 @@ START_TEST(ptx_cubin_and_fatbin_inputs) {
     ck_assert_int_eq(hk_check_result_arch_count(r), 2);
     ck_assert_str_eq(hk_check_result_arch(r, 0), "sm_80");
     ck_assert_str_eq(hk_check_result_arch(r, 1), "compute_90");
+    /* Its kernels are its sm_80 cubin's (nvcc stores the PTX compressed),
+     * with their layouts. */
+    ck_assert_int_eq(hk_check_result_kernel_count(r), 3);
+    ck_assert_int_eq(find_kernel(r, "scale", NULL, NULL), 3);
+    const size_t *off, *sz;
+    ck_assert_int_eq(find_kernel(r, "mixed", &off, &sz), 4);
+    ck_assert_uint_eq(sz[0], 32); /* struct Pair */
+    ck_assert_int_eq(find_kernel(r, "noargs", NULL, NULL), 0);
     hk_check_result_free(r);
     /* Neither its sm_80 code nor its compute_90 PTX runs on 7.5. */
     hk_report rep = HK_REPORT_INIT;

@@ -164,6 +164,127 @@ START_TEST(usage_and_bad_input) {
 }
 END_TEST
 
+/* An architecture NVRTC does not know is a usage error (exit 2) that lists
+ * the ones it does, not a failure of the file. */
+START_TEST(unknown_arch_is_usage) {
+    ck_assert_int_eq(hotkern("check --arch sm_999 ok.cu"), 2);
+    ck_assert_msg(!strstr(out, "ok.cu"), "%s", out);
+    ck_assert_msg(strstr(out, "unknown --arch 'sm_999'") && strstr(out, "sm_90") &&
+                      strstr(out, "--help"),
+                  "%s", out);
+    ck_assert_int_eq(hotkern("check --arch sm_x ok.cu"), 2);
+    ck_assert_msg(strstr(out, "sm_90"), "%s", out);
+    ck_assert_int_eq(hotkern("check --arch 90 ok.cu"), 0);
+    ck_assert_int_eq(hotkern("check --arch compute_80 ok.cu"), 0);
+    ck_assert_int_eq(hotkern("check --arch sm_90a ok.cu"), 0);
+}
+END_TEST
+
+#define NVCC "/usr/local/cuda/bin/nvcc"
+
+static int hotkern_json(const char *command, const char *args);
+static const cJSON *field(const cJSON *o, const char *name);
+
+static const char *const CPP_CU =
+    "namespace ns { template <typename T> __global__ void scale(T *x, T a) { x[0] *= a; } }\n"
+    "template __global__ void ns::scale<float>(float *, float);\n"
+    "__global__ void over(int *x, double d) { x[0] = (int)d; }\n"
+    "extern \"C\" __global__ void plain(int *x) { x[0] = 1; }\n";
+
+/* A cubin and fatbins made by nvcc from CPP_CU, in dir: cpp.cubin (sm_80),
+ * cpp.fatbin (sm_80 code, compute_90 PTX, which nvcc compresses) and
+ * ptx.fatbin (compute_90 PTX stored plain). */
+static void nvcc_images(void) {
+    char cmd[8192];
+    put("cpp.cu", CPP_CU);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && " NVCC " -cubin -arch sm_80 -o cpp.cubin cpp.cu && " NVCC
+             " -fatbin -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=compute_90"
+             " -o cpp.fatbin cpp.cu && " NVCC
+             " -fatbin -Xfatbin -compress=false -gencode arch=compute_90,code=compute_90"
+             " -o ptx.fatbin cpp.cu",
+             dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* What check says of a cubin, a fatbin and CUDA C: a fatbin's kernels (read
+ * from its members), each file's architectures, and C++ kernel names
+ * demangled beside the mangled ones. */
+START_TEST(check_lists_fatbin_kernels_archs_demangled) {
+    nvcc_images();
+    ck_assert_int_eq(hotkern("check --arch sm_90 cpp.cu cpp.cubin cpp.fatbin ptx.fatbin"), 1);
+    /* cpp.cubin is sm_80 code: no use on sm_90. */
+    ck_assert_msg(strstr(out, "cpp.cubin: error"), "%s", out);
+    ck_assert_msg(strstr(out, "cpp.fatbin: ok (fatbin: sm_80, compute_90; 3 kernels: "), "%s", out);
+    ck_assert_msg(strstr(out, "ptx.fatbin: ok (fatbin: compute_90; 3 kernels: "), "%s", out);
+    ck_assert_msg(strstr(out, "  _ZN2ns5scaleIfEEvPT_S1_ = void ns::scale<float>(float*, float)\n"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "  _Z4overPid = over(int*, double)\n"), "%s", out);
+    ck_assert_msg(!strstr(out, "plain = "), "%s", out); /* a C name stays as it is */
+
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_86 cpp.cu cpp.cubin cpp.fatbin"), 0);
+    const cJSON *files = field(doc, "files");
+    const char *want_arch[] = {"sm_86", "sm_80", "sm_80"};
+    for (int f = 0; f < 3; f++) {
+        const cJSON *rec = cJSON_GetArrayItem(files, f);
+        const cJSON *k = field(rec, "kernels"), *d = field(rec, "demangled");
+        const cJSON *ar = field(rec, "archs");
+        ck_assert_msg(cJSON_GetArraySize(k) == 3 && cJSON_GetArraySize(d) == 3, "%s", jout);
+        ck_assert_msg(cJSON_GetArraySize(ar) >= 1, "%s", jout);
+        ck_assert_str_eq(cJSON_GetArrayItem(ar, 0)->valuestring, want_arch[f]);
+        int seen = 0;
+        for (int i = 0; i < 3; i++) {
+            const char *kn = cJSON_GetArrayItem(k, i)->valuestring;
+            const cJSON *dn = cJSON_GetArrayItem(d, i);
+            if (!strcmp(kn, "plain")) {
+                ck_assert(cJSON_IsNull(dn));
+                seen |= 1;
+            } else if (!strcmp(kn, "_Z4overPid")) {
+                ck_assert_str_eq(dn->valuestring, "over(int*, double)");
+                seen |= 2;
+            } else if (!strcmp(kn, "_ZN2ns5scaleIfEEvPT_S1_")) {
+                ck_assert_str_eq(dn->valuestring, "void ns::scale<float>(float*, float)");
+                seen |= 4;
+            }
+        }
+        ck_assert_msg(seen == 7, "%s", jout);
+    }
+    /* --ptx-only: CUDA C checked as PTX for the architecture. */
+    ck_assert_int_eq(hotkern_json("check", "--ptx-only cpp.cu"), 0);
+    const cJSON *ar = field(cJSON_GetArrayItem(field(doc, "files"), 0), "archs");
+    ck_assert_str_eq(cJSON_GetArrayItem(ar, 0)->valuestring, "compute_90");
+}
+END_TEST
+
+/* Occurrences of needle in hay. */
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* A poll's error is printed once, as it happens: not again as the
+ * command's failure at the end. */
+START_TEST(pull_error_printed_once) {
+    ck_assert_int_eq(hotkern("keygen --out keys"), 0);
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--once"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 1, "%s", out);
+    ck_assert_msg(strstr(out, "errors 1"), "%s", out);
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--count 2 --interval-ms 10"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 2, "%s", out); /* one a poll */
+    /* --quiet leaves the polls' errors out; the failure is still said once. */
+    ck_assert_int_eq(hotkern("pull http://127.0.0.1:1/m.json --pubkey keys/hotkern.pub --state st "
+                             "--count 2 --interval-ms 10 --quiet"),
+                     1);
+    ck_assert_msg(count_of(out, "HK_ERR_NETWORK") == 1, "%s", out);
+}
+END_TEST
+
 /* ---- --json -------------------------------------------------------------- */
 
 static size_t slurp(const char *path, char *buf, size_t cap) {
@@ -244,9 +365,9 @@ static double num(const cJSON *o, const char *name) {
 }
 
 static const char *const check_fields[] = {"arch", "files", NULL};
-static const char *const file_fields[] = {"file",        "ok",    "format", "kernels",
-                                          "archs",       "error", "code",   "message",
-                                          "diagnostics", "log",   NULL};
+static const char *const file_fields[] = {"file",      "ok",          "format", "kernels",
+                                          "demangled", "archs",       "error",  "code",
+                                          "message",   "diagnostics", "log",    NULL};
 
 START_TEST(check_json) {
     ck_assert_int_eq(hotkern_json("check", "ok.cu"), 0);
@@ -287,6 +408,10 @@ START_TEST(check_json) {
     ck_assert_ptr_nonnull(strstr(str(doc, "message"), "--bogus"));
     ck_assert_int_eq(hotkern_json("check", ""), 2);
     ck_assert_int_eq(hotkern_json("check", "--arch sm_x ok.cu"), 2);
+    ck_assert_int_eq(hotkern_json("check", "--arch sm_999 ok.cu"), 2);
+    ck_assert_str_eq(str(doc, "error"), "HK_ERR_INVALID");
+    ck_assert_ptr_nonnull(strstr(str(doc, "message"), "sm_90"));
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(doc, "files"));
     /* --help stays text. */
     ck_assert_int_eq(hotkern("check --json --help"), 0);
     ck_assert_msg(strstr(out, "usage: hotkern check") && !strchr(out, '{'), "%s", out);
@@ -408,6 +533,28 @@ START_TEST(push_json) {
 }
 END_TEST
 
+/* A push refused for its key (before the endpoint could verify anything)
+ * still names its module: the one the tool signed. */
+START_TEST(push_refused_for_its_key_names_the_module) {
+    char args[512];
+    net_setup(NULL);
+    ck_assert_int_eq(hotkern("keygen --out stranger"), 0);
+    snprintf(args, sizeof args,
+             "push %s --key stranger/hotkern.key --module add --release 5 add.cu", base);
+    ck_assert_int_eq(hotkern(args), 1);
+    ck_assert_msg(strstr(out, "(HTTP 403): module add ") && strstr(out, "release v5"), "%s", out);
+    ck_assert_msg(strstr(out, "HK_ERR_"), "%s", out);
+    ck_assert_int_eq(hotkern_json("push", args + 5), 1);
+    ck_assert_str_eq(str(doc, "module"), "add");
+    ck_assert_int_eq((int)num(doc, "release"), 5);
+    ck_assert_int_eq((int)num(doc, "http_status"), 403);
+    pthread_mutex_lock(&rec.lock);
+    ck_assert_uint_eq(rec.version, 0); /* nothing was applied */
+    pthread_mutex_unlock(&rec.lock);
+    net_teardown();
+}
+END_TEST
+
 /* --release names the release; --version is the tool's and is refused with
  * a pointer to --release, as text and as JSON. */
 START_TEST(release_option) {
@@ -472,6 +619,45 @@ START_TEST(status_json) {
 }
 END_TEST
 
+/* Without --json, status is a table for people: a line a module, and the
+ * message and log of a refused one; no JSON. */
+START_TEST(status_text) {
+    char args[512];
+    net_setup(NULL);
+    snprintf(args, sizeof args, "push %s --key hotkern.key --module add --release 42 add.cu", base);
+    ck_assert_int_eq(hotkern(args), 0);
+    pthread_mutex_lock(&rec.lock);
+    rec.fail_with = HK_ERR_COMPILE;
+    pthread_mutex_unlock(&rec.lock);
+    put("mul.cu", "extern \"C\" __global__ void mul(float *x) { x[0] *= y; }\n");
+    snprintf(args, sizeof args, "push %s --key hotkern.key --module mul --release 7 mul.cu", base);
+    ck_assert_int_eq(hotkern(args), 1);
+    snprintf(args, sizeof args, "status %s", base);
+    ck_assert_int_eq(hotkern(args), 0);
+    ck_assert_msg(!strchr(out, '{') && !strstr(out, "\"last_outcome\""), "%s", out);
+    ck_assert_msg(strstr(out, "MODULE") && strstr(out, "RELEASE") && strstr(out, "LAST") &&
+                      strstr(out, "SINCE"),
+                  "%s", out);
+    /* add's row: its release and outcome, and when (a date). */
+    const char *row = strstr(out, "\nadd ");
+    ck_assert_msg(row, "%s", out);
+    const char *eol = strchr(row + 1, '\n');
+    ck_assert_ptr_nonnull(eol);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)(eol - row - 1), row + 1);
+    ck_assert_msg(strstr(line, "v42") && strstr(line, "committed") && strstr(line, " UTC (") &&
+                      strstr(line, " ago)"),
+                  "%s", line);
+    row = strstr(out, "\nmul ");
+    ck_assert_msg(row && strstr(row, "refused (HK_ERR_COMPILE)"), "%s", out);
+    /* The refused module's message and log follow the table. */
+    ck_assert_msg(strstr(out, "mul: ") && strstr(out, "NVRTC refused it") &&
+                      strstr(out, "  add.cu(1): error: identifier \"y\" is undefined"),
+                  "%s", out);
+    net_teardown();
+}
+END_TEST
+
 START_TEST(pull_json) {
     net_setup(NULL);
     net_teardown();
@@ -528,9 +714,12 @@ int main(void) {
     tcase_add_test(tc, compile_error_like_a_compiler);
     tcase_add_test(tc, defines_and_include_paths);
     tcase_add_test(tc, usage_and_bad_input);
+    tcase_add_test(tc, unknown_arch_is_usage);
     tcase_add_test(tc, toolkit_headers_need_no_include_dirs);
     tcase_add_test(tc, templates_without_instantiation);
     tcase_add_test(tc, reuse_or_not_same_output);
+    tcase_add_test(tc, pull_error_printed_once);
+    tcase_add_test(tc, check_lists_fatbin_kernels_archs_demangled);
     suite_add_tcase(s, tc);
     TCase *js = tcase_create("json");
     tcase_add_checked_fixture(js, setup, teardown);
@@ -538,7 +727,9 @@ int main(void) {
     tcase_add_test(js, check_json);
     tcase_add_test(js, push_json);
     tcase_add_test(js, release_option);
+    tcase_add_test(js, push_refused_for_its_key_names_the_module);
     tcase_add_test(js, status_json);
+    tcase_add_test(js, status_text);
     tcase_add_test(js, pull_json);
     suite_add_tcase(s, js);
     return hkt_run(s);

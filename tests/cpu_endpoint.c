@@ -492,7 +492,8 @@ START_TEST(push_with_cli_commits) {
 
     char *status[] = {(char *)cli, "status", base, NULL};
     rc = run(status, out, sizeof out);
-    ck_assert_msg(rc == 0 && strstr(out, "\"add\""), "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 0 && strstr(out, "\nadd ") && strstr(out, "committed"), "exit %d: %s", rc,
+                  out);
     /* A signed rollback, to the previous release the status reports. */
     char *rb[] = {(char *)cli, "rollback", base, "add", "--key", key_path, NULL};
     rc = run(rb, out, sizeof out);

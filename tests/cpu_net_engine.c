@@ -98,6 +98,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud) {
     return size * n;
 }
 
+static char bearer[64]; /* when set, every request sends this token */
+
 /* One request with libcurl; returns the status, the body in *body (the
  * caller frees it; may be NULL). */
 static long http(unsigned port, const char *method, const char *path, const char *data,
@@ -114,6 +116,11 @@ static long http(unsigned port, const char *method, const char *path, const char
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+    if (bearer[0]) {
+        char auth[128];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
+        h = curl_slist_append(h, auth);
+    }
     if (data) {
         h = curl_slist_append(h, "Content-Type: application/json");
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, data);
@@ -282,6 +289,89 @@ START_TEST(rollback_follows_the_engine) {
 }
 END_TEST
 
+/* A rollback names the release that runs after it, not the engine's version
+ * number of the image (releases 10, 20, 30 are engine versions 1, 2, 3):
+ * the endpoint's answer says "release_version", and the CLI prints it, as
+ * text and as --json's "release", with the token (nothing signed names the
+ * target) as with a signed request. */
+START_TEST(rollback_names_the_release) {
+    hk_endpoint_options eo;
+    hk_endpoint *ep = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    const char *keys[] = {pub_path};
+    hk_endpoint_options_init(&eo);
+    eo.trusted_keys = keys;
+    eo.ntrusted_keys = 1;
+    eo.state_dir = state;
+    eo.token = "t0ken";
+    snprintf(bearer, sizeof bearer, "t0ken");
+    ck_assert_msg(hk_endpoint_start(rt, &eo, &ep, &rep) == 0, "%s", rep.message);
+    unsigned port = hk_endpoint_port(ep);
+    for (int i = 1; i <= 3; i++)
+        ck_assert_int_eq(push(port, (uint64_t)i * 10, 100 + i), 200);
+    ck_assert_int_eq(status_field(port, "running_release_version"), 30);
+
+    char *body = NULL;
+    ck_assert_int_eq(http(port, "POST", "/v1/rollback/m", "{}", &body), 200);
+    cJSON *a = cJSON_Parse(body);
+    const cJSON *rel = cJSON_GetObjectItem(a, "release_version");
+    ck_assert_msg(cJSON_IsNumber(rel) && rel->valuedouble == 20, "%s", body);
+    cJSON_Delete(a);
+    free(body);
+    ck_assert_int_eq(running_tag("m"), 102);
+
+    char out[8192], args[PATH_MAX + 128];
+    snprintf(args, sizeof args, "rollback http://127.0.0.1:%u m --token t0ken", port);
+    int rc = cli(out, sizeof out, args);
+    ck_assert_msg(rc == 0 && strstr(out, "rolled_back") && strstr(out, "release v10,"),
+                  "exit %d: %s", rc, out);
+    ck_assert_int_eq(running_tag("m"), 101);
+    ck_assert_int_eq(status_field(port, "running_release_version"), 10);
+
+    /* Forward again with a push; --json says the same as the text. */
+    ck_assert_int_eq(push(port, 40, 104), 200);
+    snprintf(args, sizeof args, "rollback http://127.0.0.1:%u m --token t0ken --json", port);
+    rc = cli(out, sizeof out, args);
+    ck_assert_msg(rc == 0 && strstr(out, "\"release\":10,"), "exit %d: %s", rc, out);
+    ck_assert_int_eq(status_field(port, "running_release_version"), 10);
+    bearer[0] = '\0';
+    hk_endpoint_stop(ep);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* A pushed CUDA C file that does not compile: the compiler's messages name
+ * the file as the manifest does ("game.cu(2): error"), not the release
+ * ("game@v5(2)"). NVRTC runs here without a GPU; nothing is committed. */
+START_TEST(pushed_build_log_names_the_file) {
+    const char *keys[] = {pub_path};
+    hk_endpoint_options eo;
+    hk_endpoint *ep = NULL;
+    hk_report rep = HK_REPORT_INIT;
+    hk_endpoint_options_init(&eo);
+    eo.trusted_keys = keys;
+    eo.ntrusted_keys = 1;
+    eo.state_dir = state;
+    ck_assert_msg(hk_endpoint_start(rt, &eo, &ep, &rep) == 0, "%s", rep.message);
+    char src[PATH_MAX + 16], out[16384], args[3 * PATH_MAX];
+    snprintf(src, sizeof src, "%s/game.cu", tmp);
+    ck_assert_int_eq(hkt_write_file(src, "extern \"C\" __global__ void step(int *x) {\n"
+                                         "    x[0] = undefined_thing;\n"
+                                         "}\n"),
+                     0);
+    snprintf(args, sizeof args,
+             "push http://127.0.0.1:%u --key '%s' --module game --release 5 '%s'",
+             hk_endpoint_port(ep), key_path, src);
+    int rc = cli(out, sizeof out, args);
+    ck_assert_msg(rc == 1 && strstr(out, "HK_ERR_COMPILE"), "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "game.cu(2): error"), "%s", out);
+    ck_assert_msg(!strstr(out, "game@v5"), "%s", out);
+    ck_assert_int_eq(running_tag("game"), -1);
+    hk_endpoint_stop(ep);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* The engine keeps each image's release through its history: what
  * hk_module_release reports and what hk_rollback_release accepts are the
  * images hk_rollback walks back through, and a refused target changes
@@ -332,6 +422,8 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, rollback_follows_the_engine);
     tcase_add_test(tc, engine_history_has_releases);
+    tcase_add_test(tc, rollback_names_the_release);
+    tcase_add_test(tc, pushed_build_log_names_the_file);
     suite_add_tcase(s, tc);
     return s;
 }

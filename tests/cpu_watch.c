@@ -331,6 +331,13 @@ START_TEST(classify_names) {
     ck_assert_int_eq(hkw_classify("particles.cu.swx", m, sizeof m), HKW_IGNORED);
     ck_assert_int_eq(hkw_classify("particles.cu.tmp", m, sizeof m), HKW_IGNORED);
     ck_assert_int_eq(hkw_classify("4913", m, sizeof m), HKW_IGNORED);
+    /* sed -i's temporary file: "sed" and six of [A-Za-z0-9]; nothing else. */
+    ck_assert_int_eq(hkw_classify("sedAb12Xy", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("sed000000", m, sizeof m), HKW_IGNORED);
+    ck_assert_int_eq(hkw_classify("sedAb12X", NULL, 0), HKW_OTHER);
+    ck_assert_int_eq(hkw_classify("sedAb12Xyz", NULL, 0), HKW_OTHER);
+    ck_assert_int_eq(hkw_classify("sedAb-2Xy", NULL, 0), HKW_OTHER);
+    ck_assert_int_eq(hkw_classify("sedimen.cu", m, sizeof m), HKW_SOURCE);
     ck_assert_int_eq(hkw_classify("#particles.cu#", m, sizeof m), HKW_IGNORED);
     ck_assert_int_eq(hkw_classify("sub/particles.cu", m, sizeof m), HKW_IGNORED);
     /* A module name that does not fit the caller's buffer is refused. */
@@ -471,6 +478,30 @@ START_TEST(save_vim_backup) {
     ck_assert_int_eq(unlink(swp), 0);
     expect_total(2);
     ck_assert_str_eq(rec_last("particles"), "v2 from vim");
+}
+END_TEST
+
+/* What `sed -i` does: the new text goes to sedXXXXXX beside the file, which
+ * is then renamed over it. The temporary file is a dropping: one handover of
+ * the new text, and no refusal of sed's file. */
+START_TEST(save_sed_in_place) {
+    char p[PATH_MAX], tmpf[PATH_MAX];
+
+    write_file("particles.cu", "v1");
+    start();
+    ck_assert_int_eq(hkw_add_dir(w, dir), 0);
+    expect_total(1);
+    path_in(p, sizeof p, dir, "particles.cu");
+    path_in(tmpf, sizeof tmpf, dir, "sedq3ZkP0");
+    write_at(tmpf, "v2 from sed");
+    ck_assert_int_eq(chmod(tmpf, 0644), 0);
+    /* The closed temporary file stays a while (sed on a long file), long
+     * enough for the watcher to look at it. */
+    usleep(SETTLE_MS * 1000);
+    ck_assert_int_eq(rename(tmpf, p), 0);
+    expect_total(2);
+    ck_assert_str_eq(rec_last("particles"), "v2 from sed");
+    ck_assert_int_eq(refusal_count(), 0);
 }
 END_TEST
 
@@ -2254,6 +2285,7 @@ static Suite *watch_suite(void) {
     tcase_add_test(tc, save_rename_over);
     tcase_add_test(tc, save_delete_create);
     tcase_add_test(tc, save_vim_backup);
+    tcase_add_test(tc, save_sed_in_place);
     tcase_add_test(tc, burst_of_writes);
     tcase_add_test(tc, slow_writer_not_handed_early);
     tcase_add_test(tc, completed_save_read_at_once);

@@ -205,14 +205,26 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Files that editors write next to the real one while saving. */
+/* sed -i's temporary file: "sed" and six characters of mkstemp's
+ * alphabet, made beside the file and renamed over it. Without a dot it can
+ * never be a kernel source or header, so ignoring the shape loses nothing. */
+static int is_sed_temp(const char *name) {
+    if (strncmp(name, "sed", 3) != 0 || strlen(name) != 9)
+        return 0;
+    for (const char *p = name + 3; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')))
+            return 0;
+    return 1;
+}
+
+/* Files that editors (and sed -i) write next to the real one while saving. */
 static int is_dropping(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || name[0] == '.' || name[n - 1] == '~')
         return 1;
     if (name[0] == '#' && name[n - 1] == '#')
         return 1;
-    if (strcmp(name, "4913") == 0)
+    if (strcmp(name, "4913") == 0 || is_sed_temp(name))
         return 1;
     return ends_with(name, ".swp") || ends_with(name, ".swx") || ends_with(name, ".swo") ||
            ends_with(name, ".tmp") || ends_with(name, "___jb_tmp___") ||

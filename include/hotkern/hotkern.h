@@ -934,7 +934,9 @@ HK_API const void *hk_check_result_image(const hk_check_result *r, size_t *size,
 HK_API const char *hk_check_result_log(const hk_check_result *r);
 
 /* The kernels (entry points) of the image, in the image's order: those of
- * PTX and of a cubin; a fatbin's are not read (0), only its architectures. */
+ * PTX and of a cubin; a fatbin's are those of its members stored plain
+ * (its cubins, as nvcc writes them, and PTX that is not compressed),
+ * merged by name in the order met. */
 HK_API int hk_check_result_kernel_count(const hk_check_result *r);
 
 /* Kernel i: its entry name (the mangled one for C++ names) in *name, and,
@@ -1490,9 +1492,10 @@ HK_API void hk_metrics_detach(hk_metrics_source *s);
  * in its place: the running version stays.
  *
  * Refusals. Editor droppings (dotfiles, "*~", "*.swp", "*.swx", "*.tmp",
- * "4913", "#NAME#") are ignored silently. Every other file that cannot become
- * a version gets one HK_EVENT_REFUSED per change, on the watch's thread, with
- * origin "watch:PATH" and a report whose message names the file and says why;
+ * "4913", "#NAME#", sed -i's "sedXXXXXX") are ignored silently. Every other
+ * file that cannot become a version gets one HK_EVENT_REFUSED per change, on
+ * the watch's thread, with origin "watch:PATH" and a report whose message
+ * names the file and says why;
  * the report never carries the file's content (only the log of a compiler that
  * was given a real source does). Refused: a module name of 64 characters or
  * more or one hk_swap refuses (see there), a file whose content is not its extension's format, an

@@ -75,7 +75,11 @@
  *                             attached to it)
  *   GET  /healthz             "ok", never needs the token
  *   Answers are JSON: {"outcome": "committed" | "refused" | "rolled_back" |
- *   "error", "module", "version", "error": "HK_ERR_...", "code", "message",
+ *   "error", "module", "version" (a release's: the release; a rollback's:
+ *   the engine's version number of the image it committed again),
+ *   "release_version" (the release that runs after a rollback, or the
+ *   release of a verified release; null when unknown), "error":
+ *   "HK_ERR_...", "code", "message",
  *   "log" (compiler/JIT log or null), "build_ms", "stage_ms", "commit_ms"};
  *   a refusal also has "refused_before": true when the engine refused these
  *   same signed bytes already (a build, validation, canary or quarantine

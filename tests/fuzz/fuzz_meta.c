@@ -56,5 +56,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_meta(&m, rc);
         hkp_meta_free(&m);
     }
+    /* A fatbin's kernels: every member's parse, merged. */
+    int unread = -1;
+    rc = hkp_fatbin_kernels(data, size, &m, &unread);
+    if ((rc != 0 && rc != HK_ERR_FORMAT && rc != HK_ERR_NOMEM) || (rc == 0 && unread < 0))
+        abort();
+    check_meta(&m, rc);
+    hkp_meta_free(&m);
     return 0;
 }
