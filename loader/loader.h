@@ -708,51 +708,8 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
                         hk_report *rep);
 void hkl_graphs_free(hk_runtime *rt);
 
-/* expect.c: the program's own kernels and globals (for the <<<>>>
- * interposition). See the top of expect.c.
- * - hkl_expect_kernel registers the program's kernel `name` (entry name: C
- *   or mangled), the layout its call sites pass and the name expression that
- *   instantiates it in a hot build (NULL: none needed), the translation unit
- *   it was registered from (0: unknown; expect_tu.c), and binds it at once
- *   to a committed version that has it; returns the entry (valid until
- *   destroy; the same for the same name) or NULL. Takes swap_lock.
- * - hkl_expect_handle: the handle the program's launches of it go to, or
- *   NULL while no hot version has it. No lock: one acquire load.
- * - hkl_expect_global registers the program's global `name` of TU tu (its copy at
- *   orig, device slot 0, size bytes; *out: its entry) and binds it to a version
- *   committed already; hkl_expect_global_hot gives the copy
- *   the running version uses (1 with *dptr and *size set, 0 when none has it).
- * - hkl_expect_exprs: the name expressions to add to a build of src (a
- *   malloc'd vector of *n strings). No engine lock held.
- * - In a swap (swap_lock held): hkl_expect_adopt makes handles in m for the
- *   expected kernels v has (before validation, which then checks them as any
- *   handle); hkl_expect_unadopt takes them back (roll back);
- *   hkl_expect_seed gives v the program's globals (commit, gate closed);
- *   hkl_expect_publish publishes the adopted handles (after the commit). */
-typedef struct hkl_adopt_one {
-    hkl_expect *e;
-    hk_kernel *k;
-    int was_fixed;
-    int is_new; /* made by this adoption: freed by hkl_expect_unadopt */
-} hkl_adopt_one;
-typedef struct hkl_adopted {
-    int n, nnew, cap;
-    hkl_adopt_one *one; /* malloc'd: no bound on a module's kernels */
-} hkl_adopted;
-hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr,
-                              const hkl_param_layout *layout, unsigned tu);
-hk_kernel *hkl_expect_handle(const hkl_expect *e);
-const char *hkl_expect_name(const hkl_expect *e);
-typedef struct hkl_xglobal hkl_xglobal;
-int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t size, unsigned tu,
-                      hkl_xglobal **out);
-int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size);
-int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n);
-int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
-int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
-void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_free(hk_runtime *rt); /* at free */
+/* expect.c, expect_tu.c, expect_global.c: the program's own kernels and
+ * globals: loader/expect.h. */
 
 /* expect.c's launch configurations, settings and fallback, and fit.c's
  * check: loader/fit.h. */
