@@ -171,9 +171,11 @@ START_TEST(wrap_recipe_links_the_interposition) {
     readme_recipe(recipe, sizeof recipe);
     snprintf(src, sizeof src, "%s/game.cu", dir);
     ck_assert_int_eq(hkt_write_file(src, game_src), 0);
-    /* The build tree's hotkern-wrap.pc, its prefix moved to BUILD (whose
-     * lib/ has libhotkern-wrap.a). */
-    ck_assert_int_eq(sh("mkdir -p '%s/pc' && sed 's|^prefix=.*|prefix=%s|' "
+    /* The build tree's hotkern-wrap.pc, its prefix moved to BUILD and its
+     * libdir to BUILD/lib (which has libhotkern-wrap.a), whatever LIBDIR
+     * the last make install that wrote it had (cpu_install's is another). */
+    ck_assert_int_eq(sh("mkdir -p '%s/pc' && sed -e 's|^prefix=.*|prefix=%s|' "
+                        "-e 's|^libdir=.*|libdir=${prefix}/lib|' "
                         "'%s/pkg/hotkern-wrap.pc' >'%s/pc/hotkern-wrap.pc'",
                         dir, build, build, dir),
                      0);
