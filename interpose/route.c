@@ -205,7 +205,7 @@ static long tu_of_key(const void *key, int is_func, const char *name) {
  * asked until it says there are no more) and, for a template instance, the
  * name expression a hot build needs. */
 static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key, int is_func,
-                                   unsigned *tu_out) {
+                                   unsigned *tu_out, int *retry) {
     const char *name = NULL;
     if (!rt->drv->KernelGetName || rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
         return NULL; /* a driver without kernel names: the program's own code */
@@ -229,12 +229,34 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key,
     *tu_out = (unsigned)tu;
     uint32_t off[256], size[256];
     hkl_param_layout l = {0, off, size};
+    /* The layout is asked in device 0's primary context: a program's very
+     * first CUDA call may be this launch, before its runtime made a context
+     * current. Past the last parameter the driver says
+     * CUDA_ERROR_INVALID_VALUE; any other error at the first means the
+     * layout is not known (not 0 parameters): nothing is registered now,
+     * and the next launch asks again. */
+    CUcontext cur = NULL;
+    int pushed = rt->drv->CtxGetCurrent(&cur) == CUDA_SUCCESS && !cur && hkl_ctx_push(rt, 0) == 0;
+    CUresult first = CUDA_SUCCESS;
     for (size_t i = 0; i < 256; i++) {
         size_t o = 0, z = 0;
-        if (rt->drv->KernelGetParamInfo(ck, i, &o, &z) != CUDA_SUCCESS)
+        CUresult r = rt->drv->KernelGetParamInfo(ck, i, &o, &z);
+        if (r != CUDA_SUCCESS) {
+            first = i ? CUDA_SUCCESS : r;
             break;
+        }
         off[l.n] = (uint32_t)o;
         size[l.n++] = (uint32_t)z;
+    }
+    if (pushed)
+        hkl_ctx_pop(rt);
+    if (first != CUDA_SUCCESS && first != CUDA_ERROR_INVALID_VALUE) {
+        hk_log(rt, HK_LOG_DEBUG, "interpose",
+               "the program's kernel '%s': its parameters cannot be read yet (CUresult %d): "
+               "registered at a later launch",
+               name, (int)first);
+        *retry = 1;
+        return NULL;
     }
     char *expr = hki_name_expression(name);
     hkl_expect *e = hkl_expect_kernel(rt, name, expr, &l, (unsigned)tu);
@@ -250,9 +272,12 @@ static const slot *register_key(hk_runtime *rt, const void *key, int is_func) {
     cudaKernel_t ck = (cudaKernel_t)key;
     hkl_expect *e = NULL;
     unsigned tu = 0;
+    int retry = 0;
     hki_tus_tell(rt); /* TUs registered after the runtime came up (dlopen) */
     if (!is_func || (R.get_kernel && R.get_kernel(&ck, key) == cudaSuccess && ck))
-        e = register_kernel(rt, (CUkernel)ck, key, is_func, &tu);
+        e = register_kernel(rt, (CUkernel)ck, key, is_func, &tu, &retry);
+    if (retry)
+        return NULL; /* the program's own code, registered at a later launch */
     atomic_fetch_add(&nregistered, 1);
     const slot *s = insert(key, e);
     if (tu)

@@ -45,8 +45,10 @@ typedef struct tu {
     unsigned id;   /* 1, 2, ...: never reused */
     fun *funs;     /* its kernels */
     int nfuns, capfuns;
-    char **vnames;     /* its variables' names */
-    const void *vhost; /* one variable's shadow, for the file lookup */
+    char **vnames;       /* its variables' names */
+    const void *vhost;   /* one variable's shadow, for the file lookup */
+    const void *wrapper; /* __cudaRegisterFatBinary's argument: nvcc's file-local
+                          * __fatDeviceText, which the TU's file heads */
     int nvars, capvars;
     const void **keys; /* launch handles registered for its kernels */
     int nkeys, capkeys;
@@ -101,6 +103,7 @@ void hki_tu_begin(void **handle, const void *wrapper) {
         t->ident[0] = '\0';
     pthread_mutex_lock(&tu_lock);
     t->handle = handle;
+    t->wrapper = wrapper;
     t->id = next_id++;
     t->next = tus;
     tus = t;
@@ -230,11 +233,15 @@ static void tell(hk_runtime *rt, tu *t, const char *stem) {
                t->id, stem[0] ? stem : "unknown", t->nfuns, t->nvars);
 }
 
-/* A few addresses of t to learn its file by: a kernel that is not
- * file-local has a global stub, which no file heads. */
-#define PROBES 5
+/* A few addresses of t to learn its file by: its fatbin wrapper (nvcc's
+ * static __fatDeviceText: every TU has one, whatever its kernels), then its
+ * stubs and a variable (a kernel that is not file-local has a global stub,
+ * which no file heads). */
+#define PROBES 6
 static int probes(const tu *t, const void **out) {
     int n = 0;
+    if (t->wrapper)
+        out[n++] = t->wrapper;
     for (int i = 0; i < t->nfuns && n < PROBES - 1; i++)
         out[n++] = t->funs[i].host;
     if (t->vhost)

@@ -221,6 +221,23 @@ START_TEST(hot_version_takes_over_and_follows_edits) {
 }
 END_TEST
 
+/* A layout the driver cannot tell yet (a program's very first CUDA call is
+ * a launch, before any context is current) is not taken for "no
+ * parameters": the kernel is registered at a later launch, with its real
+ * layout, and a hot version of that layout takes over. */
+START_TEST(layout_not_known_yet_is_asked_again) {
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    cudaKernel_t k = program_kernel(fake_ptx(1, 0, 0, 0), "step");
+    fake_fail("cuKernelGetParamInfo", 1, CUDA_ERROR_INVALID_CONTEXT);
+    ck_assert_int_eq(launch(k, 0), 1);
+    ck_assert_int_eq(hki_registered(), 0);
+    ck_assert_int_eq(launch(k, 0), 1);
+    ck_assert_int_eq(hki_registered(), 1);
+    swap_ok("sim", fake_ptx(2, 0, 0, 0)); /* step(int *, unsigned): the program's layout */
+    ck_assert_int_eq(launch(k, 0), 2);
+}
+END_TEST
+
 START_TEST(layout_change_is_refused) {
     ck_assert_int_eq(hk_interpose_attach(rt), 0);
     cudaKernel_t k = program_kernel(fake_ptx(1, 0, 0, 0), "step"); /* step(u64, u32) */
@@ -426,6 +443,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, unrouted_launches_are_forwarded_untouched);
     tcase_add_test(tc, hot_version_takes_over_and_follows_edits);
     tcase_add_test(tc, layout_change_is_refused);
+    tcase_add_test(tc, layout_not_known_yet_is_asked_again);
     tcase_add_test(tc, hot_version_before_first_launch);
     tcase_add_test(tc, launch_by_function_and_with_attributes);
     tcase_add_test(tc, name_expressions_of_template_instances);

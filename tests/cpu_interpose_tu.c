@@ -69,9 +69,14 @@ static void fatbin_with_ident(unsigned char *b, const char *id) {
     memcpy(b + 16 + 64, id, len < 8 ? len : 8);
 }
 
+/* Set: only the fatbin wrappers' addresses name files, as in an image
+ * whose kernels are not file-local (their stubs are global symbols, which
+ * no file heads) and that has no variables. */
+static int files_by_wrapper;
+
 static int lookup(const void *addr, char *stem, size_t n) {
     for (int i = 0; i < 3 && files_known; i++)
-        if (addr == &stub[i] || addr == &shadow[i]) {
+        if (files_by_wrapper ? addr == &fatbin[i] : addr == &stub[i] || addr == &shadow[i]) {
             snprintf(stem, n, "%s", file_of[i]);
             return 1;
         }
@@ -333,6 +338,22 @@ START_TEST(a_module_of_a_reaches_a_alone) {
     ck_assert_int_eq(*hot_counter("b"), 40);
     ck_assert_int_eq(launch(1), 6);
     ck_assert_int_eq(launch(0), 2);
+    ck_assert_int_eq(logged("several files", NULL), 0);
+}
+END_TEST
+
+/* A file whose kernels are all global (plugins, most programs' files):
+ * its fatbin wrapper, nvcc's file-local __fatDeviceText, names it. */
+START_TEST(the_fatbin_wrapper_names_a_file_of_global_kernels) {
+    files_by_wrapper = 1;
+    program_file(0, 1, NULL, "step");
+    program_file(1, 5, NULL, "step");
+    ck_assert_int_eq(hk_interpose_attach(rt), 0);
+    ck_assert_int_eq(launch(0), 1);
+    ck_assert_int_eq(launch(1), 5);
+    swap_ok("a", fake_ptx(2, 0, 1, 0));
+    ck_assert_int_eq(launch(0), 2); /* a.cu's hot code */
+    ck_assert_int_eq(launch(1), 5); /* b.cu's own */
     ck_assert_int_eq(logged("several files", NULL), 0);
 }
 END_TEST
@@ -649,6 +670,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, a_module_of_a_reaches_a_alone);
+    tcase_add_test(tc, the_fatbin_wrapper_names_a_file_of_global_kernels);
     tcase_add_test(tc, a_module_no_file_is_routes_nothing_and_says_so_once);
     tcase_add_test(tc, the_names_tell_a_module_no_file_is_named_after);
     tcase_add_test(tc, the_stubs_own_handle_names_its_file);
