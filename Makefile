@@ -705,14 +705,9 @@ fuzz-build:
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
 	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
-	cc -c -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
+	cc -c -D_GNU_SOURCE -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_fatbin tests/fuzz/fuzz_fatbin.c interpose/fatbin.c \
 	  interpose/elfsym.c
-	@mkdir -p $(BUILD)/fuzz/seeds-fatbin
-	cp $(BUILD)/fuzz/seeds/seed.fatbin $(BUILD)/fuzz/seeds-fatbin/
-	$(CUDA)/bin/fatbinary -64 --ident=tests/fuzz/seed.cu \
-	  --image3=kind=elf,sm=80,file=$(BUILD)/fuzz/seeds/seed80.cubin \
-	  --create=$(BUILD)/fuzz/seeds-fatbin/ident.fatbin
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
@@ -723,6 +718,11 @@ fuzz-build:
 	$(CUDA)/bin/nvcc -fatbin -gencode arch=compute_80,code=sm_80 \
 	  -gencode arch=compute_90,code=[sm_90,compute_90] \
 	  -o $(BUILD)/fuzz/seeds/seed.fatbin tests/fuzz/seed.cu
+	@mkdir -p $(BUILD)/fuzz/seeds-fatbin
+	cp $(BUILD)/fuzz/seeds/seed.fatbin $(BUILD)/fuzz/seeds-fatbin/
+	$(CUDA)/bin/fatbinary -64 --ident=tests/fuzz/seed.cu \
+	  --image3=kind=elf,sm=80,file=$(BUILD)/fuzz/seeds/seed80.cubin \
+	  --create=$(BUILD)/fuzz/seeds-fatbin/ident.fatbin
 	$(CUDA)/bin/nvcc -fatbin -Xfatbin -compress=false -gencode arch=compute_90,code=compute_90 \
 	  -o $(BUILD)/fuzz/seeds/seed-ptx.fatbin tests/fuzz/seed.cu
 
