@@ -11,7 +11,8 @@
  * once, whatever the transfer encoding. The buffer grows with what has
  * arrived (doubling, never past the frame's size), not with what the
  * lengths declare: a sender that declares 64 MiB and trickles holds about
- * what it sent, so declared sizes cannot hold the endpoint's memory budget.
+ * what it sent (until an eighth of the frame has come, then the whole
+ * frame), so declared sizes cannot hold the endpoint's memory budget.
  *
  * Layout, integers big-endian:
  *   magic       8 bytes  89 'H' 'K' 'R' 0d 0a 1a 0a (PNG's trick: a non-
@@ -152,6 +153,11 @@ static int grow(hkn_frame *f, size_t need, hkn_frame_admit_fn admit, void *ud) {
     size_t nc = f->buf_cap ? f->buf_cap : 64 * 1024;
     while (nc < need && nc < f->buf_len)
         nc *= 2;
+    /* Once an eighth of the frame has arrived, its whole size: a realloc
+     * that copies (no mremap: sanitizers' allocators) then holds the
+     * release about once, not its last doubling beside the one before. */
+    if (need > f->buf_len / 8)
+        nc = f->buf_len;
     if (nc > f->buf_len)
         nc = f->buf_len;
     int err = admit ? admit(ud, nc) : 0;
