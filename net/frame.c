@@ -11,7 +11,7 @@
  * once, whatever the transfer encoding. The buffer grows with what has
  * arrived (doubling, never past the frame's size), not with what the
  * lengths declare: a sender that declares 64 MiB and trickles holds about
- * what it sent (until an eighth of the frame has come, then the whole
+ * what it sent (until a 32nd of the frame has come, then the whole
  * frame), so declared sizes cannot hold the endpoint's memory budget.
  *
  * Layout, integers big-endian:
@@ -156,7 +156,7 @@ static int grow(hkn_frame *f, size_t need, hkn_frame_admit_fn admit, void *ud) {
     /* Once an eighth of the frame has arrived, its whole size: a realloc
      * that copies (no mremap: sanitizers' allocators) then holds the
      * release about once, not its last doubling beside the one before. */
-    if (need > f->buf_len / 8)
+    if (need > f->buf_len / 32)
         nc = f->buf_len;
     if (nc > f->buf_len)
         nc = f->buf_len;
