@@ -153,7 +153,7 @@ static int grow(hkn_frame *f, size_t need, hkn_frame_admit_fn admit, void *ud) {
     size_t nc = f->buf_cap ? f->buf_cap : 64 * 1024;
     while (nc < need && nc < f->buf_len)
         nc *= 2;
-    /* Once an eighth of the frame has arrived, its whole size: a realloc
+    /* Once a 32nd of the frame has arrived, its whole size: a realloc
      * that copies (no mremap: sanitizers' allocators) then holds the
      * release about once, not its last doubling beside the one before. */
     if (need > f->buf_len / 32)
