@@ -150,6 +150,7 @@ struct req {
     size_t declared;  /* its Content-Length, 0: none */
     int refused;      /* an HTTP status: over the cap or the memory bound, or (400) a
                        * frame that cannot be one; the rest is read and dropped */
+    int settled;      /* a final call has returned once without an answer */
     int queued;       /* handed to the worker (connection suspended) */
     int done;         /* the worker answered: status and answer are set */
     unsigned status;
@@ -1467,6 +1468,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (r->queued)
         return MHD_YES;
+    /* libmicrohttpd (0.9.75 to 0.9.77) leaves a connection's poll state as
+     * it was when it is suspended: suspended in its first final call, it
+     * is still "reading" when resumed, reads the end of a client that
+     * half-closed after sending, and closes it unanswered. Returning once
+     * without an answer lets it note that it waits on us (it calls again
+     * at once); suspended then, the resumed connection only writes. */
+    if (!r->settled) {
+        r->settled = 1;
+        return MHD_YES;
+    }
     /* Fully received: the deadline no longer applies, the worker takes it. */
     if (r->conn) {
         pthread_mutex_lock(&ep->conn_lock);

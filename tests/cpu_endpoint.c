@@ -56,6 +56,7 @@ static struct recorder {
     char hash[65];
     uint64_t hist[16]; /* releases of the kept images, as the engine's ring: */
     int nhist;         /* the last runs, a rollback commits the one before */
+    int delay_ms;      /* apply takes this long (an upload in flight) */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* 1 when the state file records module at version. */
@@ -76,6 +77,11 @@ static int state_records(const char *path, const char *module, uint64_t version)
 static int rec_apply(void *ud, const char *module, uint64_t version, hk_format fmt,
                      const void *bytes, size_t size, const hk_header *headers, int nheaders,
                      const char *origin, hk_report *rep) {
+    pthread_mutex_lock(&rec.lock);
+    int delay = rec.delay_ms;
+    pthread_mutex_unlock(&rec.lock);
+    if (delay)
+        usleep((useconds_t)delay * 1000);
     pthread_mutex_lock(&rec.lock);
     int err = rec.fail_with;
     rec.attempts++;
@@ -1665,6 +1671,77 @@ START_TEST(second_origin_or_host_is_checked) {
 }
 END_TEST
 
+/* A push in flight: the engine takes a while over it. */
+static void *slow_push(void *path) {
+    return (void *)(intptr_t)curl_req("POST", "/v1/release", path, NULL, NULL, 0);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    static char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* A client that half-closes (shuts its sending side) once its push is sent
+ * still gets the answer, while another upload is being received and while
+ * the engine takes a while over a third. */
+START_TEST(half_closed_client_gets_its_answer) {
+    start(NULL, 0, NULL, NULL);
+    pthread_mutex_lock(&rec.lock);
+    rec.delay_ms = 500;
+    pthread_mutex_unlock(&rec.lock);
+    static char spaces[60000];
+    memset(spaces, ' ', sizeof spaces);
+    const char *upload = "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Content-Type: application/json\r\nContent-Length: 250000\r\n\r\n{\"a";
+    int unanswered = 0;
+    for (uint64_t round = 0; round < 10; round++) {
+        const char *first =
+            body_file(&key, "add", 10 * round + 3, time(NULL) + 60, T_NONE, "first.json");
+        const char *body =
+            slurp(body_file(&key, "add", 10 * round + 5, time(NULL) + 60, T_NONE, "second.json"));
+        int other = open_raw();
+        send_all(other, upload, strlen(upload));
+        send_all(other, spaces, sizeof spaces);
+        pthread_t t;
+        pthread_create(&t, NULL, slow_push, (void *)first);
+        usleep(200000);
+        char head[256];
+        snprintf(head, sizeof head,
+                 "POST /v1/release HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                 strlen(body));
+        int fd = open_raw();
+        send_all(fd, head, strlen(head));
+        send_all(fd, body, strlen(body));
+        ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+        struct timeval tv = {.tv_sec = 10};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char out[4096];
+        size_t len = 0;
+        ssize_t r;
+        while (len + 1 < sizeof out && (r = recv(fd, out + len, sizeof out - 1 - len, 0)) > 0)
+            len += (size_t)r;
+        out[len] = '\0';
+        close(fd);
+        void *code;
+        pthread_join(t, &code);
+        close(other);
+        ck_assert_int_eq((int)(intptr_t)code, 200);
+        ck_assert_uint_eq(rec_current(), 10 * round + 5); /* applied, answered or not */
+        if (strncmp(out, "HTTP/1.1 200", 12)) {
+            fprintf(stderr, "round %d: %zu bytes of answer: %s\n", (int)round, len, out);
+            unanswered++;
+        }
+    }
+    ck_assert_int_eq(unanswered, 0);
+}
+END_TEST
+
 /* Declared sizes hold nothing: clients that declare bodies over the whole
  * in-flight budget (a JSON Content-Length and a release frame's lengths)
  * and then trickle keep no legitimate push out. */
@@ -2269,6 +2346,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, inflight_bodies_bounded);
     tcase_add_test(tc, declared_sizes_hold_nothing);
     tcase_add_test(tc, second_origin_or_host_is_checked);
+    tcase_add_test(tc, half_closed_client_gets_its_answer);
     tcase_add_test(tc, cli_expiry_range);
     tcase_add_test(tc, behind_the_sample_nginx_proxy);
     tcase_add_test(tc, frame_push_commits);
