@@ -237,9 +237,11 @@ static void after(hk_runtime *rt, const char *what) {
         return;
     t->in_check = 1;
     if (all_idle(rt, t)) {
+        double t0 = hkl_now_ms();
         int n = hkl_idle_point(rt);
         hk_log(rt, HK_LOG_DEBUG, "interpose",
-               "%s: the program's GPU work is idle: safe point (%d committed)", what, n);
+               "%s: the program's GPU work is idle: safe point (%d committed, %.3f ms)", what, n,
+               hkl_now_ms() - t0);
     }
     t->in_check = 0;
 }

@@ -668,7 +668,9 @@ static int safe_point(hk_runtime *rt, int by_program) {
     rt->pending = NULL;
     pending_changed(rt);
     pthread_mutex_unlock(&rt->work_lock);
+    double t0 = hkl_now_ms();
     hkl_reclaim_deferred(rt);
+    double t1 = hkl_now_ms();
     int committed = 0;
     while (list) {
         hkl_job *j = list;
@@ -677,6 +679,11 @@ static int safe_point(hk_runtime *rt, int by_program) {
         j->at_safe_point = 1;
         int err = hkl_swap_job(rt, j, &rep);
         committed += err == 0;
+        hk_log(rt, HK_LOG_DEBUG, "engine",
+               "'%s' at a safe point: %s; stage %.3f ms, commit %.3f ms (unloads before it "
+               "%.3f ms)",
+               j->name, err ? hk_strerror(err) : "committed", rep.stage_ms, rep.commit_ms,
+               t1 - t0);
         if (j->waiter) {
             /* The waiting hk_swap owns the job and takes the report. */
             finish_waiter(j->waiter, err, &rep);

@@ -13,7 +13,10 @@
 #
 #   usage: sh tests/exit-stress.sh [BUILD]   (make build first; GPU machine)
 #   environment: RUNS (1000 per build), JOBS (8 at once), KERNELS (40),
-#                SEED (1), APPS ("shared static": which builds)
+#                SEED (1), APPS ("shared static": which builds), HOWS
+#                ("return exit thread": the ways of ending, in turn), OFF
+#                (1: HOTKERN_OFF=1, the program without hotkern, to compare)
+# A run that has not ended 60 s after it began is killed and counted hung.
 # Prints one line per build and "exit-stress: PASS" or "exit-stress: FAIL".
 set -u
 BUILD=${1:-build}
@@ -23,6 +26,8 @@ JOBS=${JOBS:-8}
 KERNELS=${KERNELS:-40}
 SEED=${SEED:-1}
 APPS=${APPS:-shared static}
+HOWS=${HOWS:-return exit thread}
+OFF=${OFF:-}
 for f in stub/exit_app_shared stub/exit_app_static lib/libhotkern-preload.so bin/hotkern-build; do
     [ -x "$BUILD/$f" ] || [ -f "$BUILD/$f" ] || { echo "exit-stress: $BUILD/$f is missing: make build" >&2; exit 1; }
 done
@@ -50,14 +55,16 @@ mkdir -p "$d"
 cd "$d" || exit 1
 if [ "$app" = shared ]; then pre="$BUILD/lib/libhotkern-preload.so"; else pre=; fi
 env HOTKERN_WATCH="$TMP/w" HOTKERN_CACHE_DIR= HOTKERN_LOG=info LD_PRELOAD="$pre" \
-    "$BUILD/stub/exit_app_$app" "$delay" "$how" >out 2>err
+    ${OFF:+HOTKERN_OFF=1} timeout -s KILL 60 "$BUILD/stub/exit_app_$app" "$delay" "$how" >out 2>err
 echo $? >rc
 EOF
-export BUILD TMP
+export BUILD TMP OFF
 
 # How long the first build takes: a run that lasts until it has committed.
 T=0
+[ -n "$OFF" ] && T=${SPAN_MS:-3000} # nothing builds: the span the caller gives
 for app in $APPS; do
+    [ -n "$OFF" ] && break
     sh "$TMP/run1.sh" "$app" return 20000000 "$TMP/measure-$app" &
     pid=$!
     n=0
@@ -84,23 +91,26 @@ SPAN_US=$(( (T + 300) * 1000 ))
 
 fail=0
 for app in $APPS; do
-    awk -v n="$RUNS" -v seed="$SEED" -v span="$SPAN_US" -v app="$app" -v tmp="$TMP" 'BEGIN {
-        srand(seed); split("return exit thread", how, " ");
+    awk -v n="$RUNS" -v seed="$SEED" -v span="$SPAN_US" -v app="$app" -v tmp="$TMP" \
+        -v hows="$HOWS" 'BEGIN {
+        srand(seed); k = split(hows, how, " ");
         for (i = 0; i < n; i++)
-            printf "%s %s %d %s/%s-%d\n", app, how[i % 3 + 1], int(rand() * span), tmp, app, i
+            printf "%s %s %d %s/%s-%d\n", app, how[i % k + 1], int(rand() * span), tmp, app, i
     }' >"$TMP/plan-$app"
     xargs -P "$JOBS" -L 1 sh "$TMP/run1.sh" <"$TMP/plan-$app"
-    crashed=0 status=0 lost=0 during=0
+    crashed=0 status=0 lost=0 during=0 hung=0
     i=0
     while [ "$i" -lt "$RUNS" ]; do
         d="$TMP/$app-$i"
         rc=$(cat "$d/rc" 2>/dev/null || echo none)
         if [ "$rc" != 7 ]; then
             case "$rc" in
+            137) hung=$((hung + 1)) ;;
             1[3-9][0-9] | 2[0-5][0-9]) crashed=$((crashed + 1)) ;;
             *) status=$((status + 1)) ;;
             esac
-            [ $((crashed + status)) -le 5 ] && { echo "== $app run $i: status $rc"; tail -5 "$d/err"; }
+            [ $((crashed + status + hung)) -le 5 ] &&
+                { echo "== $app run $i ($(sed -n "$((i + 1))p" "$TMP/plan-$app" | cut -d' ' -f2,3)): status $rc"; tail -12 "$d/err"; }
         fi
         if ! printf 'exit_app started\nexit_app done\n' | cmp -s - "$d/out"; then
             lost=$((lost + 1))
@@ -108,9 +118,10 @@ for app in $APPS; do
         grep -q 'big v1 (was none)' "$d/err" || during=$((during + 1))
         i=$((i + 1))
     done
-    echo "exit-stress: $app: $RUNS runs, $during of them ended before the first version committed:" \
-        "$crashed crashed, $status other statuses, $lost with lost output"
-    [ $((crashed + status + lost)) -eq 0 ] || fail=1
+    echo "exit-stress: $app${OFF:+ (HOTKERN_OFF=1)}: $RUNS runs ($HOWS), $during of them ended" \
+        "before the first version committed: $crashed crashed, $hung hung, $status other" \
+        "statuses, $lost with lost output"
+    [ $((crashed + status + lost + hung)) -eq 0 ] || fail=1
     rm -rf "$TMP/$app"-*
 done
 if [ "$fail" = 0 ]; then echo "exit-stress: PASS"; else echo "exit-stress: FAIL"; exit 1; fi

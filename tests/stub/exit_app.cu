@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <execinfo.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +23,15 @@ extern "C" __global__ void fill(float *x) {
 }
 
 static useconds_t delay_us;
+// A crash says where (tests/exit-stress.sh shows the first ones), then ends
+// the process with the signal as before.
+static void on_crash(int sig) {
+    void *frames[48];
+    int n = backtrace(frames, 48);
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 static void *exiter(void *) {
     usleep(delay_us);
@@ -29,6 +40,9 @@ static void *exiter(void *) {
 }
 
 int main(int argc, char **argv) {
+    signal(SIGSEGV, on_crash);
+    signal(SIGBUS, on_crash);
+    signal(SIGABRT, on_crash);
     delay_us = argc > 1 ? (useconds_t)atoi(argv[1]) : 0;
     const char *how = argc > 2 ? argv[2] : "return";
     fill<<<1, 1>>>(nullptr);
