@@ -682,8 +682,7 @@ static int safe_point(hk_runtime *rt, int by_program) {
         hk_log(rt, HK_LOG_DEBUG, "engine",
                "'%s' at a safe point: %s; stage %.3f ms, commit %.3f ms (unloads before it "
                "%.3f ms)",
-               j->name, err ? hk_strerror(err) : "committed", rep.stage_ms, rep.commit_ms,
-               t1 - t0);
+               j->name, err ? hk_strerror(err) : "committed", rep.stage_ms, rep.commit_ms, t1 - t0);
         if (j->waiter) {
             /* The waiting hk_swap owns the job and takes the report. */
             finish_waiter(j->waiter, err, &rep);
