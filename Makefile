@@ -353,20 +353,25 @@ $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ) pkg/hotkern.map
+# The shared libraries link their objects as one, whose functions carry
+# their version nodes (scripts/symver.sh, pkg/*.map).
+$(SHARED): $(LIB_OBJ) pkg/hotkern.map scripts/symver.sh
 	@mkdir -p $(dir $@)
+	sh scripts/symver.sh pkg/hotkern.map $(BUILD)/obj/libhotkern.o $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
-	  -o $@ $(LIB_OBJ) $(CORE_LIBS)
+	  -o $@ $(BUILD)/obj/libhotkern.o $(CORE_LIBS)
 	ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
 
 $(NET_STATIC): $(NET_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map $(SHARED)
+$(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map scripts/symver.sh $(SHARED)
 	@mkdir -p $(dir $@)
+	sh scripts/symver.sh pkg/hotkern-net.map $(BUILD)/obj/libhotkern-net.o $(NET_OBJ)
 	$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
-	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(NET_OBJ) -L$(BUILD)/lib -lhotkern $(NET_LIBS)
+	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(BUILD)/obj/libhotkern-net.o -L$(BUILD)/lib -lhotkern \
+	  $(NET_LIBS)
 	ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
 
 $(PRELOAD): $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) pkg/hotkern-preload.map

@@ -72,6 +72,101 @@ only_appended() {
     END { exit failed }'
 }
 
+# The version of each symbol (pkg/*.map). abidiff (2.2) matches functions
+# by name: it does not see a function's default version move to another
+# node, nor a name given up under one version while it stays under another.
+# A program linked against the baseline asks for NAME@VERSION, so every
+# NAME@VERSION the baseline defines must still be defined, as the default
+# or not; a default that became a non-default one (a function given its
+# release's node, the old name kept) is compatible and listed.
+#   versions BASELINE LIBRARY LIB
+syms_of_baseline() {
+  sed -n "s/.*<elf-symbol name='\([^']*\)' version='\([^']*\)' is-default-version='\([a-z]*\)'.*is-defined='yes'.*/\1 \2 \3/p" "$1" |
+    awk '{ print $1 ($3 == "yes" ? "@@" : "@") $2 }' | sort
+}
+syms_of_library() {
+  readelf --dyn-syms -W "$1" | awk '$7 != "UND" && $7 != "ABS" && $8 ~ /@/ { print $8 }' | sort
+}
+versions() {
+  syms_of_baseline "$1" >"$report.base"
+  syms_of_library "$2" >"$report.lib"
+  awk -v lib="$3" '
+    NR == FNR { have[$1] = 1; next }
+    {
+      name = $1; sub(/@.*/, "", name); v = $1; sub(/^[^@]*@@?/, "", v)
+      if ((name "@@" v) in have) next
+      if ((name "@" v) in have) {
+        if ($1 ~ /@@/) printf "abi: %s: %s: default version no longer %s (kept as %s@%s)\n", lib, name, v, name, v
+        next
+      }
+      printf "abi: %s: %s removed: a program linked against the baseline asks for it\n", lib, $1
+      bad = 1
+    }
+    END { exit bad }' "$report.lib" "$report.base"
+  rc=$?
+  rm -f "$report.base" "$report.lib"
+  return $rc
+}
+# What each version node holds: its functions, and the other nodes' kept
+# names (NAME@NODE, not the default).
+#   nodes LIBRARY LIB
+nodes() {
+  syms_of_library "$1" | awk -v lib="$2" '
+    { v = $1; sub(/^[^@]*@@?/, "", v); if ($1 ~ /@@/) def[v]++; else alias[v]++; seen[v] = 1 }
+    END {
+      n = 0; for (v in seen) order[++n] = v
+      for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (order[j] < order[i]) { t = order[i]; order[i] = order[j]; order[j] = t }
+      line = ""
+      for (i = 1; i <= n; i++) {
+        v = order[i]
+        line = line (line == "" ? "" : ", ") v ": " (def[v] + 0) (alias[v] ? " (+" alias[v] " kept names)" : "")
+      }
+      print "abi: " lib ": version nodes: " line
+    }'
+}
+
+# A program linked against a release before the version nodes asks for
+# each function under the map's @compat node (HOTKERN_1). One is made here:
+# a stand-in library of that release's shape (every function of the
+# @compat nodes, under that node alone) links a program that calls them all;
+# the program must then start against the built library with every symbol
+# bound at load (LD_BIND_NOW), as the dynamic linker would bind it.
+#   old_programs MAP SONAME LIB
+old_programs() {
+  dir=$(mktemp -d)
+  awk '/^[ \t*]*@compat[ \t]+[A-Z_0-9]+:/ { line = $0; sub(/.*@compat[ \t]*/, "", line); sub(/:/, "", line)
+                   n = split(line, w, " "); base = w[1]; for (i = 2; i <= n; i++) old[w[i]] = 1
+                   print base > "/dev/stderr"; next }
+       /^[A-Za-z_][A-Za-z0-9_.]* *\{/ { node = $1; next }
+       /^\}/ { node = "" }
+       node in old && /^ *hk_[a-z0-9_]* *;/ { name = $1; sub(/;/, "", name); print name }' \
+    "$1" >"$dir/names" 2>"$dir/base"
+  base=$(cat "$dir/base")
+  { awk '{ print "void " $1 "(void);\nvoid " $1 "(void) {}" }' "$dir/names"; } >"$dir/stub.c"
+  printf '%s { global: hk_*; local: *; };\n' "$base" >"$dir/stub.map"
+  { awk '{ print "void " $1 "(void);" }' "$dir/names"
+    echo 'int main(int argc, char **argv) {'
+    echo '  (void)argv;'
+    echo '  if (argc > 99) {'
+    awk '{ print "    " $1 "();" }' "$dir/names"
+    echo '  }'
+    echo '  return 0;'
+    echo '}'; } >"$dir/prog.c"
+  n=$(wc -l <"$dir/names")
+  if ${CC:-cc} -shared -fPIC -o "$dir/$2" -Wl,-soname,"$2" -Wl,--version-script="$dir/stub.map" \
+       "$dir/stub.c" &&
+     ${CC:-cc} -o "$dir/prog" "$dir/prog.c" "$dir/$2" &&
+     LD_BIND_NOW=1 LD_LIBRARY_PATH="$BUILD/lib" "$dir/prog"; then
+    echo "abi: $3: a program linked before the version nodes ($n functions, each @$base) starts"
+    rc=0
+  else
+    echo "abi: $3: a program linked before the version nodes (each function @$base) does not start"
+    rc=1
+  fi
+  rm -rf "$dir"
+  return $rc
+}
+
 status=0
 for lib in $LIBS; do
   so="$BUILD/lib/$lib.so.$MAJOR"
@@ -103,7 +198,10 @@ for lib in $LIBS; do
     abidiff --added-fns --no-show-locs $DIFF_OPTS "$base" "$so" 2>/dev/null |
       sed -n "s/^  \[A\] 'function \(.*\)'.*/abi: $lib: added (compatible): \1/p"
     rm -f "$report"
+    versions "$base" "$so" "$lib" || status=1
   fi
+  nodes "$so" "$lib"
+  old_programs "pkg/$(echo "$lib" | sed 's/^lib//').map" "$lib.so.$MAJOR" "$lib" || status=1
   if [ "$MODE" = --update ]; then
     # shellcheck disable=SC2086
     abidw $DW_OPTS --out-file "$base" "$so" || exit 1
