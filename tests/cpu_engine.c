@@ -129,6 +129,13 @@ START_TEST(error_strings_are_distinct) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", HK_VERSION_MAJOR, HK_VERSION_MINOR, HK_VERSION_PATCH);
     ck_assert_str_eq(hk_version(), want);
+    /* HK_VERSION_NUM is the same version, 0xMMmmpp, usable in #if. */
+    unsigned major, minor, patch;
+    ck_assert_int_eq(sscanf(hk_version(), "%u.%u.%u", &major, &minor, &patch), 3);
+    ck_assert_uint_eq(HK_VERSION_NUM, major << 16 | minor << 8 | patch);
+#if HK_VERSION_NUM < 0x010300 || HK_VERSION_NUM >= 0x020000
+#error "HK_VERSION_NUM is not a 1.x version from 1.3 on"
+#endif
     ck_assert_str_eq(hk_format_name(HK_FORMAT_PTX), "ptx");
 }
 END_TEST

@@ -29,6 +29,16 @@
  * required of every version (hk_kernel_require_layout), and thin owners for
  * runtimes, pins and reports.
  *
+ * Headers: this one is the core (errors, reports, the runtime and its
+ * options, swaps, counters, logs and events) and includes the topic headers
+ * beside it, each with the calls of one subject: hotkern/launch.h (kernel
+ * handles, launches, their attributes, CUDA graphs), check.h (builds
+ * without a GPU), canary.h (test launches before a commit), lkg.h (last
+ * known good), metrics.h and watch.h (watched directories). A program
+ * includes this one; a topic header included alone includes it too. The
+ * network sources are hotkern/net.h (libhotkern-net), programs as they are
+ * hotkern/interpose.h; neither is included here.
+ *
  * Conventions
  * - Every function that can fail returns 0 or a negative HK_ERR_* code;
  *   hk_strerror() names it. Codes are only ever added, never renumbered.
@@ -94,9 +104,26 @@ extern "C" {
 #endif
 /* clang-format on */
 
+/* ---- version ----------------------------------------------------------- */
+
+/* The version of these headers, which a build of the library of the same
+ * version reports (hk_version). Within one major version (the soname,
+ * libhotkern.so.MAJOR) the ABI only grows: a minor version adds functions,
+ * codes and fields at the end of sized structures, a patch adds nothing.
+ * Each function says the version that added it ("Since"), and is exported
+ * under that version's symbol node (HOTKERN_1.3 for 1.3). */
 #define HK_VERSION_MAJOR 1
 #define HK_VERSION_MINOR 3
 #define HK_VERSION_PATCH 0
+/* The same as one number, 0xMMmmpp (1.3.0 is 0x010300), for the
+ * preprocessor: #if HK_VERSION_NUM >= 0x010300. Since 1.3. */
+#define HK_VERSION_NUM ((HK_VERSION_MAJOR << 16) | (HK_VERSION_MINOR << 8) | HK_VERSION_PATCH)
+
+/* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
+ * static; HK_VERSION_* are those of the headers it was built with, which may
+ * be older. 1.0 put `size` first in every caller-allocated structure.
+ * Since 1.0. */
+HK_API const char *hk_version(void);
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -176,12 +203,13 @@ enum hk_error {
 #undef HK_ERROR_ENUM_
 };
 
-/* Static, never NULL; "unknown error" for codes this build does not know. */
+/* Static, never NULL; "unknown error" for codes this build does not know.
+ * Since 1.0. */
 HK_API const char *hk_strerror(int err);
 
 /* The code's name, "HK_ERR_LAYOUT" (static, never NULL; "HK_ERR_UNKNOWN" for
  * codes this build does not know): what the CLI's --json and the endpoint's
- * replies carry. */
+ * replies carry. Since 1.3. */
 HK_API const char *hk_err_name(int err);
 
 /* 1 when err is a verdict on the version itself, which the same bytes get
@@ -191,15 +219,8 @@ HK_API const char *hk_err_name(int err);
  * of memory, the driver or the device, a build that timed out, a canary
  * that could not run, a disk or network error), after which trying the
  * same bytes again may succeed. Release sources remember only verdicts and
- * retry the rest. */
+ * retry the rest. Since 1.3. */
 HK_API int hk_err_is_verdict(int err);
-
-/* The version of the library a program runs with: "MAJOR.MINOR.PATCH",
- * static (HK_VERSION_* above are the headers' it was built with). Builds of
- * one major version (and soname, libhotkern.so.MAJOR) keep the ABI; minor
- * versions only add (functions, codes, fields at the end of sized
- * structures). 1.0 put `size` first in every caller-allocated structure. */
-HK_API const char *hk_version(void);
 
 /* ---- kernel image formats ---------------------------------------------- */
 
@@ -211,6 +232,8 @@ typedef enum hk_format {
     HK_FORMAT_FATBIN = 4,
 } hk_format;
 
+/* "auto", "cuda", "ptx", "cubin" or "fatbin" ("unknown" for another value);
+ * static, never NULL. Since 1.0. */
 HK_API const char *hk_format_name(hk_format fmt);
 
 /* ---- reports ----------------------------------------------------------- */
@@ -218,7 +241,8 @@ HK_API const char *hk_format_name(hk_format fmt);
 /* What happened in one call. Initialise with HK_REPORT_INIT or
  * hk_report_init() before the first use; the callee overwrites it (within
  * size). A call given a report whose size is below the first layout returns
- * HK_ERR_INVALID and does nothing. The first layout ends at cache_hit. */
+ * HK_ERR_INVALID and does nothing. The first layout ends at cache_hit.
+ * Each field in full: hotkern-reports(3). */
 typedef struct hk_report {
     size_t size;             /* sizeof(hk_report) as the caller was built */
     int error;               /* HK_OK or the HK_ERR_* returned */
@@ -236,31 +260,20 @@ typedef struct hk_report {
     double wait_ms;          /* the rest of total_ms: waiting for another swap, a
                               * safe point, or reset recovery */
     double total_ms;         /* wall time from the call (or submission) to the outcome */
-    char canary[160];        /* what the canary run found: "no canary tests", "3
-                              * launches passed (2 compared with version 4)", why
-                              * it could not run, or the failure; "" when none ran */
+    char canary[160];        /* what the canary run found: the tests passed, why it could not run,
+                              * or the failure; "" when none ran */
     double canary_ms;        /* time spent in the canary run (part of total_ms) */
-    double canary_new_ms;    /* the perf guard's figures (hk_options.
-                              * canary_slowdown_max): the median GPU time of a
-                              * test launch of the new version, for the test
-                              * that came out slowest against the running
-                              * version (or, none timed on it, the longest);
-                              * the refused test's on a "slower" refusal;
-                              * 0: not timed */
-    double canary_old_ms;    /* the running version's on the same test and
-                              * inputs; 0: not timed (a first version, or
-                              * the running version could not be timed) */
-    char canary_refusal[16]; /* what refused the version: "fault" (a launch
-                              * failed, or the helper died or answered
-                              * nonsense during it), "hang", "mismatch",
-                              * "slower", "memcheck", "could_not_run"
-                              * (required but could not run, or a test that
-                              * does not fit the kernel); "" otherwise */
+    double canary_new_ms;    /* the perf guard's median GPU time of a test launch of the new
+                              * version; 0: not timed */
+    double canary_old_ms;    /* the running version's on the same test and inputs; 0: not timed (a
+                              * first version, or the running version could not be timed) */
+    char canary_refusal[16]; /* "fault", "hang", "mismatch", "slower", "memcheck" or
+                              * "could_not_run"; "" otherwise */
 } hk_report;
 
 #define HK_REPORT_INIT HK_SIZED_INIT(hk_report)
 
-/* Sets r to an empty report of the caller's layout. */
+/* Sets r to an empty report of the caller's layout. Since 1.0. */
 static inline void hk_report_init(hk_report *r) {
     memset(r, 0, sizeof *r);
     r->size = sizeof *r;
@@ -268,7 +281,7 @@ static inline void hk_report_init(hk_report *r) {
 
 /* Frees r->log and zeroes the report's fields within r->size, keeping size,
  * so the report can be used again. r may be NULL; a report whose size is
- * below the first layout is left alone. */
+ * below the first layout is left alone. Since 1.0. */
 HK_API void hk_report_clear(hk_report *r);
 
 /* ---- runtime ----------------------------------------------------------- */
@@ -292,19 +305,17 @@ typedef enum hk_ptx_mode {
     HK_PTX_DRIVER_JIT = 1, /* hand PTX to the driver with JIT options */
 } hk_ptx_mode;
 
-/* When the driver work of a swap (load + upload of code) happens. */
+/* When the driver work of a swap (load + upload of code) happens. Each value
+ * in full: hotkern-runtime(3). */
 typedef enum hk_stage_mode {
     HK_STAGE_NOW = 0,           /* inside hk_swap / on the worker thread */
     HK_STAGE_AT_SAFE_POINT = 1, /* in the next hk_safe_point() call */
-    HK_STAGE_AUTO = 2,          /* the default: at safe points once the program
-                                 * has called hk_safe_point (from another thread
-                                 * than the swapping one), else now; under the
-                                 * <<<>>> interposition, at its automatic safe
-                                 * points (hotkern/interpose.h) unless from a
-                                 * thread of the program */
+    HK_STAGE_AUTO = 2,          /* the default: at safe points once the program calls hk_safe_point,
+                                 * else now */
 } hk_stage_mode;
 
-/* Swap outcomes and other events, for hk_event_cb. */
+/* Swap outcomes and other events, for hk_event_cb. Each in full:
+ * hotkern-runtime(3). */
 typedef enum hk_event_kind {
     HK_EVENT_COMMITTED = 1,     /* a new version runs */
     HK_EVENT_REFUSED = 2,       /* a version was refused; old one runs */
@@ -312,18 +323,10 @@ typedef enum hk_event_kind {
     HK_EVENT_RECLAIMED = 4,     /* an old version's code was unloaded */
     HK_EVENT_CONTEXT_RESET = 5, /* context reset detected; versions reloaded;
                                  * the application's buffers are gone */
-    HK_EVENT_CONTEXT_LOST = 6,  /* a launch or synchronise returned a sticky
-                                 * error (illegal address, trap...): every
-                                 * later CUDA call of the process fails, so it
-                                 * must restart; the suspect versions are
-                                 * quarantined (once per runtime; module NULL,
-                                 * report cu_name the error) */
-    HK_EVENT_FALLBACK = 7,      /* a launch of a program's kernel (the <<<>>>
-                                 * interposition) failed in the hot version:
-                                 * the program's own kernel ran that launch,
-                                 * and the module's program kernels run the
-                                 * program's code until its next commit
-                                 * (report: kernel, cu_name, message) */
+    HK_EVENT_CONTEXT_LOST = 6,  /* a sticky CUDA error: the process must restart; suspect versions
+                                 * quarantined */
+    HK_EVENT_FALLBACK = 7,      /* a program's kernel failed in the hot version and ran the
+                                 * program's own code */
 } hk_event_kind;
 
 /* Filled by hotkern, valid during the callback only. `size` is the sizeof
@@ -366,6 +369,8 @@ typedef struct hk_queued_event {
 
 #define HK_QUEUED_EVENT_INIT HK_SIZED_INIT(hk_queued_event)
 
+/* Sets e to an empty event of the caller's layout, for hk_next_event.
+ * Since 1.3. */
 static inline void hk_queued_event_init(hk_queued_event *e) {
     memset(e, 0, sizeof *e);
     e->size = sizeof *e;
@@ -407,7 +412,7 @@ typedef enum hk_log_level {
     HK_LOG_OFF = 4,   /* as a minimum level: nothing */
 } hk_log_level;
 
-/* "debug", "info", "warn", "error", "off"; static, never NULL. */
+/* "debug", "info", "warn", "error", "off"; static, never NULL. Since 1.0. */
 HK_API const char *hk_log_level_name(hk_log_level level);
 
 /* Receives one message: `message` is one line (control characters are
@@ -425,7 +430,7 @@ typedef void (*hk_log_cb)(hk_log_level level, const char *subsystem, const char 
                           void *userdata);
 
 /* The first layout ends at userdata: later fields take their defaults when a
- * caller's size stops before them. */
+ * caller's size stops before them. Each field in full: hotkern-runtime(3). */
 typedef struct hk_options {
     size_t size;              /* set by hk_options_init */
     const int *devices;       /* CUDA device ordinals; NULL means {0} */
@@ -435,135 +440,64 @@ typedef struct hk_options {
     int jit_opt_level;        /* 0..4, default 4 (driver JIT and nvJitLink) */
     int arch;                 /* target SM, e.g. 90; 0 = from device 0 */
     int history;              /* images kept per module for rollback, default 4 */
-    const char *cache_dir;    /* compile cache; NULL = $XDG_CACHE_HOME/hotkern,
-                               * "" disables the cache; one that another user
-                               * could change (owner, group/other write bit,
-                               * here or above) is not used, and the log says
-                               * why */
+    const char *cache_dir;    /* compile cache; NULL = $XDG_CACHE_HOME/hotkern, "" none; unused when
+                               * others can change it */
     uint64_t cache_max_bytes; /* default 256 MiB; the 32 entries used last are
                                * also kept in memory, at most an eighth of it */
     hk_event_cb on_event;
     void *userdata;           /* passed to on_event and check callbacks */
-    int safe_point_wait_ms;   /* how long hk_swap waits for a safe point before
-                               * staging at once, and how long a submitted
-                               * version waits for one before the worker stages
-                               * it; default 2000 */
-    const hk_header *headers; /* in-memory headers for every CUDA C build of
-                               * the runtime (copied); a swap's own headers of
-                               * the same name come first */
+    int safe_point_wait_ms;   /* how long a version waits for a safe point before it is staged at
+                               * once; default 2000 */
+    const hk_header *headers; /* in-memory headers for every CUDA C build of the runtime (copied); a
+                               * swap's own headers of the same name come first */
     int nheaders;
-    int no_warm_start;                 /* 1: do not warm NVRTC up on a background thread at
-                                        * create (default 0: the first CUDA C swap then
-                                        * does not pay NVRTC's start-up) */
-    int launch_hold_max_us;            /* longest a launch waits at the launch gate while
-                                        * a swap or an unload has the driver; default 1000
-                                        * (a launch that waited this long goes on, and
-                                        * the driver then orders it) */
-    int destroy_wait_ms;               /* longest hk_runtime_destroy waits (for kernels
-                                        * still running hotkern's code, a build, a
-                                        * canary run, a callback); default 5000 */
-    int canary;                        /* 1: run new versions' test launches
-                                        * (hk_kernel_add_test) in a canary process
-                                        * before they commit; the helper starts at
-                                        * create. Default 0 */
-    const char *canary_helper;         /* path of the hotkern-canary executable; NULL:
-                                        * $HK_CANARY_HELPER, else hotkern-canary in
-                                        * ../libexec/hotkern or ../bin from the library
-                                        * (or program) holding hotkern, else LIBEXECDIR */
-    int canary_timeout_ms;             /* longest one test launch may run before the
-                                        * helper is killed, default 2000; the helper's
-                                        * start and each image load get ten times this */
-    const char *state_dir;             /* last known good (see below): the directory
-                                        * that keeps committed images and per-module
-                                        * records across restarts (created; one
-                                        * runtime at a time: locked while it lives;
-                                        * refused when another user could change it);
-                                        * NULL (default): kept in memory only */
-    int suspect_window_ms;             /* a version committed this shortly before the
-                                        * context is lost is suspect, and one current
-                                        * this long without a loss is known good;
-                                        * default 60000 */
-    int restore;                       /* 1: hk_runtime_create calls
-                                        * hk_runtime_restore (a failure to restore is
-                                        * then logged, not returned); default 0 */
-    int build_isolated;                /* 1: compile CUDA C (NVRTC) and PTX (nvJitLink)
-                                        * in `hotkern-build`, a helper process started
-                                        * at create, so that NVRTC never touches this
-                                        * process's signal handlers and a compiler
-                                        * crash or hang refuses one version instead of
-                                        * ending the program (see hk_runtime_create);
-                                        * 0 (default): in this process. The compile
-                                        * cache stays in this process: a cache hit
-                                        * never reaches the helper */
-    const char *build_helper;          /* path of the hotkern-build executable; NULL:
-                                        * $HK_BUILD_HELPER, else hotkern-build found as
-                                        * canary_helper's default is. Create fails with
-                                        * HK_ERR_IO, saying why, when it cannot be
-                                        * started or does not greet within 10 s */
-    int build_timeout_ms;              /* longest one isolated build may run; past it
-                                        * the helper is killed (and restarted for the
-                                        * next build) and the version refused with
-                                        * HK_ERR_COMPILE; default 120000 */
-    double canary_slowdown_max;        /* the canary's perf guard: each test launch
-                                        * that passed is repeated, once untimed and
-                                        * five times between CUDA events, on the
-                                        * new and on the running version with the
-                                        * same inputs; a version whose median GPU
-                                        * time is more than this many times the
-                                        * running version's AND more than
-                                        * canary_slowdown_min_ms longer is refused
-                                        * with HK_ERR_CANARY ("slower", both times
-                                        * in the report). Default 4.0 (0 also
-                                        * means 4.0); < 0: no guard (no timing) */
+    int no_warm_start;                 /* 1: no NVRTC warm-up on a background thread at create;
+                                        * default 0 */
+    int launch_hold_max_us;            /* longest a launch waits at the launch gate, then goes on;
+                                        * default 1000 */
+    int destroy_wait_ms;               /* longest hk_runtime_destroy waits for work in progress;
+                                        * default 5000 */
+    int canary;                        /* 1: run new versions' test launches in a canary process
+                                        * before they commit; default 0 */
+    const char *canary_helper;         /* path of hotkern-canary; NULL: $HK_CANARY_HELPER, else
+                                        * found beside the library */
+    int canary_timeout_ms;             /* longest one test launch may run before the helper is
+                                        * killed; default 2000 */
+    const char *state_dir;             /* last known good kept across restarts, in this directory;
+                                        * NULL (default): in memory */
+    int suspect_window_ms;             /* a version current this long without a lost context is
+                                        * known good; default 60000 */
+    int restore;                       /* 1: hk_runtime_create calls hk_runtime_restore (a failure
+                                        * to restore is then logged, not returned); default 0 */
+    int build_isolated;                /* 1: compile in the hotkern-build helper process; 0
+                                        * (default): in this process */
+    const char *build_helper;          /* path of hotkern-build; NULL: $HK_BUILD_HELPER, else as
+                                        * canary_helper's default */
+    int build_timeout_ms;              /* longest one isolated build may run before the helper is
+                                        * killed; default 120000 */
+    double canary_slowdown_max;        /* perf guard: refuse a version this many times slower than
+                                        * the running one; default 4.0, < 0: off */
     double canary_slowdown_min_ms;     /* default 1.0 (0 also means 1.0); < 0: no
                                         * floor (the ratio alone decides) */
-    int canary_sanitizer;              /* memcheck: each test launch of the new
-                                        * version first runs in a second helper
-                                        * under `compute-sanitizer --tool
-                                        * memcheck`, so that an out-of-bounds or
-                                        * misaligned access is caught before it
-                                        * faults the GPU (or silently lands in
-                                        * valid memory) and refuses the version
-                                        * ("memcheck", the sanitizer's first error
-                                        * line in the report). 0 (default): on
-                                        * when compute-sanitizer is found and its
-                                        * helper starts, else off (create's
-                                        * report and the log say why); 1: on, and
-                                        * create fails with HK_ERR_IO when it
-                                        * cannot be; -1: off */
-    const char *canary_sanitizer_path; /* compute-sanitizer; NULL:
-                                        * $HK_COMPUTE_SANITIZER (set but empty:
-                                        * none), else bin/compute-sanitizer
-                                        * of the toolkit whose NVRTC hotkern
-                                        * uses, of $CUDA_HOME, $CUDA_PATH or
-                                        * /usr/local/cuda, else $PATH */
-    hk_log_cb log;                     /* set: the log callback from the start, so that
-                                        * what create says (restore, helpers, the state
-                                        * directory) reaches it; as hk_runtime_set_log
-                                        * later. NULL: none (HOTKERN_LOG's stderr) */
+    int canary_sanitizer;              /* test launches under memcheck first: 0 (default) where
+                                        * found, 1 required, -1 off */
+    const char *canary_sanitizer_path; /* compute-sanitizer; NULL: $HK_COMPUTE_SANITIZER, else the
+                                        * toolkit's, else $PATH */
+    hk_log_cb log;                     /* the log callback from create on, as hk_runtime_set_log;
+                                        * NULL: HOTKERN_LOG's stderr */
     void *log_userdata;                /* passed to log */
     int log_min_level;                 /* hk_log_level; default HK_LOG_INFO */
-    const char *canary_device;         /* the device the canary helpers run on: NULL or
-                                        * "" (default) the runtime's first; a CUDA
-                                        * ordinal ("1", as CUDA_VISIBLE_DEVICES and
-                                        * CUDA_DEVICE_ORDER number them); or a UUID as
-                                        * nvidia-smi -L prints it ("GPU-6e1f...",
-                                        * "MIG-..."; the prefix optional).
-                                        * A fault in a canary run stalls every context
-                                        * of the device it runs on (README, "Memcheck"):
-                                        * on another GPU it costs the program's none.
-                                        * It must have the runtime's architecture;
-                                        * create fails with HK_ERR_INVALID, saying why,
-                                        * for one that is missing or differs. Read at
-                                        * create only */
+    const char *canary_device;         /* the canary helpers' device: NULL or "" the runtime's
+                                        * first, an ordinal or a UUID */
 } hk_options;
 
 /* Sets o->size = size and every field within it to the defaults above.
  * Returns HK_ERR_INVALID, writing nothing, for a size below the first
- * layout. Call it through hk_options_init. */
+ * layout. Call it through hk_options_init. Since 1.0. */
 HK_API int hk_options_init_size(hk_options *o, size_t size);
 
-/* Fills o with the defaults above, for the layout the program is built with. */
+/* Fills o with the defaults above, for the layout the program is built with.
+ * Since 1.0. */
 static inline void hk_options_init(hk_options *o) {
     (void)hk_options_init_size(o, sizeof *o);
 }
@@ -592,7 +526,7 @@ static inline void hk_options_init(hk_options *o) {
  * never touches this process's handlers, and a compiler that crashes or
  * hangs (past build_timeout_ms) costs one refused version. The helper is
  * started here; create fails with HK_ERR_IO, the report saying why, when it
- * cannot be. */
+ * cannot be. Since 1.0. */
 HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep);
 
 /* Stops the sources and the worker, unloads every version, releases
@@ -619,56 +553,42 @@ HK_API int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report 
  * returns at once. An exit during the process's first in-process NVRTC
  * compile (the warm-up, from creation on) is not covered: NVRTC registers
  * exit handlers of its own then, which run first. Destroy the runtime
- * before exit, or set options.build_isolated. */
+ * before exit, or set options.build_isolated. Since 1.0. */
 HK_API void hk_runtime_destroy(hk_runtime *rt);
 
-/* The CUcontext used for device slot i (cast from void *), or NULL. */
+/* The CUcontext used for device slot i (cast from void *), or NULL.
+ * Since 1.0. */
 HK_API void *hk_runtime_context(hk_runtime *rt, int device_slot);
 
-/* Target SM (e.g. 90) that builds aim at. */
+/* Target SM (e.g. 90) that builds aim at. Since 1.0. */
 HK_API int hk_runtime_arch(hk_runtime *rt);
 
 /* ---- swapping in new versions ----------------------------------------- */
 
 /* Whether a swap runs its version's test launches in the canary process
- * first (see "canary runs" below). A version whose kernels have no test
+ * first (hotkern/canary.h). A version whose kernels have no test
  * launch declared commits as before, whatever the policy ("no canary tests"
- * in the report). */
+ * in the report). Each policy in full: hotkern-swap(3). */
 typedef enum hk_canary_policy {
-    HK_CANARY_DEFAULT = 0,  /* the source's default: OPTIONAL for hk_swap,
-                             * hk_submit and watched files; REQUIRE for pushes
-                             * and pulls (net.h) */
+    HK_CANARY_DEFAULT = 0,  /* the source's default: OPTIONAL for hk_swap, hk_submit and watched
+                             * files; REQUIRE for pushes and pulls (net.h) */
     HK_CANARY_SKIP = 1,     /* no canary run */
-    HK_CANARY_OPTIONAL = 2, /* run the tests when the runtime has a canary;
-                             * if it cannot run (no helper, helper not
-                             * starting) the version goes on, and the report
-                             * says so */
+    HK_CANARY_OPTIONAL = 2, /* run the tests when the runtime has a canary; if it cannot, the
+                             * version goes on */
     HK_CANARY_REQUIRE = 3,  /* a version with tests that cannot be run in the
                              * canary is refused with HK_ERR_CANARY */
 } hk_canary_policy;
 
 /* What a CUDA C or PTX build spends its time on. Cubins and fatbins are
- * loaded as they are, whatever the profile. */
+ * loaded as they are, whatever the profile. Each profile in full:
+ * hotkern-swap(3). */
 typedef enum hk_build_profile {
-    HK_BUILD_PROFILE_DEFAULT = 0, /* the source's default: RELEASE everywhere
-                                   * (hk_swap, hk_submit, watched directories,
-                                   * pushes and pulls) */
-    HK_BUILD_PROFILE_RELEASE = 1, /* the fastest code: NVRTC's full
-                                   * optimisation, ptxas and nvJitLink at -O3
-                                   * (-O0 with hk_options.jit_opt_level 0) */
-    HK_BUILD_PROFILE_DEV = 2,     /* the fastest compile, for the edit-save-look
-                                   * loop: NVRTC -Ofc=max (its fast-compile
-                                   * level, passed on to ptxas), -minimal where
-                                   * the source cannot need what it leaves out
-                                   * (a build that fails with it is compiled
-                                   * again without), nvJitLink -Ofc=max. The
-                                   * code may run slower; what compiles, and
-                                   * what it computes, are the same. A DEV
-                                   * build is never served from the compile
-                                   * cache for a RELEASE one, nor the other way
-                                   * round. Opt-in only
-                                   * (hk_watch_options.build_profile, or this
-                                   * field) */
+    HK_BUILD_PROFILE_DEFAULT = 0, /* the source's default: RELEASE everywhere (hk_swap, hk_submit,
+                                   * watched directories, pushes and pulls) */
+    HK_BUILD_PROFILE_RELEASE = 1, /* the fastest code: NVRTC's full optimisation, ptxas and
+                                   * nvJitLink at -O3 (-O0 with hk_options.jit_opt_level 0) */
+    HK_BUILD_PROFILE_DEV = 2,     /* the fastest compile (-Ofc=max), for the edit-save loop; opt-in
+                                   * only */
 } hk_build_profile;
 
 /* Has this process's malloc keep the memory NVRTC frees, so that the next
@@ -695,10 +615,10 @@ typedef enum hk_build_profile {
  * as it is; rep says which); HK_ERR_IO when the allocator refused a setting
  * (rep says which; the others stay in place). A sanitizer's allocator may
  * refuse it (AddressSanitizer's does) or accept it and ignore it
- * (ThreadSanitizer's). rep may be NULL. */
+ * (ThreadSanitizer's). rep may be NULL. Since 1.3. */
 HK_API int hk_build_keep_memory(hk_report *rep);
 
-/* The first layout ends at origin. */
+/* The first layout ends at origin. Each field in full: hotkern-swap(3). */
 typedef struct hk_swap_options {
     size_t size;                      /* set by hk_swap_options_init */
     hk_format format;                 /* default AUTO */
@@ -717,22 +637,19 @@ typedef struct hk_swap_options {
                                * they hide the runtime's of the same name */
     int nheaders;
     hk_canary_policy canary;        /* default HK_CANARY_DEFAULT */
-    uint64_t release_version;       /* the release this image belongs to (pushes
-                                     * and pulls set it), kept with the image in the
-                                     * last-known-good records; 0: none */
+    uint64_t release_version;       /* this image's release (pushes and pulls set it); 0: none */
     hk_build_profile build_profile; /* default HK_BUILD_PROFILE_DEFAULT */
-    double canary_slowdown_max;     /* this swap's perf guard (see
-                                     * hk_options.canary_slowdown_max): 0
-                                     * (default): the runtime's; > 0: this
-                                     * ratio (on even where the runtime's is
-                                     * off); < 0: off */
+    double canary_slowdown_max;     /* this swap's perf guard: 0 (default) the runtime's; > 0 this
+                                     * ratio; < 0 off */
     double canary_slowdown_min_ms;  /* 0 (default): the runtime's; > 0: this
                                      * many ms; < 0: no floor */
 } hk_swap_options;
 
-/* As hk_options_init_size, for swap options. */
+/* As hk_options_init_size, for swap options. Since 1.0. */
 HK_API int hk_swap_options_init_size(hk_swap_options *o, size_t size);
 
+/* Fills o with the defaults, for the layout the program is built with.
+ * Since 1.0. */
 static inline void hk_swap_options_init(hk_swap_options *o) {
     (void)hk_swap_options_init_size(o, sizeof *o);
 }
@@ -752,14 +669,15 @@ static inline void hk_swap_options_init(hk_swap_options *o) {
  * records, logs, metrics and events (the network endpoint takes names of
  * [A-Za-z0-9_.-] only, a subset).
  * On failure the running version is untouched and rep says why.
- * On success rep->version is the new version number (monotonic per module). */
+ * On success rep->version is the new version number (monotonic per module).
+ * Since 1.0. */
 HK_API int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
                    const hk_swap_options *opt, hk_report *rep);
 
 /* As hk_swap, but returns at once: a worker thread builds the version, then
  * stages and commits it (HK_STAGE_NOW, or AUTO before any safe point) or
  * leaves it for hk_safe_point().
- * The outcome arrives through on_event. Safe from any thread. */
+ * The outcome arrives through on_event. Safe from any thread. Since 1.0. */
 HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t size,
                      const hk_swap_options *opt);
 
@@ -770,19 +688,21 @@ HK_API int hk_submit(hk_runtime *rt, const char *name, const void *image, size_t
  * nothing, while uploading code into a busy context waits for all its work and
  * stalls every launching thread meanwhile. Never synchronises the GPU itself.
  * Returns the number of versions committed (refusals are reported through
- * on_event), or HK_ERR_BUSY from a check callback. Safe from any thread. */
+ * on_event), or HK_ERR_BUSY from a check callback. Safe from any thread.
+ * Since 1.0. */
 HK_API int hk_safe_point(hk_runtime *rt);
 
 /* Waits until every submitted version has been committed or refused (pending
  * safe-point versions excepted) and returns 0, or HK_ERR_TIMEOUT; HK_ERR_BUSY
- * at once when called on the worker thread (from one of its events). */
+ * at once when called on the worker thread (from one of its events).
+ * Since 1.0. */
 HK_API int hk_wait_idle(hk_runtime *rt, int timeout_ms);
 
 /* Commits the previous kept image of `name` again, as a new version number.
- * Safe from any thread. */
+ * Safe from any thread. Since 1.0. */
 HK_API int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep);
 
-/* Current version number of a module (0 when it has none). */
+/* Current version number of a module (0 when it has none). Since 1.0. */
 HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
 
 /* The release (hk_swap_options.release_version; 0 for an image that has
@@ -790,505 +710,23 @@ HK_API uint64_t hk_module_version(hk_runtime *rt, const char *name);
  * the image it runs, 1 the one hk_rollback would commit, and so on. A
  * rollback commits an image with its release. Returns 0, HK_ERR_NOT_FOUND
  * when the module has no version, HK_ERR_NO_HISTORY when fewer images are
- * kept, HK_ERR_INVALID. Safe from any thread. */
+ * kept, HK_ERR_INVALID. Safe from any thread. Since 1.2. */
 HK_API int hk_module_release(hk_runtime *rt, const char *name, int back, uint64_t *release_version);
 
 /* As hk_rollback, but only when the image it would commit belongs to release
  * `release_version` (what hk_module_release(rt, name, 1, ...) reports):
  * otherwise HK_ERR_REJECTED and nothing changes. The check and the rollback
  * are one step: no commit from another source comes between them. Safe from
- * any thread. */
+ * any thread. Since 1.2. */
 HK_API int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_version,
                                hk_report *rep);
 
 /* Device address and size of the __device__ or __constant__ variable `name`
  * in the current version of `module`, in device slot `device_slot`'s context
  * (cast the address to CUdeviceptr). Valid until the module's next commit.
- * Safe from any thread. */
+ * Safe from any thread. Since 1.0. */
 HK_API int hk_module_global(hk_runtime *rt, const char *module, const char *name, int device_slot,
                             uint64_t *dptr, size_t *size);
-
-/* ---- checking without a GPU -------------------------------------------- */
-
-/* A swap's build on its own, for `hotkern check`, CI pipelines and editors:
- * a source (CUDA C, PTX, cubin or fatbin) is compiled and validated for one
- * architecture as hk_swap builds it (NVRTC, nvJitLink, the PTX, cubin and
- * fatbin parsers, the architecture rule), and what a version made of it
- * would hold is listed: its kernels with their parameter layouts, its
- * globals, the architectures it has code for. Nothing here loads or calls
- * the CUDA driver: no device, no libcuda and no hk_runtime are needed, so
- * it works where hk_runtime_create fails (a CI machine without a GPU). No
- * compile cache is used: every check compiles.
- *
- * hk_check checks one source. A program that checks several sources with
- * the same options creates an hk_checker once and checks each with it: the
- * options, the in-memory headers and the include search path are then
- * taken in once, and its CUDA C builds use NVRTC's automatic precompiled
- * header (which NVRTC keeps for the process), made by the first build and
- * reused by every later one whose opening toolkit includes and options are
- * the same. As in a swap, the precompiled header covers the toolkit's
- * headers only; each source's own includes are read at each check, so a
- * header edited between two checks is seen. */
-
-/* The first layout is the whole structure as first published (it ends at
- * source_name). */
-typedef struct hk_check_options {
-    size_t size;                      /* set by hk_check_options_init */
-    int arch;                         /* the target: 90 for sm_90 (compute
-                                       * capability 9.0), 10 to 9999; no
-                                       * default (0 is refused) */
-    int arch_specific;                /* 1: its architecture-specific
-                                       * variant (sm_90a), which runs on
-                                       * that architecture only; default 0 */
-    hk_format format;                 /* default AUTO: from the content */
-    hk_ptx_mode ptx_mode;             /* HK_PTX_NVJITLINK (default): CUDA C
-                                       * and PTX become a cubin, as a
-                                       * runtime's default builds them;
-                                       * HK_PTX_DRIVER_JIT: CUDA C becomes
-                                       * PTX and PTX is only parsed, what
-                                       * such a runtime hands the driver */
-    int jit_opt_level;                /* 0..4, default 4 (as hk_options') */
-    hk_build_profile build_profile;   /* default RELEASE (DEV: as in a
-                                       * swap with that profile) */
-    const char *const *nvrtc_options; /* extra NVRTC options (-D, -I,
-                                       * -std...), as in hk_swap_options */
-    int nnvrtc_options;
-    const char *const *name_expressions; /* e.g. "scale<float>": template kernels
-                                          * to instantiate */
-    int nname_expressions;
-    const hk_header *headers; /* in-memory headers (copied), as in
-                               * hk_swap_options */
-    int nheaders;
-    const char *source_name; /* hk_check's source: the path, for compiler
-                              * messages and for the directory its quoted
-                              * includes are looked for in; default
-                              * "input.cu" ("input.ptx"), in the current
-                              * directory */
-} hk_check_options;
-
-/* As hk_options_init_size, for check options. */
-HK_API int hk_check_options_init_size(hk_check_options *o, size_t size);
-
-static inline void hk_check_options_init(hk_check_options *o) {
-    (void)hk_check_options_init_size(o, sizeof *o);
-}
-
-/* What a check found. Opaque and immutable: its accessors may be called from
- * any thread; it does not depend on the checker that made it. */
-typedef struct hk_check_result hk_check_result;
-/* Options and state for checking many sources (see above). */
-typedef struct hk_checker hk_checker;
-
-/* The format of `size` bytes at `data` as hk_swap's and hk_check's
- * HK_FORMAT_AUTO finds it. Returns 0 with *fmt; HK_ERR_FORMAT, rep (may be
- * NULL) saying why ("empty input", "truncated ELF header" ...);
- * HK_ERR_INVALID. Safe from any thread. */
-HK_API int hk_format_detect(const void *data, size_t size, hk_format *fmt, hk_report *rep);
-
-/* Checks `size` bytes at `src` (read during the call only) with options opt,
- * on the calling thread. Returns 0 with *out set: the caller's,
- * hk_check_result_free. On failure *out is NULL and rep says why: its
- * message the reason (for CUDA C the compiler's first error line; for a
- * refused architecture what the image has and what the target is: "cubin is
- * sm_80, target is sm_90"), its log the compiler's or nvJitLink's whole log.
- * Codes: HK_ERR_INVALID (options: opt NULL, a size below the first layout, an
- * arch out of range, negative counts, NULL arrays or entries; a NULL src with
- * a size), HK_ERR_FORMAT (not a kernel source or image, or a malformed one),
- * HK_ERR_COMPILE (NVRTC or nvJitLink refused it), HK_ERR_ARCH (no code for
- * the target: a cubin for another architecture, PTX for a newer one),
- * HK_ERR_NOMEM. On success rep (may be NULL) is empty but for build_ms and
- * total_ms; the compiler's warnings are in hk_check_result_log.
- * Safe from any thread. */
-HK_API int hk_check(const hk_check_options *opt, const void *src, size_t size,
-                    hk_check_result **out, hk_report *rep);
-
-/* Takes opt in (copied: arrays, strings and headers) for checks of many
- * sources. Returns 0 with *out (the caller's: hk_checker_destroy);
- * HK_ERR_INVALID as hk_check, rep saying what; HK_ERR_NOMEM. */
-HK_API int hk_checker_create(hk_checker **out, const hk_check_options *opt, hk_report *rep);
-
-/* hk_check with c's options; source_name replaces the options' (NULL: theirs).
- * A check gives the same result, or the same refusal, as hk_check with the
- * same options would. c is not changed by a check: checks on several threads
- * may use one checker at once. */
-HK_API int hk_checker_check(hk_checker *c, const char *source_name, const void *src, size_t size,
-                            hk_check_result **out, hk_report *rep);
-
-/* Frees c; its results stay valid. c may be NULL. No check may be running on it. */
-HK_API void hk_checker_destroy(hk_checker *c);
-
-/* Frees r (every pointer it handed out goes with it). r may be NULL. */
-HK_API void hk_check_result_free(hk_check_result *r);
-
-/* The source's format (detected, or the options'). */
-HK_API hk_format hk_check_result_format(const hk_check_result *r);
-
-/* The loadable image the check built: what a swap of the source would load
- * (a cubin, or PTX with HK_PTX_DRIVER_JIT, NUL-terminated and counted in
- * *size; a cubin or fatbin given is passed through). *size and *format may
- * be NULL. Valid while r lives. */
-HK_API const void *hk_check_result_image(const hk_check_result *r, size_t *size, hk_format *format);
-
-/* The compiler's and nvJitLink's log of a build that succeeded (its
- * warnings), or NULL when there was none. Valid while r lives. */
-HK_API const char *hk_check_result_log(const hk_check_result *r);
-
-/* The kernels (entry points) of the image, in the image's order: those of
- * PTX and of a cubin; a fatbin's are those of its members stored plain
- * (its cubins, as nvcc writes them, and PTX that is not compressed),
- * merged by name in the order met. */
-HK_API int hk_check_result_kernel_count(const hk_check_result *r);
-
-/* Kernel i: its entry name (the mangled one for C++ names) in *name, and,
- * when offsets and sizes are not NULL, its parameter layout as
- * hk_kernel_require_layout takes it: parameter j is sizes[j] bytes at byte
- * offset offsets[j]. Returns the number of parameters (>= 0), or
- * HK_ERR_NOT_FOUND for i out of range, HK_ERR_INVALID. The pointers are
- * valid while r lives. */
-HK_API int hk_check_result_kernel(const hk_check_result *r, int i, const char **name,
-                                  const size_t **offsets, const size_t **sizes);
-
-/* The __device__ and __constant__ variables of the image (PTX and cubin, as
- * kernels): global i's name, size in bytes (may be NULL)
- * and whether it is __constant__ (may be NULL). Returns 0, HK_ERR_NOT_FOUND
- * for i out of range, HK_ERR_INVALID. */
-HK_API int hk_check_result_global_count(const hk_check_result *r);
-HK_API int hk_check_result_global(const hk_check_result *r, int i, const char **name,
-                                  uint64_t *size, int *is_const);
-
-/* The architectures the image has code for: "sm_90" (or "sm_90a") for
- * machine code, "compute_90" for PTX; a fatbin's machine code first, then
- * its PTX. Architecture i (valid while r lives), or NULL for i out of
- * range. */
-HK_API int hk_check_result_arch_count(const hk_check_result *r);
-HK_API const char *hk_check_result_arch(const hk_check_result *r, int i);
-
-/* ---- kernels and launches ---------------------------------------------- */
-
-/* Takes the handle of kernel `kernel` in module `module`. The name is the
- * kernel's entry name, or a name expression given at build time. The module's
- * current version must contain it. From then on every version of the module
- * must contain it with the same parameter layout (unless accept_layout_change).
- * Handles are owned by the runtime and valid until hk_runtime_destroy; taking
- * the same name twice returns the same handle. Safe from any thread. */
-HK_API int hk_kernel_get(hk_runtime *rt, const char *module, const char *kernel, hk_kernel **out);
-
-/* Requires k's parameter layout to be exactly n parameters, parameter i of
- * sizes[i] bytes at byte offset offsets[i], now and in every later version
- * (for callers that pass arguments laid out at compile time: hotkern.hpp,
- * the <<<>>> interposition). Returns 0 when the current version has that
- * layout; from then on a version with another is refused with
- * HK_ERR_LAYOUT, accept_layout_change or not. Returns HK_ERR_LAYOUT, the
- * report naming the kernel and the first difference, when it does not (the
- * handle is unchanged); HK_ERR_INVALID for bad arguments. Safe from any
- * thread; not from a check callback (HK_ERR_BUSY). */
-HK_API int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *sizes, int n,
-                                    hk_report *rep);
-
-/* Frozen: passed by value, it never grows. */
-typedef struct hk_dim3 {
-    unsigned x, y, z;
-} hk_dim3;
-
-/* Launches the current version of k, exactly like cuLaunchKernel with
- * kernelParams = args. stream is a cudaStream_t / CUstream (NULL = default
- * stream); with the library loader the context is the stream's (or, for NULL,
- * the calling thread's current context). Safe from any thread; no lock, no
- * allocation. Returns 0, or HK_ERR_CUDA with the CUresult in *cu_result when
- * cu_result is not NULL.
- * Launch gate: while a swap or an unload needs the driver (typically well
- * under a millisecond), launches wait here, at most
- * options.launch_hold_max_us; without it the driver would let continuous
- * launches starve every load. A launch released then waits in the driver
- * for the load or unload in progress, which may itself wait for work queued
- * on the GPU; a closing longer than the hold and than any before is logged
- * (info, "engine") with what it did.
- * Stream capture: a launch into a capturing stream is recorded in the
- * application's graph with the version current at that moment; that version
- * stays loaded until the graph and every exec instantiated from it are
- * destroyed (a CUDA user object holds it), so the graph never runs unloaded
- * code. To have the graph follow swaps instead, register its node with
- * hk_graph_register.
- * After a context reset a launch may fail once (HK_ERR_CUDA); hotkern's own
- * thread recovers, never the launching one. */
-HK_API int hk_launch(hk_kernel *k, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes, void *stream,
-                     void **args, int *cu_result);
-
-/* Pins the current version of module `module`: launches through the pin all
- * run that version, even if newer ones are committed meanwhile; its code is not
- * unloaded before hk_unpin. Safe from any thread. */
-HK_API int hk_pin_module(hk_runtime *rt, const char *module, hk_pin **out);
-HK_API int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 grid, hk_dim3 block,
-                            unsigned shared_bytes, void *stream, void **args, int *cu_result);
-HK_API uint64_t hk_pin_version(const hk_pin *p);
-/* Releases the pin; p is invalid afterwards. p may be NULL. */
-HK_API void hk_unpin(hk_pin *p);
-
-/* The CUfunction of k's current version in the calling thread's current
- * context (device slot 0's when the thread has none), for code that launches
- * by itself (valid until the next commit of its module plus one reclaim
- * cycle: prefer hk_launch or a pin). Safe from any thread; it does not wait
- * for launches in progress. */
-HK_API int hk_kernel_function(hk_kernel *k, void **cufunction);
-
-/* ---- kernel attributes and extended launches ---------------------------- */
-
-/* Sets attribute `attribute` (a CUfunction_attribute, e.g.
- * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
- * CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, the REQUIRED_CLUSTER_*
- * and NON_PORTABLE_CLUSTER_SIZE_ALLOWED attributes) to `value` on k's current
- * version, on every device, and keeps it: every later version gets it before
- * it is committed, and a version that cannot take it (say its static shared
- * memory plus the requested dynamic size exceeds the device's limit) is
- * refused with HK_ERR_ATTRIBUTE, the old version running on. Setting it on the
- * current version can fail the same way; nothing is kept then. rep (may be
- * NULL) says why. Safe from any thread; HK_ERR_BUSY from a check callback. */
-HK_API int hk_kernel_set_attribute(hk_kernel *k, int attribute, int value, hk_report *rep);
-
-/* The same for the preferred cache configuration (a CUfunc_cache). */
-HK_API int hk_kernel_set_cache_config(hk_kernel *k, int config, hk_report *rep);
-
-/* A launch with the options of cuLaunchKernelEx. Initialise with
- * hk_launch_config_init (it sets size, so fields can be added later). Its
- * first layout is the whole 1.0 structure. */
-typedef struct hk_launch_config {
-    size_t size;                    /* sizeof(hk_launch_config), set by init */
-    hk_dim3 grid, block;            /* default 1,1,1 */
-    unsigned shared_bytes;          /* dynamic shared memory */
-    void *stream;                   /* CUstream / cudaStream_t, NULL: default stream */
-    hk_dim3 cluster;                /* thread-block cluster; 0,0,0 (default): none */
-    int cooperative;                /* 1: a cooperative launch (grid-wide sync) */
-    int programmatic_serialization; /* 1: programmatic stream serialization */
-    int priority;                   /* launch priority when has_priority */
-    int has_priority;
-} hk_launch_config;
-
-/* As hk_options_init_size, for launch configurations. */
-HK_API int hk_launch_config_init_size(hk_launch_config *c, size_t size);
-
-static inline void hk_launch_config_init(hk_launch_config *c) {
-    (void)hk_launch_config_init_size(c, sizeof *c);
-}
-
-/* Launches k's current version with cuLaunchKernelEx and c's options, with
- * hk_launch's guarantees (epochs, the launch gate, stream capture), and no
- * allocation. Returns 0, HK_ERR_INVALID for a size below the first layout, or
- * HK_ERR_CUDA with the CUresult in *cu_result. */
-HK_API int hk_launch_ex(hk_kernel *k, const hk_launch_config *c, void **args, int *cu_result);
-
-/* ---- CUDA graphs ------------------------------------------------------- */
-
-/* Registers kernel node `node` (CUgraphNode) of the instantiated graph `exec`
- * (CUgraphExec) as launching k: on every commit of k's module the node is
- * pointed at the new version before the old one is unloaded. Launch the graph
- * with hk_graph_launch so no commit updates it mid-launch (graph launches
- * take a lock that commits take for writing, writers first, so neither can
- * starve the other). Register and unregister return HK_ERR_BUSY from a check
- * callback. */
-HK_API int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k);
-HK_API int hk_graph_unregister(hk_runtime *rt, void *exec);
-HK_API int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu_result);
-
-/* ---- canary runs ------------------------------------------------------- */
-
-/* A kernel that faults (illegal address, trap) leaves the CUDA error sticky
- * for the whole process: every later CUDA call fails and the application's
- * buffers are gone; a kernel stuck in a loop holds its stream for good. So
- * before a version commits, the launches the application declared for its
- * kernels can run in a canary process: `hotkern-canary`, a helper hotkern
- * starts (options.canary) with a CUDA context of its own on the runtime's
- * first device. Each declared launch runs on the new version; a fault (its
- * CUresult name), a launch that outlives options.canary_timeout_ms (the
- * helper is killed, and started again) or, when the test compares, outputs
- * that differ from the running version's on the same inputs, refuse the
- * version with HK_ERR_CANARY; the report names the kernel and what happened,
- * and the running version goes on. The run happens on the thread that built
- * the version (the caller of hk_swap, or the worker), holding no lock that
- * launches or other hotkern calls wait for, between build and stage.
- * Rollbacks run no canary (they return to a version that ran).
- *
- * Perf guard (hk_options.canary_slowdown_max, _min_ms; per swap in
- * hk_swap_options): a test launch that passed is repeated, once untimed and
- * five times between CUDA events, on the new version and on the running one
- * with the same inputs; a version whose median GPU time is more than 4x the
- * running version's and more than 1 ms longer (the defaults) is refused as
- * "slower", with both times in the report (canary_new_ms, canary_old_ms).
- * With no running version the new one is timed, said so, and not refused.
- *
- * Memcheck (hk_options.canary_sanitizer): where the toolkit's
- * compute-sanitizer is found, each test launch of the new version first runs
- * in a second helper under `compute-sanitizer --tool memcheck`, which catches
- * out-of-bounds and misaligned accesses before they fault the GPU (a fault's
- * recovery stalls every context on it) and those that land in valid memory
- * (which a plain run misses); an error it reports refuses the version as
- * "memcheck" with its first error line.
- *
- * Trap guard: a version built from CUDA C or PTX whose traps (__trap()),
- * failed device-side asserts or breakpoints would end the helper's context
- * (an imprecise error: the GPU's recovery stalls every context on it, the
- * application's too) is tested as a copy in which each of them stores
- * where it was and ends its thread instead; a test launch that reaches one
- * refuses the version as a "fault" saying which, and what commits is the
- * version's own image (built, where a copy is made, by the same nvJitLink
- * link as the copy, so the two differ at those sites alone). Cubins and
- * fatbins are not guarded.
- * hk_stats and the metrics count runs, refusals by kind, helper starts and
- * the time spent. */
-
-/* A test launch under construction: grid, block, dynamic shared memory and
- * the kernel's arguments in order. Opaque; not thread-safe. */
-typedef struct hk_test hk_test;
-
-/* How a test buffer is filled before the launch. */
-typedef enum hk_fill {
-    HK_FILL_ZERO = 0,
-    HK_FILL_BYTE = 1,     /* every byte = param & 0xff */
-    HK_FILL_RANDOM = 2,   /* pseudo-random bytes from seed param */
-    HK_FILL_IOTA_I32 = 3, /* int32 i + param at element i */
-    HK_FILL_IOTA_F32 = 4, /* float i + param at element i */
-    HK_FILL_HOST = 5,     /* a copy of the caller's bytes */
-} hk_fill;
-
-/* How the buffers after the launch are compared with the running version's
- * on the same inputs. */
-typedef enum hk_compare {
-    HK_COMPARE_NONE = 0,  /* only faults and hangs refuse (default) */
-    HK_COMPARE_EXACT = 1, /* byte for byte */
-    HK_COMPARE_F32 = 2,   /* as floats: |new - old| <= atol + rtol * |old|;
-                           * NaN equals only NaN */
-    HK_COMPARE_F64 = 3,   /* as doubles, likewise */
-} hk_compare;
-
-/* Makes a test launch with no arguments yet. *out is the caller's:
- * hk_test_destroy. Returns 0, HK_ERR_INVALID (a zero dimension) or
- * HK_ERR_NOMEM. */
-HK_API int hk_test_create(hk_test **out, hk_dim3 grid, hk_dim3 block, unsigned shared_bytes);
-/* Frees t; t may be NULL. */
-HK_API void hk_test_destroy(hk_test *t);
-/* Appends an argument passed by value: `size` bytes at `value` (copied),
- * 1..4096. */
-HK_API int hk_test_scalar(hk_test *t, const void *value, size_t size);
-/* Appends a device buffer of `bytes` bytes (the kernel gets its address),
- * filled as `fill` says: `param` is the byte value or the seed; `host`
- * (bytes long, copied) is read for HK_FILL_HOST only. A test's buffers hold
- * at most 64 MiB together. */
-HK_API int hk_test_buffer(hk_test *t, size_t bytes, hk_fill fill, uint64_t param, const void *host);
-/* After the launch, compares every buffer with the running version's run of
- * the same test (skipped for a module's first version). */
-HK_API int hk_test_compare(hk_test *t, hk_compare mode, double atol, double rtol);
-
-/* Declares t (copied; the caller keeps it) as a test launch of k: every
- * later version of k's module runs it in the canary before commit (as its
- * swap's canary policy says). At most 16 per kernel. Safe from any thread;
- * does not wait for a running canary or swap. */
-HK_API int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep);
-/* Removes k's test launches. Safe from any thread. */
-HK_API int hk_kernel_clear_tests(hk_kernel *k);
-
-/* ---- last known good ---------------------------------------------------- */
-
-/* A kernel that faults leaves the CUDA error sticky for the whole process:
- * the process must restart. hotkern remembers, per module, which image was
- * running and which one last ran cleanly, so that the restarted process comes
- * up on that one, without the network, and refuses the image that faulted.
- *
- * Context lost. When a launch through hotkern (hk_launch, hk_launch_ex,
- * hk_launch_pinned, hk_graph_launch), a synchronise hotkern does, or a call
- * of hk_runtime_note_error returns a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS,
- * _LAUNCH_FAILED, _ILLEGAL_INSTRUCTION, _MISALIGNED_ADDRESS, _INVALID_PC,
- * _HARDWARE_STACK_ERROR, _INVALID_ADDRESS_SPACE, _ASSERT, _LAUNCH_TIMEOUT,
- * _ECC_UNCORRECTABLE, _CONTAINED, _TENSOR_MEMORY_LEAK), the runtime, once:
- * - promotes each module's current version to known good when it has been
- *   current for options.suspect_window_ms;
- * - quarantines, per module, every image committed within the last
- *   suspect_window_ms except the module's known-good one (a fault is
- *   reported late and by no kernel in particular, so every recent commit is
- *   suspect, and only those);
- * - writes the records (the quarantine and the promotions), logs the loss
- *   (error) and emits HK_EVENT_CONTEXT_LOST on the thread that saw the
- *   error: a program may end in its handler.
- * A version also becomes known good when it is replaced or the runtime is
- * destroyed after it was current for suspect_window_ms.
- *
- * Kept images. With options.state_dir, every committed image (as built:
- * cubin, fatbin or PTX) is written to STATE_DIR/images/HASH (BLAKE2b-256 of
- * the image, hex; temp file and rename), and each module's record,
- * STATE_DIR/modules/NAME.rec (a line-based text, replaced atomically), names
- * its current image, its known-good image (with its name expressions) and
- * its quarantined images, with their release versions when known
- * (hk_swap_options.release_version). A record names its module inside and
- * an image must hash to its file name. Only the images a record names (in
- * memory, or on disk) stay, about two per module; a damaged record keeps
- * the images it mentions until its module writes a new one, and a write
- * that failed is tried again at the module's next commit (a record is never
- * written before the images it names). At most 32 quarantined hashes are
- * kept per module (the oldest go). Disk work happens on the committing
- * thread after it released the engine's swap lock (so hk_module_version and
- * other swaps do not wait for the disk), before the commit's event, and
- * never on the launch path (a lost context writes on the thread that saw
- * it). When hk_runtime_destroy stops waiting for the GPU, the directory is
- * unlocked before it returns, so a new runtime can use it at once.
- *
- * Trust. What the directory holds decides what restore runs, so it is used
- * only when no other local user can change it, as OpenSSH's StrictModes
- * checks: it and its files belong to the process's effective user and are
- * writable by nobody else, and every directory above it belongs to that
- * user or root and is writable by nobody else unless sticky (/tmp).
- * hk_runtime_create fails with HK_ERR_IO, the report naming the path and
- * what is wrong. Files in it are opened without following links: a link in
- * the place of `lock`, `images`, a record or an image is refused, never
- * followed; a record or image that another user could have written is not
- * restored (the report says why).
- *
- * Quarantine. An image quarantined for a module is refused by hk_swap,
- * hk_submit, pushes and pulls of that module with HK_ERR_QUARANTINED (the
- * report names the image and the release); a different image is accepted. */
-
-/* Comes up on the last known good version of every module recorded in
- * options.state_dir: each image is read, checked against its hash, and
- * committed (origin "restore", no canary run: it ran) unless the module
- * already runs it. A record that cannot be read (truncated, garbage, an
- * image missing or altered) is skipped, and the report's message names it;
- * the others are restored. Returns the number of modules restored (>= 0),
- * HK_ERR_INVALID, or HK_ERR_UNSUPPORTED without a state directory. Safe from
- * any thread; not from a callback of rt. */
-HK_API int hk_runtime_restore(hk_runtime *rt, hk_report *rep);
-
-/* Tells rt about a CUresult the application got from its own CUDA calls
- * (cudaDeviceSynchronize, cudaMemcpy ...): a sticky error is handled as
- * above (once). Returns 1 when cu_result is a sticky error, else 0. Safe from
- * any thread, not from a callback of rt; it writes files only the first
- * time. */
-HK_API int hk_runtime_note_error(hk_runtime *rt, int cu_result);
-
-/* One quarantined image. Initialise with HK_QUARANTINE_INIT or
- * hk_quarantine_init; the first layout is the whole 1.0 structure. */
-typedef struct hk_quarantine {
-    size_t size;
-    char module[64];
-    char image[65];           /* BLAKE2b-256 of the image, hex */
-    uint64_t release_version; /* 0 when unknown */
-    uint64_t version;         /* the engine's version number it had, 0 when
-                               * quarantined by an earlier process */
-} hk_quarantine;
-
-#define HK_QUARANTINE_INIT HK_SIZED_INIT(hk_quarantine)
-
-static inline void hk_quarantine_init(hk_quarantine *q) {
-    memset(q, 0, sizeof *q);
-    q->size = sizeof *q;
-}
-
-/* The index-th quarantined image of rt (modules in name order, oldest
- * first), written within out->size. Returns 0, HK_ERR_NOT_FOUND past the
- * last, HK_ERR_INVALID. Safe from any thread. */
-HK_API int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out);
-
-/* The known-good image of `module` (hex into hash, 65 bytes) and its release
- * version (may be NULL). Returns 0, HK_ERR_NOT_FOUND when the module has
- * none, HK_ERR_INVALID. Safe from any thread. */
-HK_API int hk_module_known_good(hk_runtime *rt, const char *module, char hash[65],
-                                uint64_t *release_version);
 
 /* ---- counters ---------------------------------------------------------- */
 
@@ -1304,18 +742,16 @@ typedef struct hk_stats {
     uint64_t cache_hits, cache_misses;
     double build_ms_total, stage_ms_total, commit_ms_total;
     double last_swap_ms;           /* total_ms of the last commit */
-    uint64_t retired_loaded;       /* replaced versions still loaded: waiting for
-                                    * launches, pins, captured graphs, their GPU work
-                                    * or a safe point */
+    uint64_t retired_loaded;       /* replaced versions still loaded: waiting for launches, pins,
+                                    * captured graphs, their GPU work or a safe point */
     uint64_t gate_closes;          /* times the launch gate closed */
     double gate_closed_max_ms;     /* longest it stayed closed */
     uint64_t launch_hold_timeouts; /* launches that waited launch_hold_max_us
                                     * at the gate and then went on */
     uint64_t canary_runs;          /* versions whose tests ran in the canary */
     uint64_t canary_refused;       /* versions the canary refused */
-    uint64_t canary_helper_starts; /* canary helper processes started (the
-                                    * first, and one after each fault, hang
-                                    * or death) */
+    uint64_t canary_helper_starts; /* canary helper processes started (the first, and one after each
+                                    * fault, hang or death) */
     uint64_t context_lost;         /* sticky CUDA errors seen (0 or 1: the
                                     * first one ends the context) */
     uint64_t quarantined;          /* images quarantined now, all modules */
@@ -1324,18 +760,18 @@ typedef struct hk_stats {
     uint64_t canary_refused_fault, canary_refused_hang, canary_refused_mismatch;
     uint64_t canary_refused_slower, canary_refused_memcheck, canary_refused_could_not_run;
     double canary_ms_total;    /* time spent in canary runs */
-    double canary_last_new_ms; /* the last timed run's figures, as
-                                * hk_report.canary_new_ms and canary_old_ms;
-                                * 0: none yet */
+    double canary_last_new_ms; /* the last timed run's figures, as hk_report.canary_new_ms and
+                                * canary_old_ms; 0: none yet */
     double canary_last_old_ms;
     uint64_t canary_sanitizer;  /* 1: test launches run under memcheck first */
-    uint64_t program_fallbacks; /* launches of a program's kernel that failed in
-                                 * the hot version and ran the program's own
-                                 * code (HK_EVENT_FALLBACK) */
+    uint64_t program_fallbacks; /* launches of a program's kernel that failed in the hot version and
+                                 * ran the program's own code (HK_EVENT_FALLBACK) */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)
 
+/* Sets s to zero counters of the caller's layout, for hk_stats_get.
+ * Since 1.0. */
 static inline void hk_stats_init(hk_stats *s) {
     memset(s, 0, sizeof *s);
     s->size = sizeof *s;
@@ -1344,17 +780,18 @@ static inline void hk_stats_init(hk_stats *s) {
 /* Snapshot of the counters into out, within out->size (set it with
  * HK_STATS_INIT or hk_stats_init). Returns 0, or HK_ERR_INVALID for a NULL
  * argument or a size below the first layout (nothing written). Safe from any
- * thread. */
+ * thread. Since 1.0. */
 HK_API int hk_stats_get(hk_runtime *rt, hk_stats *out);
 
 /* Waits until every retired version is unloaded, or timeout_ms passes.
  * Versions replaced at a safe point are unloaded at the next one, so this
  * waits for that too; a version pinned, or held by a graph captured from
  * hk_launch, waits for its pin or graph. Returns 0 or HK_ERR_TIMEOUT;
- * HK_ERR_BUSY at once on hotkern's reclaim thread (from a RECLAIMED event). */
+ * HK_ERR_BUSY at once on hotkern's reclaim thread (from a RECLAIMED event).
+ * Since 1.0. */
 HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
 
-/* ---- logs -------------------------------------------------------------- */
+/* ---- logs and queued events -------------------------------------------- */
 
 /* hk_log_level, hk_log_level_name and hk_log_cb: before hk_options, which
  * can name a log callback from the start. */
@@ -1366,19 +803,20 @@ HK_API int hk_reclaim_wait(hk_runtime *rt, int timeout_ms);
  * stderr, one line each ("hotkern: LEVEL SUBSYSTEM: message"); otherwise
  * nothing is printed. When this returns, the previous callback is no longer
  * running and is not called again, so its userdata may be freed. Safe from
- * any thread; returns 0, HK_ERR_INVALID, or HK_ERR_BUSY from a log callback. */
+ * any thread; returns 0, HK_ERR_INVALID, or HK_ERR_BUSY from a log callback.
+ * Since 1.0. */
 HK_API int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_level min_level);
 
 /* Starts queueing rt's events (every kind, from every thread; on_event, when
  * set, is still called): at most capacity wait (0: 256); when the queue is
  * full the oldest goes and the next event taken says how many went. Calling
  * it again changes nothing but returns 0. Safe from any thread; 0,
- * HK_ERR_INVALID or HK_ERR_NOMEM. */
+ * HK_ERR_INVALID or HK_ERR_NOMEM. Since 1.3. */
 HK_API int hk_events_queue(hk_runtime *rt, int capacity);
 
 /* A descriptor (eventfd) that polls readable while events wait, for the
  * program's own poll/epoll loop; owned by rt (do not close it), valid until
- * hk_runtime_destroy. -1 before hk_events_queue. */
+ * hk_runtime_destroy. -1 before hk_events_queue. Since 1.3. */
 HK_API int hk_event_fd(hk_runtime *rt);
 
 /* Takes the oldest queued event into *out (within out->size, as every sized
@@ -1386,218 +824,33 @@ HK_API int hk_event_fd(hk_runtime *rt);
  * wait; < 0: wait for one). HK_ERR_INVALID without a queue or for a size
  * below the first layout; HK_ERR_CLOSED once destroy has begun (a taker
  * waiting then returns it, and destroy waits for it to leave). Safe from any
- * thread (each event goes to one taker). */
+ * thread (each event goes to one taker). Since 1.3. */
 HK_API int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms);
 
 /* 1 when a message of this level would be delivered now: lets a caller skip
- * building an expensive message. One atomic load; safe from any thread. */
+ * building an expensive message. One atomic load; safe from any thread.
+ * Since 1.0. */
 HK_API int hk_log_enabled(hk_runtime *rt, hk_log_level level);
 
 /* Formats a message (printf-style, on the stack: no allocation) and delivers
  * it as rt's own, when its level is enabled. For sources built on hotkern
  * (libhotkern-net logs this way) and for the application's messages about
- * its kernels. Safe from any thread; subsystem NULL means "app". */
+ * its kernels. Safe from any thread; subsystem NULL means "app". Since 1.0. */
 HK_API void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *fmt, ...)
     HK_PRINTF(4, 5);
-
-/* ---- metrics ----------------------------------------------------------- */
-
-/* The Prometheus text exposition (format 0.0.4) of rt and of every source
- * attached to it: the engine's counters (hk_stats), a histogram of swap
- * durations (hotkern_swap_duration_seconds, fixed buckets from 0.25 ms to
- * 30 s), hotkern_build_info{version=...}, the watcher's counters
- * (hotkern_watch_*), and each endpoint's (hotkern_push_*, labelled
- * endpoint="ADDRESS:PORT") and puller's (hotkern_pull_*, labelled url="...").
- * Times are in seconds with at most six decimals, counts are integers: no
- * value carries binary floating-point noise. The text ends with a newline.
- *
- * hk_metrics_text writes it into buf (cap bytes, NUL-terminated) and returns
- * 0, or HK_ERR_TOO_LARGE when it needs more (buf then holds ""); *len (may be
- * NULL) receives the text's length without the NUL either way.
- * hk_metrics_text_alloc returns it in *out, malloc'd and NUL-terminated: the
- * caller frees it with free().
- * Safe from any thread, but not from a log callback or a metrics callback;
- * both return HK_ERR_INVALID for a NULL argument (or cap 0) and HK_ERR_NOMEM
- * when memory runs out. An endpoint's GET /metrics answers exactly this
- * text. */
-HK_API int hk_metrics_text(hk_runtime *rt, char *buf, size_t cap, size_t *len);
-HK_API int hk_metrics_text_alloc(hk_runtime *rt, char **out, size_t *len);
-
-/* Sources built on hotkern add their metrics to rt's text with a callback.
- * The writer is valid during the callback only. */
-typedef struct hk_metrics_writer hk_metrics_writer;
-typedef struct hk_metrics_source hk_metrics_source;
-
-/* Called from hk_metrics_text, on its caller's thread, with the runtime's
- * source lock held: it must take only its own locks and must call no hotkern
- * function besides hk_metrics_family and hk_metrics_sample. */
-typedef void (*hk_metrics_cb)(hk_metrics_writer *w, void *userdata);
-
-/* Declares a metric family: name [a-zA-Z_:][a-zA-Z0-9_:]*, type "counter",
- * "gauge" or "untyped", help one line (may be NULL). Declaring a family
- * already declared (by the engine or another source) adds to it: families
- * print once each, in the order first declared, with all their samples. */
-HK_API void hk_metrics_family(hk_metrics_writer *w, const char *name, const char *type,
-                              const char *help);
-
-/* Adds a sample of family `name` (declared before) with an optional label
- * (label NULL: none; the value is escaped) after the source's own label.
- * A sample with a bad name, or of an undeclared family, is dropped. */
-HK_API void hk_metrics_sample(hk_metrics_writer *w, const char *name, const char *label,
-                              const char *label_value, uint64_t value);
-
-/* Attaches cb to rt: every later hk_metrics_text calls it. When label is not
- * NULL, every sample cb writes carries label=label_value first (copied), so
- * that several sources of a kind (two pullers) make distinct series. On
- * success *out is the caller's: hk_metrics_detach() it before
- * hk_runtime_destroy. Safe from any thread; HK_ERR_INVALID for a bad label. */
-HK_API int hk_metrics_attach(hk_runtime *rt, hk_metrics_cb cb, void *userdata, const char *label,
-                             const char *label_value, hk_metrics_source **out);
-
-/* Detaches and frees s; when it returns, s's callback is not running and is
- * not called again. s may be NULL. Not from a metrics callback. */
-HK_API void hk_metrics_detach(hk_metrics_source *s);
-
-/* ---- sources: watched directories ------------------------------------- */
-
-/* What a watch does (hk_watch_start, hk_watch_dir)
- *
- * A file NAME.cu, NAME.ptx, NAME.cubin or NAME.fatbin of a watched directory
- * becomes module NAME (file name up to its first '.', at most 63
- * characters); headers (.h, .cuh, .hpp) are tracked as dependencies of the
- * sources that include them, and travel with each CUDA C build in memory, so
- * `#include <common.cuh>` works without -I. Every change is built and
- * submitted like hk_submit with the watch's swap options; unless their
- * format names one, the extension names the format and the content must
- * hold it. Outcomes arrive through options.on_event, with origin
- * "watch:PATH".
- *
- * When a save is built. A save that ends with the writer closing the file
- * (a write in place) or with a finished file renamed over it (vim, sed -i,
- * most editors' safe write) is read and submitted at once: no waiting
- * period. A file written and kept open, and every file after the kernel's
- * event queue overflowed, is read once it has been quiet for debounce_ms
- * (and, open for writing, until it is closed, or open_wait_ms have passed).
- * A read that a write overlapped is retried, so a half-written file is never
- * built.
- *
- * Newest content wins. Saves of a module in quick succession may each be
- * read and submitted; a save supersedes the earlier ones of the same module
- * that are not committed yet: one still waiting is never built, one being
- * built is not staged. Each superseded save ends with HK_EVENT_REFUSED and
- * HK_ERR_SUPERSEDED (logged at info), and an older content is never
- * committed after a newer one. A compile cannot be interrupted, so a save
- * during a build waits for it, then builds once however many saves came
- * meanwhile. When the newest save does not build, no earlier one commits
- * in its place: the running version stays.
- *
- * Refusals. Editor droppings (dotfiles, "*~", "*.swp", "*.swx", "*.tmp",
- * "4913", "#NAME#", sed -i's "sedXXXXXX") are ignored silently. Every other
- * file that cannot become a version gets one HK_EVENT_REFUSED per change, on
- * the watch's thread, with origin "watch:PATH" and a report whose message
- * names the file and says why;
- * the report never carries the file's content (only the log of a compiler that
- * was given a real source does). Refused: a module name of 64 characters or
- * more or one hk_swap refuses (see there), a file whose content is not its extension's format, an
- * empty file (looked at again after debounce_ms when it was just closed), one over 64 MiB, and
- * anything but a regular file: FIFOs, devices and sockets are never opened, and a procfs-like file
- * (0 bytes reported, content on reading) is read once, refused, and left alone until it changes. A
- * name with another extension is refused too, in a watch that is not recursive and has no
- * extensions list (hk_watch_dir's); otherwise it is ignored silently. Files
- * present when the watch starts are refused only if named as sources.
- *
- * Symbolic links: a link whose target resolves inside the watched directory
- * (or below it) is followed, and an edit of the target counts as an edit of
- * the link. A link whose target resolves outside is refused and its target is
- * never opened; a header linked from outside is given to the compiler as an
- * #error in its place, so an include of it fails, saying why, rather than
- * reading it. */
-
-typedef struct hk_watch hk_watch;
-
-/* The first layout is the whole structure as first published (it ends at
- * build_profile). */
-typedef struct hk_watch_options {
-    size_t size;                   /* set by hk_watch_options_init */
-    int debounce_ms;               /* quiet period of the fallback path (a file
-                                    * written and kept open, the listing after
-                                    * an event queue overflow); default 50. A
-                                    * completed save never waits for it */
-    int open_wait_ms;              /* how long a file still open for writing is
-                                    * waited for before it is read anyway;
-                                    * default 1000 */
-    int recursive;                 /* 1: subdirectories at any depth too,
-                                    * including those created or moved in later;
-                                    * not those whose name starts with '.'
-                                    * (.git), nor links to directories. A module
-                                    * is named by its file name alone: two files
-                                    * of one name in different subdirectories
-                                    * feed the same module. Default 0 */
-    const char *const *extensions; /* the module sources this watch builds:
-                                    * any of "cu", "ptx", "cubin", "fatbin"
-                                    * (no dot, any case); other sources are
-                                    * ignored silently. NULL (default): all */
-    int nextensions;
-    const hk_swap_options *swap;    /* the swap options of every submission
-                                     * (copied, arrays included): canary policy,
-                                     * NVRTC options, headers, check callback...;
-                                     * its source_name and origin are replaced by
-                                     * the file's. NULL: the defaults */
-    hk_build_profile build_profile; /* the profile of this watch's builds;
-                                     * DEFAULT (default): swap->build_profile,
-                                     * itself RELEASE by default. A development
-                                     * loop wants HK_BUILD_PROFILE_DEV */
-} hk_watch_options;
-
-/* As hk_options_init_size, for watch options. */
-HK_API int hk_watch_options_init_size(hk_watch_options *o, size_t size);
-
-static inline void hk_watch_options_init(hk_watch_options *o) {
-    (void)hk_watch_options_init_size(o, sizeof *o);
-}
-
-/* Watches directory dir with inotify, on a thread of this watch's own, and
- * submits its kernels to rt as "What a watch does" says; opt NULL means the
- * defaults. The files present now are built once (the CUDA C ones in the
- * background, like any submission). Options are copied.
- * Returns 0 with *out set; HK_ERR_INVALID (arguments, an unknown extension,
- * an options size below the first layout); HK_ERR_IO when dir is not a
- * reachable directory or inotify refuses it (the report says why);
- * HK_ERR_BUSY when a watch of rt already covers dir, or, recursive, would
- * cover one: the same directory, one inside a recursive watch, or one that a
- * recursive dir would contain (each file is watched once; stop the other
- * watch first); HK_ERR_NOMEM. On failure the report says why and *out is
- * NULL.
- * Ownership: *out is the caller's, for hk_watch_stop. hk_runtime_destroy
- * stops and frees every watch still running: a handle is invalid once the
- * runtime is destroyed, and must not be stopped then.
- * Safe from any thread, event callbacks included. */
-HK_API int hk_watch_start(hk_runtime *rt, const char *dir, const hk_watch_options *opt,
-                          hk_watch **out, hk_report *rep);
-
-/* Stops w and frees it. When it returns, the watch reads no file, submits
- * nothing and calls no callback any more: a callback of its thread in
- * progress (a refusal event, a log line, a submission) is waited for; w is
- * invalid. Submissions it made before are the engine's: they complete, and
- * their outcomes arrive, like any hk_submit (hk_wait_idle waits for them).
- * From an event callback that runs on w's own thread (a refusal of this
- * watch), it cannot wait for itself: w stops when that callback returns,
- * and its memory is freed with the runtime. w may be NULL. Safe from any
- * thread; not twice for one watch. */
-HK_API void hk_watch_stop(hk_watch *w);
-
-/* Watches dir (not recursive), with every other default of hk_watch_options
- * and the swap options opt (copied; NULL: defaults), on the runtime's one
- * shared watch: however many directories are added this way, they share one
- * thread, and they are watched until hk_runtime_destroy. Adding a directory
- * again through this call replaces its swap options (the running watch
- * goes on; nothing is built again); a directory covered by a watch of
- * hk_watch_start is refused with HK_ERR_BUSY. Otherwise as hk_watch_start.
- * Safe from any thread. */
-HK_API int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt,
-                        hk_report *rep);
 
 #ifdef __cplusplus
 }
 #endif
+
+/* The topic headers, each after those it builds on. Each includes this one
+ * first, so whichever of them a program includes, it gets them all in this
+ * order. */
+#include "hotkern/launch.h"
+#include "hotkern/check.h"
+#include "hotkern/canary.h"
+#include "hotkern/lkg.h"
+#include "hotkern/metrics.h"
+#include "hotkern/watch.h"
+
 #endif /* HOTKERN_H */

@@ -66,6 +66,9 @@
  * to their runtime and must not be used after it is destroyed; launches are
  * safe from any thread; the objects here are otherwise not thread-safe (one
  * thread binds or moves an object while no other uses it).
+ *
+ * Since 1.2: everything here came with hotkern 1.2 (header-only, it adds
+ * no symbol to the libraries).
  */
 #ifndef HOTKERN_HPP
 #define HOTKERN_HPP

@@ -150,11 +150,12 @@ extern "C" {
  * and synchronisation of the program (destroy it only once no thread
  * launches or synchronises any more). It gets automatic safe points (above)
  * unless HOTKERN_AUTO_SAFE_POINTS=0.
- * Defined by libhotkern-preload and libhotkern-wrap. Safe from any thread. */
+ * Defined by libhotkern-preload and libhotkern-wrap. Safe from any thread.
+ * Since 1.2. */
 HK_API int hk_interpose_attach(hk_runtime *rt);
 
 /* The runtime launches route through: the attached one, the one made from
- * the environment, or NULL (none yet, or none could be made). */
+ * the environment, or NULL (none yet, or none could be made). Since 1.2. */
 HK_API hk_runtime *hk_interpose_runtime(void);
 
 #ifdef __cplusplus

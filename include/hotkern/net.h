@@ -152,7 +152,7 @@ extern "C" {
 
 typedef struct hk_endpoint hk_endpoint;
 
-/* The first layout ends at swap. */
+/* The first layout ends at swap. Each field in full: hotkern-net(3). */
 typedef struct hk_endpoint_options {
     size_t size;               /* set by hk_endpoint_options_init */
     const char *address;       /* numeric IPv4/IPv6; default "127.0.0.1" */
@@ -165,40 +165,34 @@ typedef struct hk_endpoint_options {
     int ntrusted_keys;                /* up to 8 */
     int allow_unsigned;               /* 1: with no trusted key, accept unsigned
                                        * releases (tests, closed networks) */
-    const char *state_dir;            /* anti-rollback state; NULL = $XDG_STATE_HOME/
-                                       * hotkern/releases (or ~/.local/state/...), shared
-                                       * with pullers; "" = memory only; refused when
-                                       * another user could change it (as state_dir
-                                       * in hotkern.h) */
+    const char *state_dir;            /* anti-rollback state; NULL =
+                                       * $XDG_STATE_HOME/hotkern/releases; "" = memory only */
     size_t max_body_bytes;            /* default 64 MiB (a JSON body's base64 adds a
                                        * third; a frame is the release's size) */
     unsigned max_connections;         /* open at once, default 1024; beyond: 503 */
     unsigned timeout_s;               /* idle timeout per connection, default 30 */
-    const hk_swap_options *swap;      /* template for each swap (copied); format,
-                                       * origin and stage are set per release; a
-                                       * canary policy left at DEFAULT means
-                                       * HK_CANARY_REQUIRE */
+    const hk_swap_options *swap;      /* template for each swap (copied); canary policy DEFAULT
+                                       * means REQUIRE */
     unsigned per_ip_connections;      /* open at once from one address, default 128;
                                        * beyond: 503 */
     unsigned request_timeout_s;       /* whole request (headers and body), default 60 */
     size_t max_inflight_bytes;        /* request bodies held at once, default twice
                                        * max_body_bytes; beyond: 503 */
-    const char *const *allowed_hosts; /* names accepted in Host and Origin besides
-                                       * the bound address ("localhost" is, on a
-                                       * loopback address) */
+    const char *const *allowed_hosts; /* names accepted in Host and Origin besides the bound address
+                                       * ("localhost" is, on a loopback address) */
     int nallowed_hosts;
     unsigned threads;        /* event-loop threads, default 2 */
-    const char *endpoint_id; /* the id signed rollback requests must name,
-                              * [A-Za-z0-9_.:@-]{1,127}; NULL: HOSTNAME:PORT
-                              * (set one where host names repeat) */
+    const char *endpoint_id; /* the id signed rollback requests must name, [A-Za-z0-9_.:@-]{1,127};
+                              * NULL: HOSTNAME:PORT (set one where host names repeat) */
 } hk_endpoint_options;
 
 /* Sets o->size = size and every field within it to the defaults above;
  * HK_ERR_INVALID, writing nothing, for a size below the first layout. Call
- * it through hk_endpoint_options_init. */
+ * it through hk_endpoint_options_init. Since 1.0. */
 HK_API int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size);
 
-/* Fills o with the defaults above, for the layout the program is built with. */
+/* Fills o with the defaults above, for the layout the program is built with.
+ * Since 1.0. */
 static inline void hk_endpoint_options_init(hk_endpoint_options *o) {
     (void)hk_endpoint_options_init_size(o, sizeof *o);
 }
@@ -207,28 +201,29 @@ static inline void hk_endpoint_options_init(hk_endpoint_options *o) {
  * and certificate files are read during the call. rt must outlive the
  * endpoint. Returns HK_ERR_NETWORK when the address cannot be bound,
  * HK_ERR_UNSUPPORTED for TLS without TLS support in libmicrohttpd.
- * On success *out is owned by the caller: hk_endpoint_stop(). */
+ * On success *out is owned by the caller: hk_endpoint_stop(). Since 1.0. */
 HK_API int hk_endpoint_start(hk_runtime *rt, const hk_endpoint_options *opt, hk_endpoint **out,
                              hk_report *rep);
 
-/* The port the endpoint listens on (the chosen one when port was 0). */
+/* The port the endpoint listens on (the chosen one when port was 0).
+ * Since 1.0. */
 HK_API unsigned hk_endpoint_port(const hk_endpoint *ep);
 
 /* Stops accepting, waits for requests in flight (a swap in progress
- * finishes) and frees ep. Call before hk_runtime_destroy. ep may be NULL. */
+ * finishes) and frees ep. Call before hk_runtime_destroy. ep may be NULL.
+ * Since 1.0. */
 HK_API void hk_endpoint_stop(hk_endpoint *ep);
 
 /* ---- puller ------------------------------------------------------------ */
 
 typedef struct hk_puller hk_puller;
 
-/* The first layout is the whole 1.0 structure. */
+/* The first layout is the whole 1.0 structure. Each field in full:
+ * hotkern-net(3). */
 typedef struct hk_pull_options {
     size_t size;                     /* set by hk_pull_options_init */
-    const char *url;                 /* manifest URL (http or https, printable
-                                      * ASCII: other bytes percent-encoded, or
-                                      * HK_ERR_INVALID); the signature is at
-                                      * url + ".sig" */
+    const char *url;                 /* manifest URL (http or https, printable ASCII); its signature
+                                      * at url + ".sig" */
     const char *artifact_base;       /* artifacts at base/artifacts/<sha256>;
                                       * default: url's directory */
     unsigned interval_ms;            /* default 10000 */
@@ -247,14 +242,15 @@ typedef struct hk_pull_options {
     int allow_unsigned;              /* as for the endpoint */
     const char *state_dir;           /* NULL = $XDG_STATE_HOME/hotkern/releases, the
                                       * endpoint's default too; "" = memory only */
-    const hk_swap_options *swap;     /* template for each swap (copied); a canary
-                                      * policy left at DEFAULT means
-                                      * HK_CANARY_REQUIRE */
+    const hk_swap_options *swap;     /* template for each swap (copied); a canary policy left at
+                                      * DEFAULT means HK_CANARY_REQUIRE */
 } hk_pull_options;
 
-/* As hk_endpoint_options_init_size, for puller options. */
+/* As hk_endpoint_options_init_size, for puller options. Since 1.0. */
 HK_API int hk_pull_options_init_size(hk_pull_options *o, size_t size);
 
+/* Fills o with the defaults, for the layout the program is built with.
+ * Since 1.0. */
 static inline void hk_pull_options_init(hk_pull_options *o) {
     (void)hk_pull_options_init_size(o, sizeof *o);
 }
@@ -263,7 +259,7 @@ static inline void hk_pull_options_init(hk_pull_options *o) {
  * applying each new verified release to rt. Conditional requests make an
  * unchanged origin cost one 304 per poll; errors back off exponentially.
  * rt must outlive the puller. On success *out is owned by the caller:
- * hk_pull_stop(). */
+ * hk_pull_stop(). Since 1.0. */
 HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
                          hk_report *rep);
 
@@ -283,6 +279,8 @@ typedef struct hk_pull_stats {
 
 #define HK_PULL_STATS_INIT HK_SIZED_INIT(hk_pull_stats)
 
+/* Sets s to zero counters of the caller's layout, for hk_pull_stats_get.
+ * Since 1.0. */
 static inline void hk_pull_stats_init(hk_pull_stats *s) {
     memset(s, 0, sizeof *s);
     s->size = sizeof *s;
@@ -290,11 +288,12 @@ static inline void hk_pull_stats_init(hk_pull_stats *s) {
 
 /* Snapshot of the puller's counters into out, within out->size. Returns 0,
  * or HK_ERR_INVALID for a NULL argument or a size below the first layout
- * (nothing written). */
+ * (nothing written). Since 1.0. */
 HK_API int hk_pull_stats_get(hk_puller *p, hk_pull_stats *out);
 
 /* Stops the thread (a transfer in progress is aborted; a swap in progress
- * finishes) and frees p. Call before hk_runtime_destroy. p may be NULL. */
+ * finishes) and frees p. Call before hk_runtime_destroy. p may be NULL.
+ * Since 1.0. */
 HK_API void hk_pull_stop(hk_puller *p);
 
 #ifdef __cplusplus
