@@ -596,7 +596,11 @@ CMAKEDIR := $(LIBDIR)/cmake/hotkern
 HEADERS  := $(filter-out $(if $(filter 0,$(NET)),include/hotkern/net.h), \
               $(sort $(wildcard include/hotkern/*.h include/hotkern/*.hpp)))
 MAN1     := docs/man/hotkern.1
-MAN3     := docs/man/hotkern.3
+# hotkern(3), a page per subject and a link page per function and type
+# (scripts/man3.sh); with NET=0 without net.h's, as the headers are.
+MAN3_DIR := docs/man/man3
+MAN3_NET := $(MAN3_DIR)/hotkern-net.3 $(shell grep -l '^\.so man3/hotkern-net\.3$$' $(MAN3_DIR)/*.3)
+MAN3     := $(filter-out $(if $(filter 0,$(NET)),$(MAN3_NET)),$(wildcard $(MAN3_DIR)/*.3))
 space    := $() $()
 # $(call from_prefix,VAR,DIR): VAR/REST for DIR = PREFIX/REST, else DIR.
 from_prefix = $(if $(filter $(PREFIX)/%,$(2)),$(1)/$(patsubst $(PREFIX)/%,%,$(2)),$(2))
@@ -667,7 +671,7 @@ INSTALLED := $(addprefix $(INCLUDEDIR)/hotkern/,$(notdir $(wildcard include/hotk
              $(addprefix $(CMAKEDIR)/,hotkernConfig.cmake hotkernConfigVersion.cmake) \
              $(addprefix $(HELPERDIR)/,hotkern-canary hotkern-build) \
              $(addprefix $(BINDIR)/,hotkern hotkern-canary hotkern-build) \
-             $(MANDIR)/man1/hotkern.1 $(MANDIR)/man3/hotkern.3
+             $(MANDIR)/man1/hotkern.1 $(addprefix $(MANDIR)/man3/,$(notdir $(wildcard $(MAN3_DIR)/*.3)))
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	for d in $(addprefix $(DESTDIR),$(INCLUDEDIR)/hotkern $(CMAKEDIR) $(HELPERDIR)); do \
@@ -758,26 +762,33 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle across folders, no loader/ file over 800 lines, no loader/ or canary/
 # function over 100. It reads the library's objects' symbols, so it builds them
-# first (nothing to do after make). The man pages: hotkern.3 is what
-# scripts/man3.sh makes of the headers (`make man` writes it again), and both
-# render without a warning.
+# first (nothing to do after make). The public functions: each says the
+# version that added it, that of its symbol (scripts/api.sh). The man pages:
+# docs/man/man3 is what scripts/man3.sh makes of the headers (`make man`
+# writes it again), and every page renders without a warning, the link pages
+# through their .so.
 LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o \
              $(BUILD)/obj/interpose/wrap.o $(CLI_OBJ) $(BUILD)/obj/canary/helper.o \
              $(BUILD)/obj/ptx/helper.o
 lint: deps
 	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh tests/run.sh tests/run-examples.sh \
+	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
+	  tests/run.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
 	  tests/exit-stress.sh
-	@sh scripts/man3.sh | cmp -s - $(MAN3) || \
-	  { echo "lint: $(MAN3) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
-	@for p in $(MAN1) $(MAN3); do w=$$(groff -man -ww -z $$p 2>&1); \
+	@sh scripts/api.sh --check
+	@d=$$(mktemp -d) && sh scripts/man3.sh $$d/man3 && diff -r $$d/man3 $(MAN3_DIR) >/dev/null; \
+	  s=$$?; rm -rf $$d; [ $$s -eq 0 ] || \
+	  { echo "lint: $(MAN3_DIR) is not what scripts/man3.sh makes of the headers: make man" >&2; exit 1; }
+	@for p in $(MAN1) $(MAN3_DIR)/hotkern*.3; do w=$$(groff -man -ww -z $$p 2>&1); \
 	  [ -z "$$w" ] || { echo "lint: $$p: $$w" >&2; exit 1; }; done
+	@w=$$(cd $(MAN3_DIR)/.. && groff -man -ww -z man3/hk_*.3 2>&1); \
+	  [ -z "$$w" ] || { echo "lint: $(MAN3_DIR): $$w" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(LAYER_OBJ)
 	python3 scripts/layers.py $(BUILD) --check
 
 man:
-	sh scripts/man3.sh >$(MAN3).tmp && mv $(MAN3).tmp $(MAN3)
+	sh scripts/man3.sh $(MAN3_DIR)
 
 format:
 	clang-format -i $(FORMAT_SRC)

@@ -623,6 +623,23 @@ START_TEST(man_pages_render) {
                          "canary_helper"};
     snprintf(page, sizeof page, "%s/share/man/man3/hotkern.3", pre);
     renders(page, api, sizeof api / sizeof api[0]);
+    /* A page per subject, and `man FUNCTION` finds it through its link. */
+    const char *swap[] = {"HOTKERN-SWAP(3)", "hk_swap_options", "hk_rollback_release", "VERSIONS",
+                          "hotkern 1.2"};
+    snprintf(page, sizeof page, "%s/share/man/man3/hotkern-swap.3", pre);
+    renders(page, swap, sizeof swap / sizeof swap[0]);
+    ck_assert_int_eq(
+        sh("MANPATH='%s/share/man' MANWIDTH=80 man hk_swap 2>&1 | "
+           "grep -q 'HOTKERN-SWAP(3)' && MANPATH='%s/share/man' MANWIDTH=80 man "
+           "hk_endpoint_start 2>&1 | grep -q 'HOTKERN-NET(3)' && MANPATH='%s/share/man' "
+           "MANWIDTH=80 man hk_watch_options 2>&1 | grep -q 'HOTKERN-WATCH(3)'",
+           pre, pre, pre),
+        0);
+    /* (man -l reads a link's .so from the current directory, a man tree's root.) */
+    ck_assert_int_eq(sh("cd '%s/share/man' && for p in man3/hk_*.3; do "
+                        "man --warnings -l \"$p\" 2>&1 >/dev/null | grep . && exit 1; done; exit 0",
+                        pre),
+                     0);
 }
 END_TEST
 
@@ -739,12 +756,20 @@ START_TEST(core_build_leaves_the_network_out) {
                         core),
                      0);
     /* What it installed: the engine, the interposition, the helpers, the
-     * fake driver, their package files and hotkern(3); no net.h, no network
-     * library, and no CLI (it needs libcjson). */
-    put_in(core, "expected",
+     * fake driver, their package files and the man pages of their headers
+     * (hotkern(3), a page per subject, a link per function and type); no
+     * net.h, no page of it, no network library, and no CLI (it needs
+     * libcjson). */
+    put_in(core, "expected.files",
+           "./usr/include/hotkern/canary.h\n"
+           "./usr/include/hotkern/check.h\n"
            "./usr/include/hotkern/hotkern.h\n"
            "./usr/include/hotkern/hotkern.hpp\n"
            "./usr/include/hotkern/interpose.h\n"
+           "./usr/include/hotkern/launch.h\n"
+           "./usr/include/hotkern/lkg.h\n"
+           "./usr/include/hotkern/metrics.h\n"
+           "./usr/include/hotkern/watch.h\n"
            "./usr/lib/cmake/hotkern/hotkernConfig.cmake\n"
            "./usr/lib/cmake/hotkern/hotkernConfigVersion.cmake\n"
            "./usr/lib/libhotkern-fakecuda.so\n"
@@ -756,10 +781,18 @@ START_TEST(core_build_leaves_the_network_out) {
            "./usr/lib/pkgconfig/hotkern-wrap.pc\n"
            "./usr/lib/pkgconfig/hotkern.pc\n"
            "./usr/libexec/hotkern/hotkern-build\n"
-           "./usr/libexec/hotkern/hotkern-canary\n"
-           "./usr/share/man/man3/hotkern.3\n");
+           "./usr/libexec/hotkern/hotkern-canary\n");
+    ck_assert_int_eq(sh("cd '%s/docs/man/man3' && { cat '%s/expected.files'; for p in *.3; do "
+                        "[ $p = hotkern-net.3 ] || grep -qx '.so man3/hotkern-net.3' $p || "
+                        "echo ./usr/share/man/man3/$p; done; } | LC_ALL=C sort >'%s/expected'",
+                        root, core, core),
+                     0);
     ck_assert_int_eq(
         sh("cd '%s/root' && find . ! -type d | LC_ALL=C sort | diff ../expected -", core), 0);
+    ck_assert_int_eq(sh("cd '%s/root/usr/share/man/man3' && [ -f hk_swap.3 ] && "
+                        "[ -f hotkern-watch.3 ] && [ ! -e hk_endpoint_start.3 ]",
+                        core),
+                     0);
     /* No installed program or library needs them, and no package file
      * links them. */
     ck_assert_int_eq(sh("cd '%s/root/usr' && for f in lib/*.so* libexec/hotkern/*; do "
