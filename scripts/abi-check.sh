@@ -103,9 +103,9 @@ versions() {
       bad = 1
     }
     END { exit bad }' "$report.lib" "$report.base"
-  rc=$?
+  v_rc=$?
   rm -f "$report.base" "$report.lib"
-  return $rc
+  return $v_rc
 }
 # What each version node holds: its functions, and the other nodes' kept
 # names (NAME@NODE, not the default).
@@ -130,41 +130,42 @@ nodes() {
 # a stand-in library of that release's shape (every function of the
 # @compat nodes, under that node alone) links a program that calls them all;
 # the program must then start against the built library with every symbol
-# bound at load (LD_BIND_NOW), as the dynamic linker would bind it.
+# bound at load (LD_BIND_NOW), as the dynamic linker would bind it. (Its
+# variables start with op_: a shell function shares the script's.)
 #   old_programs MAP SONAME LIB
 old_programs() {
-  dir=$(mktemp -d)
+  op_dir=$(mktemp -d)
   awk '/^[ \t*]*@compat[ \t]+[A-Z_0-9]+:/ { line = $0; sub(/.*@compat[ \t]*/, "", line); sub(/:/, "", line)
                    n = split(line, w, " "); base = w[1]; for (i = 2; i <= n; i++) old[w[i]] = 1
                    print base > "/dev/stderr"; next }
        /^[A-Za-z_][A-Za-z0-9_.]* *\{/ { node = $1; next }
        /^\}/ { node = "" }
        node in old && /^ *hk_[a-z0-9_]* *;/ { name = $1; sub(/;/, "", name); print name }' \
-    "$1" >"$dir/names" 2>"$dir/base"
-  base=$(cat "$dir/base")
-  { awk '{ print "void " $1 "(void);\nvoid " $1 "(void) {}" }' "$dir/names"; } >"$dir/stub.c"
-  printf '%s { global: hk_*; local: *; };\n' "$base" >"$dir/stub.map"
-  { awk '{ print "void " $1 "(void);" }' "$dir/names"
+    "$1" >"$op_dir/names" 2>"$op_dir/base"
+  op_base=$(cat "$op_dir/base")
+  { awk '{ print "void " $1 "(void);\nvoid " $1 "(void) {}" }' "$op_dir/names"; } >"$op_dir/stub.c"
+  printf '%s { global: hk_*; local: *; };\n' "$op_base" >"$op_dir/stub.map"
+  { awk '{ print "void " $1 "(void);" }' "$op_dir/names"
     echo 'int main(int argc, char **argv) {'
     echo '  (void)argv;'
     echo '  if (argc > 99) {'
-    awk '{ print "    " $1 "();" }' "$dir/names"
+    awk '{ print "    " $1 "();" }' "$op_dir/names"
     echo '  }'
     echo '  return 0;'
-    echo '}'; } >"$dir/prog.c"
-  n=$(wc -l <"$dir/names")
-  if ${CC:-cc} -shared -fPIC -o "$dir/$2" -Wl,-soname,"$2" -Wl,--version-script="$dir/stub.map" \
-       "$dir/stub.c" &&
-     ${CC:-cc} -o "$dir/prog" "$dir/prog.c" "$dir/$2" &&
-     LD_BIND_NOW=1 LD_LIBRARY_PATH="$BUILD/lib" "$dir/prog"; then
-    echo "abi: $3: a program linked before the version nodes ($n functions, each @$base) starts"
-    rc=0
+    echo '}'; } >"$op_dir/prog.c"
+  op_n=$(wc -l <"$op_dir/names")
+  if ${CC:-cc} -shared -fPIC -o "$op_dir/$2" -Wl,-soname,"$2" -Wl,--version-script="$op_dir/stub.map" \
+       "$op_dir/stub.c" &&
+     ${CC:-cc} -o "$op_dir/prog" "$op_dir/prog.c" "$op_dir/$2" &&
+     LD_BIND_NOW=1 LD_LIBRARY_PATH="$BUILD/lib" "$op_dir/prog"; then
+    echo "abi: $3: a program linked before the version nodes ($op_n functions, each @$op_base) starts"
+    op_rc=0
   else
-    echo "abi: $3: a program linked before the version nodes (each function @$base) does not start"
-    rc=1
+    echo "abi: $3: a program linked before the version nodes (each function @$op_base) does not start"
+    op_rc=1
   fi
-  rm -rf "$dir"
-  return $rc
+  rm -rf "$op_dir"
+  return $op_rc
 }
 
 status=0
