@@ -284,6 +284,36 @@ static inline void hk_report_init(hk_report *r) {
  * below the first layout is left alone. Since 1.0. */
 HK_API void hk_report_clear(hk_report *r);
 
+/* ---- logs (the type; the calls are below) ------------------------------ */
+
+/* What hotkern says about its work: one line per message, with a level and
+ * the subsystem that speaks ("engine", "watch", "endpoint", "pull"; an
+ * application may use its own). Nothing is logged by the launch path. */
+typedef enum hk_log_level {
+    HK_LOG_DEBUG = 0, /* every step: events seen, polls, requests served */
+    HK_LOG_INFO = 1,  /* what changed: commits, handovers, new releases */
+    HK_LOG_WARN = 2,  /* what was refused or retried, and why */
+    HK_LOG_ERROR = 3, /* what hotkern could not do */
+    HK_LOG_OFF = 4,   /* as a minimum level: nothing */
+} hk_log_level;
+
+/* "debug", "info", "warn", "error", "off"; static, never NULL. Since 1.0. */
+HK_API const char *hk_log_level_name(hk_log_level level);
+
+/* Receives one message: `message` is one line (control characters are
+ * replaced by spaces) without a newline, at most 1023 bytes; both strings are
+ * valid during the call only.
+ * Threads: called on whichever thread did the work: the application's (a
+ * swap, a rollback, a safe point), the runtime's worker and reclaim threads,
+ * the watcher's thread, an endpoint's connection and worker threads, a
+ * puller's thread; from several threads at once. It may be called with
+ * hotkern locks held, so it must return quickly and must not call hotkern
+ * (hk_log_level_name, hk_strerror and hk_version excepted): a message logged
+ * from the callback is dropped and hk_runtime_set_log returns HK_ERR_BUSY
+ * there. An application that wants to act on a message queues it. */
+typedef void (*hk_log_cb)(hk_log_level level, const char *subsystem, const char *message,
+                          void *userdata);
+
 /* ---- runtime ----------------------------------------------------------- */
 
 typedef struct hk_runtime hk_runtime;
@@ -398,36 +428,6 @@ typedef struct hk_header {
     const void *data;
     size_t size;
 } hk_header;
-
-/* ---- logs (the type; the calls are below) ------------------------------ */
-
-/* What hotkern says about its work: one line per message, with a level and
- * the subsystem that speaks ("engine", "watch", "endpoint", "pull"; an
- * application may use its own). Nothing is logged by the launch path. */
-typedef enum hk_log_level {
-    HK_LOG_DEBUG = 0, /* every step: events seen, polls, requests served */
-    HK_LOG_INFO = 1,  /* what changed: commits, handovers, new releases */
-    HK_LOG_WARN = 2,  /* what was refused or retried, and why */
-    HK_LOG_ERROR = 3, /* what hotkern could not do */
-    HK_LOG_OFF = 4,   /* as a minimum level: nothing */
-} hk_log_level;
-
-/* "debug", "info", "warn", "error", "off"; static, never NULL. Since 1.0. */
-HK_API const char *hk_log_level_name(hk_log_level level);
-
-/* Receives one message: `message` is one line (control characters are
- * replaced by spaces) without a newline, at most 1023 bytes; both strings are
- * valid during the call only.
- * Threads: called on whichever thread did the work: the application's (a
- * swap, a rollback, a safe point), the runtime's worker and reclaim threads,
- * the watcher's thread, an endpoint's connection and worker threads, a
- * puller's thread; from several threads at once. It may be called with
- * hotkern locks held, so it must return quickly and must not call hotkern
- * (hk_log_level_name, hk_strerror and hk_version excepted): a message logged
- * from the callback is dropped and hk_runtime_set_log returns HK_ERR_BUSY
- * there. An application that wants to act on a message queues it. */
-typedef void (*hk_log_cb)(hk_log_level level, const char *subsystem, const char *message,
-                          void *userdata);
 
 /* The first layout ends at userdata: later fields take their defaults when a
  * caller's size stops before them. Each field in full: hotkern-runtime(3). */
