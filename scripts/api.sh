@@ -23,7 +23,7 @@ list() {
       function flush_comment() { comment = ""; incomment = 0 }
       # A declaration ends at its ";" (or, inline, at the "{" of its body,
       # whose lines up to the closing "}" are skipped).
-      BEGIN { section = ""; comment = ""; since_group = ""; indecl = 0; inbody = 0 }
+      BEGIN { section = ""; comment = ""; indecl = 0; inbody = 0 }
       inbody { if ($0 ~ /^\}/) inbody = 0; next }
       incomment {
         comment = comment " " $0
@@ -85,7 +85,7 @@ problems=$(list | awk -F '\t' -v version="$version" -v nodes="$nodes" '
     if ($4 == "") { print where ": no \"Since MAJOR.MINOR\" in its doc comment"; bad = 1; next }
     if (newer($4, version)) { print where ": Since " $4 ", after the headers'"'"' " version; bad = 1 }
     if (($3 in node) && node[$3] != $4) {
-      print where ": Since " $4 ", but pkg/*.map exports it under " node[$3]; bad = 1
+      print where ": Since " $4 ", but pkg/*.map exports it in the node of " node[$3]; bad = 1
     }
   }
   END {

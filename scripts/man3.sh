@@ -32,7 +32,9 @@ version=$(awk '/define HK_VERSION_(MAJOR|MINOR|PATCH)/ {printf "%s%s", sep, $3; 
 
 # doc HEADER TITLE [AFTER]: the header's opening comment (under .SH TITLE
 # unless TITLE is empty, when it follows the current heading), then .SH AFTER
-# when given, and the header's declarations.
+# when given, and the header's declarations. Comment lines mark where the
+# subject pages cut it: .\"@@intro after the opening comment, and
+# .\"@@section NAME before each section.
 doc() {
   awk -v title="$2" -v after="${3-}" -v fields="$FIELDS" -v used="$tmp/used" '
   function esc(s) {
@@ -166,7 +168,9 @@ doc() {
   /^#[ \t]*else/ { if (st[sp] == "keepelse") st[sp] = "skip"; next }
   /^#[ \t]*endif/ { sp--; next }
   { for (i = 1; i <= sp; i++) if (st[i] == "skip") next }
-  /^#[ \t]*(include|undef)/ || /^#define HOTKERN_/ || /clang-format (on|off)/ { next }
+  # (A comment right above #include lines is about the header itself.)
+  /^#[ \t]*include/ { if (dn == 0) gn = 0; next }
+  /^#[ \t]*undef/ || /^#define HOTKERN_/ || /clang-format (on|off)/ { next }
   # The error table: one entry per code.
   /^#define HK_ERROR_TABLE/ { flush(); print ".RS 4"; errs = 1; en = 0; next }
   errs {

@@ -843,9 +843,10 @@ HK_API void hk_log(hk_runtime *rt, hk_log_level level, const char *subsystem, co
 }
 #endif
 
-/* The topic headers, each after those it builds on. Each includes this one
- * first, so whichever of them a program includes, it gets them all in this
- * order. */
+/* The topic headers, each after those it builds on (canary.h uses launch.h's
+ * hk_dim3). Each includes this header before its own include guard, so that
+ * whichever of them a program includes first, all of them are read here, in
+ * this order, after the core above. */
 #include "hotkern/launch.h"
 #include "hotkern/check.h"
 #include "hotkern/canary.h"
