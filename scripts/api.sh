@@ -11,8 +11,9 @@
 #                               without a Since line, on a Since later than
 #                               the headers' version, on a function whose
 #                               symbol version (pkg/*.map) is another release,
-#                               and on a C++ header (header-only) without a
-#                               Since line in its opening comment
+#                               on a C++ header (header-only) without a
+#                               Since line in its opening comment, and on a
+#                               field comment of more than two lines
 set -eu
 cd "$(dirname "$0")/.."
 MODE=${1-list}
@@ -92,6 +93,18 @@ problems=$(list | awk -F '\t' -v version="$version" -v nodes="$nodes" '
     for (f in node) if (!(f in seen)) { print "pkg/*.map: " f " is in no public header"; bad = 1 }
     exit bad
   }') || status=1
+# A field's (or enumerator's) comment is a line or two; the whole text goes
+# to docs/man/fields.txt, which the man pages print.
+long=$(for h in include/hotkern/*.h; do
+  awk -v h="$h" '
+    /^(typedef )?(struct|enum) [a-z_0-9]* ?\{$/ { body = 1; next }
+    body && /^\}/ { body = 0; next }
+    body && n { n++; if ($0 ~ /\*\//) { if (n > 2) print h ":" start ": a field comment of " n \
+                " lines (two at most: the whole text goes to docs/man/fields.txt)"; n = 0 }; next }
+    body && /[^ \t].*\/\*/ && $0 !~ /^[ \t]*\/\*/ && $0 !~ /\*\// { n = 1; start = NR }' "$h"
+done)
+[ -z "$long" ] || { problems="$problems${problems:+
+}$long"; status=1; }
 # The C++ header is header-only and says its version once, at the top.
 for h in include/hotkern/*.hpp; do
   sed -n '1,/\*\//p' "$h" | grep -q 'Since [0-9][0-9]*\.[0-9][0-9]*' ||
