@@ -762,8 +762,9 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle across folders, no loader/ file over 800 lines, no loader/ or canary/
 # function over 100. It reads the library's objects' symbols, so it builds them
-# first (nothing to do after make). The public functions: each says the
-# version that added it, that of its symbol (scripts/api.sh). The man pages:
+# first (nothing to do after make). The public headers (scripts/api.sh):
+# each function says the version that added it, that of its symbol, and no
+# field comment is longer than two lines. The man pages:
 # docs/man/man3 is what scripts/man3.sh makes of the headers (`make man`
 # writes it again), and every page renders without a warning, the link pages
 # through their .so.
