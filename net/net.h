@@ -6,7 +6,8 @@
  *               persisted highest accepted version per module (anti-replay,
  *               state.c), the releases the engine refused (refused.c) and
  *               the binary push body (frame.c);
- *   endpoint.c  the libmicrohttpd push/status/metrics server;
+ *   endpoint.c  the libmicrohttpd push/status/metrics server (with
+ *               endpoint_admit.c and endpoint_handlers.c: net/endpoint.h);
  *   pull.c      the libcurl poller of a static origin.
  * None of them calls the swap engine. They hand verified artifacts to an
  * hkn_engine (a table of callbacks), which api.c wires to hk_swap and friends
