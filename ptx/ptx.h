@@ -230,7 +230,7 @@ typedef struct hkp_build_opts {
                                * NVRTC -Ofc=max instead of ptxas -O<opt_level>, and
                                * nvJitLink -Ofc=max; part of the cache key. Leaves
                                * the front end's options, and so the PCH, as they
-                               * are (build.c, "Fast compiles") */
+                               * are (nvrtc.c, "fast compiles") */
     const hkp_search *search; /* non-NULL: the in-memory headers and the
                                * include search path, prepared once for
                                * many builds (hkp_search_create), instead
