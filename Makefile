@@ -119,8 +119,11 @@ FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
 BAD_CANARY := $(BUILD)/stub/hotkern-canary-bad
 # A stand-in compute-sanitizer for tests/cpu_canary.c's memcheck tests.
 FAKE_SAN := $(BUILD)/stub/fake-compute-sanitizer
+# The metadata parsers (ptx/meta.h), which the fake driver and the fuzz targets
+# build on their own.
+META_SRC := ptx/detect.c ptx/meta.c ptx/meta_base.c ptx/meta_elf.c ptx/meta_ptx.c
 FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
-            $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
+            $(META_SRC:%.c=$(BUILD)/obj/%.o)
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
 NET_STATIC := $(BUILD)/lib/libhotkern-net.a
@@ -670,7 +673,7 @@ uninstall:
 
 # libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
 # corpus under BUILD/fuzz/corpus-NAME:
-#   fuzz_meta     the hand-written format parsers (ptx/detect.c, ptx/meta.c),
+#   fuzz_meta     the hand-written format parsers (ptx/detect.c, ptx/meta*.c),
 #                 seeded with a PTX, cubins and a fatbin the toolkit makes now;
 #   fuzz_release  manifest parse and verify, rollback requests, strict JSON;
 #   fuzz_state    the anti-rollback state file;
@@ -693,16 +696,16 @@ FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cac
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c $(META_SRC)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
 	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
 	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
 	  loader/record.c loader/format.c base/error.c util/util.c
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
-	  ptx/detect.c util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c $(META_SRC) \
+	  util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c $(META_SRC)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
 	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
 	cc -c -D_GNU_SOURCE -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c

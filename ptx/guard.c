@@ -26,7 +26,7 @@
  * What is rewritten: a statement in a function's body whose opcode is
  * `trap` or `brkpt`, and a whole `call` (its parentheses balanced) whose
  * callee is `__assertfail`, each with its guard predicate kept.
- * Statements are found with meta.c's lexer (comments and strings skipped):
+ * Statements are found with meta_ptx.c's lexer (comments and strings skipped):
  * an opcode is the first token after `;`, `{`, `}`, a label's `:` or the
  * start, past an `@[!]pred` guard; a register or a label named like an
  * opcode is therefore never taken for one. The global is declared right
@@ -35,7 +35,7 @@
  *
  * Input is untrusted (a pushed PTX): it is only read within its bounds, and
  * anything this cannot make sense of leaves the version unguarded rather
- * than guarded wrongly (HK_ERR_FORMAT): the copy must read, to meta.c's
+ * than guarded wrongly (HK_ERR_FORMAT): the copy must read, to meta_ptx.c's
  * parser, as the same kernels with the same parameters plus the one global,
  * and nvJitLink then checks what comes out. Fuzzed by
  * tests/fuzz/fuzz_guard.c.
