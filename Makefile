@@ -698,9 +698,9 @@ fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c $(META_SRC)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
 	  loader/record.c loader/format.c base/error.c util/util.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c $(META_SRC) \
@@ -712,7 +712,7 @@ fuzz-build:
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_fatbin tests/fuzz/fuzz_fatbin.c interpose/fatbin.c \
 	  interpose/elfsym.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/endpoint_admit.c \
-	  net/endpoint_handlers.c net/release.c net/refused.c \
+	  net/endpoint_handlers.c net/release.c net/json.c net/refused.c \
 	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx

@@ -4,8 +4,9 @@
  * Three layers, bottom up:
  *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
  *               persisted highest accepted version per module (anti-replay,
- *               state.c), the releases the engine refused (refused.c) and
- *               the binary push body (frame.c);
+ *               state.c), the releases the engine refused (refused.c),
+ *               the binary push body (frame.c), and the strict JSON and
+ *               names all of them read (json.c, the lowest);
  *   endpoint.c  the libmicrohttpd push/status/metrics server (with
  *               endpoint_admit.c and endpoint_handlers.c: net/endpoint.h);
  *   pull.c      the libcurl poller of a static origin.
@@ -400,7 +401,7 @@ int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const 
                        const void *const *bytes, const size_t *sizes, const char *mhash,
                        const char *origin, int keep_quarantined, int *verdict, hk_report *rep);
 
-/* ---- names and JSON ---------------------------------------------------- */
+/* ---- names and JSON (net/json.c) ---------------------------------------- */
 
 /* 1: s is a name of [A-Za-z0-9_.-], not starting with '.', under max bytes.
  * Module and artifact names reach file systems, URLs and metric labels. */
