@@ -1,11 +1,11 @@
 /*
  * Watches feeding a runtime: hk_watch_start, hk_watch_stop, hk_watch_dir.
  *
- * A watch (hk_watch) is one watcher (watch/watch.c: one inotify instance, one
- * thread) and the swap options its files are submitted with. hk_watch_start
- * makes one per call, for one directory (and its subdirectories when
- * recursive); hk_watch_dir adds directories to the runtime's one shared
- * watch, each with its own options. Every watch of a runtime is listed in
+ * A watch (hk_watch) is one watcher (watch/watch.c, events.c and files.c:
+ * one inotify instance, one thread) and the swap options its files are
+ * submitted with. hk_watch_start makes one per call, for one directory (and
+ * its subdirectories when recursive); hk_watch_dir adds directories to the
+ * runtime's one shared watch, each with its own options. Every watch of a runtime is listed in
  * one registry, attached to the runtime as a source (hkl_source,
  * loader/loader.h), which is how a call finds the others (a directory is
  * watched by one watch at most) and how the engine reaches them without
@@ -55,7 +55,7 @@
  * while a hook runs), then the registry's add_mu (one start or add at a
  * time: the check that no other watch covers the directory and the insert
  * are one step), then the registry's mu (the lists), then a watch's mu (its
- * directory records) or the watcher's own lock (inside watch/watch.c).
+ * directory records) or the watcher's own lock (watch/watcher.h's mu).
  * Callbacks take only their watch's mu, and never while submitting.
  */
 #include "watch/watch.h"

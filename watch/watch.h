@@ -74,7 +74,7 @@
 
 #include "hotkern/hotkern.h"
 
-/* ---- the watcher (watch/watch.c) ---------------------------------------- */
+/* ---- the watcher (watch/watch.c, events.c, files.c) ---------------------- */
 
 typedef struct hkw_watcher hkw_watcher;
 
