@@ -1,8 +1,9 @@
 /*
  * canary/: runs a version's test launches in a helper process before it is
- * committed. Private header shared by the parent side (canary.c, linked
- * into libhotkern), the wire protocol (proto.c, both sides) and the helper
- * executable (helper.c, `hotkern-canary`).
+ * committed. Private header shared by the parent side (canary.c, exchange.c
+ * and run.c, which share canary/parent.h; linked into libhotkern), the wire
+ * protocol (proto.c, both sides) and the helper executable (helper.c,
+ * `hotkern-canary`).
  *
  * Why a process. A kernel that faults (illegal address, trap) leaves a
  * sticky error in its CUDA context: every later call of that process fails
