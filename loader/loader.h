@@ -460,7 +460,7 @@ struct hk_runtime {
 /* ==== the floors of loader/, lowest first: each file calls only the
  * floors declared before its own (scripts/layers.py checks it) ==== */
 
-/* record.c, expo.c, format.c: formats (loader/record.h, loader/expo.h). */
+/* record.c, expo.c: formats (loader/record.h, loader/expo.h). */
 
 /* job.c: hkl_job_new makes a job of module name from the caller's image and
  * options, copying them (0, HK_ERR_INVALID for a name that could not be

@@ -62,7 +62,7 @@ int hk_endpoint_options_init_size(hk_endpoint_options *o, size_t size) {
     d.per_ip_connections = 128;
     d.request_timeout_s = 60;
     d.threads = 2;
-    return hkl_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKN_ENDPOINT_OPTIONS_SIZE0);
 }
 
 /* o with every zero number and a NULL address replaced by its default

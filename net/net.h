@@ -28,13 +28,13 @@
 
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "util/util.h"
 
-/* First layouts of the public network structures (see loader/abi.h). */
-#define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
-#define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
-#define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
+/* First layouts of the public network structures (see base/abi.h). */
+#define HKN_ENDPOINT_OPTIONS_SIZE0 HKB_END(hk_endpoint_options, swap)
+#define HKN_PULL_OPTIONS_SIZE0     HKB_END(hk_pull_options, swap)
+#define HKN_PULL_STATS_SIZE0       HKB_END(hk_pull_stats, last_message)
 
 /* ---- what the endpoint and the puller share ---------------------------- */
 
@@ -134,7 +134,7 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 /* ---- reports ----------------------------------------------------------- */
 
 /* Reports are filled with hku_fail and cleared with hk_report_clear (in
- * loader/format.c, which the fuzz targets build with net/); whole files and
+ * base/format.c, which the fuzz targets build with net/); whole files and
  * copies are shared with libhotkern too (util/util.h). */
 
 /* ---- keys -------------------------------------------------------------- */

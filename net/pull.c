@@ -104,7 +104,7 @@ int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
     d.low_speed_s = 15;
     d.max_manifest_bytes = 1u << 20;
     d.max_artifact_bytes = 64u << 20;
-    return hkl_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
 }
 
 /* o as the puller keeps it: zeros replaced by the defaults, the jitter

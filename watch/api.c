@@ -73,7 +73,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
@@ -733,18 +733,18 @@ static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options
 
 int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     hk_swap_options o;
     int err;
-    if (hkl_swap_options_in(&o, opt) < 0)
+    if (hkb_swap_options_in(&o, opt) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
-                       hkl_size_of(opt));
+                       hkb_size_of(opt));
     else
         err = watch_dir_call(rt, dir, &o, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -763,7 +763,7 @@ static void watch_options_defaults(hk_watch_options *o) {
 int hk_watch_options_init_size(hk_watch_options *o, size_t size) {
     hk_watch_options d;
     watch_options_defaults(&d);
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_WATCH_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKB_WATCH_OPTIONS_SIZE0);
 }
 
 /* hk_watch_start with its options in the library's layout (swap options
@@ -833,24 +833,24 @@ int hk_watch_start(hk_runtime *rt, const char *dir, const hk_watch_options *opt,
     hk_report full;
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     hk_watch_options o;
     hk_swap_options so;
     int err;
     watch_options_defaults(&o);
-    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_WATCH_OPTIONS_SIZE0) < 0)
+    if (opt && hkb_sized_in(&o, sizeof o, opt, HKB_WATCH_OPTIONS_SIZE0) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_start: hk_watch_options.size %zu is below the first layout",
-                       hkl_size_of(opt));
-    else if (hkl_swap_options_in(&so, o.swap) < 0)
+                       hkb_size_of(opt));
+    else if (hkb_swap_options_in(&so, o.swap) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_start: hk_swap_options.size %zu is below the first layout",
-                       hkl_size_of(o.swap));
+                       hkb_size_of(o.swap));
     else
         err = watch_start_call(rt, dir, &o, &so, out, &full);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 

@@ -1,7 +1,7 @@
 /*
  * hk_check and hk_checker: a swap's build on its own, with no driver.
  *
- * The public options are taken in by size (loader/abi.h), checked, and
+ * The public options are taken in by size (base/abi.h), checked, and
  * turned into hkp_build_opts once: a checker owns copies of every array and
  * string the options point to, the include search prepared from them
  * (hkp_search) and the build options that point into both, and asks for
@@ -9,8 +9,7 @@
  * checker made for one source, without the PCH: a single compile would pay
  * for creating it and never use it. A check is hkp_build with the checker's
  * options and the source's name, on the caller's thread; nothing here calls
- * the driver: it sits in loader/ only because the sized public structures
- * (loader/abi.h) and hk_report_clear (loader/format.c) live there, above ptx/.
+ * the driver or the engine: a check is ptx/'s.
  *
  * A result is a copy of what the artifact and its metadata say (image, log,
  * kernels and their layouts, globals, architecture names), one object of its
@@ -18,13 +17,13 @@
  *
  * Threads: a checker is immutable once made, so several threads may check
  * with one at once (hkp_build is thread-safe; the PCH heap has its lock in
- * build.c). Results are immutable too.
+ * ptx/nvrtc.c). Results are immutable too.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
 
@@ -78,7 +77,7 @@ int hk_check_options_init_size(hk_check_options *o, size_t size) {
     d.ptx_mode = HK_PTX_NVJITLINK;
     d.jit_opt_level = 4;
     d.build_profile = HK_BUILD_PROFILE_DEFAULT;
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_CHECK_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKB_CHECK_OPTIONS_SIZE0);
 }
 
 /* 1 when each of the n strings of v is there. */
@@ -120,9 +119,9 @@ static int options_in(hk_check_options *o, const hk_check_options *in, hk_report
     hk_check_options_init(o);
     if (!in)
         return hku_fail(rep, HK_ERR_INVALID, "check options needed (the target arch at least)");
-    if (hkl_sized_in(o, sizeof *o, in, HKL_CHECK_OPTIONS_SIZE0) < 0)
+    if (hkb_sized_in(o, sizeof *o, in, HKB_CHECK_OPTIONS_SIZE0) < 0)
         return hku_fail(rep, HK_ERR_INVALID, "hk_check_options.size %zu is below the first layout",
-                        hkl_size_of(in));
+                        hkb_size_of(in));
     const char *problem = options_problem(o);
     return problem ? hku_fail(rep, HK_ERR_INVALID, "check options: %s", problem) : 0;
 }
@@ -206,7 +205,7 @@ int hk_checker_create(hk_checker **out, const hk_check_options *opt, hk_report *
     hk_report full;
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     hk_check_options o;
@@ -214,7 +213,7 @@ int hk_checker_create(hk_checker **out, const hk_check_options *opt, hk_report *
                   : options_in(&o, opt, &full);
     if (!rc)
         rc = checker_make(out, &o, 1, &full);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return rc;
 }
 
@@ -366,13 +365,13 @@ static int check_call(const hk_checker *c, const char *source_name, const void *
     hk_report full;
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     int rc = !c || !out ? hku_fail(&full, HK_ERR_INVALID, "a checker and out needed")
                         : checker_run(c, source_name, src, size, out, &full);
     full.total_ms = hku_now_ms() - t0;
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return rc;
 }
 
@@ -391,7 +390,7 @@ int hk_check(const hk_check_options *opt, const void *src, size_t size, hk_check
     hk_checker *c = NULL;
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     int rc = options_in(&o, opt, &full);
@@ -402,14 +401,14 @@ int hk_check(const hk_check_options *opt, const void *src, size_t size, hk_check
                   : checker_run(c, NULL, src, size, out, &full);
     hk_checker_destroy(c);
     full.total_ms = hku_now_ms() - t0;
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return rc;
 }
 
 int hk_format_detect(const void *data, size_t size, hk_format *fmt, hk_report *rep) {
     hk_report full;
     char why[256] = "";
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     int rc = HK_ERR_INVALID;
@@ -417,7 +416,7 @@ int hk_format_detect(const void *data, size_t size, hk_format *fmt, hk_report *r
         hku_fail(&full, rc, "hk_format_detect: fmt and the data needed");
     else if ((rc = hkp_detect(data, size, fmt, why, sizeof why)) != 0)
         hku_fail(&full, rc, "%s", why);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return rc;
 }
 

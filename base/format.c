@@ -1,15 +1,15 @@
 /*
  * Names of the kernel image formats, the library's version, and
- * hk_report_clear. A file of its own, at the bottom of loader/: the release
- * code in net/ writes format names and clears reports, and is also built
- * (for fuzzing) without the rest of the engine. (The error codes' names and
- * messages are one floor lower still, in base/error.c.)
+ * hk_report_clear: public plumbing every part of the library uses, so it is
+ * on the ground floor (base/), beside the error codes' names and messages
+ * (base/error.c). The release code in net/ writes format names and clears
+ * reports, and is also built (for fuzzing) without the rest of the engine.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "hotkern/hotkern.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 
 #define HK_STR_(x) #x
 #define HK_STR(x)  HK_STR_(x)
@@ -37,7 +37,7 @@ const char *hk_format_name(hk_format fmt) {
 /* Within the report's own size only (a caller built against an older
  * layout has nothing past it), and never below the first layout. */
 void hk_report_clear(hk_report *r) {
-    if (!r || r->size < HKL_REPORT_SIZE0)
+    if (!r || r->size < HKB_REPORT_SIZE0)
         return;
     free(r->log);
     size_t n = r->size < sizeof *r ? r->size : sizeof *r;
