@@ -30,7 +30,7 @@ int hka_load_slot(hka_canary *c, helper *h, int slot, const hka_image *im, int g
     int sent = hku_send_by(h->proc.fd, &b, deadline);
     hku_buf_free(&b);
     if (sent < 0)
-        return errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
+        return sent == HK_ERR_TIMEOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
@@ -203,8 +203,9 @@ void hka_do_launch(hka_canary *c, helper *h, int slot, const char *entry, const 
      * the buffers of a copy whose image runs after it (keep 0). */
     int outputs = keep && t->compare != HK_COMPARE_NONE && !h->sanitized;
     double deadline = hku_now_ms() + timeout_ms;
-    if (send_launch(h, slot, entry, t, outputs, runs, deadline) < 0) {
-        o->transport = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
+    int sent = send_launch(h, slot, entry, t, outputs, runs, deadline);
+    if (sent < 0) {
+        o->transport = sent == HK_ERR_TIMEOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
         return;
     }
     int nbuf = 0;
@@ -259,7 +260,7 @@ int hka_get_limits(hka_canary *c, int slot, const char *entry, limits *l) {
     int sent = hku_send_by(h->proc.fd, &b, deadline);
     hku_buf_free(&b);
     if (sent < 0)
-        return errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
+        return sent == HK_ERR_TIMEOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;

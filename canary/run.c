@@ -142,14 +142,15 @@ static uint32_t tested_sites(const run *r) {
 
 /* Starts helper h if needed and loads the new image (slot 0) and, when
  * with_ref, the running one (slot 1; a failure there only turns r->cmp
- * off). A helper that died while idle is replaced once. 0, or -1 with
- * why. */
+ * off). A helper that died while idle is replaced once. 0, or
+ * HK_ERR_CANARY_UNAVAILABLE with why (what that means for the run is
+ * unavailable's to say). */
 static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
     hka_canary *c = r->c;
     char name[64], log[HKA_MAX_TEXT + 1], how[64];
     for (int attempt = 0; attempt < 2; attempt++) {
         if (hka_helper_ready(c, h, why, n, (double)c->timeout_ms * START_FACTOR) < 0)
-            return -1;
+            return HK_ERR_CANARY_UNAVAILABLE;
         int cu = 0, lr = hka_load_slot(c, h, 0, r->img, tested_sites(r) > 0, &cu, name, log);
         if (lr > 0 && tested_sites(r)) {
             /* The copy is checked by nvJitLink only when the image is a
@@ -166,7 +167,7 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
                 hka_helper_kill(h, how, sizeof how);
                 hka_helper_start(c, h, how, sizeof how);
             }
-            return -1;
+            return HK_ERR_CANARY_UNAVAILABLE;
         }
         if (lr == 0 && with_ref && (lr = hka_load_slot(c, h, 1, r->ref, 0, &cu, name, log)) != 0) {
             note(r, "the running version did not load in the canary (%s): not compared",
@@ -185,7 +186,7 @@ static int prepare(run *r, helper *h, int with_ref, char *why, size_t n) {
     }
     char ignored[8];
     hka_helper_start(c, h, ignored, sizeof ignored); /* warm for the next run */
-    return -1;
+    return HK_ERR_CANARY_UNAVAILABLE;
 }
 
 /* 1 when the launch and any repeats went through (a repeat that could not
@@ -437,8 +438,8 @@ static int memcheck_test(run *r, const char *kernel, int no, const hk_test *t) {
 }
 
 /* The image beside its copy in the plain helper's slot 2, loaded at its
- * first use in a run (a helper restarted since has it no more). 0, or -1
- * with why: the canary cannot go on. */
+ * first use in a run (a helper restarted since has it no more). 0, or
+ * HK_ERR_CANARY_UNAVAILABLE with why: the canary cannot go on. */
 static int image_loaded(run *r, char *why, size_t n) {
     helper *h = &r->c->plain;
     if (r->img_pid && r->img_pid == h->proc.pid)
@@ -452,13 +453,13 @@ static int image_loaded(run *r, char *why, size_t n) {
     if (lr > 0) {
         snprintf(why, n, "it could not load the new version's image: %s%s%.120s", name,
                  log[0] ? ": " : "", log);
-        return -1;
+        return HK_ERR_CANARY_UNAVAILABLE;
     }
     hka_helper_kill(h, how, sizeof how);
     snprintf(why, n, "%s %s while loading an image%s%s", h->who, hka_recv_what(lr),
              how[0] ? ": " : "", how);
     hka_helper_start(r->c, h, how, sizeof how);
-    return -1;
+    return HK_ERR_CANARY_UNAVAILABLE;
 }
 
 /* After the trap guard's copy passed test t (on, its outcome): the same

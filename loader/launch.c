@@ -583,7 +583,7 @@ CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f
 }
 
 /* The device slot whose context is current on this thread (0 when none
- * is), or -1 for a context that is not the runtime's. */
+ * is), or HK_ERR_NOT_FOUND for a context that is not the runtime's. */
 static int current_slot(hk_runtime *rt) {
     CUcontext cur = NULL;
     if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
@@ -591,7 +591,7 @@ static int current_slot(hk_runtime *rt) {
     for (int i = 0; i < rt->ndev; i++)
         if (hkl_ctx(rt, i) == cur)
             return i;
-    return -1;
+    return HK_ERR_NOT_FOUND;
 }
 
 /* The function is read from the version's table, filled when its slot was

@@ -69,7 +69,7 @@ int hkp_parse_search_path(const hkp_build_opts *o, const hk_header *mem, int nme
 void hkp_search_path_free(search_path *sp);
 /* The directory NVRTC resolves the main file's quoted includes against. */
 void hkp_source_dir(const char *source_name, char *buf, size_t n);
-/* The index of the in-memory header called name, or -1. */
+/* The index of the in-memory header called name, or HK_ERR_NOT_FOUND. */
 int hkp_find_mem(const search_path *sp, const char *name);
 /* Resolves an include the way NVRTC does: 1 with the canonical path in
  * out, 2 with the index of an in-memory header in *mem, 0 when nothing is

@@ -76,7 +76,7 @@ int hkp_find_mem(const search_path *sp, const char *name) {
     for (int i = 0; i < sp->nmem; i++)
         if (strcmp(sp->mem[i].name, name) == 0)
             return i;
-    return -1;
+    return HK_ERR_NOT_FOUND;
 }
 
 /* Whether candidate is a file the search takes; one that is not is noted
@@ -454,7 +454,7 @@ int hkp_manifest_load(hkp_cache *c, const uint8_t key[HKP_KEY_BYTES], const sear
     rc = probes_absent(d) ? 0 : HK_ERR_NOT_FOUND;
     for (int i = 0; i < d->n && !rc; i++) {
         /* A header that vanished cannot match any stored artifact. */
-        int k = d->mem[i] ? hkp_find_mem(sp, d->paths[i]) : -1;
+        int k = d->mem[i] ? hkp_find_mem(sp, d->paths[i]) : HK_ERR_NOT_FOUND;
         if (!d->mem[i])
             rc = hash_file(d->paths[i], d->hash[i]) ? HK_ERR_NOT_FOUND : 0;
         else if (k < 0)

@@ -67,12 +67,13 @@ int hkp_lex_next(hkp_lexer *lx, hkp_tok *t) {
 }
 
 /* Parses an unsigned PTX integer (decimal, 0x hex, 0b binary, leading-zero
- * octal, optional U suffix). Returns 0 on success. */
+ * octal, optional U suffix). Returns 0, or HK_ERR_FORMAT when t is no such
+ * integer or does not fit in 64 bits. */
 static int parse_uint(const tok *t, uint64_t *out) {
     char buf[40];
     size_t n = t->n;
     if (n == 0 || n >= sizeof buf || t->s[0] < '0' || t->s[0] > '9')
-        return -1;
+        return HK_ERR_FORMAT;
     memcpy(buf, t->s, n);
     buf[n] = '\0';
     if (buf[n - 1] == 'U' || buf[n - 1] == 'u')
@@ -91,7 +92,7 @@ static int parse_uint(const tok *t, uint64_t *out) {
     }
     uint64_t v = 0;
     if (!*p)
-        return -1;
+        return HK_ERR_FORMAT;
     for (; *p; p++) {
         int d;
         if (*p >= '0' && *p <= '9')
@@ -101,9 +102,9 @@ static int parse_uint(const tok *t, uint64_t *out) {
         else if (*p >= 'A' && *p <= 'F')
             d = *p - 'A' + 10;
         else
-            return -1;
+            return HK_ERR_FORMAT;
         if (d >= base || v > (UINT64_MAX - (uint64_t)d) / (uint64_t)base)
-            return -1;
+            return HK_ERR_FORMAT;
         v = v * (uint64_t)base + (uint64_t)d;
     }
     *out = v;

@@ -105,13 +105,14 @@ hkw_kind hkw_classify(const char *name, char *module, size_t module_size) {
     return HKW_OTHER;
 }
 
-/* The source kind of extension ext (any case), or -1. */
+/* The index of the source kind of extension ext (any case), or
+ * HK_ERR_NOT_FOUND. */
 static int source_of(const char *ext) {
     for (size_t i = 0; ext && i < NSOURCES; i++) {
         if (strcasecmp(ext, sources[i].ext) == 0)
             return (int)i;
     }
-    return -1;
+    return HK_ERR_NOT_FOUND;
 }
 
 unsigned hkw_source_bit(const char *ext) {
