@@ -346,7 +346,7 @@ void hka_helper_kill(helper *h, char *how, size_t n) {
     h->ready = 0;
 }
 
-/* Starts a helper; its READY is read by helper_ready. run_lock held. */
+/* Starts a helper; its READY is read by hka_helper_ready. run_lock held. */
 int hka_helper_start(hka_canary *c, helper *h, char *why, size_t n) {
     char dev[16], owner[24];
     snprintf(dev, sizeof dev, "%d", c->device);

@@ -105,13 +105,13 @@ typedef struct limits {
 
 /* ---- canary.c ------------------------------------------------------------ */
 
-/* A run's copy of module's tests (hka_snap_free frees it): 0, or -1 when
- * memory runs out. */
+/* A run's copy of module's tests (hka_snap_free frees it): 0, or
+ * HK_ERR_NOMEM. */
 int hka_snap_take(hka_canary *c, const char *module, snap *s);
 void hka_snap_free(snap *s);
-/* Kills h (how, when not NULL, says how it ended), starts it (its READY
- * not read yet), or starts it when none runs and reads its READY within
- * wait_ms: 0, or -1 with why. */
+/* Kills h (how, when not NULL, says how it ended); starts it (its READY
+ * not read yet: 0, or hku_child_start's error with why); or starts it when
+ * none runs and reads its READY within wait_ms (0, or HK_ERR_IO with why). */
 void hka_helper_kill(helper *h, char *how, size_t n);
 int hka_helper_start(hka_canary *c, helper *h, char *why, size_t n);
 int hka_helper_ready(hka_canary *c, helper *h, char *why, size_t n, double wait_ms);

@@ -38,7 +38,7 @@ static int is_unlinkable(const char *a) {
     return 0;
 }
 
-/* The first of o's NVRTC options that link_opts_make cannot give nvJitLink
+/* The first of o's NVRTC options that hkp_link_opts_make cannot give nvJitLink
  * (NULL: none). */
 const char *hkp_unlinkable_option(const hkp_build_opts *o) {
     for (int i = 0; i < o->nnvrtc_options; i++)

@@ -262,7 +262,7 @@ static void child_dir(hkw_watcher *w, const watch_dir *d, const char *name, int 
     c->scan_initial = initial;
     c->need_scan = 1;
     if (c->wd < 0)
-        c->next_poll_ms = 0; /* placed, then listed, by the next dirs_tick */
+        c->next_poll_ms = 0; /* placed, then listed, by the next hkw_dirs_tick */
 }
 
 /* An event for name in d: every followed link that resolved to it is due too,
