@@ -119,8 +119,11 @@ FAKE_CUDA := $(BUILD)/lib/libhotkern-fakecuda.so
 BAD_CANARY := $(BUILD)/stub/hotkern-canary-bad
 # A stand-in compute-sanitizer for tests/cpu_canary.c's memcheck tests.
 FAKE_SAN := $(BUILD)/stub/fake-compute-sanitizer
+# The metadata parsers (ptx/meta.h), which the fake driver and the fuzz targets
+# build on their own.
+META_SRC := ptx/detect.c ptx/meta.c ptx/meta_base.c ptx/meta_elf.c ptx/meta_ptx.c
 FAKE_OBJ := $(BUILD)/obj/tests/stub/fakecuda_lib.o $(BUILD)/obj/tests/fakecuda.o \
-            $(BUILD)/obj/ptx/meta.o $(BUILD)/obj/ptx/detect.o
+            $(META_SRC:%.c=$(BUILD)/obj/%.o)
 STATIC   := $(BUILD)/lib/libhotkern.a
 SHARED   := $(BUILD)/lib/$(SONAME)
 NET_STATIC := $(BUILD)/lib/libhotkern-net.a
@@ -679,7 +682,7 @@ uninstall:
 
 # libFuzzer targets, each run for FUZZ_TIME seconds (default 60) with its
 # corpus under BUILD/fuzz/corpus-NAME:
-#   fuzz_meta     the hand-written format parsers (ptx/detect.c, ptx/meta.c),
+#   fuzz_meta     the hand-written format parsers (ptx/detect.c, ptx/meta*.c),
 #                 seeded with a PTX, cubins and a fatbin the toolkit makes now;
 #   fuzz_release  manifest parse and verify, rollback requests, strict JSON;
 #   fuzz_state    the anti-rollback state file;
@@ -702,23 +705,24 @@ FUZZ_TARGETS ?= fuzz_meta fuzz_release fuzz_state fuzz_http fuzz_record fuzz_cac
 
 fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c ptx/detect.c ptx/meta.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c $(META_SRC)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  loader/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
-	  loader/record.c loader/format.c base/error.c util/util.c
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c ptx/meta.c \
-	  ptx/detect.c util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c ptx/meta.c ptx/detect.c
+	  loader/record.c base/format.c base/error.c util/util.c
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c $(META_SRC) \
+	  util/wire.c $(shell pkg-config --libs libsodium 2>/dev/null)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_guard tests/fuzz/fuzz_guard.c ptx/guard.c $(META_SRC)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_elfsym tests/fuzz/fuzz_elfsym.c interpose/elfsym.c
 	@mkdir -p $(BUILD)/fuzz/seeds-elfsym
 	cc -c -D_GNU_SOURCE -Iinclude -I. -I$(CUDA)/include -o $(BUILD)/fuzz/seeds-elfsym/elfsym.o interpose/elfsym.c
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_fatbin tests/fuzz/fuzz_fatbin.c interpose/fatbin.c \
 	  interpose/elfsym.c
-	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/release.c net/refused.c \
-	  net/frame.c net/state.c loader/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/endpoint_admit.c \
+	  net/endpoint_handlers.c net/release.c net/json.c net/refused.c \
+	  net/frame.c net/state.c base/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin
@@ -760,14 +764,14 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
                tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu)
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
-# circle across folders, no loader/ file over 800 lines, no loader/ or canary/
-# function over 100. It reads the library's objects' symbols, so it builds them
-# first (nothing to do after make). The public headers (scripts/api.sh):
-# each function says the version that added it, that of its symbol, and no
-# field comment is longer than two lines. The man pages:
-# docs/man/man3 is what scripts/man3.sh makes of the headers (`make man`
-# writes it again), and every page renders without a warning, the link pages
-# through their .so.
+# circle between files (across folders or inside one), no library file over
+# about 1,000 lines (800 in loader/), no loader/ or canary/ function over 100.
+# It reads the library's objects' symbols, so it builds them first (nothing to
+# do after make). The public headers (scripts/api.sh): each function says the
+# version that added it, that of its symbol, and no field comment is longer
+# than two lines. The man pages: docs/man/man3 is what scripts/man3.sh makes
+# of the headers (`make man` writes it again), and every page renders without
+# a warning, the link pages through their .so.
 LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o \
              $(BUILD)/obj/interpose/wrap.o $(CLI_OBJ) $(BUILD)/obj/canary/helper.o \
              $(BUILD)/obj/ptx/helper.o

@@ -28,7 +28,7 @@
  * side, are the figures that count, the absolute times vary with the host.
  * The series: hotkern's default profile; the same without the trace, which
  * tells what the trace itself costs; hotkern's development profile as its
- * worker sends it (ptx/build.c adds -pch to every profile), and without -pch;
+ * worker sends it (ptx/nvrtc.c adds -pch to every profile), and without -pch;
  * PTX only (no ptxas), bare and with the development profile's options.
  * NVRTC keeps one automatic PCH per option set (the trace's file name does
  * not count), so interleaving should not make any series make its PCH again:
@@ -249,7 +249,7 @@ static nvrtcResult fetch_output(const series *x, nvrtcProgram p) {
 }
 
 /* After a -pch compile: 1 when it created a PCH. An exhausted PCH heap is
- * enlarged to what NVRTC asks for, as hotkern does (ptx/build.c). */
+ * enlarged to what NVRTC asks for, as hotkern does (ptx/nvrtc.c). */
 static int pch_after(nvrtcProgram p) {
     nvrtcResult st = nvrtcGetPCHCreateStatus(p);
     size_t need = 0;

@@ -1,8 +1,9 @@
 /*
  * canary/: runs a version's test launches in a helper process before it is
- * committed. Private header shared by the parent side (canary.c, linked
- * into libhotkern), the wire protocol (proto.c, both sides) and the helper
- * executable (helper.c, `hotkern-canary`).
+ * committed. Private header shared by the parent side (canary.c, exchange.c
+ * and run.c, which share canary/parent.h; linked into libhotkern), the wire
+ * protocol (proto.c, both sides) and the helper executable (helper.c,
+ * `hotkern-canary`).
  *
  * Why a process. A kernel that faults (illegal address, trap) leaves a
  * sticky error in its CUDA context: every later call of that process fails
@@ -13,10 +14,65 @@
  * timeout.
  *
  * The exchange. Parent and helper talk over a socketpair in length-prefixed
- * messages (hku_msg_hdr, util/wire.c, magic HKA_MAGIC), one request and one reply at a time. Each
- * side treats the other as untrusted: sizes are bounded before anything is allocated, replies are
- * parsed strictly (a field too many or too few is a malformed reply), and the parent waits for
- * every reply with a deadline.
+ * messages (hku_msg_hdr, util/wire.c, magic HKA_MAGIC), one request and one
+ * reply at a time, each side treating the other as untrusted (the messages,
+ * the slots and the trap guard's copy: above enum hka_msg_type).
+ *
+ * Two helpers. Each runtime with canaries has a plain helper, which runs
+ * every test launch (both versions, compared and timed); where the CUDA
+ * toolkit's compute-sanitizer is found, a second one runs under memcheck and
+ * each test launch of the new version runs there first (above hka_config).
+ *
+ * Threads and locks (hka_canary):
+ *   run_lock    one canary run at a time: held for a whole run, which its
+ *               timeouts bound. Taken by the thread that builds the version
+ *               (the caller of hk_swap or the worker), never with an engine
+ *               lock held and never by a launching thread.
+ *   tests_lock  the declared tests; a leaf, never held across the exchange.
+ */
+#ifndef HK_CANARY_H
+#define HK_CANARY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "hotkern/hotkern.h"
+#include "ptx/ptx.h"
+#include "util/util.h"
+
+#define HKA_PROTOCOL 5
+#define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
+
+/* Bounds of the protocol, checked by both sides before allocating. */
+#define HKA_MAX_IMAGE      (64u << 20) /* bytes of one image */
+#define HKA_MAX_TEST_BYTES (64u << 20) /* all buffers of one test launch */
+#define HKA_MAX_MSG        (HKA_MAX_IMAGE + (1u << 16))
+#define HKA_MAX_ARGS       64
+#define HKA_MAX_SCALAR     4096 /* bytes of one by-value argument */
+#define HKA_MAX_TESTS      16   /* per kernel */
+#define HKA_MAX_TEXT       4096 /* names and logs in replies */
+#define HKA_MAX_RUNS       32   /* timed runs of one launch */
+#define HKA_MAX_WARMUPS    8
+#define HKA_MAX_RUN_NS     1000000000000ull /* 1000 s: a longer timed run is nonsense */
+
+/* What a run asks of the perf guard: one untimed repeat, then five timed
+ * ones (their median is the launch's time). */
+#define HKA_WARMUPS 1
+#define HKA_RUNS    5
+
+/* compute-sanitizer's exit status when memcheck found errors (its
+ * --error-exitcode; none of the helper's own). */
+#define HKA_SANITIZER_EXIT 86
+/* Launches under memcheck get this many times the launch timeout: the
+ * instrumentation slows memory accesses by an order of magnitude. */
+#define HKA_SANITIZER_SLOW 4
+
+/*
+ * The exchange. Each side treats the other as untrusted: sizes are bounded
+ * before anything is allocated, replies are parsed strictly (a field too many
+ * or too few is a malformed reply), and the parent waits for every reply with
+ * a deadline.
  *
  *   helper -> READY  {u32 protocol, i32 arch}   once, after its context exists
  *                    or FAIL {text} when it cannot make one
@@ -70,79 +126,7 @@
  * the copy ran without reaching a trap site. The image's buffers are the
  * ones compared and its times the ones the perf guard judges. A version
  * that traps is refused on the copy, before the image is loaded.
- *
- * Two helpers. Each runtime with canaries has a plain helper, which runs
- * every test launch (both versions, compared and timed). Where the CUDA
- * toolkit's compute-sanitizer is found (hka_config.sanitizer), a second
- * helper runs under `compute-sanitizer --tool memcheck`, and each test
- * launch of the new version runs there first: out-of-bounds and misaligned
- * accesses are caught by instrumentation before they reach the MMU (whose
- * fault recovery stalls every context on the GPU for 90-150 ms on the H200,
- * against 15-24 ms for one caught by memcheck; measured 2026-12-01), and
- * an access that lands in valid memory, which a plain run
- * misses, is caught too. The plain helper then runs only versions that
- * memcheck passed. Timing stays in the plain helper: instrumentation slows
- * memory accesses and not arithmetic, so times under memcheck say little
- * about a version's speed. What the sanitizer reports comes through the
- * memcheck helper's stderr (--log-file /dev/stderr), read line by line
- * (hku_child's observer): its first error line is the refusal's reason,
- * and its exit status (HKA_SANITIZER_EXIT, when it found errors) confirms
- * it once the helper was asked to end. The sanitizer runs with
- * --destroy-on-device-error kernel: a precise error (out of bounds,
- * misaligned, an illegal address) ends the kernel alone and the launch
- * comes back finished, its report in the log; an imprecise one (a trap)
- * ends the context and fails the launch, and the verdict then waits for
- * the sanitizer's end. A launch that comes back finished counts as clean
- * once the log has been quiet for 50 ms (the front end prints a little
- * after the fact); a report read by then refuses the version. After any
- * refusal the memcheck helper is replaced (the sanitizer counts errors
- * over its life).
- *
- * Threads and locks (hka_canary):
- *   run_lock    one canary run at a time: held for a whole run, which its
- *               timeouts bound. Taken by the thread that builds the version
- *               (the caller of hk_swap or the worker), never with an engine
- *               lock held and never by a launching thread.
- *   tests_lock  the declared tests; a leaf, never held across the exchange.
  */
-#ifndef HK_CANARY_H
-#define HK_CANARY_H
-
-#include <stddef.h>
-#include <stdint.h>
-#include <sys/types.h>
-
-#include "hotkern/hotkern.h"
-#include "ptx/ptx.h"
-#include "util/util.h"
-
-#define HKA_PROTOCOL 5
-#define HKA_MAGIC    0x4e4b4348u /* "HCKN" */
-
-/* Bounds of the protocol, checked by both sides before allocating. */
-#define HKA_MAX_IMAGE      (64u << 20) /* bytes of one image */
-#define HKA_MAX_TEST_BYTES (64u << 20) /* all buffers of one test launch */
-#define HKA_MAX_MSG        (HKA_MAX_IMAGE + (1u << 16))
-#define HKA_MAX_ARGS       64
-#define HKA_MAX_SCALAR     4096 /* bytes of one by-value argument */
-#define HKA_MAX_TESTS      16   /* per kernel */
-#define HKA_MAX_TEXT       4096 /* names and logs in replies */
-#define HKA_MAX_RUNS       32   /* timed runs of one launch */
-#define HKA_MAX_WARMUPS    8
-#define HKA_MAX_RUN_NS     1000000000000ull /* 1000 s: a longer timed run is nonsense */
-
-/* What a run asks of the perf guard: one untimed repeat, then five timed
- * ones (their median is the launch's time). */
-#define HKA_WARMUPS 1
-#define HKA_RUNS    5
-
-/* compute-sanitizer's exit status when memcheck found errors (its
- * --error-exitcode; none of the helper's own). */
-#define HKA_SANITIZER_EXIT 86
-/* Launches under memcheck get this many times the launch timeout: the
- * instrumentation slows memory accesses by an order of magnitude. */
-#define HKA_SANITIZER_SLOW 4
-
 enum hka_msg_type {
     HKA_READY = 1,
     HKA_FAIL = 2,
@@ -192,10 +176,36 @@ struct hk_test {
 /* Fills n bytes at p as fill/param say (HK_FILL_HOST excepted). */
 void hka_fill(void *p, size_t n, uint32_t fill, uint64_t param);
 
-/* ---- canary.c: the parent side ------------------------------------------ */
+/* ---- canary.c, exchange.c, run.c: the parent side ------------------------- */
 
 typedef struct hka_canary hka_canary;
 
+/*
+ * Two helpers. Each runtime with canaries has a plain helper, which runs
+ * every test launch (both versions, compared and timed). Where the CUDA
+ * toolkit's compute-sanitizer is found (hka_config.sanitizer), a second
+ * helper runs under `compute-sanitizer --tool memcheck`, and each test launch
+ * of the new version runs there first: out-of-bounds and misaligned accesses
+ * are caught by instrumentation before they reach the MMU, whose fault
+ * recovery stalls every context on the GPU far longer than a fault memcheck
+ * catches (bench/RESULTS.md, section 21), and an access that lands in valid
+ * memory, which a plain run misses, is caught too. The plain helper then runs
+ * only versions that memcheck passed. Timing stays in the plain helper:
+ * instrumentation slows memory accesses and not arithmetic, so times under
+ * memcheck say little about a version's speed. What the sanitizer reports
+ * comes through the memcheck helper's stderr (--log-file /dev/stderr), read
+ * line by line (hku_child's observer): its first error line is the refusal's
+ * reason, and its exit status (HKA_SANITIZER_EXIT, when it found errors)
+ * confirms it once the helper was asked to end. The sanitizer runs with
+ * --destroy-on-device-error kernel: a precise error (out of bounds,
+ * misaligned, an illegal address) ends the kernel alone and the launch comes
+ * back finished, its report in the log; an imprecise one (a trap) ends the
+ * context and fails the launch, and the verdict then waits for the
+ * sanitizer's end. A launch that comes back finished counts as clean once the
+ * log has been quiet for 50 ms (the front end prints a little after the
+ * fact); a report read by then refuses the version. After any refusal the
+ * memcheck helper is replaced (the sanitizer counts errors over its life).
+ */
 typedef struct hka_config {
     const char *helper;     /* path of hotkern-canary (resolved by the caller) */
     int device;             /* CUDA ordinal the helper attaches to */

@@ -58,8 +58,8 @@ static const char check_help[] =
     "with the templates' names and a --name-expression to try.\n"
     "Exit status: 0 all files ok, 1 a file failed, 2 usage error.\n";
 
-/* "sm_90", "sm_90a", "compute_90" or "90" into o's arch; 0, or -1 when it
- * is none of these. */
+/* "sm_90", "sm_90a", "compute_90" or "90" into o's arch; 0, or
+ * HK_ERR_FORMAT when it is none of these. */
 static int parse_arch(const char *s, hk_check_options *o) {
     if (!strncmp(s, "sm_", 3))
         s += 3;
@@ -68,21 +68,21 @@ static int parse_arch(const char *s, hk_check_options *o) {
     char *end;
     long v = strtol(s, &end, 10);
     if (end == s || v < 10 || v > 9999)
-        return -1;
+        return HK_ERR_FORMAT;
     o->arch = (int)v;
     o->arch_specific = *end == 'a' && end[1] == '\0';
-    return *end && !o->arch_specific ? -1 : 0;
+    return *end && !o->arch_specific ? HK_ERR_FORMAT : 0;
 }
 
 /* The architectures this NVRTC compiles for, as "sm_75, sm_80, ..." in buf;
- * 0, or -1 when NVRTC cannot say (then any architecture is let through, and
- * the build says what it thinks). */
+ * 0, or HK_ERR_UNSUPPORTED when NVRTC cannot say (then any architecture is
+ * let through, and the build says what it thinks). */
 static int supported_archs(int *v, int max, int *n, char *buf, size_t cap) {
     int num = 0;
     size_t used = 0;
     if (nvrtcGetNumSupportedArchs(&num) != NVRTC_SUCCESS || num <= 0 || num > max ||
         nvrtcGetSupportedArchs(v) != NVRTC_SUCCESS)
-        return -1;
+        return HK_ERR_UNSUPPORTED;
     buf[0] = '\0';
     for (int i = 0; i < num && used < cap; i++)
         used += (size_t)snprintf(buf + used, cap - used, "%ssm_%d", i ? ", " : "", v[i]);
@@ -599,7 +599,7 @@ int hkc_cmd_check(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "check", opts, HKC_NOPTS(opts), check_help, argc, argv, &nargs);
-    if (rc < 0)
+    if (rc == HKC_CONTINUE)
         rc = check_files(&o, arch, ptx_only, no_reuse, &inc, &def, &exprs, argv + 1, nargs);
     hkc_list_free(&inc);
     hkc_list_free(&def);

@@ -115,8 +115,9 @@ typedef struct hkc_opt {
  * operands). Options and operands may be mixed; the operands are moved, in
  * order, to argv[1..*noperands]. When opts names "--json" it is honoured
  * before anything else is parsed, so that usage errors come as JSON too.
- * Returns -1 to go on, 0 when help was shown, 2 after a usage error
- * (reported through o). */
+ * Returns HKC_CONTINUE to go on, 0 when help was shown, 2 after a usage
+ * error (reported through o). */
+#define HKC_CONTINUE (-1)
 int hkc_parse(hkc_out *o, const char *cmd, const hkc_opt *opts, int nopts, const char *help,
               int argc, char **argv, int *noperands);
 void hkc_list_free(hkc_list *l);

@@ -415,7 +415,7 @@ int hkc_cmd_status(int argc, char **argv) {
     int json = 0, nargs = 0;
     const hkc_opt opts[] = {HKC_HTTP_OPTS(&ho), HKC_JSON_OPT(&json)};
     int rc = hkc_parse(&o, "status", opts, HKC_NOPTS(opts), status_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return hkc_finish(&o, rc);
     if (nargs != 1)
         return hkc_finish(&o, hkc_usage(&o, "URL is required"));
@@ -544,7 +544,7 @@ int hkc_cmd_rollback(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "rollback", opts, HKC_NOPTS(opts), rollback_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return hkc_finish(&o, rc);
     if (nargs != 2)
         return hkc_finish(&o, hkc_usage(&o, "URL and MODULE are required"));

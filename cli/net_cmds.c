@@ -78,7 +78,7 @@ int hkc_cmd_keygen(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "keygen", opts, HKC_NOPTS(opts), keygen_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return rc;
     if (!out || nargs != 0)
         return hkc_usage(&o, "--out DIR is required");
@@ -222,7 +222,7 @@ int hkc_cmd_sign(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, argv[0], opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return rc;
     if (!key || !r.module || !r.version || !out)
         return hkc_usage(&o, "--key, --module, --release and --out are required");
@@ -324,7 +324,7 @@ int hkc_cmd_push(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "push", opts, HKC_NOPTS(opts), push_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return hkc_finish(&o, rc);
     if (nargs < 1)
         return hkc_finish(&o, hkc_usage(&o, "URL is required"));
@@ -518,7 +518,7 @@ int hkc_cmd_pull(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "pull", opts, HKC_NOPTS(opts), pull_help, argc, argv, &nargs);
-    if (rc >= 0)
+    if (rc != HKC_CONTINUE)
         return hkc_finish(&o, rc);
     if (once)
         pa.count = 1;

@@ -41,7 +41,7 @@ static int parse_uint(const char *s, uint64_t *out) {
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || s[0] == '+')
-        return -1;
+        return HK_ERR_FORMAT;
     *out = v;
     return 0;
 }
@@ -130,5 +130,5 @@ int hkc_parse(hkc_out *o, const char *cmd, const hkc_opt *opts, int nopts, const
         }
     }
     *noperands = n;
-    return -1;
+    return HKC_CONTINUE;
 }

@@ -69,16 +69,16 @@ int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, in
     for (int i = 0; out && i < n; i++)
         out[i][0] = '\0';
     if (!buf || !addr || !out || n <= 0 || len < sizeof(Elf64_Ehdr))
-        return -1;
+        return HKI_NOT_IMAGE;
     Elf64_Ehdr eh;
     memcpy(&eh, buf, sizeof eh);
     if (memcmp(eh.e_ident, ELFMAG, SELFMAG) || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
         eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_shentsize != sizeof(Elf64_Shdr) ||
         !inside(eh.e_shoff, (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr), len))
-        return -1;
+        return HKI_NOT_IMAGE;
     int *order = malloc((size_t)n * sizeof *order);
     if (!order)
-        return -1;
+        return HKI_NOT_IMAGE;
     for (int i = 0; i < n; i++)
         order[i] = i;
     qsort_r(order, (size_t)n, sizeof *order, by_addr, (void *)addr);
@@ -131,10 +131,10 @@ int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, in
 int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n) {
     char stem[1][HKI_STEM_MAX];
     if (!out || n < 2)
-        return -1;
+        return HKI_NOT_IMAGE;
     int r = hki_elf_files(buf, len, &addr, 1, stem);
     if (r < 0)
-        return -1;
+        return HKI_NOT_IMAGE;
     snprintf(out, n, "%s", stem[0]);
     return r > 0 && out[0];
 }

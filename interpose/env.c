@@ -177,26 +177,25 @@ int hki_env_read(hki_env *e) {
     if (e->origin)
         refuse(e, "built without network support (NET=0)", "HOTKERN_ORIGIN", e->origin);
 #endif
-    return e->refused ? -1 : 0;
+    return e->refused ? HK_ERR_INVALID : 0;
 }
 
 static void say(const char *what, const hk_report *rep) {
     fprintf(stderr, "hotkern: %s: %s\n", what, rep->message);
 }
 
-/* Starts the sources e asks for; 0, or -1 when one cannot (said). */
+/* Starts the sources e asks for; 0, or the error of the first that cannot
+ * (said). */
 static int sources(hk_runtime *rt, const hki_env *e) {
     hk_report rep = HK_REPORT_INIT;
     int err = 0;
     if (e->watch) {
         char *dirs = strdup(e->watch), *save = NULL;
-        err = dirs ? 0 : -1;
+        err = dirs ? 0 : HK_ERR_NOMEM;
         for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d && !err;
              d = strtok_r(NULL, ":", &save))
-            if (hk_watch_dir(rt, d, NULL, &rep) < 0) {
+            if ((err = hk_watch_dir(rt, d, NULL, &rep)) < 0)
                 say("HOTKERN_WATCH", &rep);
-                err = -1;
-            }
         free(dirs);
     }
 #ifndef HK_NO_NET
@@ -211,9 +210,8 @@ static int sources(hk_runtime *rt, const hki_env *e) {
         o.allow_unsigned = e->allow_unsigned;
         o.token = e->token;
         hk_endpoint *h;
-        if (hk_endpoint_start(rt, &o, &h, &rep) < 0) {
+        if ((err = hk_endpoint_start(rt, &o, &h, &rep)) < 0) {
             say("HOTKERN_ENDPOINT", &rep);
-            err = -1;
         } else {
             fprintf(stderr, "hotkern: pushes on %s port %u\n", e->address, hk_endpoint_port(h));
         }
@@ -226,10 +224,8 @@ static int sources(hk_runtime *rt, const hki_env *e) {
         o.ntrusted_keys = e->trusted_key ? 1 : 0;
         o.allow_unsigned = e->allow_unsigned;
         hk_puller *p;
-        if (hk_pull_start(rt, &o, &p, &rep) < 0) {
+        if ((err = hk_pull_start(rt, &o, &p, &rep)) < 0)
             say("HOTKERN_ORIGIN", &rep);
-            err = -1;
-        }
     }
 #endif
     hk_report_clear(&rep);

@@ -34,15 +34,15 @@ static uint64_t u64(const unsigned char *p) {
 
 int hki_fatbin_ident(const unsigned char *buf, size_t len, char *out, size_t n) {
     if (!buf || !out || n < 2 || len < 16 || u32(buf) != FATBIN_MAGIC)
-        return -1;
+        return HKI_NOT_IMAGE;
     uint64_t hs = u16(buf + 6), fs = u64(buf + 8);
     if (hs < 16 || hs > len || fs > len - hs)
-        return -1;
+        return HKI_NOT_IMAGE;
     uint64_t off = hs, end = hs + fs;
     while (end - off >= 16) {
         uint64_t ehs = u32(buf + off + 4), ps = u64(buf + off + 8);
         if (ehs < 16 || ehs > end - off || ps > end - off - ehs)
-            return -1;
+            return HKI_NOT_IMAGE;
         if (ehs >= 40) {
             uint64_t io = u32(buf + off + 32), il = u32(buf + off + 36);
             if (il && io >= 40 && io <= ehs && il <= ehs - io) {

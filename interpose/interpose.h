@@ -165,20 +165,24 @@ void hki_tus_tell(hk_runtime *rt);
 typedef int (*hki_file_fn)(const void *addr, char *stem, size_t n);
 void hki_file_lookup_set(hki_file_fn fn);
 
+/* What the image readers below return when they read nothing: the bytes are
+ * no image of their kind (or, for hki_elf_files, memory ran out). Its value
+ * is fixed (the fuzz targets and tests check it). */
+#define HKI_NOT_IMAGE (-1)
 /* elfsym.c: in the ELF64 image buf[len], the stem of the STT_FILE symbol
  * heading the local symbol at address addr: 1 with it in out[n], 0 when
- * none, -1 when buf is no ELF64 image with a symbol table. hki_file_stem:
- * a path's file name up to its first '.'. */
+ * none, HKI_NOT_IMAGE when buf is no ELF64 image with a symbol table.
+ * hki_file_stem: a path's file name up to its first '.'. */
 #define HKI_STEM_MAX 128
 /* fatbin.c: the stem of the identifier a fatbin's entries carry (fatbinary
  * --ident; nvcc 13 writes none): in buf[len], 1 with it in out[n], 0 when
- * none, -1 when buf is no fatbin; hki_fatbin_wrapper_ident: the same from
- * __cudaRegisterFatBinary's wrapper (1 or 0). */
+ * none, HKI_NOT_IMAGE when buf is no fatbin; hki_fatbin_wrapper_ident: the
+ * same from __cudaRegisterFatBinary's wrapper (1 or 0). */
 int hki_fatbin_ident(const unsigned char *buf, size_t len, char *out, size_t n);
 int hki_fatbin_wrapper_ident(const void *wrapper, char *out, size_t n);
 int hki_elf_file_of(const unsigned char *buf, size_t len, uint64_t addr, char *out, size_t n);
 /* The same for n addresses at once (one pass over the symbols): the count
- * found, out[i] "" where none; -1 as above. */
+ * found, out[i] "" where none; HKI_NOT_IMAGE as above. */
 int hki_elf_files(const unsigned char *buf, size_t len, const uint64_t *addr, int n,
                   char (*out)[HKI_STEM_MAX]);
 void hki_file_stem(const char *path, char *out, size_t n);
@@ -225,8 +229,8 @@ typedef struct hki_env {
     int refused;    /* how many values were refused */
     char why[2048]; /* a "hotkern: NAME=VALUE: why" line for each */
 } hki_env;
-/* Reads HOTKERN_*: 0 when it all parses, 1 for HOTKERN_OFF, -1 when any
- * value is refused (e->why says each). */
+/* Reads HOTKERN_*: 0 when it all parses, 1 for HOTKERN_OFF, HK_ERR_INVALID
+ * when any value is refused (e->why says each). */
 int hki_env_read(hki_env *e);
 /* The runtime HOTKERN_* asks for, made(rt) called before its sources
  * start; NULL (said on stderr) when a value is refused or the runtime or a

@@ -2,58 +2,8 @@
  * The core of the <<<>>> interposition (interpose.h): which launches go to
  * a hot version, and where the host's symbol copies land.
  *
- * The table. Every handle a launch passes (a cudaKernel_t, or the function
- * pointer of cudaLaunchKernel) gets one slot, filled on its first launch and
- * never changed: key, then the engine's entry for that kernel (or NULL: not
- * one to route). The launch path hashes the handle, probes (acquire loads
- * only), loads the entry's hot handle (one acquire load: NULL while no hot
- * version exists) and either calls hk_launch or forwards to the program's
- * runtime, untouched. No lock, no allocation. Slots are written under
- * table_lock, the entry before the key (release), so a reader that sees the
- * key sees the entry. A handle whose slots near its hash are all taken (a
- * full table) goes to chained overflow buckets, written the same way (node,
- * then the bucket's head, release): a launch of one probes PROBE slots and
- * walks a short chain, and never registers again.
- * Every launch notes its block and shared memory on the kernel's entry
- * (hkl_use: a relaxed load and compare each), which a version is checked
- * against before its commit (loader/fit.c); a hot launch that fails anyway
- * is run by the program's own kernel in the same call (fell_back).
- * The handles of a translation unit that is unregistered (dlclose) are
- * taken out (a tombstone key, never reused: a slot is written once), so
- * that a handle value reused by a later library is registered anew, never
- * run as the unloaded kernel's hot version.
- *
- * Identity. A handle's kernel is registered with its translation unit
- * (tu.c; loader/expect_tu.c decides which module reaches it): the handle's
- * host stub's TU, or for a cudaKernel_t the TU of the stub that took it
- * (__cudaGetKernel), else the one whose stub of that name the runtime maps
- * to it (cudaGetKernel). A name several TUs have whose handle cannot be
- * placed routes nothing (said once). Kernels in an anonymous namespace can
- * never have a hot version (nvcc and NVRTC name that namespace
- * differently): said once each, and not registered.
- *
- * The runtime. hk_interpose_attach makes launches route through the
- * program's own runtime; without one, the first launch makes one from the
- * environment (HOTKERN_*, see include/hotkern/interpose.h), once, while the
- * other first launches wait: none of the program's launches can then keep
- * the creation's driver calls waiting. A runtime that cannot be made (no
- * driver, HOTKERN_OFF) leaves every launch forwarded: the program runs as
- * if hotkern were not there.
- *
- * Hot launches go through hk_launch (the launch gate, capture pins, reclaim
- * epochs apply as to any hk_launch) when the launching thread's context is
- * the runtime's (device 0's primary context, the runtime API's); a thread
- * with no context gets that one, as the runtime API would give it; a launch
- * in another context is the program's own.
- *
- * Globals. nvcc's registration code names every __device__/__constant__
- * variable of the program (__cudaRegisterVar: host shadow, name, size); the
- * engine learns each one with the address of the program's copy, so the
- * first hot version of a module takes its value (loader/expect.c). The
- * host's later copies go to the program's copy as before and also to the
- * hot version's, so that both its kernels and the program's own see them;
- * reads come from the hot version's; cudaGetSymbolAddress gives the hot
- * copy's address (valid until the next swap of its module: logged once).
+ * The table, the identity of a handle, the runtime, hot launches and the
+ * globals: each in its section below.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -85,6 +35,28 @@ const hki_real *hki_real_get(void) {
 
 /* ---- the table ---------------------------------------------------------- */
 
+/*
+ * The table. Every handle a launch passes (a cudaKernel_t, or the function
+ * pointer of cudaLaunchKernel) gets one slot, filled on its first launch and
+ * never changed: key, then the engine's entry for that kernel (or NULL: not
+ * one to route). The launch path hashes the handle, probes (acquire loads
+ * only), loads the entry's hot handle (one acquire load: NULL while no hot
+ * version exists) and either calls hk_launch or forwards to the program's
+ * runtime, untouched. No lock, no allocation. Slots are written under
+ * table_lock, the entry before the key (release), so a reader that sees the
+ * key sees the entry. A handle whose slots near its hash are all taken (a
+ * full table) goes to chained overflow buckets, written the same way (node,
+ * then the bucket's head, release): a launch of one probes PROBE slots and
+ * walks a short chain, and never registers again.
+ * Every launch notes its block and shared memory on the kernel's entry
+ * (hkl_use: a relaxed load and compare each), which a version is checked
+ * against before its commit (loader/fit.c); a hot launch that fails anyway
+ * is run by the program's own kernel in the same call (fell_back).
+ * The handles of a translation unit that is unregistered (dlclose) are
+ * taken out (a tombstone key, never reused: a slot is written once), so
+ * that a handle value reused by a later library is registered anew, never
+ * run as the unloaded kernel's hot version.
+ */
 #define SLOTS 16384 /* a power of two */
 
 #define PROBE    32   /* slots a key may take from its hash on */
@@ -178,9 +150,25 @@ static void forget(const void *key) {
     pthread_mutex_unlock(&table_lock);
 }
 
+/*
+ * Identity. A handle's kernel is registered with its translation unit
+ * (tu.c; loader/expect_tu.c decides which module reaches it): the handle's
+ * host stub's TU, or for a cudaKernel_t the TU of the stub that took it
+ * (__cudaGetKernel), else the one whose stub of that name the runtime maps
+ * to it (cudaGetKernel). A name several TUs have whose handle cannot be
+ * placed routes nothing (said once). Kernels in an anonymous namespace can
+ * never have a hot version (nvcc and NVRTC name that namespace
+ * differently): said once each, and not registered.
+ */
+
+/* tu_of_key's answer when several TUs name the kernel and the key is none
+ * of theirs. */
+#define TU_AMBIGUOUS (-1L)
+
 /* The translation unit of the program's kernel `name` launched through key
  * (a host stub when is_func, else a cudaKernel_t): 0 when no TU names it
- * (matched by name), -1 when several do and key is none of theirs. */
+ * (matched by name), TU_AMBIGUOUS when several do and key is none of
+ * theirs. */
 static long tu_of_key(const void *key, int is_func, const char *name) {
     const void *host = is_func ? key : hki_tu_host_of_kernel(key);
     unsigned id = host ? hki_tu_of_host(host) : 0;
@@ -197,7 +185,7 @@ static long tu_of_key(const void *key, int is_func, const char *name) {
                     : R.get_kernel && R.get_kernel(&ck, hosts[i]) == cudaSuccess && ck == key)
             return ids[i];
     }
-    return -1;
+    return TU_AMBIGUOUS;
 }
 
 /* The engine's entry for the program's kernel ck: its name as the driver
@@ -219,7 +207,7 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key,
         return NULL;
     }
     long tu = tu_of_key(key, is_func, name);
-    if (tu < 0) {
+    if (tu == TU_AMBIGUOUS) {
         hk_log(rt, HK_LOG_WARN, "interpose",
                "the program's kernel '%s' is defined in several files and this launch handle is "
                "none of theirs that the runtime names: it runs the program's own code",
@@ -287,6 +275,15 @@ static const slot *register_key(hk_runtime *rt, const void *key, int is_func) {
 
 /* ---- the runtime -------------------------------------------------------- */
 
+/*
+ * The runtime. hk_interpose_attach makes launches route through the
+ * program's own runtime; without one, the first launch makes one from the
+ * environment (HOTKERN_*, see include/hotkern/interpose.h), once, while the
+ * other first launches wait: none of the program's launches can then keep
+ * the creation's driver calls waiting. A runtime that cannot be made (no
+ * driver, HOTKERN_OFF) leaves every launch forwarded: the program runs as
+ * if hotkern were not there.
+ */
 typedef struct var {
     const void *host; /* the program's shadow variable */
     void **fatbin;    /* its translation unit's handle */
@@ -416,6 +413,13 @@ static inline hk_kernel *hot_of(const slot *s, dim3 b, size_t shm) {
     return hkl_expect_handle(atomic_load_explicit(&s->e, memory_order_relaxed));
 }
 
+/*
+ * Hot launches go through hk_launch (the launch gate, capture pins, reclaim
+ * epochs apply as to any hk_launch) when the launching thread's context is
+ * the runtime's (device 0's primary context, the runtime API's); a thread
+ * with no context gets that one, as the runtime API would give it; a launch
+ * in another context is the program's own.
+ */
 /* The launching thread's context is the runtime's (or none, which then
  * becomes the runtime's, as the runtime API would make it). */
 static int in_context(hk_runtime *rt) {
@@ -589,6 +593,16 @@ cudaError_t hki_coop_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args
 
 /* ---- globals ------------------------------------------------------------ */
 
+/*
+ * Globals. nvcc's registration code names every __device__/__constant__
+ * variable of the program (__cudaRegisterVar: host shadow, name, size); the
+ * engine learns each one with the address of the program's copy, so the
+ * first hot version of a module takes its value (loader/expect.c). The
+ * host's later copies go to the program's copy as before and also to the
+ * hot version's, so that both its kernels and the program's own see them;
+ * reads come from the hot version's; cudaGetSymbolAddress gives the hot
+ * copy's address (valid until the next swap of its module: logged once).
+ */
 void hki_register_var(void **fatbin, char *host_var, char *device_addr, const char *name, int ext,
                       size_t size, int constant, int global) {
     var *v = calloc(1, sizeof *v);

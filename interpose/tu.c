@@ -82,7 +82,7 @@ static int grow(void **v, int *cap, int n, size_t elem) {
     int c = *cap ? 2 * *cap : 8;
     void *p = realloc(*v, (size_t)c * elem);
     if (!p)
-        return -1;
+        return HK_ERR_NOMEM;
     *v = p;
     *cap = c;
     return 0;
@@ -384,7 +384,7 @@ static int elf_batch(const void *const *addr, int n, char (*stems)[HKI_STEM_MAX]
         free(rel);
         free(got);
         free(done);
-        return -1;
+        return HK_ERR_NOMEM;
     }
     for (int i = 0; i < n; i++) {
         f[i].addr = (uintptr_t)addr[i];

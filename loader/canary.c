@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "canary/canary.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 
 #ifndef HK_LIBEXECDIR
@@ -256,13 +256,13 @@ int hkl_canary_start(hk_runtime *rt, hk_report *rep) {
 
 int hk_kernel_add_test(hk_kernel *k, const hk_test *t, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     if (rep)
         hk_report_clear(&full);
     int err = !k || !t ? HK_ERR_INVALID
                        : hka_add_test(k->rt->canary, k->mod->name, k->name, t, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 
 int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
@@ -19,7 +19,7 @@ int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
     memset(&d, 0, sizeof d);
     d.carry_globals = 1;
     d.stage = HK_STAGE_AUTO;
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_SWAP_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKB_SWAP_OPTIONS_SIZE0);
 }
 
 void hkl_job_free(hkl_job *job) {
@@ -45,7 +45,7 @@ int hkl_job_new(hkl_job **out, const char *name, const void *data, size_t size,
     if (!j)
         return HK_ERR_NOMEM;
     snprintf(j->name, sizeof j->name, "%s", name);
-    if (hkl_swap_options_in(&j->opt, opt) < 0) {
+    if (hkb_swap_options_in(&j->opt, opt) < 0) {
         free(j);
         return HK_ERR_INVALID;
     }

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/gate.h"
 
 int hkl_kernels_reserve(hkl_module *m) {
@@ -146,7 +146,7 @@ static int require_locked(hk_kernel *k, const size_t *offsets, const size_t *siz
 int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *sizes, int n,
                              hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     if (rep)
         hk_report_clear(&full);
@@ -157,7 +157,7 @@ int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *
         err = HK_ERR_BUSY; /* from a check callback */
     else
         err = require_locked(k, offsets, sizes, n, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -288,13 +288,13 @@ static const hk_launch_config launch_defaults = {
     .size = sizeof(hk_launch_config), .grid = {1, 1, 1}, .block = {1, 1, 1}};
 
 int hk_launch_config_init_size(hk_launch_config *c, size_t size) {
-    return hkl_sized_init(c, size, &launch_defaults, sizeof launch_defaults,
-                          HKL_LAUNCH_CONFIG_SIZE0);
+    return hkb_sized_init(c, size, &launch_defaults, sizeof launch_defaults,
+                          HKB_LAUNCH_CONFIG_SIZE0);
 }
 
 int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *cu) {
     hk_launch_config full = launch_defaults, *c = &full;
-    if (!k || !user || hkl_sized_in(&full, sizeof full, user, HKL_LAUNCH_CONFIG_SIZE0) < 0)
+    if (!k || !user || hkb_sized_in(&full, sizeof full, user, HKB_LAUNCH_CONFIG_SIZE0) < 0)
         return HK_ERR_INVALID;
     CUlaunchAttribute at[4];
     unsigned n = 0;
@@ -490,10 +490,10 @@ static int kernel_set_locked(hk_kernel *k, int attr, int value, hk_report *rep) 
 
 static int kernel_set(hk_kernel *k, int attr, int value, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err = kernel_set_locked(k, attr, value, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -583,7 +583,7 @@ CUresult hkl_function_of(hk_runtime *rt, hkl_version *v, int slot, CUfunction *f
 }
 
 /* The device slot whose context is current on this thread (0 when none
- * is), or -1 for a context that is not the runtime's. */
+ * is), or HK_ERR_NOT_FOUND for a context that is not the runtime's. */
 static int current_slot(hk_runtime *rt) {
     CUcontext cur = NULL;
     if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
@@ -591,7 +591,7 @@ static int current_slot(hk_runtime *rt) {
     for (int i = 0; i < rt->ndev; i++)
         if (hkl_ctx(rt, i) == cur)
             return i;
-    return -1;
+    return HK_ERR_NOT_FOUND;
 }
 
 /* The function is read from the version's table, filled when its slot was

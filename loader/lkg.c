@@ -45,7 +45,7 @@
 
 #include <sodium.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/lkg.h"
 #include "util/util.h"
 
@@ -515,7 +515,7 @@ int hkl_lkg_goods(hk_runtime *rt, hkl_lkg_good **out, char *refused, size_t rn) 
 }
 
 int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out) {
-    if (!rt || !out || index < 0 || hkl_size_of(out) < HKL_QUARANTINE_SIZE0)
+    if (!rt || !out || index < 0 || hkb_size_of(out) < HKB_QUARANTINE_SIZE0)
         return HK_ERR_INVALID;
     hk_quarantine q;
     hk_quarantine_init(&q);
@@ -534,7 +534,7 @@ int hk_quarantine_get(hk_runtime *rt, int index, hk_quarantine *out) {
     }
     pthread_mutex_unlock(&rt->lkg->lock);
     if (!err)
-        hkl_sized_out(out, &q, sizeof q);
+        hkb_sized_out(out, &q, sizeof q);
     return err;
 }
 

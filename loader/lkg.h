@@ -95,7 +95,7 @@ static inline int hkl_lkg_same_image(const hkl_rec_image *im, const uint8_t h[32
 
 /* lkgdisk.c, for lkg.c. lkg_lock held for the module and queue functions
  * (mod_new: none, the entry is not shared yet); none for the others, which
- * take the locks they need (see "Writes" at the top of lkgdisk.c).
+ * take the locks they need (see "Writes" in lkgdisk.c).
  * - hkl_lkg_mod_new / _free / _find / _insert: one module's entry, made
  *   empty, freed, found by name, inserted in name order.
  * - hkl_lkg_unwritten_find / _remove / _prune: the queue of committed

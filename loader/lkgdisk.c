@@ -15,43 +15,8 @@
  * directory is fsync'd, so a crash leaves the old file or the new one; an
  * image is on disk before any record that names it.
  *
- * Trust. What this directory holds decides what --restore runs, so it is
- * used only if no other local user can change it (util/util.h, "trusted
- * directories": owner and mode of it and of every directory above it), and
- * everything in it is reached through descriptors of DIR, DIR/images and
- * DIR/modules opened once at open, with O_NOFOLLOW: a link planted as
- * `lock`, `images` or a file is refused, never followed, so nothing is
- * created or removed elsewhere. A record or an image that another user
- * could have written is refused. A record names its module inside, which
- * must give its file name; an image must hash to its file name.
- *
- * Collection. After each write, images are removed that nothing may still
- * need: not named by a record in memory, by the record on disk (as last
- * written or read), by a record write in progress, by an image waiting to
- * be written, or anywhere in the text of a record refused at open (kept
- * until its module's next record replaces it). So a damaged record, or a
- * write that failed, costs the images it names and nothing else: the disk
- * holds about two images per module.
- *
- * Writes. A commit changes memory only, under swap_lock: the record, and a
- * copy of its image queued as `unwritten` (unless a record on disk names
- * that image already). The swapping thread then calls hkl_lkg_flush with
- * swap_lock released, so hk_module_version and other swaps never wait for
- * the disk. Every change of a module's record bumps its `gen`; a writer
- * takes the module's `wlock` (writers only), snapshots the record and its
- * gen under lkg_lock, writes the images that snapshot names that are still
- * unwritten, then the record, with lkg_lock released, and sets `disk_gen`
- * when it landed. A writer whose gen has landed already skips; one that
- * waited for wlock writes the newest state, so concurrent commits land in
- * commit order and an older snapshot never replaces a newer one. A record
- * whose image could not be written is not written either (it would name a
- * missing image): both stay queued and the next write of the module tries
- * again. So a slow disk delays only the writers of the same record: a
- * commit or a loss of another module, the check of a build and the queries
- * never wait for it. Images are written, and unreferenced ones removed,
- * under `img_lock` (writers only); collection takes it with trylock and is
- * skipped while an image is being written (the next write collects).
- * Lock order: swap_lock -> wlock -> img_lock -> lkg_lock.
+ * Writes, collection and trust: beside the code that does each. Lock
+ * order: swap_lock -> wlock -> img_lock -> lkg_lock.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -146,6 +111,15 @@ void hkl_lkg_unwritten_remove(hkl_lkg *l, lkg_img *e) {
     free(e);
 }
 
+/*
+ * Collection. After each write, images are removed that nothing may still
+ * need: not named by a record in memory, by the record on disk (as last
+ * written or read), by a record write in progress, by an image waiting to
+ * be written, or anywhere in the text of a record refused at open (kept
+ * until its module's next record replaces it). So a damaged record, or a
+ * write that failed, costs the images it names and nothing else: the disk
+ * holds about two images per module.
+ */
 /* Whether image h may still be needed (lkg_lock): a record in memory, on
  * disk or being written names it, it waits to be written, or a refused
  * record mentions it. */
@@ -181,6 +155,26 @@ void hkl_lkg_unwritten_prune(hkl_lkg *l) {
     }
 }
 
+/*
+ * Writes. A commit changes memory only, under swap_lock: the record, and a
+ * copy of its image queued as `unwritten` (unless a record on disk names
+ * that image already). The swapping thread then calls hkl_lkg_flush with
+ * swap_lock released, so hk_module_version and other swaps never wait for
+ * the disk. Every change of a module's record bumps its `gen`; a writer
+ * takes the module's `wlock` (writers only), snapshots the record and its
+ * gen under lkg_lock, writes the images that snapshot names that are still
+ * unwritten, then the record, with lkg_lock released, and sets `disk_gen`
+ * when it landed. A writer whose gen has landed already skips; one that
+ * waited for wlock writes the newest state, so concurrent commits land in
+ * commit order and an older snapshot never replaces a newer one. A record
+ * whose image could not be written is not written either (it would name a
+ * missing image): both stay queued and the next write of the module tries
+ * again. So a slow disk delays only the writers of the same record: a
+ * commit or a loss of another module, the check of a build and the queries
+ * never wait for it. Images are written, and unreferenced ones removed,
+ * under `img_lock` (writers only); collection takes it with trylock and is
+ * skipped while an image is being written (the next write collects).
+ */
 /* Disk work is bracketed by these (lkg_lock held): none starts once the
  * directory is released, and the last one to end after the release lets
  * the directory's flock go. */
@@ -487,6 +481,17 @@ static int load_records(hk_runtime *rt, hk_report *rep) {
     return 0;
 }
 
+/*
+ * Trust. What this directory holds decides what --restore runs, so it is
+ * used only if no other local user can change it (util/util.h, "trusted
+ * directories": owner and mode of it and of every directory above it), and
+ * everything in it is reached through descriptors of DIR, DIR/images and
+ * DIR/modules opened once at open, with O_NOFOLLOW: a link planted as
+ * `lock`, `images` or a file is refused, never followed, so nothing is
+ * created or removed elsewhere. A record or an image that another user
+ * could have written is refused. A record names its module inside, which
+ * must give its file name; an image must hash to its file name.
+ */
 /* Opens and checks the directory and its two subdirectories (created when
  * missing), keeping a descriptor of each. */
 static int open_dirs(hkl_lkg *l, hk_report *rep) {

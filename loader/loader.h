@@ -1,20 +1,6 @@
 /*
  * loader/: the CUDA side of hotkern. Private header shared by its files.
  *
- * Objects
- *   hk_runtime   one per attached set of devices; owns everything below.
- *   hkl_module   a name; its `current` pointer is the one thing launches read.
- *   hkl_version  one loaded image of a module (CUlibrary or CUmodule), with the
- *                resolved entry of every kernel handle ("slots").
- *   hk_kernel    a stable handle: module + slot. Never freed before the runtime.
- *
- * Sources. What feeds the runtime (the directory watcher, the network
- * endpoint, the puller) lives outside loader/ and submits through the public
- * API; the engine includes none of it. A source that needs something back
- * attaches an hkl_source (below) to the runtime: the engine calls its
- * deps_built after each build, its metrics from hk_metrics_text and its
- * release at hk_runtime_destroy, and knows nothing else about it.
- *
  * Locks, in the order they may be taken (never the other way round):
  *   src_lock (runtime)   the attached sources. Taken with no other lock of
  *                        the runtime held; a source's hook runs under it and
@@ -27,13 +13,13 @@
  *   lkg_lock (lkg.h)     last-known-good records and quarantine, in memory
  *                        (lkg.c, lkgdisk.c): never held across a file write
  *                        (lkgdisk.c's writers take their own locks before
- *                        lkg_lock, with no engine lock held). Taken under swap_lock by commits, and
- *                        alone by the thread that saw a sticky error (a
- *                        launching thread, on the error path only) and by
- *                        the query functions.
+ *                        lkg_lock, with no engine lock held). Taken under
+ *                        swap_lock by commits, and alone by the thread that
+ *                        saw a sticky error (a launching thread, on the
+ *                        error path only) and by the query functions.
  *   the launch gate      not a lock: while closed, hotkern's launches wait at
- *                        hkl_enter (see "launch gate" below). Closed by
- *                        swap_lock holders and by the reclaim thread.
+ *                        hkl_enter ("Launch gate", at hkl_gate_close).
+ *                        Closed by swap_lock holders and the reclaim thread.
  *   graph_lock (runtime) rwlock, writers first: hk_graph_launch (read) vs
  *                        retargeting and (un)registration (write).
  *   unload_lock (runtime) a module unload vs reset recovery replacing the
@@ -47,15 +33,7 @@
  *                        sources' included; hk_runtime_set_log writes.
  * The launch path takes none of them: it announces itself in a per-thread
  * epoch slot, checks the gate, loads `current` once and calls the driver.
- *
- * Launch gate. The driver takes a reader-preferring lock around every launch
- * and the same lock for writing around loads, cuKernelGetFunction, cuFuncLoad
- * and unloads: under continuous launches from several threads a load waits
- * for ever. Every launch of hotkern's code passes hkl_enter, so the engine
- * holds its own launchers there for the short driver sections that need the
- * writer side (hkl_gate_close/open). A launcher waits at most
- * options.launch_hold_max_us and then goes on: the gate only buys progress;
- * safety comes from the epochs and never depends on it.
+ * The objects, the sources' hooks and the launch gate: at their declarations.
  */
 #ifndef HK_LOADER_H
 #define HK_LOADER_H
@@ -77,6 +55,14 @@
 #define HKL_NAME_MAX    64
 #define HKL_MAX_ATTRS   16
 
+/*
+ * Objects
+ *   hk_runtime   one per attached set of devices; owns everything below.
+ *   hkl_module   a name; its `current` pointer is the one thing launches read.
+ *   hkl_version  one loaded image of a module (CUlibrary or CUmodule), with the
+ *                resolved entry of every kernel handle ("slots").
+ *   hk_kernel    a stable handle: module + slot. Never freed before the runtime.
+ */
 typedef struct hkl_module hkl_module;
 typedef struct hkl_version hkl_version;
 typedef struct hkl_job hkl_job;
@@ -231,6 +217,14 @@ typedef struct hkl_waiter {
     hk_report *rep; /* the caller's report; filled before done is set */
 } hkl_waiter;
 
+/*
+ * Sources. What feeds the runtime (the directory watcher, the network
+ * endpoint, the puller) lives outside loader/ and submits through the public
+ * API; the engine includes none of it. A source that needs something back
+ * attaches an hkl_source (below) to the runtime: the engine calls its
+ * deps_built after each build, its metrics from hk_metrics_text and its
+ * release at hk_runtime_destroy, and knows nothing else about it.
+ */
 /* A source's hooks, attached to one runtime (hkl_source_attach). The engine
  * calls them; it never calls the source in any other way. */
 typedef struct hkl_source hkl_source;
@@ -460,7 +454,7 @@ struct hk_runtime {
 /* ==== the floors of loader/, lowest first: each file calls only the
  * floors declared before its own (scripts/layers.py checks it) ==== */
 
-/* record.c, expo.c, format.c: formats (loader/record.h, loader/expo.h). */
+/* record.c, expo.c: formats (loader/record.h, loader/expo.h). */
 
 /* job.c: hkl_job_new makes a job of module name from the caller's image and
  * options, copying them (0, HK_ERR_INVALID for a name that could not be
@@ -544,6 +538,16 @@ static inline CUcontext hkl_ctx(const hk_runtime *rt, int slot) {
     return atomic_load((_Atomic(CUcontext) *)&rt->dev[slot].ctx);
 }
 
+/*
+ * Launch gate. The driver takes a reader-preferring lock around every launch
+ * and the same lock for writing around loads, cuKernelGetFunction, cuFuncLoad
+ * and unloads: under continuous launches from several threads a load waits
+ * for ever. Every launch of hotkern's code passes hkl_enter, so the engine
+ * holds its own launchers there for the short driver sections that need the
+ * writer side (hkl_gate_close/open). A launcher waits at most
+ * options.launch_hold_max_us and then goes on: the gate only buys progress;
+ * safety comes from the epochs and never depends on it.
+ */
 /* The launch gate (gate.c). `what` (a string literal) names the driver
  * work done while it is closed, for the message logged when a closing
  * lasts longer than launch_hold_max_us and longer than any before; NULL

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "base/exit.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 
 #include "loader/loader.h"
 
@@ -287,7 +287,7 @@ static void queue_event(hk_runtime *rt, const hk_event *ev) {
 }
 
 int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms) {
-    if (!rt || !out || out->size < HKL_QUEUED_EVENT_SIZE0)
+    if (!rt || !out || out->size < HKB_QUEUED_EVENT_SIZE0)
         return HK_ERR_INVALID;
     pthread_mutex_lock(&rt->evq_lock);
     if (!rt->evq) {
@@ -309,7 +309,7 @@ int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms) {
         pthread_cond_broadcast(&rt->evq_cond); /* destroy waits for takers to leave */
     int r = rt->evq_n ? 1 : rt->evq_closed ? HK_ERR_CLOSED : 0;
     if (r == 1) {
-        hkl_sized_out(out, &rt->evq[rt->evq_head], sizeof rt->evq[0]);
+        hkb_sized_out(out, &rt->evq[rt->evq_head], sizeof rt->evq[0]);
         rt->evq_head = (rt->evq_head + 1) % rt->evq_cap;
         if (!--rt->evq_n) { /* drained: the descriptor no longer polls readable */
             uint64_t n;

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 
 /* Upper bounds of the swap-duration buckets, in microseconds and as the le
@@ -186,7 +186,7 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
 }
 
 int hk_stats_get(hk_runtime *rt, hk_stats *user) {
-    if (!rt || !user || hkl_size_of(user) < HKL_STATS_SIZE0)
+    if (!rt || !user || hkb_size_of(user) < HKB_STATS_SIZE0)
         return HK_ERR_INVALID;
     hk_stats full;
     hk_stats *out = &full;
@@ -224,7 +224,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
         out->canary_sanitizer = (uint64_t)n.sanitizer;
     }
     hkl_lkg_counts(rt, &out->context_lost, &out->quarantined);
-    hkl_sized_out(user, out, sizeof *out);
+    hkb_sized_out(user, out, sizeof *out);
     return 0;
 }
 

@@ -2,9 +2,9 @@
  * Reclamation: an old version's code is unloaded only when no host thread can
  * still launch it and the GPU has finished the work that used it.
  *
- * Host side, epoch-based. Each launching thread owns a slot (gate.c); on entering a
- * launch it stores the global epoch into it (seq_cst, so the store is ordered
- * before its load of `current`), and zero on leaving. A commit publishes the
+ * Host side, epoch-based. Each launching thread owns a slot (gate.c); on
+ * entering a launch it stores the global epoch into it (seq_cst, so the store
+ * is ordered before its load of `current`), and zero on leaving. A commit publishes the
  * new version and then retires the old one with retire_epoch = ++epoch. Any
  * thread that could have read the old pointer announced an epoch below
  * retire_epoch before reading it; any later thread reads the new pointer. So
@@ -34,10 +34,6 @@
  * writing, so they run with the launch gate closed; measured under continuous
  * launches, an unload also waits for work in flight, so unloads are batched:
  * after one, the next waits unload_gap_ms unless hk_reclaim_wait is waiting.
- *
- * The thread also checks for a context reset now and then (and at once when a
- * launch failed as after one), so applications that do not swap still hear of
- * it, and recovery never runs on a launching thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,9 +66,9 @@ static void count_reclaimed(hk_runtime *rt, int n) {
 /* Finishes the GPU work queued before now, which includes every launch of
  * the versions about to go. The contexts are read now since reset recovery
  * may replace them; a context that has gone makes its synchronise fail, which
- * is harmless here (nothing runs in it). Returns 0, or -1 when the driver
- * refused to synchronise because of a stream capture: then nothing may be
- * unloaded yet. Reclaim thread only. */
+ * is harmless here (nothing runs in it). Returns 0, or HK_ERR_BUSY when the
+ * driver refused to synchronise because of a stream capture: then nothing
+ * may be unloaded yet. Reclaim thread only. */
 static int sync_contexts(hk_runtime *rt) {
     if (rt->hook)
         rt->hook(rt, HKL_HOOK_PASS_SYNC);
@@ -84,7 +80,7 @@ static int sync_contexts(hk_runtime *rt) {
             hkl_lkg_lost(rt, (int)r, "a context synchronise"); /* once; no lock held */
         if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
             r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-            return -1;
+            return HK_ERR_BUSY;
     }
     return 0;
 }
@@ -279,6 +275,11 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
     pthread_cond_timedwait(c, m, &ts);
 }
 
+/*
+ * The thread also checks for a context reset now and then (and at once when a
+ * launch failed as after one), so applications that do not swap still hear of
+ * it, and recovery never runs on a launching thread.
+ */
 static void *reclaim_main(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-reclaim");

@@ -59,12 +59,12 @@ void hkl_hash_hex(const uint8_t h[32], char out[65]) {
 
 int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]) {
     if (n != 64)
-        return -1;
+        return HK_ERR_FORMAT;
     for (size_t i = 0; i < 64; i++) {
         char c = s[i];
         int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
         if (v < 0)
-            return -1;
+            return HK_ERR_FORMAT;
         if (i % 2 == 0)
             h[i / 2] = (uint8_t)(v << 4);
         else
@@ -107,11 +107,11 @@ static int word_is(const words *w, int i, const char *lit) {
 
 static int parse_u64(const char *s, size_t n, uint64_t *out) {
     if (n == 0 || n > 19)
-        return -1;
+        return HK_ERR_FORMAT;
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] < '0' || s[i] > '9')
-            return -1;
+            return HK_ERR_FORMAT;
         v = v * 10 + (uint64_t)(s[i] - '0');
     }
     *out = v;
@@ -127,7 +127,7 @@ static int parse_format(const char *s, size_t n, hk_format *out) {
             return 0;
         }
     }
-    return -1;
+    return HK_ERR_FORMAT;
 }
 
 static char *dup_n(const char *s, size_t n) {
@@ -144,7 +144,7 @@ static int parse_image(const words *w, hkl_rec_image *im) {
     if (w->count != 4 || im->has || hkl_hash_parse(w->w[1], w->n[1], im->hash) < 0 ||
         parse_format(w->w[2], w->n[2], &im->format) < 0 ||
         parse_u64(w->w[3], w->n[3], &im->release) < 0)
-        return -1;
+        return HK_ERR_FORMAT;
     im->has = 1;
     return 0;
 }
@@ -154,30 +154,30 @@ static int parse_expr(const char *s, size_t len, hkl_rec *r) {
     split(s, len, 3, 1, &w);
     if (w.count != 3 || w.n[1] == 0 || w.n[2] == 0 || w.n[1] > 1023 || w.n[2] > 1023 ||
         r->nexpr >= HKL_REC_MAXEXPR || memchr(w.w[1], ' ', w.n[1]))
-        return -1;
+        return HK_ERR_FORMAT;
     if (!r->expr) {
         r->expr = calloc(HKL_REC_MAXEXPR, sizeof *r->expr);
         r->lowered = calloc(HKL_REC_MAXEXPR, sizeof *r->lowered);
         if (!r->expr || !r->lowered)
-            return -2;
+            return HK_ERR_NOMEM;
     }
     r->lowered[r->nexpr] = dup_n(w.w[1], w.n[1]);
     r->expr[r->nexpr] = dup_n(w.w[2], w.n[2]);
     r->nexpr++;
-    return r->lowered[r->nexpr - 1] && r->expr[r->nexpr - 1] ? 0 : -2;
+    return r->lowered[r->nexpr - 1] && r->expr[r->nexpr - 1] ? 0 : HK_ERR_NOMEM;
 }
 
-/* One line of the body; 1 at `end`, 0 for a fact, -1 when it is bad, -2
- * when memory ran out. */
+/* One line of the body; 1 at `end`, 0 for a fact, HK_ERR_FORMAT when it is
+ * bad, HK_ERR_NOMEM when memory ran out (so do the parse_* below). */
 static int parse_line(const char *s, size_t len, hkl_rec *r) {
     words w;
     if (len >= 5 && !memcmp(s, "expr ", 5))
         return parse_expr(s, len, r);
     split(s, len, 5, 0, &w);
     if (w.count < 1)
-        return -1;
+        return HK_ERR_FORMAT;
     if (word_is(&w, 0, "end"))
-        return w.count == 1 ? 1 : -1;
+        return w.count == 1 ? 1 : HK_ERR_FORMAT;
     if (word_is(&w, 0, "current"))
         return parse_image(&w, &r->current);
     if (word_is(&w, 0, "good"))
@@ -186,11 +186,11 @@ static int parse_line(const char *s, size_t len, hkl_rec *r) {
         hkl_rec_q q;
         if (w.count != 4 || r->nq >= HKL_REC_MAXQ || hkl_hash_parse(w.w[1], w.n[1], q.hash) < 0 ||
             parse_u64(w.w[2], w.n[2], &q.release) < 0 || parse_u64(w.w[3], w.n[3], &q.version) < 0)
-            return -1;
+            return HK_ERR_FORMAT;
         r->q[r->nq++] = q;
         return 0;
     }
-    return -1;
+    return HK_ERR_FORMAT;
 }
 
 static int bad(hkl_rec *r, char *why, size_t n, int line, const char *what) {
@@ -237,7 +237,7 @@ int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t wh
             continue;
         }
         int k = parse_line(s, n, r);
-        if (k == -2)
+        if (k == HK_ERR_NOMEM)
             return bad(r, why, whyn, line, "out of memory");
         if (k < 0)
             return bad(r, why, whyn, line, "malformed or repeated entry");
@@ -259,14 +259,14 @@ static int put(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
         int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
         va_end(ap);
         if (n < 0)
-            return -1;
+            return HK_ERR_NOMEM;
         if ((size_t)n < *cap - *len) {
             *len += (size_t)n;
             return 0;
         }
         char *b = realloc(*buf, *cap * 2 + (size_t)n);
         if (!b)
-            return -1;
+            return HK_ERR_NOMEM;
         *buf = b;
         *cap = *cap * 2 + (size_t)n;
     }

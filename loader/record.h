@@ -39,6 +39,8 @@ int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t wh
 /* *out: the text, malloc'd and NUL-terminated, *outlen bytes long. */
 int hkl_rec_format(const hkl_rec *r, char **out, size_t *outlen);
 void hkl_rec_free(hkl_rec *r);
+/* A hash as 64 lowercase hex digits, and back: 0, or HK_ERR_FORMAT when the
+ * n bytes at s are not such digits. */
 void hkl_hash_hex(const uint8_t h[32], char out[65]);
 int hkl_hash_parse(const char *s, size_t n, uint8_t h[32]);
 

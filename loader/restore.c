@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 
 /* Commits one module's known-good image. */
@@ -78,17 +78,17 @@ static void msg_add(char *msg, size_t n, const char *fmt, ...) {
 
 int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
     hk_report full;
-    if (!rt || hkl_report_in(&full, rep) < 0)
+    if (!rt || hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     if (!hkl_lkg_dir(rt)) {
         hku_fail(&full, HK_ERR_UNSUPPORTED, "no state directory (options.state_dir)");
-        hkl_report_out(rep, &full);
+        hkb_report_out(rep, &full);
         return HK_ERR_UNSUPPORTED;
     }
     if (hkl_swap_held(rt)) {
         hku_fail(&full, HK_ERR_BUSY, "restore cannot run inside a check callback");
-        hkl_report_out(rep, &full);
+        hkb_report_out(rep, &full);
         return HK_ERR_BUSY;
     }
     hkl_lkg_good *items;
@@ -118,6 +118,6 @@ int hk_runtime_restore(hk_runtime *rt, hk_report *rep) {
     hku_fail(&full, 0, "%s", msg);
     hk_log(rt, HK_LOG_INFO, "engine", "restored %d module(s) from %s: %s", done, hkl_lkg_dir(rt),
            msg);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return done;
 }

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "base/exit.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 
 /* The teardown (below), parts of which the threads started here may run. */
@@ -48,7 +48,7 @@ int hk_options_init_size(hk_options *o, size_t size) {
     d.log_min_level = HK_LOG_INFO;
     d.canary_slowdown_max = 4.0;
     d.canary_slowdown_min_ms = 1.0;
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKB_OPTIONS_SIZE0);
 }
 
 int hk_build_keep_memory(hk_report *rep) {
@@ -282,9 +282,9 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver
     if (out)
         *out = NULL;
     hk_options_init(&o);
-    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_OPTIONS_SIZE0) < 0) {
+    if (opt && hkb_sized_in(&o, sizeof o, opt, HKB_OPTIONS_SIZE0) < 0) {
         hku_fail(rep, HK_ERR_INVALID, "hk_options.size %zu is below the first layout (%zu)",
-                 hkl_size_of(opt), (size_t)HKL_OPTIONS_SIZE0);
+                 hkb_size_of(opt), (size_t)HKB_OPTIONS_SIZE0);
         err = HK_ERR_INVALID;
     }
     const int *devs = o.devices ? o.devices : &dev0;
@@ -333,13 +333,13 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver
 int hkl_runtime_create_with(hk_runtime **out, const hk_options *opt, const hkb_driver *drv,
                             hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0) {
+    if (hkb_report_in(&full, rep) < 0) {
         if (drv->dl)
             hkb_driver_close((hkb_driver *)drv);
         return HK_ERR_INVALID;
     }
     int err = create_with(out, opt, drv, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -348,7 +348,7 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
         return HK_ERR_INVALID;
     *out = NULL;
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hkb_driver d;
     char why[512];
@@ -357,7 +357,7 @@ int hk_runtime_create(hk_runtime **out, const hk_options *opt, hk_report *rep) {
         hku_fail(rep ? &full : NULL, err, "%s", why);
     else /* The runtime takes the table over (and closes it on destroy). */
         err = hkl_runtime_create_with(out, opt, &d, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 

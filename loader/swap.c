@@ -40,7 +40,7 @@
 #include <time.h>
 
 #include "base/exit.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/fit.h"
 #include "loader/loader.h"
 
@@ -605,19 +605,19 @@ static int rollback_call(hk_runtime *rt, const char *name, int check, uint64_t r
 
 int hk_rollback(hk_runtime *rt, const char *name, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err = rollback_call(rt, name, 0, 0, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
 int hk_rollback_release(hk_runtime *rt, const char *name, uint64_t release_version,
                         hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err = rollback_call(rt, name, 1, release_version, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }

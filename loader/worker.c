@@ -34,7 +34,7 @@
 #include <time.h>
 
 #include "base/exit.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 #include "loader/safepoint.h"
 
@@ -288,15 +288,15 @@ int hk_swap(hk_runtime *rt, const char *name, const void *image, size_t size,
             const hk_swap_options *opt, hk_report *rep) {
     hk_report full;
     hk_swap_options o;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err = HK_ERR_INVALID;
-    if (hkl_swap_options_in(&o, opt) < 0)
+    if (hkb_swap_options_in(&o, opt) < 0)
         hku_fail(&full, err, "hk_swap_options.size %zu is below the first layout (%zu)",
-                 hkl_size_of(opt), (size_t)HKL_SWAP_OPTIONS_SIZE0);
+                 hkb_size_of(opt), (size_t)HKB_SWAP_OPTIONS_SIZE0);
     else
         err = swap_call(rt, name, image, size, &o, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 

@@ -19,7 +19,7 @@
  * calls hk_safe_point, hk_swap waits for the next safe point, so a push never
  * stalls the program's launches.
  *
- * The public structures are sized (loader/abi.h): each entry point takes the
+ * The public structures are sized (base/abi.h): each entry point takes the
  * caller's options and report into structures of its own layout first, so
  * the code below reads every field without asking whether the caller has it.
  */
@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "hotkern/net.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "net/net.h"
 
 /* What the engine callbacks need; immutable once the source runs. */
@@ -138,9 +138,9 @@ static int log_on(void *ud, hk_log_level level) {
 static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_options *tpl,
                         hk_report *rep) {
     ad->rt = rt;
-    if (hkl_swap_options_in(&ad->swap, tpl) < 0)
+    if (hkb_swap_options_in(&ad->swap, tpl) < 0)
         return hku_fail(rep, HK_ERR_INVALID, "swap template: size %zu below the first layout",
-                        hkl_size_of(tpl));
+                        hkb_size_of(tpl));
     /* What arrives over the network runs its canary tests before it runs
      * here, unless the template says otherwise. */
     if (ad->swap.canary == HK_CANARY_DEFAULT)
@@ -327,17 +327,17 @@ typedef int (*start_fn)(hk_runtime *rt, const void *o, void *out, hk_report *rep
 static int start_sized(sized_start f, hk_runtime *rt, void *o, const void *opt, void *out,
                        start_fn start, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     int err;
     if (!rt || !opt || !out)
         err = hku_fail(&full, HK_ERR_INVALID, "%s: NULL argument", f.fn);
-    else if (hkl_sized_in(o, f.size, opt, f.size0) < 0)
-        err = hku_fail(&full, HK_ERR_INVALID, "%s.size %zu is below %zu", f.type, hkl_size_of(opt),
+    else if (hkb_sized_in(o, f.size, opt, f.size0) < 0)
+        err = hku_fail(&full, HK_ERR_INVALID, "%s.size %zu is below %zu", f.type, hkb_size_of(opt),
                        f.size0);
     else
         err = start(rt, o, out, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -466,7 +466,7 @@ int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out, h
 int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
     hkn_pull_stats s;
     hk_pull_stats full = HK_PULL_STATS_INIT, *out = &full;
-    if (!p || !user || hkl_size_of(user) < HKN_PULL_STATS_SIZE0)
+    if (!p || !user || hkb_size_of(user) < HKN_PULL_STATS_SIZE0)
         return HK_ERR_INVALID;
     hkn_pull_stats_get(p->p, &s);
     out->requests = s.requests;
@@ -478,7 +478,7 @@ int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
     out->bytes = s.bytes;
     out->last_error = s.last_error;
     memcpy(out->last_message, s.last_message, sizeof out->last_message);
-    hkl_sized_out(user, out, sizeof *out);
+    hkb_sized_out(user, out, sizeof *out);
     return 0;
 }
 

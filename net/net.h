@@ -4,9 +4,11 @@
  * Three layers, bottom up:
  *   release.c   keys, manifests, Ed25519 signatures, SHA-256 checks and the
  *               persisted highest accepted version per module (anti-replay,
- *               state.c), the releases the engine refused (refused.c) and
- *               the binary push body (frame.c);
- *   endpoint.c  the libmicrohttpd push/status/metrics server;
+ *               state.c), the releases the engine refused (refused.c),
+ *               the binary push body (frame.c), and the strict JSON and
+ *               names all of them read (json.c, the lowest);
+ *   endpoint.c  the libmicrohttpd push/status/metrics server (with
+ *               endpoint_admit.c and endpoint_handlers.c: net/endpoint.h);
  *   pull.c      the libcurl poller of a static origin.
  * None of them calls the swap engine. They hand verified artifacts to an
  * hkn_engine (a table of callbacks), which api.c wires to hk_swap and friends
@@ -26,13 +28,13 @@
 
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "util/util.h"
 
-/* First layouts of the public network structures (see loader/abi.h). */
-#define HKN_ENDPOINT_OPTIONS_SIZE0 HKL_END(hk_endpoint_options, swap)
-#define HKN_PULL_OPTIONS_SIZE0     HKL_END(hk_pull_options, swap)
-#define HKN_PULL_STATS_SIZE0       HKL_END(hk_pull_stats, last_message)
+/* First layouts of the public network structures (see base/abi.h). */
+#define HKN_ENDPOINT_OPTIONS_SIZE0 HKB_END(hk_endpoint_options, swap)
+#define HKN_PULL_OPTIONS_SIZE0     HKB_END(hk_pull_options, swap)
+#define HKN_PULL_STATS_SIZE0       HKB_END(hk_pull_stats, last_message)
 
 /* ---- what the endpoint and the puller share ---------------------------- */
 
@@ -132,7 +134,7 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 /* ---- reports ----------------------------------------------------------- */
 
 /* Reports are filled with hku_fail and cleared with hk_report_clear (in
- * loader/format.c, which the fuzz targets build with net/); whole files and
+ * base/format.c, which the fuzz targets build with net/); whole files and
  * copies are shared with libhotkern too (util/util.h). */
 
 /* ---- keys -------------------------------------------------------------- */
@@ -399,7 +401,7 @@ int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const 
                        const void *const *bytes, const size_t *sizes, const char *mhash,
                        const char *origin, int keep_quarantined, int *verdict, hk_report *rep);
 
-/* ---- names and JSON ---------------------------------------------------- */
+/* ---- names and JSON (net/json.c) ---------------------------------------- */
 
 /* 1: s is a name of [A-Za-z0-9_.-], not starting with '.', under max bytes.
  * Module and artifact names reach file systems, URLs and metric labels. */

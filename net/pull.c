@@ -8,23 +8,6 @@
  * Naming artifacts by hash makes them immutable, so caches never serve a
  * stale one under a new manifest, and many hosts can share one origin.
  *
- * One poll: a conditional GET of the manifest (If-None-Match with the last
- * ETag, If-Modified-Since with the last Last-Modified), so an idle fleet costs
- * the origin a 304 each. On a new manifest: the signature, verification (see
- * release.c), then every artifact into memory with its declared size as a
- * hard cap, its hash checked, and only then the engine's apply. Nothing is
- * applied or persisted before every byte is verified, so a transfer that dies
- * midway changes nothing. The validators (ETag, Last-Modified) are kept only
- * for a manifest that verified and was dealt with for good (applied, refused
- * by the engine with a verdict on its bytes, or a replay), so a transient
- * failure (a missing or stale signature, a truncated artifact, an engine out
- * of device memory or busy) is retried, with backoff, instead of being
- * hidden behind a 304; a 304 reports the kept manifest's outcome again.
- * The validators are the origin's, and an origin may change its ETag for the
- * same bytes: the releases the engine refused are also remembered by their
- * manifest's hash (net/refused.c), and the same manifest seen again is
- * answered with the first refusal, before any artifact is fetched.
- *
  * The state (net/state.c) is the one anti-rollback record shared with the
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
@@ -41,6 +24,8 @@
  * Threads. The poll thread owns the curl handle and the validators; the
  * counters and the stop flag are shared with the API under `lock`. Stopping
  * wakes the sleep at once and aborts a transfer through the progress callback.
+ *
+ * One poll, and what is kept between polls: at "one poll" below.
  */
 #include <errno.h>
 #include <limits.h>
@@ -104,7 +89,7 @@ int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
     d.low_speed_s = 15;
     d.max_manifest_bytes = 1u << 20;
     d.max_artifact_bytes = 64u << 20;
-    return hkl_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
 }
 
 /* o as the puller keeps it: zeros replaced by the defaults, the jitter
@@ -245,6 +230,24 @@ static char *header_value(CURL *c, const char *name) {
 
 /* ---- one poll ---------------------------------------------------------- */
 
+/*
+ * One poll: a conditional GET of the manifest (If-None-Match with the last
+ * ETag, If-Modified-Since with the last Last-Modified), so an idle fleet costs
+ * the origin a 304 each. On a new manifest: the signature, verification (see
+ * release.c), then every artifact into memory with its declared size as a
+ * hard cap, its hash checked, and only then the engine's apply. Nothing is
+ * applied or persisted before every byte is verified, so a transfer that dies
+ * midway changes nothing. The validators (ETag, Last-Modified) are kept only
+ * for a manifest that verified and was dealt with for good (applied, refused
+ * by the engine with a verdict on its bytes, or a replay), so a transient
+ * failure (a missing or stale signature, a truncated artifact, an engine out
+ * of device memory or busy) is retried, with backoff, instead of being
+ * hidden behind a 304; a 304 reports the kept manifest's outcome again.
+ * The validators are the origin's, and an origin may change its ETag for the
+ * same bytes: the releases the engine refused are also remembered by their
+ * manifest's hash (net/refused.c), and the same manifest seen again is
+ * answered with the first refusal, before any artifact is fetched.
+ */
 static void keep_validators(hkn_puller *p, char *etag, char *lm) {
     free(p->etag);
     free(p->last_modified);

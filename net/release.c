@@ -50,42 +50,6 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
     e->log(e->ud, level, subsystem, line);
 }
 
-/* ---- JSON strictness --------------------------------------------------- */
-
-int hkn_json_rest_blank(const char *p, const char *end) {
-    if (!p)
-        return 0;
-    for (; p < end; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            return 0;
-    return 1;
-}
-
-int hkn_json_has_nul_escape(const char *s, size_t len) {
-    /* Backslashes occur only inside strings in valid JSON; each escape is
-     * skipped whole, so "\\u0000" (an escaped backslash) is not a match. */
-    for (size_t i = 0; i + 1 < len; i++) {
-        if (s[i] != '\\')
-            continue;
-        if (s[i + 1] == 'u' && i + 5 < len && !memcmp(s + i + 2, "0000", 4))
-            return 1;
-        i++;
-    }
-    return 0;
-}
-
-cJSON *hkn_json_parse_strict(const char *text, size_t len) {
-    if (!text || hkn_json_has_nul_escape(text, len) || memchr(text, '\0', len))
-        return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (root && !hkn_json_rest_blank(end, text + len)) {
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
-}
-
 /* ---- keys -------------------------------------------------------------- */
 
 int hkn_crypto_init(void) {
@@ -253,21 +217,6 @@ static int sign_b64(const hkn_seckey *key, const char *text, size_t len, char **
     return 0;
 }
 
-/* Names reach file systems (the CLI's pull writes artifacts by name) and
- * label sets: keep them to a conservative alphabet. */
-int hkn_valid_name(const char *s, size_t max) {
-    size_t n = strlen(s);
-    if (n == 0 || n >= max || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.'))
-            return 0;
-    }
-    return 1;
-}
-
 static int get_uint(const cJSON *obj, const char *key, uint64_t *out, hk_report *rep) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!cJSON_IsNumber(v))
@@ -410,12 +359,6 @@ out:
     if (err)
         hkn_manifest_free(out);
     return err;
-}
-
-cJSON *hkn_json_add_int(cJSON *obj, const char *name, long long v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%lld", v);
-    return cJSON_AddRawToObject(obj, name, buf);
 }
 
 int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {

@@ -24,41 +24,11 @@
  * by a crash (accepted.json.tmp.*) are removed under the exclusive lock,
  * when nobody can be writing one.
  *
- * Within one process, every source opened on the same directory shares one
- * hkn_state (a registry keyed by the directory's real path). Its `txn` mutex
- * is held by a source from the version check through the swap to the
- * record (hkn_state_begin/hkn_state_end), so a pull and a push in one
- * process cannot both pass the check and then commit out of order.
- *
- * Fail closed. A record that is not an integer in [1, 2^53) (a string,
- * null, a negative or fractional number, 1e300), a duplicate module, an
- * invalid module name, or text after the JSON refuses the state: at open the
- * source does not start, later every check refuses, and the message names
- * the file and the entry. Forgetting a record would reopen every older
- * release of that module.
- *
- * Persist first. A source records the version before it asks the engine to
- * commit (hkn_state_accept), and takes the record back only if the engine
- * refuses (hkn_state_revert). A crash between the two leaves the version
- * recorded: the release may have been committed, and recording too much only
- * costs a re-push under a new version number, while recording too little
- * would let the same release be replayed after a restart.
- *
- * Trust. Whoever can rename or rewrite accepted.json reopens every old
- * release, so the directory is used only if no other local user can change
- * it (util/util.h, "trusted directories": owner and mode of it and of every
- * directory above it), and the file is read and replaced through the
- * directory's descriptor with O_NOFOLLOW: a link in its place, a file of
- * another user or one others may write fails closed, naming the path.
- *
- * Bounded waits. Another process holding the flock may have stopped
- * (SIGSTOP, a debugger): it is waited for HKN_STATE_LOCK_MS at most, then
- * the read or write fails closed (HK_ERR_BUSY), so no source hangs on it.
- * The bound is seconds, not milliseconds, because a holder fsyncs the file
- * and the directory under the exclusive lock.
- *
  * Locks: registry_lock (the list of open states) before hkn_state.lock; txn
  * before lock. The flock is only ever taken with lock held.
+ *
+ * Within one process, failing closed, persisting first, trusting the
+ * directory and bounding waits: beside the code that does each.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -103,6 +73,14 @@ static hkn_state *registry; /* registry_lock: states with a directory */
 
 /* ---- reading and validating -------------------------------------------- */
 
+/*
+ * Fail closed. A record that is not an integer in [1, 2^53) (a string,
+ * null, a negative or fractional number, 1e300), a duplicate module, an
+ * invalid module name, or text after the JSON refuses the state: at open the
+ * source does not start, later every check refuses, and the message names
+ * the file and the entry. Forgetting a record would reopen every older
+ * release of that module.
+ */
 /* Checks and returns the modules object of a parsed state file; NULL with
  * the reason in rep. */
 static cJSON *validate(const char *path, cJSON *root, hk_report *rep) {
@@ -175,6 +153,13 @@ static uint64_t value_of(const cJSON *mods, const char *module) {
     return cJSON_IsNumber(v) ? (uint64_t)v->valuedouble : 0;
 }
 
+/*
+ * Bounded waits. Another process holding the flock may have stopped
+ * (SIGSTOP, a debugger): it is waited for HKN_STATE_LOCK_MS at most, then
+ * the read or write fails closed (HK_ERR_BUSY), so no source hangs on it.
+ * The bound is seconds, not milliseconds, because a holder fsyncs the file
+ * and the directory under the exclusive lock.
+ */
 static int flock_or_fail(hkn_state *s, int how, hk_report *rep) {
     int err = hku_flock_wait(s->dirfd, how, HKN_STATE_LOCK_MS);
     if (err == HK_ERR_BUSY)
@@ -321,6 +306,20 @@ static void state_free(hkn_state *s) {
     free(s);
 }
 
+/*
+ * Within one process, every source opened on the same directory shares one
+ * hkn_state (a registry keyed by the directory's real path). Its `txn` mutex
+ * is held by a source from the version check through the swap to the
+ * record (hkn_state_begin/hkn_state_end), so a pull and a push in one
+ * process cannot both pass the check and then commit out of order.
+ *
+ * Trust. Whoever can rename or rewrite accepted.json reopens every old
+ * release, so the directory is used only if no other local user can change
+ * it (util/util.h, "trusted directories": owner and mode of it and of every
+ * directory above it), and the file is read and replaced through the
+ * directory's descriptor with O_NOFOLLOW: a link in its place, a file of
+ * another user or one others may write fails closed, naming the path.
+ */
 int hkn_state_open(const char *dir, hkn_state **out, hk_report *rep) {
     *out = NULL;
     int err = 0;
@@ -440,6 +439,14 @@ uint64_t hkn_state_get(hkn_state *s, const char *module) {
     return err ? UINT64_MAX : v;
 }
 
+/*
+ * Persist first. A source records the version before it asks the engine to
+ * commit (hkn_state_accept), and takes the record back only if the engine
+ * refuses (hkn_state_revert). A crash between the two leaves the version
+ * recorded: the release may have been committed, and recording too much only
+ * costs a re-push under a new version number, while recording too little
+ * would let the same release be replayed after a restart.
+ */
 int hkn_state_accept(hkn_state *s, const char *module, uint64_t version, hk_report *rep) {
     /* What could not be read back must not be written. */
     if (!hkn_valid_name(module, 64) || version == 0 || (double)version > HKN_MAX_JSON_INT)

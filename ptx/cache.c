@@ -163,6 +163,7 @@ static int is_entry_name(const char *name) {
     return strcmp(name + 2 * HKP_KEY_BYTES, ENTRY_SUFFIX) == 0;
 }
 
+/* Reads exactly n bytes: 0, or HK_ERR_IO (an error, or the file ended). */
 static int read_all(int fd, void *buf, size_t n) {
     unsigned char *p = buf;
     while (n) {
@@ -170,7 +171,7 @@ static int read_all(int fd, void *buf, size_t n) {
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            return -1;
+            return HK_ERR_IO;
         p += r;
         n -= (size_t)r;
     }

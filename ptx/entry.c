@@ -12,7 +12,7 @@
  * crypto_generichash): an entry serves only the key it was written for, and
  * a damaged payload is refused.
  *
- * The payloads (ptx/build.c; util/wire.c's buffer and reader write and
+ * The payloads (ptx/deps.c; util/wire.c's buffer and reader write and
  * read them), little-endian u64s and strings as u64 length + bytes (no NUL
  * inside):
  *   artifact  u64 "HKTA1"  u64 format  u64 size  image[size]

@@ -7,10 +7,9 @@
  * driver's __assertfail, which prints and traps) and a `__brkpt()` raise an
  * imprecise exception: the hardware ends the whole context, and the device's
  * recovery stalls every other context on the GPU, the live program's too
- * (13.7 ms with a tiny kernel in flight, 33-55 ms with 262,144 threads of
- * 1.34 ms on the H200: bench/RESULTS.md). compute-sanitizer cannot help:
- * an imprecise error ends the context whatever it is told. So the canary
- * does not run such an instruction at all. Its test launches run this copy,
+ * (bench/RESULTS.md, section 21). compute-sanitizer cannot help: an
+ * imprecise error ends the context whatever it is told. So the canary does
+ * not run such an instruction at all. Its test launches run this copy,
  * in which each one became
  *
  *     [@p] st.global.u32 [__hotkern_trap], CODE;
@@ -26,16 +25,16 @@
  * What is rewritten: a statement in a function's body whose opcode is
  * `trap` or `brkpt`, and a whole `call` (its parentheses balanced) whose
  * callee is `__assertfail`, each with its guard predicate kept.
- * Statements are found with meta.c's lexer (comments and strings skipped):
- * an opcode is the first token after `;`, `{`, `}`, a label's `:` or the
- * start, past an `@[!]pred` guard; a register or a label named like an
- * opcode is therefore never taken for one. The global is declared right
+ * Statements are found with meta_ptx.c's lexer (comments and strings
+ * skipped): an opcode is the first token after `;`, `{`, `}`, a label's `:`
+ * or the start, past an `@[!]pred` guard; a register or a label named like
+ * an opcode is therefore never taken for one. The global is declared right
  * after the module's header (.version, .target, .address_size), before
  * any code.
  *
  * Input is untrusted (a pushed PTX): it is only read within its bounds, and
  * anything this cannot make sense of leaves the version unguarded rather
- * than guarded wrongly (HK_ERR_FORMAT): the copy must read, to meta.c's
+ * than guarded wrongly (HK_ERR_FORMAT): the copy must read, to meta_ptx.c's
  * parser, as the same kernels with the same parameters plus the one global,
  * and nvJitLink then checks what comes out. Fuzzed by
  * tests/fuzz/fuzz_guard.c.

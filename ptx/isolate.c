@@ -223,19 +223,19 @@ static int build_error(uint32_t neg) {
            e == HK_ERR_ARCH || e == HK_ERR_TOO_LARGE || e == HK_ERR_IO;
 }
 
-/* A copy of n bytes at p into *out (malloc'd); 0, or -1 without memory. */
+/* A copy of n bytes at p into *out (malloc'd); 0, or HK_ERR_NOMEM. */
 static int take(const void *p, size_t n, void **out) {
     if (!n)
         return 0;
     if (!(*out = malloc(n)))
-        return -1;
+        return HK_ERR_NOMEM;
     memcpy(*out, p, n);
     return 0;
 }
 
 /* Reads a BUILT strictly into a (image, format, log, lowered names, the
- * trap guard's copy) and *rc / why. 0, or -1 when the reply is malformed
- * (what says how). */
+ * trap guard's copy) and *rc / why. 0, or HKU_RECV_MALFORMED when the reply
+ * is malformed (what says how). */
 static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts *o, int *rc,
                        hkp_artifact *a, char *why, size_t n, char *what, size_t wn) {
     hku_rd rd = {d, len, 0};
@@ -248,7 +248,7 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
         (fmt != HK_FORMAT_PTX && fmt != HK_FORMAT_CUBIN && fmt != HK_FORMAT_FATBIN && !neg)) {
         snprintf(what, wn, "result %u, format %u, %u lowered names", neg, fmt, nl);
         free(log);
-        return -1;
+        return HKU_RECV_MALFORMED;
     }
     if (log && !log[0]) {
         free(log);
@@ -270,14 +270,14 @@ static int parse_reply(const unsigned char *d, size_t len, const hkp_build_opts 
         snprintf(what, wn, "%s",
                  rd.bad || !img || !g ? "truncated, or a field over its bound"
                                       : "bytes left over, or no image");
-        return -1;
+        return HKU_RECV_MALFORMED;
     }
     /* The driver reads PTX as a C string. */
     int ptx = fmt == HK_FORMAT_PTX;
     if ((ptx && size && img[size - 1] != '\0') || (!sites) != (!gsize) || sites > (1u << 20) ||
         (sites && (neg || !o->trap_guard)) || (ptx && gsize && g[gsize - 1] != '\0')) {
         snprintf(what, wn, "PTX that does not end in a NUL, or a guard not asked for");
-        return -1;
+        return HKU_RECV_MALFORMED;
     }
     *rc = -(int)neg;
     if (neg) {
@@ -354,8 +354,9 @@ static int exchange(hkp_iso *iso, hku_buf *req, const hkp_build_opts *o, hkp_art
     if (r < 0)
         return give_up(iso, r, "no greeting", why, n);
     atomic_store(&iso->busy, 1);
-    if (hku_send_by(iso->proc.fd, req, deadline) < 0)
-        r = errno == ETIMEDOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
+    int sent = hku_send_by(iso->proc.fd, req, deadline);
+    if (sent < 0)
+        r = sent == HK_ERR_TIMEOUT ? HKU_RECV_TIMEOUT : HKU_RECV_EOF;
     uint32_t type = 0;
     unsigned char *d = NULL;
     size_t len = 0;
@@ -368,8 +369,8 @@ static int exchange(hkp_iso *iso, hku_buf *req, const hkp_build_opts *o, hkp_art
         snprintf(what, sizeof what, "a message of type %u", type);
         r = HKU_RECV_MALFORMED;
     }
-    if (r == 0 && parse_reply(d, len, o, &rc, a, why, n, what, sizeof what) < 0)
-        r = HKU_RECV_MALFORMED;
+    if (r == 0)
+        r = parse_reply(d, len, o, &rc, a, why, n, what, sizeof what);
     free(d);
     if (r < 0) {
         /* What the reply set goes; the headers hkp_build found stay, so the

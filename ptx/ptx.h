@@ -230,7 +230,7 @@ typedef struct hkp_build_opts {
                                * NVRTC -Ofc=max instead of ptxas -O<opt_level>, and
                                * nvJitLink -Ofc=max; part of the cache key. Leaves
                                * the front end's options, and so the PCH, as they
-                               * are (build.c, "Fast compiles") */
+                               * are (nvrtc.c, "fast compiles") */
     const hkp_search *search; /* non-NULL: the in-memory headers and the
                                * include search path, prepared once for
                                * many builds (hkp_search_create), instead
@@ -472,14 +472,14 @@ void hkp_why(char *why, size_t why_size, const char *fmt, ...)
 /* Checks that an ELF image is a complete ELF64 little-endian CUDA object as
  * far as its headers go: identification, e_machine, section and program
  * header tables and segments inside the buffer. Returns 0 or HK_ERR_FORMAT
- * with a reason. */
+ * with a reason (meta_elf.c). */
 int hkp_elf_check_header(const unsigned char *p, size_t size, char *why, size_t why_size);
 
 /* Skips blanks (whitespace and NUL) and C/PTX comments in s[i..n); returns
  * the offset of what follows. *newline is set to 1 when a line ended in
  * what was skipped, *unterminated when a block comment runs to the end
- * (both may be NULL; neither is cleared). detect.c, shared with meta.c's
- * lexer. */
+ * (both may be NULL; neither is cleared). detect.c, shared with
+ * meta_ptx.c's lexer. */
 size_t hkp_skip_blank(const char *s, size_t n, size_t i, int *newline, int *unterminated);
 
 /* A PTX token: an identifier or directive (".entry"), a number, a string, or
@@ -499,7 +499,7 @@ typedef struct hkp_lexer {
 } hkp_lexer;
 
 /* The next token of lx (comments and blanks skipped): 1, or 0 at the end.
- * meta.c's, shared with guard.c. */
+ * meta_ptx.c's, shared with guard.c. */
 int hkp_lex_next(hkp_lexer *lx, hkp_tok *t);
 /* 1 when t is exactly word. */
 int hkp_tok_is(const hkp_tok *t, const char *word);

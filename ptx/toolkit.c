@@ -15,7 +15,7 @@
  * they count as system headers, identified as a whole by a fingerprint of the
  * directories, the NVRTC library and the size, time and inode of a few files
  * that every toolkit update replaces. The same property lets PCH cover them
- * (see build.c). Found once per process; immutable afterwards.
+ * (see nvrtc.c). Found once per process; immutable afterwards.
  */
 #include <dlfcn.h>
 #include <link.h>

@@ -13,13 +13,13 @@ Two kinds of arrows between files are taken:
 
 Against the order declared below it reports: the arrows that point up
 (between folders; and, inside loader/, between its .c files), the circles
-(strongly connected components) of the file graph that cross a folder and
-those inside loader/, the library files over MAX_FILE lines and the
-functions over MAX_FUNC lines (from a function's first line to its closing
-brace). With --check it exits 1 when the layering does not hold: an arrow
-up, a circle across folders or inside loader/, a loader/ file over MAX_FILE
-lines, a loader/ or canary/ function over MAX_FUNC lines, or a file the
-order does not place. Needs only python3 and binutils' nm.
+(strongly connected components) of the file graph, across folders and inside
+any one, the library files over their size (MAX_FILE lines, MAX_FILE_LOADER
+in loader/) and the functions over MAX_FUNC lines (from a function's first
+line to its closing brace). With --check it exits 1 when the layering does
+not hold: an arrow up, any circle, a library file over its size, a loader/
+or canary/ function over MAX_FUNC lines, or a file the order does not place.
+Needs only python3 and binutils' nm.
 """
 import os
 import re
@@ -28,16 +28,16 @@ import sys
 
 # Folders, lowest first: a folder may use those before it, never one after.
 # include/ is the public header (hotkern/*.h), base/ the ground floor (the
-# driver binding, the error table's names and messages).
+# driver binding, the error table's names and messages, the sized-structure
+# rule, the format names and the version, the exit guard).
 FOLDERS = ["include", "util", "base", "ptx", "canary", "loader", "watch", "net", "interpose", "cli"]
 
 # loader/'s .c files, lowest first; files of one entry are one layer (they
 # may not call each other at all, since either direction would be a circle).
-# Its headers (loader.h, abi.h, expo.h) declare what crosses files and are
-# not ordered.
+# Its headers (loader.h, expo.h, ...) declare what crosses files and are not
+# ordered.
 LOADER_ORDER = [
-    ["format.c", "record.c", "expo.c", "job.c"],  # names, the record's text, the metrics writer, jobs
-    ["check.c"],  # hk_check: a build and its validation for an architecture, no driver
+    ["record.c", "expo.c", "job.c"],  # the record's text, the metrics writer, jobs
     ["log.c"],  # logs and events (hkl_emit)
     ["source.c"],  # the sources' hooks
     ["context.c"],  # swap_lock's owner, capture mode, context push, driver errors
@@ -60,7 +60,10 @@ LOADER_ORDER = [
     ["runtime.c"],  # the runtime: create and destroy, wiring the floors below
 ]
 
-MAX_FILE = 800
+# A file a newcomer can read: about 1,000 lines in every library folder, 800 in
+# loader/ (the engine's floors stay small).
+MAX_FILE = 1000
+MAX_FILE_LOADER = 800
 MAX_FUNC = 100
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +199,10 @@ def functions(path):
     out, i = [], 0
     while i < len(lines):
         line = lines[i]
-        if FUNC_START.match(line) and not line.startswith(("typedef", "struct", "enum", "union")):
+        # A definition may return a struct or an enum (struct conn *f(...)),
+        # but a line that opens a type's braces is no function.
+        if FUNC_START.match(line) and not line.startswith("typedef") and \
+                not re.match(r"(struct|enum|union)\s+\w*\s*\{", line):
             j = i
             while j < len(lines) and not lines[j].rstrip().endswith(("{", ";")) and j - i < 10:
                 j += 1
@@ -210,6 +216,10 @@ def functions(path):
                 continue
         i += 1
     return out
+
+
+def max_lines(path):
+    return MAX_FILE_LOADER if path.startswith("loader/") else MAX_FILE
 
 
 def loader_rank(path):
@@ -272,25 +282,25 @@ def main():
         say("  " + e)
     problems += ["arrow up: " + e for e in up_edges]
 
-    # Circles of the file graph (includes between .c/.h files of different
-    # folders, and calls).
+    # Circles of the file graph: calls, and includes (which, ending at
+    # headers, close a circle only between headers).
     nodes = set(files) | {a for a, _ in cal} | {b for _, b in cal}
-    graph = set(cal) | {(a, b) for a, b in inc if folder_of(a) != folder_of(b)}
+    graph = set(cal) | set(inc)
     comps = sccs(nodes, graph)
     cross = [c for c in comps if len({folder_of(f) for f in c}) > 1]
     inloader = [c for c in comps if all(f.startswith("loader/") for f in c)]
     # And of the folder graph: two folders that use each other, through
     # whichever files, are one circle even when no file circle crosses them.
     cross += sccs(set(FOLDERS), set(fedges))
-    say("== circles: %d across folders, %d inside loader/, %d in all" % (len(cross), len(inloader),
-          len(comps) + len(cross) - len([c for c in comps if c in cross])))
+    inside = [c for c in comps if c not in cross]
+    say("== circles: %d across folders, %d inside a folder (%d inside loader/), %d in all" %
+        (len(cross), len(inside), len(inloader), len(cross) + len(inside)))
     for c in cross:
         say("  (%d, across folders) %s" % (len(c), " ".join(c)))
-    for c in comps:
-        if c not in cross:
-            say("  (%d files) %s" % (len(c), " ".join(c)))
+    for c in inside:
+        say("  (%d files) %s" % (len(c), " ".join(c)))
     problems += ["circle across folders: " + " ".join(c) for c in cross]
-    problems += ["circle inside loader/: " + " ".join(c) for c in inloader]
+    problems += ["circle inside %s/: %s" % (folder_of(c[0]), " ".join(c)) for c in inside]
 
     # Sizes.
     big_files, big_funcs = [], []
@@ -299,14 +309,14 @@ def main():
             continue
         with open(os.path.join(ROOT, f), errors="replace") as fh:
             n = fh.read().count("\n")
-        if n > MAX_FILE:
+        if n > max_lines(f):
             big_files.append((f, n))
         if f.endswith(".c"):
             for name, line, length in functions(f):
                 if length > MAX_FUNC:
                     big_funcs.append((f, name, line, length))
-    say("== files over %d lines: %d (%d in loader/)" % (MAX_FILE, len(big_files),
-          sum(1 for f, _ in big_files if f.startswith("loader/"))))
+    say("== files over about %d lines (%d in loader/): %d" % (MAX_FILE, MAX_FILE_LOADER,
+                                                              len(big_files)))
     for f, n in big_files:
         say("  %5d %s" % (n, f))
     lc = [x for x in big_funcs if x[0].startswith(("loader/", "canary/"))]
@@ -314,8 +324,9 @@ def main():
     for f, name, line, length in big_funcs:
         if verbose or f.startswith(("loader/", "canary/")):
             say("  %5d %s:%d %s" % (length, f, line, name))
-    problems += ["loader file over %d lines: %s (%d)" % (MAX_FILE, f, n) for f, n in big_files
-                 if f.startswith("loader/")]
+    problems += ["file over %d lines: %s (%d): split it along its sections, by concern "
+                 "(a file a newcomer can read is about %d lines; %d in loader/)" %
+                 (max_lines(f), f, n, MAX_FILE, MAX_FILE_LOADER) for f, n in big_files]
     problems += ["function over %d lines: %s:%d %s (%d)" % (MAX_FUNC, f, line, name, length)
                  for f, name, line, length in lc]
 

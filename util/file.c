@@ -44,6 +44,7 @@ int hku_mkdir_p(const char *dir, hk_report *rep) {
     return 0;
 }
 
+/* Writes all n bytes: 0, or HK_ERR_IO with errno set. */
 static int write_all(int fd, const void *buf, size_t n) {
     const char *p = buf;
     while (n > 0) {
@@ -51,7 +52,7 @@ static int write_all(int fd, const void *buf, size_t n) {
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return -1;
+            return HK_ERR_IO;
         p += w;
         n -= (size_t)w;
     }

@@ -11,34 +11,6 @@
  * open by a helper would keep its reader from EOF or its port bound). The
  * parent's end is close-on-exec.
  *
- * Output: a helper's stdin and stdout are /dev/null and its stderr a pipe
- * of its own, never the application's. A kernel's printf in the canary
- * lands on the helper's stdout, and a flood of it must not fill the
- * application's log or block on its terminal. The stderr pipe is
- * non-blocking on the helper's side: what does not fit in it (the kernel's
- * pipe buffer, 64 KiB) is dropped rather than waited for, so the memory it
- * costs is bounded and the helper never stalls on it. Its end, the
- * helper's last words, is read when the helper ends or is killed and added
- * to how it ended. An owner that needs what the helper says there while it
- * runs (the canary reads compute-sanitizer's reports from it) sets a line
- * observer and drains the pipe when it wants (hku_child_drain_err).
- *
- * Wrappers: a helper may be started through another program (the canary's
- * memcheck helper runs under compute-sanitizer). The spawn closes every
- * descriptor past 3 itself, so the wrapper gets nothing of the
- * application's either; a kill signals the child's whole process group,
- * so the helper dies with its wrapper; and the helper is told whom it
- * serves (--owner), since its parent is then the wrapper.
- *
- * Kill and reap: a killed child the kernel has not let go of within
- * kill_wait_ms (one inside a driver call can take a while to end) is kept in
- * `dying` and reaped, by pid only, before each start and at the end. The
- * list grows as needed, and room for one more entry is made before a child
- * is started (a start that cannot get it fails), so a killed child always
- * has a slot and its pid is never dropped: a dropped pid would be a zombie
- * for the life of the program. Never waitpid(-1): the application owns its
- * other children.
- *
  * Threads: an hku_child is owned by whoever holds its owner's lock (the
  * canary's run_lock, the build helper's lock); nothing here locks, except
  * cancellation. hku_child_cancel comes from another thread (a destroy) while
@@ -48,6 +20,9 @@
  * open or close that descriptor. A descriptor, not the pid: a pid may be
  * reaped and reused under the canceller's feet, a descriptor it holds under
  * the lock cannot.
+ *
+ * Its output, the wrappers a helper may be started through, and how a
+ * killed child is reaped: beside the code that does each.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -97,6 +72,16 @@ static void cancel_fd_close(hku_child *c) {
     pthread_mutex_unlock(&c->cancel_lock);
 }
 
+/*
+ * Kill and reap: a killed child the kernel has not let go of within
+ * kill_wait_ms (one inside a driver call can take a while to end) is kept in
+ * `dying` and reaped, by pid only, before each start and at the end. The
+ * list grows as needed, and room for one more entry is made before a child
+ * is started (a start that cannot get it fails), so a killed child always
+ * has a slot and its pid is never dropped: a dropped pid would be a zombie
+ * for the life of the program. Never waitpid(-1): the application owns its
+ * other children.
+ */
 void hku_child_reap(hku_child *c, int wait_ms) {
     double until = hku_now_ms() + wait_ms;
     for (;;) {
@@ -125,6 +110,19 @@ static int dying_reserve(hku_child *c) {
     return 0;
 }
 
+/*
+ * Output: a helper's stdin and stdout are /dev/null and its stderr a pipe
+ * of its own, never the application's. A kernel's printf in the canary
+ * lands on the helper's stdout, and a flood of it must not fill the
+ * application's log or block on its terminal. The stderr pipe is
+ * non-blocking on the helper's side: what does not fit in it (the kernel's
+ * pipe buffer, 64 KiB) is dropped rather than waited for, so the memory it
+ * costs is bounded and the helper never stalls on it. Its end, the
+ * helper's last words, is read when the helper ends or is killed and added
+ * to how it ended. An owner that needs what the helper says there while it
+ * runs (the canary reads compute-sanitizer's reports from it) sets a line
+ * observer and drains the pipe when it wants (hku_child_drain_err).
+ */
 /* Hands one line of the child's stderr (control bytes as spaces) to the
  * owner's observer. */
 static void err_line_out(hku_child *c) {
@@ -287,6 +285,14 @@ int hku_child_gone(hku_child *c) {
     return 1;
 }
 
+/*
+ * Wrappers: a helper may be started through another program (the canary's
+ * memcheck helper runs under compute-sanitizer). The spawn closes every
+ * descriptor past 3 itself, so the wrapper gets nothing of the
+ * application's either; a kill signals the child's whole process group,
+ * so the helper dies with its wrapper; and the helper is told whom it
+ * serves (--owner), since its parent is then the wrapper.
+ */
 int hku_child_start(hku_child *c, const char *what, char *const argv[], char *why, size_t n) {
     hku_child_reap(c, 0);
     pthread_mutex_lock(&c->cancel_lock);
@@ -444,7 +450,7 @@ int hku_helper_init(int argc, char **argv, const char *name, const char *opt, in
     }
     if (fd < 0) {
         fprintf(stderr, "%s: started by libhotkern, not by hand (--fd missing)\n", name);
-        return -1;
+        return HK_ERR_INVALID;
     }
     /* Nothing of the application's but our socket: an inherited pipe or
      * listening socket held open by a helper that outlives the application's

@@ -209,12 +209,13 @@ void hku_put_str64(hku_buf *b, const char *s);
 int hku_buf_take(hku_buf *b, void **out, size_t *n);
 void hku_buf_free(hku_buf *b);
 
-/* Sends b (its header's length filled in here). 0, or -1 (errno set; a dead
- * peer never raises SIGPIPE). */
+/* Sends b (its header's length filled in here). 0, HK_ERR_NOMEM when b could
+ * not be made whole, or HK_ERR_IO (a dead peer, errno set; never a SIGPIPE). */
 int hku_send(int fd, hku_buf *b);
-/* hku_send that gives up at deadline_ms (hku_now_ms time; 0: none): -1 with
- * ETIMEDOUT when the peer has not taken the whole message by then. The
- * parents' sends use it, so a helper that stops reading never holds them. */
+/* hku_send that gives up at deadline_ms (hku_now_ms time; 0: none):
+ * HK_ERR_TIMEOUT (errno ETIMEDOUT) when the peer has not taken the whole
+ * message by then. The parents' sends use it, so a helper that stops reading
+ * never holds them. */
 int hku_send_by(int fd, hku_buf *b, double deadline_ms);
 
 /* Receives one message with the given magic and at most max payload bytes
@@ -269,7 +270,7 @@ char *hku_get_strdup(hku_rd *r, size_t max, int printable);
  * a C string), malloc'd (the caller frees); NULL with bad set (to
  * HKU_RD_NOMEM when memory ran out). */
 char *hku_get_str64(hku_rd *r, uint64_t max);
-int hku_end(const hku_rd *r); /* 0 when fully and validly read */
+int hku_end(const hku_rd *r); /* 0 when fully and validly read, else HK_ERR_FORMAT */
 
 /* ---- helper processes (util/proc.c) ------------------------------------- */
 
@@ -338,8 +339,8 @@ void hku_child_cancel(hku_child *c);
  * started through a wrapper such as compute-sanitizer keeps the wrapper's
  * channels); ignores SIGPIPE; and starts a thread that ends the helper
  * (status 3) once its parent is gone, or the process `--owner PID` (the
- * one it serves, when a wrapper is its parent). Returns N, or -1 (with a
- * message naming `name` on stderr) when --fd is missing. */
+ * one it serves, when a wrapper is its parent). Returns N, or HK_ERR_INVALID
+ * (with a message naming `name` on stderr) when --fd is missing. */
 int hku_helper_init(int argc, char **argv, const char *name, const char *opt, int *val);
 
 #endif /* HK_UTIL_H */

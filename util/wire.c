@@ -127,28 +127,29 @@ int hku_send(int fd, hku_buf *b) {
     return hku_send_by(fd, b, 0);
 }
 
-/* Waits until fd can take more bytes or the deadline passes: 0, or -1
- * (ETIMEDOUT at the deadline). */
+/* Waits until fd can take more bytes or the deadline passes: 0,
+ * HK_ERR_TIMEOUT at the deadline (errno ETIMEDOUT), or HK_ERR_IO (errno
+ * set by poll). */
 static int wait_writable(int fd, double deadline_ms) {
     for (;;) {
         double left = deadline_ms - hku_now_ms();
         if (left <= 0) {
             errno = ETIMEDOUT;
-            return -1;
+            return HK_ERR_TIMEOUT;
         }
         struct pollfd pfd = {.fd = fd, .events = POLLOUT};
         int pr = poll(&pfd, 1, left > 1e6 ? 1000000 : (int)left + 1);
         if (pr > 0)
             return 0;
         if (pr < 0 && errno != EINTR)
-            return -1;
+            return HK_ERR_IO;
     }
 }
 
 int hku_send_by(int fd, hku_buf *b, double deadline_ms) {
     if (b->oom || b->len < sizeof(hku_msg_hdr) || b->len - sizeof(hku_msg_hdr) > UINT32_MAX) {
         errno = ENOMEM;
-        return -1;
+        return HK_ERR_NOMEM;
     }
     uint32_t len = (uint32_t)(b->len - sizeof(hku_msg_hdr));
     memcpy(b->data + offsetof(hku_msg_hdr, length), &len, sizeof len);
@@ -162,12 +163,13 @@ int hku_send_by(int fd, hku_buf *b, double deadline_ms) {
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && deadline_ms > 0) {
-            if (wait_writable(fd, deadline_ms) < 0)
-                return -1;
+            int w = wait_writable(fd, deadline_ms);
+            if (w < 0)
+                return w;
             continue;
         }
         if (n <= 0)
-            return -1;
+            return HK_ERR_IO;
         off += (size_t)n;
     }
     return 0;
@@ -311,5 +313,5 @@ char *hku_get_str64(hku_rd *r, uint64_t max) {
 }
 
 int hku_end(const hku_rd *r) {
-    return r->bad || r->left ? -1 : 0;
+    return r->bad || r->left ? HK_ERR_FORMAT : 0;
 }

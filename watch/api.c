@@ -1,15 +1,15 @@
 /*
  * Watches feeding a runtime: hk_watch_start, hk_watch_stop, hk_watch_dir.
  *
- * A watch (hk_watch) is one watcher (watch/watch.c: one inotify instance, one
- * thread) and the swap options its files are submitted with. hk_watch_start
- * makes one per call, for one directory (and its subdirectories when
- * recursive); hk_watch_dir adds directories to the runtime's one shared
- * watch, each with its own options. Every watch of a runtime is listed in
- * one registry, attached to the runtime as a source (hkl_source,
- * loader/loader.h), which is how a call finds the others (a directory is
- * watched by one watch at most) and how the engine reaches them without
- * knowing what they are: it calls the registry's deps_built hook after each
+ * A watch (hk_watch) is one watcher (watch/watch.c, events.c and files.c:
+ * one inotify instance, one thread) and the swap options its files are
+ * submitted with. hk_watch_start makes one per call, for one directory (and
+ * its subdirectories when recursive); hk_watch_dir adds directories to the
+ * runtime's one shared watch, each with its own options. Every watch of a
+ * runtime is listed in one registry, attached to the runtime as a source
+ * (hkl_source, loader/loader.h), which is how a call finds the others (a
+ * directory is watched by one watch at most) and how the engine reaches them
+ * without knowing what they are: it calls the registry's deps_built hook after each
  * build of a watched source (handed to every watch; the one that knows the
  * source records its headers), its metrics hook from hk_metrics_text (the
  * counters of all watches, those stopped included, summed) and its release
@@ -22,41 +22,15 @@
  * shared watch again puts a newer record in front), so the watcher thread
  * may use one without a lock while it submits.
  *
- * A watched file is submitted through hkl_submit_latest: the engine lets a
- * later save of the module supersede one not yet committed, so a burst of
- * saves builds the newest content and never commits an older one after it.
- *
- * A CUDA C source is submitted with its directory's headers in memory
- * (hk_swap_options.headers), read in the same moment as the source, so the
- * build sees the headers as they were when the save was handed over, and
- * `#include <common.cuh>` works without -I. The build reports them as
- * dependencies by name, which hkw_set_deps resolves in the source's
- * directory: an edit to a header still hands its sources over again.
- *
- * What cannot become a version never reaches the engine: the watcher refuses
- * names and file types itself, and a source whose content is not the format
- * its extension names (text in a .cubin, binary in a .cu, prose in a .ptx) is
- * refused here rather than submitted as detected, since a compiler fed a file
- * that was never a kernel would quote its lines in the log. Both kinds of
- * refusal become HK_EVENT_REFUSED on the watcher thread, with a reason that
- * names the file and never its content. Headers follow the watcher's rules:
- * one that is a link out of the directory, or not a regular file, is carried
- * in memory as an #error, which hides the file from the compiler too.
- *
- * Stopping. hk_watch_stop marks the watch stopping (its callbacks return at
- * once from then on), stops its watcher, which waits for a callback in
- * progress (so a submission in flight ends before stop returns), and only
- * then unlinks and frees it. Called on the watch's own thread (from a
- * refusal's event callback) it cannot wait for itself: the watcher ends
- * after that callback, and the watch is kept on the registry's stopped list
- * until the runtime's release frees it.
- *
  * Lock order: the runtime's src_lock (held while the registry is made and
  * while a hook runs), then the registry's add_mu (one start or add at a
  * time: the check that no other watch covers the directory and the insert
  * are one step), then the registry's mu (the lists), then a watch's mu (its
- * directory records) or the watcher's own lock (inside watch/watch.c).
+ * directory records) or the watcher's own lock (watch/watcher.h's mu).
  * Callbacks take only their watch's mu, and never while submitting.
+ *
+ * The headers carried with a source, the refusals of what cannot become a
+ * version, submissions and stopping: beside the code that does each.
  */
 #include "watch/watch.h"
 
@@ -73,7 +47,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include "loader/abi.h"
+#include "base/abi.h"
 #include "loader/loader.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
@@ -176,6 +150,14 @@ static int read_header(const char *dir, const char *name, hk_header *h) {
     return 1;
 }
 
+/*
+ * A CUDA C source is submitted with its directory's headers in memory
+ * (hk_swap_options.headers), read in the same moment as the source, so the
+ * build sees the headers as they were when the save was handed over, and
+ * `#include <common.cuh>` works without -I. The build reports them as
+ * dependencies by name, which hkw_set_deps resolves in the source's
+ * directory: an edit to a header still hands its sources over again.
+ */
 int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     *out = NULL;
     *n = 0;
@@ -212,6 +194,17 @@ int hkw_dir_headers(const char *dir, hk_header **out, int *n) {
     return 0;
 }
 
+/*
+ * What cannot become a version never reaches the engine: the watcher refuses
+ * names and file types itself, and a source whose content is not the format
+ * its extension names (text in a .cubin, binary in a .cu, prose in a .ptx) is
+ * refused here rather than submitted as detected, since a compiler fed a file
+ * that was never a kernel would quote its lines in the log. Both kinds of
+ * refusal become HK_EVENT_REFUSED on the watcher thread, with a reason that
+ * names the file and never its content. Headers follow the watcher's rules:
+ * one that is a link out of the directory, or not a regular file, is carried
+ * in memory as an #error, which hides the file from the compiler too.
+ */
 /* The format a watched source must hold: the directory's when it names one,
  * else the one its extension names. */
 static hk_format expected_format(const char *path, hk_format dir_format) {
@@ -456,6 +449,11 @@ static const dir_opts *opts_for(hk_watch *w, const char *path) {
     return d;
 }
 
+/*
+ * A watched file is submitted through hkl_submit_latest: the engine lets a
+ * later save of the module supersede one not yet committed, so a burst of
+ * saves builds the newest content and never commits an older one after it.
+ */
 /* Runs on the watcher thread: one finished file becomes one submission. */
 static void on_file(void *ud, const char *module, const char *path, const void *bytes,
                     size_t size) {
@@ -733,18 +731,18 @@ static int watch_dir_call(hk_runtime *rt, const char *dir, const hk_swap_options
 
 int hk_watch_dir(hk_runtime *rt, const char *dir, const hk_swap_options *opt, hk_report *rep) {
     hk_report full;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     hk_swap_options o;
     int err;
-    if (hkl_swap_options_in(&o, opt) < 0)
+    if (hkb_swap_options_in(&o, opt) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_dir: hk_swap_options.size %zu is below the first layout",
-                       hkl_size_of(opt));
+                       hkb_size_of(opt));
     else
         err = watch_dir_call(rt, dir, &o, rep ? &full : NULL);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
@@ -763,7 +761,7 @@ static void watch_options_defaults(hk_watch_options *o) {
 int hk_watch_options_init_size(hk_watch_options *o, size_t size) {
     hk_watch_options d;
     watch_options_defaults(&d);
-    return hkl_sized_init(o, size, &d, sizeof d, HKL_WATCH_OPTIONS_SIZE0);
+    return hkb_sized_init(o, size, &d, sizeof d, HKB_WATCH_OPTIONS_SIZE0);
 }
 
 /* hk_watch_start with its options in the library's layout (swap options
@@ -833,27 +831,36 @@ int hk_watch_start(hk_runtime *rt, const char *dir, const hk_watch_options *opt,
     hk_report full;
     if (out)
         *out = NULL;
-    if (hkl_report_in(&full, rep) < 0)
+    if (hkb_report_in(&full, rep) < 0)
         return HK_ERR_INVALID;
     hk_report_clear(&full);
     hk_watch_options o;
     hk_swap_options so;
     int err;
     watch_options_defaults(&o);
-    if (opt && hkl_sized_in(&o, sizeof o, opt, HKL_WATCH_OPTIONS_SIZE0) < 0)
+    if (opt && hkb_sized_in(&o, sizeof o, opt, HKB_WATCH_OPTIONS_SIZE0) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_start: hk_watch_options.size %zu is below the first layout",
-                       hkl_size_of(opt));
-    else if (hkl_swap_options_in(&so, o.swap) < 0)
+                       hkb_size_of(opt));
+    else if (hkb_swap_options_in(&so, o.swap) < 0)
         err = hku_fail(&full, HK_ERR_INVALID,
                        "hk_watch_start: hk_swap_options.size %zu is below the first layout",
-                       hkl_size_of(o.swap));
+                       hkb_size_of(o.swap));
     else
         err = watch_start_call(rt, dir, &o, &so, out, &full);
-    hkl_report_out(rep, &full);
+    hkb_report_out(rep, &full);
     return err;
 }
 
+/*
+ * Stopping. hk_watch_stop marks the watch stopping (its callbacks return at
+ * once from then on), stops its watcher, which waits for a callback in
+ * progress (so a submission in flight ends before stop returns), and only
+ * then unlinks and frees it. Called on the watch's own thread (from a
+ * refusal's event callback) it cannot wait for itself: the watcher ends
+ * after that callback, and the watch is kept on the registry's stopped list
+ * until the runtime's release frees it.
+ */
 void hk_watch_stop(hk_watch *w) {
     if (!w)
         return;

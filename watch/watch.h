@@ -23,48 +23,8 @@
  * does the building. Every function is safe from any thread; only
  * hkw_destroy may not be called from the callback (hkw_stop may).
  *
- * File names and modules
- * - NAME.cu, NAME.ptx, NAME.cubin and NAME.fatbin are module sources: module
- *   NAME is the file name up to its first '.', so "particles.v2.cu" is module
- *   "particles". The kind is taken from the last extension, in lower case.
- * - NAME.h, NAME.cuh and NAME.hpp are headers: never handed over themselves,
- *   only tracked as dependencies of the sources that include them.
- * - With opts.sources set, only the source kinds it names are module
- *   sources; other sources are ignored silently, as are (with
- *   opts.ignore_others) names that are neither sources nor headers.
- * - Editor droppings are ignored silently, whatever else: dotfiles
- *   (".particles.cu.swp", ".#particles.cu"), names ending in '~' (backups),
- *   "*.swp", "*.swx", "*.tmp", vim's probe file "4913", emacs'
- *   "#particles.cu#". A file named by hkw_set_deps is tracked whatever
- *   its extension, unless it is one of these droppings.
- *
- * Refusals
- * Any other file of an added directory that cannot be handed over is
- * refused through opts.refuse, once per change (a change is a new inode,
- * size, mode or time of the name), with the reason: a name with another
- * extension, a module name of HKW_MODULE_MAX characters or more or one
- * the engine would refuse (not UTF-8, a control character: hku_name_check), a
- * file that is not regular (FIFO, device, socket, or a pseudo-file such as
- * procfs' that reports 0 bytes yet has content), an empty file, one over the
- * size cap, one that cannot be opened, and a symbolic link that resolves
- * outside the directory. The reason never quotes the file's content. Only
- * regular files are opened (O_NONBLOCK, then fstat and S_ISREG again), and a
- * refused file is not looked at again until an event says it changed.
- *
- * Symbolic links
- * A link whose target resolves inside the added directory (or below it) is
- * followed: its content is the target's, and an edit of the target hands the
- * link over again (the target's directory is watched for that). A link that
- * resolves outside is refused and its target is never opened, unless
- * opts.follow_outside_links is set.
- *
- * Subdirectories
- * With opts.recursive, every subdirectory of an added directory is added too,
- * at any depth, including those created (or moved in) later, and its files
- * feed modules as the added directory's do. Directories whose name starts
- * with '.' (.git, .cache) and symbolic links to directories are not entered.
- * A subdirectory that disappears is not looked for again until its parent
- * says it is back.
+ * What a file name makes of a file, what is refused, how links and
+ * subdirectories are taken: beside the declarations below.
  */
 #ifndef HK_WATCH_H
 #define HK_WATCH_H
@@ -74,7 +34,7 @@
 
 #include "hotkern/hotkern.h"
 
-/* ---- the watcher (watch/watch.c) ---------------------------------------- */
+/* ---- the watcher (watch/watch.c, events.c, files.c) ---------------------- */
 
 typedef struct hkw_watcher hkw_watcher;
 
@@ -86,11 +46,26 @@ typedef struct hkw_watcher hkw_watcher;
 typedef void (*hkw_fn)(void *ud, const char *module, const char *path, const void *bytes,
                        size_t size);
 
-/* Receives one refusal (see "Refusals" above): `path` could not be handed
- * over, for the reason in `why` (one line, naming no content), err being the
- * HK_ERR_* code that fits it. `module` is the module the file would feed, or
- * NULL when its name makes none. Called on the watcher thread with no watcher
- * lock held; the pointers are valid during the call only. */
+/*
+ * Refusals
+ * A file of an added directory that is neither handed over nor ignored (see
+ * "File names and modules", at hkw_classify) is refused through opts.refuse,
+ * once per change (a change is a new inode, size, mode or time of the name),
+ * with the reason: a name with another extension, a module name of
+ * HKW_MODULE_MAX characters or more or one the engine would refuse (not
+ * UTF-8, a control character: hku_name_check), a file that is not regular
+ * (FIFO, device, socket, or a pseudo-file such as procfs' that reports 0
+ * bytes yet has content), an empty file, one over the size cap, one that
+ * cannot be opened, and a symbolic link that resolves outside the directory.
+ * The reason never quotes the file's content. Only regular files are opened
+ * (O_NONBLOCK, then fstat and S_ISREG again), and a refused file is not
+ * looked at again until an event says it changed.
+ */
+/* Receives one refusal (see "Refusals", just above): `path` could not be
+ * handed over, for the reason in `why` (one line, naming no content), err
+ * being the HK_ERR_* code that fits it. `module` is the module the file would
+ * feed, or NULL when its name makes none. Called on the watcher thread with
+ * no watcher lock held; the pointers are valid during the call only. */
 typedef void (*hkw_refuse_fn)(void *ud, const char *module, const char *path, int err,
                               const char *why);
 
@@ -108,6 +83,22 @@ typedef void (*hkw_refuse_fn)(void *ud, const char *module, const char *path, in
 typedef void (*hkw_log_fn)(void *ud, hk_log_level level, const char *line);
 typedef int (*hkw_log_on_fn)(void *ud, hk_log_level level);
 
+/*
+ * Symbolic links
+ * A link whose target resolves inside the added directory (or below it) is
+ * followed: its content is the target's, and an edit of the target hands the
+ * link over again (the target's directory is watched for that). A link that
+ * resolves outside is refused and its target is never opened, unless
+ * opts.follow_outside_links is set.
+ *
+ * Subdirectories
+ * With opts.recursive, every subdirectory of an added directory is added too,
+ * at any depth, including those created (or moved in) later, and its files
+ * feed modules as the added directory's do. Directories whose name starts
+ * with '.' (.git, .cache) and symbolic links to directories are not entered.
+ * A subdirectory that disappears is not looked for again until its parent
+ * says it is back.
+ */
 typedef struct hkw_opts {
     hkw_fn fn;                /* required */
     void *ud;                 /* passed to fn */
@@ -217,6 +208,22 @@ void hkw_stats_get(hkw_watcher *w, hkw_stats *out);
  * once it has stopped; on = 0 lets it go on. */
 void hkw_pause(hkw_watcher *w, int on);
 
+/*
+ * File names and modules
+ * - NAME.cu, NAME.ptx, NAME.cubin and NAME.fatbin are module sources: module
+ *   NAME is the file name up to its first '.', so "particles.v2.cu" is module
+ *   "particles". The kind is taken from the last extension, in lower case.
+ * - NAME.h, NAME.cuh and NAME.hpp are headers: never handed over themselves,
+ *   only tracked as dependencies of the sources that include them.
+ * - With opts.sources set, only the source kinds it names are module
+ *   sources; other sources are ignored silently, as are (with
+ *   opts.ignore_others) names that are neither sources nor headers.
+ * - Editor droppings are ignored silently, whatever else: dotfiles
+ *   (".particles.cu.swp", ".#particles.cu"), names ending in '~' (backups),
+ *   "*.swp", "*.swx", "*.tmp", vim's probe file "4913", emacs'
+ *   "#particles.cu#". A file named by hkw_set_deps is tracked whatever
+ *   its extension, unless it is one of these droppings.
+ */
 /* What a file name is to the watcher. */
 typedef enum hkw_kind {
     HKW_IGNORED = 0, /* editor dropping, or a module name that does not fit */
