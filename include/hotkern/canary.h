@@ -9,10 +9,13 @@
  * program builds once; the runs happen on the swapping thread, between
  * build and stage, holding nothing the launch path waits for.
  *
- * Part of the C API of libhotkern: hotkern/hotkern.h includes this header,
- * and including this one alone includes hotkern.h (and so the others).
+ * Part of the C API of libhotkern: a program includes hotkern/hotkern.h,
+ * which includes this header after its core (the two never include each
+ * other; this one alone says so).
  */
-#include "hotkern/hotkern.h"
+#ifndef HOTKERN_H
+#error "include <hotkern/hotkern.h>: it includes this header"
+#endif
 
 #ifndef HOTKERN_CANARY_H
 #define HOTKERN_CANARY_H

@@ -7,10 +7,13 @@
  * jobs and editors use it where hk_runtime_create fails. A result is an
  * immutable object of its own, read through accessors from any thread.
  *
- * Part of the C API of libhotkern: hotkern/hotkern.h includes this header,
- * and including this one alone includes hotkern.h (and so the others).
+ * Part of the C API of libhotkern: a program includes hotkern/hotkern.h,
+ * which includes this header after its core (the two never include each
+ * other; this one alone says so).
  */
-#include "hotkern/hotkern.h"
+#ifndef HOTKERN_H
+#error "include <hotkern/hotkern.h>: it includes this header"
+#endif
 
 #ifndef HOTKERN_CHECK_H
 #define HOTKERN_CHECK_H

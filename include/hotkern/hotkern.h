@@ -35,7 +35,8 @@
  * handles, launches, their attributes, CUDA graphs), check.h (builds
  * without a GPU), canary.h (test launches before a commit), lkg.h (last
  * known good), metrics.h and watch.h (watched directories). A program
- * includes this one; a topic header included alone includes it too. The
+ * includes this one; a topic header included alone stops the build and
+ * says so. The
  * network sources are hotkern/net.h (libhotkern-net), programs as they are
  * hotkern/interpose.h; neither is included here.
  *

@@ -9,10 +9,13 @@
  * stretch of launches; attributes set through a handle follow every later
  * version; graph nodes registered here follow commits as launches do.
  *
- * Part of the C API of libhotkern: hotkern/hotkern.h includes this header,
- * and including this one alone includes hotkern.h (and so the others).
+ * Part of the C API of libhotkern: a program includes hotkern/hotkern.h,
+ * which includes this header after its core (the two never include each
+ * other; this one alone says so).
  */
-#include "hotkern/hotkern.h"
+#ifndef HOTKERN_H
+#error "include <hotkern/hotkern.h>: it includes this header"
+#endif
 
 #ifndef HOTKERN_LAUNCH_H
 #define HOTKERN_LAUNCH_H

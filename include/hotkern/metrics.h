@@ -7,10 +7,13 @@
  * a writer valid during the call only; the runtime's source lock is held
  * meanwhile, so a callback takes only its own locks.
  *
- * Part of the C API of libhotkern: hotkern/hotkern.h includes this header,
- * and including this one alone includes hotkern.h (and so the others).
+ * Part of the C API of libhotkern: a program includes hotkern/hotkern.h,
+ * which includes this header after its core (the two never include each
+ * other; this one alone says so).
  */
-#include "hotkern/hotkern.h"
+#ifndef HOTKERN_H
+#error "include <hotkern/hotkern.h>: it includes this header"
+#endif
 
 #ifndef HOTKERN_METRICS_H
 #define HOTKERN_METRICS_H

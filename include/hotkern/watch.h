@@ -8,10 +8,13 @@
  * handle to stop; hk_watch_dir adds directories to one shared watch that
  * lives as long as the runtime.
  *
- * Part of the C API of libhotkern: hotkern/hotkern.h includes this header,
- * and including this one alone includes hotkern.h (and so the others).
+ * Part of the C API of libhotkern: a program includes hotkern/hotkern.h,
+ * which includes this header after its core (the two never include each
+ * other; this one alone says so).
  */
-#include "hotkern/hotkern.h"
+#ifndef HOTKERN_H
+#error "include <hotkern/hotkern.h>: it includes this header"
+#endif
 
 #ifndef HOTKERN_WATCH_H
 #define HOTKERN_WATCH_H
