@@ -76,8 +76,10 @@ static void exchange(const void *bytes, size_t size, char *out, size_t cap, int 
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        fprintf(stderr, "fuzz_http: cannot connect to the endpoint: %s\n", strerror(errno));
         abort();
+    }
     /* The fuzzed request may be incomplete, and the server rightly waits for
      * the rest: give up on its answer soon. The health request that follows
      * is patient, and shows whether the server still serves. */
@@ -101,8 +103,10 @@ static void exchange(const void *bytes, size_t size, char *out, size_t cap, int 
             len += (size_t)r;
     /* A reset is an answer (the server dropped the connection); no answer
      * and no close within 10 s means the server hangs. */
-    if (patient && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    if (patient && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        fprintf(stderr, "fuzz_http: no answer and no close within 10 s (%zu bytes)\n", len);
         abort();
+    }
     out[len] = '\0';
     close(fd);
 }
@@ -203,7 +207,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char health[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                  "Connection: close\r\n\r\n";
     exchange(health, sizeof health - 1, out, sizeof out, 1);
-    if (strncmp(out, "HTTP/1.1 200", 12) != 0)
+    if (strncmp(out, "HTTP/1.1 200", 12) != 0) {
+        fprintf(stderr, "fuzz_http: /healthz after the input answered: [%.200s]\n", out);
         abort();
+    }
     return 0;
 }
