@@ -8,7 +8,8 @@
 // thread: frame_k<<<>>> (FRAME_US of GPU work) on its stream, a copy of the
 // kernel's output back, cudaStreamSynchronize of that stream; then, when the
 // long kernel on the other stream has ended (cudaStreamQuery), long_k<<<>>>
-// (LONG_MS) again. The gap is the time between two frames' synchronisations.
+// (LONG_MS) again. The gap is the time between two frames' synchronisations
+// (a span's first gap counts from the span's start, never the bench's work).
 // It never calls hotkern: hot versions of frame_k come from a watched
 // directory (HOTKERN_WATCH), written by another thread, each a real edit
 // (the tag it stores). Printed, side by side in one run:
@@ -128,15 +129,57 @@ static cudaStream_t fs, side;
 static int *d_out, *h_out;
 static double prev_t;
 
-// One frame; returns its gap (ms since the previous frame's end).
+// Where a frame's time went: each call's ms, and when it began.
+struct parts {
+    double gap = 0, launch = 0, copy = 0, sync = 0, query = 0, relaunch = 0, at = 0;
+};
+static parts last_frame;
+
+// One frame; returns its gap (ms since the previous frame's end). Its parts
+// go to last_frame.
 static double frame() {
+    parts p;
+    double t0 = now_ms();
+    p.at = t0;
     frame_k<<<1, 32, 0, fs>>>(d_out, FRAME_US * 1000LL);
+    double t1 = now_ms();
     cudaMemcpyAsync(h_out, d_out, sizeof(int), cudaMemcpyDeviceToHost, fs);
+    double t2 = now_ms();
     cudaStreamSynchronize(fs);
     double t = now_ms(), gap = t - prev_t;
     prev_t = t;
-    if (cudaStreamQuery(side) == cudaSuccess) long_k<<<1, 32, 0, side>>>(LONG_MS * 1000000LL);
+    bool idle = cudaStreamQuery(side) == cudaSuccess;
+    double t4 = now_ms();
+    if (idle) long_k<<<1, 32, 0, side>>>(LONG_MS * 1000000LL);
+    double t5 = now_ms();
+    p.gap = gap, p.launch = t1 - t0, p.copy = t2 - t1, p.sync = t - t2, p.query = t4 - t,
+    p.relaunch = t5 - t4;
+    last_frame = p;
     return gap;
+}
+
+// The frame of the longest gap in a span, and the one before it (whose query
+// and relaunch fall in that gap).
+struct worst {
+    parts before, at;
+    void see(const parts &prev, const parts &cur) {
+        if (cur.gap > at.gap) before = prev, at = cur;
+    }
+};
+
+static double t_start; // for the trace: ms from the program's start
+
+static void print_worst(const char *what, const worst &w, double t0) {
+    printf("frame_stall: %s: longest gap %.3f ms at +%.1f ms (t=%.3f); the frame before: query "
+           "%.3f relaunch %.3f; its own: launch %.3f copy %.3f sync %.3f (ms)\n",
+           what, w.at.gap, w.at.at - t0, w.at.at - t_start, w.before.query, w.before.relaunch,
+           w.at.launch, w.at.copy, w.at.sync);
+}
+
+// STALL_TRACE=1: the runtime's debug log on stderr, each line with its time
+// (t=, ms from the program's start, as the worst frames above).
+static void trace_log(hk_log_level level, const char *sub, const char *msg, void *) {
+    fprintf(stderr, "t=%.3f %s %s: %s\n", now_ms() - t_start, hk_log_level_name(level), sub, msg);
 }
 
 struct stats {
@@ -154,27 +197,43 @@ static stats summarize(std::vector<double> &g) {
     return s;
 }
 
-// Frames for ms milliseconds; their gaps appended to g.
-static void frames_for(double ms, std::vector<double> &g) {
+// A span of frames begins: its first gap starts now, so that no gap holds
+// the bench's own bookkeeping between spans (sorting a span's gaps takes
+// longer than a frame).
+static void span_start() {
+    prev_t = now_ms();
+}
+
+// Frames for ms milliseconds; their gaps appended to g, the worst to w.
+static void frames_for(double ms, std::vector<double> &g, worst *w = nullptr) {
     double end = now_ms() + ms;
-    while (now_ms() < end) g.push_back(frame());
+    while (now_ms() < end) {
+        parts prev = last_frame;
+        g.push_back(frame());
+        if (w) w->see(prev, last_frame);
+    }
 }
 
 // Saves version tag and runs frames until it runs (up to 30 s), then
 // AFTER_MS more. Returns the ms from the request to the first frame that
 // ran it (-1: never); the gaps go to g.
-static double swap_to(int tag, std::vector<double> &g) {
+static double swap_to(int tag, std::vector<double> &g, worst *w = nullptr,
+                      double *start = nullptr) {
+    span_start();
     double t0 = now_ms();
+    if (start) *start = t0;
     want_tag.store(tag);
     double seen = -1;
     while (now_ms() - t0 < 30000) {
+        parts prev = last_frame;
         g.push_back(frame());
+        if (w) w->see(prev, last_frame);
         if (*h_out == tag) {
             seen = now_ms() - t0;
             break;
         }
     }
-    if (seen >= 0) frames_for(AFTER_MS, g);
+    if (seen >= 0) frames_for(AFTER_MS, g, w);
     return seen;
 }
 
@@ -257,12 +316,15 @@ int main(int argc, char **argv) {
     cudaMalloc(&d_out, sizeof(int));
     cudaMallocHost(&h_out, sizeof(int));
     std::thread w(writer);
+    t_start = now_ms();
 
     // The program's own code, and the long kernel in flight from now on.
     std::vector<double> warm, first, base, swaps;
     prev_t = now_ms();
     frames_for(500, warm);
     hk_runtime *rt = hk_interpose_runtime();
+    const char *trace = getenv("STALL_TRACE");
+    if (rt && trace && !strcmp(trace, "1")) hk_runtime_set_log(rt, trace_log, NULL, HK_LOG_DEBUG);
     if (!rt || *h_out != 1) {
         fprintf(stderr, "no runtime (the interposition is not active) or frame_k wrote %d\n",
                 *h_out);
@@ -280,15 +342,20 @@ int main(int argc, char **argv) {
         printf("FAIL the first hot version never ran\n");
         return 1;
     }
-    frames_for(BASE_S * 1000.0, base);
+    worst bw;
+    span_start();
+    double base_t0 = now_ms();
+    frames_for(BASE_S * 1000.0, base, &bw);
     stats bs = summarize(base);
+    worst sw[SWAPS + 1];
+    double sw_t0[SWAPS + 1];
     int seen = 0;
     double worst_swap = 0;
     int worst_i = 0;
     printf("frame_stall: swaps:");
     for (int i = 1; i <= SWAPS; i++) {
         std::vector<double> g;
-        double ms = swap_to(100 + i, g);
+        double ms = swap_to(100 + i, g, &sw[i], &sw_t0[i]);
         seen += ms >= 0;
         stats s = summarize(g);
         if (s.max > worst_swap) worst_swap = s.max, worst_i = i;
@@ -296,6 +363,15 @@ int main(int argc, char **argv) {
         swaps.insert(swaps.end(), g.begin(), g.end());
     }
     printf(" (each: save to first run / its longest gap, ms)\n");
+    // Where the time of each longest gap went (the baseline's, the first
+    // swap's and the worst swap's), from the start of the span.
+    print_worst("baseline", bw, base_t0);
+    print_worst("swap #1", sw[1], sw_t0[1]);
+    if (worst_i != 1) {
+        char b[32];
+        snprintf(b, sizeof b, "swap #%d", worst_i);
+        print_worst(b, sw[worst_i], sw_t0[worst_i]);
+    }
     stats ss = summarize(swaps);
     printf("frame_stall: baseline (no swaps, %d s, %ld frames): longest gap %.3f ms, p99 %.3f ms\n",
            BASE_S, bs.n, bs.max, bs.p99);

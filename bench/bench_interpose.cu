@@ -11,8 +11,10 @@
 // __cudaPopCallConfiguration), then __cudaLaunchKernel taken from libcudart
 // (or __real___cudaLaunchKernel), bypassing the interposition. Each of 1 and 8 threads
 // launches on its own non-blocking stream; ROUNDS rounds of PER_ROUND launches
-// alternate the modes so drift hits all alike; per mode the median of the
-// rounds' mean launch time over the threads is printed, with ratios:
+// a mode, each round in another order of the modes (rotated), so that drift
+// and the order hit all alike; per mode the median of the rounds' mean launch
+// time over the threads is printed, and each ratio is the median over the
+// rounds of that round's ratio (the two modes measured side by side):
 //   <<<>>> cold / runtime cold         a kernel with no hot version (target 1.02)
 //   <<<>>> hot / runtime hotk          a kernel with one: the program's own
 //                                      code against hotkern's (target 1.03)
@@ -48,7 +50,7 @@ extern "C" __global__ void hotk(int *p) {
     if (threadIdx.x == 0) *p = 1;
 }
 
-enum { PER_ROUND = 20000, ROUNDS = 15, MAXT = 8 };
+enum { PER_ROUND = 20000, ROUNDS = 21, WARM = 20000, MAXT = 8 };
 enum { M_REAL_COLD, M_CHEV_COLD, M_REAL_HOT, M_CHEV_HOT, M_RAW, M_HK, M_QUERY, NMODES };
 static const char *mode_name[NMODES] = {"runtime cold", "<<<>>> cold", "runtime hotk",
                                         "<<<>>> hot", "cuLaunchKernel", "hk_launch",
@@ -107,11 +109,12 @@ static void worker(int id) {
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     void *args[] = {&d_p};
-    for (int m = 0; m < NMODES; m++) /* warm every path */
-        for (int i = 0; i < 2000; i++) launch_mode(m, s, args);
+    for (int m = 0; m < NMODES; m++) /* warm every path (and the clocks) */
+        for (int i = 0; i < WARM; i++) launch_mode(m, s, args);
     cudaStreamSynchronize(s);
     for (int r = 0; r < ROUNDS; r++)
-        for (int m = 0; m < NMODES; m++) {
+        for (int j = 0; j < NMODES; j++) {
+            int m = (j + r) % NMODES;
             pthread_barrier_wait(&bar);
             uint64_t t0 = now_ns();
             for (int i = 0; i < PER_ROUND; i++) launch_mode(m, s, args);
@@ -132,26 +135,36 @@ static void run(int n) {
     for (int i = 0; i < n; i++) t.emplace_back(worker, i);
     for (auto &th : t) th.join();
     pthread_barrier_destroy(&bar);
-    double med[NMODES];
+    double med[NMODES], mean[NMODES][ROUNDS];
     for (int m = 0; m < NMODES; m++) {
         std::vector<double> rounds;
         for (int r = 0; r < ROUNDS; r++) {
             double sum = 0;
             for (int i = 0; i < n; i++) sum += per[i][m][r];
-            rounds.push_back(sum / n);
+            rounds.push_back(mean[m][r] = sum / n);
         }
         med[m] = median(rounds);
     }
+    // a / b: the median of the rounds' ratios, and of their differences (ns).
+    auto ratio = [&](int a, int b) {
+        std::vector<double> v;
+        for (int r = 0; r < ROUNDS; r++) v.push_back(mean[a][r] / mean[b][r]);
+        return median(v);
+    };
+    auto diff = [&](int a, int b) {
+        std::vector<double> v;
+        for (int r = 0; r < ROUNDS; r++) v.push_back(mean[a][r] - mean[b][r]);
+        return median(v);
+    };
     printf("interpose %d thread%s:", n, n > 1 ? "s" : "");
     for (int m = 0; m < NMODES; m++) printf(" %s %.0f ns;", mode_name[m], med[m]);
     printf("\n");
     printf("interpose %d thread%s: <<<>>> cold / runtime %.3f (%+.0f ns), <<<>>> hot / runtime "
            "%.3f (%+.0f ns), hk_launch / cuLaunchKernel %.3f (%+.0f ns), capture query + "
            "cuLaunchKernel / cuLaunchKernel %.3f (%+.0f ns)\n",
-           n, n > 1 ? "s" : "", med[M_CHEV_COLD] / med[M_REAL_COLD],
-           med[M_CHEV_COLD] - med[M_REAL_COLD], med[M_CHEV_HOT] / med[M_REAL_HOT],
-           med[M_CHEV_HOT] - med[M_REAL_HOT], med[M_HK] / med[M_RAW], med[M_HK] - med[M_RAW],
-           med[M_QUERY] / med[M_RAW], med[M_QUERY] - med[M_RAW]);
+           n, n > 1 ? "s" : "", ratio(M_CHEV_COLD, M_REAL_COLD), diff(M_CHEV_COLD, M_REAL_COLD),
+           ratio(M_CHEV_HOT, M_REAL_HOT), diff(M_CHEV_HOT, M_REAL_HOT), ratio(M_HK, M_RAW),
+           diff(M_HK, M_RAW), ratio(M_QUERY, M_RAW), diff(M_QUERY, M_RAW));
     fflush(stdout);
 }
 
@@ -222,7 +235,8 @@ int main() {
     printf("interpose: hotk<<<>>> runs the hot version: %s (wrote %d)\n", h == 2 ? "yes" : "NO", h);
     if (h != 2) return 1;
     printf("interpose: empty kernels <<<1,1>>>, one non-blocking stream per thread, %d rounds of "
-           "%d launches per mode, alternating; median of the rounds' mean per launch\n",
+           "%d launches per mode, the modes' order rotated each round; median of the rounds' mean per "
+           "launch, ratios the median of the rounds' ratios\n",
            ROUNDS, PER_ROUND);
     run(1);
     run(8);
