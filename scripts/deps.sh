@@ -15,6 +15,8 @@ need_pc libsodium libsodium-dev
 need_pc libcjson libcjson-dev
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
+# prometheus: tests/cpu_prometheus.c scrapes the metrics with a real server (not started as a service).
+[ -x /usr/bin/prometheus ] || missing="$missing prometheus"
 command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
 command -v clang-format >/dev/null 2>&1 || missing="$missing clang-format"
 # groff: make lint renders the man pages; man: tests/cpu_install.c reads the installed ones.
@@ -39,6 +41,14 @@ if [ -n "$missing" ]; then
   # shellcheck disable=SC2086
   $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null ||
     { echo "deps: apt-get install failed; install by hand:$missing" >&2; exit 1; }
+  # Debian starts the package's service where systemd runs; the tests start
+  # their own server, so the one this install started is stopped again.
+  case " $missing " in *" prometheus "*)
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+      $SUDO systemctl disable --now prometheus >/dev/null 2>&1 &&
+        echo "deps: stopped and disabled the prometheus service the install started (tests run their own)"
+    fi ;;
+  esac
 fi
 if [ ! -f "$CUDA/include/cuda.h" ] || [ ! -f "$CUDA/include/nvrtc.h" ]; then
   echo "deps: the CUDA toolkit (13.x) was not found at $CUDA; set CUDA=/path/to/cuda" >&2
