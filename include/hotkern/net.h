@@ -244,6 +244,14 @@ typedef struct hk_pull_options {
                                       * endpoint's default too; "" = memory only */
     const hk_swap_options *swap;     /* template for each swap (copied); a canary policy left at
                                       * DEFAULT means HK_CANARY_REQUIRE */
+    /* Since 1.4: the host in a fleet's rollouts (docs/ROLLOUT.md). */
+    const char *host_id;         /* [A-Za-z0-9_.:@-]{1,127}; NULL: $HOTKERN_HOST_ID, else
+                                  * /etc/machine-id, else the host name */
+    const char *host_labels;     /* comma-separated labels a rollout's steps may name; NULL:
+                                  * $HOTKERN_HOST_LABELS */
+    const char *metrics_address; /* serve GET /metrics here (numeric IPv4/IPv6); NULL with
+                                  * metrics_port 0: no server, else "127.0.0.1" */
+    unsigned metrics_port;       /* 0 with an address: one chosen (hk_pull_metrics_port) */
 } hk_pull_options;
 
 /* As hk_endpoint_options_init_size, for puller options. Since 1.0. */
@@ -262,6 +270,11 @@ static inline void hk_pull_options_init(hk_pull_options *o) {
  * hk_pull_stop(). Since 1.0. */
 HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
                          hk_report *rep);
+
+/* The port the puller's /metrics server listens on (the one chosen when
+ * metrics_port was 0), or 0 when it serves none (p NULL too). Safe from any
+ * thread. Since 1.4. */
+HK_API unsigned hk_pull_metrics_port(const hk_puller *p);
 
 /* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_stats {
