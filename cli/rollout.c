@@ -13,9 +13,11 @@
  * "version" one above the current one, so that the hosts' anti-rollback
  * records only grow), written as `hotkern sign` writes a release: the
  * artifacts, then the signature, then the manifest, each replaced
- * atomically; the manifest's mtime is moved past the last one's, since
- * static servers (nginx) make ETag and Last-Modified of mtime and size, and
- * two steps' manifests of one size within a second would look the same.
+ * atomically (both staged and synced first, so that their renames follow
+ * each other at once); the manifest's mtime is moved past the last one's,
+ * since static servers (nginx) make ETag and Last-Modified of mtime and
+ * size, and two steps' manifests of one size within a second would look
+ * the same.
  * `start` keeps the manifest it replaces as previous-manifest.json (and its
  * .sig): the release `abort` goes back to. The current manifest (and the
  * previous one) are verified with the signing key's public key before they
@@ -120,33 +122,56 @@ static int64_t now_s(void) {
     return (int64_t)time(NULL);
 }
 
-/* Replaces DIR/NAME with bytes whose mtime is past `after` (the file it
- * replaces): written under a staging name, its time set, then renamed, so
- * that no reader ever sees the new bytes with the old validators. */
-static int write_bumped(hkc_out *o, const char *dir, const char *name, const char *bytes,
-                        size_t len, int64_t after) {
-    char path[PATH_MAX], stage[PATH_MAX];
+/* DIR/NAME's next bytes under a staging name (DIR/.NAME.new), synced; with
+ * after >= 0 its mtime past `after` (the manifest it replaces): static
+ * servers make ETag and Last-Modified of mtime and size, and the rename
+ * that puts it in place keeps the time, so that no reader ever sees the new
+ * bytes with the old validators. */
+static int stage(hkc_out *o, const char *dir, const char *name, const char *bytes, size_t len,
+                 int64_t after) {
+    char path[PATH_MAX];
     hk_report rep = HK_REPORT_INIT;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(stage, sizeof stage, "%s/.%s.new", dir, name);
-    if (hku_write_atomic(stage, bytes, len, 0644, &rep)) {
+    snprintf(path, sizeof path, "%s/.%s.new", dir, name);
+    if (hku_write_atomic(path, bytes, len, 0644, &rep)) {
         int rc = hkc_fail_report(o, &rep);
         hk_report_clear(&rep);
         return rc;
     }
     int64_t t = now_s() > after ? now_s() : after + 1;
     struct timespec ts[2] = {{.tv_sec = t}, {.tv_sec = t}};
-    if (utimensat(AT_FDCWD, stage, ts, 0) != 0 || rename(stage, path) != 0) {
+    if (after >= 0 && utimensat(AT_FDCWD, path, ts, 0) != 0) {
         int e = errno;
-        unlink(stage);
+        unlink(path);
         return hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+static void unlink_staged(const char *dir, const char *name) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/.%s.new", dir, name);
+    unlink(path);
+}
+
+/* Renames the staged files of names into place, in order, then syncs the
+ * directory; on a failure the rest are removed. */
+static int place(hkc_out *o, const char *dir, const char *const *names, int n) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char from[PATH_MAX], to[PATH_MAX];
+        snprintf(from, sizeof from, "%s/.%s.new", dir, names[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        if (!rc && rename(from, to) != 0)
+            rc = hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", to, strerror(errno));
+        if (rc)
+            unlink(from);
     }
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);
         close(dfd);
     }
-    return 0;
+    return rc;
 }
 
 static int write_file(hkc_out *o, const char *dir, const char *name, const void *bytes,
@@ -170,6 +195,7 @@ static int publish(hkc_out *o, const struct args *a, const hkn_seckey *key, hkn_
     int rc = 0;
     m->created = now_s();
     m->expires = m->created + (int64_t)a->expires_in;
+    m->release = hkn_rollout_target(&m->rollout, m->version);
     if (hkn_manifest_sign(key, m, &json, &len, &sig, &rep)) {
         rc = hkc_fail_report(o, &rep);
         goto out;
@@ -184,6 +210,10 @@ static int publish(hkc_out *o, const struct args *a, const hkn_seckey *key, hkn_
         snprintf(name, sizeof name, "artifacts/%s", m->artifacts[i].sha256);
         rc = write_file(o, a->dir, name, blobs[i].bytes, blobs[i].size);
     }
+    /* Both files are staged (and synced) first, so that their renames
+     * follow each other at once, the signature's first: a poll between the
+     * two reads a pair that does not verify, and fetches it again
+     * (net/pull.c). */
     size_t slen = strlen(sig);
     char *line = malloc(slen + 2);
     if (!rc && !line)
@@ -191,11 +221,14 @@ static int publish(hkc_out *o, const struct args *a, const hkn_seckey *key, hkn_
     if (!rc) {
         memcpy(line, sig, slen);
         memcpy(line + slen, "\n", 2);
-        rc = write_file(o, a->dir, MANIFEST ".sig", line, slen + 1);
+        rc = stage(o, a->dir, MANIFEST ".sig", line, slen + 1, -1);
     }
     free(line);
+    if (!rc && (rc = stage(o, a->dir, MANIFEST, json, len, after)))
+        unlink_staged(a->dir, MANIFEST ".sig");
+    static const char *const names[] = {MANIFEST ".sig", MANIFEST};
     if (!rc)
-        rc = write_bumped(o, a->dir, MANIFEST, json, len, after);
+        rc = place(o, a->dir, names, 2);
 out:
     free(json);
     free(sig);
