@@ -24,6 +24,18 @@
  *   Of several artifacts, the one applied is: a cubin/fatbin whose arch is the
  *   runtime's, else a fatbin, else PTX, else CUDA C (with the headers).
  *
+ * Rollouts (docs/ROLLOUT.md; since 1.4)
+ *   A manifest may carry "rollout": {"release", "previous", "step", "steps":
+ *   [{"percent", "hosts", "labels", "bake_s"}], "paused", "aborted"}, which
+ *   `hotkern rollout` writes. A puller takes such a release only when its
+ *   host (hk_pull_options.host_id and host_labels) is in the current step
+ *   or an earlier one: its bucket, SHA-256 of "HOST_ID\0MODULE" modulo
+ *   10000, below 100 x the step's percent, or its id or a label named; every
+ *   host takes an aborted one, whose artifacts are the previous release's.
+ *   Outside the step it keeps what it runs (not an error). The engine
+ *   records the rollout's release (hk_module_release); the anti-rollback
+ *   state the manifest's version, which every step raises.
+ *
  * Key files
  *   One line: the key in hex (public 64 chars, secret 128 chars: libsodium's
  *   seed + public key) or base64. A key's id is the first 8 bytes of the
@@ -134,7 +146,11 @@
  * accepted and refused with the reason, release outcomes, polls, 304s, new
  * releases, refusals and each retry with its backoff. Their counters join the
  * runtime's hk_metrics_text from start to stop (hotkern_push_* labelled
- * endpoint="ADDRESS:PORT", hotkern_pull_* labelled url="URL").
+ * endpoint="ADDRESS:PORT", hotkern_pull_* labelled url="URL"); a puller's
+ * also hotkern_host_info and, per module, hotkern_rollout_* (the release
+ * the host runs and since when, its step and bucket, its refusals by
+ * reason). A puller with hk_pull_options.metrics_address or metrics_port
+ * serves that whole text at GET /metrics itself (hk_pull_metrics_port).
  */
 #ifndef HOTKERN_NET_H
 #define HOTKERN_NET_H
@@ -264,10 +280,12 @@ static inline void hk_pull_options_init(hk_pull_options *o) {
 }
 
 /* Starts polling opt->url on a thread of its own (first poll at once),
- * applying each new verified release to rt. Conditional requests make an
+ * applying each new verified release to rt, a rollout's only while this
+ * host is in its step (above, "Rollouts"). Conditional requests make an
  * unchanged origin cost one 304 per poll; errors back off exponentially.
- * rt must outlive the puller. On success *out is owned by the caller:
- * hk_pull_stop(). Since 1.0. */
+ * HK_ERR_INVALID for a host id or label out of its alphabet, HK_ERR_NETWORK
+ * when the /metrics server cannot listen. rt must outlive the puller. On
+ * success *out is owned by the caller: hk_pull_stop(). Since 1.0. */
 HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
                          hk_report *rep);
 
