@@ -12,6 +12,11 @@
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
  *
+ * A host of a fleet (net/fleet.c): between verification and the artifacts,
+ * the gate says whether this host takes a rollout's release now; its id,
+ * labels and rollout metrics are the fleet object's, its /metrics server
+ * (when the options ask for one) net/scrape.c's.
+ *
  * Configuration. The puller takes the public hk_pull_options, whose defaults
  * live here (hk_pull_options_init_size), and what its caller resolved from
  * them (hkn_pull_resolved: loaded keys, the state directory), net/api.c for
@@ -249,7 +254,9 @@ static char *header_value(CURL *c, const char *name) {
  * The validators are the origin's, and an origin may change its ETag for the
  * same bytes: the releases the engine refused are also remembered by their
  * manifest's hash (net/refused.c), and the same manifest seen again is
- * answered with the first refusal, before any artifact is fetched.
+ * answered with the first refusal, before any artifact is fetched. The gate
+ * (net/fleet.c) comes before that answer and the artifacts: a host outside a
+ * rollout's step, or running its release already, fetches nothing.
  */
 static void keep_validators(hkn_puller *p, char *etag, char *lm) {
     free(p->etag);
