@@ -115,7 +115,7 @@ static int resolve_id(hkn_fleet *f, const char *opt, hk_report *rep) {
             return hku_fail(rep, HK_ERR_INVALID,
                             "%s '%.140s' is not a host id ([A-Za-z0-9_.:@-]{1,127})",
                             opt ? "hk_pull_options.host_id" : "HOTKERN_HOST_ID", given);
-        snprintf(f->id, sizeof f->id, "%s", given);
+        memcpy(f->id, given, strlen(given) + 1);
         f->id_from = opt ? "option" : "HOTKERN_HOST_ID";
         return 0;
     }
@@ -125,7 +125,7 @@ static int resolve_id(hkn_fleet *f, const char *opt, hk_report *rep) {
     }
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) == 0 && hkn_valid_host_id(host)) {
-        snprintf(f->id, sizeof f->id, "%s", host);
+        memcpy(f->id, host, strlen(host) + 1); /* valid: shorter than f->id */
         f->id_from = "hostname";
         return 0;
     }
@@ -195,6 +195,10 @@ void hkn_fleet_destroy(hkn_fleet *f) {
 
 const char *hkn_fleet_host_id(const hkn_fleet *f) {
     return f->id;
+}
+
+const char *hkn_fleet_id_source(const hkn_fleet *f) {
+    return f->id_from;
 }
 
 const char *hkn_fleet_labels(const hkn_fleet *f) {

@@ -502,6 +502,9 @@ typedef struct hkn_fleet hkn_fleet;
 int hkn_fleet_create(const char *host_id, const char *labels, hkn_fleet **out, hk_report *rep);
 void hkn_fleet_destroy(hkn_fleet *f); /* f may be NULL */
 const char *hkn_fleet_host_id(const hkn_fleet *f);
+/* Where the id came from: "option", "HOTKERN_HOST_ID", "/etc/machine-id" or
+ * "hostname". */
+const char *hkn_fleet_id_source(const hkn_fleet *f);
 /* The labels, comma-separated ("" for none). */
 const char *hkn_fleet_labels(const hkn_fleet *f);
 /* The first 4 bytes of SHA-256("HOST_ID\0MODULE"), big endian, modulo

@@ -767,6 +767,8 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
     }
     if ((err = hkn_fleet_create(o->host_id, o->host_labels, &p->fleet, rep)))
         goto fail;
+    hkn_log(e, HK_LOG_INFO, "pull", "%s: host %s (from %s), labels '%s'", p->url,
+            hkn_fleet_host_id(p->fleet), hkn_fleet_id_source(p->fleet), hkn_fleet_labels(p->fleet));
     if ((o->metrics_address || o->metrics_port) &&
         (err = hkn_scrape_start(o->metrics_address, o->metrics_port, e, &p->scrape, rep)))
         goto fail;

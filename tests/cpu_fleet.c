@@ -49,7 +49,7 @@ static char www[PATH_MAX], origin[PATH_MAX + 8], url[256], key_path[PATH_MAX + 1
 static char pub_path[PATH_MAX + 16];
 
 struct host {
-    char id[16];
+    char id[24];
     int canary; /* labelled "canary" */
     uint32_t bucket;
     pid_t pid;
@@ -295,7 +295,7 @@ static double settle(const char *what, long long release, long long other, const
                 if (hosts[i].release != (want[i] ? release : other) ||
                     (check_step && hosts[i].in_step != want[i]))
                     snprintf(late + strlen(late), sizeof late - strlen(late),
-                             " %.15s(release %lld, in_step %lld)", hosts[i].id, hosts[i].release,
+                             " %.23s(release %lld, in_step %lld)", hosts[i].id, hosts[i].release,
                              hosts[i].in_step);
             ck_abort_msg("%s: not settled after %d ms:%s", what, DEADLINE, late);
         }

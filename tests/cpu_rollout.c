@@ -239,6 +239,8 @@ START_TEST(signed_rollout_round_trip_and_tamper) {
             HK_ERR_SIGNATURE);
         free(copy);
     }
+    free(json);
+    free(sig);
     /* A rollout that is not one does not get signed. */
     ck_assert_int_eq(parse(NULL, &m, &rep), 0);
     m.rollout.present = 1; /* no steps */
@@ -246,10 +248,9 @@ START_TEST(signed_rollout_round_trip_and_tamper) {
     m.created = now;
     m.expires = now + 600;
     ck_assert_int_eq(hkn_manifest_sign(&key, &m, &json, &len, &sig, &rep), HK_ERR_INVALID);
+    ck_assert(!json && !sig);
     m.rollout.present = 0;
     hkn_manifest_free(&m);
-    free(json);
-    free(sig);
     hk_report_clear(&rep);
 }
 END_TEST
