@@ -31,6 +31,7 @@ int hkc_cmd_push(int argc, char **argv);     /* cli/net_cmds.c */
 int hkc_cmd_status(int argc, char **argv);   /* cli/http.c */
 int hkc_cmd_rollback(int argc, char **argv); /* cli/http.c */
 int hkc_cmd_pull(int argc, char **argv);     /* cli/net_cmds.c */
+int hkc_cmd_rollout(int argc, char **argv);  /* cli/rollout.c */
 
 /* ---- output (cli/out.c) ------------------------------------------------ */
 

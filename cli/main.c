@@ -46,11 +46,12 @@ static const struct cmd cmds[] = {
     {"status", NET_CMD(hkc_cmd_status), "print the status of a running endpoint"},
     {"rollback", NET_CMD(hkc_cmd_rollback), "ask a running endpoint to roll a module back"},
     {"pull", NET_CMD(hkc_cmd_pull), "poll a release origin, verify and save the artifacts"},
+    {"rollout", NET_CMD(hkc_cmd_rollout), "roll a release out to a fleet of pullers in steps"},
 };
 
 static const char json_help[] =
     "\n"
-    "--json (check, push, status, rollback, pull) prints one JSON document on one\n"
+    "--json (check, push, status, rollback, pull, rollout) prints one JSON document on one\n"
     "line of stdout instead of text, errors included; the exit status is the same.\n"
     "Every document has:\n"
     "  ok (bool), command, exit (0 ok, 1 refused or failed, 2 usage),\n"
@@ -71,6 +72,10 @@ static const char json_help[] =
     "  pull      url, applied: [{module, release, format, size, sha256, headers}],\n"
     "            poll_errors: [{poll, error, code, message}], stats: {requests,\n"
     "            not_modified, errors, refused, applied}\n"
+    "  rollout   dir, module, manifest_version, release, target_release (the\n"
+    "            previous one once aborted), previous, created, expires, rollout\n"
+    "            (bool), step, baked_s, paused, aborted, steps: [{percent, bake_s,\n"
+    "            hosts, labels}]\n"
     "A failure's error, code, message and log are the first error met: the\n"
     "endpoint's for a refused push, the first failing file's for check.\n";
 

@@ -386,7 +386,8 @@ static int report_apply(void *ud, const char *module, uint64_t version, hk_forma
 
 static const char pull_help[] =
     "usage: hotkern pull URL --pubkey FILE [--state DIR] [--out DIR]\n"
-    "       (--once | --count N) [--interval-ms MS] [--timeout-ms MS] [--json]\n\n"
+    "       (--once | --count N) [--interval-ms MS] [--timeout-ms MS]\n"
+    "       [--host-id ID] [--host-labels A,B] [--json]\n\n"
     "Polls the release at URL (a manifest.json written by 'hotkern sign'),\n"
     "verifies it against the public key (signature, expiry, release newer\n"
     "than the one recorded in --state, artifact hashes) and writes its\n"
@@ -396,6 +397,9 @@ static const char pull_help[] =
     "--interval-ms apart (+-10% jitter, default 1000). Requests are\n"
     "conditional (ETag, Last-Modified), so an unchanged origin answers 304.\n"
     "Each transfer gives up after --timeout-ms (default 10000).\n"
+    "A release with a rollout (hotkern rollout) is written only while this host\n"
+    "is in its step: --host-id (default $HOTKERN_HOST_ID, else /etc/machine-id,\n"
+    "else the host name) and --host-labels (default $HOTKERN_HOST_LABELS).\n"
     "Prints each release applied and, at the end, the counters.\n" HKC_JSON_HELP
     "Exit status: 0 when the last poll succeeded, 1 otherwise, 2 usage.\n";
 
@@ -513,6 +517,8 @@ int hkc_cmd_pull(int argc, char **argv) {
         HKC_UINT_OPT("--timeout-ms", &pa.timeout, 1, 3600000, "--timeout-ms needs 1 to 3600000"),
         HKC_STRING_OPT("--cacert", &opt.ca_file),
         HKC_FLAG_OPT("--allow-unsigned", &opt.allow_unsigned),
+        HKC_STRING_OPT("--host-id", &opt.host_id),
+        HKC_STRING_OPT("--host-labels", &opt.host_labels),
         HKC_FLAG_OPT("--quiet", &pa.quiet),
         HKC_JSON_OPT(&json),
     };

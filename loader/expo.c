@@ -206,6 +206,34 @@ void hk_metrics_sample(hk_metrics_writer *w, const char *name, const char *label
     sample_line(w, f, "", label, label_value, NULL, v);
 }
 
+void hk_metrics_sample_labels(hk_metrics_writer *w, const char *name, const char *const *names,
+                              const char *const *values, int n, uint64_t value) {
+    char v[24];
+    hkl_mfam *f = w && !w->oom && name ? find(w, name) : NULL;
+    if (!f || n < 0 || n > 8 || (n && (!names || !values)))
+        return;
+    for (int i = 0; i < n; i++) {
+        if (!label_name_ok(names[i]) || (w->base_label && !strcmp(names[i], w->base_label)))
+            return;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j]))
+                return;
+    }
+    snprintf(v, sizeof v, "%" PRIu64, value);
+    /* The first label through sample_line, the others as escaped text. */
+    hkl_mfam tmp = {0};
+    for (int i = 1; i < n; i++) {
+        puts_(w, &tmp, i > 1 ? "," : "");
+        puts_(w, &tmp, names[i]);
+        puts_(w, &tmp, "=\"");
+        put_escaped(w, &tmp, values[i] ? values[i] : "");
+        puts_(w, &tmp, "\"");
+    }
+    if (!w->oom)
+        sample_line(w, f, "", n ? names[0] : NULL, n ? values[0] : NULL, tmp.body, v);
+    free(tmp.body);
+}
+
 /* HELP text escapes backslash and newline. */
 static void put_help(hk_metrics_writer *w, char **buf, size_t *len, size_t *cap, const char *s) {
     for (const char *p = s; *p; p++) {

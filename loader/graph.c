@@ -153,6 +153,7 @@ int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
         *cu = (int)r;
     if (r == CUDA_SUCCESS)
         return 0;
+    atomic_fetch_add_explicit(&rt->launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(rt, (int)r, "a graph launch");
     return HK_ERR_CUDA;

@@ -164,6 +164,8 @@ int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *
 /* A failed launch. If a context reset may explain it, the reclaim thread
  * checks now (and reloads modules); the caller gets the error at once. */
 static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {
+    /* The slow path only: a launch that went through costs nothing more. */
+    atomic_fetch_add_explicit(&rt->launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(rt, (int)r, "a launch"); /* once; the caller still gets r */
     else if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
@@ -566,6 +568,7 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
             *cu = 0;
         return 0;
     }
+    atomic_fetch_add_explicit(&p->rt->launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(p->rt, (int)r, "a launch");
     if (cu)

@@ -336,6 +336,7 @@ struct hk_runtime {
     _Atomic uint64_t gate_t0;        /* when the gate last went from open to closed (ns) */
     _Atomic uint64_t section_max_ns; /* longest one thread's close..open (ns) */
     _Atomic uint64_t gate_closes, gate_max_ns, hold_timeouts; /* for hk_stats */
+    _Atomic uint64_t launch_errors; /* launches the driver refused, for hk_stats */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
     hkl_rtref *ref;           /* immutable; shared with graph user objects */

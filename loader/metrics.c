@@ -177,6 +177,9 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
     counter(w, "hotkern_launch_hold_timeouts_total", "counter",
             "Launches that waited the longest hold at the launch gate, then went on.",
             s->launch_hold_timeouts);
+    counter(w, "hotkern_launch_errors_total", "counter",
+            "Launches the driver refused (hk_launch, hk_launch_ex, pinned and graph launches).",
+            s->launch_errors);
     counter(w, "hotkern_program_fallbacks_total", "counter",
             "Launches of a program's kernel that failed in the hot version and ran the "
             "program's own code.",
@@ -200,6 +203,7 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
     out->gate_closes = atomic_load(&rt->gate_closes);
     out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
     out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
+    out->launch_errors = atomic_load(&rt->launch_errors);
     if (rt->cache) {
         uint64_t h, m, b;
         hkp_cache_stats(rt->cache, &h, &m, &b);

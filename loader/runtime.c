@@ -182,6 +182,7 @@ static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkb_driver *
     atomic_init(&rt->gate_closes, 0);
     atomic_init(&rt->gate_max_ns, 0);
     atomic_init(&rt->hold_timeouts, 0);
+    atomic_init(&rt->launch_errors, 0);
     atomic_init(&rt->reset_gen, 1);
     atomic_init(&rt->reset_suspect, 0);
     rt->pin_poll_ms = 50;

@@ -482,6 +482,10 @@ int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
     return 0;
 }
 
+unsigned hk_pull_metrics_port(const hk_puller *p) {
+    return p ? hkn_pull_metrics_port(p->p) : 0;
+}
+
 void hk_pull_stop(hk_puller *p) {
     if (p)
         handle_free(p, &p->ad, p->metrics, puller_destroy, p->p);

@@ -179,13 +179,77 @@ typedef struct hkn_artifact {
                        * artifacts include by this name; never applied */
 } hkn_artifact;
 
+/* ---- rollouts (net/rollout.c) ------------------------------------------ */
+
+/* The steps of a release (docs/ROLLOUT.md): the manifest's optional
+ * "rollout" object, {"release", "previous", "step", "steps": [{"percent",
+ * "hosts", "labels", "bake_s"}], "paused", "aborted"}. */
+struct cJSON;
+
+#define HKN_ROLLOUT_MAX_STEPS 32
+#define HKN_ROLLOUT_MAX_NAMES 256 /* hosts, or labels, of one step */
+#define HKN_HOST_ID_MAX       128 /* a host id is shorter than this */
+#define HKN_LABEL_MAX         64  /* a label is shorter than this */
+#define HKN_MAX_LABELS        16  /* labels of one host */
+#define HKN_BUCKETS           10000
+
+typedef struct hkn_rollout_step {
+    unsigned percent; /* 0 to 100: hosts whose bucket is below percent * 100 */
+    uint64_t bake_s;  /* how long the step bakes before the next (for the publisher) */
+    char **hosts;     /* owned: host ids named */
+    size_t nhosts;
+    char **labels; /* owned: labels named */
+    size_t nlabels;
+} hkn_rollout_step;
+
+typedef struct hkn_rollout {
+    int present;             /* 0: the manifest has no rollout (every host takes it) */
+    uint64_t release;        /* the release rolled out */
+    uint64_t previous;       /* the release the fleet ran before (0: none) */
+    unsigned step;           /* the current step, an index of steps */
+    hkn_rollout_step *steps; /* owned: hkn_rollout_free */
+    size_t nsteps;
+    int paused;  /* the publisher holds the step (hosts decide as before) */
+    int aborted; /* the artifacts are previous's: every host goes back to it */
+} hkn_rollout;
+
+/* 1: s is a host id, [A-Za-z0-9_.:@-], 1 to HKN_HOST_ID_MAX - 1 bytes. */
+int hkn_valid_host_id(const char *s);
+/* 1: s is a host label, [A-Za-z0-9_.:=/-], 1 to HKN_LABEL_MAX - 1 bytes. */
+int hkn_valid_label(const char *s);
+/* Reads the "rollout" member obj into out, every field checked (a bad one
+ * named in rep: HK_ERR_INVALID). On failure out holds nothing. */
+int hkn_rollout_parse(const struct cJSON *obj, hkn_rollout *out, hk_report *rep);
+/* The checks of hkn_rollout_parse on a rollout built in memory (the CLI's,
+ * before it signs one). 0 or HK_ERR_INVALID. */
+int hkn_rollout_validate(const hkn_rollout *r, hk_report *rep);
+/* Adds r as root's "rollout" member (nothing when !r->present); 0 or
+ * HK_ERR_NOMEM. */
+int hkn_rollout_add(struct cJSON *root, const hkn_rollout *r);
+/* A deep copy (dst is the caller's to hkn_rollout_free); 0 or HK_ERR_NOMEM. */
+int hkn_rollout_copy(hkn_rollout *dst, const hkn_rollout *src);
+void hkn_rollout_free(hkn_rollout *r);
+/* 1 when a host of this bucket (0 to HKN_BUCKETS - 1), id and labels is in
+ * the current step or an earlier one (steps are cumulative), or when r has
+ * no rollout; else 0. */
+int hkn_rollout_covers(const hkn_rollout *r, uint32_t bucket, const char *id,
+                       const char *const *labels, size_t nlabels);
+/* The release a host that takes the manifest runs: `version` without a
+ * rollout, the rollout's release, or its previous one once aborted. */
+uint64_t hkn_rollout_target(const hkn_rollout *r, uint64_t version);
+
+/* ---- manifests, continued ---------------------------------------------- */
+
 typedef struct hkn_manifest {
     char module[64];
-    uint64_t version;
+    uint64_t version;         /* the manifest's serial: what the anti-rollback state records */
     int64_t created, expires; /* unix seconds */
     char key_id[HKN_KEY_ID_CHARS + 1];
     hkn_artifact *artifacts; /* owned: hkn_manifest_free */
     size_t nartifacts;
+    hkn_rollout rollout; /* owned; present 0 without one */
+    uint64_t release;    /* the release the engine records once applied
+                          * (hkn_rollout_target): version without a rollout */
 } hkn_manifest;
 
 #define HKN_MAX_ARTIFACTS 16
@@ -198,6 +262,12 @@ typedef struct hkn_manifest {
 int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep);
 /* Serialises with cJSON; *json (NUL-terminated, *len bytes) is the caller's to free(). */
 int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len);
+/* Writes m (its key_id set to key's) and signs the text: *json and *sig_b64
+ * as hkn_release_sign's. The artifacts are m's as they are (the rollout
+ * commands re-sign a release's artifacts at each step); m's fields are
+ * checked as hkn_manifest_parse would read them back. */
+int hkn_manifest_sign(const hkn_seckey *key, hkn_manifest *m, char **json, size_t *len,
+                      char **sig_b64, hk_report *rep);
 void hkn_manifest_free(hkn_manifest *m);
 /* "cuda", "ptx", "cubin", "fatbin" <-> hk_format; unknown text gives AUTO. */
 hk_format hkn_format_parse(const char *s);
@@ -225,6 +295,11 @@ typedef struct hkn_blob {
     const char *arch; /* may be NULL */
     int header;       /* 1: a header whatever the name */
 } hkn_blob;
+/* The manifest's entries of nblobs files (1 to HKN_MAX_ARTIFACTS) into arts:
+ * names without their directories, hashes, formats (from the name unless
+ * given; .h .cuh .hpp: a header). HK_ERR_INVALID, HK_ERR_FORMAT. */
+int hkn_artifacts_from_blobs(const hkn_blob *blobs, size_t nblobs, hkn_artifact *arts,
+                             hk_report *rep);
 int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
                      int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
                      size_t *manifest_len, char **sig_b64, hk_report *rep);
@@ -375,13 +450,13 @@ void hkn_refused_destroy(hkn_refused *r);
  * host (busy, closing, memory, disk, driver, device). */
 int hkn_refusal_is_final(int err);
 /* The error of the remembered refusal of release `version` of module whose
- * manifest's SHA-256 is `hash` (64 hex chars), with its message into
+ * identity is `hash` (hkn_release_identity, 64 hex chars), with its message into
  * message (cap bytes), or 0 when none is remembered. r may be NULL. */
 int hkn_refused_find(hkn_refused *r, const char *module, uint64_t version, const char *hash,
                      char *message, size_t cap);
-/* For an endpoint and a puller alike: hashes the verified manifest text
- * (into hash, 65 bytes) and, when its release was refused before, fills rep
- * with that refusal and returns its error; else 0. */
+/* For an endpoint and a puller alike: the verified manifest's release
+ * identity (into hash, 65 bytes) and, when that release (m->release) was
+ * refused before, rep filled with that refusal and its error; else 0. */
 int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifest, size_t len,
                       char hash[65], hk_report *rep);
 /* Remembers a refusal (err != 0) of that release; r may be NULL. */
@@ -400,6 +475,94 @@ void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const
 int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const hkn_manifest *m,
                        const void *const *bytes, const size_t *sizes, const char *mhash,
                        const char *origin, int keep_quarantined, int *verdict, hk_report *rep);
+/* The engine's step of hkn_release_commit alone: hands the artifact and
+ * headers to e as release m->release, rep becoming the engine's report.
+ * For a host catching up with the manifest its state records already (a
+ * restart, net/fleet.c): nothing to record, nothing to take back. */
+int hkn_release_apply(const hkn_engine *e, const hkn_manifest *m, const void *const *bytes,
+                      const size_t *sizes, const char *origin, hk_report *rep);
+/* The identity of m's release for the refusals remembered (65 bytes): the
+ * SHA-256 of the manifest's text, or for a manifest with a rollout (signed
+ * anew at each step) that of its module, release and artifacts. */
+void hkn_release_identity(const hkn_manifest *m, const void *manifest, size_t len, char hash[65]);
+
+/* ---- a host of a fleet (net/fleet.c) ------------------------------------ */
+
+/* Who a puller is (host id and labels), whether it takes a release now, and
+ * its rollout metrics. One per puller; safe from any thread. */
+typedef struct hkn_fleet hkn_fleet;
+
+/* Why a release was refused: hotkern_rollout_refusals_total's reasons. */
+#define HKN_REASONS 12
+
+/* Resolves the host id (host_id, else $HOTKERN_HOST_ID, else
+ * /etc/machine-id, else the host name) and labels (labels, else
+ * $HOTKERN_HOST_LABELS; comma-separated). HK_ERR_INVALID for an id or a
+ * label out of its alphabet, naming where it came from. */
+int hkn_fleet_create(const char *host_id, const char *labels, hkn_fleet **out, hk_report *rep);
+void hkn_fleet_destroy(hkn_fleet *f); /* f may be NULL */
+const char *hkn_fleet_host_id(const hkn_fleet *f);
+/* Where the id came from: "option", "HOTKERN_HOST_ID", "/etc/machine-id" or
+ * "hostname". */
+const char *hkn_fleet_id_source(const hkn_fleet *f);
+/* The labels, comma-separated ("" for none). */
+const char *hkn_fleet_labels(const hkn_fleet *f);
+/* The first 4 bytes of SHA-256("HOST_ID\0MODULE"), big endian, modulo
+ * HKN_BUCKETS. */
+uint32_t hkn_fleet_bucket(const char *host_id, const char *module);
+
+typedef enum hkn_gate_action {
+    HKN_GATE_APPLY,   /* fetch the artifacts and apply them as release target */
+    HKN_GATE_OUTSIDE, /* not in the step: keep what runs */
+    HKN_GATE_RUNS,    /* in the step, and the target runs already */
+} hkn_gate_action;
+
+typedef struct hkn_gate {
+    hkn_gate_action action;
+    uint64_t target;  /* m->release */
+    uint64_t running; /* what the host runs now (0: none known) */
+    uint32_t bucket;
+    int in_step; /* 1: in the current step or an earlier one (or aborted, or no rollout) */
+} hkn_gate;
+
+/* Decides for verified manifest m, asking e what runs (e->release, else
+ * what this fleet object saw applied), and records the manifest's step for
+ * the metrics. A manifest without a rollout is always HKN_GATE_APPLY. */
+void hkn_fleet_gate(hkn_fleet *f, const hkn_engine *e, const hkn_manifest *m, hkn_gate *out);
+/* m's release was committed: the host runs m->release from now. */
+void hkn_fleet_applied(hkn_fleet *f, const hkn_manifest *m);
+/* Asks e what runs of every module seen (a rollback or a restore changes
+ * it); nothing without e->release. Not under the engine's locks. */
+void hkn_fleet_refresh(hkn_fleet *f, const hkn_engine *e);
+/* The index of the refusal reason of err (with the report's canary_refusal
+ * for HK_ERR_CANARY), or -1 when err is no refusal of the release (the
+ * host's own state: busy, memory, a timeout). */
+int hkn_refusal_reason(int err, const char *canary_refusal);
+/* A reason's label value ("" out of range). */
+const char *hkn_reason_name(int reason);
+/* Counts a refusal of `release` (0: unknown) of module (NULL: the module
+ * of the last manifest that verified), once per ident (what was refused:
+ * a manifest's or release's hash) and reason in a row. */
+void hkn_fleet_refused(hkn_fleet *f, const char *module, uint64_t release, const char *ident,
+                       int err, const char *canary_refusal);
+/* Adds hotkern_host_info and the hotkern_rollout_* families to w. */
+void hkn_fleet_metrics(hkn_fleet *f, hk_metrics_writer *w);
+
+/* ---- the puller's /metrics server (net/scrape.c) ------------------------ */
+
+/* A small libmicrohttpd server of GET /metrics (e->metrics' text) and
+ * GET /healthz, for a puller whose program has no endpoint: Prometheus
+ * scrapes each host there. Read-only; its own thread. */
+typedef struct hkn_scrape hkn_scrape;
+
+/* Listens on address (numeric IPv4 or IPv6; NULL: 127.0.0.1) and port (0:
+ * one chosen, hkn_scrape_port says which). e is copied. HK_ERR_INVALID for
+ * a bad address, HK_ERR_NETWORK when it cannot listen. */
+int hkn_scrape_start(const char *address, unsigned port, const hkn_engine *e, hkn_scrape **out,
+                     hk_report *rep);
+unsigned hkn_scrape_port(const hkn_scrape *s);
+/* Stops answering (requests in flight finish) and frees; s may be NULL. */
+void hkn_scrape_stop(hkn_scrape *s);
 
 /* ---- names and JSON (net/json.c) ---------------------------------------- */
 
@@ -534,8 +697,13 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep);
 /* Starts the polling thread (first poll at once). */
 int hkn_pull_run(hkn_puller *p);
 void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out);
-/* Adds the puller's families (hotkern_pull_*) to w; a metrics hook. */
+/* Adds the puller's families (hotkern_pull_*, and its fleet's:
+ * hotkern_rollout_*, hotkern_host_info) to w; a metrics hook. */
 void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w);
+/* The port of its /metrics server (0: none). */
+unsigned hkn_pull_metrics_port(const hkn_puller *p);
+/* The host id the puller resolved (net/fleet.c). */
+const char *hkn_pull_host_id(const hkn_puller *p);
 /* Stops the thread (aborting a transfer in progress) and frees. p may be NULL. */
 void hkn_pull_destroy(hkn_puller *p);
 

@@ -12,6 +12,11 @@
  * push endpoint and other pullers on the same directory; the poll holds its
  * transaction from the version check to the record.
  *
+ * A host of a fleet (net/fleet.c): between verification and the artifacts,
+ * the gate says whether this host takes a rollout's release now; its id,
+ * labels and rollout metrics are the fleet object's, its /metrics server
+ * (when the options ask for one) net/scrape.c's.
+ *
  * Configuration. The puller takes the public hk_pull_options, whose defaults
  * live here (hk_pull_options_init_size), and what its caller resolved from
  * them (hkn_pull_resolved: loaded keys, the state directory), net/api.c for
@@ -48,6 +53,8 @@ struct hkn_puller {
     hkn_trust trust;
     char *url, *sig_url, *base, *ca_file, *state_dir, *save_dir, *origin;
     hkn_state *state;
+    hkn_fleet *fleet;   /* the host's id and labels, its rollout records (own lock) */
+    hkn_scrape *scrape; /* the /metrics server, or NULL */
 
     /* Poll thread only (or the caller of hkn_pull_poll when no thread runs). */
     hkn_refused *refused; /* the releases the engine refused */
@@ -111,6 +118,7 @@ static hk_pull_options with_defaults(const hk_pull_options *o) {
     if (r.jitter_pct > 100)
         r.jitter_pct = 100;
     r.url = r.artifact_base = r.ca_file = r.state_dir = NULL;
+    r.host_id = r.host_labels = r.metrics_address = NULL;
     r.trusted_keys = NULL;
     r.ntrusted_keys = 0;
     r.swap = NULL;
@@ -246,7 +254,9 @@ static char *header_value(CURL *c, const char *name) {
  * The validators are the origin's, and an origin may change its ETag for the
  * same bytes: the releases the engine refused are also remembered by their
  * manifest's hash (net/refused.c), and the same manifest seen again is
- * answered with the first refusal, before any artifact is fetched.
+ * answered with the first refusal, before any artifact is fetched. The gate
+ * (net/fleet.c) comes before that answer and the artifacts: a host outside a
+ * rollout's step, or running its release already, fetches nothing.
  */
 static void keep_validators(hkn_puller *p, char *etag, char *lm) {
     free(p->etag);
@@ -273,18 +283,22 @@ struct poll {
     struct buf man, sig, arts[HKN_MAX_ARTIFACTS];
     hkn_manifest m;
     char *etag, *lm; /* the manifest's validators, until kept */
-    char mhash[65];  /* the manifest's SHA-256 (net/refused.c) */
+    char mhash[65];  /* the release's identity (net/refused.c) */
+    hkn_gate gate;   /* what the host does with it (net/fleet.c) */
     int keep;        /* 1: this manifest verified and is dealt with for good */
     int done;        /* 1: nothing more to do this poll (err says how it went) */
     int retry;       /* 1: the engine could not apply it now (not a verdict) */
+    int catchup;     /* 1: the manifest the state records already, whose release
+                      * this host is to run and does not (a restart): applied
+                      * without a new record */
 };
 
 /* The manifest (conditional) and its signature. A 304 is done: the kept
  * manifest's outcome stands, so a refusal stays visible in the stats
  * instead of reading as success. */
-static int fetch_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
+static int fetch_manifest(hkn_puller *p, struct poll *q, int conditional, hk_report *rep) {
     long status = 0;
-    int err = fetch(p, p->url, 1, &q->man, &status, rep);
+    int err = fetch(p, p->url, conditional, &q->man, &status, rep);
     if (err)
         return err;
     if (status == 304) {
@@ -310,18 +324,79 @@ static int fetch_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
     return err;
 }
 
-/* Verifies the manifest (within the state's transaction) and answers the
- * releases that need no artifact: the one already running, and one the
- * engine refused before. */
+/* A publisher replaces the signature, then the manifest: a poll between the
+ * two renames reads a pair that does not verify. Before that counts as a
+ * refusal, both are fetched once more (unconditionally). */
+static int refetch(hkn_puller *p, struct poll *q, hk_report *rep) {
+    free(q->man.data);
+    free(q->sig.data);
+    free(q->etag);
+    free(q->lm);
+    q->etag = q->lm = NULL;
+    q->man = (struct buf){.p = p, .limit = p->opt.max_manifest_bytes};
+    q->sig = (struct buf){.p = p, .limit = 4096};
+    hk_report_clear(rep);
+    hkn_log(&p->eng, HK_LOG_DEBUG, "pull",
+            "%s: the signature did not verify: fetching manifest and signature again", p->url);
+    return fetch_manifest(p, q, 0, rep);
+}
+
+/* The accepted manifest seen again: with a rollout, it is parsed (the
+ * signature verified, the state's record equal) so that the gate decides
+ * whether this host runs what it should (it may have restarted on
+ * nothing); without one, nothing is to be done, as ever. */
+static int seen_again(hkn_puller *p, struct poll *q) {
+    hk_report r = HK_REPORT_INIT;
+    int ok = hkn_verify_manifest(&p->trust, NULL, q->man.data, q->man.len, q->sig.data, q->sig.len,
+                                 (int64_t)time(NULL), &q->m, &r) == 0;
+    hk_report_clear(&r);
+    if (ok && q->m.rollout.present)
+        return q->catchup = 1;
+    if (ok)
+        hkn_manifest_free(&q->m);
+    return 0;
+}
+
+/* A verification's refusal, for the rollout metrics: the module and
+ * release when the manifest parsed (its signature verified: an expiry),
+ * the module served last otherwise. */
+static void note_unverified(hkn_puller *p, struct poll *q, int err) {
+    char ident[65];
+    hkn_manifest m;
+    uint64_t release = 0;
+    const char *module = NULL;
+    hk_report r = HK_REPORT_INIT;
+    int parsed = err == HK_ERR_EXPIRED && hkn_manifest_parse(q->man.data, q->man.len, &m, &r) == 0;
+    hk_report_clear(&r);
+    if (parsed) {
+        release = m.release;
+        module = m.module;
+    }
+    hkn_sha256_hex(q->man.data ? q->man.data : "", q->man.len, ident);
+    /* A manifest that does not read (a rollout of rules this host does not
+     * know) is refused as a release is: reason "other". */
+    hkn_fleet_refused(p->fleet, module, release, ident,
+                      err == HK_ERR_INVALID ? HK_ERR_REJECTED : err, NULL);
+    if (parsed)
+        hkn_manifest_free(&m);
+}
+
+/* Verifies the manifest (within the state's transaction); the release
+ * already running, without a rollout, needs nothing more. */
 static int verify_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
     int err = hkn_verify_manifest(&p->trust, p->state, q->man.data, q->man.len, q->sig.data,
                                   q->sig.len, (int64_t)time(NULL), &q->m, rep);
+    if (err == HK_ERR_SIGNATURE && !(err = refetch(p, q, rep)))
+        err = hkn_verify_manifest(&p->trust, p->state, q->man.data, q->man.len, q->sig.data,
+                                  q->sig.len, (int64_t)time(NULL), &q->m, rep);
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
+        hk_report_clear(rep);
+        if (seen_again(p, q))
+            return 0;
         /* The release already running, seen again (a restart, or an origin
          * without validators): nothing to do. */
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s v%llu, the release that runs", p->url,
                 rep->module, (unsigned long long)rep->version);
-        hk_report_clear(rep);
         q->keep = q->done = 1;
         return 0;
     }
@@ -334,19 +409,45 @@ static int verify_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
          * backoff, instead of hiding behind 304s forever. A replay is final. */
         q->keep = err == HK_ERR_REPLAY;
         count(p, &p->stats.refused, 1);
+        if (err != HK_ERR_REPLAY)
+            note_unverified(p, q, err);
         return err;
     }
-    /* The engine refused these very bytes already (an origin whose ETag
-     * changes defeats the validators): the same answer, with no artifact
-     * fetched and no build or canary run (net/refused.c). */
-    if ((err = hkn_refused_check(p->refused, &q->m, q->man.data, q->man.len, q->mhash, rep))) {
+    return 0;
+}
+
+/* The gate (net/fleet.c): whether this host takes the release now. Outside
+ * the step, or running its release already, the host keeps what it runs,
+ * and the manifest is recorded as accepted (the next step is a newer one).
+ * Otherwise, unless the engine refused these very bytes already (an origin
+ * whose ETag changes defeats the validators; a rollout's next step re-signs
+ * the same release), the artifacts are fetched. */
+static int gate(hkn_puller *p, struct poll *q, hk_report *rep) {
+    const hkn_manifest *m = &q->m;
+    int err;
+    hkn_fleet_gate(p->fleet, &p->eng, m, &q->gate);
+    if (q->gate.action != HKN_GATE_APPLY) {
+        int outside = q->gate.action == HKN_GATE_OUTSIDE;
+        hkn_log(&p->eng, outside ? HK_LOG_INFO : HK_LOG_DEBUG, "pull",
+                "%s: %s v%llu (release %llu, step %u of %zu): %s; release %llu runs", p->url,
+                m->module, (unsigned long long)m->version, (unsigned long long)m->release,
+                m->rollout.step + 1, m->rollout.nsteps,
+                outside ? "this host is not in the step yet" : "this host runs it already",
+                (unsigned long long)q->gate.running);
+        if (!q->catchup && (err = hkn_state_accept(p->state, m->module, m->version, rep)))
+            return err;
+        q->keep = q->done = 1;
+        return 0;
+    }
+    if ((err = hkn_refused_check(p->refused, m, q->man.data, q->man.len, q->mhash, rep))) {
         q->keep = 1;
         count(p, &p->stats.refused, 1);
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);
         return err;
     }
-    hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))", p->url,
-            q->m.module, (unsigned long long)q->m.version, q->m.nartifacts);
+    hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))%s", p->url,
+            m->module, (unsigned long long)m->version, m->nartifacts,
+            q->catchup ? ", which this host is to run and does not (catching up)" : "");
     return 0;
 }
 
@@ -357,29 +458,35 @@ static int fetch_artifacts(hkn_puller *p, struct poll *q, hk_report *rep) {
         const hkn_artifact *a = &q->m.artifacts[i];
         char url[4096];
         long status = 0;
+        int err;
         if (a->size > p->opt.max_artifact_bytes) {
             q->keep = 1;
             count(p, &p->stats.refused, 1);
-            return hku_fail(rep, HK_ERR_TOO_LARGE,
-                            "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
-                            (unsigned long long)a->size, p->opt.max_artifact_bytes);
+            err = hku_fail(rep, HK_ERR_TOO_LARGE,
+                           "artifact '%s' declares %llu bytes, over the cap of %zu", a->name,
+                           (unsigned long long)a->size, p->opt.max_artifact_bytes);
+            hkn_fleet_refused(p->fleet, q->m.module, q->m.release, q->mhash, err, NULL);
+            return err;
         }
         if (snprintf(url, sizeof url, "%s/artifacts/%s", p->base, a->sha256) >= (int)sizeof url)
             return hku_fail(rep, HK_ERR_INVALID, "artifact URL too long");
         /* The declared size is the cap: a server sending more is wrong. */
         q->arts[i].p = p;
         q->arts[i].limit = (size_t)a->size;
-        int err = fetch(p, url, 0, &q->arts[i], &status, rep);
+        err = fetch(p, url, 0, &q->arts[i], &status, rep);
         if (err == HK_ERR_TOO_LARGE)
             err = hku_fail(rep, HK_ERR_HASH,
                            "artifact '%s': served more than the declared %llu "
                            "bytes",
                            a->name, (unsigned long long)a->size);
+        if (err == HK_ERR_HASH)
+            hkn_fleet_refused(p->fleet, q->m.module, q->m.release, q->mhash, err, NULL);
         if (err)
             return err;
         if ((err = hkn_verify_artifact(a, q->arts[i].data ? q->arts[i].data : "", q->arts[i].len,
                                        rep))) {
             count(p, &p->stats.refused, 1);
+            hkn_fleet_refused(p->fleet, q->m.module, q->m.release, q->mhash, err, NULL);
             return err;
         }
     }
@@ -394,7 +501,8 @@ static int fetch_artifacts(hkn_puller *p, struct poll *q, hk_report *rep) {
  * poll fetches the manifest again instead of a 304, and it comes after the
  * backoff (q->retry). A quarantined image's release stays recorded as
  * seen, so that a restarted puller does not apply it again (a replay); a
- * newer release is applied as usual. */
+ * newer release is applied as usual. A host catching up with the manifest
+ * its state records already applies it without a record. */
 static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
     const hkn_manifest *m = &q->m;
     const void *bytes[HKN_MAX_ARTIFACTS];
@@ -403,9 +511,15 @@ static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
         bytes[i] = q->arts[i].data;
         sizes[i] = q->arts[i].len;
     }
-    int verdict;
-    int err = hkn_release_commit(&p->eng, p->state, p->refused, m, bytes, sizes, q->mhash,
+    int verdict = 1, err;
+    if (q->catchup) {
+        err = hkn_release_apply(&p->eng, m, bytes, sizes, p->origin, rep);
+        if (err && hkn_refusal_is_final(err))
+            hkn_refused_add(p->refused, m->module, m->release, q->mhash, err, rep->message);
+    } else {
+        err = hkn_release_commit(&p->eng, p->state, p->refused, m, bytes, sizes, q->mhash,
                                  p->origin, 1, &verdict, rep);
+    }
     if (!verdict) /* the state's error: retried at the next poll */
         return err;
     q->keep = !err || hk_err_is_verdict(err);
@@ -424,9 +538,12 @@ static int apply_release(hkn_puller *p, struct poll *q, hk_report *rep) {
                 m->module, (unsigned long long)m->version, p->url, hk_err_name(err), rep->message);
     } else {
         count(p, &p->stats.applied, 1);
-        hkn_log(&p->eng, HK_LOG_INFO, "pull", "applied %s v%llu from %s", m->module,
-                (unsigned long long)m->version, p->url);
+        hkn_fleet_applied(p->fleet, m);
+        hkn_log(&p->eng, HK_LOG_INFO, "pull", "applied %s v%llu (release %llu) from %s", m->module,
+                (unsigned long long)m->version, (unsigned long long)m->release, p->url);
     }
+    if (err)
+        hkn_fleet_refused(p->fleet, m->module, m->release, q->mhash, err, rep->canary_refusal);
     return err;
 }
 
@@ -465,12 +582,14 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
 
     hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
             p->etag || p->last_modified ? " (conditional)" : "");
-    int err = fetch_manifest(p, &q, rep);
+    int err = fetch_manifest(p, &q, 1, rep);
     if (!err && !q.done) {
         /* From the version check to the record, under the shared state's
          * transaction. */
         hkn_state_begin(p->state);
         err = verify_manifest(p, &q, rep);
+        if (!err && !q.done)
+            err = gate(p, &q, rep);
         if (!err && !q.done)
             err = fetch_artifacts(p, &q, rep);
         if (!err && !q.done && p->save_dir)
@@ -480,6 +599,8 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         hkn_state_end(p->state);
     }
     poll_finish(p, &q, err, rep);
+    /* What runs may have changed by other ways (a rollback, a restore). */
+    hkn_fleet_refresh(p->fleet, &p->eng);
     hk_report_clear(&local);
     return err;
 }
@@ -644,6 +765,13 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if ((err = hkn_fleet_create(o->host_id, o->host_labels, &p->fleet, rep)))
+        goto fail;
+    hkn_log(e, HK_LOG_INFO, "pull", "%s: host %s (from %s), labels '%s'", p->url,
+            hkn_fleet_host_id(p->fleet), hkn_fleet_id_source(p->fleet), hkn_fleet_labels(p->fleet));
+    if ((o->metrics_address || o->metrics_port) &&
+        (err = hkn_scrape_start(o->metrics_address, o->metrics_port, e, &p->scrape, rep)))
+        goto fail;
     *out = p;
     return 0;
 fail:
@@ -682,11 +810,22 @@ void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w) {
     hkn_metric(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
     hkn_metric(w, "hotkern_pull_consecutive_failures", "gauge",
                "Polls in a row that failed and backed off.", s.failures);
+    hkn_fleet_metrics(p->fleet, w);
+}
+
+unsigned hkn_pull_metrics_port(const hkn_puller *p) {
+    return hkn_scrape_port(p->scrape);
+}
+
+const char *hkn_pull_host_id(const hkn_puller *p) {
+    return hkn_fleet_host_id(p->fleet);
 }
 
 void hkn_pull_destroy(hkn_puller *p) {
     if (!p)
         return;
+    /* No scrape renders the runtime's text once this returns. */
+    hkn_scrape_stop(p->scrape);
     if (p->running) {
         pthread_mutex_lock(&p->lock);
         __atomic_store_n(&p->stop, 1, __ATOMIC_RELAXED);
@@ -698,6 +837,7 @@ void hkn_pull_destroy(hkn_puller *p) {
         curl_easy_cleanup(p->curl);
     hkn_state_close(p->state);
     hkn_refused_destroy(p->refused);
+    hkn_fleet_destroy(p->fleet);
     free(p->etag);
     free(p->last_modified);
     free(p->url);

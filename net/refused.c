@@ -41,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "net/net.h"
 
 struct entry {
@@ -128,17 +130,73 @@ void hkn_refused_add(hkn_refused *r, const char *module, uint64_t version, const
     e->used = ++r->clock;
 }
 
+/* A manifest with a rollout is signed anew at each step, over the same
+ * artifacts: its release is named by what the engine would build (the
+ * module, the release and each artifact), so that a host that refused it
+ * at one step is not made to build it again at the next. */
+void hkn_release_identity(const hkn_manifest *m, const void *manifest, size_t len, char hash[65]) {
+    if (!m->rollout.present) {
+        hkn_sha256_hex(manifest, len, hash);
+        return;
+    }
+    crypto_hash_sha256_state st;
+    unsigned char h[crypto_hash_sha256_BYTES];
+    char head[128];
+    int n = snprintf(head, sizeof head, "hotkern-release\n%s\n%llu\n", m->module,
+                     (unsigned long long)m->release);
+    crypto_hash_sha256_init(&st);
+    crypto_hash_sha256_update(&st, (const unsigned char *)head, (unsigned long long)n);
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        const hkn_artifact *a = &m->artifacts[i];
+        n = snprintf(head, sizeof head, "%s\n%d\n%d\n%s\n", a->sha256, (int)a->format, a->header,
+                     a->arch);
+        crypto_hash_sha256_update(&st, (const unsigned char *)a->name, strlen(a->name) + 1);
+        crypto_hash_sha256_update(&st, (const unsigned char *)head, (unsigned long long)n);
+    }
+    crypto_hash_sha256_final(&st, h);
+    sodium_bin2hex(hash, 65, h, sizeof h);
+}
+
 int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifest, size_t len,
                       char hash[65], hk_report *rep) {
     char before[HKN_REFUSED_MSG];
-    hkn_sha256_hex(manifest, len, hash);
-    int prior = hkn_refused_find(r, m->module, m->version, hash, before, sizeof before);
+    hkn_release_identity(m, manifest, len, hash);
+    int prior = hkn_refused_find(r, m->module, m->release, hash, before, sizeof before);
     if (prior)
         hku_fail(rep, prior,
                  "%s v%llu was refused before (%s): %s (the same signed manifest is not applied "
                  "again; publish the release signed anew to retry)",
-                 m->module, (unsigned long long)m->version, hk_err_name(prior), before);
+                 m->module, (unsigned long long)m->release, hk_err_name(prior), before);
     return prior;
+}
+
+int hkn_release_apply(const hkn_engine *e, const hkn_manifest *m, const void *const *bytes,
+                      const size_t *sizes, const char *origin, hk_report *rep) {
+    size_t k = hkn_pick_artifact(m, e->arch);
+    hk_report arep = HK_REPORT_INIT;
+    hk_header hdrs[HKN_MAX_ARTIFACTS];
+    int nh = hkn_release_headers(m, bytes, sizes, hdrs);
+    const void *b = bytes[k] ? bytes[k] : "";
+    /* The engine records the release the host runs once it is applied (a
+     * rollout's, not the manifest's serial). */
+    int err = e->apply_named
+                  ? e->apply_named(e->ud, m->module, m->release, m->artifacts[k].name,
+                                   m->artifacts[k].format, b, sizes[k], hdrs, nh, origin, &arep)
+                  : e->apply(e->ud, m->module, m->release, m->artifacts[k].format, b, sizes[k],
+                             hdrs, nh, origin, &arep);
+    /* The engine's report carries the build detail; the release's identity
+     * (module and release version) goes on top of it. */
+    hk_report_clear(rep);
+    *rep = arep;
+    snprintf(rep->module, sizeof rep->module, "%s", m->module);
+    rep->version = m->version;
+    rep->error = err;
+    if (!err)
+        return 0;
+    if (!rep->message[0])
+        snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m->module,
+                 (unsigned long long)m->release, hk_err_name(err));
+    return err;
 }
 
 int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const hkn_manifest *m,
@@ -153,30 +211,11 @@ int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const 
     if ((err = hkn_state_lookup(s, m->module, &prev, rep)) ||
         (err = hkn_state_accept(s, m->module, m->version, rep)))
         return err;
-    size_t k = hkn_pick_artifact(m, e->arch);
-    hk_report arep = HK_REPORT_INIT;
-    hk_header hdrs[HKN_MAX_ARTIFACTS];
-    int nh = hkn_release_headers(m, bytes, sizes, hdrs);
-    const void *b = bytes[k] ? bytes[k] : "";
-    err = e->apply_named
-              ? e->apply_named(e->ud, m->module, m->version, m->artifacts[k].name,
-                               m->artifacts[k].format, b, sizes[k], hdrs, nh, origin, &arep)
-              : e->apply(e->ud, m->module, m->version, m->artifacts[k].format, b, sizes[k], hdrs,
-                         nh, origin, &arep);
+    err = hkn_release_apply(e, m, bytes, sizes, origin, rep);
     if (verdict)
         *verdict = 1;
-    /* The engine's report carries the build detail; the release's identity
-     * (module and release version) goes on top of it. */
-    hk_report_clear(rep);
-    *rep = arep;
-    snprintf(rep->module, sizeof rep->module, "%s", m->module);
-    rep->version = m->version;
-    rep->error = err;
     if (!err)
         return 0;
-    if (!rep->message[0])
-        snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m->module,
-                 (unsigned long long)m->version, hk_err_name(err));
     hk_report srep = HK_REPORT_INIT;
     if (!(keep_quarantined && err == HK_ERR_QUARANTINED) &&
         hkn_state_revert(s, m->module, m->version, prev, &srep) != 0) {
@@ -187,6 +226,6 @@ int hkn_release_commit(const hkn_engine *e, hkn_state *s, hkn_refused *r, const 
     }
     hk_report_clear(&srep);
     if (hkn_refusal_is_final(err))
-        hkn_refused_add(r, m->module, m->version, mhash, err, rep->message);
+        hkn_refused_add(r, m->module, m->release, mhash, err, rep->message);
     return err;
 }

@@ -247,6 +247,7 @@ void hkn_manifest_free(hkn_manifest *m) {
     if (!m)
         return;
     free(m->artifacts);
+    hkn_rollout_free(&m->rollout);
     memset(m, 0, sizeof *m);
 }
 
@@ -353,7 +354,13 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
             goto out;
         out->nartifacts++;
     }
-    err = check_headers(out, rep);
+    if ((err = check_headers(out, rep)))
+        goto out;
+    /* The steps of a release (net/rollout.c): what hosts take it now. */
+    const cJSON *ro = cJSON_GetObjectItemCaseSensitive(root, "rollout");
+    if (ro && (err = hkn_rollout_parse(ro, &out->rollout, rep)))
+        goto out;
+    out->release = hkn_rollout_target(&out->rollout, out->version);
 out:
     cJSON_Delete(root);
     if (err)
@@ -387,6 +394,8 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
             !cJSON_AddStringToObject(o, "arch", a->arch))
             goto out;
     }
+    if (hkn_rollout_add(root, &m->rollout))
+        goto out;
     *json = cJSON_Print(root);
     if (!*json)
         goto out;
@@ -397,44 +406,61 @@ out:
     return err;
 }
 
-int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
-                     int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
-                     size_t *manifest_len, char **sig_b64, hk_report *rep) {
-    *manifest = *sig_b64 = NULL;
-    *manifest_len = 0;
-    if (hkn_crypto_init())
-        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
-    if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
+/* What hkn_manifest_parse would refuse of a manifest built in memory. */
+static int check_built(const hkn_manifest *m, hk_report *rep) {
+    if (!hkn_valid_name(m->module, sizeof m->module))
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%.64s' is not [A-Za-z0-9_.-]{1,63}",
+                        m->module);
+    if (m->version == 0 || (double)m->version > HKN_MAX_JSON_INT)
+        return hku_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
+    if (m->nartifacts == 0 || m->nartifacts > HKN_MAX_ARTIFACTS)
         return hku_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
                         HKN_MAX_ARTIFACTS);
-    if (strlen(module) >= 64 || !hkn_valid_name(module, 64))
-        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
-                        module);
-    if (version == 0 || (double)version > HKN_MAX_JSON_INT)
-        return hku_fail(rep, HK_ERR_INVALID, "version must be in [1, 2^53)");
     size_t nheaders = 0;
-    for (size_t i = 0; i < nblobs; i++)
-        nheaders += blobs[i].header ||
-                    (blobs[i].format == HK_FORMAT_AUTO && hkn_is_header_name(blobs[i].name));
-    if (nheaders == nblobs)
+    for (size_t i = 0; i < m->nartifacts; i++)
+        nheaders += m->artifacts[i].header != 0;
+    if (nheaders == m->nartifacts)
         return hku_fail(rep, HK_ERR_INVALID, "a release needs a kernel, not only headers");
     /* An already expired release can be signed (tests of the refusal need
      * one); the CLI refuses to make one. */
-    if (created < 0 || (double)created > HKN_MAX_JSON_INT || expires < 0 ||
-        (double)expires > HKN_MAX_JSON_INT || expires - created > HKN_MAX_LIFETIME_S)
+    if (m->created < 0 || (double)m->created > HKN_MAX_JSON_INT || m->expires < 0 ||
+        (double)m->expires > HKN_MAX_JSON_INT || m->expires - m->created > HKN_MAX_LIFETIME_S)
         return hku_fail(rep, HK_ERR_INVALID,
                         "created and expires must be unix times in [0, 2^53), expiring within %d "
                         "days of creation",
                         HKN_MAX_LIFETIME_S / 86400);
-    hkn_artifact arts[HKN_MAX_ARTIFACTS];
-    memset(arts, 0, sizeof arts);
-    hkn_manifest m = {.version = version,
-                      .created = created,
-                      .expires = expires,
-                      .artifacts = arts,
-                      .nartifacts = nblobs};
-    snprintf(m.module, sizeof m.module, "%s", module);
-    snprintf(m.key_id, sizeof m.key_id, "%s", key->pub.id);
+    return hkn_rollout_validate(&m->rollout, rep);
+}
+
+int hkn_manifest_sign(const hkn_seckey *key, hkn_manifest *m, char **json, size_t *len,
+                      char **sig_b64, hk_report *rep) {
+    *json = *sig_b64 = NULL;
+    *len = 0;
+    if (hkn_crypto_init())
+        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
+    snprintf(m->key_id, sizeof m->key_id, "%s", key->pub.id);
+    int err = check_built(m, rep);
+    if (err)
+        return err;
+    char *text = NULL;
+    size_t n = 0;
+    if (hkn_manifest_write(m, &text, &n))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
+    if ((err = sign_b64(key, text, n, sig_b64, rep)) < 0) {
+        free(text);
+        return err;
+    }
+    *json = text;
+    *len = n;
+    return 0;
+}
+
+int hkn_artifacts_from_blobs(const hkn_blob *blobs, size_t nblobs, hkn_artifact *arts,
+                             hk_report *rep) {
+    if (nblobs == 0 || nblobs > HKN_MAX_ARTIFACTS)
+        return hku_fail(rep, HK_ERR_INVALID, "a release holds 1 to %d artifacts",
+                        HKN_MAX_ARTIFACTS);
+    memset(arts, 0, nblobs * sizeof *arts);
     for (size_t i = 0; i < nblobs; i++) {
         const char *base = strrchr(blobs[i].name, '/');
         base = base ? base + 1 : blobs[i].name;
@@ -455,17 +481,28 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
                             base);
         snprintf(arts[i].arch, sizeof arts[i].arch, "%s", blobs[i].arch ? blobs[i].arch : "");
     }
-    char *json = NULL;
-    size_t len = 0;
-    if (hkn_manifest_write(&m, &json, &len))
-        return hku_fail(rep, HK_ERR_NOMEM, "out of memory writing the manifest");
-    if (sign_b64(key, json, len, sig_b64, rep) < 0) {
-        free(json);
-        return HK_ERR_NOMEM;
-    }
-    *manifest = json;
-    *manifest_len = len;
     return 0;
+}
+
+int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version, int64_t created,
+                     int64_t expires, const hkn_blob *blobs, size_t nblobs, char **manifest,
+                     size_t *manifest_len, char **sig_b64, hk_report *rep) {
+    *manifest = *sig_b64 = NULL;
+    *manifest_len = 0;
+    if (strlen(module) >= 64 || !hkn_valid_name(module, 64))
+        return hku_fail(rep, HK_ERR_INVALID, "module name '%s' is not [A-Za-z0-9_.-]{1,63}",
+                        module);
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    int err = hkn_artifacts_from_blobs(blobs, nblobs, arts, rep);
+    if (err)
+        return err;
+    hkn_manifest m = {.version = version,
+                      .created = created,
+                      .expires = expires,
+                      .artifacts = arts,
+                      .nartifacts = nblobs};
+    snprintf(m.module, sizeof m.module, "%s", module);
+    return hkn_manifest_sign(key, &m, manifest, manifest_len, sig_b64, rep);
 }
 
 /* ---- verification ------------------------------------------------------ */

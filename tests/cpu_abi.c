@@ -32,6 +32,7 @@
 #define ENDPOINT_OPTS_OLD END(hk_endpoint_options, swap)
 #define WATCH_OPTIONS_OLD END(hk_watch_options, build_profile)
 #define CHECK_OPTIONS_OLD END(hk_check_options, source_name)
+#define PULL_OPTIONS_OLD  END(hk_pull_options, swap)
 
 /* A caller's structure of `size` bytes of an older layout, then canaries up
  * to 256 bytes past the library's structure. */
@@ -511,6 +512,28 @@ START_TEST(net_structures_below_first_layout_are_refused) {
 }
 END_TEST
 
+/* Pull options of the 1.3 layout (up to swap): the fields 1.4 appended
+ * (host_id, host_labels, metrics_address, metrics_port) are not read past
+ * the caller's size, so the canaries there start no /metrics server and
+ * name no host; nothing is written there either. */
+START_TEST(old_pull_options_take_defaults_past_their_size) {
+    buf m;
+    hk_report rep = HK_REPORT_INIT;
+    old_layout(&m, PULL_OPTIONS_OLD);
+    hk_pull_options *po = (hk_pull_options *)m.b;
+    po->url = "http://127.0.0.1:1/manifest.json";
+    po->allow_unsigned = 1;
+    po->state_dir = "";
+    hk_puller *p = NULL;
+    int err = hk_pull_start(rt, po, &p, &rep);
+    ck_assert_msg(err == 0, "start: %s", rep.message);
+    ck_assert_uint_eq(hk_pull_metrics_port(p), 0);
+    hk_pull_stop(p);
+    ck_assert(canaries_from(&m, PULL_OPTIONS_OLD, sizeof(hk_pull_options) + 256));
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* Check options: one layout so far, refused below it with nothing done; a
  * newer caller's larger layout is accepted and its unknown fields ignored;
  * a report of the first layout is filled within its size by a check. */
@@ -568,6 +591,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, check_options_sizes);
     tcase_add_test(tc, old_endpoint_options_take_defaults_past_their_size);
     tcase_add_test(tc, net_structures_below_first_layout_are_refused);
+    tcase_add_test(tc, old_pull_options_take_defaults_past_their_size);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -114,7 +114,7 @@ extern "C" {
  * Each function says the version that added it ("Since"), and is exported
  * under that version's symbol node (HOTKERN_1.3 for 1.3). */
 #define HK_VERSION_MAJOR 1
-#define HK_VERSION_MINOR 3
+#define HK_VERSION_MINOR 4
 #define HK_VERSION_PATCH 0
 /* The same as one number, 0xMMmmpp (1.3.0 is 0x010300), for the
  * preprocessor: #if HK_VERSION_NUM >= 0x010300. Since 1.3. */
@@ -767,6 +767,8 @@ typedef struct hk_stats {
     uint64_t canary_sanitizer;  /* 1: test launches run under memcheck first */
     uint64_t program_fallbacks; /* launches of a program's kernel that failed in the hot version and
                                  * ran the program's own code (HK_EVENT_FALLBACK) */
+    uint64_t launch_errors;     /* launches the driver refused: hk_launch, hk_launch_ex, pinned and
+                                 * graph launches (Since 1.4) */
 } hk_stats;
 
 #define HK_STATS_INIT HK_SIZED_INIT(hk_stats)

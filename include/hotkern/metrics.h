@@ -70,6 +70,14 @@ HK_API void hk_metrics_family(hk_metrics_writer *w, const char *name, const char
 HK_API void hk_metrics_sample(hk_metrics_writer *w, const char *name, const char *label,
                               const char *label_value, uint64_t value);
 
+/* Adds a sample of family `name` (declared before) with n labels (0 to 8:
+ * names[i]="values[i]", each value escaped) after the source's own label.
+ * A sample with a bad or repeated label name, or of an undeclared family, is
+ * dropped. Since 1.4. */
+HK_API void hk_metrics_sample_labels(hk_metrics_writer *w, const char *name,
+                                     const char *const *names, const char *const *values, int n,
+                                     uint64_t value);
+
 /* Attaches cb to rt: every later hk_metrics_text calls it. When label is not
  * NULL, every sample cb writes carries label=label_value first (copied), so
  * that several sources of a kind (two pullers) make distinct series. On

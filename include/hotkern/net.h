@@ -24,6 +24,18 @@
  *   Of several artifacts, the one applied is: a cubin/fatbin whose arch is the
  *   runtime's, else a fatbin, else PTX, else CUDA C (with the headers).
  *
+ * Rollouts (docs/ROLLOUT.md; since 1.4)
+ *   A manifest may carry "rollout": {"release", "previous", "step", "steps":
+ *   [{"percent", "hosts", "labels", "bake_s"}], "paused", "aborted"}, which
+ *   `hotkern rollout` writes. A puller takes such a release only when its
+ *   host (hk_pull_options.host_id and host_labels) is in the current step
+ *   or an earlier one: its bucket, SHA-256 of "HOST_ID\0MODULE" modulo
+ *   10000, below 100 x the step's percent, or its id or a label named; every
+ *   host takes an aborted one, whose artifacts are the previous release's.
+ *   Outside the step it keeps what it runs (not an error). The engine
+ *   records the rollout's release (hk_module_release); the anti-rollback
+ *   state the manifest's version, which every step raises.
+ *
  * Key files
  *   One line: the key in hex (public 64 chars, secret 128 chars: libsodium's
  *   seed + public key) or base64. A key's id is the first 8 bytes of the
@@ -134,7 +146,11 @@
  * accepted and refused with the reason, release outcomes, polls, 304s, new
  * releases, refusals and each retry with its backoff. Their counters join the
  * runtime's hk_metrics_text from start to stop (hotkern_push_* labelled
- * endpoint="ADDRESS:PORT", hotkern_pull_* labelled url="URL").
+ * endpoint="ADDRESS:PORT", hotkern_pull_* labelled url="URL"); a puller's
+ * also hotkern_host_info and, per module, hotkern_rollout_* (the release
+ * the host runs and since when, its step and bucket, its refusals by
+ * reason). A puller with hk_pull_options.metrics_address or metrics_port
+ * serves that whole text at GET /metrics itself (hk_pull_metrics_port).
  */
 #ifndef HOTKERN_NET_H
 #define HOTKERN_NET_H
@@ -244,6 +260,14 @@ typedef struct hk_pull_options {
                                       * endpoint's default too; "" = memory only */
     const hk_swap_options *swap;     /* template for each swap (copied); a canary policy left at
                                       * DEFAULT means HK_CANARY_REQUIRE */
+    /* Since 1.4: the host in a fleet's rollouts (docs/ROLLOUT.md). */
+    const char *host_id;         /* [A-Za-z0-9_.:@-]{1,127}; NULL: $HOTKERN_HOST_ID, else
+                                  * /etc/machine-id, else the host name */
+    const char *host_labels;     /* comma-separated labels a rollout's steps may name; NULL:
+                                  * $HOTKERN_HOST_LABELS */
+    const char *metrics_address; /* serve GET /metrics here (numeric IPv4/IPv6); NULL with
+                                  * metrics_port 0: no server, else "127.0.0.1" */
+    unsigned metrics_port;       /* 0 with an address: one chosen (hk_pull_metrics_port) */
 } hk_pull_options;
 
 /* As hk_endpoint_options_init_size, for puller options. Since 1.0. */
@@ -256,12 +280,19 @@ static inline void hk_pull_options_init(hk_pull_options *o) {
 }
 
 /* Starts polling opt->url on a thread of its own (first poll at once),
- * applying each new verified release to rt. Conditional requests make an
+ * applying each new verified release to rt, a rollout's only while this
+ * host is in its step (above, "Rollouts"). Conditional requests make an
  * unchanged origin cost one 304 per poll; errors back off exponentially.
- * rt must outlive the puller. On success *out is owned by the caller:
- * hk_pull_stop(). Since 1.0. */
+ * HK_ERR_INVALID for a host id or label out of its alphabet, HK_ERR_NETWORK
+ * when the /metrics server cannot listen. rt must outlive the puller. On
+ * success *out is owned by the caller: hk_pull_stop(). Since 1.0. */
 HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller **out,
                          hk_report *rep);
+
+/* The port the puller's /metrics server listens on (the one chosen when
+ * metrics_port was 0), or 0 when it serves none (p NULL too). Safe from any
+ * thread. Since 1.4. */
+HK_API unsigned hk_pull_metrics_port(const hk_puller *p);
 
 /* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_stats {

@@ -9,7 +9,9 @@
  * read three ways: as a manifest verified without keys (so the parser,
  * expiry and replay checks run on it), as a manifest with a signature made
  * from its last 64 bytes against a fixed key (the signature path), and as a
- * rollback request.
+ * rollback request. A manifest with a rollout that verifies is also decided
+ * for a few hosts (net/rollout.c), written back and read again: the same
+ * steps must come back.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -49,6 +51,23 @@ static void check_manifest(const hkn_manifest *m) {
             abort();
     if (hkn_pick_artifact(m, "sm_90") >= m->nartifacts)
         abort();
+    const hkn_rollout *r = &m->rollout;
+    if (!r->present)
+        return;
+    if (r->step >= r->nsteps || r->nsteps > HKN_ROLLOUT_MAX_STEPS ||
+        hkn_rollout_target(r, m->version) != (r->aborted ? r->previous : r->release))
+        abort();
+    /* Cumulative: a host in the share of an earlier step is in this one. */
+    const char *labels[] = {"canary", "gpu=h100"};
+    for (uint32_t b = 0; b < HKN_BUCKETS; b += 997)
+        if (b < r->steps[0].percent * 100u && !hkn_rollout_covers(r, b, "h", labels, 2))
+            abort();
+    hkn_rollout copy;
+    if (hkn_rollout_copy(&copy, r) == 0) {
+        if (copy.nsteps != r->nsteps || hkn_rollout_validate(&copy, NULL) != 0)
+            abort();
+        hkn_rollout_free(&copy);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -67,8 +86,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_manifest(&m);
         char *out;
         size_t len;
-        if (hkn_manifest_write(&m, &out, &len) == 0)
+        if (hkn_manifest_write(&m, &out, &len) == 0) {
+            /* What was written reads back with the same steps. */
+            hkn_manifest back;
+            if (hkn_manifest_parse(out, len, &back, NULL) != 0 ||
+                back.rollout.present != m.rollout.present ||
+                back.rollout.nsteps != m.rollout.nsteps || back.release != m.release)
+                abort();
+            hkn_manifest_free(&back);
             free(out);
+        }
         hkn_manifest_free(&m);
     }
     hk_report_clear(&rep);

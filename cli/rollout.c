@@ -1,0 +1,746 @@
+/*
+ * hotkern rollout: a release's steps on a static origin (docs/ROLLOUT.md).
+ *
+ *   start    signs FILE... as a new release whose manifest carries its steps
+ *            (--steps 1,10,50,100 --bake S, or --steps-file), at step 0;
+ *   advance  the same release at the next step (once its bake time passed);
+ *   pause, resume  the same step, marked paused or not;
+ *   abort    the previous release's artifacts under a newer manifest, marked
+ *            aborted: every host that took the release goes back;
+ *   status   what the origin's manifest says of the rollout.
+ *
+ * Every change is a newer signed manifest in the origin directory (its
+ * "version" one above the current one, so that the hosts' anti-rollback
+ * records only grow), written as `hotkern sign` writes a release: the
+ * artifacts, then the signature, then the manifest, each replaced
+ * atomically (both staged and synced first, so that their renames follow
+ * each other at once); the manifest's mtime is moved past the last one's,
+ * since static servers (nginx) make ETag and Last-Modified of mtime and
+ * size, and two steps' manifests of one size within a second would look
+ * the same.
+ * `start` keeps the manifest it replaces as previous-manifest.json (and its
+ * .sig): the release `abort` goes back to. The current manifest (and the
+ * previous one) are verified with the signing key's public key before they
+ * are re-signed, so that a file changed on the origin is never signed
+ * anew; and the directory is flock'd, so that two commands do not
+ * interleave.
+ *
+ * Hosts' own state (on the release, refused it, still on the previous one)
+ * comes from their metrics through Prometheus, in a later version; status
+ * says what the manifest says.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <sodium.h>
+
+#include "cli/cli.h"
+#include "net/net.h"
+
+#define MANIFEST "manifest.json"
+#define PREVIOUS "previous-manifest.json"
+
+/* What every subcommand may take. */
+struct args {
+    const char *dir, *key, *module, *steps, *steps_file, *arch, *pubkey;
+    uint64_t release, bake, expires_in;
+    int force, json;
+};
+
+/* One manifest of the origin directory, verified and parsed. */
+struct man {
+    int have;
+    hkn_manifest m;
+    char *text, *sig;
+    size_t len, sig_len;
+    int64_t mtime;
+};
+
+static void man_free(struct man *x) {
+    hkn_manifest_free(&x->m);
+    free(x->text);
+    free(x->sig);
+    memset(x, 0, sizeof *x);
+}
+
+/* ---- reading the origin ------------------------------------------------ */
+
+/* DIR/NAME and its .sig into x (x->have 0 when the manifest is missing),
+ * verified with pub when it is given. */
+static int load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub,
+                struct man *x) {
+    char path[PATH_MAX], sig_path[PATH_MAX + 8];
+    hk_report rep = HK_REPORT_INIT;
+    struct stat st;
+    int rc = 0;
+    memset(x, 0, sizeof *x);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(sig_path, sizeof sig_path, "%s.sig", path);
+    if (stat(path, &st) != 0 && errno == ENOENT)
+        return 0;
+    if (hku_read_file(path, 1 << 20, &x->text, &x->len, &rep) ||
+        hku_read_file(sig_path, 4096, &x->sig, &x->sig_len, &rep)) {
+        rc = hkc_fail_report(o, &rep);
+        goto out;
+    }
+    x->mtime = (int64_t)st.st_mtime;
+    if (pub) {
+        unsigned char bin[HKN_SIG_BYTES];
+        if (hkn_decode_fixed(x->sig, x->sig_len, bin, sizeof bin) ||
+            crypto_sign_verify_detached(bin, (const unsigned char *)x->text, x->len, pub->pk)) {
+            rc = hkc_fail(o, HK_ERR_SIGNATURE, NULL,
+                          "%s does not verify with key %s (changed on the origin, or signed by "
+                          "another key): nothing is signed over it",
+                          path, pub->id);
+            goto out;
+        }
+    }
+    if (hkn_manifest_parse(x->text, x->len, &x->m, &rep)) {
+        rc = hkc_fail(o, rep.error, NULL, "%s: %s", path, rep.message);
+        goto out;
+    }
+    x->have = 1;
+out:
+    hk_report_clear(&rep);
+    if (rc)
+        man_free(x);
+    return rc;
+}
+
+/* ---- writing the origin ------------------------------------------------ */
+
+static int64_t now_s(void) {
+    return (int64_t)time(NULL);
+}
+
+/* DIR/NAME's next bytes under a staging name (DIR/.NAME.new), synced; with
+ * after >= 0 its mtime past `after` (the manifest it replaces): static
+ * servers make ETag and Last-Modified of mtime and size, and the rename
+ * that puts it in place keeps the time, so that no reader ever sees the new
+ * bytes with the old validators. */
+static int stage(hkc_out *o, const char *dir, const char *name, const char *bytes, size_t len,
+                 int64_t after) {
+    char path[PATH_MAX];
+    hk_report rep = HK_REPORT_INIT;
+    snprintf(path, sizeof path, "%s/.%s.new", dir, name);
+    if (hku_write_atomic(path, bytes, len, 0644, &rep)) {
+        int rc = hkc_fail_report(o, &rep);
+        hk_report_clear(&rep);
+        return rc;
+    }
+    int64_t t = now_s() > after ? now_s() : after + 1;
+    struct timespec ts[2] = {{.tv_sec = t}, {.tv_sec = t}};
+    if (after >= 0 && utimensat(AT_FDCWD, path, ts, 0) != 0) {
+        int e = errno;
+        unlink(path);
+        return hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+static void unlink_staged(const char *dir, const char *name) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/.%s.new", dir, name);
+    unlink(path);
+}
+
+/* Renames the staged files of names into place, in order, then syncs the
+ * directory; on a failure the rest are removed. */
+static int place(hkc_out *o, const char *dir, const char *const *names, int n) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char from[PATH_MAX], to[PATH_MAX];
+        snprintf(from, sizeof from, "%s/.%s.new", dir, names[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        if (!rc && rename(from, to) != 0)
+            rc = hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", to, strerror(errno));
+        if (rc)
+            unlink(from);
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return rc;
+}
+
+static int write_file(hkc_out *o, const char *dir, const char *name, const void *bytes,
+                      size_t len) {
+    char path[PATH_MAX];
+    hk_report rep = HK_REPORT_INIT;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = hku_write_atomic(path, bytes, len, 0644, &rep) ? hkc_fail_report(o, &rep) : 0;
+    hk_report_clear(&rep);
+    return rc;
+}
+
+/* Signs m (created now, expiring after expires_in) and writes it over the
+ * current manifest: the artifacts (blobs, when new ones come), the
+ * signature, then the manifest. */
+static int publish(hkc_out *o, const struct args *a, const hkn_seckey *key, hkn_manifest *m,
+                   const hkn_blob *blobs, size_t nblobs, int64_t after) {
+    char *json = NULL, *sig = NULL, name[128];
+    size_t len = 0;
+    hk_report rep = HK_REPORT_INIT;
+    int rc = 0;
+    m->created = now_s();
+    m->expires = m->created + (int64_t)a->expires_in;
+    m->release = hkn_rollout_target(&m->rollout, m->version);
+    if (hkn_manifest_sign(key, m, &json, &len, &sig, &rep)) {
+        rc = hkc_fail_report(o, &rep);
+        goto out;
+    }
+    char arts[PATH_MAX];
+    snprintf(arts, sizeof arts, "%s/artifacts", a->dir);
+    if (mkdir(arts, 0755) != 0 && errno != EEXIST) {
+        rc = hkc_fail(o, HK_ERR_IO, NULL, "mkdir %s: %s", arts, strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < nblobs && !rc; i++) {
+        snprintf(name, sizeof name, "artifacts/%s", m->artifacts[i].sha256);
+        rc = write_file(o, a->dir, name, blobs[i].bytes, blobs[i].size);
+    }
+    /* Both files are staged (and synced) first, so that their renames
+     * follow each other at once, the signature's first: a poll between the
+     * two reads a pair that does not verify, and fetches it again
+     * (net/pull.c). */
+    size_t slen = strlen(sig);
+    char *line = malloc(slen + 2);
+    if (!rc && !line)
+        rc = hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    if (!rc) {
+        memcpy(line, sig, slen);
+        memcpy(line + slen, "\n", 2);
+        rc = stage(o, a->dir, MANIFEST ".sig", line, slen + 1, -1);
+    }
+    free(line);
+    if (!rc && (rc = stage(o, a->dir, MANIFEST, json, len, after)))
+        unlink_staged(a->dir, MANIFEST ".sig");
+    static const char *const names[] = {MANIFEST ".sig", MANIFEST};
+    if (!rc)
+        rc = place(o, a->dir, names, 2);
+out:
+    free(json);
+    free(sig);
+    hk_report_clear(&rep);
+    return rc;
+}
+
+/* ---- the steps --------------------------------------------------------- */
+
+/* The steps of --steps-file (an array of steps, or {"steps": [...]}) or of
+ * --steps P,P,... --bake S, read as the manifest's rollout would be, so
+ * that each bad field is named the same. */
+static int read_steps(hkc_out *o, const struct args *a, hkn_rollout *out) {
+    char *text = NULL;
+    size_t len = 0;
+    hk_report rep = HK_REPORT_INIT;
+    int rc = 0;
+    cJSON *root = NULL, *steps = NULL;
+    if (a->steps_file) {
+        if (hku_read_file(a->steps_file, 1 << 20, &text, &len, &rep)) {
+            rc = hkc_usage(o, "--steps-file: %s", rep.message);
+            goto out;
+        }
+        cJSON *j = hkn_json_parse_strict(text, len);
+        steps = cJSON_IsObject(j) ? cJSON_DetachItemFromObjectCaseSensitive(j, "steps") : j;
+        if (steps != j)
+            cJSON_Delete(j);
+        if (!cJSON_IsArray(steps)) {
+            rc = hkc_usage(o, "--steps-file %s: not a JSON array of steps (or {\"steps\": [...]})",
+                           a->steps_file);
+            goto out;
+        }
+    } else {
+        steps = cJSON_CreateArray();
+        for (const char *p = a->steps; steps && *p;) {
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (errno || end == p || (*end && *end != ',') || v < 0 || v > 100) {
+                rc = hkc_usage(o, "--steps needs percents from 0 to 100, comma-separated "
+                                  "(1,10,50,100)");
+                goto out;
+            }
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddItemToArray(steps, s);
+            /* Numbers (not raw text): the parser reads them as a manifest's. */
+            cJSON_AddNumberToObject(s, "percent", (double)v);
+            cJSON_AddNumberToObject(s, "bake_s", (double)a->bake);
+            p = *end ? end + 1 : end;
+        }
+    }
+    root = cJSON_CreateObject();
+    if (!root || !steps || !cJSON_AddNumberToObject(root, "release", 1) ||
+        !cJSON_AddNumberToObject(root, "step", 0)) {
+        rc = hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+        goto out;
+    }
+    cJSON_AddItemToObject(root, "steps", steps);
+    steps = NULL;
+    if (hkn_rollout_parse(root, out, &rep))
+        rc = hkc_usage(o, "%s%s: %s", a->steps_file ? "--steps-file " : "--steps",
+                       a->steps_file ? a->steps_file : "", rep.message);
+out:
+    cJSON_Delete(steps);
+    cJSON_Delete(root);
+    free(text);
+    hk_report_clear(&rep);
+    return rc;
+}
+
+/* ---- reporting --------------------------------------------------------- */
+
+static cJSON *names_json(char *const *v, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(v[i]));
+    return a;
+}
+
+/* The rollout of m: text lines, or the document's fields. */
+static void describe(hkc_out *o, const char *dir, const hkn_manifest *m) {
+    const hkn_rollout *r = &m->rollout;
+    int64_t baked = now_s() - m->created;
+    if (o->json) {
+        hkc_set_str(o, "dir", dir);
+        hkc_set_str(o, "module", m->module);
+        hkc_set_int(o, "manifest_version", (long long)m->version);
+        hkc_set_int(o, "release", (long long)(r->present ? r->release : m->version));
+        hkc_set_int(o, "target_release", (long long)m->release);
+        hkc_set_int(o, "previous", (long long)r->previous);
+        hkc_set_int(o, "created", (long long)m->created);
+        hkc_set_int(o, "expires", (long long)m->expires);
+        hkc_set(o, "rollout", cJSON_CreateBool(r->present));
+        if (!r->present)
+            return;
+        hkc_set_int(o, "step", (long long)r->step);
+        hkc_set_int(o, "baked_s", (long long)(baked > 0 ? baked : 0));
+        hkc_set(o, "paused", cJSON_CreateBool(r->paused));
+        hkc_set(o, "aborted", cJSON_CreateBool(r->aborted));
+        cJSON *steps = cJSON_CreateArray();
+        for (size_t i = 0; steps && i < r->nsteps; i++) {
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddItemToArray(steps, s);
+            cJSON_AddItemToObject(s, "percent", hkc_int(r->steps[i].percent));
+            cJSON_AddItemToObject(s, "bake_s", hkc_int((long long)r->steps[i].bake_s));
+            cJSON_AddItemToObject(s, "hosts", names_json(r->steps[i].hosts, r->steps[i].nhosts));
+            cJSON_AddItemToObject(s, "labels", names_json(r->steps[i].labels, r->steps[i].nlabels));
+        }
+        hkc_set(o, "steps", steps);
+        return;
+    }
+    printf("%s: module %s, manifest v%llu", dir, m->module, (unsigned long long)m->version);
+    if (!r->present) {
+        printf(", release %llu, no rollout (every host takes it)\n",
+               (unsigned long long)m->version);
+        return;
+    }
+    printf(", release %llu (previous %llu)%s%s\n", (unsigned long long)r->release,
+           (unsigned long long)r->previous, r->paused ? ", paused" : "",
+           r->aborted ? ", ABORTED: every host goes back to the previous release" : "");
+    for (size_t i = 0; i < r->nsteps; i++) {
+        const hkn_rollout_step *s = &r->steps[i];
+        printf("  %s step %zu: %3u%%, bake %llu s", i == r->step ? "->" : "  ", i + 1, s->percent,
+               (unsigned long long)s->bake_s);
+        for (size_t k = 0; k < s->nhosts; k++)
+            printf("%s%s", k ? "," : ", hosts ", s->hosts[k]);
+        for (size_t k = 0; k < s->nlabels; k++)
+            printf("%s%s", k ? "," : ", labels ", s->labels[k]);
+        if (i == r->step)
+            printf(" (published %lld s ago)", (long long)(baked > 0 ? baked : 0));
+        putchar('\n');
+    }
+}
+
+/* ---- the subcommands --------------------------------------------------- */
+
+typedef int (*sub_fn)(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur);
+
+/* The current manifest's rollout, for advance, pause, resume and abort:
+ * 0, or the exit status of the refusal. */
+static int need_rollout(hkc_out *o, const struct args *a, const struct man *cur) {
+    if (!cur->have)
+        return hkc_fail(o, HK_ERR_NOT_FOUND, NULL, "%s/" MANIFEST " does not exist: start one",
+                        a->dir);
+    if (!cur->m.rollout.present)
+        return hkc_fail(o, HK_ERR_INVALID, NULL,
+                        "release %llu of %s has no rollout (every host takes it): start one",
+                        (unsigned long long)cur->m.version, cur->m.module);
+    if (cur->m.rollout.aborted)
+        return hkc_fail(o, HK_ERR_INVALID, NULL,
+                        "the rollout of release %llu is aborted: start a new one",
+                        (unsigned long long)cur->m.rollout.release);
+    return 0;
+}
+
+/* The next manifest of cur's release: the same artifacts and steps, one
+ * version above. */
+static int next_of(hkc_out *o, const struct man *cur, hkn_manifest *m, hkn_artifact *arts) {
+    *m = cur->m;
+    memcpy(arts, cur->m.artifacts, cur->m.nartifacts * sizeof *arts);
+    m->artifacts = arts;
+    m->version = cur->m.version + 1;
+    if (hkn_rollout_copy(&m->rollout, &cur->m.rollout))
+        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    return 0;
+}
+
+static void said(hkc_out *o, const struct args *a, const char *what, const hkn_manifest *m) {
+    if (!o->json)
+        printf("%s: manifest v%llu written to %s\n", what, (unsigned long long)m->version, a->dir);
+    describe(o, a->dir, m);
+}
+
+/* Reads FILE... into blobs (bytes[i] owned by the caller). */
+static int read_blobs(hkc_out *o, const struct args *a, char **files, int n, hkn_blob *blobs,
+                      char **bytes) {
+    hk_report rep = HK_REPORT_INIT;
+    if (n < 1 || n > HKN_MAX_ARTIFACTS)
+        return hkc_usage(o, "give 1 to %d kernel and header files", HKN_MAX_ARTIFACTS);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        if (hku_read_file(files[i], HKC_MAX_INPUT, &bytes[i], &len, &rep)) {
+            int rc = hkc_fail_report(o, &rep);
+            hk_report_clear(&rep);
+            return rc;
+        }
+        hk_format f = hkn_format_from_name(files[i]);
+        blobs[i] =
+            (hkn_blob){.name = files[i],
+                       .bytes = bytes[i],
+                       .size = len,
+                       .format = f,
+                       .arch = (f == HK_FORMAT_CUBIN || f == HK_FORMAT_FATBIN) ? a->arch : NULL};
+    }
+    return 0;
+}
+
+/* Copies the manifest being replaced to previous-manifest.json: the
+ * release an abort goes back to. */
+static int keep_previous(hkc_out *o, const struct args *a, const struct man *cur) {
+    if (!cur->have)
+        return 0;
+    int rc = write_file(o, a->dir, PREVIOUS ".sig", cur->sig, cur->sig_len);
+    return rc ? rc : write_file(o, a->dir, PREVIOUS, cur->text, cur->len);
+}
+
+static int do_start(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur,
+                    char **files, int nfiles) {
+    hkn_manifest m;
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    hkn_blob blobs[HKN_MAX_ARTIFACTS];
+    char *bytes[HKN_MAX_ARTIFACTS] = {0};
+    hk_report rep = HK_REPORT_INIT;
+    int rc;
+    memset(&m, 0, sizeof m);
+    if (!a->module)
+        return hkc_usage(o, "--module is required");
+    if (cur->have && strcmp(cur->m.module, a->module))
+        return hkc_usage(o, "%s holds module %s, not %s", a->dir, cur->m.module, a->module);
+    const hkn_rollout *cr = &cur->m.rollout;
+    if (cur->have && cr->present && !cr->aborted && cr->step + 1 < cr->nsteps)
+        return hkc_fail(o, HK_ERR_BUSY, NULL,
+                        "release %llu is at step %u of %zu: advance it to the last step or abort "
+                        "it before starting another",
+                        (unsigned long long)cr->release, cr->step + 1, cr->nsteps);
+    m.version = cur->have ? cur->m.version + 1 : 1;
+    uint64_t previous = cur->have ? cur->m.release : 0;
+    uint64_t release = a->release ? a->release : m.version;
+    if (release <= previous)
+        return hkc_usage(o, "--release %llu is not above the release the fleet runs (%llu)",
+                         (unsigned long long)release, (unsigned long long)previous);
+    if ((rc = read_steps(o, a, &m.rollout)))
+        return rc;
+    m.rollout.release = release;
+    m.rollout.previous = previous;
+    snprintf(m.module, sizeof m.module, "%s", a->module);
+    if ((rc = read_blobs(o, a, files, nfiles, blobs, bytes)))
+        goto out;
+    if (hkn_artifacts_from_blobs(blobs, (size_t)nfiles, arts, &rep)) {
+        rc = hkc_usage(o, "%s", rep.message);
+        goto out;
+    }
+    m.artifacts = arts;
+    m.nartifacts = (size_t)nfiles;
+    if (!(rc = keep_previous(o, a, cur)) &&
+        !(rc = publish(o, a, key, &m, blobs, (size_t)nfiles, cur->mtime)))
+        said(o, a, "started", &m);
+out:
+    for (int i = 0; i < HKN_MAX_ARTIFACTS; i++)
+        free(bytes[i]);
+    hkn_rollout_free(&m.rollout);
+    hk_report_clear(&rep);
+    return rc;
+}
+
+static int do_advance(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+    hkn_manifest m;
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    int rc = need_rollout(o, a, cur);
+    if (rc)
+        return rc;
+    const hkn_rollout *r = &cur->m.rollout;
+    if (r->paused)
+        return hkc_fail(o, HK_ERR_BUSY, NULL, "the rollout of release %llu is paused: resume it",
+                        (unsigned long long)r->release);
+    if (r->step + 1 >= r->nsteps)
+        return hkc_fail(o, HK_ERR_INVALID, NULL,
+                        "release %llu is at its last step (%u of %zu) already",
+                        (unsigned long long)r->release, r->step + 1, r->nsteps);
+    int64_t baked = now_s() - cur->m.created;
+    if (!a->force && baked < (int64_t)r->steps[r->step].bake_s)
+        return hkc_fail(o, HK_ERR_BUSY, NULL,
+                        "step %u bakes %lld s more (of %llu s); --force advances now", r->step + 1,
+                        (long long)((int64_t)r->steps[r->step].bake_s - baked),
+                        (unsigned long long)r->steps[r->step].bake_s);
+    if ((rc = next_of(o, cur, &m, arts)))
+        return rc;
+    m.rollout.step++;
+    if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
+        said(o, a, "advanced", &m);
+    hkn_rollout_free(&m.rollout);
+    return rc;
+}
+
+static int set_paused(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur,
+                      int paused) {
+    hkn_manifest m;
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    int rc = need_rollout(o, a, cur);
+    if (rc)
+        return rc;
+    if (cur->m.rollout.paused == paused)
+        return hkc_fail(o, HK_ERR_INVALID, NULL, "the rollout of release %llu is %s already",
+                        (unsigned long long)cur->m.rollout.release,
+                        paused ? "paused" : "not paused");
+    if ((rc = next_of(o, cur, &m, arts)))
+        return rc;
+    m.rollout.paused = paused;
+    if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
+        said(o, a, paused ? "paused" : "resumed", &m);
+    hkn_rollout_free(&m.rollout);
+    return rc;
+}
+
+static int do_pause(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+    return set_paused(o, a, key, cur, 1);
+}
+
+static int do_resume(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+    return set_paused(o, a, key, cur, 0);
+}
+
+/* Every artifact of m lies in the origin's artifacts/ (an abort serves the
+ * previous release's again). */
+static int artifacts_there(hkc_out *o, const struct args *a, const hkn_manifest *m) {
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/artifacts/%s", a->dir, m->artifacts[i].sha256);
+        if (stat(path, &st) != 0 || (uint64_t)st.st_size != m->artifacts[i].size)
+            return hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                            "%s (artifact '%s' of release %llu) is missing or not %llu bytes", path,
+                            m->artifacts[i].name, (unsigned long long)m->release,
+                            (unsigned long long)m->artifacts[i].size);
+    }
+    return 0;
+}
+
+static int do_abort(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+    struct man prev;
+    hkn_manifest m;
+    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    int rc = need_rollout(o, a, cur);
+    if (rc)
+        return rc;
+    const hkn_rollout *r = &cur->m.rollout;
+    if (r->previous == 0)
+        return hkc_fail(o, HK_ERR_NO_HISTORY, NULL,
+                        "release %llu has no previous release to go back to",
+                        (unsigned long long)r->release);
+    if ((rc = load(o, a->dir, PREVIOUS, &key->pub, &prev)))
+        return rc;
+    if (!prev.have || prev.m.release != r->previous) {
+        rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                      "%s/" PREVIOUS " %s release %llu, the rollout's previous one", a->dir,
+                      prev.have ? "is not" : "is missing: it would hold",
+                      (unsigned long long)r->previous);
+        goto out;
+    }
+    if ((rc = artifacts_there(o, a, &prev.m)) || (rc = next_of(o, cur, &m, arts)))
+        goto out;
+    /* The previous release's artifacts under the newer version. */
+    memcpy(arts, prev.m.artifacts, prev.m.nartifacts * sizeof *arts);
+    m.nartifacts = prev.m.nartifacts;
+    m.rollout.aborted = 1;
+    if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
+        said(o, a, "aborted", &m);
+    hkn_rollout_free(&m.rollout);
+out:
+    man_free(&prev);
+    return rc;
+}
+
+/* ---- entry ------------------------------------------------------------- */
+
+static const char help[] =
+    "usage: hotkern rollout start --dir DIR --key SECRET --module M [--release N]\n"
+    "         (--steps P,P,... [--bake S] | --steps-file FILE) [--expires-in S]\n"
+    "         [--arch sm_XX] [--json] FILE...\n"
+    "       hotkern rollout advance --dir DIR --key SECRET [--force] [--expires-in S] [--json]\n"
+    "       hotkern rollout pause|resume|abort --dir DIR --key SECRET [--expires-in S] [--json]\n"
+    "       hotkern rollout status --dir DIR [--pubkey FILE] [--json]\n\n"
+    "Rolls a release out to a fleet of pullers in steps, through the static origin\n"
+    "directory DIR that an HTTP server (nginx, a CDN) serves them (docs/ROLLOUT.md).\n"
+    "Each command signs a newer manifest of DIR (its version one above the last):\n"
+    "  start    FILE... as release N (default: the new manifest's version), at step 1\n"
+    "           of --steps (percents of hosts, never decreasing, each baking --bake\n"
+    "           seconds, default 0) or of --steps-file (a JSON array of {\"percent\",\n"
+    "           \"hosts\": [ids], \"labels\": [..], \"bake_s\"}); the manifest it replaces\n"
+    "           is kept as DIR/previous-manifest.json, the release abort goes back to.\n"
+    "           Refused while another release is before its last step.\n"
+    "  advance  the next step, once the current one baked its bake_s (--force: now)\n"
+    "  pause    the same step, marked paused (advance refuses); resume unmarks it\n"
+    "  abort    the previous release's artifacts, marked aborted: every host that\n"
+    "           took the release goes back to the previous one\n"
+    "  status   what DIR's manifest says: release, previous, steps, the current one\n"
+    "A host takes the release when its bucket (a hash of its host id and the\n"
+    "module, 0 to 9999) is below 100 x the percent of the current step or an earlier\n"
+    "one, or when such a step names its id or one of its labels. The manifests\n"
+    "expire after --expires-in seconds (default 30 days); the current manifest (and\n"
+    "previous-manifest.json) must verify with --key's public key.\n"
+    "Not built yet: status from Prometheus (hosts on the release, refused, on the\n"
+    "previous one, per step), watch (advancing and aborting on a Prometheus gate),\n"
+    "push fleets; status says what the manifest says.\n" HKC_JSON_HELP
+    "Exit status: 0 done, 1 refused or failed, 2 usage.\n";
+
+static const struct {
+    const char *name;
+    sub_fn fn; /* NULL: start and status, which take other arguments */
+} subs[] = {
+    {"start", NULL},       {"advance", do_advance}, {"pause", do_pause},
+    {"resume", do_resume}, {"abort", do_abort},     {"status", NULL},
+};
+
+/* The directory's lock for the command's length: 0, or the exit status. */
+static int lock_dir(hkc_out *o, const char *dir, int *fd) {
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*fd < 0)
+        return hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", dir, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
+        return hkc_fail(o, HK_ERR_BUSY, NULL, "%s: another rollout command holds it", dir);
+    return 0;
+}
+
+static int run(hkc_out *o, const char *sub, struct args *a, char **files, int nfiles) {
+    hkn_seckey key;
+    hkn_pubkey pub;
+    struct man cur;
+    hk_report rep = HK_REPORT_INIT;
+    int rc = 0, fd = -1;
+    int status = !strcmp(sub, "status"), start = !strcmp(sub, "start");
+    memset(&cur, 0, sizeof cur);
+    memset(&key, 0, sizeof key);
+    memset(&pub, 0, sizeof pub);
+    if (!a->dir)
+        return hkc_usage(o, "--dir DIR is required");
+    if (!status && !a->key)
+        return hkc_usage(o, "--key SECRET is required");
+    if (!start && (nfiles || a->module || a->steps || a->steps_file || a->release))
+        return hkc_usage(o, "FILE..., --module, --release and the steps are start's");
+    if (start && !!a->steps == !!a->steps_file)
+        return hkc_usage(o, "give --steps or --steps-file");
+    if (status && (a->key || a->force))
+        return hkc_usage(o, "status takes --dir, --pubkey and --json");
+    if (!status && mkdir(a->dir, 0755) != 0 && errno != EEXIST)
+        return hkc_fail(o, HK_ERR_IO, NULL, "mkdir %s: %s", a->dir, strerror(errno));
+    if (!status && hkn_seckey_load(a->key, &key, &rep)) {
+        rc = hkc_fail_report(o, &rep);
+        goto out;
+    }
+    if (status && a->pubkey && hkn_pubkey_load(a->pubkey, &pub, &rep)) {
+        rc = hkc_fail_report(o, &rep);
+        goto out;
+    }
+    if ((!status && (rc = lock_dir(o, a->dir, &fd))) ||
+        (rc = load(o, a->dir, MANIFEST, status ? (a->pubkey ? &pub : NULL) : &key.pub, &cur)))
+        goto out;
+    if (status) {
+        if (!cur.have)
+            rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL, "%s/" MANIFEST " does not exist", a->dir);
+        else
+            describe(o, a->dir, &cur.m);
+    } else if (start) {
+        rc = do_start(o, a, &key, &cur, files, nfiles);
+    } else {
+        for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+            if (!strcmp(sub, subs[i].name))
+                rc = subs[i].fn(o, a, &key, &cur);
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    sodium_memzero(&key, sizeof key);
+    man_free(&cur);
+    hk_report_clear(&rep);
+    return rc;
+}
+
+int hkc_cmd_rollout(int argc, char **argv) {
+    struct args a = {.expires_in = 30 * 86400};
+    int nargs = 0;
+    char cmd[32];
+    hkc_out o;
+    const char *sub = argc > 1 ? argv[1] : "";
+    int known = 0;
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+        known |= !strcmp(sub, subs[i].name);
+    if (!known) {
+        if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        hkc_out_init(&o, "rollout");
+        for (int i = 1; i < argc; i++)
+            if (!strcmp(argv[i], "--json"))
+                hkc_out_json(&o);
+        return hkc_finish(&o, hkc_usage(&o,
+                                        "%s%s%s: give start, advance, pause, resume, abort "
+                                        "or status",
+                                        sub[0] ? "unknown subcommand '" : "no subcommand", sub,
+                                        sub[0] ? "'" : ""));
+    }
+    snprintf(cmd, sizeof cmd, "rollout %s", sub);
+    const hkc_opt opts[] = {
+        HKC_STRING_OPT("--dir", &a.dir),
+        HKC_STRING_OPT("--key", &a.key),
+        HKC_STRING_OPT("--module", &a.module),
+        HKC_UINT_OPT("--release", &a.release, 1, HKC_MAX_RELEASE,
+                     "--release needs an integer from 1 to 2^53-1"),
+        HKC_STRING_OPT("--steps", &a.steps),
+        HKC_STRING_OPT("--steps-file", &a.steps_file),
+        HKC_UINT_OPT("--bake", &a.bake, 0, HKN_MAX_LIFETIME_S,
+                     "--bake needs seconds from 0 to 31622400"),
+        HKC_UINT_OPT("--expires-in", &a.expires_in, 1, HKN_MAX_LIFETIME_S,
+                     "--expires-in needs seconds from 1 to 31622400 (366 days)"),
+        HKC_STRING_OPT("--arch", &a.arch),
+        HKC_STRING_OPT("--pubkey", &a.pubkey),
+        HKC_FLAG_OPT("--force", &a.force),
+        HKC_JSON_OPT(&a.json),
+    };
+    int rc = hkc_parse(&o, cmd, opts, HKC_NOPTS(opts), help, argc - 1, argv + 1, &nargs);
+    if (rc != HKC_CONTINUE)
+        return hkc_finish(&o, rc);
+    return hkc_finish(&o, run(&o, sub, &a, argv + 2, nargs));
+}
