@@ -11,7 +11,7 @@
  * (but for a swap that asked for HK_STAGE_NOW). Every interposed
  * synchronisation (device, stream and event synchronisations and queries,
  * synchronous cudaMemcpy) forwards first; then, only when it succeeded and
- * something waits for a safe point (one load of the engine's sp_wanted), it
+ * something waits for a safe point (one load of the engine's sp.wanted), it
  * asks whether all the program's GPU work is idle, and if so runs the safe
  * point right there, on the program's thread, before its call returns
  * (hkl_idle_point), as a program that calls hk_safe_point after its

@@ -52,7 +52,8 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
 void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a);
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep);
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a);
-void hkl_expect_free(hk_runtime *rt); /* at free */
+int hkl_expect_init(hk_runtime *rt); /* the part rt->expect */
+void hkl_expect_finish(hk_runtime *rt);
 
 /* expect_tu.c: the program's translation units (see there).
  * - hkl_expect_tu: TU `id` (> 0, never reused) has source file stem `file`

@@ -36,14 +36,15 @@ static inline hkl_tslot *hkl_enter(hk_runtime *rt) {
     for (;;) {
         /* Acquire keeps this load before the load of `current` on weakly
          * ordered machines (free on x86). */
-        uint64_t e = atomic_load_explicit(&rt->epoch, memory_order_acquire);
-        if (__builtin_expect(rt->asym_fence, 1)) {
+        uint64_t e = atomic_load_explicit(&rt->gate.epoch, memory_order_acquire);
+        if (__builtin_expect(rt->gate.asym_fence, 1)) {
             atomic_store_explicit(&s->active, e, memory_order_relaxed);
             atomic_signal_fence(memory_order_seq_cst);
         } else {
             atomic_store(&s->active, e);
         }
-        if (__builtin_expect(!atomic_load_explicit(&rt->gate, memory_order_seq_cst), 1) || waited)
+        if (__builtin_expect(!atomic_load_explicit(&rt->gate.closers, memory_order_seq_cst), 1) ||
+            waited)
             return s;
         /* Closed: step out of the launch so the closer can go on, wait, and
          * announce again (a launcher that waited its maximum goes on). */

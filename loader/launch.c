@@ -168,7 +168,7 @@ static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {
         hkl_lkg_lost(rt, (int)r, "a launch"); /* once; the caller still gets r */
     else if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
              r == CUDA_ERROR_INVALID_CONTEXT) {
-        atomic_store(&rt->reset_suspect, 1);
+        atomic_store(&rt->reset.suspect, 1);
         hkl_reclaim_kick(rt);
     }
     if (cu)
@@ -617,7 +617,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
     }
     int d = current_slot(rt);
     void **funcs = atomic_load_explicit(&v->funcs, memory_order_acquire);
-    void *f = d >= 0 && funcs && v->ctx_gen == atomic_load(&rt->reset_gen)
+    void *f = d >= 0 && funcs && v->ctx_gen == atomic_load(&rt->reset.gen)
                   ? funcs[(size_t)k->slot * (size_t)rt->ndev + (size_t)d]
                   : NULL;
     if (f) {
@@ -647,7 +647,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v) {
     atomic_fetch_sub(&v->pins, 1);
     /* The version may be waiting for this pin to go. */
-    pthread_mutex_lock(&rt->rec_lock);
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }

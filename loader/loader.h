@@ -91,7 +91,7 @@ typedef struct hkl_tslot {
     /* One cache line per slot: launching threads never share a line. */
     _Alignas(64) _Atomic uint64_t active; /* 0: not in a launch; else epoch at entry */
     _Atomic int in_use;                   /* free / owned / orphaned: gate.c */
-    struct hkl_tslot *next;               /* immutable once published on rt->slots */
+    struct hkl_tslot *next;               /* immutable once published on rt->gate.slots */
     hk_runtime *rt;
 } hkl_tslot;
 
@@ -137,7 +137,7 @@ struct hkl_version {
                                * thread after this (hkl_now_ms) with no safe point */
     int dead;                 /* set before retiring: a module of a reset
                                * context, replaced by its reload (no event) */
-    uint64_t ctx_gen;         /* immutable: rt->reset_gen when loaded */
+    uint64_t ctx_gen;         /* immutable: rt->reset.gen when loaded */
     uint64_t retire_epoch;    /* rec_lock */
     int candidate;            /* reclaim thread: unpinned when the pass began */
     hkl_version *next;        /* rec_lock: retired list */
@@ -307,6 +307,173 @@ typedef enum hkl_hook_point {
                                  * holding here is a slow build */
 } hkl_hook_point;
 
+/*
+ * The runtime's parts. Each is one member of struct hk_runtime, kept by the
+ * file named at it, which makes it (hkl_PART_init, at create, in the order
+ * of runtime.c's table) and takes it apart (hkl_PART_finish, at free, in the
+ * reverse order). Other files reach a part through its functions, but for
+ * the few fields said to be read (or, under the part's lock, written)
+ * elsewhere.
+ */
+
+/* The launch-side epochs and the launch gate (gate.c; gate.h's hkl_enter
+ * reads epoch, asym_fence and closers on every launch). */
+typedef struct hkl_gate {
+    _Atomic uint64_t epoch;          /* bumped by hkl_retire (version.c) */
+    _Atomic(hkl_tslot *) slots;      /* push-only list */
+    int asym_fence;                  /* immutable: membarrier(2) orders launch entries */
+    _Atomic int closers;             /* closers inside; launchers wait while > 0 */
+    _Atomic int waiters;             /* launchers waiting at the gate */
+    _Atomic uint64_t gen;            /* openings so far */
+    _Atomic uint64_t t0;             /* when the gate last went from open to closed (ns) */
+    _Atomic uint64_t section_max_ns; /* longest one thread's close..open (ns) */
+    _Atomic uint64_t closes, max_ns, hold_timeouts; /* for hk_stats */
+    pthread_mutex_t lock;                           /* gate_lock */
+    pthread_cond_t cond;                            /* gate_lock: broadcast when the gate opens */
+} hkl_gate;
+
+/* Reset recovery (reset.c). unload_lock orders a module unload (version.c)
+ * against reset recovery replacing the context the module lived in. */
+typedef struct hkl_reset {
+    pthread_mutex_t unload_lock;
+    _Atomic uint64_t gen; /* bumped by reset recovery under unload_lock */
+    _Atomic int suspect;  /* a launch failed as after a reset (launch.c sets it) */
+} hkl_reset;
+
+/* The reclaim thread and the retired versions (reclaim.c; hkl_retire and
+ * hkl_reclaim_kick of version.c add to it, under rec_lock). */
+typedef struct hkl_reclaimer {
+    pthread_mutex_t lock;      /* rec_lock */
+    pthread_cond_t cond;       /* rec_lock: wakes the reclaim thread */
+    pthread_cond_t done;       /* rec_lock: signalled after each reclaim pass */
+    hkl_version *retired;      /* rec_lock */
+    hkl_version *unload_ready; /* rec_lock: grace over, unloaded at a safe point */
+    int nretired;              /* rec_lock: retired and not yet unloaded */
+    int stop;                  /* rec_lock */
+    int kick;                  /* rec_lock: work arrived; pass again at once */
+    int abandoned;             /* rec_lock: destroy gave up waiting; the reclaim
+                                * thread frees the runtime when it ends */
+    int pin_poll_ms;           /* rec_lock: poll for pins going (tests change it) */
+    int unload_gap_ms;         /* immutable: least time between unload batches */
+    int waiters;               /* rec_lock: threads in hk_reclaim_wait */
+    pthread_t thread;          /* immutable once started */
+    int started;               /* immutable once started */
+    int finished;              /* rec_lock: its final pass is done */
+    int retire_all;            /* rec_lock: destroy could not take swap_lock in
+                                * time: the reclaim thread retires every current
+                                * version (hkl_retire_all) before its final pass */
+    /* Immutable once the thread starts: the part of runtime.c's teardown
+     * it runs itself when destroy stopped waiting for it (hkl_reclaim_start;
+     * no floor below runtime.c calls it by name). */
+    void (*free_rt)(hk_runtime *rt);
+} hkl_reclaimer;
+
+/* The worker thread, its job queue and the safe-point queue (worker.c). */
+typedef struct hkl_worker {
+    pthread_mutex_t lock;      /* work_lock */
+    pthread_cond_t cond;       /* work_lock: a job came, or stop */
+    pthread_cond_t idle;       /* work_lock: a job ended, or the worker left */
+    _Atomic uint64_t job_seq;  /* submission counter for jobs (swap.c and
+                                * restore.c number theirs too) */
+    hkl_job *jobs, *jobs_tail; /* work_lock: to build */
+    hkl_job *dropped;          /* work_lock: superseded before they were
+                                * taken; the worker reports them */
+    hkl_job *pending;          /* work_lock: built, waiting for a safe point */
+    int busy;                  /* work_lock: jobs taken but not finished */
+    int stop;                  /* work_lock */
+    pthread_t thread;          /* immutable once started */
+    int started;
+    int exited;    /* work_lock: the worker left its loop */
+    int abandoned; /* work_lock: destroy stopped waiting for it:
+                    * the worker finishes the teardown */
+    /* Immutable once the thread starts: the rest of runtime.c's teardown,
+     * which the worker runs itself when destroy stopped waiting for its
+     * build (hkl_worker_start). */
+    void (*finish_rt)(hk_runtime *rt, double until_ms);
+} hkl_worker;
+
+/* Safe points (worker.c; loader/safepoint.h). wanted, read at every
+ * interposed synchronisation, is padded off busy fields (no _Alignas:
+ * calloc'd). */
+typedef struct hkl_safe_points {
+    char pad0[64];
+    _Atomic int wanted;    /* HKL_SP_* bits, each under its list's lock */
+    _Atomic int automatic; /* 1: idle moments come from a source (swap.c reads it) */
+    char pad1[64];
+    int (*own_thread)(void); /* work_lock: "this thread brings them" */
+    int seen;                /* work_lock: hk_safe_point was called */
+    pthread_t thread;        /* work_lock: its latest caller */
+} hkl_safe_points;
+
+/* The counters behind hk_stats and the metrics (metrics.c; swap.c,
+ * reclaim.c, reset.c and expect.c count under stats_lock). */
+typedef struct hkl_metrics {
+    pthread_mutex_t lock; /* stats_lock */
+    hk_stats stats;       /* stats_lock */
+    hkl_hist swap_hist;   /* stats_lock: total_ms of committed swaps */
+} hkl_metrics;
+
+/* The attached sources (source.c; metrics.c walks them under src_lock). */
+typedef struct hkl_sources {
+    pthread_mutex_t lock; /* src_lock */
+    hkl_source *list;     /* src_lock: attached sources, newest first */
+} hkl_sources;
+
+/* Registered graphs (graph.c). */
+typedef struct hkl_graphs {
+    pthread_rwlock_t lock; /* graph_lock: graph launches (read) vs retargeting
+                            * and registration (write) */
+    hkl_graph *list;       /* graph_lock */
+} hkl_graphs;
+
+/* Logs (log.c). log_lock is the innermost lock of all: messages are
+ * delivered under it for reading, from any thread and under any other lock;
+ * hk_runtime_set_log takes it for writing. The callbacks' end (log and
+ * event callbacks alike) is here too: set once by hkl_callbacks_close. */
+typedef struct hkl_log {
+    pthread_rwlock_t lock; /* log_lock */
+    hk_log_cb cb;          /* log_lock: NULL: stderr when HOTKERN_LOG asks */
+    void *ud;              /* log_lock */
+    int cb_min;            /* log_lock: the callback's least level */
+    int env_min;           /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
+    _Atomic int min;       /* least level delivered now; read without the lock */
+    _Atomic int cb_closed;
+    pthread_t cb_closer;     /* written before cb_closed, read after it */
+    _Atomic int cb_inflight; /* callbacks being called now */
+} hkl_log;
+
+/* The event queue (log.c: hk_events_queue). */
+typedef struct hkl_events {
+    pthread_mutex_t lock; /* evq_lock */
+    pthread_cond_t cond;  /* evq_lock: an event came, or destroy began */
+    hk_queued_event *q;   /* evq_lock: ring of cap, NULL: no queue */
+    int cap, head, n;     /* evq_lock */
+    uint64_t dropped;     /* evq_lock: lost, for the next event queued (capacity 1) */
+    int closed;           /* evq_lock: destroy began */
+    int takers;           /* evq_lock: threads inside hk_next_event */
+    _Atomic int fd;       /* eventfd, -1: none; set once under evq_lock */
+} hkl_events;
+
+/* The program's own kernels and globals (expect.c, expect_tu.c,
+ * expect_global.c). expect_lock is a leaf. */
+typedef struct hkl_expectations {
+    pthread_mutex_t lock;            /* expect_lock */
+    hkl_expect *kernels;             /* expect_lock */
+    struct hkl_xglobal *globals;     /* expect_lock */
+    _Atomic int n;                   /* entries of both lists: 0 costs swaps nothing */
+    struct hkl_tu *tus;              /* expect_lock: the program's translation units */
+    struct hkl_tu_warned *tu_warned; /* expect_lock: names said to be ambiguous */
+    struct hkl_kept_src *kept;       /* expect_lock: modules' last CUDA C sources */
+} hkl_expectations;
+
+/* Test hooks, apart from the production fields: only the tests set hook
+ * (before the runtime's first job; read unlocked) and read fences; the
+ * engine calls hook at the points of hkl_hook_point when it is set. */
+typedef struct hkl_test_hooks {
+    void (*hook)(hk_runtime *, hkl_hook_point); /* immutable once set: tests only */
+    uint64_t fences;                            /* rec_lock: heavy fences the reclaim thread paid */
+} hkl_test_hooks;
+
 struct hk_runtime {
     /* immutable after create */
     hkb_driver drv_own;
@@ -317,138 +484,32 @@ struct hk_runtime {
     int ndev;
     hkl_device dev[HKL_MAX_DEVICES];
     int arch;
-
-    pthread_mutex_t swap_lock;
-    hkl_module *modules;         /* swap_lock */
-    pthread_rwlock_t graph_lock; /* graph launches (read) vs retargeting and
-                                  * registration (write) */
-    hkl_graph *graphs;           /* graph_lock */
-    uint64_t id;                 /* immutable: unique per runtime in the process */
-    int asym_fence;              /* immutable: membarrier(2) orders launch entries */
-    _Atomic uint64_t job_seq;    /* submission counter for jobs */
-
-    /* launch-side epochs and the launch gate */
-    _Atomic uint64_t epoch;
-    _Atomic(hkl_tslot *) slots;      /* push-only list */
-    _Atomic int gate;                /* closers inside; launchers wait while > 0 */
-    _Atomic int gate_waiters;        /* launchers waiting at the gate */
-    _Atomic uint64_t gate_gen;       /* openings so far */
-    _Atomic uint64_t gate_t0;        /* when the gate last went from open to closed (ns) */
-    _Atomic uint64_t section_max_ns; /* longest one thread's close..open (ns) */
-    _Atomic uint64_t gate_closes, gate_max_ns, hold_timeouts; /* for hk_stats */
-    pthread_mutex_t gate_lock;
-    pthread_cond_t gate_cond; /* gate_lock: broadcast when the gate opens */
-    hkl_rtref *ref;           /* immutable; shared with graph user objects */
-
-    pthread_mutex_t unload_lock;
-    _Atomic uint64_t reset_gen; /* bumped by reset recovery under unload_lock */
-    _Atomic int reset_suspect;  /* a launch failed as after a reset */
-
-    pthread_mutex_t rec_lock;
-    pthread_cond_t rec_cond;   /* wakes the reclaim thread */
-    pthread_cond_t rec_done;   /* signalled after each reclaim pass */
-    hkl_version *retired;      /* rec_lock */
-    hkl_version *unload_ready; /* rec_lock: grace over, unloaded at a safe point */
-    int nretired;              /* rec_lock: retired and not yet unloaded */
-    int rec_stop;              /* rec_lock */
-    int rec_kick;              /* rec_lock: work arrived; pass again at once */
-    int abandoned;             /* rec_lock: destroy gave up waiting; the reclaim
-                                * thread frees the runtime when it ends */
-    int pin_poll_ms;           /* rec_lock: poll for pins going (tests change it) */
-    int unload_gap_ms;         /* immutable: least time between unload batches */
-    int rec_waiters;           /* rec_lock: threads in hk_reclaim_wait */
-    pthread_t rec_thread;      /* immutable once started */
-    int rec_started;           /* immutable once started */
-    int rec_finished;          /* rec_lock: its final pass is done */
-    int rec_retire_all;        /* rec_lock: destroy could not take swap_lock in
-                                * time: the reclaim thread retires every current
-                                * version (hkl_retire_all) before its final pass */
-    uint64_t fences;           /* rec_lock: heavy fences paid (tests read it) */
-    void (*hook)(hk_runtime *, hkl_hook_point); /* immutable: tests only */
-
-    /* Immutable once the threads start: the parts of runtime.c's teardown
-     * that the reclaim thread (rec_free) and the worker (worker_finish) run
-     * themselves when destroy stopped waiting for them, passed down by
-     * hkl_reclaim_start and hkl_worker_start (no floor below runtime.c
-     * calls it by name). */
-    void (*rec_free)(hk_runtime *rt);
-    void (*worker_finish)(hk_runtime *rt, double until_ms);
-
-    pthread_mutex_t work_lock;
-    pthread_cond_t work_cond;
-    pthread_cond_t idle_cond;
-    hkl_job *jobs, *jobs_tail;   /* work_lock: to build */
-    hkl_job *dropped;            /* work_lock: superseded before they were
-                                  * taken; the worker reports them */
-    hkl_job *pending;            /* work_lock: built, waiting for a safe point */
-    int busy;                    /* work_lock: jobs taken but not finished */
-    int work_stop;               /* work_lock */
-    int safe_points_seen;        /* work_lock: hk_safe_point was called */
-    pthread_t safe_point_thread; /* work_lock: its latest caller */
-    pthread_t worker;            /* immutable once started */
-    int worker_started;
-    int worker_exited;    /* work_lock: the worker left its loop */
-    int worker_abandoned; /* work_lock: destroy stopped waiting for it:
-                           * the worker finishes the teardown */
-
-    /* Automatic safe points (loader/safepoint.h). sp_wanted, read at every
-     * interposed synchronisation, is padded off busy fields (no _Alignas:
-     * calloc'd). */
-    char sp_pad0[64];
-    _Atomic int sp_wanted;      /* HKL_SP_* bits, each under its list's lock */
-    _Atomic int auto_sp;        /* 1: idle moments come from a source */
-    int (*sp_own_thread)(void); /* work_lock: "this thread brings them" */
-    char sp_pad1[64];
-
-    pthread_mutex_t stats_lock;
-    hk_stats stats; /* stats_lock */
-
-    pthread_mutex_t src_lock;
-    hkl_source *sources; /* src_lock: attached sources, newest first */
-
-    hk_header *headers; /* immutable after create: copy of opt.headers */
+    uint64_t id;        /* unique per runtime in the process */
+    hkl_rtref *ref;     /* shared with graph user objects */
+    hk_header *headers; /* copy of opt.headers */
     hkp_warm *warm;     /* NVRTC warm-up thread (ptx/warm.c), or NULL */
+    hka_canary *canary; /* test declarations and the canary helper (canary/; its own locks) */
+    hkp_iso *iso;       /* the build helper when options.build_isolated, else
+                         * NULL (ptx/isolate.c; its own lock) */
+    hkl_lkg *lkg;       /* last known good (lkg.c, lkgdisk.c; lkg_lock) */
 
-    hkl_hist swap_hist; /* stats_lock: total_ms of committed swaps */
+    pthread_mutex_t swap_lock; /* context.c */
+    hkl_module *modules;       /* swap_lock */
 
-    /* Logs (loader/log.c). log_lock is the innermost lock of all: messages
-     * are delivered under it for reading, from any thread and under any
-     * other lock; hk_runtime_set_log takes it for writing. */
-    pthread_rwlock_t log_lock;
-    hk_log_cb log_cb;    /* log_lock: NULL: stderr when HOTKERN_LOG asks */
-    void *log_ud;        /* log_lock */
-    int log_cb_min;      /* log_lock: the callback's least level */
-    int log_env_min;     /* immutable: HOTKERN_LOG's level, HK_LOG_OFF when unset */
-    _Atomic int log_min; /* least level delivered now; read without the lock */
-    /* The event queue (log.c: hk_events_queue). */
-    pthread_mutex_t evq_lock;
-    pthread_cond_t evq_cond;      /* evq_lock: an event came, or destroy began */
-    hk_queued_event *evq;         /* evq_lock: ring of evq_cap, NULL: no queue */
-    int evq_cap, evq_head, evq_n; /* evq_lock */
-    uint64_t evq_dropped;         /* evq_lock: lost, for the next event queued (capacity 1) */
-    int evq_closed;               /* evq_lock: destroy began */
-    int evq_takers;               /* evq_lock: threads inside hk_next_event */
-    _Atomic int evq_fd;           /* eventfd, -1: none; set once under evq_lock */
-    /* Callbacks after destroy (log.c): set once by hkl_callbacks_close. */
-    _Atomic int cb_closed;
-    pthread_t cb_closer;     /* written before cb_closed, read after it */
-    _Atomic int cb_inflight; /* callbacks being called now */
+    /* The parts, in the order they are made (runtime.c). */
+    hkl_log log;
+    hkl_events ev;
+    hkl_sources src;
+    hkl_metrics metrics;
+    hkl_gate gate;
+    hkl_reset reset;
+    hkl_graphs graph;
+    hkl_expectations expect;
+    hkl_reclaimer rec;
+    hkl_worker work;
+    hkl_safe_points sp;
 
-    hka_canary *canary; /* immutable after create: test declarations and the
-                         * canary helper (canary/; its own locks) */
-    hkp_iso *iso;       /* immutable after create: the build helper when
-                         * options.build_isolated, else NULL (ptx/isolate.c;
-                         * its own lock) */
-
-    hkl_lkg *lkg; /* immutable after create: last known good (lkg.c, lkgdisk.c; lkg_lock) */
-
-    pthread_mutex_t expect_lock;     /* a leaf: the program's kernels and globals (expect.c) */
-    hkl_expect *expects;             /* expect_lock */
-    struct hkl_xglobal *xglobals;    /* expect_lock */
-    _Atomic int nexpects;            /* entries of both lists: 0 costs swaps nothing */
-    struct hkl_tu *tus;              /* expect_lock: the program's translation units */
-    struct hkl_tu_warned *tu_warned; /* expect_lock: names said to be ambiguous */
-    struct hkl_kept_src *kept;       /* expect_lock: modules' last CUDA C sources */
+    hkl_test_hooks test; /* tests only: not production state */
 };
 
 /* ==== the floors of loader/, lowest first: each file calls only the
@@ -466,13 +527,14 @@ void hkl_job_free(hkl_job *job);
 
 /* log.c. hkl_emit logs the event, then hands it to on_event through
  * hkl_emit_quiet, which a source that logged already uses. */
-void hkl_log_init(hk_runtime *rt); /* at create, before any thread */
-void hkl_log_fini(hk_runtime *rt);
+int hkl_log_init(hk_runtime *rt); /* the parts rt->log and rt->ev */
+void hkl_log_finish(hk_runtime *rt);
+int hkl_events_init(hk_runtime *rt);
+void hkl_events_finish(hk_runtime *rt);
 /* From hk_runtime_destroy: from now on no callback of rt (log or event) is
  * called, except on this thread; waits until those in progress on other
  * threads have returned, until until_ms (hkl_now_ms), then HK_ERR_TIMEOUT. */
 int hkl_callbacks_close(hk_runtime *rt, double until_ms);
-void hkl_events_fini(hk_runtime *rt); /* at free */
 void hkl_log_event(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                    uint64_t newv, const char *origin, const hk_report *rep);
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
@@ -496,6 +558,8 @@ void hkl_emit(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t o
  * hkl_source_detach detaches src (a no-op when it is not attached). When it
  * returns, no hook of src is running or will run, and src is the caller's
  * again; its release hook is not called. */
+int hkl_sources_init(hk_runtime *rt);
+void hkl_sources_finish(hk_runtime *rt);
 int hkl_source_attach(hk_runtime *rt, hkl_source *src);
 hkl_source *hkl_source_get(hk_runtime *rt, const void *kind, hkl_source *(*make)(void *arg),
                            void *arg, int *made);
@@ -559,12 +623,10 @@ void hkl_gate_wait(hk_runtime *rt);
  * announced before it is visible to the calling thread. */
 void hkl_heavy_fence(hk_runtime *rt);
 
-/* gate.c: the launch side's epoch announcement (hkl_enter, loader/gate.h).
- * hkl_membarrier_register (at create) says whether the launch path may rely
- * on hkl_heavy_fence; hkl_slots_free (at free) frees the slots no thread
- * holds any more. */
-void hkl_slots_free(hk_runtime *rt);
-int hkl_membarrier_register(void);
+/* gate.c: the part rt->gate, with the launch side's epoch announcement
+ * (hkl_enter, loader/gate.h). */
+int hkl_gate_init(hk_runtime *rt);
+void hkl_gate_finish(hk_runtime *rt);
 
 /* version.c: version operations (see the top of version.c).
  * - hkl_module_find: m named name, or NULL (swap_lock).
@@ -602,6 +664,8 @@ void hkl_retire(hk_runtime *rt, hkl_version *v);
 void hkl_reclaim_kick(hk_runtime *rt);
 
 /* reset.c: recovery from a context reset (see there). */
+int hkl_reset_init(hk_runtime *rt);
+void hkl_reset_finish(hk_runtime *rt);
 int hkl_check_reset(hk_runtime *rt); /* swap_lock held; 1 if a reset was handled */
 void hkl_emit_reset(hk_runtime *rt); /* no lock held */
 
@@ -675,6 +739,8 @@ int hkl_lkg_read_image(hk_runtime *rt, const uint8_t hash[32], char **data, size
 /* Tests: the clock the suspect window is measured with (ms). */
 void hkl_lkg_set_clock(hk_runtime *rt, double (*now)(void));
 
+int hkl_metrics_init(hk_runtime *rt); /* metrics.c: the part rt->metrics */
+void hkl_metrics_finish(hk_runtime *rt);
 /* metrics.c: one committed swap of total_ms (stats_lock held). */
 void hkl_hist_observe(hkl_hist *h, double total_ms);
 /* A swap's outcome into the counters (stats_lock taken here): committed or
@@ -710,7 +776,8 @@ void hkl_rtref_put(hkl_rtref *ref);
  * free. */
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
                         hk_report *rep);
-void hkl_graphs_free(hk_runtime *rt);
+int hkl_graphs_init(hk_runtime *rt);
+void hkl_graphs_finish(hk_runtime *rt);
 
 /* expect.c, expect_tu.c, expect_global.c: the program's own kernels and
  * globals: loader/expect.h. */
@@ -749,6 +816,8 @@ int hkl_swap_job(hk_runtime *rt, hkl_job *job, hk_report *rep);
 /* reclaim.c. hkl_reclaim_start starts the reclaim thread; free_rt frees
  * the runtime (runtime.c's), which the thread calls after its final pass
  * when destroy stopped waiting for it. */
+int hkl_reclaim_init(hk_runtime *rt);
+void hkl_reclaim_finish(hk_runtime *rt);
 int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt));
 void hkl_reclaim_stop(hk_runtime *rt);
 /* Destroy's: every current version joins the retired ones for the final
@@ -761,6 +830,9 @@ int hkl_reclaim_join(hk_runtime *rt, int timeout_ms); /* 0, or HK_ERR_TIMEOUT */
  * Starts the worker. finish is the rest of hk_runtime_destroy after the
  * worker has stopped (runtime.c's), which the worker runs itself when
  * destroy stopped waiting for its build. */
+int hkl_worker_init(hk_runtime *rt);
+void hkl_worker_finish(hk_runtime *rt);
+int hkl_safe_points_init(hk_runtime *rt);
 int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms));
 /* hk_submit for a source whose submissions of a module replace each other
  * (the watcher: each save holds the whole new content). A job submitted

@@ -1,8 +1,8 @@
 /*
  * loader/safepoint.h: automatic safe points, between the engine (worker.c,
  * reclaim.c, swap.c) and a source of idle moments above it (the <<<>>>
- * interposition, interpose/sync.c). The fields are hk_runtime's (sp_wanted,
- * auto_sp, sp_own_thread; loader.h).
+ * interposition, interpose/sync.c). The state is the runtime's part rt->sp
+ * (loader.h).
  */
 #ifndef HK_LOADER_SAFEPOINT_H
 #define HK_LOADER_SAFEPOINT_H
@@ -24,14 +24,14 @@ enum { HKL_SP_JOBS = 1, HKL_SP_UNLOADS = 2 };
 void hkl_auto_safe_points(hk_runtime *rt, int (*own_thread)(void));
 int hkl_idle_point(hk_runtime *rt);
 static inline int hkl_safe_point_wanted(hk_runtime *rt) {
-    return atomic_load_explicit(&rt->sp_wanted, memory_order_relaxed) != 0;
+    return atomic_load_explicit(&rt->sp.wanted, memory_order_relaxed) != 0;
 }
-/* Sets or clears bit of sp_wanted (its list's lock held). */
+/* Sets or clears bit of sp.wanted (its list's lock held). */
 static inline void hkl_sp_mark(hk_runtime *rt, int bit, int on) {
     if (on)
-        atomic_fetch_or(&rt->sp_wanted, bit);
+        atomic_fetch_or(&rt->sp.wanted, bit);
     else
-        atomic_fetch_and(&rt->sp_wanted, ~bit);
+        atomic_fetch_and(&rt->sp.wanted, ~bit);
 }
 
 #endif /* HK_LOADER_SAFEPOINT_H */

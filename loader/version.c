@@ -56,7 +56,7 @@ hkl_version *hkl_version_new(hk_runtime *rt, hkl_module *m, uint64_t number) {
     atomic_init(&v->pins, 0);
     v->number = number;
     v->mod = m;
-    v->ctx_gen = atomic_load(&rt->reset_gen);
+    v->ctx_gen = atomic_load(&rt->reset.gen);
     return v;
 }
 
@@ -154,12 +154,12 @@ CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v) {
         r = CUDA_SUCCESS;
     }
     if (v->cumod[0]) {
-        pthread_mutex_lock(&rt->unload_lock);
-        if (v->ctx_gen == atomic_load(&rt->reset_gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
+        pthread_mutex_lock(&rt->reset.unload_lock);
+        if (v->ctx_gen == atomic_load(&rt->reset.gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
             r = rt->drv->ModuleUnload(v->cumod[0]);
             hkl_ctx_pop(rt);
         }
-        pthread_mutex_unlock(&rt->unload_lock);
+        pthread_mutex_unlock(&rt->reset.unload_lock);
         if (unload_retryable(r))
             return r;
         v->cumod[0] = NULL;
@@ -451,21 +451,21 @@ void hkl_image_clear(hkl_image *im) {
 }
 
 void hkl_retire(hk_runtime *rt, hkl_version *v) {
-    v->retire_epoch = atomic_fetch_add(&rt->epoch, 1) + 1;
-    pthread_mutex_lock(&rt->rec_lock);
-    v->next = rt->retired;
-    rt->retired = v;
-    rt->nretired++;
-    rt->rec_kick = 1; /* even while a pass runs: it must not sleep after it */
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    v->retire_epoch = atomic_fetch_add(&rt->gate.epoch, 1) + 1;
+    pthread_mutex_lock(&rt->rec.lock);
+    v->next = rt->rec.retired;
+    rt->rec.retired = v;
+    rt->rec.nretired++;
+    rt->rec.kick = 1; /* even while a pass runs: it must not sleep after it */
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 void hkl_reclaim_kick(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_kick = 1;
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.kick = 1;
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 /* ---- module queries ----------------------------------------------------- */
