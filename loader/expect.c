@@ -43,9 +43,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/fit.h"
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/gate.h"
-#include "loader/loader.h"
+#include "loader/job.h"
+#include "loader/launch.h"
+#include "loader/log.h"
+#include "loader/version.h"
 
 struct hkl_expect {
     /* immutable */

@@ -24,8 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/gate.h"
-#include "loader/loader.h"
 
 typedef struct hkl_xglobal {
     /* immutable */

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/expect.h"
 
 typedef struct hkl_tu {
     unsigned id;         /* immutable */

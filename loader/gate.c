@@ -1,6 +1,6 @@
 /*
  * The launch side's two protocols with the threads that change what
- * launches run (loader.h, "Launch gate"; reclaim.c, "Host side").
+ * launches run (gate.h, "Launch gate"; reclaim.c, "Host side").
  *
  * Epoch slots. Each launching thread owns a slot, found through a
  * thread-local cache (hkl_tls) and kept for its life; hkl_enter stores the

@@ -17,7 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/context.h"
 #include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
 
 static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report *rep) {
     CUresult r = (CUresult)hkl_ctx_push(rt, g->dev_slot);

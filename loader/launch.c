@@ -30,7 +30,11 @@
 #include <string.h>
 
 #include "base/abi.h"
+#include "loader/context.h"
 #include "loader/gate.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/version.h"
 
 int hkl_kernels_reserve(hkl_module *m) {
     if (m->nkernels < m->capkernels)
@@ -328,6 +332,10 @@ int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *c
                          .attrs = at,
                          .numAttrs = n};
     return hkl_launch_lc(k, &lc, args, cu);
+}
+
+hk_runtime *hkl_kernel_runtime(const hk_kernel *k) {
+    return k->rt;
 }
 
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu) {

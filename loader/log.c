@@ -36,7 +36,7 @@
 #include "base/exit.h"
 #include "base/abi.h"
 
-#include "loader/loader.h"
+#include "loader/log.h"
 
 #define HKL_LOG_LINE 1024
 

@@ -28,7 +28,10 @@
 #include <string.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/expo.h"
+#include "loader/lkg.h"
+#include "loader/metrics.h"
+#include "loader/source.h"
 
 /* Upper bounds of the swap-duration buckets, in microseconds and as the le
  * label prints them (a swap takes 0.2 ms from the cache, seconds through

@@ -41,8 +41,14 @@
 #include <time.h>
 
 #include "base/exit.h"
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/gate.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/reclaim.h"
+#include "loader/reset.h"
 #include "loader/safepoint.h"
+#include "loader/version.h"
 
 int hkl_reclaim_init(hk_runtime *rt) {
     hkl_reclaimer *r = &rt->rec;

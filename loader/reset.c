@@ -19,7 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/gate.h"
+#include "loader/log.h"
+#include "loader/reset.h"
+#include "loader/version.h"
 
 int hkl_reset_init(hk_runtime *rt) {
     atomic_init(&rt->reset.gen, 1);

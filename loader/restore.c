@@ -13,7 +13,10 @@
 #include <string.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/job.h"
+#include "loader/lkg.h"
+#include "loader/swap.h"
 
 /* Commits one module's known-good image. */
 static int restore_one(hk_runtime *rt, const hkl_lkg_good *it, hk_report *r) {

@@ -23,7 +23,20 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/canary.h"
+#include "loader/context.h"
+#include "loader/expect.h"
+#include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reclaim.h"
+#include "loader/reset.h"
+#include "loader/source.h"
+#include "loader/version.h"
+#include "loader/worker.h"
 
 /* The teardown (below), parts of which the threads started here may run. */
 static void runtime_free(hk_runtime *rt);
@@ -119,7 +132,7 @@ static int check_args(hk_runtime **out, const hk_options *o, int ndev, hk_report
     return 0;
 }
 
-/* The runtime's parts (loader.h), in the order they are made; they are
+/* The runtime's parts (core.h), in the order they are made; they are
  * taken apart in the reverse order (runtime_free), and a part that cannot
  * be made takes those made before it apart again. */
 static const struct {
@@ -127,8 +140,8 @@ static const struct {
     void (*finish)(hk_runtime *rt); /* NULL: nothing to take apart */
 } parts[] = {
     {hkl_log_init, hkl_log_finish},         {hkl_events_init, hkl_events_finish},
-    {hkl_sources_init, hkl_sources_finish}, {hkl_metrics_init, hkl_metrics_finish},
-    {hkl_gate_init, hkl_gate_finish},       {hkl_reset_init, hkl_reset_finish},
+    {hkl_sources_init, hkl_sources_finish}, {hkl_gate_init, hkl_gate_finish},
+    {hkl_reset_init, hkl_reset_finish},     {hkl_metrics_init, hkl_metrics_finish},
     {hkl_graphs_init, hkl_graphs_finish},   {hkl_expect_init, hkl_expect_finish},
     {hkl_reclaim_init, hkl_reclaim_finish}, {hkl_worker_init, hkl_worker_finish},
     {hkl_safe_points_init, NULL},
@@ -484,4 +497,16 @@ void *hk_runtime_context(hk_runtime *rt, int slot) {
 
 int hk_runtime_arch(hk_runtime *rt) {
     return rt ? rt->arch : 0;
+}
+
+const hkb_driver *hkl_driver(const hk_runtime *rt) {
+    return rt->drv;
+}
+
+int hkl_device_ordinal(const hk_runtime *rt, int slot) {
+    return rt->dev[slot].ordinal;
+}
+
+CUcontext hkl_context(const hk_runtime *rt, int slot) {
+    return hkl_ctx(rt, slot);
 }

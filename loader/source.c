@@ -1,7 +1,7 @@
 /*
  * Sources: what feeds the runtime from outside loader/ (the directory
  * watcher, the network endpoint, the puller, hk_metrics_attach) attaches an
- * hkl_source, a set of hooks (loader.h); the engine calls them and knows
+ * hkl_source, a set of hooks (port.h); the engine calls them and knows
  * nothing else about the source.
  *
  * Locks: src_lock guards the list and is held across every hook call, so
@@ -11,7 +11,7 @@
  * source's thread may be submitting meanwhile and the worker reporting a
  * build.
  */
-#include "loader/loader.h"
+#include "loader/source.h"
 
 int hkl_sources_init(hk_runtime *rt) {
     return pthread_mutex_init(&rt->src.lock, NULL) ? HK_ERR_NOMEM : 0;

@@ -29,7 +29,7 @@
  * The version operations each step uses are version.c's.
  *
  * The driver sections of stage/validate and of commit run with the launch
- * gate closed (loader.h): under continuous launches the driver would make
+ * gate closed (gate.h): under continuous launches the driver would make
  * them wait for ever. The check callback runs with the gate open. All of it
  * runs in relaxed stream-capture mode, so another thread's global-mode
  * capture is never invalidated by a swap.
@@ -41,8 +41,19 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/fit.h"
-#include "loader/loader.h"
+#include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/job.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reset.h"
+#include "loader/swap.h"
+#include "loader/version.h"
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
     hkl_param_layout now;

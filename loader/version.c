@@ -15,7 +15,7 @@
  * queries (hk_module_version, hk_module_global, hk_module_release) read
  * the running version.
  *
- * Locks: the callers' (loader.h says which each needs): swap_lock for what
+ * Locks: the callers' (version.h says which each needs): swap_lock for what
  * changes a module or a version's tables, the launch gate closed around
  * the driver calls that take the driver's lock for writing (loads,
  * cuKernelGetFunction, cuFuncLoad, unloads), unload_lock around a module
@@ -26,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/gate.h"
+#include "loader/version.h"
 
 /* Errors after which an unload may succeed later: retry, never count. */
 static int unload_retryable(CUresult r) {
@@ -319,7 +321,7 @@ static int fn_reserve(hk_runtime *rt, hkl_version *v, int slot) {
         memcpy(rawf + 1, oldf, (size_t)have * nd * sizeof *oldf);
     fn_chain(v, old);
     fn_chain(v, oldf);
-    atomic_store(&v->funcs, rawf + 1); /* before fn: see loader.h */
+    atomic_store(&v->funcs, rawf + 1); /* before fn: see core.h */
     atomic_store(&v->fn, raw + 1);
     atomic_store(&v->cap, cap); /* after fn: readers load cap, then fn */
     return 0;

@@ -35,8 +35,18 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/canary.h"
+#include "loader/context.h"
+#include "loader/expect.h"
+#include "loader/job.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reclaim.h"
 #include "loader/safepoint.h"
+#include "loader/source.h"
+#include "loader/swap.h"
+#include "loader/worker.h"
 
 int hkl_worker_init(hk_runtime *rt) {
     hkl_worker *w = &rt->work;
@@ -730,6 +740,10 @@ int hk_safe_point(hk_runtime *rt) {
 
 int hkl_idle_point(hk_runtime *rt) {
     return safe_point(rt, 0);
+}
+
+int hkl_safe_point_wanted(hk_runtime *rt) {
+    return atomic_load_explicit(&rt->sp.wanted, memory_order_relaxed) != 0;
 }
 
 void hkl_auto_safe_points(hk_runtime *rt, int (*own_thread)(void)) {

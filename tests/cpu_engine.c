@@ -12,7 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/source.h"
+#include "loader/version.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

@@ -25,7 +25,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

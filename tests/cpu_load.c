@@ -17,7 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/version.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

@@ -23,8 +23,8 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
-#include "loader/safepoint.h"
+#include "loader/core.h"
+
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

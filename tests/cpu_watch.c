@@ -27,7 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/job.h"
 #include "watch/watch.h"
 #include "tests/fakecuda.h"
 
