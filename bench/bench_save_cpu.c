@@ -35,7 +35,7 @@
 
 #include "bench/common.h"
 #include "hotkern/hotkern.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 #include "tests/fakecuda.h"
 
 enum { MAXN = 64, TIMEOUT_MS = 10000 };

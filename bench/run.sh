@@ -6,7 +6,7 @@ set -u
 for b in bench_build bench_launch bench_swap bench_save bench_canary bench_canary_cost; do
   "$B/bench/$b" || echo "bench: $b exited $?"
 done
-# The launch path's fence, the other way (see loader/loader.h, hkl_enter).
+# The launch path's fence, the other way (see loader/gate.h, hkl_enter).
 HK_NO_MEMBARRIER=1 "$B/bench/bench_launch" | grep '^launch'
 python3 bench/cupy_peer.py "$B/bench/bench_swap" || echo "bench: cupy_peer failed"
 for load in idle busy; do

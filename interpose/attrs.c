@@ -27,8 +27,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/fit.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 
 _Static_assert((int)cudaFuncAttributeMaxDynamicSharedMemorySize ==
                        (int)CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
@@ -88,7 +87,7 @@ cudaError_t hki_kernel_set_attribute(cudaKernel_t k, enum cudaFuncAttribute attr
     hkl_expect *e = hki_expect_of(k, 0);
     hk_runtime *rt = hki_runtime();
     /* The hot versions run on the runtime's device 0 only. */
-    if (e && rt && device == rt->dev[0].ordinal)
+    if (e && rt && device == hkl_device_ordinal(rt, 0))
         record(e, (int)attr, value, "cudaKernelSetAttributeForDevice");
     return r;
 }
@@ -100,7 +99,7 @@ static CUfunction hot_function(const void *f, const hkb_driver **drv) {
     void *fn = NULL;
     if (!h || hk_kernel_function(h, &fn) < 0)
         return NULL;
-    *drv = h->rt->drv;
+    *drv = hkl_driver(hkl_kernel_runtime(h));
     return (CUfunction)fn;
 }
 

@@ -14,7 +14,8 @@
  */
 #include "base/driver.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/port.h"
+#include "util/util.h"
 
 int hki_runtime_create(hk_runtime **out, const hk_options *o, const hkb_driver *drv,
                        hk_report *rep) {
@@ -34,7 +35,7 @@ int hki_runtime_create(hk_runtime **out, const hk_options *o, const hkb_driver *
     int err = hkl_runtime_create_with(out, o, drv, rep);
     if (off)
         set(cur);
-    if (err == 0 && off && cur != hkl_ctx(*out, 0))
+    if (err == 0 && off && cur != hkl_context(*out, 0))
         hk_log(*out, HK_LOG_WARN, "interpose",
                "the first launch came from a thread whose current context is not device 0's "
                "primary one: hot versions run in the primary context (the runtime API's); "

@@ -14,9 +14,8 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/fit.h"
+#include "loader/port.h"
 #include "interpose/sync.h"
-#include "loader/loader.h"
 
 static hki_real R;
 
@@ -194,8 +193,9 @@ static long tu_of_key(const void *key, int is_func, const char *name) {
  * name expression a hot build needs. */
 static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key, int is_func,
                                    unsigned *tu_out, int *retry) {
+    const hkb_driver *d = hkl_driver(rt);
     const char *name = NULL;
-    if (!rt->drv->KernelGetName || rt->drv->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
+    if (!d->KernelGetName || d->KernelGetName(&name, ck) != CUDA_SUCCESS || !name)
         return NULL; /* a driver without kernel names: the program's own code */
     if (strstr(name, "_GLOBAL__N_")) {
         hk_log(rt, HK_LOG_WARN, "interpose",
@@ -224,11 +224,11 @@ static hkl_expect *register_kernel(hk_runtime *rt, CUkernel ck, const void *key,
      * layout is not known (not 0 parameters): nothing is registered now,
      * and the next launch asks again. */
     CUcontext cur = NULL;
-    int pushed = rt->drv->CtxGetCurrent(&cur) == CUDA_SUCCESS && !cur && hkl_ctx_push(rt, 0) == 0;
+    int pushed = d->CtxGetCurrent(&cur) == CUDA_SUCCESS && !cur && hkl_ctx_push(rt, 0) == 0;
     CUresult first = CUDA_SUCCESS;
     for (size_t i = 0; i < 256; i++) {
         size_t o = 0, z = 0;
-        CUresult r = rt->drv->KernelGetParamInfo(ck, i, &o, &z);
+        CUresult r = d->KernelGetParamInfo(ck, i, &o, &z);
         if (r != CUDA_SUCCESS) {
             first = i ? CUDA_SUCCESS : r;
             break;
@@ -423,10 +423,11 @@ static inline hk_kernel *hot_of(const slot *s, dim3 b, size_t shm) {
 /* The launching thread's context is the runtime's (or none, which then
  * becomes the runtime's, as the runtime API would make it). */
 static int in_context(hk_runtime *rt) {
-    CUcontext cur = NULL, mine = hkl_ctx(rt, 0);
-    if (rt->drv->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == mine)
+    const hkb_driver *d = hkl_driver(rt);
+    CUcontext cur = NULL, mine = hkl_context(rt, 0);
+    if (d->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == mine)
         return 1;
-    return !cur && rt->drv->CtxSetCurrent(mine) == CUDA_SUCCESS;
+    return !cur && d->CtxSetCurrent(mine) == CUDA_SUCCESS;
 }
 
 /* A _ptsz entry point's stream 0 is the per-thread default stream. */
@@ -464,8 +465,8 @@ static cudaError_t fell_back(const slot *s, hk_kernel *h, int err, int cu, const
              "%s of grid %ux%ux%u, block %ux%ux%u, %zu bytes of dynamic "
              "shared memory%s%s",
              how, g.x, g.y, g.z, b.x, b.y, b.z, shm, cu ? "" : ": ", cu ? "" : hk_strerror(err));
-    hkl_expect_fallback(h->rt, atomic_load_explicit(&s->e, memory_order_relaxed), cu, what,
-                        (int)prog);
+    hkl_expect_fallback(hkl_kernel_runtime(h), atomic_load_explicit(&s->e, memory_order_relaxed),
+                        cu, what, (int)prog);
     return prog;
 }
 
@@ -482,7 +483,7 @@ cudaError_t hki_klaunch(int ptsz, cudaKernel_t k, dim3 g, dim3 b, void **args, s
     hki_track(ptsz, s);
     const slot *sl = lookup(k, 0);
     hk_kernel *h = hot_of(sl, b, shm);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+    if (__builtin_expect(h != NULL, 0) && in_context(hkl_kernel_runtime(h))) {
         int cu = 0, err = hot_launch(h, ptsz, g, b, args, shm, s, &cu);
         if (__builtin_expect(!err, 1))
             return cudaSuccess;
@@ -499,7 +500,7 @@ cudaError_t hki_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args, siz
     hki_track(ptsz, s);
     const slot *sl = lookup(f, 1);
     hk_kernel *h = hot_of(sl, b, shm);
-    if (__builtin_expect(h != NULL, 0) && in_context(h->rt)) {
+    if (__builtin_expect(h != NULL, 0) && in_context(hkl_kernel_runtime(h))) {
         int cu = 0, err = hot_launch(h, ptsz, g, b, args, shm, s, &cu);
         if (__builtin_expect(!err, 1))
             return cudaSuccess;
@@ -552,7 +553,7 @@ cudaError_t hki_xlaunch(int ptsz, const cudaLaunchConfig_t *c, const void *f, vo
     hk_kernel *h = sl ? hot_of(sl, c->blockDim, c->dynamicSmemBytes) : NULL;
     if (sl && sl->use && c->numAttrs)
         note_attrs(sl->use, c);
-    if (h && in_context(h->rt)) {
+    if (h && in_context(hkl_kernel_runtime(h))) {
         int cu = 0, err = hot_launch_lc(h, ptsz, c, args, &cu);
         if (!err)
             return cudaSuccess;
@@ -579,7 +580,7 @@ cudaError_t hki_coop_launch(int ptsz, const void *f, dim3 g, dim3 b, void **args
                             .numAttrs = 1};
     if (sl && sl->use)
         note_attrs(sl->use, &c);
-    if (h && in_context(h->rt)) {
+    if (h && in_context(hkl_kernel_runtime(h))) {
         int cu = 0, err = hot_launch_lc(h, ptsz, &c, args, &cu);
         if (!err)
             return cudaSuccess;
@@ -685,9 +686,9 @@ void hki_unregister_fatbin(void **handle) {
  * device 0. */
 static int on_device0(hk_runtime *rt) {
     CUcontext cur = NULL;
-    if (rt->drv->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+    if (hkl_driver(rt)->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         return 1;
-    return !cur || cur == hkl_ctx(rt, 0);
+    return !cur || cur == hkl_context(rt, 0);
 }
 
 /* The engine's entry of the program's variable sym, or NULL. A variable

@@ -11,7 +11,7 @@
  * (but for a swap that asked for HK_STAGE_NOW). Every interposed
  * synchronisation (device, stream and event synchronisations and queries,
  * synchronous cudaMemcpy) forwards first; then, only when it succeeded and
- * something waits for a safe point (one load of the engine's sp_wanted), it
+ * something waits for a safe point (one load of the engine's sp.wanted), it
  * asks whether all the program's GPU work is idle, and if so runs the safe
  * point right there, on the program's thread, before its call returns
  * (hkl_idle_point), as a program that calls hk_safe_point after its
@@ -44,8 +44,8 @@
 #include <string.h>
 
 #include "interpose/sync.h"
-#include "loader/loader.h"
-#include "loader/safepoint.h"
+#include "loader/port.h"
+#include "util/util.h"
 
 __thread hki_sync_tls hki_stls __attribute__((tls_model("initial-exec")));
 _Atomic uint32_t hki_streams_gen;
@@ -184,7 +184,8 @@ void hki_track_slow(CUstream key) {
  * so. A handle the runtime no longer knows has nothing in flight. */
 static int stream_idle(hk_runtime *rt, CUstream s) {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (rt->drv->StreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (hkl_driver(rt)->StreamIsCapturing(s, &st) != CUDA_SUCCESS ||
+        st != CU_STREAM_CAPTURE_STATUS_NONE)
         return 0;
     cudaError_t e = S.query((cudaStream_t)s);
     return e == cudaSuccess || e == cudaErrorInvalidResourceHandle;
@@ -237,11 +238,11 @@ static void after(hk_runtime *rt, const char *what) {
         return;
     t->in_check = 1;
     if (all_idle(rt, t)) {
-        double t0 = hkl_now_ms();
+        double t0 = hku_now_ms();
         int n = hkl_idle_point(rt);
         hk_log(rt, HK_LOG_DEBUG, "interpose",
                "%s: the program's GPU work is idle: safe point (%d committed, %.3f ms)", what, n,
-               hkl_now_ms() - t0);
+               hku_now_ms() - t0);
     }
     t->in_check = 0;
 }

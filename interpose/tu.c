@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 
 typedef struct fun {
     const void *host;

@@ -25,7 +25,11 @@
 
 #include "canary/canary.h"
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/canary.h"
+#include "loader/context.h"
+#include "loader/job.h"
+#include "loader/launch.h"
+#include "loader/version.h"
 
 #ifndef HK_LIBEXECDIR
 #define HK_LIBEXECDIR "/usr/local/libexec"

@@ -7,13 +7,13 @@
  * swap_lock's owner is kept in a thread-local, so that a callback run under
  * it (a check callback, an event handler during a swap) can be answered at
  * once instead of waiting for itself: hkl_swap_lock returns 1 without
- * locking then (loader.h). The capture mode is per thread: a section that
+ * locking then (context.h). The capture mode is per thread: a section that
  * relaxes it puts the caller's mode back when it ends.
  */
 #include <stdio.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/context.h"
 
 /* Records a failed driver call: HK_ERR_CUDA, its CUresult and name. */
 int hkl_report_cu(hk_report *rep, const hk_runtime *rt, CUresult r, const char *what) {

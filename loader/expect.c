@@ -43,9 +43,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/fit.h"
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/gate.h"
-#include "loader/loader.h"
+#include "loader/job.h"
+#include "loader/launch.h"
+#include "loader/log.h"
+#include "loader/version.h"
 
 struct hkl_expect {
     /* immutable */
@@ -168,7 +172,7 @@ static char *expr_base(const char *expr) {
 }
 
 static hkl_expect *find_kernel(hk_runtime *rt, const char *name, unsigned tu) {
-    for (hkl_expect *e = rt->expects; e; e = e->next)
+    for (hkl_expect *e = rt->expect.kernels; e; e = e->next)
         if (e->tu == tu && !strcmp(e->name, name))
             return e;
     return NULL;
@@ -236,9 +240,9 @@ static void bind_now(hk_runtime *rt, hkl_expect *e) {
         const hkp_entry *en = v ? entry_of(v, e->name) : NULL;
         if (!en)
             continue;
-        pthread_mutex_lock(&rt->expect_lock);
+        pthread_mutex_lock(&rt->expect.lock);
         int mine = hkl_tu_owns(rt, e->tu, "kernel", e->name, m, v);
-        pthread_mutex_unlock(&rt->expect_lock);
+        pthread_mutex_unlock(&rt->expect.lock);
         if (!mine)
             continue;
         hk_kernel *k = handle_in(m, e->name);
@@ -303,7 +307,7 @@ static int declares_template(const char *src, size_t len, const char *base);
 static void mark_late(hk_runtime *rt, hkl_expect *e) {
     if (!e->base || atomic_load(&e->k))
         return;
-    for (hkl_kept_src *k = rt->kept; k; k = k->next)
+    for (hkl_kept_src *k = rt->expect.kept; k; k = k->next)
         if (declares_template(k->src, k->len, e->base))
             k->late = 1;
 }
@@ -323,9 +327,9 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
         return NULL;
     CUstreamCaptureMode mode = hkl_relax(rt);
     hkl_swap_lock(rt);
-    pthread_mutex_lock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->expect.lock);
     hkl_expect *e = find_kernel(rt, name, tu);
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     if (!e && (e = calloc(1, sizeof *e)) != NULL) {
         e->tu = tu;
         e->name = strdup(name);
@@ -346,12 +350,12 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
             if (pushed)
                 hkl_ctx_pop(rt);
             hkl_gate_open(rt);
-            pthread_mutex_lock(&rt->expect_lock);
-            e->next = rt->expects;
-            rt->expects = e;
-            atomic_fetch_add(&rt->nexpects, 1);
+            pthread_mutex_lock(&rt->expect.lock);
+            e->next = rt->expect.kernels;
+            rt->expect.kernels = e;
+            atomic_fetch_add(&rt->expect.n, 1);
             mark_late(rt, e);
-            pthread_mutex_unlock(&rt->expect_lock);
+            pthread_mutex_unlock(&rt->expect.lock);
         }
     }
     hkl_swap_unlock(rt, 0);
@@ -360,7 +364,7 @@ hkl_expect *hkl_expect_kernel(hk_runtime *rt, const char *name, const char *expr
 }
 
 void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, const hkl_version *v) {
-    if (!atomic_load(&rt->nexpects))
+    if (!atomic_load(&rt->expect.n))
         return;
     hk_format fmt = j->opt.format;
     char why[64];
@@ -391,8 +395,8 @@ void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, cons
             k = NULL;
         }
     }
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_kept_src **pk = &rt->kept; *pk; pk = &(*pk)->next)
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_kept_src **pk = &rt->expect.kept; *pk; pk = &(*pk)->next)
         if (!strcmp((*pk)->module, m->name)) {
             hkl_kept_src *old = *pk;
             *pk = old->next;
@@ -401,22 +405,22 @@ void hkl_expect_keep(hk_runtime *rt, const hkl_module *m, const hkl_job *j, cons
         }
     if (k) {
         /* Instances registered while this source was built. */
-        for (hkl_expect *e = rt->expects; e; e = e->next)
+        for (hkl_expect *e = rt->expect.kernels; e; e = e->next)
             if (e->base && !entry_of(v, e->name) && !job_had(j, e->expr) &&
                 declares_template(k->src, k->len, e->base))
                 k->late = 1;
-        k->next = rt->kept;
-        rt->kept = k;
+        k->next = rt->expect.kept;
+        rt->expect.kept = k;
     }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
 }
 
 int hkl_expect_take_late(hk_runtime *rt, hkl_late *out) {
     memset(out, 0, sizeof *out);
-    if (!atomic_load(&rt->nexpects))
+    if (!atomic_load(&rt->expect.n))
         return 0;
-    pthread_mutex_lock(&rt->expect_lock);
-    hkl_kept_src *k = rt->kept;
+    pthread_mutex_lock(&rt->expect.lock);
+    hkl_kept_src *k = rt->expect.kept;
     while (k && !k->late)
         k = k->next;
     int ok = 0;
@@ -439,7 +443,7 @@ int hkl_expect_take_late(hk_runtime *rt, hkl_late *out) {
         ok = ok && hku_headers_dup(k->headers, k->nheaders, &out->headers) == 0;
         out->nheaders = out->headers ? k->nheaders : 0;
     }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     if (k && !ok) {
         hkl_late_free(out);
         return HK_ERR_NOMEM;
@@ -456,15 +460,20 @@ void hkl_late_free(hkl_late *l) {
     memset(l, 0, sizeof *l);
 }
 
-void hkl_expect_free(hk_runtime *rt) {
-    while (rt->kept) {
-        hkl_kept_src *k = rt->kept;
-        rt->kept = k->next;
+int hkl_expect_init(hk_runtime *rt) {
+    atomic_init(&rt->expect.n, 0);
+    return pthread_mutex_init(&rt->expect.lock, NULL) ? HK_ERR_NOMEM : 0;
+}
+
+void hkl_expect_finish(hk_runtime *rt) {
+    while (rt->expect.kept) {
+        hkl_kept_src *k = rt->expect.kept;
+        rt->expect.kept = k->next;
         kept_free(k);
     }
-    while (rt->expects) {
-        hkl_expect *e = rt->expects;
-        rt->expects = e->next;
+    while (rt->expect.kernels) {
+        hkl_expect *e = rt->expect.kernels;
+        rt->expect.kernels = e->next;
         free(e->name);
         free(e->expr);
         free(e->base);
@@ -473,6 +482,7 @@ void hkl_expect_free(hk_runtime *rt) {
     }
     hkl_expect_tu_free(rt);
     hkl_expect_global_free(rt);
+    pthread_mutex_destroy(&rt->expect.lock);
 }
 
 /* ---- builds ------------------------------------------------------------- */
@@ -517,11 +527,11 @@ static int declares_template(const char *src, size_t len, const char *base) {
 int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, int *n) {
     *out = NULL;
     *n = 0;
-    if (!atomic_load(&rt->nexpects))
+    if (!atomic_load(&rt->expect.n))
         return 0;
     int cap = 0;
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_expect *e = rt->expects; e; e = e->next) {
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_expect *e = rt->expect.kernels; e; e = e->next) {
         if (!e->expr || !e->base || !declares_template(src, len, e->base))
             continue;
         if (*n == cap) {
@@ -535,7 +545,7 @@ int hkl_expect_exprs(hk_runtime *rt, const char *src, size_t len, char ***out, i
             break;
         (*n)++;
     }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     return 0;
 }
 
@@ -560,11 +570,11 @@ static int adopt_push(hkl_adopted *a, hkl_expect *e, hk_kernel *k, int is_new) {
 
 int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
     memset(a, 0, sizeof *a);
-    if (!atomic_load(&rt->nexpects))
+    if (!atomic_load(&rt->expect.n))
         return 0;
     int err = 0;
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_expect *e = rt->expects; e && !err; e = e->next) {
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_expect *e = rt->expect.kernels; e && !err; e = e->next) {
         if (!entry_of(v, e->name))
             continue;
         const hkl_module *own = owner(e);
@@ -600,7 +610,7 @@ int hkl_expect_adopt(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_ad
             handle_free(k);
         }
     }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     return err;
 }
 
@@ -622,19 +632,19 @@ void hkl_expect_unadopt(hkl_module *m, hkl_adopted *a) {
 }
 
 void hkl_expect_publish(hk_runtime *rt, hkl_module *m, const hkl_version *v, hkl_adopted *a) {
-    pthread_mutex_lock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->expect.lock);
     for (int i = 0; i < a->n; i++)
         a->one[i].e->home = a->one[i].k;
     /* Every program kernel of m runs this version: the adopted ones, and
      * those a failed hot launch sent back to the program's code. */
     atomic_store(&m->program_code, 0);
     int back = 0;
-    for (hkl_expect *e = rt->expects; e; e = e->next)
+    for (hkl_expect *e = rt->expect.kernels; e; e = e->next)
         if (e->home && e->home->mod == m && atomic_load(&e->k) != e->home) {
             back += atomic_load(&e->k) == NULL;
             atomic_store_explicit(&e->k, e->home, memory_order_release);
         }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     for (int i = 0; i < a->n; i++)
         hk_log(rt, HK_LOG_INFO, "engine", "the program's kernel '%s' runs module '%s' v%llu",
                a->one[i].e->name, m->name, (unsigned long long)v->number);
@@ -687,21 +697,21 @@ int hkl_expect_set_attr(hk_runtime *rt, hkl_expect *e, int attr, int value, hk_r
 }
 
 void hkl_expect_fallback(hk_runtime *rt, hkl_expect *e, int cu, const char *what, int prog) {
-    pthread_mutex_lock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->expect.lock);
     hkl_module *m = e->home ? e->home->mod : NULL;
     int n = 0;
     if (m) {
         atomic_store(&m->program_code, 1);
-        for (hkl_expect *x = rt->expects; x; x = x->next)
+        for (hkl_expect *x = rt->expect.kernels; x; x = x->next)
             if (x->home && x->home->mod == m) {
                 atomic_store_explicit(&x->k, NULL, memory_order_release);
                 n++;
             }
     }
-    pthread_mutex_unlock(&rt->expect_lock);
-    pthread_mutex_lock(&rt->stats_lock);
-    rt->stats.program_fallbacks++;
-    pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
+    pthread_mutex_lock(&rt->metrics.lock);
+    rt->metrics.stats.program_fallbacks++;
+    pthread_mutex_unlock(&rt->metrics.lock);
     /* In an epoch: a swap may retire the version meanwhile. */
     uint64_t number = 0;
     hkl_tslot *ts = m ? hkl_enter(rt) : NULL;

@@ -24,8 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/gate.h"
-#include "loader/loader.h"
 
 typedef struct hkl_xglobal {
     /* immutable */
@@ -38,7 +39,7 @@ typedef struct hkl_xglobal {
      * out, read by the host's symbol copies inside the gate (hkl_xglobal_enter) */
     _Atomic uint64_t hot;
     _Atomic(hkl_version *) hot_v; /* the version `hot` is of, */
-    _Atomic uint64_t hot_gen;     /* and rt->reset_gen then (a reset moves it) */
+    _Atomic uint64_t hot_gen;     /* and rt->reset.gen then (a reset moves it) */
     hkl_module *mod;              /* expect_lock: the module whose versions hold it */
     struct hkl_xglobal *next;     /* expect_lock */
 } hkl_xglobal;
@@ -48,7 +49,7 @@ typedef struct hkl_xglobal {
  * a reader that sees it sees the rest, and g->mod, set once before. */
 static void publish_hot(hk_runtime *rt, hkl_xglobal *g, hkl_version *v, uint64_t p) {
     atomic_store_explicit(&g->hot_v, v, memory_order_relaxed);
-    atomic_store_explicit(&g->hot_gen, atomic_load(&rt->reset_gen), memory_order_relaxed);
+    atomic_store_explicit(&g->hot_gen, atomic_load(&rt->reset.gen), memory_order_relaxed);
     atomic_store_explicit(&g->hot, p, memory_order_release);
 }
 
@@ -64,9 +65,9 @@ static void global_bind_now(hk_runtime *rt, hkl_xglobal *g) {
             in = !strcmp(v->art.meta.globals[i].name, g->name);
         if (!in)
             continue;
-        pthread_mutex_lock(&rt->expect_lock);
+        pthread_mutex_lock(&rt->expect.lock);
         int mine = hkl_tu_owns(rt, g->tu, "variable", g->name, m, v);
-        pthread_mutex_unlock(&rt->expect_lock);
+        pthread_mutex_unlock(&rt->expect.lock);
         if (!mine || hkl_ctx_push(rt, 0) < 0)
             continue;
         CUdeviceptr p = 0;
@@ -80,9 +81,9 @@ static void global_bind_now(hk_runtime *rt, hkl_xglobal *g) {
         hkl_ctx_pop(rt);
         if (r != CUDA_SUCCESS || size != g->size)
             continue;
-        pthread_mutex_lock(&rt->expect_lock);
+        pthread_mutex_lock(&rt->expect.lock);
         g->mod = m;
-        pthread_mutex_unlock(&rt->expect_lock);
+        pthread_mutex_unlock(&rt->expect.lock);
         publish_hot(rt, g, v, (uint64_t)p);
         hk_log(rt, HK_LOG_INFO, "engine",
                "the program's global '%s' follows module '%s' v%llu (committed before it was "
@@ -110,10 +111,10 @@ int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t si
     int held = hkl_swap_held(rt);
     if (!held)
         hkl_swap_lock(rt);
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_xglobal *o = rt->xglobals; o; o = o->next)
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_xglobal *o = rt->expect.globals; o; o = o->next)
         if (o->tu == tu && !strcmp(o->name, name)) {
-            pthread_mutex_unlock(&rt->expect_lock);
+            pthread_mutex_unlock(&rt->expect.lock);
             if (!held)
                 hkl_swap_unlock(rt, 0);
             free(g->name);
@@ -122,14 +123,14 @@ int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t si
                 *out = o;
             return 0; /* the first registration stands */
         }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     if (!held)
         global_bind_now(rt, g);
-    pthread_mutex_lock(&rt->expect_lock);
-    g->next = rt->xglobals;
-    rt->xglobals = g;
-    atomic_fetch_add(&rt->nexpects, 1);
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->expect.lock);
+    g->next = rt->expect.globals;
+    rt->expect.globals = g;
+    atomic_fetch_add(&rt->expect.n, 1);
+    pthread_mutex_unlock(&rt->expect.lock);
     if (!held)
         hkl_swap_unlock(rt, 0);
     if (out)
@@ -138,11 +139,11 @@ int hkl_expect_global(hk_runtime *rt, const char *name, uint64_t orig, size_t si
 }
 
 int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size_t *size) {
-    pthread_mutex_lock(&rt->expect_lock);
-    hkl_xglobal *g = rt->xglobals;
+    pthread_mutex_lock(&rt->expect.lock);
+    hkl_xglobal *g = rt->expect.globals;
     while (g && strcmp(g->name, name))
         g = g->next;
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     uint64_t p = g ? atomic_load_explicit(&g->hot, memory_order_acquire) : 0;
     if (!p)
         return 0;
@@ -155,7 +156,7 @@ int hkl_expect_global_hot(hk_runtime *rt, const char *name, uint64_t *dptr, size
  * reloaded the module (a new version, not through a commit) or moved the
  * library's globals. Inside the gate; g->mod is set (hot was seen). */
 static int stale(hk_runtime *rt, hkl_xglobal *g) {
-    return atomic_load_explicit(&g->hot_gen, memory_order_relaxed) != atomic_load(&rt->reset_gen) ||
+    return atomic_load_explicit(&g->hot_gen, memory_order_relaxed) != atomic_load(&rt->reset.gen) ||
            atomic_load_explicit(&g->hot_v, memory_order_relaxed) != atomic_load(&g->mod->current);
 }
 
@@ -195,7 +196,7 @@ hkl_tslot *hkl_xglobal_enter(hk_runtime *rt, hkl_xglobal *g, uint64_t *dptr) {
         hkl_tslot *s = hkl_enter(rt);
         if (!s)
             return NULL;
-        if (held || !atomic_load_explicit(&rt->gate, memory_order_seq_cst)) {
+        if (held || !atomic_load_explicit(&rt->gate.closers, memory_order_seq_cst)) {
             *dptr = atomic_load_explicit(&g->hot, memory_order_acquire);
             if (*dptr && !stale(rt, g))
                 return s;
@@ -220,32 +221,32 @@ size_t hkl_xglobal_size(const hkl_xglobal *g) {
 }
 
 void hkl_expect_global_free(hk_runtime *rt) {
-    while (rt->xglobals) {
-        hkl_xglobal *g = rt->xglobals;
-        rt->xglobals = g->next;
+    while (rt->expect.globals) {
+        hkl_xglobal *g = rt->expect.globals;
+        rt->expect.globals = g->next;
         free(g->name);
         free(g);
     }
 }
 
 int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk_report *rep) {
-    if (!atomic_load(&rt->nexpects))
+    if (!atomic_load(&rt->expect.n))
         return 0;
     const hkb_driver *d = rt->drv;
     char skipped[256] = "";
     int err = 0, n = 0;
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_xglobal *g = rt->xglobals; g; g = g->next)
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_xglobal *g = rt->expect.globals; g; g = g->next)
         n++;
     /* The copies v's commit publishes (index: position in the list); they
      * are stored only once nothing can fail, the gate still closed. */
     uint64_t *hot = n ? calloc((size_t)n, sizeof *hot) : NULL;
     if (n && !hot) {
-        pthread_mutex_unlock(&rt->expect_lock);
+        pthread_mutex_unlock(&rt->expect.lock);
         return hku_fail(rep, HK_ERR_NOMEM, "no memory for the program's globals");
     }
     int i = 0;
-    for (hkl_xglobal *g = rt->xglobals; g && !err; g = g->next, i++) {
+    for (hkl_xglobal *g = rt->expect.globals; g && !err; g = g->next, i++) {
         int in = 0;
         for (int k = 0; k < v->art.meta.nglobals && !in; k++)
             in = !strcmp(v->art.meta.globals[k].name, g->name);
@@ -287,11 +288,11 @@ int hkl_expect_seed(hk_runtime *rt, hkl_module *m, hkl_version *v, int first, hk
     }
     if (!err) {
         i = 0;
-        for (hkl_xglobal *g = rt->xglobals; g; g = g->next, i++)
+        for (hkl_xglobal *g = rt->expect.globals; g; g = g->next, i++)
             if (g->mod == m)
                 publish_hot(rt, g, v, hot[i]);
     }
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
     free(hot);
     if (skipped[0])
         hk_log(rt, HK_LOG_WARN, "engine",

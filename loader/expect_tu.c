@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/expect.h"
 
 typedef struct hkl_tu {
     unsigned id;         /* immutable */
@@ -62,19 +62,19 @@ int hkl_expect_tu(hk_runtime *rt, unsigned id, const char *file, const char *con
         free(t);
         return HK_ERR_NOMEM;
     }
-    pthread_mutex_lock(&rt->expect_lock);
-    t->next = rt->tus;
-    rt->tus = t;
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_lock(&rt->expect.lock);
+    t->next = rt->expect.tus;
+    rt->expect.tus = t;
+    pthread_mutex_unlock(&rt->expect.lock);
     return 0;
 }
 
 void hkl_expect_tu_gone(hk_runtime *rt, unsigned id) {
-    pthread_mutex_lock(&rt->expect_lock);
-    for (hkl_tu *t = rt->tus; t; t = t->next)
+    pthread_mutex_lock(&rt->expect.lock);
+    for (hkl_tu *t = rt->expect.tus; t; t = t->next)
         if (t->id == id)
             t->gone = 1;
-    pthread_mutex_unlock(&rt->expect_lock);
+    pthread_mutex_unlock(&rt->expect.lock);
 }
 
 static int has_name(const hkl_tu *t, const char *name) {
@@ -132,18 +132,18 @@ static int stem_is(const char *module, const char *file) {
 }
 
 static void say_once(hk_runtime *rt, const char *kind, const char *name, const hkl_module *m) {
-    for (hkl_tu_warned *w = rt->tu_warned; w; w = w->next)
+    for (hkl_tu_warned *w = rt->expect.tu_warned; w; w = w->next)
         if (!strcmp(w->name, name))
             return;
     hkl_tu_warned *w = calloc(1, sizeof *w);
     if (w && (w->name = strdup(name))) {
-        w->next = rt->tu_warned;
-        rt->tu_warned = w;
+        w->next = rt->expect.tu_warned;
+        rt->expect.tu_warned = w;
     } else {
         free(w);
     }
     char files[256] = "";
-    for (const hkl_tu *t = rt->tus; t; t = t->next) {
+    for (const hkl_tu *t = rt->expect.tus; t; t = t->next) {
         if (t->gone || !has_name(t, name))
             continue;
         size_t l = strlen(files);
@@ -163,7 +163,7 @@ static void say_once(hk_runtime *rt, const char *kind, const char *name, const h
 int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
                 const hkl_module *m, const hkl_version *v) {
     const hkl_tu *mine = NULL;
-    for (const hkl_tu *t = rt->tus; t && !mine; t = t->next)
+    for (const hkl_tu *t = rt->expect.tus; t && !mine; t = t->next)
         if (t->id == tu && !t->gone)
             mine = t;
     if (!tu || !mine)
@@ -171,7 +171,7 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
     /* The module's file, by its stem. */
     const hkl_tu *by_stem = NULL;
     int nstem = 0, ngone = 0, ndef = 0;
-    for (const hkl_tu *t = rt->tus; t; t = t->next) {
+    for (const hkl_tu *t = rt->expect.tus; t; t = t->next) {
         if (t->gone) {
             ngone += stem_is(m->name, t->file);
             continue;
@@ -191,7 +191,7 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
     /* By the names: the one TU that has this name and exactly v's names. */
     const hkl_tu *cand = NULL;
     int ncand = 0;
-    for (const hkl_tu *t = rt->tus; t; t = t->next)
+    for (const hkl_tu *t = rt->expect.tus; t; t = t->next)
         if (!t->gone && has_name(t, name) && (!nstem || stem_is(m->name, t->file)) &&
             same_names(t, v)) {
             cand = t;
@@ -204,16 +204,16 @@ int hkl_tu_owns(hk_runtime *rt, unsigned tu, const char *kind, const char *name,
 }
 
 void hkl_expect_tu_free(hk_runtime *rt) {
-    while (rt->tus) {
-        hkl_tu *t = rt->tus;
-        rt->tus = t->next;
+    while (rt->expect.tus) {
+        hkl_tu *t = rt->expect.tus;
+        rt->expect.tus = t->next;
         hku_strv_free(t->names, t->nnames);
         free(t->file);
         free(t);
     }
-    while (rt->tu_warned) {
-        hkl_tu_warned *w = rt->tu_warned;
-        rt->tu_warned = w->next;
+    while (rt->expect.tu_warned) {
+        hkl_tu_warned *w = rt->expect.tu_warned;
+        rt->expect.tu_warned = w->next;
         free(w->name);
         free(w);
     }

@@ -24,7 +24,9 @@
  */
 #include <stdio.h>
 
+#include "loader/context.h"
 #include "loader/fit.h"
+#include "loader/launch.h"
 
 /* Shared memory every function gets without opting in. */
 #define SMEM_DEFAULT 49152

@@ -1,6 +1,6 @@
 /*
  * The launch side's two protocols with the threads that change what
- * launches run (loader.h, "Launch gate"; reclaim.c, "Host side").
+ * launches run (gate.h, "Launch gate"; reclaim.c, "Host side").
  *
  * Epoch slots. Each launching thread owns a slot, found through a
  * thread-local cache (hkl_tls) and kept for its life; hkl_enter stores the
@@ -44,7 +44,7 @@ static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
 /* Registers the process for expedited private membarriers. Returns 1 when
  * the launch path may use the asymmetric fence. HK_NO_MEMBARRIER=1 forces the
  * symmetric one (for comparison in benchmarks). */
-int hkl_membarrier_register(void) {
+static int membarrier_register(void) {
     const char *off = getenv("HK_NO_MEMBARRIER");
     if (off && *off == '1')
         return 0;
@@ -57,11 +57,11 @@ int hkl_membarrier_register(void) {
 /* The other half of hkl_enter's fence: after this, every launch entry
  * announced before now is visible to this thread. */
 void hkl_heavy_fence(hk_runtime *rt) {
-    if (rt->asym_fence)
+    if (rt->gate.asym_fence)
         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
     /* A sequentially consistent read-modify-write orders this thread's later
      * reads of the slots (and, unlike a bare fence, ThreadSanitizer models it). */
-    atomic_fetch_add(&rt->epoch, 0);
+    atomic_fetch_add(&rt->gate.epoch, 0);
 }
 
 /* ---- epoch slots -------------------------------------------------------- */
@@ -98,7 +98,7 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
      * told apart by id, so a destroyed runtime's slot is never used again. */
     slot_let_go();
     hkl_tslot *s;
-    for (s = atomic_load(&rt->slots); s; s = s->next) {
+    for (s = atomic_load(&rt->gate.slots); s; s = s->next) {
         int expect = SLOT_FREE;
         if (atomic_load(&s->in_use) == SLOT_FREE &&
             atomic_compare_exchange_strong(&s->in_use, &expect, SLOT_OWNED))
@@ -111,10 +111,10 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
         atomic_init(&s->active, 0);
         atomic_init(&s->in_use, SLOT_OWNED);
         s->rt = rt;
-        hkl_tslot *head = atomic_load(&rt->slots);
+        hkl_tslot *head = atomic_load(&rt->gate.slots);
         do
             s->next = head;
-        while (!atomic_compare_exchange_weak(&rt->slots, &head, s));
+        while (!atomic_compare_exchange_weak(&rt->gate.slots, &head, s));
     }
     hkl_tls.slot = s;
     hkl_tls.rt_id = rt->id;
@@ -122,10 +122,11 @@ hkl_tslot *hkl_slot_acquire(hk_runtime *rt) {
     return s;
 }
 
-void hkl_slots_free(hk_runtime *rt) {
+/* Frees the slots no thread holds any more (at free). */
+static void slots_free(hk_runtime *rt) {
     if (hkl_tls.rt_id == rt->id)
         slot_let_go();
-    hkl_tslot *s = atomic_load(&rt->slots);
+    hkl_tslot *s = atomic_load(&rt->gate.slots);
     while (s) {
         hkl_tslot *n = s->next;
         /* A slot another thread still holds is left for it to free. */
@@ -133,7 +134,38 @@ void hkl_slots_free(hk_runtime *rt) {
             free(s);
         s = n;
     }
-    atomic_store(&rt->slots, NULL);
+    atomic_store(&rt->gate.slots, NULL);
+}
+
+/* ---- the part ---------------------------------------------------------- */
+
+int hkl_gate_init(hk_runtime *rt) {
+    hkl_gate *g = &rt->gate;
+    atomic_init(&g->epoch, 1);
+    atomic_init(&g->slots, NULL);
+    g->asym_fence = membarrier_register();
+    atomic_init(&g->closers, 0);
+    atomic_init(&g->waiters, 0);
+    atomic_init(&g->gen, 0);
+    atomic_init(&g->t0, 0);
+    atomic_init(&g->section_max_ns, 0);
+    atomic_init(&g->closes, 0);
+    atomic_init(&g->max_ns, 0);
+    atomic_init(&g->hold_timeouts, 0);
+    atomic_init(&g->launch_errors, 0);
+    if (pthread_mutex_init(&g->lock, NULL))
+        return HK_ERR_NOMEM;
+    if (hku_cond_init(&g->cond)) {
+        pthread_mutex_destroy(&g->lock);
+        return HK_ERR_NOMEM;
+    }
+    return 0;
+}
+
+void hkl_gate_finish(hk_runtime *rt) {
+    slots_free(rt);
+    pthread_mutex_destroy(&rt->gate.lock);
+    pthread_cond_destroy(&rt->gate.cond);
 }
 
 /* ---- the launch gate --------------------------------------------------- */
@@ -165,12 +197,12 @@ static __thread struct {
  * spins, then yields. */
 void hkl_gate_close(hk_runtime *rt, const char *what) {
     uint64_t t0 = now_ns();
-    if (atomic_fetch_add(&rt->gate, 1) == 0) {
-        atomic_store(&rt->gate_t0, t0);
-        atomic_fetch_add(&rt->gate_closes, 1);
+    if (atomic_fetch_add(&rt->gate.closers, 1) == 0) {
+        atomic_store(&rt->gate.t0, t0);
+        atomic_fetch_add(&rt->gate.closes, 1);
     }
     hkl_heavy_fence(rt);
-    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next)
+    for (hkl_tslot *s = atomic_load(&rt->gate.slots); s; s = s->next)
         for (int i = 0; atomic_load(&s->active); i++) {
             if (i < 256)
                 cpu_relax();
@@ -192,22 +224,22 @@ void hkl_gate_close(hk_runtime *rt, const char *what) {
  * did and how much of it was waiting for launchers already in the driver:
  * a handful of lines in a runtime's life, which say where a pause came from. */
 void hkl_gate_open(hk_runtime *rt) {
-    atomic_fetch_add(&rt->gate_gen, 1);
-    uint64_t t0 = atomic_load(&rt->gate_t0), now = now_ns();
-    if (atomic_fetch_sub(&rt->gate, 1) == 1) {
-        uint64_t d = now - t0, max = atomic_load(&rt->gate_max_ns);
-        while (d > max && !atomic_compare_exchange_weak(&rt->gate_max_ns, &max, d))
+    atomic_fetch_add(&rt->gate.gen, 1);
+    uint64_t t0 = atomic_load(&rt->gate.t0), now = now_ns();
+    if (atomic_fetch_sub(&rt->gate.closers, 1) == 1) {
+        uint64_t d = now - t0, max = atomic_load(&rt->gate.max_ns);
+        while (d > max && !atomic_compare_exchange_weak(&rt->gate.max_ns, &max, d))
             ;
     }
-    if (atomic_load(&rt->gate_waiters)) {
-        pthread_mutex_lock(&rt->gate_lock);
-        pthread_cond_broadcast(&rt->gate_cond);
-        pthread_mutex_unlock(&rt->gate_lock);
+    if (atomic_load(&rt->gate.waiters)) {
+        pthread_mutex_lock(&rt->gate.lock);
+        pthread_cond_broadcast(&rt->gate.cond);
+        pthread_mutex_unlock(&rt->gate.lock);
     }
     if (--section.depth > 0)
         return;
-    uint64_t d = now - section.t0, max = atomic_load(&rt->section_max_ns);
-    while (d > max && !atomic_compare_exchange_weak(&rt->section_max_ns, &max, d))
+    uint64_t d = now - section.t0, max = atomic_load(&rt->gate.section_max_ns);
+    while (d > max && !atomic_compare_exchange_weak(&rt->gate.section_max_ns, &max, d))
         ;
     if (d > max && d > (uint64_t)rt->opt.launch_hold_max_us * 1000u && section.what)
         hk_log(rt, HK_LOG_INFO, "engine",
@@ -219,24 +251,24 @@ void hkl_gate_open(hk_runtime *rt) {
 /* A launcher at a closed gate: spins a little (gated sections are short),
  * then sleeps until an opening, at most launch_hold_max_us in all. */
 void hkl_gate_wait(hk_runtime *rt) {
-    atomic_fetch_add(&rt->gate_waiters, 1);
-    uint64_t gen = atomic_load(&rt->gate_gen);
+    atomic_fetch_add(&rt->gate.waiters, 1);
+    uint64_t gen = atomic_load(&rt->gate.gen);
     for (int i = 0; i < 512; i++) {
-        if (!atomic_load_explicit(&rt->gate, memory_order_acquire) ||
-            atomic_load_explicit(&rt->gate_gen, memory_order_acquire) != gen) {
-            atomic_fetch_sub(&rt->gate_waiters, 1);
+        if (!atomic_load_explicit(&rt->gate.closers, memory_order_acquire) ||
+            atomic_load_explicit(&rt->gate.gen, memory_order_acquire) != gen) {
+            atomic_fetch_sub(&rt->gate.waiters, 1);
             return;
         }
         cpu_relax();
     }
     struct timespec ts;
     hku_deadline(&ts, rt->opt.launch_hold_max_us);
-    pthread_mutex_lock(&rt->gate_lock);
-    while (atomic_load(&rt->gate) && atomic_load(&rt->gate_gen) == gen)
-        if (pthread_cond_timedwait(&rt->gate_cond, &rt->gate_lock, &ts)) {
-            atomic_fetch_add(&rt->hold_timeouts, 1);
+    pthread_mutex_lock(&rt->gate.lock);
+    while (atomic_load(&rt->gate.closers) && atomic_load(&rt->gate.gen) == gen)
+        if (pthread_cond_timedwait(&rt->gate.cond, &rt->gate.lock, &ts)) {
+            atomic_fetch_add(&rt->gate.hold_timeouts, 1);
             break;
         }
-    pthread_mutex_unlock(&rt->gate_lock);
-    atomic_fetch_sub(&rt->gate_waiters, 1);
+    pthread_mutex_unlock(&rt->gate.lock);
+    atomic_fetch_sub(&rt->gate.waiters, 1);
 }

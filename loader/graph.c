@@ -17,7 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loader/context.h"
 #include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
 
 static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report *rep) {
     CUresult r = (CUresult)hkl_ctx_push(rt, g->dev_slot);
@@ -43,8 +47,8 @@ static int retarget_one(hk_runtime *rt, hkl_graph *g, hkl_version *v, hk_report 
 int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_version *old,
                         hk_report *rep) {
     int err = 0;
-    pthread_rwlock_wrlock(&rt->graph_lock);
-    for (hkl_graph *g = rt->graphs; g; g = g->next) {
+    pthread_rwlock_wrlock(&rt->graph.lock);
+    for (hkl_graph *g = rt->graph.list; g; g = g->next) {
         if (g->k->mod != m)
             continue;
         hk_report local = HK_REPORT_INIT;
@@ -66,7 +70,7 @@ int hkl_graphs_retarget(hk_runtime *rt, hkl_module *m, hkl_version *v, hkl_versi
             g->held = NULL;
         }
     }
-    pthread_rwlock_unlock(&rt->graph_lock);
+    pthread_rwlock_unlock(&rt->graph.lock);
     return err;
 }
 
@@ -100,10 +104,10 @@ int hk_graph_register(hk_runtime *rt, void *exec, void *node, hk_kernel *k) {
     int err = retarget_one(rt, g, atomic_load(&k->mod->current), &rep);
     hkl_gate_open(rt);
     if (err == 0) {
-        pthread_rwlock_wrlock(&rt->graph_lock);
-        g->next = rt->graphs;
-        rt->graphs = g;
-        pthread_rwlock_unlock(&rt->graph_lock);
+        pthread_rwlock_wrlock(&rt->graph.lock);
+        g->next = rt->graph.list;
+        rt->graph.list = g;
+        pthread_rwlock_unlock(&rt->graph.lock);
     }
     hkl_swap_unlock(rt, 0);
     hkl_unrelax(rt, mode);
@@ -119,8 +123,8 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
     if (hkl_swap_held(rt))
         return HK_ERR_BUSY; /* from a check callback */
     hkl_swap_lock(rt);      /* g->held */
-    pthread_rwlock_wrlock(&rt->graph_lock);
-    for (hkl_graph **pp = &rt->graphs; *pp;) {
+    pthread_rwlock_wrlock(&rt->graph.lock);
+    for (hkl_graph **pp = &rt->graph.list; *pp;) {
         if ((*pp)->exec == (CUgraphExec)exec) {
             hkl_graph *g = *pp;
             *pp = g->next;
@@ -132,7 +136,7 @@ int hk_graph_unregister(hk_runtime *rt, void *exec) {
             pp = &(*pp)->next;
         }
     }
-    pthread_rwlock_unlock(&rt->graph_lock);
+    pthread_rwlock_unlock(&rt->graph.lock);
     hkl_swap_unlock(rt, 0);
     return found ? 0 : HK_ERR_NOT_FOUND;
 }
@@ -145,24 +149,36 @@ int hk_graph_launch(hk_runtime *rt, void *exec, void *stream, int *cu) {
     hkl_tslot *s = hkl_enter(rt);
     if (!s)
         return HK_ERR_NOMEM;
-    pthread_rwlock_rdlock(&rt->graph_lock);
+    pthread_rwlock_rdlock(&rt->graph.lock);
     CUresult r = rt->drv->GraphLaunch((CUgraphExec)exec, (CUstream)stream);
-    pthread_rwlock_unlock(&rt->graph_lock);
+    pthread_rwlock_unlock(&rt->graph.lock);
     hkl_exit(s);
     if (cu)
         *cu = (int)r;
     if (r == CUDA_SUCCESS)
         return 0;
-    atomic_fetch_add_explicit(&rt->launch_errors, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->gate.launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(rt, (int)r, "a graph launch");
     return HK_ERR_CUDA;
 }
 
-void hkl_graphs_free(hk_runtime *rt) {
-    while (rt->graphs) {
-        hkl_graph *g = rt->graphs;
-        rt->graphs = g->next;
+int hkl_graphs_init(hk_runtime *rt) {
+    /* Writers first: a commit's retarget must not wait behind a stream of
+     * graph launches (glibc's default lets new readers overtake a writer). */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    int r = pthread_rwlock_init(&rt->graph.lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    return r ? HK_ERR_NOMEM : 0;
+}
+
+void hkl_graphs_finish(hk_runtime *rt) {
+    while (rt->graph.list) {
+        hkl_graph *g = rt->graph.list;
+        rt->graph.list = g->next;
         free(g);
     }
+    pthread_rwlock_destroy(&rt->graph.lock);
 }

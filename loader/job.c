@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/job.h"
 
 int hk_swap_options_init_size(hk_swap_options *o, size_t size) {
     hk_swap_options d;

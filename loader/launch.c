@@ -30,7 +30,11 @@
 #include <string.h>
 
 #include "base/abi.h"
+#include "loader/context.h"
 #include "loader/gate.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/version.h"
 
 int hkl_kernels_reserve(hkl_module *m) {
     if (m->nkernels < m->capkernels)
@@ -165,12 +169,12 @@ int hk_kernel_require_layout(hk_kernel *k, const size_t *offsets, const size_t *
  * checks now (and reloads modules); the caller gets the error at once. */
 static int launch_failed(hk_runtime *rt, CUresult r, int *cu) {
     /* The slow path only: a launch that went through costs nothing more. */
-    atomic_fetch_add_explicit(&rt->launch_errors, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->gate.launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(rt, (int)r, "a launch"); /* once; the caller still gets r */
     else if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
              r == CUDA_ERROR_INVALID_CONTEXT) {
-        atomic_store(&rt->reset_suspect, 1);
+        atomic_store(&rt->reset.suspect, 1);
         hkl_reclaim_kick(rt);
     }
     if (cu)
@@ -330,6 +334,10 @@ int hk_launch_ex(hk_kernel *k, const hk_launch_config *user, void **args, int *c
                          .attrs = at,
                          .numAttrs = n};
     return hkl_launch_lc(k, &lc, args, cu);
+}
+
+hk_runtime *hkl_kernel_runtime(const hk_kernel *k) {
+    return k->rt;
 }
 
 int hkl_launch_lc(hk_kernel *k, const CUlaunchConfig *lc, void **args, int *cu) {
@@ -568,7 +576,7 @@ int hk_launch_pinned(hk_pin *p, hk_kernel *k, hk_dim3 g, hk_dim3 b, unsigned shm
             *cu = 0;
         return 0;
     }
-    atomic_fetch_add_explicit(&p->rt->launch_errors, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->rt->gate.launch_errors, 1, memory_order_relaxed);
     if (hkl_lkg_sticky((int)r))
         hkl_lkg_lost(p->rt, (int)r, "a launch");
     if (cu)
@@ -620,7 +628,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
     }
     int d = current_slot(rt);
     void **funcs = atomic_load_explicit(&v->funcs, memory_order_acquire);
-    void *f = d >= 0 && funcs && v->ctx_gen == atomic_load(&rt->reset_gen)
+    void *f = d >= 0 && funcs && v->ctx_gen == atomic_load(&rt->reset.gen)
                   ? funcs[(size_t)k->slot * (size_t)rt->ndev + (size_t)d]
                   : NULL;
     if (f) {
@@ -650,7 +658,7 @@ int hk_kernel_function(hk_kernel *k, void **cufunction) {
 void hkl_version_unpin(hk_runtime *rt, hkl_version *v) {
     atomic_fetch_sub(&v->pins, 1);
     /* The version may be waiting for this pin to go. */
-    pthread_mutex_lock(&rt->rec_lock);
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }

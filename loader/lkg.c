@@ -46,7 +46,11 @@
 #include <sodium.h>
 
 #include "base/abi.h"
+#include "loader/context.h"
 #include "loader/lkg.h"
+#include "loader/lkgdisk.h"
+#include "loader/log.h"
+#include "loader/record.h"
 #include "util/util.h"
 
 int hkl_lkg_sticky(int r) {

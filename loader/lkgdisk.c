@@ -32,6 +32,8 @@
 #include <sodium.h>
 
 #include "loader/lkg.h"
+#include "loader/lkgdisk.h"
+#include "loader/record.h"
 #include "util/util.h"
 
 /* ---- module entries ------------------------------------------------------- */

@@ -2,7 +2,7 @@
  * Logs: one line per message, with a level and a subsystem, delivered to the
  * runtime's callback or, without one, to stderr when HOTKERN_LOG asks.
  *
- * The level test is one relaxed atomic load (log_min), so a disabled message
+ * The level test is one relaxed atomic load (log.min), so a disabled message
  * costs no formatting; an enabled one is formatted into a stack buffer, never
  * the heap. Messages come from every thread hotkern runs and from under its
  * locks (the watcher's, an endpoint's), so delivery takes only log_lock, the
@@ -36,7 +36,7 @@
 #include "base/exit.h"
 #include "base/abi.h"
 
-#include "loader/loader.h"
+#include "loader/log.h"
 
 #define HKL_LOG_LINE 1024
 
@@ -52,11 +52,11 @@ static int cb_enter(hk_runtime *rt) {
      * goes with its exit handlers. */
     if (hkb_exiting())
         return 0;
-    if (atomic_load(&rt->cb_closed) && !pthread_equal(rt->cb_closer, pthread_self()))
+    if (atomic_load(&rt->log.cb_closed) && !pthread_equal(rt->log.cb_closer, pthread_self()))
         return 0;
-    atomic_fetch_add(&rt->cb_inflight, 1);
-    if (atomic_load(&rt->cb_closed) && !pthread_equal(rt->cb_closer, pthread_self())) {
-        atomic_fetch_sub(&rt->cb_inflight, 1);
+    atomic_fetch_add(&rt->log.cb_inflight, 1);
+    if (atomic_load(&rt->log.cb_closed) && !pthread_equal(rt->log.cb_closer, pthread_self())) {
+        atomic_fetch_sub(&rt->log.cb_inflight, 1);
         return 0;
     }
     cb_depth++;
@@ -65,27 +65,27 @@ static int cb_enter(hk_runtime *rt) {
 
 static void cb_exit(hk_runtime *rt) {
     cb_depth--;
-    atomic_fetch_sub(&rt->cb_inflight, 1);
+    atomic_fetch_sub(&rt->log.cb_inflight, 1);
 }
 
 int hkl_callbacks_close(hk_runtime *rt, double until_ms) {
-    rt->cb_closer = pthread_self(); /* before cb_closed: read after it */
-    atomic_store(&rt->cb_closed, 1);
+    rt->log.cb_closer = pthread_self(); /* before cb_closed: read after it */
+    atomic_store(&rt->log.cb_closed, 1);
     /* A taker waiting in hk_next_event returns HK_ERR_CLOSED, and has left
      * when destroy goes on (within the bound). */
-    pthread_mutex_lock(&rt->evq_lock);
-    rt->evq_closed = 1;
-    pthread_cond_broadcast(&rt->evq_cond);
-    while (rt->evq_takers && hkl_now_ms() < until_ms) {
+    pthread_mutex_lock(&rt->ev.lock);
+    rt->ev.closed = 1;
+    pthread_cond_broadcast(&rt->ev.cond);
+    while (rt->ev.takers && hkl_now_ms() < until_ms) {
         struct timespec ts;
         hku_deadline(&ts, 1000);
-        pthread_cond_timedwait(&rt->evq_cond, &rt->evq_lock, &ts);
+        pthread_cond_timedwait(&rt->ev.cond, &rt->ev.lock, &ts);
     }
-    pthread_mutex_unlock(&rt->evq_lock);
+    pthread_mutex_unlock(&rt->ev.lock);
     /* A destroy called from a callback of this runtime does not wait for
      * itself. */
     int own = cb_depth;
-    while (atomic_load(&rt->cb_inflight) > own) {
+    while (atomic_load(&rt->log.cb_inflight) > own) {
         if (hkl_now_ms() >= until_ms)
             return HK_ERR_TIMEOUT;
         usleep(200);
@@ -134,35 +134,40 @@ static int env_level(void) {
 }
 
 /* The log callback cb (NULL: none) with userdata, for levels from min up;
- * the cheap check (log_min) follows it, or HOTKERN_LOG's level without it.
+ * the cheap check (log.min) follows it, or HOTKERN_LOG's level without it.
  * log_lock held for writing, or at init. */
 static void set_cb(hk_runtime *rt, hk_log_cb cb, void *userdata, int min) {
-    rt->log_cb = cb;
-    rt->log_ud = cb ? userdata : NULL;
-    rt->log_cb_min = cb ? min : HK_LOG_OFF;
-    atomic_store_explicit(&rt->log_min, cb ? min : rt->log_env_min, memory_order_relaxed);
+    rt->log.cb = cb;
+    rt->log.ud = cb ? userdata : NULL;
+    rt->log.cb_min = cb ? min : HK_LOG_OFF;
+    atomic_store_explicit(&rt->log.min, cb ? min : rt->log.env_min, memory_order_relaxed);
 }
 
-void hkl_log_init(hk_runtime *rt) {
+int hkl_log_init(hk_runtime *rt) {
     pthread_rwlockattr_t a;
     pthread_rwlockattr_init(&a);
     /* A hk_runtime_set_log must not wait behind a stream of messages. */
     pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&rt->log_lock, &a);
+    int r = pthread_rwlock_init(&rt->log.lock, &a);
     pthread_rwlockattr_destroy(&a);
-    rt->log_env_min = env_level();
-    rt->log_cb_min = HK_LOG_OFF;
-    atomic_init(&rt->log_min, rt->log_env_min);
+    if (r)
+        return HK_ERR_NOMEM;
+    atomic_init(&rt->log.cb_closed, 0);
+    atomic_init(&rt->log.cb_inflight, 0);
+    rt->log.env_min = env_level();
+    rt->log.cb_min = HK_LOG_OFF;
+    atomic_init(&rt->log.min, rt->log.env_min);
     /* A callback from the options hears create's messages too. */
     if (rt->opt.log) {
         int min = rt->opt.log_min_level;
         set_cb(rt, rt->opt.log, rt->opt.log_userdata,
                min >= HK_LOG_DEBUG && min <= HK_LOG_OFF ? min : HK_LOG_INFO);
     }
+    return 0;
 }
 
-void hkl_log_fini(hk_runtime *rt) {
-    pthread_rwlock_destroy(&rt->log_lock);
+void hkl_log_finish(hk_runtime *rt) {
+    pthread_rwlock_destroy(&rt->log.lock);
 }
 
 int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_level min_level) {
@@ -170,31 +175,31 @@ int hk_runtime_set_log(hk_runtime *rt, hk_log_cb cb, void *userdata, hk_log_leve
         return HK_ERR_INVALID;
     if (in_log)
         return HK_ERR_BUSY;
-    pthread_rwlock_wrlock(&rt->log_lock);
+    pthread_rwlock_wrlock(&rt->log.lock);
     set_cb(rt, cb, userdata, (int)min_level);
-    pthread_rwlock_unlock(&rt->log_lock);
+    pthread_rwlock_unlock(&rt->log.lock);
     return 0;
 }
 
 int hk_log_enabled(hk_runtime *rt, hk_log_level level) {
-    return rt && (int)level >= atomic_load_explicit(&rt->log_min, memory_order_relaxed) &&
+    return rt && (int)level >= atomic_load_explicit(&rt->log.min, memory_order_relaxed) &&
            level < HK_LOG_OFF;
 }
 
 static void deliver(hk_runtime *rt, hk_log_level level, const char *subsystem, const char *text) {
     in_log = 1;
-    pthread_rwlock_rdlock(&rt->log_lock);
+    pthread_rwlock_rdlock(&rt->log.lock);
     /* Checked again under the lock: the callback may have changed. */
-    if (rt->log_cb) {
-        if ((int)level >= rt->log_cb_min && cb_enter(rt)) {
-            rt->log_cb(level, subsystem, text, rt->log_ud);
+    if (rt->log.cb) {
+        if ((int)level >= rt->log.cb_min && cb_enter(rt)) {
+            rt->log.cb(level, subsystem, text, rt->log.ud);
             cb_exit(rt);
         }
-    } else if ((int)level >= rt->log_env_min) {
+    } else if ((int)level >= rt->log.env_min) {
         /* One call, so that threads' lines do not interleave. */
         fprintf(stderr, "hotkern: %s %s: %s\n", hk_log_level_name(level), subsystem, text);
     }
-    pthread_rwlock_unlock(&rt->log_lock);
+    pthread_rwlock_unlock(&rt->log.lock);
     in_log = 0;
 }
 
@@ -221,8 +226,8 @@ int hk_events_queue(hk_runtime *rt, int capacity) {
     if (!rt || capacity < 0)
         return HK_ERR_INVALID;
     int err = 0;
-    pthread_mutex_lock(&rt->evq_lock);
-    if (!rt->evq) {
+    pthread_mutex_lock(&rt->ev.lock);
+    if (!rt->ev.q) {
         int cap = capacity ? capacity : 256;
         int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         hk_queued_event *q = fd >= 0 ? calloc((size_t)cap, sizeof *q) : NULL;
@@ -231,37 +236,37 @@ int hk_events_queue(hk_runtime *rt, int capacity) {
                 close(fd);
             err = HK_ERR_NOMEM;
         } else {
-            rt->evq = q;
-            rt->evq_cap = cap;
-            atomic_store(&rt->evq_fd, fd);
+            rt->ev.q = q;
+            rt->ev.cap = cap;
+            atomic_store(&rt->ev.fd, fd);
         }
     }
-    pthread_mutex_unlock(&rt->evq_lock);
+    pthread_mutex_unlock(&rt->ev.lock);
     return err;
 }
 
 int hk_event_fd(hk_runtime *rt) {
-    return rt ? atomic_load(&rt->evq_fd) : -1;
+    return rt ? atomic_load(&rt->ev.fd) : -1;
 }
 
 /* A copy of the event, queued (evq_lock taken here; a leaf). */
 static void queue_event(hk_runtime *rt, const hk_event *ev) {
-    pthread_mutex_lock(&rt->evq_lock);
-    if (!rt->evq || rt->evq_closed) {
-        pthread_mutex_unlock(&rt->evq_lock);
+    pthread_mutex_lock(&rt->ev.lock);
+    if (!rt->ev.q || rt->ev.closed) {
+        pthread_mutex_unlock(&rt->ev.lock);
         return;
     }
-    if (rt->evq_n == rt->evq_cap) {
+    if (rt->ev.n == rt->ev.cap) {
         /* Full: the oldest goes, and the one taken next after it counts it
          * (with what it counted itself). */
-        uint64_t lost = rt->evq[rt->evq_head].dropped + 1;
-        rt->evq_head = (rt->evq_head + 1) % rt->evq_cap;
-        if (--rt->evq_n)
-            rt->evq[rt->evq_head].dropped += lost;
+        uint64_t lost = rt->ev.q[rt->ev.head].dropped + 1;
+        rt->ev.head = (rt->ev.head + 1) % rt->ev.cap;
+        if (--rt->ev.n)
+            rt->ev.q[rt->ev.head].dropped += lost;
         else
-            rt->evq_dropped += lost;
+            rt->ev.dropped += lost;
     }
-    hk_queued_event *e = &rt->evq[(rt->evq_head + rt->evq_n) % rt->evq_cap];
+    hk_queued_event *e = &rt->ev.q[(rt->ev.head + rt->ev.n) % rt->ev.cap];
     memset(e, 0, sizeof *e);
     e->size = sizeof *e;
     e->kind = ev->kind;
@@ -274,67 +279,78 @@ static void queue_event(hk_runtime *rt, const hk_event *ev) {
         snprintf(e->message, sizeof e->message, "%s", ev->report->message);
         e->total_ms = ev->report->total_ms;
     }
-    e->dropped = rt->evq_n ? 0 : rt->evq_dropped; /* the oldest carries the count */
-    if (!rt->evq_n)
-        rt->evq_dropped = 0;
-    rt->evq_n++;
+    e->dropped = rt->ev.n ? 0 : rt->ev.dropped; /* the oldest carries the count */
+    if (!rt->ev.n)
+        rt->ev.dropped = 0;
+    rt->ev.n++;
     uint64_t one = 1;
-    if (write(atomic_load(&rt->evq_fd), &one, sizeof one) < 0) {
+    if (write(atomic_load(&rt->ev.fd), &one, sizeof one) < 0) {
         /* the counter is at its maximum: readable all the same */
     }
-    pthread_cond_broadcast(&rt->evq_cond);
-    pthread_mutex_unlock(&rt->evq_lock);
+    pthread_cond_broadcast(&rt->ev.cond);
+    pthread_mutex_unlock(&rt->ev.lock);
 }
 
 int hk_next_event(hk_runtime *rt, hk_queued_event *out, int timeout_ms) {
     if (!rt || !out || out->size < HKB_QUEUED_EVENT_SIZE0)
         return HK_ERR_INVALID;
-    pthread_mutex_lock(&rt->evq_lock);
-    if (!rt->evq) {
-        pthread_mutex_unlock(&rt->evq_lock);
+    pthread_mutex_lock(&rt->ev.lock);
+    if (!rt->ev.q) {
+        pthread_mutex_unlock(&rt->ev.lock);
         return HK_ERR_INVALID;
     }
     struct timespec ts;
     if (timeout_ms > 0)
         hku_deadline(&ts, (long)timeout_ms * 1000);
-    rt->evq_takers++;
-    while (!rt->evq_n && !rt->evq_closed && timeout_ms != 0) {
+    rt->ev.takers++;
+    while (!rt->ev.n && !rt->ev.closed && timeout_ms != 0) {
         if (timeout_ms < 0)
-            pthread_cond_wait(&rt->evq_cond, &rt->evq_lock);
-        else if (pthread_cond_timedwait(&rt->evq_cond, &rt->evq_lock, &ts))
+            pthread_cond_wait(&rt->ev.cond, &rt->ev.lock);
+        else if (pthread_cond_timedwait(&rt->ev.cond, &rt->ev.lock, &ts))
             break;
     }
-    rt->evq_takers--;
-    if (rt->evq_closed)
-        pthread_cond_broadcast(&rt->evq_cond); /* destroy waits for takers to leave */
-    int r = rt->evq_n ? 1 : rt->evq_closed ? HK_ERR_CLOSED : 0;
+    rt->ev.takers--;
+    if (rt->ev.closed)
+        pthread_cond_broadcast(&rt->ev.cond); /* destroy waits for takers to leave */
+    int r = rt->ev.n ? 1 : rt->ev.closed ? HK_ERR_CLOSED : 0;
     if (r == 1) {
-        hkb_sized_out(out, &rt->evq[rt->evq_head], sizeof rt->evq[0]);
-        rt->evq_head = (rt->evq_head + 1) % rt->evq_cap;
-        if (!--rt->evq_n) { /* drained: the descriptor no longer polls readable */
+        hkb_sized_out(out, &rt->ev.q[rt->ev.head], sizeof rt->ev.q[0]);
+        rt->ev.head = (rt->ev.head + 1) % rt->ev.cap;
+        if (!--rt->ev.n) { /* drained: the descriptor no longer polls readable */
             uint64_t n;
-            if (read(atomic_load(&rt->evq_fd), &n, sizeof n) < 0) {
+            if (read(atomic_load(&rt->ev.fd), &n, sizeof n) < 0) {
                 /* already zero */
             }
         }
     }
-    pthread_mutex_unlock(&rt->evq_lock);
+    pthread_mutex_unlock(&rt->ev.lock);
     return r;
 }
 
-void hkl_events_fini(hk_runtime *rt) {
-    free(rt->evq);
-    int fd = atomic_load(&rt->evq_fd);
+int hkl_events_init(hk_runtime *rt) {
+    atomic_init(&rt->ev.fd, -1);
+    if (pthread_mutex_init(&rt->ev.lock, NULL))
+        return HK_ERR_NOMEM;
+    if (hku_cond_init(&rt->ev.cond)) {
+        pthread_mutex_destroy(&rt->ev.lock);
+        return HK_ERR_NOMEM;
+    }
+    return 0;
+}
+
+void hkl_events_finish(hk_runtime *rt) {
+    free(rt->ev.q);
+    int fd = atomic_load(&rt->ev.fd);
     if (fd >= 0)
         close(fd);
-    pthread_mutex_destroy(&rt->evq_lock);
-    pthread_cond_destroy(&rt->evq_cond);
+    pthread_mutex_destroy(&rt->ev.lock);
+    pthread_cond_destroy(&rt->ev.cond);
 }
 
 void hkl_emit_quiet(hk_runtime *rt, hk_event_kind kind, const char *module, uint64_t oldv,
                     uint64_t newv, const char *origin, const hk_report *rep) {
     hk_event ev = {sizeof ev, kind, module, oldv, newv, origin ? origin : "api", rep};
-    if (atomic_load(&rt->evq_fd) >= 0)
+    if (atomic_load(&rt->ev.fd) >= 0)
         queue_event(rt, &ev);
     if (!rt->opt.on_event || !cb_enter(rt))
         return;

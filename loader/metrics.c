@@ -28,7 +28,10 @@
 #include <string.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/expo.h"
+#include "loader/lkg.h"
+#include "loader/metrics.h"
+#include "loader/source.h"
 
 /* Upper bounds of the swap-duration buckets, in microseconds and as the le
  * label prints them (a swap takes 0.2 ms from the cache, seconds through
@@ -188,22 +191,30 @@ void hkl_metrics_engine(hk_metrics_writer *w, const hk_stats *s, const hkl_hist 
     histogram(w, h ? h : &empty);
 }
 
+int hkl_metrics_init(hk_runtime *rt) {
+    return pthread_mutex_init(&rt->metrics.lock, NULL) ? HK_ERR_NOMEM : 0;
+}
+
+void hkl_metrics_finish(hk_runtime *rt) {
+    pthread_mutex_destroy(&rt->metrics.lock);
+}
+
 int hk_stats_get(hk_runtime *rt, hk_stats *user) {
     if (!rt || !user || hkb_size_of(user) < HKB_STATS_SIZE0)
         return HK_ERR_INVALID;
     hk_stats full;
     hk_stats *out = &full;
-    pthread_mutex_lock(&rt->stats_lock);
-    *out = rt->stats;
+    pthread_mutex_lock(&rt->metrics.lock);
+    *out = rt->metrics.stats;
     out->size = sizeof *out;
-    pthread_mutex_unlock(&rt->stats_lock);
-    pthread_mutex_lock(&rt->rec_lock);
-    out->retired_loaded = (uint64_t)rt->nretired;
-    pthread_mutex_unlock(&rt->rec_lock);
-    out->gate_closes = atomic_load(&rt->gate_closes);
-    out->gate_closed_max_ms = (double)atomic_load(&rt->gate_max_ns) / 1e6;
-    out->launch_hold_timeouts = atomic_load(&rt->hold_timeouts);
-    out->launch_errors = atomic_load(&rt->launch_errors);
+    pthread_mutex_unlock(&rt->metrics.lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    out->retired_loaded = (uint64_t)rt->rec.nretired;
+    pthread_mutex_unlock(&rt->rec.lock);
+    out->gate_closes = atomic_load(&rt->gate.closes);
+    out->gate_closed_max_ms = (double)atomic_load(&rt->gate.max_ns) / 1e6;
+    out->launch_hold_timeouts = atomic_load(&rt->gate.hold_timeouts);
+    out->launch_errors = atomic_load(&rt->gate.launch_errors);
     if (rt->cache) {
         uint64_t h, m, b;
         hkp_cache_stats(rt->cache, &h, &m, &b);
@@ -235,20 +246,20 @@ int hk_stats_get(hk_runtime *rt, hk_stats *user) {
 /* ---- what swaps cost --------------------------------------------------- */
 
 void hkl_count_swap(hk_runtime *rt, int committed, int rollback, const hk_report *rep) {
-    pthread_mutex_lock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->metrics.lock);
     if (committed) {
-        rt->stats.swaps++;
-        rt->stats.rollbacks += rollback != 0;
-        rt->stats.live_versions++;
-        rt->stats.last_swap_ms = rep->total_ms;
-        hkl_hist_observe(&rt->swap_hist, rep->total_ms);
+        rt->metrics.stats.swaps++;
+        rt->metrics.stats.rollbacks += rollback != 0;
+        rt->metrics.stats.live_versions++;
+        rt->metrics.stats.last_swap_ms = rep->total_ms;
+        hkl_hist_observe(&rt->metrics.swap_hist, rep->total_ms);
     } else {
-        rt->stats.refused++;
+        rt->metrics.stats.refused++;
     }
-    rt->stats.build_ms_total += rep->build_ms;
-    rt->stats.stage_ms_total += rep->stage_ms;
-    rt->stats.commit_ms_total += rep->commit_ms;
-    pthread_mutex_unlock(&rt->stats_lock);
+    rt->metrics.stats.build_ms_total += rep->build_ms;
+    rt->metrics.stats.stage_ms_total += rep->stage_ms;
+    rt->metrics.stats.commit_ms_total += rep->commit_ms;
+    pthread_mutex_unlock(&rt->metrics.lock);
 }
 
 /* Fills the report's total and the part of it no step accounts for
@@ -288,13 +299,13 @@ int hk_metrics_text_alloc(hk_runtime *rt, char **out, size_t *len) {
     hk_stats s = HK_STATS_INIT;
     hkl_hist h;
     hk_stats_get(rt, &s);
-    pthread_mutex_lock(&rt->stats_lock);
-    h = rt->swap_hist;
-    pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->metrics.lock);
+    h = rt->metrics.swap_hist;
+    pthread_mutex_unlock(&rt->metrics.lock);
     hkl_metrics_engine(w, &s, &h);
-    pthread_mutex_lock(&rt->src_lock);
-    walk(rt->sources, w);
-    pthread_mutex_unlock(&rt->src_lock);
+    pthread_mutex_lock(&rt->src.lock);
+    walk(rt->src.list, w);
+    pthread_mutex_unlock(&rt->src.lock);
     return hkl_mw_take(w, out, len);
 }
 

@@ -41,12 +41,42 @@
 #include <time.h>
 
 #include "base/exit.h"
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/gate.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/reclaim.h"
+#include "loader/reset.h"
 #include "loader/safepoint.h"
+#include "loader/version.h"
+
+int hkl_reclaim_init(hk_runtime *rt) {
+    hkl_reclaimer *r = &rt->rec;
+    r->pin_poll_ms = 50;
+    r->unload_gap_ms = 20;
+    if (pthread_mutex_init(&r->lock, NULL))
+        return HK_ERR_NOMEM;
+    if (hku_cond_init(&r->cond))
+        goto no_cond;
+    if (hku_cond_init(&r->done))
+        goto no_done;
+    return 0;
+no_done:
+    pthread_cond_destroy(&r->cond);
+no_cond:
+    pthread_mutex_destroy(&r->lock);
+    return HK_ERR_NOMEM;
+}
+
+void hkl_reclaim_finish(hk_runtime *rt) {
+    pthread_mutex_destroy(&rt->rec.lock);
+    pthread_cond_destroy(&rt->rec.cond);
+    pthread_cond_destroy(&rt->rec.done);
+}
 
 /* 1 when no host thread can still reach v. */
 static int grace_over(hk_runtime *rt, const hkl_version *v) {
-    for (hkl_tslot *s = atomic_load(&rt->slots); s; s = s->next) {
+    for (hkl_tslot *s = atomic_load(&rt->gate.slots); s; s = s->next) {
         uint64_t a = atomic_load(&s->active);
         if (a && a < v->retire_epoch)
             return 0;
@@ -57,10 +87,10 @@ static int grace_over(hk_runtime *rt, const hkl_version *v) {
 static void count_reclaimed(hk_runtime *rt, int n) {
     if (!n)
         return;
-    pthread_mutex_lock(&rt->stats_lock);
-    rt->stats.reclaimed += (uint64_t)n;
-    rt->stats.live_versions -= (uint64_t)n;
-    pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->metrics.lock);
+    rt->metrics.stats.reclaimed += (uint64_t)n;
+    rt->metrics.stats.live_versions -= (uint64_t)n;
+    pthread_mutex_unlock(&rt->metrics.lock);
 }
 
 /* Finishes the GPU work queued before now, which includes every launch of
@@ -70,8 +100,8 @@ static void count_reclaimed(hk_runtime *rt, int n) {
  * driver refused to synchronise because of a stream capture: then nothing
  * may be unloaded yet. Reclaim thread only. */
 static int sync_contexts(hk_runtime *rt) {
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_PASS_SYNC);
+    if (rt->test.hook)
+        rt->test.hook(rt, HKL_HOOK_PASS_SYNC);
     if (rt->opt.loader == HK_LOADER_LIBRARY)
         return 0; /* see the top of this file */
     for (int i = 0; i < rt->ndev; i++) {
@@ -122,16 +152,16 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
         hkl_version_free(v);
     }
     count_reclaimed(rt, n);
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->nretired -= n;
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.nretired -= n;
     while (failed) {
         hkl_version *v = failed;
         failed = v->next;
-        v->next = rt->retired;
-        rt->retired = v;
+        v->next = rt->rec.retired;
+        rt->rec.retired = v;
     }
-    pthread_cond_broadcast(&rt->rec_done);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_cond_broadcast(&rt->rec.done);
+    pthread_mutex_unlock(&rt->rec.lock);
     return n;
 }
 
@@ -141,7 +171,7 @@ static int unload_list(hk_runtime *rt, hkl_version *list, int final) {
 static hkl_version *take_late(hk_runtime *rt) {
     double now = hkl_now_ms();
     hkl_version *late = NULL;
-    for (hkl_version **pp = &rt->unload_ready; *pp;) {
+    for (hkl_version **pp = &rt->rec.unload_ready; *pp;) {
         hkl_version *v = *pp;
         if (v->sp_deadline <= now) {
             *pp = v->next;
@@ -151,7 +181,7 @@ static hkl_version *take_late(hk_runtime *rt) {
             pp = &v->next;
         }
     }
-    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->unload_ready != NULL);
+    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->rec.unload_ready != NULL);
     return late;
 }
 
@@ -161,22 +191,22 @@ static hkl_version *take_late(hk_runtime *rt) {
  * while a stream capture keeps the driver from synchronising. rec_lock not
  * held. */
 static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_kick = 0;
-    hkl_version *list = rt->retired;
-    rt->retired = NULL;
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.kick = 0;
+    hkl_version *list = rt->rec.retired;
+    rt->rec.retired = NULL;
     hkl_version *late = final ? NULL : take_late(rt);
     if (final) {
         /* Destroy: everything goes, deferred versions included. */
-        while (rt->unload_ready) {
-            hkl_version *v = rt->unload_ready;
-            rt->unload_ready = v->next;
+        while (rt->rec.unload_ready) {
+            hkl_version *v = rt->rec.unload_ready;
+            rt->rec.unload_ready = v->next;
             v->next = list;
             list = v;
         }
         hkl_sp_mark(rt, HKL_SP_UNLOADS, 0);
     }
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_unlock(&rt->rec.lock);
     hkl_version *ready = NULL, *keep = NULL, *defer = NULL;
     /* One reading of the pins decides both whether the fence is paid and
      * which versions may go: a pin released after this reading waits for the
@@ -186,13 +216,13 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
     int candidates = 0, pinned_only = 1, refused = 0;
     for (hkl_version *v = list; v; v = v->next)
         candidates += v->candidate = final || atomic_load(&v->pins) == 0;
-    if (rt->hook && list)
-        rt->hook(rt, HKL_HOOK_PASS_SNAPSHOT);
+    if (rt->test.hook && list)
+        rt->test.hook(rt, HKL_HOOK_PASS_SNAPSHOT);
     if (candidates && !final) {
         hkl_heavy_fence(rt);
-        pthread_mutex_lock(&rt->rec_lock);
-        rt->fences++;
-        pthread_mutex_unlock(&rt->rec_lock);
+        pthread_mutex_lock(&rt->rec.lock);
+        rt->test.fences++;
+        pthread_mutex_unlock(&rt->rec.lock);
     }
     while (list) {
         hkl_version *v = list;
@@ -231,25 +261,25 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
                late->mod->name, rt->opt.safe_point_wait_ms);
         *unloaded += unload_list(rt, late, 0);
     }
-    pthread_mutex_lock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
     while (keep) {
         hkl_version *v = keep;
         keep = v->next;
-        v->next = rt->retired;
-        rt->retired = v;
+        v->next = rt->rec.retired;
+        rt->rec.retired = v;
     }
     while (defer) {
         hkl_version *v = defer;
         defer = v->next;
         v->sp_deadline =
             hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
-        v->next = rt->unload_ready;
-        rt->unload_ready = v;
+        v->next = rt->rec.unload_ready;
+        rt->rec.unload_ready = v;
     }
-    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->unload_ready != NULL);
-    int left = rt->retired == NULL ? 0 : refused ? 3 : pinned_only ? 2 : 1;
-    pthread_cond_broadcast(&rt->rec_done);
-    pthread_mutex_unlock(&rt->rec_lock);
+    hkl_sp_mark(rt, HKL_SP_UNLOADS, rt->rec.unload_ready != NULL);
+    int left = rt->rec.retired == NULL ? 0 : refused ? 3 : pinned_only ? 2 : 1;
+    pthread_cond_broadcast(&rt->rec.done);
+    pthread_mutex_unlock(&rt->rec.lock);
     return left;
 }
 
@@ -257,11 +287,11 @@ static int reclaim_pass(hk_runtime *rt, int final, int *unloaded) {
  * has already seen finished. No synchronise here: a safe point never waits
  * for the GPU on hotkern's account. */
 void hkl_reclaim_deferred(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    hkl_version *list = rt->unload_ready;
-    rt->unload_ready = NULL;
+    pthread_mutex_lock(&rt->rec.lock);
+    hkl_version *list = rt->rec.unload_ready;
+    rt->rec.unload_ready = NULL;
     hkl_sp_mark(rt, HKL_SP_UNLOADS, 0);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_unlock(&rt->rec.lock);
     if (!list)
         return;
     CUstreamCaptureMode m = hkl_relax(rt);
@@ -288,18 +318,18 @@ static void *reclaim_main(void *arg) {
     double next_reset_check = hkl_now_ms() + 200;
     int left = 0;
     for (;;) {
-        pthread_mutex_lock(&rt->rec_lock);
-        if (!rt->rec_stop && !rt->rec_kick && !rt->retired)
-            timed_wait(&rt->rec_cond, &rt->rec_lock, 100);
-        else if (!rt->rec_stop && !rt->rec_kick && left)
+        pthread_mutex_lock(&rt->rec.lock);
+        if (!rt->rec.stop && !rt->rec.kick && !rt->rec.retired)
+            timed_wait(&rt->rec.cond, &rt->rec.lock, 100);
+        else if (!rt->rec.stop && !rt->rec.kick && left)
             /* Versions wait for a launch to finish (poll briefly) or for a
              * pin, whose release kicks this thread. */
-            timed_wait(&rt->rec_cond, &rt->rec_lock,
-                       left == 2   ? rt->pin_poll_ms
+            timed_wait(&rt->rec.cond, &rt->rec.lock,
+                       left == 2   ? rt->rec.pin_poll_ms
                        : left == 3 ? 10
                                    : 1);
-        int stop = rt->rec_stop;
-        pthread_mutex_unlock(&rt->rec_lock);
+        int stop = rt->rec.stop;
+        pthread_mutex_unlock(&rt->rec.lock);
         if (stop)
             break;
         /* Each pass is a section of the exit guard (base/exit.h): once the
@@ -312,13 +342,13 @@ static void *reclaim_main(void *arg) {
             /* Batch the next unloads (each may stall launchers while the
              * GPU drains): gather retirements for unload_gap_ms, unless
              * someone waits for them. */
-            double until = hkl_now_ms() + rt->unload_gap_ms;
-            pthread_mutex_lock(&rt->rec_lock);
-            while (!rt->rec_stop && !rt->rec_waiters && hkl_now_ms() < until)
-                timed_wait(&rt->rec_cond, &rt->rec_lock, (long)(until - hkl_now_ms()) + 1);
-            pthread_mutex_unlock(&rt->rec_lock);
+            double until = hkl_now_ms() + rt->rec.unload_gap_ms;
+            pthread_mutex_lock(&rt->rec.lock);
+            while (!rt->rec.stop && !rt->rec.waiters && hkl_now_ms() < until)
+                timed_wait(&rt->rec.cond, &rt->rec.lock, (long)(until - hkl_now_ms()) + 1);
+            pthread_mutex_unlock(&rt->rec.lock);
         }
-        if (hkl_now_ms() >= next_reset_check || atomic_exchange(&rt->reset_suspect, 0)) {
+        if (hkl_now_ms() >= next_reset_check || atomic_exchange(&rt->reset.suspect, 0)) {
             next_reset_check = hkl_now_ms() + 200;
             int nested = hkl_swap_lock(rt);
             int reset = hkl_check_reset(rt);
@@ -331,9 +361,9 @@ static void *reclaim_main(void *arg) {
     /* Destroy's contract: no thread launches any more. Destroy found
      * swap_lock held (by this thread, in the driver) past its deadline:
      * the current versions are this thread's to retire. */
-    pthread_mutex_lock(&rt->rec_lock);
-    int retire = rt->rec_retire_all;
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    int retire = rt->rec.retire_all;
+    pthread_mutex_unlock(&rt->rec.lock);
     if (retire) {
         int nested = hkl_swap_lock(rt);
         hkl_retire_all(rt);
@@ -344,65 +374,65 @@ static void *reclaim_main(void *arg) {
         reclaim_pass(rt, 1, &unloaded);
         hkb_exit_leave();
     }
-    pthread_mutex_lock(&rt->rec_lock);
-    int abandoned = rt->abandoned;
-    rt->rec_finished = 1;
-    pthread_cond_broadcast(&rt->rec_done);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    int abandoned = rt->rec.abandoned;
+    rt->rec.finished = 1;
+    pthread_cond_broadcast(&rt->rec.done);
+    pthread_mutex_unlock(&rt->rec.lock);
     if (abandoned)
-        rt->rec_free(rt);
+        rt->rec.free_rt(rt);
     return NULL;
 }
 
 int hkl_reclaim_start(hk_runtime *rt, void (*free_rt)(hk_runtime *rt)) {
-    rt->rec_free = free_rt;
-    if (pthread_create(&rt->rec_thread, NULL, reclaim_main, rt))
+    rt->rec.free_rt = free_rt;
+    if (pthread_create(&rt->rec.thread, NULL, reclaim_main, rt))
         return HK_ERR_NOMEM;
-    rt->rec_started = 1;
+    rt->rec.started = 1;
     return 0;
 }
 
 void hkl_retire_all(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
     for (hkl_module *m = rt->modules; m; m = m->next) {
         hkl_version *v = atomic_exchange(&m->current, NULL);
         if (v) {
-            v->next = rt->retired;
-            rt->retired = v;
-            rt->nretired++;
+            v->next = rt->rec.retired;
+            rt->rec.retired = v;
+            rt->rec.nretired++;
         }
     }
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 void hkl_reclaim_stop(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_stop = 1;
-    pthread_cond_broadcast(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.stop = 1;
+    pthread_cond_broadcast(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 /* Waits for the reclaim thread (stopped with hkl_reclaim_stop) to finish its
  * final pass, up to timeout_ms. On a timeout the thread is left running and
  * owns the runtime: it frees it when its pass ends. */
 int hkl_reclaim_join(hk_runtime *rt, int timeout_ms) {
-    if (!rt->rec_started) {
+    if (!rt->rec.started) {
         int unloaded;
         reclaim_pass(rt, 1, &unloaded);
         return 0;
     }
     double end = hkl_now_ms() + timeout_ms;
-    pthread_mutex_lock(&rt->rec_lock);
-    while (!rt->rec_finished && hkl_now_ms() < end)
-        timed_wait(&rt->rec_done, &rt->rec_lock, 10);
-    int done = rt->rec_finished;
+    pthread_mutex_lock(&rt->rec.lock);
+    while (!rt->rec.finished && hkl_now_ms() < end)
+        timed_wait(&rt->rec.done, &rt->rec.lock, 10);
+    int done = rt->rec.finished;
     if (!done)
-        rt->abandoned = 1;
-    pthread_mutex_unlock(&rt->rec_lock);
+        rt->rec.abandoned = 1;
+    pthread_mutex_unlock(&rt->rec.lock);
     if (done)
-        pthread_join(rt->rec_thread, NULL);
+        pthread_join(rt->rec.thread, NULL);
     else
-        pthread_detach(rt->rec_thread);
+        pthread_detach(rt->rec.thread);
     return done ? 0 : HK_ERR_TIMEOUT;
 }
 
@@ -410,22 +440,22 @@ int hk_reclaim_wait(hk_runtime *rt, int timeout_ms) {
     if (!rt)
         return HK_ERR_INVALID;
     /* From a RECLAIMED event: the reclaim thread would wait for itself. */
-    if (rt->rec_started && pthread_equal(pthread_self(), rt->rec_thread))
+    if (rt->rec.started && pthread_equal(pthread_self(), rt->rec.thread))
         return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
     int err = 0;
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_waiters++;
-    while (rt->nretired > 0) {
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.waiters++;
+    while (rt->rec.nretired > 0) {
         if (hkl_now_ms() >= end) {
             err = HK_ERR_TIMEOUT;
             break;
         }
-        rt->rec_kick = 1;
-        pthread_cond_signal(&rt->rec_cond);
-        timed_wait(&rt->rec_done, &rt->rec_lock, 10);
+        rt->rec.kick = 1;
+        pthread_cond_signal(&rt->rec.cond);
+        timed_wait(&rt->rec.done, &rt->rec.lock, 10);
     }
-    rt->rec_waiters--;
-    pthread_mutex_unlock(&rt->rec_lock);
+    rt->rec.waiters--;
+    pthread_mutex_unlock(&rt->rec.lock);
     return err;
 }

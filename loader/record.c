@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/record.h"
 
 #define LINE_MAX_BYTES 4096
 
@@ -228,7 +228,7 @@ int hkl_rec_parse(const char *text, size_t len, hkl_rec *r, char *why, size_t wh
             continue;
         }
         if (line == 2) {
-            if (n < 8 || n - 7 >= HKL_NAME_MAX || memcmp(s, "module ", 7))
+            if (n < 8 || n - 7 >= HKU_NAME_MAX || memcmp(s, "module ", 7))
                 return bad(r, why, whyn, line, "expected 'module NAME'");
             memcpy(r->module, s + 7, n - 7);
             r->module[n - 7] = 0;

@@ -6,11 +6,11 @@
  * modules do not. hkl_check_reset notices the change of context identity
  * and reloads what must be reloaded; it runs at every swap and rollback
  * (swap.c), from the reclaim thread's periodic pass, and soon after a launch
- * error that looks like a reset (launch.c sets reset_suspect and kicks the
+ * error that looks like a reset (launch.c sets reset.suspect and kicks the
  * reclaim thread), never on a launching thread.
  *
  * Locks: hkl_check_reset runs with swap_lock held. A context is replaced
- * under unload_lock, which bumps reset_gen: a module unload in progress
+ * under unload_lock, which bumps reset.gen: a module unload in progress
  * finishes in the old context first, and later ones see the new generation
  * and leave dead modules alone. Modules are reloaded with the launch gate
  * closed. hkl_emit_reset tells the application afterwards, with no lock
@@ -19,7 +19,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/gate.h"
+#include "loader/log.h"
+#include "loader/reset.h"
+#include "loader/version.h"
+
+int hkl_reset_init(hk_runtime *rt) {
+    atomic_init(&rt->reset.gen, 1);
+    atomic_init(&rt->reset.suspect, 0);
+    return pthread_mutex_init(&rt->reset.unload_lock, NULL) ? HK_ERR_NOMEM : 0;
+}
+
+void hkl_reset_finish(hk_runtime *rt) {
+    pthread_mutex_destroy(&rt->reset.unload_lock);
+}
 
 /* 1 when device slot i's context is no longer the one we attached to. */
 static int context_was_reset(hk_runtime *rt, int i) {
@@ -51,14 +64,14 @@ static int replace_contexts(hk_runtime *rt) {
             continue;
         /* A module unload in progress finishes in the old context first;
          * later ones see the new generation and leave dead modules alone. */
-        pthread_mutex_lock(&rt->unload_lock);
+        pthread_mutex_lock(&rt->reset.unload_lock);
         rt->dev[i].retains++;
         atomic_store(&rt->dev[i].ctx, ctx);
         rt->drv->CtxGetId(ctx, &rt->dev[i].ctx_id);
         if (rt->dev[i].copy_stream) /* died with its context */
             rt->dev[i].copy_stream = NULL;
-        atomic_fetch_add(&rt->reset_gen, 1);
-        pthread_mutex_unlock(&rt->unload_lock);
+        atomic_fetch_add(&rt->reset.gen, 1);
+        pthread_mutex_unlock(&rt->reset.unload_lock);
         reset = 1;
     }
     return reset;
@@ -113,8 +126,8 @@ static int meta_copy(hkl_version *nv, const hkl_version *old) {
  * dead version stays current. */
 static void reload_module(hk_runtime *rt, hkl_module *m) {
     hkl_version *old = atomic_load(&m->current);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_RESET_RELOAD);
+    if (rt->test.hook)
+        rt->test.hook(rt, HKL_HOOK_RESET_RELOAD);
     hk_report rep = HK_REPORT_INIT;
     hkl_version *nv = old ? version_reload(rt, m, old, &rep) : NULL;
     if (!nv) {
@@ -133,9 +146,9 @@ static void reload_module(hk_runtime *rt, hkl_module *m) {
         atomic_store(&m->current, nv);
         old->dead = 1; /* its module died with the context: no event */
         hkl_retire(rt, old);
-        pthread_mutex_lock(&rt->stats_lock);
-        rt->stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
-        pthread_mutex_unlock(&rt->stats_lock);
+        pthread_mutex_lock(&rt->metrics.lock);
+        rt->metrics.stats.live_versions++; /* the reloaded one; old is counted out by reclaim */
+        pthread_mutex_unlock(&rt->metrics.lock);
     }
     hk_report_clear(&rep);
 }
@@ -154,9 +167,9 @@ int hkl_check_reset(hk_runtime *rt) {
             reload_module(rt, m);
         hkl_gate_open(rt);
     }
-    pthread_mutex_lock(&rt->stats_lock);
-    rt->stats.context_resets++;
-    pthread_mutex_unlock(&rt->stats_lock);
+    pthread_mutex_lock(&rt->metrics.lock);
+    rt->metrics.stats.context_resets++;
+    pthread_mutex_unlock(&rt->metrics.lock);
     return 1;
 }
 

@@ -13,7 +13,10 @@
 #include <string.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/job.h"
+#include "loader/lkg.h"
+#include "loader/swap.h"
 
 /* Commits one module's known-good image. */
 static int restore_one(hk_runtime *rt, const hkl_lkg_good *it, hk_report *r) {
@@ -34,7 +37,7 @@ static int restore_one(hk_runtime *rt, const hkl_lkg_good *it, hk_report *r) {
     hk_swap_options_init(&j->opt);
     j->opt.release_version = it->good.release;
     j->opt.canary = HK_CANARY_SKIP; /* it ran */
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->seq = atomic_fetch_add(&rt->work.job_seq, 1) + 1;
     j->t_start = hkl_now_ms();
     j->origin = strdup("restore");
     j->art.image = data;

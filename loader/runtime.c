@@ -23,7 +23,20 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/canary.h"
+#include "loader/context.h"
+#include "loader/expect.h"
+#include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reclaim.h"
+#include "loader/reset.h"
+#include "loader/source.h"
+#include "loader/version.h"
+#include "loader/worker.h"
 
 /* The teardown (below), parts of which the threads started here may run. */
 static void runtime_free(hk_runtime *rt);
@@ -119,42 +132,38 @@ static int check_args(hk_runtime **out, const hk_options *o, int ndev, hk_report
     return 0;
 }
 
-/* The locks and condition variables of a new runtime. */
-static void runtime_init_locks(hk_runtime *rt) {
-    pthread_mutex_init(&rt->swap_lock, NULL);
-    /* Writers first: a commit's retarget must not wait behind a stream of
-     * graph launches (glibc's default lets new readers overtake a writer). */
-    pthread_rwlockattr_t ra;
-    pthread_rwlockattr_init(&ra);
-    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&rt->graph_lock, &ra);
-    pthread_rwlockattr_destroy(&ra);
-    pthread_mutex_init(&rt->gate_lock, NULL);
-    hku_cond_init(&rt->gate_cond);
-    pthread_mutex_init(&rt->unload_lock, NULL);
-    pthread_mutex_init(&rt->rec_lock, NULL);
-    hku_cond_init(&rt->rec_cond);
-    hku_cond_init(&rt->rec_done);
-    pthread_mutex_init(&rt->work_lock, NULL);
-    hku_cond_init(&rt->work_cond);
-    hku_cond_init(&rt->idle_cond);
-    pthread_mutex_init(&rt->expect_lock, NULL);
-    pthread_mutex_init(&rt->evq_lock, NULL);
-    hku_cond_init(&rt->evq_cond);
-    atomic_init(&rt->evq_fd, -1);
-    atomic_init(&rt->nexpects, 0);
-    pthread_mutex_init(&rt->stats_lock, NULL);
-    pthread_mutex_init(&rt->src_lock, NULL);
+/* The runtime's parts (core.h), in the order they are made; they are
+ * taken apart in the reverse order (runtime_free), and a part that cannot
+ * be made takes those made before it apart again. */
+static const struct {
+    int (*init)(hk_runtime *rt);
+    void (*finish)(hk_runtime *rt); /* NULL: nothing to take apart */
+} parts[] = {
+    {hkl_log_init, hkl_log_finish},         {hkl_events_init, hkl_events_finish},
+    {hkl_sources_init, hkl_sources_finish}, {hkl_gate_init, hkl_gate_finish},
+    {hkl_reset_init, hkl_reset_finish},     {hkl_metrics_init, hkl_metrics_finish},
+    {hkl_graphs_init, hkl_graphs_finish},   {hkl_expect_init, hkl_expect_finish},
+    {hkl_reclaim_init, hkl_reclaim_finish}, {hkl_worker_init, hkl_worker_finish},
+    {hkl_safe_points_init, NULL},
+};
+#define NPARTS (sizeof parts / sizeof parts[0])
+
+/* Takes apart the first n parts, last first. */
+static void parts_finish(hk_runtime *rt, size_t n) {
+    while (n-- > 0)
+        if (parts[n].finish)
+            parts[n].finish(rt);
 }
 
 /* A runtime with checked options o and nothing attached yet; NULL when out
  * of memory. A real driver table (one with a library handle) is owned by
  * the runtime from here on, before any thread can read it; a fake one stays
- * the caller's. */
+ * the caller's (and a real one too when this fails: the caller closes it). */
 static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkb_driver *drv) {
     hk_runtime *rt = calloc(1, sizeof *rt);
     hkl_rtref *ref = calloc(1, sizeof *ref);
-    if (!rt || !ref) {
+    size_t made = 0;
+    if (!rt || !ref || pthread_mutex_init(&rt->swap_lock, NULL)) {
         free(rt);
         free(ref);
         return NULL;
@@ -168,29 +177,18 @@ static hk_runtime *runtime_new(const hk_options *o, int ndev, const hkb_driver *
     rt->opt = *o;
     rt->opt.devices = NULL;
     rt->ndev = ndev;
-    atomic_init(&rt->epoch, 1);
-    atomic_init(&rt->job_seq, 0);
-    atomic_init(&rt->slots, NULL);
     static _Atomic uint64_t next_id = 1;
     rt->id = atomic_fetch_add(&next_id, 1);
-    rt->asym_fence = hkl_membarrier_register();
-    atomic_init(&rt->gate, 0);
-    atomic_init(&rt->gate_waiters, 0);
-    atomic_init(&rt->gate_gen, 0);
-    atomic_init(&rt->gate_t0, 0);
-    atomic_init(&rt->section_max_ns, 0);
-    atomic_init(&rt->gate_closes, 0);
-    atomic_init(&rt->gate_max_ns, 0);
-    atomic_init(&rt->hold_timeouts, 0);
-    atomic_init(&rt->launch_errors, 0);
-    atomic_init(&rt->reset_gen, 1);
-    atomic_init(&rt->reset_suspect, 0);
-    rt->pin_poll_ms = 50;
-    rt->unload_gap_ms = 20;
-    runtime_init_locks(rt);
-    hkl_log_init(rt);
+    while (made < NPARTS && parts[made].init(rt) == 0)
+        made++;
+    if (made < NPARTS || pthread_mutex_init(&ref->lock, NULL)) {
+        parts_finish(rt, made);
+        pthread_mutex_destroy(&rt->swap_lock);
+        free(rt);
+        free(ref);
+        return NULL;
+    }
     rt->ref = ref;
-    pthread_mutex_init(&ref->lock, NULL);
     ref->rt = rt;
     atomic_init(&ref->refs, 1);
     return rt;
@@ -383,14 +381,12 @@ static void module_free(hkl_module *m) {
 static void runtime_free(hk_runtime *rt) {
     hkl_lkg_close(rt); /* no commit or launch any more: records what ran long
                         * enough as known good, unlocks the state directory */
-    hkl_graphs_free(rt);
     hkl_module *m = rt->modules;
     while (m) {
         hkl_module *next = m->next;
         module_free(m);
         m = next;
     }
-    hkl_slots_free(rt);
     if (rt->drv)
         for (int i = 0; i < rt->ndev; i++) {
             if (rt->dev[i].copy_stream)
@@ -411,22 +407,7 @@ static void runtime_free(hk_runtime *rt) {
         hkl_rtref_put(rt->ref);
     }
     pthread_mutex_destroy(&rt->swap_lock);
-    pthread_rwlock_destroy(&rt->graph_lock);
-    pthread_mutex_destroy(&rt->gate_lock);
-    pthread_cond_destroy(&rt->gate_cond);
-    pthread_mutex_destroy(&rt->unload_lock);
-    pthread_mutex_destroy(&rt->rec_lock);
-    pthread_cond_destroy(&rt->rec_cond);
-    pthread_cond_destroy(&rt->rec_done);
-    pthread_mutex_destroy(&rt->work_lock);
-    pthread_cond_destroy(&rt->work_cond);
-    pthread_cond_destroy(&rt->idle_cond);
-    pthread_mutex_destroy(&rt->stats_lock);
-    pthread_mutex_destroy(&rt->src_lock);
-    hkl_expect_free(rt);
-    pthread_mutex_destroy(&rt->expect_lock);
-    hkl_events_fini(rt);
-    hkl_log_fini(rt);
+    parts_finish(rt, NPARTS);
     free(rt);
 }
 
@@ -487,14 +468,14 @@ static void runtime_finish(hk_runtime *rt, double until) {
      * has stopped, retires them itself after its loop, before its final
      * pass (hkl_retire_all), and the wait below gives up on it. With no
      * reclaim thread nothing of hotkern's can hold it. */
-    int got = rt->rec_started ? hkl_swap_lock_by(rt, until) : hkl_swap_lock(rt);
+    int got = rt->rec.started ? hkl_swap_lock_by(rt, until) : hkl_swap_lock(rt);
     if (got >= 0) {
         hkl_retire_all(rt);
         hkl_swap_unlock(rt, got);
     } else {
-        pthread_mutex_lock(&rt->rec_lock);
-        rt->rec_retire_all = 1;
-        pthread_mutex_unlock(&rt->rec_lock);
+        pthread_mutex_lock(&rt->rec.lock);
+        rt->rec.retire_all = 1;
+        pthread_mutex_unlock(&rt->rec.lock);
     }
     hkl_reclaim_stop(rt);
     /* When the wait gives up, the reclaim thread frees the runtime when its
@@ -516,4 +497,16 @@ void *hk_runtime_context(hk_runtime *rt, int slot) {
 
 int hk_runtime_arch(hk_runtime *rt) {
     return rt ? rt->arch : 0;
+}
+
+const hkb_driver *hkl_driver(const hk_runtime *rt) {
+    return rt->drv;
+}
+
+int hkl_device_ordinal(const hk_runtime *rt, int slot) {
+    return rt->dev[slot].ordinal;
+}
+
+CUcontext hkl_context(const hk_runtime *rt, int slot) {
+    return hkl_ctx(rt, slot);
 }

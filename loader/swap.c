@@ -29,7 +29,7 @@
  * The version operations each step uses are version.c's.
  *
  * The driver sections of stage/validate and of commit run with the launch
- * gate closed (loader.h): under continuous launches the driver would make
+ * gate closed (gate.h): under continuous launches the driver would make
  * them wait for ever. The check callback runs with the gate open. All of it
  * runs in relaxed stream-capture mode, so another thread's global-mode
  * capture is never invalidated by a swap.
@@ -41,8 +41,19 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
+#include "loader/context.h"
+#include "loader/expect.h"
 #include "loader/fit.h"
-#include "loader/loader.h"
+#include "loader/gate.h"
+#include "loader/graph.h"
+#include "loader/job.h"
+#include "loader/launch.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reset.h"
+#include "loader/swap.h"
+#include "loader/version.h"
 
 static int check_layout(hk_runtime *rt, hkl_version *v, hk_kernel *k, int accept, hk_report *rep) {
     hkl_param_layout now;
@@ -242,8 +253,8 @@ static int stage(swap_txn *t) {
     }
     txn_gate_close(t, t->job->opt.check ? "a swap's load and validation"
                                         : "a swap (load through publication)");
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_GATED);
+    if (rt->test.hook)
+        rt->test.hook(rt, HKL_HOOK_GATED);
     if ((err = hkl_load_version(rt, t->v, t->rep)) < 0)
         return err;
     return hkl_upload_version(rt, t->v, t->rep);
@@ -336,7 +347,7 @@ static int commit(swap_txn *t) {
          * them: the old code is unloaded at a later safe point too; with
          * automatic safe points, also after a swap staged at once, unless
          * its caller asked for the driver work now (HK_STAGE_NOW). */
-        t->old->unload_at_safe_point = t->job->at_safe_point || (atomic_load(&rt->auto_sp) &&
+        t->old->unload_at_safe_point = t->job->at_safe_point || (atomic_load(&rt->sp.automatic) &&
                                                                  t->job->opt.stage != HK_STAGE_NOW);
         hkl_retire(rt, t->old);
     }
@@ -391,9 +402,9 @@ static int roll_back(swap_txn *t, int err) {
     } else {
         /* The driver would not unload it now: the reclaim thread will. */
         t->v->dead = 1;
-        pthread_mutex_lock(&rt->stats_lock);
-        rt->stats.live_versions++;
-        pthread_mutex_unlock(&rt->stats_lock);
+        pthread_mutex_lock(&rt->metrics.lock);
+        rt->metrics.stats.live_versions++;
+        pthread_mutex_unlock(&rt->metrics.lock);
         hkl_retire(rt, t->v);
     }
     t->m->last_error = err;
@@ -504,7 +515,7 @@ static int rollback_job(hk_runtime *rt, const char *name, const hkl_image *prev,
         return HK_ERR_NOMEM;
     snprintf(j->name, sizeof j->name, "%s", name);
     hk_swap_options_init(&j->opt);
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1; /* later submissions may override it */
+    j->seq = atomic_fetch_add(&rt->work.job_seq, 1) + 1; /* later submissions may override it */
     j->origin = strdup("rollback");
     /* The image keeps its release: status and the records name it. */
     j->opt.release_version = prev->release;

@@ -15,7 +15,7 @@
  * queries (hk_module_version, hk_module_global, hk_module_release) read
  * the running version.
  *
- * Locks: the callers' (loader.h says which each needs): swap_lock for what
+ * Locks: the callers' (version.h says which each needs): swap_lock for what
  * changes a module or a version's tables, the launch gate closed around
  * the driver calls that take the driver's lock for writing (loads,
  * cuKernelGetFunction, cuFuncLoad, unloads), unload_lock around a module
@@ -26,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/context.h"
+#include "loader/gate.h"
+#include "loader/version.h"
 
 /* Errors after which an unload may succeed later: retry, never count. */
 static int unload_retryable(CUresult r) {
@@ -56,7 +58,7 @@ hkl_version *hkl_version_new(hk_runtime *rt, hkl_module *m, uint64_t number) {
     atomic_init(&v->pins, 0);
     v->number = number;
     v->mod = m;
-    v->ctx_gen = atomic_load(&rt->reset_gen);
+    v->ctx_gen = atomic_load(&rt->reset.gen);
     return v;
 }
 
@@ -154,12 +156,12 @@ CUresult hkl_unload_version(hk_runtime *rt, hkl_version *v) {
         r = CUDA_SUCCESS;
     }
     if (v->cumod[0]) {
-        pthread_mutex_lock(&rt->unload_lock);
-        if (v->ctx_gen == atomic_load(&rt->reset_gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
+        pthread_mutex_lock(&rt->reset.unload_lock);
+        if (v->ctx_gen == atomic_load(&rt->reset.gen) && (r = (CUresult)hkl_ctx_push(rt, 0)) == 0) {
             r = rt->drv->ModuleUnload(v->cumod[0]);
             hkl_ctx_pop(rt);
         }
-        pthread_mutex_unlock(&rt->unload_lock);
+        pthread_mutex_unlock(&rt->reset.unload_lock);
         if (unload_retryable(r))
             return r;
         v->cumod[0] = NULL;
@@ -319,7 +321,7 @@ static int fn_reserve(hk_runtime *rt, hkl_version *v, int slot) {
         memcpy(rawf + 1, oldf, (size_t)have * nd * sizeof *oldf);
     fn_chain(v, old);
     fn_chain(v, oldf);
-    atomic_store(&v->funcs, rawf + 1); /* before fn: see loader.h */
+    atomic_store(&v->funcs, rawf + 1); /* before fn: see core.h */
     atomic_store(&v->fn, raw + 1);
     atomic_store(&v->cap, cap); /* after fn: readers load cap, then fn */
     return 0;
@@ -451,21 +453,21 @@ void hkl_image_clear(hkl_image *im) {
 }
 
 void hkl_retire(hk_runtime *rt, hkl_version *v) {
-    v->retire_epoch = atomic_fetch_add(&rt->epoch, 1) + 1;
-    pthread_mutex_lock(&rt->rec_lock);
-    v->next = rt->retired;
-    rt->retired = v;
-    rt->nretired++;
-    rt->rec_kick = 1; /* even while a pass runs: it must not sleep after it */
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    v->retire_epoch = atomic_fetch_add(&rt->gate.epoch, 1) + 1;
+    pthread_mutex_lock(&rt->rec.lock);
+    v->next = rt->rec.retired;
+    rt->rec.retired = v;
+    rt->rec.nretired++;
+    rt->rec.kick = 1; /* even while a pass runs: it must not sleep after it */
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 void hkl_reclaim_kick(hk_runtime *rt) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->rec_kick = 1;
-    pthread_cond_signal(&rt->rec_cond);
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.kick = 1;
+    pthread_cond_signal(&rt->rec.cond);
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 /* ---- module queries ----------------------------------------------------- */

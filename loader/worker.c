@@ -14,7 +14,7 @@
  * calls when its GPU work is idle (uploading code waits for the context's
  * in-flight work and stalls launching threads meanwhile).
  *
- * Threads and locks: the worker thread takes jobs from rt->jobs in
+ * Threads and locks: the worker thread takes jobs from rt->work.jobs in
  * submission order and builds one at a time; work_lock guards the queues
  * (jobs, dropped, pending) and the worker's state, and is never held across
  * a build or a swap. A synchronous hk_swap waiting for a safe point waits on
@@ -25,7 +25,7 @@
  * Automatic safe points (hkl_auto_safe_points): a source that sees the
  * program's GPU work idle (the <<<>>> interposition, at the program's own
  * synchronisations) calls hkl_idle_point, a safe point that does not make
- * the program one that calls hk_safe_point. sp_wanted tells that source,
+ * the program one that calls hk_safe_point. sp.wanted tells that source,
  * in one load, whether anything waits for one.
  */
 #include <stdio.h>
@@ -35,8 +35,48 @@
 
 #include "base/exit.h"
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/canary.h"
+#include "loader/context.h"
+#include "loader/expect.h"
+#include "loader/job.h"
+#include "loader/lkg.h"
+#include "loader/log.h"
+#include "loader/metrics.h"
+#include "loader/reclaim.h"
 #include "loader/safepoint.h"
+#include "loader/source.h"
+#include "loader/swap.h"
+#include "loader/worker.h"
+
+int hkl_worker_init(hk_runtime *rt) {
+    hkl_worker *w = &rt->work;
+    atomic_init(&w->job_seq, 0);
+    if (pthread_mutex_init(&w->lock, NULL))
+        return HK_ERR_NOMEM;
+    if (hku_cond_init(&w->cond))
+        goto no_cond;
+    if (hku_cond_init(&w->idle))
+        goto no_idle;
+    return 0;
+no_idle:
+    pthread_cond_destroy(&w->cond);
+no_cond:
+    pthread_mutex_destroy(&w->lock);
+    return HK_ERR_NOMEM;
+}
+
+void hkl_worker_finish(hk_runtime *rt) {
+    pthread_mutex_destroy(&rt->work.lock);
+    pthread_cond_destroy(&rt->work.cond);
+    pthread_cond_destroy(&rt->work.idle);
+}
+
+/* Nothing to take apart: its fields are the worker's lock's. */
+int hkl_safe_points_init(hk_runtime *rt) {
+    atomic_init(&rt->sp.wanted, 0);
+    atomic_init(&rt->sp.automatic, 0);
+    return 0;
+}
 
 /* Adds to a CUDA C job the name expressions that instantiate the
  * program's template kernels its source declares (expect.c), after the
@@ -77,12 +117,12 @@ static int superseded(hk_runtime *rt, const hkl_job *j, const char *when, hk_rep
     if (!j->latest)
         return 0;
     uint64_t by = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    for (const hkl_job *q = rt->jobs; q; q = q->next) {
+    pthread_mutex_lock(&rt->work.lock);
+    for (const hkl_job *q = rt->work.jobs; q; q = q->next) {
         if (q->latest && q->seq > j->seq && !strcmp(q->name, j->name))
             by = q->seq;
     }
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_unlock(&rt->work.lock);
     if (!by)
         return 0;
     if (rep)
@@ -117,8 +157,8 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
     };
     char why[512] = "";
     int err = hkp_build(j->data, j->size, j->opt.format, &bo, &j->art, why, sizeof why);
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_COMPILED);
+    if (rt->test.hook)
+        rt->test.hook(rt, HKL_HOOK_COMPILED);
     if (rep) {
         snprintf(rep->module, sizeof rep->module, "%s", j->name);
         rep->build_ms = j->art.ms;
@@ -157,11 +197,11 @@ static int job_build(hk_runtime *rt, hkl_job *j, hk_report *rep) {
  * once the program calls hk_safe_point (unless from its thread), or with
  * automatic safe points (unless from a thread that brings them). */
 static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_sp_thread) {
-    pthread_mutex_lock(&rt->work_lock);
-    int seen = rt->safe_points_seen;
-    *on_sp_thread = seen && pthread_equal(rt->safe_point_thread, pthread_self());
-    int (*own)(void) = rt->sp_own_thread;
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    int seen = rt->sp.seen;
+    *on_sp_thread = seen && pthread_equal(rt->sp.thread, pthread_self());
+    int (*own)(void) = rt->sp.own_thread;
+    pthread_mutex_unlock(&rt->work.lock);
     if (want != HK_STAGE_AUTO)
         return want;
     if (seen)
@@ -169,9 +209,9 @@ static hk_stage_mode resolve_stage(hk_runtime *rt, hk_stage_mode want, int *on_s
     return own && !own() ? HK_STAGE_AT_SAFE_POINT : HK_STAGE_NOW;
 }
 
-/* Keeps sp_wanted's bit for the pending list right. work_lock held. */
+/* Keeps sp.wanted's bit for the pending list right. work_lock held. */
 static void pending_changed(hk_runtime *rt) {
-    hkl_sp_mark(rt, HKL_SP_JOBS, rt->pending != NULL);
+    hkl_sp_mark(rt, HKL_SP_JOBS, rt->work.pending != NULL);
 }
 
 static void log_no_safe_point(hk_runtime *rt, const hkl_job *j) {
@@ -190,13 +230,13 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
     hku_cond_init(&w.cond);
     j->waiter = &w;
     j->next = NULL;
-    pthread_mutex_lock(&rt->work_lock);
-    hkl_job **pp = &rt->pending;
+    pthread_mutex_lock(&rt->work.lock);
+    hkl_job **pp = &rt->work.pending;
     while (*pp)
         pp = &(*pp)->next;
     *pp = j;
     pending_changed(rt);
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_unlock(&rt->work.lock);
 
     double end = hkl_now_ms() + (rt->opt.safe_point_wait_ms > 0 ? rt->opt.safe_point_wait_ms : 0);
     pthread_mutex_lock(&w.lock);
@@ -212,15 +252,15 @@ static int swap_at_safe_point(hk_runtime *rt, hkl_job *j, hk_report *r) {
         /* No safe point came in time. Take the job back unless one is
          * staging it right now, in which case its outcome is near. */
         int taken = 0;
-        pthread_mutex_lock(&rt->work_lock);
-        for (pp = &rt->pending; *pp; pp = &(*pp)->next)
+        pthread_mutex_lock(&rt->work.lock);
+        for (pp = &rt->work.pending; *pp; pp = &(*pp)->next)
             if (*pp == j) {
                 *pp = j->next;
                 taken = 1;
                 break;
             }
         pending_changed(rt);
-        pthread_mutex_unlock(&rt->work_lock);
+        pthread_mutex_unlock(&rt->work.lock);
         if (taken) {
             j->waiter = NULL;
             log_no_safe_point(rt, j);
@@ -264,7 +304,7 @@ static int swap_call(hk_runtime *rt, const char *name, const void *image, size_t
         hku_fail(rep, err, "bad arguments (non-empty image, named headers)");
         return err;
     }
-    j->seq = atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->seq = atomic_fetch_add(&rt->work.job_seq, 1) + 1;
     j->t_start = t_start;
     hk_report local = HK_REPORT_INIT;
     hk_report *r = rep ? rep : &local;
@@ -324,7 +364,7 @@ static void finish_waiter(hkl_waiter *w, int err, hk_report *rep) {
 static double take_expired(hk_runtime *rt, hkl_job **out) {
     double now = hkl_now_ms(), next = 0;
     hkl_job **tail = out;
-    for (hkl_job **pp = &rt->pending; *pp;) {
+    for (hkl_job **pp = &rt->work.pending; *pp;) {
         hkl_job *j = *pp;
         if (j->deadline > 0 && j->deadline <= now) {
             *pp = j->next;
@@ -370,25 +410,25 @@ static void stage_expired(hk_runtime *rt, hkl_job *list) {
  * staging meanwhile the pending jobs whose safe point never came. work_lock
  * held (dropped while staging and waiting). */
 static void wait_for_jobs(hk_runtime *rt) {
-    while (!rt->jobs && !rt->dropped && !rt->work_stop) {
+    while (!rt->work.jobs && !rt->work.dropped && !rt->work.stop) {
         hkl_job *expired = NULL;
         double next = take_expired(rt, &expired);
         if (expired) {
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
+            rt->work.busy++;
+            pthread_mutex_unlock(&rt->work.lock);
             stage_expired(rt, expired);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
+            pthread_mutex_lock(&rt->work.lock);
+            rt->work.busy--;
+            pthread_cond_broadcast(&rt->work.idle);
             continue;
         }
         if (!next) {
-            pthread_cond_wait(&rt->work_cond, &rt->work_lock);
+            pthread_cond_wait(&rt->work.cond, &rt->work.lock);
             continue;
         }
         struct timespec ts;
         hku_deadline(&ts, ((long)(next - hkl_now_ms()) + 1) * 1000);
-        pthread_cond_timedwait(&rt->work_cond, &rt->work_lock, &ts);
+        pthread_cond_timedwait(&rt->work.cond, &rt->work.lock, &ts);
     }
 }
 
@@ -420,12 +460,12 @@ static int run_job(hk_runtime *rt, hkl_job *j) {
     park_if_exiting();
     int err = job_build(rt, j, &rep);
     park_if_exiting(); /* a build that ended during the exit says nothing */
-    if (rt->hook)
-        rt->hook(rt, HKL_HOOK_BUILT);
+    if (rt->test.hook)
+        rt->test.hook(rt, HKL_HOOK_BUILT);
     int deferred = 0;
-    pthread_mutex_lock(&rt->work_lock);
-    int stop = rt->work_stop;
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    int stop = rt->work.stop;
+    pthread_mutex_unlock(&rt->work.lock);
     if (stop) {
         /* Destroy began during the build: nothing reaches the driver or
          * the program any more. */
@@ -448,13 +488,13 @@ static int run_job(hk_runtime *rt, hkl_job *j) {
  * before it. work_lock held (dropped to free the replaced job). */
 static void defer_job(hk_runtime *rt, hkl_job *j) {
     hkl_job *stale = NULL;
-    for (hkl_job **pp = &rt->pending; *pp; pp = &(*pp)->next)
+    for (hkl_job **pp = &rt->work.pending; *pp; pp = &(*pp)->next)
         if (!strcmp((*pp)->name, j->name) && !(*pp)->waiter) {
             stale = *pp;
             *pp = stale->next;
             break;
         }
-    hkl_job **tail = &rt->pending;
+    hkl_job **tail = &rt->work.pending;
     while (*tail)
         tail = &(*tail)->next;
     j->next = NULL;
@@ -462,9 +502,9 @@ static void defer_job(hk_runtime *rt, hkl_job *j) {
     *tail = j;
     pending_changed(rt);
     if (stale) {
-        pthread_mutex_unlock(&rt->work_lock);
+        pthread_mutex_unlock(&rt->work.lock);
         hkl_job_free(stale);
-        pthread_mutex_lock(&rt->work_lock);
+        pthread_mutex_lock(&rt->work.lock);
     }
 }
 
@@ -473,86 +513,86 @@ static void *worker_main(void *arg) {
     pthread_setname_np(pthread_self(), "hk-worker");
     hk_runtime *rt = arg;
     hkl_relax(rt); /* for the life of this thread */
-    pthread_mutex_lock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
     for (;;) {
         wait_for_jobs(rt);
-        if (rt->work_stop)
+        if (rt->work.stop)
             break;
-        if (rt->dropped) {
-            hkl_job *list = rt->dropped;
-            rt->dropped = NULL;
-            rt->busy++;
-            pthread_mutex_unlock(&rt->work_lock);
+        if (rt->work.dropped) {
+            hkl_job *list = rt->work.dropped;
+            rt->work.dropped = NULL;
+            rt->work.busy++;
+            pthread_mutex_unlock(&rt->work.lock);
             report_dropped(rt, list);
-            pthread_mutex_lock(&rt->work_lock);
-            rt->busy--;
-            pthread_cond_broadcast(&rt->idle_cond);
+            pthread_mutex_lock(&rt->work.lock);
+            rt->work.busy--;
+            pthread_cond_broadcast(&rt->work.idle);
             continue;
         }
-        if (!rt->jobs)
+        if (!rt->work.jobs)
             continue;
-        hkl_job *j = rt->jobs;
-        rt->jobs = j->next;
-        if (!rt->jobs)
-            rt->jobs_tail = NULL;
-        rt->busy++;
-        pthread_mutex_unlock(&rt->work_lock);
+        hkl_job *j = rt->work.jobs;
+        rt->work.jobs = j->next;
+        if (!rt->work.jobs)
+            rt->work.jobs_tail = NULL;
+        rt->work.busy++;
+        pthread_mutex_unlock(&rt->work.lock);
         int deferred = run_job(rt, j);
-        pthread_mutex_lock(&rt->work_lock);
+        pthread_mutex_lock(&rt->work.lock);
         if (deferred) {
             defer_job(rt, j);
         } else {
-            pthread_mutex_unlock(&rt->work_lock);
+            pthread_mutex_unlock(&rt->work.lock);
             hkl_job_free(j);
             hkl_late_submit(rt);
-            pthread_mutex_lock(&rt->work_lock);
+            pthread_mutex_lock(&rt->work.lock);
         }
-        rt->busy--;
-        pthread_cond_broadcast(&rt->idle_cond);
+        rt->work.busy--;
+        pthread_cond_broadcast(&rt->work.idle);
     }
     /* Destroy stopped waiting for this thread (a build NVRTC would not
      * cut short): the rest of the teardown is this thread's. */
-    rt->worker_exited = 1;
-    pthread_cond_broadcast(&rt->idle_cond);
-    int abandoned = rt->worker_abandoned;
-    pthread_mutex_unlock(&rt->work_lock);
+    rt->work.exited = 1;
+    pthread_cond_broadcast(&rt->work.idle);
+    int abandoned = rt->work.abandoned;
+    pthread_mutex_unlock(&rt->work.lock);
     if (abandoned) {
         pthread_detach(pthread_self());
-        rt->worker_finish(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
+        rt->work.finish_rt(rt, hkl_now_ms() + rt->opt.destroy_wait_ms);
     }
     return NULL;
 }
 
 int hkl_worker_start(hk_runtime *rt, void (*finish)(hk_runtime *rt, double until_ms)) {
-    rt->worker_finish = finish;
-    if (pthread_create(&rt->worker, NULL, worker_main, rt))
+    rt->work.finish_rt = finish;
+    if (pthread_create(&rt->work.thread, NULL, worker_main, rt))
         return HK_ERR_NOMEM;
-    rt->worker_started = 1;
+    rt->work.started = 1;
     return 0;
 }
 
 int hkl_worker_stop(hk_runtime *rt, double until_ms) {
-    pthread_mutex_lock(&rt->work_lock);
-    rt->work_stop = 1;
-    pthread_cond_broadcast(&rt->work_cond);
-    while (rt->worker_started && !rt->worker_exited && hkl_now_ms() < until_ms) {
+    pthread_mutex_lock(&rt->work.lock);
+    rt->work.stop = 1;
+    pthread_cond_broadcast(&rt->work.cond);
+    while (rt->work.started && !rt->work.exited && hkl_now_ms() < until_ms) {
         struct timespec ts;
         hku_deadline(&ts, 10 * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
+        pthread_cond_timedwait(&rt->work.idle, &rt->work.lock, &ts);
     }
-    int left = rt->worker_started && !rt->worker_exited;
-    rt->worker_abandoned = left;
-    pthread_mutex_unlock(&rt->work_lock);
+    int left = rt->work.started && !rt->work.exited;
+    rt->work.abandoned = left;
+    pthread_mutex_unlock(&rt->work.lock);
     if (left)
         return HK_ERR_TIMEOUT;
-    if (rt->worker_started)
-        pthread_join(rt->worker, NULL);
-    rt->worker_started = 0;
+    if (rt->work.started)
+        pthread_join(rt->work.thread, NULL);
+    rt->work.started = 0;
     return 0;
 }
 
 void hkl_worker_drain(hk_runtime *rt) {
-    hkl_job *lists[3] = {rt->jobs, rt->pending, rt->dropped};
+    hkl_job *lists[3] = {rt->work.jobs, rt->work.pending, rt->work.dropped};
     for (int i = 0; i < 3; i++)
         while (lists[i]) {
             hkl_job *n = lists[i]->next;
@@ -562,7 +602,7 @@ void hkl_worker_drain(hk_runtime *rt) {
                 hkl_job_free(lists[i]);
             lists[i] = n;
         }
-    rt->jobs = rt->jobs_tail = rt->pending = rt->dropped = NULL;
+    rt->work.jobs = rt->work.jobs_tail = rt->work.pending = rt->work.dropped = NULL;
     pending_changed(rt);
 }
 
@@ -579,20 +619,20 @@ static int submit_seq(hk_runtime *rt, const char *name, const void *image, size_
         return err;
     j->latest = latest;
     j->t_start = hkl_now_ms();
-    pthread_mutex_lock(&rt->work_lock);
-    if (rt->work_stop) {
-        pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    if (rt->work.stop) {
+        pthread_mutex_unlock(&rt->work.lock);
         hkl_job_free(j);
         return HK_ERR_CLOSED;
     }
     /* Taken under work_lock: the queue is in submission order. */
-    j->seq = seq ? seq : atomic_fetch_add(&rt->job_seq, 1) + 1;
+    j->seq = seq ? seq : atomic_fetch_add(&rt->work.job_seq, 1) + 1;
     if (latest) {
-        hkl_job **drop_tail = &rt->dropped;
+        hkl_job **drop_tail = &rt->work.dropped;
         while (*drop_tail)
             drop_tail = &(*drop_tail)->next;
-        rt->jobs_tail = NULL;
-        for (hkl_job **pp = &rt->jobs; *pp;) {
+        rt->work.jobs_tail = NULL;
+        for (hkl_job **pp = &rt->work.jobs; *pp;) {
             hkl_job *q = *pp;
             if (q->latest && !strcmp(q->name, j->name)) {
                 *pp = q->next;
@@ -600,18 +640,18 @@ static int submit_seq(hk_runtime *rt, const char *name, const void *image, size_
                 *drop_tail = q;
                 drop_tail = &q->next;
             } else {
-                rt->jobs_tail = q;
+                rt->work.jobs_tail = q;
                 pp = &q->next;
             }
         }
     }
-    if (rt->jobs_tail)
-        rt->jobs_tail->next = j;
+    if (rt->work.jobs_tail)
+        rt->work.jobs_tail->next = j;
     else
-        rt->jobs = j;
-    rt->jobs_tail = j;
-    pthread_cond_signal(&rt->work_cond);
-    pthread_mutex_unlock(&rt->work_lock);
+        rt->work.jobs = j;
+    rt->work.jobs_tail = j;
+    pthread_cond_signal(&rt->work.cond);
+    pthread_mutex_unlock(&rt->work.lock);
     return 0;
 }
 
@@ -659,15 +699,15 @@ int hkl_submit_latest(hk_runtime *rt, const char *name, const void *image, size_
 static int safe_point(hk_runtime *rt, int by_program) {
     if (hkl_swap_held(rt))
         return HK_ERR_BUSY; /* from a check callback */
-    pthread_mutex_lock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
     if (by_program) {
-        rt->safe_points_seen = 1;
-        rt->safe_point_thread = pthread_self();
+        rt->sp.seen = 1;
+        rt->sp.thread = pthread_self();
     }
-    hkl_job *list = rt->pending;
-    rt->pending = NULL;
+    hkl_job *list = rt->work.pending;
+    rt->work.pending = NULL;
     pending_changed(rt);
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_unlock(&rt->work.lock);
     double t0 = hkl_now_ms();
     hkl_reclaim_deferred(rt);
     double t1 = hkl_now_ms();
@@ -702,31 +742,35 @@ int hkl_idle_point(hk_runtime *rt) {
     return safe_point(rt, 0);
 }
 
+int hkl_safe_point_wanted(hk_runtime *rt) {
+    return atomic_load_explicit(&rt->sp.wanted, memory_order_relaxed) != 0;
+}
+
 void hkl_auto_safe_points(hk_runtime *rt, int (*own_thread)(void)) {
-    pthread_mutex_lock(&rt->work_lock);
-    rt->sp_own_thread = own_thread;
-    atomic_store(&rt->auto_sp, 1);
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    rt->sp.own_thread = own_thread;
+    atomic_store(&rt->sp.automatic, 1);
+    pthread_mutex_unlock(&rt->work.lock);
 }
 
 int hk_wait_idle(hk_runtime *rt, int timeout_ms) {
     if (!rt)
         return HK_ERR_INVALID;
     /* From an event on the worker: it would wait for its own job. */
-    if (rt->worker_started && pthread_equal(pthread_self(), rt->worker))
+    if (rt->work.started && pthread_equal(pthread_self(), rt->work.thread))
         return HK_ERR_BUSY;
     double end = hkl_now_ms() + timeout_ms;
-    pthread_mutex_lock(&rt->work_lock);
-    while (rt->jobs || rt->dropped || rt->busy) {
+    pthread_mutex_lock(&rt->work.lock);
+    while (rt->work.jobs || rt->work.dropped || rt->work.busy) {
         double left = end - hkl_now_ms();
         if (left <= 0) {
-            pthread_mutex_unlock(&rt->work_lock);
+            pthread_mutex_unlock(&rt->work.lock);
             return HK_ERR_TIMEOUT;
         }
         struct timespec ts;
         hku_deadline(&ts, (left > 50 ? 50 : (long)left + 1) * 1000);
-        pthread_cond_timedwait(&rt->idle_cond, &rt->work_lock, &ts);
+        pthread_cond_timedwait(&rt->work.idle, &rt->work.lock, &ts);
     }
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_unlock(&rt->work.lock);
     return 0;
 }

@@ -12,13 +12,16 @@ Two kinds of arrows between files are taken:
     functions of headers included (they land in the object that uses them).
 
 Against the order declared below it reports: the arrows that point up
-(between folders; and, inside loader/, between its .c files), the circles
+(between folders; and, inside loader/, between its .c files), the library
+files outside loader/ that include a loader/ header other than its port
+(PORT: the engine as the folders above it see it), the circles
 (strongly connected components) of the file graph, across folders and inside
 any one, the library files over their size (MAX_FILE lines, MAX_FILE_LOADER
 in loader/) and the functions over MAX_FUNC lines (from a function's first
 line to its closing brace). With --check it exits 1 when the layering does
-not hold: an arrow up, any circle, a library file over its size, a loader/
-or canary/ function over MAX_FUNC lines, or a file the order does not place.
+not hold: an arrow up, an include of loader/ past its port, any circle, a
+library file over its size, a loader/ or canary/ function over MAX_FUNC
+lines, or a file the order does not place.
 Needs only python3 and binutils' nm.
 """
 import os
@@ -34,8 +37,8 @@ FOLDERS = ["include", "util", "base", "ptx", "canary", "loader", "watch", "net",
 
 # loader/'s .c files, lowest first; files of one entry are one layer (they
 # may not call each other at all, since either direction would be a circle).
-# Its headers (loader.h, expo.h, ...) declare what crosses files and are not
-# ordered.
+# Its headers (core.h, one per part, expo.h, ...) declare what crosses files
+# and are not ordered.
 LOADER_ORDER = [
     ["record.c", "expo.c", "job.c"],  # the record's text, the metrics writer, jobs
     ["log.c"],  # logs and events (hkl_emit)
@@ -59,6 +62,10 @@ LOADER_ORDER = [
     ["restore.c"],  # restoring the known-good images
     ["runtime.c"],  # the runtime: create and destroy, wiring the floors below
 ]
+
+# The one loader/ header a library file outside loader/ may include: the
+# runtime's layout and the parts' functions stay loader/'s own.
+PORT = "loader/port.h"
 
 # A file a newcomer can read: about 1,000 lines in every library folder, 800 in
 # loader/ (the engine's floors stay small).
@@ -281,6 +288,15 @@ def main():
     for e in up_edges:
         say("  " + e)
     problems += ["arrow up: " + e for e in up_edges]
+
+    # Past the port: a file outside loader/ that includes any other loader/ header.
+    past = sorted("%s -> %s" % (a, b) for a, b in inc
+                  if folder_of(a) != "loader" and folder_of(b) == "loader" and b != PORT)
+    say("== includes of loader/ past %s: %d" % (PORT, len(past)))
+    for e in past:
+        say("  " + e)
+    problems += ["include past %s (use it, or add what is needed to it): %s" % (PORT, e)
+                 for e in past]
 
     # Circles of the file graph: calls, and includes (which, ending at
     # headers, close a circle only between headers).

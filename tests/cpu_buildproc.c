@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

@@ -27,7 +27,9 @@
 #include <cjson/cJSON.h>
 #include <sodium.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/expo.h"
+#include "loader/metrics.h"
 #include "net/net.h"
 #include "ptx/ptx.h"
 #include "tests/harness.h"

@@ -12,7 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/source.h"
+#include "loader/version.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
@@ -503,7 +505,7 @@ static void *launch_then_wait(void *arg) {
 
 static int count_slots(hk_runtime *r) {
     int n = 0;
-    for (hkl_tslot *s = atomic_load(&r->slots); s; s = s->next)
+    for (hkl_tslot *s = atomic_load(&r->gate.slots); s; s = s->next)
         n++;
     return n;
 }
@@ -786,9 +788,9 @@ static void test_deps_built(void *ctx, const char *source_name, const char *cons
 
 static void test_release(void *ctx) {
     test_source *t = ctx;
-    pthread_mutex_lock(&rt->work_lock);
-    t->worker_alive_at_release = rt->worker_started && !rt->work_stop;
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    t->worker_alive_at_release = rt->work.started && !rt->work.stop;
+    pthread_mutex_unlock(&rt->work.lock);
     (*t->released)++;
 }
 

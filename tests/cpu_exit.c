@@ -36,7 +36,7 @@
 #include "base/exit.h"
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

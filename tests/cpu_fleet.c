@@ -35,7 +35,7 @@
 #include <sodium.h>
 
 #include "hotkern/net.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 #include "net/net.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"

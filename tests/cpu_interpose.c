@@ -18,7 +18,8 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/expect.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

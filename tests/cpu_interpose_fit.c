@@ -25,7 +25,8 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/version.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

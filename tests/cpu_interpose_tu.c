@@ -25,7 +25,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
@@ -555,12 +555,12 @@ START_TEST(symbol_copies_leave_the_gate_open) {
     program_file(0, 1, NULL, "step");
     ck_assert_int_eq(hk_interpose_attach(rt), 0);
     swap_ok("a", fake_ptx(2, 0, 1, 0)); /* the first version: nothing to reclaim */
-    uint64_t closes = atomic_load(&rt->gate_closes);
+    uint64_t closes = atomic_load(&rt->gate.closes);
     for (int i = 0; i < 10; i++) {
         to_symbol(0, i);
         ck_assert_int_eq(from_symbol(0), i);
     }
-    ck_assert_uint_eq(atomic_load(&rt->gate_closes), closes);
+    ck_assert_uint_eq(atomic_load(&rt->gate.closes), closes);
     ck_assert_int_eq(*hot_counter("a"), 9);
 }
 END_TEST

@@ -29,7 +29,9 @@
 
 #include <sodium.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/lkg.h"
+#include "loader/record.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

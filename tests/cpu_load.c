@@ -17,7 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/version.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
@@ -59,7 +60,7 @@ static hk_runtime *make_rt_with(hk_options *o) {
     ck_assert_msg(err == 0, "create: %s", rep.message);
     /* Set before any thread of the runtime has work (they read it without
      * a lock); it does nothing until hook_arm. */
-    r->hook = test_hook;
+    r->test.hook = test_hook;
     return r;
 }
 
@@ -368,7 +369,7 @@ START_TEST(launch_wait_at_gate_is_bounded) {
     pthread_t t;
     pthread_create(&t, NULL, swap_tag2, NULL);
     hook_wait_inside(); /* the swap holds the gate closed */
-    ck_assert_int_eq(atomic_load(&rt->gate), 1);
+    ck_assert_int_eq(atomic_load(&rt->gate.closers), 1);
     ck_assert_int_eq(launch_tag(k), 1); /* returned: waited, then went on */
     hk_stats st = HK_STATS_INIT;
     hk_stats_get(rt, &st);
@@ -660,9 +661,9 @@ static uint64_t fences_at_unpin;
 static void unpin_now(void) {
     hk_unpin(race_pin);
     race_pin = NULL;
-    pthread_mutex_lock(&rt->rec_lock);
-    fences_at_unpin = rt->fences;
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    fences_at_unpin = rt->test.fences;
+    pthread_mutex_unlock(&rt->rec.lock);
 }
 
 /* A pin released between the pass's reading of the pins and its decision
@@ -674,9 +675,9 @@ START_TEST(pin_released_mid_pass_is_fenced) {
     swap_ok(fake_ptx(2, 0, 0, 0));
     ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
     ck_assert_ptr_null(race_pin);
-    pthread_mutex_lock(&rt->rec_lock);
-    uint64_t fences = rt->fences;
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    uint64_t fences = rt->test.fences;
+    pthread_mutex_unlock(&rt->rec.lock);
     ck_assert_msg(fences > fences_at_unpin, "version unloaded with no fence after its unpin");
 }
 END_TEST
@@ -707,9 +708,9 @@ END_TEST
 /* A version retired while a pass runs is reclaimed by the next pass at
  * once, not after the pin poll (set to a minute here). */
 START_TEST(retire_during_pass_is_not_delayed) {
-    pthread_mutex_lock(&rt->rec_lock);
-    rt->pin_poll_ms = 60000;
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
+    rt->rec.pin_poll_ms = 60000;
+    pthread_mutex_unlock(&rt->rec.lock);
     swap_ok(fake_ptx(1, 0, 0, 0));
     hk_pin *p;
     ck_assert_int_eq(hk_pin_module(rt, "sim", &p), 0);
@@ -881,7 +882,7 @@ START_TEST(reset_recovery_during_destroy) {
     ck_assert_int_eq(hk_reclaim_wait(rt, 5000), 0);
     hook_arm(HKL_HOOK_RESET_RELOAD, NULL);
     fake_reset_device(0);
-    atomic_store(&rt->reset_suspect, 1);
+    atomic_store(&rt->reset.suspect, 1);
     hkl_reclaim_kick(rt);
     hook_wait_inside(); /* recovery read version 2 and holds it */
     int loads = fake_calls("cuModuleLoadDataEx");
@@ -944,7 +945,7 @@ START_TEST(destroy_does_not_wait_for_reset_recovery) {
     (void)step_kernel();
     hook_arm(HKL_HOOK_RESET_RELOAD, NULL);
     fake_reset_device(0);
-    atomic_store(&rt->reset_suspect, 1);
+    atomic_store(&rt->reset.suspect, 1);
     hkl_reclaim_kick(rt);
     hook_wait_inside();
     int loads = fake_calls("cuModuleLoadDataEx");

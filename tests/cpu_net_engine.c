@@ -23,7 +23,7 @@
 #include <sodium.h>
 
 #include "hotkern/net.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "net/net.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"

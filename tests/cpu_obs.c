@@ -29,7 +29,9 @@
 #include <sodium.h>
 
 #include "hotkern/net.h"
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/expo.h"
+#include "loader/metrics.h"
 #include "net/net.h"
 #include "tests/fakecuda.h"
 #include "watch/watch.h"

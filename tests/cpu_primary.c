@@ -11,7 +11,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

@@ -27,7 +27,7 @@
 #include <curl/curl.h>
 
 #include "hotkern/net.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 

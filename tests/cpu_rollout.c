@@ -28,7 +28,8 @@
 
 #include "hotkern/net.h"
 #include "loader/expo.h"
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/expo.h"
 #include "net/net.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"

@@ -23,8 +23,8 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
-#include "loader/safepoint.h"
+#include "loader/core.h"
+
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
@@ -216,11 +216,11 @@ static uint64_t version(void) {
 
 /* Versions replaced and waiting for a safe point to be unloaded. */
 static int unloads_waiting(void) {
-    pthread_mutex_lock(&rt->rec_lock);
+    pthread_mutex_lock(&rt->rec.lock);
     int n = 0;
-    for (hkl_version *v = rt->unload_ready; v; v = v->next)
+    for (hkl_version *v = rt->rec.unload_ready; v; v = v->next)
         n++;
-    pthread_mutex_unlock(&rt->rec_lock);
+    pthread_mutex_unlock(&rt->rec.lock);
     return n;
 }
 
@@ -324,7 +324,7 @@ END_TEST
 START_TEST(nothing_pending_only_forwards) {
     ck_assert_int_eq(launch_on(0, A), 1);
     ck_assert_int_eq(launch_on(0, B), 1);
-    ck_assert_int_eq(atomic_load(&rt->sp_wanted), 0);
+    ck_assert_int_eq(atomic_load(&rt->sp.wanted), 0);
     int capq = fake_calls("cuStreamIsCapturing"), out = 0;
     atomic_store(&forwarded, 0);
     atomic_store(&queries, 0);
@@ -381,7 +381,7 @@ START_TEST(unload_waits_for_an_idle_moment) {
     ck_assert_int_eq(hki_stream_sync(0, A), cudaSuccess);
     ck_assert_int_eq(fake_live_images(), live); /* unloaded inside that call */
     ck_assert_int_eq(unloads_waiting(), 0);
-    ck_assert_int_eq(atomic_load(&rt->sp_wanted), 0);
+    ck_assert_int_eq(atomic_load(&rt->sp.wanted), 0);
 }
 END_TEST
 
@@ -524,9 +524,9 @@ static void *swap_elsewhere(void *arg) {
 }
 
 static int jobs_pending(void) {
-    pthread_mutex_lock(&rt->work_lock);
-    int n = rt->pending != NULL;
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_lock(&rt->work.lock);
+    int n = rt->work.pending != NULL;
+    pthread_mutex_unlock(&rt->work.lock);
     return n;
 }
 

@@ -31,7 +31,7 @@
 
 #include "hotkern/interpose.h"
 #include "interpose/interpose.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/harness.h"
 
 static char build[PATH_MAX], root[PATH_MAX], dir[PATH_MAX];

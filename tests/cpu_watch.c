@@ -27,7 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
+#include "loader/job.h"
 #include "watch/watch.h"
 #include "tests/fakecuda.h"
 
@@ -1588,7 +1589,7 @@ static void rt_setup(void) {
     rt = NULL;
     err = hkl_runtime_create_with(&rt, &o, fake_driver(), &rep);
     ck_assert_msg(err == 0, "create: %s", rep.message);
-    rt->hook = test_hook; /* before any job: the worker reads it unlocked */
+    rt->test.hook = test_hook; /* before any job: the worker reads it unlocked */
 }
 
 static void rt_teardown(void) {
@@ -1820,10 +1821,10 @@ static int queued_with_tag(int tag) {
     char needle[32];
     int found = 0;
     snprintf(needle, sizeof needle, "// tag: %d\n", tag);
-    pthread_mutex_lock(&rt->work_lock);
-    for (hkl_job *j = rt->jobs; j && !found; j = j->next)
+    pthread_mutex_lock(&rt->work.lock);
+    for (hkl_job *j = rt->work.jobs; j && !found; j = j->next)
         found = memmem(j->data, j->size, needle, strlen(needle)) != NULL;
-    pthread_mutex_unlock(&rt->work_lock);
+    pthread_mutex_unlock(&rt->work.lock);
     return found;
 }
 
@@ -1992,11 +1993,11 @@ START_TEST(api_watch_stop) {
     ck_assert_int_eq(pthread_create(&t, NULL, saver_main, NULL), 0);
     ck_assert_uint_ge(wait_version("step", 3), 3); /* saves reach the engine */
     hk_watch_stop(wa);
-    seq = atomic_load(&rt->job_seq);
+    seq = atomic_load(&rt->work.job_seq);
     usleep(SETTLE_MS * 1000);
     __atomic_store_n(&saver_stop, 1, __ATOMIC_RELAXED);
     pthread_join(t, NULL);
-    ck_assert_uint_eq(atomic_load(&rt->job_seq), seq);
+    ck_assert_uint_eq(atomic_load(&rt->work.job_seq), seq);
     /* What it submitted before ends as any submission. */
     ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
     c = events_of(&ev_committed);
@@ -2007,7 +2008,7 @@ START_TEST(api_watch_stop) {
     ck_assert_int_eq(hk_wait_idle(rt, WAIT_MS), 0);
     ck_assert_int_eq(events_of(&ev_committed), c);
     ck_assert_int_eq(events_of(&ev_refused), r);
-    ck_assert_uint_eq(atomic_load(&rt->job_seq), seq);
+    ck_assert_uint_eq(atomic_load(&rt->work.job_seq), seq);
     hk_watch_stop(NULL);
 
     /* Free again: a new watch builds what changed meanwhile. */

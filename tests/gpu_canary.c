@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/canary_kernels.h"
 #include "tests/gpu.h"
 #include "tests/harness.h"

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/gpu.h"
 #include "tests/harness.h"
 

@@ -25,7 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/harness.h"
 
 extern char **environ;

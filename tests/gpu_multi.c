@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/gpu.h"
 #include "tests/harness.h"
 

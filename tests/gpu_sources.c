@@ -17,7 +17,7 @@
 
 #include "hotkern/hotkern.h"
 #include "hotkern/net.h"
-#include "loader/loader.h"
+#include "loader/core.h"
 #include "tests/gpu.h"
 #include "tests/harness.h"
 

@@ -7,7 +7,7 @@
  * its subdirectories when recursive); hk_watch_dir adds directories to the
  * runtime's one shared watch, each with its own options. Every watch of a
  * runtime is listed in one registry, attached to the runtime as a source
- * (hkl_source, loader/loader.h), which is how a call finds the others (a
+ * (hkl_source, loader/port.h), which is how a call finds the others (a
  * directory is watched by one watch at most) and how the engine reaches them
  * without knowing what they are: it calls the registry's deps_built hook after each
  * build of a watched source (handed to every watch; the one that knows the
@@ -48,7 +48,7 @@
 #include <sys/stat.h>
 
 #include "base/abi.h"
-#include "loader/loader.h"
+#include "loader/port.h"
 #include "ptx/ptx.h"
 #include "util/util.h"
 

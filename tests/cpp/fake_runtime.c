@@ -6,7 +6,7 @@
  */
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/port.h"
 #include "tests/cpp/fake_runtime.h"
 #include "tests/fakecuda.h"
 

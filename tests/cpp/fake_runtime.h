@@ -2,7 +2,7 @@
  * Support for the C++ suites (tests/cpu_*.cc): a runtime on the fake driver
  * (tests/fakecuda.h), whose launches are also recorded, so that a suite can
  * see the grid, block, shared memory, stream and argument bytes each launch
- * handed the driver. The engine's private header (loader/loader.h, C11
+ * handed the driver. The engine's private header (loader/core.h, C11
  * atomics) does not compile as C++, so the runtime is made here, in C.
  * One thread at a time: the record is not locked.
  */

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/record.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
