@@ -1,6 +1,7 @@
 /*
- * What the rollout commands share across cli/: rollout.c (the origin's
- * manifests: start, advance, pause, resume, abort, status), gate.c (the
+ * What the rollout commands share across cli/: rollout_cmd.c (the entry:
+ * options, help, dispatch), rollout.c (the origin's manifests: start,
+ * advance, pause, resume, abort, status), gate.c (the
  * fleet as Prometheus knows it, per step, and the gate), watch.c (watch)
  * and prom.c (Prometheus's HTTP API). docs/ROLLOUT.md is the user's view.
  * Single-threaded, as the whole tool.
@@ -49,6 +50,11 @@ typedef struct hkc_man {
 int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub, hkc_man *x);
 void hkc_man_free(hkc_man *x);
 
+/* Runs subcommand sub (start, advance, pause, resume, abort, status) as
+ * its options say, once the entry (cli/rollout_cmd.c) checked them: the
+ * exit status, the outcome through o. */
+int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char **files,
+                    int nfiles);
 /* Runs "advance" (forced: the caller counted the bake), "pause", "resume"
  * or "abort" over a->dir with a->key as the subcommand does: the directory
  * locked, the manifest verified and the next one published. 0, or the exit

@@ -114,17 +114,91 @@ struct state {
     double hold_since; /* monotonic seconds; < 0: not holding */
 };
 
+/* What a verdict leads to at manifest m: -1 to go on, else the exit
+ * status. */
+static int act(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m, const hkc_verdict *v,
+               struct state *st) {
+    const hkn_rollout *r = &m->rollout;
+    const uint64_t bake = r->steps[r->step].bake_s;
+    char err[1024];
+    if (v->state != HKC_GATE_PASS || r->paused || !v->settled)
+        st->hold_since = -1; /* the bake counts only while all of it holds */
+    if (v->state == HKC_GATE_FAIL) {
+        if (change(a, "abort", err, sizeof err)) {
+            decide(o, m, "fail",
+                   "the gate fails (%s) and the abort could not be published: %s; trying again",
+                   v->reason, err);
+            return -1;
+        }
+        decide(o, m, "abort",
+               "the gate fails: %s; every host that took release %llu goes back to %llu", v->reason,
+               (unsigned long long)r->release, (unsigned long long)r->previous);
+        return hkc_fail(o, HK_ERR_REJECTED, NULL, "aborted: the gate fails: %s", v->reason);
+    }
+    if (v->state == HKC_GATE_UNKNOWN) {
+        if (r->paused)
+            decide(o, m, "paused", "the gate is unknown: %s", v->reason);
+        else if (change(a, "pause", err, sizeof err))
+            decide(o, m, "unknown",
+                   "the gate is unknown (%s) and the pause could not be published: %s; trying "
+                   "again",
+                   v->reason, err);
+        else {
+            st->paused_by_us = 1;
+            decide(o, m, "pause", "the gate is unknown: %s", v->reason);
+        }
+        return -1;
+    }
+    if (r->paused && !st->paused_by_us) {
+        decide(o, m, "held", "paused by another command (resume it to go on); the gate holds: %s",
+               v->reason);
+    } else if (r->paused) {
+        if (change(a, "resume", err, sizeof err))
+            decide(o, m, "paused",
+                   "the gate holds again but the resume could not be published: %s; trying again",
+                   err);
+        else {
+            st->paused_by_us = 0;
+            decide(o, m, "resume", "the data is back and the gate holds: %s", v->reason);
+        }
+    } else if (!v->settled) {
+        decide(o, m, "wait", "%s", v->reason);
+    } else {
+        double now = mono_s();
+        if (st->hold_since < 0)
+            st->hold_since = now;
+        double held = now - st->hold_since;
+        if (held + 1e-3 < (double)bake) {
+            decide(o, m, "hold", "baked %.0f of %llu s: %s", held, (unsigned long long)bake,
+                   v->reason);
+        } else if (r->step + 1 >= r->nsteps) {
+            decide(o, m, "done", "the last step held for %.0f s (bake %llu s): %s", held,
+                   (unsigned long long)bake, v->reason);
+            return 0;
+        } else if (change(a, "advance", err, sizeof err)) {
+            decide(o, m, "hold", "baked, but the advance could not be published: %s; trying again",
+                   err);
+        } else {
+            decide(o, m, "advance",
+                   "the gate held for %.0f s (bake %llu s): %s; now step %u of %zu", held,
+                   (unsigned long long)bake, v->reason, r->step + 2, r->nsteps);
+            st->step = r->step + 1;
+            st->hold_since = -1;
+        }
+    }
+    return -1;
+}
+
 /* One evaluation: returns -1 to go on, else the exit status. */
 static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hkn_pubkey *pub,
                     struct state *st) {
     hkc_man cur;
     hkc_verdict v;
-    char err[1024];
     if (hkc_man_load(o, a->dir, MANIFEST, pub, &cur))
         return 1;
     const hkn_manifest *m = &cur.m;
     const hkn_rollout *r = &m->rollout;
-    int rc = -1;
+    int rc;
     if (!cur.have || !r->present || r->release != st->release || r->aborted) {
         rc = hkc_fail(o, HK_ERR_INVALID, NULL,
                       "%s/" MANIFEST " %s: the rollout of release %llu is over", a->dir,
@@ -133,88 +207,15 @@ static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hk
                       : r->aborted  ? "is aborted (by another command)"
                                     : "rolls out another release",
                       (unsigned long long)st->release);
-        goto out;
-    }
-    if (r->step != st->step) {
-        st->step = r->step; /* advanced by someone else: its bake starts */
-        st->hold_since = -1;
-    }
-    hkc_gate_eval(p, a, m, &v);
-    const uint64_t bake = r->steps[r->step].bake_s;
-    if (v.state == HKC_GATE_FAIL) {
-        st->hold_since = -1;
-        if (change(a, "abort", err, sizeof err)) {
-            decide(o, m, "fail",
-                   "the gate fails (%s) and the abort could not be published: %s; "
-                   "trying again",
-                   v.reason, err);
-        } else {
-            decide(o, m, "abort",
-                   "the gate fails: %s; every host that took release %llu goes "
-                   "back to %llu",
-                   v.reason, (unsigned long long)r->release, (unsigned long long)r->previous);
-            rc = hkc_fail(o, HK_ERR_REJECTED, NULL, "aborted: the gate fails: %s", v.reason);
-        }
-    } else if (v.state == HKC_GATE_UNKNOWN) {
-        st->hold_since = -1;
-        if (r->paused)
-            decide(o, m, "paused", "the gate is unknown: %s", v.reason);
-        else if (change(a, "pause", err, sizeof err))
-            decide(o, m, "unknown",
-                   "the gate is unknown (%s) and the pause could not be "
-                   "published: %s; trying again",
-                   v.reason, err);
-        else {
-            st->paused_by_us = 1;
-            decide(o, m, "pause", "the gate is unknown: %s", v.reason);
-        }
-    } else if (r->paused && !st->paused_by_us) {
-        st->hold_since = -1;
-        decide(o, m, "held", "paused by another command (resume it to go on); the gate holds: %s",
-               v.reason);
-    } else if (r->paused) {
-        st->hold_since = -1;
-        if (change(a, "resume", err, sizeof err))
-            decide(o, m, "paused",
-                   "the gate holds again but the resume could not be published: "
-                   "%s; trying again",
-                   err);
-        else {
-            st->paused_by_us = 0;
-            decide(o, m, "resume", "the data is back and the gate holds: %s", v.reason);
-        }
-    } else if (!v.settled) {
-        st->hold_since = -1;
-        decide(o, m, "wait", "%s", v.reason);
     } else {
-        double now = mono_s();
-        if (st->hold_since < 0)
-            st->hold_since = now;
-        double held = now - st->hold_since;
-        int last = r->step + 1 >= r->nsteps;
-        if (held + 1e-3 < (double)bake)
-            decide(o, m, "hold", "baked %.0f of %llu s: %s", held, (unsigned long long)bake,
-                   v.reason);
-        else if (last) {
-            decide(o, m, "done", "the last step held for %.0f s (bake %llu s): %s", held,
-                   (unsigned long long)bake, v.reason);
-            rc = 0;
-        } else if (change(a, "advance", err, sizeof err))
-            decide(o, m, "hold",
-                   "baked, but the advance could not be published: %s; trying "
-                   "again",
-                   err);
-        else {
-            decide(o, m, "advance",
-                   "the gate held for %.0f s (bake %llu s): %s; now step %u of "
-                   "%zu",
-                   held, (unsigned long long)bake, v.reason, r->step + 2, r->nsteps);
-            st->step = r->step + 1;
+        if (r->step != st->step) {
+            st->step = r->step; /* advanced by someone else: its bake starts */
             st->hold_since = -1;
         }
+        hkc_gate_eval(p, a, m, &v);
+        rc = act(o, a, m, &v, st);
+        hkc_verdict_free(&v);
     }
-    hkc_verdict_free(&v);
-out:
     hkc_man_free(&cur);
     return rc;
 }
