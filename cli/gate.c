@@ -48,13 +48,13 @@ static long long window_arg(double window_s) {
     return w < 1 ? 1 : w;
 }
 
-void hkc_gate_defaults(const hkn_manifest *m, double window_s, char q[][512]) {
+void hkc_gate_defaults(const hkn_manifest *m, const hkc_verdict *v, char q[][512]) {
     unsigned long long r = (unsigned long long)m->rollout.release;
-    long long w = window_arg(window_s);
+    long long age = window_arg(v->step_age_s), w = window_arg(v->window_s);
     const char *mod = m->module; /* [A-Za-z0-9_.-]: nothing to escape */
     snprintf(q[0], 512, "hotkern_rollout_last_refused_release{module=\"%s\"} == %llu", mod, r);
     snprintf(q[1], 512, "increase(hotkern_rollout_refusals_total{module=\"%s\"}[%llds]) > 0", mod,
-             w);
+             age);
     snprintf(q[2], 512,
              "increase(hotkern_context_lost_total[%llds]) > 0 and on(instance, job) "
              "hotkern_rollout_release{module=\"%s\"} == %llu",
@@ -65,16 +65,21 @@ void hkc_gate_defaults(const hkn_manifest *m, double window_s, char q[][512]) {
              w, mod, r);
 }
 
-/* q with $MODULE, $RELEASE, $PREVIOUS and $WINDOW ("120s") replaced
- * (malloc'd; NULL when out of memory). */
-static char *expand(const char *q, const hkn_manifest *m, double window_s) {
-    char rel[24], prev[24], win[32];
+/* q with $MODULE, $RELEASE, $PREVIOUS, $STEP_AGE and $WINDOW ("120s")
+ * replaced (malloc'd; NULL when out of memory). */
+static char *expand(const char *q, const hkn_manifest *m, const hkc_verdict *v) {
+    char rel[24], prev[24], win[32], age[32];
     snprintf(rel, sizeof rel, "%llu", (unsigned long long)m->rollout.release);
     snprintf(prev, sizeof prev, "%llu", (unsigned long long)m->rollout.previous);
-    snprintf(win, sizeof win, "%llds", window_arg(window_s));
+    snprintf(win, sizeof win, "%llds", window_arg(v->window_s));
+    snprintf(age, sizeof age, "%llds", window_arg(v->step_age_s));
     const struct {
         const char *name, *value;
-    } vars[] = {{"$MODULE", m->module}, {"$RELEASE", rel}, {"$PREVIOUS", prev}, {"$WINDOW", win}};
+    } vars[] = {{"$MODULE", m->module},
+                {"$RELEASE", rel},
+                {"$PREVIOUS", prev},
+                {"$STEP_AGE", age},
+                {"$WINDOW", win}};
     size_t cap = strlen(q) * 4 + 256, n = 0;
     char *out = malloc(cap);
     if (!out)
@@ -174,6 +179,7 @@ static int read_hosts(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest
         return HKC_PROM_DOWN;
     }
     double max_age = a->max_age_s ? (double)a->max_age_s : iv == iv ? 2 * iv + 1 : 61;
+    v->max_age_s = max_age;
     snprintf(q, sizeof q, "last_over_time(hotkern_host_info[%llus])",
              (unsigned long long)a->lookback_s);
     if (ask(p, q, &x, v))
@@ -318,17 +324,23 @@ void hkc_gate_eval(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest *m
     memset(v, 0, sizeof *v);
     v->state = HKC_GATE_UNKNOWN;
     double age = difftime(time(NULL), (time_t)m->created);
-    v->window_s = age > 1 ? age : 1;
     if (read_hosts(p, a, m, v))
         return;
+    /* Since the step began, and a scrape's margin more: increase() reads
+     * only the samples inside its range, and a counter that moved in the
+     * step's first scrape interval needs one from before to show it. The
+     * refusals' query keeps to the step (a rollout started after a refused
+     * one must not inherit its refusals): a refusal of this release in the
+     * first interval is the last_refused query's. */
+    v->step_age_s = age > 1 ? age : 1;
+    v->window_s = v->step_age_s + v->max_age_s;
     v->answered = 1;
     int unknown = 0, failed = 0;
     char why[sizeof v->reason] = "";
-    hkc_gate_defaults(m, v->window_s, q);
+    hkc_gate_defaults(m, v, q);
     for (int i = 0; i < HKC_GATE_DEFAULTS + a->gates.n; i++) {
-        char *mine = i >= HKC_GATE_DEFAULTS
-                         ? expand(a->gates.v[i - HKC_GATE_DEFAULTS], m, v->window_s)
-                         : NULL;
+        char *mine =
+            i >= HKC_GATE_DEFAULTS ? expand(a->gates.v[i - HKC_GATE_DEFAULTS], m, v) : NULL;
         const char *text = i < HKC_GATE_DEFAULTS ? q[i] : mine;
         int r = text ? run_query(p, text, v, fails, sizeof fails) : -1;
         if (!text)
@@ -395,7 +407,8 @@ int hkc_gate_check_queries(hkc_out *o, hkc_prom *p, const hkc_rollout_args *a,
     for (int i = 0; i < a->gates.n; i++) {
         char err[1024];
         hkc_vector x;
-        char *q = expand(a->gates.v[i], m, 60);
+        hkc_verdict v = {.step_age_s = 60, .window_s = 60};
+        char *q = expand(a->gates.v[i], m, &v);
         if (!q)
             return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
         int st = hkc_prom_query(p, q, &x, err, sizeof err);
@@ -504,6 +517,7 @@ void hkc_fleet_describe(hkc_out *o, const hkn_manifest *m, const hkc_verdict *v)
                                                         : "unknown");
     cJSON_AddBoolToObject(gate, "settled", v->settled);
     cJSON_AddStringToObject(gate, "reason", v->reason);
+    cJSON_AddItemToObject(gate, "step_age_s", hkc_int(window_arg(v->step_age_s)));
     cJSON_AddItemToObject(gate, "window_s", hkc_int(window_arg(v->window_s)));
     cJSON_AddItemToObject(fleet, "known_hosts", hkc_int((long long)v->known));
     cJSON_AddItemToObject(fleet, "expected", hkc_int((long long)v->expected));

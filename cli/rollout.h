@@ -126,15 +126,17 @@ typedef struct hkc_verdict {
     size_t expected;   /* of them, in the current step or an earlier one */
     size_t reporting;  /* of those, reporting now */
     size_t on_release; /* of those, running the release */
-    double window_s;   /* the gate's range: since the current manifest */
+    double step_age_s; /* since the current manifest was published ($STEP_AGE) */
+    double window_s;   /* the gate's range: step_age_s plus max_age_s ($WINDOW) */
+    double max_age_s;  /* a host whose latest sample is older does not report */
     hkc_host *hosts;   /* owned: hkc_verdict_free */
     size_t nhosts;
 } hkc_verdict;
 
-/* The default gate queries of manifest m over the last window_s seconds,
- * in order (docs/ROLLOUT.md lists them): n of them written to q. */
+/* The default gate queries of manifest m over v's step_age_s and window_s,
+ * in order (docs/ROLLOUT.md lists them), written to q[0..HKC_GATE_DEFAULTS-1]. */
 #define HKC_GATE_DEFAULTS 4
-void hkc_gate_defaults(const hkn_manifest *m, double window_s, char q[][512]);
+void hkc_gate_defaults(const hkn_manifest *m, const hkc_verdict *v, char q[][512]);
 /* Asks Prometheus about m's fleet and evaluates the gate: v filled (its
  * hosts the caller's to hkc_verdict_free). */
 void hkc_gate_eval(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest *m, hkc_verdict *v);

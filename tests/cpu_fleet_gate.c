@@ -20,6 +20,8 @@
  *   Release 4: Prometheus is stopped at its second step; watch pauses (the
  *   manifest says paused), Prometheus is started again (same port, same
  *   data), watch resumes and ends the rollout with exit 0.
+ *   Release 5: the one host of its first step has a launch the driver
+ *   refuses (hotkern_launch_errors_total): watch aborts, naming the host.
  *
  * Between the phases, with nothing changing, the origin's requests per host
  * per poll are counted from nginx's access log and the hosts' own poll
@@ -129,6 +131,7 @@ static void host_main(int i) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
     sigprocmask(SIG_BLOCK, &set, NULL);
     snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, h->id);
     snprintf(st, sizeof st, "%s/state", dir);
@@ -170,8 +173,18 @@ static void host_main(int i) {
     snprintf(text, sizeof text, "%u\n", hk_pull_metrics_port(p));
     if (hku_write_atomic(portf, text, strlen(text), 0644, &rep))
         die("port file", &rep);
-    int sig;
-    sigwait(&set, &sig);
+    /* SIGUSR1: one launch of step that the driver refuses (a launch
+     * error, hotkern_launch_errors_total); SIGTERM: the end. */
+    for (int sig = 0; sigwait(&set, &sig) == 0 && sig != SIGTERM;) {
+        hk_kernel *k;
+        int out = 0, *dptr = &out, cu = 0;
+        unsigned n = 1;
+        void *args[] = {&dptr, &n};
+        if (hk_kernel_get(rt, MODULE, "step", &k) == 0) {
+            fake_fail("cuLaunchKernel", 1, CUDA_ERROR_INVALID_VALUE);
+            hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu);
+        }
+    }
     hk_pull_stop(p);
     hk_runtime_destroy(rt);
     _exit(0);
@@ -816,6 +829,38 @@ START_TEST(rollout_under_watch) {
            "later; started again, resumed %.0f ms after; all %d hosts on release 4 %.0f ms "
            "after the start\n",
            paused - stopped, resumed - restarted, HOSTS, wall_ms() - c0);
+
+    /* ---- release 5: a launch error on the one host that runs it ---- */
+    kernel_file(105);
+    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
+            " --release 5 --steps-file steps.json fleet.ptx");
+    w = watch_start("watch-5.txt");
+    struct phase d = {.release = 5, .other = 4, .steps_seen = -1};
+    int signalled = 0;
+    for (end = now_ms() + DEADLINE; !d.back_at || waitpid(w, &st, WNOHANG) == 0;) {
+        ck_assert_msg(now_ms() < end, "release 5: not aborted and back within %d ms", DEADLINE);
+        round_of(&d, &m);
+        hkn_manifest_free(&m);
+        ck_assert_msg(!(hosts[42].seen & 0x20u) || d.steps_seen <= 0 || d.aborted,
+                      "release 5 went past step 1");
+        if (!signalled && hosts[42].release == 5) {
+            kill(hosts[42].pid, SIGUSR1);
+            signalled = 1;
+        }
+        usleep(50000);
+    }
+    ck_assert(WIFEXITED(st));
+    log = watch_log("watch-5.txt");
+    LOG_ASSERT(WEXITSTATUS(st) == 1 && decisions(log, "abort", ab, 2) == 1, log);
+    LOG_ASSERT(decisions(log, "advance", adv, 8) == 0, log);
+    LOG_ASSERT(strstr(log, "increase(hotkern_launch_errors_total[") &&
+                   strstr(log, "returned 1 sample above 0: host-042"),
+               log);
+    print_decisions(log, "abort");
+    free(log);
+    for (int i = 0; i < HOSTS; i++)
+        ck_assert_msg(hosts[i].release == 4, "%s is on %lld after the abort", hosts[i].id,
+                      hosts[i].release);
 
     hkt_prometheus_stop(&prom);
     stop_hosts();
