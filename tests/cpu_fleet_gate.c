@@ -30,6 +30,10 @@
  * release, the abort's time after the refusal was scraped, the fleet's time
  * back) are printed, never asserted; waits end at deadlines (failures).
  *
+ * $HK_FLEET_HOSTS=1000 (with $HK_FLEET_PER_PROCESS, $HK_FLEET_POLL_MS and
+ * $HK_FLEET_SCRAPE_S, below) runs the same with more hosts, for
+ * bench/RESULTS.md; `make test` runs the 100.
+ *
  * Skipped (SKIP line) where nginx or Prometheus is not installed.
  */
 #include <check.h>
@@ -44,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -62,28 +67,42 @@
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
 
-#define HOSTS    100
-#define MODULE   "fleet"
-#define FAULTY   3
-#define LABEL    "driver=r535"
-#define DEADLINE 60000 /* ms for a phase: a failure past it */
+#define MAX_HOSTS 1000
+#define MODULE    "fleet"
+#define FAULTY    3
+#define LABEL     "driver=r535"
+#define DEADLINE  60000 /* ms for a phase: a failure past it */
+
+/* The fleet's shape: $HK_FLEET_HOSTS hosts (default 100, at most 1000),
+ * $HK_FLEET_PER_PROCESS of them per process (default 1 up to 100 hosts,
+ * else 100: each a runtime and puller of its own, their threads side by
+ * side), polling every $HK_FLEET_POLL_MS (default 200; 1000 past 100
+ * hosts). Past 100 hosts only the hosts of the first two steps run a
+ * canary (the others never meet the refused release). */
+static int nhosts = 100, per_proc = 1, poll_ms = 200;
 
 static char *tmp;
 static char www[PATH_MAX], url[256], key_path[PATH_MAX + 16], pub_path[PATH_MAX + 16];
-static char fake_lib[PATH_MAX + 32], prom_url[64];
+static char fake_lib[PATH_MAX + 32], prom_url[64], faulty_helper[PATH_MAX + 32];
 static hkt_prometheus prom;
+
+struct body {
+    char *data;
+    size_t len;
+};
 
 struct host {
     char id[24];
-    int faulty; /* labelled LABEL; its fake driver faults release 3's kernel */
+    int faulty; /* labelled LABEL; its canary's fake driver faults release 3's kernel */
     uint32_t bucket;
-    pid_t pid;
+    pid_t pid; /* its process (shared by per_proc hosts) */
     unsigned port;
     CURL *c;
+    struct body b;
     long long release, refused, polls; /* the last scrape's; -1: none */
     unsigned seen;                     /* bit r: seen running release r */
 };
-static struct host hosts[HOSTS];
+static struct host hosts[MAX_HOSTS];
 
 static double now_ms(void) {
     struct timespec ts;
@@ -97,7 +116,12 @@ static double wall_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* ---- a host (a child process) ------------------------------------------- */
+/* In the first two steps of every rollout here (1% and host-042, 10%). */
+static int early(int i) {
+    return hosts[i].bucket < 1000 || i == 42;
+}
+
+/* ---- the hosts (child processes) ---------------------------------------- */
 
 static void die(const char *what, const hk_report *rep) {
     fprintf(stderr, "cpu_fleet_gate host: %s: %s\n", what, rep ? rep->message : "");
@@ -111,10 +135,10 @@ static void declare_test(hk_runtime *rt) {
     hk_test *t;
     hk_report rep = HK_REPORT_INIT;
     unsigned n = 4;
-    for (int i = 0; i < 1500 && hk_kernel_get(rt, MODULE, "step", &k) != 0; i++)
+    for (int i = 0; i < 3000 && hk_kernel_get(rt, MODULE, "step", &k) != 0; i++)
         usleep(20000);
     if (!k)
-        die("no release 1 within 30 s", NULL);
+        die("no release 1 within 60 s", NULL);
     if (hk_test_create(&t, (hk_dim3){1, 1, 1}, (hk_dim3){32, 1, 1}, 0) ||
         hk_test_buffer(t, 16, HK_FILL_RANDOM, 7, NULL) || hk_test_scalar(t, &n, sizeof n) ||
         hk_test_compare(t, HK_COMPARE_NONE, 0, 0) || hk_kernel_add_test(k, t, &rep))
@@ -122,34 +146,22 @@ static void declare_test(hk_runtime *rt) {
     hk_test_destroy(t);
 }
 
-/* Runs host i until SIGTERM. */
-static void host_main(int i) {
+/* Host i in this process: a runtime on the fake driver, its canary's
+ * helper binding the loadable fake (through a script that sets
+ * HKFAKE_FAULT on the faulty hosts: release 3's kernel, tag 203, faults
+ * there with a sticky error), and its puller serving /metrics. */
+static hk_runtime *host_start(int i, hk_puller **p) {
     struct host *h = &hosts[i];
-    char dir[PATH_MAX + 32], st[PATH_MAX + 64], portf[PATH_MAX + 64];
+    char st[PATH_MAX + 64];
     hk_report rep = HK_REPORT_INIT;
-    sigset_t set;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, h->id);
-    snprintf(st, sizeof st, "%s/state", dir);
-    snprintf(portf, sizeof portf, "%s/port", dir);
-    /* The canary helper binds the loadable fake, which reads HKFAKE_FAULT
-     * when it loads: on the faulty hosts, release 3's kernel (tag 203)
-     * faults there with a sticky error. */
-    setenv("HK_LIBCUDA", fake_lib, 1);
-    if (h->faulty)
-        setenv("HKFAKE_FAULT", "step@203=CUDA_ERROR_ILLEGAL_ADDRESS", 1);
-    fake_init(1, 90);
+    snprintf(st, sizeof st, "%s/hosts/%s/state", tmp, h->id);
     hk_options o;
     hk_options_init(&o);
     o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fakes read PTX */
     o.cache_dir = "";
     o.no_warm_start = 1;
-    o.canary = 1;
-    o.canary_helper = hkt_built_program("hotkern-canary");
+    o.canary = nhosts <= 100 || early(i);
+    o.canary_helper = h->faulty ? faulty_helper : hkt_built_program("hotkern-canary");
     o.canary_timeout_ms = 10000;
     hk_runtime *rt;
     if (hkl_runtime_create_with(&rt, &o, fake_driver(), &rep))
@@ -158,52 +170,78 @@ static void host_main(int i) {
     hk_pull_options po;
     hk_pull_options_init(&po);
     po.url = url;
-    po.interval_ms = 200;
+    po.interval_ms = (unsigned)poll_ms;
     po.trusted_keys = keys;
     po.ntrusted_keys = 1;
     po.state_dir = st;
     po.metrics_address = "127.0.0.1";
     po.host_id = h->id;
     po.host_labels = h->faulty ? LABEL ",rack-1" : "rack-1";
-    hk_puller *p;
-    if (hk_pull_start(rt, &po, &p, &rep))
+    if (hk_pull_start(rt, &po, p, &rep))
         die("puller", &rep);
-    declare_test(rt);
-    char text[32];
-    snprintf(text, sizeof text, "%u\n", hk_pull_metrics_port(p));
-    if (hku_write_atomic(portf, text, strlen(text), 0644, &rep))
-        die("port file", &rep);
-    /* SIGUSR1: one launch of step that the driver refuses (a launch
-     * error, hotkern_launch_errors_total); SIGTERM: the end. */
+    return rt;
+}
+
+/* Runs hosts first..first+n-1 until SIGTERM. */
+static void process_main(int first, int n) {
+    hk_runtime *rts[MAX_HOSTS];
+    hk_puller *ps[MAX_HOSTS];
+    hk_report rep = HK_REPORT_INIT;
+    sigset_t set;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    setenv("HK_LIBCUDA", fake_lib, 1);
+    fake_init(1, 90);
+    for (int k = 0; k < n; k++)
+        rts[k] = host_start(first + k, &ps[k]);
+    for (int k = 0; k < n; k++) {
+        char portf[PATH_MAX + 64], text[32];
+        if (nhosts <= 100 || early(first + k))
+            declare_test(rts[k]);
+        snprintf(portf, sizeof portf, "%s/hosts/%s/port", tmp, hosts[first + k].id);
+        snprintf(text, sizeof text, "%u\n", hk_pull_metrics_port(ps[k]));
+        if (hku_write_atomic(portf, text, strlen(text), 0644, &rep))
+            die("port file", &rep);
+    }
+    /* SIGUSR1: one launch of step on host-042 that the driver refuses (a
+     * launch error, hotkern_launch_errors_total); SIGTERM: the end. */
     for (int sig = 0; sigwait(&set, &sig) == 0 && sig != SIGTERM;) {
         hk_kernel *k;
         int out = 0, *dptr = &out, cu = 0;
-        unsigned n = 1;
-        void *args[] = {&dptr, &n};
-        if (hk_kernel_get(rt, MODULE, "step", &k) == 0) {
+        unsigned one = 1;
+        void *args[] = {&dptr, &one};
+        if (42 >= first && 42 < first + n &&
+            hk_kernel_get(rts[42 - first], MODULE, "step", &k) == 0) {
             fake_fail("cuLaunchKernel", 1, CUDA_ERROR_INVALID_VALUE);
             hk_launch(k, (hk_dim3){1, 1, 1}, (hk_dim3){1, 1, 1}, 0, NULL, args, &cu);
         }
     }
-    hk_pull_stop(p);
-    hk_runtime_destroy(rt);
+    for (int k = 0; k < n; k++) {
+        hk_pull_stop(ps[k]);
+        hk_runtime_destroy(rts[k]);
+    }
     _exit(0);
 }
 
-/* Starts every host and reads their ports (30 s at most). */
+/* Starts every host and reads their ports (60 s at most). */
 static void start_hosts(void) {
-    for (int i = 0; i < HOSTS; i++) {
+    for (int first = 0; first < nhosts; first += per_proc) {
+        int n = first + per_proc <= nhosts ? per_proc : nhosts - first;
         fflush(NULL);
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0)
-            host_main(i);
-        hosts[i].pid = pid;
+            process_main(first, n);
+        for (int k = 0; k < n; k++)
+            hosts[first + k].pid = pid;
     }
-    double end = now_ms() + 30000;
-    for (int i = 0; i < HOSTS; i++) {
+    double end = now_ms() + 60000;
+    for (int i = 0; i < nhosts; i++) {
         char portf[8192 + 64], buf[32] = "";
-        snprintf(portf, sizeof portf, "%s/hosts/%s/port", tmp, hosts[i].id);
+        snprintf(portf, sizeof portf, "%.4000s/hosts/%.23s/port", tmp, hosts[i].id);
         while (!hosts[i].port) {
             FILE *f = fopen(portf, "r");
             if (f) {
@@ -222,25 +260,20 @@ static void start_hosts(void) {
 }
 
 static void stop_hosts(void) {
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         int st = 0;
-        if (hosts[i].pid <= 0)
-            continue;
-        kill(hosts[i].pid, SIGTERM);
-        ck_assert_int_eq(waitpid(hosts[i].pid, &st, 0), hosts[i].pid);
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s ended with status %d", hosts[i].id,
-                      st);
         if (hosts[i].c)
             curl_easy_cleanup(hosts[i].c);
+        if (i % per_proc)
+            continue; /* one process for per_proc hosts */
+        kill(hosts[i].pid, SIGTERM);
+        ck_assert_int_eq(waitpid(hosts[i].pid, &st, 0), hosts[i].pid);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s's process ended with status %d",
+                      hosts[i].id, st);
     }
 }
 
 /* ---- scraping the hosts ------------------------------------------------- */
-
-struct body {
-    char *data;
-    size_t len;
-};
 
 static size_t on_body(char *b, size_t size, size_t n, void *ud) {
     struct body *r = ud;
@@ -267,34 +300,51 @@ static long long sample(const char *text, const char *name, const char *label) {
     return -1;
 }
 
-/* Scrapes host i into its fields; 0 when it did not answer. */
-static int scrape(int i) {
-    struct host *h = &hosts[i];
-    char u[64];
-    struct body b = {NULL, 0};
-    long status = 0;
-    h->release = h->refused = h->polls = -1;
-    if (!h->c)
-        h->c = curl_easy_init();
-    snprintf(u, sizeof u, "http://127.0.0.1:%u/metrics", h->port);
-    curl_easy_setopt(h->c, CURLOPT_URL, u);
-    curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h->c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h->c, CURLOPT_TIMEOUT_MS, 5000L);
-    int ok = curl_easy_perform(h->c) == CURLE_OK &&
-             curl_easy_getinfo(h->c, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK &&
-             status == 200 && b.data;
-    if (ok) {
-        h->release = sample(b.data, "hotkern_rollout_release", "module=\"" MODULE "\"");
-        h->refused = sample(b.data, "hotkern_rollout_refusals_total", "reason=\"fault\"");
-        h->polls = sample(b.data, "hotkern_pull_polls_total", "");
-        ck_assert_int_eq(sample(b.data, "hotkern_rollout_bucket", "module=\"" MODULE "\""),
+/* Scrapes every host at once (libcurl's multi interface) into its
+ * fields; asserts that each answered. */
+static void scrape_all(void) {
+    static CURLM *multi;
+    if (!multi)
+        multi = curl_multi_init();
+    for (int i = 0; i < nhosts; i++) {
+        struct host *h = &hosts[i];
+        char u[64];
+        if (!h->c)
+            h->c = curl_easy_init();
+        h->b.len = 0;
+        snprintf(u, sizeof u, "http://127.0.0.1:%u/metrics", h->port);
+        curl_easy_setopt(h->c, CURLOPT_URL, u);
+        curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h->c, CURLOPT_WRITEDATA, &h->b);
+        curl_easy_setopt(h->c, CURLOPT_TIMEOUT_MS, 10000L);
+        curl_multi_add_handle(multi, h->c);
+    }
+    for (int running = 1; running;) {
+        ck_assert_int_eq(curl_multi_perform(multi, &running), CURLM_OK);
+        if (running)
+            curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(multi, &left)))
+        for (int i = 0; msg->msg == CURLMSG_DONE && i < nhosts; i++)
+            if (hosts[i].c == msg->easy_handle)
+                ck_assert_msg(msg->data.result == CURLE_OK, "%s did not answer its scrape: %s",
+                              hosts[i].id, curl_easy_strerror(msg->data.result));
+    for (int i = 0; i < nhosts; i++) {
+        struct host *h = &hosts[i];
+        long status = 0;
+        curl_multi_remove_handle(multi, h->c);
+        curl_easy_getinfo(h->c, CURLINFO_RESPONSE_CODE, &status);
+        ck_assert_msg(status == 200 && h->b.len, "%s answered %ld", h->id, status);
+        h->release = sample(h->b.data, "hotkern_rollout_release", "module=\"" MODULE "\"");
+        h->refused = sample(h->b.data, "hotkern_rollout_refusals_total", "reason=\"fault\"");
+        h->polls = sample(h->b.data, "hotkern_pull_polls_total", "");
+        ck_assert_int_eq(sample(h->b.data, "hotkern_rollout_bucket", "module=\"" MODULE "\""),
                          h->bucket);
         if (h->release >= 0 && h->release < 32)
             h->seen |= 1u << h->release;
     }
-    free(b.data);
-    return ok;
 }
 
 /* ---- the origin and the CLI --------------------------------------------- */
@@ -478,10 +528,9 @@ static long origin_requests(void) {
 
 static long long polls(void) {
     long long n = 0;
-    for (int i = 0; i < HOSTS; i++) {
-        ck_assert_msg(scrape(i), "%s did not answer", hosts[i].id);
+    scrape_all();
+    for (int i = 0; i < nhosts; i++)
         n += hosts[i].polls;
-    }
     return n;
 }
 
@@ -508,17 +557,17 @@ struct phase {
 
 /* One round: every host scraped, then the manifest read; checks that no
  * host runs `release` outside the manifest's step, and that none that ran
- * it left it (before an abort). Returns the manifest's step index. */
+ * it left it (before an abort). */
 static void round_of(struct phase *ph, hkn_manifest *m) {
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i += per_proc) {
         int st;
-        ck_assert_msg(waitpid(hosts[i].pid, &st, WNOHANG) == 0, "%s exited", hosts[i].id);
-        ck_assert_msg(scrape(i), "%s did not answer its scrape", hosts[i].id);
+        ck_assert_msg(waitpid(hosts[i].pid, &st, WNOHANG) == 0, "%s's process exited", hosts[i].id);
     }
+    scrape_all();
     manifest(m); /* read after the scrapes: at least as new as what each host saw */
     const hkn_rollout *r = &m->rollout;
     int all_on = 1, back = 1;
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
         ck_assert_msg(h->release == ph->release || h->release == ph->other,
                       "%s runs release %lld (neither %lld nor %lld)", h->id, h->release,
@@ -570,11 +619,34 @@ START_TEST(rollout_under_watch) {
     hkn_seckey key;
     hk_report rep = HK_REPORT_INIT;
     hkn_manifest m;
+    const char *env = getenv("HK_FLEET_HOSTS");
+    nhosts = env ? atoi(env) : 100;
+    ck_assert_msg(nhosts >= 100 && nhosts <= MAX_HOSTS, "HK_FLEET_HOSTS: 100 to %d", MAX_HOSTS);
+    per_proc = (env = getenv("HK_FLEET_PER_PROCESS")) ? atoi(env) : nhosts > 100 ? 100 : 1;
+    poll_ms = (env = getenv("HK_FLEET_POLL_MS")) ? atoi(env) : nhosts > 100 ? 1000 : 200;
+    int scrape_s = (env = getenv("HK_FLEET_SCRAPE_S")) ? atoi(env) : 1;
+    ck_assert(per_proc >= 1 && per_proc <= nhosts && poll_ms >= 50 && scrape_s >= 1);
+    printf("cpu_fleet_gate: %d hosts, %d per process, polling every %d ms, scraped every %d s\n",
+           nhosts, per_proc, poll_ms, scrape_s);
     tmp = hkt_tmpdir();
     ck_assert_ptr_nonnull(tmp);
     char bin[PATH_MAX]; /* BUILD/bin/hotkern -> BUILD/lib/libhotkern-fakecuda.so */
     snprintf(bin, sizeof bin, "%s", hkt_built_program("hotkern"));
     snprintf(fake_lib, sizeof fake_lib, "%s/lib/libhotkern-fakecuda.so", dirname(dirname(bin)));
+    /* The faulty hosts' canary helper: the real one, with the loadable
+     * fake told to fault release 3's kernel. */
+    char script[2 * PATH_MAX];
+    snprintf(faulty_helper, sizeof faulty_helper, "%s/canary-faulty.sh", tmp);
+    snprintf(script, sizeof script,
+             "#!/bin/sh\nHKFAKE_FAULT=step@203=CUDA_ERROR_ILLEGAL_ADDRESS exec '%s' \"$@\"\n",
+             hkt_built_program("hotkern-canary"));
+    ck_assert_int_eq(hkt_write_file(faulty_helper, script), 0);
+    ck_assert_int_eq(chmod(faulty_helper, 0755), 0);
+    /* A descriptor per host's scrape, and nginx's and Prometheus's. */
+    struct rlimit nofile;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+    nofile.rlim_cur = nofile.rlim_max;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &nofile), 0);
     snprintf(www, sizeof www, "%s/www", tmp);
     snprintf(key_path, sizeof key_path, "%s/hotkern.key", tmp);
     snprintf(pub_path, sizeof pub_path, "%s/hotkern.pub", tmp);
@@ -597,13 +669,13 @@ START_TEST(rollout_under_watch) {
     /* The faulty hosts: the first three of the 10% step that are not in
      * the 1% one (buckets 100 to 999). */
     int faulty = 0;
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
         snprintf(h->id, sizeof h->id, "host-%03d", i);
         h->bucket = hkn_fleet_bucket(h->id, MODULE);
         h->faulty = faulty < FAULTY && i != 42 && h->bucket >= 100 && h->bucket < 1000;
         faulty += h->faulty;
-        snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, h->id);
+        snprintf(dir, sizeof dir, "%.4000s/hosts/%.23s", tmp, h->id);
         ck_assert_int_eq(mkdir(dir, 0700), 0);
     }
     ck_assert_int_eq(faulty, FAULTY);
@@ -611,11 +683,14 @@ START_TEST(rollout_under_watch) {
     double t_up = now_ms();
 
     /* Prometheus scrapes every host's /metrics each second. */
-    size_t cap = 256 + HOSTS * 32;
+    size_t cap = 256 + nhosts * 32;
     char *sc = malloc(cap);
     ck_assert_ptr_nonnull(sc);
-    snprintf(sc, cap, "  - job_name: hotkern\n    static_configs:\n      - targets:\n");
-    for (int i = 0; i < HOSTS; i++)
+    snprintf(sc, cap,
+             "  - job_name: hotkern\n    scrape_interval: %ds\n    scrape_timeout: %ds\n"
+             "    static_configs:\n      - targets:\n",
+             scrape_s, scrape_s);
+    for (int i = 0; i < nhosts; i++)
         snprintf(sc + strlen(sc), cap - strlen(sc), "          - '127.0.0.1:%u'\n", hosts[i].port);
     int ps = hkt_prometheus_start(&prom, tmp, sc);
     free(sc);
@@ -629,14 +704,14 @@ START_TEST(rollout_under_watch) {
     snprintf(prom_url, sizeof prom_url, "http://127.0.0.1:%d", prom.port);
     double end = now_ms() + 30000;
     while (hkt_prometheus_count(&prom, "hotkern_rollout_release{module=\"" MODULE "\"} == 1") <
-           HOSTS) {
+           nhosts) {
         ck_assert_msg(now_ms() < end, "Prometheus has not scraped every host on release 1");
         usleep(200000);
     }
     double t_prom = now_ms();
     printf("cpu_fleet_gate: %d hosts up on release 1 in %.0f ms, Prometheus scraping them all "
            "%.0f ms later\n",
-           HOSTS, t_up - t_start, t_prom - t_up);
+           nhosts, t_up - t_start, t_prom - t_up);
 
     char steps[PATH_MAX + 32];
     snprintf(steps, sizeof steps, "%s/steps.json", tmp);
@@ -665,26 +740,32 @@ START_TEST(rollout_under_watch) {
     round_of(&a, &m);
     LOG_ASSERT(m.rollout.step == 3 && !m.rollout.aborted && !m.rollout.paused, log);
     hkn_manifest_free(&m);
-    for (int i = 0; i < HOSTS; i++)
+    for (int i = 0; i < nhosts; i++)
         ck_assert_msg(hosts[i].release == 2, "%s ended on %lld", hosts[i].id, hosts[i].release);
     double adv[8];
     LOG_ASSERT(decisions(log, "advance", adv, 8) == 3, log);
     LOG_ASSERT(decisions(log, "done", adv, 8) == 1, log);
-    LOG_ASSERT(strstr(log, "100 of the 100 hosts of steps 1-4 run release 2"), log);
+    char all_on[96];
+    snprintf(all_on, sizeof all_on, "%d of the %d hosts of steps 1-4 run release 2", nhosts,
+             nhosts);
+    LOG_ASSERT(strstr(log, all_on), log);
     free(log);
     print_steps("release 2", &a, "watch-2.txt", a0);
     printf("cpu_fleet_gate: release 2: 1%% -> 100%% under watch in %.0f ms\n", wall_ms() - a0);
 
     /* ---- the origin while nothing changes ---- */
+    /* Ten polls of each host at least, so that the scrapes' and the log's
+     * edges (a poll in flight at either end) weigh little. */
+    int quiet_ms = 10 * poll_ms > 3000 ? 10 * poll_ms : 3000;
     long long p0 = polls();
     long r0 = origin_requests();
-    usleep(3000000);
+    usleep((useconds_t)quiet_ms * 1000);
     long long p1 = polls();
     long r1 = origin_requests();
     ck_assert_int_gt(p1, p0);
-    printf("cpu_fleet_gate: nothing changing, 3 s: %ld origin requests for %lld polls of %d hosts: "
-           "%.3f requests per host per poll\n",
-           r1 - r0, p1 - p0, HOSTS, (double)(r1 - r0) / (double)(p1 - p0));
+    printf("cpu_fleet_gate: nothing changing, %d ms: %ld origin requests for %lld polls of %d "
+           "hosts: %.3f requests per host per poll\n",
+           quiet_ms, r1 - r0, p1 - p0, nhosts, (double)(r1 - r0) / (double)(p1 - p0));
 
     /* ---- release 3, refused by the canary of three hosts of step 2 ---- */
     kernel_file(203);
@@ -724,12 +805,11 @@ START_TEST(rollout_under_watch) {
         ck_assert_str_eq(field(one, "reason")->valuestring, "fault");
         ck_assert_int_eq(field(one, "release")->valueint, 2);
     }
-    ck_assert_int_eq(field(fl, "known_hosts")->valueint, HOSTS);
+    ck_assert_int_eq(field(fl, "known_hosts")->valueint, nhosts);
     cJSON_Delete(doc);
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
-        int early = h->bucket < 1000 || i == 42; /* in the first two steps */
-        ck_assert_msg(early || !(h->seen & 8u),
+        ck_assert_msg(early(i) || !(h->seen & 8u),
                       "%s (bucket %u) outside the first two steps ran "
                       "release 3",
                       h->id, h->bucket);
@@ -739,14 +819,15 @@ START_TEST(rollout_under_watch) {
         ck_assert_msg(h->release == 2, "%s is on %lld after the abort", h->id, h->release);
     }
     int took = 0;
-    for (int i = 0; i < HOSTS; i++)
+    for (int i = 0; i < nhosts; i++)
         took += !!(hosts[i].seen & 8u);
     ck_assert_int_gt(took, 0);
     printf("cpu_fleet_gate: release 3: refused by %d hosts (fault); %s; watch aborted %.0f ms "
            "after Prometheus first held the refusal (gate interval 1000 ms); all %d hosts back "
            "on release 2 (%d had run release 3) %.0f ms after the abort\n",
            FAULTY, b.refusal_scraped_at ? "scraped" : "never seen scraped by the test",
-           b.refusal_scraped_at ? ab[0] - b.refusal_scraped_at : 0, HOSTS, took, b.back_at - ab[0]);
+           b.refusal_scraped_at ? ab[0] - b.refusal_scraped_at : 0, nhosts, took,
+           b.back_at - ab[0]);
     free(log);
 
     /* ---- release 4: Prometheus stopped at step 2, then back ---- */
@@ -791,28 +872,29 @@ START_TEST(rollout_under_watch) {
      * 4; a query of the program's own fails the gate on any sample above 0;
      * one Prometheus refuses is a usage error. */
     int total = 0, lasting = 0;
-    for (end = now_ms() + 10000; lasting < HOSTS; usleep(200000)) {
-        ck_assert_msg(now_ms() < end, "Prometheus never saw all %d hosts on release 4", HOSTS);
+    for (end = now_ms() + 10000; lasting < nhosts; usleep(200000)) {
+        ck_assert_msg(now_ms() < end, "Prometheus never saw all %d hosts on release 4", nhosts);
         fl = fleet_status(&doc, "");
         lasting = field(fl, "on_release")->valueint;
         total = 0;
         cJSON_ArrayForEach(one, field(fl, "steps")) {
             total += field(one, "hosts")->valueint;
-            if (lasting == HOSTS)
+            if (lasting == nhosts)
                 ck_assert_int_eq(cJSON_GetArraySize(field(one, "on_release")),
                                  field(one, "hosts")->valueint);
         }
-        if (lasting == HOSTS)
+        if (lasting == nhosts)
             ck_assert_str_eq(field(field(fl, "gate"), "state")->valuestring, "pass");
         cJSON_Delete(doc);
     }
-    ck_assert_int_eq(total, HOSTS);
+    ck_assert_int_eq(total, nhosts);
     fl = fleet_status(&doc, "--gate 'vector(1)' --gate "
                             "'hotkern_rollout_release{module=\"$MODULE\"} == $RELEASE'");
     const char *why = field(field(fl, "gate"), "reason")->valuestring;
     ck_assert_str_eq(field(field(fl, "gate"), "state")->valuestring, "fail");
     ck_assert_msg(strstr(why, "'vector(1)' returned 1 sample above 0"), "%s", why);
-    ck_assert_msg(strstr(why, "{module=\"" MODULE "\"} == 4' returned 100 samples"), "%s", why);
+    snprintf(all_on, sizeof all_on, "{module=\"" MODULE "\"} == 4' returned %d samples", nhosts);
+    ck_assert_msg(strstr(why, all_on), "%s", why);
     cJSON_Delete(doc);
     char out[8192];
     ck_assert_int_eq(cli_out(out, sizeof out,
@@ -822,13 +904,13 @@ START_TEST(rollout_under_watch) {
                      2);
     ck_assert_ptr_nonnull(strstr(out, "Prometheus refuses it"));
     hkn_manifest_free(&m);
-    for (int i = 0; i < HOSTS; i++)
+    for (int i = 0; i < nhosts; i++)
         ck_assert_msg(hosts[i].release == 4, "%s ended on %lld", hosts[i].id, hosts[i].release);
     free(log);
     printf("cpu_fleet_gate: release 4: Prometheus stopped at step 2, the manifest paused %.0f ms "
            "later; started again, resumed %.0f ms after; all %d hosts on release 4 %.0f ms "
            "after the start\n",
-           paused - stopped, resumed - restarted, HOSTS, wall_ms() - c0);
+           paused - stopped, resumed - restarted, nhosts, wall_ms() - c0);
 
     /* ---- release 5: a launch error on the one host that runs it ---- */
     kernel_file(105);
@@ -858,7 +940,7 @@ START_TEST(rollout_under_watch) {
                log);
     print_decisions(log, "abort");
     free(log);
-    for (int i = 0; i < HOSTS; i++)
+    for (int i = 0; i < nhosts; i++)
         ck_assert_msg(hosts[i].release == 4, "%s is on %lld after the abort", hosts[i].id,
                       hosts[i].release);
 

@@ -130,7 +130,7 @@ int hkt_nginx_start(const char *root, const char *tmp, const char *extra, pid_t 
         int port = free_port();
         snprintf(text, sizeof text,
                  "%sworker_processes 1;\nerror_log %s/error.log;\n"
-                 "events { worker_connections 512; }\n"
+                 "worker_rlimit_nofile 8192;\nevents { worker_connections 4096; }\n"
                  "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
                  "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fastcgi;\n"
                  "  uwsgi_temp_path %s/uwsgi;\n  scgi_temp_path %s/scgi;\n"
