@@ -5,8 +5,8 @@
  *
  * The hosts are the targets whose hotkern_host_info Prometheus stored over
  * the lookback (--lookback, an hour by default): a host that stopped
- * answering is still expected. Each is joined, on the target's `instance`
- * and `job` labels, with what it says of the module (hotkern_rollout_release,
+ * answering is still expected; one host a target, with its current labels. Each is joined, on the
+ * target's `instance` and `job` labels, with what it says of the module (hotkern_rollout_release,
  * hotkern_rollout_last_refused_release); the step that takes it is computed
  * here from its host_id and labels exactly as the host computes it
  * (hkn_fleet_bucket, hkn_rollout_covers), so that the manifest's current
@@ -180,7 +180,10 @@ static int read_hosts(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest
     }
     double max_age = a->max_age_s ? (double)a->max_age_s : iv == iv ? 2 * iv + 1 : 61;
     v->max_age_s = max_age;
-    snprintf(q, sizeof q, "last_over_time(hotkern_host_info[%llus])",
+    /* A target's current series, else its last one over the lookback: a
+     * host whose labels changed has an old series beside its new one. */
+    snprintf(q, sizeof q,
+             "hotkern_host_info or on(instance, job) last_over_time(hotkern_host_info[%llus])",
              (unsigned long long)a->lookback_s);
     if (ask(p, q, &x, v))
         return HKC_PROM_DOWN;
@@ -203,6 +206,11 @@ static int read_hosts(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest
         return HKC_PROM_DOWN;
     }
     qsort(v->hosts, v->nhosts, sizeof *v->hosts, by_target);
+    size_t kept = 0; /* one host a target (two old series of one: the first) */
+    for (size_t i = 0; i < v->nhosts; i++)
+        if (!kept || by_target(&v->hosts[kept - 1], &v->hosts[i]))
+            v->hosts[kept++] = v->hosts[i];
+    v->nhosts = kept;
     if (ask(p, "time() - timestamp(hotkern_host_info)", &x, v))
         return HKC_PROM_DOWN;
     for (size_t i = 0; i < x.n; i++) {

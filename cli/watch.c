@@ -194,8 +194,20 @@ static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hk
                     struct state *st) {
     hkc_man cur;
     hkc_verdict v;
-    if (hkc_man_load(o, a->dir, MANIFEST, pub, &cur))
-        return 1;
+    /* Another command's publish renames the signature, then the manifest:
+     * a read between the two does not verify, and is read again. */
+    for (int attempt = 0;; attempt++) {
+        hkc_out q;
+        hkc_out_init(&q, o->cmd);
+        hkc_out_json(&q);
+        int rc = hkc_man_load(attempt < 4 ? &q : o, a->dir, MANIFEST, pub, &cur);
+        hkc_out_text(&q);
+        if (!rc)
+            break;
+        if (attempt == 4)
+            return 1;
+        sleep_s(0.1);
+    }
     const hkn_manifest *m = &cur.m;
     const hkn_rollout *r = &m->rollout;
     int rc;
