@@ -75,7 +75,12 @@ static const char json_help[] =
     "  rollout   dir, module, manifest_version, release, target_release (the\n"
     "            previous one once aborted), previous, created, expires, rollout\n"
     "            (bool), step, baked_s, paused, aborted, steps: [{percent, bake_s,\n"
-    "            hosts, labels}]\n"
+    "            hosts, labels}]; status --prometheus adds fleet: {known_hosts,\n"
+    "            expected, reporting, on_release, steps: [{step, hosts, on_release,\n"
+    "            refused: [{host, release, reason}], on_previous, other,\n"
+    "            not_reporting}], outside, gate: {state, settled, reason, ...}};\n"
+    "            watch prints a JSON line per decision ({time, unix, step, steps,\n"
+    "            release, decision, reason}) before its document\n"
     "A failure's error, code, message and log are the first error met: the\n"
     "endpoint's for a refused push, the first failing file's for check.\n";
 

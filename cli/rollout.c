@@ -25,9 +25,10 @@
  * anew; and the directory is flock'd, so that two commands do not
  * interleave.
  *
- * Hosts' own state (on the release, refused it, still on the previous one)
- * comes from their metrics through Prometheus, in a later version; status
- * says what the manifest says.
+ * `status` says what the manifest says; with --prometheus, also what the
+ * hosts' own metrics say through Prometheus, per step (cli/gate.c). `watch`
+ * (cli/watch.c) drives the steps on the gate, through hkc_rollout_change.
+ * The options, the help and the dispatch are cli/rollout_cmd.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,29 +44,12 @@
 #include <cjson/cJSON.h>
 #include <sodium.h>
 
-#include "cli/cli.h"
-#include "net/net.h"
+#include "cli/rollout.h"
 
 #define MANIFEST "manifest.json"
 #define PREVIOUS "previous-manifest.json"
 
-/* What every subcommand may take. */
-struct args {
-    const char *dir, *key, *module, *steps, *steps_file, *arch, *pubkey;
-    uint64_t release, bake, expires_in;
-    int force, json;
-};
-
-/* One manifest of the origin directory, verified and parsed. */
-struct man {
-    int have;
-    hkn_manifest m;
-    char *text, *sig;
-    size_t len, sig_len;
-    int64_t mtime;
-};
-
-static void man_free(struct man *x) {
+void hkc_man_free(hkc_man *x) {
     hkn_manifest_free(&x->m);
     free(x->text);
     free(x->sig);
@@ -74,10 +58,7 @@ static void man_free(struct man *x) {
 
 /* ---- reading the origin ------------------------------------------------ */
 
-/* DIR/NAME and its .sig into x (x->have 0 when the manifest is missing),
- * verified with pub when it is given. */
-static int load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub,
-                struct man *x) {
+int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub, hkc_man *x) {
     char path[PATH_MAX], sig_path[PATH_MAX + 8];
     hk_report rep = HK_REPORT_INIT;
     struct stat st;
@@ -112,7 +93,7 @@ static int load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey 
 out:
     hk_report_clear(&rep);
     if (rc)
-        man_free(x);
+        hkc_man_free(x);
     return rc;
 }
 
@@ -187,7 +168,7 @@ static int write_file(hkc_out *o, const char *dir, const char *name, const void 
 /* Signs m (created now, expiring after expires_in) and writes it over the
  * current manifest: the artifacts (blobs, when new ones come), the
  * signature, then the manifest. */
-static int publish(hkc_out *o, const struct args *a, const hkn_seckey *key, hkn_manifest *m,
+static int publish(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkn_manifest *m,
                    const hkn_blob *blobs, size_t nblobs, int64_t after) {
     char *json = NULL, *sig = NULL, name[128];
     size_t len = 0;
@@ -241,7 +222,7 @@ out:
 /* The steps of --steps-file (an array of steps, or {"steps": [...]}) or of
  * --steps P,P,... --bake S, read as the manifest's rollout would be, so
  * that each bad field is named the same. */
-static int read_steps(hkc_out *o, const struct args *a, hkn_rollout *out) {
+static int read_steps(hkc_out *o, const hkc_rollout_args *a, hkn_rollout *out) {
     char *text = NULL;
     size_t len = 0;
     hk_report rep = HK_REPORT_INIT;
@@ -365,11 +346,11 @@ static void describe(hkc_out *o, const char *dir, const hkn_manifest *m) {
 
 /* ---- the subcommands --------------------------------------------------- */
 
-typedef int (*sub_fn)(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur);
+typedef int (*sub_fn)(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur);
 
 /* The current manifest's rollout, for advance, pause, resume and abort:
  * 0, or the exit status of the refusal. */
-static int need_rollout(hkc_out *o, const struct args *a, const struct man *cur) {
+static int need_rollout(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cur) {
     if (!cur->have)
         return hkc_fail(o, HK_ERR_NOT_FOUND, NULL, "%s/" MANIFEST " does not exist: start one",
                         a->dir);
@@ -386,7 +367,7 @@ static int need_rollout(hkc_out *o, const struct args *a, const struct man *cur)
 
 /* The next manifest of cur's release: the same artifacts and steps, one
  * version above. */
-static int next_of(hkc_out *o, const struct man *cur, hkn_manifest *m, hkn_artifact *arts) {
+static int next_of(hkc_out *o, const hkc_man *cur, hkn_manifest *m, hkn_artifact *arts) {
     *m = cur->m;
     memcpy(arts, cur->m.artifacts, cur->m.nartifacts * sizeof *arts);
     m->artifacts = arts;
@@ -396,14 +377,14 @@ static int next_of(hkc_out *o, const struct man *cur, hkn_manifest *m, hkn_artif
     return 0;
 }
 
-static void said(hkc_out *o, const struct args *a, const char *what, const hkn_manifest *m) {
+static void said(hkc_out *o, const hkc_rollout_args *a, const char *what, const hkn_manifest *m) {
     if (!o->json)
         printf("%s: manifest v%llu written to %s\n", what, (unsigned long long)m->version, a->dir);
     describe(o, a->dir, m);
 }
 
 /* Reads FILE... into blobs (bytes[i] owned by the caller). */
-static int read_blobs(hkc_out *o, const struct args *a, char **files, int n, hkn_blob *blobs,
+static int read_blobs(hkc_out *o, const hkc_rollout_args *a, char **files, int n, hkn_blob *blobs,
                       char **bytes) {
     hk_report rep = HK_REPORT_INIT;
     if (n < 1 || n > HKN_MAX_ARTIFACTS)
@@ -428,14 +409,14 @@ static int read_blobs(hkc_out *o, const struct args *a, char **files, int n, hkn
 
 /* Copies the manifest being replaced to previous-manifest.json: the
  * release an abort goes back to. */
-static int keep_previous(hkc_out *o, const struct args *a, const struct man *cur) {
+static int keep_previous(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cur) {
     if (!cur->have)
         return 0;
     int rc = write_file(o, a->dir, PREVIOUS ".sig", cur->sig, cur->sig_len);
     return rc ? rc : write_file(o, a->dir, PREVIOUS, cur->text, cur->len);
 }
 
-static int do_start(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur,
+static int do_start(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur,
                     char **files, int nfiles) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
@@ -484,7 +465,7 @@ out:
     return rc;
 }
 
-static int do_advance(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
@@ -513,7 +494,7 @@ static int do_advance(hkc_out *o, const struct args *a, const hkn_seckey *key, s
     return rc;
 }
 
-static int set_paused(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur,
+static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur,
                       int paused) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
@@ -533,17 +514,17 @@ static int set_paused(hkc_out *o, const struct args *a, const hkn_seckey *key, s
     return rc;
 }
 
-static int do_pause(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+static int do_pause(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
     return set_paused(o, a, key, cur, 1);
 }
 
-static int do_resume(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
+static int do_resume(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
     return set_paused(o, a, key, cur, 0);
 }
 
 /* Every artifact of m lies in the origin's artifacts/ (an abort serves the
  * previous release's again). */
-static int artifacts_there(hkc_out *o, const struct args *a, const hkn_manifest *m) {
+static int artifacts_there(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m) {
     for (size_t i = 0; i < m->nartifacts; i++) {
         char path[PATH_MAX];
         struct stat st;
@@ -557,8 +538,8 @@ static int artifacts_there(hkc_out *o, const struct args *a, const hkn_manifest 
     return 0;
 }
 
-static int do_abort(hkc_out *o, const struct args *a, const hkn_seckey *key, struct man *cur) {
-    struct man prev;
+static int do_abort(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
+    hkc_man prev;
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
@@ -569,7 +550,7 @@ static int do_abort(hkc_out *o, const struct args *a, const hkn_seckey *key, str
         return hkc_fail(o, HK_ERR_NO_HISTORY, NULL,
                         "release %llu has no previous release to go back to",
                         (unsigned long long)r->release);
-    if ((rc = load(o, a->dir, PREVIOUS, &key->pub, &prev)))
+    if ((rc = hkc_man_load(o, a->dir, PREVIOUS, &key->pub, &prev)))
         return rc;
     if (!prev.have || prev.m.release != r->previous) {
         rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
@@ -588,42 +569,11 @@ static int do_abort(hkc_out *o, const struct args *a, const hkn_seckey *key, str
         said(o, a, "aborted", &m);
     hkn_rollout_free(&m.rollout);
 out:
-    man_free(&prev);
+    hkc_man_free(&prev);
     return rc;
 }
 
-/* ---- entry ------------------------------------------------------------- */
-
-static const char help[] =
-    "usage: hotkern rollout start --dir DIR --key SECRET --module M [--release N]\n"
-    "         (--steps P,P,... [--bake S] | --steps-file FILE) [--expires-in S]\n"
-    "         [--arch sm_XX] [--json] FILE...\n"
-    "       hotkern rollout advance --dir DIR --key SECRET [--force] [--expires-in S] [--json]\n"
-    "       hotkern rollout pause|resume|abort --dir DIR --key SECRET [--expires-in S] [--json]\n"
-    "       hotkern rollout status --dir DIR [--pubkey FILE] [--json]\n\n"
-    "Rolls a release out to a fleet of pullers in steps, through the static origin\n"
-    "directory DIR that an HTTP server (nginx, a CDN) serves them (docs/ROLLOUT.md).\n"
-    "Each command signs a newer manifest of DIR (its version one above the last):\n"
-    "  start    FILE... as release N (default: the new manifest's version), at step 1\n"
-    "           of --steps (percents of hosts, never decreasing, each baking --bake\n"
-    "           seconds, default 0) or of --steps-file (a JSON array of {\"percent\",\n"
-    "           \"hosts\": [ids], \"labels\": [..], \"bake_s\"}); the manifest it replaces\n"
-    "           is kept as DIR/previous-manifest.json, the release abort goes back to.\n"
-    "           Refused while another release is before its last step.\n"
-    "  advance  the next step, once the current one baked its bake_s (--force: now)\n"
-    "  pause    the same step, marked paused (advance refuses); resume unmarks it\n"
-    "  abort    the previous release's artifacts, marked aborted: every host that\n"
-    "           took the release goes back to the previous one\n"
-    "  status   what DIR's manifest says: release, previous, steps, the current one\n"
-    "A host takes the release when its bucket (a hash of its host id and the\n"
-    "module, 0 to 9999) is below 100 x the percent of the current step or an earlier\n"
-    "one, or when such a step names its id or one of its labels. The manifests\n"
-    "expire after --expires-in seconds (default 30 days); the current manifest (and\n"
-    "previous-manifest.json) must verify with --key's public key.\n"
-    "Not built yet: status from Prometheus (hosts on the release, refused, on the\n"
-    "previous one, per step), watch (advancing and aborting on a Prometheus gate),\n"
-    "push fleets; status says what the manifest says.\n" HKC_JSON_HELP
-    "Exit status: 0 done, 1 refused or failed, 2 usage.\n";
+/* ---- running a subcommand ---------------------------------------------- */
 
 static const struct {
     const char *name;
@@ -643,26 +593,45 @@ static int lock_dir(hkc_out *o, const char *dir, int *fd) {
     return 0;
 }
 
-static int run(hkc_out *o, const char *sub, struct args *a, char **files, int nfiles) {
+/* status --prometheus: the fleet after the manifest's own words. */
+static int fleet_status(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m) {
+    hkc_prom p = {
+        .url = a->prometheus, .token = a->prom_token, .timeout_s = (long)a->prom_timeout_s};
+    hkc_verdict v;
+    if (!m->rollout.present)
+        return hkc_fail(o, HK_ERR_INVALID, NULL,
+                        "release %llu of %s has no rollout: every host takes it",
+                        (unsigned long long)m->version, m->module);
+    int rc = hkc_gate_check_queries(o, &p, a, m);
+    if (rc) {
+        hkc_prom_close(&p);
+        return rc;
+    }
+    hkc_gate_eval(&p, a, m, &v);
+    hkc_prom_close(&p);
+    if (!v.answered)
+        rc = hkc_fail(o, HK_ERR_NETWORK, NULL, "%s", v.reason);
+    else
+        hkc_fleet_describe(o, m, &v);
+    hkc_verdict_free(&v);
+    return rc;
+}
+
+int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char **files,
+                    int nfiles) {
     hkn_seckey key;
     hkn_pubkey pub;
-    struct man cur;
+    hkc_man cur;
     hk_report rep = HK_REPORT_INIT;
-    int rc = 0, fd = -1;
+    int rc = 0, fd = -1, known = 0;
     int status = !strcmp(sub, "status"), start = !strcmp(sub, "start");
     memset(&cur, 0, sizeof cur);
     memset(&key, 0, sizeof key);
     memset(&pub, 0, sizeof pub);
-    if (!a->dir)
-        return hkc_usage(o, "--dir DIR is required");
-    if (!status && !a->key)
-        return hkc_usage(o, "--key SECRET is required");
-    if (!start && (nfiles || a->module || a->steps || a->steps_file || a->release))
-        return hkc_usage(o, "FILE..., --module, --release and the steps are start's");
-    if (start && !!a->steps == !!a->steps_file)
-        return hkc_usage(o, "give --steps or --steps-file");
-    if (status && (a->key || a->force))
-        return hkc_usage(o, "status takes --dir, --pubkey and --json");
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+        known |= !strcmp(sub, subs[i].name);
+    if (!known)
+        return hkc_usage(o, "no subcommand '%s' here", sub);
     if (!status && mkdir(a->dir, 0755) != 0 && errno != EEXIST)
         return hkc_fail(o, HK_ERR_IO, NULL, "mkdir %s: %s", a->dir, strerror(errno));
     if (!status && hkn_seckey_load(a->key, &key, &rep)) {
@@ -674,13 +643,17 @@ static int run(hkc_out *o, const char *sub, struct args *a, char **files, int nf
         goto out;
     }
     if ((!status && (rc = lock_dir(o, a->dir, &fd))) ||
-        (rc = load(o, a->dir, MANIFEST, status ? (a->pubkey ? &pub : NULL) : &key.pub, &cur)))
+        (rc = hkc_man_load(o, a->dir, MANIFEST, status ? (a->pubkey ? &pub : NULL) : &key.pub,
+                           &cur)))
         goto out;
     if (status) {
         if (!cur.have)
             rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL, "%s/" MANIFEST " does not exist", a->dir);
-        else
+        else {
             describe(o, a->dir, &cur.m);
+            if (a->prometheus)
+                rc = fleet_status(o, a, &cur.m);
+        }
     } else if (start) {
         rc = do_start(o, a, &key, &cur, files, nfiles);
     } else {
@@ -692,55 +665,17 @@ out:
     if (fd >= 0)
         close(fd);
     sodium_memzero(&key, sizeof key);
-    man_free(&cur);
+    hkc_man_free(&cur);
     hk_report_clear(&rep);
     return rc;
 }
 
-int hkc_cmd_rollout(int argc, char **argv) {
-    struct args a = {.expires_in = 30 * 86400};
-    int nargs = 0;
-    char cmd[32];
-    hkc_out o;
-    const char *sub = argc > 1 ? argv[1] : "";
-    int known = 0;
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
-        known |= !strcmp(sub, subs[i].name);
-    if (!known) {
-        if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        hkc_out_init(&o, "rollout");
-        for (int i = 1; i < argc; i++)
-            if (!strcmp(argv[i], "--json"))
-                hkc_out_json(&o);
-        return hkc_finish(&o, hkc_usage(&o,
-                                        "%s%s%s: give start, advance, pause, resume, abort "
-                                        "or status",
-                                        sub[0] ? "unknown subcommand '" : "no subcommand", sub,
-                                        sub[0] ? "'" : ""));
-    }
-    snprintf(cmd, sizeof cmd, "rollout %s", sub);
-    const hkc_opt opts[] = {
-        HKC_STRING_OPT("--dir", &a.dir),
-        HKC_STRING_OPT("--key", &a.key),
-        HKC_STRING_OPT("--module", &a.module),
-        HKC_UINT_OPT("--release", &a.release, 1, HKC_MAX_RELEASE,
-                     "--release needs an integer from 1 to 2^53-1"),
-        HKC_STRING_OPT("--steps", &a.steps),
-        HKC_STRING_OPT("--steps-file", &a.steps_file),
-        HKC_UINT_OPT("--bake", &a.bake, 0, HKN_MAX_LIFETIME_S,
-                     "--bake needs seconds from 0 to 31622400"),
-        HKC_UINT_OPT("--expires-in", &a.expires_in, 1, HKN_MAX_LIFETIME_S,
-                     "--expires-in needs seconds from 1 to 31622400 (366 days)"),
-        HKC_STRING_OPT("--arch", &a.arch),
-        HKC_STRING_OPT("--pubkey", &a.pubkey),
-        HKC_FLAG_OPT("--force", &a.force),
-        HKC_JSON_OPT(&a.json),
-    };
-    int rc = hkc_parse(&o, cmd, opts, HKC_NOPTS(opts), help, argc - 1, argv + 1, &nargs);
-    if (rc != HKC_CONTINUE)
-        return hkc_finish(&o, rc);
-    return hkc_finish(&o, run(&o, sub, &a, argv + 2, nargs));
+int hkc_rollout_change(hkc_out *o, const char *sub, const hkc_rollout_args *a) {
+    hkc_rollout_args b = {.dir = a->dir,
+                          .key = a->key,
+                          .expires_in = a->expires_in,
+                          .force = !strcmp(sub, "advance")};
+    if (!strcmp(sub, "start") || !strcmp(sub, "status"))
+        return hkc_usage(o, "no rollout change '%s'", sub);
+    return hkc_rollout_run(o, sub, &b, NULL, 0);
 }

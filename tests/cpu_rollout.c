@@ -1039,6 +1039,16 @@ START_TEST(cli_usage_errors_exit_2) {
         "rollout status --dir www/rel --key hotkern.key",
         "rollout pause --dir www/rel --key hotkern.key --release 3",
         "rollout start --dir www/rel --key hotkern.key --module add --steps 1 --version 3 add.ptx",
+        "rollout watch --dir www/rel --key hotkern.key",
+        "rollout watch --dir www/rel --prometheus http://127.0.0.1:9",
+        "rollout watch --dir www/rel --key hotkern.key --prometheus http://127.0.0.1:9 "
+        "--interval 0",
+        "rollout watch --dir www/rel --key hotkern.key --prometheus http://127.0.0.1:9 "
+        "--min-reporting 1.5",
+        "rollout watch --dir www/rel --key hotkern.key --prometheus http://127.0.0.1:9 --force",
+        "rollout advance --dir www/rel --key hotkern.key --prometheus http://127.0.0.1:9",
+        "rollout status --dir www/rel --gate up",
+        "rollout status --dir www/rel --prometheus http://127.0.0.1:9 --interval 3",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = cli(out, sizeof out, "%s", bad[i]);
@@ -1055,7 +1065,8 @@ START_TEST(cli_usage_errors_exit_2) {
         strstr(cJSON_GetObjectItem(j, "message")->valuestring, "steps[1].percent 1 is below"));
     cJSON_Delete(j);
     ck_assert_int_eq(cli(out, sizeof out, "rollout --help"), 0);
-    ck_assert_ptr_nonnull(strstr(out, "Not built yet: status from Prometheus"));
+    ck_assert_ptr_nonnull(strstr(out, "sample with a value above 0"));
+    ck_assert_ptr_nonnull(strstr(out, "Not built yet: push fleets"));
 }
 END_TEST
 

@@ -130,7 +130,7 @@ int hkt_nginx_start(const char *root, const char *tmp, const char *extra, pid_t 
         int port = free_port();
         snprintf(text, sizeof text,
                  "%sworker_processes 1;\nerror_log %s/error.log;\n"
-                 "events { worker_connections 512; }\n"
+                 "worker_rlimit_nofile 8192;\nevents { worker_connections 4096; }\n"
                  "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
                  "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fastcgi;\n"
                  "  uwsgi_temp_path %s/uwsgi;\n  scgi_temp_path %s/scgi;\n"
@@ -214,4 +214,200 @@ pid_t hkt_hold_lock_stopped(const char *path) {
         waitpid(pid, NULL, 0);
     }
     return ok ? pid : -1;
+}
+
+/* ---- HTTP and Prometheus ------------------------------------------------ */
+
+#include <math.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+struct get_body {
+    char *data;
+    size_t len;
+};
+
+static size_t on_get_body(char *p, size_t sz, size_t n, void *ud) {
+    struct get_body *r = ud;
+    char *d = realloc(r->data, r->len + sz * n + 1);
+    if (!d)
+        return 0;
+    memcpy(d + r->len, p, sz * n);
+    r->len += sz * n;
+    d[r->len] = '\0';
+    r->data = d;
+    return sz * n;
+}
+
+char *hkt_http_get(const char *url, const char *token, long *status) {
+    struct get_body r = {calloc(1, 1), 0};
+    struct curl_slist *h = NULL;
+    char auth[256];
+    long code = 0;
+    CURL *c = curl_easy_init();
+    if (!c || !r.data) {
+        free(r.data);
+        if (c)
+            curl_easy_cleanup(c);
+        return NULL;
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_get_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+    if (token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        h = curl_slist_append(h, auth);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    }
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    if (status)
+        *status = code;
+    if (rc != CURLE_OK || code != 200) {
+        free(r.data);
+        return NULL;
+    }
+    return r.data;
+}
+
+/* Runs the server of p's directory on p->port (a few ports tried when
+ * pick is set: one found free can be taken before Prometheus binds it). */
+static int prometheus_run(hkt_prometheus *p, int pick) {
+    const char *bin = getenv("HK_PROMETHEUS");
+    if (!bin)
+        bin = "/usr/bin/prometheus";
+    if (access(bin, X_OK) != 0) {
+        printf("SKIP prometheus: %s is not there (scripts/deps.sh installs it)\n", bin);
+        return 0;
+    }
+    char conf[PATH_MAX], log[PATH_MAX], listen[64], cfg_arg[PATH_MAX + 16], data_arg[PATH_MAX + 24];
+    snprintf(conf, sizeof conf, "%s/prometheus.yml", p->dir);
+    snprintf(log, sizeof log, "%s/prometheus.log", p->dir);
+    snprintf(cfg_arg, sizeof cfg_arg, "--config.file=%s", conf);
+    snprintf(data_arg, sizeof data_arg, "--storage.tsdb.path=%s/prom-data", p->dir);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        if (pick)
+            p->port = free_port();
+        if (p->port <= 0)
+            return -1;
+        snprintf(listen, sizeof listen, "--web.listen-address=127.0.0.1:%d", p->port);
+        fflush(NULL);
+        p->pid = fork();
+        if (p->pid < 0) {
+            p->pid = 0;
+            return -1;
+        }
+        if (p->pid == 0) {
+            int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+            int devnull = open("/dev/null", O_RDWR);
+            if (fd >= 0)
+                dup2(fd, 2);
+            if (devnull >= 0)
+                dup2(devnull, 1);
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            execl(bin, "prometheus", cfg_arg, data_arg, listen, "--log.level=warn", (char *)NULL);
+            _exit(127);
+        }
+        char url[128];
+        snprintf(url, sizeof url, "http://127.0.0.1:%d/-/ready", p->port);
+        for (int i = 0; i < 300; i++) { /* up to 30 s */
+            char *b = hkt_http_get(url, NULL, NULL);
+            if (b) {
+                free(b);
+                return 1;
+            }
+            if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+                p->pid = 0;
+                break; /* exited: the port was most likely taken meanwhile */
+            }
+            usleep(100 * 1000);
+        }
+        hkt_prometheus_stop(p);
+        if (!pick)
+            usleep(500 * 1000); /* the same port: give its last owner time to let go */
+    }
+    printf("prometheus did not start (see %s)\n", log);
+    return -1;
+}
+
+int hkt_prometheus_start(hkt_prometheus *p, const char *dir, const char *scrape_configs) {
+    char conf[PATH_MAX];
+    memset(p, 0, sizeof *p);
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    snprintf(conf, sizeof conf, "%s/prometheus.yml", dir);
+    size_t n = strlen(scrape_configs) + 128;
+    char *text = malloc(n);
+    if (!text)
+        return -1;
+    snprintf(text, n, "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n%s",
+             scrape_configs);
+    int ok = hkt_write_file(conf, text) == 0;
+    free(text);
+    return ok ? prometheus_run(p, 1) : -1;
+}
+
+int hkt_prometheus_restart(hkt_prometheus *p) {
+    return p->pid ? 1 : prometheus_run(p, 0);
+}
+
+void hkt_prometheus_stop(hkt_prometheus *p) {
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, SIGTERM);
+    for (int i = 0; i < 100 && waitpid(p->pid, NULL, WNOHANG) != p->pid; i++)
+        usleep(50 * 1000);
+    kill(p->pid, SIGKILL); /* harmless once it has exited */
+    waitpid(p->pid, NULL, WNOHANG);
+    p->pid = 0;
+}
+
+cJSON *hkt_prometheus_api(const hkt_prometheus *p, const char *path) {
+    char url[8192];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", p->port, path);
+    char *b = hkt_http_get(url, NULL, NULL);
+    cJSON *j = b ? cJSON_Parse(b) : NULL;
+    free(b);
+    cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "status");
+    if (!cJSON_IsString(st) || strcmp(st->valuestring, "success")) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* The result array of an instant query (within the document *doc, which
+ * the caller deletes), NULL when the server did not answer. */
+static cJSON *query_result(const hkt_prometheus *p, const char *promql, cJSON **doc) {
+    char path[8192];
+    char *q = curl_easy_escape(NULL, promql, 0);
+    if (!q)
+        return NULL;
+    snprintf(path, sizeof path, "/api/v1/query?query=%s", q);
+    curl_free(q);
+    *doc = hkt_prometheus_api(p, path);
+    return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(*doc, "data"),
+                                            "result");
+}
+
+double hkt_prometheus_query(const hkt_prometheus *p, const char *promql) {
+    cJSON *doc = NULL;
+    cJSON *first = cJSON_GetArrayItem(query_result(p, promql, &doc), 0);
+    cJSON *val = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(first, "value"), 1);
+    double v = cJSON_IsString(val) ? strtod(val->valuestring, NULL) : NAN;
+    cJSON_Delete(doc);
+    return v;
+}
+
+int hkt_prometheus_count(const hkt_prometheus *p, const char *promql) {
+    cJSON *doc = NULL;
+    cJSON *res = query_result(p, promql, &doc);
+    int n = cJSON_IsArray(res) ? cJSON_GetArraySize(res) : -1;
+    cJSON_Delete(doc);
+    return n;
 }

@@ -1,5 +1,6 @@
 /*
- * Shared test support: a main() for Check suites, and the GPU gate.
+ * Shared test support: a main() for Check suites, and the GPU gate; the
+ * real servers the tests start on loopback (nginx, Prometheus) and a GET.
  * Every tests/cpu_*.c and tests/gpu_*.c file is one test program.
  */
 #ifndef HK_TEST_HARNESS_H
@@ -26,8 +27,6 @@ int hkt_write_file(const char *path, const char *text);
 /* rm -rf path (for temporary directories). */
 void hkt_rmtree(const char *path);
 
-#endif
-
 #include <sys/types.h>
 
 /* Starts Debian's nginx (or $HK_NGINX) in the foreground as a child serving
@@ -48,3 +47,47 @@ pid_t hkt_hold_lock_stopped(const char *path);
 /* Path of a program built beside the test binaries: BUILD/bin/NAME, found
  * from /proc/self/exe. */
 const char *hkt_built_program(const char *name);
+
+/* ---- HTTP and Prometheus (libcurl, cJSON) ------------------------------- */
+
+struct cJSON;
+
+/* GETs url (its query string escaped by the caller), with 'Authorization:
+ * Bearer token' when token is not NULL, 10 s at most. Returns the body
+ * (malloc'd, the caller frees it) when the server answered 200, else NULL;
+ * *status (may be NULL) receives the HTTP status, 0 when no answer came. */
+char *hkt_http_get(const char *url, const char *token, long *status);
+
+/* A Prometheus server the test started (Debian's /usr/bin/prometheus, or
+ * $HK_PROMETHEUS): its configuration (prometheus.yml), data (prom-data/)
+ * and log (prometheus.log) in dir, its API on 127.0.0.1:port. */
+typedef struct hkt_prometheus {
+    pid_t pid; /* 0: not running */
+    int port;
+    char dir[1024];
+} hkt_prometheus;
+
+/* Writes dir/prometheus.yml, a 1 s scrape interval (and timeout) followed
+ * by `scrape_configs` (YAML: the list under "scrape_configs:", each item
+ * indented by two spaces), and starts Prometheus on a free port. Returns 1
+ * once its API answers (/-/ready), 0 when the program is not installed (a
+ * SKIP line printed), -1 when it did not start within 30 s (the log's path
+ * printed). */
+int hkt_prometheus_start(hkt_prometheus *p, const char *dir, const char *scrape_configs);
+/* Starts a stopped server again with the same configuration, data and
+ * port (the URL its clients hold). Returns as hkt_prometheus_start. */
+int hkt_prometheus_restart(hkt_prometheus *p);
+/* SIGTERM, then SIGKILL after 5 s; waits for it. p->port is kept. */
+void hkt_prometheus_stop(hkt_prometheus *p);
+/* GETs path (with its query string) from the API and parses it: the
+ * document (the caller cJSON_Delete's it) when its status is "success",
+ * else NULL. */
+struct cJSON *hkt_prometheus_api(const hkt_prometheus *p, const char *path);
+/* The value of an instant query's first sample (promql escaped here), NAN
+ * when it has none or the server did not answer. */
+double hkt_prometheus_query(const hkt_prometheus *p, const char *promql);
+/* The number of samples an instant query returns; -1 when the server did
+ * not answer. */
+int hkt_prometheus_count(const hkt_prometheus *p, const char *promql);
+
+#endif
