@@ -164,7 +164,16 @@ typedef struct hkc_resp {
     long status; /* HTTP status, or -1 when no answer came */
     char *data;
     size_t len;
+    size_t max; /* hkc_resp_write's limit; 0: 16 MiB (answers are small JSON) */
 } hkc_resp;
+
+/* libcurl's write callback for an hkc_resp (CURLOPT_WRITEDATA): appends,
+ * keeping data NUL-terminated; past r->max bytes, or out of memory, it
+ * takes nothing and the transfer ends with CURLE_WRITE_ERROR. */
+size_t hkc_resp_write(char *p, size_t size, size_t nmemb, void *ud);
+/* base + path, without the slashes base may end with (owned; NULL: out of
+ * memory). */
+char *hkc_route_url(const char *base, const char *path);
 
 /* One request to base + path (body NULL for GET). Returns 0 with r->status
  * set, or 1 with the transport failure reported through o as

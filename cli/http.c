@@ -19,10 +19,10 @@
 
 #define MAX_ANSWER (16u << 20) /* answers are small JSON; anything bigger is not ours */
 
-static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
+size_t hkc_resp_write(char *p, size_t size, size_t nmemb, void *ud) {
     hkc_resp *r = ud;
     size_t n = size * nmemb;
-    if (r->len + n > MAX_ANSWER)
+    if (r->len + n > (r->max ? r->max : MAX_ANSWER))
         return 0;
     char *nd = realloc(r->data, r->len + n + 1);
     if (!nd)
@@ -34,8 +34,7 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
-/* base + path, without the slashes base may end with. */
-static char *route_url(const char *base, const char *path) {
+char *hkc_route_url(const char *base, const char *path) {
     char *u = NULL;
     size_t n = strlen(base);
     while (n > 0 && base[n - 1] == '/')
@@ -54,7 +53,7 @@ static void set_transfer(CURL *c, const hkc_http_opts *ho, char *err, hkc_resp *
     curl_easy_setopt(c, CURLOPT_USERAGENT, ua);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)(ho->timeout_s ? ho->timeout_s : 120));
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, hkc_resp_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
     if (ho->cacert)
         curl_easy_setopt(c, CURLOPT_CAINFO, ho->cacert);
@@ -71,7 +70,7 @@ int hkc_http_body(hkc_out *o, const char *method, const char *base, const char *
     struct curl_slist *h = NULL;
     memset(r, 0, sizeof *r);
     r->status = -1;
-    char *url = route_url(base, path);
+    char *url = hkc_route_url(base, path);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     CURL *c = url ? curl_easy_init() : NULL;
     if (!c) {

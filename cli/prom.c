@@ -30,26 +30,6 @@
 
 #define MAX_ANSWER (64u << 20) /* a fleet of 10,000 hosts answers a few MB */
 
-struct body {
-    char *data;
-    size_t len;
-};
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
-    struct body *r = ud;
-    size_t n = size * nmemb;
-    if (r->len + n > MAX_ANSWER)
-        return 0;
-    char *nd = realloc(r->data, r->len + n + 1);
-    if (!nd)
-        return 0;
-    memcpy(nd + r->len, p, n);
-    r->data = nd;
-    r->len += n;
-    r->data[r->len] = '\0';
-    return n;
-}
-
 void hkc_prom_close(hkc_prom *p) {
     if (p->curl)
         curl_easy_cleanup(p->curl);
@@ -67,15 +47,12 @@ static void prom_error(const cJSON *doc, long status, char *err, size_t cap) {
 /* GET base + path; *doc the parsed answer whose status is "success". */
 static int get(hkc_prom *p, const char *path, cJSON **doc, char *err, size_t cap) {
     char cerr[CURL_ERROR_SIZE] = "", auth[1024];
-    struct body b = {NULL, 0};
+    hkc_resp b = {.max = MAX_ANSWER};
     struct curl_slist *h = NULL;
     long status = 0;
     *doc = NULL;
-    size_t n = strlen(p->url);
-    while (n > 0 && p->url[n - 1] == '/')
-        n--;
-    char *url = NULL;
-    if (asprintf(&url, "%.*s%s", (int)n, p->url, path) < 0) {
+    char *url = hkc_route_url(p->url, path);
+    if (!url) {
         snprintf(err, cap, "out of memory");
         return HKC_PROM_DOWN;
     }
@@ -95,7 +72,7 @@ static int get(hkc_prom *p, const char *path, cJSON **doc, char *err, size_t cap
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, p->timeout_s > 0 ? p->timeout_s : 30L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, hkc_resp_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     if (p->token) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", p->token);

@@ -177,34 +177,9 @@ static void stop(int i) {
 
 /* ---- scraping ---------------------------------------------------------- */
 
-struct body {
-    char *data;
-    size_t len;
-};
-
-static size_t on_body(char *b, size_t size, size_t n, void *ud) {
-    struct body *r = ud;
-    char *nd = realloc(r->data, r->len + size * n + 1);
-    if (!nd)
-        return 0;
-    r->data = nd;
-    memcpy(r->data + r->len, b, size * n);
-    r->len += size * n;
-    r->data[r->len] = '\0';
-    return size * n;
-}
-
 /* The value of `name`'s sample for the module; -1 when there is none. */
 static long long sample(const char *text, const char *name) {
-    static const char mod[] = "module=\"" MODULE "\"";
-    char key[128];
-    snprintf(key, sizeof key, "\n%s{", name);
-    for (const char *l = strstr(text, key); l; l = strstr(l + 1, key)) {
-        const char *end = strchr(l + 1, '\n'), *sp = strchr(l + 1, '}');
-        if (sp && (!end || sp < end) && memmem(l, (size_t)(sp - l), mod, strlen(mod)))
-            return atoll(sp + 2);
-    }
-    return -1;
+    return hkt_sample(text, name, "module=\"" MODULE "\"");
 }
 
 /* Every refusal the host counted, all reasons together. */
@@ -222,7 +197,7 @@ static long long refusals(const char *text) {
 static int scrape(int i) {
     struct host *h = &hosts[i];
     char u[64];
-    struct body b = {NULL, 0};
+    hkt_body b = {NULL, 0};
     h->release = h->in_step = h->seen_bucket = -1;
     if (!h->port)
         return 0;
@@ -230,7 +205,7 @@ static int scrape(int i) {
         h->c = curl_easy_init();
     snprintf(u, sizeof u, "http://127.0.0.1:%u/metrics", h->port);
     curl_easy_setopt(h->c, CURLOPT_URL, u);
-    curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, hkt_body_write);
     curl_easy_setopt(h->c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(h->c, CURLOPT_TIMEOUT_MS, 5000L);
     long status = 0;
@@ -303,25 +278,6 @@ static double settle(const char *what, long long release, long long other, const
     }
 }
 
-static void run_cli(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void run_cli(const char *fmt, ...) {
-    char args[2048], cmd[2 * PATH_MAX + 2048 + 64], log[PATH_MAX + 16], out[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(log, sizeof log, "%s/cli.txt", tmp);
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 30 '%s' %s > '%s' 2>&1", tmp,
-             hkt_built_program("hotkern"), args, log);
-    int st = system(cmd);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-    out[n] = '\0';
-    if (f)
-        fclose(f);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hotkern %s: %s", args, out);
-}
-
 static void kernel_file(const char *name, int tag) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", tmp, name);
@@ -351,7 +307,8 @@ START_TEST(rollout_across_100_hosts) {
     ck_assert_msg(port > 0, "nginx did not start");
     snprintf(url, sizeof url, "http://127.0.0.1:%d/fleet/manifest.json", port);
     kernel_file("fleet.ptx", 101);
-    run_cli("sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
+    hkt_run_cli(tmp,
+                "sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
 
     static int want[HOSTS], keep[HOSTS], none[HOSTS], all[HOSTS];
     for (int i = 0; i < HOSTS; i++) {
@@ -377,15 +334,15 @@ START_TEST(rollout_across_100_hosts) {
                                            "{\"percent\": 50}, {\"percent\": 100}]"),
                      0);
     kernel_file("fleet.ptx", 102);
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --steps-file steps.json fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --steps-file steps.json fleet.ptx");
     static const unsigned share[] = {1, 10, 50, 100};
     static const char *const names[] = {"release 2, step 1 (1% + host-042)",
                                         "release 2, step 2 (10% + canaries)",
                                         "release 2, step 3 (50%)", "release 2, step 4 (100%)"};
     for (int s = 0; s < 4; s++) {
         if (s > 0)
-            run_cli("rollout advance --dir www/fleet --key hotkern.key");
+            hkt_run_cli(tmp, "rollout advance --dir www/fleet --key hotkern.key");
         for (int i = 0; i < HOSTS; i++) {
             keep[i] = want[i]; /* the earlier step's hosts */
             want[i] = hosts[i].bucket < share[s] * 100 || i == 42 || (s >= 1 && hosts[i].canary);
@@ -418,14 +375,14 @@ START_TEST(rollout_across_100_hosts) {
 
     /* Release 3 to 10% and 50%, then aborted: back to release 2. */
     kernel_file("fleet.ptx", 103);
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --release 3 --steps 10,50,100 fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --release 3 --steps 10,50,100 fleet.ptx");
     for (int i = 0; i < HOSTS; i++) {
         keep[i] = 0;
         want[i] = hosts[i].bucket < 1000;
     }
     settle("release 3, step 1 (10%)", 3, 2, want, keep, 1);
-    run_cli("rollout advance --dir www/fleet --key hotkern.key");
+    hkt_run_cli(tmp, "rollout advance --dir www/fleet --key hotkern.key");
     int took = 0;
     for (int i = 0; i < HOSTS; i++) {
         keep[i] = want[i];
@@ -434,7 +391,7 @@ START_TEST(rollout_across_100_hosts) {
     }
     settle("release 3, step 2 (50%)", 3, 2, want, keep, 1);
     double t_abort = now_ms();
-    run_cli("rollout abort --dir www/fleet --key hotkern.key");
+    hkt_run_cli(tmp, "rollout abort --dir www/fleet --key hotkern.key");
     for (int i = 0; i < HOSTS; i++)
         keep[i] = !want[i]; /* those that never took 3 stay on 2 throughout */
     double back = settle("release 3 aborted", 2, 3, all, keep, 1);

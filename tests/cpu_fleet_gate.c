@@ -86,11 +86,6 @@ static char www[PATH_MAX], url[256], key_path[PATH_MAX + 16], pub_path[PATH_MAX 
 static char fake_lib[PATH_MAX + 32], prom_url[64], faulty_helper[PATH_MAX + 32];
 static hkt_prometheus prom;
 
-struct body {
-    char *data;
-    size_t len;
-};
-
 struct host {
     char id[24];
     int faulty; /* labelled LABEL; its canary's fake driver faults release 3's kernel */
@@ -98,7 +93,7 @@ struct host {
     pid_t pid; /* its process (shared by per_proc hosts) */
     unsigned port;
     CURL *c;
-    struct body b;
+    hkt_body b;
     long long release, refused, polls; /* the last scrape's; -1: none */
     unsigned seen;                     /* bit r: seen running release r */
 };
@@ -275,31 +270,6 @@ static void stop_hosts(void) {
 
 /* ---- scraping the hosts ------------------------------------------------- */
 
-static size_t on_body(char *b, size_t size, size_t n, void *ud) {
-    struct body *r = ud;
-    char *nd = realloc(r->data, r->len + size * n + 1);
-    if (!nd)
-        return 0;
-    r->data = nd;
-    memcpy(r->data + r->len, b, size * n);
-    r->len += size * n;
-    r->data[r->len] = '\0';
-    return size * n;
-}
-
-/* The value of the first sample of `name` whose labels contain `label`
- * ("" for any); -1 when there is none. */
-static long long sample(const char *text, const char *name, const char *label) {
-    char key[128];
-    snprintf(key, sizeof key, "\n%s{", name);
-    for (const char *l = strstr(text, key); l; l = strstr(l + 1, key)) {
-        const char *end = strchr(l + 1, '\n'), *sp = strchr(l + 1, '}');
-        if (sp && (!end || sp < end) && memmem(l, (size_t)(sp - l), label, strlen(label)))
-            return atoll(sp + 2);
-    }
-    return -1;
-}
-
 /* Scrapes every host at once (libcurl's multi interface) into its
  * fields; asserts that each answered. */
 static void scrape_all(void) {
@@ -314,7 +284,7 @@ static void scrape_all(void) {
         h->b.len = 0;
         snprintf(u, sizeof u, "http://127.0.0.1:%u/metrics", h->port);
         curl_easy_setopt(h->c, CURLOPT_URL, u);
-        curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h->c, CURLOPT_WRITEFUNCTION, hkt_body_write);
         curl_easy_setopt(h->c, CURLOPT_WRITEDATA, &h->b);
         curl_easy_setopt(h->c, CURLOPT_TIMEOUT_MS, 10000L);
         curl_multi_add_handle(multi, h->c);
@@ -337,10 +307,10 @@ static void scrape_all(void) {
         curl_multi_remove_handle(multi, h->c);
         curl_easy_getinfo(h->c, CURLINFO_RESPONSE_CODE, &status);
         ck_assert_msg(status == 200 && h->b.len, "%s answered %ld", h->id, status);
-        h->release = sample(h->b.data, "hotkern_rollout_release", "module=\"" MODULE "\"");
-        h->refused = sample(h->b.data, "hotkern_rollout_refusals_total", "reason=\"fault\"");
-        h->polls = sample(h->b.data, "hotkern_pull_polls_total", "");
-        ck_assert_int_eq(sample(h->b.data, "hotkern_rollout_bucket", "module=\"" MODULE "\""),
+        h->release = hkt_sample(h->b.data, "hotkern_rollout_release", "module=\"" MODULE "\"");
+        h->refused = hkt_sample(h->b.data, "hotkern_rollout_refusals_total", "reason=\"fault\"");
+        h->polls = hkt_sample(h->b.data, "hotkern_pull_polls_total", "");
+        ck_assert_int_eq(hkt_sample(h->b.data, "hotkern_rollout_bucket", "module=\"" MODULE "\""),
                          h->bucket);
         if (h->release >= 0 && h->release < 32)
             h->seen |= 1u << h->release;
@@ -366,25 +336,6 @@ static int covered(const hkn_manifest *m, int i) {
     const char *labels[] = {LABEL, "rack-1"};
     return hkn_rollout_covers(&m->rollout, hosts[i].bucket, hosts[i].id,
                               hosts[i].faulty ? labels : labels + 1, hosts[i].faulty ? 2 : 1);
-}
-
-static void run_cli(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void run_cli(const char *fmt, ...) {
-    char args[2048], cmd[2 * PATH_MAX + 2048 + 64], log[PATH_MAX + 16], out[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(log, sizeof log, "%s/cli.txt", tmp);
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 30 '%s' %s > '%s' 2>&1", tmp,
-             hkt_built_program("hotkern"), args, log);
-    int st = system(cmd);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-    out[n] = '\0';
-    if (f)
-        fclose(f);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hotkern %s: %s", args, out);
 }
 
 /* Runs the CLI in tmp: its exit status, its output in out. */
@@ -664,7 +615,8 @@ START_TEST(rollout_under_watch) {
     }
     snprintf(url, sizeof url, "http://127.0.0.1:%d/fleet/manifest.json", port);
     kernel_file(101);
-    run_cli("sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
+    hkt_run_cli(tmp,
+                "sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
 
     /* The faulty hosts: the first three of the 10% step that are not in
      * the 1% one (buckets 100 to 999). */
@@ -724,8 +676,8 @@ START_TEST(rollout_under_watch) {
     /* ---- release 2, a good one, all the way ---- */
     kernel_file(102);
     double a0 = wall_ms();
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --steps-file steps.json fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --steps-file steps.json fleet.ptx");
     pid_t w = watch_start("watch-2.txt");
     struct phase a = {.release = 2, .other = 1, .steps_seen = -1};
     int st = 0;
@@ -769,8 +721,8 @@ START_TEST(rollout_under_watch) {
 
     /* ---- release 3, refused by the canary of three hosts of step 2 ---- */
     kernel_file(203);
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --release 3 --steps-file steps.json fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --release 3 --steps-file steps.json fleet.ptx");
     w = watch_start("watch-3.txt");
     struct phase b = {.release = 3, .other = 2, .steps_seen = -1};
     int code = -1;
@@ -833,8 +785,8 @@ START_TEST(rollout_under_watch) {
     /* ---- release 4: Prometheus stopped at step 2, then back ---- */
     kernel_file(104);
     double c0 = wall_ms();
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --release 4 --steps-file steps.json fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --release 4 --steps-file steps.json fleet.ptx");
     w = watch_start("watch-4.txt");
     struct phase c = {.release = 4, .other = 2, .steps_seen = -1};
     double stopped = 0, paused = 0, restarted = 0, resumed = 0;
@@ -914,8 +866,8 @@ START_TEST(rollout_under_watch) {
 
     /* ---- release 5: a launch error on the one host that runs it ---- */
     kernel_file(105);
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --release 5 --steps-file steps.json fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --release 5 --steps-file steps.json fleet.ptx");
     w = watch_start("watch-5.txt");
     struct phase d = {.release = 5, .other = 4, .steps_seen = -1};
     int signalled = 0;
@@ -984,10 +936,11 @@ START_TEST(no_prometheus_no_progress) {
     snprintf(prom_url, sizeof prom_url, "http://127.0.0.1:%d", closed_port(&fd));
     const char *hk = hkt_built_program("hotkern");
     kernel_file(101);
-    run_cli("sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
+    hkt_run_cli(tmp,
+                "sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
     kernel_file(102);
-    run_cli("rollout start --dir www/fleet --key hotkern.key --module " MODULE
-            " --steps 50,100 --bake 1 fleet.ptx");
+    hkt_run_cli(tmp, "rollout start --dir www/fleet --key hotkern.key --module " MODULE
+                     " --steps 50,100 --bake 1 fleet.ptx");
     ck_assert_int_eq(cli_out(out, sizeof out,
                              "'%s' rollout status --dir www/fleet --json "
                              "--prometheus %s",
@@ -1011,7 +964,7 @@ START_TEST(no_prometheus_no_progress) {
     manifest(&m);
     ck_assert(m.rollout.paused && m.rollout.step == 0);
     hkn_manifest_free(&m);
-    run_cli("rollout abort --dir www/fleet --key hotkern.key");
+    hkt_run_cli(tmp, "rollout abort --dir www/fleet --key hotkern.key");
     ck_assert_int_eq(cli_out(out, sizeof out,
                              "'%s' rollout watch --dir www/fleet --key "
                              "hotkern.key --prometheus %s --interval 1",

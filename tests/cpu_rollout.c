@@ -864,33 +864,16 @@ END_TEST
 
 /* ---- the /metrics server, through the public API ------------------------ */
 
-struct body {
-    char *data;
-    size_t len;
-};
-
-static size_t on_body(char *b, size_t size, size_t n, void *ud) {
-    struct body *r = ud;
-    char *nd = realloc(r->data, r->len + size * n + 1);
-    if (!nd)
-        return 0;
-    r->data = nd;
-    memcpy(r->data + r->len, b, size * n);
-    r->len += size * n;
-    r->data[r->len] = '\0';
-    return size * n;
-}
-
 static long get(unsigned port, const char *method, const char *path, char **body) {
     char u[128];
-    struct body r = {calloc(1, 1), 0};
+    hkt_body r = {calloc(1, 1), 0};
     long status = 0;
     CURL *c = curl_easy_init();
     snprintf(u, sizeof u, "http://127.0.0.1:%u%s", port, path);
     curl_easy_setopt(c, CURLOPT_URL, u);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_NOBODY, (long)!strcmp(method, "HEAD"));
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, hkt_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
     ck_assert_int_eq(curl_easy_perform(c), CURLE_OK);

@@ -219,17 +219,13 @@ pid_t hkt_hold_lock_stopped(const char *path) {
 /* ---- HTTP and Prometheus ------------------------------------------------ */
 
 #include <math.h>
+#include <stdarg.h>
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 
-struct get_body {
-    char *data;
-    size_t len;
-};
-
-static size_t on_get_body(char *p, size_t sz, size_t n, void *ud) {
-    struct get_body *r = ud;
+size_t hkt_body_write(char *p, size_t sz, size_t n, void *ud) {
+    hkt_body *r = ud;
     char *d = realloc(r->data, r->len + sz * n + 1);
     if (!d)
         return 0;
@@ -240,8 +236,37 @@ static size_t on_get_body(char *p, size_t sz, size_t n, void *ud) {
     return sz * n;
 }
 
+long long hkt_sample(const char *text, const char *name, const char *label) {
+    char key[128];
+    snprintf(key, sizeof key, "\n%s{", name);
+    for (const char *l = strstr(text, key); l; l = strstr(l + 1, key)) {
+        const char *end = strchr(l + 1, '\n'), *sp = strchr(l + 1, '}');
+        if (sp && (!end || sp < end) && memmem(l, (size_t)(sp - l), label, strlen(label)))
+            return atoll(sp + 2);
+    }
+    return -1;
+}
+
+void hkt_run_cli(const char *dir, const char *fmt, ...) {
+    char args[2048], cmd[2 * PATH_MAX + 2048 + 64], log[PATH_MAX + 16], out[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(log, sizeof log, "%s/cli.txt", dir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 30 '%s' %s > '%s' 2>&1", dir,
+             hkt_built_program("hotkern"), args, log);
+    int st = system(cmd);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hotkern %s: %s", args, out);
+}
+
 char *hkt_http_get(const char *url, const char *token, long *status) {
-    struct get_body r = {calloc(1, 1), 0};
+    hkt_body r = {calloc(1, 1), 0};
     struct curl_slist *h = NULL;
     char auth[256];
     long code = 0;
@@ -254,7 +279,7 @@ char *hkt_http_get(const char *url, const char *token, long *status) {
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_get_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, hkt_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
     if (token) {

@@ -58,6 +58,23 @@ struct cJSON;
  * *status (may be NULL) receives the HTTP status, 0 when no answer came. */
 char *hkt_http_get(const char *url, const char *token, long *status);
 
+/* A body libcurl collects (CURLOPT_WRITEFUNCTION hkt_body_write,
+ * CURLOPT_WRITEDATA a hkt_body): data NUL-terminated, malloc'd. */
+typedef struct hkt_body {
+    char *data;
+    size_t len;
+} hkt_body;
+size_t hkt_body_write(char *p, size_t size, size_t nmemb, void *ud);
+
+/* In Prometheus text, the value of the first sample of `name` whose labels
+ * hold `label` ("" for any; a sample without labels never matches); -1
+ * when there is none. */
+long long hkt_sample(const char *text, const char *name, const char *label);
+
+/* Runs `hotkern ARGS` (the one built beside the tests) in dir, 30 s at
+ * most, and fails the test with its output unless it exits 0. */
+void hkt_run_cli(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* A Prometheus server the test started (Debian's /usr/bin/prometheus, or
  * $HK_PROMETHEUS): its configuration (prometheus.yml), data (prom-data/)
  * and log (prometheus.log) in dir, its API on 127.0.0.1:port. */
