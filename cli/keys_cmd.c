@@ -163,10 +163,10 @@ static int keys_sign(int argc, char **argv) {
     size_t len = 0;
     memset(&l, 0, sizeof l);
     int rc = hkc_parse(&o, "keys sign", opts, HKC_NOPTS(opts), keys_help, argc, argv, &nargs);
-    if (rc == HKC_CONTINUE && (!version || !threshold || !out || nargs < 1 ||
-                               nargs > HKN_MAX_KEYS))
-        rc = hkc_usage(&o, "--key, --list-version, --threshold, --out and 1 to %d PUBLIC key "
-                           "files are required",
+    if (rc == HKC_CONTINUE && (!version || !threshold || !out || nargs < 1 || nargs > HKN_MAX_KEYS))
+        rc = hkc_usage(&o,
+                       "--key, --list-version, --threshold, --out and 1 to %d PUBLIC key "
+                       "files are required",
                        HKN_MAX_KEYS);
     if (rc == HKC_CONTINUE)
         rc = load_keys(&o, &paths, keys);
@@ -216,7 +216,8 @@ static int keys_push(int argc, char **argv) {
             rc = hkc_fail_report(&o, &rep);
     }
     cJSON *b = rc ? NULL : cJSON_CreateObject();
-    if (b && cJSON_AddStringToObject(b, "keys", doc) && cJSON_AddStringToObject(b, "signature", sig))
+    if (b && cJSON_AddStringToObject(b, "keys", doc) &&
+        cJSON_AddStringToObject(b, "signature", sig))
         body = cJSON_PrintUnformatted(b);
     cJSON_Delete(b);
     if (!rc && !body)

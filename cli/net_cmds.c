@@ -250,8 +250,8 @@ int hkc_cmd_sign(int argc, char **argv) {
     int rc = hkc_parse(&o, argv[0], opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
     if (rc == HKC_CONTINUE && (!key.n || !r.module || !r.version || !out))
         rc = hkc_usage(&o, "--key, --module, --release and --out are required");
-    if (rc == HKC_CONTINUE && (rc = build_release(&o, &key, expires_in, arch, argv + 1, nargs,
-                                                  &r)) == 0 &&
+    if (rc == HKC_CONTINUE &&
+        (rc = build_release(&o, &key, expires_in, arch, argv + 1, nargs, &r)) == 0 &&
         (rc = write_release(&o, out, &r)) == 0)
         printf("release %s v%llu written to %s (%d signature%s)\n", r.module,
                (unsigned long long)r.version, out, key.n, key.n > 1 ? "s" : "");

@@ -282,7 +282,7 @@ static int resolve_shared(struct adapter *ad, hk_runtime *rt, struct shared_in i
     int err;
     if ((err = adapter_init(ad, rt, in.swap, rep)) ||
         (err = load_trust(in.trusted_keys, in.ntrusted_keys, in.allow_unsigned,
-                           in.signature_threshold, trust, rep)))
+                          in.signature_threshold, trust, rep)))
         return err;
     return state_dir(in.state_dir, dirbuf, PATH_MAX, dir, rep);
 }

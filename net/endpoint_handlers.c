@@ -360,7 +360,7 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     err = hkn_trust_current(&ep->trust, ep->state, &trust, rep);
     if (!err)
         err = hkn_verify_manifest(&trust, ep->state, in.manifest, in.manifest_len, in.sig,
-                              in.sig_len, (int64_t)time(NULL), &m, rep);
+                                  in.sig_len, (int64_t)time(NULL), &m, rep);
     *verified = rep->module[0] != '\0';
     /* Signed bytes the engine refused already are answered as then, with no
      * artifact decoded and no build or canary run (net/refused.c). */
@@ -533,9 +533,9 @@ static void run_keys(hkn_endpoint *ep, struct req *r) {
                        "\"<keys.json.sig text>\"} (hotkern keys push)");
     } else {
         hkn_state_begin(ep->state);
-        err = hkn_keylist_accept(&ep->trust, ep->state, doc->valuestring,
-                                 strlen(doc->valuestring), sig->valuestring,
-                                 strlen(sig->valuestring), (int64_t)time(NULL), &got, &rep);
+        err = hkn_keylist_accept(&ep->trust, ep->state, doc->valuestring, strlen(doc->valuestring),
+                                 sig->valuestring, strlen(sig->valuestring), (int64_t)time(NULL),
+                                 &got, &rep);
         hkn_state_end(ep->state);
     }
     cJSON_Delete(root);

@@ -45,6 +45,39 @@
 
 #define HKN_MAX_JSON_INT 9007199254740991.0
 
+/* ---- keys and signatures' text (below release.c, which uses them) ------ */
+
+int hkn_crypto_init(void) {
+    /* sodium_init is itself thread-safe and idempotent (returns 1 when done). */
+    return sodium_init() < 0 ? HK_ERR_UNSUPPORTED : 0;
+}
+
+void hkn_key_id(const unsigned char pk[HKN_PK_BYTES], char id[HKN_KEY_ID_CHARS + 1]) {
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, pk, HKN_PK_BYTES);
+    sodium_bin2hex(id, HKN_KEY_ID_CHARS + 1, h, HKN_KEY_ID_CHARS / 2);
+}
+
+int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t len) {
+    while (tlen > 0 && (text[tlen - 1] == '\n' || text[tlen - 1] == '\r' || text[tlen - 1] == ' ' ||
+                        text[tlen - 1] == '\t'))
+        tlen--;
+    while (tlen > 0 && (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r')) {
+        text++;
+        tlen--;
+    }
+    size_t got = 0;
+    if (tlen == 2 * len) {
+        if (sodium_hex2bin(out, len, text, tlen, NULL, &got, NULL) == 0 && got == len)
+            return 0;
+    }
+    if (sodium_base642bin(out, len, text, tlen, NULL, &got, NULL, sodium_base64_VARIANT_ORIGINAL) ==
+            0 &&
+        got == len)
+        return 0;
+    return HK_ERR_INVALID;
+}
+
 /* ---- the signature file ------------------------------------------------- */
 
 typedef struct sig_line {
@@ -173,8 +206,10 @@ int hkn_signatures_verify(const hkn_trust *t, const char *what, const char *text
         append(dst, sizeof have, dst[0] ? ", " : "", t->keys[i].id);
     }
     if (unknown || bad || garbled)
-        snprintf(extra, sizeof extra, "; ignored: %d by unknown keys, %d that do not verify, %d "
-                 "not 64 bytes of base64", unknown, bad, garbled);
+        snprintf(extra, sizeof extra,
+                 "; ignored: %d by unknown keys, %d that do not verify, %d "
+                 "not 64 bytes of base64",
+                 unknown, bad, garbled);
     return hku_fail(rep, HK_ERR_SIGNATURE,
                     "%s: %d of %d required signatures (trusted keys %s: valid %s; missing %s)%s",
                     what, count, k, ids, have[0] ? have : "none", missing[0] ? missing : "none",
@@ -260,8 +295,7 @@ int hkn_keylist_parse(const char *json, size_t len, hkn_trust *out, hk_report *r
         err = list_fail(rep, "not one JSON object of type \"hotkern-keys\"");
     else if (json_uint(root, "version", 1, &version) || version < 1)
         err = list_fail(rep, "\"version\" is not an integer of at least 1");
-    else if (json_uint(root, "threshold", 1, &threshold) ||
-             json_uint(root, "expires", 0, &expires))
+    else if (json_uint(root, "threshold", 1, &threshold) || json_uint(root, "expires", 0, &expires))
         err = list_fail(rep, "\"threshold\" or \"expires\" is not an integer");
     else if (!cJSON_IsArray(keys) || cJSON_GetArraySize(keys) < 1 ||
              cJSON_GetArraySize(keys) > HKN_MAX_KEYS)
@@ -317,7 +351,8 @@ int hkn_keylist_write(const hkn_trust *l, char **json, size_t *len, hk_report *r
         char hex[2 * HKN_PK_BYTES + 1];
         cJSON *o = cJSON_CreateObject();
         sodium_bin2hex(hex, sizeof hex, l->keys[i].pk, HKN_PK_BYTES);
-        ok = o && cJSON_AddItemToArray(keys, o) && cJSON_AddStringToObject(o, "id", l->keys[i].id) &&
+        ok = o && cJSON_AddItemToArray(keys, o) &&
+             cJSON_AddStringToObject(o, "id", l->keys[i].id) &&
              cJSON_AddStringToObject(o, "public", hex);
     }
     if (ok)
@@ -336,6 +371,16 @@ int hkn_keylist_write(const hkn_trust *l, char **json, size_t *len, hk_report *r
     return err;
 }
 
+/* The version of a key list's text (0: NULL text), -1 when it does not
+ * read: how the state compares the list it records with a new one. */
+static int64_t list_version(const char *text, size_t len) {
+    hkn_trust t;
+    hk_report r = HK_REPORT_INIT;
+    int err = text ? hkn_keylist_parse(text, len, &t, &r) : 0;
+    hk_report_clear(&r);
+    return err ? -1 : text ? (int64_t)t.version : 0;
+}
+
 /* ---- the keys in force -------------------------------------------------- */
 
 int hkn_trust_current(const hkn_trust *configured, hkn_state *s, hkn_trust *out, hk_report *rep) {
@@ -347,7 +392,8 @@ int hkn_trust_current(const hkn_trust *configured, hkn_state *s, hkn_trust *out,
         return err;
     hk_report r = HK_REPORT_INIT;
     if ((err = hkn_keylist_parse(text, len, out, &r)))
-        err = hku_fail(rep, HK_ERR_IO, "the accepted key list in %s is corrupt (%s): fix or remove it",
+        err = hku_fail(rep, HK_ERR_IO,
+                       "the accepted key list in %s is corrupt (%s): fix or remove it",
                        hkn_state_path(s), r.message);
     out->allow_unsigned = configured->allow_unsigned;
     hk_report_clear(&r);
@@ -389,7 +435,7 @@ int hkn_keylist_accept(const hkn_trust *configured, hkn_state *s, const char *js
                        (long long)(now - out->expires));
         goto fail;
     }
-    if ((err = hkn_state_keys_write(s, json, len, out->version, rep)))
+    if ((err = hkn_state_keys_write(s, json, len, out->version, list_version, rep)))
         goto fail;
     out->allow_unsigned = configured->allow_unsigned;
     return 0;

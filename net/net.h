@@ -312,7 +312,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
 #define HKN_FRAME_VERSION      1
 #define HKN_FRAME_HEAD         20 /* magic, version, count, manifest and signature lengths */
 #define HKN_FRAME_MAX_MANIFEST (1 << 20)
-#define HKN_FRAME_MAX_SIG      4096 /* HKN_MAX_SIGS lines of "KEYID SIGNATURE" */
+#define HKN_FRAME_MAX_SIG      4096       /* HKN_MAX_SIGS lines of "KEYID SIGNATURE" */
 #define HKN_FRAME_UNKNOWN      UINT64_MAX /* a body without a Content-Length */
 
 /* A frame being received. Not thread-safe: one per request, fed from one
@@ -421,9 +421,11 @@ int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep);
 int hkn_state_keys_read(hkn_state *s, char **text, size_t *len, hk_report *rep);
 /* Makes text (a key list of `version`, verified by the caller) the
  * state's, persisted atomically as DIR/keys.json; HK_ERR_REPLAY, writing
- * nothing, when the one recorded now is of that version or newer. */
+ * nothing, when the one recorded now is of that version or newer, as
+ * version_of reads it (net/keys.c: -1 for text that does not read, which
+ * refuses too). */
 int hkn_state_keys_write(hkn_state *s, const char *text, size_t len, uint64_t version,
-                         hk_report *rep);
+                         int64_t (*version_of)(const char *text, size_t len), hk_report *rep);
 /* DIR/accepted.json, or NULL for a state in memory. Valid until close. */
 const char *hkn_state_path(const hkn_state *s);
 

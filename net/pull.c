@@ -31,9 +31,10 @@
  * wakes the sleep at once and aborts a transfer through the progress callback.
  *
  * One poll, and what is kept between polls: at "one poll" below. The key
- * list (net/keys.c) comes first in each poll, with validators of its own,
- * so that a rotation and a release signed by the new keys published
- * together are taken in one poll.
+ * list (net/keys.c) is fetched in each poll once the manifest's request was
+ * answered, with validators of its own, and before the manifest is
+ * verified, so that a rotation and a release signed by the new keys
+ * published together are taken in one poll.
  */
 #include <errno.h>
 #include <limits.h>
@@ -72,12 +73,12 @@ struct hkn_puller {
     int retry;         /* the last poll's engine outcome was transient (poll.retry) */
 
     pthread_mutex_t lock;
-    pthread_cond_t wake;  /* lock: signalled on stop */
-    int stop;             /* lock; also read atomically by the progress callback */
-    hkn_pull_stats stats; /* lock */
-    uint64_t keys_version;   /* lock: the key list in force at the last poll */
-    int keys_threshold;      /* lock: its threshold */
-    uint64_t keys_refused;   /* lock: key lists refused */
+    pthread_cond_t wake;   /* lock: signalled on stop */
+    int stop;              /* lock; also read atomically by the progress callback */
+    hkn_pull_stats stats;  /* lock */
+    uint64_t keys_version; /* lock: the key list in force at the last poll */
+    int keys_threshold;    /* lock: its threshold */
+    uint64_t keys_refused; /* lock: key lists refused */
     pthread_t thread;
     int running; /* set by hkn_pull_run, read by destroy: API thread only */
 };
@@ -668,10 +669,12 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
 
     hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
             p->etag || p->last_modified ? " (conditional)" : "");
-    hk_report krep = HK_REPORT_INIT;
-    int kerr = p->keys_url ? poll_keys(p, &krep) : 0;
-    note_trust(p);
     int err = fetch_manifest(p, &q, 1, rep);
+    /* The key list once the origin answered (an origin down is one error a
+     * poll), before the manifest is verified. */
+    hk_report krep = HK_REPORT_INIT;
+    int kerr = p->keys_url && (!err || q.done) ? poll_keys(p, &krep) : 0;
+    note_trust(p);
     if (!err && !q.done) {
         /* From the version check to the record, under the shared state's
          * transaction. */

@@ -52,43 +52,12 @@ void hkn_log(const hkn_engine *e, hk_log_level level, const char *subsystem, con
 
 /* ---- keys -------------------------------------------------------------- */
 
-int hkn_crypto_init(void) {
-    /* sodium_init is itself thread-safe and idempotent (returns 1 when done). */
-    return sodium_init() < 0 ? HK_ERR_UNSUPPORTED : 0;
-}
-
-void hkn_key_id(const unsigned char pk[HKN_PK_BYTES], char id[HKN_KEY_ID_CHARS + 1]) {
-    unsigned char h[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256(h, pk, HKN_PK_BYTES);
-    sodium_bin2hex(id, HKN_KEY_ID_CHARS + 1, h, HKN_KEY_ID_CHARS / 2);
-}
-
 int hkn_keygen(hkn_seckey *out) {
     if (hkn_crypto_init())
         return HK_ERR_UNSUPPORTED;
     crypto_sign_keypair(out->pub.pk, out->sk);
     hkn_key_id(out->pub.pk, out->pub.id);
     return 0;
-}
-
-int hkn_decode_fixed(const char *text, size_t tlen, unsigned char *out, size_t len) {
-    while (tlen > 0 && (text[tlen - 1] == '\n' || text[tlen - 1] == '\r' || text[tlen - 1] == ' ' ||
-                        text[tlen - 1] == '\t'))
-        tlen--;
-    while (tlen > 0 && (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r')) {
-        text++;
-        tlen--;
-    }
-    size_t got = 0;
-    if (tlen == 2 * len) {
-        if (sodium_hex2bin(out, len, text, tlen, NULL, &got, NULL) == 0 && got == len)
-            return 0;
-    }
-    if (sodium_base642bin(out, len, text, tlen, NULL, &got, NULL, sodium_base64_VARIANT_ORIGINAL) ==
-            0 &&
-        got == len)
-        return 0;
-    return HK_ERR_INVALID;
 }
 
 int hkn_pubkey_load(const char *path, hkn_pubkey *out, hk_report *rep) {

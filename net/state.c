@@ -189,7 +189,8 @@ static void clean_temps(hkn_state *s) {
     }
     struct dirent *e;
     while ((e = readdir(d)))
-        if (!strncmp(e->d_name, "accepted.json.tmp.", 18) || !strncmp(e->d_name, "keys.json.tmp.", 14))
+        if (!strncmp(e->d_name, "accepted.json.tmp.", 18) ||
+            !strncmp(e->d_name, "keys.json.tmp.", 14))
             unlinkat(s->dirfd, e->d_name, 0);
     closedir(d);
 }
@@ -510,18 +511,8 @@ int hkn_state_keys_read(hkn_state *s, char **text, size_t *len, hk_report *rep) 
     return err;
 }
 
-/* The version of the key list recorded now (0: none); -1 when it does not
- * read. */
-static int64_t keys_version(const char *text, size_t len) {
-    hkn_trust t;
-    hk_report r = HK_REPORT_INIT;
-    int err = text ? hkn_keylist_parse(text, len, &t, &r) : 0;
-    hk_report_clear(&r);
-    return err ? -1 : text ? (int64_t)t.version : 0;
-}
-
 int hkn_state_keys_write(hkn_state *s, const char *text, size_t len, uint64_t version,
-                         hk_report *rep) {
+                         int64_t (*version_of)(const char *text, size_t len), hk_report *rep) {
     int err = 0;
     char *cur = NULL, *copy = NULL;
     size_t cur_len = 0;
@@ -534,7 +525,7 @@ int hkn_state_keys_write(hkn_state *s, const char *text, size_t len, uint64_t ve
         cur = s->keys;
         cur_len = s->keys_len;
     }
-    int64_t have = err ? 0 : keys_version(cur, cur_len);
+    int64_t have = err ? 0 : version_of(cur, cur_len);
     if (!err && (have < 0 || (uint64_t)have >= version))
         err = hku_fail(rep, HK_ERR_REPLAY,
                        "key list v%llu: the state records %s already: nothing was written",

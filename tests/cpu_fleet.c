@@ -234,8 +234,8 @@ static int scrape(int i) {
         h->release = sample(b.data, "hotkern_rollout_release");
         h->in_step = sample(b.data, "hotkern_rollout_in_step");
         h->seen_bucket = sample(b.data, "hotkern_rollout_bucket");
-        sig_refusals[i] = hkt_sample(b.data, "hotkern_rollout_refusals_total",
-                                     "reason=\"signature\"");
+        sig_refusals[i] =
+            hkt_sample(b.data, "hotkern_rollout_refusals_total", "reason=\"signature\"");
         keys_version[i] = hkt_sample(b.data, "hotkern_trusted_keys_version", "");
         ck_assert_msg(refusals_ok || refusals(b.data) == 0, "%s refused a release: %s", h->id,
                       b.data);
@@ -458,8 +458,8 @@ static void all_hosts(const char *what, long long release, long long other, long
             }
             ck_assert_msg(release < 0 || hosts[i].release == release || hosts[i].release == other,
                           "%s: %s runs release %lld", what, hosts[i].id, hosts[i].release);
-            if ((release >= 0 && hosts[i].release != release) || (refused && sig_refusals[i] < refused) ||
-                (keys >= 0 && keys_version[i] != keys)) {
+            if ((release >= 0 && hosts[i].release != release) ||
+                (refused && sig_refusals[i] < refused) || (keys >= 0 && keys_version[i] != keys)) {
                 done = 0;
                 snprintf(late + strlen(late), sizeof late - strlen(late),
                          " %.23s(release %lld, signature refusals %lld, keys v%lld)", hosts[i].id,
@@ -517,7 +517,7 @@ START_TEST(threshold_and_rotation) {
     snprintf(url, sizeof url, "http://127.0.0.1:%d/fleet/manifest.json", port);
     kernel_file("fleet.ptx", 101);
     publish("sign --key a.key --key b.key --module " MODULE
-                     " --release 1 --out www/fleet fleet.ptx");
+            " --release 1 --out www/fleet fleet.ptx");
     for (int i = 0; i < nhosts; i++) {
         snprintf(hosts[i].id, sizeof hosts[i].id, "host-%03d", i);
         snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, hosts[i].id);
@@ -537,15 +537,15 @@ START_TEST(threshold_and_rotation) {
 
     /* The rotation: B, C and D, two required, signed by B and C. */
     publish("keys sign --key b.key --key c.key --list-version 2 --threshold 2 "
-                     "--out www/fleet b.pub c.pub d.pub");
+            "--out www/fleet b.pub c.pub d.pub");
     all_hosts("key list v2 (B, C, D) taken without a restart", 2, 2, 1, 2);
     kernel_file("fleet.ptx", 103);
     publish("sign --key a.key --key b.key --module " MODULE
-                     " --release 3 --out www/fleet fleet.ptx");
+            " --release 3 --out www/fleet fleet.ptx");
     all_hosts("release 3 by retired A and B: refused", 2, 2, 2, 2);
     kernel_file("fleet.ptx", 104);
     publish("sign --key c.key --key d.key --module " MODULE
-                     " --release 4 --out www/fleet fleet.ptx");
+            " --release 4 --out www/fleet fleet.ptx");
     all_hosts("release 4 by C and D: taken", 4, 2, 2, 2);
 
     /* Restarted with the key list gone from the origin: kept in the state. */
@@ -559,13 +559,13 @@ START_TEST(threshold_and_rotation) {
     all_hosts("2 hosts restarted: still key list v2", -1, -1, 0, 2);
     kernel_file("fleet.ptx", 105);
     publish("sign --key a.key --key b.key --module " MODULE
-                     " --release 5 --out www/fleet fleet.ptx");
+            " --release 5 --out www/fleet fleet.ptx");
     all_hosts("release 5 by A and B: refused, restarted hosts too", -1, -1, 1, 2);
     for (int i = 0; i < nhosts; i++)
         ck_assert_msg(hosts[i].release != 5, "%s took release 5", hosts[i].id);
     kernel_file("fleet.ptx", 106);
     publish("sign --key d.key --key b.key --module " MODULE
-                     " --release 6 --out www/fleet fleet.ptx");
+            " --release 6 --out www/fleet fleet.ptx");
     all_hosts("release 6 by D and B: taken", 6, 4, 1, 2);
 
     for (int i = 0; i < nhosts; i++) {

@@ -56,9 +56,8 @@ static void release_by(uint64_t v, const hkn_seckey *const *signers, int n, stru
     hk_report rep = HK_REPORT_INIT;
     char *bare = NULL;
     int64_t now = (int64_t)time(NULL);
-    ck_assert_int_eq(hkn_release_sign(&A, "add", v, now, now + 600, &b, 1, &d->text, &d->len, &bare,
-                                      &rep),
-                     0);
+    ck_assert_int_eq(
+        hkn_release_sign(&A, "add", v, now, now + 600, &b, 1, &d->text, &d->len, &bare, &rep), 0);
     free(bare);
     d->sig[0] = '\0';
     for (int i = 0; i < n; i++)
@@ -144,9 +143,8 @@ START_TEST(duplicates_and_strangers) {
     ck_assert_int_eq(verify(&t, &d, &rep), HK_ERR_SIGNATURE);
     /* cosign: B adds its line beside A's bare one, which becomes named. */
     char *two = NULL;
-    ck_assert_int_eq(hkn_signatures_add(&B, d.text, d.len, d.sig, strlen(d.sig), A.pub.id, &two,
-                                        &rep),
-                     0);
+    ck_assert_int_eq(
+        hkn_signatures_add(&B, d.text, d.len, d.sig, strlen(d.sig), A.pub.id, &two, &rep), 0);
     ck_assert_ptr_nonnull(strstr(two, A.pub.id));
     snprintf(d.sig, sizeof d.sig, "%s", two);
     ck_assert_msg(verify(&t, &d, &rep) == 0, "%s", rep.message);
@@ -180,8 +178,8 @@ static void list_by(uint64_t v, const hkn_seckey *const *ks, int nks, int k, int
 static int accept(const hkn_trust *conf, hkn_state *s, const struct doc *d, hkn_trust *out,
                   hk_report *rep) {
     hk_report_clear(rep);
-    return hkn_keylist_accept(conf, s, d->text, d->len, d->sig, strlen(d->sig),
-                              (int64_t)time(NULL), out, rep);
+    return hkn_keylist_accept(conf, s, d->text, d->len, d->sig, strlen(d->sig), (int64_t)time(NULL),
+                              out, rep);
 }
 
 START_TEST(rotation) {

@@ -300,9 +300,8 @@ typedef struct hk_pull_options {
     unsigned metrics_port;       /* 0 with an address: one chosen (hk_pull_metrics_port) */
     /* Since 1.5: threshold signatures and key lists ("Keys and thresholds"). */
     unsigned signature_threshold; /* as for the endpoint */
-    const char *keys_url;         /* the signed key list, polled with the manifest (its signature
-                                   * at keys_url + ".sig"); NULL: keys.json in url's directory;
-                                   * "": none */
+    const char *keys_url;         /* the signed key list, polled with the manifest; NULL:
+                                   * keys.json in url's directory; "": none */
 } hk_pull_options;
 
 /* As hk_endpoint_options_init_size, for puller options. Since 1.0. */
