@@ -32,6 +32,8 @@ int hkc_cmd_status(int argc, char **argv);   /* cli/http.c */
 int hkc_cmd_rollback(int argc, char **argv); /* cli/http.c */
 int hkc_cmd_pull(int argc, char **argv);     /* cli/net_cmds.c */
 int hkc_cmd_rollout(int argc, char **argv);  /* cli/rollout.c */
+int hkc_cmd_cosign(int argc, char **argv);   /* cli/keys_cmd.c */
+int hkc_cmd_keys(int argc, char **argv);     /* cli/keys_cmd.c */
 
 /* ---- output (cli/out.c) ------------------------------------------------ */
 

@@ -42,6 +42,8 @@ static const struct cmd cmds[] = {
     {"keygen", NET_CMD(hkc_cmd_keygen), "create an Ed25519 key pair for signing releases"},
     {"sign", NET_CMD(hkc_cmd_sign), "build a signed release directory a static origin can serve"},
     {"publish", NET_CMD(hkc_cmd_sign), "same as sign"},
+    {"cosign", NET_CMD(hkc_cmd_cosign), "add signatures to a published manifest or key list"},
+    {"keys", NET_CMD(hkc_cmd_keys), "sign a key list that replaces the keys hosts trust"},
     {"push", NET_CMD(hkc_cmd_push), "sign kernel files and push them to a running endpoint"},
     {"status", NET_CMD(hkc_cmd_status), "print the status of a running endpoint"},
     {"rollback", NET_CMD(hkc_cmd_rollback), "ask a running endpoint to roll a module back"},

@@ -138,24 +138,44 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
     return 0;
 }
 
+/* With several keys, each signs the manifest: one "KEYID SIGNATURE" line
+ * each (net/keys.c), which replaces the one bare signature that a release
+ * of one key keeps (what hosts of 1.4 read). 0 or an exit status. */
+static int cosign_all(hkc_out *o, const hkn_seckey *keys, int nkeys, struct release *r) {
+    char *text = calloc((size_t)nkeys, 160);
+    if (!text)
+        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    for (int i = 0; i < nkeys; i++)
+        hkn_signature_line(&keys[i], r->manifest, r->manifest_len, text + strlen(text));
+    free(r->sig);
+    r->sig = text;
+    return 0;
+}
+
 /* Reads the files and signs a release of them (r->module, r->version set by
- * the caller). Returns an exit status; r is freed on failure. */
-static int build_release(hkc_out *o, const char *key_path, uint64_t expires_in, const char *arch,
-                         char **files, int nfiles, struct release *r) {
+ * the caller) with every key of the list (the first one's id in the
+ * manifest). Returns an exit status; r is freed on failure. */
+static int build_release(hkc_out *o, const hkc_list *key_paths, uint64_t expires_in,
+                         const char *arch, char **files, int nfiles, struct release *r) {
     hk_report rep = HK_REPORT_INIT;
-    hkn_seckey key;
-    int rc;
+    hkn_seckey keys[HKN_MAX_KEYS];
+    int rc = 0, nkeys = 0;
     if (nfiles < 1 || nfiles > HKN_MAX_ARTIFACTS)
         return hkc_usage(o, "give 1 to %d kernel and header files", HKN_MAX_ARTIFACTS);
-    if (hkn_seckey_load(key_path, &key, &rep)) {
-        rc = hkc_fail_report(o, &rep);
-    } else if ((rc = read_files(o, arch, files, nfiles, r)) == 0) {
-        int64_t now = (int64_t)time(NULL);
-        if (hkn_release_sign(&key, r->module, r->version, now, now + (int64_t)expires_in, r->blobs,
-                             r->n, &r->manifest, &r->manifest_len, &r->sig, &rep))
+    if (key_paths->n > HKN_MAX_KEYS)
+        return hkc_usage(o, "give 1 to %d --key", HKN_MAX_KEYS);
+    for (; nkeys < key_paths->n && !rc; nkeys++)
+        if (hkn_seckey_load(key_paths->v[nkeys], &keys[nkeys], &rep))
             rc = hkc_fail_report(o, &rep);
+    if (!rc && (rc = read_files(o, arch, files, nfiles, r)) == 0) {
+        int64_t now = (int64_t)time(NULL);
+        if (hkn_release_sign(&keys[0], r->module, r->version, now, now + (int64_t)expires_in,
+                             r->blobs, r->n, &r->manifest, &r->manifest_len, &r->sig, &rep))
+            rc = hkc_fail_report(o, &rep);
+        else if (nkeys > 1)
+            rc = cosign_all(o, keys, nkeys, r);
     }
-    sodium_memzero(&key, sizeof key);
+    sodium_memzero(keys, sizeof keys);
     hk_report_clear(&rep);
     if (rc)
         release_free(r);
@@ -165,11 +185,14 @@ static int build_release(hkc_out *o, const char *key_path, uint64_t expires_in, 
 /* ---- sign -------------------------------------------------------------- */
 
 static const char sign_help[] =
-    "usage: hotkern sign --key SECRET --module M --release N [--expires-in SECONDS]\n"
-    "       [--arch sm_XX] --out DIR FILE...\n\n"
+    "usage: hotkern sign --key SECRET [--key SECRET...] --module M --release N\n"
+    "       [--expires-in SECONDS] [--arch sm_XX] --out DIR FILE...\n\n"
     "Writes a signed release that any static HTTP server can serve to pullers:\n"
     "  DIR/manifest.json        module, release, expiry, key id, artifacts\n"
-    "  DIR/manifest.json.sig    Ed25519 signature of manifest.json, base64\n"
+    "  DIR/manifest.json.sig    Ed25519 signature of manifest.json, base64; with\n"
+    "                           several --key, one 'KEYID SIGNATURE' line each\n"
+    "                           (hosts with a signature_threshold need that many;\n"
+    "                           'hotkern cosign' adds one later)\n"
     "  DIR/artifacts/<sha256>   each FILE, named by its content hash\n"
     "FILE formats come from the extension: .cu .ptx .cubin .fatbin; --arch\n"
     "labels the cubin/fatbin files; .h .cuh .hpp files are headers that the\n"
@@ -185,7 +208,7 @@ static const char sign_help[] =
  * manifest. */
 static int write_release(hkc_out *o, const char *dir, const struct release *r) {
     hk_report rep = HK_REPORT_INIT;
-    char path[PATH_MAX], sigline[256];
+    char path[PATH_MAX];
     int rc = 0;
     snprintf(path, sizeof path, "%s/artifacts", dir);
     if ((mkdir(dir, 0755) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST))
@@ -199,9 +222,11 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
         else
             printf("artifact %s  %s (%zu bytes)\n", hex, r->blobs[i].name, r->blobs[i].size);
     }
-    snprintf(sigline, sizeof sigline, "%s\n", r->sig);
+    size_t slen = strlen(r->sig);
+    int nl = slen && r->sig[slen - 1] == '\n'; /* several lines end in one already */
+    struct iovec iov[2] = {{r->sig, slen}, {"\n", nl ? 0 : 1}};
     snprintf(path, sizeof path, "%s/manifest.json.sig", dir);
-    if (!rc && hku_write_atomic(path, sigline, strlen(sigline), 0644, &rep))
+    if (!rc && hku_write_atomicv(path, iov, 2, 0644, &rep))
         rc = hkc_fail_report(o, &rep);
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     if (!rc && hku_write_atomic(path, r->manifest, r->manifest_len, 0644, &rep))
@@ -211,27 +236,28 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
 }
 
 int hkc_cmd_sign(int argc, char **argv) {
-    const char *key = NULL, *out = NULL, *arch = NULL;
+    const char *out = NULL, *arch = NULL;
+    hkc_list key = {0};
     struct release r = {0};
     uint64_t expires_in = 30 * 86400;
     int nargs = 0;
     const hkc_opt opts[] = {
-        HKC_STRING_OPT("--key", &key),         HKC_STRING_OPT("--module", &r.module),
+        HKC_LIST_OPT("--key", &key),           HKC_STRING_OPT("--module", &r.module),
         RELEASE_OPTS(&r.version, &expires_in), HKC_STRING_OPT("--arch", &arch),
         HKC_STRING_OPT("--out", &out),
     };
     hkc_out o;
     int rc = hkc_parse(&o, argv[0], opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
-    if (rc != HKC_CONTINUE)
-        return rc;
-    if (!key || !r.module || !r.version || !out)
-        return hkc_usage(&o, "--key, --module, --release and --out are required");
-    if ((rc = build_release(&o, key, expires_in, arch, argv + 1, nargs, &r)) != 0)
-        return rc;
-    if ((rc = write_release(&o, out, &r)) == 0)
-        printf("release %s v%llu written to %s\n", r.module, (unsigned long long)r.version, out);
+    if (rc == HKC_CONTINUE && (!key.n || !r.module || !r.version || !out))
+        rc = hkc_usage(&o, "--key, --module, --release and --out are required");
+    if (rc == HKC_CONTINUE &&
+        (rc = build_release(&o, &key, expires_in, arch, argv + 1, nargs, &r)) == 0 &&
+        (rc = write_release(&o, out, &r)) == 0)
+        printf("release %s v%llu written to %s (%d signature%s)\n", r.module,
+               (unsigned long long)r.version, out, key.n, key.n > 1 ? "s" : "");
     release_free(&r);
-    return rc;
+    hkc_list_free(&key);
+    return rc == HKC_CONTINUE ? 0 : rc;
 }
 
 /* ---- push -------------------------------------------------------------- */
@@ -292,8 +318,8 @@ static int release_body(hkc_out *o, struct release *r, int json_body, void **bod
 }
 
 static const char push_help[] =
-    "usage: hotkern push URL --key SECRET --module M [--release N] [--token T]\n"
-    "       [--expires-in SECONDS] [--arch sm_XX] [--json-body] [--json] FILE...\n\n"
+    "usage: hotkern push URL --key SECRET [--key SECRET...] --module M [--release N]\n"
+    "       [--token T] [--expires-in SECONDS] [--arch sm_XX] [--json-body] [--json] FILE...\n\n"
     "Signs FILE... as release N of module M and POSTs it to URL/v1/release\n"
     "(headers, .h .cuh .hpp, travel with it for the CUDA C FILE to include)\n"
     "(URL is the endpoint's base, e.g. http://127.0.0.1:7070). The release\n"
@@ -308,13 +334,14 @@ static const char push_help[] =
         HKC_JSON_HELP "Exit status: 0 committed, 1 refused or failed, 2 usage.\n";
 
 int hkc_cmd_push(int argc, char **argv) {
-    const char *key = NULL, *arch = NULL;
+    const char *arch = NULL;
+    hkc_list key = {0};
     struct release r = {0};
     uint64_t expires_in = 3600;
     hkc_http_opts ho = {.token = getenv("HOTKERN_TOKEN"), .timeout_s = 120};
     int json = 0, json_body = 0, nargs = 0;
     const hkc_opt opts[] = {
-        HKC_STRING_OPT("--key", &key),
+        HKC_LIST_OPT("--key", &key),
         HKC_STRING_OPT("--module", &r.module),
         RELEASE_OPTS(&r.version, &expires_in),
         HKC_STRING_OPT("--arch", &arch),
@@ -324,12 +351,14 @@ int hkc_cmd_push(int argc, char **argv) {
     };
     hkc_out o;
     int rc = hkc_parse(&o, "push", opts, HKC_NOPTS(opts), push_help, argc, argv, &nargs);
-    if (rc != HKC_CONTINUE)
+    if (rc == HKC_CONTINUE && nargs < 1)
+        rc = hkc_usage(&o, "URL is required");
+    if (rc == HKC_CONTINUE && (!key.n || !r.module))
+        rc = hkc_usage(&o, "--key and --module are required");
+    if (rc != HKC_CONTINUE) {
+        hkc_list_free(&key);
         return hkc_finish(&o, rc);
-    if (nargs < 1)
-        return hkc_finish(&o, hkc_usage(&o, "URL is required"));
-    if (!key || !r.module)
-        return hkc_finish(&o, hkc_usage(&o, "--key and --module are required"));
+    }
     if (!r.version)
         r.version = wall_ms();
     hkc_declare(&o, "url", "outcome", "http_status", "module", "release", "engine_version",
@@ -337,7 +366,9 @@ int hkc_cmd_push(int argc, char **argv) {
     hkc_set_str(&o, "url", argv[1]);
     hkc_set_str(&o, "module", r.module);
     hkc_set_int(&o, "release", (long long)r.version);
-    if ((rc = build_release(&o, key, expires_in, arch, argv + 2, nargs - 1, &r)) != 0)
+    rc = build_release(&o, &key, expires_in, arch, argv + 2, nargs - 1, &r);
+    hkc_list_free(&key);
+    if (rc != 0)
         return hkc_finish(&o, rc);
     void *body = NULL;
     size_t len = 0;

@@ -201,18 +201,29 @@ static void handle_free(void *handle, struct adapter *ad, hk_metrics_source *met
     free(handle);
 }
 
-static int load_trust(const char *const *files, int n, int allow_unsigned, hkn_trust *t,
-                      hk_report *rep) {
+static int load_trust(const char *const *files, int n, int allow_unsigned, unsigned threshold,
+                      hkn_trust *t, hk_report *rep) {
     memset(t, 0, sizeof *t);
     if (n < 0 || n > HKN_MAX_KEYS)
         return hku_fail(rep, HK_ERR_INVALID, "at most %d trusted keys", HKN_MAX_KEYS);
+    /* A threshold no set of the keys can meet would refuse everything. */
+    if (threshold > (unsigned)(n > 0 ? n : 1))
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "signature_threshold %u is above the %d trusted key(s): 1 to %d", threshold,
+                        n, n > 0 ? n : 1);
     for (int i = 0; i < n; i++) {
         int err = hkn_pubkey_load(files[i], &t->keys[i], rep);
         if (err)
             return err;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(t->keys[j].id, t->keys[i].id))
+                return hku_fail(rep, HK_ERR_INVALID,
+                                "%s: key %s is trusted twice (a threshold counts distinct keys)",
+                                files[i], t->keys[i].id);
     }
     t->nkeys = n;
     t->allow_unsigned = allow_unsigned;
+    t->threshold = threshold ? (int)threshold : 1;
     return 0;
 }
 
@@ -257,10 +268,11 @@ struct shared_in {
     const char *const *trusted_keys;
     int ntrusted_keys, allow_unsigned;
     const char *state_dir;
+    unsigned signature_threshold;
 };
 #define SHARED_IN(o)                                                                               \
     ((struct shared_in){(o)->swap, (o)->trusted_keys, (o)->ntrusted_keys, (o)->allow_unsigned,     \
-                        (o)->state_dir})
+                        (o)->state_dir, (o)->signature_threshold})
 
 /* What both start functions resolve alike: the adapter of the swap
  * template, the trusted keys and the state directory (*dir NULL or in
@@ -269,7 +281,8 @@ static int resolve_shared(struct adapter *ad, hk_runtime *rt, struct shared_in i
                           char dirbuf[PATH_MAX], const char **dir, hk_report *rep) {
     int err;
     if ((err = adapter_init(ad, rt, in.swap, rep)) ||
-        (err = load_trust(in.trusted_keys, in.ntrusted_keys, in.allow_unsigned, trust, rep)))
+        (err = load_trust(in.trusted_keys, in.ntrusted_keys, in.allow_unsigned,
+                          in.signature_threshold, trust, rep)))
         return err;
     return state_dir(in.state_dir, dirbuf, PATH_MAX, dir, rep);
 }
@@ -480,6 +493,10 @@ int hk_pull_stats_get(hk_puller *p, hk_pull_stats *user) {
     memcpy(out->last_message, s.last_message, sizeof out->last_message);
     hkb_sized_out(user, out, sizeof *out);
     return 0;
+}
+
+uint64_t hk_pull_keys_version(hk_puller *p) {
+    return p ? hkn_pull_keys_version(p->p) : 0;
 }
 
 unsigned hk_pull_metrics_port(const hk_puller *p) {

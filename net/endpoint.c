@@ -48,6 +48,7 @@
 #include "net/endpoint.h"
 
 #define ROLLBACK_BODY 4096
+#define KEYS_BODY     (64 << 10) /* a key list of 8 keys and 16 signatures, escaped */
 
 /* The one place of the endpoint's defaults: hkn_endpoint_start falls back on
  * them for a zero number or a NULL address. One a line: the shape of every
@@ -120,6 +121,8 @@ static enum route route_of(const char *url, const char **module) {
         return R_STATUS;
     if (!strcmp(url, "/metrics"))
         return R_METRICS;
+    if (!strcmp(url, "/v1/keys"))
+        return R_KEYS;
     if (!strncmp(url, "/v1/rollback/", 13)) {
         *module = url + 13;
         return R_ROLLBACK;
@@ -133,7 +136,7 @@ static enum route route_of(const char *url, const char **module) {
 static enum MHD_Result take_body(hkn_endpoint *ep, struct MHD_Connection *c, struct conn *k,
                                  const char *method, const char *url, enum route route,
                                  const char *module, enum body_kind kind, void **con_cls) {
-    size_t limit = route == R_RELEASE ? ep->max_body : ROLLBACK_BODY;
+    size_t limit = route == R_RELEASE ? ep->max_body : route == R_KEYS ? KEYS_BODY : ROLLBACK_BODY;
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     unsigned long long n = 0;
@@ -208,7 +211,7 @@ static enum MHD_Result first_call(hkn_endpoint *ep, struct MHD_Connection *c, co
         count(ep, &ep->foreign);
         return refuse(ep, c, k, method, url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, HK_ERR_REJECTED, why);
     }
-    int want_post = route == R_RELEASE || route == R_ROLLBACK;
+    int want_post = route == R_RELEASE || route == R_ROLLBACK || route == R_KEYS;
     if ((want_post && !post) || (!want_post && !get))
         return refuse(ep, c, k, method, url, MHD_HTTP_METHOD_NOT_ALLOWED, HK_ERR_INVALID,
                       want_post ? "use POST" : "use GET");

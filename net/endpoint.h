@@ -34,7 +34,7 @@
 #define NERRORS     32
 #define MAX_NONCES  1024
 
-enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH };
+enum route { R_NONE, R_RELEASE, R_STATUS, R_ROLLBACK, R_METRICS, R_HEALTH, R_KEYS };
 
 struct ep_module {
     char name[64];

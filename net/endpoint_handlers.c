@@ -354,9 +354,13 @@ static int do_release(hkn_endpoint *ep, struct req *r, hk_report *rep, uint64_t 
     else if ((err = json_incoming(r, &in, rep)))
         goto out;
     hkn_state_begin(ep->state);
-    /* The signature is checked before any artifact is decoded. */
-    err = hkn_verify_manifest(&ep->trust, ep->state, in.manifest, in.manifest_len, in.sig,
-                              in.sig_len, (int64_t)time(NULL), &m, rep);
+    /* The signature is checked before any artifact is decoded, against the
+     * keys in force (a key list's, net/keys.c). */
+    hkn_trust trust;
+    err = hkn_trust_current(&ep->trust, ep->state, &trust, rep);
+    if (!err)
+        err = hkn_verify_manifest(&trust, ep->state, in.manifest, in.manifest_len, in.sig,
+                                  in.sig_len, (int64_t)time(NULL), &m, rep);
     *verified = rep->module[0] != '\0';
     /* Signed bytes the engine refused already are answered as then, with no
      * artifact decoded and no build or canary run (net/refused.c). */
@@ -431,7 +435,9 @@ static int check_signed_rollback(hkn_endpoint *ep, struct req *r, uint64_t *targ
         goto out;
     }
     int64_t now = (int64_t)time(NULL);
-    if ((err = hkn_rollback_verify(&ep->trust, text->valuestring, strlen(text->valuestring),
+    hkn_trust trust;
+    if ((err = hkn_trust_current(&ep->trust, ep->state, &trust, rep)) ||
+        (err = hkn_rollback_verify(&trust, text->valuestring, strlen(text->valuestring),
                                    sig->valuestring, strlen(sig->valuestring), now, &rq, rep)))
         goto out;
     if (strcmp(rq.module, r->module)) {
@@ -509,6 +515,53 @@ static void run_rollback(hkn_endpoint *ep, struct req *r) {
     r->answer = hkn_ep_json_text(o);
 }
 
+/* ---- POST /v1/keys (on the worker) ------------------------------------- */
+
+/* A signed key list (net/keys.c), {"keys": text, "signature": text}: made
+ * the state's when k of the keys in force signed it. */
+static void run_keys(hkn_endpoint *ep, struct req *r) {
+    hk_report rep = HK_REPORT_INIT;
+    hkn_trust got;
+    memset(&got, 0, sizeof got);
+    cJSON *root = hkn_json_parse_strict(r->body ? r->body : "", r->len);
+    const cJSON *doc = cJSON_GetObjectItemCaseSensitive(root, "keys");
+    const cJSON *sig = cJSON_GetObjectItemCaseSensitive(root, "signature");
+    int err;
+    if (!cJSON_IsObject(root) || !cJSON_IsString(doc) || !cJSON_IsString(sig)) {
+        err = hku_fail(&rep, HK_ERR_INVALID,
+                       "a key list is {\"keys\": \"<keys.json text>\", \"signature\": "
+                       "\"<keys.json.sig text>\"} (hotkern keys push)");
+    } else {
+        hkn_state_begin(ep->state);
+        err = hkn_keylist_accept(&ep->trust, ep->state, doc->valuestring, strlen(doc->valuestring),
+                                 sig->valuestring, strlen(sig->valuestring), (int64_t)time(NULL),
+                                 &got, &rep);
+        hkn_state_end(ep->state);
+    }
+    cJSON_Delete(root);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "outcome", err ? "refused" : "committed");
+    if (err)
+        cJSON_AddNullToObject(o, "keys_version");
+    else
+        hkn_json_add_int(o, "keys_version", (long long)got.version);
+    cJSON_AddStringToObject(o, "error", hk_err_name(err));
+    cJSON_AddNumberToObject(o, "code", err);
+    cJSON_AddStringToObject(o, "message", rep.message);
+    r->status = http_status(err);
+    if (err) {
+        hkn_log(&ep->eng, HK_LOG_WARN, "endpoint", "refused the key list from %s: %u %s: %s",
+                hkn_ep_peer(r->conn), r->status, hk_err_name(err), rep.message);
+    } else {
+        char line[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 1) + 64];
+        hkn_trust_describe(&got, line, sizeof line);
+        hkn_log(&ep->eng, HK_LOG_INFO, "endpoint", "key list from %s: trusting %s",
+                hkn_ep_peer(r->conn), line);
+    }
+    hk_report_clear(&rep);
+    r->answer = hkn_ep_json_text(o);
+}
+
 /* ---- the worker -------------------------------------------------------- */
 
 void *hkn_ep_worker_main(void *arg) {
@@ -535,6 +588,8 @@ void *hkn_ep_worker_main(void *arg) {
                 hkn_ep_json_text(hkn_ep_error_json(HK_ERR_CLOSED, "the endpoint is stopping"));
         } else if (r->route == R_RELEASE) {
             run_release(ep, r);
+        } else if (r->route == R_KEYS) {
+            run_keys(ep, r);
         } else {
             run_rollback(ep, r);
         }

@@ -312,7 +312,7 @@ int hkn_release_sign(const hkn_seckey *key, const char *module, uint64_t version
 #define HKN_FRAME_VERSION      1
 #define HKN_FRAME_HEAD         20 /* magic, version, count, manifest and signature lengths */
 #define HKN_FRAME_MAX_MANIFEST (1 << 20)
-#define HKN_FRAME_MAX_SIG      512
+#define HKN_FRAME_MAX_SIG      4096       /* HKN_MAX_SIGS lines of "KEYID SIGNATURE" */
 #define HKN_FRAME_UNKNOWN      UINT64_MAX /* a body without a Content-Length */
 
 /* A frame being received. Not thread-safe: one per request, fed from one
@@ -373,11 +373,16 @@ int hkn_frame_write(const char *manifest, size_t mlen, const char *sig, size_t s
 
 #define HKN_MAX_KEYS 8
 
-/* Which keys a source trusts. Immutable once a source runs. */
+/* Which keys a source trusts: the ones it is configured with (immutable
+ * once it runs), or a key list's (net/keys.c), read from the state at each
+ * verification (hkn_trust_current). */
 typedef struct hkn_trust {
     hkn_pubkey keys[HKN_MAX_KEYS];
     int nkeys;
     int allow_unsigned; /* 1: with no keys configured, skip the signature */
+    int threshold;      /* distinct trusted keys a document needs; 0 means 1 */
+    uint64_t version;   /* the key list's version; 0: the configured keys */
+    int64_t expires;    /* the key list's expiry (unix seconds); 0: none */
 } hkn_trust;
 
 typedef struct hkn_state hkn_state;
@@ -411,6 +416,16 @@ void hkn_state_end(hkn_state *s);
 /* The default state directory of every source: $XDG_STATE_HOME/hotkern/
  * releases, else ~/.local/state/hotkern/releases (net/api.c). */
 int hkn_default_state_dir(char *buf, size_t cap, hk_report *rep);
+/* The accepted key list's text (net/keys.c): *text NULL when none; else
+ * the caller's to free. HK_ERR_IO when it cannot be read. */
+int hkn_state_keys_read(hkn_state *s, char **text, size_t *len, hk_report *rep);
+/* Makes text (a key list of `version`, verified by the caller) the
+ * state's, persisted atomically as DIR/keys.json; HK_ERR_REPLAY, writing
+ * nothing, when the one recorded now is of that version or newer, as
+ * version_of reads it (net/keys.c: -1 for text that does not read, which
+ * refuses too). */
+int hkn_state_keys_write(hkn_state *s, const char *text, size_t len, uint64_t version,
+                         int64_t (*version_of)(const char *text, size_t len), hk_report *rep);
 /* DIR/accepted.json, or NULL for a state in memory. Valid until close. */
 const char *hkn_state_path(const hkn_state *s);
 
@@ -422,6 +437,47 @@ const char *hkn_state_path(const hkn_state *s);
 int hkn_verify_manifest(const hkn_trust *t, hkn_state *s, const char *json, size_t len,
                         const char *sig, size_t sig_len, int64_t now, hkn_manifest *out,
                         hk_report *rep);
+/* ---- threshold signatures and key lists (net/keys.c) ------------------ */
+
+#define HKN_MAX_SIGS 16 /* lines of one signature file */
+
+/* The key id of a public key (HKN_KEY_ID_CHARS hex chars). */
+void hkn_key_id(const unsigned char pk[HKN_PK_BYTES], char id[HKN_KEY_ID_CHARS + 1]);
+/* 0 when at least t->threshold (0: 1) distinct keys of t signed text
+ * validly in the signature file's text `sig` (lines "KEYID SIGNATURE", or
+ * one bare signature), else HK_ERR_SIGNATURE with the count, the valid and
+ * the missing keys in rep. `what` names the document in the report;
+ * claimed_id (may be NULL) is the key id the document claims, for the words
+ * of a bare signature's refusal. *legacy (when not NULL) is set to the key
+ * of a lone bare signature that verified, else NULL. */
+int hkn_signatures_verify(const hkn_trust *t, const char *what, const char *text, size_t len,
+                          const char *sig, size_t sig_len, const char *claimed_id,
+                          const hkn_pubkey **legacy, hk_report *rep);
+/* key's signature line of text, "KEYID BASE64\n". 0 or HK_ERR_UNSUPPORTED. */
+int hkn_signature_line(const hkn_seckey *key, const char *text, size_t len, char line[160]);
+/* The signature file `old` (may be empty) with key's signature of text
+ * added (a line of the same key replaced; a bare line named bare_id, the
+ * key id the document claims). *out is the caller's to free. */
+int hkn_signatures_add(const hkn_seckey *key, const char *text, size_t len, const char *old,
+                       size_t old_len, const char *bare_id, char **out, hk_report *rep);
+/* A key list's text (docs/ROLLOUT.md, "Keys") into out: keys, threshold,
+ * version, expires; every field checked (HK_ERR_INVALID). No signature is
+ * checked here. */
+int hkn_keylist_parse(const char *json, size_t len, hkn_trust *out, hk_report *rep);
+/* l as a key list's text (*json the caller's to free). */
+int hkn_keylist_write(const hkn_trust *l, char **json, size_t *len, hk_report *rep);
+/* The keys in force: s's accepted key list, else *configured (s may be
+ * NULL). HK_ERR_IO when the state's key list cannot be read (fail closed). */
+int hkn_trust_current(const hkn_trust *configured, hkn_state *s, hkn_trust *out, hk_report *rep);
+/* Verifies a key list against the keys in force (k of them, and k' of its
+ * own), its version (greater: else HK_ERR_REPLAY) and expiry, and makes it
+ * the state's (persisted before 0 is returned); *out is the list. */
+int hkn_keylist_accept(const hkn_trust *configured, hkn_state *s, const char *json, size_t len,
+                       const char *sig, size_t sig_len, int64_t now, hkn_trust *out,
+                       hk_report *rep);
+/* "key list v3: 2 of ID ID ID" (or "configured keys v0: ...") into buf. */
+void hkn_trust_describe(const hkn_trust *t, char *buf, size_t cap);
+
 /* Checks one artifact's size and SHA-256. */
 int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep);
 /* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
@@ -704,6 +760,9 @@ void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w);
 unsigned hkn_pull_metrics_port(const hkn_puller *p);
 /* The host id the puller resolved (net/fleet.c). */
 const char *hkn_pull_host_id(const hkn_puller *p);
+/* The version of the key list in force on its state (0: the configured
+ * keys, or a state that cannot be read). */
+uint64_t hkn_pull_keys_version(hkn_puller *p);
 /* Stops the thread (aborting a transfer in progress) and frees. p may be NULL. */
 void hkn_pull_destroy(hkn_puller *p);
 

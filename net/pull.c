@@ -30,7 +30,11 @@
  * counters and the stop flag are shared with the API under `lock`. Stopping
  * wakes the sleep at once and aborts a transfer through the progress callback.
  *
- * One poll, and what is kept between polls: at "one poll" below.
+ * One poll, and what is kept between polls: at "one poll" below. The key
+ * list (net/keys.c) is fetched in each poll once the manifest's request was
+ * answered, with validators of its own, and before the manifest is
+ * verified, so that a rotation and a release signed by the new keys
+ * published together are taken in one poll.
  */
 #include <errno.h>
 #include <limits.h>
@@ -52,6 +56,7 @@ struct hkn_puller {
                           * fields hkn_pull_resolved stands for are NULL */
     hkn_trust trust;
     char *url, *sig_url, *base, *ca_file, *state_dir, *save_dir, *origin;
+    char *keys_url, *keys_sig_url; /* NULL: no key list polled */
     hkn_state *state;
     hkn_fleet *fleet;   /* the host's id and labels, its rollout records (own lock) */
     hkn_scrape *scrape; /* the /metrics server, or NULL */
@@ -61,15 +66,19 @@ struct hkn_puller {
     CURL *curl;
     char errbuf[CURL_ERROR_SIZE];
     char *etag, *last_modified; /* validators of the last manifest that verified */
+    char *keys_etag, *keys_lm;  /* of the last key list dealt with for good */
     int kept_err;               /* that manifest's outcome, reported again on a 304 */
     char kept_message[512];
     unsigned failures; /* consecutive failed polls, for the backoff */
     int retry;         /* the last poll's engine outcome was transient (poll.retry) */
 
     pthread_mutex_t lock;
-    pthread_cond_t wake;  /* lock: signalled on stop */
-    int stop;             /* lock; also read atomically by the progress callback */
-    hkn_pull_stats stats; /* lock */
+    pthread_cond_t wake;   /* lock: signalled on stop */
+    int stop;              /* lock; also read atomically by the progress callback */
+    hkn_pull_stats stats;  /* lock */
+    uint64_t keys_version; /* lock: the key list in force at the last poll */
+    int keys_threshold;    /* lock: its threshold */
+    uint64_t keys_refused; /* lock: key lists refused */
     pthread_t thread;
     int running; /* set by hkn_pull_run, read by destroy: API thread only */
 };
@@ -118,7 +127,7 @@ static hk_pull_options with_defaults(const hk_pull_options *o) {
     if (r.jitter_pct > 100)
         r.jitter_pct = 100;
     r.url = r.artifact_base = r.ca_file = r.state_dir = NULL;
-    r.host_id = r.host_labels = r.metrics_address = NULL;
+    r.host_id = r.host_labels = r.metrics_address = r.keys_url = NULL;
     r.trusted_keys = NULL;
     r.ntrusted_keys = 0;
     r.swap = NULL;
@@ -197,11 +206,13 @@ static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b,
     if (p->ca_file)
         curl_easy_setopt(c, CURLOPT_CAINFO, p->ca_file);
     if (conditional) {
+        /* 1: the manifest's validators; 2: the key list's. */
+        const char *etag = conditional == 2 ? p->keys_etag : p->etag;
+        const char *lm = conditional == 2 ? p->keys_lm : p->last_modified;
         char h[512];
-        if (p->etag && snprintf(h, sizeof h, "If-None-Match: %s", p->etag) < (int)sizeof h)
+        if (etag && snprintf(h, sizeof h, "If-None-Match: %s", etag) < (int)sizeof h)
             hdrs = curl_slist_append(hdrs, h);
-        if (p->last_modified &&
-            snprintf(h, sizeof h, "If-Modified-Since: %s", p->last_modified) < (int)sizeof h)
+        if (lm && snprintf(h, sizeof h, "If-Modified-Since: %s", lm) < (int)sizeof h)
             hdrs = curl_slist_append(hdrs, h);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     }
@@ -210,7 +221,9 @@ static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b,
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
     count(p, &p->stats.bytes, b->len);
     if (rc == CURLE_OK) {
-        if (*status != 200 && *status != 304)
+        if (*status == 404 && conditional == 2)
+            err = HK_ERR_NOT_FOUND; /* no key list published: not a failure */
+        else if (*status != 200 && *status != 304)
             err = hku_fail(rep, HK_ERR_NETWORK, "GET %s: HTTP %ld", url, *status);
     } else if (rc == CURLE_OPERATION_TIMEDOUT) {
         err = hku_fail(rep, HK_ERR_TIMEOUT, "GET %s: timed out (%s)", url,
@@ -224,7 +237,7 @@ static int fetch(hkn_puller *p, const char *url, int conditional, struct buf *b,
                        p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
     }
     curl_slist_free_all(hdrs);
-    if (err)
+    if (err && err != HK_ERR_NOT_FOUND)
         count(p, &p->stats.errors, 1);
     return err;
 }
@@ -282,6 +295,7 @@ static int save_artifacts(hkn_puller *p, const hkn_manifest *m, struct buf *arts
 struct poll {
     struct buf man, sig, arts[HKN_MAX_ARTIFACTS];
     hkn_manifest m;
+    hkn_trust trust; /* the keys in force (net/keys.c), read in the state's transaction */
     char *etag, *lm; /* the manifest's validators, until kept */
     char mhash[65];  /* the release's identity (net/refused.c) */
     hkn_gate gate;   /* what the host does with it (net/fleet.c) */
@@ -347,7 +361,7 @@ static int refetch(hkn_puller *p, struct poll *q, hk_report *rep) {
  * nothing); without one, nothing is to be done, as ever. */
 static int seen_again(hkn_puller *p, struct poll *q) {
     hk_report r = HK_REPORT_INIT;
-    int ok = hkn_verify_manifest(&p->trust, NULL, q->man.data, q->man.len, q->sig.data, q->sig.len,
+    int ok = hkn_verify_manifest(&q->trust, NULL, q->man.data, q->man.len, q->sig.data, q->sig.len,
                                  (int64_t)time(NULL), &q->m, &r) == 0;
     hk_report_clear(&r);
     if (ok && q->m.rollout.present)
@@ -384,10 +398,12 @@ static void note_unverified(hkn_puller *p, struct poll *q, int err) {
 /* Verifies the manifest (within the state's transaction); the release
  * already running, without a rollout, needs nothing more. */
 static int verify_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
-    int err = hkn_verify_manifest(&p->trust, p->state, q->man.data, q->man.len, q->sig.data,
+    int err = hkn_trust_current(&p->trust, p->state, &q->trust, rep);
+    if (!err)
+        err = hkn_verify_manifest(&q->trust, p->state, q->man.data, q->man.len, q->sig.data,
                                   q->sig.len, (int64_t)time(NULL), &q->m, rep);
     if (err == HK_ERR_SIGNATURE && !(err = refetch(p, q, rep)))
-        err = hkn_verify_manifest(&p->trust, p->state, q->man.data, q->man.len, q->sig.data,
+        err = hkn_verify_manifest(&q->trust, p->state, q->man.data, q->man.len, q->sig.data,
                                   q->sig.len, (int64_t)time(NULL), &q->m, rep);
     if (err == HK_ERR_REPLAY && rep->version == hkn_state_get(p->state, rep->module)) {
         hk_report_clear(rep);
@@ -571,6 +587,77 @@ static void poll_finish(hkn_puller *p, struct poll *q, int err, const hk_report 
     hkn_manifest_free(&q->m);
 }
 
+/* The key list (net/keys.c), conditionally: a 304 or a 404 (none
+ * published) changes nothing. A list taken, or refused for good (an older
+ * or the same version, which a restart meets again), keeps its validators;
+ * another refusal (a signature file not yet replaced, a list that does not
+ * read) is fetched again at the next poll. Returns 0 or the refusal. */
+static int poll_keys(hkn_puller *p, hk_report *rep) {
+    struct buf doc = {.p = p, .limit = 64 << 10}, sig = {.p = p, .limit = 4096};
+    long status = 0;
+    hkn_trust got;
+    int keep = 0, err = fetch(p, p->keys_url, 2, &doc, &status, rep);
+    char *etag = NULL, *lm = NULL, line[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 1) + 64];
+    if (err == HK_ERR_NOT_FOUND || (!err && status == 304)) {
+        hk_report_clear(rep);
+        err = 0;
+        goto out;
+    }
+    if (err)
+        goto out;
+    etag = header_value(p->curl, "ETag");
+    lm = header_value(p->curl, "Last-Modified");
+    if ((err = fetch(p, p->keys_sig_url, 0, &sig, &status, rep)) && status == 404) {
+        hk_report_clear(rep);
+        sig.len = err = 0; /* verification words the refusal */
+    }
+    hkn_state_begin(p->state);
+    if (!err)
+        err = hkn_keylist_accept(&p->trust, p->state, doc.data, doc.len, sig.data, sig.len,
+                                 (int64_t)time(NULL), &got, rep);
+    hkn_state_end(p->state);
+    if (!err) {
+        keep = 1;
+        hkn_trust_describe(&got, line, sizeof line);
+        hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: trusting %s", p->keys_url, line);
+    } else if (err == HK_ERR_REPLAY) {
+        keep = 1;
+        hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->keys_url, rep->message);
+        hk_report_clear(rep);
+        err = 0;
+    } else if (err != HK_ERR_NETWORK && err != HK_ERR_TIMEOUT && err != HK_ERR_CLOSED) {
+        count(p, &p->keys_refused, 1);
+        hkn_log(&p->eng, HK_LOG_WARN, "pull", "refused the key list at %s: %s: %s", p->keys_url,
+                hk_err_name(err), rep->message);
+    }
+out:
+    if (keep) {
+        free(p->keys_etag);
+        free(p->keys_lm);
+        p->keys_etag = etag;
+        p->keys_lm = lm;
+    } else {
+        free(etag);
+        free(lm);
+    }
+    free(doc.data);
+    free(sig.data);
+    return err;
+}
+
+/* The key list in force, for the metrics. */
+static void note_trust(hkn_puller *p) {
+    hkn_trust t;
+    hk_report r = HK_REPORT_INIT;
+    if (hkn_trust_current(&p->trust, p->state, &t, &r) == 0) {
+        pthread_mutex_lock(&p->lock);
+        p->keys_version = t.version;
+        p->keys_threshold = t.threshold > 0 ? t.threshold : 1;
+        pthread_mutex_unlock(&p->lock);
+    }
+    hk_report_clear(&r);
+}
+
 int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     struct poll q;
     hk_report local = HK_REPORT_INIT;
@@ -583,6 +670,11 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "polling %s%s", p->url,
             p->etag || p->last_modified ? " (conditional)" : "");
     int err = fetch_manifest(p, &q, 1, rep);
+    /* The key list once the origin answered (an origin down is one error a
+     * poll), before the manifest is verified. */
+    hk_report krep = HK_REPORT_INIT;
+    int kerr = p->keys_url && (!err || q.done) ? poll_keys(p, &krep) : 0;
+    note_trust(p);
     if (!err && !q.done) {
         /* From the version check to the record, under the shared state's
          * transaction. */
@@ -598,6 +690,13 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
             err = apply_release(p, &q, rep);
         hkn_state_end(p->state);
     }
+    /* A refused key list is the poll's outcome when the release's is fine:
+     * the stats and the backoff say so. */
+    if (kerr && !err) {
+        err = kerr;
+        hku_fail(rep, kerr, "%s", krep.message);
+    }
+    hk_report_clear(&krep);
     poll_finish(p, &q, err, rep);
     /* What runs may have changed by other ways (a rollback, a restore). */
     hkn_fleet_refresh(p->fleet, &p->eng);
@@ -704,6 +803,29 @@ static int url_bytes_ok(const char *what, const char *url, hk_report *rep) {
     return 0;
 }
 
+/* The key list's URL and its signature's: keys_url, or keys.json in the
+ * manifest's directory when NULL; none for "". */
+static int keys_urls(hkn_puller *p, const char *given, int *oom, hk_report *rep) {
+    if (given && !given[0])
+        return 0;
+    int err = url_bytes_ok("keys_url", given, rep);
+    if (err)
+        return err;
+    if (given && strncmp(given, "http://", 7) && strncmp(given, "https://", 8))
+        return hku_fail(rep, HK_ERR_INVALID, "keys_url must be http:// or https://: %s", given);
+    if (given) {
+        p->keys_url = dup_or_null(given, oom);
+    } else {
+        const char *slash = strrchr(p->url, '/');
+        int n = (int)(slash - p->url);
+        if (asprintf(&p->keys_url, "%.*s/keys.json", n, p->url) < 0)
+            p->keys_url = NULL, *oom = 1;
+    }
+    if (p->keys_url && asprintf(&p->keys_sig_url, "%s.sig", p->keys_url) < 0)
+        p->keys_sig_url = NULL, *oom = 1;
+    return 0;
+}
+
 int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
                     hkn_puller **out, hk_report *rep) {
     *out = NULL;
@@ -752,6 +874,8 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
         p->sig_url = NULL, oom = 1;
     if (p->url && asprintf(&p->origin, "pull:%s", p->url) < 0)
         p->origin = NULL, oom = 1;
+    if ((err = keys_urls(p, o->keys_url, &oom, rep)))
+        goto fail;
     if (oom || !(p->curl = curl_easy_init())) {
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
@@ -761,6 +885,7 @@ int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const 
     p->opt.ca_file = p->ca_file;
     if ((err = hkn_state_open(p->state_dir, &p->state, rep)))
         goto fail;
+    note_trust(p);
     if (hkn_refused_create(&p->refused)) {
         err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
         goto fail;
@@ -810,7 +935,25 @@ void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w) {
     hkn_metric(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
     hkn_metric(w, "hotkern_pull_consecutive_failures", "gauge",
                "Polls in a row that failed and backed off.", s.failures);
+    pthread_mutex_lock(&p->lock);
+    uint64_t kv = p->keys_version, kr = p->keys_refused;
+    int kt = p->keys_threshold;
+    pthread_mutex_unlock(&p->lock);
+    hkn_metric(w, "hotkern_trusted_keys_version", "gauge",
+               "Version of the key list the host trusts (0: its configured keys).", kv);
+    hkn_metric(w, "hotkern_trusted_keys_threshold", "gauge",
+               "Distinct trusted keys a release needs.", (uint64_t)kt);
+    hkn_metric(w, "hotkern_key_lists_refused_total", "counter",
+               "Key lists refused (signatures, version, expiry, form).", kr);
     hkn_fleet_metrics(p->fleet, w);
+}
+
+uint64_t hkn_pull_keys_version(hkn_puller *p) {
+    hkn_trust t;
+    hk_report r = HK_REPORT_INIT;
+    int err = hkn_trust_current(&p->trust, p->state, &t, &r);
+    hk_report_clear(&r);
+    return err ? 0 : t.version;
 }
 
 unsigned hkn_pull_metrics_port(const hkn_puller *p) {
@@ -840,6 +983,10 @@ void hkn_pull_destroy(hkn_puller *p) {
     hkn_fleet_destroy(p->fleet);
     free(p->etag);
     free(p->last_modified);
+    free(p->keys_etag);
+    free(p->keys_lm);
+    free(p->keys_url);
+    free(p->keys_sig_url);
     free(p->url);
     free(p->sig_url);
     free(p->base);

@@ -9,6 +9,9 @@
  *
  * On disk: DIR/accepted.json, {"format": 1, "modules": {"name": version}},
  * replaced atomically (temp file, fsync, rename, fsync of the directory).
+ * Beside it, DIR/keys.json: the key list accepted last (net/keys.c), its
+ * signed text as received, under the same locks and the same rules (a
+ * write re-reads it and refuses a version not above the recorded one).
  *
  * Several processes on one directory. Every read and every write takes an
  * flock on the directory itself (shared to read, exclusive to write) and
@@ -62,6 +65,8 @@ struct hkn_state {
 
     pthread_mutex_t lock; /* guards what follows, and the file within the process */
     cJSON *modules;       /* lock: memory only; with a file, the last state read */
+    char *keys;           /* lock: the accepted key list's text, memory only */
+    size_t keys_len;
 
     /* registry_lock */
     int refs;
@@ -184,7 +189,8 @@ static void clean_temps(hkn_state *s) {
     }
     struct dirent *e;
     while ((e = readdir(d)))
-        if (!strncmp(e->d_name, "accepted.json.tmp.", 18))
+        if (!strncmp(e->d_name, "accepted.json.tmp.", 18) ||
+            !strncmp(e->d_name, "keys.json.tmp.", 14))
             unlinkat(s->dirfd, e->d_name, 0);
     closedir(d);
 }
@@ -297,6 +303,7 @@ static void state_free(hkn_state *s) {
     if (!s)
         return;
     cJSON_Delete(s->modules);
+    free(s->keys);
     if (s->dirfd >= 0)
         close(s->dirfd);
     pthread_mutex_destroy(&s->lock);
@@ -466,6 +473,85 @@ void hkn_state_begin(hkn_state *s) {
 
 void hkn_state_end(hkn_state *s) {
     pthread_mutex_unlock(&s->txn);
+}
+
+/* ---- the accepted key list -------------------------------------------- */
+
+#define KEYS_FILE      "keys.json"
+#define KEYS_MAX_BYTES (64 << 10)
+
+static int read_keys(hkn_state *s, char **text, size_t *len, hk_report *rep) {
+    hk_report r = HK_REPORT_INIT;
+    int err = hku_read_fileat(s->dirfd, s->dir, KEYS_FILE, KEYS_MAX_BYTES, text, len, &r);
+    if (err == HK_ERR_NOT_FOUND)
+        err = 0, *text = NULL;
+    else if (err)
+        err = hku_fail(rep, HK_ERR_IO, "%s", r.message);
+    hk_report_clear(&r);
+    return err;
+}
+
+int hkn_state_keys_read(hkn_state *s, char **text, size_t *len, hk_report *rep) {
+    int err = 0;
+    *text = NULL;
+    *len = 0;
+    pthread_mutex_lock(&s->lock);
+    if (!s->dir) {
+        if (s->keys && !(*text = malloc(s->keys_len + 1)))
+            err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+        else if (s->keys) {
+            memcpy(*text, s->keys, s->keys_len + 1);
+            *len = s->keys_len;
+        }
+    } else if (!(err = flock_or_fail(s, LOCK_SH, rep))) {
+        err = read_keys(s, text, len, rep);
+        flock(s->dirfd, LOCK_UN);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return err;
+}
+
+int hkn_state_keys_write(hkn_state *s, const char *text, size_t len, uint64_t version,
+                         int64_t (*version_of)(const char *text, size_t len), hk_report *rep) {
+    int err = 0;
+    char *cur = NULL, *copy = NULL;
+    size_t cur_len = 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->dir) {
+        if ((err = flock_or_fail(s, LOCK_EX, rep)))
+            goto out;
+        err = read_keys(s, &cur, &cur_len, rep);
+    } else {
+        cur = s->keys;
+        cur_len = s->keys_len;
+    }
+    int64_t have = err ? 0 : version_of(cur, cur_len);
+    if (!err && (have < 0 || (uint64_t)have >= version))
+        err = hku_fail(rep, HK_ERR_REPLAY,
+                       "key list v%llu: the state records %s already: nothing was written",
+                       (unsigned long long)version,
+                       have < 0 ? "a key list that does not read" : "a key list at or above it");
+    if (!err && s->dir) {
+        struct iovec iov = {.iov_base = (void *)text, .iov_len = len};
+        err = hku_write_atomicat(s->dirfd, s->dir, KEYS_FILE, &iov, 1, 0600, 1, rep);
+    } else if (!err) {
+        if (!(copy = malloc(len + 1))) {
+            err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(copy, text, len);
+            copy[len] = '\0';
+            free(s->keys);
+            s->keys = copy;
+            s->keys_len = len;
+        }
+    }
+    if (s->dir) {
+        flock(s->dirfd, LOCK_UN);
+        free(cur);
+    }
+out:
+    pthread_mutex_unlock(&s->lock);
+    return err;
 }
 
 const char *hkn_state_path(const hkn_state *s) {

@@ -14,6 +14,15 @@
  * never took it never ran it; the time from the abort to the whole fleet
  * back is printed, with each step's.
  *
+ * Threshold signatures (a second fleet, of THRESHOLD_HOSTS hosts trusting
+ * keys A, B and C, two of them required): a release signed by one key is
+ * refused by every host (each counts a "signature" refusal and keeps what
+ * it runs); co-signed by a second key it is taken by all. A key list of B,
+ * C and D published to the origin is taken by every host without a
+ * restart, after which a release signed by the retired A (and B) is
+ * refused by all and one signed by C and D taken; hosts restarted with the
+ * key list gone from the origin still trust it (their state keeps it).
+ *
  * What each host runs is read from its own metrics only, as Prometheus
  * would; the waits end at a deadline (a failure), never on a timing.
  */
@@ -58,6 +67,12 @@ struct host {
     long long release, in_step, seen_bucket; /* the last scrape's; -1: none */
 };
 static struct host hosts[HOSTS];
+/* The threshold test's: its hosts' trusted keys and threshold (0: the
+ * first test's one key), and whether a scrape may see refusals. */
+#define THRESHOLD_HOSTS 10
+static char trust_files[3][PATH_MAX + 16];
+static int nhosts = HOSTS, ntrust, threshold_k, refusals_ok;
+static long long sig_refusals[HOSTS], keys_version[HOSTS];
 
 static double now_ms(void) {
     struct timespec ts;
@@ -99,13 +114,16 @@ static void host_main(int i) {
     hk_runtime *rt;
     if (hkl_runtime_create_with(&rt, &o, fake_driver(), &rep))
         die("runtime", &rep);
-    const char *keys[] = {pub_path};
+    const char *keys[] = {pub_path}, *keys3[] = {trust_files[0], trust_files[1], trust_files[2]};
     hk_pull_options po;
     hk_pull_options_init(&po);
     po.url = url;
     po.interval_ms = 200;
-    po.trusted_keys = keys;
-    po.ntrusted_keys = 1;
+    po.trusted_keys = ntrust ? keys3 : keys;
+    po.ntrusted_keys = ntrust ? ntrust : 1;
+    po.signature_threshold = (unsigned)threshold_k;
+    if (ntrust)
+        po.max_backoff_ms = 800; /* a refused release is fetched again soon */
     po.state_dir = st;
     po.metrics_address = "127.0.0.1";
     /* Half the hosts are named by the option, half by the environment. */
@@ -144,7 +162,7 @@ static void spawn(int i) {
 /* Reads the ports of the hosts started (10 s at most). */
 static void ports(void) {
     double end = now_ms() + 30000;
-    for (int i = 0; i < HOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         char portf[8192], buf[32] = "";
         snprintf(portf, sizeof portf, "%s/hosts/%s/port", tmp, hosts[i].id);
         while (!hosts[i].port) {
@@ -216,7 +234,11 @@ static int scrape(int i) {
         h->release = sample(b.data, "hotkern_rollout_release");
         h->in_step = sample(b.data, "hotkern_rollout_in_step");
         h->seen_bucket = sample(b.data, "hotkern_rollout_bucket");
-        ck_assert_msg(refusals(b.data) == 0, "%s refused a release: %s", h->id, b.data);
+        sig_refusals[i] =
+            hkt_sample(b.data, "hotkern_rollout_refusals_total", "reason=\"signature\"");
+        keys_version[i] = hkt_sample(b.data, "hotkern_trusted_keys_version", "");
+        ck_assert_msg(refusals_ok || refusals(b.data) == 0, "%s refused a release: %s", h->id,
+                      b.data);
     }
     free(b.data);
     return ok;
@@ -413,11 +435,157 @@ START_TEST(rollout_across_100_hosts) {
 }
 END_TEST
 
+/* ---- threshold signatures and rotation ---------------------------------- */
+
+/* Scrapes every host of the threshold fleet until each runs `release`, has
+ * counted at least `refused` signature refusals (0: any) and trusts key
+ * list `keys` (-1: any). At every scrape a host runs `release` or `other`,
+ * never anything else. */
+static void all_hosts(const char *what, long long release, long long other, long long refused,
+                      long long keys) {
+    double end = now_ms() + DEADLINE;
+    for (;;) {
+        int done = 1;
+        char late[8192] = "";
+        for (int i = 0; i < nhosts; i++) {
+            int st;
+            ck_assert_msg(waitpid(hosts[i].pid, &st, WNOHANG) == 0, "%s exited", hosts[i].id);
+            /* release -1: any (a host restarted on a release without a rollout
+             * reports none until it takes another). */
+            if (!scrape(i) || (release >= 0 && hosts[i].release < 0)) {
+                done = 0;
+                continue;
+            }
+            ck_assert_msg(release < 0 || hosts[i].release == release || hosts[i].release == other,
+                          "%s: %s runs release %lld", what, hosts[i].id, hosts[i].release);
+            if ((release >= 0 && hosts[i].release != release) ||
+                (refused && sig_refusals[i] < refused) || (keys >= 0 && keys_version[i] != keys)) {
+                done = 0;
+                snprintf(late + strlen(late), sizeof late - strlen(late),
+                         " %.23s(release %lld, signature refusals %lld, keys v%lld)", hosts[i].id,
+                         hosts[i].release, sig_refusals[i], keys_version[i]);
+            }
+        }
+        if (done) {
+            printf("cpu_fleet: %-52s all %d hosts\n", what, nhosts);
+            return;
+        }
+        ck_assert_msg(now_ms() < end, "%s: not every host after %d ms:%s", what, DEADLINE, late);
+        usleep(100000);
+    }
+}
+
+/* nginx's ETag and Last-Modified are the file's size and mtime in seconds:
+ * two same-sized manifests published within one second look unchanged
+ * (hotkern sign --help). Each publish comes in a second of its own. */
+static void publish(const char *args) {
+    static time_t last;
+    while (time(NULL) <= last)
+        usleep(50000);
+    hkt_run_cli(tmp, "%s", args);
+    last = time(NULL);
+}
+
+START_TEST(threshold_and_rotation) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    pid_t nginx;
+    hk_report rep = HK_REPORT_INIT;
+    nhosts = THRESHOLD_HOSTS;
+    ntrust = 3;
+    threshold_k = 2;
+    refusals_ok = 1;
+    tmp = hkt_tmpdir();
+    ck_assert_ptr_nonnull(tmp);
+    snprintf(www, sizeof www, "%s/www", tmp);
+    char dir[8192];
+    snprintf(dir, sizeof dir, "%s/hosts", tmp);
+    ck_assert_int_eq(mkdir(www, 0755), 0);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    for (int k = 0; k < 4; k++) { /* a.key ... d.key; hosts trust a, b, c */
+        hkn_seckey key;
+        char path[PATH_MAX + 16];
+        ck_assert_int_eq(hkn_keygen(&key), 0);
+        snprintf(path, sizeof path, "%s/%c.key", tmp, 'a' + k);
+        ck_assert_int_eq(hkn_seckey_save(path, &key, &rep), 0);
+        snprintf(path, sizeof path, "%s/%c.pub", tmp, 'a' + k);
+        ck_assert_int_eq(hkn_pubkey_save(path, &key.pub, &rep), 0);
+        if (k < 3)
+            snprintf(trust_files[k], sizeof trust_files[k], "%s", path);
+    }
+    int port = hkt_nginx_start(www, tmp, NULL, &nginx);
+    ck_assert_msg(port > 0, "nginx did not start");
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/fleet/manifest.json", port);
+    kernel_file("fleet.ptx", 101);
+    publish("sign --key a.key --key b.key --module " MODULE
+            " --release 1 --out www/fleet fleet.ptx");
+    for (int i = 0; i < nhosts; i++) {
+        snprintf(hosts[i].id, sizeof hosts[i].id, "host-%03d", i);
+        snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, hosts[i].id);
+        ck_assert_int_eq(mkdir(dir, 0700), 0);
+        spawn(i);
+    }
+    ports();
+    all_hosts("release 1, signed by A and B (2 of 2)", 1, 0, 0, 0); /* 0: none yet */
+
+    /* k-1 of k: refused by every host, each keeping release 1. */
+    kernel_file("fleet.ptx", 102);
+    publish("sign --key a.key --module " MODULE " --release 2 --out www/fleet fleet.ptx");
+    all_hosts("release 2 signed by A alone: refused (signature)", 1, 1, 1, 0);
+    /* Co-signed by C: the same bytes, taken by all. */
+    publish("cosign --key c.key www/fleet/manifest.json");
+    all_hosts("release 2 co-signed by C: taken", 2, 1, 1, 0);
+
+    /* The rotation: B, C and D, two required, signed by B and C. */
+    publish("keys sign --key b.key --key c.key --list-version 2 --threshold 2 "
+            "--out www/fleet b.pub c.pub d.pub");
+    all_hosts("key list v2 (B, C, D) taken without a restart", 2, 2, 1, 2);
+    kernel_file("fleet.ptx", 103);
+    publish("sign --key a.key --key b.key --module " MODULE
+            " --release 3 --out www/fleet fleet.ptx");
+    all_hosts("release 3 by retired A and B: refused", 2, 2, 2, 2);
+    kernel_file("fleet.ptx", 104);
+    publish("sign --key c.key --key d.key --module " MODULE
+            " --release 4 --out www/fleet fleet.ptx");
+    all_hosts("release 4 by C and D: taken", 4, 2, 2, 2);
+
+    /* Restarted with the key list gone from the origin: kept in the state. */
+    snprintf(dir, sizeof dir, "%s/fleet/keys.json", www);
+    ck_assert_int_eq(unlink(dir), 0);
+    for (int i = 0; i < 2; i++) {
+        stop(i);
+        spawn(i);
+    }
+    ports();
+    all_hosts("2 hosts restarted: still key list v2", -1, -1, 0, 2);
+    kernel_file("fleet.ptx", 105);
+    publish("sign --key a.key --key b.key --module " MODULE
+            " --release 5 --out www/fleet fleet.ptx");
+    all_hosts("release 5 by A and B: refused, restarted hosts too", -1, -1, 1, 2);
+    for (int i = 0; i < nhosts; i++)
+        ck_assert_msg(hosts[i].release != 5, "%s took release 5", hosts[i].id);
+    kernel_file("fleet.ptx", 106);
+    publish("sign --key d.key --key b.key --module " MODULE
+            " --release 6 --out www/fleet fleet.ptx");
+    all_hosts("release 6 by D and B: taken", 6, 4, 1, 2);
+
+    for (int i = 0; i < nhosts; i++) {
+        stop(i);
+        if (hosts[i].c)
+            curl_easy_cleanup(hosts[i].c);
+    }
+    hkt_nginx_stop(nginx);
+    hkt_rmtree(tmp);
+    free(tmp);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fleet");
     TCase *tc = tcase_create("loopback");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, rollout_across_100_hosts);
+    tcase_add_test(tc, threshold_and_rotation);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -114,7 +114,7 @@ extern "C" {
  * Each function says the version that added it ("Since"), and is exported
  * under that version's symbol node (HOTKERN_1.3 for 1.3). */
 #define HK_VERSION_MAJOR 1
-#define HK_VERSION_MINOR 4
+#define HK_VERSION_MINOR 5
 #define HK_VERSION_PATCH 0
 /* The same as one number, 0xMMmmpp (1.3.0 is 0x010300), for the
  * preprocessor: #if HK_VERSION_NUM >= 0x010300. Since 1.3. */

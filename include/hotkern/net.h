@@ -41,6 +41,26 @@
  *   seed + public key) or base64. A key's id is the first 8 bytes of the
  *   SHA-256 of the public key, in hex.
  *
+ * Keys and thresholds (docs/ROLLOUT.md, "Keys"; since 1.5)
+ *   A signature file (manifest.json.sig) may hold several signatures, one a
+ *   line, "KEYID SIGNATURE" (base64), or one bare signature as before. A
+ *   source with signature_threshold k accepts a release that k DISTINCT
+ *   keys of those it trusts signed: a key that signed twice counts once, an
+ *   unknown key's line is ignored. Fewer is HK_ERR_SIGNATURE, the report
+ *   naming the valid and the missing keys; the running version is kept,
+ *   and a puller counts the refusal as reason "signature". A key list,
+ *   keys.json ({"type": "hotkern-keys", "version", "threshold", "expires"
+ *   (0: never), "keys": [{"id", "public"}]}) with keys.json.sig, replaces
+ *   the trusted keys and the threshold without a restart when it is signed
+ *   by k of the keys trusted now and by its own threshold of its own keys,
+ *   is newer than the list in force (else HK_ERR_REPLAY) and has not
+ *   expired (HK_ERR_EXPIRED). It is kept in the state directory
+ *   (state_dir/keys.json), so every source of that directory and a
+ *   restarted host trust it; removing that file goes back to the configured
+ *   keys. Pullers poll it beside the manifest (keys_url, conditionally);
+ *   endpoints take it by POST /v1/keys. `hotkern sign --key K --key K2`,
+ *   `hotkern cosign` and `hotkern keys sign` write them.
+ *
  * HTTP push protocol (hk_endpoint)
  *   POST /v1/release          body, Content-Type: application/x-hotkern-release
  *                             (what `hotkern push` sends): a frame of lengths
@@ -59,6 +79,13 @@
  *                                "artifacts": {"<sha256>": "<base64>", ...}}
  *                             Both carry the same signed bytes: a release
  *                             signed once goes either way.
+ *   POST /v1/keys             {"keys": "<keys.json text>", "signature":
+ *                             "<keys.json.sig text>"} (since 1.5): a key list
+ *                             (above), answered {"outcome": "committed" |
+ *                             "refused", "keys_version", "error", "code",
+ *                             "message"}; 403 for its signatures, 409 an
+ *                             older or equal version, 400 a list that does
+ *                             not read
  *   GET  /v1/status           "endpoint_id"; modules: the highest release
  *                             committed through this endpoint, the engine's
  *                             version and the releases the engine runs and
@@ -200,6 +227,9 @@ typedef struct hk_endpoint_options {
     unsigned threads;        /* event-loop threads, default 2 */
     const char *endpoint_id; /* the id signed rollback requests must name, [A-Za-z0-9_.:@-]{1,127};
                               * NULL: HOSTNAME:PORT (set one where host names repeat) */
+    /* Since 1.5: threshold signatures (above, "Keys and thresholds"). */
+    unsigned signature_threshold; /* distinct trusted keys a release needs, 1 to
+                                   * ntrusted_keys; 0: 1 */
 } hk_endpoint_options;
 
 /* Sets o->size = size and every field within it to the defaults above;
@@ -268,6 +298,10 @@ typedef struct hk_pull_options {
     const char *metrics_address; /* serve GET /metrics here (numeric IPv4/IPv6); NULL with
                                   * metrics_port 0: no server, else "127.0.0.1" */
     unsigned metrics_port;       /* 0 with an address: one chosen (hk_pull_metrics_port) */
+    /* Since 1.5: threshold signatures and key lists ("Keys and thresholds"). */
+    unsigned signature_threshold; /* as for the endpoint */
+    const char *keys_url;         /* the signed key list, polled with the manifest; NULL:
+                                   * keys.json in url's directory; "": none */
 } hk_pull_options;
 
 /* As hk_endpoint_options_init_size, for puller options. Since 1.0. */
@@ -293,6 +327,13 @@ HK_API int hk_pull_start(hk_runtime *rt, const hk_pull_options *opt, hk_puller *
  * metrics_port was 0), or 0 when it serves none (p NULL too). Safe from any
  * thread. Since 1.4. */
 HK_API unsigned hk_pull_metrics_port(const hk_puller *p);
+
+/* The version of the key list the puller's host trusts now (a key list
+ * accepted by any source on its state directory, this puller's polls, an
+ * endpoint's POST /v1/keys, before a restart), or 0 while the configured
+ * trusted_keys stand; 0 for a NULL p or a state that cannot be read. Safe
+ * from any thread. Since 1.5. */
+HK_API uint64_t hk_pull_keys_version(hk_puller *p);
 
 /* The first layout is the whole 1.0 structure. */
 typedef struct hk_pull_stats {
