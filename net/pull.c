@@ -31,10 +31,11 @@
  * wakes the sleep at once and aborts a transfer through the progress callback.
  *
  * One poll, and what is kept between polls: at "one poll" below. The key
- * list (net/keys.c) is fetched in each poll once the manifest's request was
- * answered, with validators of its own, and before the manifest is
- * verified, so that a rotation and a release signed by the new keys
- * published together are taken in one poll.
+ * list (net/keys.c) is fetched, with validators of its own, whenever the
+ * manifest is new, before it is verified (so that a rotation and a release
+ * signed by the new keys published together are taken in one poll), after
+ * a key list's poll that failed, and otherwise every KEYS_EVERY answered
+ * polls: an idle host asks the origin 1 + 1/KEYS_EVERY times a poll.
  */
 #include <errno.h>
 #include <limits.h>
@@ -70,6 +71,7 @@ struct hkn_puller {
     int kept_err;               /* that manifest's outcome, reported again on a 304 */
     char kept_message[512];
     unsigned failures; /* consecutive failed polls, for the backoff */
+    unsigned keys_wait; /* poll thread: answered polls until the key list's next */
     int retry;         /* the last poll's engine outcome was transient (poll.retry) */
 
     pthread_mutex_t lock;
@@ -587,6 +589,9 @@ static void poll_finish(hkn_puller *p, struct poll *q, int err, const hk_report 
     hkn_manifest_free(&q->m);
 }
 
+/* Idle polls between two of the key list's (see the opening). */
+#define KEYS_EVERY 10
+
 /* The key list (net/keys.c), conditionally: a 304 or a 404 (none
  * published) changes nothing. A list taken, or refused for good (an older
  * or the same version, which a restart meets again), keeps its validators;
@@ -673,7 +678,11 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
     /* The key list once the origin answered (an origin down is one error a
      * poll), before the manifest is verified. */
     hk_report krep = HK_REPORT_INIT;
-    int kerr = p->keys_url && (!err || q.done) ? poll_keys(p, &krep) : 0;
+    int kerr = 0;
+    if (p->keys_url && (!err || q.done) && (!q.done || !p->keys_wait--)) {
+        kerr = poll_keys(p, &krep);
+        p->keys_wait = kerr ? 0 : KEYS_EVERY - 1;
+    }
     note_trust(p);
     if (!err && !q.done) {
         /* From the version check to the record, under the shared state's
