@@ -89,7 +89,8 @@ NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 # The CLI; with NET=0 without its network commands (cli/main.c says they are
 # not built), linking the engine and cJSON only.
-CLI_NET_SRC := cli/http.c cli/keys_cmd.c cli/net_cmds.c cli/rollout.c cli/rollout_cmd.c cli/gate.c cli/prom.c cli/watch.c
+CLI_NET_SRC := cli/http.c cli/keys_cmd.c cli/net_cmds.c cli/rollout.c cli/rollout_cmd.c cli/gate.c cli/prom.c \
+               cli/watch.c cli/push_fleet.c
 CLI_SRC  := $(sort $(filter-out $(if $(filter 0,$(NET)),$(CLI_NET_SRC)),$(wildcard cli/*.c)))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_LIBS := $(if $(filter 1,$(NET)),$(LIBS),$(shell pkg-config --libs libcjson 2>/dev/null) $(CORE_LIBS))

@@ -177,6 +177,13 @@ size_t hkc_resp_write(char *p, size_t size, size_t nmemb, void *ud);
  * memory). */
 char *hkc_route_url(const char *base, const char *path);
 
+/* Sets the options every request of the tool shares on a libcurl easy
+ * handle (CURL *): timeouts, protocols, TLS as ho says, the body into r,
+ * libcurl's error text into err (CURL_ERROR_SIZE bytes, kept by the
+ * caller for the transfer's length). For callers that drive their own
+ * transfers (cli/push_fleet.c's multi handle). */
+void hkc_http_setup(void *curl, const hkc_http_opts *ho, char *err, hkc_resp *r);
+
 /* One request to base + path (body NULL for GET). Returns 0 with r->status
  * set, or 1 with the transport failure reported through o as
  * HK_ERR_NETWORK. r->data is the caller's to free either way. */

@@ -122,9 +122,7 @@ static hkc_host *find(const hkc_verdict *v, const hkc_sample *s) {
     return v->nhosts ? bsearch(&key, v->hosts, v->nhosts, sizeof key, by_target) : NULL;
 }
 
-/* The first step of m that takes a host of this id and these labels
- * (comma-separated), -1 for none. */
-static int first_step(const hkn_manifest *m, const char *id, const char *labels) {
+int hkc_first_step(const hkn_manifest *m, const char *id, const char *labels) {
     char names[HKN_MAX_LABELS][HKN_LABEL_MAX];
     const char *ptr[HKN_MAX_LABELS];
     size_t n = 0;
@@ -196,7 +194,7 @@ static int read_hosts(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest
         snprintf(h->id, sizeof h->id, "%s", id);
         snprintf(h->instance, sizeof h->instance, "%s", hkc_sample_label(&x.s[i], "instance"));
         snprintf(h->job, sizeof h->job, "%s", hkc_sample_label(&x.s[i], "job"));
-        h->step = first_step(m, id, hkc_sample_label(&x.s[i], "labels"));
+        h->step = hkc_first_step(m, id, hkc_sample_label(&x.s[i], "labels"));
         h->release = h->refused = -1;
         v->nhosts++;
     }
@@ -404,6 +402,38 @@ void hkc_gate_eval(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest *m
     }
 }
 
+void hkc_gate_queries(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest *m,
+                      hkc_verdict *v) {
+    char fails[sizeof v->reason] = "", why[sizeof v->reason] = "", err[1024];
+    size_t targets;
+    double iv, age = difftime(time(NULL), (time_t)m->created);
+    v->state = HKC_GATE_UNKNOWN;
+    if (hkc_prom_targets(p, &targets, &iv, err, sizeof err) || !targets) {
+        snprintf(v->reason, sizeof v->reason, "Prometheus at %s gave no data: %s", p->url,
+                 targets ? err : "it scrapes no target (yet)");
+        return;
+    }
+    v->max_age_s = a->max_age_s ? (double)a->max_age_s : iv == iv ? 2 * iv + 1 : 61;
+    v->step_age_s = age > 1 ? age : 1;
+    v->window_s = v->step_age_s + v->max_age_s;
+    int unknown = 0, failed = 0;
+    for (int i = 0; i < a->gates.n; i++) {
+        char *q = expand(a->gates.v[i], m, v);
+        int r = q ? run_query(p, q, v, fails, sizeof fails) : -1;
+        if (!q)
+            snprintf(v->reason, sizeof v->reason, "out of memory");
+        free(q);
+        failed |= r > 0;
+        if (r < 0 && !unknown++)
+            memcpy(why, v->reason, sizeof why);
+    }
+    v->state = failed ? HKC_GATE_FAIL : unknown ? HKC_GATE_UNKNOWN : HKC_GATE_PASS;
+    snprintf(v->reason, sizeof v->reason, "%s",
+             failed    ? fails
+             : unknown ? why
+                       : "the --gate queries hold");
+}
+
 void hkc_verdict_free(hkc_verdict *v) {
     free(v->hosts);
     v->hosts = NULL;
@@ -508,7 +538,8 @@ void hkc_fleet_describe(hkc_out *o, const hkn_manifest *m, const hkc_verdict *v)
     cJSON *fleet = o->json ? cJSON_CreateObject() : NULL;
     cJSON *steps = fleet ? cJSON_CreateArray() : NULL;
     if (!o->json)
-        printf("Prometheus knows %zu hosts; per step, the hosts it takes first:\n", v->known);
+        printf("%s %zu hosts; per step, the hosts it takes first:\n",
+               v->push ? "the endpoints file lists" : "Prometheus knows", v->known);
     for (int i = 0; i < (int)m->rollout.nsteps; i++)
         cJSON_AddItemToArray(steps, describe_step(o, m, v, i));
     cJSON *outside = describe_step(o, m, v, -1);

@@ -44,7 +44,8 @@ char *hkc_route_url(const char *base, const char *path) {
     return u;
 }
 
-static void set_transfer(CURL *c, const hkc_http_opts *ho, char *err, hkc_resp *r) {
+void hkc_http_setup(void *curl, const hkc_http_opts *ho, char *err, hkc_resp *r) {
+    CURL *c = curl;
     static char ua[64];
     snprintf(ua, sizeof ua, "hotkern-cli/%s", hk_version());
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
@@ -78,7 +79,7 @@ int hkc_http_body(hkc_out *o, const char *method, const char *base, const char *
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
-    set_transfer(c, ho, err, r);
+    hkc_http_setup(c, ho, err, r);
     if (ho->token) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", ho->token);
         h = curl_slist_append(h, auth);

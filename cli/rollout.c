@@ -344,6 +344,71 @@ static void describe(hkc_out *o, const char *dir, const hkn_manifest *m) {
     }
 }
 
+/* ---- push fleets (cli/push_fleet.c) ------------------------------------ */
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* What a push round of the manifest m ended with: text, or the document's
+ * "push" member; the exit status (1 unless every host acknowledged, 0 for
+ * watch's changes once published: watch judges the replies itself). */
+static int push_said(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m,
+                     const hkc_verdict *v, double ms) {
+    if (o->json) {
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddStringToObject(p, "state",
+                                v->state == HKC_GATE_FAIL   ? "fail"
+                                : v->state == HKC_GATE_PASS ? "pass"
+                                                            : "unknown");
+        cJSON_AddStringToObject(p, "reason", v->reason);
+        cJSON_AddItemToObject(p, "release",
+                              hkc_int((long long)hkn_rollout_target(&m->rollout, m->version)));
+        cJSON_AddItemToObject(p, "hosts", hkc_int((long long)v->expected));
+        cJSON_AddItemToObject(p, "acknowledged", hkc_int((long long)v->on_release));
+        cJSON_AddItemToObject(p, "ms", hkc_int((long long)ms));
+        hkc_set(o, "push", p);
+    } else {
+        printf("push: %s (%.0f ms)\n", v->reason, ms);
+    }
+    if (v->state == HKC_GATE_PASS || a->published_is_done)
+        return 0;
+    return hkc_fail(o, v->state == HKC_GATE_FAIL ? HK_ERR_REJECTED : HK_ERR_NETWORK, NULL, "%s%s",
+                    v->reason,
+                    v->state == HKC_GATE_FAIL ? "; abort the rollout (watch does)"
+                                              : "; the next command or watch pushes again");
+}
+
+/* Pushes DIR's manifest, as published now, to the hosts that lack it. */
+static int push_current(hkc_out *o, const hkc_rollout_args *a, const hkn_pubkey *pub) {
+    hkc_man cur;
+    hkc_verdict v;
+    int rc = hkc_man_load(o, a->dir, MANIFEST, pub, &cur);
+    if (rc)
+        return rc;
+    double t0 = mono_ms();
+    if (!(rc = hkc_push_round(o, a, &cur, 0, &v)))
+        rc = push_said(o, a, &cur.m, &v, mono_ms() - t0);
+    hkc_verdict_free(&v);
+    hkc_man_free(&cur);
+    return rc;
+}
+
+/* advance of a push fleet: every host of the steps so far acknowledged
+ * the release (those that lack it pushed once more first). */
+static int step_acked(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cur) {
+    hkc_verdict v;
+    int rc = hkc_push_round(o, a, cur, 0, &v);
+    if (!rc && v.state != HKC_GATE_PASS)
+        rc = hkc_fail(o, v.state == HKC_GATE_FAIL ? HK_ERR_REJECTED : HK_ERR_BUSY, NULL,
+                      "step %u is not acknowledged by every host: %s", cur->m.rollout.step + 1,
+                      v.reason);
+    hkc_verdict_free(&v);
+    return rc;
+}
+
 /* ---- the subcommands --------------------------------------------------- */
 
 typedef int (*sub_fn)(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur);
@@ -485,6 +550,8 @@ static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *k
                         "step %u bakes %lld s more (of %llu s); --force advances now", r->step + 1,
                         (long long)((int64_t)r->steps[r->step].bake_s - baked),
                         (unsigned long long)r->steps[r->step].bake_s);
+    if (a->endpoints && (rc = step_acked(o, a, cur)))
+        return rc;
     if ((rc = next_of(o, cur, &m, arts)))
         return rc;
     m.rollout.step++;
@@ -583,8 +650,7 @@ static const struct {
     {"resume", do_resume}, {"abort", do_abort},     {"status", NULL},
 };
 
-/* The directory's lock for the command's length: 0, or the exit status. */
-static int lock_dir(hkc_out *o, const char *dir, int *fd) {
+int hkc_lock_dir(hkc_out *o, const char *dir, int *fd) {
     *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (*fd < 0)
         return hkc_fail(o, HK_ERR_IO, NULL, "%s: %s", dir, strerror(errno));
@@ -642,10 +708,11 @@ int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char
         rc = hkc_fail_report(o, &rep);
         goto out;
     }
-    if ((!status && (rc = lock_dir(o, a->dir, &fd))) ||
+    if ((!status && (rc = hkc_lock_dir(o, a->dir, &fd))) ||
         (rc = hkc_man_load(o, a->dir, MANIFEST, status ? (a->pubkey ? &pub : NULL) : &key.pub,
                            &cur)))
         goto out;
+    int pushes = a->endpoints && (start || !strcmp(sub, "advance") || !strcmp(sub, "abort"));
     if (status) {
         if (!cur.have)
             rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL, "%s/" MANIFEST " does not exist", a->dir);
@@ -653,7 +720,13 @@ int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char
             describe(o, a->dir, &cur.m);
             if (a->prometheus)
                 rc = fleet_status(o, a, &cur.m);
+            if (!rc && a->endpoints && cur.m.rollout.present)
+                rc = hkc_push_describe(o, a, &cur.m);
         }
+    } else if (pushes && !strcmp(sub, "abort") && cur.have && cur.m.rollout.present &&
+               cur.m.rollout.aborted) {
+        /* Aborted already: the hosts not confirmed back are pushed again. */
+        rc = 0;
     } else if (start) {
         rc = do_start(o, a, &key, &cur, files, nfiles);
     } else {
@@ -661,6 +734,8 @@ int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char
             if (!strcmp(sub, subs[i].name))
                 rc = subs[i].fn(o, a, &key, &cur);
     }
+    if (!rc && pushes)
+        rc = push_current(o, a, &key.pub);
 out:
     if (fd >= 0)
         close(fd);
@@ -674,7 +749,12 @@ int hkc_rollout_change(hkc_out *o, const char *sub, const hkc_rollout_args *a) {
     hkc_rollout_args b = {.dir = a->dir,
                           .key = a->key,
                           .expires_in = a->expires_in,
-                          .force = !strcmp(sub, "advance")};
+                          .force = !strcmp(sub, "advance"),
+                          .endpoints = a->endpoints,
+                          .http = a->http,
+                          .concurrency = a->concurrency,
+                          .retries = a->retries,
+                          .published_is_done = 1};
     if (!strcmp(sub, "start") || !strcmp(sub, "status"))
         return hkc_usage(o, "no rollout change '%s'", sub);
     return hkc_rollout_run(o, sub, &b, NULL, 0);

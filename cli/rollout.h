@@ -33,6 +33,13 @@ typedef struct hkc_rollout_args {
     uint64_t max_age_s;  /* a host's sample this old no longer reports (0: from the scrapes) */
     uint64_t prom_timeout_s;
     double min_share; /* --min-reporting, parsed: (0, 1] */
+    /* a push fleet (cli/push_fleet.c) */
+    const char *endpoints; /* --endpoints FILE: the hosts pushed to; NULL: a pull fleet */
+    hkc_http_opts http;    /* --token, --cacert, --insecure, --timeout (per push) */
+    uint64_t concurrency;  /* pushes in flight at once */
+    uint64_t retries;      /* more attempts for a host that does not answer */
+    int published_is_done; /* watch's changes: 0 once published, whatever the pushes */
+    int token_given;       /* --token was (the entry's usage check) */
 } hkc_rollout_args;
 
 /* A manifest of the origin directory, verified and parsed. */
@@ -49,6 +56,10 @@ typedef struct hkc_man {
  * failure reported through o; x is the caller's to hkc_man_free. */
 int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub, hkc_man *x);
 void hkc_man_free(hkc_man *x);
+
+/* Takes DIR's lock (flock, not waiting) for the command's length: 0 with
+ * *fd to close, or the exit status (HK_ERR_BUSY: another command holds it). */
+int hkc_lock_dir(hkc_out *o, const char *dir, int *fd);
 
 /* Runs subcommand sub (start, advance, pause, resume, abort, status) as
  * its options say, once the entry (cli/rollout_cmd.c) checked them: the
@@ -120,6 +131,7 @@ typedef struct hkc_host {
 typedef struct hkc_verdict {
     int state;         /* HKC_GATE_* */
     int answered;      /* Prometheus gave the hosts (status fails without) */
+    int push;          /* the hosts are an endpoints file's (cli/push_fleet.c) */
     int settled;       /* PASS only: the step's hosts run the release */
     char reason[4096]; /* why, for people */
     size_t known;      /* hosts Prometheus knows */
@@ -133,6 +145,17 @@ typedef struct hkc_verdict {
     size_t nhosts;
 } hkc_verdict;
 
+/* The first step of m that takes a host of this id and labels
+ * (comma-separated), -1 for none: the bucket and the names as the host
+ * computes them (hkn_fleet_bucket, hkn_rollout_covers), for pull and push
+ * fleets alike. */
+int hkc_first_step(const hkn_manifest *m, const char *id, const char *labels);
+/* A push fleet's part of the gate in Prometheus: each --gate query, over
+ * m's step age and the reporting margin; v's state, reason, step_age_s,
+ * window_s and max_age_s set (no hosts: the endpoints file lists them).
+ * Unknown when Prometheus does not answer or scrapes nothing. */
+void hkc_gate_queries(hkc_prom *p, const hkc_rollout_args *a, const hkn_manifest *m,
+                      hkc_verdict *v);
 /* The default gate queries of manifest m over v's step_age_s and window_s,
  * in order (docs/ROLLOUT.md lists them), written to q[0..HKC_GATE_DEFAULTS-1]. */
 #define HKC_GATE_DEFAULTS 4
@@ -150,6 +173,30 @@ int hkc_gate_check_queries(hkc_out *o, hkc_prom *p, const hkc_rollout_args *a,
 /* status --prometheus: per step, hosts on the release, refused it, on the
  * previous one, on another, not reporting; then the gate. */
 void hkc_fleet_describe(hkc_out *o, const hkn_manifest *m, const hkc_verdict *v);
+
+/* ---- push fleets (cli/push_fleet.c) ------------------------------------ */
+
+/* What a push round does besides pushing the current manifest to the
+ * hosts that lack it. */
+#define HKC_PUSH_PROBE 1 /* asks every host counted as on the release what it runs */
+
+/* Brings a->endpoints' hosts in line with DIR's current manifest cur
+ * (verified, with a rollout): every host of the steps so far that does not
+ * run its release and did not refuse it is pushed the signed manifest and
+ * its artifacts (aborted: every host that took the release, or may have,
+ * is pushed the previous one's), a->concurrency at once, a host that does
+ * not answer tried a->retries times more; each reply is recorded in
+ * DIR/push-state.json. The caller holds DIR's lock. v: the replies'
+ * verdict over the hosts of the steps so far (fail: a refusal; unknown: a
+ * host that did not answer, or could not judge; pass, settled: all on the
+ * release); its hosts the caller's to hkc_verdict_free. 0, or the exit
+ * status (a bad endpoints file: 2). */
+int hkc_push_round(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cur, int flags,
+                   hkc_verdict *v);
+/* status of a push fleet: per step, from DIR/push-state.json, the hosts on
+ * the release, those that refused it (with the endpoint's reason), those
+ * that did not answer and those not pushed yet. 0, or the exit status. */
+int hkc_push_describe(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m);
 
 /* ---- watch (cli/watch.c) ------------------------------------------------ */
 

@@ -6,6 +6,7 @@
  * back by it.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ static const char help[] =
     "         [--json]\n"
     "       hotkern rollout watch --dir DIR --key SECRET --prometheus URL [--interval S]\n"
     "         [GATE...] [--expires-in S] [--json]\n"
+    "       hotkern rollout start|advance|abort|watch|status ... --endpoints FILE [PUSH...]\n"
+    "         (watch: --prometheus optional)\n"
     "  GATE: [--gate QUERY]... [--min-reporting F] [--hosts N] [--lookback S]\n"
     "        [--max-age S] [--prometheus-token T]\n\n"
     "Rolls a release out to a fleet of pullers in steps, through the static origin\n"
@@ -66,7 +69,18 @@ static const char help[] =
     "its hotkern_host_info was scraped within --lookback S (default 3600), and\n"
     "reports while its last sample is at most --max-age S old (default: twice the\n"
     "longest scrape interval, plus 1 s).\n"
-    "Not built yet: push fleets, threshold signatures, --build-for.\n" HKC_JSON_HELP
+    "A push fleet (--endpoints FILE, one 'HOST_ID URL [LABEL,...]' a line, the id and\n"
+    "labels as the host's own, its bucket the same): start, advance and abort also\n"
+    "push DIR's manifest, signed as `hotkern push` sends one, to the hosts of the\n"
+    "steps so far that lack it (abort: to every host that took the release),\n"
+    "--concurrency at once (default 16), a host that does not answer tried\n"
+    "--retries more times (default 2); each reply is that host's acknowledgement\n"
+    "or refusal, kept in DIR/push-state.json. advance refuses until every host of\n"
+    "the step acknowledged; watch pushes and asks the hosts each interval, aborts\n"
+    "on a refusal, pauses while a host does not answer (missing data), and with\n"
+    "--prometheus also runs the --gate queries. status --endpoints shows the\n"
+    "replies per step.\n"
+    "Not built yet: threshold signatures, --build-for.\n" HKC_JSON_HELP
     "Exit status: 0 done, 1 refused, failed or aborted, 2 usage.\n";
 
 static const char *const names[] = {"start", "advance", "pause", "resume",
@@ -83,9 +97,17 @@ static int gate_usage(hkc_out *o, const char *sub, const hkc_rollout_args *a) {
                             "watch's");
     if (status && a->interval_s)
         return hkc_usage(o, "--interval is watch's");
-    if (watch && !a->prometheus)
-        return hkc_usage(o, "watch needs --prometheus URL");
-    if (status && gate && !a->prometheus)
+    if (watch && !a->prometheus && !a->endpoints)
+        return hkc_usage(o, "watch needs --prometheus URL (a pull fleet) or --endpoints FILE (a "
+                            "push fleet)");
+    if (a->endpoints && (!strcmp(sub, "pause") || !strcmp(sub, "resume")))
+        return hkc_usage(o, "pause and resume push nothing: --endpoints is start's, advance's, "
+                            "abort's, status's and watch's");
+    if (!a->endpoints && (a->concurrency || a->retries != UINT64_MAX || a->http.cacert ||
+                          a->http.insecure || a->http.timeout_s || a->token_given))
+        return hkc_usage(o, "--concurrency, --retries, --token, --cacert, --insecure and "
+                            "--timeout are a push fleet's: give --endpoints FILE");
+    if ((status || watch) && gate && !a->prometheus)
         return hkc_usage(o, "the gate's options need --prometheus URL");
     return 0;
 }
@@ -112,6 +134,14 @@ static int dispatch(hkc_out *o, const char *sub, hkc_rollout_args *a, char **fil
         return rc;
     if (!a->lookback_s)
         a->lookback_s = 3600;
+    if (!a->concurrency)
+        a->concurrency = 16;
+    if (a->retries == UINT64_MAX)
+        a->retries = 2;
+    if (!a->http.timeout_s)
+        a->http.timeout_s = 120;
+    if (!a->http.token)
+        a->http.token = getenv("HOTKERN_TOKEN");
     if (!watch)
         return hkc_rollout_run(o, sub, a, files, nfiles);
     if (!a->interval_s)
@@ -134,7 +164,7 @@ static int min_share(hkc_out *o, hkc_rollout_args *a) {
 }
 
 int hkc_cmd_rollout(int argc, char **argv) {
-    hkc_rollout_args a = {.expires_in = 30 * 86400, .prom_timeout_s = 10};
+    hkc_rollout_args a = {.expires_in = 30 * 86400, .prom_timeout_s = 10, .retries = UINT64_MAX};
     int nargs = 0;
     char cmd[32];
     hkc_out o;
@@ -184,9 +214,15 @@ int hkc_cmd_rollout(int argc, char **argv) {
                      "--lookback needs seconds from 1 to 31622400"),
         HKC_UINT_OPT("--max-age", &a.max_age_s, 1, 86400,
                      "--max-age needs seconds from 1 to 86400"),
+        HKC_STRING_OPT("--endpoints", &a.endpoints),
+        HKC_UINT_OPT("--concurrency", &a.concurrency, 1, 1024,
+                     "--concurrency needs a count from 1 to 1024"),
+        HKC_UINT_OPT("--retries", &a.retries, 0, 100, "--retries needs a count from 0 to 100"),
+        HKC_HTTP_OPTS(&a.http),
         HKC_JSON_OPT(&a.json),
     };
     int rc = hkc_parse(&o, cmd, opts, HKC_NOPTS(opts), help, argc - 1, argv + 1, &nargs);
+    a.token_given = a.http.token != NULL;
     if (rc == HKC_CONTINUE && !(rc = min_share(&o, &a)))
         rc = dispatch(&o, sub, &a, argv + 2, nargs);
     hkc_list_free(&a.gates);

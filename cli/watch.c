@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <sodium.h>
@@ -189,6 +190,49 @@ static int act(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m, con
     return -1;
 }
 
+/* A push fleet's gate (cli/push_fleet.c): the round's replies (each host
+ * that lacks the release pushed, each on it asked what it runs), then with
+ * --prometheus the --gate queries; a failure of either fails it, missing
+ * data of either makes it unknown. 0 with v set, or 1 (nothing to free)
+ * when another command holds DIR's lock. */
+static int push_eval(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hkc_man *cur,
+                     hkc_verdict *v) {
+    hkc_out q;
+    int fd = -1, rc;
+    hkc_out_init(&q, o->cmd);
+    hkc_out_json(&q);
+    rc = hkc_lock_dir(&q, a->dir, &fd);
+    if (!rc)
+        rc = hkc_push_round(&q, a, cur, HKC_PUSH_PROBE, v);
+    if (fd >= 0)
+        close(fd);
+    if (rc) {
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(q.doc, "message");
+        decide(o, &cur->m, "wait", "no push round: %s",
+               cJSON_IsString(msg) ? msg->valuestring : "failed");
+        hkc_out_text(&q);
+        memset(v, 0, sizeof *v);
+        return 1;
+    }
+    hkc_out_text(&q);
+    if (!a->prometheus)
+        return 0;
+    hkc_verdict g;
+    memset(&g, 0, sizeof g);
+    hkc_gate_queries(p, a, &cur->m, &g);
+    char both[2 * sizeof v->reason + 32];
+    snprintf(both, sizeof both, "%s; Prometheus: %s", v->reason, g.reason);
+    if (g.state == HKC_GATE_FAIL || (g.state == HKC_GATE_UNKNOWN && v->state == HKC_GATE_PASS)) {
+        v->state = g.state;
+        snprintf(both, sizeof both, "Prometheus: %s; %s", g.reason, v->reason);
+    }
+    memcpy(v->reason, both, sizeof v->reason - 1); /* cut to the verdict's room */
+    v->reason[sizeof v->reason - 1] = '\0';
+    v->step_age_s = g.step_age_s;
+    v->window_s = g.window_s;
+    return 0;
+}
+
 /* One evaluation: returns -1 to go on, else the exit status. */
 static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hkn_pubkey *pub,
                     struct state *st) {
@@ -224,8 +268,12 @@ static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hk
             st->step = r->step; /* advanced by someone else: its bake starts */
             st->hold_since = -1;
         }
-        hkc_gate_eval(p, a, m, &v);
-        rc = act(o, a, m, &v, st);
+        if (!a->endpoints)
+            hkc_gate_eval(p, a, m, &v);
+        if (!a->endpoints || !push_eval(o, a, p, &cur, &v))
+            rc = act(o, a, m, &v, st);
+        else
+            rc = -1; /* DIR held by another command: the next evaluation */
         hkc_verdict_free(&v);
     }
     hkc_man_free(&cur);
@@ -263,9 +311,12 @@ int hkc_rollout_watch(hkc_out *o, const hkc_rollout_args *a) {
     st.release = r->release;
     st.step = r->step;
     if (!o->json)
-        printf("watching release %llu of %s (%s), step %u of %zu, gate every %llu s against %s\n",
-               (unsigned long long)r->release, cur.m.module, a->dir, r->step + 1, r->nsteps,
-               (unsigned long long)a->interval_s, a->prometheus);
+        printf(
+            "watching release %llu of %s (%s), step %u of %zu, gate every %llu s against %s%s%s\n",
+            (unsigned long long)r->release, cur.m.module, a->dir, r->step + 1, r->nsteps,
+            (unsigned long long)a->interval_s, a->endpoints ? "the replies of " : "",
+            a->endpoints ? a->endpoints : a->prometheus,
+            a->endpoints && a->prometheus ? " and Prometheus" : "");
     for (;;) {
         double t0 = mono_s();
         rc = evaluate(o, a, &p, &pub, &st);

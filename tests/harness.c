@@ -265,6 +265,24 @@ void hkt_run_cli(const char *dir, const char *fmt, ...) {
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hotkern %s: %s", args, out);
 }
 
+int hkt_cli_out(const char *dir, char *out, size_t cap, const char *fmt, ...) {
+    char args[4096], cmd[2 * PATH_MAX + 4096 + 64], log[PATH_MAX + 16];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(log, sizeof log, "%s/cli-out.txt", dir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 60 '%s' %s > '%s' 2>&1", dir,
+             hkt_built_program("hotkern"), args, log);
+    int st = system(cmd);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 char *hkt_http_get(const char *url, const char *token, long *status) {
     hkt_body r = {calloc(1, 1), 0};
     struct curl_slist *h = NULL;

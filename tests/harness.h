@@ -75,6 +75,12 @@ long long hkt_sample(const char *text, const char *name, const char *label);
  * most, and fails the test with its output unless it exits 0. */
 void hkt_run_cli(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Runs `hotkern ARGS` (the one built beside the tests) in dir, 60 s at
+ * most: its exit status (-1 when it did not exit), its output (stdout and
+ * stderr) in out. */
+int hkt_cli_out(const char *dir, char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* A Prometheus server the test started (Debian's /usr/bin/prometheus, or
  * $HK_PROMETHEUS): its configuration (prometheus.yml), data (prom-data/)
  * and log (prometheus.log) in dir, its API on 127.0.0.1:port. */
