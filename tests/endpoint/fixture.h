@@ -80,11 +80,11 @@ extern const hkn_engine engine;
 
 /* ---- fixture ----------------------------------------------------------- */
 
-extern char *tmp;
+extern char *tmp; /* per test */
 
-extern hkn_seckey key;
+extern hkn_seckey key; /* trusted */
 
-extern char base[64];
+extern char base[64]; /* http://127.0.0.1:PORT */
 
 extern char key_path[PATH_MAX], src_path[PATH_MAX];
 

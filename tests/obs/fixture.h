@@ -56,7 +56,7 @@ extern hk_runtime *rt;
 
 extern char *tmp;
 
-extern int try_set_log_inside;
+extern int try_set_log_inside; /* the callback calls hk_runtime_set_log once */
 
 void on_log(hk_log_level level, const char *sub, const char *msg, void *ud);
 

@@ -57,9 +57,9 @@ typedef struct recorder {
 
 extern recorder rec;
 
-extern char dir[PATH_MAX];
+extern char dir[PATH_MAX]; /* the watched directory, canonical */
 
-extern char root[PATH_MAX];
+extern char root[PATH_MAX]; /* the temporary tree holding it */
 
 extern hkw_watcher *w;
 
