@@ -510,6 +510,14 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
 
+# A suite split by feature: tests/cpu_X.c (main and the suite's assembly)
+# plus tests/X/*.c, linked as the one suite BUILD/tests/cpu_X.
+SUITE_DIRS := $(foreach t,$(patsubst tests/cpu_%.c,%,$(filter tests/cpu_%,$(TEST_SRC))),$(if \
+                $(wildcard tests/$(t)/*.c),$(t)))
+suite_parts = $(patsubst %.c,$(BUILD)/obj/%.o,$(sort $(wildcard tests/$(1)/*.c)))
+$(foreach d,$(SUITE_DIRS),$(eval $(BUILD)/tests/cpu_$(d): TEST_OBJ += $(call suite_parts,$(d))) \
+  $(eval $(BUILD)/tests/cpu_$(d): $(call suite_parts,$(d))))
+
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
 $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_LDFLAGS := -lstdc++
@@ -764,7 +772,8 @@ fuzz: fuzz-build
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
-               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu)
+               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu \
+               $(SUITE_DIRS:%=tests/%/*.[ch]))
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle between files (across folders or inside one), no library file over
 # about 1,000 lines (800 in loader/), no loader/ or canary/ function over 100.
