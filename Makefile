@@ -2,6 +2,43 @@
 # runs every suite (GPU suites SKIP without a device); `make demo` runs the demo.
 # Both top-level commands install missing Debian packages first (scripts/deps.sh).
 
+# Parallel by default: a make started by hand with no -j runs a job per core.
+# A sub-make joins its parent's jobserver and adds nothing. GNU make 4.3 does
+# not show the -j of its own command line to the makefile (4.4 puts it in
+# MAKEFLAGS), hence the look at make's command line in /proc.
+ifeq ($(MAKELEVEL),0)
+HK_JOBS_GIVEN := $(shell { printf ' %s ' '$(filter -%,$(MAKEFLAGS))' "$$MAKEFLAGS"; \
+                   tr '\0' ' ' </proc/$$PPID/cmdline; } 2>/dev/null | \
+                   grep -Eq -- ' (-[a-zA-Z]*j|--jobs)' && echo 1)
+ifeq ($(HK_JOBS_GIVEN),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
+
+# `make clean build` (any goals with clean) makes each goal in turn, each in
+# parallel: clean must not remove what a build in parallel with it writes.
+ifneq ($(and $(filter clean,$(MAKECMDGOALS)),$(filter-out clean,$(MAKECMDGOALS))),)
+.PHONY: $(MAKECMDGOALS) hk-goals-in-turn
+$(MAKECMDGOALS): hk-goals-in-turn
+	@:
+hk-goals-in-turn:
+	@set -e; for g in $(MAKECMDGOALS); do $(MAKE) --no-print-directory $$g; done
+else
+
+# One short line a step (`  CC  build/obj/loader/gate.o`); `make V=1` prints
+# the commands instead, as `make -n` does; `make -s` prints neither.
+V        ?= 0
+ifneq ($(V)$(findstring n,$(firstword -$(MAKEFLAGS))),0)
+Q        :=
+say       =
+else ifneq ($(findstring s,$(firstword -$(MAKEFLAGS))),)
+Q        := @
+say       = @
+else
+Q        := @
+say       = @printf '  %-4s %s\n' '$(1)' '$(2)';
+endif
+
 CUDA     ?= /usr/local/cuda
 PREFIX   ?= /usr/local
 DESTDIR  ?=
@@ -338,92 +375,92 @@ $(shell mkdir -p '$(BUILD)' && [ "$$(cat '$(CONFIG)' 2>/dev/null)" = '$(CONFIG_T
 endif
 $(CONFIG):
 	@mkdir -p $(dir $@)
-	printf '%s\n' '$(CONFIG_TEXT)' >$@
+	$(Q)printf '%s\n' '$(CONFIG_TEXT)' >$@
 
 $(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC,$@)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CXX,$@)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%_noexcept.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
+	$(call say,CXX,$@)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 # The shared libraries link their objects as one, whose functions carry
 # their version nodes (scripts/symver.sh, pkg/*.map).
 $(SHARED): $(LIB_OBJ) pkg/hotkern.map scripts/symver.sh
 	@mkdir -p $(dir $@)
-	sh scripts/symver.sh pkg/hotkern.map $(BUILD)/obj/libhotkern.o $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
+	$(call say,LD,$@)sh scripts/symver.sh pkg/hotkern.map $(BUILD)/obj/libhotkern.o $(LIB_OBJ)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
 	  -o $@ $(BUILD)/obj/libhotkern.o $(CORE_LIBS)
-	ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
+	$(Q)ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
 
 $(NET_STATIC): $(NET_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 $(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map scripts/symver.sh $(SHARED)
 	@mkdir -p $(dir $@)
-	sh scripts/symver.sh pkg/hotkern-net.map $(BUILD)/obj/libhotkern-net.o $(NET_OBJ)
-	$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
+	$(call say,LD,$@)sh scripts/symver.sh pkg/hotkern-net.map $(BUILD)/obj/libhotkern-net.o $(NET_OBJ)
+	$(Q)$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
 	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(BUILD)/obj/libhotkern-net.o -L$(BUILD)/lib -lhotkern \
 	  $(NET_LIBS)
-	ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
+	$(Q)ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
 
 $(PRELOAD): $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) pkg/hotkern-preload.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
+	$(call say,LD,$@)$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
 	  $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) $(LIBS) -lstdc++
 
 $(BUILD)/tests/gpu_interpose_shared: tests/gpu_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/tests/gpu_interpose_static: tests/gpu_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/tests/gpu_interpose_ptsz: tests/gpu_interpose.cu $(WRAP) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
 	  -lstdc++
 
 # Several files with file-local kernels and variables of the same names.
 GPU_TU_SRC := tests/gpu_interpose_tu.cu tests/gpu_tu/a.cu tests/gpu_tu/b.cu
 $(BUILD)/tests/gpu_interpose_tu_shared: $(GPU_TU_SRC) $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
 	  -lhotkern-preload -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/tests/gpu_interpose_tu_static: $(GPU_TU_SRC) $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/bench/bench_frame_stall_shared: bench/bench_frame_stall.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 # Self-contained: the interposition reaches into the engine's internals,
 # which libhotkern.so does not export, so the archive holds the engine too.
@@ -432,65 +469,65 @@ $(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(AR
 # nothing of hotkern in their sources.
 $(BUILD)/examples/existing_program_shared: examples/existing_program.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/examples/existing_program_static: examples/existing_program.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/stub/exit_app_shared: tests/stub/exit_app.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/stub/exit_app_static: tests/stub/exit_app.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/stub/exit_app_plain: tests/stub/exit_app.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $<
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $<
 
 $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/obj/tests/programs/%.o: tests/programs/%.cu tests/programs/prog.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 define PROG_RULES
 $(PROG_DIR)/$(1)-shared: $(call prog_obj,$(1))
 	@mkdir -p $$(dir $$@)
-	$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
+	$$(call say,NVCC,$$@)$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
 
 $(PROG_DIR)/$(1)-static: $(call prog_obj,$(1)) $$(WRAP)
 	@mkdir -p $$(dir $$@)
-	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
+	$$(call say,NVCC,$$@)$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
 	  -Xlinker --strip-debug
 endef
 $(foreach c,$(PROG_CASES),$(eval $(call PROG_RULES,$(c))))
 
 $(PROG_DIR)/plugins-shared: $(BUILD)/obj/tests/programs/plugins/host.o
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
 
 $(PROG_DIR)/lib%.so: tests/programs/plugins/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$(NET)),$(NET_OBJ))
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $(sort $^)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $(sort $^)
 
 # libstdc++ for its C++ demangler (__cxa_demangle): check shows C++ kernel
 # names demangled beside the mangled ones.
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS) -lstdc++
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS) -lstdc++
 
 # With NET=0 cJSON is the CLI's alone.
 ifeq ($(NET),0)
@@ -499,15 +536,15 @@ endif
 
 $(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
 
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
@@ -533,7 +570,7 @@ $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu $(BUILD)/tests/cpu_
 # suites' rule above must not take them).
 $(CXX_TEST_BIN): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
+	$(call say,LD,$@)$(CXX) $(CXXFLAGS) -o $@ $< $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
 
 # cpu_load steps the wall clock as the library reads it.
 $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
@@ -542,49 +579,49 @@ $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
 # BUILD/tests, whose every executable tests/run.sh runs as a suite.
 $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
+	$(call say,LD,$@)$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
 
 $(BAD_CANARY): $(BUILD)/obj/tests/stub/canary_bad.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(FAKE_SAN): $(BUILD)/obj/tests/stub/fake_sanitizer.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $<
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $<
 
 $(FAKE_CUDA): $(FAKE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
+	$(call say,LD,$@)$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
 
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
 $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) -lcudart
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
 # bench_save_cpu runs the engine on the tests' fake driver: no GPU needed.
 $(BUILD)/bench/bench_save_cpu: $(BUILD)/obj/bench/bench_save_cpu.o $(BUILD)/obj/tests/fakecuda.o \
                                $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/tests/fakecuda.o $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/tests/fakecuda.o $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
 $(BUILD)/examples/%: examples/%.c $(SHARED)
 	@mkdir -p $(dir $@)
-	$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
+	$(call say,LD,$@)$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
 
 $(BUILD)/examples/%: examples/%.cpp $(SHARED) include/hotkern/hotkern.hpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(EX_CXXFLAGS) -o $@ $< -lhotkern $(EX_LIBS)
+	$(call say,LD,$@)$(CXX) $(EX_CXXFLAGS) -o $@ $< -lhotkern $(EX_LIBS)
 
 $(EX_NET): $(NET_SHARED)
 $(EX_NET): EX_HOTKERN := -lhotkern-net -lhotkern
 
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
 
 # `make install`: both libraries, static and shared (with NET=0 the engine's
 # alone), the headers, the CLI, the helper programs the library starts (in
@@ -638,7 +675,7 @@ PC_BUILT := $(addprefix $(PKG_OUT)/,$(PC_FILES))
 build: $(PC_BUILT)
 $(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) Makefile
 	@mkdir -p $(dir $@)
-	$(SUBST) $< >$@
+	$(call say,GEN,$@)$(SUBST) $< >$@
 install: $(INSTALLED_BUILT)
 	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
 	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
@@ -777,8 +814,8 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
              $(BUILD)/obj/interpose/wrap.o $(CLI_OBJ) $(BUILD)/obj/canary/helper.o \
              $(BUILD)/obj/ptx/helper.o
 lint: deps
-	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
+	$(call say,LINT,clang-format)clang-format --dry-run --Werror $(FORMAT_SRC)
+	$(call say,LINT,sh -n)sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
 	  tests/run.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
 	  tests/exit-stress.sh
@@ -791,7 +828,7 @@ lint: deps
 	@w=$$(cd $(MAN3_DIR)/.. && groff -man -ww -z man3/hk_*.3 2>&1); \
 	  [ -z "$$w" ] || { echo "lint: $(MAN3_DIR): $$w" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(LAYER_OBJ)
-	python3 scripts/layers.py $(BUILD) --check
+	$(call say,LINT,scripts/layers.py)python3 scripts/layers.py $(BUILD) --check
 
 man:
 	sh scripts/man3.sh $(MAN3_DIR)
@@ -803,3 +840,5 @@ clean:
 	rm -rf build build-san build-tsan
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d)
+
+endif # (goals in turn)
