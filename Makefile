@@ -97,9 +97,8 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 OPT      ?= -O2 -g
 SAN      ?=
-# HK_PREFIX and HK_LIBEXECDIR: where the library looks for its helper
-# programs last (loader/canary.c); HK_NO_NET: built with NET=0.
-CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -DHK_LIBEXECDIR='"$(LIBEXECDIR)"' \
+# HK_NO_NET: built with NET=0. (The paths compiled in: PATH_OBJ.)
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING \
             $(if $(filter 0,$(NET)),-DHK_NO_NET) -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(shell pkg-config --cflags check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
@@ -134,6 +133,13 @@ TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
 TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# A CPU suite's own files: tests/cpu_NAME.c, and tests/NAME/*.c when that
+# folder exists (not the folders of other uses: cpp, stub, fuzz, programs).
+# $(call suite_obj,cpu_NAME): the objects of the folder's.
+SUITE_DIR_NOT := cpu_cpp cpu_stub cpu_fuzz cpu_programs
+suite_obj = $(if $(filter-out $(SUITE_DIR_NOT),$(filter cpu_%,$(1))),$(patsubst \
+              %.c,$(BUILD)/obj/%.o,$(sort $(wildcard tests/$(patsubst cpu_%,%,$(1))/*.c))))
+CPU_SUITES := $(patsubst tests/%.c,%,$(filter tests/cpu_%,$(TEST_SRC)))
 # C++ suites (tests/cpu_*.cc), each built twice: with exceptions, and with
 # -fno-exceptions as BUILD/tests/NAME_noexcept (hotkern.hpp's two error
 # models), linked with tests/cpp/'s C support.
@@ -363,19 +369,34 @@ abi-baseline: deps
 	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
 	@sh scripts/abi-check.sh $(BUILD) --update
 
-# What the objects are built with that no prerequisite shows (NET, and the
-# paths compiled in): BUILD/config, rewritten only when it changes, so that
-# a change rebuilds them.
-# (Not by `make -n`, which changes nothing.)
+# What objects are built with that no prerequisite shows, each in a file
+# rewritten only when it changes, so that a change rebuilds what uses it:
+# BUILD/config (NET) for every object, BUILD/config-paths (the paths compiled
+# in) for PATH_OBJ alone. (Not by `make -n`, which changes nothing.)
 CONFIG   := $(BUILD)/config
-CONFIG_TEXT := NET=$(NET) PREFIX=$(PREFIX) LIBEXECDIR=$(LIBEXECDIR)
+CONFIG_TEXT := NET=$(NET)
+PATHS_CONFIG := $(BUILD)/config-paths
+PATHS_CONFIG_TEXT := PREFIX=$(PREFIX) LIBEXECDIR=$(LIBEXECDIR)
+write_config = $(shell mkdir -p '$(dir $(1))' && [ "$$(cat '$(1)' 2>/dev/null)" = '$(2)' ] || \
+                 printf '%s\n' '$(2)' >'$(1)')
 ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
-$(shell mkdir -p '$(BUILD)' && [ "$$(cat '$(CONFIG)' 2>/dev/null)" = '$(CONFIG_TEXT)' ] || \
-  printf '%s\n' '$(CONFIG_TEXT)' >'$(CONFIG)')
+$(call write_config,$(CONFIG),$(CONFIG_TEXT))
+$(call write_config,$(PATHS_CONFIG),$(PATHS_CONFIG_TEXT))
 endif
 $(CONFIG):
 	@mkdir -p $(dir $@)
 	$(Q)printf '%s\n' '$(CONFIG_TEXT)' >$@
+$(PATHS_CONFIG):
+	@mkdir -p $(dir $@)
+	$(Q)printf '%s\n' '$(PATHS_CONFIG_TEXT)' >$@
+
+# HK_PREFIX and HK_LIBEXECDIR, in the objects that use them alone: where the
+# library looks for its helper programs last (loader/canary.c), and what
+# tests/cpu_install.c installs with. `make install PREFIX=...` rebuilds these
+# (and relinks), not the rest.
+PATH_OBJ := $(BUILD)/obj/loader/canary.o $(BUILD)/obj/tests/cpu_install.o $(call suite_obj,cpu_install)
+$(PATH_OBJ): $(PATHS_CONFIG)
+$(PATH_OBJ): CPPFLAGS += -DHK_PREFIX='"$(PREFIX)"' -DHK_LIBEXECDIR='"$(LIBEXECDIR)"'
 
 $(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
@@ -542,9 +563,12 @@ $(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(call suite_obj,$(@F)) $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) \
+	  $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+# A suite's folder (suite_obj).
+$(foreach t,$(CPU_SUITES),$(eval $(BUILD)/tests/$(t): $(call suite_obj,$(t))))
 
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
@@ -669,34 +693,37 @@ SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSI
               -e 's|@WRAP_LINK@|$(call cmake_list,$(WRAP_LINK))|g'
 PKG_OUT  := $(BUILD)/pkg
 PC_FILES := hotkern.pc hotkern-wrap.pc $(if $(filter 1,$(NET)),hotkern-net.pc)
+CMAKE_FILES := hotkernConfig.cmake hotkernConfigVersion.cmake
 # The pkg-config files as an install writes them, also in `make build`:
 # tests/cpu_setup.c checks the variables the documentation names.
 PC_BUILT := $(addprefix $(PKG_OUT)/,$(PC_FILES))
 build: $(PC_BUILT)
-$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) Makefile
+$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) $(PATHS_CONFIG) Makefile
 	@mkdir -p $(dir $@)
 	$(call say,GEN,$@)$(SUBST) $< >$@
 install: $(INSTALLED_BUILT)
-	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
-	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
+	$(Q)install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
+	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 \
 	  $(if $(CLI_ON),$(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1)
-	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/hotkern/
-	install -m 644 $(STATIC) $(WRAP) $(if $(filter 1,$(NET)),$(NET_STATIC)) $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(SHARED) $(PRELOAD) $(FAKE_CUDA) $(if $(filter 1,$(NET)),$(NET_SHARED)) \
+	$(call say,INST,$(DESTDIR)$(INCLUDEDIR)/hotkern/)install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/hotkern/
+	$(call say,INST,$(DESTDIR)$(LIBDIR)/)install -m 644 $(STATIC) $(WRAP) $(if $(filter 1,$(NET)),$(NET_STATIC)) \
 	  $(DESTDIR)$(LIBDIR)/
-	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhotkern.so
-	$(if $(filter 1,$(NET)),ln -sf $(NET_SONAME) $(DESTDIR)$(LIBDIR)/libhotkern-net.so)
-	install -m 755 $(CANARY) $(BUILDER) $(DESTDIR)$(HELPERDIR)/
-	$(if $(CLI_ON),install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/)
-	$(if $(CLI_ON),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
-	install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
+	$(Q)install -m 755 $(SHARED) $(PRELOAD) $(FAKE_CUDA) $(if $(filter 1,$(NET)),$(NET_SHARED)) \
+	  $(DESTDIR)$(LIBDIR)/
+	$(Q)ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhotkern.so
+	$(Q)$(if $(filter 1,$(NET)),ln -sf $(NET_SONAME) $(DESTDIR)$(LIBDIR)/libhotkern-net.so)
+	$(call say,INST,$(DESTDIR)$(HELPERDIR)/)install -m 755 $(CANARY) $(BUILDER) $(DESTDIR)$(HELPERDIR)/
+	$(if $(CLI_ON),$(call say,INST,$(DESTDIR)$(BINDIR)/)install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/)
+	$(if $(CLI_ON),$(call say,INST,$(DESTDIR)$(MANDIR)/man1/)install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
+	$(call say,INST,$(DESTDIR)$(MANDIR)/man3/)install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 # (Earlier versions put the helpers in BINDIR.)
-	rm -f $(DESTDIR)$(BINDIR)/hotkern-canary $(DESTDIR)$(BINDIR)/hotkern-build
-	$(foreach f,$(PC_FILES) hotkernConfig.cmake hotkernConfigVersion.cmake,\
-	  $(SUBST) pkg/$(f).in >$(PKG_OUT)/$(f) &&) true
-	install -m 644 $(addprefix $(PKG_OUT)/,$(PC_FILES)) $(DESTDIR)$(PCDIR)/
-	install -m 644 $(PKG_OUT)/hotkernConfig.cmake $(PKG_OUT)/hotkernConfigVersion.cmake \
-	  $(DESTDIR)$(CMAKEDIR)/
+	$(Q)rm -f $(DESTDIR)$(BINDIR)/hotkern-canary $(DESTDIR)$(BINDIR)/hotkern-build
+# The package files, written where they go (not in BUILD/pkg, which the
+# build's own are, and suites read while an install runs).
+	$(call say,INST,$(DESTDIR)$(PCDIR)/)$(foreach f,$(PC_FILES),$(SUBST) pkg/$(f).in \
+	  >$(DESTDIR)$(PCDIR)/$(f) &&) chmod 644 $(addprefix $(DESTDIR)$(PCDIR)/,$(PC_FILES))
+	$(call say,INST,$(DESTDIR)$(CMAKEDIR)/)$(foreach f,$(CMAKE_FILES),$(SUBST) pkg/$(f).in \
+	  >$(DESTDIR)$(CMAKEDIR)/$(f) &&) chmod 644 $(addprefix $(DESTDIR)$(CMAKEDIR)/,$(CMAKE_FILES))
 
 # Every file an install of either kind (NET=0 or 1) puts there, and the
 # helpers where earlier versions put them; then the folders that are
@@ -800,7 +827,8 @@ fuzz: fuzz-build
 FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch] ptx/*.[ch] watch/*.[ch] \
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
-               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu)
+               tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu \
+               $(foreach t,$(CPU_SUITES),tests/$(patsubst cpu_%,%,$(t))/*.[ch]))
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle between files (across folders or inside one), no library file over
 # about 1,000 lines (800 in loader/), no loader/ or canary/ function over 100.
