@@ -76,13 +76,19 @@ endif
 ifeq ($(filter 0 1,$(NET)),)
 $(error NET is 0 (the engine alone) or 1 (and the network library), not '$(NET)')
 endif
+# The goals that install the packages first (deps) and then build in a
+# sub-make: there NET is decided again, after deps, and said if it is 0; the
+# make that runs deps says nothing of a NET found before it.
+DEPS_GOALS := deps test test-cpu sanitize tsan demo demo-tour demo-nvcc bench abi-check \
+              abi-baseline lint
+NET_SAY  := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),,1)
 ifeq ($(NET),1)
 CLI_ON   := 1
 else
 CLI_ON   := $(shell pkg-config --exists libcjson 2>/dev/null && echo 1)
-$(info hotkern: NET=0 ($(NET_WHY)): building the engine without libhotkern-net, the CLI's \
+$(if $(NET_SAY),$(info hotkern: NET=0 ($(NET_WHY)): building the engine without libhotkern-net, the CLI's \
 network commands and HOTKERN_ENDPOINT/HOTKERN_ORIGIN$(if $(CLI_ON),,; without the CLI too (it \
-needs libcjson)))
+needs libcjson))))
 endif
 PKGS     := $(sort $(CORE_PKGS) $(if $(filter 1,$(NET)),$(NET_PKGS)))
 # The version the public header states (HK_VERSION_*), for hotkern.pc; the
@@ -335,18 +341,25 @@ tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g" SAN="-fsanitize=thread" build
 	@TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" sh tests/run.sh build-tsan cpu
 
+# The demos build what they run, not the tests and benchmarks: the demo, the
+# CLI it runs and the helpers the library starts; the nvcc tour's two builds
+# of its program and the preload library. DEMO_ARGS: more of hotkern-demo's
+# options (`make demo DEMO_ARGS="--seconds 10"`).
+DEMO_BUILT := $(DEMO_BIN) $(CLI) $(CANARY) $(BUILDER)
+DEMO_NVCC_BUILT := $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static $(PRELOAD) $(CLI) \
+                   $(CANARY) $(BUILDER)
 demo: deps
-	@$(MAKE) --no-print-directory build
-	@sh demo/run.sh $(BUILD)
+	@$(MAKE) --no-print-directory $(DEMO_BUILT)
+	@sh demo/run.sh $(BUILD) $(DEMO_ARGS)
 
 demo-tour: deps
-	@$(MAKE) --no-print-directory build
-	@sh demo/run.sh $(BUILD) --tour
+	@$(MAKE) --no-print-directory $(DEMO_BUILT)
+	@sh demo/run.sh $(BUILD) --tour $(DEMO_ARGS)
 
 # The existing-program demo: an nvcc program with <<<>>> launches, unchanged,
 # edited while it runs (demo/nvcc/).
 demo-nvcc: deps
-	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory $(DEMO_NVCC_BUILT)
 	@sh demo/nvcc/tour.sh $(BUILD)
 
 bench: deps
