@@ -306,26 +306,22 @@ endif
 deps:
 	@sh scripts/deps.sh
 
+# tests/all.sh runs the parts (the suites, the CPU ones HK_TEST_JOBS at a
+# time; hotkern.hpp's misuses, which must not compile; the examples; the
+# program shapes; the ABI, its report in BUILD/abi.log), each to its end, and
+# prints the verdict of them all last.
+RUN_TESTS = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/all.sh $(BUILD)
 test: deps
 	@$(MAKE) --no-print-directory build
-	@sh tests/run.sh $(BUILD)
-	@$(COMPILE_CHECK)
-	@sh tests/run-examples.sh $(BUILD)
-	@sh tests/programs/run.sh $(BUILD)
-	@sh scripts/abi-check.sh $(BUILD)
+	@$(RUN_TESTS)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
-	@sh tests/run.sh $(BUILD) cpu
-	@$(COMPILE_CHECK)
+	@$(RUN_TESTS) cpu compile
 
-# hotkern.hpp's argument rule at compile time: misuses must not compile.
-COMPILE_CHECK = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/cpp/compile-fail.sh
 # For the GPU machine: runs what is already built, never recompiles.
 test-gpu-prebuilt:
-	@sh tests/run.sh $(BUILD) gpu
-	@sh tests/run-examples.sh $(BUILD)
-	@sh tests/programs/run.sh $(BUILD)
+	@$(RUN_TESTS) gpu examples programs
 
 # The example programs on what is built (each SKIPs without a device).
 test-examples:
@@ -857,7 +853,7 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
 lint: deps
 	$(call say,LINT,clang-format)clang-format --dry-run --Werror $(FORMAT_SRC)
 	$(call say,LINT,sh -n)sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
-	  tests/run.sh tests/run-examples.sh \
+	  tests/run.sh tests/all.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
 	  tests/exit-stress.sh
 	@sh scripts/api.sh --check
