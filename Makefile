@@ -855,7 +855,7 @@ lint: deps
 	$(call say,LINT,sh -n)sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
 	  tests/run.sh tests/all.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
-	  tests/exit-stress.sh
+	  tests/exit-stress.sh bench/build-times.sh
 	@sh scripts/api.sh --check
 	@d=$$(mktemp -d) && sh scripts/man3.sh $$d/man3 && diff -r $$d/man3 $(MAN3_DIR) >/dev/null; \
 	  s=$$?; rm -rf $$d; [ $$s -eq 0 ] || \
