@@ -41,7 +41,7 @@ done
 # time in seconds and its exit status.
 step() {
   c=$dir/$1
-  log=$dir/logs/$2-$1.log
+  log=$dir/logs/$(echo "$2" | tr '/' '_')-$1.log
   (cd "$c" && mk clean >/dev/null 2>&1 || true)
   t0=$(date +%s.%N)
   set +e
@@ -60,23 +60,24 @@ step() {
   echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') $rc"
 }
 
-results=""
+i=0
 for s in $steps; do
+  i=$((i + 1))
   for side in old new; do
     echo "build-times: make $s at $side ($(eval "echo \$${side}_id"))..." >&2
-    r=$(step "$side" "$s")
-    results="$results $s:$side:$(echo "$r" | tr ' ' ':')"
+    step "$side" "$s" >"$dir/result-$i-$side"
   done
 done
 
 echo "build and test times, $(nproc) cores, ccache off, $(date -u '+%Y-%m-%d %H:%M UTC')"
 printf '%-12s %16s %16s %8s\n' "" "old $old_id" "new $new_id" "new/old"
+cell() { if [ "$2" -eq 0 ]; then printf '%.1f s' "$1"; else printf '%.1f s (exit %s)' "$1" "$2"; fi; }
+i=0
 for s in $steps; do
-  o=$(echo "$results" | tr ' ' '\n' | sed -n "s/^$s:old://p")
-  n=$(echo "$results" | tr ' ' '\n' | sed -n "s/^$s:new://p")
-  ot=${o%%:*} orc=${o##*:} nt=${n%%:*} nrc=${n##*:}
+  i=$((i + 1))
+  read -r ot orc <"$dir/result-$i-old"
+  read -r nt nrc <"$dir/result-$i-new"
   ratio=$(awk -v a="$ot" -v b="$nt" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }')
-  cell() { if [ "$2" -eq 0 ]; then printf '%.1f s' "$1"; else printf '%.1f s (exit %s)' "$1" "$2"; fi; }
   printf '%-12s %16s %16s %8s\n' "make $s" "$(cell "$ot" "$orc")" "$(cell "$nt" "$nrc")" "$ratio"
 done
 echo "logs: $dir/logs"
