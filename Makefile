@@ -874,7 +874,7 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san build-tsan
+	$(call say,RM,build build-san build-tsan)rm -rf build build-san build-tsan
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d)
 
