@@ -310,7 +310,7 @@ deps:
 # time; hotkern.hpp's misuses, which must not compile; the examples; the
 # program shapes; the ABI, its report in BUILD/abi.log), each to its end, and
 # prints the verdict of them all last.
-RUN_TESTS = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/all.sh $(BUILD)
+RUN_TESTS = CXX='$(CXX)' CUDA='$(CUDA)' HK_TEST_VERDICT='make $@' sh tests/all.sh $(BUILD)
 test: deps
 	@$(MAKE) --no-print-directory build
 	@$(RUN_TESTS)

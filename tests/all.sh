@@ -13,6 +13,7 @@
 #   programs  the program shapes (tests/programs/run.sh)
 #   abi       the shared libraries against abi/*.abi (scripts/abi-check.sh):
 #             its report goes to BUILD/abi.log, one line here
+# ("make test" is HK_TEST_VERDICT, which the Makefile sets; "tests" without.)
 # Each part's own last line, "N passed, M failed[, K skipped]", is what is
 # counted; a part that ends without one counts as one failure.
 BUILD=${1:-build}
@@ -93,5 +94,5 @@ for part in "$@"; do
   esac
 done
 
-echo "make test: $passed passed, $failed failed, $skipped skipped (passed/failed/skipped: ${parts#, })${bad:+; FAILED: ${bad#, }}"
+echo "${HK_TEST_VERDICT:-tests}: $passed passed, $failed failed, $skipped skipped (passed/failed/skipped: ${parts#, })${bad:+; FAILED: ${bad#, }}"
 [ -z "$bad" ]
