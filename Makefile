@@ -2,6 +2,43 @@
 # runs every suite (GPU suites SKIP without a device); `make demo` runs the demo.
 # Both top-level commands install missing Debian packages first (scripts/deps.sh).
 
+# Parallel by default: a make started by hand with no -j runs a job per core.
+# A sub-make joins its parent's jobserver and adds nothing. GNU make 4.3 does
+# not show the -j of its own command line to the makefile (4.4 puts it in
+# MAKEFLAGS), hence the look at make's command line in /proc.
+ifeq ($(MAKELEVEL),0)
+HK_JOBS_GIVEN := $(shell { printf ' %s ' '$(filter -%,$(MAKEFLAGS))' "$$MAKEFLAGS"; \
+                   tr '\0' ' ' </proc/$$PPID/cmdline; } 2>/dev/null | \
+                   grep -Eq -- ' (-[a-zA-Z]*j|--jobs)' && echo 1)
+ifeq ($(HK_JOBS_GIVEN),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
+
+# `make clean build` (any goals with clean) makes each goal in turn, each in
+# parallel: clean must not remove what a build in parallel with it writes.
+ifneq ($(and $(filter clean,$(MAKECMDGOALS)),$(filter-out clean,$(MAKECMDGOALS))),)
+.PHONY: $(MAKECMDGOALS) hk-goals-in-turn
+$(MAKECMDGOALS): hk-goals-in-turn
+	@:
+hk-goals-in-turn:
+	@set -e; for g in $(MAKECMDGOALS); do $(MAKE) --no-print-directory $$g; done
+else
+
+# One short line a step (`  CC  build/obj/loader/gate.o`); `make V=1` prints
+# the commands instead, as `make -n` does; `make -s` prints neither.
+V        ?= 0
+ifneq ($(V)$(findstring n,$(firstword -$(MAKEFLAGS))),0)
+Q        :=
+say       =
+else ifneq ($(findstring s,$(firstword -$(MAKEFLAGS))),)
+Q        := @
+say       = @
+else
+Q        := @
+say       = @printf '  %-4s %s\n' '$(1)' '$(2)';
+endif
+
 CUDA     ?= /usr/local/cuda
 PREFIX   ?= /usr/local
 DESTDIR  ?=
@@ -39,13 +76,19 @@ endif
 ifeq ($(filter 0 1,$(NET)),)
 $(error NET is 0 (the engine alone) or 1 (and the network library), not '$(NET)')
 endif
+# The goals that install the packages first (deps) and then build in a
+# sub-make: there NET is decided again, after deps, and said if it is 0; the
+# make that runs deps says nothing of a NET found before it.
+DEPS_GOALS := deps test test-cpu sanitize tsan demo demo-tour demo-nvcc bench abi-check \
+              abi-baseline lint
+NET_SAY  := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),,1)
 ifeq ($(NET),1)
 CLI_ON   := 1
 else
 CLI_ON   := $(shell pkg-config --exists libcjson 2>/dev/null && echo 1)
-$(info hotkern: NET=0 ($(NET_WHY)): building the engine without libhotkern-net, the CLI's \
+$(if $(NET_SAY),$(info hotkern: NET=0 ($(NET_WHY)): building the engine without libhotkern-net, the CLI's \
 network commands and HOTKERN_ENDPOINT/HOTKERN_ORIGIN$(if $(CLI_ON),,; without the CLI too (it \
-needs libcjson)))
+needs libcjson))))
 endif
 PKGS     := $(sort $(CORE_PKGS) $(if $(filter 1,$(NET)),$(NET_PKGS)))
 # The version the public header states (HK_VERSION_*), for hotkern.pc; the
@@ -60,9 +103,8 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 OPT      ?= -O2 -g
 SAN      ?=
-# HK_PREFIX and HK_LIBEXECDIR: where the library looks for its helper
-# programs last (loader/canary.c); HK_NO_NET: built with NET=0.
-CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING -DHK_PREFIX='"$(PREFIX)"' -DHK_LIBEXECDIR='"$(LIBEXECDIR)"' \
+# HK_NO_NET: built with NET=0. (The paths compiled in: PATH_OBJ.)
+CPPFLAGS := -D_GNU_SOURCE -DHK_BUILDING \
             $(if $(filter 0,$(NET)),-DHK_NO_NET) -Iinclude -I. -I$(CUDA)/include \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(shell pkg-config --cflags check 2>/dev/null)
 CFLAGS   := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -pthread $(SAN) $(EXTRA_CFLAGS)
@@ -98,6 +140,13 @@ TSUP_SRC := $(sort $(filter-out tests/cpu_% tests/gpu_%,$(wildcard tests/*.c)))
 TSUP_OBJ := $(TSUP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/cpu_*.c tests/gpu_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# A CPU suite's own files: tests/cpu_NAME.c, and tests/NAME/*.c when that
+# folder exists (not the folders of other uses: cpp, stub, fuzz, programs).
+# $(call suite_obj,cpu_NAME): the objects of the folder's.
+SUITE_DIR_NOT := cpu_cpp cpu_stub cpu_fuzz cpu_programs
+suite_obj = $(if $(filter-out $(SUITE_DIR_NOT),$(filter cpu_%,$(1))),$(patsubst \
+              %.c,$(BUILD)/obj/%.o,$(sort $(wildcard tests/$(patsubst cpu_%,%,$(1))/*.c))))
+CPU_SUITES := $(patsubst tests/%.c,%,$(filter tests/cpu_%,$(TEST_SRC)))
 # C++ suites (tests/cpu_*.cc), each built twice: with exceptions, and with
 # -fno-exceptions as BUILD/tests/NAME_noexcept (hotkern.hpp's two error
 # models), linked with tests/cpp/'s C support.
@@ -226,7 +275,7 @@ BUILDER  := $(BUILD)/bin/hotkern-build
 
 .PHONY: all build deps test test-cpu test-gpu test-gpu-prebuilt test-examples sanitize tsan demo \
         demo-tour demo-nvcc bench bench-prebuilt install uninstall lint man format clean fuzz \
-        fuzz-build abi-check abi-baseline
+        fuzz-build abi-check abi-baseline lint-objects
 
 all: build
 
@@ -258,26 +307,22 @@ endif
 deps:
 	@sh scripts/deps.sh
 
+# tests/all.sh runs the parts (the suites, the CPU ones HK_TEST_JOBS at a
+# time; hotkern.hpp's misuses, which must not compile; the examples; the
+# program shapes; the ABI, its report in BUILD/abi.log), each to its end, and
+# prints the verdict of them all last.
+RUN_TESTS = CXX='$(CXX)' CUDA='$(CUDA)' HK_TEST_VERDICT='make $@' sh tests/all.sh $(BUILD)
 test: deps
 	@$(MAKE) --no-print-directory build
-	@sh tests/run.sh $(BUILD)
-	@$(COMPILE_CHECK)
-	@sh tests/run-examples.sh $(BUILD)
-	@sh tests/programs/run.sh $(BUILD)
-	@sh scripts/abi-check.sh $(BUILD)
+	@$(RUN_TESTS)
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
-	@sh tests/run.sh $(BUILD) cpu
-	@$(COMPILE_CHECK)
+	@$(RUN_TESTS) cpu compile
 
-# hotkern.hpp's argument rule at compile time: misuses must not compile.
-COMPILE_CHECK = CXX='$(CXX)' CUDA='$(CUDA)' sh tests/cpp/compile-fail.sh
 # For the GPU machine: runs what is already built, never recompiles.
 test-gpu-prebuilt:
-	@sh tests/run.sh $(BUILD) gpu
-	@sh tests/run-examples.sh $(BUILD)
-	@sh tests/programs/run.sh $(BUILD)
+	@$(RUN_TESTS) gpu examples programs
 
 # The example programs on what is built (each SKIPs without a device).
 test-examples:
@@ -293,18 +338,25 @@ tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g" SAN="-fsanitize=thread" build
 	@TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" sh tests/run.sh build-tsan cpu
 
+# The demos build what they run, not the tests and benchmarks: the demo, the
+# CLI it runs and the helpers the library starts; the nvcc tour's two builds
+# of its program and the preload library. DEMO_ARGS: more of hotkern-demo's
+# options (`make demo DEMO_ARGS="--seconds 10"`).
+DEMO_BUILT := $(DEMO_BIN) $(CLI) $(CANARY) $(BUILDER)
+DEMO_NVCC_BUILT := $(BUILD)/bin/particles-shared $(BUILD)/bin/particles-static $(PRELOAD) $(CLI) \
+                   $(CANARY) $(BUILDER)
 demo: deps
-	@$(MAKE) --no-print-directory build
-	@sh demo/run.sh $(BUILD)
+	@$(MAKE) --no-print-directory $(DEMO_BUILT)
+	@sh demo/run.sh $(BUILD) $(DEMO_ARGS)
 
 demo-tour: deps
-	@$(MAKE) --no-print-directory build
-	@sh demo/run.sh $(BUILD) --tour
+	@$(MAKE) --no-print-directory $(DEMO_BUILT)
+	@sh demo/run.sh $(BUILD) --tour $(DEMO_ARGS)
 
 # The existing-program demo: an nvcc program with <<<>>> launches, unchanged,
 # edited while it runs (demo/nvcc/).
 demo-nvcc: deps
-	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory $(DEMO_NVCC_BUILT)
 	@sh demo/nvcc/tour.sh $(BUILD)
 
 bench: deps
@@ -327,104 +379,119 @@ abi-baseline: deps
 	@$(MAKE) --no-print-directory $(SHARED) $(NET_SHARED)
 	@sh scripts/abi-check.sh $(BUILD) --update
 
-# What the objects are built with that no prerequisite shows (NET, and the
-# paths compiled in): BUILD/config, rewritten only when it changes, so that
-# a change rebuilds them.
-# (Not by `make -n`, which changes nothing.)
+# What objects are built with that no prerequisite shows, each in a file
+# rewritten only when it changes, so that a change rebuilds what uses it:
+# BUILD/config (NET) for every object, BUILD/config-paths (the paths compiled
+# in) for PATH_OBJ alone. (Not by `make -n`, which changes nothing.)
 CONFIG   := $(BUILD)/config
-CONFIG_TEXT := NET=$(NET) PREFIX=$(PREFIX) LIBEXECDIR=$(LIBEXECDIR)
+CONFIG_TEXT := NET=$(NET)
+PATHS_CONFIG := $(BUILD)/config-paths
+PATHS_CONFIG_TEXT := PREFIX=$(PREFIX) LIBEXECDIR=$(LIBEXECDIR)
+write_config = $(shell mkdir -p '$(dir $(1))' && [ "$$(cat '$(1)' 2>/dev/null)" = '$(2)' ] || \
+                 printf '%s\n' '$(2)' >'$(1)')
 ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
-$(shell mkdir -p '$(BUILD)' && [ "$$(cat '$(CONFIG)' 2>/dev/null)" = '$(CONFIG_TEXT)' ] || \
-  printf '%s\n' '$(CONFIG_TEXT)' >'$(CONFIG)')
+$(call write_config,$(CONFIG),$(CONFIG_TEXT))
+$(call write_config,$(PATHS_CONFIG),$(PATHS_CONFIG_TEXT))
 endif
 $(CONFIG):
 	@mkdir -p $(dir $@)
-	printf '%s\n' '$(CONFIG_TEXT)' >$@
+	$(Q)printf '%s\n' '$(CONFIG_TEXT)' >$@
+$(PATHS_CONFIG):
+	@mkdir -p $(dir $@)
+	$(Q)printf '%s\n' '$(PATHS_CONFIG_TEXT)' >$@
+
+# HK_PREFIX and HK_LIBEXECDIR, in the objects that use them alone: where the
+# library looks for its helper programs last (loader/canary.c), and what
+# tests/cpu_install.c installs with. `make install PREFIX=...` rebuilds these
+# (and relinks), not the rest.
+PATH_OBJ := $(BUILD)/obj/loader/canary.o $(BUILD)/obj/tests/cpu_install.o $(call suite_obj,cpu_install)
+$(PATH_OBJ): $(PATHS_CONFIG)
+$(PATH_OBJ): CPPFLAGS += -DHK_PREFIX='"$(PREFIX)"' -DHK_LIBEXECDIR='"$(LIBEXECDIR)"'
 
 $(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC,$@)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CXX,$@)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%_noexcept.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
+	$(call say,CXX,$@)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fno-exceptions -MMD -MP -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 # The shared libraries link their objects as one, whose functions carry
 # their version nodes (scripts/symver.sh, pkg/*.map).
 $(SHARED): $(LIB_OBJ) pkg/hotkern.map scripts/symver.sh
 	@mkdir -p $(dir $@)
-	sh scripts/symver.sh pkg/hotkern.map $(BUILD)/obj/libhotkern.o $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
+	$(call say,LD,$@)sh scripts/symver.sh pkg/hotkern.map $(BUILD)/obj/libhotkern.o $(LIB_OBJ)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=pkg/hotkern.map $(NO_UNDEF) $(SAN) \
 	  -o $@ $(BUILD)/obj/libhotkern.o $(CORE_LIBS)
-	ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
+	$(Q)ln -sf $(SONAME) $(BUILD)/lib/libhotkern.so
 
 $(NET_STATIC): $(NET_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 $(NET_SHARED): $(NET_OBJ) pkg/hotkern-net.map scripts/symver.sh $(SHARED)
 	@mkdir -p $(dir $@)
-	sh scripts/symver.sh pkg/hotkern-net.map $(BUILD)/obj/libhotkern-net.o $(NET_OBJ)
-	$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
+	$(call say,LD,$@)sh scripts/symver.sh pkg/hotkern-net.map $(BUILD)/obj/libhotkern-net.o $(NET_OBJ)
+	$(Q)$(CC) -shared -Wl,-soname,$(NET_SONAME) -Wl,--version-script=pkg/hotkern-net.map $(NO_UNDEF) \
 	  -Wl,-rpath,'$$ORIGIN' $(SAN) -o $@ $(BUILD)/obj/libhotkern-net.o -L$(BUILD)/lib -lhotkern \
 	  $(NET_LIBS)
-	ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
+	$(Q)ln -sf $(NET_SONAME) $(BUILD)/lib/libhotkern-net.so
 
 $(PRELOAD): $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) pkg/hotkern-preload.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
+	$(call say,LD,$@)$(CC) -shared -Wl,--version-script=pkg/hotkern-preload.map $(NO_UNDEF) $(SAN) -o $@ \
 	  $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o $(ARCHIVES) $(LIBS) -lstdc++
 
 $(BUILD)/tests/gpu_interpose_shared: tests/gpu_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/tests/gpu_interpose_static: tests/gpu_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/tests/gpu_interpose_ptsz: tests/gpu_interpose.cu $(WRAP) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) --default-stream per-thread -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) \
 	  -lstdc++
 
 # Several files with file-local kernels and variables of the same names.
 GPU_TU_SRC := tests/gpu_interpose_tu.cu tests/gpu_tu/a.cu tests/gpu_tu/b.cu
 $(BUILD)/tests/gpu_interpose_tu_shared: $(GPU_TU_SRC) $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $(GPU_TU_SRC) -L$(BUILD)/lib \
 	  -lhotkern-preload -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/tests/gpu_interpose_tu_static: $(GPU_TU_SRC) $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $(GPU_TU_SRC) $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/bench/bench_interpose_shared: bench/bench_interpose.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bench/bench_interpose_static: bench/bench_interpose.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/bench/bench_frame_stall_shared: bench/bench_frame_stall.cu $(PRELOAD) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -DHK_PRELOAD -cudart shared -o $@ $< -L$(BUILD)/lib -lhotkern-preload -ldl \
 	  -Xlinker -rpath='$$ORIGIN/../lib' -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(ARCHIVES) include/hotkern/*.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(ARCHIVES) $(NVCC_LIBS) -lstdc++
 
 # Self-contained: the interposition reaches into the engine's internals,
 # which libhotkern.so does not export, so the archive holds the engine too.
@@ -433,65 +500,65 @@ $(BUILD)/bench/bench_frame_stall_static: bench/bench_frame_stall.cu $(WRAP) $(AR
 # nothing of hotkern in their sources.
 $(BUILD)/examples/existing_program_shared: examples/existing_program.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/examples/existing_program_static: examples/existing_program.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/stub/exit_app_shared: tests/stub/exit_app.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/stub/exit_app_static: tests/stub/exit_app.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/stub/exit_app_plain: tests/stub/exit_app.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $<
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $<
 
 $(BUILD)/bin/particles-shared: demo/nvcc/particles.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(BUILD)/bin/particles-static: demo/nvcc/particles.cu $(WRAP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -o $@ $< $(WRAP_NVCCFLAGS) $(WRAP) $(NVCC_LIBS) -lstdc++
 
 $(BUILD)/obj/tests/programs/%.o: tests/programs/%.cu tests/programs/prog.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 define PROG_RULES
 $(PROG_DIR)/$(1)-shared: $(call prog_obj,$(1))
 	@mkdir -p $$(dir $$@)
-	$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
+	$$(call say,NVCC,$$@)$$(NVCC) $$(NVCC_FLAGS) -cudart shared -o $$@ $$^ -Xlinker -rpath=$$(CUDA)/lib64
 
 $(PROG_DIR)/$(1)-static: $(call prog_obj,$(1)) $$(WRAP)
 	@mkdir -p $$(dir $$@)
-	$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
+	$$(call say,NVCC,$$@)$$(NVCC) $$(NVCC_FLAGS) -o $$@ $(call prog_obj,$(1)) $$(WRAP_NVCCFLAGS) $$(WRAP) $$(NVCC_LIBS) -lstdc++ \
 	  -Xlinker --strip-debug
 endef
 $(foreach c,$(PROG_CASES),$(eval $(call PROG_RULES,$(c))))
 
 $(PROG_DIR)/plugins-shared: $(BUILD)/obj/tests/programs/plugins/host.o
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -cudart shared -o $@ $^ -ldl -Xlinker -rpath=$(CUDA)/lib64
 
 $(PROG_DIR)/lib%.so: tests/programs/plugins/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
+	$(call say,NVCC,$@)$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -shared -cudart shared -o $@ $< -Xlinker -rpath=$(CUDA)/lib64
 
 $(WRAP): $(ICORE_OBJ) $(BUILD)/obj/interpose/wrap.o $(LIB_OBJ) $(if $(filter 1,$(NET)),$(NET_OBJ))
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $(sort $^)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $(sort $^)
 
 # libstdc++ for its C++ demangler (__cxa_demangle): check shows C++ kernel
 # names demangled beside the mangled ones.
 $(CLI): $(CLI_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS) -lstdc++
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(ARCHIVES) $(CLI_LIBS) -lstdc++
 
 # With NET=0 cJSON is the CLI's alone.
 ifeq ($(NET),0)
@@ -500,23 +567,18 @@ endif
 
 $(CANARY): $(BUILD)/obj/canary/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(BUILDER): $(BUILD)/obj/ptx/helper.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES) $(TEST_OBJ)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
-
-# A suite split by feature: tests/cpu_X.c (main and the suite's assembly)
-# plus tests/X/*.c, linked as the one suite BUILD/tests/cpu_X.
-SUITE_DIRS := $(foreach t,$(patsubst tests/cpu_%.c,%,$(filter tests/cpu_%,$(TEST_SRC))),$(if \
-                $(wildcard tests/$(t)/*.c),$(t)))
-suite_parts = $(patsubst %.c,$(BUILD)/obj/%.o,$(sort $(wildcard tests/$(1)/*.c)))
-$(foreach d,$(SUITE_DIRS),$(eval $(BUILD)/tests/cpu_$(d): TEST_OBJ += $(call suite_parts,$(d))) \
-  $(eval $(BUILD)/tests/cpu_$(d): $(call suite_parts,$(d))))
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(call suite_obj,$(@F)) $(TEST_OBJ) $(TSUP_OBJ) $(ARCHIVES) \
+	  $(CHECK_LIBS) $(LIBS) $(TEST_LDFLAGS)
+# A suite's folder (suite_obj).
+$(foreach t,$(CPU_SUITES),$(eval $(BUILD)/tests/$(t): $(call suite_obj,$(t))))
 
 # cpu_interpose drives the interposition's core with the fake driver.
 $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu: TEST_OBJ := $(ICORE_OBJ)
@@ -542,7 +604,7 @@ $(BUILD)/tests/cpu_interpose $(BUILD)/tests/cpu_interpose_tu $(BUILD)/tests/cpu_
 # suites' rule above must not take them).
 $(CXX_TEST_BIN): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
+	$(call say,LD,$@)$(CXX) $(CXXFLAGS) -o $@ $< $(CXX_TSUP_OBJ) $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS)
 
 # cpu_load steps the wall clock as the library reads it.
 $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
@@ -551,49 +613,49 @@ $(BUILD)/tests/cpu_load: TEST_LDFLAGS := -Wl,--wrap=clock_gettime
 # BUILD/tests, whose every executable tests/run.sh runs as a suite.
 $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
+	$(call say,LD,$@)$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $<
 
 $(BAD_CANARY): $(BUILD)/obj/tests/stub/canary_bad.o $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(STATIC) $(CORE_LIBS)
 
 $(FAKE_SAN): $(BUILD)/obj/tests/stub/fake_sanitizer.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $<
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $<
 
 $(FAKE_CUDA): $(FAKE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
+	$(call say,LD,$@)$(CC) -shared $(NO_UNDEF) $(SAN) -o $@ $(FAKE_OBJ) -lpthread
 
 # GPU suites and benchmarks use the CUDA runtime API as applications do.
 $(BUILD)/tests/gpu_%: $(BUILD)/obj/tests/gpu_%.o $(TSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(TSUP_OBJ) $(ARCHIVES) $(CHECK_LIBS) $(LIBS) -lcudart
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
 # bench_save_cpu runs the engine on the tests' fake driver: no GPU needed.
 $(BUILD)/bench/bench_save_cpu: $(BUILD)/obj/bench/bench_save_cpu.o $(BUILD)/obj/tests/fakecuda.o \
                                $(BSUP_OBJ) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/tests/fakecuda.o $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/obj/tests/fakecuda.o $(BSUP_OBJ) $(ARCHIVES) $(LIBS) -lcudart
 
 $(BUILD)/examples/%: examples/%.c $(SHARED)
 	@mkdir -p $(dir $@)
-	$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
+	$(call say,LD,$@)$(CC) $(EX_CFLAGS) -o $@ $< $(or $(EX_HOTKERN),-lhotkern) $(EX_LIBS)
 
 $(BUILD)/examples/%: examples/%.cpp $(SHARED) include/hotkern/hotkern.hpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(EX_CXXFLAGS) -o $@ $< -lhotkern $(EX_LIBS)
+	$(call say,LD,$@)$(CXX) $(EX_CXXFLAGS) -o $@ $< -lhotkern $(EX_LIBS)
 
 $(EX_NET): $(NET_SHARED)
 $(EX_NET): EX_HOTKERN := -lhotkern-net -lhotkern
 
 $(BUILD)/bin/hotkern-demo: $(DEMO_SRC:%.c=$(BUILD)/obj/%.o) $(ARCHIVES)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
+	$(call say,LD,$@)$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(ARCHIVES) $(LIBS) -lcudart
 
 # `make install`: both libraries, static and shared (with NET=0 the engine's
 # alone), the headers, the CLI, the helper programs the library starts (in
@@ -641,34 +703,37 @@ SUBST    := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@VERSI
               -e 's|@WRAP_LINK@|$(call cmake_list,$(WRAP_LINK))|g'
 PKG_OUT  := $(BUILD)/pkg
 PC_FILES := hotkern.pc hotkern-wrap.pc $(if $(filter 1,$(NET)),hotkern-net.pc)
+CMAKE_FILES := hotkernConfig.cmake hotkernConfigVersion.cmake
 # The pkg-config files as an install writes them, also in `make build`:
 # tests/cpu_setup.c checks the variables the documentation names.
 PC_BUILT := $(addprefix $(PKG_OUT)/,$(PC_FILES))
 build: $(PC_BUILT)
-$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) Makefile
+$(PC_BUILT): $(PKG_OUT)/%: pkg/%.in $(CONFIG) $(PATHS_CONFIG) Makefile
 	@mkdir -p $(dir $@)
-	$(SUBST) $< >$@
+	$(call say,GEN,$@)$(SUBST) $< >$@
 install: $(INSTALLED_BUILT)
-	install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
-	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 $(PKG_OUT) \
+	$(Q)install -d $(DESTDIR)$(INCLUDEDIR)/hotkern $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) \
+	  $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(HELPERDIR) $(DESTDIR)$(MANDIR)/man3 \
 	  $(if $(CLI_ON),$(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1)
-	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/hotkern/
-	install -m 644 $(STATIC) $(WRAP) $(if $(filter 1,$(NET)),$(NET_STATIC)) $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(SHARED) $(PRELOAD) $(FAKE_CUDA) $(if $(filter 1,$(NET)),$(NET_SHARED)) \
+	$(call say,INST,$(DESTDIR)$(INCLUDEDIR)/hotkern/)install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/hotkern/
+	$(call say,INST,$(DESTDIR)$(LIBDIR)/)install -m 644 $(STATIC) $(WRAP) $(if $(filter 1,$(NET)),$(NET_STATIC)) \
 	  $(DESTDIR)$(LIBDIR)/
-	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhotkern.so
-	$(if $(filter 1,$(NET)),ln -sf $(NET_SONAME) $(DESTDIR)$(LIBDIR)/libhotkern-net.so)
-	install -m 755 $(CANARY) $(BUILDER) $(DESTDIR)$(HELPERDIR)/
-	$(if $(CLI_ON),install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/)
-	$(if $(CLI_ON),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
-	install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
+	$(Q)install -m 755 $(SHARED) $(PRELOAD) $(FAKE_CUDA) $(if $(filter 1,$(NET)),$(NET_SHARED)) \
+	  $(DESTDIR)$(LIBDIR)/
+	$(Q)ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhotkern.so
+	$(Q)$(if $(filter 1,$(NET)),ln -sf $(NET_SONAME) $(DESTDIR)$(LIBDIR)/libhotkern-net.so)
+	$(call say,INST,$(DESTDIR)$(HELPERDIR)/)install -m 755 $(CANARY) $(BUILDER) $(DESTDIR)$(HELPERDIR)/
+	$(if $(CLI_ON),$(call say,INST,$(DESTDIR)$(BINDIR)/)install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/)
+	$(if $(CLI_ON),$(call say,INST,$(DESTDIR)$(MANDIR)/man1/)install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
+	$(call say,INST,$(DESTDIR)$(MANDIR)/man3/)install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 # (Earlier versions put the helpers in BINDIR.)
-	rm -f $(DESTDIR)$(BINDIR)/hotkern-canary $(DESTDIR)$(BINDIR)/hotkern-build
-	$(foreach f,$(PC_FILES) hotkernConfig.cmake hotkernConfigVersion.cmake,\
-	  $(SUBST) pkg/$(f).in >$(PKG_OUT)/$(f) &&) true
-	install -m 644 $(addprefix $(PKG_OUT)/,$(PC_FILES)) $(DESTDIR)$(PCDIR)/
-	install -m 644 $(PKG_OUT)/hotkernConfig.cmake $(PKG_OUT)/hotkernConfigVersion.cmake \
-	  $(DESTDIR)$(CMAKEDIR)/
+	$(Q)rm -f $(DESTDIR)$(BINDIR)/hotkern-canary $(DESTDIR)$(BINDIR)/hotkern-build
+# The package files, written where they go (not in BUILD/pkg, which the
+# build's own are, and suites read while an install runs).
+	$(call say,INST,$(DESTDIR)$(PCDIR)/)$(foreach f,$(PC_FILES),$(SUBST) pkg/$(f).in \
+	  >$(DESTDIR)$(PCDIR)/$(f) &&) chmod 644 $(addprefix $(DESTDIR)$(PCDIR)/,$(PC_FILES))
+	$(call say,INST,$(DESTDIR)$(CMAKEDIR)/)$(foreach f,$(CMAKE_FILES),$(SUBST) pkg/$(f).in \
+	  >$(DESTDIR)$(CMAKEDIR)/$(f) &&) chmod 644 $(addprefix $(DESTDIR)$(CMAKEDIR)/,$(CMAKE_FILES))
 
 # Every file an install of either kind (NET=0 or 1) puts there, and the
 # helpers where earlier versions put them; then the folders that are
@@ -773,7 +838,7 @@ FORMAT_SRC = $(wildcard include/hotkern/*.h util/*.[ch] base/*.[ch] loader/*.[ch
                net/*.[ch] canary/*.[ch] interpose/*.[ch] cli/*.[ch] tests/*.[ch] tests/stub/*.c bench/*.[ch] \
                demo/*.[ch] examples/*.c include/hotkern/*.hpp tests/*.cc tests/cpp/*.[ch] \
                tests/cpp/*.cc examples/*.cpp tests/programs/prog.h tests/programs/*/*.cu \
-               $(SUITE_DIRS:%=tests/%/*.[ch]))
+               $(foreach t,$(CPU_SUITES),tests/$(patsubst cpu_%,%,$(t))/*.[ch]))
 # The layering (scripts/layers.py, docs/DESIGN.md "Layers"): no arrow up, no
 # circle between files (across folders or inside one), no library file over
 # about 1,000 lines (800 in loader/), no loader/ or canary/ function over 100.
@@ -787,11 +852,11 @@ LAYER_OBJ := $(LIB_OBJ) $(NET_OBJ) $(ICORE_OBJ) $(BUILD)/obj/interpose/preload.o
              $(BUILD)/obj/interpose/wrap.o $(CLI_OBJ) $(BUILD)/obj/canary/helper.o \
              $(BUILD)/obj/ptx/helper.o
 lint: deps
-	clang-format --dry-run --Werror $(FORMAT_SRC)
-	sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
-	  tests/run.sh tests/run-examples.sh \
+	$(call say,LINT,clang-format)clang-format --dry-run --Werror $(FORMAT_SRC)
+	$(call say,LINT,sh -n)sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
+	  tests/run.sh tests/all.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
-	  tests/exit-stress.sh
+	  tests/exit-stress.sh bench/build-times.sh
 	@sh scripts/api.sh --check
 	@d=$$(mktemp -d) && sh scripts/man3.sh $$d/man3 && diff -r $$d/man3 $(MAN3_DIR) >/dev/null; \
 	  s=$$?; rm -rf $$d; [ $$s -eq 0 ] || \
@@ -800,8 +865,12 @@ lint: deps
 	  [ -z "$$w" ] || { echo "lint: $$p: $$w" >&2; exit 1; }; done
 	@w=$$(cd $(MAN3_DIR)/.. && groff -man -ww -z man3/hk_*.3 2>&1); \
 	  [ -z "$$w" ] || { echo "lint: $(MAN3_DIR): $$w" >&2; exit 1; }
-	@$(MAKE) --no-print-directory $(LAYER_OBJ)
-	python3 scripts/layers.py $(BUILD) --check
+	@$(MAKE) --no-print-directory lint-objects
+	$(call say,LINT,scripts/layers.py)python3 scripts/layers.py $(BUILD) --check
+
+# (A goal of its own: made as goals, each object up to date would say so.)
+lint-objects: $(LAYER_OBJ)
+	@:
 
 man:
 	sh scripts/man3.sh $(MAN3_DIR)
@@ -810,6 +879,8 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san build-tsan
+	$(call say,RM,build build-san build-tsan)rm -rf build build-san build-tsan
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d)
+
+endif # (goals in turn)
