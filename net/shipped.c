@@ -64,8 +64,8 @@ int hkn_arch_runs_on(const char *label, const char *device) {
     int img = parse_sm(label, &ls), dev = parse_sm(device, &ds);
     if (!img || !dev)
         return 0;
-    if (ls)
-        return img == dev && ls == ds;
+    if (ls) /* sm_90a runs on a 9.0 device, which the runtime names sm_90 */
+        return img == dev;
     return img / 10 == dev / 10 && img % 10 <= dev % 10;
 }
 
