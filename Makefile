@@ -131,8 +131,8 @@ NET_SRC  := $(sort $(wildcard net/*.c))
 NET_OBJ  := $(NET_SRC:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 # The CLI; with NET=0 without its network commands (cli/main.c says they are
 # not built), linking the engine and cJSON only.
-CLI_NET_SRC := cli/http.c cli/keys_cmd.c cli/net_cmds.c cli/rollout.c cli/rollout_cmd.c cli/gate.c cli/prom.c \
-               cli/watch.c cli/push_fleet.c
+CLI_NET_SRC := cli/buildfor.c cli/http.c cli/keys_cmd.c cli/net_cmds.c cli/rollout.c cli/rollout_cmd.c \
+               cli/gate.c cli/prom.c cli/watch.c cli/push_fleet.c
 CLI_SRC  := $(sort $(filter-out $(if $(filter 0,$(NET)),$(CLI_NET_SRC)),$(wildcard cli/*.c)))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_LIBS := $(if $(filter 1,$(NET)),$(LIBS),$(shell pkg-config --libs libcjson 2>/dev/null) $(CORE_LIBS))
@@ -782,9 +782,9 @@ fuzz-build:
 	@mkdir -p $(BUILD)/fuzz/seeds
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_meta tests/fuzz/fuzz_meta.c $(META_SRC)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_release tests/fuzz/fuzz_release.c net/release.c net/state.c \
-	  net/json.c net/rollout.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c net/rollout.c net/shipped.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_state tests/fuzz/fuzz_state.c net/release.c net/state.c \
-	  net/json.c net/rollout.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/json.c net/rollout.c net/shipped.c base/format.c base/error.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -I$(CUDA)/include -o $(BUILD)/fuzz/fuzz_record tests/fuzz/fuzz_record.c \
 	  loader/record.c base/format.c base/error.c util/util.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_cache tests/fuzz/fuzz_cache.c ptx/entry.c $(META_SRC) \
@@ -797,7 +797,8 @@ fuzz-build:
 	  interpose/elfsym.c
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_http tests/fuzz/fuzz_http.c net/endpoint.c net/endpoint_admit.c \
 	  net/endpoint_handlers.c net/release.c net/json.c net/refused.c net/rollout.c \
-	  net/frame.c net/state.c base/format.c base/error.c loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
+	  net/frame.c net/state.c net/shipped.c net/shipped_metrics.c base/format.c base/error.c \
+	  loader/expo.c $(UTIL_SRC) $(FUZZ_NET_LIBS)
 	$(FUZZ_CC) -o $(BUILD)/fuzz/fuzz_frame tests/fuzz/fuzz_frame.c net/frame.c
 	$(CUDA)/bin/nvcc -ptx -arch=sm_90 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed.ptx
 	$(CUDA)/bin/nvcc -cubin -arch=sm_80 tests/fuzz/seed.cu -o $(BUILD)/fuzz/seeds/seed80.cubin

@@ -212,4 +212,20 @@ typedef struct hkc_asked {
  * Returns the exit status. */
 int hkc_report_outcome(hkc_out *o, const hkc_resp *r, const hkc_asked *asked);
 
+/* ---- --build-for (cli/buildfor.c) --------------------------------------- */
+
+struct hkn_blob;
+/* The cubins --build-for made: their names and bytes, which the blobs
+ * appended point into. */
+typedef struct hkc_built hkc_built;
+/* Compiles each CUDA C blob of blobs[0..*n) for each architecture of list
+ * ("sm_80,sm_90"), appending a cubin blob for each (arch, source and
+ * toolkit set) up to max blobs in all; *out owns their bytes
+ * (hkc_built_free, after the blobs' last use). Returns 0, 2 for a usage
+ * error, 1 for a build that failed (its compiler log reported): then
+ * nothing is appended. */
+int hkc_build_for(hkc_out *o, const char *list, struct hkn_blob *blobs, size_t *n, size_t max,
+                  hkc_built **out);
+void hkc_built_free(hkc_built *b); /* b may be NULL */
+
 #endif

@@ -102,15 +102,17 @@ struct release {
     char *sig;
     char **bytes;
     hkn_blob blobs[HKN_MAX_ARTIFACTS];
-    size_t n;
+    size_t n, nfiles; /* blobs; those of them read from files (bytes) */
+    hkc_built *built; /* the cubins --build-for appended to blobs */
 };
 
 static void release_free(struct release *r) {
     free(r->manifest);
     free(r->sig);
-    for (size_t i = 0; i < r->n; i++)
+    for (size_t i = 0; i < r->nfiles; i++)
         free(r->bytes ? r->bytes[i] : NULL);
     free(r->bytes);
+    hkc_built_free(r->built);
     memset(r, 0, sizeof *r);
 }
 
@@ -126,7 +128,7 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
             hk_report_clear(&rep);
             return rc;
         }
-        r->n = (size_t)i + 1;
+        r->n = r->nfiles = (size_t)i + 1;
         hk_format f = hkn_format_from_name(files[i]); /* AUTO for a header */
         r->blobs[i] =
             (hkn_blob){.name = files[i],
@@ -152,11 +154,13 @@ static int cosign_all(hkc_out *o, const hkn_seckey *keys, int nkeys, struct rele
     return 0;
 }
 
-/* Reads the files and signs a release of them (r->module, r->version set by
- * the caller) with every key of the list (the first one's id in the
- * manifest). Returns an exit status; r is freed on failure. */
+/* Reads the files, builds the cubins --build-for lists (build_for NULL:
+ * none) and signs a release of them (r->module, r->version set by the
+ * caller) with every key of the list (the first one's id in the manifest).
+ * Returns an exit status; r is freed on failure. */
 static int build_release(hkc_out *o, const hkc_list *key_paths, uint64_t expires_in,
-                         const char *arch, char **files, int nfiles, struct release *r) {
+                         const char *arch, const char *build_for, char **files, int nfiles,
+                         struct release *r) {
     hk_report rep = HK_REPORT_INIT;
     hkn_seckey keys[HKN_MAX_KEYS];
     int rc = 0, nkeys = 0;
@@ -167,7 +171,9 @@ static int build_release(hkc_out *o, const hkc_list *key_paths, uint64_t expires
     for (; nkeys < key_paths->n && !rc; nkeys++)
         if (hkn_seckey_load(key_paths->v[nkeys], &keys[nkeys], &rep))
             rc = hkc_fail_report(o, &rep);
-    if (!rc && (rc = read_files(o, arch, files, nfiles, r)) == 0) {
+    if (!rc && (rc = read_files(o, arch, files, nfiles, r)) == 0 &&
+        (!build_for ||
+         (rc = hkc_build_for(o, build_for, r->blobs, &r->n, HKN_MAX_ARTIFACTS, &r->built)) == 0)) {
         int64_t now = (int64_t)time(NULL);
         if (hkn_release_sign(&keys[0], r->module, r->version, now, now + (int64_t)expires_in,
                              r->blobs, r->n, &r->manifest, &r->manifest_len, &r->sig, &rep))
@@ -186,7 +192,7 @@ static int build_release(hkc_out *o, const hkc_list *key_paths, uint64_t expires
 
 static const char sign_help[] =
     "usage: hotkern sign --key SECRET [--key SECRET...] --module M --release N\n"
-    "       [--expires-in SECONDS] [--arch sm_XX] --out DIR FILE...\n\n"
+    "       [--expires-in SECONDS] [--arch sm_XX] [--build-for sm_XY,...] --out DIR FILE...\n\n"
     "Writes a signed release that any static HTTP server can serve to pullers:\n"
     "  DIR/manifest.json        module, release, expiry, key id, artifacts\n"
     "  DIR/manifest.json.sig    Ed25519 signature of manifest.json, base64; with\n"
@@ -196,7 +202,12 @@ static const char sign_help[] =
     "  DIR/artifacts/<sha256>   each FILE, named by its content hash\n"
     "FILE formats come from the extension: .cu .ptx .cubin .fatbin; --arch\n"
     "labels the cubin/fatbin files; .h .cuh .hpp files are headers that the\n"
-    "release's CUDA C includes by name. The release expires after --expires-in\n"
+    "release's CUDA C includes by name. --build-for sm_80,sm_90 compiles each\n"
+    "CUDA C file here for each architecture (NVRTC, no GPU needed) and ships\n"
+    "the cubins beside it, signed: a host whose GPU runs one loads it and\n"
+    "compiles nothing, the others build the source; an architecture that does\n"
+    "not build refuses the publish with the compiler's log, writing nothing.\n"
+    "The release expires after --expires-in\n"
     "seconds (default 30 days). Releases must grow: pullers refuse a release\n"
     "not newer than one they accepted. Artifacts are written first and the\n"
     "manifest last, so a poller never sees a manifest before its artifacts.\n"
@@ -236,7 +247,7 @@ static int write_release(hkc_out *o, const char *dir, const struct release *r) {
 }
 
 int hkc_cmd_sign(int argc, char **argv) {
-    const char *out = NULL, *arch = NULL;
+    const char *out = NULL, *arch = NULL, *build_for = NULL;
     hkc_list key = {0};
     struct release r = {0};
     uint64_t expires_in = 30 * 86400;
@@ -244,14 +255,14 @@ int hkc_cmd_sign(int argc, char **argv) {
     const hkc_opt opts[] = {
         HKC_LIST_OPT("--key", &key),           HKC_STRING_OPT("--module", &r.module),
         RELEASE_OPTS(&r.version, &expires_in), HKC_STRING_OPT("--arch", &arch),
-        HKC_STRING_OPT("--out", &out),
+        HKC_STRING_OPT("--out", &out),         HKC_STRING_OPT("--build-for", &build_for),
     };
     hkc_out o;
     int rc = hkc_parse(&o, argv[0], opts, HKC_NOPTS(opts), sign_help, argc, argv, &nargs);
     if (rc == HKC_CONTINUE && (!key.n || !r.module || !r.version || !out))
         rc = hkc_usage(&o, "--key, --module, --release and --out are required");
     if (rc == HKC_CONTINUE &&
-        (rc = build_release(&o, &key, expires_in, arch, argv + 1, nargs, &r)) == 0 &&
+        (rc = build_release(&o, &key, expires_in, arch, build_for, argv + 1, nargs, &r)) == 0 &&
         (rc = write_release(&o, out, &r)) == 0)
         printf("release %s v%llu written to %s (%d signature%s)\n", r.module,
                (unsigned long long)r.version, out, key.n, key.n > 1 ? "s" : "");
@@ -308,7 +319,7 @@ static int release_body(hkc_out *o, struct release *r, int json_body, void **bod
     int err = hkn_frame_write(r->manifest, r->manifest_len, r->sig, strlen(r->sig), r->blobs, r->n,
                               &frame, len);
     *body = frame;
-    for (size_t i = 0; !err && i < r->n; i++) { /* the frame holds them now: once, not twice */
+    for (size_t i = 0; !err && i < r->nfiles; i++) { /* the frame holds them now: once, not twice */
         free(r->bytes[i]);
         r->bytes[i] = NULL;
         r->blobs[i].bytes = NULL;
@@ -366,7 +377,7 @@ int hkc_cmd_push(int argc, char **argv) {
     hkc_set_str(&o, "url", argv[1]);
     hkc_set_str(&o, "module", r.module);
     hkc_set_int(&o, "release", (long long)r.version);
-    rc = build_release(&o, &key, expires_in, arch, argv + 2, nargs - 1, &r);
+    rc = build_release(&o, &key, expires_in, arch, NULL, argv + 2, nargs - 1, &r);
     hkc_list_free(&key);
     if (rc != 0)
         return hkc_finish(&o, rc);

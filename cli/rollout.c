@@ -511,18 +511,22 @@ static int do_start(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key
     m.rollout.release = release;
     m.rollout.previous = previous;
     snprintf(m.module, sizeof m.module, "%s", a->module);
-    if ((rc = read_blobs(o, a, files, nfiles, blobs, bytes)))
+    size_t n = (size_t)nfiles;
+    hkc_built *built = NULL;
+    if ((rc = read_blobs(o, a, files, nfiles, blobs, bytes)) ||
+        (a->build_for &&
+         (rc = hkc_build_for(o, a->build_for, blobs, &n, HKN_MAX_ARTIFACTS, &built))))
         goto out;
-    if (hkn_artifacts_from_blobs(blobs, (size_t)nfiles, arts, &rep)) {
+    if (hkn_artifacts_from_blobs(blobs, n, arts, &rep)) {
         rc = hkc_usage(o, "%s", rep.message);
         goto out;
     }
     m.artifacts = arts;
-    m.nartifacts = (size_t)nfiles;
-    if (!(rc = keep_previous(o, a, cur)) &&
-        !(rc = publish(o, a, key, &m, blobs, (size_t)nfiles, cur->mtime)))
+    m.nartifacts = n;
+    if (!(rc = keep_previous(o, a, cur)) && !(rc = publish(o, a, key, &m, blobs, n, cur->mtime)))
         said(o, a, "started", &m);
 out:
+    hkc_built_free(built);
     for (int i = 0; i < HKN_MAX_ARTIFACTS; i++)
         free(bytes[i]);
     hkn_rollout_free(&m.rollout);

@@ -22,6 +22,7 @@ struct cJSON;
  * names; run() refuses the others). */
 typedef struct hkc_rollout_args {
     const char *dir, *key, *module, *steps, *steps_file, *arch, *pubkey;
+    const char *build_for; /* start: the architectures to ship cubins for */
     uint64_t release, bake, expires_in;
     int force, json;
     /* status --prometheus and watch */

@@ -16,7 +16,7 @@
 static const char help[] =
     "usage: hotkern rollout start --dir DIR --key SECRET --module M [--release N]\n"
     "         (--steps P,P,... [--bake S] | --steps-file FILE) [--expires-in S]\n"
-    "         [--arch sm_XX] [--json] FILE...\n"
+    "         [--arch sm_XX] [--build-for sm_XY,...] [--json] FILE...\n"
     "       hotkern rollout advance --dir DIR --key SECRET [--force] [--expires-in S] [--json]\n"
     "       hotkern rollout pause|resume|abort --dir DIR --key SECRET [--expires-in S] [--json]\n"
     "       hotkern rollout status --dir DIR [--pubkey FILE] [--prometheus URL [GATE...]]\n"
@@ -35,7 +35,8 @@ static const char help[] =
     "           seconds, default 0) or of --steps-file (a JSON array of {\"percent\",\n"
     "           \"hosts\": [ids], \"labels\": [..], \"bake_s\"}); the manifest it replaces\n"
     "           is kept as DIR/previous-manifest.json, the release abort goes back to.\n"
-    "           Refused while another release is before its last step.\n"
+    "           Refused while another release is before its last step. --build-for\n"
+    "           sm_80,sm_90 ships cubins of the CUDA C built here, as sign's does.\n"
     "  advance  the next step, once the current one baked its bake_s (--force: now)\n"
     "  pause    the same step, marked paused (advance refuses); resume unmarks it\n"
     "  abort    the previous release's artifacts, marked aborted: every host that\n"
@@ -80,7 +81,7 @@ static const char help[] =
     "on a refusal, pauses while a host does not answer (missing data), and with\n"
     "--prometheus also runs the --gate queries. status --endpoints shows the\n"
     "replies per step.\n"
-    "Not built yet: threshold signatures, --build-for.\n" HKC_JSON_HELP
+    HKC_JSON_HELP
     "Exit status: 0 done, 1 refused, failed or aborted, 2 usage.\n";
 
 static const char *const names[] = {"start", "advance", "pause", "resume",
@@ -120,8 +121,8 @@ static int dispatch(hkc_out *o, const char *sub, hkc_rollout_args *a, char **fil
         return hkc_usage(o, "--dir DIR is required");
     if (!status && !a->key)
         return hkc_usage(o, "--key SECRET is required");
-    if (!start && (nfiles || a->module || a->steps || a->steps_file || a->release))
-        return hkc_usage(o, "FILE..., --module, --release and the steps are start's");
+    if (!start && (nfiles || a->module || a->steps || a->steps_file || a->release || a->build_for))
+        return hkc_usage(o, "FILE..., --module, --release, --build-for and the steps are start's");
     if (start && !!a->steps == !!a->steps_file)
         return hkc_usage(o, "give --steps or --steps-file");
     if (status && (a->key || a->force))
@@ -201,6 +202,7 @@ int hkc_cmd_rollout(int argc, char **argv) {
         HKC_UINT_OPT("--expires-in", &a.expires_in, 1, HKN_MAX_LIFETIME_S,
                      "--expires-in needs seconds from 1 to 31622400 (366 days)"),
         HKC_STRING_OPT("--arch", &a.arch),
+        HKC_STRING_OPT("--build-for", &a.build_for),
         HKC_STRING_OPT("--pubkey", &a.pubkey),
         HKC_FLAG_OPT("--force", &a.force),
         HKC_STRING_OPT("--prometheus", &a.prometheus),

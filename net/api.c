@@ -41,6 +41,7 @@ struct adapter {
     char **name_expressions;
     hk_header *headers; /* copy behind swap.headers (hku_headers_dup) */
     char arch[16];
+    hkn_shipped *shipped; /* what each module runs (own lock) */
     hkn_engine eng;
 };
 
@@ -169,6 +170,8 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
     int arch = hk_runtime_arch(rt);
     if (arch > 0)
         snprintf(ad->arch, sizeof ad->arch, "sm_%d", arch);
+    if (hkn_shipped_create(&ad->shipped))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
     ad->eng = (hkn_engine){.apply = apply_swap,
                            .apply_named = apply_swap_named,
                            .rollback = rollback,
@@ -179,7 +182,13 @@ static int adapter_init(struct adapter *ad, hk_runtime *rt, const hk_swap_option
                            .ud = ad,
                            .arch = ad->arch,
                            .quarantine = quarantine,
-                           .release = release};
+                           .release = release,
+                           .shipped = ad->shipped};
+    /* A cubin the publisher built had none of the template's build
+     * options: with them, this host's build would differ (net/shipped.c). */
+    if (nopt > 0 || nexpr > 0)
+        ad->eng.no_shipped = "the swap template's NVRTC options or name expressions were not "
+                             "the publisher's";
     return 0;
 }
 
@@ -187,6 +196,7 @@ static void adapter_finish(struct adapter *ad) {
     hku_strv_free(ad->nvrtc_options, ad->swap.nnvrtc_options);
     hku_strv_free(ad->name_expressions, ad->swap.nname_expressions);
     free(ad->headers);
+    hkn_shipped_destroy(ad->shipped);
 }
 
 /* The end of a public handle (hk_endpoint, hk_puller), stopped or never
@@ -296,6 +306,7 @@ static void endpoint_destroy(void *ep) {
 static void endpoint_metrics(hk_metrics_writer *w, void *ud) {
     hk_endpoint *h = ud;
     hkn_endpoint_metrics(h->ep, w);
+    hkn_shipped_metrics(h->ad.shipped, w);
 }
 
 /* Its counters join the runtime's text, labelled with the address and port
@@ -428,6 +439,7 @@ static void puller_destroy(void *p) {
 static void puller_metrics(hk_metrics_writer *w, void *ud) {
     hk_puller *h = ud;
     hkn_pull_metrics(h->p, w);
+    hkn_shipped_metrics(h->ad.shipped, w);
 }
 
 /* hk_pull_start with opt in the library's layout and a full report. */

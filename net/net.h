@@ -110,6 +110,8 @@ typedef int (*hkn_log_on_fn)(void *ud, hk_log_level level);
  * HK_ERR_NOT_FOUND past the last. */
 typedef int (*hkn_quarantine_fn)(void *ud, int index, hk_quarantine *out);
 
+typedef struct hkn_shipped hkn_shipped;
+
 typedef struct hkn_engine {
     hkn_apply_fn apply;           /* required */
     hkn_rollback_fn rollback;     /* NULL: rollback answers HK_ERR_UNSUPPORTED */
@@ -124,6 +126,11 @@ typedef struct hkn_engine {
                                    * engine runs and would roll back to */
     /* optional: preferred to apply (the build's messages name the file) */
     hkn_apply_named_fn apply_named;
+    /* Binaries a publisher built (--build-for, net/shipped.c): NULL uses them
+     * where they run on arch; else why this engine builds the source
+     * instead (its build options differ from the publisher's). */
+    const char *no_shipped;
+    hkn_shipped *shipped; /* optional: what each module runs, for the metrics */
 } hkn_engine;
 
 /* Formats a line (on the stack) and hands it to e->log, when e has one and
@@ -177,6 +184,9 @@ typedef struct hkn_artifact {
     char arch[16];    /* "sm_90" or "" */
     int header;       /* 1: "format": "header", a header that CUDA C
                        * artifacts include by this name; never applied */
+    char source[128]; /* a binary the publisher built (--build-for): the
+                       * name of the artifact it was built from; else "" */
+    char toolkit[32]; /* what built it, "nvrtc 13.0"; else "" */
 } hkn_artifact;
 
 /* ---- rollouts (net/rollout.c) ------------------------------------------ */
@@ -291,9 +301,10 @@ typedef struct hkn_blob {
     const char *name;
     const void *bytes;
     size_t size;
-    hk_format format; /* AUTO: from the name (.h .cuh .hpp: a header) */
-    const char *arch; /* may be NULL */
-    int header;       /* 1: a header whatever the name */
+    hk_format format;             /* AUTO: from the name (.h .cuh .hpp: a header) */
+    const char *arch;             /* may be NULL */
+    int header;                   /* 1: a header whatever the name */
+    const char *source, *toolkit; /* a built binary's (hkn_artifact's); may be NULL */
 } hkn_blob;
 /* The manifest's entries of nblobs files (1 to HKN_MAX_ARTIFACTS) into arts:
  * names without their directories, hashes, formats (from the name unless
@@ -480,9 +491,45 @@ void hkn_trust_describe(const hkn_trust *t, char *buf, size_t cap);
 
 /* Checks one artifact's size and SHA-256. */
 int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, hk_report *rep);
-/* Index of the artifact to apply: exact arch match (cubin/fatbin), then a
- * fatbin, then PTX, then CUDA C; never a header. */
+/* Index of the artifact to apply: a cubin/fatbin whose arch runs on arch
+ * (hkn_arch_runs_on: the same arch first, then the highest minor of the
+ * same major), then a fatbin, then PTX, then CUDA C; never a header. */
 size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch);
+
+/* ---- binaries built by the publisher (net/shipped.c) ------------------- */
+
+/* 1 when a binary labelled `label` ("sm_80", "sm_90a") runs on a device of
+ * `device` ("sm_86"), by CUDA's rule for cubins: the same major and a
+ * minor at most the device's; an arch-specific ("a") or family ("f")
+ * label only on its own arch. Anything unparsable: 0. */
+int hkn_arch_runs_on(const char *label, const char *device);
+/* The fields of binaries built by the publisher, checked after a parse:
+ * `source` names a CUDA C or PTX artifact of m, a built artifact is a
+ * cubin with an arch. HK_ERR_INVALID naming the artifact. */
+int hkn_shipped_validate(const hkn_manifest *m, hk_report *rep);
+/* The artifact e applies of m (hkn_pick_artifact, built binaries skipped
+ * when e->no_shipped), and in *fallback the one it builds when that is a
+ * built binary that fails to load (its source), else SIZE_MAX. */
+size_t hkn_shipped_pick(const hkn_manifest *m, const hkn_engine *e, size_t *fallback);
+/* need[i] = 1 for each artifact of m that e may use: the headers, the
+ * pick and its fallback (a puller fetches those only). */
+void hkn_shipped_needed(const hkn_manifest *m, const hkn_engine *e, int need[HKN_MAX_ARTIFACTS]);
+/* 1 when err, from applying a binary, says it could not be loaded here (no
+ * code for the device, an image the driver refuses, a driver older than
+ * the toolkit that built it): the source is built instead. */
+int hkn_shipped_load_failed(int err);
+
+/* What each module of a source runs, for its metrics: own lock, any thread. */
+int hkn_shipped_create(hkn_shipped **out); /* 0 or HK_ERR_NOMEM */
+void hkn_shipped_destroy(hkn_shipped *s);  /* s may be NULL */
+/* Module runs release's artifact a: a shipped binary (binary 1) or a local
+ * build; fell_back 1 when a shipped binary failed to load first. s may be
+ * NULL. */
+void hkn_shipped_record(hkn_shipped *s, const char *module, const hkn_artifact *a, int binary,
+                        int fell_back);
+/* hotkern_release_image_info, hotkern_release_images_total and
+ * hotkern_release_cubin_fallbacks_total. */
+void hkn_shipped_metrics(hkn_shipped *s, hk_metrics_writer *w);
 
 /* ---- refused releases (net/refused.c) ---------------------------------- */
 

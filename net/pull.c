@@ -257,8 +257,9 @@ static char *header_value(CURL *c, const char *name) {
  * One poll: a conditional GET of the manifest (If-None-Match with the last
  * ETag, If-Modified-Since with the last Last-Modified), so an idle fleet costs
  * the origin a 304 each. On a new manifest: the signature, verification (see
- * release.c), then every artifact into memory with its declared size as a
- * hard cap, its hash checked, and only then the engine's apply. Nothing is
+ * release.c), then every artifact this host may use (net/shipped.c) into
+ * memory with its declared size as a hard cap, its hash checked, and only
+ * then the engine's apply. Nothing is
  * applied or persisted before every byte is verified, so a transfer that dies
  * midway changes nothing. The validators (ETag, Last-Modified) are kept only
  * for a manifest that verified and was dealt with for good (applied, refused
@@ -469,14 +470,20 @@ static int gate(hkn_puller *p, struct poll *q, hk_report *rep) {
     return 0;
 }
 
-/* Every artifact of the verified manifest, each capped at its declared
- * size and checked against its hash. */
+/* The artifacts of the verified manifest this host may use (its headers,
+ * the one it applies and, for a shipped cubin, the source it builds should
+ * the cubin not load: net/shipped.c), or every one when they are saved,
+ * each capped at its declared size and checked against its hash. */
 static int fetch_artifacts(hkn_puller *p, struct poll *q, hk_report *rep) {
+    int need[HKN_MAX_ARTIFACTS];
+    hkn_shipped_needed(&q->m, &p->eng, need);
     for (size_t i = 0; i < q->m.nartifacts; i++) {
         const hkn_artifact *a = &q->m.artifacts[i];
         char url[4096];
         long status = 0;
         int err;
+        if (!need[i] && !p->save_dir)
+            continue;
         if (a->size > p->opt.max_artifact_bytes) {
             q->keep = 1;
             count(p, &p->stats.refused, 1);

@@ -170,20 +170,53 @@ int hkn_refused_check(hkn_refused *r, const hkn_manifest *m, const void *manifes
     return prior;
 }
 
-int hkn_release_apply(const hkn_engine *e, const hkn_manifest *m, const void *const *bytes,
-                      const size_t *sizes, const char *origin, hk_report *rep) {
-    size_t k = hkn_pick_artifact(m, e->arch);
-    hk_report arep = HK_REPORT_INIT;
+/* Hands artifact k of m (and the release's headers) to e. */
+static int apply_one(const hkn_engine *e, const hkn_manifest *m, size_t k, const void *const *bytes,
+                     const size_t *sizes, const char *origin, hk_report *arep) {
     hk_header hdrs[HKN_MAX_ARTIFACTS];
     int nh = hkn_release_headers(m, bytes, sizes, hdrs);
     const void *b = bytes[k] ? bytes[k] : "";
     /* The engine records the release the host runs once it is applied (a
      * rollout's, not the manifest's serial). */
-    int err = e->apply_named
-                  ? e->apply_named(e->ud, m->module, m->release, m->artifacts[k].name,
-                                   m->artifacts[k].format, b, sizes[k], hdrs, nh, origin, &arep)
-                  : e->apply(e->ud, m->module, m->release, m->artifacts[k].format, b, sizes[k],
-                             hdrs, nh, origin, &arep);
+    return e->apply_named
+               ? e->apply_named(e->ud, m->module, m->release, m->artifacts[k].name,
+                                m->artifacts[k].format, b, sizes[k], hdrs, nh, origin, arep)
+               : e->apply(e->ud, m->module, m->release, m->artifacts[k].format, b, sizes[k], hdrs,
+                          nh, origin, arep);
+}
+
+int hkn_release_apply(const hkn_engine *e, const hkn_manifest *m, const void *const *bytes,
+                      const size_t *sizes, const char *origin, hk_report *rep) {
+    size_t fallback, k = hkn_shipped_pick(m, e, &fallback);
+    hk_report arep = HK_REPORT_INIT;
+    char note[512] = "";
+    if (e->no_shipped)
+        for (size_t i = 0; i < m->nartifacts; i++)
+            if (m->artifacts[i].source[0] && hkn_arch_runs_on(m->artifacts[i].arch, e->arch)) {
+                hkn_log(e, HK_LOG_INFO, "release",
+                        "%s v%llu: not the shipped %s cubin '%s' (%s): "
+                        "building '%s'",
+                        m->module, (unsigned long long)m->release, m->artifacts[i].arch,
+                        m->artifacts[i].name, e->no_shipped, m->artifacts[k].name);
+                break;
+            }
+    int err = apply_one(e, m, k, bytes, sizes, origin, &arep);
+    int fell_back = 0;
+    if (err && fallback < m->nartifacts && bytes[fallback] && hkn_shipped_load_failed(err)) {
+        /* A shipped cubin this host cannot load is no verdict on the
+         * release: its source is built, and the log and report say so. */
+        const hkn_artifact *a = &m->artifacts[k];
+        snprintf(note, sizeof note,
+                 "the shipped %s cubin '%.60s' (%s) did not load here: %s%s%s: %.160s", a->arch,
+                 a->name, a->toolkit[0] ? a->toolkit : "toolkit unknown", hk_err_name(err),
+                 arep.cu_name[0] ? " " : "", arep.cu_name, arep.message);
+        hkn_log(e, HK_LOG_WARN, "release", "%s v%llu: %s; building '%s' instead", m->module,
+                (unsigned long long)m->release, note, m->artifacts[fallback].name);
+        hk_report_clear(&arep);
+        fell_back = 1;
+        k = fallback;
+        err = apply_one(e, m, k, bytes, sizes, origin, &arep);
+    }
     /* The engine's report carries the build detail; the release's identity
      * (module and release version) goes on top of it. */
     hk_report_clear(rep);
@@ -191,11 +224,25 @@ int hkn_release_apply(const hkn_engine *e, const hkn_manifest *m, const void *co
     snprintf(rep->module, sizeof rep->module, "%s", m->module);
     rep->version = m->version;
     rep->error = err;
-    if (!err)
+    const hkn_artifact *a = &m->artifacts[k];
+    int binary = a->format == HK_FORMAT_CUBIN || a->format == HK_FORMAT_FATBIN;
+    hkn_shipped_record(e->shipped, m->module, err ? NULL : a, binary, fell_back);
+    if (!err) {
+        if (fell_back) /* success, with what happened on the way */
+            snprintf(rep->message, sizeof rep->message, "%.380s; built '%.100s' instead", note,
+                     a->name);
+        else if (binary && a->source[0])
+            hkn_log(e, HK_LOG_INFO, "release", "%s v%llu: runs the shipped %s cubin '%s' (%s)",
+                    m->module, (unsigned long long)m->release, a->arch, a->name, a->toolkit);
         return 0;
+    }
     if (!rep->message[0])
         snprintf(rep->message, sizeof rep->message, "the engine refused %s v%llu: %s", m->module,
                  (unsigned long long)m->release, hk_err_name(err));
+    else if (fell_back) {
+        size_t n = strlen(rep->message);
+        snprintf(rep->message + n, sizeof rep->message - n, " (after %.200s)", note);
+    }
     return err;
 }
 

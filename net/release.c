@@ -230,7 +230,9 @@ static int parse_artifact(const cJSON *a, size_t i, hkn_artifact *d, hk_report *
         (err = get_str(a, "sha256", d->sha256, sizeof d->sha256, 1, rep)) ||
         (err = get_uint(a, "size", &d->size, rep)) ||
         (err = get_str(a, "format", fmt, sizeof fmt, 1, rep)) ||
-        (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)))
+        (err = get_str(a, "arch", d->arch, sizeof d->arch, 0, rep)) ||
+        (err = get_str(a, "source", d->source, sizeof d->source, 0, rep)) ||
+        (err = get_str(a, "toolkit", d->toolkit, sizeof d->toolkit, 0, rep)))
         return err;
     if (!hkn_valid_name(d->name, sizeof d->name))
         return hku_fail(rep, HK_ERR_INVALID,
@@ -323,7 +325,7 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
             goto out;
         out->nartifacts++;
     }
-    if ((err = check_headers(out, rep)))
+    if ((err = check_headers(out, rep)) || (err = hkn_shipped_validate(out, rep)))
         goto out;
     /* The steps of a release (net/rollout.c): what hosts take it now. */
     const cJSON *ro = cJSON_GetObjectItemCaseSensitive(root, "rollout");
@@ -362,6 +364,10 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
                                      a->header ? "header" : hk_format_name(a->format)) ||
             !cJSON_AddStringToObject(o, "arch", a->arch))
             goto out;
+        /* A binary the publisher built (net/shipped.c); absent otherwise. */
+        if ((a->source[0] && !cJSON_AddStringToObject(o, "source", a->source)) ||
+            (a->toolkit[0] && !cJSON_AddStringToObject(o, "toolkit", a->toolkit)))
+            goto out;
     }
     if (hkn_rollout_add(root, &m->rollout))
         goto out;
@@ -398,7 +404,8 @@ static int check_built(const hkn_manifest *m, hk_report *rep) {
                         "created and expires must be unix times in [0, 2^53), expiring within %d "
                         "days of creation",
                         HKN_MAX_LIFETIME_S / 86400);
-    return hkn_rollout_validate(&m->rollout, rep);
+    int err = hkn_shipped_validate(m, rep);
+    return err ? err : hkn_rollout_validate(&m->rollout, rep);
 }
 
 int hkn_manifest_sign(const hkn_seckey *key, hkn_manifest *m, char **json, size_t *len,
@@ -449,6 +456,10 @@ int hkn_artifacts_from_blobs(const hkn_blob *blobs, size_t nblobs, hkn_artifact 
                             "or .h .cuh .hpp for a header)",
                             base);
         snprintf(arts[i].arch, sizeof arts[i].arch, "%s", blobs[i].arch ? blobs[i].arch : "");
+        snprintf(arts[i].source, sizeof arts[i].source, "%s",
+                 blobs[i].source ? blobs[i].source : "");
+        snprintf(arts[i].toolkit, sizeof arts[i].toolkit, "%s",
+                 blobs[i].toolkit ? blobs[i].toolkit : "");
     }
     return 0;
 }
@@ -563,22 +574,6 @@ int hkn_verify_artifact(const hkn_artifact *a, const void *bytes, size_t size, h
     if (sodium_memcmp(hex, a->sha256, 64) != 0)
         return hku_fail(rep, HK_ERR_HASH, "artifact '%s': sha256 %s, manifest says %s", a->name,
                         hex, a->sha256);
-    return 0;
-}
-
-size_t hkn_pick_artifact(const hkn_manifest *m, const char *arch) {
-    static const hk_format order[] = {HK_FORMAT_FATBIN, HK_FORMAT_PTX, HK_FORMAT_CUDA_C};
-    for (size_t i = 0; arch && arch[0] && i < m->nartifacts; i++)
-        if (!strcmp(m->artifacts[i].arch, arch) && (m->artifacts[i].format == HK_FORMAT_CUBIN ||
-                                                    m->artifacts[i].format == HK_FORMAT_FATBIN))
-            return i;
-    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
-        for (size_t i = 0; i < m->nartifacts; i++)
-            if (m->artifacts[i].format == order[k])
-                return i;
-    for (size_t i = 0; i < m->nartifacts; i++)
-        if (!m->artifacts[i].header)
-            return i;
     return 0;
 }
 
