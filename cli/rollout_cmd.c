@@ -80,8 +80,7 @@ static const char help[] =
     "the step acknowledged; watch pushes and asks the hosts each interval, aborts\n"
     "on a refusal, pauses while a host does not answer (missing data), and with\n"
     "--prometheus also runs the --gate queries. status --endpoints shows the\n"
-    "replies per step.\n"
-    HKC_JSON_HELP
+    "replies per step.\n" HKC_JSON_HELP
     "Exit status: 0 done, 1 refused, failed or aborted, 2 usage.\n";
 
 static const char *const names[] = {"start", "advance", "pause", "resume",

@@ -17,11 +17,6 @@
  * labels and rollout metrics are the fleet object's, its /metrics server
  * (when the options ask for one) net/scrape.c's.
  *
- * Configuration. The puller takes the public hk_pull_options, whose defaults
- * live here (hk_pull_options_init_size), and what its caller resolved from
- * them (hkn_pull_resolved: loaded keys, the state directory), net/api.c for
- * hk_pull_start, cli/net_cmds.c for `hotkern pull`.
- *
  * Logs (eng.log, subsystem "pull"): each poll and 304 (debug), a new release
  * and its application (info), a refused manifest or release and each failed
  * poll with the retry's number and delay (warn).
@@ -29,6 +24,7 @@
  * Threads. The poll thread owns the curl handle and the validators; the
  * counters and the stop flag are shared with the API under `lock`. Stopping
  * wakes the sleep at once and aborts a transfer through the progress callback.
+ * Its state, options and lifecycle: net/puller.c (the struct in net/puller.h).
  *
  * One poll, and what is kept between polls: at "one poll" below. The key
  * list (net/keys.c) is fetched, with validators of its own, whenever the
@@ -47,95 +43,7 @@
 #include <curl/curl.h>
 #include <sodium.h>
 
-#include "net/net.h"
-
-struct hkn_puller {
-    /* Immutable after create. */
-    hkn_engine eng;
-    hk_pull_options opt; /* zeros replaced by the defaults; url, artifact_base
-                          * and ca_file point at the copies below; the
-                          * fields hkn_pull_resolved stands for are NULL */
-    hkn_trust trust;
-    char *url, *sig_url, *base, *ca_file, *state_dir, *save_dir, *origin;
-    char *keys_url, *keys_sig_url; /* NULL: no key list polled */
-    hkn_state *state;
-    hkn_fleet *fleet;   /* the host's id and labels, its rollout records (own lock) */
-    hkn_scrape *scrape; /* the /metrics server, or NULL */
-
-    /* Poll thread only (or the caller of hkn_pull_poll when no thread runs). */
-    hkn_refused *refused; /* the releases the engine refused */
-    CURL *curl;
-    char errbuf[CURL_ERROR_SIZE];
-    char *etag, *last_modified; /* validators of the last manifest that verified */
-    char *keys_etag, *keys_lm;  /* of the last key list dealt with for good */
-    int kept_err;               /* that manifest's outcome, reported again on a 304 */
-    char kept_message[512];
-    unsigned failures; /* consecutive failed polls, for the backoff */
-    unsigned keys_wait; /* poll thread: answered polls until the key list's next */
-    int retry;         /* the last poll's engine outcome was transient (poll.retry) */
-
-    pthread_mutex_t lock;
-    pthread_cond_t wake;   /* lock: signalled on stop */
-    int stop;              /* lock; also read atomically by the progress callback */
-    hkn_pull_stats stats;  /* lock */
-    uint64_t keys_version; /* lock: the key list in force at the last poll */
-    int keys_threshold;    /* lock: its threshold */
-    uint64_t keys_refused; /* lock: key lists refused */
-    pthread_t thread;
-    int running; /* set by hkn_pull_run, read by destroy: API thread only */
-};
-
-struct buf {
-    hkn_puller *p;
-    char *data;
-    size_t len, alloc, limit;
-    int over; /* more bytes arrived than limit */
-};
-
-/* The one place of the puller's defaults: hkn_pull_create falls back on
- * them for a zero interval, backoff, timeout or cap. One a line: the shape of every
- * hk_*_options_init_size. */
-int hk_pull_options_init_size(hk_pull_options *o, size_t size) {
-    hk_pull_options d;
-    memset(&d, 0, sizeof d);
-    d.interval_ms = 10000;
-    d.jitter_pct = 10;
-    d.max_backoff_ms = 300000;
-    d.connect_timeout_ms = 5000;
-    d.total_timeout_ms = 60000;
-    d.low_speed_bytes = 1024;
-    d.low_speed_s = 15;
-    d.max_manifest_bytes = 1u << 20;
-    d.max_artifact_bytes = 64u << 20;
-    return hkb_sized_init(o, size, &d, sizeof d, HKN_PULL_OPTIONS_SIZE0);
-}
-
-/* o as the puller keeps it: zeros replaced by the defaults, the jitter
- * clamped, the pointers the caller owns cleared (the strings are copied by
- * hkn_pull_create). The endpoint's with_defaults has the same shape over
- * its own fields. */
-static hk_pull_options with_defaults(const hk_pull_options *o) {
-    static const hkn_field zero_is_default[] = {
-        HKN_FIELD(hk_pull_options, interval_ms),
-        HKN_FIELD(hk_pull_options, max_backoff_ms),
-        HKN_FIELD(hk_pull_options, max_manifest_bytes),
-        HKN_FIELD(hk_pull_options, max_artifact_bytes),
-        HKN_FIELD(hk_pull_options, connect_timeout_ms),
-        HKN_FIELD(hk_pull_options, total_timeout_ms),
-    };
-    hk_pull_options d, r = *o;
-    hk_pull_options_init(&d);
-    hkn_zero_defaults(&r, &d, zero_is_default, sizeof zero_is_default / sizeof *zero_is_default);
-    if (r.jitter_pct > 100)
-        r.jitter_pct = 100;
-    r.url = r.artifact_base = r.ca_file = r.state_dir = NULL;
-    r.host_id = r.host_labels = r.metrics_address = r.keys_url = NULL;
-    r.trusted_keys = NULL;
-    r.ntrusted_keys = 0;
-    r.swap = NULL;
-    return r;
-}
-
+#include "net/puller.h"
 static void count(hkn_puller *p, uint64_t *field, uint64_t n) {
     pthread_mutex_lock(&p->lock);
     *field += n;
@@ -657,8 +565,8 @@ out:
     return err;
 }
 
-/* The key list in force, for the metrics. */
-static void note_trust(hkn_puller *p) {
+/* The key list in force, for the metrics (net/puller.h). */
+void hkn_pull_note_trust(hkn_puller *p) {
     hkn_trust t;
     hk_report r = HK_REPORT_INIT;
     if (hkn_trust_current(&p->trust, p->state, &t, &r) == 0) {
@@ -690,7 +598,7 @@ int hkn_pull_poll(hkn_puller *p, hk_report *rep) {
         kerr = poll_keys(p, &krep);
         p->keys_wait = kerr ? 0 : KEYS_EVERY - 1;
     }
-    note_trust(p);
+    hkn_pull_note_trust(p);
     if (!err && !q.done) {
         /* From the version check to the record, under the shared state's
          * transaction. */
@@ -762,7 +670,7 @@ static void log_next(hkn_puller *p, int err, const hk_report *rep, unsigned dela
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "next poll of %s in %u ms", p->url, delay);
 }
 
-static void *poll_thread(void *arg) {
+void *hkn_pull_thread(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-pull");
     hkn_puller *p = arg;
@@ -789,228 +697,4 @@ static void *poll_thread(void *arg) {
             break;
     }
     return NULL;
-}
-
-/* ---- lifecycle --------------------------------------------------------- */
-
-static char *dup_or_null(const char *s, int *fail) {
-    if (!s)
-        return NULL;
-    char *d = strdup(s);
-    if (!d)
-        *fail = 1;
-    return d;
-}
-
-/* 0 when every byte of a URL is printable ASCII (what RFC 3986 allows; other
- * bytes are percent-encoded), else HK_ERR_INVALID naming the first other
- * one. The URL labels the puller's metrics and reaches its logs: a CR, LF or
- * a byte that is no UTF-8 there would break the /metrics text and the log
- * lines. */
-static int url_bytes_ok(const char *what, const char *url, hk_report *rep) {
-    for (size_t i = 0; url && url[i]; i++) {
-        unsigned char c = (unsigned char)url[i];
-        if (c <= 0x20 || c >= 0x7f)
-            return hku_fail(rep, HK_ERR_INVALID,
-                            "%s has byte 0x%02x at offset %zu: a URL is printable ASCII "
-                            "without spaces (percent-encode other bytes)",
-                            what, c, i);
-    }
-    return 0;
-}
-
-/* The key list's URL and its signature's: keys_url, or keys.json in the
- * manifest's directory when NULL; none for "". */
-static int keys_urls(hkn_puller *p, const char *given, int *oom, hk_report *rep) {
-    if (given && !given[0])
-        return 0;
-    int err = url_bytes_ok("keys_url", given, rep);
-    if (err)
-        return err;
-    if (given && strncmp(given, "http://", 7) && strncmp(given, "https://", 8))
-        return hku_fail(rep, HK_ERR_INVALID, "keys_url must be http:// or https://: %s", given);
-    if (given) {
-        p->keys_url = dup_or_null(given, oom);
-    } else {
-        const char *slash = strrchr(p->url, '/');
-        int n = (int)(slash - p->url);
-        if (asprintf(&p->keys_url, "%.*s/keys.json", n, p->url) < 0)
-            p->keys_url = NULL, *oom = 1;
-    }
-    if (p->keys_url && asprintf(&p->keys_sig_url, "%s.sig", p->keys_url) < 0)
-        p->keys_sig_url = NULL, *oom = 1;
-    return 0;
-}
-
-int hkn_pull_create(const hk_pull_options *o, const hkn_pull_resolved *r, const hkn_engine *e,
-                    hkn_puller **out, hk_report *rep) {
-    *out = NULL;
-    int err = 0, oom = 0;
-    if (!o || !o->url || !r || !e || !e->apply)
-        return hku_fail(rep, HK_ERR_INVALID, "puller needs a URL and an apply function");
-    if ((err = url_bytes_ok("the URL", o->url, rep)) ||
-        (err = url_bytes_ok("artifact_base", o->artifact_base, rep)))
-        return err;
-    if (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))
-        return hku_fail(rep, HK_ERR_INVALID, "URL must be http:// or https://: %s", o->url);
-    if (hkn_crypto_init())
-        return hku_fail(rep, HK_ERR_UNSUPPORTED, "libsodium failed to initialise");
-    /* Process-wide and idempotent; not thread-safe before 7.84, so it runs
-     * here, on the caller's thread, before any puller thread exists. */
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        return hku_fail(rep, HK_ERR_UNSUPPORTED, "curl_global_init failed");
-    hkn_puller *p = calloc(1, sizeof *p);
-    if (!p)
-        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-    pthread_mutex_init(&p->lock, NULL);
-    hku_cond_init(&p->wake); /* its timed waits: the monotonic clock */
-    p->eng = *e;
-    p->opt = with_defaults(o);
-    p->trust = r->trust;
-    p->url = dup_or_null(o->url, &oom);
-    p->ca_file = dup_or_null(o->ca_file, &oom);
-    p->state_dir = dup_or_null(r->state_dir, &oom);
-    p->save_dir = dup_or_null(r->save_dir, &oom);
-    if (o->artifact_base) {
-        p->base = dup_or_null(o->artifact_base, &oom);
-    } else if (p->url) {
-        /* The manifest's directory: strip the last path segment. */
-        p->base = strdup(p->url);
-        char *slash = p->base ? strrchr(p->base, '/') : NULL;
-        if (slash && slash > p->base + 8)
-            *slash = '\0';
-        oom |= !p->base;
-    }
-    if (p->base) {
-        size_t n = strlen(p->base);
-        while (n > 0 && p->base[n - 1] == '/')
-            p->base[--n] = '\0';
-    }
-    if (p->url && asprintf(&p->sig_url, "%s.sig", p->url) < 0)
-        p->sig_url = NULL, oom = 1;
-    if (p->url && asprintf(&p->origin, "pull:%s", p->url) < 0)
-        p->origin = NULL, oom = 1;
-    if ((err = keys_urls(p, o->keys_url, &oom, rep)))
-        goto fail;
-    if (oom || !(p->curl = curl_easy_init())) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    p->opt.url = p->url;
-    p->opt.artifact_base = p->base;
-    p->opt.ca_file = p->ca_file;
-    if ((err = hkn_state_open(p->state_dir, &p->state, rep)))
-        goto fail;
-    note_trust(p);
-    if (hkn_refused_create(&p->refused)) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if ((err = hkn_fleet_create(o->host_id, o->host_labels, &p->fleet, rep)))
-        goto fail;
-    hkn_log(e, HK_LOG_INFO, "pull", "%s: host %s (from %s), labels '%s'", p->url,
-            hkn_fleet_host_id(p->fleet), hkn_fleet_id_source(p->fleet), hkn_fleet_labels(p->fleet));
-    if ((o->metrics_address || o->metrics_port) &&
-        (err = hkn_scrape_start(o->metrics_address, o->metrics_port, e, &p->scrape, rep)))
-        goto fail;
-    *out = p;
-    return 0;
-fail:
-    hkn_pull_destroy(p);
-    return err;
-}
-
-int hkn_pull_run(hkn_puller *p) {
-    if (p->running)
-        return HK_ERR_BUSY;
-    if (pthread_create(&p->thread, NULL, poll_thread, p) != 0)
-        return HK_ERR_NOMEM;
-    p->running = 1;
-    return 0;
-}
-
-void hkn_pull_stats_get(hkn_puller *p, hkn_pull_stats *out) {
-    pthread_mutex_lock(&p->lock);
-    *out = p->stats;
-    pthread_mutex_unlock(&p->lock);
-}
-
-void hkn_pull_metrics(hkn_puller *p, hk_metrics_writer *w) {
-    hkn_pull_stats s;
-    hkn_pull_stats_get(p, &s);
-    hkn_metric(w, "hotkern_pull_polls_total", "counter", "Polls of the origin completed.", s.polls);
-    hkn_metric(w, "hotkern_pull_requests_total", "counter", "HTTP requests made to the origin.",
-               s.requests);
-    hkn_metric(w, "hotkern_pull_not_modified_total", "counter", "304 answers to the manifest.",
-               s.not_modified);
-    hkn_metric(w, "hotkern_pull_errors_total", "counter",
-               "Transfers that failed (network, timeout, HTTP error, size cap).", s.errors);
-    hkn_metric(w, "hotkern_pull_refused_total", "counter",
-               "Releases refused by verification or by the engine.", s.refused);
-    hkn_metric(w, "hotkern_pull_applied_total", "counter", "Releases committed.", s.applied);
-    hkn_metric(w, "hotkern_pull_received_bytes_total", "counter", "Body bytes received.", s.bytes);
-    hkn_metric(w, "hotkern_pull_consecutive_failures", "gauge",
-               "Polls in a row that failed and backed off.", s.failures);
-    pthread_mutex_lock(&p->lock);
-    uint64_t kv = p->keys_version, kr = p->keys_refused;
-    int kt = p->keys_threshold;
-    pthread_mutex_unlock(&p->lock);
-    hkn_metric(w, "hotkern_trusted_keys_version", "gauge",
-               "Version of the key list the host trusts (0: its configured keys).", kv);
-    hkn_metric(w, "hotkern_trusted_keys_threshold", "gauge",
-               "Distinct trusted keys a release needs.", (uint64_t)kt);
-    hkn_metric(w, "hotkern_key_lists_refused_total", "counter",
-               "Key lists refused (signatures, version, expiry, form).", kr);
-    hkn_fleet_metrics(p->fleet, w);
-}
-
-uint64_t hkn_pull_keys_version(hkn_puller *p) {
-    hkn_trust t;
-    hk_report r = HK_REPORT_INIT;
-    int err = hkn_trust_current(&p->trust, p->state, &t, &r);
-    hk_report_clear(&r);
-    return err ? 0 : t.version;
-}
-
-unsigned hkn_pull_metrics_port(const hkn_puller *p) {
-    return hkn_scrape_port(p->scrape);
-}
-
-const char *hkn_pull_host_id(const hkn_puller *p) {
-    return hkn_fleet_host_id(p->fleet);
-}
-
-void hkn_pull_destroy(hkn_puller *p) {
-    if (!p)
-        return;
-    /* No scrape renders the runtime's text once this returns. */
-    hkn_scrape_stop(p->scrape);
-    if (p->running) {
-        pthread_mutex_lock(&p->lock);
-        __atomic_store_n(&p->stop, 1, __ATOMIC_RELAXED);
-        pthread_cond_broadcast(&p->wake);
-        pthread_mutex_unlock(&p->lock);
-        pthread_join(p->thread, NULL);
-    }
-    if (p->curl)
-        curl_easy_cleanup(p->curl);
-    hkn_state_close(p->state);
-    hkn_refused_destroy(p->refused);
-    hkn_fleet_destroy(p->fleet);
-    free(p->etag);
-    free(p->last_modified);
-    free(p->keys_etag);
-    free(p->keys_lm);
-    free(p->keys_url);
-    free(p->keys_sig_url);
-    free(p->url);
-    free(p->sig_url);
-    free(p->base);
-    free(p->ca_file);
-    free(p->state_dir);
-    free(p->save_dir);
-    free(p->origin);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
 }
