@@ -16,6 +16,10 @@
  * keys.json.sig) into an origin's directory, beside the manifest, where
  * pullers poll it; `hotkern keys push` posts one to an endpoint. Both the
  * signature file and the list are replaced atomically, the signature first.
+ *
+ * What every signing command shares lives here too: the --key list's
+ * loading and the signature file of several keys (hkc_sign_lines), used by
+ * sign and push (cli/net_cmds.c) and the rollout commands (cli/rollout.c).
  */
 #include <limits.h>
 #include <stdio.h>

@@ -1,9 +1,10 @@
 /*
  * hotkern rollout watch: a rollout driven by its gate (docs/ROLLOUT.md,
  * "watch"). Every --interval seconds it reads the origin's manifest
- * (verified with the public key of one --key at least) and evaluates the gate against
- * Prometheus (cli/gate.c), then decides, printing each decision with its
- * time and reason:
+ * (verified with the public key of one --key at least) and evaluates the
+ * gate against Prometheus (cli/gate.c), then decides, printing each
+ * decision with its time and reason; each change it publishes is signed by
+ * every --key (a fleet that needs k of n keys is given k):
  *
  *   gate fails        abort (the manifest `abort` publishes), exit 1
  *   gate unknown      pause (paused=true), once; then "paused" until it holds

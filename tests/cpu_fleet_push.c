@@ -21,6 +21,11 @@
  *   Release 5: a real Prometheus (tests/harness.c) scrapes every endpoint's
  *   /metrics; watch runs a --gate query on it, which holds at first and
  *   fails once host-000 has a launch the driver refuses: watch aborts.
+ *   A fleet of three more hosts that need 2 of the keys a, b, c
+ *   (signature_threshold 2, no canary): a rollout signed with one --key is
+ *   refused by every host for its signature; one signed with two is taken
+ *   through start, pause, resume, advance and abort, and under watch (two
+ *   --key) to its last step; every manifest carries both keys' lines.
  *
  * Each phase asks every host what it runs, round after round (libcurl
  * multi), and checks that none runs the release outside the step the
