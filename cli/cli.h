@@ -212,6 +212,22 @@ typedef struct hkc_asked {
  * Returns the exit status. */
 int hkc_report_outcome(hkc_out *o, const hkc_resp *r, const hkc_asked *asked);
 
+/* ---- signing keys (cli/keys_cmd.c) ------------------------------------- */
+
+struct hkn_seckey;
+/* Loads each --key of paths (1 to HKN_MAX_KEYS of them) into keys, which
+ * has room for HKN_MAX_KEYS; the caller wipes them (sodium_memzero). 0 or
+ * an exit status (2: none or too many). */
+int hkc_keys_load(hkc_out *o, const hkc_list *paths, struct hkn_seckey *keys);
+/* The signature file of text signed by keys[0..nkeys), in *sig: with one
+ * key *sig is kept as it is (the bare signature that hkn_release_sign and
+ * hkn_manifest_sign write, which hosts of 1.4 read); with several it is
+ * replaced (freed) by one "KEYID SIGNATURE" line of each key, in order,
+ * each ending in a newline (net/keys.c). *sig stays the caller's to free.
+ * 0 or an exit status. */
+int hkc_sign_lines(hkc_out *o, const struct hkn_seckey *keys, int nkeys, const char *text,
+                   size_t len, char **sig);
+
 /* ---- --build-for (cli/buildfor.c) --------------------------------------- */
 
 struct hkn_blob;

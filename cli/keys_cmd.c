@@ -16,6 +16,10 @@
  * keys.json.sig) into an origin's directory, beside the manifest, where
  * pullers poll it; `hotkern keys push` posts one to an endpoint. Both the
  * signature file and the list are replaced atomically, the signature first.
+ *
+ * What every signing command shares lives here too: the --key list's
+ * loading and the signature file of several keys (hkc_sign_lines), used by
+ * sign and push (cli/net_cmds.c) and the rollout commands (cli/rollout.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -30,8 +34,9 @@
 #include "cli/cli.h"
 #include "net/net.h"
 
-/* Loads every --key; 0 or an exit status. */
-static int load_keys(hkc_out *o, const hkc_list *paths, hkn_seckey *keys) {
+/* ---- what every signing command shares ---------------------------------- */
+
+int hkc_keys_load(hkc_out *o, const hkc_list *paths, hkn_seckey *keys) {
     hk_report rep = HK_REPORT_INIT;
     if (paths->n < 1 || paths->n > HKN_MAX_KEYS)
         return hkc_usage(o, "give 1 to %d --key SECRET", HKN_MAX_KEYS);
@@ -41,6 +46,23 @@ static int load_keys(hkc_out *o, const hkc_list *paths, hkn_seckey *keys) {
             hk_report_clear(&rep);
             return rc;
         }
+    return 0;
+}
+
+int hkc_sign_lines(hkc_out *o, const hkn_seckey *keys, int nkeys, const char *text, size_t len,
+                   char **sig) {
+    if (nkeys < 2)
+        return 0; /* the one bare signature, as hosts of 1.4 read it */
+    char *lines = calloc((size_t)nkeys, 160);
+    if (!lines)
+        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
+    for (int i = 0; i < nkeys; i++)
+        if (hkn_signature_line(&keys[i], text, len, lines + strlen(lines))) {
+            free(lines);
+            return hkc_fail(o, HK_ERR_UNSUPPORTED, NULL, "libsodium failed to initialise");
+        }
+    free(*sig);
+    *sig = lines;
     return 0;
 }
 
@@ -102,7 +124,7 @@ int hkc_cmd_cosign(int argc, char **argv) {
     int rc = hkc_parse(&o, "cosign", opts, HKC_NOPTS(opts), cosign_help, argc, argv, &nargs);
     if (rc == HKC_CONTINUE && nargs != 1)
         rc = hkc_usage(&o, "give one FILE (the manifest.json or keys.json to co-sign)");
-    if (rc == HKC_CONTINUE && !(rc = load_keys(&o, &paths, keys))) {
+    if (rc == HKC_CONTINUE && !(rc = hkc_keys_load(&o, &paths, keys))) {
         if (hku_read_file(argv[1], HKN_FRAME_MAX_MANIFEST, &text, &len, &rep)) {
             rc = hkc_fail_report(&o, &rep);
         } else {
@@ -169,7 +191,7 @@ static int keys_sign(int argc, char **argv) {
                        "files are required",
                        HKN_MAX_KEYS);
     if (rc == HKC_CONTINUE)
-        rc = load_keys(&o, &paths, keys);
+        rc = hkc_keys_load(&o, &paths, keys);
     for (int i = 0; !rc && i < nargs; i++, l.nkeys++)
         if (hkn_pubkey_load(argv[i + 1], &l.keys[i], &rep))
             rc = hkc_fail_report(&o, &rep);

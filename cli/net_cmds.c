@@ -140,20 +140,6 @@ static int read_files(hkc_out *o, const char *arch, char **files, int nfiles, st
     return 0;
 }
 
-/* With several keys, each signs the manifest: one "KEYID SIGNATURE" line
- * each (net/keys.c), which replaces the one bare signature that a release
- * of one key keeps (what hosts of 1.4 read). 0 or an exit status. */
-static int cosign_all(hkc_out *o, const hkn_seckey *keys, int nkeys, struct release *r) {
-    char *text = calloc((size_t)nkeys, 160);
-    if (!text)
-        return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
-    for (int i = 0; i < nkeys; i++)
-        hkn_signature_line(&keys[i], r->manifest, r->manifest_len, text + strlen(text));
-    free(r->sig);
-    r->sig = text;
-    return 0;
-}
-
 /* Reads the files, builds the cubins --build-for lists (build_for NULL:
  * none) and signs a release of them (r->module, r->version set by the
  * caller) with every key of the list (the first one's id in the manifest).
@@ -163,23 +149,19 @@ static int build_release(hkc_out *o, const hkc_list *key_paths, uint64_t expires
                          struct release *r) {
     hk_report rep = HK_REPORT_INIT;
     hkn_seckey keys[HKN_MAX_KEYS];
-    int rc = 0, nkeys = 0;
+    int rc = 0;
     if (nfiles < 1 || nfiles > HKN_MAX_ARTIFACTS)
         return hkc_usage(o, "give 1 to %d kernel and header files", HKN_MAX_ARTIFACTS);
-    if (key_paths->n > HKN_MAX_KEYS)
-        return hkc_usage(o, "give 1 to %d --key", HKN_MAX_KEYS);
-    for (; nkeys < key_paths->n && !rc; nkeys++)
-        if (hkn_seckey_load(key_paths->v[nkeys], &keys[nkeys], &rep))
-            rc = hkc_fail_report(o, &rep);
-    if (!rc && (rc = read_files(o, arch, files, nfiles, r)) == 0 &&
+    if (!(rc = hkc_keys_load(o, key_paths, keys)) &&
+        (rc = read_files(o, arch, files, nfiles, r)) == 0 &&
         (!build_for ||
          (rc = hkc_build_for(o, build_for, r->blobs, &r->n, HKN_MAX_ARTIFACTS, &r->built)) == 0)) {
         int64_t now = (int64_t)time(NULL);
         if (hkn_release_sign(&keys[0], r->module, r->version, now, now + (int64_t)expires_in,
                              r->blobs, r->n, &r->manifest, &r->manifest_len, &r->sig, &rep))
             rc = hkc_fail_report(o, &rep);
-        else if (nkeys > 1)
-            rc = cosign_all(o, keys, nkeys, r);
+        else
+            rc = hkc_sign_lines(o, keys, key_paths->n, r->manifest, r->manifest_len, &r->sig);
     }
     sodium_memzero(keys, sizeof keys);
     hk_report_clear(&rep);

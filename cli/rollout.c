@@ -17,12 +17,13 @@
  * each other at once); the manifest's mtime is moved past the last one's,
  * since static servers (nginx) make ETag and Last-Modified of mtime and
  * size, and two steps' manifests of one size within a second would look
- * the same.
+ * the same. Every --key signs (a line each where hosts need k of n keys;
+ * one bare signature for one key, as hosts of 1.4 read).
  * `start` keeps the manifest it replaces as previous-manifest.json (and its
  * .sig): the release `abort` goes back to. The current manifest (and the
- * previous one) are verified with the signing key's public key before they
- * are re-signed, so that a file changed on the origin is never signed
- * anew; and the directory is flock'd, so that two commands do not
+ * previous one) are verified with the public key of one --key at least
+ * before they are re-signed, so that a file changed on the origin is never
+ * signed anew; and the directory is flock'd, so that two commands do not
  * interleave.
  *
  * `status` says what the manifest says; with --prometheus, also what the
@@ -58,7 +59,17 @@ void hkc_man_free(hkc_man *x) {
 
 /* ---- reading the origin ------------------------------------------------ */
 
-int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub, hkc_man *x) {
+int hkc_signers_load(hkc_out *o, const hkc_list *paths, hkc_signers *s) {
+    memset(s, 0, sizeof *s);
+    int rc = hkc_keys_load(o, paths, s->keys);
+    for (int i = 0; !rc && i < paths->n; i++)
+        s->pub.keys[i] = s->keys[i].pub;
+    s->n = s->pub.nkeys = rc ? 0 : paths->n;
+    s->pub.threshold = 1;
+    return rc;
+}
+
+int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_trust *t, hkc_man *x) {
     char path[PATH_MAX], sig_path[PATH_MAX + 8];
     hk_report rep = HK_REPORT_INIT;
     struct stat st;
@@ -69,21 +80,28 @@ int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey
     if (stat(path, &st) != 0 && errno == ENOENT)
         return 0;
     if (hku_read_file(path, 1 << 20, &x->text, &x->len, &rep) ||
-        hku_read_file(sig_path, 4096, &x->sig, &x->sig_len, &rep)) {
+        hku_read_file(sig_path, HKN_FRAME_MAX_SIG, &x->sig, &x->sig_len, &rep)) {
         rc = hkc_fail_report(o, &rep);
         goto out;
     }
     x->mtime = (int64_t)st.st_mtime;
-    if (pub) {
-        unsigned char bin[HKN_SIG_BYTES];
-        if (hkn_decode_fixed(x->sig, x->sig_len, bin, sizeof bin) ||
-            crypto_sign_verify_detached(bin, (const unsigned char *)x->text, x->len, pub->pk)) {
-            rc = hkc_fail(o, HK_ERR_SIGNATURE, NULL,
-                          "%s does not verify with key %s (changed on the origin, or signed by "
-                          "another key): nothing is signed over it",
-                          path, pub->id);
-            goto out;
-        }
+    /* The key id the manifest claims, only for the words of a refusal. */
+    cJSON *doc = t ? cJSON_ParseWithLength(x->text, x->len) : NULL;
+    const cJSON *claimed = cJSON_GetObjectItemCaseSensitive(doc, "key_id");
+    int bad = t && hkn_signatures_verify(t, "manifest", x->text, x->len, x->sig, x->sig_len,
+                                         cJSON_IsString(claimed) ? claimed->valuestring : NULL,
+                                         NULL, &rep);
+    cJSON_Delete(doc);
+    if (bad) {
+        char ids[HKN_MAX_KEYS * (HKN_KEY_ID_CHARS + 2)] = "";
+        for (int i = 0; i < t->nkeys; i++)
+            snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%s", i ? ", " : "",
+                     t->keys[i].id);
+        rc = hkc_fail(o, HK_ERR_SIGNATURE, NULL,
+                      "%s does not verify with key%s %s (changed on the origin, or signed by "
+                      "other keys): nothing is signed over it (%s)",
+                      path, t->nkeys > 1 ? "s" : "", ids, rep.message);
+        goto out;
     }
     if (hkn_manifest_parse(x->text, x->len, &x->m, &rep)) {
         rc = hkc_fail(o, rep.error, NULL, "%s: %s", path, rep.message);
@@ -165,10 +183,11 @@ static int write_file(hkc_out *o, const char *dir, const char *name, const void 
     return rc;
 }
 
-/* Signs m (created now, expiring after expires_in) and writes it over the
- * current manifest: the artifacts (blobs, when new ones come), the
+/* Signs m (created now, expiring after expires_in) with every key of key
+ * (one bare signature, or a line each: hkc_sign_lines) and writes it over
+ * the current manifest: the artifacts (blobs, when new ones come), the
  * signature, then the manifest. */
-static int publish(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkn_manifest *m,
+static int publish(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkn_manifest *m,
                    const hkn_blob *blobs, size_t nblobs, int64_t after) {
     char *json = NULL, *sig = NULL, name[128];
     size_t len = 0;
@@ -177,10 +196,12 @@ static int publish(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key,
     m->created = now_s();
     m->expires = m->created + (int64_t)a->expires_in;
     m->release = hkn_rollout_target(&m->rollout, m->version);
-    if (hkn_manifest_sign(key, m, &json, &len, &sig, &rep)) {
+    if (hkn_manifest_sign(&key->keys[0], m, &json, &len, &sig, &rep)) {
         rc = hkc_fail_report(o, &rep);
         goto out;
     }
+    if ((rc = hkc_sign_lines(o, key->keys, key->n, json, len, &sig)))
+        goto out;
     char arts[PATH_MAX];
     snprintf(arts, sizeof arts, "%s/artifacts", a->dir);
     if (mkdir(arts, 0755) != 0 && errno != EEXIST) {
@@ -196,13 +217,14 @@ static int publish(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key,
      * two reads a pair that does not verify, and fetches it again
      * (net/pull.c). */
     size_t slen = strlen(sig);
+    size_t bare = !slen || sig[slen - 1] != '\n'; /* several keys' lines end in theirs */
     char *line = malloc(slen + 2);
     if (!rc && !line)
         rc = hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
     if (!rc) {
         memcpy(line, sig, slen);
-        memcpy(line + slen, "\n", 2);
-        rc = stage(o, a->dir, MANIFEST ".sig", line, slen + 1, -1);
+        memcpy(line + slen, "\n", bare + 1);
+        rc = stage(o, a->dir, MANIFEST ".sig", line, slen + bare, -1);
     }
     free(line);
     if (!rc && (rc = stage(o, a->dir, MANIFEST, json, len, after)))
@@ -382,7 +404,7 @@ static int push_said(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *
 }
 
 /* Pushes DIR's manifest, as published now, to the hosts that lack it. */
-static int push_current(hkc_out *o, const hkc_rollout_args *a, const hkn_pubkey *pub) {
+static int push_current(hkc_out *o, const hkc_rollout_args *a, const hkn_trust *pub) {
     hkc_man cur;
     hkc_verdict v;
     int rc = hkc_man_load(o, a->dir, MANIFEST, pub, &cur);
@@ -411,7 +433,7 @@ static int step_acked(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cur)
 
 /* ---- the subcommands --------------------------------------------------- */
 
-typedef int (*sub_fn)(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur);
+typedef int (*sub_fn)(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur);
 
 /* The current manifest's rollout, for advance, pause, resume and abort:
  * 0, or the exit status of the refusal. */
@@ -481,7 +503,7 @@ static int keep_previous(hkc_out *o, const hkc_rollout_args *a, const hkc_man *c
     return rc ? rc : write_file(o, a->dir, PREVIOUS, cur->text, cur->len);
 }
 
-static int do_start(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur,
+static int do_start(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur,
                     char **files, int nfiles) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
@@ -534,7 +556,7 @@ out:
     return rc;
 }
 
-static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
+static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
@@ -565,7 +587,7 @@ static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *k
     return rc;
 }
 
-static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur,
+static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur,
                       int paused) {
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
@@ -585,11 +607,11 @@ static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *k
     return rc;
 }
 
-static int do_pause(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
+static int do_pause(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     return set_paused(o, a, key, cur, 1);
 }
 
-static int do_resume(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
+static int do_resume(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     return set_paused(o, a, key, cur, 0);
 }
 
@@ -609,7 +631,7 @@ static int artifacts_there(hkc_out *o, const hkc_rollout_args *a, const hkn_mani
     return 0;
 }
 
-static int do_abort(hkc_out *o, const hkc_rollout_args *a, const hkn_seckey *key, hkc_man *cur) {
+static int do_abort(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     hkc_man prev;
     hkn_manifest m;
     hkn_artifact arts[HKN_MAX_ARTIFACTS];
@@ -689,32 +711,30 @@ static int fleet_status(hkc_out *o, const hkc_rollout_args *a, const hkn_manifes
 
 int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char **files,
                     int nfiles) {
-    hkn_seckey key;
-    hkn_pubkey pub;
+    hkc_signers key;
     hkc_man cur;
     hk_report rep = HK_REPORT_INIT;
     int rc = 0, fd = -1, known = 0;
     int status = !strcmp(sub, "status"), start = !strcmp(sub, "start");
     memset(&cur, 0, sizeof cur);
     memset(&key, 0, sizeof key);
-    memset(&pub, 0, sizeof pub);
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
         known |= !strcmp(sub, subs[i].name);
     if (!known)
         return hkc_usage(o, "no subcommand '%s' here", sub);
     if (!status && mkdir(a->dir, 0755) != 0 && errno != EEXIST)
         return hkc_fail(o, HK_ERR_IO, NULL, "mkdir %s: %s", a->dir, strerror(errno));
-    if (!status && hkn_seckey_load(a->key, &key, &rep)) {
-        rc = hkc_fail_report(o, &rep);
+    if (!status && (rc = hkc_signers_load(o, &a->keys, &key)))
         goto out;
-    }
-    if (status && a->pubkey && hkn_pubkey_load(a->pubkey, &pub, &rep)) {
-        rc = hkc_fail_report(o, &rep);
-        goto out;
+    if (status && a->pubkey) {
+        if (hkn_pubkey_load(a->pubkey, &key.pub.keys[0], &rep)) {
+            rc = hkc_fail_report(o, &rep);
+            goto out;
+        }
+        key.pub.nkeys = key.pub.threshold = 1;
     }
     if ((!status && (rc = hkc_lock_dir(o, a->dir, &fd))) ||
-        (rc = hkc_man_load(o, a->dir, MANIFEST, status ? (a->pubkey ? &pub : NULL) : &key.pub,
-                           &cur)))
+        (rc = hkc_man_load(o, a->dir, MANIFEST, status && !a->pubkey ? NULL : &key.pub, &cur)))
         goto out;
     int pushes = a->endpoints && (start || !strcmp(sub, "advance") || !strcmp(sub, "abort"));
     if (status) {
@@ -751,7 +771,7 @@ out:
 
 int hkc_rollout_change(hkc_out *o, const char *sub, const hkc_rollout_args *a) {
     hkc_rollout_args b = {.dir = a->dir,
-                          .key = a->key,
+                          .keys = a->keys,
                           .expires_in = a->expires_in,
                           .force = !strcmp(sub, "advance"),
                           .endpoints = a->endpoints,

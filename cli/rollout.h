@@ -21,7 +21,8 @@ struct cJSON;
 /* The options of every rollout subcommand (each takes those its help
  * names; run() refuses the others). */
 typedef struct hkc_rollout_args {
-    const char *dir, *key, *module, *steps, *steps_file, *arch, *pubkey;
+    const char *dir, *module, *steps, *steps_file, *arch, *pubkey;
+    hkc_list keys;         /* --key SECRET, each (1 to HKN_MAX_KEYS): every one signs */
     const char *build_for; /* start: the architectures to ship cubins for */
     uint64_t release, bake, expires_in;
     int force, json;
@@ -52,10 +53,24 @@ typedef struct hkc_man {
     int64_t mtime;
 } hkc_man;
 
+/* The keys a command signs with, every --key in order (the first one's id
+ * in the manifests), and their public halves as a trust of threshold 1:
+ * a manifest signed over must verify with one of them. */
+typedef struct hkc_signers {
+    hkn_seckey keys[HKN_MAX_KEYS];
+    int n;
+    hkn_trust pub;
+} hkc_signers;
+
+/* Loads every --key of paths into s (to wipe: sodium_memzero). 0 or the
+ * exit status. */
+int hkc_signers_load(hkc_out *o, const hkc_list *paths, hkc_signers *s);
+
 /* DIR/NAME and its .sig into x (x->have 0 when the manifest is missing),
- * verified with pub when it is not NULL. 0, or the exit status with the
+ * verified with the keys of t when it is not NULL (t->threshold of them;
+ * its signature file bare or of lines). 0, or the exit status with the
  * failure reported through o; x is the caller's to hkc_man_free. */
-int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_pubkey *pub, hkc_man *x);
+int hkc_man_load(hkc_out *o, const char *dir, const char *name, const hkn_trust *t, hkc_man *x);
 void hkc_man_free(hkc_man *x);
 
 /* Takes DIR's lock (flock, not waiting) for the command's length: 0 with
@@ -68,7 +83,7 @@ int hkc_lock_dir(hkc_out *o, const char *dir, int *fd);
 int hkc_rollout_run(hkc_out *o, const char *sub, const hkc_rollout_args *a, char **files,
                     int nfiles);
 /* Runs "advance" (forced: the caller counted the bake), "pause", "resume"
- * or "abort" over a->dir with a->key as the subcommand does: the directory
+ * or "abort" over a->dir with a->keys as the subcommand does: the directory
  * locked, the manifest verified and the next one published. 0, or the exit
  * status with the refusal recorded in o (a JSON hkc_out keeps it quiet). */
 int hkc_rollout_change(hkc_out *o, const char *sub, const hkc_rollout_args *a);

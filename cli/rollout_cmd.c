@@ -14,17 +14,18 @@
 #include "cli/rollout.h"
 
 static const char help[] =
-    "usage: hotkern rollout start --dir DIR --key SECRET --module M [--release N]\n"
+    "usage: hotkern rollout start --dir DIR KEYS --module M [--release N]\n"
     "         (--steps P,P,... [--bake S] | --steps-file FILE) [--expires-in S]\n"
     "         [--arch sm_XX] [--build-for sm_XY,...] [--json] FILE...\n"
-    "       hotkern rollout advance --dir DIR --key SECRET [--force] [--expires-in S] [--json]\n"
-    "       hotkern rollout pause|resume|abort --dir DIR --key SECRET [--expires-in S] [--json]\n"
+    "       hotkern rollout advance --dir DIR KEYS [--force] [--expires-in S] [--json]\n"
+    "       hotkern rollout pause|resume|abort --dir DIR KEYS [--expires-in S] [--json]\n"
     "       hotkern rollout status --dir DIR [--pubkey FILE] [--prometheus URL [GATE...]]\n"
     "         [--json]\n"
-    "       hotkern rollout watch --dir DIR --key SECRET --prometheus URL [--interval S]\n"
+    "       hotkern rollout watch --dir DIR KEYS --prometheus URL [--interval S]\n"
     "         [GATE...] [--expires-in S] [--json]\n"
     "       hotkern rollout start|advance|abort|watch|status ... --endpoints FILE [PUSH...]\n"
     "         (watch: --prometheus optional)\n"
+    "  KEYS: --key SECRET [--key SECRET...] (1 to 8: each signs every manifest)\n"
     "  GATE: [--gate QUERY]... [--min-reporting F] [--hosts N] [--lookback S]\n"
     "        [--max-age S] [--prometheus-token T]\n\n"
     "Rolls a release out to a fleet of pullers in steps, through the static origin\n"
@@ -55,7 +56,13 @@ static const char help[] =
     "module, 0 to 9999) is below 100 x the percent of the current step or an earlier\n"
     "one, or when such a step names its id or one of its labels. The manifests\n"
     "expire after --expires-in seconds (default 30 days); the current manifest (and\n"
-    "previous-manifest.json) must verify with --key's public key.\n"
+    "previous-manifest.json) must verify with the public key of one --key.\n"
+    "Each --key signs every manifest the command publishes: one key writes one bare\n"
+    "signature (what hosts of 1.4 read), several write one 'KEYID SIGNATURE' line\n"
+    "each, so a fleet whose hosts need k of n keys (signature_threshold) takes each\n"
+    "step with k --key given (watch: to every change it publishes); with fewer,\n"
+    "its hosts refuse the step (reason signature) until 'hotkern cosign' adds the\n"
+    "missing lines.\n"
     "The gate asks Prometheus's HTTP API (URL: its base, http://prometheus:9090)\n"
     "about the hosts' own metrics. It fails when any of its queries returns a\n"
     "sample with a value above 0: by default a refusal of the release (hotkern_\n"
@@ -118,18 +125,20 @@ static int dispatch(hkc_out *o, const char *sub, hkc_rollout_args *a, char **fil
     int watch = !strcmp(sub, "watch"), rc;
     if (!a->dir)
         return hkc_usage(o, "--dir DIR is required");
-    if (!status && !a->key)
+    if (!status && !a->keys.n)
         return hkc_usage(o, "--key SECRET is required");
+    if (a->keys.n > HKN_MAX_KEYS)
+        return hkc_usage(o, "give 1 to %d --key SECRET", HKN_MAX_KEYS);
     if (!start && (nfiles || a->module || a->steps || a->steps_file || a->release || a->build_for))
         return hkc_usage(o, "FILE..., --module, --release, --build-for and the steps are start's");
     if (start && !!a->steps == !!a->steps_file)
         return hkc_usage(o, "give --steps or --steps-file");
-    if (status && (a->key || a->force))
+    if (status && (a->keys.n || a->force))
         return hkc_usage(o, "status takes --dir, --pubkey, --prometheus, the gate's options "
                             "and --json");
     if (watch && (a->force || a->pubkey))
         return hkc_usage(o, "watch takes no --force (it advances after each bake) and no "
-                            "--pubkey (--key's verifies)");
+                            "--pubkey (the --key's verify)");
     if ((rc = gate_usage(o, sub, a)))
         return rc;
     if (!a->lookback_s)
@@ -190,7 +199,7 @@ int hkc_cmd_rollout(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rollout %s", sub);
     const hkc_opt opts[] = {
         HKC_STRING_OPT("--dir", &a.dir),
-        HKC_STRING_OPT("--key", &a.key),
+        HKC_LIST_OPT("--key", &a.keys),
         HKC_STRING_OPT("--module", &a.module),
         HKC_UINT_OPT("--release", &a.release, 1, HKC_MAX_RELEASE,
                      "--release needs an integer from 1 to 2^53-1"),
@@ -227,5 +236,6 @@ int hkc_cmd_rollout(int argc, char **argv) {
     if (rc == HKC_CONTINUE && !(rc = min_share(&o, &a)))
         rc = dispatch(&o, sub, &a, argv + 2, nargs);
     hkc_list_free(&a.gates);
+    hkc_list_free(&a.keys);
     return hkc_finish(&o, rc);
 }

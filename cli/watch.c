@@ -1,9 +1,10 @@
 /*
  * hotkern rollout watch: a rollout driven by its gate (docs/ROLLOUT.md,
  * "watch"). Every --interval seconds it reads the origin's manifest
- * (verified with --key's public key) and evaluates the gate against
- * Prometheus (cli/gate.c), then decides, printing each decision with its
- * time and reason:
+ * (verified with the public key of one --key at least) and evaluates the
+ * gate against Prometheus (cli/gate.c), then decides, printing each
+ * decision with its time and reason; each change it publishes is signed by
+ * every --key (a fleet that needs k of n keys is given k):
  *
  *   gate fails        abort (the manifest `abort` publishes), exit 1
  *   gate unknown      pause (paused=true), once; then "paused" until it holds
@@ -234,7 +235,7 @@ static int push_eval(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const h
 }
 
 /* One evaluation: returns -1 to go on, else the exit status. */
-static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hkn_pubkey *pub,
+static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hkn_trust *pub,
                     struct state *st) {
     hkc_man cur;
     hkc_verdict v;
@@ -281,21 +282,17 @@ static int evaluate(hkc_out *o, const hkc_rollout_args *a, hkc_prom *p, const hk
 }
 
 int hkc_rollout_watch(hkc_out *o, const hkc_rollout_args *a) {
-    hkn_seckey key;
-    hk_report rep = HK_REPORT_INIT;
+    hkc_signers key;
     hkc_man cur;
     hkc_prom p = {
         .url = a->prometheus, .token = a->prom_token, .timeout_s = (long)a->prom_timeout_s};
     struct state st = {.hold_since = -1};
     int rc;
     memset(&cur, 0, sizeof cur);
-    if (hkn_seckey_load(a->key, &key, &rep)) {
-        rc = hkc_fail_report(o, &rep);
-        hk_report_clear(&rep);
+    if ((rc = hkc_signers_load(o, &a->keys, &key)))
         return rc;
-    }
-    hkn_pubkey pub = key.pub;
-    sodium_memzero(&key, sizeof key); /* each change loads it again */
+    hkn_trust pub = key.pub;
+    sodium_memzero(&key, sizeof key); /* each change loads them again */
     if ((rc = hkc_man_load(o, a->dir, MANIFEST, &pub, &cur)))
         goto out;
     const hkn_rollout *r = &cur.m.rollout;

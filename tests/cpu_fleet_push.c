@@ -21,6 +21,11 @@
  *   Release 5: a real Prometheus (tests/harness.c) scrapes every endpoint's
  *   /metrics; watch runs a --gate query on it, which holds at first and
  *   fails once host-000 has a launch the driver refuses: watch aborts.
+ *   A fleet of three more hosts that need 2 of the keys a, b, c
+ *   (signature_threshold 2, no canary): a rollout signed with one --key is
+ *   refused by every host for its signature; one signed with two is taken
+ *   through start, pause, resume, advance and abort, and under watch (two
+ *   --key) to its last step; every manifest carries both keys' lines.
  *
  * Each phase asks every host what it runs, round after round (libcurl
  * multi), and checks that none runs the release outside the step the
@@ -78,6 +83,11 @@ struct host {
     unsigned seen;     /* bit r: seen running release r */
 };
 static struct host hosts[NHOSTS];
+static int nhosts = NHOSTS; /* of them, the test's fleet */
+/* The threshold fleet's: its hosts trust a.pub, b.pub and c.pub and need 2
+ * of them (signature_threshold), with no canary; `rollout watch` signs with
+ * a.key and b.key. */
+static int two_of_three;
 
 static double now_ms(void) {
     struct timespec ts;
@@ -137,18 +147,22 @@ static void host_main(int i, unsigned port) {
     o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fakes read PTX */
     o.cache_dir = "";
     o.no_warm_start = 1;
-    o.canary = 1;
+    o.canary = !two_of_three;
     o.canary_helper = h->faulty ? faulty_helper : hkt_built_program("hotkern-canary");
     o.canary_timeout_ms = 10000;
     hk_runtime *rt;
     if (hkl_runtime_create_with(&rt, &o, fake_driver(), &rep))
         die("runtime", &rep);
-    const char *keys[] = {pub_path};
+    char abc[3][PATH_MAX + 16];
+    const char *keys[] = {pub_path, abc[0], abc[1], abc[2]};
+    for (int k = 0; k < 3; k++)
+        snprintf(abc[k], sizeof abc[k], "%s/%c.pub", tmp, 'a' + k);
     hk_endpoint_options eo;
     hk_endpoint_options_init(&eo);
     eo.port = port;
-    eo.trusted_keys = keys;
-    eo.ntrusted_keys = 1;
+    eo.trusted_keys = two_of_three ? keys + 1 : keys;
+    eo.ntrusted_keys = two_of_three ? 3 : 1;
+    eo.signature_threshold = two_of_three ? 2 : 0;
     eo.state_dir = "";
     eo.endpoint_id = h->id;
     hk_endpoint *ep;
@@ -159,7 +173,8 @@ static void host_main(int i, unsigned port) {
     snprintf(text, sizeof text, "%u\n", hk_endpoint_port(ep));
     if (hku_write_atomic(portf, text, strlen(text), 0644, &rep))
         die("port file", &rep);
-    declare_test(rt);
+    if (!two_of_three)
+        declare_test(rt);
     for (int sig = 0; sigwait(&set, &sig) == 0 && sig != SIGTERM;) {
         hk_kernel *k;
         int out = 0, *dptr = &out, cu = 0;
@@ -212,7 +227,7 @@ static void host_kill(int i) {
 }
 
 static void stop_hosts(void) {
-    for (int i = 0; i < NHOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         int st = 0;
         if (hosts[i].c)
             curl_easy_cleanup(hosts[i].c);
@@ -235,7 +250,7 @@ static void ask_all(void) {
     static CURLM *multi;
     if (!multi)
         multi = curl_multi_init();
-    for (int i = 0; i < NHOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
         char u[64];
         if (!h->c)
@@ -257,7 +272,7 @@ static void ask_all(void) {
     int left;
     while ((msg = curl_multi_info_read(multi, &left)))
         ;
-    for (int i = 0; i < NHOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
         long status = 0;
         curl_multi_remove_handle(multi, h->c);
@@ -354,6 +369,11 @@ static pid_t watch_start(const char *log, const char *extra1, const char *extra2
             "hotkern",     "rollout",     "watch",         "--dir",      "push", "--key",
             "hotkern.key", "--endpoints", "endpoints.txt", "--interval", "1"};
         int n = 11;
+        if (two_of_three) {
+            argv[6] = "a.key";
+            argv[n++] = "--key";
+            argv[n++] = "b.key";
+        }
         if (extra1) {
             argv[n++] = "--prometheus";
             argv[n++] = extra1;
@@ -410,7 +430,7 @@ static void round_of(struct phase *ph, hkn_manifest *m) {
     manifest(m);
     const hkn_rollout *r = &m->rollout;
     int back = 1;
-    for (int i = 0; i < NHOSTS; i++) {
+    for (int i = 0; i < nhosts; i++) {
         struct host *h = &hosts[i];
         if (h->release < 0)
             continue; /* down */
@@ -446,7 +466,7 @@ static void exactly_the_step(long long release, long long other) {
     hkn_manifest m;
     ask_all();
     manifest(&m);
-    for (int i = 0; i < NHOSTS; i++)
+    for (int i = 0; i < nhosts; i++)
         ck_assert_msg(hosts[i].release == (covered(&m, i) ? release : other),
                       "%s (bucket %u) runs %lld at step %u", hosts[i].id, hosts[i].bucket,
                       hosts[i].release, m.rollout.step + 1);
@@ -558,16 +578,21 @@ static void launch_error(struct phase *ph, const hkn_manifest *m) {
     (void)m;
 }
 
-START_TEST(push_rollout) {
+/* The test's directory and the loadable fake driver's path. */
+static void fleet_setup(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* the figures come out even when a check fails */
-    hkn_seckey key;
-    hk_report rep = HK_REPORT_INIT;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     tmp = hkt_tmpdir();
     ck_assert_ptr_nonnull(tmp);
     char bin[PATH_MAX]; /* BUILD/bin/hotkern -> BUILD/lib/libhotkern-fakecuda.so */
     snprintf(bin, sizeof bin, "%s", hkt_built_program("hotkern"));
     snprintf(fake_lib, sizeof fake_lib, "%s/lib/libhotkern-fakecuda.so", dirname(dirname(bin)));
+}
+
+START_TEST(push_rollout) {
+    hkn_seckey key;
+    hk_report rep = HK_REPORT_INIT;
+    fleet_setup();
     char script[2 * PATH_MAX];
     snprintf(faulty_helper, sizeof faulty_helper, "%s/canary-faulty.sh", tmp);
     snprintf(script, sizeof script,
@@ -759,11 +784,152 @@ START_TEST(push_rollout) {
 }
 END_TEST
 
+/* ---- a fleet that needs 2 of 3 keys ------------------------------------ */
+
+#define TWO_KEYS "--dir push --key a.key --key b.key --endpoints endpoints.txt"
+
+/* The signature file of the rollout directory's manifest: lines, and
+ * whether 2 of a, b, c signed the manifest's bytes. */
+static void signed_by_two(const hkn_seckey *k) {
+    hkn_trust t;
+    hk_report rep = HK_REPORT_INIT;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < 3; i++)
+        t.keys[i] = k[i].pub;
+    t.nkeys = 3;
+    t.threshold = 2;
+    char *text = read_text("push/manifest.json"), *sig = read_text("push/manifest.json.sig");
+    ck_assert_msg(hkn_signatures_verify(&t, "manifest", text, strlen(text), sig, strlen(sig), NULL,
+                                        NULL, &rep) == 0,
+                  "%s", rep.message);
+    int lines = 0;
+    for (const char *c = sig; *c; c++)
+        lines += *c == '\n';
+    ck_assert_int_eq(lines, 2);
+    ck_assert(!strncmp(sig, k[0].pub.id, HKN_KEY_ID_CHARS)); /* a's line first, then b's */
+    ck_assert(!strncmp(strchr(sig, '\n') + 1, k[1].pub.id, HKN_KEY_ID_CHARS));
+    free(text);
+    free(sig);
+    hk_report_clear(&rep);
+}
+
+/* Three endpoint hosts that need 2 of the keys a, b and c: a rollout
+ * signed by one key is refused by every host for its signature; signed by
+ * two (--key a.key --key b.key) it is taken through its steps by start,
+ * pause, resume and advance, and back by abort; and watch with the two
+ * keys advances one to its last step. */
+START_TEST(threshold_push) {
+    hkn_seckey k[3];
+    hk_report rep = HK_REPORT_INIT;
+    char path[PATH_MAX + 32], list[512] = "";
+    fleet_setup();
+    two_of_three = 1;
+    nhosts = 3;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(hkn_keygen(&k[i]), 0);
+        snprintf(path, sizeof path, "%s/%c.key", tmp, 'a' + i);
+        ck_assert_int_eq(hkn_seckey_save(path, &k[i], &rep), 0);
+        snprintf(path, sizeof path, "%s/%c.pub", tmp, 'a' + i);
+        ck_assert_int_eq(hkn_pubkey_save(path, &k[i].pub, &rep), 0);
+    }
+    snprintf(path, sizeof path, "%s/hosts", tmp);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    for (int i = 0; i < nhosts; i++) {
+        snprintf(hosts[i].id, sizeof hosts[i].id, "host-%03d", i);
+        hosts[i].bucket = hkn_fleet_bucket(hosts[i].id, MODULE);
+        snprintf(path, sizeof path, "%s/hosts/%s", tmp, hosts[i].id);
+        ck_assert_int_eq(mkdir(path, 0700), 0);
+        host_start(i, 0);
+        snprintf(list + strlen(list), sizeof list - strlen(list),
+                 "%.23s http://127.0.0.1:%u rack-1\n", hosts[i].id, hosts[i].port);
+    }
+    /* Step 1 is host-000 alone (1% of 3 hosts holds no other here). */
+    ck_assert(hosts[1].bucket >= 100 && hosts[2].bucket >= 100);
+    snprintf(path, sizeof path, "%s/endpoints.txt", tmp);
+    ck_assert_int_eq(hkt_write_file(path, list), 0);
+    snprintf(path, sizeof path, "%s/steps.json", tmp);
+    ck_assert_int_eq(hkt_write_file(path, "[{\"percent\": 1, \"hosts\": [\"host-000\"], "
+                                          "\"bake_s\": 1}, {\"percent\": 100, \"bake_s\": 1}]"),
+                     0);
+
+    /* One key: every host refuses the release for its signature. */
+    kernel_file(101);
+    cli(1, "rollout start --dir push --key a.key --endpoints endpoints.txt --module " MODULE
+           " --steps 100 --json fleet.ptx");
+    cJSON *doc = cJSON_Parse(out);
+    ck_assert_msg(doc != NULL, "%.2000s", out);
+    ck_assert_str_eq(field(field(doc, "push"), "state")->valuestring, "fail");
+    cJSON_Delete(doc);
+    exactly_the_step(0, 0);
+    cli(0, "rollout status --dir push --endpoints endpoints.txt --json");
+    doc = cJSON_Parse(out);
+    cJSON *refused = field(cJSON_GetArrayItem(field(field(doc, "fleet"), "steps"), 0), "refused");
+    ck_assert_int_eq(cJSON_GetArraySize(refused), nhosts);
+    cJSON *one;
+    cJSON_ArrayForEach(one, refused)
+        ck_assert_str_eq(field(one, "reason")->valuestring, "signature");
+    cJSON_Delete(doc);
+    char *state = read_text("push/push-state.json");
+    ck_assert_msg(strstr(state, "1 of 2 required signatures"), "%s", state);
+    free(state);
+
+    /* Two keys: release 2 to every host, then release 3 in its steps. */
+    kernel_file(102);
+    cli(0, "rollout start " TWO_KEYS " --module " MODULE " --steps 100 fleet.ptx");
+    exactly_the_step(2, 2);
+    signed_by_two(k);
+    kernel_file(103);
+    cli(0, "rollout start " TWO_KEYS " --module " MODULE " --release 3 --steps-file steps.json "
+           "fleet.ptx");
+    exactly_the_step(3, 2);
+    ck_assert_int_eq(hosts[0].release, 3);
+    cli(0, "rollout pause --dir push --key a.key --key b.key");
+    signed_by_two(k);
+    cli(0, "rollout resume --dir push --key a.key --key b.key");
+    cli(0, "rollout advance " TWO_KEYS " --force");
+    signed_by_two(k);
+    exactly_the_step(3, 2);
+    for (int i = 0; i < nhosts; i++)
+        ck_assert_int_eq(hosts[i].release, 3);
+
+    /* Release 4 to host-000, then aborted: back on 3. */
+    kernel_file(104);
+    cli(0, "rollout start " TWO_KEYS " --module " MODULE " --release 4 --steps-file steps.json "
+           "fleet.ptx");
+    exactly_the_step(4, 3);
+    ck_assert_int_eq(hosts[0].release, 4);
+    cli(0, "rollout abort " TWO_KEYS);
+    signed_by_two(k);
+    exactly_the_step(3, 3);
+
+    /* Release 5 under watch with the two keys: to its last step. */
+    kernel_file(105);
+    cli(0, "rollout start " TWO_KEYS " --module " MODULE " --release 5 --steps-file steps.json "
+           "fleet.ptx");
+    struct phase ph = {.release = 5, .other = 3};
+    pid_t w = watch_start("watch-k.txt", NULL, NULL);
+    int code = watch_phase(&ph, w, "watch-k.txt", NULL);
+    char *log = read_text("watch-k.txt");
+    LOG_ASSERT(code == 0 && decisions(log, "advance") == 1 && decisions(log, "done") == 1, log);
+    free(log);
+    signed_by_two(k);
+    exactly_the_step(5, 5);
+    stop_hosts();
+    sodium_memzero(k, sizeof k);
+    hk_report_clear(&rep);
+    hkt_rmtree(tmp);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("fleet_push");
     TCase *tc = tcase_create("push");
     tcase_set_timeout(tc, 400);
     tcase_add_test(tc, push_rollout);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("threshold");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, threshold_push);
     suite_add_tcase(s, tc);
     return hkt_run(s);
 }

@@ -1032,6 +1032,9 @@ START_TEST(cli_usage_errors_exit_2) {
         "rollout advance --dir www/rel --key hotkern.key --prometheus http://127.0.0.1:9",
         "rollout status --dir www/rel --gate up",
         "rollout status --dir www/rel --prometheus http://127.0.0.1:9 --interval 3",
+        "rollout advance --dir www/rel --key hotkern.key --key hotkern.key --key hotkern.key "
+        "--key hotkern.key --key hotkern.key --key hotkern.key --key hotkern.key --key "
+        "hotkern.key --key hotkern.key",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = cli(out, sizeof out, "%s", bad[i]);
@@ -1050,6 +1053,7 @@ START_TEST(cli_usage_errors_exit_2) {
     ck_assert_int_eq(cli(out, sizeof out, "rollout --help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "sample with a value above 0"));
     ck_assert_ptr_nonnull(strstr(out, "A push fleet (--endpoints FILE"));
+    ck_assert_ptr_nonnull(strstr(out, "KEYS: --key SECRET [--key SECRET...]"));
     ck_assert_ptr_null(strstr(out, "push fleets,"));
 }
 END_TEST
@@ -1080,6 +1084,14 @@ START_TEST(cli_lifecycle) {
                       "--release 5 --steps 1,50,100 --bake 3600 b.ptx") == 0,
                   "%s", out);
     int64_t t = mtime_of(man);
+    /* One --key: one bare signature, the file hosts of 1.4 read. */
+    char sig_path[PATH_MAX + 40], *sig;
+    size_t sig_len;
+    hk_report srep = HK_REPORT_INIT;
+    snprintf(sig_path, sizeof sig_path, "%s.sig", man);
+    ck_assert_int_eq(hku_read_file(sig_path, 4096, &sig, &sig_len, &srep), 0);
+    ck_assert_msg(!strchr(sig, ' ') && strchr(sig, '\n') == sig + sig_len - 1, "%s", sig);
+    free(sig);
     ck_assert_int_eq(
         cli(out, sizeof out, "rollout status --json --dir www/rel --pubkey hotkern.pub"), 0);
     cJSON *j = cJSON_Parse(out);
