@@ -253,8 +253,13 @@ static int runtime_start(hk_runtime *rt, const hk_options *o, hk_report *rep) {
     }
     rt->opt.headers = rt->headers;
     rt->opt.nheaders = rt->headers ? o->nheaders : 0;
-    /* A runtime that cannot warm up still works: its first build pays.
-     * Isolated, the helper warms itself up (hkl_build_start). */
+    /* Compiling here, the process's first compile is made now, before any
+     * thread of the runtime compiles (ptx/warm.c): an exit during it would
+     * crash under NVRTC's teardown. A runtime that cannot warm up still
+     * works: its first build pays. Isolated, the helper warms itself up
+     * (hkl_build_start). */
+    if (!o->build_isolated)
+        hkp_first_compile(rt->arch);
     if (!o->no_warm_start && !o->build_isolated && hkp_warm_start(&rt->warm, rt->arch) < 0)
         rt->warm = NULL;
     if ((err = hkl_build_start(rt, rep)) < 0)
@@ -307,8 +312,8 @@ static int create_with(hk_runtime **out, const hk_options *opt, const hkb_driver
          * and NVRTC work (base/exit.h): registered after the driver's exit
          * handlers (bound now) and before any thread of the runtime starts,
          * the guard runs before them. NVRTC registers more at a process's
-         * first compile (ptx/build.c registers the guard again after it):
-         * an exit during that first in-process compile is not covered;
+         * first compile, which runtime_start makes before any thread of the
+         * runtime compiles (ptx/build.c registers the guard again after it);
          * isolated builds (the interposition's) never compile here. */
         hkb_exit_guard(o.destroy_wait_ms);
     }

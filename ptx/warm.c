@@ -5,10 +5,15 @@
  * runtime pays that on a background thread as soon as it is created, so the
  * first swap of CUDA C does not.
  *
- * The thread compiles two small programs through hkp_build, like a swap
- * would (same arch, toolkit search path, PCH): an empty kernel, then one
- * that includes <cuda/std/cstdint>, whose PCH a swap opening with that
- * header reuses. Nothing is cached or kept. Creation never waits for it; stop
+ * The first of two small programs, an empty kernel, is the process's first
+ * compile (hkp_first_compile, once a process, on the creating thread): that
+ * compile registers exit handlers of NVRTC's and the C++ library's, which
+ * must come before the exit guard's (base/exit.h), or an exit during it
+ * would run them under the compile and crash. The thread compiles the
+ * second through hkp_build, like a swap would (same arch, toolkit search
+ * path, PCH): one that includes <cuda/std/cstdint>, whose PCH a swap
+ * opening with that header reuses. Nothing is cached or kept. Creation
+ * waits for the first compile only (once a process); stop
  * sets a flag that skips whatever has not started and joins, so it waits for
  * at most the one compile in progress (NVRTC cannot be interrupted).
  *
@@ -55,20 +60,36 @@ static const char *const warm_src[] = {
     "extern \"C\" __global__ void hk_warm(cuda::std::int32_t *x) { x[threadIdx.x] = 2; }\n",
 };
 
+/* Compiles warm_src[i] for arch as a swap would; a failure only means the
+ * first real build pays the start-up (and reports its own errors). */
+static void warm_compile(size_t i, int arch) {
+    hkp_build_opts o = {
+        .arch = arch, .ptx_to_cubin = 1, .opt_level = 3, .pch = 1, .source_name = "warm.cu"};
+    hkp_artifact a;
+    (void)hkp_build(warm_src[i], strlen(warm_src[i]), HK_FORMAT_CUDA_C, &o, &a, NULL, 0);
+    hkp_artifact_free(&a);
+}
+
+static pthread_once_t first_once = PTHREAD_ONCE_INIT;
+static int first_arch;
+
+static void first_compile(void) {
+    warm_compile(0, first_arch);
+}
+
+void hkp_first_compile(int arch) {
+    first_arch = arch;
+    pthread_once(&first_once, first_compile);
+}
+
 static void *warm_main(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-warm");
     hkp_warm *w = arg;
-    for (size_t i = 0; i < sizeof warm_src / sizeof warm_src[0]; i++) {
+    for (size_t i = 1; i < sizeof warm_src / sizeof warm_src[0]; i++) {
         if (atomic_load(&w->stop))
             break;
-        hkp_build_opts o = {
-            .arch = w->arch, .ptx_to_cubin = 1, .opt_level = 3, .pch = 1, .source_name = "warm.cu"};
-        hkp_artifact a;
-        /* A failure here only means the first real build pays the start-up;
-         * that build reports its own errors. */
-        (void)hkp_build(warm_src[i], strlen(warm_src[i]), HK_FORMAT_CUDA_C, &o, &a, NULL, 0);
-        hkp_artifact_free(&a);
+        warm_compile(i, w->arch);
     }
     atomic_store(&w->done, 1);
     warm_put(w);

@@ -20,7 +20,8 @@
  * outlasts the wait ends the process with the status exit was given and its
  * output flushed; once exiting, no section begins. And the interposition's
  * part (the fake driver in process): from the exit on, a launch of a kernel
- * that has a hot version is the program's own.
+ * that has a hot version is the program's own. And a program of the API,
+ * compiling in its own process, that exits during its first build.
  */
 #include <libgen.h>
 #include <limits.h>
@@ -39,6 +40,7 @@
 #include "loader/core.h"
 #include "tests/fakecuda.h"
 #include "tests/harness.h"
+#include "util/util.h"
 
 static char build[PATH_MAX], dir[PATH_MAX];
 
@@ -286,6 +288,56 @@ START_TEST(launches_during_the_exit_are_the_programs) {
 }
 END_TEST
 
+/* ---- a program of the API that exits at once ---------------------------- */
+
+/* A program that builds in its own process (the API's default) makes a
+ * runtime without the warm-up, hands it the seconds-long build of big.cu
+ * and exits delay_ms later, during that build: the process's first NVRTC
+ * compile, whose exit handlers are registered as it runs, must have been
+ * made before (at create), so that the guard runs before them. Returns the
+ * exit status (or 128 + signal). */
+static int api_child(const char *src, size_t len, int delay_ms) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fake_init(1, 90);
+        hk_options o;
+        hk_options_init(&o);
+        o.cache_dir = "";
+        o.no_warm_start = 1;
+        o.destroy_wait_ms = 100; /* the guard's wait: then it ends the process */
+        hk_runtime *rt;
+        if (hkl_runtime_create_with(&rt, &o, fake_driver(), NULL) < 0)
+            _exit(98);
+        if (hk_submit(rt, "big", src, len, NULL) < 0)
+            _exit(97);
+        usleep((useconds_t)delay_ms * 1000);
+        exit(7);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(api_program_exits_during_its_first_build) {
+    char path[PATH_MAX + 16], got[256] = "";
+    snprintf(path, sizeof path, "%s/w/big.cu", dir);
+    size_t len = 0;
+    char *src = NULL;
+    ck_assert_int_eq(hku_read_file(path, 1 << 20, &src, &len, NULL), 0);
+    int bad = 0;
+    for (int i = 0; i < 10; i++) {
+        int st = api_child(src, len, 100 + 30 * i);
+        bad += st != 7;
+        snprintf(got + strlen(got), sizeof got - strlen(got), " %d", st);
+    }
+    free(src);
+    ck_assert_msg(!bad, "%d of 10 exits 100-370 ms into the build did not end with status 7:%s",
+                  bad, got);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("exit");
     TCase *tc = tcase_create("exit");
@@ -296,6 +348,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, launches_during_the_exit_are_the_programs);
     tcase_add_test(tc, preload_program_exits_during_its_first_build);
     tcase_add_test(tc, wrap_program_exits_during_its_first_build);
+    tcase_add_test(tc, api_program_exits_during_its_first_build);
     suite_add_tcase(s, tc);
     return s;
 }
