@@ -19,11 +19,12 @@
  * size, and two steps' manifests of one size within a second would look
  * the same.
  * `start` keeps the manifest it replaces as previous-manifest.json (and its
- * .sig): the release `abort` goes back to. The current manifest (and the
- * previous one) are verified with the signing key's public key before they
- * are re-signed, so that a file changed on the origin is never signed
- * anew; and the directory is flock'd, so that two commands do not
- * interleave.
+ * .sig): the release `abort` goes back to. Until then every manifest of the
+ * rollout carries that release's artifacts as "previous_artifacts", the
+ * stable release for hosts outside the step that run neither (net/fleet.c). The current manifest
+ * (and the previous one) are verified with the signing key's public key before they are re-signed,
+ * so that a file changed on the origin is never signed anew; and the directory is flock'd, so that
+ * two commands do not interleave.
  *
  * `status` says what the manifest says; with --prometheus, also what the
  * hosts' own metrics say through Prometheus, per step (cli/gate.c). `watch`
