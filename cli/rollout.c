@@ -20,11 +20,13 @@
  * the same. Every --key signs (a line each where hosts need k of n keys;
  * one bare signature for one key, as hosts of 1.4 read).
  * `start` keeps the manifest it replaces as previous-manifest.json (and its
- * .sig): the release `abort` goes back to. The current manifest (and the
- * previous one) are verified with the public key of one --key at least
- * before they are re-signed, so that a file changed on the origin is never
- * signed anew; and the directory is flock'd, so that two commands do not
- * interleave.
+ * .sig): the release `abort` goes back to. Until then every manifest of the
+ * rollout carries that release's artifacts as "previous_artifacts", the
+ * stable release for hosts outside the step that run neither (net/fleet.c).
+ * The current manifest (and the previous one) are verified with the public
+ * key of one --key at least before they are re-signed, so that a file
+ * changed on the origin is never signed anew; and the directory is flock'd,
+ * so that two commands do not interleave.
  *
  * `status` says what the manifest says; with --prometheus, also what the
  * hosts' own metrics say through Prometheus, per step (cli/gate.c). `watch`
@@ -328,6 +330,8 @@ static void describe(hkc_out *o, const char *dir, const hkn_manifest *m) {
         if (!r->present)
             return;
         hkc_set_int(o, "step", (long long)r->step);
+        /* The stable release's artifacts, for hosts outside the step (0: none carried). */
+        hkc_set_int(o, "previous_artifacts", (long long)m->nprevious);
         hkc_set_int(o, "baked_s", (long long)(baked > 0 ? baked : 0));
         hkc_set(o, "paused", cJSON_CreateBool(r->paused));
         hkc_set(o, "aborted", cJSON_CreateBool(r->aborted));
@@ -349,8 +353,9 @@ static void describe(hkc_out *o, const char *dir, const hkn_manifest *m) {
                (unsigned long long)m->version);
         return;
     }
-    printf(", release %llu (previous %llu)%s%s\n", (unsigned long long)r->release,
-           (unsigned long long)r->previous, r->paused ? ", paused" : "",
+    printf(", release %llu (previous %llu)%s%s%s\n", (unsigned long long)r->release,
+           (unsigned long long)r->previous,
+           m->nprevious ? ", which hosts outside the step run" : "", r->paused ? ", paused" : "",
            r->aborted ? ", ABORTED: every host goes back to the previous release" : "");
     for (size_t i = 0; i < r->nsteps; i++) {
         const hkn_rollout_step *s = &r->steps[i];
@@ -452,12 +457,78 @@ static int need_rollout(hkc_out *o, const hkc_rollout_args *a, const hkc_man *cu
     return 0;
 }
 
-/* The next manifest of cur's release: the same artifacts and steps, one
- * version above. */
-static int next_of(hkc_out *o, const hkc_man *cur, hkn_manifest *m, hkn_artifact *arts) {
+/* Every artifact of m lies in the origin's artifacts/ (an abort serves the
+ * previous release's again). */
+static int artifacts_there(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m) {
+    for (size_t i = 0; i < m->nartifacts; i++) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/artifacts/%s", a->dir, m->artifacts[i].sha256);
+        if (stat(path, &st) != 0 || (uint64_t)st.st_size != m->artifacts[i].size)
+            return hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                            "%s (artifact '%s' of release %llu) is missing or not %llu bytes", path,
+                            m->artifacts[i].name, (unsigned long long)m->release,
+                            (unsigned long long)m->artifacts[i].size);
+    }
+    return 0;
+}
+
+/* previous-manifest.json, verified with pub, as the release r went back
+ * from: 0 with prev->have (or, when !required and the file is missing,
+ * without), or the exit status. Its artifacts must lie in the origin. */
+static int load_previous(hkc_out *o, const hkc_rollout_args *a, const hkn_trust *pub,
+                         const hkn_rollout *r, int required, hkc_man *prev) {
+    int rc = hkc_man_load(o, a->dir, PREVIOUS, pub, prev);
+    if (rc || (!prev->have && !required))
+        return rc;
+    if (!prev->have || prev->m.release != r->previous)
+        rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
+                      "%s/" PREVIOUS " %s release %llu, the rollout's previous one", a->dir,
+                      prev->have ? "is not" : "is missing: it would hold",
+                      (unsigned long long)r->previous);
+    if (!rc)
+        rc = artifacts_there(o, a, &prev->m);
+    if (rc)
+        hkc_man_free(prev);
+    return rc;
+}
+
+/* The stable release m carries for the hosts outside the step that run
+ * neither it nor the rollout's release (docs/ROLLOUT.md): the previous
+ * release's artifacts, into parts. A manifest of an older hotkern (none
+ * carried yet) takes them from previous-manifest.json; without that file
+ * m carries none, which is said. None without a previous release. */
+static int carry_stable(hkc_out *o, const hkc_rollout_args *a, const hkn_trust *pub,
+                        hkn_manifest *m, hkn_artifact *parts) {
+    hkc_man prev;
+    if (m->nprevious || !m->rollout.previous)
+        return 0;
+    int rc = load_previous(o, a, pub, &m->rollout, 0, &prev);
+    if (rc)
+        return rc;
+    if (!prev.have) {
+        fprintf(stderr,
+                "hotkern rollout: %s/" PREVIOUS " is missing: the manifest does not carry the "
+                "stable release %llu (hosts outside the step that run nothing keep nothing)\n",
+                a->dir, (unsigned long long)m->rollout.previous);
+        return 0;
+    }
+    memcpy(parts, prev.m.artifacts, prev.m.nartifacts * sizeof *parts);
+    m->previous_artifacts = parts;
+    m->nprevious = prev.m.nartifacts;
+    hkc_man_free(&prev);
+    return 0;
+}
+
+/* The next manifest of cur's release: the same artifacts, stable release
+ * (parts) and steps, one version above. */
+static int next_of(hkc_out *o, const hkc_man *cur, hkn_manifest *m, hkn_artifact *arts,
+                   hkn_artifact *parts) {
     *m = cur->m;
     memcpy(arts, cur->m.artifacts, cur->m.nartifacts * sizeof *arts);
     m->artifacts = arts;
+    memcpy(parts, cur->m.previous_artifacts, cur->m.nprevious * sizeof *parts);
+    m->previous_artifacts = parts;
     m->version = cur->m.version + 1;
     if (hkn_rollout_copy(&m->rollout, &cur->m.rollout))
         return hkc_fail(o, HK_ERR_NOMEM, NULL, "out of memory");
@@ -545,6 +616,13 @@ static int do_start(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *ke
     }
     m.artifacts = arts;
     m.nartifacts = n;
+    /* The release replaced is the stable one, for the hosts outside the step. */
+    if (previous) {
+        if ((rc = artifacts_there(o, a, &cur->m)))
+            goto out;
+        m.previous_artifacts = cur->m.artifacts;
+        m.nprevious = cur->m.nartifacts;
+    }
     if (!(rc = keep_previous(o, a, cur)) && !(rc = publish(o, a, key, &m, blobs, n, cur->mtime)))
         said(o, a, "started", &m);
 out:
@@ -558,7 +636,7 @@ out:
 
 static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     hkn_manifest m;
-    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    hkn_artifact arts[HKN_MAX_ARTIFACTS], parts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
     if (rc)
         return rc;
@@ -578,10 +656,11 @@ static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *
                         (unsigned long long)r->steps[r->step].bake_s);
     if (a->endpoints && (rc = step_acked(o, a, cur)))
         return rc;
-    if ((rc = next_of(o, cur, &m, arts)))
+    if ((rc = next_of(o, cur, &m, arts, parts)))
         return rc;
     m.rollout.step++;
-    if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
+    if (!(rc = carry_stable(o, a, &key->pub, &m, parts)) &&
+        !(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
         said(o, a, "advanced", &m);
     hkn_rollout_free(&m.rollout);
     return rc;
@@ -590,7 +669,7 @@ static int do_advance(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *
 static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur,
                       int paused) {
     hkn_manifest m;
-    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    hkn_artifact arts[HKN_MAX_ARTIFACTS], parts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
     if (rc)
         return rc;
@@ -598,10 +677,11 @@ static int set_paused(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *
         return hkc_fail(o, HK_ERR_INVALID, NULL, "the rollout of release %llu is %s already",
                         (unsigned long long)cur->m.rollout.release,
                         paused ? "paused" : "not paused");
-    if ((rc = next_of(o, cur, &m, arts)))
+    if ((rc = next_of(o, cur, &m, arts, parts)))
         return rc;
     m.rollout.paused = paused;
-    if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
+    if (!(rc = carry_stable(o, a, &key->pub, &m, parts)) &&
+        !(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
         said(o, a, paused ? "paused" : "resumed", &m);
     hkn_rollout_free(&m.rollout);
     return rc;
@@ -615,26 +695,10 @@ static int do_resume(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *k
     return set_paused(o, a, key, cur, 0);
 }
 
-/* Every artifact of m lies in the origin's artifacts/ (an abort serves the
- * previous release's again). */
-static int artifacts_there(hkc_out *o, const hkc_rollout_args *a, const hkn_manifest *m) {
-    for (size_t i = 0; i < m->nartifacts; i++) {
-        char path[PATH_MAX];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/artifacts/%s", a->dir, m->artifacts[i].sha256);
-        if (stat(path, &st) != 0 || (uint64_t)st.st_size != m->artifacts[i].size)
-            return hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
-                            "%s (artifact '%s' of release %llu) is missing or not %llu bytes", path,
-                            m->artifacts[i].name, (unsigned long long)m->release,
-                            (unsigned long long)m->artifacts[i].size);
-    }
-    return 0;
-}
-
 static int do_abort(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *key, hkc_man *cur) {
     hkc_man prev;
     hkn_manifest m;
-    hkn_artifact arts[HKN_MAX_ARTIFACTS];
+    hkn_artifact arts[HKN_MAX_ARTIFACTS], parts[HKN_MAX_ARTIFACTS];
     int rc = need_rollout(o, a, cur);
     if (rc)
         return rc;
@@ -643,20 +707,15 @@ static int do_abort(hkc_out *o, const hkc_rollout_args *a, const hkc_signers *ke
         return hkc_fail(o, HK_ERR_NO_HISTORY, NULL,
                         "release %llu has no previous release to go back to",
                         (unsigned long long)r->release);
-    if ((rc = hkc_man_load(o, a->dir, PREVIOUS, &key->pub, &prev)))
+    if ((rc = load_previous(o, a, &key->pub, r, 1, &prev)))
         return rc;
-    if (!prev.have || prev.m.release != r->previous) {
-        rc = hkc_fail(o, HK_ERR_NOT_FOUND, NULL,
-                      "%s/" PREVIOUS " %s release %llu, the rollout's previous one", a->dir,
-                      prev.have ? "is not" : "is missing: it would hold",
-                      (unsigned long long)r->previous);
+    if ((rc = next_of(o, cur, &m, arts, parts)))
         goto out;
-    }
-    if ((rc = artifacts_there(o, a, &prev.m)) || (rc = next_of(o, cur, &m, arts)))
-        goto out;
-    /* The previous release's artifacts under the newer version. */
+    /* The previous release's artifacts under the newer version: the stable
+     * release for every host, carried no more beside them. */
     memcpy(arts, prev.m.artifacts, prev.m.nartifacts * sizeof *arts);
     m.nartifacts = prev.m.nartifacts;
+    m.nprevious = 0;
     m.rollout.aborted = 1;
     if (!(rc = publish(o, a, key, &m, NULL, 0, cur->mtime)))
         said(o, a, "aborted", &m);

@@ -15,9 +15,13 @@
  * ever; with one, the host takes it when hkn_rollout_covers says it is in
  * the current step or an earlier one, and an aborted rollout (whose
  * artifacts are the previous release's) is taken by every host. A host
- * that runs the target release already has nothing to apply, and a host
- * outside the step keeps what it runs: neither is an error, both are what
- * the metrics say (hotkern_rollout_in_step).
+ * that runs the target release already has nothing to apply. A host
+ * outside the step runs the stable release, the rollout's previous one: on
+ * it, or on the new release, it stays; on neither (it restarted without its
+ * state, or joined mid-rollout) it applies the stable release's artifacts
+ * the manifest carries (HKN_GATE_STABLE); a manifest without them leaves
+ * it on what it runs. None of this is an error; the metrics say each
+ * (hotkern_rollout_in_step, hotkern_rollout_release).
  *
  * Metrics (hkn_fleet_metrics, through the puller's hook, labelled with its
  * URL): per module the release the host runs and since when, the target,
@@ -250,6 +254,18 @@ static void runs(struct fleet_mod *r, uint64_t release) {
 
 /* ---- the gate ---------------------------------------------------------- */
 
+/* A host outside the step: on the stable release (the rollout's previous)
+ * or on the release itself it stays; on neither (nothing: a restart without
+ * its state, a new host; or another release), it takes the stable release
+ * when the manifest carries it. Without it (a 1.4 publisher's manifest) the
+ * host keeps what it runs, as before. */
+static hkn_gate_action outside(const hkn_manifest *m, uint64_t running) {
+    const hkn_rollout *ro = &m->rollout;
+    if (!m->nprevious || !ro->previous || running == ro->previous || running == ro->release)
+        return HKN_GATE_OUTSIDE;
+    return HKN_GATE_STABLE;
+}
+
 void hkn_fleet_gate(hkn_fleet *f, const hkn_engine *e, const hkn_manifest *m, hkn_gate *out) {
     const hkn_rollout *ro = &m->rollout;
     uint32_t bucket = hkn_fleet_bucket(f->id, m->module);
@@ -263,7 +279,7 @@ void hkn_fleet_gate(hkn_fleet *f, const hkn_engine *e, const hkn_manifest *m, hk
     if (!ro->present)
         out->action = HKN_GATE_APPLY; /* as ever: a new release is taken */
     else if (!out->in_step)
-        out->action = HKN_GATE_OUTSIDE;
+        out->action = outside(m, out->running);
     else if (out->running == out->target)
         out->action = HKN_GATE_RUNS;
     else

@@ -260,6 +260,12 @@ typedef struct hkn_manifest {
     hkn_rollout rollout; /* owned; present 0 without one */
     uint64_t release;    /* the release the engine records once applied
                           * (hkn_rollout_target): version without a rollout */
+    /* The stable release's artifacts ("previous_artifacts", owned; 0 without
+     * them): those of rollout.previous, signed with the rollout's release,
+     * for the hosts outside the step that do not run it (net/fleet.c). Only
+     * in a rollout that has a previous release and is not aborted. */
+    hkn_artifact *previous_artifacts;
+    size_t nprevious;
 } hkn_manifest;
 
 #define HKN_MAX_ARTIFACTS 16
@@ -279,6 +285,12 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len);
 int hkn_manifest_sign(const hkn_seckey *key, hkn_manifest *m, char **json, size_t *len,
                       char **sig_b64, hk_report *rep);
 void hkn_manifest_free(hkn_manifest *m);
+/* Makes m the stable release it carries, for a host outside the step
+ * (HKN_GATE_STABLE): its artifacts become previous_artifacts (the
+ * release's are freed) and m->release rollout.previous, so that what is
+ * fetched, applied, recorded and remembered as refused is that release.
+ * Nothing when m carries none. */
+void hkn_manifest_take_stable(hkn_manifest *m);
 /* "cuda", "ptx", "cubin", "fatbin" <-> hk_format; unknown text gives AUTO. */
 hk_format hkn_format_parse(const char *s);
 /* From a file name's extension (.cu .ptx .cubin .fatbin), else AUTO. */
@@ -618,11 +630,15 @@ typedef enum hkn_gate_action {
     HKN_GATE_APPLY,   /* fetch the artifacts and apply them as release target */
     HKN_GATE_OUTSIDE, /* not in the step: keep what runs */
     HKN_GATE_RUNS,    /* in the step, and the target runs already */
+    HKN_GATE_STABLE,  /* not in the step, running neither the release nor the
+                       * previous one (nothing, after a restart without its
+                       * state, or a new host): apply the stable release the
+                       * manifest carries (hkn_manifest_take_stable) */
 } hkn_gate_action;
 
 typedef struct hkn_gate {
     hkn_gate_action action;
-    uint64_t target;  /* m->release */
+    uint64_t target;  /* m->release (HKN_GATE_STABLE applies m->rollout.previous) */
     uint64_t running; /* what the host runs now (0: none known) */
     uint32_t bucket;
     int in_step; /* 1: in the current step or an earlier one (or aborted, or no rollout) */
@@ -630,7 +646,9 @@ typedef struct hkn_gate {
 
 /* Decides for verified manifest m, asking e what runs (e->release, else
  * what this fleet object saw applied), and records the manifest's step for
- * the metrics. A manifest without a rollout is always HKN_GATE_APPLY. */
+ * the metrics. A manifest without a rollout is always HKN_GATE_APPLY; a host
+ * outside the step is HKN_GATE_STABLE when m carries the stable release and
+ * the host runs neither it nor the rollout's release, else HKN_GATE_OUTSIDE. */
 void hkn_fleet_gate(hkn_fleet *f, const hkn_engine *e, const hkn_manifest *m, hkn_gate *out);
 /* m's release was committed: the host runs m->release from now. */
 void hkn_fleet_applied(hkn_fleet *f, const hkn_manifest *m);

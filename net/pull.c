@@ -180,7 +180,9 @@ static char *header_value(CURL *c, const char *name) {
  * manifest's hash (net/refused.c), and the same manifest seen again is
  * answered with the first refusal, before any artifact is fetched. The gate
  * (net/fleet.c) comes before that answer and the artifacts: a host outside a
- * rollout's step, or running its release already, fetches nothing.
+ * rollout's step, or running its release already, fetches nothing; one
+ * outside the step that runs neither the release nor the stable one
+ * fetches the stable release's artifacts the manifest carries instead.
  */
 static void keep_validators(hkn_puller *p, char *etag, char *lm) {
     free(p->etag);
@@ -346,14 +348,28 @@ static int verify_manifest(hkn_puller *p, struct poll *q, hk_report *rep) {
 /* The gate (net/fleet.c): whether this host takes the release now. Outside
  * the step, or running its release already, the host keeps what it runs,
  * and the manifest is recorded as accepted (the next step is a newer one).
- * Otherwise, unless the engine refused these very bytes already (an origin
- * whose ETag changes defeats the validators; a rollout's next step re-signs
- * the same release), the artifacts are fetched. */
+ * Outside the step on neither the release nor the stable one, the manifest
+ * becomes the stable release it carries (hkn_manifest_take_stable), which
+ * the rest of the poll fetches, applies and records as it would the
+ * release. Otherwise, unless the engine refused these very bytes already
+ * (an origin whose ETag changes defeats the validators; a rollout's next
+ * step re-signs the same release), the artifacts are fetched. */
 static int gate(hkn_puller *p, struct poll *q, hk_report *rep) {
-    const hkn_manifest *m = &q->m;
+    hkn_manifest *m = &q->m;
     int err;
     hkn_fleet_gate(p->fleet, &p->eng, m, &q->gate);
-    if (q->gate.action != HKN_GATE_APPLY) {
+    if (q->gate.action == HKN_GATE_STABLE) {
+        char runs[48] = "nothing";
+        if (q->gate.running)
+            snprintf(runs, sizeof runs, "release %llu", (unsigned long long)q->gate.running);
+        hkn_log(&p->eng, HK_LOG_INFO, "pull",
+                "%s: %s v%llu (release %llu): outside step %u of %zu: applying the stable release "
+                "%llu (this host runs %s)",
+                p->url, m->module, (unsigned long long)m->version, (unsigned long long)m->release,
+                m->rollout.step + 1, m->rollout.nsteps, (unsigned long long)m->rollout.previous,
+                runs);
+        hkn_manifest_take_stable(m);
+    } else if (q->gate.action != HKN_GATE_APPLY) {
         int outside = q->gate.action == HKN_GATE_OUTSIDE;
         hkn_log(&p->eng, outside ? HK_LOG_INFO : HK_LOG_DEBUG, "pull",
                 "%s: %s v%llu (release %llu, step %u of %zu): %s; release %llu runs", p->url,
@@ -372,9 +388,10 @@ static int gate(hkn_puller *p, struct poll *q, hk_report *rep) {
         hkn_log(&p->eng, HK_LOG_DEBUG, "pull", "%s: %s", p->url, rep->message);
         return err;
     }
-    hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))%s", p->url,
-            m->module, (unsigned long long)m->version, m->nartifacts,
-            q->catchup ? ", which this host is to run and does not (catching up)" : "");
+    if (q->gate.action == HKN_GATE_APPLY)
+        hkn_log(&p->eng, HK_LOG_INFO, "pull", "%s: new release %s v%llu (%zu artifact(s))%s",
+                p->url, m->module, (unsigned long long)m->version, m->nartifacts,
+                q->catchup ? ", which this host is to run and does not (catching up)" : "");
     return 0;
 }
 

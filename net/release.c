@@ -216,8 +216,20 @@ void hkn_manifest_free(hkn_manifest *m) {
     if (!m)
         return;
     free(m->artifacts);
+    free(m->previous_artifacts);
     hkn_rollout_free(&m->rollout);
     memset(m, 0, sizeof *m);
+}
+
+void hkn_manifest_take_stable(hkn_manifest *m) {
+    if (!m->nprevious)
+        return;
+    free(m->artifacts);
+    m->artifacts = m->previous_artifacts;
+    m->nartifacts = m->nprevious;
+    m->previous_artifacts = NULL;
+    m->nprevious = 0;
+    m->release = m->rollout.previous;
 }
 
 /* Artifact i of a manifest into d: every field checked for type and range. */
@@ -258,6 +270,27 @@ static int parse_artifact(const cJSON *a, size_t i, hkn_artifact *d, hk_report *
     return 0;
 }
 
+/* The array `key` of root (1 to HKN_MAX_ARTIFACTS artifacts) into *out,
+ * *n (owned by the caller, also on failure). */
+static int parse_artifacts(const cJSON *root, const char *key, hkn_artifact **out, size_t *n,
+                           hk_report *rep) {
+    const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, key);
+    int count = cJSON_GetArraySize(arts);
+    if (!cJSON_IsArray(arts) || count < 1 || count > HKN_MAX_ARTIFACTS)
+        return hku_fail(rep, HK_ERR_INVALID, "manifest: '%s' must be an array of 1 to %d", key,
+                        HKN_MAX_ARTIFACTS);
+    if (!(*out = calloc((size_t)count, sizeof **out)))
+        return hku_fail(rep, HK_ERR_NOMEM, "out of memory");
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arts) {
+        int err = parse_artifact(a, *n, &(*out)[*n], rep);
+        if (err)
+            return err;
+        (*n)++;
+    }
+    return 0;
+}
+
 /* Headers are found by name, so each name once; and a release of headers
  * alone has nothing to apply. */
 static int check_headers(const hkn_manifest *m, hk_report *rep) {
@@ -273,6 +306,37 @@ static int check_headers(const hkn_manifest *m, hk_report *rep) {
     if (nheaders == m->nartifacts)
         return hku_fail(rep, HK_ERR_INVALID, "manifest: only headers, no kernel artifact");
     return 0;
+}
+
+/* The stable release m carries: only beside a rollout that has a previous
+ * release and is not aborted (whose artifacts are previous's already), and
+ * read as a release's artifacts are. */
+static int check_stable(const hkn_manifest *m, hk_report *rep) {
+    const hkn_rollout *r = &m->rollout;
+    if (!m->nprevious)
+        return 0;
+    if (!r->present || r->previous == 0 || r->aborted)
+        return hku_fail(rep, HK_ERR_INVALID,
+                        "only a rollout with a 'previous' release, not aborted, carries it (this "
+                        "manifest %s)",
+                        !r->present  ? "has no rollout"
+                        : r->aborted ? "is aborted: its artifacts are previous's"
+                                     : "has no previous release");
+    hkn_manifest view = {.artifacts = m->previous_artifacts, .nartifacts = m->nprevious};
+    int err = check_headers(&view, rep);
+    return err ? err : hkn_shipped_validate(&view, rep);
+}
+
+/* Names the stable release in a refusal of its artifacts (parse_artifact
+ * and the checks speak of "the manifest"). */
+static int of_stable(int err, hk_report *rep) {
+    char was[sizeof rep->message];
+    if (err && rep && err != HK_ERR_NOMEM) {
+        memcpy(was, rep->message, sizeof was);
+        const char *w = strncmp(was, "manifest: ", 10) ? was : was + 10;
+        hku_fail(rep, err, "manifest: 'previous_artifacts' (the stable release): %s", w);
+    }
+    return err;
 }
 
 int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_report *rep) {
@@ -307,31 +371,22 @@ int hkn_manifest_parse(const char *json, size_t len, hkn_manifest *out, hk_repor
     out->expires = (int64_t)u;
     if ((err = get_str(root, "key_id", out->key_id, sizeof out->key_id, 0, rep)))
         goto out;
-    const cJSON *arts = cJSON_GetObjectItemCaseSensitive(root, "artifacts");
-    int n = cJSON_GetArraySize(arts);
-    if (!cJSON_IsArray(arts) || n < 1 || n > HKN_MAX_ARTIFACTS) {
-        err = hku_fail(rep, HK_ERR_INVALID, "manifest: 'artifacts' must be an array of 1 to %d",
-                       HKN_MAX_ARTIFACTS);
-        goto out;
-    }
-    out->artifacts = calloc((size_t)n, sizeof *out->artifacts);
-    if (!out->artifacts) {
-        err = hku_fail(rep, HK_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    const cJSON *a;
-    cJSON_ArrayForEach(a, arts) {
-        if ((err = parse_artifact(a, out->nartifacts, &out->artifacts[out->nartifacts], rep)))
-            goto out;
-        out->nartifacts++;
-    }
-    if ((err = check_headers(out, rep)) || (err = hkn_shipped_validate(out, rep)))
+    if ((err = parse_artifacts(root, "artifacts", &out->artifacts, &out->nartifacts, rep)) ||
+        (err = check_headers(out, rep)) || (err = hkn_shipped_validate(out, rep)))
         goto out;
     /* The steps of a release (net/rollout.c): what hosts take it now. */
     const cJSON *ro = cJSON_GetObjectItemCaseSensitive(root, "rollout");
     if (ro && (err = hkn_rollout_parse(ro, &out->rollout, rep)))
         goto out;
     out->release = hkn_rollout_target(&out->rollout, out->version);
+    /* The stable release, for the hosts outside the step (1.5; a 1.4 host
+     * reads past a top-level member it does not know). */
+    if (cJSON_GetObjectItemCaseSensitive(root, "previous_artifacts")) {
+        err = parse_artifacts(root, "previous_artifacts", &out->previous_artifacts, &out->nprevious,
+                              rep);
+        if ((err = of_stable(err ? err : check_stable(out, rep), rep)))
+            goto out;
+    }
 out:
     cJSON_Delete(root);
     if (err)
@@ -339,23 +394,16 @@ out:
     return err;
 }
 
-int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
-    int err = HK_ERR_NOMEM;
-    cJSON *root = cJSON_CreateObject(), *arts = NULL;
-    if (!root)
-        return err;
-    if (!cJSON_AddStringToObject(root, "module", m->module) ||
-        !hkn_json_add_int(root, "version", (long long)m->version) ||
-        !hkn_json_add_int(root, "created", (long long)m->created) ||
-        !hkn_json_add_int(root, "expires", (long long)m->expires) ||
-        !cJSON_AddStringToObject(root, "key_id", m->key_id) ||
-        !(arts = cJSON_AddArrayToObject(root, "artifacts")))
-        goto out;
-    for (size_t i = 0; i < m->nartifacts; i++) {
-        const hkn_artifact *a = &m->artifacts[i];
+/* n artifacts as root's array `key`; 0 or HK_ERR_NOMEM. */
+static int add_artifacts(cJSON *root, const char *key, const hkn_artifact *v, size_t n) {
+    cJSON *arts = cJSON_AddArrayToObject(root, key);
+    if (!arts)
+        return HK_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const hkn_artifact *a = &v[i];
         cJSON *o = cJSON_CreateObject();
         if (!o)
-            goto out;
+            return HK_ERR_NOMEM;
         cJSON_AddItemToArray(arts, o);
         if (!cJSON_AddStringToObject(o, "name", a->name) ||
             !cJSON_AddStringToObject(o, "sha256", a->sha256) ||
@@ -363,13 +411,31 @@ int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
             !cJSON_AddStringToObject(o, "format",
                                      a->header ? "header" : hk_format_name(a->format)) ||
             !cJSON_AddStringToObject(o, "arch", a->arch))
-            goto out;
+            return HK_ERR_NOMEM;
         /* A binary the publisher built (net/shipped.c); absent otherwise. */
         if ((a->source[0] && !cJSON_AddStringToObject(o, "source", a->source)) ||
             (a->toolkit[0] && !cJSON_AddStringToObject(o, "toolkit", a->toolkit)))
-            goto out;
+            return HK_ERR_NOMEM;
     }
+    return 0;
+}
+
+int hkn_manifest_write(const hkn_manifest *m, char **json, size_t *len) {
+    int err = HK_ERR_NOMEM;
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return err;
+    if (!cJSON_AddStringToObject(root, "module", m->module) ||
+        !hkn_json_add_int(root, "version", (long long)m->version) ||
+        !hkn_json_add_int(root, "created", (long long)m->created) ||
+        !hkn_json_add_int(root, "expires", (long long)m->expires) ||
+        !cJSON_AddStringToObject(root, "key_id", m->key_id) ||
+        add_artifacts(root, "artifacts", m->artifacts, m->nartifacts))
+        goto out;
     if (hkn_rollout_add(root, &m->rollout))
+        goto out;
+    if (m->nprevious &&
+        add_artifacts(root, "previous_artifacts", m->previous_artifacts, m->nprevious))
         goto out;
     *json = cJSON_Print(root);
     if (!*json)
@@ -405,7 +471,12 @@ static int check_built(const hkn_manifest *m, hk_report *rep) {
                         "days of creation",
                         HKN_MAX_LIFETIME_S / 86400);
     int err = hkn_shipped_validate(m, rep);
-    return err ? err : hkn_rollout_validate(&m->rollout, rep);
+    if (!err)
+        err = hkn_rollout_validate(&m->rollout, rep);
+    if (!err && m->nprevious > HKN_MAX_ARTIFACTS)
+        err = hku_fail(rep, HK_ERR_INVALID, "the stable release holds 1 to %d artifacts",
+                       HKN_MAX_ARTIFACTS);
+    return err ? err : of_stable(check_stable(m, rep), rep);
 }
 
 int hkn_manifest_sign(const hkn_seckey *key, hkn_manifest *m, char **json, size_t *len,

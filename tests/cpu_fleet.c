@@ -14,6 +14,14 @@
  * never took it never ran it; the time from the abort to the whole fleet
  * back is printed, with each step's.
  *
+ * The stable release (a fleet of STABLE_HOSTS): release 2 at 30%, hosts
+ * outside the step are killed (SIGKILL) and restarted without their
+ * last-known-good directory (two keeping their anti-rollback state, two
+ * with none), one of the step likewise, and two new host ids join, one on
+ * each side: each comes back on release 1 (outside) or 2 (in the step), at
+ * no scrape on the other, with one release applied; the hosts left alone
+ * never change; at 100% all run 2.
+ *
  * Threshold signatures (a second fleet, of THRESHOLD_HOSTS hosts trusting
  * keys A, B and C, two of them required): a release signed by one key is
  * refused by every host (each counts a "signature" refusal and keeps what
@@ -65,6 +73,8 @@ struct host {
     unsigned port; /* 0 until its port file is read */
     CURL *c;
     long long release, in_step, seen_bucket; /* the last scrape's; -1: none */
+    long long applied, errors, polls;        /* its puller's, at the last scrape */
+    int no_lkg; /* started without a last-known-good directory: nothing to restore */
 };
 static struct host hosts[HOSTS];
 /* The threshold test's: its hosts' trusted keys and threshold (0: the
@@ -98,7 +108,7 @@ static void host_main(int i) {
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigprocmask(SIG_BLOCK, &set, NULL);
-    snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, h->id);
+    snprintf(dir, sizeof dir, "%s/hosts/%.23s", tmp, h->id);
     snprintf(lkg, sizeof lkg, "%s/lkg", dir);
     snprintf(st, sizeof st, "%s/state", dir);
     snprintf(portf, sizeof portf, "%s/port", dir);
@@ -108,8 +118,8 @@ static void host_main(int i) {
     o.ptx_mode = HK_PTX_DRIVER_JIT; /* the fake reads PTX */
     o.cache_dir = "";
     o.no_warm_start = 1;
-    o.state_dir = lkg; /* a restart comes back on what ran */
-    o.restore = 1;
+    o.state_dir = h->no_lkg ? NULL : lkg; /* a restart comes back on what ran */
+    o.restore = !h->no_lkg;
     o.suspect_window_ms = 50;
     hk_runtime *rt;
     if (hkl_runtime_create_with(&rt, &o, fake_driver(), &rep))
@@ -148,7 +158,7 @@ static void host_main(int i) {
 
 static void spawn(int i) {
     char portf[PATH_MAX + 64];
-    snprintf(portf, sizeof portf, "%s/hosts/%s/port", tmp, hosts[i].id);
+    snprintf(portf, sizeof portf, "%s/hosts/%.23s/port", tmp, hosts[i].id);
     unlink(portf);
     fflush(NULL);
     pid_t pid = fork();
@@ -164,7 +174,7 @@ static void ports(void) {
     double end = now_ms() + 30000;
     for (int i = 0; i < nhosts; i++) {
         char portf[8192], buf[32] = "";
-        snprintf(portf, sizeof portf, "%s/hosts/%s/port", tmp, hosts[i].id);
+        snprintf(portf, sizeof portf, "%s/hosts/%.23s/port", tmp, hosts[i].id);
         while (!hosts[i].port) {
             FILE *f = fopen(portf, "r");
             if (f) {
@@ -237,6 +247,9 @@ static int scrape(int i) {
         sig_refusals[i] =
             hkt_sample(b.data, "hotkern_rollout_refusals_total", "reason=\"signature\"");
         keys_version[i] = hkt_sample(b.data, "hotkern_trusted_keys_version", "");
+        h->applied = hkt_sample(b.data, "hotkern_pull_applied_total", "");
+        h->errors = hkt_sample(b.data, "hotkern_pull_errors_total", "");
+        h->polls = hkt_sample(b.data, "hotkern_pull_polls_total", "");
         ck_assert_msg(refusals_ok || refusals(b.data) == 0, "%s refused a release: %s", h->id,
                       b.data);
     }
@@ -255,7 +268,7 @@ static double settle(const char *what, long long release, long long other, const
     double t0 = now_ms();
     for (int round = 0;; round++) {
         int done = 1;
-        for (int i = 0; i < HOSTS; i++) {
+        for (int i = 0; i < nhosts; i++) {
             struct host *h = &hosts[i];
             int st;
             ck_assert_msg(waitpid(h->pid, &st, WNOHANG) == 0, "%s exited (status %d)", h->id, st);
@@ -279,16 +292,16 @@ static double settle(const char *what, long long release, long long other, const
         double ms = now_ms() - t0;
         if (done) {
             int n = 0;
-            for (int i = 0; i < HOSTS; i++)
+            for (int i = 0; i < nhosts; i++)
                 n += want[i];
             printf("cpu_fleet: %-44s %3d hosts on release %lld, %3d on %lld, in %.0f ms (%d "
-                   "rounds of 100 scrapes)\n",
-                   what, n, release, HOSTS - n, other, ms, round + 1);
+                   "rounds of %d scrapes)\n",
+                   what, n, release, nhosts - n, other, ms, round + 1, nhosts);
             return ms;
         }
         if (ms >= DEADLINE) {
             char late[4096] = "";
-            for (int i = 0; i < HOSTS; i++)
+            for (int i = 0; i < nhosts; i++)
                 if (hosts[i].release != (want[i] ? release : other) ||
                     (check_step && hosts[i].in_step != want[i]))
                     snprintf(late + strlen(late), sizeof late - strlen(late),
@@ -338,7 +351,7 @@ START_TEST(rollout_across_100_hosts) {
         snprintf(h->id, sizeof h->id, "host-%03d", i);
         h->canary = i % 25 == 7;
         h->bucket = hkn_fleet_bucket(h->id, MODULE);
-        snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, h->id);
+        snprintf(dir, sizeof dir, "%s/hosts/%.23s", tmp, h->id);
         ck_assert_int_eq(mkdir(dir, 0700), 0);
         all[i] = 1;
     }
@@ -520,7 +533,7 @@ START_TEST(threshold_and_rotation) {
             " --release 1 --out www/fleet fleet.ptx");
     for (int i = 0; i < nhosts; i++) {
         snprintf(hosts[i].id, sizeof hosts[i].id, "host-%03d", i);
-        snprintf(dir, sizeof dir, "%s/hosts/%s", tmp, hosts[i].id);
+        snprintf(dir, sizeof dir, "%s/hosts/%.23s", tmp, hosts[i].id);
         ck_assert_int_eq(mkdir(dir, 0700), 0);
         spawn(i);
     }
@@ -580,12 +593,191 @@ START_TEST(threshold_and_rotation) {
 }
 END_TEST
 
+/* ---- the stable release, for hosts outside the step -------------------- */
+
+#define STABLE_HOSTS 20 /* and two that join */
+
+/* Waits until every host runs release 2 where want[i], 1 elsewhere, with
+ * in_step as want[i]. At every scrape: no host outside the step runs 2, no
+ * host of the step runs 1, and only a host restarted or new (fresh[i])
+ * runs nothing, before its first poll. Returns the time it took, in ms. */
+static double settle_fresh(const char *what, const int *want, const int *fresh) {
+    double t0 = now_ms();
+    for (;;) {
+        int done = 1;
+        char late[4096] = "";
+        for (int i = 0; i < nhosts; i++) {
+            struct host *h = &hosts[i];
+            int st;
+            ck_assert_msg(waitpid(h->pid, &st, WNOHANG) == 0, "%s exited (status %d)", h->id, st);
+            if (!scrape(i) || h->release < 0) {
+                done = 0;
+                continue;
+            }
+            ck_assert_msg(h->release == (want[i] ? 2 : 1) || (fresh[i] && h->release == 0),
+                          "%s: %s (bucket %u, %s the step%s) runs release %lld", what, h->id,
+                          h->bucket, want[i] ? "in" : "outside", fresh[i] ? ", restarted" : "",
+                          h->release);
+            if (h->release != (want[i] ? 2 : 1) || h->in_step != want[i]) {
+                done = 0;
+                snprintf(late + strlen(late), sizeof late - strlen(late),
+                         " %.23s(release %lld, in_step %lld)", h->id, h->release, h->in_step);
+            }
+        }
+        double ms = now_ms() - t0;
+        if (done) {
+            printf("cpu_fleet: %-44s every host on its side in %.0f ms\n", what, ms);
+            return ms;
+        }
+        ck_assert_msg(ms < DEADLINE, "%s: not settled after %d ms:%s", what, DEADLINE, late);
+        usleep(100000);
+    }
+}
+
+/* A host id, not yet taken, whose bucket is (inside) below 3000 or not. */
+static void joiner(struct host *h, int inside) {
+    for (int k = 0;; k++) {
+        snprintf(h->id, sizeof h->id, "joiner-%d", k);
+        h->bucket = hkn_fleet_bucket(h->id, MODULE);
+        if ((h->bucket < 3000) == inside)
+            return;
+    }
+}
+
+START_TEST(outside_hosts_restarted_bare_run_the_stable_release) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    pid_t nginx;
+    hkn_seckey key;
+    hk_report rep = HK_REPORT_INIT;
+    nhosts = STABLE_HOSTS;
+    tmp = hkt_tmpdir();
+    ck_assert_ptr_nonnull(tmp);
+    snprintf(www, sizeof www, "%s/www", tmp);
+    snprintf(key_path, sizeof key_path, "%s/hotkern.key", tmp);
+    snprintf(pub_path, sizeof pub_path, "%s/hotkern.pub", tmp);
+    char dir[8192];
+    snprintf(dir, sizeof dir, "%s/hosts", tmp);
+    ck_assert_int_eq(mkdir(www, 0755), 0);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(hkn_keygen(&key), 0);
+    ck_assert_int_eq(hkn_seckey_save(key_path, &key, &rep), 0);
+    ck_assert_int_eq(hkn_pubkey_save(pub_path, &key.pub, &rep), 0);
+    int port = hkt_nginx_start(www, tmp, NULL, &nginx);
+    ck_assert_msg(port > 0, "nginx did not start");
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/fleet/manifest.json", port);
+    kernel_file("fleet.ptx", 101);
+    hkt_run_cli(tmp,
+                "sign --key hotkern.key --module " MODULE " --release 1 --out www/fleet fleet.ptx");
+    static int want[HOSTS], fresh[HOSTS], none[HOSTS], all[HOSTS];
+    int n_in = 0;
+    for (int i = 0; i < STABLE_HOSTS + 2; i++) {
+        struct host *h = &hosts[i];
+        if (i < STABLE_HOSTS) {
+            snprintf(h->id, sizeof h->id, "host-%03d", i);
+            h->bucket = hkn_fleet_bucket(h->id, MODULE);
+        } else {
+            joiner(h, i == STABLE_HOSTS);
+        }
+        snprintf(dir, sizeof dir, "%s/hosts/%.23s", tmp, h->id);
+        ck_assert_int_eq(mkdir(dir, 0700), 0);
+        want[i] = h->bucket < 3000;
+        n_in += i < STABLE_HOSTS && want[i];
+        all[i] = 1;
+    }
+    ck_assert_msg(n_in >= 1 && STABLE_HOSTS - n_in >= 4, "%d of the hosts in 30%%", n_in);
+    for (int i = 0; i < nhosts; i++)
+        spawn(i);
+    ports();
+    settle("release 1 (no rollout)", 1, 1, all, none, 1);
+
+    kernel_file("fleet.ptx", 102);
+    publish("rollout start --dir www/fleet --key hotkern.key --module " MODULE
+            " --steps 30,100 fleet.ptx");
+    settle("release 2, step 1 (30%)", 2, 1, want, none, 1);
+
+    /* Killed: four hosts outside the step and one of it, each restarted
+     * without its last-known-good directory; two of those outside keep
+     * their anti-rollback state (they catch up with the manifest it
+     * records), the others have none (the manifest is new to them). */
+    int picked[5], n = 0, n_out = 0, in = 0, outside = 0;
+    for (int i = 0; i < STABLE_HOSTS && n < 5; i++)
+        if (want[i] ? !in : n_out < 4) {
+            picked[n++] = i;
+            in += want[i];
+            n_out += !want[i];
+        }
+    ck_assert_int_eq(n, 5);
+    usleep(300000); /* each ran its release past the suspect window */
+    for (int k = 0; k < 5; k++) {
+        struct host *h = &hosts[picked[k]];
+        int st;
+        kill(h->pid, SIGKILL);
+        ck_assert_int_eq(waitpid(h->pid, &st, 0), h->pid);
+        ck_assert(WIFSIGNALED(st));
+        h->no_lkg = 1;
+        fresh[picked[k]] = 1;
+        if (want[picked[k]] || outside++ % 2) {
+            char st_dir[8192];
+            snprintf(st_dir, sizeof st_dir, "%s/hosts/%.23s/state", tmp, h->id);
+            hkt_rmtree(st_dir);
+        }
+        spawn(picked[k]);
+    }
+    /* Two new hosts, one on each side of the step, with nothing. */
+    for (int i = STABLE_HOSTS; i < STABLE_HOSTS + 2; i++) {
+        hosts[i].no_lkg = 1;
+        fresh[i] = 1;
+        spawn(i);
+    }
+    nhosts = STABLE_HOSTS + 2;
+    ports();
+    settle_fresh("5 hosts killed and restarted bare, 2 joined", want, fresh);
+    for (int i = 0; i < nhosts; i++)
+        if (fresh[i])
+            ck_assert_msg(hosts[i].applied == 1 && hosts[i].errors == 0,
+                          "%s (restarted) applied %lld releases, %lld errors", hosts[i].id,
+                          hosts[i].applied, hosts[i].errors);
+    /* Two polls more each (304s): nothing changes. */
+    long long polls[HOSTS];
+    for (int i = 0; i < nhosts; i++)
+        polls[i] = hosts[i].polls;
+    for (double end = now_ms() + DEADLINE;;) {
+        int done = 1;
+        for (int i = 0; i < nhosts; i++) {
+            ck_assert(scrape(i));
+            ck_assert_msg(hosts[i].release == (want[i] ? 2 : 1), "%s left its release %d",
+                          hosts[i].id, want[i] ? 2 : 1);
+            ck_assert_msg(!fresh[i] || hosts[i].applied == 1, "%s applied again", hosts[i].id);
+            done &= hosts[i].polls >= polls[i] + 2;
+        }
+        if (done)
+            break;
+        ck_assert_msg(now_ms() < end, "the hosts did not poll twice more in %d ms", DEADLINE);
+        usleep(100000);
+    }
+
+    publish("rollout advance --dir www/fleet --key hotkern.key");
+    settle("release 2, step 2 (100%)", 2, 1, all, want, 1);
+
+    for (int i = 0; i < nhosts; i++) {
+        stop(i);
+        if (hosts[i].c)
+            curl_easy_cleanup(hosts[i].c);
+    }
+    hkt_nginx_stop(nginx);
+    hkt_rmtree(tmp);
+    free(tmp);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fleet");
     TCase *tc = tcase_create("loopback");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, rollout_across_100_hosts);
     tcase_add_test(tc, threshold_and_rotation);
+    tcase_add_test(tc, outside_hosts_restarted_bare_run_the_stable_release);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -197,6 +197,140 @@ START_TEST(parse_refuses_each_bad_field) {
 }
 END_TEST
 
+/* The manifest of manifest_with, rollout 2 of 1 at `rollout` (NULL: none)
+ * and the stable release as `stable` (the previous_artifacts member's
+ * value; NULL: none). */
+static int parse_stable(const char *rollout, const char *stable, hkn_manifest *m, hk_report *rep) {
+    char *text = manifest_with(rollout), *with = NULL;
+    text[strlen(text) - 1] = '\0'; /* the closing brace */
+    ck_assert_int_ge(asprintf(&with, "%s%s%s}", text, stable ? ", \"previous_artifacts\": " : "",
+                              stable ? stable : ""),
+                     0);
+    hk_report_clear(rep);
+    int err = hkn_manifest_parse(with, strlen(with), m, rep);
+    free(text);
+    free(with);
+    return err;
+}
+
+#define STABLE_SHA "aa5734f1ac9d9dd5fc844df2e5ab938ce82bb0d8d782a859c85f2459189c3d00"
+#define STABLE                                                                                     \
+    "[{\"name\": \"add.ptx\", \"sha256\": \"" STABLE_SHA "\", \"size\": 24, \"format\": "          \
+    "\"ptx\", \"arch\": \"\"}]"
+#define ROLLOUT_2_OF_1                                                                             \
+    "{\"release\": 2, \"previous\": 1, \"step\": 0, \"steps\": [{\"percent\": 10}, "               \
+    "{\"percent\": 100}]}"
+
+/* The stable release a manifest carries (previous_artifacts): read as a
+ * release's artifacts, taken by hkn_manifest_take_stable as release
+ * `previous` with its own identity (an abort's, for the refusals
+ * remembered); signed with the rest; refused beside no rollout, an aborted
+ * one or one without a previous release, and for each bad artifact. */
+START_TEST(stable_release_read_and_refused) {
+    hkn_manifest m, ab;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(parse_stable(ROLLOUT_2_OF_1, STABLE, &m, &rep) == 0, "%s", rep.message);
+    ck_assert_uint_eq(m.nprevious, 1);
+    ck_assert_str_eq(m.previous_artifacts[0].sha256, STABLE_SHA);
+    ck_assert_uint_eq(m.previous_artifacts[0].size, 24);
+    ck_assert_uint_eq(m.release, 2);
+    char before[65], after[65], aborted[65];
+    hkn_release_identity(&m, "", 0, before);
+    hkn_manifest_take_stable(&m);
+    ck_assert_uint_eq(m.release, 1);
+    ck_assert_uint_eq(m.nartifacts, 1);
+    ck_assert_str_eq(m.artifacts[0].sha256, STABLE_SHA);
+    ck_assert_uint_eq(m.nprevious, 0);
+    ck_assert_ptr_null(m.previous_artifacts);
+    hkn_release_identity(&m, "", 0, after);
+    ck_assert_str_ne(before, after);
+    /* An abort to release 1 with those artifacts is the same release. */
+    char *text = manifest_with("{\"release\": 2, \"previous\": 1, \"step\": 0, \"steps\": "
+                               "[{\"percent\": 10}], \"aborted\": true}");
+    char *at = strstr(text, "bfc5734f");
+    memcpy(at, STABLE_SHA, 64);
+    at = strstr(text, "\"size\": 25");
+    memcpy(at, "\"size\": 24", 10);
+    ck_assert_msg(hkn_manifest_parse(text, strlen(text), &ab, &rep) == 0, "%s", rep.message);
+    hkn_release_identity(&ab, text, strlen(text), aborted);
+    ck_assert_str_eq(after, aborted);
+    free(text);
+    hkn_manifest_free(&ab);
+    hkn_manifest_take_stable(&m); /* none left: nothing changes */
+    ck_assert_uint_eq(m.release, 1);
+    ck_assert_str_eq(m.artifacts[0].sha256, STABLE_SHA);
+    hkn_manifest_free(&m);
+
+    /* Signed and read back; a byte of it changed is a bad signature. */
+    hkn_seckey k;
+    ck_assert_int_eq(hkn_keygen(&k), 0);
+    hkn_trust t = {.nkeys = 1};
+    t.keys[0] = k.pub;
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(parse_stable(ROLLOUT_2_OF_1, STABLE, &m, &rep), 0);
+    m.created = now;
+    m.expires = now + 600;
+    char *json, *sig;
+    size_t len;
+    ck_assert_msg(hkn_manifest_sign(&k, &m, &json, &len, &sig, &rep) == 0, "%s", rep.message);
+    hkn_manifest_free(&m);
+    ck_assert_ptr_nonnull(strstr(json, "\"previous_artifacts\""));
+    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, json, len, sig, strlen(sig), now, &m, &rep), 0);
+    ck_assert_uint_eq(m.nprevious, 1);
+    ck_assert_str_eq(m.previous_artifacts[0].sha256, STABLE_SHA);
+    hkn_manifest_free(&m);
+    at = strstr(json, STABLE_SHA);
+    ck_assert_ptr_nonnull(at);
+    at[0] = 'b';
+    ck_assert_int_eq(hkn_verify_manifest(&t, NULL, json, len, sig, strlen(sig), now, &m, &rep),
+                     HK_ERR_SIGNATURE);
+    free(json);
+    free(sig);
+    /* What a host could not act on is not signed either. */
+    ck_assert_int_eq(parse_stable(ROLLOUT_2_OF_1, STABLE, &m, &rep), 0);
+    m.rollout.aborted = 1;
+    m.created = now;
+    m.expires = now + 600;
+    ck_assert_int_eq(hkn_manifest_sign(&k, &m, &json, &len, &sig, &rep), HK_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(rep.message, "'previous_artifacts' (the stable release)"));
+    hkn_manifest_free(&m);
+
+    static const struct {
+        const char *rollout, *stable, *says;
+    } bad[] = {
+        {NULL, STABLE, "has no rollout"},
+        {"{\"release\": 2, \"previous\": 1, \"step\": 0, \"steps\": [{\"percent\": 10}], "
+         "\"aborted\": true}",
+         STABLE, "is aborted"},
+        {"{\"release\": 2, \"step\": 0, \"steps\": [{\"percent\": 10}]}", STABLE,
+         "has no previous release"},
+        {ROLLOUT_2_OF_1, "[]", "'previous_artifacts' must be an array of 1 to 16"},
+        {ROLLOUT_2_OF_1, "{}", "'previous_artifacts' must be an array"},
+        {ROLLOUT_2_OF_1, "[5]", "(the stable release): artifact 0 is not an object"},
+        {ROLLOUT_2_OF_1,
+         "[{\"name\": \"add.ptx\", \"sha256\": \"xyz\", \"size\": 24, \"format\": \"ptx\"}]",
+         "(the stable release): artifact 'add.ptx': sha256 is not 64 hex"},
+        {ROLLOUT_2_OF_1,
+         "[{\"name\": \"../x\", \"sha256\": \"" STABLE_SHA "\", \"size\": 24, \"format\": "
+         "\"ptx\"}]",
+         "(the stable release): artifact name '../x' is not a plain"},
+        {ROLLOUT_2_OF_1,
+         "[{\"name\": \"a.h\", \"sha256\": \"" STABLE_SHA "\", \"size\": 24, \"format\": "
+         "\"header\"}]",
+         "(the stable release): only headers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int err = parse_stable(bad[i].rollout, bad[i].stable, &m, &rep);
+        ck_assert_msg(err == HK_ERR_INVALID && strstr(rep.message, bad[i].says) &&
+                          strstr(rep.message, "previous_artifacts"),
+                      "case %zu: %d: %s", i, err, rep.message);
+        ck_assert_ptr_null(m.artifacts); /* nothing is left to free */
+        ck_assert_ptr_null(m.previous_artifacts);
+    }
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* A rollout written (hkn_manifest_sign) reads back the same, verifies, and
  * any change to it after signing is refused by the signature. */
 START_TEST(signed_rollout_round_trip_and_tamper) {
@@ -512,6 +646,57 @@ START_TEST(gate_decides) {
         ck_assert_uint_eq(g.bucket, hkn_fleet_bucket(id, "add"));
         hkn_manifest_free(&m);
     }
+    hkn_fleet_destroy(f);
+    hk_report_clear(&rep);
+}
+END_TEST
+
+/* The gate of a manifest that carries the stable release (release 3 of 2):
+ * outside the step a host on neither 2 nor 3 takes 2 (HKN_GATE_STABLE),
+ * one on 2 or on 3 stays; in the step as ever; and without the stable
+ * release in the manifest (an older publisher's) outside stays outside. */
+START_TEST(gate_outside_takes_the_stable_release) {
+    char id[32];
+    hkn_fleet *f;
+    hk_report rep = HK_REPORT_INIT;
+    id_in("add", 1000, 5000, id, sizeof id); /* outside 1% and 10%, inside 50% */
+    ck_assert_int_eq(hkn_fleet_create(id, NULL, &f, &rep), 0);
+#define R3_AT(step)                                                                                \
+    "{\"release\": 3, \"previous\": 2, \"step\": " step ", \"steps\": [{\"percent\": 1}, "         \
+    "{\"percent\": 10}, {\"percent\": 50}]}"
+    static const struct {
+        const char *rollout, *stable;
+        uint64_t running;
+        hkn_gate_action action;
+        int in_step;
+    } cases[] = {
+        {R3_AT("1"), STABLE, 0, HKN_GATE_STABLE, 0},  /* restarted on nothing, or new */
+        {R3_AT("1"), STABLE, 1, HKN_GATE_STABLE, 0},  /* an older release */
+        {R3_AT("1"), STABLE, 9, HKN_GATE_STABLE, 0},  /* another one */
+        {R3_AT("1"), STABLE, 2, HKN_GATE_OUTSIDE, 0}, /* the stable release: nothing */
+        {R3_AT("1"), STABLE, 3, HKN_GATE_OUTSIDE, 0}, /* the release itself: kept */
+        {R3_AT("0"), STABLE, 0, HKN_GATE_STABLE, 0},
+        {R3_AT("2"), STABLE, 0, HKN_GATE_APPLY, 1}, /* in the step: the release */
+        {R3_AT("2"), STABLE, 2, HKN_GATE_APPLY, 1},
+        {R3_AT("2"), STABLE, 3, HKN_GATE_RUNS, 1},
+        {R3_AT("1"), NULL, 0, HKN_GATE_OUTSIDE, 0}, /* no stable release carried */
+        {R3_AT("1"), NULL, 1, HKN_GATE_OUTSIDE, 0},
+    };
+#undef R3_AT
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        hkn_manifest m;
+        hkn_gate g;
+        ck_assert_msg(parse_stable(cases[i].rollout, cases[i].stable, &m, &rep) == 0, "%s",
+                      rep.message);
+        rec.running = cases[i].running;
+        hkn_fleet_gate(f, &engine, &m, &g);
+        ck_assert_msg(g.action == cases[i].action && g.in_step == cases[i].in_step,
+                      "case %zu: action %d in_step %d", i, g.action, g.in_step);
+        ck_assert_uint_eq(g.target, 3);
+        ck_assert_uint_eq(g.running, cases[i].running);
+        hkn_manifest_free(&m);
+    }
+    rec.running = 0;
     hkn_fleet_destroy(f);
     hk_report_clear(&rep);
 }
@@ -862,6 +1047,172 @@ START_TEST(refusals_in_metrics) {
 }
 END_TEST
 
+/* ---- the stable release, for hosts outside the step -------------------- */
+
+static char stable_lines[4096]; /* rec.lock: the puller's lines that name it */
+
+static void rec_log(void *ud, hk_log_level level, const char *subsystem, const char *text) {
+    pthread_mutex_lock(&rec.lock);
+    size_t n = strlen(stable_lines);
+    if (strstr(text, "stable"))
+        snprintf(stable_lines + n, sizeof stable_lines - n, "%s\n", text);
+    pthread_mutex_unlock(&rec.lock);
+}
+
+/* puller() with the recording engine's log. */
+static hkn_puller *logged_puller(const char *host_id) {
+    static const hkn_engine logged = {.apply = rec_apply, .release = rec_release, .log = rec_log};
+    hk_pull_options o;
+    hkn_pull_resolved r = {0};
+    hk_pull_options_init(&o);
+    o.url = url;
+    o.interval_ms = 100;
+    o.host_id = host_id;
+    r.state_dir = state;
+    r.trust.keys[0] = key.pub;
+    r.trust.nkeys = 1;
+    hkn_puller *p;
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_msg(hkn_pull_create(&o, &r, &logged, &p, &rep) == 0, "%s", rep.message);
+    return p;
+}
+
+/* `rollout status --json`'s member `name`. */
+static long long status_of(const char *name) {
+    char out[8192];
+    ck_assert_int_eq(cli(out, sizeof out, "rollout status --json --dir '%s'", origin), 0);
+    cJSON *j = cJSON_Parse(out);
+    ck_assert_msg(cJSON_IsNumber(cJSON_GetObjectItem(j, name)), "%s", out);
+    long long v = (long long)cJSON_GetObjectItem(j, name)->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+/* A host outside release 2's step that runs nothing (new, or restarted
+ * without its state) takes release 1, the stable one the manifest carries,
+ * and says so; restarted on nothing with its anti-rollback state it
+ * catches up with it, on it it fetches nothing. Refused (its canary
+ * faults), the stable release is refused once, and the next manifest's
+ * (the same release) is not applied again. In the step it takes release 2
+ * as ever. A manifest that carries no stable release (an older hotkern's)
+ * gets it back at the next step from previous-manifest.json; an abort
+ * carries none (its artifacts are release 1's). */
+START_TEST(outside_host_on_nothing_takes_the_stable_release) {
+    char id[32], out[8192];
+    id_in("add", 1000, 5000, id, sizeof id);
+    kernel_file("add.ptx", 101);
+    ck_assert_int_eq(cli(out, sizeof out,
+                         "sign --key '%s' --module add --release 1 --out '%s' add.ptx", key_path,
+                         origin),
+                     0);
+    kernel_file("add.ptx", 102);
+    ck_assert_msg(cli(out, sizeof out,
+                      "rollout start --dir '%s' --key '%s' --module add --steps 1,10,50,100 "
+                      "add.ptx",
+                      origin, key_path) == 0,
+                  "%s", out);
+    ck_assert_int_eq(status_of("previous_artifacts"), 1);
+
+    hkn_puller *p = logged_puller(id);
+    poll_ok(p);
+    ck_assert_int_eq(rec.calls, 1);
+    ck_assert_uint_eq(rec.running, 1);
+    ck_assert_uint_eq(rec.last_release, 1);
+    ck_assert_ptr_nonnull(strstr(rec.bytes, "// tag: 101")); /* release 1's artifact */
+    ck_assert_msg(strstr(stable_lines, "outside step 1 of 4: applying the stable release 1 (this "
+                                       "host runs nothing)"),
+                  "%s", stable_lines);
+    char *m = metrics_of(p);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_release", "module=\"add\""), 1);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_in_step", "module=\"add\""), 0);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_target_release", "module=\"add\""), 2);
+    free(m);
+    poll_ok(p); /* a 304 */
+    ck_assert_int_eq(rec.calls, 1);
+    hkn_pull_destroy(p);
+    rec.running = 0; /* restarted on nothing, its state kept */
+    p = logged_puller(id);
+    poll_ok(p);
+    ck_assert_int_eq(rec.calls, 2);
+    ck_assert_uint_eq(rec.running, 1);
+    hkn_pull_destroy(p);
+    p = logged_puller(id); /* restarted on release 1 */
+    poll_ok(p);
+    ck_assert_int_eq(rec.calls, 2);
+    hkn_pull_destroy(p);
+
+    /* The stable release refused, on a host without state. */
+    hkt_rmtree(state);
+    rec.running = 0;
+    rec.refuse = HK_ERR_CANARY;
+    snprintf(rec.refusal, sizeof rec.refusal, "fault");
+    p = logged_puller(id);
+    hk_report rep = HK_REPORT_INIT;
+    ck_assert_int_eq(hkn_pull_poll(p, &rep), HK_ERR_CANARY);
+    ck_assert_int_eq(rec.calls, 3);
+    m = metrics_of(p);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_refusals_total", "reason=\"fault\""), 1);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_last_refused_release", "reason=\"fault\""), 1);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_release", "module=\"add\""), 0);
+    free(m);
+    ck_assert_int_eq(cli(out, sizeof out, "rollout pause --dir '%s' --key '%s'", origin, key_path),
+                     0);
+    hk_report_clear(&rep);
+    ck_assert_int_eq(hkn_pull_poll(p, &rep), HK_ERR_CANARY);
+    ck_assert_msg(strstr(rep.message, "refused before"), "%s", rep.message);
+    ck_assert_int_eq(rec.calls, 3);
+    m = metrics_of(p);
+    ck_assert_int_eq(sample(m, "hotkern_rollout_refusals_total", "reason=\"fault\""), 1);
+    free(m);
+    /* In the step (50%): release 2. */
+    rec.refuse = 0;
+    ck_assert_int_eq(cli(out, sizeof out, "rollout resume --dir '%s' --key '%s'", origin, key_path),
+                     0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(
+            cli(out, sizeof out, "rollout advance --dir '%s' --key '%s'", origin, key_path) == 0,
+            "%s", out);
+    poll_ok(p);
+    ck_assert_int_eq(rec.calls, 4);
+    ck_assert_uint_eq(rec.running, 2);
+    ck_assert_ptr_nonnull(strstr(rec.bytes, "// tag: 102"));
+    hkn_pull_destroy(p);
+    ck_assert_int_eq(status_of("previous_artifacts"), 1);
+
+    /* The current manifest signed anew without it, as an older hotkern's. */
+    char path[PATH_MAX + 32], *text, *sig;
+    size_t len;
+    hkn_manifest old;
+    snprintf(path, sizeof path, "%s/manifest.json", origin);
+    ck_assert_int_eq(hku_read_file(path, 1 << 20, &text, &len, &rep), 0);
+    ck_assert_int_eq(hkn_manifest_parse(text, len, &old, &rep), 0);
+    free(text);
+    free(old.previous_artifacts);
+    old.previous_artifacts = NULL;
+    old.nprevious = 0;
+    old.version++;
+    ck_assert_int_eq(hkn_manifest_sign(&key, &old, &text, &len, &sig, &rep), 0);
+    hkn_manifest_free(&old);
+    ck_assert_ptr_null(strstr(text, "previous_artifacts"));
+    char sig_path[PATH_MAX + 40];
+    snprintf(sig_path, sizeof sig_path, "%s.sig", path);
+    ck_assert_int_eq(hku_write_atomic(sig_path, sig, strlen(sig), 0644, &rep), 0);
+    ck_assert_int_eq(hku_write_atomic(path, text, len, 0644, &rep), 0);
+    free(text);
+    free(sig);
+    ck_assert_int_eq(status_of("previous_artifacts"), 0);
+    ck_assert_msg(cli(out, sizeof out, "rollout advance --dir '%s' --key '%s'", origin, key_path) ==
+                      0,
+                  "%s", out);
+    ck_assert_int_eq(status_of("previous_artifacts"), 1);
+    ck_assert_msg(cli(out, sizeof out, "rollout abort --dir '%s' --key '%s'", origin, key_path) ==
+                      0,
+                  "%s", out);
+    ck_assert_int_eq(status_of("previous_artifacts"), 0);
+    hk_report_clear(&rep);
+}
+END_TEST
+
 /* ---- the /metrics server, through the public API ------------------------ */
 
 static long get(unsigned port, const char *method, const char *path, char **body) {
@@ -1185,12 +1536,14 @@ static Suite *suite(void) {
     tcase_add_test(tc, parse_refuses_each_bad_field);
     tcase_add_test(tc, signed_rollout_round_trip_and_tamper);
     tcase_add_test(tc, abort_manifest_is_accepted);
+    tcase_add_test(tc, stable_release_read_and_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("host");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, buckets_are_stable_and_grow_monotonically);
     tcase_add_test(tc, names_and_labels_are_cumulative);
     tcase_add_test(tc, gate_decides);
+    tcase_add_test(tc, gate_outside_takes_the_stable_release);
     tcase_add_test(tc, host_identity);
     tcase_add_test(tc, refusal_reasons);
     tcase_add_test(tc, launch_errors_are_counted);
@@ -1200,6 +1553,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, origin_setup, origin_teardown);
     tcase_add_test(tc, host_through_the_steps);
     tcase_add_test(tc, refusals_in_metrics);
+    tcase_add_test(tc, outside_host_on_nothing_takes_the_stable_release);
     tcase_add_test(tc, puller_serves_metrics);
     tcase_add_test(tc, cli_usage_errors_exit_2);
     tcase_add_test(tc, cli_lifecycle);
