@@ -46,7 +46,7 @@ static void write_in(const char *dir, const char *name, const char *text) {
 }
 
 static void setup(void) {
-    tmp = strdup(hkt_tmpdir());
+    tmp = hkt_tmpdir();
     snprintf(www, sizeof www, "%s/www", tmp);
     snprintf(pub, sizeof pub, "%s/k/hotkern.pub", tmp);
     write_in(tmp, "p.cu", kernel);
