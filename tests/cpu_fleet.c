@@ -272,8 +272,10 @@ static double settle(const char *what, long long release, long long other, const
             struct host *h = &hosts[i];
             int st;
             ck_assert_msg(waitpid(h->pid, &st, WNOHANG) == 0, "%s exited (status %d)", h->id, st);
-            if (!scrape(i) || h->release < 0) {
-                done = 0; /* not up, or before its first poll */
+            /* Not up, before its first poll, or between its first gate and
+             * its first apply (running nothing yet, having applied nothing). */
+            if (!scrape(i) || h->release < 0 || (h->release == 0 && h->applied == 0)) {
+                done = 0;
                 continue;
             }
             ck_assert_msg(h->release == release || h->release == other,
