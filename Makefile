@@ -309,7 +309,8 @@ deps:
 
 # tests/all.sh runs the parts (the suites, the CPU ones HK_TEST_JOBS at a
 # time; hotkern.hpp's misuses, which must not compile; the examples; the
-# program shapes; the ABI, its report in BUILD/abi.log), each to its end, and
+# program shapes; the ABI, its report in BUILD/abi.log; that lint's checks of
+# the sources fail on violations, tests/lint-check.sh), each to its end, and
 # prints the verdict of them all last.
 RUN_TESTS = CXX='$(CXX)' CUDA='$(CUDA)' HK_TEST_VERDICT='make $@' sh tests/all.sh $(BUILD)
 test: deps
@@ -318,7 +319,7 @@ test: deps
 
 test-cpu: deps
 	@$(MAKE) --no-print-directory build
-	@$(RUN_TESTS) cpu compile
+	@$(RUN_TESTS) cpu compile lint-check
 
 # For the GPU machine: runs what is already built, never recompiles.
 test-gpu-prebuilt:
@@ -857,7 +858,7 @@ lint: deps
 	$(call say,LINT,sh -n)sh -n scripts/deps.sh scripts/abi-check.sh scripts/man3.sh scripts/api.sh scripts/symver.sh \
 	  tests/run.sh tests/all.sh tests/run-examples.sh \
 	  tests/programs/run.sh tests/cpp/compile-fail.sh demo/nvcc/tour.sh bench/check_reuse.sh \
-	  tests/exit-stress.sh bench/build-times.sh
+	  tests/exit-stress.sh bench/build-times.sh tests/lint-check.sh
 	@sh scripts/api.sh --check
 	@d=$$(mktemp -d) && sh scripts/man3.sh $$d/man3 && diff -r $$d/man3 $(MAN3_DIR) >/dev/null; \
 	  s=$$?; rm -rf $$d; [ $$s -eq 0 ] || \

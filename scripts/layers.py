@@ -128,19 +128,26 @@ def calls(build):
                 objs.append(src)
     if not objs:
         sys.exit("layers: no objects under %s/obj: run make first" % build)
+    # One nm for all the objects (-A: each line starts with its object's
+    # name), not one process an object.
+    path = {os.path.join(ROOT, build, "obj", src[:-2] + ".o"): src for src in objs}
+    out = subprocess.run(["nm", "-P", "-A"] + list(path), capture_output=True, text=True,
+                         check=True).stdout
     for src in objs:
-        obj = os.path.join(ROOT, build, "obj", src[:-2] + ".o")
-        out = subprocess.run(["nm", "-P", obj], capture_output=True, text=True, check=True).stdout
         undefined[src] = set()
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) < 2:
-                continue
-            sym, kind = parts[0], parts[1]
-            if kind in "Uw":
-                undefined[src].add(sym)
-            elif kind.isupper() and sym != "main":
-                defined.setdefault(sym, set()).add(src)
+    for line in out.splitlines():
+        obj, _, rest = line.partition(": ")
+        if obj not in path:
+            sys.exit("layers: nm printed a line of no object given: " + line)
+        src = path[obj]
+        parts = rest.split()
+        if len(parts) < 2:
+            continue
+        sym, kind = parts[0], parts[1]
+        if kind in "Uw":
+            undefined[src].add(sym)
+        elif kind.isupper() and sym != "main":
+            defined.setdefault(sym, set()).add(src)
     edges = {}
     for src, syms in undefined.items():
         for s in syms:

@@ -2,10 +2,11 @@
 # Runs the parts of `make test` one after another, each to its end even when
 # one before it failed, and prints one verdict for them all as its last line:
 #   make test: N passed, M failed, K skipped (passed/failed/skipped: suites
-#   P/F/S, compile checks P/F/S, examples P/F/S, programs P/F/S, abi P/F/S)
+#   P/F/S, compile checks P/F/S, examples P/F/S, programs P/F/S, abi P/F/S,
+#   lint checks P/F/S)
 # and, when something failed, "; FAILED: " and the parts (and suites) that did.
 # usage: sh tests/all.sh BUILD [PART...]
-# PART (default: suites compile examples programs abi):
+# PART (default: suites compile examples programs abi lint-check):
 #   suites    every Check suite (tests/run.sh; cpu or gpu: those alone)
 #   compile   hotkern.hpp's misuses must not compile (tests/cpp/compile-fail.sh,
 #             with CXX and CUDA from the environment)
@@ -13,12 +14,15 @@
 #   programs  the program shapes (tests/programs/run.sh)
 #   abi       the shared libraries against abi/*.abi (scripts/abi-check.sh):
 #             its report goes to BUILD/abi.log, one line here
+#   lint-check  `make lint`'s checks of the sources fail on each violation
+#             put into a scratch copy, and pass on it untouched
+#             (tests/lint-check.sh)
 # ("make test" is HK_TEST_VERDICT, which the Makefile sets; "tests" without.)
 # Each part's own last line, "N passed, M failed[, K skipped]", is what is
 # counted; a part that ends without one counts as one failure.
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
-[ $# -gt 0 ] || set -- suites compile examples programs abi
+[ $# -gt 0 ] || set -- suites compile examples programs abi lint-check
 tmp=$(mktemp -d /tmp/hotkern-all-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
@@ -43,10 +47,10 @@ count() {
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
   parts="$parts, $2 $p/$f/$s"
   if [ "$4" -ne 0 ]; then
-    # What failed: the suites' and examples' FAILED line, the programs'
-    # FAIL NAME: lines.
+    # What failed: the suites', examples' and lint checks' FAILED line, the
+    # programs' FAIL NAME: lines.
     case $1 in
-      suites | examples) named=$(sed -n 's/^FAILED [a-z]*: *//p' "$3" | tail -n 1) ;;
+      suites | examples | lint-check) named=$(sed -n 's/^FAILED [a-z-]*: *//p' "$3" | tail -n 1) ;;
       programs) named=$(sed -n 's/^FAIL \([^ :]*\):.*/\1/p' "$3" | tr '\n' ' ' | sed 's/ $//') ;;
       *) named="" ;;
     esac
@@ -90,7 +94,8 @@ for part in "$@"; do
     examples) run examples examples sh tests/run-examples.sh "$BUILD" ;;
     programs) run programs programs sh tests/programs/run.sh "$BUILD" ;;
     abi) run abi abi abi ;;
-    *) echo "tests/all.sh: no part '$part' (suites cpu gpu compile examples programs abi)" >&2; exit 2 ;;
+    lint-check) run lint-check "lint checks" sh tests/lint-check.sh "$BUILD" ;;
+    *) echo "tests/all.sh: no part '$part' (suites cpu gpu compile examples programs abi lint-check)" >&2; exit 2 ;;
   esac
 done
 
