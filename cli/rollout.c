@@ -527,7 +527,8 @@ static int next_of(hkc_out *o, const hkc_man *cur, hkn_manifest *m, hkn_artifact
     *m = cur->m;
     memcpy(arts, cur->m.artifacts, cur->m.nartifacts * sizeof *arts);
     m->artifacts = arts;
-    memcpy(parts, cur->m.previous_artifacts, cur->m.nprevious * sizeof *parts);
+    if (cur->m.nprevious) /* NULL without */
+        memcpy(parts, cur->m.previous_artifacts, cur->m.nprevious * sizeof *parts);
     m->previous_artifacts = parts;
     m->version = cur->m.version + 1;
     if (hkn_rollout_copy(&m->rollout, &cur->m.rollout))
