@@ -408,17 +408,17 @@ int hkp_toolkit_owns(const hkp_toolkit *t, const char *path);
 
 typedef struct hkp_warm hkp_warm;
 
-/* Makes this process's first in-process compile (an empty kernel for arch)
- * on the calling thread, once a process (later calls return at once, or
- * wait for the first): the exit handlers NVRTC and the C++ library register
- * at a first compile then precede the exit guard registered after it
- * (base/exit.h). Tens of milliseconds; failures are the first build's. */
+/* Makes this process's first in-process compile (an empty kernel for arch,
+ * to PTX) on the calling thread, once a process (later calls return at
+ * once, or wait for the first): the exit handlers NVRTC and the C++ library
+ * register at a first compile then precede the exit guard registered after
+ * it (base/exit.h). One NVRTC compile; failures are the first build's. */
 void hkp_first_compile(int arch);
 
-/* Starts a thread that compiles a small program for arch with NVRTC (one
- * with a header of the C++ library, after hkp_first_compile's), so that
- * NVRTC's start-up is paid before the first real build. Never blocks on
- * the compile. On success
+/* Starts a thread that compiles two small programs for arch as a swap would
+ * (NVRTC, the link, the PCH of a header of the C++ library), so that the
+ * start-up is paid before the first real build. Never blocks on the
+ * compile. On success
  * *out is owned by the caller: hkp_warm_stop(). */
 int hkp_warm_start(hkp_warm **out, int arch);
 /* Skips what has not started, waits for a compile in progress, frees w.

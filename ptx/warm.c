@@ -5,13 +5,14 @@
  * runtime pays that on a background thread as soon as it is created, so the
  * first swap of CUDA C does not.
  *
- * The first of two small programs, an empty kernel, is the process's first
- * compile (hkp_first_compile, once a process, on the creating thread): that
- * compile registers exit handlers of NVRTC's and the C++ library's, which
- * must come before the exit guard's (base/exit.h), or an exit during it
- * would run them under the compile and crash. The thread compiles the
- * second through hkp_build, like a swap would (same arch, toolkit search
- * path, PCH): one that includes <cuda/std/cstdint>, whose PCH a swap
+ * The process's first compile (hkp_first_compile: the empty kernel to PTX,
+ * once a process, on the creating thread) registers exit handlers of
+ * NVRTC's and the C++ library's (none at later compiles, nor at
+ * nvJitLink's first link), which must come before the exit guard's
+ * (base/exit.h), or an exit during it would run them under the compile and
+ * crash. The thread then compiles two small programs through hkp_build,
+ * like a swap would (same arch, toolkit search path, link, PCH): the empty
+ * kernel, then one that includes <cuda/std/cstdint>, whose PCH a swap
  * opening with that header reuses. Nothing is cached or kept. Creation
  * waits for the first compile only (once a process); stop
  * sets a flag that skips whatever has not started and joins, so it waits for
@@ -74,7 +75,12 @@ static pthread_once_t first_once = PTHREAD_ONCE_INIT;
 static int first_arch;
 
 static void first_compile(void) {
-    warm_compile(0, first_arch);
+    /* NVRTC alone (to PTX, no PCH): what registers the exit handlers; the
+     * link and the PCH are the warm-up thread's. */
+    hkp_build_opts o = {.arch = first_arch, .opt_level = 3, .source_name = "first.cu"};
+    hkp_artifact a;
+    (void)hkp_build(warm_src[0], strlen(warm_src[0]), HK_FORMAT_CUDA_C, &o, &a, NULL, 0);
+    hkp_artifact_free(&a);
 }
 
 void hkp_first_compile(int arch) {
@@ -86,7 +92,7 @@ static void *warm_main(void *arg) {
     /* Named for top -H, gdb and profilers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "hk-warm");
     hkp_warm *w = arg;
-    for (size_t i = 1; i < sizeof warm_src / sizeof warm_src[0]; i++) {
+    for (size_t i = 0; i < sizeof warm_src / sizeof warm_src[0]; i++) {
         if (atomic_load(&w->stop))
             break;
         warm_compile(i, w->arch);
