@@ -513,6 +513,12 @@ static inline void hk_options_init(hk_options *o) {
  * says which), HK_ERR_NO_DEVICE for a bad ordinal.
  * On success *out is owned by the caller: hk_runtime_destroy().
  *
+ * Compiling in this process (options.build_isolated 0), the process's first
+ * runtime makes its first NVRTC compile here, on the calling thread (an
+ * empty kernel, tens of milliseconds; once a process): the exit handlers
+ * NVRTC registers then come before hotkern's exit guard, so that a program
+ * exiting during a build ends with its own status instead of crashing.
+ *
  * Signal handlers: install yours before this call. NVRTC (measured with 13.0)
  * replaces the process's SIGINT, SIGTERM and SIGXFSZ handlers for the
  * duration of each compile and then restores the ones it saw when the
