@@ -813,25 +813,16 @@ static void origin_teardown(void) {
     free(tmp);
 }
 
-/* Runs the built CLI (under `timeout 30`) with args, its output into out;
- * the exit status. */
+/* Runs the built CLI with args in the suite's directory (hkt_cli_out), its
+ * output into out; the exit status. */
 static int cli(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int cli(char *out, size_t cap, const char *fmt, ...) {
-    char args[4096], cmd[2 * PATH_MAX + 4096 + 64], log[PATH_MAX + 16];
+    char args[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(log, sizeof log, "%s/cli.txt", tmp);
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 30 '%s' %s > '%s' 2>&1", tmp,
-             hkt_built_program("hotkern"), args, log);
-    int st = system(cmd);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
-    out[n] = '\0';
-    if (f)
-        fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return hkt_cli_out(tmp, out, cap, "%s", args);
 }
 
 /* Writes kernel file NAME holding PTX of tag `tag`. */
